@@ -1,0 +1,84 @@
+// CPU reference ops, plain fp32: the specification every faster backend is
+// tested against. One function per op and direction.
+//
+// Letters: N = tokens in the batch (B*T rows), B = sequences, T = sequence
+// length, C = hidden, K/M generic GEMM dims, H = query heads, G = KV heads
+// (H % G == 0), D = head_dim, F = MLP width, V = vocab.
+// Layout: activations are row-major [N, ...]; q/k/v are [B, T, heads, D];
+// linear weights use the HF layout [out, in].
+//
+// Contract: forward functions write their outputs with '='. Backward
+// functions write input gradients with '=' and ACCUMULATE weight gradients
+// (dw, dbias, dtable) with '+='. Parallel work is split in fixed blocks
+// (core/thread_pool.h), so every result is bit-identical from run to run.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/spec.h"
+
+namespace rt::cpu {
+
+// out[M,N] = a[M,K] @ b[N,K]^T   (b stored row-major [N,K]); beta 0 or 1: out = beta*out + ...
+void matmul_nt(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, float beta = 0.f);
+// out[M,N] = a[M,K] @ b[K,N]
+void matmul_nn(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, float beta = 0.f);
+// out[M,N] = a[K,M]^T @ b[K,N]
+void matmul_tn(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, float beta = 0.f);
+
+// ---- embedding ----
+// out[N,C] = table[ids[n], :]. ids must be in [0, V) (checked by the caller's loader).
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
+// dtable[V,C] += scatter of dout[N,C] by ids.
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C);
+
+// ---- RMSNorm: y = w * x / sqrt(mean(x^2) + eps), over the last dim C ----
+// x, out [N,C]; w [C]; rstd [N] saved for backward.
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps);
+// dx [N,C] (=), dw [C] (+=).
+void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                       const float* rstd, int64_t N, int64_t C);
+
+// ---- linear: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be null) ----
+void linear_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I, int64_t O);
+// dx [N,I] (=, skipped when dx is null), dw [O,I] (+=), dbias [O] (+=, when non-null).
+void linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
+                     int64_t N, int64_t I, int64_t O);
+
+// ---- RoPE, HF rotate-half convention ----
+// inv_freq[D/2]: theta^(-2i/D), with llama3 scaling applied when configured.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D);
+// In place on x [N, heads, D] with per-row positions pos[N]:
+// x1 = x[..., :D/2], x2 = x[..., D/2:]; angle = pos * inv_freq (fp32);
+// out = [x1*cos - x2*sin, x2*cos + x1*sin].
+void rope_forward(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D);
+// In place: dx = R(-angle) dout (the transpose of the rotation).
+void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D);
+
+// ---- causal self-attention with GQA, fp32 softmax, scale 1/sqrt(D) ----
+// q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D]; lse [B,H,T] (log-sum-exp per row) saved for backward.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t H, int64_t G, int64_t D);
+// dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=; summed over the H/G query heads of each group).
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse,
+                        int64_t B, int64_t T, int64_t H, int64_t G, int64_t D);
+
+// ---- SwiGLU: out = silu(gate) * up, elementwise over n values ----
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// dgate, dup (=).
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+
+// ---- elementwise ----
+void add_inplace(float* y, const float* x, int64_t n);  // y += x
+
+// ---- LM head + cross-entropy, in token chunks so [N, V] logits never exist ----
+// logits for a chunk: h[rows, C] @ w[V, C]^T. Loss per valid row: logsumexp - logit[target].
+// targets[n] == -100 is ignored. Returns the SUM of losses over valid rows and
+// sets *n_valid. When dh is non-null: dh[N,C] (=) = grad_scale * d(sum loss)/dh;
+// when dw is non-null: dw[V,C] (+=) likewise. chunk_rows bounds the logits buffer.
+double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets,
+                             int64_t N, int64_t C, int64_t V, float grad_scale, int64_t chunk_rows,
+                             int64_t* n_valid);
+
+}  // namespace rt::cpu

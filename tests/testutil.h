@@ -1,0 +1,55 @@
+// Test helpers: tolerance checks that report the worst element, temp dirs,
+// running the ramtrain binary, and the paths of fixtures and shared data.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rt::test {
+
+// Checks |got - ref| <= atol + rtol * |ref| elementwise. On failure, the
+// assertion message names the tensor, the worst element, its index and a few
+// pairs. Also fails on any NaN/Inf in got where ref is finite.
+::testing::AssertionResult expect_near(const std::string& name, const float* got, const float* ref, int64_t n,
+                                       double atol, double rtol);
+inline ::testing::AssertionResult expect_near(const std::string& name, const std::vector<float>& got,
+                                              const std::vector<float>& ref, double atol, double rtol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << name << ": size " << got.size() << " vs " << ref.size();
+  return expect_near(name, got.data(), ref.data(), static_cast<int64_t>(got.size()), atol, rtol);
+}
+// Relative error ||got - ref|| / ||ref|| (L2), the per-tensor summary number.
+double rel_l2(const float* got, const float* ref, int64_t n);
+// Max |got - ref| / max(|ref|_max, tiny): relative to the tensor's scale.
+double max_rel_to_scale(const float* got, const float* ref, int64_t n);
+
+// Uniform random in [lo, hi), seeded (std::mt19937_64).
+std::vector<float> random_vec(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
+
+// A fresh directory under $TMPDIR removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct RunResult {
+  int exit_code;
+  std::string output;  // stdout + stderr
+};
+// Runs the ramtrain binary with the given shell-quoted argument string.
+RunResult run_ramtrain(const std::string& args);
+
+std::string fixture_dir();      // tests/fixtures
+std::string shared_data_dir();  // ../shared/data
+
+void write_bytes(const std::string& path, const std::string& bytes);
+
+}  // namespace rt::test
