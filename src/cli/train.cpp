@@ -1,0 +1,188 @@
+// ramtrain train: train from a built-in preset or fine-tune a HF model directory.
+#include <cstdio>
+#include <memory>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/model_dir.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/thread_pool.h"
+#include "data/byte_tokenizer.h"
+#include "data/dataset.h"
+#include "engine/sampler.h"
+#include "engine/trainer.h"
+
+namespace rt::cli {
+
+namespace {
+
+const char* kTrainSummary =
+    "Trains a model with every byte of training state (fp32 master weights, AdamW moments, gradients) in\n"
+    "host RAM. Start from a built-in preset (random init) or a HF model directory (pretrained weights).\n"
+    "Data: plain text files or directories (byte-level tokenizer, for byte-vocab models such as the\n"
+    "tiny-byte preset) or pre-tokenized token files (.bin: ramtrain, llm.c or nanoGPT format).\n"
+    "Every option can also be set in a TOML file given with --config (keys are the option names);\n"
+    "options on the command line override the file.";
+
+const char* kTrainExamples =
+    "  ramtrain train --preset tiny-byte --data README.md src --steps 300 --out runs/demo\n"
+    "  ramtrain train --model ./Llama-3.2-1B --data corpus.bin --seq-len 1024 --lr 2e-5 --out runs/ft\n"
+    "  ramtrain train --config run.toml --steps 50\n";
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_train(const Args& raw_args) {
+  // --data takes several paths: collect the words after it that are not options.
+  Args args;
+  std::vector<std::string> data_paths;
+  for (size_t i = 0; i < raw_args.size(); ++i) {
+    if (raw_args[i] == "--data") {
+      while (i + 1 < raw_args.size() && raw_args[i + 1].rfind("--", 0) != 0) data_paths.push_back(raw_args[++i]);
+      if (data_paths.empty()) fail("[train] --data needs one or more paths");
+      continue;
+    }
+    args.push_back(raw_args[i]);
+  }
+  ArgParser p("train", kTrainSummary, kTrainExamples);
+  p.option("config", "FILE.toml", "read options from a TOML file (command-line options win)");
+  p.option("preset", "NAME", "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
+  p.option("model", "DIR", "start from a HF model directory (config.json + safetensors)");
+  p.option("init", "random|pretrained", "weights to start from (default: pretrained with --model, random with --preset)");
+  p.option("data", "PATH...", "training data: text files/directories or token files (several allowed; comma list in TOML)");
+  p.option("seq-len", "T", "tokens per sequence", "256");
+  p.option("micro-batch", "B", "sequences per micro-batch", "8");
+  p.option("grad-accum", "K", "micro-batches per optimizer step", "1");
+  p.option("steps", "N", "optimizer steps", "200");
+  p.option("lr", "LR", "peak learning rate", "1e-3");
+  p.option("min-lr-ratio", "R", "cosine floor as a fraction of the peak", "0.1");
+  p.option("schedule", "cosine|constant|linear", "learning-rate schedule after warm-up", "cosine");
+  p.option("warmup", "N", "linear warm-up steps", "10");
+  p.option("weight-decay", "WD", "decoupled AdamW weight decay", "0.0");
+  p.flag("decay-norms-and-biases", "also apply weight decay to norm weights and biases (HF default: no)");
+  p.option("beta1", "B1", "AdamW beta1", "0.9");
+  p.option("beta2", "B2", "AdamW beta2", "0.95");
+  p.option("eps", "EPS", "AdamW epsilon", "1e-8");
+  p.option("clip", "NORM", "clip the global gradient norm to NORM (0: off)", "1.0");
+  p.option("seed", "S", "seed for init and data order", "0");
+  p.option("val-fraction", "F", "fraction of the data held out for validation", "0.1");
+  p.option("eval-every", "N", "validation loss every N steps (0: only at the end)", "0");
+  p.option("eval-batches", "N", "validation micro-batches per evaluation", "8");
+  p.option("log-every", "N", "print a log line every N steps", "1");
+  p.option("save-every", "N", "export the model every N steps (0: only at the end)", "0");
+  p.option("out", "DIR", "output directory: DIR/final (and DIR/step-N) are HF model directories", "runs/latest");
+  p.option("export-dtype", "bf16|fp32", "dtype of exported safetensors", "bf16");
+  p.option("threads", "N", "CPU threads (0: all cores)", "0");
+  p.option("device", "auto|cpu|cuda", "compute device", "auto");
+  p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training");
+  p.option("sample-tokens", "N", "tokens per sample", "200");
+  if (!p.parse(args)) return 0;
+  if (p.has("config")) p.merge_toml(p.str("config"));
+  if (data_paths.empty() && p.has("data")) data_paths = split_list(p.str("data"));
+  if (data_paths.empty()) fail("[train] --data is required: text files/directories or token files");
+
+  const std::string device = p.str("device");
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    fail("[train] --device must be auto, cpu or cuda, got '", device, "'");
+  if (device == "cuda")
+    fail("[train] --device cuda: the CUDA streaming engine is not part of this build yet; use --device cpu");
+  if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
+
+  if (p.has("preset") == p.has("model")) fail("[train] give exactly one of --preset NAME or --model DIR");
+  std::string init = p.has("init") ? p.str("init") : (p.has("model") ? "pretrained" : "random");
+  if (init != "random" && init != "pretrained") fail("[train] --init must be random or pretrained, got '", init, "'");
+  std::unique_ptr<HostState> state;
+  std::string tokenizer = "byte";
+  const uint64_t seed = static_cast<uint64_t>(p.integer("seed"));
+  if (p.has("preset")) {
+    if (init == "pretrained") fail("[train] --init pretrained needs --model DIR; a preset has no weights");
+    ModelSpec spec = spec_preset(p.str("preset"));
+    state = std::make_unique<HostState>(spec, true);
+    state->init_random(seed);
+  } else if (init == "pretrained") {
+    LoadedModel m = load_model_dir(p.str("model"), true);
+    state = std::move(m.state);
+    tokenizer = m.tokenizer;
+  } else {
+    ModelSpec spec = spec_from_config_file(path_join(p.str("model"), "config.json"));
+    state = std::make_unique<HostState>(spec, true);
+    state->init_random(seed);
+  }
+  const ModelSpec& spec = state->spec();
+
+  TokenStream stream = data_stream_open(data_paths);
+  const bool text = stream.format() == TokenFormat::memory;
+  if (text && spec.vocab != ByteTokenizer::vocab_size)
+    fail("[train] the data is plain text, which ramtrain tokenizes byte by byte (vocab 258), but the model's vocab is ",
+         spec.vocab, ". Pre-tokenize the text with the model's tokenizer into a .bin token file, or train a "
+         "byte-level model (--preset tiny-byte).");
+  if (!text) tokenizer = tokenizer == "byte" ? "" : tokenizer;
+  DatasetOptions dopt;
+  dopt.seq_len = p.integer("seq-len");
+  dopt.val_fraction = p.number("val-fraction");
+  dopt.seed = seed;
+  dopt.vocab_size = static_cast<uint64_t>(spec.vocab);
+  Dataset data(std::move(stream), dopt);
+
+  TrainOptions o;
+  o.steps = p.integer("steps");
+  o.micro_batch = p.integer("micro-batch");
+  o.grad_accum = p.integer("grad-accum");
+  o.adam.beta1 = p.number("beta1");
+  o.adam.beta2 = p.number("beta2");
+  o.adam.eps = p.number("eps");
+  o.weight_decay = p.number("weight-decay");
+  o.decay_norms_and_biases = p.on("decay-norms-and-biases");
+  o.clip = p.number("clip");
+  o.lr = LrSchedule::make(p.str("schedule"), p.number("lr"), p.integer("warmup"), o.steps, p.number("min-lr-ratio"));
+  o.eval_every = p.integer("eval-every");
+  o.eval_batches = p.integer("eval-batches");
+  o.log_every = std::max<int64_t>(1, p.integer("log-every"));
+  o.save_every = p.integer("save-every");
+  o.out_dir = p.str("out");
+  const std::string edt = p.str("export-dtype");
+  if (edt != "bf16" && edt != "fp32") fail("[train] --export-dtype must be bf16 or fp32, got '", edt, "'");
+  o.export_dtype = edt == "bf16" ? DType::bf16 : DType::f32;
+  o.tokenizer = tokenizer;
+  o.resolved_config = p.resolved();
+
+  std::printf("model: %s (%s), %lld layers, hidden %lld, vocab %lld; data: %llu train / %llu validation tokens\n",
+              p.has("preset") ? p.str("preset").c_str() : p.str("model").c_str(), family_name(spec.family),
+              (long long)spec.n_layers, (long long)spec.hidden, (long long)spec.vocab,
+              (unsigned long long)data.train_token_count(), (unsigned long long)data.val_token_count());
+  std::function<void(const char*)> sampler;
+  if (p.has("sample-prompt")) {
+    if (!text) fail("[train] --sample-prompt needs a byte-level model trained on text");
+    const std::string prompt = p.str("sample-prompt");
+    const int64_t n_tok = p.integer("sample-tokens");
+    sampler = [&, prompt, n_tok](const char* when) {
+      ByteTokenizer tok;
+      std::vector<int32_t> ids = tok.encode(prompt);
+      ids.insert(ids.begin(), ByteTokenizer::bos_id);
+      SampleOptions so;
+      so.max_new_tokens = n_tok;
+      so.seed = seed;
+      so.stop_ids = {ByteTokenizer::eos_id};
+      std::vector<int32_t> out = sample_tokens(*state, ids, so);
+      std::printf("---- sample %s ----\n%s%s\n--------\n", when, prompt.c_str(), tok.decode(out).c_str());
+      std::fflush(stdout);
+    };
+  }
+  install_stop_handler();
+  Trainer trainer(*state, data, o);
+  return trainer.run(sampler);
+}
+
+}  // namespace rt::cli

@@ -1,0 +1,79 @@
+// CpuOps: the CPU backend bound to the layer templates (model/block.h,
+// model/model.h). fp32 activations and weights; every method forwards to
+// the reference functions of cpu/ops.h.
+#pragma once
+#include <cstring>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "model/spec.h"
+
+namespace rt {
+
+class CpuOps {
+ public:
+  using act_t = float;
+  using weight_t = float;
+  template <class T>
+  using Buffer = std::vector<T>;
+
+  explicit CpuOps(const ModelSpec& s) : inv_freq_(cpu::rope_inv_freq(s.rope, s.head_dim)) {}
+
+  template <class T>
+  Buffer<T> alloc(int64_t n) {
+    return Buffer<T>(static_cast<size_t>(n));
+  }
+
+  void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+    cpu::embedding_forward(out, ids, table, N, C);
+  }
+  void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+    cpu::embedding_backward(dtable, dout, ids, N, C);
+  }
+  void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps) {
+    cpu::rms_norm_forward(out, rstd, x, w, N, C, eps);
+  }
+  void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
+                         int64_t N, int64_t C) {
+    cpu::rms_norm_backward(dx, dw, dout, x, w, rstd, N, C);
+  }
+  void linear_forward(float* out, const float* x, const float* w, const float* b, int64_t N, int64_t I, int64_t O) {
+    cpu::linear_forward(out, x, w, b, N, I, O);
+  }
+  void linear_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w, int64_t N,
+                       int64_t I, int64_t O) {
+    cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
+  }
+  void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
+    cpu::rope_forward(x, pos, inv_freq_.data(), N, heads, D);
+  }
+  void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
+    cpu::rope_backward(dx, pos, inv_freq_.data(), N, heads, D);
+  }
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                         int64_t H, int64_t G, int64_t D) {
+    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                          const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                          int64_t G, int64_t D) {
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D);
+  }
+  void swiglu_forward(float* out, const float* g, const float* u, int64_t n) { cpu::swiglu_forward(out, g, u, n); }
+  void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {
+    cpu::swiglu_backward(dg, du, dout, g, u, n);
+  }
+  void add_inplace(float* y, const float* x, int64_t n) { cpu::add_inplace(y, x, n); }
+  void copy(float* dst, const float* src, int64_t n) {
+    if (dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  }
+  double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets, int64_t N,
+                               int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid) {
+    return cpu::lm_head_cross_entropy(dh, dw, h, w, targets, N, C, V, grad_scale, chunk_rows, n_valid);
+  }
+
+ private:
+  std::vector<float> inv_freq_;
+};
+
+}  // namespace rt

@@ -1,0 +1,81 @@
+// CudaOps: the CUDA backend bound to the layer templates (model/block.h).
+// bf16 activations and weights, fp32 weight gradients and statistics; every
+// call is queued on one compute stream. Mirrors CpuOps (cpu/cpu_ops.h).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "cuda/device_memory.h"
+#include "cuda/ops.h"
+
+namespace rt::cuda {
+
+class CudaOps {
+ public:
+  using act_t = bf16;
+  using weight_t = bf16;
+  template <class T>
+  using Buffer = DevBuf<T>;
+
+  CudaOps(DeviceAllocator& alloc, Blas& blas, cudaStream_t stream, const float* inv_freq, Scratch scratch)
+      : alloc_(alloc), blas_(blas), s_(stream), inv_freq_(inv_freq), scratch_(scratch) {}
+
+  template <class T>
+  Buffer<T> alloc(int64_t n) {
+    return Buffer<T>(alloc_, n, "block activations");
+  }
+  cudaStream_t stream() const { return s_; }
+  Blas& blas() { return blas_; }
+  Scratch scratch() const { return scratch_; }
+
+  void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps) {
+    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_);
+  }
+  void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
+                         int64_t N, int64_t C) {
+    cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_);
+  }
+  void linear_forward(bf16* out, const bf16* x, const bf16* w, const bf16* b, int64_t N, int64_t I, int64_t O) {
+    cuda::linear_forward(blas_, out, DType::bf16, x, w, b, N, I, O, s_);
+  }
+  void linear_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
+                       int64_t I, int64_t O) {
+    cuda::linear_backward(blas_, dx, dw, db, dout, x, w, N, I, O, s_);
+  }
+  void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
+    cuda::rope_forward(x, pos, inv_freq_, N, heads, D, s_);
+  }
+  void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
+    cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, s_);
+  }
+  void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                         int64_t H, int64_t G, int64_t D) {
+    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_);
+  }
+  void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                          const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                          int64_t G, int64_t D) {
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_);
+  }
+  void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
+  void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
+    cuda::swiglu_backward(dg, du, dout, g, u, n, s_);
+  }
+  void add_inplace(bf16* y, const bf16* x, int64_t n) { cuda::add_inplace(y, x, n, s_); }
+  void copy(bf16* dst, const bf16* src, int64_t n) {
+    if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(bf16), cudaMemcpyDeviceToDevice, s_));
+  }
+
+ private:
+  DeviceAllocator& alloc_;
+  Blas& blas_;
+  cudaStream_t s_;
+  const float* inv_freq_;
+  Scratch scratch_;
+};
+
+// Sum of squares of n fp32 values into *out (device double), deterministic
+// (fixed blocks, partials summed in order). scratch: sum_squares_scratch_bytes(n).
+size_t sum_squares_scratch_bytes(int64_t n);
+void sum_squares(double* out, const float* x, int64_t n, Scratch scratch, cudaStream_t stream);
+
+}  // namespace rt::cuda

@@ -1,0 +1,542 @@
+// The CUDA streaming engine: layers stream through the GPU from host RAM.
+//
+// Host (HostState + this file): fp32 master, m, v per unit in ordinary memory;
+// a bf16 shadow of every unit in pinned memory of exact size, which the
+// optimizer rewrites after each update; pinned slabs where gradients land.
+// Device: S weight slots (layer i lives in slot i % S), the embedding and the
+// head resident, block checkpoints x_i, one block's activations, and fp32
+// gradient buffers per unit (this version keeps every unit's gradient on the
+// device until the global norm is known: exact clipping).
+//
+// Streams: h2d (weights in), compute, d2h (gradients out); events join them.
+// One step:
+//   forward 0..L-1: layer i waits for its slot's load; after layer i's work is
+//     queued, the load of layer i+S into the same slot is queued behind it;
+//   turn-around: the last S layers are still in their slots and are reused;
+//   backward L-1..0: recompute block i from x_i, back-propagate, and queue the
+//     load of layer i-S into the freed slot (prefetch, never load-then-wait);
+//   norm: per-unit sums of squares on the device, summed in unit order;
+//   optimizer (worker thread, CPU pool): in forward order, each unit's grads
+//     go device -> pinned slab (d2h), AdamW updates master/m/v and writes the
+//     bf16 shadow; the next step's load of unit u waits only on u's update.
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/thread_pool.h"
+#include "cpu/ops.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/device_info.h"
+#include "cuda/trace.h"
+#include "engine/backend.h"
+#include "model/block.h"
+
+namespace rt {
+
+bool cuda_backend_available() { return cuda::device_count() > 0; }
+
+namespace cuda {
+namespace {
+
+template <class T, class P>
+BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
+  BlockWeightsT<T> w{};
+  for (size_t k = 0; k < u.entries.size(); ++k) {
+    const T* p = reinterpret_cast<const T*>(base) + u.offsets[k];
+    switch (u.entries[k].kind) {
+      case WeightKind::attn_norm: w.attn_norm = p; break;
+      case WeightKind::q_proj: w.q_proj = p; break;
+      case WeightKind::q_bias: w.q_bias = p; break;
+      case WeightKind::k_proj: w.k_proj = p; break;
+      case WeightKind::k_bias: w.k_bias = p; break;
+      case WeightKind::v_proj: w.v_proj = p; break;
+      case WeightKind::v_bias: w.v_bias = p; break;
+      case WeightKind::q_norm: w.q_norm = p; break;
+      case WeightKind::k_norm: w.k_norm = p; break;
+      case WeightKind::o_proj: w.o_proj = p; break;
+      case WeightKind::mlp_norm: w.mlp_norm = p; break;
+      case WeightKind::gate_proj: w.gate_proj = p; break;
+      case WeightKind::up_proj: w.up_proj = p; break;
+      case WeightKind::down_proj: w.down_proj = p; break;
+      default: fail("[engine] unexpected tensor ", u.entries[k].name, " in a decoder layer");
+    }
+  }
+  return w;
+}
+
+BlockGrads bind_grads(const StateUnit& u, float* base) {
+  BlockWeightsT<float> v = bind_weights<float>(u, base);
+  auto m = [](const float* p) { return const_cast<float*>(p); };
+  return BlockGrads{m(v.attn_norm), m(v.q_proj), m(v.q_bias), m(v.k_proj), m(v.k_bias), m(v.v_proj), m(v.v_bias),
+                    m(v.q_norm),    m(v.k_norm), m(v.o_proj), m(v.mlp_norm), m(v.gate_proj), m(v.up_proj),
+                    m(v.down_proj)};
+}
+
+int64_t entry_offset(const StateUnit& u, WeightKind k) {
+  for (size_t i = 0; i < u.entries.size(); ++i)
+    if (u.entries[i].kind == k) return u.offsets[i];
+  return -1;
+}
+
+// A FIFO of host jobs run one at a time on a worker thread (the optimizer).
+class Worker {
+ public:
+  Worker() : t_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    t_.join();
+  }
+  void push(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(f));
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu_);
+    idle_cv_.wait(lk, [&] { return q_.empty() && !busy_; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  void rethrow_if_failed() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty() && stop_) return;
+      auto f = std::move(q_.front());
+      q_.pop_front();
+      busy_ = true;
+      lk.unlock();
+      try {
+        if (!error_) f();
+      } catch (...) {
+        std::lock_guard<std::mutex> g(err_mu_);
+        error_ = std::current_exception();
+      }
+      lk.lock();
+      busy_ = false;
+      if (q_.empty()) idle_cv_.notify_all();
+    }
+  }
+  std::mutex mu_, err_mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false, busy_ = false;
+  std::exception_ptr error_;
+  std::thread t_;
+};
+
+class StreamEngine final : public Backend {
+ public:
+  StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOptions& opt)
+      : st_(st), s_(st.spec()), B_(B), T_(T), N_(B * T), opt_(opt), alloc_(budget(opt)), tracer_(opt.trace_path) {
+    const int64_t L = s_.n_layers;
+    check_shapes();
+    S_ = opt.resident ? static_cast<int>(L) : std::max(2, std::min<int>(opt.slots, static_cast<int>(L)));
+    auto& units = st_.units();
+    layer_numel_ = units[1].numel;
+    // pinned bf16 shadows, exact size, filled from the fp32 master
+    for (auto& u : units) {
+      shadow_.emplace_back(static_cast<size_t>(u.numel) * 2, "the bf16 shadow of " + u.name);
+      uint16_t* sh = shadow_.back().as<uint16_t>();
+      const float* m = u.master();
+      parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) sh[i] = f32_to_bf16(m[i]);
+      });
+    }
+    version_.assign(units.size(), 0);
+    updated_.assign(units.size(), 0);
+    // device state
+    embed_w_ = DevBuf<bf16>(alloc_, units[0].numel, "the embedding");
+    head_w_ = DevBuf<bf16>(alloc_, units[L + 1].numel, "the final norm and LM head");
+    for (int s = 0; s < S_; ++s) slots_.emplace_back(alloc_, layer_numel_, "a layer weight slot");
+    slot_layer_.assign(S_, -1);
+    slot_version_.assign(S_, -1);
+    slot_loaded_.resize(S_);
+    slot_free_.resize(S_);
+    for (size_t u = 0; u < units.size(); ++u) grads_.emplace_back(alloc_, units[u].numel, "gradients of " + units[u].name);
+    grad_zeroed_.resize(units.size());
+    grad_ready_.resize(units.size());
+    for (auto& g : grads_) CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), compute_.get()));
+    ckpt_ = DevBuf<bf16>(alloc_, (L + 1) * N_ * s_.hidden, "block checkpoints");
+    hf_ = DevBuf<bf16>(alloc_, N_ * s_.hidden, "final hidden states");
+    dx_ = DevBuf<bf16>(alloc_, N_ * s_.hidden, "the residual gradient");
+    dhf_ = DevBuf<bf16>(alloc_, N_ * s_.hidden, "the final norm gradient");
+    rstd_f_ = DevBuf<float>(alloc_, N_, "final norm statistics");
+    ids_ = DevBuf<int32_t>(alloc_, N_, "token ids");
+    targets_ = DevBuf<int32_t>(alloc_, N_, "targets");
+    pos_ = DevBuf<int32_t>(alloc_, N_, "positions");
+    host_io_ = PinnedBuf(static_cast<size_t>(3 * N_) * 4, "token staging");
+    totals_ = DevBuf<CrossEntropyTotals>(alloc_, 1, "loss totals");
+    norms_ = DevBuf<double>(alloc_, static_cast<int64_t>(units.size()), "gradient norms");
+    host_small_ = PinnedBuf(sizeof(CrossEntropyTotals) + units.size() * sizeof(double), "loss staging");
+    std::vector<float> inv = cpu::rope_inv_freq(s_.rope, s_.head_dim);
+    inv_freq_ = DevBuf<float>(alloc_, static_cast<int64_t>(inv.size()), "RoPE frequencies");
+    CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    size_t sc = std::max({rms_norm_backward_scratch_bytes(N_, s_.hidden),
+                          rms_norm_backward_scratch_bytes(N_ * std::max(s_.n_heads, s_.n_kv_heads), s_.head_dim),
+                          attention_backward_scratch_bytes(B_, T_, s_.n_heads),
+                          lm_head_cross_entropy_scratch_bytes(opt_.ce_chunk_rows, s_.vocab),
+                          embedding_backward_scratch_bytes(N_, s_.vocab), sum_squares_scratch_bytes(units[0].numel),
+                          sum_squares_scratch_bytes(units[L + 1].numel), sum_squares_scratch_bytes(layer_numel_)});
+    scratch_ = DevBuf<uint8_t>(alloc_, static_cast<int64_t>(sc), "op scratch");
+    ops_ = std::make_unique<CudaOps>(alloc_, blas_, compute_.get(), inv_freq_.data(), Scratch{scratch_.data(), sc});
+    acts_ = std::make_unique<BlockActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
+    // pinned landing slabs for the optimizer phase
+    int64_t max_unit = 0;
+    for (auto& u : units) max_unit = std::max(max_unit, u.numel);
+    for (int r = 0; r < kSlabs; ++r) slabs_.emplace_back(static_cast<size_t>(max_unit) * 4, "a gradient landing slab");
+    slab_done_.resize(kSlabs);
+    CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    if (opt_.verbose) {
+      std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on device, checkpoints on device, "
+                  "device memory %.2f GiB planned of %.2f GiB budget\n",
+                  opt_.resident ? "resident" : "streaming", S_, S_ == 1 ? "" : "s", layer_numel_ * 2.0 / (1 << 20),
+                  alloc_.used() / double(1ull << 30), alloc_.budget() / double(1ull << 30));
+    }
+  }
+
+  ~StreamEngine() override {
+    try {
+      worker_.drain();
+    } catch (...) {
+    }
+    cudaDeviceSynchronize();
+  }
+
+  std::string describe() const override {
+    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", S_, " slots, bf16 compute, fp32 master + AdamW on ",
+               global_pool().size(), " CPU threads)");
+  }
+
+  uint64_t peak_device_bytes() const { return alloc_.peak(); }
+
+  StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
+    worker_.rethrow_if_failed();
+    const int64_t L = s_.n_layers;
+    auto& units = st_.units();
+    StepStats stats;
+    CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
+    // the gradient buffers were zeroed by the previous optimizer phase
+    for (size_t u = 0; u < units.size(); ++u) wait_grad_zeroed(u);
+    const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
+    for (const Batch& b : batches) {
+      RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
+      upload_batch(b);
+      forward(true);
+      head(true, grad_scale);
+      backward();
+    }
+    // global norm: per-unit sums of squares on the device, summed in order
+    Scratch sc{scratch_.data(), scratch_.size()};
+    for (size_t u = 0; u < units.size(); ++u) {
+      auto span = tracer_.gpu_begin(Lane::compute, "norm", static_cast<int>(u), compute_.get());
+      sum_squares(norms_.data() + u, grads_[u].data(), units[u].numel, sc, compute_.get());
+      tracer_.gpu_end(span, compute_.get());
+    }
+    auto* tot = host_small_.as<CrossEntropyTotals>();
+    double* nrm = reinterpret_cast<double*>(host_small_.as<uint8_t>() + sizeof(CrossEntropyTotals));
+    CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, compute_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(nrm, norms_.data(), units.size() * sizeof(double), cudaMemcpyDeviceToHost, compute_.get()));
+    CUDA_CHECK(cudaEventRecord(backward_done_.get(), compute_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    stats.loss_sum = tot->loss_sum;
+    stats.n_valid = tot->n_valid;
+    double sq = 0;
+    for (size_t u = 0; u < units.size(); ++u) sq += nrm[u];
+    stats.grad_norm = std::sqrt(sq);
+    const bool ok = std::isfinite(stats.loss_sum) && std::isfinite(stats.grad_norm);
+    const float coef = clip_coefficient(stats.grad_norm, o.clip);
+    ++step_;
+    tracer_.flush_step(step_);
+    // optimizer phase on the worker, in forward order
+    const int64_t step = step_;
+    worker_.push([this, o, coef, ok, step] { optimizer_phase(o, coef, ok, step); });
+    stats.applied = ok;
+    (void)L;
+    return stats;
+  }
+
+  double loss_sum(const Batch& b, int64_t* n_valid) override {
+    worker_.rethrow_if_failed();
+    RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
+    CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
+    upload_batch(b);
+    forward(false);
+    head(false, 1.0f);
+    auto* tot = host_small_.as<CrossEntropyTotals>();
+    CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, compute_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    *n_valid = tot->n_valid;
+    return tot->loss_sum;
+  }
+
+  void sync() override {
+    worker_.drain();
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+ private:
+  static constexpr int kSlabs = 3;
+
+  static uint64_t budget(const CudaOptions& o) {
+    RT_CHECK(device_count() > 0, "[cuda] no CUDA device is visible; use --device cpu");
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    uint64_t b = free_b > (512ull << 20) ? free_b - (512ull << 20) : free_b;  // leave room for the CUDA context
+    if (o.max_gpu_memory) {
+      if (o.max_gpu_memory > b)
+        fail("[cuda] --max-gpu-memory ", o.max_gpu_memory >> 20, " MiB is more than the ", b >> 20, " MiB the device has free");
+      b = o.max_gpu_memory;
+    }
+    return b;
+  }
+
+  void check_shapes() {
+    auto mult8 = [&](int64_t v, const char* what) {
+      RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v, " must be a multiple of 8 for the CUDA kernels; use --device cpu");
+    };
+    mult8(s_.hidden, "hidden_size");
+    mult8(s_.intermediate, "intermediate_size");
+    mult8(s_.vocab, "vocab_size");
+    mult8(s_.q_dim(), "heads x head_dim");
+    mult8(s_.kv_dim(), "kv heads x head_dim");
+    RT_CHECK(s_.head_dim == 64 || s_.head_dim == 128, "[cuda] head_dim ", s_.head_dim,
+             " is not supported by the CUDA attention kernel (64 or 128); use --device cpu");
+  }
+
+  void upload_batch(const Batch& b) {
+    int32_t* h = host_io_.as<int32_t>();
+    // the staging buffer may still be read by the previous batch's copies
+    CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    for (int64_t i = 0; i < N_; ++i) {
+      h[i] = b.inputs[i];
+      h[N_ + i] = b.targets[i];
+      h[2 * N_ + i] = static_cast<int32_t>(i % T_);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(ids_.data(), h, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(targets_.data(), h + N_, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(pos_.data(), h + 2 * N_, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));
+  }
+
+  // Blocks until unit u's update of the last step is done (its shadow is current).
+  void wait_updated(size_t u) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return updated_[u] >= step_ || worker_failed_; });
+    if (worker_failed_) {
+      lk.unlock();
+      worker_.drain();
+      fail("[engine] the optimizer failed");
+    }
+  }
+  void wait_grad_zeroed(size_t u) {
+    wait_updated(u);
+    if (step_ > 0) CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), grad_zeroed_[u].get(), 0));
+  }
+
+  // Unit-resident pieces (embedding, head): reload after each update.
+  void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
+    if (have_version == step_) return;
+    wait_updated(u);
+    auto span = tracer_.gpu_begin(Lane::h2d, u == 0 ? "load embed" : "load head", -1, h2d_.get());
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), shadow_[u].as<uint16_t>(), dst.bytes(), cudaMemcpyHostToDevice, h2d_.get()));
+    tracer_.gpu_end(span, h2d_.get());
+    CUDA_CHECK(cudaEventRecord(loaded.get(), h2d_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), loaded.get(), 0));
+    have_version = step_;
+  }
+
+  // Queues the load of layer i into its slot unless it is already there.
+  void load_layer(int64_t i) {
+    const int s = static_cast<int>(i % S_);
+    if (slot_layer_[s] == i && slot_version_[s] == step_) return;
+    wait_updated(static_cast<size_t>(i + 1));
+    if (slot_layer_[s] >= 0) CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), slot_free_[s].get(), 0));
+    auto span = tracer_.gpu_begin(Lane::h2d, "load", static_cast<int>(i), h2d_.get());
+    CUDA_CHECK(cudaMemcpyAsync(slots_[s].data(), shadow_[i + 1].as<uint16_t>(), slots_[s].bytes(),
+                               cudaMemcpyHostToDevice, h2d_.get()));
+    tracer_.gpu_end(span, h2d_.get());
+    CUDA_CHECK(cudaEventRecord(slot_loaded_[s].get(), h2d_.get()));
+    slot_layer_[s] = i;
+    slot_version_[s] = step_;
+  }
+  const bf16* use_layer(int64_t i) {
+    const int s = static_cast<int>(i % S_);
+    load_layer(i);  // no-op when prefetched
+    CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot_loaded_[s].get(), 0));
+    return slots_[s].data();
+  }
+  void release_layer(int64_t i) {
+    CUDA_CHECK(cudaEventRecord(slot_free_[static_cast<int>(i % S_)].get(), compute_.get()));
+  }
+
+  bf16* ckpt(int64_t i) { return ckpt_.data() + i * N_ * s_.hidden; }
+
+  void forward(bool training) {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    auto& units = st_.units();
+    ensure_unit(0, embed_w_, embed_version_, embed_loaded_);
+    for (int64_t i = 0; i < std::min<int64_t>(S_, L); ++i) load_layer(i);
+    auto span = tracer_.gpu_begin(Lane::compute, "embed", -1, compute_.get());
+    embedding_forward(ckpt(0), ids_.data(), embed_w_.data(), N_, C, compute_.get());
+    tracer_.gpu_end(span, compute_.get());
+    for (int64_t i = 0; i < L; ++i) {
+      const bf16* w = use_layer(i);
+      auto sp = tracer_.gpu_begin(Lane::compute, "forward", static_cast<int>(i), compute_.get());
+      block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt(i), ckpt(i + 1),
+                    pos_.data(), *acts_);
+      tracer_.gpu_end(sp, compute_.get());
+      // the last S layers stay for the backward's turn-around
+      if (i + S_ < L || !training) {
+        release_layer(i);
+        if (i + S_ < L) load_layer(i + S_);
+      }
+    }
+    (void)training;
+  }
+
+  void head(bool training, float grad_scale) {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    auto& hu = st_.units()[L + 1];
+    ensure_unit(L + 1, head_w_, head_version_, head_loaded_);
+    const bf16* final_norm = head_w_.data() + entry_offset(hu, WeightKind::final_norm);
+    const bf16* lm = s_.tie_embeddings ? embed_w_.data() : head_w_.data() + entry_offset(hu, WeightKind::lm_head);
+    float* g_norm = grads_[L + 1].data() + entry_offset(hu, WeightKind::final_norm);
+    float* g_lm = s_.tie_embeddings ? grads_[0].data() : grads_[L + 1].data() + entry_offset(hu, WeightKind::lm_head);
+    auto span = tracer_.gpu_begin(Lane::compute, "head", -1, compute_.get());
+    rms_norm_forward(hf_.data(), rstd_f_.data(), ckpt(L), final_norm, N_, C, static_cast<float>(s_.rms_eps),
+                     compute_.get());
+    Scratch sc{scratch_.data(), scratch_.size()};
+    lm_head_cross_entropy(blas_, training ? dhf_.data() : nullptr, training ? g_lm : nullptr, totals_.data(),
+                          hf_.data(), lm, targets_.data(), N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc,
+                          compute_.get());
+    if (training)
+      rms_norm_backward(dx_.data(), g_norm, dhf_.data(), ckpt(L), final_norm, rstd_f_.data(), nullptr, N_, C, sc,
+                        compute_.get());
+    tracer_.gpu_end(span, compute_.get());
+  }
+
+  void backward() {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    auto& units = st_.units();
+    for (int64_t i = L - 1; i >= 0; --i) {
+      const bf16* w = use_layer(i);
+      BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
+      auto sp = tracer_.gpu_begin(Lane::compute, "backward", static_cast<int>(i), compute_.get());
+      block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), *acts_);  // recompute
+      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), dx_.data(), dx_.data(), pos_.data(), *acts_,
+                     bind_grads(units[i + 1], grads_[i + 1].data()));
+      tracer_.gpu_end(sp, compute_.get());
+      release_layer(i);
+      if (i - S_ >= 0) load_layer(i - S_);
+    }
+    Scratch sc{scratch_.data(), scratch_.size()};
+    embedding_backward(grads_[0].data(), dx_.data(), ids_.data(), N_, C, s_.vocab, sc, compute_.get());
+  }
+
+  // Worker thread: grads of each unit leave the device in forward order, the
+  // CPU updates master/m/v and the pinned bf16 shadow, and the device grads
+  // are zeroed for the next step.
+  void optimizer_phase(const OptimStep& o, float coef, bool apply, int64_t step) {
+    auto& units = st_.units();
+    const size_t U = units.size();
+    CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), backward_done_.get(), 0));
+    auto issue = [&](size_t u) {
+      const int r = static_cast<int>(u % kSlabs);
+      auto span = tracer_.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, d2h_.get());
+      CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost,
+                                 d2h_.get()));
+      tracer_.gpu_end(span, d2h_.get());
+      CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), d2h_.get()));
+      CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), d2h_.get()));
+      CUDA_CHECK(cudaEventRecord(grad_zeroed_[u].get(), d2h_.get()));
+    };
+    for (size_t u = 0; u < std::min<size_t>(kSlabs, U); ++u) issue(u);
+    for (size_t u = 0; u < U; ++u) {
+      const int r = static_cast<int>(u % kSlabs);
+      CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
+      if (apply) {
+        auto span = tracer_.host_begin("adamw", static_cast<int>(u) - 1);
+        update_unit(units[u], slabs_[r].as<float>(), o, coef, shadow_[u].as<uint16_t>());
+        tracer_.host_end(span);
+      }
+      if (u + kSlabs < U) issue(u + kSlabs);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        updated_[u] = step;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  HostState& st_;
+  const ModelSpec& s_;
+  int64_t B_, T_, N_;
+  CudaOptions opt_;
+  DeviceAllocator alloc_;
+  Tracer tracer_;
+  Stream h2d_, compute_, d2h_;
+  Blas blas_;
+  int S_ = 2;
+  int64_t layer_numel_ = 0;
+  std::vector<PinnedBuf> shadow_;
+  std::vector<int64_t> version_, updated_;
+  DevBuf<bf16> embed_w_, head_w_;
+  int64_t embed_version_ = -1, head_version_ = -1;
+  Event embed_loaded_, head_loaded_, backward_done_;
+  std::vector<DevBuf<bf16>> slots_;
+  std::vector<int64_t> slot_layer_, slot_version_;
+  std::vector<Event> slot_loaded_, slot_free_;
+  std::vector<DevBuf<float>> grads_;
+  std::vector<Event> grad_zeroed_, grad_ready_;
+  DevBuf<bf16> ckpt_, hf_, dx_, dhf_;
+  DevBuf<float> rstd_f_, inv_freq_;
+  DevBuf<int32_t> ids_, targets_, pos_;
+  PinnedBuf host_io_, host_small_;
+  DevBuf<CrossEntropyTotals> totals_;
+  DevBuf<double> norms_;
+  DevBuf<uint8_t> scratch_;
+  std::unique_ptr<CudaOps> ops_;
+  std::unique_ptr<BlockActs<CudaOps>> acts_;
+  std::vector<PinnedBuf> slabs_;
+  std::vector<Event> slab_done_;
+  int64_t step_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool worker_failed_ = false;
+  Worker worker_;  // last: destroyed first
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
+                                           const CudaOptions& opt) {
+  return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, opt);
+}
+
+}  // namespace rt

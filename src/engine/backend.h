@@ -1,0 +1,74 @@
+// Backend: where a training step's forward, backward and optimizer run.
+// The CPU backend (engine/cpu_backend.cpp) is the reference; the CUDA
+// streaming engine (cuda/stream_engine.cpp) streams layers through the GPU
+// from the same HostState. The trainer owns data, schedule and logs and only
+// talks to this interface.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "engine/host_state.h"
+#include "optim/adamw.h"
+
+namespace rt {
+
+struct OptimStep {
+  double lr = 0;
+  int64_t t = 0;  // 1-based count of applied updates, for bias correction
+  AdamWHyper hyper;
+  double weight_decay = 0;
+  bool decay_norms_and_biases = false;
+  double clip = 1.0;  // <= 0: off
+};
+
+struct StepStats {
+  double loss_sum = 0;     // sum of token losses over every micro-batch
+  int64_t n_valid = 0;     // predicted tokens
+  double grad_norm = 0;    // global L2 norm before clipping
+  bool applied = false;    // false: loss or norm not finite, no update
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string describe() const = 0;
+  // Forward + backward over every micro-batch (gradient = d mean loss, the
+  // mean over n_valid_total tokens), exact global-norm clipping, and the
+  // AdamW update of every parameter. Skips the update when the loss or the
+  // norm is not finite.
+  virtual StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) = 0;
+  // Forward only: the sum of token losses of one batch, *n_valid tokens.
+  virtual double loss_sum(const Batch& b, int64_t* n_valid) = 0;
+  // Makes HostState's master weights current (waits for updates in flight).
+  virtual void sync() {}
+};
+
+// The weight decay of one tensor under o's policy.
+inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
+  return (e.is_norm_or_bias && !o.decay_norms_and_biases) ? 0.0 : o.weight_decay;
+}
+// AdamW over one unit: grad[numel] laid out like the unit's arena; bf16_shadow
+// (nullable) receives the updated weights as bf16 in the same layout.
+void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
+
+std::unique_ptr<Backend> make_cpu_backend(HostState& state);
+
+struct CudaOptions {
+  uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
+  int slots = 3;                // device weight slots (>= 2)
+  bool resident = false;        // keep every layer on the device (baseline mode)
+  bool delayed_update = false;  // apply step t's update during step t+1
+  std::string checkpoints = "auto";  // auto | device | host
+  std::string trace_path;       // Chrome trace JSON, "" for none
+  int64_t ce_chunk_rows = 1024;
+  bool verbose = true;
+};
+
+bool cuda_backend_available();  // built with CUDA and a device present
+std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
+                                           const CudaOptions& opt);
+
+}  // namespace rt

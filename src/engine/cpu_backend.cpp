@@ -1,0 +1,80 @@
+// The CPU backend: fp32 forward/backward through ModelRunner<CpuOps> into
+// HostState's gradient arenas, then clipping and AdamW over each unit.
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "core/error.h"
+#include "cpu/cpu_ops.h"
+#include "engine/backend.h"
+
+namespace rt {
+
+void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow) {
+  for (size_t k = 0; k < u.entries.size(); ++k) {
+    const int64_t off = u.offsets[k], n = u.entries[k].numel();
+    adamw_update(u.master() + off, u.m() + off, u.v() + off, grad + off, n, o.hyper, o.t, o.lr,
+                 weight_decay_for(u.entries[k], o), clip_coef, bf16_shadow ? bf16_shadow + off : nullptr);
+  }
+}
+
+namespace {
+
+std::vector<int32_t> positions(int64_t B, int64_t T) {
+  std::vector<int32_t> pos(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) pos[i] = static_cast<int32_t>(i % T);
+  return pos;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(HostState& s) : state_(s), ops_(s.spec()) {}
+  std::string describe() const override { return "cpu (fp32 reference)"; }
+
+  ModelRunner<CpuOps>& runner(int64_t B, int64_t T) {
+    auto& r = runners_[{B, T}];
+    if (!r) r = std::make_unique<ModelRunner<CpuOps>>(ops_, state_.spec(), B, T);
+    return *r;
+  }
+
+  StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
+    StepStats st;
+    state_.zero_grads();
+    ModelWeightsT<float> w = state_.weights();
+    ModelGrads g = state_.grads();
+    const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
+    for (const Batch& b : batches) {
+      std::vector<int32_t> pos = positions(b.B, b.T);
+      int64_t nv = 0;
+      st.loss_sum += runner(b.B, b.T).forward_backward(
+          w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, grad_scale, &nv);
+      st.n_valid += nv;
+    }
+    double sq = 0;
+    for (auto& u : state_.units()) sq += sum_squares(u.grad.p, u.numel);
+    st.grad_norm = std::sqrt(sq);
+    if (!std::isfinite(st.loss_sum) || !std::isfinite(st.grad_norm)) return st;
+    const float coef = clip_coefficient(st.grad_norm, o.clip);
+    for (auto& u : state_.units()) update_unit(u, u.grad.p, o, coef, nullptr);
+    st.applied = true;
+    return st;
+  }
+
+  double loss_sum(const Batch& b, int64_t* n_valid) override {
+    std::vector<int32_t> pos = positions(b.B, b.T);
+    return runner(b.B, b.T).forward_backward(state_.weights(), nullptr,
+                                             BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, 1.0f,
+                                             n_valid);
+  }
+
+ private:
+  HostState& state_;
+  CpuOps ops_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ModelRunner<CpuOps>>> runners_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(HostState& state) { return std::make_unique<CpuBackend>(state); }
+
+}  // namespace rt

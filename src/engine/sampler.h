@@ -1,0 +1,24 @@
+// Text generation from the CPU reference: temperature + top-k sampling with a
+// seeded generator (the same seed gives the same text). The model is rerun over
+// the whole context for each new token in a window padded to a multiple of 64
+// (causal attention makes the padding invisible); fine for small models.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/host_state.h"
+
+namespace rt {
+
+struct SampleOptions {
+  int64_t max_new_tokens = 200;
+  double temperature = 0.8;  // 0: greedy
+  int64_t top_k = 40;        // 0: whole vocab
+  uint64_t seed = 0;
+  std::vector<int64_t> stop_ids;  // stop after emitting one of these
+};
+
+// Returns only the new ids (the prompt is not repeated).
+std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int32_t>& prompt, const SampleOptions& opt);
+
+}  // namespace rt

@@ -1,0 +1,24 @@
+// Export: a model as a HF directory (config.json + safetensors, bf16 or fp32)
+// that transformers, `ramtrain loss` and `ramtrain sample` all load.
+// The directory is written whole or not at all: files go into DIR.tmp.<pid>,
+// are fsync'ed, and the directory is renamed into place (an older DIR is
+// moved aside first and removed only after the rename succeeded).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/host_state.h"
+
+namespace rt {
+
+struct ExportOptions {
+  DType dtype = DType::bf16;
+  uint64_t max_shard_bytes = 0;  // 0: one file
+  std::string tokenizer = "byte";  // "byte": writes ramtrain_tokenizer.json; "": none
+  std::map<std::string, std::string> info;  // extra fields for ramtrain.json (step, loss, ...)
+};
+
+void export_hf_dir(const std::string& dir, const HostState& state, const ExportOptions& opt);
+
+}  // namespace rt

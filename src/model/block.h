@@ -1,0 +1,182 @@
+// Layer templates: the decoder block's forward and backward, written once
+// against an ops interface and instantiated per backend (CpuOps now, the CUDA
+// backend later). No state of their own, no autograd graph: weights are bound
+// as views (pointers into whatever holds the layer right now), activations
+// live in a BlockActs the caller sized with block_act_sizes().
+//
+// Letters: N = tokens (B*T), C = hidden, H = query heads, G = KV heads,
+// D = head_dim, F = intermediate. HF Llama/Mistral/Qwen2/Qwen3 decoder layer:
+//   xn = rms(x)·w_attn_norm
+//   q, k, v = xn Wq^T (+bq), xn Wk^T (+bk), xn Wv^T (+bv)
+//   [Qwen3] q, k = rms_head(q)·w_q_norm, rms_head(k)·w_k_norm
+//   q, k = rope(q), rope(k)
+//   h = x + attn(q, k, v) Wo^T
+//   hn = rms(h)·w_mlp_norm
+//   y = h + (silu(hn Wg^T) * hn Wu^T) Wd^T
+//
+// Ops requirements (see CpuOps in cpu/cpu_ops.h for the reference):
+//   using act_t (activation element), weight_t (weight element);
+//   Buffer<T> alloc<T>(n) with .data(); the op methods used below with the
+//   semantics of cpu/ops.h: forward writes '=', backward writes input grads
+//   '=' and accumulates weight grads '+=' (weight grads are fp32 always).
+#pragma once
+#include <cstdint>
+
+#include "model/spec.h"
+
+namespace rt {
+
+template <class W>
+struct BlockWeightsT {
+  const W* attn_norm;  // [C]
+  const W* q_proj;     // [H*D, C]
+  const W* q_bias;     // [H*D] or null
+  const W* k_proj;     // [G*D, C]
+  const W* k_bias;     // [G*D] or null
+  const W* v_proj;     // [G*D, C]
+  const W* v_bias;     // [G*D] or null
+  const W* q_norm;     // [D] or null
+  const W* k_norm;     // [D] or null
+  const W* o_proj;     // [C, H*D]
+  const W* mlp_norm;   // [C]
+  const W* gate_proj;  // [F, C]
+  const W* up_proj;    // [F, C]
+  const W* down_proj;  // [C, F]
+};
+
+// Weight gradients of one block, fp32, same shapes (nullable entries as above).
+struct BlockGrads {
+  float *attn_norm, *q_proj, *q_bias, *k_proj, *k_bias, *v_proj, *v_bias, *q_norm, *k_norm, *o_proj, *mlp_norm,
+      *gate_proj, *up_proj, *down_proj;
+};
+
+// Shapes of one batch through a block.
+struct BlockDims {
+  int64_t B, T;  // N = B*T rows
+  int64_t N() const { return B * T; }
+};
+
+// Everything the backward needs from the forward, and scratch for the backward.
+template <class Ops>
+struct BlockActs {
+  using A = typename Ops::act_t;
+  template <class T>
+  using Buf = typename Ops::template Buffer<T>;
+  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
+  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;            // statistics
+  // backward scratch
+  Buf<A> d_a, d_g, d_u, d_hn, d_tmp, d_h, d_att, d_q, d_k, d_v, d_xn, d_tmp_q, d_tmp_k;
+
+  BlockActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) {
+    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
+    const int64_t rq = s.qk_norm ? N * s.n_heads : 1, rk = s.qk_norm ? N * s.n_kv_heads : 1;
+    xn = ops.template alloc<A>(N * C);
+    q_raw = ops.template alloc<A>(s.qk_norm ? N * QD : 1);
+    k_raw = ops.template alloc<A>(s.qk_norm ? N * KD : 1);
+    q = ops.template alloc<A>(N * QD);
+    k = ops.template alloc<A>(N * KD);
+    v = ops.template alloc<A>(N * KD);
+    att = ops.template alloc<A>(N * QD);
+    h = ops.template alloc<A>(N * C);
+    hn = ops.template alloc<A>(N * C);
+    g = ops.template alloc<A>(N * F);
+    u = ops.template alloc<A>(N * F);
+    a = ops.template alloc<A>(N * F);
+    rstd1 = ops.template alloc<float>(N);
+    rstd_q = ops.template alloc<float>(rq);
+    rstd_k = ops.template alloc<float>(rk);
+    lse = ops.template alloc<float>(N * s.n_heads);
+    rstd2 = ops.template alloc<float>(N);
+    d_a = ops.template alloc<A>(N * F);
+    d_g = ops.template alloc<A>(N * F);
+    d_u = ops.template alloc<A>(N * F);
+    d_hn = ops.template alloc<A>(N * C);
+    d_tmp = ops.template alloc<A>(N * C);
+    d_h = ops.template alloc<A>(N * C);
+    d_att = ops.template alloc<A>(N * QD);
+    d_q = ops.template alloc<A>(N * QD);
+    d_k = ops.template alloc<A>(N * KD);
+    d_v = ops.template alloc<A>(N * KD);
+    d_xn = ops.template alloc<A>(N * C);
+    d_tmp_q = ops.template alloc<A>(s.qk_norm ? N * QD : 1);
+    d_tmp_k = ops.template alloc<A>(s.qk_norm ? N * KD : 1);
+  }
+};
+
+// y[N,C] = block(x[N,C]); fills acts for the backward. pos[N]: RoPE positions.
+template <class Ops>
+void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
+                   const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t) {
+  const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
+  const int64_t QD = H * D, KD = G * D;
+  const float eps = static_cast<float>(s.rms_eps);
+  ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
+  if (s.qk_norm) {
+    ops.linear_forward(t.q_raw.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
+    ops.linear_forward(t.k_raw.data(), t.xn.data(), w.k_proj, w.k_bias, N, C, KD);
+    ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N * H, D, eps);
+    ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N * G, D, eps);
+  } else {
+    ops.linear_forward(t.q.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
+    ops.linear_forward(t.k.data(), t.xn.data(), w.k_proj, w.k_bias, N, C, KD);
+  }
+  ops.linear_forward(t.v.data(), t.xn.data(), w.v_proj, w.v_bias, N, C, KD);
+  ops.rope_forward(t.q.data(), pos, N, H, D);
+  ops.rope_forward(t.k.data(), pos, N, G, D);
+  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D);
+  ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+  ops.add_inplace(t.h.data(), x, N * C);
+  ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
+  ops.linear_forward(t.g.data(), t.hn.data(), w.gate_proj, nullptr, N, C, F);
+  ops.linear_forward(t.u.data(), t.hn.data(), w.up_proj, nullptr, N, C, F);
+  ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), N * F);
+  ops.linear_forward(y, t.a.data(), w.down_proj, nullptr, N, F, C);
+  ops.add_inplace(y, t.h.data(), N * C);
+}
+
+// dx[N,C] (=) from dy[N,C]; weight grads accumulate (+=) into gr.
+// x is the block input the forward saw; acts must come from block_forward(x).
+// dx may alias dy.
+template <class Ops>
+void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
+                    const typename Ops::act_t* x, const typename Ops::act_t* dy, typename Ops::act_t* dx,
+                    const int32_t* pos, BlockActs<Ops>& t, const BlockGrads& gr) {
+  const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
+  const int64_t QD = H * D, KD = G * D;
+  // MLP: y = h + a Wd^T
+  ops.linear_backward(t.d_a.data(), gr.down_proj, nullptr, dy, t.a.data(), w.down_proj, N, F, C);
+  ops.swiglu_backward(t.d_g.data(), t.d_u.data(), t.d_a.data(), t.g.data(), t.u.data(), N * F);
+  ops.linear_backward(t.d_hn.data(), gr.gate_proj, nullptr, t.d_g.data(), t.hn.data(), w.gate_proj, N, C, F);
+  ops.linear_backward(t.d_tmp.data(), gr.up_proj, nullptr, t.d_u.data(), t.hn.data(), w.up_proj, N, C, F);
+  ops.add_inplace(t.d_hn.data(), t.d_tmp.data(), N * C);
+  // dh = dy + rms_backward(d_hn)
+  ops.rms_norm_backward(t.d_h.data(), gr.mlp_norm, t.d_hn.data(), t.h.data(), w.mlp_norm, t.rstd2.data(), N, C);
+  ops.add_inplace(t.d_h.data(), dy, N * C);
+  // attention: h = x + att Wo^T
+  ops.linear_backward(t.d_att.data(), gr.o_proj, nullptr, t.d_h.data(), t.att.data(), w.o_proj, N, QD, C);
+  ops.attention_backward(t.d_q.data(), t.d_k.data(), t.d_v.data(), t.d_att.data(), t.q.data(), t.k.data(),
+                         t.v.data(), t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D);
+  ops.rope_backward(t.d_q.data(), pos, N, H, D);
+  ops.rope_backward(t.d_k.data(), pos, N, G, D);
+  const auto* dq = t.d_q.data();
+  const auto* dk = t.d_k.data();
+  if (s.qk_norm) {
+    ops.rms_norm_backward(t.d_tmp_q.data(), gr.q_norm, t.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(),
+                          N * H, D);
+    ops.rms_norm_backward(t.d_tmp_k.data(), gr.k_norm, t.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(),
+                          N * G, D);
+    dq = t.d_tmp_q.data();
+    dk = t.d_tmp_k.data();
+  }
+  ops.linear_backward(t.d_xn.data(), gr.q_proj, gr.q_bias, dq, t.xn.data(), w.q_proj, N, C, QD);
+  ops.linear_backward(t.d_tmp.data(), gr.k_proj, gr.k_bias, dk, t.xn.data(), w.k_proj, N, C, KD);
+  ops.add_inplace(t.d_xn.data(), t.d_tmp.data(), N * C);
+  ops.linear_backward(t.d_tmp.data(), gr.v_proj, gr.v_bias, t.d_v.data(), t.xn.data(), w.v_proj, N, C, KD);
+  ops.add_inplace(t.d_xn.data(), t.d_tmp.data(), N * C);
+  // dx = dh + rms_backward(d_xn); write into d_tmp first since dx may alias dy
+  ops.rms_norm_backward(t.d_tmp.data(), gr.attn_norm, t.d_xn.data(), x, w.attn_norm, t.rstd1.data(), N, C);
+  ops.add_inplace(t.d_tmp.data(), t.d_h.data(), N * C);
+  ops.copy(dx, t.d_tmp.data(), N * C);
+}
+
+}  // namespace rt

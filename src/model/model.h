@@ -1,0 +1,114 @@
+// Whole-model forward and backward over the layer templates (model/block.h).
+// The schedule is the one the streaming engine uses: the forward keeps only
+// each block's input x_i (the checkpoint); the backward recomputes block i
+// once from x_i and back-propagates through it. The LM head and the
+// cross-entropy run in token chunks so [N, V] logits never exist.
+//
+// Loss convention: the caller passes targets already shifted (targets[n] is
+// the id that should follow position n, -100 to ignore) and grad_scale, the
+// factor every gradient is multiplied by (1 / number of predicted tokens in
+// the whole optimizer step for a mean loss). Weight grads accumulate (+=).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "model/block.h"
+#include "model/spec.h"
+
+namespace rt {
+
+template <class W>
+struct ModelWeightsT {
+  const W* embed = nullptr;       // [V, C]
+  std::vector<BlockWeightsT<W>> layers;
+  const W* final_norm = nullptr;  // [C]
+  const W* lm_head = nullptr;     // [V, C]; == embed when tied
+};
+
+struct ModelGrads {
+  float* embed = nullptr;
+  std::vector<BlockGrads> layers;
+  float* final_norm = nullptr;
+  float* lm_head = nullptr;  // == embed when tied
+};
+
+// One micro-batch: B sequences of T tokens. pos[n] is the RoPE position of
+// row n (t within its sequence, or within its document when packing).
+struct BatchView {
+  int64_t B = 0, T = 0;
+  const int32_t* ids = nullptr;      // [B*T], each in [0, V)
+  const int32_t* targets = nullptr;  // [B*T], next ids or -100
+  const int32_t* pos = nullptr;      // [B*T]
+};
+
+template <class Ops>
+class ModelRunner {
+ public:
+  using A = typename Ops::act_t;
+  using W = typename Ops::weight_t;
+
+  ModelRunner(Ops& ops, const ModelSpec& spec, int64_t B, int64_t T, int64_t ce_chunk_rows = 256)
+      : ops_(ops), s_(spec), dm_{B, T}, ce_chunk_(ce_chunk_rows), acts_(ops, spec, dm_) {
+    const int64_t N = dm_.N(), C = s_.hidden;
+    ckpt_ = ops.template alloc<A>((s_.n_layers + 1) * N * C);
+    hf_ = ops.template alloc<A>(N * C);
+    rstd_f_ = ops.template alloc<float>(N);
+    dx_ = ops.template alloc<A>(N * C);
+    dhf_ = ops.template alloc<A>(N * C);
+  }
+
+  int64_t batch() const { return dm_.B; }
+  int64_t seq_len() const { return dm_.T; }
+
+  // Forward + backward of one micro-batch. Returns the SUM of token losses;
+  // *n_valid gets the number of predicted tokens. With grads == nullptr only
+  // the loss is computed.
+  double forward_backward(const ModelWeightsT<W>& w, ModelGrads* grads, const BatchView& b, float grad_scale,
+                          int64_t* n_valid) {
+    RT_CHECK(b.B == dm_.B && b.T == dm_.T, "[model] batch shape ", b.B, "x", b.T, " does not match the runner's ",
+             dm_.B, "x", dm_.T);
+    const int64_t N = dm_.N(), C = s_.hidden, V = s_.vocab, L = s_.n_layers;
+    A* x0 = ckpt_.data();
+    ops_.embedding_forward(x0, b.ids, w.embed, N, C);
+    for (int64_t i = 0; i < L; ++i)
+      block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, b.pos, acts_);
+    const A* xL = x0 + L * N * C;
+    ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), xL, w.final_norm, N, C, static_cast<float>(s_.rms_eps));
+    double loss = ops_.lm_head_cross_entropy(grads ? dhf_.data() : nullptr, grads ? grads->lm_head : nullptr,
+                                             hf_.data(), w.lm_head, b.targets, N, C, V, grad_scale, ce_chunk_, n_valid);
+    if (!grads) return loss;
+    ops_.rms_norm_backward(dx_.data(), grads->final_norm, dhf_.data(), xL, w.final_norm, rstd_f_.data(), N, C);
+    for (int64_t i = L - 1; i >= 0; --i) {
+      const A* xi = x0 + i * N * C;
+      A* scratch_y = hf_.data();  // the recomputed block output is not needed
+      block_forward(ops_, s_, w.layers[i], dm_, xi, scratch_y, b.pos, acts_);
+      block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_, grads->layers[i]);
+    }
+    ops_.embedding_backward(grads->embed, dx_.data(), b.ids, N, C);
+    return loss;
+  }
+
+  // Forward only: final normed hidden states hf[N, C] (for sampling).
+  const A* forward_hidden(const ModelWeightsT<W>& w, const int32_t* ids, const int32_t* pos) {
+    const int64_t N = dm_.N(), C = s_.hidden, L = s_.n_layers;
+    A* x0 = ckpt_.data();
+    ops_.embedding_forward(x0, ids, w.embed, N, C);
+    for (int64_t i = 0; i < L; ++i)
+      block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, pos, acts_);
+    ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), x0 + L * N * C, w.final_norm, N, C,
+                          static_cast<float>(s_.rms_eps));
+    return hf_.data();
+  }
+
+ private:
+  Ops& ops_;
+  const ModelSpec& s_;
+  BlockDims dm_;
+  int64_t ce_chunk_;
+  BlockActs<Ops> acts_;
+  typename Ops::template Buffer<A> ckpt_, hf_, dx_, dhf_;
+  typename Ops::template Buffer<float> rstd_f_;
+};
+
+}  // namespace rt
