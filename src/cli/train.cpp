@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "data/byte_tokenizer.h"
 #include "data/dataset.h"
+#include "engine/backend.h"
 #include "engine/sampler.h"
 #include "engine/trainer.h"
 
@@ -85,7 +86,11 @@ int cmd_train(const Args& raw_args) {
   p.option("out", "DIR", "output directory: DIR/final (and DIR/step-N) are HF model directories", "runs/latest");
   p.option("export-dtype", "bf16|fp32", "dtype of exported safetensors", "bf16");
   p.option("threads", "N", "CPU threads (0: all cores)", "0");
-  p.option("device", "auto|cpu|cuda", "compute device", "auto");
+  p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
+  p.option("max-gpu-memory", "SIZE", "device memory the engine may take, e.g. 16G (default: what is free)");
+  p.option("slots", "S", "device weight slots for streaming (>= 2)", "3");
+  p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
+  p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
   p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training");
   p.option("sample-tokens", "N", "tokens per sample", "200");
   if (!p.parse(args)) return 0;
@@ -96,8 +101,6 @@ int cmd_train(const Args& raw_args) {
   const std::string device = p.str("device");
   if (device != "auto" && device != "cpu" && device != "cuda")
     fail("[train] --device must be auto, cpu or cuda, got '", device, "'");
-  if (device == "cuda")
-    fail("[train] --device cuda: the CUDA streaming engine is not part of this build yet; use --device cpu");
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
 
   if (p.has("preset") == p.has("model")) fail("[train] give exactly one of --preset NAME or --model DIR");
@@ -146,7 +149,7 @@ int cmd_train(const Args& raw_args) {
   o.weight_decay = p.number("weight-decay");
   o.decay_norms_and_biases = p.on("decay-norms-and-biases");
   o.clip = p.number("clip");
-  o.lr = LrSchedule::make(p.str("schedule"), p.number("lr"), p.integer("warmup"), o.steps, p.number("min-lr-ratio"));
+  o.lr = make_lr_schedule(p.str("schedule"), p.number("lr"), p.integer("warmup"), o.steps, p.number("min-lr-ratio"));
   o.eval_every = p.integer("eval-every");
   o.eval_batches = p.integer("eval-batches");
   o.log_every = std::max<int64_t>(1, p.integer("log-every"));
@@ -180,8 +183,27 @@ int cmd_train(const Args& raw_args) {
       std::fflush(stdout);
     };
   }
+  std::unique_ptr<Backend> backend;
+  const bool use_cuda = device == "cuda" || (device == "auto" && cuda_backend_available());
+  if (use_cuda) {
+    CudaOptions co;
+    if (p.has("max-gpu-memory")) co.max_gpu_memory = p.size_bytes("max-gpu-memory");
+    co.slots = static_cast<int>(p.integer("slots"));
+    co.resident = p.on("resident");
+    if (p.has("trace")) co.trace_path = p.str("trace");
+    if (device == "cuda") {
+      backend = make_cuda_backend(*state, o.micro_batch, dopt.seq_len, co);
+    } else {
+      try {
+        backend = make_cuda_backend(*state, o.micro_batch, dopt.seq_len, co);
+      } catch (const Error& e) {
+        std::printf("note: a GPU is present but the CUDA engine cannot run this model (%s); using the CPU backend\n",
+                    e.what());
+      }
+    }
+  }
   install_stop_handler();
-  Trainer trainer(*state, data, o);
+  Trainer trainer(*state, data, o, std::move(backend));
   return trainer.run(sampler);
 }
 

@@ -19,6 +19,8 @@
 //   optimizer (worker thread, CPU pool): in forward order, each unit's grads
 //     go device -> pinned slab (d2h), AdamW updates master/m/v and writes the
 //     bf16 shadow; the next step's load of unit u waits only on u's update.
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -241,8 +243,6 @@ class StreamEngine final : public Backend {
     auto& units = st_.units();
     StepStats stats;
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
-    // the gradient buffers were zeroed by the previous optimizer phase
-    for (size_t u = 0; u < units.size(); ++u) wait_grad_zeroed(u);
     const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
     for (const Batch& b : batches) {
       RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
@@ -273,6 +273,11 @@ class StreamEngine final : public Backend {
     const float coef = clip_coefficient(stats.grad_norm, o.clip);
     ++step_;
     tracer_.flush_step(step_);
+    last_busy_ = tracer_.lane_busy_seconds(Lane::compute, step_);
+    last_h2d_ = h2d_bytes_;
+    h2d_bytes_ = 0;
+    last_d2h_ = 0;
+    for (auto& g : grads_) last_d2h_ += g.bytes();
     // optimizer phase on the worker, in forward order
     const int64_t step = step_;
     worker_.push([this, o, coef, ok, step] { optimizer_phase(o, coef, ok, step); });
@@ -292,6 +297,28 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, compute_.get()));
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     *n_valid = tot->n_valid;
+    return tot->loss_sum;
+  }
+
+  double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
+    sync();
+    auto& units = st_.units();
+    CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
+    for (const Batch& b : batches) {
+      upload_batch(b);
+      forward(true);
+      head(true, 1.0f / static_cast<float>(n_valid_total));
+      backward();
+    }
+    auto* tot = host_small_.as<CrossEntropyTotals>();
+    CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, compute_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    for (size_t u = 0; u < units.size(); ++u) {
+      RT_CHECK(units[u].grad.p, "[engine] compute_grads needs a HostState with gradients");
+      CUDA_CHECK(cudaMemcpy(units[u].grad.p, grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemset(grads_[u].data(), 0, grads_[u].bytes()));
+    }
+    // the layers in the slots are still current (no update happened)
     return tot->loss_sum;
   }
 
@@ -364,6 +391,7 @@ class StreamEngine final : public Backend {
     wait_updated(u);
     auto span = tracer_.gpu_begin(Lane::h2d, u == 0 ? "load embed" : "load head", -1, h2d_.get());
     CUDA_CHECK(cudaMemcpyAsync(dst.data(), shadow_[u].as<uint16_t>(), dst.bytes(), cudaMemcpyHostToDevice, h2d_.get()));
+    h2d_bytes_ += dst.bytes();
     tracer_.gpu_end(span, h2d_.get());
     CUDA_CHECK(cudaEventRecord(loaded.get(), h2d_.get()));
     CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), loaded.get(), 0));
@@ -379,6 +407,7 @@ class StreamEngine final : public Backend {
     auto span = tracer_.gpu_begin(Lane::h2d, "load", static_cast<int>(i), h2d_.get());
     CUDA_CHECK(cudaMemcpyAsync(slots_[s].data(), shadow_[i + 1].as<uint16_t>(), slots_[s].bytes(),
                                cudaMemcpyHostToDevice, h2d_.get()));
+    h2d_bytes_ += slots_[s].bytes();
     tracer_.gpu_end(span, h2d_.get());
     CUDA_CHECK(cudaEventRecord(slot_loaded_[s].get(), h2d_.get()));
     slot_layer_[s] = i;
@@ -427,6 +456,10 @@ class StreamEngine final : public Backend {
     const bf16* lm = s_.tie_embeddings ? embed_w_.data() : head_w_.data() + entry_offset(hu, WeightKind::lm_head);
     float* g_norm = grads_[L + 1].data() + entry_offset(hu, WeightKind::final_norm);
     float* g_lm = s_.tie_embeddings ? grads_[0].data() : grads_[L + 1].data() + entry_offset(hu, WeightKind::lm_head);
+    if (training) {  // first writes of these gradients this step
+      wait_grad_zeroed(static_cast<size_t>(L + 1));
+      if (s_.tie_embeddings) wait_grad_zeroed(0);
+    }
     auto span = tracer_.gpu_begin(Lane::compute, "head", -1, compute_.get());
     rms_norm_forward(hf_.data(), rstd_f_.data(), ckpt(L), final_norm, N_, C, static_cast<float>(s_.rms_eps),
                      compute_.get());
@@ -445,6 +478,7 @@ class StreamEngine final : public Backend {
     auto& units = st_.units();
     for (int64_t i = L - 1; i >= 0; --i) {
       const bf16* w = use_layer(i);
+      wait_grad_zeroed(static_cast<size_t>(i + 1));
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = tracer_.gpu_begin(Lane::compute, "backward", static_cast<int>(i), compute_.get());
       block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), *acts_);  // recompute
@@ -455,6 +489,7 @@ class StreamEngine final : public Backend {
       if (i - S_ >= 0) load_layer(i - S_);
     }
     Scratch sc{scratch_.data(), scratch_.size()};
+    wait_grad_zeroed(0);
     embedding_backward(grads_[0].data(), dx_.data(), ids_.data(), N_, C, s_.vocab, sc, compute_.get());
   }
 
@@ -475,6 +510,8 @@ class StreamEngine final : public Backend {
       CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), d2h_.get()));
       CUDA_CHECK(cudaEventRecord(grad_zeroed_[u].get(), d2h_.get()));
     };
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t n_params = 0;
     for (size_t u = 0; u < std::min<size_t>(kSlabs, U); ++u) issue(u);
     for (size_t u = 0; u < U; ++u) {
       const int r = static_cast<int>(u % kSlabs);
@@ -482,6 +519,7 @@ class StreamEngine final : public Backend {
       if (apply) {
         auto span = tracer_.host_begin("adamw", static_cast<int>(u) - 1);
         update_unit(units[u], slabs_[r].as<float>(), o, coef, shadow_[u].as<uint16_t>());
+        n_params += units[u].numel;
         tracer_.host_end(span);
       }
       if (u + kSlabs < U) issue(u + kSlabs);
@@ -491,8 +529,28 @@ class StreamEngine final : public Backend {
       }
       cv_.notify_all();
     }
+    std::lock_guard<std::mutex> lk(mu_);
+    opt_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    opt_params_ = n_params;
   }
 
+ public:
+  EngineStats stats() const override {
+    EngineStats e;
+    e.device_peak_bytes = alloc_.peak();
+    e.h2d_bytes = last_h2d_;
+    e.d2h_bytes = last_d2h_;
+    std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(mu_));
+    e.optimizer_seconds = opt_seconds_;
+    e.optimizer_params = opt_params_;
+    e.compute_busy_seconds = last_busy_;
+    return e;
+  }
+
+ private:
+  uint64_t h2d_bytes_ = 0, last_h2d_ = 0, last_d2h_ = 0;
+  double opt_seconds_ = 0, last_busy_ = -1;
+  int64_t opt_params_ = 0;
   HostState& st_;
   const ModelSpec& s_;
   int64_t B_, T_, N_;

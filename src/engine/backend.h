@@ -31,8 +31,18 @@ struct StepStats {
   bool applied = false;    // false: loss or norm not finite, no update
 };
 
+// Counters of the last completed step, for logs and bench/.
+struct EngineStats {
+  uint64_t device_peak_bytes = 0;   // engine allocations, high-water mark
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;
+  double optimizer_seconds = 0;     // CPU AdamW time of the last optimizer phase
+  int64_t optimizer_params = 0;
+  double compute_busy_seconds = -1; // compute-stream busy time (needs --trace), -1 unknown
+};
+
 class Backend {
  public:
+  virtual EngineStats stats() const { return {}; }
   virtual ~Backend() = default;
   virtual std::string describe() const = 0;
   // Forward + backward over every micro-batch (gradient = d mean loss, the
@@ -44,6 +54,9 @@ class Backend {
   virtual double loss_sum(const Batch& b, int64_t* n_valid) = 0;
   // Makes HostState's master weights current (waits for updates in flight).
   virtual void sync() {}
+  // Test hook: forward + backward only, the fp32 gradients written into
+  // HostState's gradient arenas (which must exist); no update. Returns the loss sum.
+  virtual double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) = 0;
 };
 
 // The weight decay of one tensor under o's policy.

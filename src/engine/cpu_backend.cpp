@@ -37,6 +37,20 @@ class CpuBackend final : public Backend {
     return *r;
   }
 
+  double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
+    state_.zero_grads();
+    ModelWeightsT<float> w = state_.weights();
+    ModelGrads g = state_.grads();
+    double sum = 0;
+    for (const Batch& b : batches) {
+      std::vector<int32_t> pos = positions(b.B, b.T);
+      int64_t nv = 0;
+      sum += runner(b.B, b.T).forward_backward(w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()},
+                                               1.0f / static_cast<float>(n_valid_total), &nv);
+    }
+    return sum;
+  }
+
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
     StepStats st;
     state_.zero_grads();

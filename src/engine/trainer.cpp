@@ -38,6 +38,17 @@ void signal_handler(int sig) {
 
 }  // namespace
 
+LrSchedule make_lr_schedule(const std::string& kind, double peak, int64_t warmup, int64_t total, double min_lr_ratio) {
+  LrSchedule s;
+  s.kind = lr_schedule_kind_parse(kind);
+  s.peak = peak;
+  s.warmup_steps = warmup;
+  s.total_steps = total;
+  s.min_lr_ratio = min_lr_ratio;
+  s.validate();
+  return s;
+}
+
 std::atomic<bool>& Trainer::stop_flag() {
   static std::atomic<bool> f{false};
   return f;

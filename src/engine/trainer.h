@@ -78,6 +78,9 @@ class Trainer {
   int64_t skipped_ = 0;
 };
 
+// A validated schedule: kind "constant", "cosine" or "linear".
+LrSchedule make_lr_schedule(const std::string& kind, double peak, int64_t warmup, int64_t total, double min_lr_ratio);
+
 // Installs a SIGINT/SIGTERM handler that asks the loop to stop at the next
 // step boundary; a second signal exits at once.
 void install_stop_handler();

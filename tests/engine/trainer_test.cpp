@@ -43,7 +43,7 @@ rt::TrainOptions opts(int64_t steps, int64_t B, int64_t accum) {
   o.adam.beta2 = 0.95;
   o.clip = 1.0;
   o.weight_decay = 0.1;
-  o.lr = rt::LrSchedule::make("cosine", 3e-3, 10, steps, 0.1);
+  o.lr = rt::make_lr_schedule("cosine", 3e-3, 10, steps, 0.1);
   o.eval_batches = 4;
   return o;
 }
