@@ -1,0 +1,581 @@
+// ModelSpec: parsing HF config.json (transformers 4.x and 5.x dialects),
+// writing one both load, parameter counts, validation and built-in presets.
+//
+// Rules:
+// - Missing optional fields take transformers' own per-family defaults, so a
+//   config means here what it means to transformers (e.g. Mistral's
+//   sliding_window defaults to 4096, Qwen3's head_dim to 128).
+// - Unsupported settings are refused, all at once, with what is supported;
+//   nothing unsupported is silently ignored when it changes the math.
+// - No nlohmann exception leaves this file: every error is an rt::Error that
+//   starts with "[config] <file>:".
+// - RoPE precedence follows transformers 5.x: a non-null rope_scaling (4.x)
+//   wins over rope_parameters (5.x); rope_theta comes from the chosen object,
+//   else from the top-level rope_theta, else 10000.
+#include "model/spec.h"
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace rt {
+
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+struct FamilyInfo {
+  Family family;
+  const char* architecture;
+  const char* model_type;
+};
+constexpr FamilyInfo kFamilies[] = {
+    {Family::llama, "LlamaForCausalLM", "llama"},
+    {Family::mistral, "MistralForCausalLM", "mistral"},
+    {Family::qwen2, "Qwen2ForCausalLM", "qwen2"},
+    {Family::qwen3, "Qwen3ForCausalLM", "qwen3"},
+};
+
+const FamilyInfo& family_info(Family f) {
+  for (const auto& fi : kFamilies)
+    if (fi.family == f) return fi;
+  fail("[config] internal: unknown family");
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto& fi : kFamilies) s += (s.empty() ? "" : ", ") + std::string(fi.architecture);
+  return s;
+}
+
+std::string supported_model_types() {
+  std::string s;
+  for (const auto& fi : kFamilies) s += (s.empty() ? "" : ", ") + std::string(fi.model_type);
+  return s;
+}
+
+// A JSON value shown in an error message, shortened.
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+const char* type_word(const json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_array()) return "a list";
+  if (v.is_object()) return "an object";
+  if (v.is_null()) return "null";
+  return "a number";
+}
+
+// Typed field access on one JSON object; `where` is the key path prefix used
+// in messages ("" at top level, "rope_scaling." inside it).
+struct Fields {
+  const json& j;
+  const std::string& source;
+  std::string where;
+
+  bool has(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
+  bool present(const char* key) const { return j.contains(key); }  // even when null
+
+  [[noreturn]] void missing(const char* key) const {
+    fail("[config] ", source, ": required field \"", where, key, "\" is missing; add it to the config");
+  }
+  [[noreturn]] void wrong(const char* key, const char* want) const {
+    const json& v = j.at(key);
+    fail("[config] ", source, ": field \"", where, key, "\" must be ", want, ", found ", type_word(v), " ", shown(v));
+  }
+
+  int64_t to_int(const char* key, const json& v) const {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+    }
+    wrong(key, "an integer");
+  }
+  int64_t get_int(const char* key) const {
+    if (!has(key)) missing(key);
+    return to_int(key, j.at(key));
+  }
+  int64_t get_int(const char* key, int64_t dflt) const { return has(key) ? get_int(key) : dflt; }
+
+  double get_double(const char* key) const {
+    if (!has(key)) missing(key);
+    const json& v = j.at(key);
+    if (!v.is_number()) wrong(key, "a number");
+    return v.get<double>();
+  }
+  double get_double(const char* key, double dflt) const { return has(key) ? get_double(key) : dflt; }
+
+  bool get_bool(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j.at(key);
+    if (!v.is_boolean()) wrong(key, "true or false");
+    return v.get<bool>();
+  }
+  std::string get_string(const char* key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j.at(key);
+    if (!v.is_string()) wrong(key, "a string");
+    return v.get<std::string>();
+  }
+  // null or a list -> all ids; an int -> one id.
+  std::vector<int64_t> get_id_list(const char* key, std::vector<int64_t> dflt) const {
+    if (!present(key)) return dflt;
+    const json& v = j.at(key);
+    if (v.is_null()) return {};
+    if (v.is_array()) {
+      std::vector<int64_t> ids;
+      for (const auto& e : v) {
+        if (!e.is_number()) wrong(key, "an integer, a list of integers or null");
+        ids.push_back(to_int(key, e));
+      }
+      return ids;
+    }
+    if (!v.is_number()) wrong(key, "an integer, a list of integers or null");
+    return {to_int(key, v)};
+  }
+};
+
+// transformers' per-family defaults for fields a config may leave out.
+struct FamilyDefaults {
+  int64_t max_positions;
+  int64_t n_kv_heads;  // when the key is absent; -1: num_attention_heads
+  int64_t bos_id;
+  std::vector<int64_t> eos_ids;
+};
+FamilyDefaults family_defaults(Family f) {
+  switch (f) {
+    case Family::llama:
+      return {2048, -1, 1, {2}};
+    case Family::mistral:
+      return {131072, 8, 1, {2}};
+    case Family::qwen2:
+    case Family::qwen3:
+      return {32768, 32, -1, {}};
+  }
+  return {2048, -1, -1, {}};
+}
+
+// Reads a rope object (rope_scaling or rope_parameters) into `rope`.
+void rope_read(const json& obj, const std::string& name, const std::string& source, double top_theta, RopeConfig* rope,
+               std::vector<std::string>* unsupported) {
+  Fields f{obj, source, name + "."};
+  rope->theta = f.get_double("rope_theta", top_theta);
+  std::string type = f.has("rope_type") ? f.get_string("rope_type", "default") : f.get_string("type", "default");
+  if (type == "default") {
+    rope->scaling = RopeScaling::none;
+  } else if (type == "llama3") {
+    rope->scaling = RopeScaling::llama3;
+    rope->factor = f.get_double("factor");
+    rope->low_freq_factor = f.get_double("low_freq_factor");
+    rope->high_freq_factor = f.get_double("high_freq_factor");
+    rope->original_max_positions = f.get_int("original_max_position_embeddings");
+  } else {
+    unsupported->push_back(
+        cat(name, ".rope_type \"", type, "\" is not supported; supported RoPE types: default, llama3"));
+  }
+  if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)
+    unsupported->push_back(cat(name, ".partial_rotary_factor ", f.get_double("partial_rotary_factor"),
+                               " is not supported; RoPE must rotate the whole head (1.0)"));
+}
+
+ModelSpec spec_parse(const json& j, const std::string& source) {
+  if (!j.is_object()) fail("[config] ", source, ": expected a JSON object at the top level, found ", type_word(j));
+  Fields f{j, source, ""};
+  ModelSpec s;
+
+  // ---- architecture
+  const FamilyInfo* fam = nullptr;
+  if (f.has("architectures") && !(j.at("architectures").is_array() && j.at("architectures").empty())) {
+    const json& a = j.at("architectures");
+    if (!a.is_array() || !a.at(0).is_string())
+      fail("[config] ", source, ": field \"architectures\" must be a list of strings, found ", shown(a));
+    std::string arch = a.at(0).get<std::string>();
+    for (const auto& fi : kFamilies)
+      if (arch == fi.architecture) fam = &fi;
+    if (!fam)
+      fail("[config] ", source, ": architecture ", arch, " is not supported; supported: ", supported_architectures());
+  } else if (f.has("model_type")) {
+    std::string mt = f.get_string("model_type", "");
+    for (const auto& fi : kFamilies)
+      if (mt == fi.model_type) fam = &fi;
+    if (!fam)
+      fail("[config] ", source, ": model_type ", mt, " is not supported; supported: ", supported_model_types(),
+           " (architectures ", supported_architectures(), ")");
+  } else {
+    fail("[config] ", source,
+         ": neither \"architectures\" nor \"model_type\" is given; set \"architectures\" to one of ",
+         supported_architectures());
+  }
+  s.family = fam->family;
+  s.architecture = fam->architecture;
+  FamilyDefaults dflt = family_defaults(s.family);
+
+  // ---- dimensions
+  s.hidden = f.get_int("hidden_size");
+  s.intermediate = f.get_int("intermediate_size");
+  s.n_layers = f.get_int("num_hidden_layers");
+  s.n_heads = f.get_int("num_attention_heads");
+  // Absent: the config class's default (Mistral 8, Qwen2/Qwen3 32); null: one kv head per head.
+  s.n_kv_heads = f.get_int("num_key_value_heads",
+                           f.present("num_key_value_heads") || dflt.n_kv_heads < 0 ? s.n_heads : dflt.n_kv_heads);
+  s.vocab = f.get_int("vocab_size");
+  if (f.has("head_dim")) {
+    s.head_dim = f.get_int("head_dim");
+  } else if (s.family == Family::qwen3 && !f.present("head_dim")) {
+    s.head_dim = 128;  // Qwen3Config's default
+  } else {
+    if (s.n_heads <= 0 || s.hidden % s.n_heads != 0)
+      fail("[config] ", source, ": hidden_size ", s.hidden, " is not divisible by num_attention_heads ", s.n_heads,
+           " and head_dim is not given; set head_dim or fix the head count");
+    s.head_dim = s.hidden / s.n_heads;
+  }
+  s.rms_eps = f.get_double("rms_norm_eps", 1e-6);  // 1e-6 is the default of all four config classes
+  s.tie_embeddings = f.get_bool("tie_word_embeddings", false);
+  s.max_positions = f.get_int("max_position_embeddings", dflt.max_positions);
+  {
+    std::vector<int64_t> bos =
+        f.get_id_list("bos_token_id", dflt.bos_id >= 0 ? std::vector<int64_t>{dflt.bos_id} : std::vector<int64_t>{});
+    if (bos.size() > 1) f.wrong("bos_token_id", "an integer or null");
+    s.bos_id = bos.empty() ? -1 : bos[0];
+  }
+  s.eos_ids = f.get_id_list("eos_token_id", dflt.eos_ids);
+  s.dtype = f.has("dtype") ? f.get_string("dtype", "float32") : f.get_string("torch_dtype", "float32");
+
+  // ---- family features and refusals
+  std::vector<std::string> unsupported;
+  std::string act = f.get_string("hidden_act", "silu");
+  if (act != "silu")
+    unsupported.push_back(cat("hidden_act \"", act, "\" is not supported; supported: silu (SwiGLU MLP)"));
+  s.qkv_bias = s.family == Family::qwen2;
+  s.qk_norm = s.family == Family::qwen3;
+  if (s.family == Family::llama) {
+    if (f.get_bool("attention_bias", false))
+      unsupported.push_back(
+          "attention_bias true is not supported for Llama (it adds biases to q, k, v and o); supported: false "
+          "(q/k/v biases are supported only as in Qwen2)");
+    if (f.get_bool("mlp_bias", false)) unsupported.push_back("mlp_bias true is not supported; supported: false");
+  }
+  if (s.family == Family::qwen3 && f.get_bool("attention_bias", false))
+    unsupported.push_back("attention_bias true is not supported for Qwen3; supported: false");
+
+  // ---- RoPE
+  double top_theta = f.get_double("rope_theta", 10000.0);
+  s.rope.theta = top_theta;
+  if (f.has("rope_scaling") && !j.at("rope_scaling").is_object()) f.wrong("rope_scaling", "an object or null");
+  if (f.has("rope_scaling") && !j.at("rope_scaling").empty()) {
+    rope_read(j.at("rope_scaling"), "rope_scaling", source, top_theta, &s.rope, &unsupported);
+  } else if (f.has("rope_parameters")) {
+    const json* rp = &j.at("rope_parameters");
+    if (!rp->is_object()) f.wrong("rope_parameters", "an object or null");
+    std::string name = "rope_parameters";
+    if (!rp->contains("rope_type") && !rp->contains("rope_theta") && !rp->contains("type")) {
+      // nested per attention type, e.g. {"full_attention": {...}}
+      std::vector<std::string> keys;
+      for (auto it = rp->begin(); it != rp->end(); ++it)
+        if (it->is_object()) keys.push_back(it.key());
+      if (keys.size() == 1) {
+        name += "." + keys[0];
+        rp = &rp->at(keys[0]);
+      } else if (keys.size() > 1) {
+        unsupported.push_back(cat("rope_parameters holds ", keys.size(),
+                                  " per-layer-type RoPE settings; supported: one RoPE setting for all layers"));
+        rp = nullptr;
+      }
+    }
+    if (rp && !rp->empty()) rope_read(*rp, name, source, top_theta, &s.rope, &unsupported);
+  }
+  if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)
+    unsupported.push_back("partial_rotary_factor != 1 is not supported; RoPE must rotate the whole head");
+
+  // ---- sliding window
+  if (s.family == Family::mistral) {
+    // MistralConfig's default is 4096 when the key is absent; null disables it.
+    std::optional<int64_t> window;
+    if (!f.present("sliding_window"))
+      window = 4096;
+    else if (f.has("sliding_window"))
+      window = f.get_int("sliding_window");
+    if (window && *window < s.max_positions)
+      unsupported.push_back(cat("sliding_window ", *window, " is active (below max_position_embeddings ",
+                                s.max_positions,
+                                "); supported: full causal attention: sliding_window null or >= "
+                                "max_position_embeddings"));
+  } else if (s.family == Family::qwen2 || s.family == Family::qwen3) {
+    if (f.get_bool("use_sliding_window", false))
+      unsupported.push_back(
+          "use_sliding_window true is not supported; supported: full causal attention (use_sliding_window false)");
+    if (f.has("layer_types")) {
+      const json& lt = j.at("layer_types");
+      if (!lt.is_array()) f.wrong("layer_types", "a list of strings");
+      for (const auto& t : lt) {
+        if (!t.is_string()) f.wrong("layer_types", "a list of strings");
+        if (t.get<std::string>() != "full_attention") {
+          unsupported.push_back(cat("layer_types contains \"", t.get<std::string>(),
+                                    "\"; supported: \"full_attention\" for every layer"));
+          break;
+        }
+      }
+    }
+  }
+
+  if (!unsupported.empty()) {
+    std::string msg = cat("[config] ", source, ": ", s.architecture, " with unsupported settings:");
+    for (const auto& u : unsupported) msg += "\n  - " + u;
+    throw Error(msg);
+  }
+  s.validate(source);
+  return s;
+}
+
+ojson rope_scaling_json(const RopeConfig& r) {
+  ojson o;
+  o["rope_type"] = "llama3";
+  o["factor"] = r.factor;
+  o["low_freq_factor"] = r.low_freq_factor;
+  o["high_freq_factor"] = r.high_freq_factor;
+  o["original_max_position_embeddings"] = r.original_max_positions;
+  return o;
+}
+
+}  // namespace
+
+const char* family_name(Family f) { return family_info(f).model_type; }
+
+int64_t ModelSpec::params_per_layer() const {
+  int64_t attn = hidden * q_dim() + 2 * hidden * kv_dim() + q_dim() * hidden;
+  if (qkv_bias) attn += q_dim() + 2 * kv_dim();
+  if (qk_norm) attn += 2 * head_dim;
+  int64_t mlp = 3 * hidden * intermediate;
+  int64_t norms = 2 * hidden;
+  return attn + mlp + norms;
+}
+
+int64_t ModelSpec::params_embedding() const { return vocab * hidden; }
+int64_t ModelSpec::params_lm_head() const { return tie_embeddings ? 0 : vocab * hidden; }
+int64_t ModelSpec::params_total() const {
+  return params_embedding() + n_layers * params_per_layer() + hidden /* final norm */ + params_lm_head();
+}
+
+void ModelSpec::validate(const std::string& source) const {
+  std::vector<std::string> p;
+  auto positive = [&](const char* name, int64_t v) {
+    if (v <= 0) p.push_back(cat(name, " must be positive, found ", v));
+  };
+  positive("hidden_size", hidden);
+  positive("intermediate_size", intermediate);
+  positive("num_hidden_layers", n_layers);
+  positive("num_attention_heads", n_heads);
+  positive("num_key_value_heads", n_kv_heads);
+  positive("head_dim", head_dim);
+  positive("vocab_size", vocab);
+  positive("max_position_embeddings", max_positions);
+  if (n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads != 0)
+    p.push_back(cat("num_attention_heads ", n_heads, " is not a multiple of num_key_value_heads ", n_kv_heads,
+                    " (grouped-query attention needs whole groups)"));
+  if (head_dim > 0 && head_dim % 2 != 0) p.push_back(cat("head_dim ", head_dim, " must be even (RoPE rotates pairs)"));
+  if (!(rms_eps > 0.0) || !std::isfinite(rms_eps)) p.push_back(cat("rms_norm_eps must be positive, found ", rms_eps));
+  if (!(rope.theta > 0.0) || !std::isfinite(rope.theta))
+    p.push_back(cat("rope_theta must be positive, found ", rope.theta));
+  if (rope.scaling == RopeScaling::llama3) {
+    if (!(rope.factor > 0.0)) p.push_back(cat("llama3 rope factor must be positive, found ", rope.factor));
+    if (!(rope.low_freq_factor > 0.0))
+      p.push_back(cat("llama3 low_freq_factor must be positive, found ", rope.low_freq_factor));
+    if (!(rope.high_freq_factor > rope.low_freq_factor))
+      p.push_back(cat("llama3 high_freq_factor ", rope.high_freq_factor, " must exceed low_freq_factor ",
+                      rope.low_freq_factor));
+    if (rope.original_max_positions <= 0)
+      p.push_back(cat("llama3 original_max_position_embeddings must be positive, found ", rope.original_max_positions));
+  }
+  if (bos_id < -1 || (vocab > 0 && bos_id >= vocab))
+    p.push_back(cat("bos_token_id ", bos_id, " is outside the vocabulary [0, ", vocab, ")"));
+  for (int64_t e : eos_ids)
+    if (e < 0 || (vocab > 0 && e >= vocab))
+      p.push_back(cat("eos_token_id ", e, " is outside the vocabulary [0, ", vocab, ")"));
+  if (p.empty()) return;
+  std::string msg =
+      cat("[config] ", source, ": inconsistent model shape (", p.size(), " problem", p.size() == 1 ? "" : "s", "):");
+  for (const auto& e : p) msg += "\n  - " + e;
+  throw Error(msg);
+}
+
+ModelSpec spec_from_config_text(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    fail("[config] ", source, ": not valid JSON (", e.what(), ")");
+  }
+  try {
+    return spec_parse(j, source);
+  } catch (const json::exception& e) {
+    // A safety net: every access above is type-checked first.
+    fail("[config] ", source, ": unexpected content (", e.what(), ")");
+  }
+}
+
+ModelSpec spec_from_config_file(const std::string& path) {
+  std::string file = is_directory(path) ? path_join(path, "config.json") : path;
+  if (!file_exists(file))
+    fail("[config] ", file, ": not found; pass a HF model directory that holds config.json, or the config file itself");
+  return spec_from_config_text(read_text_file(file), file);
+}
+
+std::string spec_to_config_json(const ModelSpec& s) {
+  const FamilyInfo& fi = family_info(s.family);
+  RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
+           s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
+  RT_CHECK(s.qkv_bias == (s.family == Family::qwen2), "[config] spec_to_config_json: qkv_bias=", s.qkv_bias,
+           " cannot be expressed for family ", fi.model_type, " (HF: only Qwen2 has q/k/v biases)");
+  RT_CHECK(s.qk_norm == (s.family == Family::qwen3), "[config] spec_to_config_json: qk_norm=", s.qk_norm,
+           " cannot be expressed for family ", fi.model_type, " (HF: only Qwen3 has q/k norms)");
+  s.validate("spec_to_config_json");
+
+  ojson o;
+  o["architectures"] = ojson::array({fi.architecture});
+  o["model_type"] = fi.model_type;
+  o["hidden_size"] = s.hidden;
+  o["intermediate_size"] = s.intermediate;
+  o["num_hidden_layers"] = s.n_layers;
+  o["num_attention_heads"] = s.n_heads;
+  o["num_key_value_heads"] = s.n_kv_heads;
+  o["head_dim"] = s.head_dim;
+  o["vocab_size"] = s.vocab;
+  o["max_position_embeddings"] = s.max_positions;
+  o["rms_norm_eps"] = s.rms_eps;
+  o["hidden_act"] = "silu";
+  o["tie_word_embeddings"] = s.tie_embeddings;
+  // transformers 4.x reads rope_theta + rope_scaling; 5.x reads rope_parameters
+  // (and would let a non-null rope_scaling win, which then says the same).
+  o["rope_theta"] = s.rope.theta;
+  ojson rp;
+  if (s.rope.scaling == RopeScaling::llama3) {
+    o["rope_scaling"] = rope_scaling_json(s.rope);
+    rp = rope_scaling_json(s.rope);
+  } else {
+    o["rope_scaling"] = nullptr;
+    rp["rope_type"] = "default";
+  }
+  rp["rope_theta"] = s.rope.theta;
+  o["rope_parameters"] = rp;
+  if (s.family == Family::llama || s.family == Family::mistral || s.family == Family::qwen3)
+    o["attention_bias"] = false;
+  if (s.family == Family::llama) o["mlp_bias"] = false;
+  if (s.family == Family::mistral) o["sliding_window"] = nullptr;
+  if (s.family == Family::qwen2 || s.family == Family::qwen3) {
+    o["use_sliding_window"] = false;
+    o["sliding_window"] = nullptr;
+    o["max_window_layers"] = s.n_layers;
+  }
+  o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
+  if (s.eos_ids.empty())
+    o["eos_token_id"] = nullptr;
+  else if (s.eos_ids.size() == 1)
+    o["eos_token_id"] = s.eos_ids[0];
+  else
+    o["eos_token_id"] = s.eos_ids;
+  o["torch_dtype"] = s.dtype;
+  o["dtype"] = s.dtype;
+  o["initializer_range"] = 0.02;
+  o["attention_dropout"] = 0.0;
+  o["use_cache"] = true;
+  return o.dump(2) + "\n";
+}
+
+// ---- presets -------------------------------------------------------------
+
+namespace {
+
+ModelSpec preset_make(Family fam, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                      int64_t head_dim, int64_t vocab, double theta, double eps, bool tied, int64_t max_pos,
+                      int64_t bos, std::vector<int64_t> eos) {
+  ModelSpec s;
+  s.family = fam;
+  s.architecture = family_info(fam).architecture;
+  s.hidden = hidden;
+  s.intermediate = inter;
+  s.n_layers = layers;
+  s.n_heads = heads;
+  s.n_kv_heads = kv;
+  s.head_dim = head_dim;
+  s.vocab = vocab;
+  s.rope.theta = theta;
+  s.rms_eps = eps;
+  s.tie_embeddings = tied;
+  s.qkv_bias = fam == Family::qwen2;
+  s.qk_norm = fam == Family::qwen3;
+  s.max_positions = max_pos;
+  s.bos_id = bos;
+  s.eos_ids = std::move(eos);
+  s.dtype = "bfloat16";
+  return s;
+}
+
+// Shapes from the models' published config.json files. Totals from
+// params_total(), which the tests pin to the published parameter counts.
+const std::map<std::string, ModelSpec>& presets() {
+  static const std::map<std::string, ModelSpec> table = [] {
+    std::map<std::string, ModelSpec> m;
+    // Our demo model: bytes 0..255, BOS 256, EOS 257. 4,485,376 parameters:
+    // 6 layers x 725,504 + 2 x 258 x 256 (untied embed + head) + 256.
+    ModelSpec tiny = preset_make(Family::llama, 256, 688, 6, 8, 4, 32, 258, 10000.0, 1e-5, false, 1024, 256, {257});
+    tiny.dtype = "float32";
+    m["tiny-byte"] = tiny;
+    // meta-llama/Llama-3.1-8B: 8,030,261,248 parameters.
+    ModelSpec llama = preset_make(Family::llama, 4096, 14336, 32, 32, 8, 128, 128256, 500000.0, 1e-5, false, 131072,
+                                  128000, {128001});
+    llama.rope.scaling = RopeScaling::llama3;
+    llama.rope.factor = 8.0;
+    llama.rope.low_freq_factor = 1.0;
+    llama.rope.high_freq_factor = 4.0;
+    llama.rope.original_max_positions = 8192;
+    m["llama-3.1-8b"] = llama;
+    // mistralai/Mistral-7B-v0.3 (sliding_window null): 7,248,023,552 parameters.
+    m["mistral-7b"] = preset_make(Family::mistral, 4096, 14336, 32, 32, 8, 128, 32768, 1e6, 1e-5, false, 32768, 1, {2});
+    // Qwen/Qwen2.5-*: bos = eos = <|endoftext|> 151643 in the base configs.
+    m["qwen2.5-0.5b"] =  // 494,032,768
+        preset_make(Family::qwen2, 896, 4864, 24, 14, 2, 64, 151936, 1e6, 1e-6, true, 32768, 151643, {151643});
+    m["qwen2.5-7b"] =  // 7,615,616,512
+        preset_make(Family::qwen2, 3584, 18944, 28, 28, 4, 128, 152064, 1e6, 1e-6, false, 131072, 151643, {151643});
+    m["qwen2.5-14b"] =  // 14,770,033,664
+        preset_make(Family::qwen2, 5120, 13824, 48, 40, 8, 128, 152064, 1e6, 1e-5, false, 131072, 151643, {151643});
+    m["qwen2.5-32b"] =  // 32,763,876,352
+        preset_make(Family::qwen2, 5120, 27648, 64, 40, 8, 128, 152064, 1e6, 1e-5, false, 131072, 151643, {151643});
+    m["qwen2.5-72b"] =  // 72,706,203,648
+        preset_make(Family::qwen2, 8192, 29568, 80, 64, 8, 128, 152064, 1e6, 1e-5, false, 131072, 151643, {151643});
+    // Qwen/Qwen3-8B: eos <|im_end|> 151645; 8,190,735,360 parameters.
+    m["qwen3-8b"] =
+        preset_make(Family::qwen3, 4096, 12288, 36, 32, 8, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645});
+    return m;
+  }();
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  // Documented order: the demo model first, then by family and size.
+  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",  "qwen2.5-0.5b", "qwen2.5-7b",
+          "qwen2.5-14b", "qwen2.5-32b",  "qwen2.5-72b", "qwen3-8b"};
+}
+
+ModelSpec spec_preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) {
+    std::string names;
+    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    fail("[preset] unknown preset \"", name, "\"; available: ", names);
+  }
+  return it->second;
+}
+
+}  // namespace rt

@@ -1,0 +1,577 @@
+// ModelSpec parsing, refusals, validation, config writing and presets.
+// Reference values: the config texts below are the published config.json files
+// of the named models (4.x dialect) and their transformers-5.x equivalents
+// (rope_parameters, dtype); parameter totals are the models' published counts.
+#include "model/spec.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "testutil.h"
+
+namespace {
+
+using rt::Family;
+using rt::ModelSpec;
+using rt::RopeScaling;
+
+// The error message of `f()`, or a failure when it does not throw rt::Error.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const rt::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("NOT rt::Error: ") + e.what();
+  }
+  return "NO ERROR";
+}
+
+std::string parse_error(const std::string& text, const std::string& source = "m/config.json") {
+  return error_of([&] { rt::spec_from_config_text(text, source); });
+}
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// Field-by-field equality with a readable failure.
+void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.architecture, b.architecture);
+  EXPECT_EQ(a.hidden, b.hidden);
+  EXPECT_EQ(a.intermediate, b.intermediate);
+  EXPECT_EQ(a.n_layers, b.n_layers);
+  EXPECT_EQ(a.n_heads, b.n_heads);
+  EXPECT_EQ(a.n_kv_heads, b.n_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.vocab, b.vocab);
+  EXPECT_EQ(a.rms_eps, b.rms_eps);  // exact: JSON numbers round-trip doubles
+  EXPECT_EQ(a.rope.theta, b.rope.theta);
+  EXPECT_EQ(a.rope.scaling, b.rope.scaling);
+  EXPECT_EQ(a.rope.factor, b.rope.factor);
+  EXPECT_EQ(a.rope.low_freq_factor, b.rope.low_freq_factor);
+  EXPECT_EQ(a.rope.high_freq_factor, b.rope.high_freq_factor);
+  EXPECT_EQ(a.rope.original_max_positions, b.rope.original_max_positions);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.max_positions, b.max_positions);
+  EXPECT_EQ(a.bos_id, b.bos_id);
+  EXPECT_EQ(a.eos_ids, b.eos_ids);
+  EXPECT_EQ(a.dtype, b.dtype);
+}
+
+// meta-llama/Llama-3.1-8B config.json as published (transformers 4.43).
+const char* kLlama31_4x = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// The same model as transformers 5.x writes it.
+const char* kLlama31_5x = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "dtype": "bfloat16",
+  "eos_token_id": 128001,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pad_token_id": null,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_parameters": {
+    "factor": 8.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rope_type": "llama3"
+  },
+  "tie_word_embeddings": false,
+  "transformers_version": "5.0.0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// mistralai/Mistral-7B-v0.3 config.json as published.
+const char* kMistral_4x = R"({
+  "architectures": ["MistralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32768
+})";
+
+const char* kMistral_5x = R"({
+  "architectures": ["MistralForCausalLM"],
+  "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16",
+  "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+  "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 32768
+})";
+
+// Qwen/Qwen2.5-0.5B config.json as published.
+const char* kQwen25_4x = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 32768,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1",
+  "use_cache": true,
+  "use_mrope": false,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+const char* kQwen25_5x = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "bos_token_id": 151643, "eos_token_id": 151643, "dtype": "bfloat16",
+  "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+  "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+                  "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+                  "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+                  "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+                  "full_attention", "full_attention", "full_attention", "full_attention"],
+  "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+  "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+  "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+
+// Qwen/Qwen3-0.6B config.json as published: head_dim 128 != 1024 / 16.
+const char* kQwen3_4x = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+const char* kQwen3_5x = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+  "bos_token_id": 151643, "eos_token_id": 151645, "dtype": "bfloat16", "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+  "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+
+// A config text with one top-level field replaced (or removed when `value` is empty).
+std::string with_field(const std::string& text, const std::string& key, const std::string& value) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  if (value.empty())
+    j.erase(key);
+  else
+    j[key] = nlohmann::ordered_json::parse(value);
+  return j.dump();
+}
+
+TEST(Spec, Llama31BothDialects) {
+  ModelSpec a = rt::spec_from_config_text(kLlama31_4x, "llama4x.json");
+  EXPECT_EQ(a.family, Family::llama);
+  EXPECT_EQ(a.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(a.hidden, 4096);
+  EXPECT_EQ(a.intermediate, 14336);
+  EXPECT_EQ(a.n_layers, 32);
+  EXPECT_EQ(a.n_heads, 32);
+  EXPECT_EQ(a.n_kv_heads, 8);
+  EXPECT_EQ(a.head_dim, 128);  // 4096 / 32
+  EXPECT_EQ(a.kv_dim(), 1024);
+  EXPECT_EQ(a.vocab, 128256);
+  EXPECT_EQ(a.rms_eps, 1e-5);
+  EXPECT_EQ(a.rope.theta, 500000.0);
+  EXPECT_EQ(a.rope.scaling, RopeScaling::llama3);
+  EXPECT_EQ(a.rope.factor, 8.0);
+  EXPECT_EQ(a.rope.low_freq_factor, 1.0);
+  EXPECT_EQ(a.rope.high_freq_factor, 4.0);
+  EXPECT_EQ(a.rope.original_max_positions, 8192);
+  EXPECT_FALSE(a.tie_embeddings);
+  EXPECT_FALSE(a.qkv_bias);
+  EXPECT_FALSE(a.qk_norm);
+  EXPECT_EQ(a.max_positions, 131072);
+  EXPECT_EQ(a.bos_id, 128000);
+  EXPECT_EQ(a.eos_ids, std::vector<int64_t>{128001});
+  EXPECT_EQ(a.dtype, "bfloat16");
+  ModelSpec b = rt::spec_from_config_text(kLlama31_5x, "llama5x.json");
+  expect_same_spec(a, b, "4.x vs 5.x dialect");
+  expect_same_spec(a, rt::spec_preset("llama-3.1-8b"), "config vs preset");
+}
+
+TEST(Spec, MistralBothDialectsAndSlidingWindow) {
+  ModelSpec a = rt::spec_from_config_text(kMistral_4x, "mistral.json");
+  EXPECT_EQ(a.family, Family::mistral);
+  EXPECT_EQ(a.vocab, 32768);
+  EXPECT_EQ(a.rope.theta, 1e6);
+  EXPECT_EQ(a.rope.scaling, RopeScaling::none);
+  EXPECT_EQ(a.max_positions, 32768);
+  EXPECT_EQ(a.bos_id, 1);
+  expect_same_spec(a, rt::spec_from_config_text(kMistral_5x, "m5.json"), "4.x vs 5.x dialect");
+  expect_same_spec(a, rt::spec_preset("mistral-7b"), "config vs preset");
+
+  // Mistral-7B-v0.1 style: a 4096 window below 32768 positions is active -> refused.
+  std::string msg = parse_error(with_field(kMistral_4x, "sliding_window", "4096"), "v01/config.json");
+  EXPECT_HAS(msg, "[config] v01/config.json");
+  EXPECT_HAS(msg, "sliding_window 4096");
+  EXPECT_HAS(msg, "supported: full causal attention");
+  // A window that covers every position never triggers -> accepted.
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "32768"), "x").max_positions, 32768);
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "65536"), "x").max_positions, 32768);
+  // Absent means MistralConfig's default of 4096 -> active -> refused.
+  EXPECT_HAS(parse_error(with_field(kMistral_4x, "sliding_window", "")), "sliding_window 4096");
+}
+
+TEST(Spec, Qwen25BothDialects) {
+  ModelSpec a = rt::spec_from_config_text(kQwen25_4x, "qwen.json");
+  EXPECT_EQ(a.family, Family::qwen2);
+  EXPECT_EQ(a.head_dim, 64);  // 896 / 14
+  EXPECT_EQ(a.n_kv_heads, 2);
+  EXPECT_TRUE(a.qkv_bias);
+  EXPECT_FALSE(a.qk_norm);
+  EXPECT_TRUE(a.tie_embeddings);
+  EXPECT_EQ(a.rms_eps, 1e-6);
+  EXPECT_EQ(a.bos_id, 151643);
+  EXPECT_EQ(a.eos_ids, std::vector<int64_t>{151643});
+  // sliding_window 32768 is ignored because use_sliding_window is false.
+  expect_same_spec(a, rt::spec_from_config_text(kQwen25_5x, "q5.json"), "4.x vs 5.x dialect");
+  expect_same_spec(a, rt::spec_preset("qwen2.5-0.5b"), "config vs preset");
+
+  std::string msg = parse_error(with_field(kQwen25_4x, "use_sliding_window", "true"));
+  EXPECT_HAS(msg, "use_sliding_window true is not supported");
+  EXPECT_HAS(msg, "supported: full causal attention");
+  msg = parse_error(with_field(kQwen25_5x, "layer_types", R"(["full_attention", "sliding_attention"])"));
+  EXPECT_HAS(msg, "sliding_attention");
+}
+
+TEST(Spec, Qwen3HeadDimDiffersFromHiddenOverHeads) {
+  ModelSpec a = rt::spec_from_config_text(kQwen3_4x, "qwen3.json");
+  EXPECT_EQ(a.family, Family::qwen3);
+  EXPECT_EQ(a.head_dim, 128);  // from the config, not 1024 / 16 = 64
+  EXPECT_EQ(a.q_dim(), 2048);
+  EXPECT_EQ(a.kv_dim(), 1024);
+  EXPECT_TRUE(a.qk_norm);
+  EXPECT_FALSE(a.qkv_bias);
+  EXPECT_EQ(a.rope.theta, 1e6);  // written as the integer 1000000
+  EXPECT_EQ(a.eos_ids, std::vector<int64_t>{151645});
+  expect_same_spec(a, rt::spec_from_config_text(kQwen3_5x, "q3.json"), "4.x vs 5.x dialect");
+  // By hand: per layer 1024*2048 (q) + 2*1024*1024 (k, v) + 2048*1024 (o) + 2*128 (q/k norms)
+  // + 3*1024*3072 (MLP) + 2*1024 (norms) = 15,730,944; the model card's "0.44B non-embedding".
+  EXPECT_EQ(a.params_per_layer(), 15730944);
+  EXPECT_EQ(a.params_total(), 28 * 15730944 + 151936LL * 1024 + 1024);  // tied: one embedding
+  // head_dim null falls back to hidden / heads; absent takes Qwen3Config's default 128.
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kQwen3_4x, "head_dim", "null"), "x").head_dim, 64);
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kQwen3_4x, "head_dim", ""), "x").head_dim, 128);
+  EXPECT_HAS(parse_error(with_field(kQwen3_4x, "attention_bias", "true")), "attention_bias true is not supported");
+}
+
+TEST(Spec, ModelTypeWhenArchitecturesMissing) {
+  ModelSpec a = rt::spec_from_config_text(with_field(kQwen3_4x, "architectures", ""), "x");
+  EXPECT_EQ(a.family, Family::qwen3);
+  EXPECT_EQ(a.architecture, "Qwen3ForCausalLM");
+  std::string t = with_field(with_field(kLlama31_4x, "architectures", ""), "model_type", "\"gpt2\"");
+  std::string msg = parse_error(t);
+  EXPECT_HAS(msg, "model_type gpt2 is not supported");
+  EXPECT_HAS(msg, "llama, mistral, qwen2, qwen3");
+}
+
+TEST(Spec, UnknownArchitectureListsSupported) {
+  std::string msg = parse_error(with_field(kLlama31_4x, "architectures", R"(["GPT2LMHeadModel"])"), "gpt2/config.json");
+  EXPECT_HAS(msg,
+             "[config] gpt2/config.json: architecture GPT2LMHeadModel is not supported; supported: "
+             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM");
+}
+
+TEST(Spec, RopeTypesOtherThanDefaultAndLlama3AreRefused) {
+  // 4.x: rope_scaling with "type" (older) or "rope_type".
+  std::string msg =
+      parse_error(with_field(kQwen25_4x, "rope_scaling",
+                             R"({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"),
+                  "yarn/config.json");
+  EXPECT_HAS(msg, "[config] yarn/config.json");
+  EXPECT_HAS(msg, "\"yarn\" is not supported; supported RoPE types: default, llama3");
+  for (const char* t : {"dynamic", "linear", "longrope"}) {
+    std::string rs = std::string(R"({"rope_type": ")") + t + R"(", "factor": 2.0})";
+    EXPECT_HAS(parse_error(with_field(kLlama31_4x, "rope_scaling", rs)), "supported RoPE types: default, llama3");
+  }
+  // 5.x: rope_parameters.
+  msg = parse_error(
+      with_field(kQwen3_5x, "rope_parameters", R"({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0})"));
+  EXPECT_HAS(msg, "rope_parameters.rope_type \"yarn\" is not supported; supported RoPE types: default, llama3");
+  // llama3 needs all of its parameters.
+  msg = parse_error(with_field(kLlama31_4x, "rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
+                    "l/config.json");
+  EXPECT_HAS(msg, "[config] l/config.json: required field \"rope_scaling.low_freq_factor\" is missing");
+  // {"type": "default"} is plain RoPE.
+  ModelSpec d = rt::spec_from_config_text(with_field(kMistral_4x, "rope_scaling", R"({"type": "default"})"), "x");
+  EXPECT_EQ(d.rope.scaling, RopeScaling::none);
+}
+
+TEST(Spec, RopeParametersNestedPerAttentionType) {
+  std::string t = with_field(kLlama31_5x, "rope_parameters",
+                             R"({"full_attention": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192}})");
+  expect_same_spec(rt::spec_from_config_text(t, "x"), rt::spec_from_config_text(kLlama31_4x, "y"), "nested");
+  t = with_field(kQwen3_5x, "rope_parameters",
+                 R"({"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})");
+  EXPECT_HAS(parse_error(t), "supported: one RoPE setting for all layers");
+  // 5.x precedence: a non-null rope_scaling wins over rope_parameters.
+  t = with_field(kLlama31_4x, "rope_parameters", R"({"rope_type": "default", "rope_theta": 10000.0})");
+  EXPECT_EQ(rt::spec_from_config_text(t, "x").rope.scaling, RopeScaling::llama3);
+}
+
+TEST(Spec, MissingRequiredFieldNamesFieldAndFile) {
+  std::string msg = parse_error(with_field(kLlama31_4x, "intermediate_size", ""), "/models/llama/config.json");
+  EXPECT_HAS(msg, "[config] /models/llama/config.json: required field \"intermediate_size\" is missing");
+  msg = parse_error(with_field(kQwen25_4x, "vocab_size", "null"), "q/config.json");
+  EXPECT_HAS(msg, "q/config.json: required field \"vocab_size\" is missing");
+}
+
+TEST(Spec, WrongTypesGiveClearErrors) {
+  std::string msg = parse_error(with_field(kLlama31_4x, "hidden_size", "\"4096\""), "s/config.json");
+  EXPECT_HAS(msg, "[config] s/config.json: field \"hidden_size\" must be an integer, found a string \"4096\"");
+  EXPECT_HAS(parse_error(with_field(kLlama31_4x, "rms_norm_eps", "\"1e-5\"")), "\"rms_norm_eps\" must be a number");
+  EXPECT_HAS(parse_error(with_field(kLlama31_4x, "num_hidden_layers", "32.5")),
+             "\"num_hidden_layers\" must be an integer");
+  EXPECT_HAS(parse_error(with_field(kLlama31_4x, "tie_word_embeddings", "1")), "must be true or false");
+  EXPECT_HAS(parse_error(with_field(kLlama31_4x, "architectures", "\"LlamaForCausalLM\"")),
+             "\"architectures\" must be a list of strings");
+  EXPECT_HAS(parse_error(with_field(kLlama31_4x, "eos_token_id", R"(["a"])")), "\"eos_token_id\" must be an integer");
+  EXPECT_HAS(parse_error(with_field(kLlama31_4x, "rope_scaling", "7")), "\"rope_scaling\" must be an object or null");
+  EXPECT_HAS(parse_error("{\"hidden_size\": ", "bad/config.json"), "[config] bad/config.json: not valid JSON");
+  EXPECT_HAS(parse_error("[1, 2]", "arr.json"), "[config] arr.json: expected a JSON object");
+  // An integral float is an integer.
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kLlama31_4x, "hidden_size", "4096.0"), "x").hidden, 4096);
+}
+
+TEST(Spec, UnsupportedLlamaSettingsAreListedTogether) {
+  std::string t = with_field(with_field(kLlama31_4x, "attention_bias", "true"), "mlp_bias", "true");
+  t = with_field(t, "hidden_act", "\"gelu\"");
+  std::string msg = parse_error(t, "l/config.json");
+  EXPECT_HAS(msg, "[config] l/config.json: LlamaForCausalLM with unsupported settings:");
+  EXPECT_HAS(msg, "hidden_act \"gelu\" is not supported; supported: silu");
+  EXPECT_HAS(msg, "attention_bias true is not supported for Llama");
+  EXPECT_HAS(msg, "mlp_bias true is not supported");
+}
+
+TEST(Spec, HeadsNotDividing) {
+  // No head_dim and 4096 % 30 != 0.
+  std::string msg = parse_error(with_field(kLlama31_4x, "num_attention_heads", "30"), "h/config.json");
+  EXPECT_HAS(msg, "[config] h/config.json: hidden_size 4096 is not divisible by num_attention_heads 30");
+  // head_dim given, heads % kv_heads != 0, odd head_dim and a zero dim: all listed in one message.
+  std::string t = with_field(kQwen3_4x, "num_key_value_heads", "3");
+  t = with_field(t, "head_dim", "127");
+  t = with_field(t, "intermediate_size", "0");
+  msg = parse_error(t, "v/config.json");
+  EXPECT_HAS(msg, "[config] v/config.json: inconsistent model shape (3 problems)");
+  EXPECT_HAS(msg, "num_attention_heads 16 is not a multiple of num_key_value_heads 3");
+  EXPECT_HAS(msg, "head_dim 127 must be even");
+  EXPECT_HAS(msg, "intermediate_size must be positive, found 0");
+  EXPECT_HAS(parse_error(with_field(kQwen3_4x, "eos_token_id", "151936")),
+             "eos_token_id 151936 is outside the vocabulary");
+}
+
+TEST(Spec, TokenIdsAndDefaults) {
+  ModelSpec a = rt::spec_from_config_text(with_field(kLlama31_4x, "eos_token_id", "[128001, 128008, 128009]"), "x");
+  EXPECT_EQ(a.eos_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  a = rt::spec_from_config_text(with_field(with_field(kLlama31_4x, "eos_token_id", "null"), "bos_token_id", "null"),
+                                "x");
+  EXPECT_TRUE(a.eos_ids.empty());
+  EXPECT_EQ(a.bos_id, -1);
+  // Absent fields take the config class's defaults (transformers 5.24 LlamaConfig / Qwen2Config).
+  std::string t = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "vocab_size": 100})";
+  a = rt::spec_from_config_text(t, "x");
+  EXPECT_EQ(a.n_kv_heads, 4);
+  EXPECT_EQ(a.head_dim, 16);
+  EXPECT_EQ(a.rms_eps, 1e-6);
+  EXPECT_EQ(a.rope.theta, 10000.0);
+  EXPECT_EQ(a.max_positions, 2048);
+  EXPECT_EQ(a.bos_id, 1);
+  EXPECT_EQ(a.eos_ids, std::vector<int64_t>{2});
+  EXPECT_FALSE(a.tie_embeddings);
+  EXPECT_EQ(a.dtype, "float32");
+  a = rt::spec_from_config_text(R"({"model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 128,
+                                    "num_hidden_layers": 2, "num_attention_heads": 64, "vocab_size": 100})",
+                                "x");
+  EXPECT_EQ(a.n_kv_heads, 32);  // Qwen2Config's default when the key is absent
+  EXPECT_EQ(a.bos_id, -1);
+  EXPECT_EQ(a.max_positions, 32768);
+}
+
+TEST(Spec, FromFileAndDirectory) {
+  rt::test::TempDir dir;
+  rt::write_file_atomic(dir.file("config.json"), kQwen3_4x);
+  EXPECT_EQ(rt::spec_from_config_file(dir.path()).head_dim, 128);
+  EXPECT_EQ(rt::spec_from_config_file(dir.file("config.json")).family, Family::qwen3);
+  rt::write_file_atomic(dir.file("bad.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}");
+  EXPECT_HAS(error_of([&] { rt::spec_from_config_file(dir.file("bad.json")); }),
+             dir.file("bad.json") + ": required field \"hidden_size\" is missing");
+  std::string msg = error_of([&] { rt::spec_from_config_file(dir.file("nowhere")); });
+  EXPECT_HAS(msg, "nowhere");
+  EXPECT_HAS(msg, "not found");
+}
+
+// Published totals (HF model cards / safetensors metadata).
+TEST(Spec, PresetParameterTotals) {
+  EXPECT_EQ(rt::spec_preset("llama-3.1-8b").params_total(), 8030261248);
+  EXPECT_EQ(rt::spec_preset("qwen2.5-7b").params_total(), 7615616512);
+  EXPECT_EQ(rt::spec_preset("mistral-7b").params_total(), 7248023552);
+  EXPECT_EQ(rt::spec_preset("qwen2.5-0.5b").params_total(), 494032768);
+  EXPECT_EQ(rt::spec_preset("qwen2.5-14b").params_total(), 14770033664);
+  EXPECT_EQ(rt::spec_preset("qwen2.5-32b").params_total(), 32763876352);
+  EXPECT_EQ(rt::spec_preset("qwen2.5-72b").params_total(), 72706203648);
+  EXPECT_EQ(rt::spec_preset("qwen3-8b").params_total(), 8190735360);
+  // tiny-byte by hand: per layer 256*256 (q) + 2*128*256 (k, v) + 256*256 (o) + 3*256*688 (MLP) + 2*256 (norms)
+  // = 725,504; 6 layers + 2*258*256 (untied embed, head) + 256 (final norm).
+  ModelSpec t = rt::spec_preset("tiny-byte");
+  EXPECT_EQ(t.params_per_layer(), 725504);
+  EXPECT_EQ(t.params_total(), 6 * 725504 + 2 * 258 * 256 + 256);
+  EXPECT_EQ(t.vocab, 258);
+  EXPECT_EQ(t.bos_id, 256);
+  EXPECT_EQ(t.eos_ids, std::vector<int64_t>{257});
+  EXPECT_EQ(rt::spec_preset("qwen2.5-0.5b").params_lm_head(), 0);
+  EXPECT_EQ(rt::spec_preset("qwen2.5-7b").params_lm_head(), 152064LL * 3584);
+}
+
+TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
+  ASSERT_EQ(rt::preset_names().size(), 9u);
+  for (const auto& name : rt::preset_names()) {
+    ModelSpec s = rt::spec_preset(name);
+    s.validate(name);
+    std::string text = rt::spec_to_config_json(s);
+    expect_same_spec(rt::spec_from_config_text(text, name), s, name);
+    // Both dialects are present.
+    nlohmann::json j = nlohmann::json::parse(text);
+    EXPECT_TRUE(j.contains("rope_theta") && j.contains("rope_scaling") && j.contains("rope_parameters")) << name;
+    EXPECT_EQ(j["torch_dtype"], j["dtype"]) << name;
+    EXPECT_EQ(j["rope_parameters"]["rope_theta"].get<double>(), s.rope.theta) << name;
+  }
+  // Preset files list eos lists and null ids faithfully too.
+  ModelSpec s = rt::spec_preset("llama-3.1-8b");
+  s.eos_ids = {128001, 128008, 128009};
+  s.bos_id = -1;
+  expect_same_spec(rt::spec_from_config_text(rt::spec_to_config_json(s), "x"), s, "eos list");
+}
+
+TEST(Spec, ConfigJsonRefusesWhatHfCannotExpress) {
+  ModelSpec s = rt::spec_preset("tiny-byte");
+  s.qkv_bias = true;  // Llama has no q/k/v-only bias
+  EXPECT_HAS(error_of([&] { rt::spec_to_config_json(s); }), "qkv_bias");
+  s = rt::spec_preset("tiny-byte");
+  s.n_kv_heads = 3;
+  EXPECT_HAS(error_of([&] { rt::spec_to_config_json(s); }), "not a multiple of num_key_value_heads 3");
+}
+
+TEST(Spec, UnknownPresetListsNames) {
+  std::string msg = error_of([] { rt::spec_preset("llama-9000"); });
+  EXPECT_HAS(msg,
+             "[preset] unknown preset \"llama-9000\"; available: tiny-byte, llama-3.1-8b, mistral-7b, "
+             "qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, qwen3-8b");
+}
+
+TEST(Spec, FamilyNames) {
+  EXPECT_STREQ(rt::family_name(Family::llama), "llama");
+  EXPECT_STREQ(rt::family_name(Family::mistral), "mistral");
+  EXPECT_STREQ(rt::family_name(Family::qwen2), "qwen2");
+  EXPECT_STREQ(rt::family_name(Family::qwen3), "qwen3");
+}
+
+}  // namespace
