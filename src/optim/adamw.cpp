@@ -1,0 +1,315 @@
+// AdamW kernels: scalar, AVX2+FMA and AVX-512F, chosen at run time (the project
+// builds without -march=native, so the SIMD paths are target attributes here).
+// Rules that keep the three paths bit-identical:
+//  - no implicit FP contraction anywhere in this file (the pragma below, placed
+//    before any include so the intrinsics' inline bodies get it too); the only
+//    FMAs are the explicit ones (std::fma, _mm256_fmadd_ps, _mm512_fmadd_ps),
+//    which round once like every other op;
+//  - the same ops in the same order on every path; sqrt and division are
+//    correctly rounded in scalar and SIMD alike; no FTZ/DAZ is set here;
+//  - tails are handled by the scalar element function.
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
+#include "optim/adamw.h"
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace rt {
+namespace {
+
+// Per-call fp32 constants, derived in double exactly as torch does.
+struct AdamWConsts {
+  float grad_scale;
+  float decay;       // 1 - lr*wd (1 when wd == 0: multiplying by 1 is exact)
+  bool lerp_small;   // |1 - b1| < 0.5: torch's lerp uses m + w*(g - m)
+  float lerp_coeff;  // w = 1 - b1, or w - 1 (fp32) for the other branch
+  float beta2;
+  float one_minus_beta2;
+  float bc2_sqrt;
+  float eps;
+  float neg_step_size;  // -lr / (1 - b1^t)
+};
+
+AdamWConsts adamw_consts(const AdamWHyper& h, int64_t t, double lr, double wd, float grad_scale) {
+  AdamWConsts c;
+  c.grad_scale = grad_scale;
+  c.decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+  float w = static_cast<float>(1.0 - h.beta1);
+  c.lerp_small = std::fabs(w) < 0.5f;
+  c.lerp_coeff = c.lerp_small ? w : w - 1.0f;
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  double step = static_cast<double>(t);
+  double bc1 = 1.0 - std::pow(h.beta1, step);
+  double bc2 = 1.0 - std::pow(h.beta2, step);
+  c.bc2_sqrt = static_cast<float>(std::pow(bc2, 0.5));  // Python's bc2 ** 0.5
+  c.eps = static_cast<float>(h.eps);
+  c.neg_step_size = static_cast<float>(-(lr / bc1));
+  return c;
+}
+
+// The specification: one element, every op rounded to fp32 once.
+inline void adamw_element(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t i,
+                          const AdamWConsts& c) {
+  float gs = g[i] * c.grad_scale;
+  float pp = p[i] * c.decay;
+  float mm = m[i];
+  float d = gs - mm;
+  mm = std::fma(c.lerp_coeff, d, c.lerp_small ? mm : gs);
+  float vv = std::fma(c.one_minus_beta2 * gs, gs, v[i] * c.beta2);
+  float denom = std::sqrt(vv) / c.bc2_sqrt + c.eps;
+  pp = pp + (c.neg_step_size * mm) / denom;
+  p[i] = pp;
+  m[i] = mm;
+  v[i] = vv;
+  if (out) out[i] = f32_to_bf16(pp);
+}
+
+void adamw_block_scalar(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t n,
+                        const AdamWConsts& c) {
+  for (int64_t i = 0; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
+}
+
+__attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g,
+                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
+  const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), decay = _mm256_set1_ps(c.decay);
+  const __m256 coeff = _mm256_set1_ps(c.lerp_coeff), beta2 = _mm256_set1_ps(c.beta2);
+  const __m256 omb2 = _mm256_set1_ps(c.one_minus_beta2), bc2s = _mm256_set1_ps(c.bc2_sqrt);
+  const __m256 eps = _mm256_set1_ps(c.eps), nss = _mm256_set1_ps(c.neg_step_size);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);
+  const __m256i one = _mm256_set1_epi32(1), round_bias = _mm256_set1_epi32(0x7fff);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 gs = _mm256_mul_ps(_mm256_loadu_ps(g + i), grad_scale);
+    __m256 pp = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
+    __m256 mm = _mm256_loadu_ps(m + i);
+    __m256 d = _mm256_sub_ps(gs, mm);
+    mm = _mm256_fmadd_ps(coeff, d, c.lerp_small ? mm : gs);
+    __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gs), gs, _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
+    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
+    pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(nss, mm), denom));
+    _mm256_storeu_ps(p + i, pp);
+    _mm256_storeu_ps(m + i, mm);
+    _mm256_storeu_ps(v + i, vv);
+    if (out) {  // f32_to_bf16: round to nearest even, NaN -> (u >> 16) | 0x40
+      __m256i u = _mm256_castps_si256(pp);
+      __m256i hi = _mm256_srli_epi32(u, 16);
+      __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf_bits);
+      __m256i bias = _mm256_add_epi32(round_bias, _mm256_and_si256(hi, one));
+      __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+      r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), is_nan);
+      __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // r <= 0xffff: no saturation
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+    }
+  }
+  for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
+}
+
+// GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, float* v, const float* g,
+                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
+  const __m512 grad_scale = _mm512_set1_ps(c.grad_scale), decay = _mm512_set1_ps(c.decay);
+  const __m512 coeff = _mm512_set1_ps(c.lerp_coeff), beta2 = _mm512_set1_ps(c.beta2);
+  const __m512 omb2 = _mm512_set1_ps(c.one_minus_beta2), bc2s = _mm512_set1_ps(c.bc2_sqrt);
+  const __m512 eps = _mm512_set1_ps(c.eps), nss = _mm512_set1_ps(c.neg_step_size);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
+  const __m512i one = _mm512_set1_epi32(1), round_bias = _mm512_set1_epi32(0x7fff);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 gs = _mm512_mul_ps(_mm512_loadu_ps(g + i), grad_scale);
+    __m512 pp = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
+    __m512 mm = _mm512_loadu_ps(m + i);
+    __m512 d = _mm512_sub_ps(gs, mm);
+    mm = _mm512_fmadd_ps(coeff, d, c.lerp_small ? mm : gs);
+    __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gs), gs, _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
+    pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(nss, mm), denom));
+    _mm512_storeu_ps(p + i, pp);
+    _mm512_storeu_ps(m + i, mm);
+    _mm512_storeu_ps(v + i, vv);
+    if (out) {
+      __m512i u = _mm512_castps_si512(pp);
+      __m512i hi = _mm512_srli_epi32(u, 16);
+      __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+      __m512i bias = _mm512_add_epi32(round_bias, _mm512_and_si512(hi, one));
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+      r = _mm512_mask_blend_epi32(is_nan, r, _mm512_or_si512(hi, quiet));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+    }
+  }
+  for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
+}
+#pragma GCC diagnostic pop
+
+// sum_squares within one block: 16 lanes, lane = i mod 16 (blocks start at
+// multiples of 16), combined in lane order. x*x is exact in double, so an FMA
+// would not change anything either.
+constexpr int kLanes = 16;
+
+double lanes_combine(const double* acc) {
+  double s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+double sum_squares_block_scalar(const float* g, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      double x = g[i + j];
+      acc[j] += x * x;
+    }
+  }
+  for (; i < n; ++i) {
+    double x = g[i];
+    acc[i % kLanes] += x * x;
+  }
+  return lanes_combine(acc);
+}
+
+__attribute__((target("avx2"))) double sum_squares_block_avx2(const float* g, int64_t n) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(g + i));
+    __m256d x1 = _mm256_cvtps_pd(_mm_loadu_ps(g + i + 4));
+    __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(g + i + 8));
+    __m256d x3 = _mm256_cvtps_pd(_mm_loadu_ps(g + i + 12));
+    a0 = _mm256_add_pd(a0, _mm256_mul_pd(x0, x0));
+    a1 = _mm256_add_pd(a1, _mm256_mul_pd(x1, x1));
+    a2 = _mm256_add_pd(a2, _mm256_mul_pd(x2, x2));
+    a3 = _mm256_add_pd(a3, _mm256_mul_pd(x3, x3));
+  }
+  alignas(32) double acc[kLanes];
+  _mm256_store_pd(acc, a0);
+  _mm256_store_pd(acc + 4, a1);
+  _mm256_store_pd(acc + 8, a2);
+  _mm256_store_pd(acc + 12, a3);
+  for (; i < n; ++i) {
+    double x = g[i];
+    acc[i % kLanes] += x * x;
+  }
+  return lanes_combine(acc);
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
+__attribute__((target("avx512f"))) double sum_squares_block_avx512(const float* g, int64_t n) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m512d x0 = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
+    __m512d x1 = _mm512_cvtps_pd(_mm256_loadu_ps(g + i + 8));
+    a0 = _mm512_add_pd(a0, _mm512_mul_pd(x0, x0));
+    a1 = _mm512_add_pd(a1, _mm512_mul_pd(x1, x1));
+  }
+  alignas(64) double acc[kLanes];
+  _mm512_store_pd(acc, a0);
+  _mm512_store_pd(acc + 8, a1);
+  for (; i < n; ++i) {
+    double x = g[i];
+    acc[i % kLanes] += x * x;
+  }
+  return lanes_combine(acc);
+}
+#pragma GCC diagnostic pop
+
+static_assert(kOptimBlock % kLanes == 0, "blocks must start on a lane boundary");
+
+SimdLevel simd_level_probe() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return SimdLevel::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SimdLevel::avx2;
+  return SimdLevel::scalar;
+}
+
+std::atomic<int>& simd_level_slot() {
+  static std::atomic<int> level{static_cast<int>(simd_level_detected())};
+  return level;
+}
+
+}  // namespace
+
+SimdLevel simd_level_detected() {
+  static const SimdLevel level = simd_level_probe();
+  return level;
+}
+
+SimdLevel simd_level_active() { return static_cast<SimdLevel>(simd_level_slot().load(std::memory_order_relaxed)); }
+
+void set_simd_level(SimdLevel level) {
+  int want = static_cast<int>(level), have = static_cast<int>(simd_level_detected());
+  simd_level_slot().store(want < have ? want : have, std::memory_order_relaxed);
+}
+
+const char* simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::scalar: return "scalar";
+    case SimdLevel::avx2: return "avx2";
+    case SimdLevel::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t,
+                  double lr, double wd, float grad_scale, uint16_t* bf16_out) {
+  RT_CHECK(n >= 0, "[adamw_update] n = ", n, " is negative");
+  if (n == 0) return;
+  RT_CHECK(p && m && v && g, "[adamw_update] null parameter, moment or gradient buffer for n = ", n);
+  RT_CHECK(t >= 1, "[adamw_update] step t = ", t, ": steps are 1-based (t = 1 on the first update)");
+  RT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
+           "[adamw_update] betas (", h.beta1, ", ", h.beta2, ") must lie in [0, 1); fix the optimizer config");
+  RT_CHECK(h.eps >= 0 && lr >= 0 && wd >= 0, "[adamw_update] eps = ", h.eps, ", lr = ", lr,
+           ", weight_decay = ", wd, " must be >= 0; fix the optimizer config");
+  const AdamWConsts c = adamw_consts(h, t, lr, wd, grad_scale);
+  auto* block = adamw_block_scalar;
+  switch (simd_level_active()) {
+    case SimdLevel::avx512: block = adamw_block_avx512; break;
+    case SimdLevel::avx2: block = adamw_block_avx2; break;
+    case SimdLevel::scalar: break;
+  }
+  parallel_for(n, kOptimBlock, [&](int64_t b, int64_t e) {
+    block(p + b, m + b, v + b, g + b, bf16_out ? bf16_out + b : nullptr, e - b, c);
+  });
+}
+
+double sum_squares(const float* g, int64_t n) {
+  RT_CHECK(n >= 0, "[sum_squares] n = ", n, " is negative");
+  if (n == 0) return 0.0;
+  RT_CHECK(g, "[sum_squares] null buffer for n = ", n);
+  auto* block = sum_squares_block_scalar;
+  switch (simd_level_active()) {
+    case SimdLevel::avx512: block = sum_squares_block_avx512; break;
+    case SimdLevel::avx2: block = sum_squares_block_avx2; break;
+    case SimdLevel::scalar: break;
+  }
+  std::vector<double> partial(static_cast<size_t>((n + kOptimBlock - 1) / kOptimBlock));
+  parallel_for(n, kOptimBlock, [&](int64_t b, int64_t e) { partial[b / kOptimBlock] = block(g + b, e - b); });
+  double s = 0;
+  for (double x : partial) s += x;
+  return s;
+}
+
+float clip_coefficient(double total_norm, double max_norm) {
+  if (!(max_norm > 0)) return 1.0f;
+  double coef = max_norm / (total_norm + 1e-6);
+  return coef >= 1.0 ? 1.0f : static_cast<float>(coef);  // NaN stays NaN
+}
+
+}  // namespace rt
