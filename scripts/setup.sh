@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-serial-dev   # BLAS for the CPU backend (single-threaded; ramtrain threads it)
+  libopenblas-pthread-dev  # BLAS for the CPU backend (thread-safe build; ramtrain calls it with 1 thread per task)
   nlohmann-json3-dev       # JSON: config.json, safetensors headers
   libtomlplusplus-dev      # --config FILE.toml
   libxxhash-dev            # checkpoint checksums

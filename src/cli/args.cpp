@@ -125,6 +125,8 @@ bool ArgParser::has(const std::string& name) const {
   return o && !o->def.empty();
 }
 
+bool ArgParser::given(const std::string& name) const { return values_.count(name) || file_values_.count(name); }
+
 std::string ArgParser::str(const std::string& name) const {
   if (auto it = values_.find(name); it != values_.end()) return it->second;
   if (auto it = file_values_.find(name); it != file_values_.end()) return it->second;

@@ -24,6 +24,7 @@ class ArgParser {
   void merge_toml(const std::string& path);
 
   bool has(const std::string& name) const;  // given, or has a default
+  bool given(const std::string& name) const;  // on the command line or in the config file
   std::string str(const std::string& name) const;  // throws when unset
   int64_t integer(const std::string& name) const;  // throws naming the option on bad numbers
   double number(const std::string& name) const;

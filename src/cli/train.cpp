@@ -149,7 +149,9 @@ int cmd_train(const Args& raw_args) {
   o.weight_decay = p.number("weight-decay");
   o.decay_norms_and_biases = p.on("decay-norms-and-biases");
   o.clip = p.number("clip");
-  o.lr = make_lr_schedule(p.str("schedule"), p.number("lr"), p.integer("warmup"), o.steps, p.number("min-lr-ratio"));
+  int64_t warmup = p.integer("warmup");
+  if (!p.given("warmup") && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
+  o.lr = make_lr_schedule(p.str("schedule"), p.number("lr"), warmup, o.steps, p.number("min-lr-ratio"));
   o.eval_every = p.integer("eval-every");
   o.eval_batches = p.integer("eval-batches");
   o.log_every = std::max<int64_t>(1, p.integer("log-every"));

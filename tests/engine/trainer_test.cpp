@@ -43,7 +43,7 @@ rt::TrainOptions opts(int64_t steps, int64_t B, int64_t accum) {
   o.adam.beta2 = 0.95;
   o.clip = 1.0;
   o.weight_decay = 0.1;
-  o.lr = rt::make_lr_schedule("cosine", 3e-3, 10, steps, 0.1);
+  o.lr = rt::make_lr_schedule("cosine", 3e-3, std::min<int64_t>(10, steps), steps, 0.1);
   o.eval_batches = 4;
   return o;
 }
@@ -95,8 +95,10 @@ TEST(Trainer, AccumulationEqualsOneLargerBatch) {
     d.seed = 5;
     rt::Dataset data(shakespeare(), d);
     rt::Trainer tr(st, data, opts(3, B, K));
-    rt::StepResult r{};
-    for (int i = 0; i < 2; ++i) r = tr.step();
+    // one step: the gradients left in the arenas are that step's raw ones
+    // (a second step would compare weights that Adam's sign-like first update
+    // moved apart wherever a gradient is near zero)
+    rt::StepResult r = tr.step();
     for (auto& u : st.units()) grads->insert(grads->end(), u.grad.p, u.grad.p + u.numel);
     return r;
   };
@@ -105,7 +107,7 @@ TEST(Trainer, AccumulationEqualsOneLargerBatch) {
   EXPECT_NEAR(a.loss, b.loss, 1e-5 * a.loss);
   EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * a.grad_norm);
   EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_TRUE(rt::test::expect_near("step-2 gradients", ga, gb, 1e-8, 1e-4));
+  EXPECT_TRUE(rt::test::expect_near("step-1 gradients", ga, gb, 1e-7, 1e-4));
   EXPECT_LT(rt::test::rel_l2(ga.data(), gb.data(), static_cast<int64_t>(ga.size())), 1e-5);
 }
 

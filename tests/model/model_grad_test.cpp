@@ -126,7 +126,10 @@ TEST_P(ModelGrad, FiniteDifferencesMatchBackward) {
 TEST_P(ModelGrad, AccumulatingMicroBatchesEqualsOneBatch) {
   // Two micro-batches of one sequence each, with grad_scale = 1/(total
   // predicted tokens), must give the gradient of the batch of two: the same
-  // sums in a different grouping, so fp32 rounding only (rtol 1e-5).
+  // sums in a different grouping, so fp32 rounding only. Per tensor: relative
+  // L2 error <= 1e-5 (observed ~4e-7); per element the rounding is relative to
+  // the summands, which exceed a small result under cancellation, so the
+  // element bound is atol 1e-6 (the gradients are O(0.1)) + rtol 1e-4.
   Case c = make_case(GetParam());
   loss_of(c, true);
   std::vector<float> full;
@@ -144,7 +147,8 @@ TEST_P(ModelGrad, AccumulatingMicroBatchesEqualsOneBatch) {
   }
   std::vector<float> acc;
   for (auto& u : c.state->units()) acc.insert(acc.end(), u.grad.p, u.grad.p + u.numel);
-  EXPECT_TRUE(rt::test::expect_near("accumulated grads", acc, full, 1e-7, 1e-5));
+  EXPECT_LT(rt::test::rel_l2(acc.data(), full.data(), static_cast<int64_t>(acc.size())), 1e-5);
+  EXPECT_TRUE(rt::test::expect_near("accumulated grads", acc, full, 1e-6, 1e-4));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
