@@ -1,0 +1,132 @@
+// Causal self-attention with GQA on the CPU (declared in cpu/ops.h), fp32,
+// plain loops (no BLAS, so it stays parallel whatever OpenBLAS build is linked).
+// Letters: B sequences, T length, H query heads, G kv heads, D head_dim,
+// R = H / G query heads per kv head; query head h reads kv head h / R.
+// q [B,T,H,D], k/v [B,T,G,D], out [B,T,H,D], lse [B,H,T].
+//
+// Forward, per query row t: s_j = (q_t . k_j) * scale for j <= t, softmax with
+// max subtraction, out_t = sum_j p_j v_j, lse_t = max + log(sum exp).
+// Backward recomputes p from lse: dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
+// dq = scale * dS K, dk = scale * dS^T Q, dv = P^T dO, dk/dv summed over the R
+// query heads of a group. Forward tasks: (b, h, block of kRowBlock query rows).
+// Backward tasks: one per (b, g), looping over its heads and rows in a fixed
+// order; each task owns its dq rows and its dk/dv rows, so results are
+// bit-identical for any thread count. dq, dk, dv are written with '='.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "cpu/ops.h"
+
+namespace rt::cpu {
+
+namespace {
+
+constexpr int64_t kRowBlock = 32;  // query rows per forward task
+
+void attention_check(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const char* name) {
+  RT_CHECK(B >= 0 && T >= 0 && H > 0 && G > 0 && D > 0, "[cpu/", name, "] bad shape B=", B, " T=", T, " H=", H,
+           " G=", G, " D=", D);
+  RT_CHECK(H % G == 0, "[cpu/", name, "] n_heads ", H, " is not a multiple of n_kv_heads ", G);
+}
+
+float dot(const float* a, const float* b, int64_t D) {
+  float s = 0.f;
+  for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                       int64_t H, int64_t G, int64_t D) {
+  attention_check(B, T, H, G, D, "attention_forward");
+  if (B == 0 || T == 0) return;
+  const int64_t R = H / G;
+  const int64_t n_rb = (T + kRowBlock - 1) / kRowBlock;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  parallel_for(B * H * n_rb, 1, [&](int64_t task0, int64_t task1) {
+    std::vector<float> p(static_cast<size_t>(T));  // scores, then probabilities, of one row
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t rb = task % n_rb, h = (task / n_rb) % H, b = task / (n_rb * H);
+      const int64_t g = h / R;
+      const int64_t t_end = std::min(T, (rb + 1) * kRowBlock);
+      for (int64_t t = rb * kRowBlock; t < t_end; ++t) {
+        const float* qt = q + ((b * T + t) * H + h) * D;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          p[j] = dot(qt, k + ((b * T + j) * G + g) * D, D) * scale;
+          mx = std::max(mx, p[j]);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j <= t; ++j) {
+          p[j] = std::exp(p[j] - mx);
+          sum += p[j];
+        }
+        const float inv = 1.f / sum;
+        float* ot = out + ((b * T + t) * H + h) * D;
+        std::fill(ot, ot + D, 0.f);
+        for (int64_t j = 0; j <= t; ++j) {
+          const float pj = p[j] * inv;
+          const float* vj = v + ((b * T + j) * G + g) * D;
+          for (int64_t d = 0; d < D; ++d) ot[d] += pj * vj[d];
+        }
+        lse[(b * H + h) * T + t] = mx + std::log(sum);
+      }
+    }
+  });
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
+                        int64_t D) {
+  attention_check(B, T, H, G, D, "attention_backward");
+  if (B == 0 || T == 0) return;
+  const int64_t R = H / G;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  parallel_for(B * G, 1, [&](int64_t task0, int64_t task1) {
+    std::vector<float> p(static_cast<size_t>(T)), ds(static_cast<size_t>(T)), acc(static_cast<size_t>(D));
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t b = task / G, g = task % G;
+      auto kv_row = [&](int64_t j) { return ((b * T + j) * G + g) * D; };  // offset of row j in k/v/dk/dv
+      for (int64_t j = 0; j < T; ++j) {
+        std::memset(dk + kv_row(j), 0, sizeof(float) * D);
+        std::memset(dv + kv_row(j), 0, sizeof(float) * D);
+      }
+      for (int64_t h = g * R; h < (g + 1) * R; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t row = ((b * T + t) * H + h) * D;
+          const float* qt = q + row;
+          const float* dout_t = dout + row;
+          const float l = lse[(b * H + h) * T + t];
+          double di = 0;  // rowsum(dO * O)
+          for (int64_t d = 0; d < D; ++d) di += static_cast<double>(dout_t[d]) * out[row + d];
+          const float dif = static_cast<float>(di);
+          for (int64_t j = 0; j <= t; ++j) {
+            p[j] = std::exp(dot(qt, k + kv_row(j), D) * scale - l);
+            ds[j] = p[j] * (dot(dout_t, v + kv_row(j), D) - dif);  // dS = P * (dP - D_t)
+          }
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t j = 0; j <= t; ++j) {
+            const float* kj = k + kv_row(j);
+            for (int64_t d = 0; d < D; ++d) acc[d] += ds[j] * kj[d];
+            float* dkj = dk + kv_row(j);
+            float* dvj = dv + kv_row(j);
+            const float dss = ds[j] * scale;
+            for (int64_t d = 0; d < D; ++d) {
+              dkj[d] += dss * qt[d];
+              dvj[d] += p[j] * dout_t[d];
+            }
+          }
+          float* dqt = dq + row;
+          for (int64_t d = 0; d < D; ++d) dqt[d] = acc[d] * scale;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace rt::cpu

@@ -1,0 +1,258 @@
+// CPU reference ops (declared in cpu/ops.h): embedding, RMSNorm, linear, RoPE,
+// SwiGLU, add. Plain fp32 loops; GEMMs go through cpu/matmul.cpp.
+// Letters as in ops.h: N rows, C hidden, I/O linear in/out, D head_dim, V vocab.
+//
+// Rules: forward outputs and input gradients are written with '='; weight
+// gradients (dw, dbias, dtable) are computed into a local sum first and then
+// added once with '+=', so calling a backward twice adds exactly the same
+// value twice. Work is split over the global pool in fixed blocks whose
+// boundaries depend only on the shapes, and every reduction runs in a fixed
+// order inside one task: results are bit-identical for any thread count.
+// These functions use the global pool: do not call them from inside a pool task.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "cpu/ops.h"
+
+namespace rt::cpu {
+
+namespace {
+constexpr int64_t kRowGrain = 16;            // rows per task for row-wise ops
+constexpr int64_t kColGrain = 64;            // columns per task for column reductions (dw, dbias)
+constexpr int64_t kElemGrain = int64_t{1} << 14;  // elements per task for elementwise ops
+}  // namespace
+
+// ---- embedding ----
+
+// out[N,C] = table[ids[n], :]
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+  parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      RT_CHECK(ids[n] >= 0, "[cpu/embedding_forward] token id ", ids[n], " at row ", n, " is negative");
+      std::memcpy(out + n * C, table + static_cast<int64_t>(ids[n]) * C, sizeof(float) * C);
+    }
+  });
+}
+
+// dtable[V,C] += sum over rows n with ids[n] == v of dout[n,:]. Rows are grouped
+// by id (stable, so each id's rows are summed in increasing n), each id's sum is
+// formed in a scratch row and added to dtable once.
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  std::vector<int64_t> order(static_cast<size_t>(N));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  std::vector<int64_t> starts;  // starts[u] = first index in order of the u-th distinct id
+  for (int64_t i = 0; i < N; ++i)
+    if (i == 0 || ids[order[i]] != ids[order[i - 1]]) starts.push_back(i);
+  const int64_t n_unique = static_cast<int64_t>(starts.size());
+  starts.push_back(N);
+  RT_CHECK(ids[order[0]] >= 0, "[cpu/embedding_backward] token id ", ids[order[0]], " is negative");
+  parallel_for(n_unique, 16, [&](int64_t u0, int64_t u1) {
+    std::vector<float> sum(static_cast<size_t>(C));
+    for (int64_t u = u0; u < u1; ++u) {
+      std::fill(sum.begin(), sum.end(), 0.f);
+      for (int64_t i = starts[u]; i < starts[u + 1]; ++i) {
+        const float* d = dout + order[i] * C;
+        for (int64_t c = 0; c < C; ++c) sum[c] += d[c];
+      }
+      float* row = dtable + static_cast<int64_t>(ids[order[starts[u]]]) * C;
+      for (int64_t c = 0; c < C; ++c) row[c] += sum[c];
+    }
+  });
+}
+
+// ---- RMSNorm ----
+
+// x, out [N,C]; w [C]; rstd [N]. rstd = 1/sqrt(mean(x^2) + eps), the mean
+// accumulated in double and rounded to fp32; out = w * (x * rstd) in fp32 (HF order).
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps) {
+  parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xr = x + n * C;
+      double ss = 0;
+      for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+      const float var = static_cast<float>(ss / static_cast<double>(C));
+      const float r = 1.f / std::sqrt(var + eps);
+      rstd[n] = r;
+      float* o = out + n * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (xr[c] * r);
+    }
+  });
+}
+
+// dx [N,C] (=): dx = rstd * (w*dout - x * rstd^2 * mean(w*dout*x)); dw [C] (+=): sum_n dout*x*rstd.
+void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
+                       int64_t N, int64_t C) {
+  parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xr = x + n * C;
+      const float* dr = dout + n * C;
+      const float r = rstd[n];
+      double dot = 0;  // sum_c w*dout*x
+      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(w[c] * dr[c]) * xr[c];
+      const float k = static_cast<float>(dot / static_cast<double>(C)) * r * r;
+      float* o = dx + n * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = r * (w[c] * dr[c] - xr[c] * k);
+    }
+  });
+  // dw: each task owns a block of columns and sums all rows in order.
+  parallel_for(C, kColGrain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += static_cast<double>(dout[n * C + c]) * (x[n * C + c] * rstd[n]);
+      dw[c] += static_cast<float>(s);
+    }
+  });
+}
+
+// ---- linear ----
+
+// out[N,O] = x[N,I] @ w[O,I]^T + bias[O]
+void linear_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I, int64_t O) {
+  matmul_nt(out, x, w, N, O, I);
+  if (bias) {
+    parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t o = 0; o < O; ++o) out[n * O + o] += bias[o];
+    });
+  }
+}
+
+// dx[N,I] = dout[N,O] @ w[O,I] (=); dw[O,I] += dout^T @ x; dbias[O] += sum_n dout.
+void linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
+                     int64_t N, int64_t I, int64_t O) {
+  if (dx) matmul_nn(dx, dout, w, N, I, O);
+  if (dw) matmul_tn(dw, dout, x, O, I, N, 1.f);
+  if (dbias) {
+    parallel_for(O, kColGrain, [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        double s = 0;
+        for (int64_t n = 0; n < N; ++n) s += dout[n * O + o];
+        dbias[o] += static_cast<float>(s);
+      }
+    });
+  }
+}
+
+// ---- RoPE ----
+
+// HF: inv_freq = 1.0 / (base ** (arange(0, D, 2).float() / D)), all in fp32;
+// llama3 scaling as transformers' _compute_llama3_parameters, with its fp32
+// operation order (python-scalar / tensor is tensor.reciprocal() * scalar).
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D) {
+  RT_CHECK(D > 0 && D % 2 == 0, "[cpu/rope_inv_freq] head_dim ", D, " must be positive and even");
+  RT_CHECK(rope.theta > 0, "[cpu/rope_inv_freq] rope_theta ", rope.theta, " must be positive");
+  const int64_t half = D / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  const float base = static_cast<float>(rope.theta);
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(D);
+    inv[i] = 1.f / std::pow(base, e);  // std::pow(float, float) -> float
+  }
+  if (rope.scaling == RopeScaling::llama3) {
+    RT_CHECK(rope.factor > 0 && rope.high_freq_factor != rope.low_freq_factor && rope.low_freq_factor > 0 &&
+                 rope.original_max_positions > 0,
+             "[cpu/rope_inv_freq] llama3 rope_scaling needs factor > 0, low_freq_factor > 0, "
+             "high_freq_factor != low_freq_factor and original_max_position_embeddings > 0");
+    const double old_len = static_cast<double>(rope.original_max_positions);
+    const float low_freq_wavelen = static_cast<float>(old_len / rope.low_freq_factor);
+    const float high_freq_wavelen = static_cast<float>(old_len / rope.high_freq_factor);
+    const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
+    const float factor = static_cast<float>(rope.factor);
+    const float low = static_cast<float>(rope.low_freq_factor);
+    const float span = static_cast<float>(rope.high_freq_factor - rope.low_freq_factor);
+    const float old_len_f = static_cast<float>(old_len);
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = inv[i];
+      const float wavelen = (1.f / f) * two_pi;
+      const float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      if (medium) {
+        const float smooth = ((1.f / wavelen) * old_len_f - low) / span;
+        inv[i] = (1.f - smooth) * scaled / factor + smooth * scaled;
+      } else {
+        inv[i] = scaled;
+      }
+    }
+  }
+  return inv;
+}
+
+namespace {
+// x [N, heads, D] in place; sign = +1 rotates by +angle, -1 by -angle.
+void rope_rotate(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                 float sign) {
+  const int64_t half = D / 2;
+  parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(pos[n]) * inv_freq[i];  // fp32, as HF
+        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sn[i] = sign * static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* x1 = x + (n * heads + h) * D;
+        float* x2 = x1 + half;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x1[i], b = x2[i];
+          x1[i] = a * cs[i] - b * sn[i];
+          x2[i] = b * cs[i] + a * sn[i];
+        }
+      }
+    }
+  });
+}
+}  // namespace
+
+// out = [x1*cos - x2*sin, x2*cos + x1*sin]
+void rope_forward(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D) {
+  rope_rotate(x, pos, inv_freq, N, heads, D, 1.f);
+}
+
+// dx = [d1*cos + d2*sin, d2*cos - d1*sin]
+void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D) {
+  rope_rotate(dx, pos, inv_freq, N, heads, D, -1.f);
+}
+
+// ---- SwiGLU ----
+
+// out = silu(gate) * up, silu(g) = g / (1 + exp(-g))
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+// dgate = dout * up * s * (1 + g*(1 - s)), dup = dout * silu(g), s = sigmoid(g)
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = gate[i];
+      const float s = 1.f / (1.f + std::exp(-g));
+      const float silu = g / (1.f + std::exp(-g));
+      dgate[i] = dout[i] * up[i] * (s * (1.f + g * (1.f - s)));
+      dup[i] = dout[i] * silu;
+    }
+  });
+}
+
+// ---- elementwise ----
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) y[i] += x[i];
+  });
+}
+
+}  // namespace rt::cpu
