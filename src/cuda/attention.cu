@@ -4,10 +4,10 @@
 //
 // Shared-memory tiles are [rows][D] bf16 with 16-byte chunks XOR-swizzled by
 // (row & 7), so cp.async stores and ldmatrix loads are bank-conflict free.
-// Each warp owns 16 rows of its block's tile. Scores are kept in the log2
+// Each warp owns 16 rows (32 in the forward) of its block's tile. Scores are kept in the log2
 // domain (scale * log2 e folded in) and exponentiated with exp2f.
 //
-// forward:   block = 128 query rows of one head (8 warps); loops over 64-key
+// forward:   block = 128 query rows of one head (4 warps of 32 rows); loops over 64-key
 //            tiles up to the diagonal (double-buffered cp.async); online softmax;
 //            writes out and lse (natural log).
 // backward:  delta = rowsum(dO * O) (fp32) first; then
@@ -130,6 +130,51 @@ __device__ __forceinline__ void mma_regs_trans(float (&acc)[D / 8][4], const uin
   }
 }
 
+// The same two products for MT stacked 16-row m-tiles (rows ra + 16*mt): each
+// B fragment is loaded from shared memory once and used MT times.
+template <int D, int NROWS, int MT>
+__device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+              tile_addr<D>(sa, ra + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+    for (int np = 0; np < NROWS / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][2 * np], a[mt], b0, b1);
+        mma_16816(acc[mt][2 * np + 1], a[mt], b2, b3);
+      }
+    }
+  }
+}
+
+template <int D, int KK, int MT>
+__device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], const uint32_t (&a)[MT][KK / 16][4],
+                                                  uint32_t sb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < KK / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3,
+                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][2 * np], a[mt][ks], b0, b1);
+        mma_16816(acc[mt][2 * np + 1], a[mt][ks], b2, b3);
+      }
+    }
+  }
+}
+
 // Accumulators of NT n-tiles (16 x 8*NT) -> A fragments over k = 8*NT.
 template <int NT>
 __device__ __forceinline__ void acc_to_a(uint32_t (&a)[NT / 2][4], const float (&acc)[NT][4]) {
@@ -156,18 +201,29 @@ struct AttnShape {
 
 // ---------------------------------------------------------------- forward
 
-constexpr int kFwdWarps = 8, kFwdBR = 16 * kFwdWarps, kFwdBC = 64;
+// Tile shapes (tuning constants; the bench builds variants with -D).
+#ifndef RAMTRAIN_ATTN_FWD_MT
+#define RAMTRAIN_ATTN_FWD_MT 2
+#endif
+#ifndef RAMTRAIN_ATTN_DKDV_WARPS
+#define RAMTRAIN_ATTN_DKDV_WARPS 4
+#endif
+#ifndef RAMTRAIN_ATTN_DQ_WARPS
+#define RAMTRAIN_ATTN_DQ_WARPS 4
+#endif
+constexpr int kFwdMT = RAMTRAIN_ATTN_FWD_MT, kFwdWarps = 8 / kFwdMT, kFwdBR = 16 * kFwdMT * kFwdWarps, kFwdBC = 64;
 
 template <int D>
 constexpr int fwd_smem_bytes() {
   return (kFwdBR * D + 4 * kFwdBC * D) * 2;
 }
 
+// Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile.
 template <int D>
-__global__ void __launch_bounds__(32 * kFwdWarps, 1)
+__global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
     attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
                              const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s) {
-  constexpr int NT = 32 * kFwdWarps;
+  constexpr int NT = 32 * kFwdWarps, MT = kFwdMT, WR = 16 * MT;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = smem_u32(smem);
   const uint32_t skv = sq + kFwdBR * D * 2;  // [2 stages][K, V][BC][D]
@@ -190,10 +246,14 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1)
   tile_load<kFwdBC, D, NT>(sv(0), vp, ldkv, s.T, v);
   cp_async_commit();
 
-  float o[D / 8][4];
-  acc_zero(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int row_base = q0 + warp * 16 + (lane >> 2);  // rows row_base and row_base + 8
+  float o[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc_zero(o[mt]);
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
+  const int warp_row0 = q0 + warp * WR;
+  const int row_base = warp_row0 + (lane >> 2);  // rows row_base + 16*mt + {0, 8}
 
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<0>();
@@ -204,70 +264,78 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1)
       tile_load<kFwdBC, D, NT>(sv((j + 1) & 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
     }
     cp_async_commit();
-
-    float sc[kFwdBC / 8][4];
-    acc_zero(sc);
-    mma_rows_rows<D, kFwdBC>(sc, sq, warp * 16, sk(j & 1));
-
     const int k0 = j * kFwdBC;
-    const bool need_mask = k0 + kFwdBC - 1 > q0 + warp * 16;
+    if (k0 > warp_row0 + WR - 1) continue;  // every key of this tile is after every row of this warp
+
+    float sc[MT][kFwdBC / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < kFwdBC / 8; ++nt) {
+    for (int mt = 0; mt < MT; ++mt) acc_zero(sc[mt]);
+    mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(j & 1));
+
+    const bool need_mask = k0 + kFwdBC - 1 > warp_row0;
+    uint32_t pa[MT][kFwdBC / 16][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sc[nt][e] * s.scale_log2;
-        if (need_mask) {
-          const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-          const int row = row_base + (e >> 1) * 8;
-          if (key > row) x = -INFINITY;
-        }
-        sc[nt][e] = x;
-      }
-    }
-    // online softmax; each row is spread over the 4 lanes of a quad
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int nt = 0; nt < kFwdBC / 8; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float alpha = exp2f(m[r] - mx);  // m[r] = -inf on the first tile: alpha = 0
-      m[r] = mx;
-      float sum = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-        sc[nt][2 * r] = exp2f(sc[nt][2 * r] - mx);
-        sc[nt][2 * r + 1] = exp2f(sc[nt][2 * r + 1] - mx);
-        sum += sc[nt][2 * r] + sc[nt][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + sum;  // lane-partial; reduced over the quad at the end
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        o[dt][2 * r] *= alpha;
-        o[dt][2 * r + 1] *= alpha;
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[mt][nt][e] * s.scale_log2;
+          if (need_mask) {
+            const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = row_base + mt * 16 + (e >> 1) * 8;
+            if (key > row) x = -INFINITY;
+          }
+          sc[mt][nt][e] = x;
+        }
       }
+      // online softmax; each row is spread over the 4 lanes of a quad
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < kFwdBC / 8; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float alpha = exp2f(m[mt][r] - mx);  // m = -inf on a row's first tile: alpha = 0
+        m[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
+          sc[mt][nt][2 * r] = exp2f(sc[mt][nt][2 * r] - mx);
+          sc[mt][nt][2 * r + 1] = exp2f(sc[mt][nt][2 * r + 1] - mx);
+          sum += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
+        }
+        l[mt][r] = l[mt][r] * alpha + sum;  // lane-partial; reduced over the quad at the end
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[mt][dt][2 * r] *= alpha;
+          o[mt][dt][2 * r + 1] *= alpha;
+        }
+      }
+      acc_to_a(pa[mt], sc[mt]);
     }
-    uint32_t pa[kFwdBC / 16][4];
-    acc_to_a(pa, sc);
-    mma_regs_trans<D, kFwdBC>(o, pa, sv(j & 1));
+    mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(j & 1));
   }
 
   // finish: normalise, store out and lse
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float t = l[r];
-    t += __shfl_xor_sync(0xffffffffu, t, 1);
-    t += __shfl_xor_sync(0xffffffffu, t, 2);
-    const int row = row_base + r * 8;
-    if (row < s.T) {
-      const float inv = 1.f / t;
-      bf16* op = out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-        *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
-            __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[r] * kLn2 + logf(t);
+    for (int r = 0; r < 2; ++r) {
+      float t = l[mt][r];
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      const int row = row_base + mt * 16 + r * 8;
+      if (row < s.T) {
+        const float inv = 1.f / t;
+        bf16* op = out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
+              __floats2bfloat162_rn(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * kLn2 + logf(t);
+      }
     }
   }
 }
@@ -295,7 +363,7 @@ __global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf1
   }
 }
 
-constexpr int kBwdWarps = 4, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
+constexpr int kBwdWarps = RAMTRAIN_ATTN_DKDV_WARPS, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
 
 template <int D>
 constexpr int dkdv_smem_bytes() {
@@ -303,7 +371,7 @@ constexpr int dkdv_smem_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(32 * kBwdWarps, 2)
+__global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
                                    const bf16* __restrict__ v, const float* __restrict__ lse,
@@ -410,7 +478,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 2)
   }
 }
 
-constexpr int kDqWarps = 4, kDqBR = 16 * kDqWarps, kDqBC = 64;
+constexpr int kDqWarps = RAMTRAIN_ATTN_DQ_WARPS, kDqBR = 16 * kDqWarps, kDqBC = 64;
 
 template <int D>
 constexpr int dq_smem_bytes() {
@@ -418,7 +486,7 @@ constexpr int dq_smem_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(32 * kDqWarps, 2)
+__global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
                                  const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
