@@ -1,0 +1,169 @@
+// Times rt::cuda::attention_forward / attention_backward (causal, bf16) and
+// reports TFLOP/s with causal FLOP counts:
+//   fwd = 2 GEMMs * 2*B*H*T*T*D / 2 (half the T x T scores are computed)
+//   bwd = 2.5 * fwd (the FlashAttention convention: 5 GEMMs; our deterministic
+//         backward actually runs 7, its extra recompute is not credited)
+// Median of --reps timed calls after --warmup untimed ones, CUDA events.
+// Inputs are uniform random (never zeros). With --dump DIR it also writes
+// q, k, v, dout, out, lse, dq, dk, dv of the first shape as raw little-endian
+// files for bench/attention_sdpa.py --check DIR.
+//
+// usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128] [--B 1,2]
+//                        [--reps 20] [--warmup 5] [--dump DIR]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/ops.h"
+
+namespace {
+
+using rt::cuda::bf16;
+
+__global__ void fill_uniform(bf16* p, int64_t n, uint32_t seed, float scale) {
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  float u = (static_cast<float>(x >> 8) + 0.5f) / 16777216.f;  // (0, 1)
+  p[i] = __float2bfloat16((2.f * u - 1.f) * scale);
+}
+
+bf16* alloc_random(int64_t n, uint32_t seed, float scale) {
+  bf16* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, n * 2));
+  fill_uniform<<<static_cast<unsigned>((n + 255) / 256), 256>>>(p, n, seed, scale);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+template <class F>
+double median_ms(F&& f, int warmup, int reps) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) f();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(a));
+    f();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void dump(const std::string& path, const void* dev, size_t bytes) {
+  std::vector<char> h(bytes);
+  CUDA_CHECK(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(h.data(), 1, bytes, f) != bytes) rt::fail("[attention_bench] cannot write ", path);
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  int64_t T = 4096, H = 32, G = 32, D = 128;
+  int reps = 20, warmup = 5;
+  std::vector<int64_t> batches = {1, 2};
+  std::string dump_dir;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--T") T = std::stoll(v);
+    else if (a == "--H") H = std::stoll(v);
+    else if (a == "--G") G = std::stoll(v);
+    else if (a == "--D") D = std::stoll(v);
+    else if (a == "--reps") reps = std::stoi(v);
+    else if (a == "--warmup") warmup = std::stoi(v);
+    else if (a == "--dump") dump_dir = v;
+    else if (a == "--B") {
+      batches.clear();
+      for (size_t p = 0; p < v.size();) {
+        size_t q = v.find(',', p);
+        batches.push_back(std::stoll(v.substr(p, q - p)));
+        p = q == std::string::npos ? v.size() : q + 1;
+      }
+    } else rt::fail("[attention_bench] unknown option ", a);
+  }
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("%-4s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %10s\n", "B", "T", "H", "G", "D", "fwd_ms", "bwd_ms",
+              "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
+  bool first = true;
+  for (int64_t B : batches) {
+    const int64_t nq = B * T * H * D, nkv = B * T * G * D;
+    bf16* q = alloc_random(nq, 1, 2.f);
+    bf16* k = alloc_random(nkv, 2, 1.f);
+    bf16* v = alloc_random(nkv, 3, 1.f);
+    bf16* dout = alloc_random(nq, 4, 1.f);
+    bf16 *out, *dq, *dk, *dv;
+    float* lse;
+    void* scratch;
+    const size_t scratch_bytes = rt::cuda::attention_backward_scratch_bytes(B, T, H);
+    CUDA_CHECK(cudaMalloc(&out, nq * 2));
+    CUDA_CHECK(cudaMalloc(&dq, nq * 2));
+    CUDA_CHECK(cudaMalloc(&dk, nkv * 2));
+    CUDA_CHECK(cudaMalloc(&dv, nkv * 2));
+    CUDA_CHECK(cudaMalloc(&lse, B * H * T * 4));
+    CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+    auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr); };
+    auto bwd = [&] {
+      rt::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, {scratch, scratch_bytes},
+                                   nullptr);
+    };
+    const double fwd_ms = median_ms(fwd, warmup, reps);
+    const double bwd_ms = median_ms(bwd, warmup, reps);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const double fwd_flop = 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
+    const double bwd_flop = 2.5 * fwd_flop;
+    std::printf("%-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n",
+                static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+                static_cast<long long>(G), static_cast<long long>(D), fwd_ms, bwd_ms, fwd_flop / fwd_ms / 1e9,
+                bwd_flop / bwd_ms / 1e9, (fwd_flop + bwd_flop) / (fwd_ms + bwd_ms) / 1e9);
+    if (first && !dump_dir.empty()) {
+      dump(dump_dir + "/q.bin", q, nq * 2);
+      dump(dump_dir + "/k.bin", k, nkv * 2);
+      dump(dump_dir + "/v.bin", v, nkv * 2);
+      dump(dump_dir + "/dout.bin", dout, nq * 2);
+      dump(dump_dir + "/out.bin", out, nq * 2);
+      dump(dump_dir + "/lse.bin", lse, B * H * T * 4);
+      dump(dump_dir + "/dq.bin", dq, nq * 2);
+      dump(dump_dir + "/dk.bin", dk, nkv * 2);
+      dump(dump_dir + "/dv.bin", dv, nkv * 2);
+      FILE* f = std::fopen((dump_dir + "/shape.txt").c_str(), "w");
+      if (!f) rt::fail("[attention_bench] cannot write ", dump_dir, "/shape.txt");
+      std::fprintf(f, "%lld %lld %lld %lld %lld\n", static_cast<long long>(B), static_cast<long long>(T),
+                   static_cast<long long>(H), static_cast<long long>(G), static_cast<long long>(D));
+      std::fclose(f);
+    }
+    first = false;
+    for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                    static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                    static_cast<void*>(lse), scratch})
+      CUDA_CHECK(cudaFree(p));
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,666 @@
+// Causal GQA attention, FlashAttention-2 style, bf16 mma.sync (m16n8k16) with
+// fp32 accumulators; sm_80 and newer. D in {64, 128}; any T (partial tiles are
+// zero-filled and masked).
+//
+// Shared-memory tiles are [rows][D] bf16 with 16-byte chunks XOR-swizzled by
+// (row & 7), so cp.async stores and ldmatrix loads are bank-conflict free.
+// Each warp owns 16 rows (32 in the forward) of its block's tile. Scores are kept in the log2
+// domain (scale * log2 e folded in) and exponentiated with exp2f.
+//
+// forward:   block = 128 query rows of one head (4 warps of 32 rows); loops over 64-key
+//            tiles up to the diagonal (double-buffered cp.async); online softmax;
+//            writes out and lse (natural log).
+// backward:  delta = rowsum(dO * O) (fp32) first; then
+//            dkdv kernel: block = 64 keys of one kv head (4 warps); loops over
+//              every query head of the group and every 64-row query tile at or
+//              after the diagonal; dK, dV stay in registers (fixed order, no atomics);
+//            dq kernel:   block = 64 query rows of one head (4 warps); loops
+//              over the key tiles; dQ in registers.
+#include <cstdint>
+
+#include "cuda/check.h"
+#include "cuda/kernel_util.cuh"
+#include "cuda/ops.h"
+
+namespace rt::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------- primitives
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                              uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// c[4] += a[4] (16x16 row-major) * b[2] (16x8 col-major)
+__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Byte address of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile.
+template <int D>
+__device__ __forceinline__ uint32_t tile_addr(uint32_t base, int row, int chunk) {
+  return base + static_cast<uint32_t>((row * D + ((chunk ^ (row & 7)) << 3)) * 2);
+}
+
+// cp.async ROWS rows of D bf16 from global (row stride ld elements) into a
+// swizzled tile; rows >= rows_valid are zero-filled (fallback is any valid address).
+template <int ROWS, int D, int NTHREADS>
+__device__ __forceinline__ void tile_load(uint32_t dst, const bf16* src, int64_t ld, int rows_valid,
+                                          const bf16* fallback) {
+  constexpr int kChunks = D / 8;
+  static_assert(ROWS * kChunks % NTHREADS == 0, "tile must split evenly over the block");
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / NTHREADS; ++it) {
+    const int i = it * NTHREADS + threadIdx.x;
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = r < rows_valid;
+    cp_async16(tile_addr<D>(dst, r, c), ok ? src + r * ld + c * 8 : fallback, ok);
+  }
+}
+
+// acc[n][.] += A(16 rows at row ra of tile sa, k over D) * B^T, where B is the
+// tile sb's rows [0, NROWS) (stored [n][k], k contiguous).
+template <int D, int NROWS>
+__device__ __forceinline__ void mma_rows_rows(float (&acc)[NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(a[0], a[1], a[2], a[3], tile_addr<D>(sa, ra + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+    for (int np = 0; np < NROWS / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+      mma_16816(acc[2 * np], a, b0, b1);
+      mma_16816(acc[2 * np + 1], a, b2, b3);
+    }
+  }
+}
+
+// acc[D/8][.] += A (16 x KK bf16 fragments in registers) * B, where B is the
+// tile sb's rows [0, KK) (stored [k][n], n = d contiguous; read transposed).
+template <int D, int KK>
+__device__ __forceinline__ void mma_regs_trans(float (&acc)[D / 8][4], const uint32_t (&a)[KK / 16][4],
+                                               uint32_t sb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < KK / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3,
+                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+      mma_16816(acc[2 * np], a[ks], b0, b1);
+      mma_16816(acc[2 * np + 1], a[ks], b2, b3);
+    }
+  }
+}
+
+// The same two products for MT stacked 16-row m-tiles (rows ra + 16*mt): each
+// B fragment is loaded from shared memory once and used MT times.
+template <int D, int NROWS, int MT>
+__device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+              tile_addr<D>(sa, ra + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+    for (int np = 0; np < NROWS / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][2 * np], a[mt], b0, b1);
+        mma_16816(acc[mt][2 * np + 1], a[mt], b2, b3);
+      }
+    }
+  }
+}
+
+template <int D, int KK, int MT>
+__device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], const uint32_t (&a)[MT][KK / 16][4],
+                                                  uint32_t sb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < KK / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3,
+                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][2 * np], a[mt][ks], b0, b1);
+        mma_16816(acc[mt][2 * np + 1], a[mt][ks], b2, b3);
+      }
+    }
+  }
+}
+
+// Accumulators of NT n-tiles (16 x 8*NT) -> A fragments over k = 8*NT.
+template <int NT>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[NT / 2][4], const float (&acc)[NT][4]) {
+#pragma unroll
+  for (int k = 0; k < NT / 2; ++k) {
+    a[k][0] = pack_bf16(acc[2 * k][0], acc[2 * k][1]);
+    a[k][1] = pack_bf16(acc[2 * k][2], acc[2 * k][3]);
+    a[k][2] = pack_bf16(acc[2 * k + 1][0], acc[2 * k + 1][1]);
+    a[k][3] = pack_bf16(acc[2 * k + 1][2], acc[2 * k + 1][3]);
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void acc_zero(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+}
+
+struct AttnShape {
+  int T, H, G, group;  // group = H / G
+  float scale_log2;    // log2(e) / sqrt(D)
+  float scale;         // 1 / sqrt(D)
+};
+
+// ---------------------------------------------------------------- forward
+
+// Tile shapes (tuning constants; the bench builds variants with -D).
+#ifndef RAMTRAIN_ATTN_FWD_MT
+#define RAMTRAIN_ATTN_FWD_MT 2
+#endif
+#ifndef RAMTRAIN_ATTN_DKDV_WARPS
+#define RAMTRAIN_ATTN_DKDV_WARPS 4
+#endif
+#ifndef RAMTRAIN_ATTN_DQ_WARPS
+#define RAMTRAIN_ATTN_DQ_WARPS 4
+#endif
+constexpr int kFwdMT = RAMTRAIN_ATTN_FWD_MT, kFwdWarps = 8 / kFwdMT, kFwdBR = 16 * kFwdMT * kFwdWarps, kFwdBC = 64;
+
+template <int D>
+constexpr int fwd_smem_bytes() {
+  return (kFwdBR * D + 4 * kFwdBC * D) * 2;
+}
+
+// Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile.
+template <int D>
+__global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
+    attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
+                             const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s) {
+  constexpr int NT = 32 * kFwdWarps, MT = kFwdMT, WR = 16 * MT;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sq = smem_u32(smem);
+  const uint32_t skv = sq + kFwdBR * D * 2;  // [2 stages][K, V][BC][D]
+  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kFwdBC * D * 2); };
+  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kFwdBC * D * 2); };
+
+  const int qb = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first
+  const int bh = blockIdx.y, b = bh / s.H, h = bh % s.H, g = h / s.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int q0 = qb * kFwdBR;
+  const int64_t ldq = static_cast<int64_t>(s.H) * D, ldkv = static_cast<int64_t>(s.G) * D;
+  const bf16* qp = q + (static_cast<int64_t>(b) * s.T + q0) * ldq + h * D;
+  const bf16* kp = k + static_cast<int64_t>(b) * s.T * ldkv + g * D;
+  const bf16* vp = v + static_cast<int64_t>(b) * s.T * ldkv + g * D;
+
+  tile_load<kFwdBR, D, NT>(sq, qp, ldq, s.T - q0, q);
+  const int last_key = min(s.T, q0 + kFwdBR) - 1;
+  const int n_tiles = last_key / kFwdBC + 1;
+  tile_load<kFwdBC, D, NT>(sk(0), kp, ldkv, s.T, k);
+  tile_load<kFwdBC, D, NT>(sv(0), vp, ldkv, s.T, v);
+  cp_async_commit();
+
+  float o[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc_zero(o[mt]);
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
+  const int warp_row0 = q0 + warp * WR;
+  const int row_base = warp_row0 + (lane >> 2);  // rows row_base + 16*mt + {0, 8}
+
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<0>();
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int k0 = (j + 1) * kFwdBC;
+      tile_load<kFwdBC, D, NT>(sk((j + 1) & 1), kp + k0 * ldkv, ldkv, s.T - k0, k);
+      tile_load<kFwdBC, D, NT>(sv((j + 1) & 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
+    }
+    cp_async_commit();
+    const int k0 = j * kFwdBC;
+    if (k0 > warp_row0 + WR - 1) continue;  // every key of this tile is after every row of this warp
+
+    float sc[MT][kFwdBC / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc_zero(sc[mt]);
+    mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(j & 1));
+
+    const bool need_mask = k0 + kFwdBC - 1 > warp_row0;
+    uint32_t pa[MT][kFwdBC / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kFwdBC / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[mt][nt][e] * s.scale_log2;
+          if (need_mask) {
+            const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = row_base + mt * 16 + (e >> 1) * 8;
+            if (key > row) x = -INFINITY;
+          }
+          sc[mt][nt][e] = x;
+        }
+      }
+      // online softmax; each row is spread over the 4 lanes of a quad
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < kFwdBC / 8; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float alpha = exp2f(m[mt][r] - mx);  // m = -inf on a row's first tile: alpha = 0
+        m[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
+          sc[mt][nt][2 * r] = exp2f(sc[mt][nt][2 * r] - mx);
+          sc[mt][nt][2 * r + 1] = exp2f(sc[mt][nt][2 * r + 1] - mx);
+          sum += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
+        }
+        l[mt][r] = l[mt][r] * alpha + sum;  // lane-partial; reduced over the quad at the end
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[mt][dt][2 * r] *= alpha;
+          o[mt][dt][2 * r + 1] *= alpha;
+        }
+      }
+      acc_to_a(pa[mt], sc[mt]);
+    }
+    mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(j & 1));
+  }
+
+  // finish: normalise, store out and lse
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float t = l[mt][r];
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      const int row = row_base + mt * 16 + r * 8;
+      if (row < s.T) {
+        const float inv = 1.f / t;
+        bf16* op = out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
+              __floats2bfloat162_rn(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * kLn2 + logf(t);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// delta[b,h,t] = sum_d dout * out; one warp per (b, t, h) row.
+template <int D>
+__global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf16* out, int64_t rows, int T, int H) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float acc = 0.f;
+  for (int d = lane * 8; d < D; d += 256) {
+    float a[8], c[8];
+    detail::bf16x8_to_float(*reinterpret_cast<const detail::bf16x8*>(dout + row * D + d), a);
+    detail::bf16x8_to_float(*reinterpret_cast<const detail::bf16x8*>(out + row * D + d), c);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc += a[i] * c[i];
+  }
+  acc = detail::warp_sum(acc);
+  if (lane == 0) {
+    const int64_t h = row % H, bt = row / H, t = bt % T, b = bt / T;
+    delta[(b * H + h) * T + t] = acc;
+  }
+}
+
+constexpr int kBwdWarps = RAMTRAIN_ATTN_DKDV_WARPS, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
+
+template <int D>
+constexpr int dkdv_smem_bytes() {
+  return (2 * kBwdBC * D + 4 * kBwdBR * D) * 2 + 4 * kBwdBR * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
+    attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
+                                   const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                   const bf16* __restrict__ v, const float* __restrict__ lse,
+                                   const float* __restrict__ delta, AttnShape s) {
+  constexpr int NT = 32 * kBwdWarps;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sk = smem_u32(smem);
+  const uint32_t sv = sk + kBwdBC * D * 2;
+  const uint32_t sqd = sv + kBwdBC * D * 2;  // [2 stages][Q, dO][BR][D]
+  auto sq = [&](int st) { return sqd + static_cast<uint32_t>((st * 2) * kBwdBR * D * 2); };
+  auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * D * 2); };
+  float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * D + 4 * kBwdBR * D) * 2);  // [2][BR]
+  float* s_delta = s_lse + 2 * kBwdBR;                                                   // [2][BR]
+
+  const int kb = blockIdx.x;
+  const int bg = blockIdx.y, b = bg / s.G, g = bg % s.G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int key0 = kb * kBwdBC;
+  const int64_t ldq = static_cast<int64_t>(s.H) * D, ldkv = static_cast<int64_t>(s.G) * D;
+  const int64_t kv_off = (static_cast<int64_t>(b) * s.T + key0) * ldkv + g * D;
+
+  tile_load<kBwdBC, D, NT>(sk, k + kv_off, ldkv, s.T - key0, k);
+  tile_load<kBwdBC, D, NT>(sv, v + kv_off, ldkv, s.T - key0, v);
+
+  const int i_start = key0 / kBwdBR;
+  const int n_i = (s.T + kBwdBR - 1) / kBwdBR - i_start;
+  const int n_iter = s.group * n_i;
+
+  auto issue = [&](int it, int st) {
+    const int h = g * s.group + it / n_i;
+    const int qr0 = (i_start + it % n_i) * kBwdBR;
+    const int64_t off = (static_cast<int64_t>(b) * s.T + qr0) * ldq + h * D;
+    tile_load<kBwdBR, D, NT>(sq(st), q + off, ldq, s.T - qr0, q);
+    tile_load<kBwdBR, D, NT>(sdo(st), dout + off, ldq, s.T - qr0, dout);
+    const int64_t lo = (static_cast<int64_t>(b) * s.H + h) * s.T;
+    for (int i = threadIdx.x; i < kBwdBR; i += NT) {
+      const int t = qr0 + i;
+      s_lse[st * kBwdBR + i] = t < s.T ? lse[lo + t] * kLog2e : INFINITY;
+      s_delta[st * kBwdBR + i] = t < s.T ? delta[lo + t] : 0.f;
+    }
+  };
+  issue(0, 0);
+  cp_async_commit();
+
+  float dka[D / 8][4], dva[D / 8][4];
+  acc_zero(dka);
+  acc_zero(dva);
+  const int krow = key0 + warp * 16 + (lane >> 2);  // keys krow, krow + 8
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int st = it & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < n_iter) issue(it + 1, st ^ 1);
+    cp_async_commit();
+    const int qr0 = (i_start + it % n_i) * kBwdBR;
+
+    // S^T (16 keys x BR queries) = K_w Q^T ; P^T = exp2(S^T * c - lse)
+    float p[kBwdBR / 8][4];
+    acc_zero(p);
+    mma_rows_rows<D, kBwdBR>(p, sk, warp * 16, sq(st));
+    const bool need_mask = qr0 < key0 + warp * 16 + 15;
+#pragma unroll
+    for (int nt = 0; nt < kBwdBR / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
+        float x = exp2f(p[nt][e] * s.scale_log2 - s_lse[st * kBwdBR + qc]);
+        if (need_mask && qr0 + qc < krow + (e >> 1) * 8) x = 0.f;
+        p[nt][e] = x;
+      }
+    }
+    // dP^T = V_w dO^T ; dS^T = P^T * (dP^T - delta)
+    float dp[kBwdBR / 8][4];
+    acc_zero(dp);
+    mma_rows_rows<D, kBwdBR>(dp, sv, warp * 16, sdo(st));
+#pragma unroll
+    for (int nt = 0; nt < kBwdBR / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
+        dp[nt][e] = p[nt][e] * (dp[nt][e] - s_delta[st * kBwdBR + qc]);
+      }
+    }
+    uint32_t pa[kBwdBR / 16][4], dsa[kBwdBR / 16][4];
+    acc_to_a(pa, p);
+    acc_to_a(dsa, dp);
+    mma_regs_trans<D, kBwdBR>(dva, pa, sdo(st));  // dV += P^T dO
+    mma_regs_trans<D, kBwdBR>(dka, dsa, sq(st));  // dK += dS^T Q
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = krow + r * 8;
+    if (key >= s.T) continue;
+    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D + 2 * (lane & 3);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<__nv_bfloat162*>(dk + off + dt * 8) =
+          __floats2bfloat162_rn(dka[dt][2 * r] * s.scale, dka[dt][2 * r + 1] * s.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + off + dt * 8) =
+          __floats2bfloat162_rn(dva[dt][2 * r], dva[dt][2 * r + 1]);
+    }
+  }
+}
+
+constexpr int kDqWarps = RAMTRAIN_ATTN_DQ_WARPS, kDqBR = 16 * kDqWarps, kDqBC = 64;
+
+template <int D>
+constexpr int dq_smem_bytes() {
+  return (2 * kDqBR * D + 4 * kDqBC * D) * 2;
+}
+
+template <int D>
+__global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
+    attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
+                                 const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                 const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
+  constexpr int NT = 32 * kDqWarps;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sq = smem_u32(smem);
+  const uint32_t sdo = sq + kDqBR * D * 2;
+  const uint32_t skv = sdo + kDqBR * D * 2;
+  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kDqBC * D * 2); };
+  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kDqBC * D * 2); };
+
+  const int qb = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y, b = bh / s.H, h = bh % s.H, g = h / s.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int q0 = qb * kDqBR;
+  const int64_t ldq = static_cast<int64_t>(s.H) * D, ldkv = static_cast<int64_t>(s.G) * D;
+  const int64_t qoff = (static_cast<int64_t>(b) * s.T + q0) * ldq + h * D;
+  const bf16* kp = k + static_cast<int64_t>(b) * s.T * ldkv + g * D;
+  const bf16* vp = v + static_cast<int64_t>(b) * s.T * ldkv + g * D;
+
+  tile_load<kDqBR, D, NT>(sq, q + qoff, ldq, s.T - q0, q);
+  tile_load<kDqBR, D, NT>(sdo, dout + qoff, ldq, s.T - q0, dout);
+  const int n_tiles = (min(s.T, q0 + kDqBR) - 1) / kDqBC + 1;
+  tile_load<kDqBC, D, NT>(sk(0), kp, ldkv, s.T, k);
+  tile_load<kDqBC, D, NT>(sv(0), vp, ldkv, s.T, v);
+  cp_async_commit();
+
+  const int row_base = q0 + warp * 16 + (lane >> 2);
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + r * 8;
+    const int64_t idx = static_cast<int64_t>(bh) * s.T + row;
+    row_lse[r] = row < s.T ? lse[idx] * kLog2e : INFINITY;
+    row_delta[r] = row < s.T ? delta[idx] : 0.f;
+  }
+  float dqa[D / 8][4];
+  acc_zero(dqa);
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int k0 = (j + 1) * kDqBC;
+      tile_load<kDqBC, D, NT>(sk(st ^ 1), kp + k0 * ldkv, ldkv, s.T - k0, k);
+      tile_load<kDqBC, D, NT>(sv(st ^ 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
+    }
+    cp_async_commit();
+    const int k0 = j * kDqBC;
+
+    float p[kDqBC / 8][4];
+    acc_zero(p);
+    mma_rows_rows<D, kDqBC>(p, sq, warp * 16, sk(st));
+    const bool need_mask = k0 + kDqBC - 1 > q0 + warp * 16;
+#pragma unroll
+    for (int nt = 0; nt < kDqBC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = exp2f(p[nt][e] * s.scale_log2 - row_lse[e >> 1]);
+        if (need_mask && k0 + nt * 8 + 2 * (lane & 3) + (e & 1) > row_base + (e >> 1) * 8) x = 0.f;
+        p[nt][e] = x;
+      }
+    }
+    float dp[kDqBC / 8][4];
+    acc_zero(dp);
+    mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));  // dP = dO V^T
+#pragma unroll
+    for (int nt = 0; nt < kDqBC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - row_delta[e >> 1]);
+    }
+    uint32_t dsa[kDqBC / 16][4];
+    acc_to_a(dsa, dp);
+    mma_regs_trans<D, kDqBC>(dqa, dsa, sk(st));  // dQ += dS K
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + r * 8;
+    if (row >= s.T) continue;
+    bf16* op = dq + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
+          __floats2bfloat162_rn(dqa[dt][2 * r] * s.scale, dqa[dt][2 * r + 1] * s.scale);
+  }
+}
+
+// ---------------------------------------------------------------- launch
+
+AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const char* where) {
+  RT_CHECK(D == 64 || D == 128, "[cuda ", where, "] head_dim must be 64 or 128, got ", D);
+  RT_CHECK(H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] heads H=", H, " must be a multiple of kv heads G=", G);
+  RT_CHECK(B > 0 && T > 0 && T < (int64_t{1} << 30) && B * H < 65536 && B * G < 65536, "[cuda ", where,
+           "] shape out of range: B=", B, " T=", T, " H=", H);
+  AttnShape s;
+  s.T = static_cast<int>(T);
+  s.H = static_cast<int>(H);
+  s.G = static_cast<int>(G);
+  s.group = static_cast<int>(H / G);
+  s.scale = 1.f / sqrtf(static_cast<float>(D));
+  s.scale_log2 = s.scale * kLog2e;
+  return s;
+}
+
+template <class K>
+void smem_allow(K kernel, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <int D>
+void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
+                    cudaStream_t stream) {
+  constexpr int smem = fwd_smem_bytes<D>();
+  smem_allow(attention_forward_kernel<D>, smem);
+  dim3 grid(static_cast<unsigned>(detail::ceil_div(s.T, kFwdBR)), static_cast<unsigned>(B * s.H));
+  attention_forward_kernel<D><<<grid, 32 * kFwdWarps, smem, stream>>>(out, lse, q, k, v, s);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                     const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, cudaStream_t stream) {
+  const int64_t rows = B * s.T * s.H;
+  attention_delta_kernel<D><<<static_cast<unsigned>(detail::ceil_div(rows, 8)), 256, 0, stream>>>(delta, dout, out,
+                                                                                                  rows, s.T, s.H);
+  CUDA_CHECK_LAUNCH();
+  constexpr int smem_kv = dkdv_smem_bytes<D>();
+  smem_allow(attention_backward_dkdv_kernel<D>, smem_kv);
+  dim3 grid_kv(static_cast<unsigned>(detail::ceil_div(s.T, kBwdBC)), static_cast<unsigned>(B * s.G));
+  attention_backward_dkdv_kernel<D><<<grid_kv, 32 * kBwdWarps, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta,
+                                                                                  s);
+  CUDA_CHECK_LAUNCH();
+  constexpr int smem_q = dq_smem_bytes<D>();
+  smem_allow(attention_backward_dq_kernel<D>, smem_q);
+  dim3 grid_q(static_cast<unsigned>(detail::ceil_div(s.T, kDqBR)), static_cast<unsigned>(B * s.H));
+  attention_backward_dq_kernel<D><<<grid_q, 32 * kDqWarps, smem_q, stream>>>(dq, dout, q, k, v, lse, delta, s);
+  CUDA_CHECK_LAUNCH();
+}
+
+void check_ptrs(const char* where, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs) detail::check_aligned(p, where);
+}
+
+}  // namespace
+
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
+  const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
+  check_ptrs("attention_forward", {out, q, k, v});
+  if (D == 64)
+    forward_launch<64>(out, lse, q, k, v, B, s, stream);
+  else
+    forward_launch<128>(out, lse, q, k, v, B, s, stream);
+}
+
+size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
+  return static_cast<size_t>(B * H * T) * sizeof(float);
+}
+
+void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                        const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                        Scratch scratch, cudaStream_t stream) {
+  const AttnShape s = shape_make(B, T, H, G, D, "attention_backward");
+  check_ptrs("attention_backward", {dq, dk, dv, dout, q, k, v, out});
+  const size_t need = attention_backward_scratch_bytes(B, T, H);
+  RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
+           " (attention_backward_scratch_bytes)");
+  float* delta = static_cast<float*>(scratch.ptr);
+  if (D == 64)
+    backward_launch<64>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
+  else
+    backward_launch<128>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
+}
+
+}  // namespace rt::cuda

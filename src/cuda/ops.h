@@ -1,0 +1,155 @@
+// CUDA backend ops: device pointers, work queued on a cudaStream_t, nothing
+// synchronised unless a function says so. Mirrors src/cpu/ops.h (the
+// specification: same letters, layouts and semantics) with these precisions:
+// activations, weights and activation gradients are bf16; every sum is fp32;
+// norm statistics (rstd), softmax, log-sum-exp, RoPE angles and cross-entropy
+// are fp32; weight gradients (dw, dbias, dtable) are fp32.
+//
+// Letters: N = tokens (B*T rows), B = sequences, T = sequence length,
+// C = hidden, H = query heads, G = KV heads (H % G == 0), D = head_dim,
+// F = MLP width, V = vocab. q/k/v are [B, T, heads, D]; linear weights [out, in].
+//
+// Contract (as on the CPU): forward functions write outputs with '=';
+// backward functions write input gradients with '=' and ACCUMULATE weight
+// gradients with '+='. Every op here is deterministic (no floating-point
+// atomics): the same inputs give bit-identical outputs run to run.
+// Ops that need temporaries take a caller-owned Scratch of at least the bytes
+// their *_scratch_bytes() function returns; it may be reused once the op's
+// stream work has finished. All pointers must be 16-byte aligned and row
+// widths (C, I, O, D, V) multiples of 8 (checked).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace rt::cuda {
+
+using bf16 = __nv_bfloat16;
+enum class DType { bf16, f32 };
+
+// Caller-owned device memory for an op's temporaries.
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// ---- GEMM: a cuBLASLt handle, its workspace and a per-shape plan cache ----
+// Row-major like rt::cpu::matmul_*; bf16 operands, fp32 accumulation; out is
+// bf16 or fp32 (DType). beta is 0 (out = ...) or 1 (out += ..., fp32 out only).
+// A plan (matmul descriptor, layouts, heuristic algorithm) is built the first
+// time a shape is seen and reused afterwards. Not thread-safe: one Blas per
+// host thread. Move-only; the destructor never throws.
+class Blas {
+ public:
+  explicit Blas(size_t workspace_bytes = size_t{32} << 20);
+  ~Blas();
+  Blas(Blas&&) noexcept;
+  Blas& operator=(Blas&&) noexcept;
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // out[M,N] = a[M,K] @ b[N,K]^T (+ bias[N], bias needs beta == 0 and bf16 out)
+  void matmul_nt(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K,
+                 float beta, cudaStream_t stream, const bf16* bias = nullptr);
+  // out[M,N] = a[M,K] @ b[K,N]
+  void matmul_nn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K,
+                 float beta, cudaStream_t stream);
+  // out[M,N] = a[K,M]^T @ b[K,N]
+  void matmul_tn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K,
+                 float beta, cudaStream_t stream);
+  size_t plans_cached() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- embedding ----
+// out[N,C] = table[ids[n], :]; ids (device) in [0, V).
+void embedding_forward(bf16* out, const int32_t* ids, const bf16* table, int64_t N, int64_t C, cudaStream_t stream);
+// dtable[V,C] += scatter of dout[N,C] by ids. Deterministic without atomics:
+// (id, n) pairs are radix-sorted (stable), then one block per distinct id sums
+// its rows in token order and adds the sum to dtable once.
+size_t embedding_backward_scratch_bytes(int64_t N, int64_t V);
+void embedding_backward(float* dtable, const bf16* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V,
+                        Scratch scratch, cudaStream_t stream);
+
+// ---- RMSNorm over the last dim C: y = w * x * rstd, rstd = 1/sqrt(mean(x^2) + eps) ----
+// Per-head q/k norm (Qwen3) is this with rows = N*heads and C = D.
+// out [N,C], rstd [N] (fp32, saved for backward), x [N,C], w [C].
+void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps,
+                      cudaStream_t stream);
+// Fused residual add: sum = bf16(x + r) (written), out = norm(sum). Pass sum as
+// x to rms_norm_backward.
+void rms_norm_residual_forward(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
+                               int64_t N, int64_t C, float eps, cudaStream_t stream);
+// dx [N,C] (=) = d norm / dx, plus dresidual[N,C] when non-null (the gradient
+// arriving on the residual stream, so the fused residual backward is one pass);
+// dw [C] (+=). dw is summed over fixed row splits, then the splits in order.
+size_t rms_norm_backward_scratch_bytes(int64_t N, int64_t C);
+void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
+                       const bf16* dresidual, int64_t N, int64_t C, Scratch scratch, cudaStream_t stream);
+
+// ---- linear: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be null; bias needs bf16 out) ----
+void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const bf16* w, const bf16* bias,
+                    int64_t N, int64_t I, int64_t O, cudaStream_t stream);
+// dx [N,I] (=, bf16, skipped when null), dw [O,I] (+=, fp32), dbias [O] (+=, fp32, when non-null).
+void linear_backward(Blas& blas, bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w,
+                     int64_t N, int64_t I, int64_t O, cudaStream_t stream);
+
+// ---- RoPE, HF rotate-half, in place on x [N, heads, D] ----
+// pos [N] (device), inv_freq [D/2] (device, fp32, from rt::cpu::rope_inv_freq);
+// angle = float(pos) * inv_freq in fp32, cos/sin in fp32 (full-precision sincosf).
+void rope_forward(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                  cudaStream_t stream);
+// dx = R(-angle) dout, in place.
+void rope_backward(bf16* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                   cudaStream_t stream);
+
+// ---- SwiGLU: out = silu(gate) * up over n values ----
+void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream);
+void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
+                     cudaStream_t stream);
+
+// ---- elementwise ----
+void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);  // y = bf16(y + x)
+
+// ---- LM head + cross-entropy in token chunks; [N, V] logits never exist ----
+// Per chunk of <= chunk_rows rows: fp32 logits = h_chunk @ w^T (cuBLASLt), one
+// fused kernel per row (max, log-sum-exp, loss = lse - logit[target],
+// dlogits = grad_scale * (softmax - onehot) in bf16), then dh_chunk =
+// dlogits @ w (bf16, =) and dw += dlogits^T @ h_chunk (fp32). targets (device)
+// == -100 (any negative value) is ignored. The loss SUM and the count of valid
+// rows are ADDED to *totals (device memory; read it back when needed).
+// dh and dw may each be null (forward only when both are).
+struct CrossEntropyTotals {
+  double loss_sum;
+  long long n_valid;
+};
+size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V);
+void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h,
+                           const bf16* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
+                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream);
+
+// ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 128} ----
+// FlashAttention-2 style: tiles in shared memory, bf16 mma.sync with fp32
+// accumulators, online softmax in fp32; T x T is never stored.
+// q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D] (bf16); lse [B,H,T] (fp32, natural log).
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream);
+// dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=, summed over the H/G query heads of
+// each group). Recomputes P from lse. Deterministic: one kernel owns a key
+// tile and loops over every query head of its group and every query tile, so
+// dK/dV are summed in registers in a fixed order; a second kernel owns a query
+// tile and computes dQ over the key tiles (no atomics, at the price of
+// recomputing Q K^T and dO V^T once more).
+size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
+void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                        const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                        Scratch scratch, cudaStream_t stream);
+
+}  // namespace rt::cuda

@@ -1,0 +1,456 @@
+// CUDA ops (src/cuda/ops.h) against the CPU reference (src/cpu/ops.h), every
+// op forward and backward, on random non-zero inputs. Inputs are drawn in
+// fp32 and rounded through bf16 once; both sides see exactly those values, so
+// the differences measured are the CUDA side's own roundings (bf16 outputs,
+// bf16 intermediates such as P and dlogits) and fp32 summation order.
+//
+// Tolerances, per tensor (u = 2^-8 = 0.0039, the bf16 rounding step relative
+// to a value; RNE makes each rounding <= u/2):
+//  - fp32 results of exact bf16 products with fp32 sums on both sides (dW,
+//    dtable, rstd, logits/loss): rel_l2 <= 1e-5, only summation order differs.
+//  - one final bf16 rounding of an fp32 result (GEMM out, norm, rope, swiglu):
+//    elementwise |err| <= u*|ref| + small atol, or rel_l2 <= 4e-3 where the
+//    result is a sum (rounding can cross a boundary, still <= u).
+//  - chains with bf16 intermediates (attention P/dS, CE dlogits, norm dx with
+//    cancellation): rel_l2 <= 1e-2 and max |err| <= 5e-2 * max |ref|.
+// Without a CUDA device every test skips; without CUDA at build time this
+// file holds one test that skips.
+#include <gtest/gtest.h>
+
+#ifdef RAMTRAIN_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/bf16.h"
+#include "cpu/ops.h"
+#include "cuda/check.h"
+#include "cuda/device_info.h"
+#include "cuda/ops.h"
+#include "testutil.h"
+
+namespace {
+
+using rt::cuda::bf16;
+using rt::test::max_rel_to_scale;
+using rt::test::random_vec;
+using rt::test::rel_l2;
+
+// Owns one cudaMalloc'd buffer.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16)); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  void poison() { CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes_)); }  // NaN in bf16 and fp32
+  rt::cuda::Scratch scratch() const { return {ptr_, bytes_}; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = rt::bf16_to_f32(rt::f32_to_bf16(x));
+  return v;
+}
+// Random values in [lo, hi) rounded to bf16, never exactly zero.
+std::vector<float> random_bf16(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  auto v = round_bf16(random_vec(n, seed, lo, hi));
+  for (float& x : v)
+    if (x == 0.f) x = 0.0078125f;
+  return v;
+}
+
+std::unique_ptr<DeviceBuffer> upload_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = rt::f32_to_bf16(v[i]);
+  auto d = std::make_unique<DeviceBuffer>(h.size() * 2);
+  CUDA_CHECK(cudaMemcpy(d->data(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+template <class T>
+std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& v) {
+  auto d = std::make_unique<DeviceBuffer>(v.size() * sizeof(T));
+  CUDA_CHECK(cudaMemcpy(d->data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+std::unique_ptr<DeviceBuffer> alloc_bf16(int64_t n) {
+  auto d = std::make_unique<DeviceBuffer>(static_cast<size_t>(n) * 2);
+  d->poison();
+  return d;
+}
+std::unique_ptr<DeviceBuffer> alloc_f32(int64_t n) {
+  auto d = std::make_unique<DeviceBuffer>(static_cast<size_t>(n) * 4);
+  d->poison();
+  return d;
+}
+std::vector<float> download_bf16(const DeviceBuffer& d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h.data(), d.data(), h.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = rt::bf16_to_f32(h[i]);
+  return f;
+}
+std::vector<float> download_f32(const DeviceBuffer& d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> f(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(f.data(), d.data(), f.size() * 4, cudaMemcpyDeviceToHost));
+  return f;
+}
+
+// rel_l2 and scale-relative max error, both bounded; NaN fails both.
+void expect_close(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
+                  double rel_tol, double max_tol) {
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  const double rel = rel_l2(got.data(), ref.data(), static_cast<int64_t>(got.size()));
+  const double mx = max_rel_to_scale(got.data(), ref.data(), static_cast<int64_t>(got.size()));
+  EXPECT_TRUE(rel <= rel_tol) << name << ": rel_l2 " << rel << " > " << rel_tol;
+  EXPECT_TRUE(mx <= max_tol) << name << ": max |err| / max |ref| " << mx << " > " << max_tol;
+}
+
+constexpr double kU = 1.0 / 256;  // bf16 rounding step relative to the value
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (rt::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the CUDA ops are tested on a GPU machine";
+  }
+};
+
+// ---------------------------------------------------------------- GEMM / linear
+
+TEST_F(CudaOps, MatmulLayoutsMatchCpu) {
+  rt::cuda::Blas blas;
+  const int64_t M = 72, N = 48, K = 40;
+  auto a_mk = random_bf16(M * K, 1), a_km = random_bf16(K * M, 2);
+  auto b_nk = random_bf16(N * K, 3), b_kn = random_bf16(K * N, 4);
+  auto init = random_vec(M * N, 5);
+  auto d_amk = upload_bf16(a_mk), d_akm = upload_bf16(a_km), d_bnk = upload_bf16(b_nk), d_bkn = upload_bf16(b_kn);
+  struct Case {
+    const char* name;
+    int layout;
+  };
+  for (Case c : {Case{"nt", 0}, Case{"nn", 1}, Case{"tn", 2}}) {
+    for (float beta : {0.f, 1.f}) {
+      std::vector<float> ref = beta != 0.f ? init : std::vector<float>(M * N, 0.f);
+      if (c.layout == 0) rt::cpu::matmul_nt(ref.data(), a_mk.data(), b_nk.data(), M, N, K, beta);
+      if (c.layout == 1) rt::cpu::matmul_nn(ref.data(), a_mk.data(), b_kn.data(), M, N, K, beta);
+      if (c.layout == 2) rt::cpu::matmul_tn(ref.data(), a_km.data(), b_kn.data(), M, N, K, beta);
+      auto out = beta != 0.f ? upload(init) : alloc_f32(M * N);
+      const bf16* a = (c.layout == 2 ? d_akm : d_amk)->as<bf16>();
+      const bf16* b = (c.layout == 0 ? d_bnk : d_bkn)->as<bf16>();
+      if (c.layout == 0) blas.matmul_nt(out->as<float>(), rt::cuda::DType::f32, a, b, M, N, K, beta, nullptr);
+      if (c.layout == 1) blas.matmul_nn(out->as<float>(), rt::cuda::DType::f32, a, b, M, N, K, beta, nullptr);
+      if (c.layout == 2) blas.matmul_tn(out->as<float>(), rt::cuda::DType::f32, a, b, M, N, K, beta, nullptr);
+      // fp32 out of exact bf16 products: only summation order differs.
+      expect_close(std::string(c.name) + " f32 beta=" + std::to_string(beta), download_f32(*out, M * N), ref, 1e-5,
+                   1e-5);
+      if (beta == 0.f) {
+        auto outb = alloc_bf16(M * N);
+        if (c.layout == 0) blas.matmul_nt(outb->as<bf16>(), rt::cuda::DType::bf16, a, b, M, N, K, 0.f, nullptr);
+        if (c.layout == 1) blas.matmul_nn(outb->as<bf16>(), rt::cuda::DType::bf16, a, b, M, N, K, 0.f, nullptr);
+        if (c.layout == 2) blas.matmul_tn(outb->as<bf16>(), rt::cuda::DType::bf16, a, b, M, N, K, 0.f, nullptr);
+        // one bf16 rounding of each output
+        EXPECT_TRUE(rt::test::expect_near(std::string(c.name) + " bf16", download_bf16(*outb, M * N), ref, 1e-5, kU));
+      }
+    }
+  }
+  // plans are cached per shape: the same calls again build nothing new
+  const size_t plans = blas.plans_cached();
+  auto out = alloc_f32(M * N);
+  blas.matmul_nt(out->as<float>(), rt::cuda::DType::f32, d_amk->as<bf16>(), d_bnk->as<bf16>(), M, N, K, 0.f, nullptr);
+  EXPECT_EQ(blas.plans_cached(), plans);
+}
+
+TEST_F(CudaOps, LinearForwardBackwardMatchCpu) {
+  rt::cuda::Blas blas;
+  const int64_t N = 64, I = 96, O = 80;
+  auto x = random_bf16(N * I, 10), w = random_bf16(O * I, 11), bias = random_bf16(O, 12);
+  auto dout = random_bf16(N * O, 13);
+  auto dw0 = random_vec(O * I, 14), db0 = random_vec(O, 15);
+  std::vector<float> out_ref(N * O), dx_ref(N * I), dw_ref = dw0, db_ref = db0;
+  rt::cpu::linear_forward(out_ref.data(), x.data(), w.data(), bias.data(), N, I, O);
+  rt::cpu::linear_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), x.data(), w.data(), N, I, O);
+
+  auto dx_ = upload_bf16(x), dw_ = upload_bf16(w), dbias = upload_bf16(bias), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(N * O), out32 = alloc_f32(N * O), dx = alloc_bf16(N * I);
+  auto dw = upload(dw0), db = upload(db0);
+  rt::cuda::linear_forward(blas, out->as<bf16>(), rt::cuda::DType::bf16, dx_->as<bf16>(), dw_->as<bf16>(),
+                           dbias->as<bf16>(), N, I, O, nullptr);
+  rt::cuda::linear_forward(blas, out32->as<float>(), rt::cuda::DType::f32, dx_->as<bf16>(), dw_->as<bf16>(), nullptr,
+                           N, I, O, nullptr);
+  rt::cuda::linear_backward(blas, dx->as<bf16>(), dw->as<float>(), db->as<float>(), ddout->as<bf16>(),
+                            dx_->as<bf16>(), dw_->as<bf16>(), N, I, O, nullptr);
+  // bias epilogue: at most two bf16 roundings (the epilogue may round x@w^T
+  // before adding the bias), so 2u; atol for results that cancel to near 0.
+  EXPECT_TRUE(rt::test::expect_near("linear out (bias, bf16)", download_bf16(*out, N * O), out_ref, 2e-2, 2 * kU));
+  std::vector<float> nobias_ref(N * O);
+  rt::cpu::linear_forward(nobias_ref.data(), x.data(), w.data(), nullptr, N, I, O);
+  expect_close("linear out (f32)", download_f32(*out32, N * O), nobias_ref, 1e-5, 1e-5);
+  EXPECT_TRUE(rt::test::expect_near("linear dx", download_bf16(*dx, N * I), dx_ref, 1e-5, kU));
+  expect_close("linear dw (+=)", download_f32(*dw, O * I), dw_ref, 1e-5, 1e-5);
+  expect_close("linear dbias (+=)", download_f32(*db, O), db_ref, 1e-5, 1e-5);
+}
+
+// ---------------------------------------------------------------- embedding
+
+TEST_F(CudaOps, EmbeddingForwardBackwardMatchCpuAndAreDeterministic) {
+  const int64_t V = 50, C = 64, N = 300;  // N >> V: many repeated ids
+  auto table = random_bf16(V * C, 20), dout = random_bf16(N * C, 21);
+  std::vector<int32_t> ids(N);
+  std::mt19937 rng(22);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % V);
+  ids[0] = ids[1] = ids[2] = 7;  // a run of equal ids
+  auto dt0 = random_vec(V * C, 23);
+  std::vector<float> out_ref(N * C), dt_ref = dt0;
+  rt::cpu::embedding_forward(out_ref.data(), ids.data(), table.data(), N, C);
+  rt::cpu::embedding_backward(dt_ref.data(), dout.data(), ids.data(), N, C);
+
+  auto d_table = upload_bf16(table), d_dout = upload_bf16(dout), d_ids = upload(ids);
+  auto out = alloc_bf16(N * C);
+  rt::cuda::embedding_forward(out->as<bf16>(), d_ids->as<int32_t>(), d_table->as<bf16>(), N, C, nullptr);
+  EXPECT_EQ(download_bf16(*out, N * C), out_ref);  // a gather: exact
+  DeviceBuffer scratch(rt::cuda::embedding_backward_scratch_bytes(N, V));
+  std::vector<float> first;
+  for (int run = 0; run < 2; ++run) {
+    auto dt = upload(dt0);
+    rt::cuda::embedding_backward(dt->as<float>(), d_dout->as<bf16>(), d_ids->as<int32_t>(), N, C, V,
+                                 scratch.scratch(), nullptr);
+    auto got = download_f32(*dt, V * C);
+    expect_close("embedding dtable (+=)", got, dt_ref, 1e-6, 1e-6);  // fp32 sums of the same bf16 values
+    if (run == 0) {
+      first = got;
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "embedding backward not bitwise repeatable";
+    }
+  }
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
+  const float eps = 1e-6f;
+  auto x = random_bf16(N * C, seed), r = random_bf16(N * C, seed + 1), w = random_bf16(C, seed + 2, 0.5f, 1.5f);
+  auto dout = random_bf16(N * C, seed + 3), dres = random_bf16(N * C, seed + 4);
+  auto dw0 = random_vec(C, seed + 5);
+  std::vector<float> xin = x;
+  if (residual) {
+    for (int64_t i = 0; i < N * C; ++i) xin[i] = x[i] + r[i];
+    xin = round_bf16(xin);  // the GPU stores sum in bf16 and normalises that
+  }
+  std::vector<float> out_ref(N * C), rstd_ref(N), dx_ref(N * C), dw_ref = dw0;
+  rt::cpu::rms_norm_forward(out_ref.data(), rstd_ref.data(), xin.data(), w.data(), N, C, eps);
+  rt::cpu::rms_norm_backward(dx_ref.data(), dw_ref.data(), dout.data(), xin.data(), w.data(), rstd_ref.data(), N, C);
+  if (residual)
+    for (int64_t i = 0; i < N * C; ++i) dx_ref[i] += dres[i];
+
+  auto dx_in = upload_bf16(x), dr = upload_bf16(r), dwt = upload_bf16(w), ddout = upload_bf16(dout),
+       ddres = upload_bf16(dres);
+  auto out = alloc_bf16(N * C), sum = alloc_bf16(N * C), rstd = alloc_f32(N), dx = alloc_bf16(N * C);
+  auto dw = upload(dw0);
+  DeviceBuffer scratch(rt::cuda::rms_norm_backward_scratch_bytes(N, C));
+  const bf16* xs = residual ? sum->as<bf16>() : dx_in->as<bf16>();
+  if (residual)
+    rt::cuda::rms_norm_residual_forward(out->as<bf16>(), sum->as<bf16>(), rstd->as<float>(), dx_in->as<bf16>(),
+                                        dr->as<bf16>(), dwt->as<bf16>(), N, C, eps, nullptr);
+  else
+    rt::cuda::rms_norm_forward(out->as<bf16>(), rstd->as<float>(), dx_in->as<bf16>(), dwt->as<bf16>(), N, C, eps,
+                               nullptr);
+  rt::cuda::rms_norm_backward(dx->as<bf16>(), dw->as<float>(), ddout->as<bf16>(), xs, dwt->as<bf16>(),
+                              rstd->as<float>(), residual ? ddres->as<bf16>() : nullptr, N, C, scratch.scratch(),
+                              nullptr);
+  const std::string tag = "rms_norm N=" + std::to_string(N) + " C=" + std::to_string(C) + (residual ? " +res" : "");
+  if (residual) {
+    EXPECT_EQ(download_bf16(*sum, N * C), xin) << tag << " sum";  // fp32 add, one rounding: exact
+  }
+  EXPECT_TRUE(rt::test::expect_near(tag + " out", download_bf16(*out, N * C), out_ref, 1e-5, kU));
+  expect_close(tag + " rstd", download_f32(*rstd, N), rstd_ref, 1e-5, 1e-5);
+  // dx = rs*w*g - x*coef: a difference of two terms; one bf16 rounding of the
+  // difference, but cancellation makes elementwise rtol meaningless -> norm test.
+  expect_close(tag + " dx", download_bf16(*dx, N * C), dx_ref, 4e-3, 1e-2);
+  expect_close(tag + " dw (+=)", download_f32(*dw, C), dw_ref, 1e-5, 1e-5);
+}
+
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+  rms_norm_case(37, 512, false, 30);
+  rms_norm_case(16, 1032, true, 40);     // C not a multiple of 256: partial lane loop
+  rms_norm_case(64 * 8, 128, false, 50);  // per-head q/k norm: rows = N*heads, C = D
+  rms_norm_case(2000, 64, true, 60);      // several dw row splits
+}
+
+// ---------------------------------------------------------------- RoPE, SwiGLU, add
+
+TEST_F(CudaOps, RopeMatchesCpu) {
+  const int64_t N = 40, heads = 3, D = 128;
+  rt::RopeConfig rope;
+  rope.theta = 500000.0;
+  rope.scaling = rt::RopeScaling::llama3;
+  rope.factor = 8.0;
+  auto inv_freq = rt::cpu::rope_inv_freq(rope, D);
+  std::vector<int32_t> pos(N);
+  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>((n * 977) % 8000);  // large angles too
+  auto x = random_bf16(N * heads * D, 70), g = random_bf16(N * heads * D, 71);
+  std::vector<float> fwd_ref = x, bwd_ref = g;
+  rt::cpu::rope_forward(fwd_ref.data(), pos.data(), inv_freq.data(), N, heads, D);
+  rt::cpu::rope_backward(bwd_ref.data(), pos.data(), inv_freq.data(), N, heads, D);
+  auto dx = upload_bf16(x), dg = upload_bf16(g), dpos = upload(pos), dfreq = upload(inv_freq);
+  rt::cuda::rope_forward(dx->as<bf16>(), dpos->as<int32_t>(), dfreq->as<float>(), N, heads, D, nullptr);
+  rt::cuda::rope_backward(dg->as<bf16>(), dpos->as<int32_t>(), dfreq->as<float>(), N, heads, D, nullptr);
+  // x1*cos - x2*sin rounded once; atol covers cancellation near zero (|x| <= 1,
+  // sincosf vs std::sin differ by ~1e-7 of the angle's magnitude of rounding)
+  EXPECT_TRUE(rt::test::expect_near("rope fwd", download_bf16(*dx, N * heads * D), fwd_ref, 1e-4, kU));
+  EXPECT_TRUE(rt::test::expect_near("rope bwd", download_bf16(*dg, N * heads * D), bwd_ref, 1e-4, kU));
+}
+
+TEST_F(CudaOps, SwigluAndAddMatchCpu) {
+  const int64_t n = 4099;
+  auto gate = random_bf16(n, 80, -6.f, 6.f), up = random_bf16(n, 81), dout = random_bf16(n, 82);
+  std::vector<float> out_ref(n), dg_ref(n), du_ref(n);
+  rt::cpu::swiglu_forward(out_ref.data(), gate.data(), up.data(), n);
+  rt::cpu::swiglu_backward(dg_ref.data(), du_ref.data(), dout.data(), gate.data(), up.data(), n);
+  auto dgate = upload_bf16(gate), dup_in = upload_bf16(up), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(n), dg = alloc_bf16(n), du = alloc_bf16(n);
+  rt::cuda::swiglu_forward(out->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n, nullptr);
+  rt::cuda::swiglu_backward(dg->as<bf16>(), du->as<bf16>(), ddout->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(),
+                            n, nullptr);
+  // fp32 math (expf vs std::exp ~1 ulp) then one bf16 rounding
+  EXPECT_TRUE(rt::test::expect_near("swiglu out", download_bf16(*out, n), out_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("swiglu dgate", download_bf16(*dg, n), dg_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("swiglu dup", download_bf16(*du, n), du_ref, 1e-6, kU));
+
+  std::vector<float> sum_ref = up;
+  rt::cpu::add_inplace(sum_ref.data(), dout.data(), n);
+  rt::cuda::add_inplace(dup_in->as<bf16>(), ddout->as<bf16>(), n, nullptr);
+  EXPECT_EQ(download_bf16(*dup_in, n), round_bf16(sum_ref));  // one rounding of an exact fp32 sum
+}
+
+// ---------------------------------------------------------------- LM head + cross-entropy
+
+TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
+  rt::cuda::Blas blas;
+  const int64_t N = 100, C = 64, V = 1000, chunk = 32;  // 4 chunks, the last one partial
+  const float grad_scale = 1.f / 90.f;
+  auto h = random_bf16(N * C, 90), w = random_bf16(V * C, 91, -0.5f, 0.5f);
+  std::vector<int32_t> targets(N);
+  std::mt19937 rng(92);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+  for (int i = 0; i < 10; ++i) targets[i * 7] = -100;  // ignored rows
+  auto dw0 = random_vec(V * C, 93);
+  std::vector<float> dh_ref(N * C), dw_ref = dw0;
+  int64_t n_valid_ref = 0;
+  const double loss_ref = rt::cpu::lm_head_cross_entropy(dh_ref.data(), dw_ref.data(), h.data(), w.data(),
+                                                         targets.data(), N, C, V, grad_scale, 16, &n_valid_ref);
+  auto dh_ = upload_bf16(h), dw_ = upload_bf16(w), dt = upload(targets);
+  auto dh = alloc_bf16(N * C);
+  auto dw = upload(dw0);
+  rt::cuda::CrossEntropyTotals zero{0.0, 0};
+  auto totals = upload(std::vector<rt::cuda::CrossEntropyTotals>{zero});
+  DeviceBuffer scratch(rt::cuda::lm_head_cross_entropy_scratch_bytes(chunk, V));
+  rt::cuda::lm_head_cross_entropy(blas, dh->as<bf16>(), dw->as<float>(), totals->as<rt::cuda::CrossEntropyTotals>(),
+                                  dh_->as<bf16>(), dw_->as<bf16>(), dt->as<int32_t>(), N, C, V, grad_scale, chunk,
+                                  scratch.scratch(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  rt::cuda::CrossEntropyTotals got{};
+  CUDA_CHECK(cudaMemcpy(&got, totals->data(), sizeof(got), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got.n_valid, n_valid_ref);
+  // fp32 logits from the same bf16 operands, fp32 softmax: loss agrees to fp32 rounding
+  EXPECT_NEAR(got.loss_sum, loss_ref, 1e-5 * std::fabs(loss_ref)) << "loss sum";
+  // dlogits are rounded to bf16 before the dh / dw GEMMs (and dh is bf16)
+  expect_close("ce dh", download_bf16(*dh, N * C), dh_ref, 1e-2, 2e-2);
+  std::vector<float> dw_got = download_f32(*dw, V * C), ddw_got(V * C), ddw_ref(V * C);
+  for (int64_t i = 0; i < V * C; ++i) ddw_got[i] = dw_got[i] - dw0[i], ddw_ref[i] = dw_ref[i] - dw0[i];
+  expect_close("ce dw increment", ddw_got, ddw_ref, 1e-2, 2e-2);
+  expect_close("ce dw (+=)", dw_got, dw_ref, 1e-5, 1e-4);
+}
+
+// ---------------------------------------------------------------- attention
+
+struct AttnCase {
+  int64_t B, T, H, G, D;
+};
+
+void attention_case(const AttnCase& c, uint64_t seed) {
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
+  // q scaled up so the softmax is far from uniform (scores ~ +-3)
+  auto q = random_bf16(nq, seed, -2.f, 2.f), k = random_bf16(nkv, seed + 1), v = random_bf16(nkv, seed + 2);
+  auto dout = random_bf16(nq, seed + 3);
+  std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D);
+  rt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(), v.data(),
+                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D);
+
+  auto dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T);
+  auto dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
+  DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
+  rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
+                              dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, nullptr);
+  rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
+                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T,
+                               c.H, c.G, c.D, scratch.scratch(), nullptr);
+  const std::string tag = "attention B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                          " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D);
+  // out: P rounded to bf16 before P@V, fp32 accumulation, one final rounding
+  expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
+  // lse: fp32 scores of the same bf16 operands, fp32 exp/log: absolute error ~1e-5
+  EXPECT_TRUE(rt::test::expect_near(tag + " lse", download_f32(*lse, c.B * c.H * c.T), lse_ref, 2e-4, 1e-5));
+  // gradients: P, dS rounded to bf16 before their GEMMs; out is bf16 in delta
+  auto dq1 = download_bf16(*dq, nq), dk1 = download_bf16(*dk, nkv), dv1 = download_bf16(*dv, nkv);
+  expect_close(tag + " dq", dq1, dq_ref, 1e-2, 5e-2);
+  expect_close(tag + " dk", dk1, dk_ref, 1e-2, 5e-2);
+  expect_close(tag + " dv", dv1, dv_ref, 1e-2, 5e-2);
+  // deterministic: a second backward is bitwise identical
+  dq->poison();
+  dk->poison();
+  dv->poison();
+  rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
+                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T,
+                               c.H, c.G, c.D, scratch.scratch(), nullptr);
+  EXPECT_EQ(download_bf16(*dq, nq), dq1) << tag << " dq not repeatable";
+  EXPECT_EQ(download_bf16(*dk, nkv), dk1) << tag << " dk not repeatable";
+  EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
+}
+
+TEST_F(CudaOps, AttentionHeadDim64MatchesCpu) {
+  attention_case({2, 100, 4, 2, 64}, 100);  // partial tiles, GQA group 2
+  attention_case({1, 256, 4, 4, 64}, 110);  // whole tiles, no grouping
+}
+
+TEST_F(CudaOps, AttentionHeadDim128MatchesCpu) {
+  attention_case({1, 200, 8, 2, 128}, 120);  // GQA group 4, partial tiles
+  attention_case({2, 129, 2, 1, 128}, 130);  // one row past a tile, MQA
+}
+
+TEST_F(CudaOps, ErrorsNameTheCall) {
+  try {
+    CUDA_CHECK(cudaMemcpy(nullptr, reinterpret_cast<void*>(16), 1 << 20, cudaMemcpyDeviceToDevice));
+    FAIL() << "expected an error";
+  } catch (const rt::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cudaMemcpy(nullptr"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cuda_ops_test.cpp:"), std::string::npos) << msg;
+  }
+  cudaGetLastError();
+  rt::cuda::Blas blas;
+  EXPECT_THROW(blas.matmul_nt(nullptr, rt::cuda::DType::bf16, nullptr, nullptr, 8, 7, 8, 0.f, nullptr), rt::Error);
+}
+
+}  // namespace
+
+#else  // !RAMTRAIN_HAVE_CUDA
+
+TEST(CudaOps, SkippedWithoutCuda) { GTEST_SKIP() << "no CUDA device: built without the CUDA backend (RAMTRAIN_CUDA=OFF)"; }
+
+#endif
