@@ -1,0 +1,693 @@
+// Byte-level BPE from HF tokenizer.json; see hf_bpe.h for what is supported.
+// Encode pipeline, as HF runs it:
+//   raw text -> split on added tokens (normalized=false) -> normalize the rest
+//   -> split on added tokens (normalized=true) -> pre-tokenize (Split steps,
+//   ByteLevel) -> BPE per pre-token -> template tokens.
+// Internally the vocabulary is keyed by raw bytes (each token's byte-level
+// characters mapped back through GPT-2's byte<->unicode table), so BPE runs
+// on the input bytes directly and never builds the mapped strings.
+#include "tokenizer/hf_bpe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/unicode.h"
+
+namespace rt {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kGpt2Regex =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's byte -> unicode table: printable bytes map to themselves, the other
+// 68 to U+0100.. in byte order.
+struct ByteLevelTable {
+  std::string byte_to_utf8[256];
+  std::unordered_map<char32_t, uint8_t> char_to_byte;
+  ByteLevelTable() {
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+      const char32_t c = printable ? static_cast<char32_t>(b) : next++;
+      utf8_append(byte_to_utf8[b], c);
+      char_to_byte[c] = static_cast<uint8_t>(b);
+    }
+  }
+  // The raw bytes of a byte-level token string; false if a character is not
+  // one of the 256 byte characters.
+  bool to_bytes(std::string_view token, std::string& out) const {
+    out.clear();
+    for (size_t i = 0; i < token.size();) {
+      const auto it = char_to_byte.find(utf8_next(token, i));
+      if (it == char_to_byte.end()) return false;
+      out.push_back(static_cast<char>(it->second));
+    }
+    return true;
+  }
+};
+
+const ByteLevelTable& byte_level_table() {
+  static const ByteLevelTable t;
+  return t;
+}
+
+// Rust's char::is_whitespace (Unicode White_Space), used by lstrip/rstrip.
+bool is_white_space(char32_t c) {
+  return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+struct AddedToken {
+  std::string content;  // matched against the text (NFC'ed when normalized and NFC is on)
+  int32_t id;
+  bool special, single_word, lstrip, rstrip, normalized;
+};
+
+// Leftmost-longest matcher over a small set of literal strings.
+class AddedTokenMatcher {
+ public:
+  void add(const AddedToken* t) {
+    if (t->content.empty()) return;
+    by_first_[static_cast<uint8_t>(t->content[0])].push_back(t);
+  }
+  bool empty() const {
+    for (const auto& v : by_first_)
+      if (!v.empty()) return false;
+    return true;
+  }
+  // The longest token starting at s[i], or nullptr.
+  const AddedToken* longest_at(std::string_view s, size_t i) const {
+    const AddedToken* best = nullptr;
+    for (const AddedToken* t : by_first_[static_cast<uint8_t>(s[i])]) {
+      const size_t n = t->content.size();
+      if (n <= s.size() - i && (!best || n > best->content.size()) && s.compare(i, n, t->content) == 0) best = t;
+    }
+    return best;
+  }
+
+ private:
+  std::vector<const AddedToken*> by_first_[256];
+};
+
+struct PreTokenizeStep {
+  enum class Kind { split, byte_level } kind;
+  std::unique_ptr<Pcre2Regex> regex;  // split, or byte_level with use_regex
+  bool remove_matches = false;        // split: behavior Removed
+  bool invert = false;                // split
+  bool add_prefix_space = false;      // byte_level
+};
+
+struct Merge {
+  int32_t rank;
+  int32_t new_id;
+};
+
+// A piece of text on its way through the pipeline: either an added token
+// already resolved to an id, or text still to be tokenized.
+struct Segment {
+  std::string_view text;
+  int32_t added_id;  // -1 when text
+};
+
+std::string json_type(const json& j) { return j.is_object() && j.contains("type") ? j["type"].dump() : j.dump(); }
+
+bool json_bool(const json& j, const char* key, bool def) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  return j[key].get<bool>();
+}
+
+std::atomic<uint64_t> g_next_instance{1};
+
+// Per-thread BPE result cache: pre-token bytes -> ids, for one tokenizer at a
+// time (owner), bounded; switching tokenizers or filling up clears it.
+struct BpeCache {
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> map;  // -> (offset, count) in pool
+  std::vector<int32_t> pool;
+};
+thread_local BpeCache tl_bpe_cache;
+constexpr size_t kCacheMaxPieceBytes = 64, kCacheMaxEntries = 1 << 17;
+
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  HfBpeTokenizer(const std::string& json_path, const std::string& config_path);
+
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const override;
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
+  int32_t vocab_size() const override { return static_cast<int32_t>(decode_bytes_.size()); }
+  std::optional<int32_t> token_to_id(std::string_view name) const override;
+  std::optional<int32_t> bos_id() const override { return bos_; }
+  std::optional<int32_t> eos_id() const override { return eos_; }
+  std::string describe() const override { return "hf-bpe " + path_; }
+
+ private:
+  void parse_model(const json& m);
+  void parse_normalizer(const json& n);
+  void parse_pre_tokenizer(const json& p);
+  void parse_added_tokens(const json& a);
+  void parse_post_processor(const json& p);
+  void parse_decoder(const json& d);
+  void parse_config(const std::string& config_path);
+
+  void split_added(std::string_view s, const AddedTokenMatcher& m, std::vector<Segment>& out) const;
+  void pre_tokenize(std::string_view s, std::deque<std::string>& storage, std::vector<std::string_view>& out) const;
+  void bpe_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe_merge(std::string_view piece, std::vector<int32_t>& out) const;
+  void push_missing_byte(uint8_t b, std::vector<int32_t>& out) const;
+  bool word_char_at(std::string_view s, size_t i) const;  // \w at s[i]
+  bool word_char_before(std::string_view s, size_t i) const;
+
+  std::string path_, where_;
+  uint64_t instance_ = g_next_instance.fetch_add(1);
+
+  // model
+  std::unordered_map<std::string, int32_t> vocab_;      // as the file spells tokens
+  std::unordered_map<std::string, int32_t> raw_vocab_;  // keyed by raw bytes
+  std::unordered_map<uint64_t, Merge> merges_;          // (left id << 32 | right id)
+  int32_t byte_id_[256];
+  bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
+  std::optional<int32_t> unk_id_;
+
+  bool nfc_ = false;
+  std::vector<PreTokenizeStep> steps_;
+
+  std::vector<AddedToken> added_;
+  std::unordered_map<std::string, int32_t> added_by_name_;
+  AddedTokenMatcher raw_matcher_, normalized_matcher_;
+  std::unique_ptr<Pcre2Regex> word_regex_;  // only when a token is single_word
+
+  std::vector<int32_t> prefix_, suffix_;  // single-sequence template
+  std::optional<int32_t> template_bos_, bos_, eos_;
+
+  std::vector<std::string> decode_bytes_;  // by id; bytes that id decodes to
+  std::vector<uint8_t> id_defined_, id_special_;
+};
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& json_path, const std::string& config_path)
+    : path_(json_path), where_("[tokenizer " + json_path + "] ") {
+  json j;
+  try {
+    j = json::parse(read_text_file(json_path));
+  } catch (const json::exception& e) {
+    fail(where_, "not valid JSON: ", e.what());
+  }
+  RT_CHECK(j.is_object() && j.contains("model"), where_, "no \"model\" object: not a HF tokenizer.json");
+  try {
+    parse_model(j["model"]);
+    parse_normalizer(j.value("normalizer", json()));
+    parse_pre_tokenizer(j.value("pre_tokenizer", json()));
+    parse_added_tokens(j.value("added_tokens", json::array()));
+    parse_post_processor(j.value("post_processor", json()));
+    parse_decoder(j.value("decoder", json()));
+  } catch (const json::exception& e) {
+    fail(where_, "unexpected JSON layout: ", e.what());
+  }
+  parse_config(config_path);
+}
+
+void HfBpeTokenizer::parse_model(const json& m) {
+  const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "?");
+  RT_CHECK(type == "BPE", where_, "model type \"", type,
+           "\" is not supported; supported: BPE with byte-level pre-tokenization (GPT-2, Llama-3, Qwen2 layouts), "
+           "or put a SentencePiece tokenizer.model in the directory instead");
+  RT_CHECK(!m.contains("dropout") || m["dropout"].is_null() || m["dropout"].get<double>() == 0.0, where_,
+           "BPE dropout is set; ramtrain tokenizes deterministically: set \"dropout\" to null");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    RT_CHECK(!m.contains(k) || m[k].is_null() || m[k].get<std::string>().empty(), where_, "model.", k,
+             " is not supported (byte-level BPE files leave it null)");
+  ignore_merges_ = json_bool(m, "ignore_merges", false);
+  byte_fallback_ = json_bool(m, "byte_fallback", false);
+  fuse_unk_ = json_bool(m, "fuse_unk", false);
+
+  const auto& table = byte_level_table();
+  int32_t max_id = -1;
+  std::string raw;
+  for (const auto& [tok, idj] : m.at("vocab").items()) {
+    const auto id = idj.get<int32_t>();
+    RT_CHECK(id >= 0, where_, "vocab entry \"", tok, "\" has negative id ", id);
+    vocab_[tok] = id;
+    max_id = std::max(max_id, id);
+    if (table.to_bytes(tok, raw)) raw_vocab_[raw] = id;
+  }
+  decode_bytes_.resize(static_cast<size_t>(max_id + 1));
+  id_defined_.assign(decode_bytes_.size(), 0);
+  id_special_.assign(decode_bytes_.size(), 0);
+  for (const auto& [tok, id] : vocab_) {
+    id_defined_[id] = 1;
+    decode_bytes_[id] = table.to_bytes(tok, raw) ? raw : tok;
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = vocab_.find(table.byte_to_utf8[b]);
+    byte_id_[b] = it == vocab_.end() ? -1 : it->second;
+  }
+  if (m.contains("unk_token") && !m["unk_token"].is_null()) {
+    const auto u = m["unk_token"].get<std::string>();
+    const auto it = vocab_.find(u);
+    RT_CHECK(it != vocab_.end(), where_, "unk_token \"", u, "\" is not in the vocab");
+    unk_id_ = it->second;
+  }
+
+  const json& merges = m.at("merges");
+  merges_.reserve(merges.size());
+  int32_t rank = 0;
+  for (const auto& e : merges) {
+    std::string a, b;
+    if (e.is_string()) {
+      const auto s = e.get<std::string>();
+      const size_t sp = s.find(' ');
+      RT_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos, where_, "merge ", rank, " \"",
+               s, "\" is not two tokens separated by one space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else {
+      RT_CHECK(e.is_array() && e.size() == 2, where_, "merge ", rank, " is neither \"a b\" nor [a, b]: ", e.dump());
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    }
+    const auto ia = vocab_.find(a), ib = vocab_.find(b), ic = vocab_.find(a + b);
+    RT_CHECK(ia != vocab_.end() && ib != vocab_.end(), where_, "merge ", rank, " (", a, ", ", b,
+             ") uses a token missing from the vocab");
+    RT_CHECK(ic != vocab_.end(), where_, "merge ", rank, " produces \"", a + b, "\", which is not in the vocab");
+    const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
+    merges_.emplace(key, Merge{rank, ic->second});  // the first (lowest-rank) entry wins
+    ++rank;
+  }
+}
+
+void HfBpeTokenizer::parse_normalizer(const json& n) {
+  if (n.is_null()) return;
+  const std::string type = n.at("type").get<std::string>();
+  if (type == "NFC") {
+    nfc_ = true;
+  } else if (type == "Sequence") {
+    for (const auto& s : n.at("normalizers")) parse_normalizer(s);
+  } else {
+    fail(where_, "normalizer ", json_type(n), " is not supported; supported: null, NFC, Sequence of NFC");
+  }
+}
+
+void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
+  RT_CHECK(!p.is_null(), where_, "no pre_tokenizer: only byte-level BPE (a ByteLevel pre-tokenizer) is supported");
+  const std::string type = p.at("type").get<std::string>();
+  if (type == "Sequence") {
+    for (const auto& s : p.at("pretokenizers")) parse_pre_tokenizer(s);
+    return;
+  }
+  RT_CHECK(steps_.empty() || steps_.back().kind != PreTokenizeStep::Kind::byte_level, where_,
+           "pre-tokenizer ", json_type(p), " after ByteLevel is not supported (ByteLevel must come last)");
+  PreTokenizeStep st;
+  if (type == "ByteLevel") {
+    st.kind = PreTokenizeStep::Kind::byte_level;
+    st.add_prefix_space = json_bool(p, "add_prefix_space", true);
+    if (json_bool(p, "use_regex", true)) st.regex = std::make_unique<Pcre2Regex>(kGpt2Regex, false, where_);
+  } else if (type == "Split") {
+    st.kind = PreTokenizeStep::Kind::split;
+    const json& pat = p.at("pattern");
+    if (pat.contains("Regex"))
+      st.regex = std::make_unique<Pcre2Regex>(pat["Regex"].get<std::string>(), false, where_);
+    else
+      st.regex = std::make_unique<Pcre2Regex>(pat.at("String").get<std::string>(), true, where_);
+    const std::string behavior = p.at("behavior").get<std::string>();
+    RT_CHECK(behavior == "Isolated" || behavior == "Removed", where_, "Split behavior \"", behavior,
+             "\" is not supported; supported: Isolated, Removed");
+    st.remove_matches = behavior == "Removed";
+    st.invert = json_bool(p, "invert", false);
+  } else {
+    fail(where_, "pre_tokenizer ", json_type(p),
+         " is not supported; supported: ByteLevel, Split (Isolated/Removed), Sequence of those ending in ByteLevel");
+  }
+  steps_.push_back(std::move(st));
+}
+
+void HfBpeTokenizer::parse_added_tokens(const json& a) {
+  added_.reserve(a.size());  // stable addresses for the matchers
+  bool single_word = false;
+  for (const auto& t : a) {
+    AddedToken tok{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), json_bool(t, "special", false),
+                   json_bool(t, "single_word", false),  json_bool(t, "lstrip", false),
+                   json_bool(t, "rstrip", false),        json_bool(t, "normalized", true)};
+    RT_CHECK(tok.id >= 0, where_, "added token \"", tok.content, "\" has negative id");
+    added_by_name_[tok.content] = tok.id;
+    if (static_cast<size_t>(tok.id) >= decode_bytes_.size()) {
+      decode_bytes_.resize(tok.id + 1);
+      id_defined_.resize(tok.id + 1, 0);
+      id_special_.resize(tok.id + 1, 0);
+    }
+    std::string raw;
+    decode_bytes_[tok.id] = byte_level_table().to_bytes(tok.content, raw) ? raw : tok.content;
+    id_defined_[tok.id] = 1;
+    id_special_[tok.id] = tok.special;
+    if (tok.normalized && nfc_) tok.content = nfc_normalize(tok.content);
+    single_word |= tok.single_word;
+    added_.push_back(std::move(tok));
+  }
+  for (const auto& t : added_) (t.normalized ? normalized_matcher_ : raw_matcher_).add(&t);
+  if (single_word) word_regex_ = std::make_unique<Pcre2Regex>("\\w", false, where_);
+}
+
+void HfBpeTokenizer::parse_post_processor(const json& p) {
+  if (p.is_null()) return;
+  const std::string type = p.at("type").get<std::string>();
+  if (type == "ByteLevel") return;  // offsets only
+  if (type == "Sequence") {
+    for (const auto& s : p.at("processors")) parse_post_processor(s);
+    return;
+  }
+  RT_CHECK(type == "TemplateProcessing", where_, "post_processor ", json_type(p),
+           " is not supported; supported: null, ByteLevel, TemplateProcessing, Sequence of those");
+  RT_CHECK(prefix_.empty() && suffix_.empty(), where_, "more than one TemplateProcessing post-processor");
+  bool seen_sequence = false;
+  for (const auto& item : p.at("single")) {
+    if (item.contains("Sequence")) {
+      RT_CHECK(!seen_sequence, where_, "the single template holds the sequence twice");
+      seen_sequence = true;
+      continue;
+    }
+    const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+    const json& st = p.at("special_tokens");
+    RT_CHECK(st.contains(name), where_, "template token \"", name, "\" missing from special_tokens");
+    for (const auto& id : st[name].at("ids")) (seen_sequence ? suffix_ : prefix_).push_back(id.get<int32_t>());
+  }
+  RT_CHECK(seen_sequence, where_, "the single template has no $A sequence");
+  if (!prefix_.empty()) template_bos_ = prefix_.front();
+}
+
+void HfBpeTokenizer::parse_decoder(const json& d) {
+  RT_CHECK(!d.is_null(), where_, "no decoder: byte-level BPE needs the ByteLevel decoder");
+  const std::string type = d.at("type").get<std::string>();
+  if (type == "Sequence") {
+    for (const auto& s : d.at("decoders")) parse_decoder(s);
+    return;
+  }
+  RT_CHECK(type == "ByteLevel", where_, "decoder ", json_type(d), " is not supported; supported: ByteLevel");
+}
+
+void HfBpeTokenizer::parse_config(const std::string& config_path) {
+  bos_ = template_bos_;
+  if (config_path.empty()) return;
+  const std::string where = "[tokenizer " + config_path + "] ";
+  json c;
+  try {
+    c = json::parse(read_text_file(config_path));
+  } catch (const json::exception& e) {
+    fail(where, "not valid JSON: ", e.what());
+  }
+  auto resolve = [&](const char* key, std::optional<int32_t>& out) {
+    if (!c.contains(key)) return;
+    const json& v = c[key];
+    if (v.is_null()) {
+      out.reset();
+      return;
+    }
+    const std::string name = v.is_object() ? v.at("content").get<std::string>() : v.get<std::string>();
+    const auto id = token_to_id(name);
+    RT_CHECK(id, where, key, " \"", name, "\" is not a token of ", path_);
+    out = id;
+  };
+  try {
+    resolve("bos_token", bos_);
+    resolve("eos_token", eos_);
+  } catch (const json::exception& e) {
+    fail(where, "unexpected bos_token/eos_token layout: ", e.what());
+  }
+}
+
+std::optional<int32_t> HfBpeTokenizer::token_to_id(std::string_view name) const {
+  const std::string key(name);
+  if (const auto it = added_by_name_.find(key); it != added_by_name_.end()) return it->second;
+  if (const auto it = vocab_.find(key); it != vocab_.end()) return it->second;
+  return std::nullopt;
+}
+
+bool HfBpeTokenizer::word_char_at(std::string_view s, size_t i) const {
+  size_t j = i;
+  utf8_next(s, j);
+  std::vector<std::pair<size_t, size_t>> m;
+  word_regex_->find_all(s.substr(i, j - i), m);
+  return !m.empty();
+}
+
+bool HfBpeTokenizer::word_char_before(std::string_view s, size_t i) const {
+  size_t j = i;
+  utf8_prev(s, j);
+  return word_char_at(s, j);
+}
+
+// HF AddedVocabulary::find_matches: leftmost-longest matches; single_word
+// matches touching a word character are dropped; lstrip/rstrip widen the
+// match over neighbouring whitespace. HF's \w (Rust regex) also counts
+// combining marks as word characters, PCRE2's \w (letters, numbers, '_')
+// does not: a single_word token right after a combining mark can differ.
+void HfBpeTokenizer::split_added(std::string_view s, const AddedTokenMatcher& m, std::vector<Segment>& out) const {
+  if (m.empty()) {
+    if (!s.empty()) out.push_back({s, -1});
+    return;
+  }
+  size_t start_offset = 0, i = 0;
+  while (i < s.size()) {
+    const AddedToken* t = m.longest_at(s, i);
+    if (!t) {
+      ++i;
+      continue;
+    }
+    size_t start = i, stop = i + t->content.size();
+    i = stop;  // the next search starts after this match, kept or not
+    if (t->single_word) {
+      const bool start_ok = start == 0 || !word_char_before(s, start);
+      const bool stop_ok = stop == s.size() || !word_char_at(s, stop);
+      if (!start_ok || !stop_ok) continue;
+    }
+    if (t->lstrip) {
+      size_t k = start;
+      while (k > 0) {
+        size_t p = k;
+        if (!is_white_space(utf8_prev(s, p))) break;
+        k = p;
+      }
+      start = std::max(k, start_offset);
+    }
+    if (t->rstrip) {
+      while (stop < s.size()) {
+        size_t p = stop;
+        if (!is_white_space(utf8_next(s, p))) break;
+        stop = p;
+      }
+    }
+    if (start_offset < start) out.push_back({s.substr(start_offset, start - start_offset), -1});
+    out.push_back({s.substr(start, stop - start), t->id});
+    start_offset = stop;
+  }
+  if (start_offset < s.size()) out.push_back({s.substr(start_offset), -1});
+}
+
+void HfBpeTokenizer::pre_tokenize(std::string_view s, std::deque<std::string>& storage,
+                                  std::vector<std::string_view>& out) const {
+  std::vector<std::string_view> cur{s}, next;
+  std::vector<std::pair<size_t, size_t>> matches;
+  for (const auto& st : steps_) {
+    next.clear();
+    for (std::string_view piece : cur) {
+      if (st.kind == PreTokenizeStep::Kind::byte_level && st.add_prefix_space && piece[0] != ' ') {
+        std::string& t = storage.emplace_back();
+        t.reserve(piece.size() + 1);
+        t += ' ';
+        t += piece;
+        piece = t;
+      }
+      if (!st.regex) {
+        next.push_back(piece);
+        continue;
+      }
+      matches.clear();
+      st.regex->find_all(piece, matches);
+      const bool keep_matches = !(st.remove_matches && !st.invert);
+      const bool keep_gaps = !(st.remove_matches && st.invert);
+      size_t prev = 0;
+      for (const auto& [b, e] : matches) {
+        if (b > prev && keep_gaps) next.push_back(piece.substr(prev, b - prev));
+        if (keep_matches) next.push_back(piece.substr(b, e - b));
+        prev = e;
+      }
+      if (prev < piece.size() && keep_gaps) next.push_back(piece.substr(prev));
+    }
+    cur.swap(next);
+  }
+  out.insert(out.end(), cur.begin(), cur.end());
+}
+
+// A byte whose byte-level character is not in the vocab: byte fallback
+// (<0xXX> of that character's UTF-8 bytes, as HF does it), else unk, else dropped.
+void HfBpeTokenizer::push_missing_byte(uint8_t b, std::vector<int32_t>& out) const {
+  const std::string& ch = byte_level_table().byte_to_utf8[b];
+  if (byte_fallback_) {
+    std::vector<int32_t> ids;
+    for (unsigned char c : ch) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", c);
+      const auto it = vocab_.find(name);
+      if (it == vocab_.end()) break;
+      ids.push_back(it->second);
+    }
+    if (ids.size() == ch.size()) {
+      out.insert(out.end(), ids.begin(), ids.end());
+      return;
+    }
+  }
+  if (unk_id_) {
+    if (!(fuse_unk_ && !out.empty() && out.back() == *unk_id_)) out.push_back(*unk_id_);
+  }
+}
+
+// Standard BPE on one pre-token: repeatedly merge the adjacent pair with the
+// lowest merge rank (leftmost first on ties), via a heap over a linked list.
+// Bytes missing from the vocab are replaced first (push_missing_byte), as HF
+// builds its word before merging.
+void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out) const {
+  std::vector<int32_t> sym;
+  sym.reserve(piece.size());
+  for (unsigned char b : piece) {
+    if (byte_id_[b] >= 0)
+      sym.push_back(byte_id_[b]);
+    else
+      push_missing_byte(b, sym);
+  }
+  const int n = static_cast<int>(sym.size());
+  if (n == 0) return;
+  if (n == 1) {
+    out.push_back(sym[0]);
+    return;
+  }
+  std::vector<int> prev(n), next(n);
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Cand {
+    int32_t rank;
+    int pos;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  auto lookup = [&](int a, int b) -> const Merge* {
+    const auto it = merges_.find((static_cast<uint64_t>(sym[a]) << 32) | static_cast<uint32_t>(sym[b]));
+    return it == merges_.end() ? nullptr : &it->second;
+  };
+  std::vector<Cand> heap_store;
+  heap_store.reserve(n);
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap(std::greater<Cand>(), std::move(heap_store));
+  for (int i = 0; i + 1 < n; ++i)
+    if (const Merge* m = lookup(i, i + 1)) heap.push({m->rank, i});
+  std::vector<uint8_t> dead(n, 0);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    if (dead[c.pos] || next[c.pos] < 0) continue;
+    const int r = next[c.pos];
+    const Merge* m = lookup(c.pos, r);
+    if (!m || m->rank != c.rank) continue;  // stale: a neighbour changed
+    sym[c.pos] = m->new_id;
+    dead[r] = 1;
+    next[c.pos] = next[r];
+    if (next[r] >= 0) prev[next[r]] = c.pos;
+    if (prev[c.pos] >= 0)
+      if (const Merge* pm = lookup(prev[c.pos], c.pos)) heap.push({pm->rank, prev[c.pos]});
+    if (next[c.pos] >= 0)
+      if (const Merge* nm = lookup(c.pos, next[c.pos])) heap.push({nm->rank, c.pos});
+  }
+  for (int i = 0; i >= 0; i = next[i]) out.push_back(sym[i]);
+}
+
+void HfBpeTokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  if (ignore_merges_) {
+    if (const auto it = raw_vocab_.find(std::string(piece)); it != raw_vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  if (piece.size() > kCacheMaxPieceBytes) {
+    bpe_merge(piece, out);
+    return;
+  }
+  BpeCache& cache = tl_bpe_cache;
+  if (cache.owner != instance_ || cache.map.size() >= kCacheMaxEntries) {
+    cache.map.clear();
+    cache.pool.clear();
+    cache.owner = instance_;
+  }
+  std::string key(piece);
+  if (const auto it = cache.map.find(key); it != cache.map.end()) {
+    const auto [off, cnt] = it->second;
+    out.insert(out.end(), cache.pool.begin() + off, cache.pool.begin() + off + cnt);
+    return;
+  }
+  const size_t before = out.size();
+  bpe_merge(piece, out);
+  const auto off = static_cast<uint32_t>(cache.pool.size());
+  cache.pool.insert(cache.pool.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+  cache.map.emplace(std::move(key), std::pair<uint32_t, uint32_t>{off, static_cast<uint32_t>(out.size() - before)});
+}
+
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_special) const {
+  if (const size_t bad = utf8_find_invalid(text); bad != std::string_view::npos)
+    fail("[tokenizer] input text is not valid UTF-8: byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(text[bad])),
+         std::dec, " at byte offset ", bad, " starts an invalid sequence; convert the data to UTF-8 first");
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 8);
+  if (add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());
+
+  std::vector<Segment> raw_segs, segs;
+  split_added(text, raw_matcher_, raw_segs);
+  std::deque<std::string> storage;  // normalized text and prefixed pieces live here for this call
+  std::vector<std::string_view> pieces;
+  for (const Segment& rs : raw_segs) {
+    if (rs.added_id >= 0) {
+      out.push_back(rs.added_id);
+      continue;
+    }
+    std::string_view norm = rs.text;
+    if (nfc_) {
+      storage.push_back(nfc_normalize(rs.text));
+      norm = storage.back();
+    }
+    segs.clear();
+    split_added(norm, normalized_matcher_, segs);
+    for (const Segment& s : segs) {
+      if (s.added_id >= 0) {
+        out.push_back(s.added_id);
+        continue;
+      }
+      pieces.clear();
+      pre_tokenize(s.text, storage, pieces);
+      for (std::string_view p : pieces) bpe_piece(p, out);
+    }
+  }
+  if (add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
+  return out;
+}
+
+std::string HfBpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string bytes;
+  for (const int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= decode_bytes_.size() || !id_defined_[id]) continue;
+    if (skip_special && id_special_[id]) continue;
+    bytes += decode_bytes_[id];
+  }
+  return utf8_lossy(bytes);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> hf_bpe_tokenizer_load(const std::string& json_path, const std::string& config_path) {
+  return std::make_unique<HfBpeTokenizer>(json_path, config_path);
+}
+
+}  // namespace rt

@@ -1,0 +1,43 @@
+// Tokenizers: text <-> token ids for the model families ramtrain trains.
+// tokenizer_load(dir) picks the format from the files in a HF model dir:
+//   DIR/tokenizer.json  -> HF BPE with byte-level pre-tokenization
+//                          (GPT-2, Llama-3, Qwen2/2.5/3 layouts; see hf_bpe.h)
+//   DIR/tokenizer.model -> SentencePiece (Llama-2, Mistral, ...)
+// and reads DIR/tokenizer_config.json, when present, for bos/eos names.
+// Contract: encode() takes valid UTF-8 (invalid input throws rt::Error naming
+// the byte offset) and reproduces HF tokenizers' ids exactly; add_special
+// applies the model's single-sequence template (e.g. Llama-3's BOS).
+// decode() turns ids back into UTF-8 (partial byte sequences become U+FFFD);
+// skip_special drops special tokens. Every method is const and thread-safe.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rt {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
+  virtual std::string decode(std::span<const int32_t> ids, bool skip_special) const = 0;
+
+  // One past the largest id (vocabulary plus added tokens): the embedding rows needed.
+  virtual int32_t vocab_size() const = 0;
+  // The id of a token spelled as the tokenizer file spells it (added tokens
+  // first, e.g. "<|im_end|>"; byte-level vocab entries as in the file, e.g. "Ġthe").
+  virtual std::optional<int32_t> token_to_id(std::string_view name) const = 0;
+  virtual std::optional<int32_t> bos_id() const = 0;
+  virtual std::optional<int32_t> eos_id() const = 0;
+  // "hf-bpe" or "sentencepiece", plus the file it came from, for logs.
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<Tokenizer> tokenizer_load(const std::string& model_dir);
+
+}  // namespace rt
