@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <string>
@@ -317,7 +318,7 @@ TEST(CpuRope, Llama3InvFreqMatchesDoubleReimplementation) {
   const double low_wl = 8192.0 / 1.0, high_wl = 8192.0 / 4.0;
   for (int64_t i = 0; i < D / 2; ++i) {
     const double f = std::pow(500000.0, -2.0 * i / D);
-    const double wl = 2 * M_PI / f;
+    const double wl = 2 * std::numbers::pi / f;
     double o;
     if (wl < high_wl) {
       o = f, ++n_high;
