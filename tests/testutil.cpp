@@ -95,7 +95,12 @@ RunResult run_ramtrain(const std::string& args) {
 }
 
 std::string fixture_dir() { return RAMTRAIN_FIXTURE_DIR; }
-std::string shared_data_dir() { return RAMTRAIN_SHARED_DATA_DIR; }
+std::string shared_data_dir() {
+  // RAMTRAIN_SHARED_DATA_DIR in the environment overrides the build-time path
+  // (the GPU machine gets the data in a carried folder).
+  const char* e = getenv("RAMTRAIN_SHARED_DATA_DIR");
+  return e && *e ? e : RAMTRAIN_SHARED_DATA_DIR;
+}
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);

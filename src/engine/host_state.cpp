@@ -49,6 +49,14 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
   return *this;
 }
 
+namespace {
+void zero_parallel(float* p, size_t n) {
+  parallel_for(static_cast<int64_t>(n), 1 << 20, [&](int64_t b, int64_t e) {
+    std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+  });
+}
+}  // namespace
+
 HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with_grads_(with_grads) {
   spec_.validate("model spec");
   std::vector<WeightEntry> all = weight_map(spec_);
@@ -74,10 +82,10 @@ HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with
   for (size_t u = 0; u < units_.size(); ++u) {
     StateUnit& su = units_[u];
     su.arena = HostBuffer(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " master weights and Adam moments"));
-    std::memset(su.arena.p, 0, su.arena.n * sizeof(float));
+    zero_parallel(su.arena.p, su.arena.n);  // first touch on every core: large states fault in faster
     if (with_grads_) {
       su.grad = HostBuffer(static_cast<size_t>(su.numel), cat("the ", su.name, " gradients"));
-      std::memset(su.grad.p, 0, su.grad.n * sizeof(float));
+      zero_parallel(su.grad.p, su.grad.n);
     }
     for (size_t k = 0; k < su.entries.size(); ++k) index_.push_back({su.entries[k].name, Loc{u, su.offsets[k]}});
   }
@@ -172,7 +180,7 @@ void HostState::load(const SafetensorsModel& model) {
 
 void HostState::zero_grads() {
   for (auto& u : units_)
-    if (u.grad.p) std::memset(u.grad.p, 0, u.grad.n * sizeof(float));
+    if (u.grad.p) zero_parallel(u.grad.p, u.grad.n);
 }
 
 void HostState::zero_moments() {

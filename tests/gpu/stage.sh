@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the CUDA configuration for the GPU machine (sm_90 only, to keep the
+# build short) and stages what tests/gpu/run.sh needs into build/gpu-run:
+# binaries, the shared libraries the GPU image may lack, and the test data.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRAMTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build build/gpu -j "$(nproc)"
+out=build/gpu-run
+rm -rf "$out"; mkdir -p "$out/lib" "$out/data"
+cp build/gpu/ramtrain build/gpu/tests/gpu_cuda_ops_test build/gpu/tests/gpu_engine_test \
+   build/gpu/bench/ramtrain_bench build/gpu/bench/attention_bench "$out/"
+for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
+  grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf' | xargs -r -I{} cp -L {} "$out/lib/"
+strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench
+cp ../shared/data/tinyshakespeare.txt "$out/data/"
+du -sh "$out"
