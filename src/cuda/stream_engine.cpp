@@ -423,27 +423,30 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaEventRecord(slot_free_[static_cast<int>(i % S_)].get(), compute_.get()));
   }
 
+  // Layers loaded ahead of the one computing (bounded by the free slots).
+  int64_t prefetch_depth() const { return std::min<int64_t>(S_, 3); }
+
   bf16* ckpt(int64_t i) { return ckpt_.data() + i * N_ * s_.hidden; }
 
   void forward(bool training) {
     const int64_t L = s_.n_layers, C = s_.hidden;
     auto& units = st_.units();
     ensure_unit(0, embed_w_, embed_version_, embed_loaded_);
-    for (int64_t i = 0; i < std::min<int64_t>(S_, L); ++i) load_layer(i);
     auto span = tracer_.gpu_begin(Lane::compute, "embed", -1, compute_.get());
     embedding_forward(ckpt(0), ids_.data(), embed_w_.data(), N_, C, compute_.get());
     tracer_.gpu_end(span, compute_.get());
     for (int64_t i = 0; i < L; ++i) {
+      // Prefetch a few layers ahead, never more: each load first waits (on
+      // this thread) for that layer's update, so loading every slot up front
+      // would hold the whole forward until the optimizer finished.
+      for (int64_t j = i; j < std::min<int64_t>(L, i + prefetch_depth()); ++j) load_layer(j);
       const bf16* w = use_layer(i);
       auto sp = tracer_.gpu_begin(Lane::compute, "forward", static_cast<int>(i), compute_.get());
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt(i), ckpt(i + 1),
                     pos_.data(), *acts_);
       tracer_.gpu_end(sp, compute_.get());
       // the last S layers stay for the backward's turn-around
-      if (i + S_ < L || !training) {
-        release_layer(i);
-        if (i + S_ < L) load_layer(i + S_);
-      }
+      if (i + S_ < L || !training) release_layer(i);
     }
     (void)training;
   }
