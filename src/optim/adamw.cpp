@@ -81,6 +81,17 @@ void adamw_block_scalar(float* p, float* m, float* v, const float* g, uint16_t* 
   for (int64_t i = 0; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 
+// Non-temporal stores for p, m, v and the bf16 shadow: the update streams
+// through far more memory than the caches hold, and a normal store first
+// reads the line it writes (read-for-ownership): 14 of the 44 bytes per
+// parameter the memory bus would carry. Streaming stores need 64-byte (p, m,
+// v) and 32-byte (bf16 out) alignment, which the host arenas give every
+// tensor; the values written are the same either way.
+inline bool stream_stores_ok(const float* p, const float* m, const float* v, const uint16_t* out, int64_t n) {
+  auto a = [](const void* q, uintptr_t k) { return (reinterpret_cast<uintptr_t>(q) & (k - 1)) == 0; };
+  return n >= 4096 && a(p, 64) && a(m, 64) && a(v, 64) && (!out || a(out, 32));
+}
+
 __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g,
                                                             uint16_t* out, int64_t n, const AdamWConsts& c) {
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), decay = _mm256_set1_ps(c.decay);
@@ -90,6 +101,7 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);
   const __m256i one = _mm256_set1_epi32(1), round_bias = _mm256_set1_epi32(0x7fff);
   const __m256i quiet = _mm256_set1_epi32(0x40);
+  const bool nt = stream_stores_ok(p, m, v, out, n);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 gs = _mm256_mul_ps(_mm256_loadu_ps(g + i), grad_scale);
@@ -100,9 +112,15 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
     __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gs), gs, _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
     __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
     pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(nss, mm), denom));
-    _mm256_storeu_ps(p + i, pp);
-    _mm256_storeu_ps(m + i, mm);
-    _mm256_storeu_ps(v + i, vv);
+    if (nt) {
+      _mm256_stream_ps(p + i, pp);
+      _mm256_stream_ps(m + i, mm);
+      _mm256_stream_ps(v + i, vv);
+    } else {
+      _mm256_storeu_ps(p + i, pp);
+      _mm256_storeu_ps(m + i, mm);
+      _mm256_storeu_ps(v + i, vv);
+    }
     if (out) {  // f32_to_bf16: round to nearest even, NaN -> (u >> 16) | 0x40
       __m256i u = _mm256_castps_si256(pp);
       __m256i hi = _mm256_srli_epi32(u, 16);
@@ -111,9 +129,11 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
       __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
       r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), is_nan);
       __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // r <= 0xffff: no saturation
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+      if (nt) _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+      else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
     }
   }
+  if (nt) _mm_sfence();
   for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 
@@ -129,6 +149,7 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
   const __m512i one = _mm512_set1_epi32(1), round_bias = _mm512_set1_epi32(0x7fff);
   const __m512i quiet = _mm512_set1_epi32(0x40);
+  const bool nt = stream_stores_ok(p, m, v, out, n);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 gs = _mm512_mul_ps(_mm512_loadu_ps(g + i), grad_scale);
@@ -139,9 +160,15 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
     __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gs), gs, _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
     __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
     pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(nss, mm), denom));
-    _mm512_storeu_ps(p + i, pp);
-    _mm512_storeu_ps(m + i, mm);
-    _mm512_storeu_ps(v + i, vv);
+    if (nt) {
+      _mm512_stream_ps(p + i, pp);
+      _mm512_stream_ps(m + i, mm);
+      _mm512_stream_ps(v + i, vv);
+    } else {
+      _mm512_storeu_ps(p + i, pp);
+      _mm512_storeu_ps(m + i, mm);
+      _mm512_storeu_ps(v + i, vv);
+    }
     if (out) {
       __m512i u = _mm512_castps_si512(pp);
       __m512i hi = _mm512_srli_epi32(u, 16);
@@ -149,9 +176,11 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
       __m512i bias = _mm512_add_epi32(round_bias, _mm512_and_si512(hi, one));
       __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
       r = _mm512_mask_blend_epi32(is_nan, r, _mm512_or_si512(hi, quiet));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+      if (nt) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
     }
   }
+  if (nt) _mm_sfence();
   for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 #pragma GCC diagnostic pop
