@@ -37,6 +37,7 @@ int cmd_sample(const Args& args) {
   so.top_k = p.integer("top-k");
   so.seed = static_cast<uint64_t>(p.integer("seed"));
   so.stop_ids = {ByteTokenizer::eos_id};
+  so.vocab_limit = ByteTokenizer::vocab_size;
   RT_CHECK(so.max_new_tokens >= 0, "[sample] --max-tokens must be >= 0");
   RT_CHECK(so.temperature >= 0, "[sample] --temperature must be >= 0");
   ByteTokenizer tok;

@@ -122,15 +122,16 @@ int cmd_train(const Args& raw_args) {
     ModelSpec spec = spec_from_config_file(path_join(p.str("model"), "config.json"));
     state = std::make_unique<HostState>(spec, true);
     state->init_random(seed);
+    tokenizer = file_exists(path_join(p.str("model"), "ramtrain_tokenizer.json")) ? "byte" : "";
   }
   const ModelSpec& spec = state->spec();
 
   TokenStream stream = data_stream_open(data_paths);
   const bool text = stream.format() == TokenFormat::memory;
-  if (text && spec.vocab != ByteTokenizer::vocab_size)
-    fail("[train] the data is plain text, which ramtrain tokenizes byte by byte (vocab 258), but the model's vocab is ",
-         spec.vocab, ". Pre-tokenize the text with the model's tokenizer into a .bin token file, or train a "
-         "byte-level model (--preset tiny-byte).");
+  if (text && (tokenizer != "byte" || spec.vocab < ByteTokenizer::vocab_size))
+    fail("[train] the data is plain text, which ramtrain tokenizes byte by byte (258 ids), but the model (vocab ",
+         spec.vocab, ") is not a byte-level model. Pre-tokenize the text with the model's tokenizer into a .bin token "
+         "file, or train a byte-level model (--preset tiny-byte).");
   if (!text) tokenizer = tokenizer == "byte" ? "" : tokenizer;
   DatasetOptions dopt;
   dopt.seq_len = p.integer("seq-len");
@@ -180,6 +181,7 @@ int cmd_train(const Args& raw_args) {
       so.max_new_tokens = n_tok;
       so.seed = seed;
       so.stop_ids = {ByteTokenizer::eos_id};
+      so.vocab_limit = ByteTokenizer::vocab_size;
       std::vector<int32_t> out = sample_tokens(*state, ids, so);
       std::printf("---- sample %s ----\n%s%s\n--------\n", when, prompt.c_str(), tok.decode(out).c_str());
       std::fflush(stdout);

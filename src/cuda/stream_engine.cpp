@@ -286,9 +286,19 @@ class StreamEngine final : public Backend {
     return stats;
   }
 
-  double loss_sum(const Batch& b, int64_t* n_valid) override {
+  double loss_sum(const Batch& in, int64_t* n_valid) override {
     worker_.rethrow_if_failed();
-    RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
+    RT_CHECK(in.B <= B_ && in.T == T_, "[engine] batch ", in.B, "x", in.T, " does not fit the engine's ", B_, "x", T_);
+    Batch padded;
+    const Batch* bp = &in;
+    if (in.B < B_) {  // a short last validation batch: pad with rows that carry no loss
+      padded = in;
+      padded.B = B_;
+      padded.inputs.resize(static_cast<size_t>(N_), 0);
+      padded.targets.resize(static_cast<size_t>(N_), ignore_target);
+      bp = &padded;
+    }
+    const Batch& b = *bp;
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
     upload_batch(b);
     forward(false);

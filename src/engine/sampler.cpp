@@ -23,6 +23,7 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
   std::mt19937_64 rng(opt.seed);
   std::vector<int32_t> ctx = prompt, out;
   std::vector<float> logits(static_cast<size_t>(s.vocab));
+  const int64_t V = opt.vocab_limit > 0 ? std::min<int64_t>(opt.vocab_limit, s.vocab) : s.vocab;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     // keep the most recent max_positions tokens
     const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ctx.size()), s.max_positions);
@@ -37,11 +38,11 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
     cpu::linear_forward(logits.data(), hf + (keep - 1) * s.hidden, w.lm_head, nullptr, 1, s.hidden, s.vocab);
     int32_t next;
     if (opt.temperature <= 0) {
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
     } else {
-      std::vector<int32_t> idx(static_cast<size_t>(s.vocab));
-      for (int32_t i = 0; i < s.vocab; ++i) idx[i] = i;
-      int64_t k = opt.top_k > 0 ? std::min<int64_t>(opt.top_k, s.vocab) : s.vocab;
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      for (int32_t i = 0; i < V; ++i) idx[i] = i;
+      int64_t k = opt.top_k > 0 ? std::min<int64_t>(opt.top_k, V) : V;
       std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
         return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
       });

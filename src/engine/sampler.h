@@ -16,6 +16,7 @@ struct SampleOptions {
   int64_t top_k = 40;        // 0: whole vocab
   uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // stop after emitting one of these
+  int64_t vocab_limit = 0;        // > 0: only ids below it are sampled (padded vocabularies)
 };
 
 // Returns only the new ids (the prompt is not repeated).

@@ -525,9 +525,12 @@ ModelSpec preset_make(Family fam, int64_t hidden, int64_t inter, int64_t layers,
 const std::map<std::string, ModelSpec>& presets() {
   static const std::map<std::string, ModelSpec> table = [] {
     std::map<std::string, ModelSpec> m;
-    // Our demo model: bytes 0..255, BOS 256, EOS 257. 4,485,376 parameters:
-    // 6 layers x 725,504 + 2 x 258 x 256 (untied embed + head) + 256.
-    ModelSpec tiny = preset_make(Family::llama, 256, 688, 6, 8, 4, 32, 258, 10000.0, 1e-5, false, 1024, 256, {257});
+    // Our demo model: bytes 0..255, BOS 256, EOS 257; ids 258..263 pad the
+    // vocab to 264 so every width is a multiple of 8 and head_dim is 64, as
+    // the CUDA kernels need (the byte tokenizer never produces them and the
+    // sampler masks them). 4,562,176 parameters: 6 layers x 737,792 +
+    // 2 x 264 x 256 (untied embed + head) + 256.
+    ModelSpec tiny = preset_make(Family::llama, 256, 704, 6, 4, 2, 64, 264, 10000.0, 1e-5, false, 1024, 256, {257});
     tiny.dtype = "float32";
     m["tiny-byte"] = tiny;
     // meta-llama/Llama-3.1-8B: 8,030,261,248 parameters.

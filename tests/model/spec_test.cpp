@@ -519,12 +519,13 @@ TEST(Spec, PresetParameterTotals) {
   EXPECT_EQ(rt::spec_preset("qwen2.5-32b").params_total(), 32763876352);
   EXPECT_EQ(rt::spec_preset("qwen2.5-72b").params_total(), 72706203648);
   EXPECT_EQ(rt::spec_preset("qwen3-8b").params_total(), 8190735360);
-  // tiny-byte by hand: per layer 256*256 (q) + 2*128*256 (k, v) + 256*256 (o) + 3*256*688 (MLP) + 2*256 (norms)
-  // = 725,504; 6 layers + 2*258*256 (untied embed, head) + 256 (final norm).
+  // tiny-byte by hand: per layer 256*256 (q) + 2*128*256 (k, v) + 256*256 (o) + 3*256*704 (MLP) + 2*256 (norms)
+  // = 737,792; 6 layers + 2*264*256 (untied embed, head) + 256 (final norm).
   ModelSpec t = rt::spec_preset("tiny-byte");
-  EXPECT_EQ(t.params_per_layer(), 725504);
-  EXPECT_EQ(t.params_total(), 6 * 725504 + 2 * 258 * 256 + 256);
-  EXPECT_EQ(t.vocab, 258);
+  EXPECT_EQ(t.params_per_layer(), 737792);
+  EXPECT_EQ(t.params_total(), 6 * 737792 + 2 * 264 * 256 + 256);
+  EXPECT_EQ(t.vocab, 264);  // 258 byte-tokenizer ids padded to a multiple of 8
+  EXPECT_EQ(t.head_dim, 64);
   EXPECT_EQ(t.bos_id, 256);
   EXPECT_EQ(t.eos_ids, std::vector<int64_t>{257});
   EXPECT_EQ(rt::spec_preset("qwen2.5-0.5b").params_lm_head(), 0);
