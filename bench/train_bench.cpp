@@ -61,6 +61,7 @@ struct Args {
   std::string modes = "streaming,resident";
   uint64_t max_gpu = 0;
   std::string trace;
+  std::string grads = "auto", checkpoints = "auto";
 };
 
 Args parse(int argc, char** argv) {
@@ -81,10 +82,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--modes") a.modes = v();
     else if (k == "--max-gpu-memory") a.max_gpu = std::stoull(v()) << 30;
     else if (k == "--trace") a.trace = v();
+    else if (k == "--grads") a.grads = v();
+    else if (k == "--checkpoints") a.checkpoints = v();
     else if (k == "--help") {
       std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--steps 4] [--warmup 2]\n"
                 "               [--layers N (override depth)] [--slots 3] [--modes streaming,resident]\n"
-                "               [--max-gpu-memory GiB] [--trace FILE.json]");
+                "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
+                "               [--checkpoints auto|device|host]");
       std::exit(0);
     } else rt::fail("[bench] unknown option ", k);
   }
@@ -107,7 +111,7 @@ int main(int argc, char** argv) try {
               (long long)L, (long long)a.batch, (long long)a.seq);
   std::printf("FLOPs/token = 6*N_matmul + 6*L*H*D*T (causal attention) = %.1f GFLOP\n", flops_tok / 1e9);
   auto t0 = std::chrono::steady_clock::now();
-  rt::HostState st(spec, false);
+  rt::HostState st(spec, a.grads == "host");
   st.init_random(0);
   std::printf("host state: %.1f GiB (%.0f B/param fp32 master + AdamW m, v; +2 B/param pinned bf16 shadow), init %.1f s\n",
               st.bytes_total() / double(1ull << 30), st.bytes_per_param(),
@@ -135,6 +139,8 @@ int main(int argc, char** argv) try {
     co.resident = mode == "resident";
     co.slots = static_cast<int>(a.slots);
     co.max_gpu_memory = a.max_gpu;
+    co.grads = a.grads;
+    co.checkpoints = a.checkpoints;
     co.verbose = true;
     co.trace_path = a.trace.empty() ? std::string("/tmp/ramtrain_bench_trace.json") : a.trace + "." + mode + ".json";
     std::unique_ptr<rt::Backend> be;

@@ -91,6 +91,9 @@ int cmd_train(const Args& raw_args) {
   p.option("slots", "S", "device weight slots for streaming (>= 2)", "3");
   p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
+  p.option("grads", "auto|device|host", "GPU: keep gradients on the device until the step's norm is known, or send "
+           "each layer's to host RAM as it is made (low device memory)", "auto");
+  p.option("checkpoints", "auto|device|host", "GPU: where block inputs wait for the backward", "auto");
   p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training");
   p.option("sample-tokens", "N", "tokens per sample", "200");
   if (!p.parse(args)) return 0;
@@ -112,15 +115,15 @@ int cmd_train(const Args& raw_args) {
   if (p.has("preset")) {
     if (init == "pretrained") fail("[train] --init pretrained needs --model DIR; a preset has no weights");
     ModelSpec spec = spec_preset(p.str("preset"));
-    state = std::make_unique<HostState>(spec, true);
+    state = std::make_unique<HostState>(spec, false);
     state->init_random(seed);
   } else if (init == "pretrained") {
-    LoadedModel m = load_model_dir(p.str("model"), true);
+    LoadedModel m = load_model_dir(p.str("model"), false);
     state = std::move(m.state);
     tokenizer = m.tokenizer;
   } else {
     ModelSpec spec = spec_from_config_file(path_join(p.str("model"), "config.json"));
-    state = std::make_unique<HostState>(spec, true);
+    state = std::make_unique<HostState>(spec, false);
     state->init_random(seed);
     tokenizer = file_exists(path_join(p.str("model"), "ramtrain_tokenizer.json")) ? "byte" : "";
   }
@@ -194,6 +197,8 @@ int cmd_train(const Args& raw_args) {
     if (p.has("max-gpu-memory")) co.max_gpu_memory = p.size_bytes("max-gpu-memory");
     co.slots = static_cast<int>(p.integer("slots"));
     co.resident = p.on("resident");
+    co.grads = p.str("grads");
+    co.checkpoints = p.str("checkpoints");
     if (p.has("trace")) co.trace_path = p.str("trace");
     if (device == "cuda") {
       backend = make_cuda_backend(*state, o.micro_batch, dopt.seq_len, co);

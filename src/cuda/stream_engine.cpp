@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <functional>
@@ -172,6 +173,16 @@ class StreamEngine final : public Backend {
     }
     version_.assign(units.size(), 0);
     updated_.assign(units.size(), 0);
+    // where gradients and checkpoints live (auto: the device, unless they would take a large part of it)
+    const uint64_t dev_grad_bytes = static_cast<uint64_t>(layer_numel_) * 4 * L;
+    const uint64_t ckpt_bytes = static_cast<uint64_t>(L + 1) * N_ * s_.hidden * 2;
+    auto pick = [](const std::string& v, bool big, const char* what) {
+      RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v, "'");
+      return v == "host" || (v == "auto" && big);
+    };
+    host_grads_ = pick(opt.grads, dev_grad_bytes > alloc_.budget() / 3, "grads");
+    host_ckpt_ = pick(opt.checkpoints, ckpt_bytes > alloc_.budget() / 4, "checkpoints");
+    if (host_grads_) st_.ensure_grads();
     // device state
     embed_w_ = DevBuf<bf16>(alloc_, units[0].numel, "the embedding");
     head_w_ = DevBuf<bf16>(alloc_, units[L + 1].numel, "the final norm and LM head");
@@ -180,11 +191,24 @@ class StreamEngine final : public Backend {
     slot_version_.assign(S_, -1);
     slot_loaded_.resize(S_);
     slot_free_.resize(S_);
-    for (size_t u = 0; u < units.size(); ++u) grads_.emplace_back(alloc_, units[u].numel, "gradients of " + units[u].name);
+    for (size_t u = 0; u < units.size(); ++u) {
+      const bool layer = u >= 1 && u <= static_cast<size_t>(L);
+      if (host_grads_ && layer) grads_.emplace_back();  // layers use the two buffers below
+      else grads_.emplace_back(alloc_, units[u].numel, "gradients of " + units[u].name);
+    }
+    if (host_grads_)
+      for (auto& g : layer_grad_) g = DevBuf<float>(alloc_, layer_numel_, "a layer gradient buffer");
+    for (auto& g : layer_grad_)
+      if (g.data()) CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), compute_.get()));
     grad_zeroed_.resize(units.size());
     grad_ready_.resize(units.size());
     for (auto& g : grads_) CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), compute_.get()));
-    ckpt_ = DevBuf<bf16>(alloc_, (L + 1) * N_ * s_.hidden, "block checkpoints");
+    if (host_ckpt_) {
+      host_ckpt_buf_ = PinnedBuf(ckpt_bytes, "block checkpoints");
+      for (auto& x : xbuf_) x = DevBuf<bf16>(alloc_, N_ * s_.hidden, "a block input buffer");
+    } else {
+      ckpt_ = DevBuf<bf16>(alloc_, (L + 1) * N_ * s_.hidden, "block checkpoints");
+    }
     hf_ = DevBuf<bf16>(alloc_, N_ * s_.hidden, "final hidden states");
     dx_ = DevBuf<bf16>(alloc_, N_ * s_.hidden, "the residual gradient");
     dhf_ = DevBuf<bf16>(alloc_, N_ * s_.hidden, "the final norm gradient");
@@ -213,11 +237,13 @@ class StreamEngine final : public Backend {
     for (auto& u : units) max_unit = std::max(max_unit, u.numel);
     for (int r = 0; r < kSlabs; ++r) slabs_.emplace_back(static_cast<size_t>(max_unit) * 4, "a gradient landing slab");
     slab_done_.resize(kSlabs);
+    slab_free_.assign(kSlabs, 1);
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     if (opt_.verbose) {
-      std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on device, checkpoints on device, "
+      std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
                   "device memory %.2f GiB planned of %.2f GiB budget\n",
                   opt_.resident ? "resident" : "streaming", S_, S_ == 1 ? "" : "s", layer_numel_ * 2.0 / (1 << 20),
+                  host_grads_ ? "host (per layer)" : "device", host_ckpt_ ? "host" : "device",
                   alloc_.used() / double(1ull << 30), alloc_.budget() / double(1ull << 30));
     }
   }
@@ -244,19 +270,30 @@ class StreamEngine final : public Backend {
     StepStats stats;
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
     const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
-    for (const Batch& b : batches) {
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const Batch& b = batches[k];
       RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
+      first_micro_ = k == 0;
       upload_batch(b);
       forward(true);
       head(true, grad_scale);
       backward();
     }
-    // global norm: per-unit sums of squares on the device, summed in order
+    // global norm: per-unit sums of squares, summed in unit order
     Scratch sc{scratch_.data(), scratch_.size()};
-    for (size_t u = 0; u < units.size(); ++u) {
-      auto span = tracer_.gpu_begin(Lane::compute, "norm", static_cast<int>(u), compute_.get());
-      sum_squares(norms_.data() + u, grads_[u].data(), units[u].numel, sc, compute_.get());
-      tracer_.gpu_end(span, compute_.get());
+    std::vector<double> host_norms(units.size(), 0.0);
+    if (host_grads_) {
+      worker_.push([this, &host_norms] {
+        auto& us = st_.units();
+        for (size_t u = 0; u < us.size(); ++u) host_norms[u] = rt::sum_squares(us[u].grad.p, us[u].numel);
+      });
+      worker_.drain();
+    } else {
+      for (size_t u = 0; u < units.size(); ++u) {
+        auto span = tracer_.gpu_begin(Lane::compute, "norm", static_cast<int>(u), compute_.get());
+        sum_squares(norms_.data() + u, grads_[u].data(), units[u].numel, sc, compute_.get());
+        tracer_.gpu_end(span, compute_.get());
+      }
     }
     auto* tot = host_small_.as<CrossEntropyTotals>();
     double* nrm = reinterpret_cast<double*>(host_small_.as<uint8_t>() + sizeof(CrossEntropyTotals));
@@ -267,7 +304,7 @@ class StreamEngine final : public Backend {
     stats.loss_sum = tot->loss_sum;
     stats.n_valid = tot->n_valid;
     double sq = 0;
-    for (size_t u = 0; u < units.size(); ++u) sq += nrm[u];
+    for (size_t u = 0; u < units.size(); ++u) sq += host_grads_ ? host_norms[u] : nrm[u];
     stats.grad_norm = std::sqrt(sq);
     const bool ok = std::isfinite(stats.loss_sum) && std::isfinite(stats.grad_norm);
     const float coef = clip_coefficient(stats.grad_norm, o.clip);
@@ -277,7 +314,7 @@ class StreamEngine final : public Backend {
     last_h2d_ = h2d_bytes_;
     h2d_bytes_ = 0;
     last_d2h_ = 0;
-    for (auto& g : grads_) last_d2h_ += g.bytes();
+    for (auto& u : units) last_d2h_ += static_cast<uint64_t>(u.numel) * 4 * (host_grads_ ? batches.size() : 1);
     // optimizer phase on the worker, in forward order
     const int64_t step = step_;
     worker_.push([this, o, coef, ok, step] { optimizer_phase(o, coef, ok, step); });
@@ -314,8 +351,9 @@ class StreamEngine final : public Backend {
     sync();
     auto& units = st_.units();
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), compute_.get()));
-    for (const Batch& b : batches) {
-      upload_batch(b);
+    for (size_t k = 0; k < batches.size(); ++k) {
+      first_micro_ = k == 0;
+      upload_batch(batches[k]);
       forward(true);
       head(true, 1.0f / static_cast<float>(n_valid_total));
       backward();
@@ -323,6 +361,10 @@ class StreamEngine final : public Backend {
     auto* tot = host_small_.as<CrossEntropyTotals>();
     CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, compute_.get()));
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+    if (host_grads_) {  // they already landed in the host arenas
+      worker_.drain();
+      return tot->loss_sum;
+    }
     for (size_t u = 0; u < units.size(); ++u) {
       RT_CHECK(units[u].grad.p, "[engine] compute_grads needs a HostState with gradients");
       CUDA_CHECK(cudaMemcpy(units[u].grad.p, grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost));
@@ -391,6 +433,7 @@ class StreamEngine final : public Backend {
     }
   }
   void wait_grad_zeroed(size_t u) {
+    if (host_grads_) return;  // host mode zeroes its device buffers right before (layers) or after (embed, head) use
     wait_updated(u);
     if (step_ > 0) CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), grad_zeroed_[u].get(), 0));
   }
@@ -436,25 +479,86 @@ class StreamEngine final : public Backend {
   // Layers loaded ahead of the one computing (bounded by the free slots).
   int64_t prefetch_depth() const { return std::min<int64_t>(S_, 3); }
 
-  bf16* ckpt(int64_t i) { return ckpt_.data() + i * N_ * s_.hidden; }
+  // Block input i: in the checkpoint array (device mode) or in one of two
+  // device buffers whose contents go to / come from pinned host memory.
+  bf16* ckpt(int64_t i) { return host_ckpt_ ? xbuf_[i % 2].data() : ckpt_.data() + i * N_ * s_.hidden; }
+  uint16_t* host_ckpt(int64_t i) { return host_ckpt_buf_.as<uint16_t>() + i * N_ * s_.hidden; }
+  void save_ckpt(int64_t i) {  // device buffer of x_i -> host, on d2h after the compute that made it
+    CUDA_CHECK(cudaEventRecord(ck_made_.get(), compute_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), ck_made_.get(), 0));
+    CUDA_CHECK(cudaMemcpyAsync(host_ckpt(i), ckpt(i), N_ * s_.hidden * 2, cudaMemcpyDeviceToHost, d2h_.get()));
+    CUDA_CHECK(cudaEventRecord(ck_out_[i % 2].get(), d2h_.get()));
+    ck_out_pending_[i % 2] = true;
+  }
+  void load_ckpt(int64_t i) {  // host -> device buffer of x_i, on h2d
+    CUDA_CHECK(cudaMemcpyAsync(ckpt(i), host_ckpt(i), N_ * s_.hidden * 2, cudaMemcpyHostToDevice, h2d_.get()));
+    CUDA_CHECK(cudaEventRecord(ck_in_[i % 2].get(), h2d_.get()));
+  }
+  // Gradient buffer of unit u on the device.
+  float* dev_grad(size_t u) {
+    const bool layer = u >= 1 && u <= static_cast<size_t>(s_.n_layers);
+    return host_grads_ && layer ? layer_grad_[u % 2].data() : grads_[u].data();
+  }
+  // Host mode: unit u's gradient leaves the device now (d2h, into a pinned
+  // slab); the worker adds it to the host arena (= on the first micro-batch).
+  void land(size_t u, const float* src) {
+    auto& unit = st_.units()[u];
+    const int r = static_cast<int>(landing_counter_++ % kSlabs);
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return slab_free_[r] != 0; });
+      slab_free_[r] = 0;
+    }
+    CUDA_CHECK(cudaEventRecord(grad_made_.get(), compute_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), grad_made_.get(), 0));
+    auto span = tracer_.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, d2h_.get());
+    CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), src, static_cast<size_t>(unit.numel) * 4, cudaMemcpyDeviceToHost,
+                               d2h_.get()));
+    tracer_.gpu_end(span, d2h_.get());
+    CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), d2h_.get()));
+    const bool first = first_micro_;
+    worker_.push([this, u, r, first] {
+      CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
+      auto& un = st_.units()[u];
+      const float* g = slabs_[r].as<float>();
+      float* dst = un.grad.p;
+      auto span = tracer_.host_begin("land", static_cast<int>(u) - 1);
+      parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
+        if (first) std::memcpy(dst + b, g + b, static_cast<size_t>(e - b) * 4);
+        else for (int64_t i = b; i < e; ++i) dst[i] += g[i];
+      });
+      tracer_.host_end(span);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        slab_free_[r] = 1;
+      }
+      cv_.notify_all();
+    });
+  }
 
   void forward(bool training) {
     const int64_t L = s_.n_layers, C = s_.hidden;
     auto& units = st_.units();
     ensure_unit(0, embed_w_, embed_version_, embed_loaded_);
     auto span = tracer_.gpu_begin(Lane::compute, "embed", -1, compute_.get());
+    if (host_ckpt_ && ck_out_pending_[0]) CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), ck_out_[0].get(), 0));
     embedding_forward(ckpt(0), ids_.data(), embed_w_.data(), N_, C, compute_.get());
     tracer_.gpu_end(span, compute_.get());
+    if (host_ckpt_ && training) save_ckpt(0);
     for (int64_t i = 0; i < L; ++i) {
       // Prefetch a few layers ahead, never more: each load first waits (on
       // this thread) for that layer's update, so loading every slot up front
       // would hold the whole forward until the optimizer finished.
       for (int64_t j = i; j < std::min<int64_t>(L, i + prefetch_depth()); ++j) load_layer(j);
       const bf16* w = use_layer(i);
+      // host checkpoints: x_{i+1} overwrites x_{i-1}, which must have left for the host
+      if (host_ckpt_ && ck_out_pending_[(i + 1) % 2])
+        CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), ck_out_[(i + 1) % 2].get(), 0));
       auto sp = tracer_.gpu_begin(Lane::compute, "forward", static_cast<int>(i), compute_.get());
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt(i), ckpt(i + 1),
                     pos_.data(), *acts_);
       tracer_.gpu_end(sp, compute_.get());
+      if (host_ckpt_ && training && i + 1 < L) save_ckpt(i + 1);
       // the last S layers stay for the backward's turn-around
       if (i + S_ < L || !training) release_layer(i);
     }
@@ -489,21 +593,55 @@ class StreamEngine final : public Backend {
   void backward() {
     const int64_t L = s_.n_layers, C = s_.hidden;
     auto& units = st_.units();
+    if (host_ckpt_) {  // both input buffers are free once the head is done; x_{L-1} must have reached the host
+      CUDA_CHECK(cudaEventRecord(ck_made_.get(), compute_.get()));
+      CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), ck_made_.get(), 0));
+      for (auto& e : ck_out_) CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), e.get(), 0));
+      load_ckpt(L - 1);
+    }
     for (int64_t i = L - 1; i >= 0; --i) {
       const bf16* w = use_layer(i);
+      if (host_ckpt_) {
+        if (i - 1 >= 0) {  // prefetch x_{i-1} into the buffer layer i+1 used
+          if (i + 1 <= L - 1) CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), ck_used_[(i + 1) % 2].get(), 0));
+          load_ckpt(i - 1);
+        }
+        CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), ck_in_[i % 2].get(), 0));
+      }
       wait_grad_zeroed(static_cast<size_t>(i + 1));
+      float* g = dev_grad(static_cast<size_t>(i + 1));
+      if (host_grads_) {  // the buffer's previous layer has left for the host
+        const int gb = static_cast<int>((i + 1) % 2);
+        if (layer_grad_pending_[gb]) CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), layer_grad_out_[gb].get(), 0));
+        CUDA_CHECK(cudaMemsetAsync(g, 0, layer_grad_[gb].bytes(), compute_.get()));
+      }
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = tracer_.gpu_begin(Lane::compute, "backward", static_cast<int>(i), compute_.get());
       block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), *acts_);  // recompute
       block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), dx_.data(), dx_.data(), pos_.data(), *acts_,
-                     bind_grads(units[i + 1], grads_[i + 1].data()));
+                     bind_grads(units[i + 1], g));
       tracer_.gpu_end(sp, compute_.get());
+      if (host_ckpt_) CUDA_CHECK(cudaEventRecord(ck_used_[i % 2].get(), compute_.get()));
+      if (host_grads_) {
+        land(static_cast<size_t>(i + 1), g);
+        const int gb = static_cast<int>((i + 1) % 2);
+        CUDA_CHECK(cudaEventRecord(layer_grad_out_[gb].get(), d2h_.get()));
+        layer_grad_pending_[gb] = true;
+      }
       release_layer(i);
       if (i - S_ >= 0) load_layer(i - S_);
     }
     Scratch sc{scratch_.data(), scratch_.size()};
     wait_grad_zeroed(0);
     embedding_backward(grads_[0].data(), dx_.data(), ids_.data(), N_, C, s_.vocab, sc, compute_.get());
+    if (host_grads_) {  // embedding and head gradients leave too, then their buffers are zeroed for the next micro-batch
+      for (size_t u : {size_t{0}, static_cast<size_t>(L + 1)}) {
+        land(u, grads_[u].data());
+        CUDA_CHECK(cudaEventRecord(unit_grad_out_.get(), d2h_.get()));
+        CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), unit_grad_out_.get(), 0));
+        CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), compute_.get()));
+      }
+    }
   }
 
   // Worker thread: grads of each unit leave the device in forward order, the
@@ -512,6 +650,27 @@ class StreamEngine final : public Backend {
   void optimizer_phase(const OptimStep& o, float coef, bool apply, int64_t step) {
     auto& units = st_.units();
     const size_t U = units.size();
+    if (host_grads_) {  // gradients are already in the host arenas
+      const auto t0 = std::chrono::steady_clock::now();
+      int64_t n_params = 0;
+      for (size_t u = 0; u < U; ++u) {
+        if (apply) {
+          auto span = tracer_.host_begin("adamw", static_cast<int>(u) - 1);
+          update_unit(units[u], units[u].grad.p, o, coef, shadow_[u].as<uint16_t>());
+          tracer_.host_end(span);
+          n_params += units[u].numel;
+        }
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          updated_[u] = step;
+        }
+        cv_.notify_all();
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      opt_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      opt_params_ = n_params;
+      return;
+    }
     CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), backward_done_.get(), 0));
     auto issue = [&](size_t u) {
       const int r = static_cast<int>(u % kSlabs);
@@ -595,6 +754,16 @@ class StreamEngine final : public Backend {
   std::unique_ptr<BlockActs<CudaOps>> acts_;
   std::vector<PinnedBuf> slabs_;
   std::vector<Event> slab_done_;
+  std::vector<int> slab_free_;  // guarded by mu_
+  int64_t landing_counter_ = 0;
+  bool host_grads_ = false, host_ckpt_ = false, first_micro_ = true;
+  DevBuf<float> layer_grad_[2];
+  Event layer_grad_out_[2], unit_grad_out_, grad_made_;
+  bool layer_grad_pending_[2] = {false, false};
+  PinnedBuf host_ckpt_buf_;
+  DevBuf<bf16> xbuf_[2];
+  Event ck_out_[2], ck_in_[2], ck_used_[2], ck_made_;
+  bool ck_out_pending_[2] = {false, false};
   int64_t step_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;

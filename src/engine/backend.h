@@ -74,7 +74,9 @@ struct CudaOptions {
   int slots = 3;                // device weight slots (>= 2)
   bool resident = false;        // keep every layer on the device (baseline mode)
   bool delayed_update = false;  // apply step t's update during step t+1
-  std::string checkpoints = "auto";  // auto | device | host
+  std::string checkpoints = "auto";  // auto | device | host: where block inputs wait for the backward
+  std::string grads = "auto";        // auto | device | host: device keeps every gradient until the norm is
+                                     // known; host sends each layer's out as it is made (O(1) device memory)
   std::string trace_path;       // Chrome trace JSON, "" for none
   int64_t ce_chunk_rows = 1024;
   bool verbose = true;

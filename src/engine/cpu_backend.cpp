@@ -28,7 +28,7 @@ std::vector<int32_t> positions(int64_t B, int64_t T) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(HostState& s) : state_(s), ops_(s.spec()) {}
+  explicit CpuBackend(HostState& s) : state_(s), ops_(s.spec()) { state_.ensure_grads(); }
   std::string describe() const override { return "cpu (fp32 reference)"; }
 
   ModelRunner<CpuOps>& runner(int64_t B, int64_t T) {

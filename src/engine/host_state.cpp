@@ -178,6 +178,21 @@ void HostState::load(const SafetensorsModel& model) {
       tensor_to_f32(model.get(u.entries[k].name), u.master() + u.offsets[k]);
 }
 
+void HostState::ensure_grads() {
+  if (with_grads_) return;
+  uint64_t need = 0;
+  for (auto& u : units_) need += static_cast<uint64_t>(u.numel) * 4;
+  uint64_t avail = host_memory_available();
+  if (avail && need > avail)
+    fail("[host] host gradients need ", need >> 20, " MiB more host RAM but only ", avail >> 20,
+         " MiB are available. Keep gradients on the GPU (--grads device) or use a smaller model.");
+  for (auto& u : units_) {
+    u.grad = HostBuffer(static_cast<size_t>(u.numel), cat("the ", u.name, " gradients"));
+    zero_parallel(u.grad.p, u.grad.n);
+  }
+  with_grads_ = true;
+}
+
 void HostState::zero_grads() {
   for (auto& u : units_)
     if (u.grad.p) zero_parallel(u.grad.p, u.grad.n);

@@ -64,6 +64,9 @@ class HostState {
   // misshapen tensor is reported by name (model/weight_map.h).
   void load(const SafetensorsModel& model);
   void zero_grads();
+  // Allocates the fp32 gradient arenas if the state was made without them.
+  void ensure_grads();
+  bool has_grads() const { return with_grads_; }
   void zero_moments();
 
   float* master(const std::string& name) const;  // throws when absent

@@ -9,9 +9,10 @@ cmake --build build/gpu -j "$(nproc)"
 out=build/gpu-run
 rm -rf "$out"; mkdir -p "$out/lib" "$out/data"
 cp build/gpu/ramtrain build/gpu/tests/gpu_cuda_ops_test build/gpu/tests/gpu_engine_test \
-   build/gpu/bench/ramtrain_bench build/gpu/bench/attention_bench "$out/"
-for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
+   build/gpu/bench/ramtrain_bench build/gpu/bench/attention_bench build/gpu/bench/ramtrain_optim_bench \
+   build/gpu/tests/optim_adamw_test "$out/"
+for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf' | xargs -r -I{} cp -L {} "$out/lib/"
-strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench
+strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test
 cp ../shared/data/tinyshakespeare.txt "$out/data/"
 du -sh "$out"
