@@ -267,6 +267,7 @@ FinetuneDataset::FinetuneDataset(const std::vector<std::string>& files, const Ex
   uint64_t offset = 0;
   auto sink = [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) {
     const uint64_t L = ids.size();
+    RT_CHECK(trained.size() == L, "[data] internal: the encoder gave ", trained.size(), " mask flags for ", L, " ids");
     if (L < 2) {
       ++stats_.dropped_too_short;
       return;
@@ -432,10 +433,11 @@ std::vector<Batch> FinetuneDataset::val_batches(int64_t B, int64_t max_batches) 
   if (max_batches > 0) k = std::min<uint64_t>(k, static_cast<uint64_t>(B) * static_cast<uint64_t>(max_batches));
   for (uint64_t r0 = 0; r0 < k; r0 += static_cast<uint64_t>(B)) {
     const int64_t rows = static_cast<int64_t>(std::min<uint64_t>(static_cast<uint64_t>(B), k - r0));
-    Batch b = make_batch(rows);
-    for (int64_t r = 0; r < rows; ++r) {
+    Batch b = make_batch(B);  // rows past the last validation row stay padding: no targets, no loss
+    for (int64_t r = 0; r < B; ++r) {
       const uint64_t row = r0 + static_cast<uint64_t>(r);
-      fill_row(val_order_.data() + val_row_begin_[row], val_row_begin_[row + 1] - val_row_begin_[row], r, b);
+      if (r < rows) fill_row(val_order_.data() + val_row_begin_[row], val_row_begin_[row + 1] - val_row_begin_[row], r, b);
+      else fill_row(nullptr, 0, r, b);
     }
     out.push_back(std::move(b));
   }

@@ -110,6 +110,8 @@ class FinetuneDataset final : public BatchSource {
   Batch next_batch(int64_t B) override;
   DataCursor cursor() const override;
   void set_cursor(const DataCursor& c) override;  // throws when c.index > rows of c.epoch
+  // Every batch has B rows (the CUDA engine needs a fixed shape): rows past
+  // the last validation row are padding with no targets.
   std::vector<Batch> val_batches(int64_t B, int64_t max_batches) const override;
   int64_t seq_len() const override { return T_; }
   uint64_t train_token_count() const override { return stats_.tokens; }

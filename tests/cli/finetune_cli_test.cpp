@@ -124,6 +124,9 @@ TEST(FinetuneCli, PlainTextGoesThroughTheModelTokenizer) {
 
 TEST(FinetuneCli, TokenizeMatchesTheTokenizer) {
   TempDir tmp;
+  auto h = run_ramtrain("tokenize --help");
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_TRUE(contains(h.output, "Examples:")) << h.output;
   const std::string a = "The quick brown fox.\nJumps over the lazy dog!\n", b = "第二个文件 with CJK 😀\n";
   write_bytes(tmp.file("a.txt"), a);
   write_bytes(tmp.file("b.txt"), b);

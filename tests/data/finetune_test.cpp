@@ -232,6 +232,14 @@ TEST(Finetune, ResumeAndThreadCountGiveTheSameBatches) {
   ASSERT_EQ(va.size(), vb.size());
   ASSERT_FALSE(va.empty());
   EXPECT_EQ(va[0].inputs, vb[0].inputs);
+  // validation batches always have B rows; padding rows carry no targets, so
+  // the targets of all batches are exactly the validation tokens (text: all trained)
+  uint64_t n_val_targets = 0;
+  for (const rt::Batch& v : a.val_batches(3, 0)) {
+    EXPECT_EQ(v.B, 3);
+    for (int32_t t : v.targets) n_val_targets += t != rt::ignore_target;
+  }
+  EXPECT_EQ(n_val_targets, a.stats().val_tokens);
   EXPECT_THROW(b.set_cursor({0, 1000}), rt::Error);
 }
 
