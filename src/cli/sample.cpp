@@ -1,4 +1,7 @@
-// ramtrain sample: generate text from a model directory.
+// ramtrain sample: generate text from a model directory, with the model's own
+// tokenizer (tokenizer.json / tokenizer.model) or ramtrain's byte tokenizer.
+// --chat wraps the prompt as one user turn in the model's chat format and
+// stops at the end-of-turn token.
 #include <cstdio>
 
 #include "cli/args.h"
@@ -7,18 +10,25 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "data/byte_tokenizer.h"
+#include "data/chat_format.h"
 #include "engine/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace rt::cli {
 
 int cmd_sample(const Args& args) {
   ArgParser p("sample",
-              "Generates text from a model directory written by 'ramtrain train' (byte-level tokenizer).\n"
-              "Sampling is seeded: the same seed gives the same text.",
+              "Generates text from a model directory (a HF model, or one written by 'ramtrain train'), with the\n"
+              "model's tokenizer. --chat talks to a chat model: the prompt becomes a user turn in the model's chat\n"
+              "format and generation stops at the end of the assistant turn. Sampling is seeded: the same seed\n"
+              "gives the same text.",
               "  ramtrain sample --model runs/demo/final --prompt \"Once upon a time\"\n"
-              "  ramtrain sample --model runs/demo/final --prompt \"int main\" --temperature 0 --max-tokens 100\n");
+              "  ramtrain sample --model runs/demo/final --prompt \"int main\" --temperature 0 --max-tokens 100\n"
+              "  ramtrain sample --model runs/chat/final --chat --prompt \"What is RAM?\"\n");
   p.option("model", "DIR", "model directory (config.json + safetensors + tokenizer)");
-  p.option("prompt", "TEXT", "text to continue", "");
+  p.option("prompt", "TEXT", "text to continue (with --chat: the user's message)", "");
+  p.flag("chat", "wrap the prompt as a user turn in the chat format and stop at the end of the reply");
+  p.option("chat-format", "chatml|llama3|mistral", "chat format for --chat (default: from the tokenizer)");
   p.option("max-tokens", "N", "new tokens to generate", "200");
   p.option("temperature", "T", "softmax temperature (0: greedy)", "0.8");
   p.option("top-k", "K", "sample among the K most likely tokens (0: all)", "40");
@@ -28,24 +38,56 @@ int cmd_sample(const Args& args) {
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
   const std::string dir = p.require("model");
   LoadedModel m = load_model_dir(dir, false);
-  if (m.tokenizer != "byte")
-    fail("[sample] ", dir, " has no tokenizer ramtrain can use yet (expected ramtrain_tokenizer.json from "
-         "'ramtrain train'; HF tokenizer.json support is coming)");
   SampleOptions so;
   so.max_new_tokens = p.integer("max-tokens");
   so.temperature = p.number("temperature");
   so.top_k = p.integer("top-k");
   so.seed = static_cast<uint64_t>(p.integer("seed"));
-  so.stop_ids = {ByteTokenizer::eos_id};
-  so.vocab_limit = ByteTokenizer::vocab_size;
   RT_CHECK(so.max_new_tokens >= 0, "[sample] --max-tokens must be >= 0");
   RT_CHECK(so.temperature >= 0, "[sample] --temperature must be >= 0");
-  ByteTokenizer tok;
   const std::string prompt = p.str("prompt");
-  std::vector<int32_t> ids = tok.encode(prompt);
-  ids.insert(ids.begin(), ByteTokenizer::bos_id);
+  const bool chat = p.on("chat");
+
+  if (m.tokenizer == "byte") {
+    if (chat) fail("[sample] --chat needs a tokenizer with a chat format; ", dir, " has ramtrain's byte tokenizer");
+    ByteTokenizer tok;
+    so.stop_ids = {ByteTokenizer::eos_id};
+    so.vocab_limit = ByteTokenizer::vocab_size;  // the vocab may be padded past the 258 byte ids
+    std::vector<int32_t> ids = tok.encode(prompt);
+    ids.insert(ids.begin(), ByteTokenizer::bos_id);
+    std::vector<int32_t> out = sample_tokens(*m.state, ids, so);
+    std::printf("%s%s\n", prompt.c_str(), tok.decode(out).c_str());
+    return 0;
+  }
+  if (m.tokenizer != "hf")
+    fail("[sample] ", dir, " has no tokenizer: copy the model's tokenizer.json (or tokenizer.model) and "
+         "tokenizer_config.json into it");
+  const auto tok = tokenizer_load(dir);
+  if (tok->vocab_size() > m.spec.vocab)
+    fail("[sample] the tokenizer ", tok->describe(), " has ", tok->vocab_size(), " ids but the model's vocab is ",
+         m.spec.vocab, ": they do not belong together");
+  so.vocab_limit = tok->vocab_size();  // padded embedding rows are never sampled
+  std::vector<int32_t> ids;
+  for (int64_t e : m.spec.eos_ids) so.stop_ids.push_back(e);
+  if (tok->eos_id()) so.stop_ids.push_back(*tok->eos_id());
+  if (chat) {
+    std::string why;
+    std::optional<ChatFormat> cf;
+    if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
+    else cf = chat_format_detect(*tok, m.spec.family, &why);
+    if (!cf) fail("[sample] ", why);
+    const ChatTemplate tpl(*tok, *cf);
+    ids = tpl.render_prompt(prompt);
+    so.stop_ids.push_back(tpl.end_of_turn_id());
+  } else {
+    ids = tok->encode(prompt, true);
+    if (ids.empty())
+      fail("[sample] the prompt is empty and the tokenizer adds no BOS: give --prompt TEXT (or --chat)");
+  }
   std::vector<int32_t> out = sample_tokens(*m.state, ids, so);
-  std::printf("%s%s\n", prompt.c_str(), tok.decode(out).c_str());
+  const std::string text = tok->decode(out, /*skip_special=*/true);
+  if (chat) std::printf("%s\n", text.c_str());
+  else std::printf("%s%s\n", prompt.c_str(), text.c_str());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/model_dir.h"
+#include "cli/train_data.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/thread_pool.h"
@@ -13,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/sampler.h"
 #include "engine/trainer.h"
+#include "io/hf_export.h"
 
 namespace rt::cli {
 
@@ -21,14 +23,17 @@ namespace {
 const char* kTrainSummary =
     "Trains a model with every byte of training state (fp32 master weights, AdamW moments, gradients) in\n"
     "host RAM. Start from a built-in preset (random init) or a HF model directory (pretrained weights).\n"
-    "Data: plain text files or directories (byte-level tokenizer, for byte-vocab models such as the\n"
-    "tiny-byte preset) or pre-tokenized token files (.bin: ramtrain, llm.c or nanoGPT format).\n"
+    "Data: text files or directories and .jsonl files (text, instruction or chat records, with loss only on\n"
+    "the replies; docs/finetune_data.md), encoded with the model's own tokenizer and chat format; plain text\n"
+    "for byte-vocab models such as the tiny-byte preset; or one pre-tokenized token file (.bin: ramtrain,\n"
+    "llm.c or nanoGPT format; `ramtrain tokenize` writes them).\n"
     "Every option can also be set in a TOML file given with --config (keys are the option names);\n"
     "options on the command line override the file.";
 
 const char* kTrainExamples =
     "  ramtrain train --preset tiny-byte --data README.md src --steps 300 --out runs/demo\n"
     "  ramtrain train --model ./Llama-3.2-1B --data corpus.bin --seq-len 1024 --lr 2e-5 --out runs/ft\n"
+    "  ramtrain train --model ./Qwen2.5-0.5B-Instruct --data chat.jsonl --seq-len 1024 --lr 1e-5 --out runs/chat\n"
     "  ramtrain train --config run.toml --steps 50\n";
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -62,7 +67,8 @@ int cmd_train(const Args& raw_args) {
   p.option("preset", "NAME", "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
   p.option("model", "DIR", "start from a HF model directory (config.json + safetensors)");
   p.option("init", "random|pretrained", "weights to start from (default: pretrained with --model, random with --preset)");
-  p.option("data", "PATH...", "training data: text files/directories or token files (several allowed; comma list in TOML)");
+  p.option("data", "PATH...", "training data: text/.jsonl files, directories, or a token file (comma list in TOML)");
+  train_data_options(p);
   p.option("seq-len", "T", "tokens per sequence", "256");
   p.option("micro-batch", "B", "sequences per micro-batch", "8");
   p.option("grad-accum", "K", "micro-batches per optimizer step", "1");
@@ -109,9 +115,14 @@ int cmd_train(const Args& raw_args) {
   if (p.has("preset") == p.has("model")) fail("[train] give exactly one of --preset NAME or --model DIR");
   std::string init = p.has("init") ? p.str("init") : (p.has("model") ? "pretrained" : "random");
   if (init != "random" && init != "pretrained") fail("[train] --init must be random or pretrained, got '", init, "'");
+  const uint64_t seed = static_cast<uint64_t>(p.integer("seed"));
+  // The data first: its errors come before gigabytes of model state are allocated.
+  const ModelSpec data_spec =
+      p.has("preset") ? spec_preset(p.str("preset")) : spec_from_config_file(path_join(p.str("model"), "config.json"));
+  TrainData td = train_data_open(p, data_paths, data_spec, p.has("model") ? p.str("model") : "", seed);
+  BatchSource& data = *td.source;
   std::unique_ptr<HostState> state;
   std::string tokenizer = "byte";
-  const uint64_t seed = static_cast<uint64_t>(p.integer("seed"));
   if (p.has("preset")) {
     if (init == "pretrained") fail("[train] --init pretrained needs --model DIR; a preset has no weights");
     ModelSpec spec = spec_preset(p.str("preset"));
@@ -129,19 +140,8 @@ int cmd_train(const Args& raw_args) {
   }
   const ModelSpec& spec = state->spec();
 
-  TokenStream stream = data_stream_open(data_paths);
-  const bool text = stream.format() == TokenFormat::memory;
-  if (text && (tokenizer != "byte" || spec.vocab < ByteTokenizer::vocab_size))
-    fail("[train] the data is plain text, which ramtrain tokenizes byte by byte (258 ids), but the model (vocab ",
-         spec.vocab, ") is not a byte-level model. Pre-tokenize the text with the model's tokenizer into a .bin token "
-         "file, or train a byte-level model (--preset tiny-byte).");
-  if (!text) tokenizer = tokenizer == "byte" ? "" : tokenizer;
-  DatasetOptions dopt;
-  dopt.seq_len = p.integer("seq-len");
-  dopt.val_fraction = p.number("val-fraction");
-  dopt.seed = seed;
-  dopt.vocab_size = static_cast<uint64_t>(spec.vocab);
-  Dataset data(std::move(stream), dopt);
+  const bool text = td.byte_text;
+  if (!text) tokenizer = "";
 
   TrainOptions o;
   o.steps = p.integer("steps");
@@ -165,6 +165,10 @@ int cmd_train(const Args& raw_args) {
   if (edt != "bf16" && edt != "fp32") fail("[train] --export-dtype must be bf16 or fp32, got '", edt, "'");
   o.export_dtype = edt == "bf16" ? DType::bf16 : DType::f32;
   o.tokenizer = tokenizer;
+  if (!td.tokenizer_dir.empty()) {
+    o.copy_from_dir = td.tokenizer_dir;
+    o.copy_files = hf_tokenizer_files(td.tokenizer_dir);
+  }
   o.resolved_config = p.resolved();
 
   std::printf("model: %s (%s), %lld layers, hidden %lld, vocab %lld; data: %llu train / %llu validation tokens\n",
@@ -173,20 +177,28 @@ int cmd_train(const Args& raw_args) {
               (unsigned long long)data.train_token_count(), (unsigned long long)data.val_token_count());
   std::function<void(const char*)> sampler;
   if (p.has("sample-prompt")) {
-    if (!text) fail("[train] --sample-prompt needs a byte-level model trained on text");
+    if (!text && !td.tokenizer) fail("[train] --sample-prompt needs a tokenizer: byte-level text or a model tokenizer");
     const std::string prompt = p.str("sample-prompt");
     const int64_t n_tok = p.integer("sample-tokens");
     sampler = [&, prompt, n_tok](const char* when) {
       ByteTokenizer tok;
-      std::vector<int32_t> ids = tok.encode(prompt);
-      ids.insert(ids.begin(), ByteTokenizer::bos_id);
+      std::vector<int32_t> ids;
       SampleOptions so;
       so.max_new_tokens = n_tok;
       so.seed = seed;
-      so.stop_ids = {ByteTokenizer::eos_id};
-      so.vocab_limit = ByteTokenizer::vocab_size;
+      if (td.tokenizer) {
+        ids = td.tokenizer->encode(prompt, true);
+        so.vocab_limit = td.tokenizer->vocab_size();
+        if (td.tokenizer->eos_id()) so.stop_ids = {*td.tokenizer->eos_id()};
+      } else {
+        ids = tok.encode(prompt);
+        ids.insert(ids.begin(), ByteTokenizer::bos_id);
+        so.stop_ids = {ByteTokenizer::eos_id};
+        so.vocab_limit = ByteTokenizer::vocab_size;
+      }
       std::vector<int32_t> out = sample_tokens(*state, ids, so);
-      std::printf("---- sample %s ----\n%s%s\n--------\n", when, prompt.c_str(), tok.decode(out).c_str());
+      std::printf("---- sample %s ----\n%s%s\n--------\n", when, prompt.c_str(),
+                  td.tokenizer ? td.tokenizer->decode(out, true).c_str() : tok.decode(out).c_str());
       std::fflush(stdout);
     };
   }
@@ -201,10 +213,10 @@ int cmd_train(const Args& raw_args) {
     co.checkpoints = p.str("checkpoints");
     if (p.has("trace")) co.trace_path = p.str("trace");
     if (device == "cuda") {
-      backend = make_cuda_backend(*state, o.micro_batch, dopt.seq_len, co);
+      backend = make_cuda_backend(*state, o.micro_batch, data.seq_len(), co);
     } else {
       try {
-        backend = make_cuda_backend(*state, o.micro_batch, dopt.seq_len, co);
+        backend = make_cuda_backend(*state, o.micro_batch, data.seq_len(), co);
       } catch (const Error& e) {
         std::printf("note: a GPU is present but the CUDA engine cannot run this model (%s); using the CPU backend\n",
                     e.what());

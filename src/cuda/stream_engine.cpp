@@ -415,8 +415,8 @@ class StreamEngine final : public Backend {
     for (int64_t i = 0; i < N_; ++i) {
       h[i] = b.inputs[i];
       h[N_ + i] = b.targets[i];
-      h[2 * N_ + i] = static_cast<int32_t>(i % T_);
     }
+    batch_positions(b, h + 2 * N_);
     CUDA_CHECK(cudaMemcpyAsync(ids_.data(), h, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));
     CUDA_CHECK(cudaMemcpyAsync(targets_.data(), h + N_, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));
     CUDA_CHECK(cudaMemcpyAsync(pos_.data(), h + 2 * N_, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));

@@ -39,6 +39,17 @@ std::string data_name(const TokenStream& t) {
 
 }  // namespace
 
+void batch_positions(const Batch& b, int32_t* pos) {
+  const size_t n = static_cast<size_t>(b.B * b.T);
+  if (!b.positions.empty()) {
+    RT_CHECK(b.positions.size() == n, "[data] batch has ", b.positions.size(), " positions for ", b.B, " x ", b.T,
+             " tokens");
+    std::copy(b.positions.begin(), b.positions.end(), pos);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i % static_cast<size_t>(b.T));
+}
+
 std::string DataCursor::to_string() const { return cat("epoch=", epoch, " index=", index); }
 
 DataCursor DataCursor::parse(const std::string& s) {

@@ -27,7 +27,13 @@ struct Batch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> inputs;   // (B, T) row-major
   std::vector<int32_t> targets;  // (B, T); ignore_target where there is no target
+  // (B, T) RoPE positions, or empty: position i % T (one document per row).
+  // Packed rows (data/finetune.h) restart at 0 for every example.
+  std::vector<int32_t> positions;
 };
+
+// Fills pos[0, B*T) with b's positions (b.positions, or i % T when empty).
+void batch_positions(const Batch& b, int32_t* pos);
 
 struct DataCursor {
   uint64_t epoch = 0;
@@ -48,27 +54,41 @@ struct DatasetOptions {
 // a splitmix64 hash of (seed, epoch). Identical on every platform.
 std::vector<uint64_t> window_order(uint64_t n, uint64_t seed, uint64_t epoch);
 
-class Dataset {
+// What the trainer draws batches from: the window Dataset below, or the
+// fine-tuning dataset of masked examples (data/finetune.h).
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch next_batch(int64_t B) = 0;
+  virtual DataCursor cursor() const = 0;
+  virtual void set_cursor(const DataCursor& c) = 0;
+  virtual std::vector<Batch> val_batches(int64_t B, int64_t max_batches) const = 0;
+  virtual int64_t seq_len() const = 0;
+  virtual uint64_t train_token_count() const = 0;
+  virtual uint64_t val_token_count() const = 0;
+};
+
+class Dataset final : public BatchSource {
  public:
   // Throws "[data] ..." when the train part holds no window, when val_fraction
   // > 0 and the validation part holds no window, or on bad options.
   Dataset(TokenStream tokens, const DatasetOptions& opt);
 
   // The next B train windows, moving to the next epoch when one is exhausted.
-  Batch next_batch(int64_t B);
+  Batch next_batch(int64_t B) override;
   // Canonical: a finished epoch e reads as {e + 1, 0}.
-  DataCursor cursor() const;
+  DataCursor cursor() const override;
   // Throws when index > the windows per epoch (the data or seq_len changed).
-  void set_cursor(const DataCursor& c);
+  void set_cursor(const DataCursor& c) override;
 
   // The first K = min(val windows, B * max_batches) validation windows in
   // order, in batches of B (the last one may have fewer rows); max_batches
   // <= 0 means every validation window. Empty when val_fraction is 0.
-  std::vector<Batch> val_batches(int64_t B, int64_t max_batches) const;
+  std::vector<Batch> val_batches(int64_t B, int64_t max_batches) const override;
 
-  int64_t seq_len() const { return T_; }
-  uint64_t train_token_count() const { return n_train_; }
-  uint64_t val_token_count() const { return tokens_.size() - n_train_; }
+  int64_t seq_len() const override { return T_; }
+  uint64_t train_token_count() const override { return n_train_; }
+  uint64_t val_token_count() const override { return tokens_.size() - n_train_; }
   uint64_t train_window_count() const { return n_windows_; }
   uint64_t val_window_count() const { return n_val_windows_; }
   const TokenStream& tokens() const { return tokens_; }

@@ -20,9 +20,9 @@ void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip
 
 namespace {
 
-std::vector<int32_t> positions(int64_t B, int64_t T) {
-  std::vector<int32_t> pos(static_cast<size_t>(B * T));
-  for (int64_t i = 0; i < B * T; ++i) pos[i] = static_cast<int32_t>(i % T);
+std::vector<int32_t> positions(const Batch& b) {
+  std::vector<int32_t> pos(static_cast<size_t>(b.B * b.T));
+  batch_positions(b, pos.data());
   return pos;
 }
 
@@ -43,7 +43,7 @@ class CpuBackend final : public Backend {
     ModelGrads g = state_.grads();
     double sum = 0;
     for (const Batch& b : batches) {
-      std::vector<int32_t> pos = positions(b.B, b.T);
+      std::vector<int32_t> pos = positions(b);
       int64_t nv = 0;
       sum += runner(b.B, b.T).forward_backward(w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()},
                                                1.0f / static_cast<float>(n_valid_total), &nv);
@@ -58,7 +58,7 @@ class CpuBackend final : public Backend {
     ModelGrads g = state_.grads();
     const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
     for (const Batch& b : batches) {
-      std::vector<int32_t> pos = positions(b.B, b.T);
+      std::vector<int32_t> pos = positions(b);
       int64_t nv = 0;
       st.loss_sum += runner(b.B, b.T).forward_backward(
           w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, grad_scale, &nv);
@@ -75,7 +75,7 @@ class CpuBackend final : public Backend {
   }
 
   double loss_sum(const Batch& b, int64_t* n_valid) override {
-    std::vector<int32_t> pos = positions(b.B, b.T);
+    std::vector<int32_t> pos = positions(b);
     return runner(b.B, b.T).forward_backward(state_.weights(), nullptr,
                                              BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, 1.0f,
                                              n_valid);

@@ -59,7 +59,7 @@ void install_stop_handler() {
   std::signal(SIGTERM, signal_handler);
 }
 
-Trainer::Trainer(HostState& state, Dataset& data, const TrainOptions& opt, std::unique_ptr<Backend> backend)
+Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, std::unique_ptr<Backend> backend)
     : state_(state), data_(data), opt_(opt), backend_(std::move(backend)) {
   RT_CHECK(opt_.micro_batch >= 1, "[train] --micro-batch must be >= 1");
   RT_CHECK(opt_.grad_accum >= 1, "[train] --grad-accum must be >= 1");
@@ -115,6 +115,8 @@ void Trainer::export_to(const std::string& dir, double loss) {
   ExportOptions eo;
   eo.dtype = opt_.export_dtype;
   eo.tokenizer = opt_.tokenizer;
+  eo.copy_from_dir = opt_.copy_from_dir;
+  eo.copy_files = opt_.copy_files;
   eo.info["step"] = std::to_string(step_);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6f", loss);

@@ -38,6 +38,8 @@ struct TrainOptions {
   std::string out_dir;       // "" : no export
   DType export_dtype = DType::bf16;
   std::string tokenizer = "byte";
+  std::string copy_from_dir;            // export also copies these files from this dir
+  std::vector<std::string> copy_files;  // (the model's tokenizer files), see ExportOptions
   std::map<std::string, std::string> resolved_config;  // for ramtrain.json
 };
 
@@ -54,7 +56,7 @@ struct StepResult {
 class Trainer {
  public:
   // backend: nullptr = the CPU reference backend.
-  Trainer(HostState& state, Dataset& data, const TrainOptions& opt, std::unique_ptr<Backend> backend = nullptr);
+  Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, std::unique_ptr<Backend> backend = nullptr);
 
   // One optimizer step (grad_accum micro-batches). step is 1-based.
   StepResult step();
@@ -70,7 +72,7 @@ class Trainer {
 
  private:
   HostState& state_;
-  Dataset& data_;
+  BatchSource& data_;
   TrainOptions opt_;
   std::unique_ptr<Backend> backend_;
   int64_t step_ = 0;       // optimizer steps taken

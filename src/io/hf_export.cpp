@@ -11,6 +11,17 @@
 
 namespace rt {
 
+std::vector<std::string> hf_tokenizer_files(const std::string& model_dir) {
+  static const char* const names[] = {"tokenizer.json",      "tokenizer_config.json", "tokenizer.model",
+                                      "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                                      "merges.txt",          "chat_template.jinja",   "chat_template.json",
+                                      "generation_config.json"};
+  std::vector<std::string> out;
+  for (const char* n : names)
+    if (file_exists(path_join(model_dir, n))) out.push_back(n);
+  return out;
+}
+
 void export_hf_dir(const std::string& dir, const HostState& state, const ExportOptions& opt) {
   namespace fs = std::filesystem;
   std::string clean = dir;
@@ -29,6 +40,11 @@ void export_hf_dir(const std::string& dir, const HostState& state, const ExportO
     if (opt.tokenizer == "byte")
       write_file_atomic(path_join(tmp, "ramtrain_tokenizer.json"),
                         "{\"type\": \"byte\", \"vocab_size\": 258, \"bos_id\": 256, \"eos_id\": 257}\n");
+    for (const std::string& name : opt.copy_files) {
+      const std::string src = path_join(opt.copy_from_dir, name);
+      RT_CHECK(file_exists(src), "[export] ", src, " does not exist: cannot copy it into the exported model");
+      write_file_atomic(path_join(tmp, name), read_text_file(src));
+    }
     nlohmann::json info = nlohmann::json::object();
     for (auto& [k, v] : opt.info) info[k] = v;
     info["written_by"] = "ramtrain 0.1.0";

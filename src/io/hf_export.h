@@ -1,5 +1,6 @@
 // Export: a model as a HF directory (config.json + safetensors, bf16 or fp32)
-// that transformers, `ramtrain loss` and `ramtrain sample` all load.
+// that transformers, `ramtrain loss` and `ramtrain sample` all load, plus the
+// source model's tokenizer files when asked (copy_files).
 // The directory is written whole or not at all: files go into DIR.tmp.<pid>,
 // are fsync'ed, and the directory is renamed into place (an older DIR is
 // moved aside first and removed only after the rename succeeded).
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/host_state.h"
 
@@ -17,7 +19,17 @@ struct ExportOptions {
   uint64_t max_shard_bytes = 0;  // 0: one file
   std::string tokenizer = "byte";  // "byte": writes ramtrain_tokenizer.json; "": none
   std::map<std::string, std::string> info;  // extra fields for ramtrain.json (step, loss, ...)
+  // Files copied byte for byte from copy_from_dir into the export (e.g. the
+  // source model's tokenizer files); a listed file that is missing throws.
+  std::string copy_from_dir;
+  std::vector<std::string> copy_files;
 };
+
+// The tokenizer files of a HF model dir that exist there, by name, in a fixed
+// order: tokenizer.json, tokenizer_config.json, tokenizer.model,
+// special_tokens_map.json, added_tokens.json, vocab.json, merges.txt,
+// chat_template.jinja, chat_template.json, generation_config.json.
+std::vector<std::string> hf_tokenizer_files(const std::string& model_dir);
 
 void export_hf_dir(const std::string& dir, const HostState& state, const ExportOptions& opt);
 

@@ -4,6 +4,11 @@
 #include <cstring>
 #include <limits>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "core/error.h"
 
 namespace rt {
@@ -228,6 +233,71 @@ void token_file_write(const std::string& path, std::span<const int32_t> tokens, 
     f.write(buf.data(), n * width);
   }
   f.commit();
+}
+
+TokenFileWriter::TokenFileWriter(const std::string& path, uint64_t vocab_size)
+    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())), vocab_(vocab_size) {
+  RT_CHECK(vocab_size > 0, "[tokens] ", path, ": the streaming writer needs the vocab size to fix the id width");
+  width_ = vocab_size <= 65536 ? 2 : 4;
+  const std::string dir = path_dirname(path);
+  if (!dir.empty()) make_dirs(dir);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("[tokens] ", path, ": cannot create ", tmp_, ": ", std::strerror(errno));
+  buf_.assign(ramtrain_header_bytes, 0);  // placeholder, rewritten by commit()
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+uint64_t TokenFileWriter::bytes() const { return ramtrain_header_bytes + count_ * width_; }
+
+void TokenFileWriter::flush() {
+  size_t off = 0;
+  while (off < buf_.size()) {
+    const ssize_t n = ::write(fd_, buf_.data() + off, buf_.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("[tokens] ", path_, ": write failed: ", std::strerror(errno), " (disk full?)");
+    off += static_cast<size_t>(n);
+  }
+  buf_.clear();
+}
+
+void TokenFileWriter::append(std::span<const int32_t> ids) {
+  RT_CHECK(fd_ >= 0 && !committed_, "[tokens] ", path_, ": append after commit");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || uint64_t(id) >= vocab_)
+      fail("[tokens] ", path_, ": cannot write id ", id, " at position ", count_ + i, ": it is outside [0, ", vocab_, ")");
+    const size_t at = buf_.size();
+    buf_.resize(at + width_);
+    store_le(buf_.data() + at, uint32_t(id), int(width_));
+  }
+  count_ += ids.size();
+  if (buf_.size() >= (size_t(1) << 20)) flush();
+}
+
+void TokenFileWriter::commit() {
+  RT_CHECK(fd_ >= 0 && !committed_, "[tokens] ", path_, ": commit twice");
+  flush();
+  uint8_t header[ramtrain_header_bytes] = {};
+  std::memcpy(header, ramtrain_magic, 8);
+  store_le(header + 8, ramtrain_version, 4);
+  store_le(header + 12, width_, 4);
+  store_le(header + 16, count_, 8);
+  store_le(header + 24, vocab_, 8);
+  if (::pwrite(fd_, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header) || ::fsync(fd_) != 0)
+    fail("[tokens] ", path_, ": writing the header failed: ", std::strerror(errno));
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    fail("[tokens] ", path_, ": close failed: ", std::strerror(errno));
+  }
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail("[tokens] ", path_, ": cannot rename ", tmp_, " over it: ", std::strerror(errno));
+  committed_ = true;
+  fsync_dir(path_dirname(path_));
 }
 
 void TokenSequences::validate_ids(uint64_t vocab) const {

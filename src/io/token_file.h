@@ -63,6 +63,34 @@ class TokenStream {
 // vocab_size 0 (unknown): 2 bytes when every id is < 65536. Negative ids throw.
 void token_file_write(const std::string& path, std::span<const int32_t> tokens, uint64_t vocab_size);
 
+// Streams ids into a ramtrain token file whose size is not known up front.
+// The file is written whole or not at all: ids go to "<path>.tmp.<pid>" behind
+// a placeholder header; commit() writes the real header (with the count),
+// fsyncs, renames over path and fsyncs the directory. A writer destroyed
+// before commit() removes its temporary. vocab_size > 0 fixes the width
+// (2 bytes when <= 65536, else 4); ids < 0 or >= vocab_size throw.
+class TokenFileWriter {
+ public:
+  TokenFileWriter(const std::string& path, uint64_t vocab_size);
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  void append(std::span<const int32_t> ids);
+  void commit();
+  uint64_t count() const { return count_; }
+  uint64_t bytes() const;  // header + ids
+
+ private:
+  void flush();
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t vocab_ = 0, count_ = 0;
+  uint32_t width_ = 2;
+  std::vector<uint8_t> buf_;
+  bool committed_ = false;
+};
+
 // Text ids: one sequence per line of decimal ids separated by spaces or tabs;
 // blank lines are skipped; "\r\n" endings are accepted.
 struct TokenSequences {

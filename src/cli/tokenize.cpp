@@ -1,0 +1,98 @@
+// ramtrain tokenize: pre-tokenize text and .jsonl corpora into one ramtrain
+// token file with a model's tokenizer. Documents are encoded in parallel on
+// the thread pool (long documents in pieces cut where the ids cannot change,
+// data/records.h) and written in input order through a streaming atomic
+// writer, so the output is identical for any --threads. Each document is
+// the tokenizer's template (e.g. BOS) + its ids + EOS (when the tokenizer has one).
+#include <chrono>
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/thread_pool.h"
+#include "data/dataset.h"
+#include "data/finetune.h"
+#include "data/records.h"
+#include "io/token_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rt::cli {
+
+int cmd_tokenize(const Args& raw_args) {
+  // Words that are neither options nor option values are the inputs.
+  Args args;
+  std::vector<std::string> inputs;
+  for (size_t i = 0; i < raw_args.size(); ++i) {
+    const std::string& a = raw_args[i];
+    if (a.rfind("--", 0) == 0) {
+      args.push_back(a);
+      if (a != "--help" && a.find('=') == std::string::npos && i + 1 < raw_args.size()) args.push_back(raw_args[++i]);
+    } else {
+      inputs.push_back(a);
+    }
+  }
+  ArgParser p("tokenize",
+              "Pre-tokenizes text and .jsonl files into one ramtrain token file (docs/token_format.md) with a model's\n"
+              "tokenizer, for `ramtrain train --data OUT.bin`. Inputs are files or directories (searched for text\n"
+              "files as `train --data` does). A document is the tokenizer's template (e.g. BOS) + its ids + EOS.\n"
+              "Text: one document per file, or per blank-line-separated paragraph. .jsonl: one {\"text\": ...} per\n"
+              "line (chat and instruction records need loss masks: train on the .jsonl directly).",
+              "  ramtrain tokenize corpus/ --tokenizer ./Qwen2.5-0.5B --out corpus.tok\n"
+              "  ramtrain tokenize a.jsonl b.jsonl --tokenizer ./Llama-3.2-1B --out ab.tok --threads 16\n");
+  p.option("tokenizer", "DIR", "model directory with tokenizer.json or tokenizer.model");
+  p.option("out", "OUT", "output token file (written atomically)");
+  p.option("format", "auto|text|jsonl", "input format (auto: *.jsonl is jsonl, the rest text)", "auto");
+  p.option("text-split", "file|blank-lines", "text documents: one per file, or split at blank lines", "file");
+  p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count", "abort");
+  p.option("threads", "N", "encoding threads (0: all cores)", "0");
+  if (!p.parse(args)) return 0;
+  if (inputs.empty()) fail("[tokenize] give one or more input files or directories");
+  const std::string out = p.require("out");
+  const std::string tok_dir = p.require("tokenizer");
+  if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
+
+  std::vector<std::string> files;
+  for (const std::string& in : inputs) {
+    if (is_directory(in)) {
+      for (auto& f : text_document_paths({in})) files.push_back(f);
+    } else {
+      if (!file_exists(in)) fail("[tokenize] ", in, ": no such file or directory");
+      files.push_back(in);
+    }
+  }
+  const auto tok = tokenizer_load(tok_dir);
+  RecordOptions ro;
+  ro.format = data_format_parse(p.str("format"));
+  ro.text_split = text_split_parse(p.str("text-split"));
+  ro.bad_records = bad_record_policy_parse(p.str("bad-lines"));
+  ro.progress = true;
+  ro.label = "tokenize";
+  // Byte-level BPE encodes long documents in exact pieces; SentencePiece adds a prefix space per call.
+  ro.piece_bytes = tok->describe().rfind("hf-bpe", 0) == 0 ? (1u << 20) : 0;
+  const ExampleEncoder enc(*tok, nullptr, "", /*text_only=*/true, /*with_masks=*/false);
+
+  TokenFileWriter writer(out, static_cast<uint64_t>(tok->vocab_size()));
+  uint64_t docs = 0;
+  RecordStats st = records_for_each(
+      files, ro, [&](const RecordPiece& piece, EncodedPiece& e) { enc.encode(piece, e); },
+      [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>&) {
+        writer.append(ids);
+        ++docs;
+      });
+  if (writer.count() == 0) fail("[tokenize] no tokens: ", st.summary());
+  writer.commit();
+  const double mb = static_cast<double>(st.bytes) / 1e6;
+  std::printf("tokenized %s\n", st.summary().c_str());
+  std::printf("%llu documents, %.1f MB -> %llu tokens in %.2f s: %.2f MB/s, %.0f tokens/s (%d threads, %s)\n",
+              (unsigned long long)docs, mb, (unsigned long long)writer.count(), st.seconds,
+              st.seconds > 0 ? mb / st.seconds : 0.0,
+              st.seconds > 0 ? static_cast<double>(writer.count()) / st.seconds : 0.0, global_pool().size(),
+              tok->describe().c_str());
+  std::printf("wrote %s: %llu bytes, ramtrain token format, vocab %d, %d bytes per token\n", out.c_str(),
+              (unsigned long long)writer.bytes(), tok->vocab_size(), tok->vocab_size() <= 65536 ? 2 : 4);
+  return 0;
+}
+
+}  // namespace rt::cli

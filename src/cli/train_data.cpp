@@ -1,0 +1,119 @@
+#include "cli/train_data.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "data/byte_tokenizer.h"
+#include "data/finetune.h"
+#include "data/records.h"
+
+namespace rt::cli {
+
+void train_data_options(ArgParser& p) {
+  p.option("tokenizer", "DIR", "tokenizer for text/.jsonl data (default: the --model dir's tokenizer.json/.model)");
+  p.option("data-format", "auto|text|jsonl", "format of non-token data files (auto: *.jsonl is jsonl, the rest text)",
+           "auto");
+  p.option("text-split", "blank-lines|file", "text data: one example per blank-line-separated block, or per file",
+           "blank-lines");
+  p.option("chat-format", "chatml|llama3|mistral", "chat format for chat/instruction records (default: from the tokenizer)");
+  p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
+           "keep-start");
+  p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count",
+           "abort");
+  p.option("pack", "yes|no", "pack several short examples into each sequence (positions restart per example)", "yes");
+}
+
+namespace {
+
+// A byte-level model: the 258 byte/BOS/EOS ids, its embedding perhaps padded to a GPU-friendly multiple.
+bool is_byte_vocab(int64_t vocab) { return vocab >= ByteTokenizer::vocab_size && vocab <= 512; }
+
+bool has_tokenizer_files(const std::string& dir) {
+  return !dir.empty() && (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")));
+}
+
+}  // namespace
+
+TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& paths, const ModelSpec& spec,
+                          const std::string& model_dir, uint64_t seed) {
+  TrainData td;
+  RT_CHECK(!paths.empty(), "[train] --data is required: text/.jsonl files, directories, or one token file");
+  std::string tok_dir = p.has("tokenizer") ? p.str("tokenizer") : std::string();
+  if (tok_dir.empty() && has_tokenizer_files(model_dir)) tok_dir = model_dir;
+  if (p.has("tokenizer") && !has_tokenizer_files(tok_dir))
+    fail("[train] --tokenizer ", tok_dir, " holds neither tokenizer.json nor tokenizer.model");
+  DatasetOptions dopt;
+  dopt.seq_len = p.integer("seq-len");
+  dopt.val_fraction = p.number("val-fraction");
+  dopt.seed = seed;
+  dopt.vocab_size = static_cast<uint64_t>(spec.vocab);
+
+  if (paths.size() == 1 && TokenStream::looks_like_token_file(paths[0])) {
+    td.tokenizer_dir = tok_dir;
+    td.source = std::make_unique<Dataset>(TokenStream::open(paths[0]), dopt);
+    return td;
+  }
+  for (const std::string& path : paths)
+    if (TokenStream::looks_like_token_file(path))
+      fail("[data] ", path, ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
+  const DataFormat format = data_format_parse(p.str("data-format"));
+  bool any_jsonl = false;
+  for (const std::string& path : paths) any_jsonl |= file_exists(path) && path_is_jsonl(path, format);
+
+  if (tok_dir.empty()) {
+    if (is_byte_vocab(spec.vocab) && !any_jsonl && format != DataFormat::jsonl) {
+      td.byte_text = true;
+      td.source = std::make_unique<Dataset>(load_text_documents(paths), dopt);
+      return td;
+    }
+    fail("[train] the data is text/.jsonl, which needs the model's tokenizer, but ",
+         model_dir.empty() ? std::string("a preset has none") : model_dir + " has no tokenizer.json or tokenizer.model",
+         ". Pass --tokenizer DIR (a model directory with the tokenizer files), pre-tokenize with `ramtrain tokenize`, "
+         "or train a byte-level model (--preset tiny-byte) on plain text.");
+  }
+  td.tokenizer = tokenizer_load(tok_dir);
+  td.tokenizer_dir = tok_dir;
+  const Tokenizer& tok = *td.tokenizer;
+  if (tok.vocab_size() > spec.vocab)
+    fail("[train] the tokenizer ", tok.describe(), " has ", tok.vocab_size(), " ids but the model's vocab is ", spec.vocab,
+         ": they do not belong together (pass the model's own tokenizer)");
+  std::string no_chat;
+  std::optional<ChatFormat> cf;
+  if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
+  else cf = chat_format_detect(tok, spec.family, &no_chat);
+  if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
+
+  std::vector<std::string> files;
+  for (const std::string& path : paths) {
+    if (is_directory(path)) {
+      for (auto& f : text_document_paths({path})) files.push_back(f);
+    } else {
+      if (!file_exists(path)) fail("[data] ", path, ": no such file or directory");
+      files.push_back(path);
+    }
+  }
+  FinetuneOptions fo;
+  fo.seq_len = dopt.seq_len;
+  fo.val_fraction = dopt.val_fraction;
+  fo.seed = seed;
+  fo.truncation = truncation_parse(p.str("truncate"));
+  const std::string pack = p.str("pack");
+  if (pack != "yes" && pack != "no") fail("[train] --pack must be yes or no, got '", pack, "'");
+  fo.pack = pack == "yes";
+  fo.pad_id = tok.eos_id().value_or(0);
+  fo.records.format = format;
+  fo.records.text_split = text_split_parse(p.str("text-split"));
+  fo.records.bad_records = bad_record_policy_parse(p.str("bad-lines"));
+  fo.records.progress = true;
+  fo.records.label = "encoding data";
+  fo.records.piece_bytes = tok.describe().rfind("hf-bpe", 0) == 0 ? (1u << 20) : 0;
+  const ExampleEncoder enc(tok, td.chat.get(), no_chat, /*text_only=*/false, /*with_masks=*/true);
+  auto ds = std::make_unique<FinetuneDataset>(files, enc, fo);
+  std::printf("tokenizer: %s (%d ids); chat format: %s\n%s\n", tok.describe().c_str(), tok.vocab_size(),
+              td.chat ? chat_format_name(td.chat->format()) : "none", ds->stats().summary().c_str());
+  td.source = std::move(ds);
+  return td;
+}
+
+}  // namespace rt::cli
