@@ -12,5 +12,6 @@ using Args = std::vector<std::string>;
 int cmd_loss(const Args& args);
 int cmd_train(const Args& args);
 int cmd_sample(const Args& args);
+int cmd_export(const Args& args);
 
 }  // namespace rt::cli

@@ -11,6 +11,13 @@
 
 namespace rt {
 
+std::vector<std::string> tokenizer_files_in(const std::string& model_dir) {
+  std::vector<std::string> out;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json"})
+    if (file_exists(path_join(model_dir, f))) out.push_back(path_join(model_dir, f));
+  return out;
+}
+
 void export_hf_dir(const std::string& dir, const HostState& state, const ExportOptions& opt) {
   namespace fs = std::filesystem;
   std::string clean = dir;
@@ -29,6 +36,13 @@ void export_hf_dir(const std::string& dir, const HostState& state, const ExportO
     if (opt.tokenizer == "byte")
       write_file_atomic(path_join(tmp, "ramtrain_tokenizer.json"),
                         "{\"type\": \"byte\", \"vocab_size\": 258, \"bos_id\": 256, \"eos_id\": 257}\n");
+    for (const std::string& f : opt.copy_files) {
+      const std::string name = f.substr(f.find_last_of('/') + 1);
+      MappedFile src(f);
+      AtomicFile dst(path_join(tmp, name));
+      if (src.size()) dst.write(src.data(), src.size());
+      dst.commit();
+    }
     nlohmann::json info = nlohmann::json::object();
     for (auto& [k, v] : opt.info) info[k] = v;
     info["written_by"] = "ramtrain 0.1.0";

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/host_state.h"
 
@@ -17,7 +18,12 @@ struct ExportOptions {
   uint64_t max_shard_bytes = 0;  // 0: one file
   std::string tokenizer = "byte";  // "byte": writes ramtrain_tokenizer.json; "": none
   std::map<std::string, std::string> info;  // extra fields for ramtrain.json (step, loss, ...)
+  std::vector<std::string> copy_files;  // copied into the directory under their base names (tokenizer files)
 };
+
+// The tokenizer files of a HF model directory that exist: tokenizer.json,
+// tokenizer_config.json, tokenizer.model, special_tokens_map.json.
+std::vector<std::string> tokenizer_files_in(const std::string& model_dir);
 
 void export_hf_dir(const std::string& dir, const HostState& state, const ExportOptions& opt);
 
