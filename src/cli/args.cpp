@@ -119,17 +119,27 @@ void ArgParser::merge_toml(const std::string& path) {
   }
 }
 
+void ArgParser::merge_base(const std::map<std::string, std::string>& values) {
+  for (auto& [k, v] : values)
+    if (find(k)) base_values_[k] = v;
+}
+
 bool ArgParser::has(const std::string& name) const {
-  if (values_.count(name) || file_values_.count(name)) return true;
+  if (values_.count(name) || file_values_.count(name) || base_values_.count(name)) return true;
   const Opt* o = find(name);
   return o && !o->def.empty();
 }
 
-bool ArgParser::given(const std::string& name) const { return values_.count(name) || file_values_.count(name); }
+bool ArgParser::given(const std::string& name) const { return given_explicitly(name) || base_values_.count(name); }
+
+bool ArgParser::given_explicitly(const std::string& name) const {
+  return values_.count(name) || file_values_.count(name);
+}
 
 std::string ArgParser::str(const std::string& name) const {
   if (auto it = values_.find(name); it != values_.end()) return it->second;
   if (auto it = file_values_.find(name); it != file_values_.end()) return it->second;
+  if (auto it = base_values_.find(name); it != base_values_.end()) return it->second;
   const Opt* o = find(name);
   if (!o) fail("[", command_, "] internal: no option --", name);
   if (o->def.empty()) fail("[", command_, "] --", name, " is not set");

@@ -22,9 +22,13 @@ class ArgParser {
   bool parse(const std::vector<std::string>& args);
   // Merges a TOML file: keys become option values unless given on the command line.
   void merge_toml(const std::string& path);
+  // The lowest layer above the defaults (a resumed run's saved configuration):
+  // command line > TOML file > base > defaults. Base values count as given().
+  void merge_base(const std::map<std::string, std::string>& values);
 
   bool has(const std::string& name) const;  // given, or has a default
-  bool given(const std::string& name) const;  // on the command line or in the config file
+  bool given(const std::string& name) const;  // on the command line, in the config file or in the base
+  bool given_explicitly(const std::string& name) const;  // on the command line or in the config file
   std::string str(const std::string& name) const;  // throws when unset
   int64_t integer(const std::string& name) const;  // throws naming the option on bad numbers
   double number(const std::string& name) const;
@@ -45,6 +49,7 @@ class ArgParser {
   std::vector<Opt> opts_;
   std::map<std::string, std::string> values_;  // from the command line
   std::map<std::string, std::string> file_values_;
+  std::map<std::string, std::string> base_values_;
 };
 
 }  // namespace rt::cli

@@ -18,12 +18,15 @@ Commands:
   train     train or fine-tune a model (from a HF model directory or a built-in preset)
   sample    generate text from a model directory
   tokenize  pre-tokenize text and .jsonl corpora into a token file with a model's tokenizer
+  export    write a checkpoint as a HF model directory (config.json, safetensors, tokenizer)
   loss      compute the loss (and optionally every gradient) of a HF model on token sequences
 
 Run 'ramtrain <command> --help' for the options of a command.
 
 Examples:
   ramtrain train --preset tiny-byte --data README.md --steps 200 --out runs/demo
+  ramtrain train --resume auto --out runs/demo
+  ramtrain export runs/demo/ckpt-00000200 --out runs/demo/hf
   ramtrain sample --model runs/demo/final --prompt "The " --max-tokens 200
   ramtrain train --model ./Qwen2.5-0.5B-Instruct --data chat.jsonl --steps 100 --out runs/chat
   ramtrain sample --model runs/chat/final --chat --prompt "Hello!"
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return rt::cli::cmd_train(rest);
     if (cmd == "sample") return rt::cli::cmd_sample(rest);
     if (cmd == "tokenize") return rt::cli::cmd_tokenize(rest);
+    if (cmd == "export") return rt::cli::cmd_export(rest);
     std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const rt::Error& e) {

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/model_dir.h"
 #include "cli/train_data.h"
+#include "cli/resume.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/thread_pool.h"
@@ -88,8 +89,12 @@ int cmd_train(const Args& raw_args) {
   p.option("eval-every", "N", "validation loss every N steps (0: only at the end)", "0");
   p.option("eval-batches", "N", "validation micro-batches per evaluation", "8");
   p.option("log-every", "N", "print a log line every N steps", "1");
-  p.option("save-every", "N", "export the model every N steps (0: only at the end)", "0");
-  p.option("out", "DIR", "output directory: DIR/final (and DIR/step-N) are HF model directories", "runs/latest");
+  p.option("save-every", "N", "write a checkpoint DIR/ckpt-<step> every N steps and at the end (0: only on SIGINT/SIGTERM)", "0");
+  p.option("keep-checkpoints", "N", "keep the newest N checkpoints (0: all)", "3");
+  p.option("resume", "DIR|auto", "continue from a checkpoint (auto: the newest valid one in --out; none: start)");
+  p.option("max-bad-steps", "N", "abort after N steps in a row with a non-finite loss or gradient norm (0: never)", "5");
+  p.option("metrics", "FILE.jsonl", "append one JSON line per step and evaluation (exact losses)");
+  p.option("out", "DIR", "output directory: DIR/ckpt-<step> checkpoints, DIR/final the final HF model", "runs/latest");
   p.option("export-dtype", "bf16|fp32", "dtype of exported safetensors", "bf16");
   p.option("threads", "N", "CPU threads (0: all cores)", "0");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
@@ -104,6 +109,7 @@ int cmd_train(const Args& raw_args) {
   p.option("sample-tokens", "N", "tokens per sample", "200");
   if (!p.parse(args)) return 0;
   if (p.has("config")) p.merge_toml(p.str("config"));
+  std::optional<ResumeSource> resume = resume_prepare(p, data_paths);  // --resume: the checkpoint's options are the base
   if (data_paths.empty() && p.has("data")) data_paths = split_list(p.str("data"));
   if (data_paths.empty()) fail("[train] --data is required: text files/directories or token files");
 
@@ -123,7 +129,11 @@ int cmd_train(const Args& raw_args) {
   BatchSource& data = *td.source;
   std::unique_ptr<HostState> state;
   std::string tokenizer = "byte";
-  if (p.has("preset")) {
+  if (resume) {
+    state = std::make_unique<HostState>(resume->spec, false);
+    checkpoint_load_state(resume->dir, *state);
+    tokenizer = resume->meta.run.tokenizer;
+  } else if (p.has("preset")) {
     if (init == "pretrained") fail("[train] --init pretrained needs --model DIR; a preset has no weights");
     ModelSpec spec = spec_preset(p.str("preset"));
     state = std::make_unique<HostState>(spec, false);
@@ -141,7 +151,9 @@ int cmd_train(const Args& raw_args) {
   const ModelSpec& spec = state->spec();
 
   const bool text = td.byte_text;
-  if (!text) tokenizer = "";
+  if (text) tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
+  else if (tokenizer == "byte") tokenizer = "";
+  if (resume) resume_check_data(*resume, data);
 
   TrainOptions o;
   o.steps = p.integer("steps");
@@ -170,6 +182,15 @@ int cmd_train(const Args& raw_args) {
     o.copy_files = hf_tokenizer_files(td.tokenizer_dir);
   }
   o.resolved_config = p.resolved();
+  o.resolved_config["warmup"] = std::to_string(warmup);  // the effective value, for an exact resume
+  o.keep_checkpoints = p.integer("keep-checkpoints");
+  o.max_bad_steps = p.integer("max-bad-steps");
+  if (p.has("metrics")) o.metrics_path = p.str("metrics");
+  o.seed = seed;
+  o.data_paths = data_paths;
+  // Where a later `ramtrain export CKPT` finds the tokenizer files to copy.
+  if (!td.tokenizer_dir.empty()) o.source_model_dir = td.tokenizer_dir;
+  else if (p.has("model")) o.source_model_dir = p.str("model");
 
   std::printf("model: %s (%s), %lld layers, hidden %lld, vocab %lld; data: %llu train / %llu validation tokens\n",
               p.has("preset") ? p.str("preset").c_str() : p.str("model").c_str(), family_name(spec.family),
@@ -225,6 +246,7 @@ int cmd_train(const Args& raw_args) {
   }
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
+  if (resume) trainer.restore(resume->meta);
   return trainer.run(sampler);
 }
 

@@ -66,6 +66,8 @@ class BatchSource {
   virtual int64_t seq_len() const = 0;
   virtual uint64_t train_token_count() const = 0;
   virtual uint64_t val_token_count() const = 0;
+  // Rows of one epoch (Dataset: windows; fine-tuning: packed rows of epoch 0).
+  virtual uint64_t train_window_count() const = 0;
 };
 
 class Dataset final : public BatchSource {
@@ -89,7 +91,7 @@ class Dataset final : public BatchSource {
   int64_t seq_len() const override { return T_; }
   uint64_t train_token_count() const override { return n_train_; }
   uint64_t val_token_count() const override { return tokens_.size() - n_train_; }
-  uint64_t train_window_count() const { return n_windows_; }
+  uint64_t train_window_count() const override { return n_windows_; }
   uint64_t val_window_count() const { return n_val_windows_; }
   const TokenStream& tokens() const { return tokens_; }
 

@@ -116,6 +116,9 @@ class FinetuneDataset final : public BatchSource {
   int64_t seq_len() const override { return T_; }
   uint64_t train_token_count() const override { return stats_.tokens; }
   uint64_t val_token_count() const override { return stats_.val_tokens; }
+  uint64_t train_window_count() const override { return stats_.rows_epoch0; }
+  // The encoded examples (token ids and targets), as cached on disk.
+  const MappedFile& cache() const { return cache_; }
 
   const FinetuneStats& stats() const { return stats_; }
   uint64_t rows_in_epoch(uint64_t epoch);

@@ -64,6 +64,7 @@ class CpuBackend final : public Backend {
           w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, grad_scale, &nv);
       st.n_valid += nv;
     }
+    if (o.inject_nan) st.loss_sum = NAN;
     double sq = 0;
     for (auto& u : state_.units()) sq += sum_squares(u.grad.p, u.numel);
     st.grad_norm = std::sqrt(sq);

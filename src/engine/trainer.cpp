@@ -3,12 +3,18 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/fs.h"
 #include "io/hf_export.h"
 
 namespace rt {
@@ -29,11 +35,48 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+std::atomic<int> g_stop_signal{0};
+
 void signal_handler(int sig) {
   if (Trainer::stop_flag().exchange(true)) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }
+  g_stop_signal.store(sig);
+}
+
+// RAMTRAIN_INJECT_NAN_AT_STEP: "k", "a-b" or a comma list of those.
+std::vector<std::pair<int64_t, int64_t>> inject_nan_parse() {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const char* env = std::getenv("RAMTRAIN_INJECT_NAN_AT_STEP");
+  if (!env || !*env) return out;
+  const std::string s = env;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    const std::string item = s.substr(b, e - b);
+    char* end = nullptr;
+    long long lo = std::strtoll(item.c_str(), &end, 10), hi = lo;
+    if (*end == '-') hi = std::strtoll(end + 1, &end, 10);
+    if (item.empty() || *end || lo < 1 || hi < lo)
+      fail("[train] RAMTRAIN_INJECT_NAN_AT_STEP='", s, "' (a test hook) must be steps like 7, 3-9 or 2,5-6");
+    out.push_back({lo, hi});
+    b = e + 1;
+  }
+  return out;
+}
+
+std::string mib(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return b;
+}
+
+std::string abs_path(const std::string& p) {
+  std::error_code ec;
+  std::filesystem::path a = std::filesystem::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
 }
 
 }  // namespace
@@ -54,6 +97,8 @@ std::atomic<bool>& Trainer::stop_flag() {
   return f;
 }
 
+int Trainer::stop_signal() { return g_stop_signal.load(); }
+
 void install_stop_handler() {
   std::signal(SIGINT, signal_handler);
   std::signal(SIGTERM, signal_handler);
@@ -67,6 +112,79 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(data_.seq_len() <= state_.spec().max_positions, "[train] --seq-len ", data_.seq_len(),
            " exceeds the model's max_position_embeddings (", state_.spec().max_positions, ")");
   if (!backend_) backend_ = make_cpu_backend(state_);
+  inject_nan_ = inject_nan_parse();
+  run_.seed = opt_.seed;
+  for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));
+  run_.train_tokens = data_.train_token_count();
+  run_.val_tokens = data_.val_token_count();
+  run_.train_windows = data_.train_window_count();
+  run_.data_fingerprint = dataset_fingerprint(data_);
+  run_.source_model_dir = opt_.source_model_dir.empty() ? "" : abs_path(opt_.source_model_dir);
+  run_.tokenizer = opt_.tokenizer;
+  run_.run_config = opt_.resolved_config;
+}
+
+Trainer::~Trainer() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+void Trainer::restore(const TrainerCheckpoint& c) {
+  RT_CHECK(c.adam_t + c.skipped == c.step, "[train] inconsistent checkpoint counters");
+  data_.set_cursor(c.cursor);
+  step_ = c.step;
+  adam_t_ = c.adam_t;
+  skipped_ = c.skipped;
+  bad_in_a_row_ = c.bad_in_a_row;
+  bad_since_ = c.bad_since;
+  last_saved_step_ = c.step;
+}
+
+TrainerCheckpoint Trainer::checkpoint_meta() const {
+  TrainerCheckpoint c;
+  c.step = step_;
+  c.adam_t = adam_t_;
+  c.skipped = skipped_;
+  c.bad_in_a_row = bad_in_a_row_;
+  c.bad_since = bad_since_;
+  c.cursor = data_.cursor();
+  c.run = run_;
+  return c;
+}
+
+SaveReport Trainer::save_checkpoint(bool background) {
+  RT_CHECK(!opt_.out_dir.empty(), "[train] no output directory to save a checkpoint into");
+  if (!writer_) writer_ = std::make_unique<CheckpointWriter>(opt_.out_dir, opt_.keep_checkpoints);
+  if (auto done = writer_->wait()) report_save(*done, false);
+  backend_->sync();
+  SaveReport r = writer_->save(state_, checkpoint_meta(), background);
+  last_saved_step_ = step_;
+  report_save(r, r.background);
+  return r;
+}
+
+void Trainer::report_save(const SaveReport& r, bool started) {
+  auto secs = [](double t) {
+    char b[32];
+    if (t < 1) std::snprintf(b, sizeof b, "%.2f ms", t * 1e3);
+    else std::snprintf(b, sizeof b, "%.2f s", t);
+    return std::string(b);
+  };
+  if (!r.note.empty()) std::printf("checkpoint note: %s\n", r.note.c_str());
+  if (started)
+    std::printf("checkpoint step %lld: state copied in %s (training paused %s); writing in the background\n",
+                (long long)r.step, secs(r.stall_seconds).c_str(), secs(r.stall_seconds).c_str());
+  else
+    std::printf("checkpoint saved: %s (%s written in %s%s; training paused %s)\n", r.path.c_str(),
+                mib(r.bytes).c_str(), secs(r.write_seconds).c_str(),
+                r.background ? " in the background" : " synchronously", secs(r.stall_seconds).c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::metrics_write(const std::string& line) {
+  if (!metrics_) return;
+  std::fputs(line.c_str(), metrics_);
+  std::fputc('\n', metrics_);
+  std::fflush(metrics_);
 }
 
 StepResult Trainer::step() {
@@ -79,7 +197,10 @@ StepResult Trainer::step() {
   }
   ++step_;
   StepResult r{step_, NAN, NAN, opt_.lr.at(step_), n_valid_total, 0, true};
-  if (n_valid_total == 0) return r;
+  if (n_valid_total == 0) {
+    ++skipped_;
+    return r;
+  }
   OptimStep o;
   o.lr = r.lr;
   o.t = adam_t_ + 1;
@@ -87,6 +208,7 @@ StepResult Trainer::step() {
   o.weight_decay = opt_.weight_decay;
   o.decay_norms_and_biases = opt_.decay_norms_and_biases;
   o.clip = opt_.clip;
+  for (auto& [a, b] : inject_nan_) o.inject_nan |= step_ >= a && step_ <= b;
   StepStats st = backend_->train_step(batches, n_valid_total, o);
   r.loss = st.loss_sum / static_cast<double>(n_valid_total);
   r.grad_norm = st.grad_norm;
@@ -126,19 +248,35 @@ void Trainer::export_to(const std::string& dir, double loss) {
   export_hf_dir(dir, state_, eo);
 }
 
+namespace {
+
+std::string json_number(double x) { return std::isfinite(x) ? nlohmann::json(x).dump() : "null"; }
+
+}  // namespace
+
 int Trainer::run(const std::function<void(const char*)>& on_sample) {
   const bool tty = ::isatty(STDERR_FILENO);
   const auto t_start = clock_type::now();
   int64_t tokens_seen = 0;
   double last_loss = NAN, tokens_since_log = 0, secs_since_log = 0;
+  if (!opt_.metrics_path.empty() && !metrics_) {
+    const std::string parent = path_dirname(opt_.metrics_path);
+    if (!parent.empty()) make_dirs(parent);
+    metrics_ = std::fopen(opt_.metrics_path.c_str(), "a");
+    if (!metrics_) fail("[train] cannot open --metrics ", opt_.metrics_path, " for appending: ", std::strerror(errno));
+  }
   std::printf("backend: %s\n", backend_->describe().c_str());
   std::printf("training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, %.0f B/param host, "
               "optimizer %s\n",
               (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(),
               (long long)opt_.grad_accum, (long long)state_.n_params(), state_.bytes_per_param(),
               simd_level_name(simd_level_active()));
+  if (step_ > 0)
+    std::printf("continuing at step %lld of %lld (data cursor %s, %lld skipped steps so far)\n", (long long)step_ + 1,
+                (long long)opt_.steps, data_.cursor().to_string().c_str(), (long long)skipped_);
   if (on_sample) on_sample("before training");
   std::fflush(stdout);
+  const bool saving = !opt_.out_dir.empty();
   int code = 0;
   while (step_ < opt_.steps) {
     StepResult r = step();
@@ -146,10 +284,28 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
     tokens_since_log += static_cast<double>(r.tokens);
     secs_since_log += r.seconds;
     if (!r.skipped) last_loss = r.loss;
+    if (r.skipped) {
+      if (bad_in_a_row_++ == 0) bad_since_ = r.step;
+    } else {
+      bad_in_a_row_ = 0;
+      bad_since_ = 0;
+    }
+    metrics_write(cat("{\"step\": ", r.step, ", \"loss\": ", json_number(r.loss), ", \"grad_norm\": ",
+                      json_number(r.grad_norm), ", \"lr\": ", json_number(r.lr), ", \"tokens\": ", r.tokens,
+                      ", \"skipped\": ", r.skipped ? "true" : "false", "}"));
     if (tty) std::fprintf(stderr, "\r\033[K");
     if (r.skipped) {
-      std::printf("step %lld: skipped (loss %g, grad norm %g are not finite); %lld skipped so far\n", (long long)r.step,
-                  r.loss, r.grad_norm, (long long)skipped_);
+      std::printf("step %lld: skipped (loss %g, grad norm %g are not finite); %lld skipped so far, %lld in a row\n",
+                  (long long)r.step, r.loss, r.grad_norm, (long long)skipped_, (long long)bad_in_a_row_);
+      if (opt_.max_bad_steps > 0 && bad_in_a_row_ >= opt_.max_bad_steps) {
+        std::fflush(stdout);
+        if (writer_) writer_->wait();
+        fail("[train] ", bad_in_a_row_, " bad steps in a row (non-finite loss or gradient norm), starting at step ",
+             bad_since_, ": aborting (--max-bad-steps ", opt_.max_bad_steps, "). No update was applied since step ",
+             bad_since_ - 1, ". Lower --lr, raise --warmup or check the data",
+             writer_ && !writer_->last_path().empty() ? cat(", then resume from ", writer_->last_path()) : std::string(),
+             ".");
+      }
     } else if (r.step % opt_.log_every == 0 || r.step == 1 || r.step == opt_.steps) {
       std::printf("step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s\n", (long long)r.step,
                   (long long)opt_.steps, r.loss, r.lr, r.grad_norm,
@@ -159,13 +315,12 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
     if (opt_.eval_every > 0 && r.step % opt_.eval_every == 0 && r.step != opt_.steps) {
       double vl = evaluate();
       if (std::isfinite(vl)) std::printf("step %5lld | validation loss %.4f\n", (long long)r.step, vl);
+      metrics_write(cat("{\"step\": ", r.step, ", \"val_loss\": ", json_number(vl), "}"));
     }
-    if (opt_.save_every > 0 && r.step % opt_.save_every == 0 && !opt_.out_dir.empty() && r.step != opt_.steps) {
-      char name[32];
-      std::snprintf(name, sizeof name, "step-%06lld", (long long)r.step);
-      export_to(opt_.out_dir + "/" + name, last_loss);
-      std::printf("saved %s/%s\n", opt_.out_dir.c_str(), name);
-    }
+    if (writer_)
+      if (auto done = writer_->poll()) report_save(*done, false);
+    if (saving && opt_.save_every > 0 && r.step % opt_.save_every == 0 && r.step != opt_.steps)
+      save_checkpoint(true);
     std::fflush(stdout);
     if (tty) {
       double el = seconds_since(t_start), frac = static_cast<double>(step_) / static_cast<double>(opt_.steps);
@@ -176,23 +331,33 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       std::fflush(stderr);
     }
     if (stop_flag().load()) {
+      const int sig = stop_signal() ? stop_signal() : SIGINT;
       if (tty) std::fprintf(stderr, "\r\033[K");
-      std::printf("interrupted after step %lld: saving and exiting\n", (long long)step_);
-      code = 130;
+      std::printf("interrupted by %s after step %lld: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)step_,
+                  saving ? "saving a checkpoint and exiting" : "exiting (no --out: nothing is saved)");
+      code = 128 + sig;
       break;
     }
   }
   if (tty) std::fprintf(stderr, "\r\033[K");
+  if (writer_)
+    if (auto done = writer_->wait()) report_save(*done, false);
+  const bool finished = code == 0;
+  // Save before the final evaluation: a second signal must not lose the work.
+  if (saving && last_saved_step_ != step_ && (!finished || opt_.save_every > 0)) save_checkpoint(false);
+  if (!finished) {
+    if (saving)
+      std::printf("resume with: ramtrain train --resume auto --out %s   (export with: ramtrain export %s --out DIR)\n",
+                  opt_.out_dir.c_str(), writer_ ? writer_->last_path().c_str() : opt_.out_dir.c_str());
+    std::fflush(stdout);
+    return code;
+  }
   double vl = evaluate();
   if (std::isfinite(vl)) std::printf("final validation loss %.4f after %lld steps\n", vl, (long long)step_);
+  metrics_write(cat("{\"step\": ", step_, ", \"val_loss\": ", json_number(vl), ", \"final\": true}"));
   std::printf("trained %lld tokens in %s\n", (long long)tokens_seen, fmt_duration(seconds_since(t_start)).c_str());
-  if (!opt_.out_dir.empty()) {
-    std::string dir = opt_.out_dir + "/final";
-    if (code == 130) {
-      char name[32];
-      std::snprintf(name, sizeof name, "step-%06lld", (long long)step_);
-      dir = opt_.out_dir + "/" + name;
-    }
+  if (saving) {
+    const std::string dir = opt_.out_dir + "/final";
     export_to(dir, last_loss);
     std::printf("saved %s\n", dir.c_str());
   }

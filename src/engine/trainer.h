@@ -1,12 +1,23 @@
 // The training loop (CPU backend): micro-batches with gradient accumulation,
 // exact global-norm clipping, AdamW over the host arenas, LR schedule,
-// validation, per-step logs, periodic export, and a clean stop on SIGINT.
+// validation, per-step logs, checkpoints (io/checkpoint.h: every save_every
+// steps in the background, and on SIGINT/SIGTERM), exact resume, the HF
+// export of the final model to out_dir/final, and failure handling.
+//
+// Failures: a step whose loss or gradient norm is not finite is skipped (no
+// update; its data and its LR-schedule position are consumed), counted and
+// logged; max_bad_steps skipped steps in a row abort the run with a message
+// naming the step the streak started at. A checkpoint that cannot be written
+// (e.g. a full disk) stops the run with an error; the previous one is intact.
+// Test hook: RAMTRAIN_INJECT_NAN_AT_STEP=k (or "a-b", comma lists) makes the
+// loss of those steps NaN (backends that honour OptimStep::inject_nan: CPU).
 //
 // Loss and gradient scale: the loss of a step is the mean over every
 // predicted token of all its micro-batches, so accumulating k micro-batches
 // of B rows gives the same gradient as one batch of k*B rows.
 #pragma once
 #include <atomic>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -17,6 +28,7 @@
 #include "data/dataset.h"
 #include "engine/backend.h"
 #include "engine/host_state.h"
+#include "io/checkpoint.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 
@@ -34,13 +46,20 @@ struct TrainOptions {
   int64_t eval_every = 0;    // 0: only at the end
   int64_t eval_batches = 8;
   int64_t log_every = 1;
-  int64_t save_every = 0;    // 0: only at the end
-  std::string out_dir;       // "" : no export
+  int64_t save_every = 0;    // checkpoint every N steps (and at the last step); 0: only on SIGINT/SIGTERM
+  int64_t keep_checkpoints = 3;  // newest checkpoints kept in out_dir (0: all)
+  int64_t max_bad_steps = 5;     // abort after this many skipped steps in a row (0: never)
+  std::string metrics_path;  // JSON lines: one per step and per evaluation, exact doubles ("": none)
+  std::string out_dir;       // "" : no export, no checkpoints
   DType export_dtype = DType::bf16;
   std::string tokenizer = "byte";
   std::string copy_from_dir;            // export also copies these files from this dir
   std::vector<std::string> copy_files;  // (the model's tokenizer files), see ExportOptions
-  std::map<std::string, std::string> resolved_config;  // for ramtrain.json
+  std::map<std::string, std::string> resolved_config;  // for ramtrain.json and checkpoints
+  // Recorded in checkpoints so that a resume can check it runs on the same thing.
+  uint64_t seed = 0;
+  std::vector<std::string> data_paths;
+  std::string source_model_dir;  // "" when started from a preset; tokenizer files are copied from it
 };
 
 struct StepResult {
@@ -57,34 +76,57 @@ class Trainer {
  public:
   // backend: nullptr = the CPU reference backend.
   Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, std::unique_ptr<Backend> backend = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step (grad_accum micro-batches). step is 1-based.
   StepResult step();
   // Mean validation loss over the fixed validation batches (NaN when none).
   double evaluate();
-  // Runs the whole schedule with logs; returns the exit code (0, or 130 when
-  // stopped by SIGINT after saving).
+  // Runs the whole schedule with logs; returns the exit code: 0, or 128 +
+  // signal (130 SIGINT, 143 SIGTERM) when stopped by a signal after saving a
+  // checkpoint. Throws rt::Error when too many steps in a row are bad or a
+  // checkpoint cannot be written.
   int run(const std::function<void(const char* when)>& on_sample = nullptr);
   int64_t steps_done() const { return step_; }
   void export_to(const std::string& dir, double loss);
 
-  static std::atomic<bool>& stop_flag();  // set by the SIGINT handler
+  // Continue from a checkpoint: counters, streak and the data cursor (the
+  // weights and moments are loaded into HostState by checkpoint_load_state).
+  void restore(const TrainerCheckpoint& c);
+  // The trainer's state now, as a checkpoint records it.
+  TrainerCheckpoint checkpoint_meta() const;
+  // Writes a checkpoint of the state after the current step into out_dir.
+  SaveReport save_checkpoint(bool background);
+
+  static std::atomic<bool>& stop_flag();  // set by the SIGINT/SIGTERM handler
+  static int stop_signal();               // the signal that set it (0: none)
 
  private:
   HostState& state_;
   BatchSource& data_;
   TrainOptions opt_;
   std::unique_ptr<Backend> backend_;
+  void report_save(const SaveReport& r, bool started);
+  void metrics_write(const std::string& line);
+
+  RunIdentity run_;
   int64_t step_ = 0;       // optimizer steps taken
   int64_t adam_t_ = 0;     // steps applied (skipped ones do not count)
   int64_t skipped_ = 0;
+  int64_t bad_in_a_row_ = 0, bad_since_ = 0;
+  int64_t last_saved_step_ = -1;
+  std::vector<std::pair<int64_t, int64_t>> inject_nan_;  // [a, b] step ranges (test hook)
+  std::unique_ptr<CheckpointWriter> writer_;
+  FILE* metrics_ = nullptr;
 };
 
 // A validated schedule: kind "constant", "cosine" or "linear".
 LrSchedule make_lr_schedule(const std::string& kind, double peak, int64_t warmup, int64_t total, double min_lr_ratio);
 
 // Installs a SIGINT/SIGTERM handler that asks the loop to stop at the next
-// step boundary; a second signal exits at once.
+// step boundary (and save); a second signal exits at once.
 void install_stop_handler();
 
 }  // namespace rt

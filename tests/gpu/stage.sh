@@ -12,7 +12,7 @@ cp build/gpu/ramtrain build/gpu/tests/gpu_cuda_ops_test build/gpu/tests/gpu_engi
    build/gpu/bench/ramtrain_bench build/gpu/bench/attention_bench build/gpu/bench/ramtrain_optim_bench \
    build/gpu/tests/optim_adamw_test "$out/"
 for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
-  grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf' | xargs -r -I{} cp -L {} "$out/lib/"
+  grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf|xxhash' | xargs -r -I{} cp -L {} "$out/lib/"
 strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test
 cp ../shared/data/tinyshakespeare.txt "$out/data/"
 du -sh "$out"

@@ -1,0 +1,82 @@
+// ramtrain export: a checkpoint's master weights as a HF model directory
+// (config.json, safetensors sharded with an index when over --max-shard-size,
+// and the tokenizer files: ramtrain_tokenizer.json for byte-level runs, the
+// source model directory's tokenizer files for runs started from --model).
+// The checkpoint is verified (every checksum) before anything is written.
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/checkpoint.h"
+#include "io/hf_export.h"
+
+namespace rt::cli {
+
+int cmd_export(const Args& raw_args) {
+  Args args;
+  std::string ckpt;
+  for (size_t i = 0; i < raw_args.size(); ++i) {
+    if (i == 0 && raw_args[i].rfind("--", 0) != 0) {
+      ckpt = raw_args[i];
+      continue;
+    }
+    args.push_back(raw_args[i]);
+  }
+  ArgParser p("export",
+              "Writes the master weights of a checkpoint (DIR/ckpt-<step>, written by 'ramtrain train') as a HF\n"
+              "model directory that transformers, 'ramtrain loss' and 'ramtrain sample' load. CKPT may also be a\n"
+              "run's output directory: its newest valid checkpoint is exported.",
+              "  ramtrain export runs/demo/ckpt-00000300 --out runs/demo/hf-300\n"
+              "  ramtrain export runs/ft --out runs/ft/hf --dtype bf16 --max-shard-size 5G\n");
+  p.option("checkpoint", "CKPT", "the checkpoint directory (or give it as the first argument)");
+  p.option("out", "HFDIR", "the HF model directory to write");
+  p.option("dtype", "bf16|fp32", "dtype of the exported weights", "bf16");
+  p.option("max-shard-size", "SIZE", "split the safetensors into shards of at most SIZE (e.g. 5G) with an index", "0");
+  if (!p.parse(args)) return 0;
+  if (ckpt.empty()) ckpt = p.require("checkpoint");
+  const std::string out = p.require("out");
+  const std::string dt = p.str("dtype");
+  if (dt != "bf16" && dt != "fp32") fail("[export] --dtype must be bf16 or fp32, got '", dt, "'");
+  if (!is_directory(ckpt)) fail("[export] ", ckpt, " is not a directory: give a checkpoint (DIR/ckpt-<step>)");
+
+  std::string dir = ckpt;
+  if (!file_exists(path_join(ckpt, "manifest.json"))) {
+    std::vector<std::string> warnings;
+    std::optional<CheckpointRef> ref = checkpoint_find_latest_valid(ckpt, &warnings);
+    for (auto& w : warnings) std::printf("warning: %s\n", w.c_str());
+    if (!ref) fail("[export] ", ckpt, " is neither a checkpoint nor a run directory holding a valid one");
+    dir = ref->path;
+    std::printf("exporting the newest valid checkpoint %s\n", dir.c_str());
+  } else {
+    const std::string why = checkpoint_verify(dir);
+    if (!why.empty()) fail("[export] ", dir, " is not a valid checkpoint: ", why);
+  }
+  TrainerCheckpoint meta = checkpoint_read_trainer(dir);
+  HostState state(checkpoint_read_spec(dir), false);
+  checkpoint_load_state(dir, state, false);
+
+  ExportOptions eo;
+  eo.dtype = dt == "bf16" ? DType::bf16 : DType::f32;
+  eo.max_shard_bytes = p.size_bytes("max-shard-size");
+  eo.tokenizer = meta.run.tokenizer == "byte" ? "byte" : "";
+  if (!meta.run.source_model_dir.empty()) {
+    if (is_directory(meta.run.source_model_dir)) {
+      eo.copy_from_dir = meta.run.source_model_dir;
+      eo.copy_files = hf_tokenizer_files(meta.run.source_model_dir);
+    } else if (meta.run.tokenizer != "byte")
+      std::printf("warning: the run's model directory %s is gone: no tokenizer files are copied\n",
+                  meta.run.source_model_dir.c_str());
+  }
+  eo.info["step"] = std::to_string(meta.step);
+  eo.info["checkpoint"] = dir;
+  eo.info["data_cursor"] = meta.cursor.to_string();
+  for (auto& [k, v] : meta.run.run_config) eo.info["config." + k] = v;
+  export_hf_dir(out, state, eo);
+  std::printf("exported %s (step %lld, %lld params, %s) to %s\n", dir.c_str(), (long long)meta.step,
+              (long long)state.n_params(), dt.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace rt::cli

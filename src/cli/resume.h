@@ -1,0 +1,40 @@
+// --resume DIR|auto for `ramtrain train`: find the checkpoint, make its saved
+// run configuration the base layer of the options (so `--resume auto` alone
+// continues the same run), and refuse options that would make it another run.
+// Refused when they differ: the model (preset/model config), seq-len,
+// micro-batch, grad-accum, seed, val-fraction and the data (token counts and
+// fingerprint). Everything else (lr, schedule, steps, intervals, out, device,
+// threads, ...) may be overridden explicitly, with a warning when it changes
+// the numbers. A fresh run (no --resume) into an --out that already holds
+// checkpoints is refused: resume it or pick another --out.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "data/dataset.h"
+#include "io/checkpoint.h"
+#include "model/spec.h"
+
+namespace rt::cli {
+
+struct ResumeSource {
+  std::string dir;  // the checkpoint directory
+  TrainerCheckpoint meta;
+  ModelSpec spec;
+};
+
+// nullopt: a fresh start (no --resume, or auto with no valid checkpoint in --out).
+// Fills data_paths from the checkpoint when none were given. Checkpoints newer
+// than the one resumed from are renamed to <name>.superseded-<pid> (with a
+// warning) so that `auto` never picks them later.
+std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string>& data_paths);
+
+// Refuses data whose token counts, window count or fingerprint differ from the checkpoint's.
+void resume_check_data(const ResumeSource& r, const BatchSource& data);
+
+// "key: checkpoint A, this run B" for every config.json field that differs ("" none).
+std::string spec_differences(const ModelSpec& saved, const ModelSpec& now);
+
+}  // namespace rt::cli

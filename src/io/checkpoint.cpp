@@ -1,0 +1,659 @@
+// Checkpoint directories (contract in checkpoint.h).
+// Every byte of a checkpoint goes through one CheckedFile: an AtomicFile whose
+// bytes are hashed (XXH3-64) as they are written, so checksums cost no second
+// read, and where the test hooks cut the stream. The background thread never
+// uses the global thread pool (the training thread does): it writes fp32 as
+// it is, with no conversion.
+#include "io/checkpoint.h"
+
+#include <signal.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/thread_pool.h"
+#include "data/finetune.h"
+#include "io/safetensors.h"
+
+namespace rt {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+using clock_type = std::chrono::steady_clock;
+
+constexpr const char* kFormat = "ramtrain-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kSelfKey = "manifest_xxh3_64";
+const char* const kPrefixes[3] = {"master/", "adam_m/", "adam_v/"};
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016" PRIx64, v);
+  return b;
+}
+
+bool hex64_parse(const std::string& s, uint64_t* v) {
+  if (s.size() != 16) return false;
+  uint64_t x = 0;
+  for (char c : s) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return false;
+    x = x << 4 | static_cast<uint64_t>(d);
+  }
+  *v = x;
+  return true;
+}
+
+// ---- test hooks ------------------------------------------------------------
+
+std::atomic<uint64_t> g_hook_bytes{0};  // checkpoint bytes written by this process
+
+uint64_t env_u64(const char* name) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  return *end ? 0 : static_cast<uint64_t>(v);
+}
+
+// An AtomicFile whose bytes are hashed and counted.
+class CheckedFile {
+ public:
+  explicit CheckedFile(const std::string& path) : file_(path), state_(XXH3_createState()) {
+    if (!state_) fail("[checkpoint] out of memory creating a hash state");
+    XXH3_64bits_reset(state_);
+    fail_after_ = env_u64("RAMTRAIN_INJECT_WRITE_FAIL_AFTER_BYTES");
+    kill_after_ = env_u64("RAMTRAIN_INJECT_KILL_AFTER_BYTES");
+  }
+  ~CheckedFile() { XXH3_freeState(state_); }
+  CheckedFile(const CheckedFile&) = delete;
+  CheckedFile& operator=(const CheckedFile&) = delete;
+
+  void write(const void* data, size_t n) {
+    const uint64_t before = g_hook_bytes.fetch_add(n);
+    const uint64_t limit = std::min(fail_after_ ? fail_after_ : UINT64_MAX, kill_after_ ? kill_after_ : UINT64_MAX);
+    if (limit != UINT64_MAX && before + n > limit) {
+      const size_t part = before >= limit ? 0 : static_cast<size_t>(limit - before);
+      if (part) file_.write(data, part);
+      if (kill_after_ && limit == kill_after_) ::raise(SIGKILL);
+      fail("[file] writing ", file_.path(), " failed: No space left on device (injected by "
+           "RAMTRAIN_INJECT_WRITE_FAIL_AFTER_BYTES=", fail_after_, ", a test hook)");
+    }
+    file_.write(data, n);
+    XXH3_64bits_update(state_, data, n);
+  }
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  ManifestEntry commit() {
+    file_.commit();
+    return {file_.bytes_written(), XXH3_64bits_digest(state_)};
+  }
+
+ private:
+  AtomicFile file_;
+  XXH3_state_t* state_;
+  uint64_t fail_after_ = 0, kill_after_ = 0;
+};
+
+// ---- the snapshot a write works from --------------------------------------
+
+struct UnitSnap {
+  std::string name;
+  std::vector<WeightEntry> entries;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  const float* arena = nullptr;  // [master | m | v]
+};
+
+std::string unit_file_name(const std::string& unit) { return "state-" + unit + ".safetensors"; }
+
+ManifestEntry unit_write(const std::string& path, const UnitSnap& u) {
+  ordered_json h = ordered_json::object();
+  h["__metadata__"] = {{"format", kFormat}, {"unit", u.name}};
+  uint64_t off = 0;
+  for (const char* prefix : kPrefixes)
+    for (const WeightEntry& e : u.entries) {
+      const uint64_t nb = static_cast<uint64_t>(e.numel()) * 4;
+      h[prefix + e.name] = {{"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {off, off + nb}}};
+      off += nb;
+    }
+  std::string text = h.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+  CheckedFile f(path);
+  f.write(&n, 8);
+  f.write(text);
+  for (int part = 0; part < 3; ++part)
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      f.write(u.arena + part * u.numel + u.offsets[k], static_cast<size_t>(u.entries[k].numel()) * 4);
+  return f.commit();
+}
+
+ManifestEntry text_write(const std::string& path, const std::string& text) {
+  CheckedFile f(path);
+  f.write(text);
+  return f.commit();
+}
+
+bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+// Removes OUT/.tmp-ckpt-<step>.<pid> and .old-ckpt-* left by dead processes (or by us).
+void remove_stale_temporaries(const std::string& out_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) return;
+  for (auto& de : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = de.path().filename().string();
+    if (name.rfind(".tmp-ckpt-", 0) != 0 && name.rfind(".old-ckpt-", 0) != 0) continue;
+    const auto dot = name.rfind('.');
+    const long pid = dot == std::string::npos ? 0 : std::strtol(name.c_str() + dot + 1, nullptr, 10);
+    if (pid == static_cast<long>(::getpid()) || !pid_alive(pid)) fs::remove_all(de.path(), ec);
+  }
+}
+
+void prune(const std::string& out_dir, int64_t keep_last) {
+  if (keep_last <= 0) return;
+  std::vector<CheckpointRef> all = checkpoint_list(out_dir);
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i].path, ec);
+}
+
+}  // namespace
+
+// ---- small formats -----------------------------------------------------------
+
+uint64_t xxh3_64_of(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+uint64_t checkpoint_bytes_written() { return g_hook_bytes.load(); }
+
+uint64_t dataset_fingerprint(const BatchSource& data) {
+  if (const auto* d = dynamic_cast<const Dataset*>(&data)) return dataset_fingerprint(d->tokens());
+  if (const auto* f = dynamic_cast<const FinetuneDataset*>(&data)) {
+    // Size, then the first, middle and last MiB of the example cache.
+    const uint8_t* p = f->cache().data();
+    const uint64_t n = f->cache().size(), chunk = uint64_t(1) << 20;
+    XXH3_state_t* st = XXH3_createState();
+    if (!st) fail("[checkpoint] out of memory creating a hash state");
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, &n, sizeof n);
+    for (uint64_t begin : {uint64_t(0), n > chunk ? (n - chunk) / 2 : 0, n > chunk ? n - chunk : 0})
+      if (n) XXH3_64bits_update(st, p + begin, std::min(chunk, n - begin));
+    const uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
+  }
+  fail("[checkpoint] internal: no fingerprint for this kind of dataset");
+}
+
+uint64_t dataset_fingerprint(const TokenStream& tokens) {
+  const uint64_t n = tokens.size(), chunk = uint64_t(1) << 20;
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) fail("[checkpoint] out of memory creating a hash state");
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, &n, sizeof n);
+  std::vector<int32_t> buf;
+  for (uint64_t begin : {uint64_t(0), n > chunk ? (n - chunk) / 2 : 0, n > chunk ? n - chunk : 0}) {
+    const uint64_t len = std::min(chunk, n - begin);
+    buf.resize(len);
+    if (len) tokens.read(begin, len, buf.data());
+    XXH3_64bits_update(st, buf.data(), len * sizeof(int32_t));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+std::string checkpoint_dir_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "ckpt-%08lld", static_cast<long long>(step));
+  return b;
+}
+
+std::string trainer_checkpoint_to_json(const TrainerCheckpoint& c) {
+  ordered_json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["step"] = c.step;
+  j["adam_t"] = c.adam_t;
+  j["skipped"] = c.skipped;
+  j["bad_in_a_row"] = c.bad_in_a_row;
+  j["bad_since"] = c.bad_since;
+  j["data_cursor"] = c.cursor.to_string();
+  j["rng"] = "none: init is counter-based from seed; data order is a pure function of seed and data_cursor";
+  j["seed"] = c.run.seed;
+  j["data"] = {{"paths", c.run.data_paths},
+               {"train_tokens", c.run.train_tokens},
+               {"val_tokens", c.run.val_tokens},
+               {"train_windows", c.run.train_windows},
+               {"fingerprint", hex64(c.run.data_fingerprint)}};
+  j["source_model_dir"] = c.run.source_model_dir;
+  j["tokenizer"] = c.run.tokenizer;
+  j["run_config"] = c.run.run_config;
+  return j.dump(2) + "\n";
+}
+
+TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::string& source) {
+  auto bad = [&](const std::string& what) -> void {
+    fail("[checkpoint] ", source, ": ", what, " (the checkpoint is corrupt or from another program; use another one)");
+  };
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(cat("invalid JSON: ", e.what()));
+  }
+  if (!j.is_object()) bad("not a JSON object");
+  auto field = [&](const json& o, const char* k) -> const json& {
+    if (!o.contains(k)) bad(cat("missing field '", k, "'"));
+    return o.at(k);
+  };
+  auto i64 = [&](const json& o, const char* k) {
+    const json& v = field(o, k);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) || v.get<int64_t>() < 0)
+      bad(cat("field '", k, "' must be a non-negative integer"));
+    return v.get<int64_t>();
+  };
+  auto u64 = [&](const json& o, const char* k) {
+    const json& v = field(o, k);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+      bad(cat("field '", k, "' must be a non-negative integer"));
+    return v.get<uint64_t>();
+  };
+  auto str = [&](const json& o, const char* k) {
+    const json& v = field(o, k);
+    if (!v.is_string()) bad(cat("field '", k, "' must be a string"));
+    return v.get<std::string>();
+  };
+  if (str(j, "format") != kFormat) bad("format is not ramtrain-checkpoint");
+  if (i64(j, "version") != kVersion) bad(cat("version ", j["version"].dump(), " is not ", kVersion));
+  TrainerCheckpoint c;
+  c.step = i64(j, "step");
+  c.adam_t = i64(j, "adam_t");
+  c.skipped = i64(j, "skipped");
+  c.bad_in_a_row = i64(j, "bad_in_a_row");
+  c.bad_since = i64(j, "bad_since");
+  if (c.adam_t + c.skipped != c.step) bad("adam_t + skipped != step");
+  try {
+    c.cursor = DataCursor::parse(str(j, "data_cursor"));
+  } catch (const Error& e) {
+    bad(e.what());
+  }
+  c.run.seed = u64(j, "seed");
+  const json& d = field(j, "data");
+  if (!d.is_object()) bad("field 'data' must be an object");
+  const json& paths = field(d, "paths");
+  if (!paths.is_array()) bad("field 'data.paths' must be an array of strings");
+  for (const json& p : paths) {
+    if (!p.is_string()) bad("field 'data.paths' must be an array of strings");
+    c.run.data_paths.push_back(p.get<std::string>());
+  }
+  c.run.train_tokens = u64(d, "train_tokens");
+  c.run.val_tokens = u64(d, "val_tokens");
+  c.run.train_windows = u64(d, "train_windows");
+  if (!hex64_parse(str(d, "fingerprint"), &c.run.data_fingerprint)) bad("field 'data.fingerprint' must be 16 hex digits");
+  c.run.source_model_dir = str(j, "source_model_dir");
+  c.run.tokenizer = str(j, "tokenizer");
+  const json& rc = field(j, "run_config");
+  if (!rc.is_object()) bad("field 'run_config' must be an object of strings");
+  for (auto it = rc.begin(); it != rc.end(); ++it) {
+    if (!it.value().is_string()) bad("field 'run_config' must be an object of strings");
+    c.run.run_config[it.key()] = it.value().get<std::string>();
+  }
+  return c;
+}
+
+std::string manifest_to_json(const CheckpointManifest& m) {
+  ordered_json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["step"] = m.step;
+  ordered_json files = ordered_json::object();
+  for (auto& [name, e] : m.files) files[name] = {{"bytes", e.bytes}, {"xxh3_64", hex64(e.xxh3_64)}};
+  j["files"] = files;
+  j[kSelfKey] = hex64(0);
+  std::string text = j.dump(2) + "\n";
+  const std::string zeros = cat('"', hex64(0), '"');
+  const size_t pos = text.rfind(zeros);
+  const std::string self = hex64(xxh3_64_of(text.data(), text.size()));
+  text.replace(pos + 1, 16, self);
+  return text;
+}
+
+CheckpointManifest manifest_parse(const std::string& text, const std::string& source) {
+  auto bad = [&](const std::string& what) -> void {
+    fail("[checkpoint] ", source, ": ", what, " (the checkpoint is corrupt or incomplete; use an older one)");
+  };
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(cat("invalid JSON: ", e.what()));
+  }
+  if (!j.is_object()) bad("not a JSON object");
+  if (!j.contains(kSelfKey) || !j[kSelfKey].is_string()) bad(cat("no '", kSelfKey, "' self-checksum"));
+  uint64_t self = 0;
+  const std::string self_hex = j[kSelfKey].get<std::string>();
+  if (!hex64_parse(self_hex, &self)) bad(cat("'", kSelfKey, "' must be 16 lowercase hex digits"));
+  // Locate the value in the raw text: exactly one occurrence of the key.
+  const std::string key = cat("\"", kSelfKey, "\"");
+  const size_t kpos = text.find(key);
+  if (kpos == std::string::npos || text.find(key, kpos + 1) != std::string::npos)
+    bad(cat("'", kSelfKey, "' must appear exactly once"));
+  const size_t vpos = text.find('"', kpos + key.size());
+  if (vpos == std::string::npos || text.compare(vpos + 1, 16, self_hex) != 0) bad("cannot locate the self-checksum");
+  std::string zeroed = text;
+  zeroed.replace(vpos + 1, 16, hex64(0));
+  if (xxh3_64_of(zeroed.data(), zeroed.size()) != self) bad("checksum mismatch: manifest.json was modified or damaged");
+  if (!j.contains("format") || j["format"] != kFormat) bad("format is not ramtrain-checkpoint");
+  if (!j.contains("version") || j["version"] != kVersion) bad(cat("unsupported version (this build reads ", kVersion, ")"));
+  CheckpointManifest m;
+  if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
+    bad("'step' must be a non-negative integer");
+  m.step = j["step"].get<int64_t>();
+  if (!j.contains("files") || !j["files"].is_object()) bad("'files' must be an object");
+  for (auto it = j["files"].begin(); it != j["files"].end(); ++it) {
+    const std::string& name = it.key();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos || name == "manifest.json")
+      bad(cat("bad file name '", name, "'"));
+    const json& e = it.value();
+    ManifestEntry me;
+    if (!e.is_object() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() || !e.contains("xxh3_64") ||
+        !e["xxh3_64"].is_string() || !hex64_parse(e["xxh3_64"].get<std::string>(), &me.xxh3_64))
+      bad(cat("entry '", name, "' must be {\"bytes\": N, \"xxh3_64\": \"16 hex digits\"}"));
+    me.bytes = e["bytes"].get<uint64_t>();
+    m.files[name] = me;
+  }
+  return m;
+}
+
+// ---- listing and verification ---------------------------------------------------
+
+std::vector<CheckpointRef> checkpoint_list(const std::string& out_dir) {
+  std::vector<CheckpointRef> out;
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) return out;
+  for (auto& de : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = de.path().filename().string();
+    if (name.size() <= 5 || name.compare(0, 5, "ckpt-") != 0 || name.size() > 5 + 18) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (!de.is_directory(ec)) continue;
+    out.push_back({path_join(out_dir, name), std::strtoll(name.c_str() + 5, nullptr, 10)});
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.step < b.step; });
+  return out;
+}
+
+std::string checkpoint_verify(const std::string& dir) {
+  const std::string mpath = path_join(dir, "manifest.json");
+  if (!file_exists(mpath)) return "no manifest.json (an incomplete checkpoint)";
+  CheckpointManifest m;
+  try {
+    m = manifest_parse(read_text_file(mpath), mpath);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  for (const char* required : {"config.json", "trainer.json"})
+    if (!m.files.count(required)) return cat("the manifest lists no ", required);
+  for (auto& [name, e] : m.files) {
+    const std::string p = path_join(dir, name);
+    if (!file_exists(p)) return cat(name, " is missing");
+    const uint64_t size = file_size(p);
+    if (size != e.bytes) return cat(name, " has ", size, " bytes, the manifest says ", e.bytes, " (truncated or damaged)");
+    uint64_t h;
+    try {
+      MappedFile f(p);
+      h = xxh3_64_of(f.data(), f.size());
+    } catch (const Error& err) {
+      return err.what();
+    }
+    if (h != e.xxh3_64) return cat(name, ": checksum mismatch (xxh3_64 ", hex64(h), ", manifest ", hex64(e.xxh3_64), ")");
+  }
+  return "";
+}
+
+std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,
+                                                          std::vector<std::string>* warnings) {
+  std::error_code ec;
+  if (fs::is_directory(out_dir, ec))
+    for (auto& de : fs::directory_iterator(out_dir, ec)) {
+      const std::string name = de.path().filename().string();
+      if (name.rfind(".tmp-ckpt-", 0) == 0 && warnings)
+        warnings->push_back(cat("ignoring ", de.path().string(), ": an incomplete checkpoint (its save did not finish)"));
+    }
+  std::vector<CheckpointRef> all = checkpoint_list(out_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::string why = checkpoint_verify(it->path);
+    if (why.empty()) return *it;
+    if (warnings) warnings->push_back(cat("skipping ", it->path, ": ", why));
+  }
+  return std::nullopt;
+}
+
+// ---- readers -------------------------------------------------------------------
+
+TrainerCheckpoint checkpoint_read_trainer(const std::string& dir) {
+  const std::string p = path_join(dir, "trainer.json");
+  return trainer_checkpoint_parse(read_text_file(p), p);
+}
+
+ModelSpec checkpoint_read_spec(const std::string& dir) { return spec_from_config_file(path_join(dir, "config.json")); }
+
+void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments) {
+  for (StateUnit& u : state.units()) {
+    const std::string p = path_join(dir, unit_file_name(u.name));
+    if (!file_exists(p))
+      fail("[checkpoint] ", p, " is missing: the checkpoint does not hold unit '", u.name,
+           "' of this model (another model shape?)");
+    std::unique_ptr<SafetensorsFile> f = SafetensorsFile::open(p);
+    if (f->tensors().size() != 3 * u.entries.size())
+      fail("[checkpoint] ", p, " holds ", f->tensors().size(), " tensors; unit '", u.name, "' of this model needs ",
+           3 * u.entries.size(), " (3 per weight): another model shape");
+    for (int part = 0; part < (with_moments ? 3 : 1); ++part)
+      for (size_t k = 0; k < u.entries.size(); ++k) {
+        const WeightEntry& e = u.entries[k];
+        const std::string name = kPrefixes[part] + e.name;
+        const TensorInfo* t = f->find(name);
+        if (!t) fail("[checkpoint] ", p, ": tensor '", name, "' is missing (another model shape?)");
+        if (t->dtype != DType::f32 || t->shape != e.shape)
+          fail("[checkpoint] ", p, ": tensor '", name, "' is ", dtype_name(t->dtype), " of another shape than the ",
+               "model's (another model shape?)");
+        tensor_to_f32(*t, u.arena.p + part * u.numel + u.offsets[k]);
+      }
+  }
+}
+
+// ---- writer ----------------------------------------------------------------------
+
+struct CheckpointWriter::Job {
+  std::string out_dir;
+  int64_t keep_last = 0;
+  ModelSpec spec;
+  std::vector<UnitSnap> units;
+  TrainerCheckpoint meta;
+  SaveReport report;
+  std::exception_ptr error;
+  std::atomic<bool> done{false};
+};
+
+namespace {
+
+void job_run(CheckpointWriter::Job& j);
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(std::string out_dir, int64_t keep_last)
+    : out_dir_(std::move(out_dir)), keep_last_(keep_last) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!thread_.joinable()) return;
+  thread_.join();
+  if (job_ && job_->error) {
+    try {
+      std::rethrow_exception(job_->error);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ramtrain: error: %s\n", e.what());
+    }
+  }
+}
+
+void CheckpointWriter::finish(std::optional<SaveReport>* out) {
+  thread_.join();
+  std::shared_ptr<Job> j = std::move(job_);
+  if (j->error) std::rethrow_exception(j->error);
+  last_path_ = j->report.path;
+  if (out) *out = j->report;
+}
+
+std::optional<SaveReport> CheckpointWriter::poll() {
+  std::optional<SaveReport> r;
+  if (thread_.joinable() && job_->done.load()) finish(&r);
+  return r;
+}
+
+std::optional<SaveReport> CheckpointWriter::wait() {
+  std::optional<SaveReport> r;
+  if (thread_.joinable()) finish(&r);
+  return r;
+}
+
+SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoint& meta, bool background) {
+  const auto t0 = clock_type::now();
+  wait();  // the previous write (its report was already printed by poll, or is superseded)
+  auto job = std::make_shared<Job>();
+  job->out_dir = out_dir_;
+  job->keep_last = keep_last_;
+  job->spec = state.spec();
+  job->meta = meta;
+  job->report.step = meta.step;
+  const auto& units = state.units();
+  uint64_t need = 0;
+  for (const StateUnit& u : units) need += static_cast<uint64_t>(u.arena.n) * sizeof(float);
+  if (background) {
+    bool have = staging_.size() == units.size();
+    for (size_t i = 0; have && i < units.size(); ++i) have = staging_[i].n == units[i].arena.n;
+    if (!have) {
+      staging_.clear();
+      const uint64_t avail = host_memory_available();
+      const uint64_t want = need + need / 10 + (uint64_t(256) << 20);
+      if (avail == 0 || avail < want) {
+        job->report.note = cat("not enough free host RAM for a staging copy (", need >> 20, " MiB needed + margin, ",
+                               avail >> 20, " MiB available): writing synchronously");
+        background = false;
+      } else {
+        try {
+          for (const StateUnit& u : units) staging_.emplace_back(u.arena.n, cat("the checkpoint staging copy of ", u.name));
+        } catch (const Error& e) {
+          staging_.clear();
+          job->report.note = cat("cannot allocate the staging copy (", e.what(), "): writing synchronously");
+          background = false;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    const StateUnit& u = units[i];
+    UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.arena.p};
+    if (background) {
+      float* dst = staging_[i].p;
+      const float* src = u.arena.p;
+      constexpr int64_t grain = int64_t(1) << 22;
+      parallel_for(static_cast<int64_t>(u.arena.n), grain, [&](int64_t b, int64_t e) {
+        std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
+      });
+      s.arena = dst;
+    }
+    job->units.push_back(std::move(s));
+  }
+  job->report.background = background;
+  job->report.stall_seconds = seconds_since(t0);
+  if (!background) {
+    job_run(*job);
+    if (job->error) std::rethrow_exception(job->error);
+    job->report.stall_seconds = seconds_since(t0);
+    last_path_ = job->report.path;
+    return job->report;
+  }
+  job_ = job;
+  SaveReport early = job->report;
+  thread_ = std::thread([job] { job_run(*job); });
+  return early;
+}
+
+namespace {
+
+void job_run(CheckpointWriter::Job& j) {
+  const auto t0 = clock_type::now();
+  const int64_t step = j.meta.step;
+  const std::string name = checkpoint_dir_name(step);
+  const std::string final_dir = path_join(j.out_dir, name);
+  const std::string pid = std::to_string(::getpid());
+  const std::string tmp = path_join(j.out_dir, cat(".tmp-ckpt-", step, ".", pid));
+  std::error_code ec;
+  try {
+    make_dirs(j.out_dir);
+    remove_stale_temporaries(j.out_dir);
+    make_dirs(tmp);
+    CheckpointManifest m;
+    m.step = step;
+    for (const UnitSnap& u : j.units) {
+      const std::string f = unit_file_name(u.name);
+      m.files[f] = unit_write(path_join(tmp, f), u);
+    }
+    m.files["config.json"] = text_write(path_join(tmp, "config.json"), spec_to_config_json(j.spec));
+    m.files["trainer.json"] = text_write(path_join(tmp, "trainer.json"), trainer_checkpoint_to_json(j.meta));
+    text_write(path_join(tmp, "manifest.json"), manifest_to_json(m));
+    fsync_dir(tmp);
+    const std::string old = path_join(j.out_dir, cat(".old-ckpt-", step, ".", pid));
+    const bool had_old = fs::exists(final_dir, ec);
+    if (had_old) {
+      fs::rename(final_dir, old, ec);
+      if (ec) fail("[file] cannot move the older ", final_dir, " aside: ", ec.message());
+    }
+    fs::rename(tmp, final_dir, ec);
+    if (ec) fail("[file] cannot rename ", tmp, " to ", final_dir, ": ", ec.message());
+    fsync_dir(j.out_dir);
+    if (had_old) fs::remove_all(old, ec);
+    j.report.path = final_dir;
+    for (auto& [f, e] : m.files) j.report.bytes += e.bytes;
+    j.report.bytes += file_size(path_join(final_dir, "manifest.json"));
+    prune(j.out_dir, j.keep_last);
+  } catch (const std::exception& e) {
+    fs::remove_all(tmp, ec);
+    std::vector<CheckpointRef> prev = checkpoint_list(j.out_dir);
+    std::string prev_msg = prev.empty() ? std::string("There is no earlier checkpoint")
+                                        : cat("The previous checkpoint ", prev.back().path, " is intact");
+    j.error = std::make_exception_ptr(Error(cat("[checkpoint] saving step ", step, " into ", j.out_dir, " failed: ",
+                                                e.what(), ". ", prev_msg,
+                                                "; free disk space (or fix the error) and resume with --resume auto")));
+  }
+  j.report.write_seconds = seconds_since(t0);
+  j.done.store(true);
+}
+
+}  // namespace
+
+SaveReport checkpoint_write(const std::string& out_dir, const HostState& state, const TrainerCheckpoint& meta,
+                            int64_t keep_last) {
+  CheckpointWriter w(out_dir, keep_last);
+  return w.save(state, meta, false);
+}
+
+}  // namespace rt

@@ -1,0 +1,362 @@
+// Checkpoint directories: exact round trip of every byte of training state,
+// background writes that snapshot the state, the self-checksummed manifest,
+// detection of a flipped byte in every file, the newest-valid search, pruning,
+// and a failing disk (injected, and a real full tmpfs when we may mount one).
+#include "io/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "testutil.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+rt::ModelSpec tiny_spec() {
+  rt::ModelSpec s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden = 16;
+  s.intermediate = 24;
+  s.n_layers = 2;
+  s.n_heads = 2;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  s.vocab = 40;
+  s.max_positions = 32;
+  return s;
+}
+
+// A state whose master, m and v all hold distinct random values.
+void fill_state(rt::HostState& st, uint64_t seed) {
+  for (auto& u : st.units())
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const int64_t n = u.entries[k].numel();
+      for (int part = 0; part < 3; ++part) {
+        std::vector<float> r = rt::test::random_vec(n, seed++, -2.f, 2.f);
+        std::memcpy(u.arena.p + part * u.numel + u.offsets[k], r.data(), static_cast<size_t>(n) * 4);
+      }
+    }
+}
+
+rt::TrainerCheckpoint meta_at(int64_t step) {
+  rt::TrainerCheckpoint c;
+  c.step = step;
+  c.adam_t = step - 1;
+  c.skipped = 1;
+  c.bad_in_a_row = 1;
+  c.bad_since = step;
+  c.cursor = {2, 7};
+  c.run.seed = 0xfedcba9876543210ull;
+  c.run.data_paths = {"/data/a.txt", "/data/b b.txt"};
+  c.run.train_tokens = 1000;
+  c.run.val_tokens = 100;
+  c.run.train_windows = 61;
+  c.run.data_fingerprint = 0x0123456789abcdefull;
+  c.run.source_model_dir = "/models/x";
+  c.run.tokenizer = "hf";
+  c.run.run_config = {{"lr", "0.001"}, {"seq-len", "16"}};
+  return c;
+}
+
+bool arenas_equal(const rt::HostState& a, const rt::HostState& b) {
+  for (size_t i = 0; i < a.units().size(); ++i)
+    if (std::memcmp(a.units()[i].arena.p, b.units()[i].arena.p, a.units()[i].arena.n * sizeof(float)) != 0) return false;
+  return true;
+}
+
+std::string read_all(const std::string& p) { return rt::read_text_file(p); }
+
+void flip_byte(const std::string& path, uint64_t pos, uint8_t mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(pos));
+  char c;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ mask);
+  f.seekp(static_cast<std::streamoff>(pos));
+  f.write(&c, 1);
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+TEST(Checkpoint, ManifestRoundTripsAndEveryFlippedByteIsDetected) {
+  rt::CheckpointManifest m;
+  m.step = 120;
+  m.files["config.json"] = {712, 0x05d19c3d445fb9c9ull};
+  m.files["state-layer.0.safetensors"] = {114336, 0xffffffffffffffffull};
+  m.files["trainer.json"] = {0, 0};
+  const std::string text = rt::manifest_to_json(m);
+  rt::CheckpointManifest back = rt::manifest_parse(text, "m");
+  EXPECT_EQ(back.step, 120);
+  ASSERT_EQ(back.files.size(), 3u);
+  EXPECT_EQ(back.files["state-layer.0.safetensors"].xxh3_64, 0xffffffffffffffffull);
+  EXPECT_EQ(back.files["config.json"].bytes, 712u);
+  // Every byte, two different flips each: the self-checksum (or the parser) refuses all.
+  for (size_t i = 0; i < text.size(); ++i)
+    for (uint8_t mask : {uint8_t(0x01), uint8_t(0x20)}) {
+      std::string t = text;
+      t[i] = static_cast<char>(t[i] ^ mask);
+      EXPECT_THROW(rt::manifest_parse(t, "m"), rt::Error) << "byte " << i << " mask " << int(mask);
+    }
+  EXPECT_THROW(rt::manifest_parse(text.substr(0, text.size() / 2), "m"), rt::Error);
+  // A hand-made manifest with a path in a file name is refused even with a right checksum.
+  rt::CheckpointManifest evil;
+  evil.files["../x"] = {1, 2};
+  EXPECT_THROW(rt::manifest_parse(rt::manifest_to_json(evil), "m"), rt::Error);
+}
+
+TEST(Checkpoint, TrainerStateRoundTripsAndBadFieldsAreNamed) {
+  rt::TrainerCheckpoint c = meta_at(9);
+  rt::TrainerCheckpoint b = rt::trainer_checkpoint_parse(rt::trainer_checkpoint_to_json(c), "t");
+  EXPECT_EQ(b.step, 9);
+  EXPECT_EQ(b.adam_t, 8);
+  EXPECT_EQ(b.skipped, 1);
+  EXPECT_EQ(b.bad_in_a_row, 1);
+  EXPECT_EQ(b.bad_since, 9);
+  EXPECT_EQ(b.cursor, c.cursor);
+  EXPECT_EQ(b.run.seed, c.run.seed);
+  EXPECT_EQ(b.run.data_paths, c.run.data_paths);
+  EXPECT_EQ(b.run.data_fingerprint, c.run.data_fingerprint);
+  EXPECT_EQ(b.run.train_windows, 61u);
+  EXPECT_EQ(b.run.source_model_dir, "/models/x");
+  EXPECT_EQ(b.run.tokenizer, "hf");
+  EXPECT_EQ(b.run.run_config, c.run.run_config);
+  try {
+    std::string t = rt::trainer_checkpoint_to_json(c);
+    t.replace(t.find("\"adam_t\": 8"), 11, "\"adam_t\": \"8\"");
+    rt::trainer_checkpoint_parse(t, "t.json");
+    FAIL() << "accepted a string adam_t";
+  } catch (const rt::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "adam_t")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "t.json")) << e.what();
+  }
+  EXPECT_THROW(rt::trainer_checkpoint_parse("{}", "t"), rt::Error);
+  EXPECT_THROW(rt::trainer_checkpoint_parse("[1", "t"), rt::Error);
+}
+
+TEST(Checkpoint, WriteVerifyLoadIsBitExact) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  fill_state(a, 1);
+  rt::SaveReport r = rt::checkpoint_write(tmp.path(), a, meta_at(5), 3);
+  EXPECT_EQ(r.path, tmp.file("ckpt-00000005"));
+  EXPECT_FALSE(r.background);
+  EXPECT_EQ(rt::checkpoint_verify(r.path), "");
+  uint64_t on_disk = 0;
+  for (auto& de : fs::directory_iterator(r.path)) on_disk += fs::file_size(de.path());
+  EXPECT_EQ(r.bytes, on_disk);
+  rt::HostState b(rt::checkpoint_read_spec(r.path), false);
+  EXPECT_EQ(rt::spec_to_config_json(b.spec()), rt::spec_to_config_json(a.spec()));
+  rt::checkpoint_load_state(r.path, b);
+  EXPECT_TRUE(arenas_equal(a, b));
+  rt::TrainerCheckpoint m = rt::checkpoint_read_trainer(r.path);
+  EXPECT_EQ(m.step, 5);
+  EXPECT_EQ(m.cursor, (rt::DataCursor{2, 7}));
+  // Master only: the moments stay as they were.
+  rt::HostState c(tiny_spec(), false);
+  rt::checkpoint_load_state(r.path, c, false);
+  EXPECT_EQ(std::memcmp(c.units()[1].master(), a.units()[1].master(), c.units()[1].numel * 4), 0);
+  EXPECT_EQ(c.units()[1].m()[0], 0.0f);
+  // Another shape is refused by name.
+  rt::ModelSpec other = tiny_spec();
+  other.intermediate = 32;
+  rt::HostState d(other, false);
+  try {
+    rt::checkpoint_load_state(r.path, d);
+    FAIL() << "loaded another shape";
+  } catch (const rt::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "mlp")) << e.what();
+  }
+}
+
+TEST(Checkpoint, BackgroundWriteSnapshotsTheStateAtSave) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  fill_state(a, 7);
+  rt::HostState want(tiny_spec(), false);
+  fill_state(want, 7);
+  rt::CheckpointWriter w(tmp.path(), 0);
+  rt::SaveReport started = w.save(a, meta_at(3), true);
+  // Training goes on: the live state changes while the write runs.
+  fill_state(a, 99);
+  std::optional<rt::SaveReport> done = w.wait();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->background, started.background);
+  if (!started.background) std::printf("note: wrote synchronously: %s\n", started.note.c_str());
+  EXPECT_EQ(rt::checkpoint_verify(done->path), "");
+  rt::HostState b(tiny_spec(), false);
+  rt::checkpoint_load_state(done->path, b);
+  EXPECT_TRUE(arenas_equal(b, want));
+  EXPECT_FALSE(w.poll().has_value());  // reported once
+  // The synchronous path writes the same bytes.
+  rt::test::TempDir tmp2;
+  rt::SaveReport s = rt::checkpoint_write(tmp2.path(), want, meta_at(3), 0);
+  EXPECT_EQ(read_all(done->path + "/manifest.json"), read_all(s.path + "/manifest.json"));
+}
+
+TEST(Checkpoint, AFlippedByteInAnyFileIsDetected) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  fill_state(a, 3);
+  const std::string dir = rt::checkpoint_write(tmp.path(), a, meta_at(2), 0).path;
+  int files = 0;
+  for (auto& de : fs::directory_iterator(dir)) {
+    const std::string name = de.path().filename().string(), path = de.path().string();
+    const uint64_t n = fs::file_size(path);
+    ++files;
+    // Small text files: every byte. State files: the header and spread-out data bytes.
+    std::vector<uint64_t> positions;
+    if (n < 4096) {
+      for (uint64_t i = 0; i < n; ++i) positions.push_back(i);
+    } else {
+      for (uint64_t i = 0; i < 64; ++i) positions.push_back(i);
+      for (uint64_t k = 1; k < 64; ++k) positions.push_back(n * k / 64);
+      positions.push_back(n - 1);
+    }
+    for (uint64_t pos : positions) {
+      flip_byte(path, pos, 0x10);
+      const std::string why = rt::checkpoint_verify(dir);
+      EXPECT_NE(why, "") << name << " byte " << pos;
+      EXPECT_TRUE(contains(why, name)) << name << " byte " << pos << ": " << why;
+      flip_byte(path, pos, 0x10);
+    }
+    EXPECT_EQ(rt::checkpoint_verify(dir), "") << name;
+  }
+  EXPECT_EQ(files, 4 + 2 + 1);  // 4 units (embed, 2 layers, head), config, trainer, manifest
+  // Truncation and a missing file are named too.
+  const std::string st = dir + "/state-head.safetensors";
+  fs::resize_file(st, fs::file_size(st) - 4);
+  EXPECT_TRUE(contains(rt::checkpoint_verify(dir), "state-head.safetensors"));
+  fs::remove(st);
+  EXPECT_TRUE(contains(rt::checkpoint_verify(dir), "missing"));
+  fs::remove(dir + "/manifest.json");
+  EXPECT_TRUE(contains(rt::checkpoint_verify(dir), "manifest.json"));
+}
+
+TEST(Checkpoint, NewestValidSkipsCorruptAndIncompleteOnesByName) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  fill_state(a, 5);
+  for (int64_t s : {2, 4, 6}) rt::checkpoint_write(tmp.path(), a, meta_at(s), 0);
+  flip_byte(tmp.file("ckpt-00000006/state-layer.1.safetensors"), 100, 1);
+  fs::create_directories(tmp.file(".tmp-ckpt-8.999999"));
+  std::vector<std::string> w;
+  auto best = rt::checkpoint_find_latest_valid(tmp.path(), &w);
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->step, 4);
+  ASSERT_EQ(w.size(), 2u);
+  std::string all = w[0] + "\n" + w[1];
+  EXPECT_TRUE(contains(all, "ckpt-00000006")) << all;
+  EXPECT_TRUE(contains(all, "state-layer.1.safetensors")) << all;
+  EXPECT_TRUE(contains(all, ".tmp-ckpt-8.999999")) << all;
+  fs::remove(tmp.file("ckpt-00000004/trainer.json"));
+  best = rt::checkpoint_find_latest_valid(tmp.path(), nullptr);
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->step, 2);
+  // A writer removes temporaries of dead processes.
+  rt::checkpoint_write(tmp.path(), a, meta_at(7), 0);
+  EXPECT_FALSE(fs::exists(tmp.file(".tmp-ckpt-8.999999")));
+}
+
+TEST(Checkpoint, KeepsTheNewestN) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  rt::CheckpointWriter w(tmp.path(), 2);
+  for (int64_t s = 1; s <= 4; ++s) {
+    w.save(a, meta_at(s), true);
+    w.wait();
+  }
+  auto list = rt::checkpoint_list(tmp.path());
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].step, 3);
+  EXPECT_EQ(list[1].step, 4);
+  EXPECT_EQ(w.last_path(), tmp.file("ckpt-00000004"));
+  // Saving a step again replaces it whole.
+  fill_state(a, 11);
+  w.save(a, meta_at(4), false);
+  rt::HostState b(tiny_spec(), false);
+  rt::checkpoint_load_state(tmp.file("ckpt-00000004"), b);
+  EXPECT_TRUE(arenas_equal(a, b));
+}
+
+// Env var set for one scope.
+struct ScopedEnv {
+  ScopedEnv(const char* k, const std::string& v) : key(k) { ::setenv(k, v.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(key); }
+  const char* key;
+};
+
+void expect_failed_save_left_previous(const std::string& out, const std::string& msg) {
+  EXPECT_TRUE(contains(msg, "No space left on device")) << msg;
+  EXPECT_TRUE(contains(msg, "The previous checkpoint " + out + "/ckpt-00000001 is intact")) << msg;
+  EXPECT_EQ(rt::checkpoint_verify(out + "/ckpt-00000001"), "");
+  auto list = rt::checkpoint_list(out);
+  ASSERT_EQ(list.size(), 1u);
+  for (auto& de : fs::directory_iterator(out))
+    EXPECT_EQ(de.path().filename().string().rfind(".tmp", 0), std::string::npos) << de.path();
+}
+
+TEST(Checkpoint, AFailedWriteKeepsThePreviousCheckpoint) {
+  rt::HostState a(tiny_spec(), false);
+  for (bool background : {false, true}) {
+    rt::test::TempDir tmp;
+    rt::CheckpointWriter w(tmp.path(), 1);
+    w.save(a, meta_at(1), false);
+    std::string msg;
+    {
+      ScopedEnv env("RAMTRAIN_INJECT_WRITE_FAIL_AFTER_BYTES", std::to_string(rt::checkpoint_bytes_written() + 5000));
+      try {
+        w.save(a, meta_at(2), background);
+        w.wait();
+      } catch (const rt::Error& e) {
+        msg = e.what();
+      }
+    }
+    expect_failed_save_left_previous(tmp.path(), msg);
+  }
+}
+
+// A real full disk: a tmpfs just big enough for two checkpoints (root only;
+// skipped where mounting is not allowed).
+TEST(Checkpoint, AFullTmpfsKeepsThePreviousCheckpoint) {
+  rt::HostState a(tiny_spec(), false);
+  rt::test::TempDir probe;
+  const uint64_t one = rt::checkpoint_write(probe.path(), a, meta_at(1), 0).bytes;
+  rt::test::TempDir tmp;
+  const uint64_t size = (one * 3 / 2 + 4095) / 4096 * 4096 + 8 * 4096;  // room for one and a half, plus page slack
+  if (::geteuid() != 0 || ::mount("tmpfs", tmp.path().c_str(), "tmpfs", 0, ("size=" + std::to_string(size)).c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  std::string msg;
+  try {
+    rt::CheckpointWriter w(tmp.path(), 0);
+    w.save(a, meta_at(1), false);
+    w.save(a, meta_at(2), false);
+  } catch (const rt::Error& e) {
+    msg = e.what();
+  }
+  std::printf("tmpfs of %llu bytes, checkpoint of %llu bytes: %s\n", (unsigned long long)size,
+              (unsigned long long)one, msg.c_str());
+  expect_failed_save_left_previous(tmp.path(), msg);
+  ::umount(tmp.path().c_str());
+}
+
+TEST(Checkpoint, DatasetFingerprintSeesContent) {
+  std::vector<int32_t> ids(3000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 97);
+  const uint64_t a = rt::dataset_fingerprint(rt::TokenStream::from_ids(ids, "a", 0));
+  EXPECT_EQ(a, rt::dataset_fingerprint(rt::TokenStream::from_ids(ids, "same ids, other name", 0)));
+  ids[1500] = 5;
+  EXPECT_NE(a, rt::dataset_fingerprint(rt::TokenStream::from_ids(ids, "b", 0)));
+  ids.pop_back();
+  EXPECT_NE(a, rt::dataset_fingerprint(rt::TokenStream::from_ids(ids, "c", 0)));
+}
+
+}  // namespace
