@@ -23,9 +23,10 @@ cmake --build build/fuzz -j "${RAMTRAIN_BUILD_JOBS:-$(nproc)}" --target fuzz_tar
 
 # Seed corpora: committed seeds, the test fixtures, and a small generated safetensors file.
 corpus=build/fuzz/corpus
-mkdir -p "$corpus"/{safetensors_header_fuzz,config_json_fuzz,token_data_fuzz,checkpoint_manifest_fuzz} build/fuzz/crashes
+mkdir -p "$corpus"/{safetensors_header_fuzz,config_json_fuzz,token_data_fuzz,checkpoint_manifest_fuzz,records_fuzz} build/fuzz/crashes
 cp fuzz/corpus/checkpoint_manifest/* "$corpus/checkpoint_manifest_fuzz/"
 cp fuzz/corpus/token_data/* "$corpus/token_data_fuzz/"
+cp fuzz/corpus/records/* "$corpus/records_fuzz/"
 i=0; for f in $(find tests/fixtures -name config.json); do cp "$f" "$corpus/config_json_fuzz/seed$i.json"; i=$((i+1)); done
 i=0; for f in $(find tests/fixtures -name tokens.txt); do cp "$f" "$corpus/token_data_fuzz/tokens$i.txt"; i=$((i+1)); done
 python3 - "$corpus/safetensors_header_fuzz" <<'PY'
@@ -40,7 +41,7 @@ PY
 printf 'RTTOKENS' > "$corpus/token_data_fuzz/magic.bin"
 
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(safetensors_header_fuzz config_json_fuzz token_data_fuzz checkpoint_manifest_fuzz); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(safetensors_header_fuzz config_json_fuzz token_data_fuzz checkpoint_manifest_fuzz records_fuzz); fi
 status=0
 for t in "${targets[@]}"; do
   echo "== fuzz: $t for ${secs}s =="
