@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, in one call: CUDA ops vs CPU, the streaming engine
-# tests, the 7B-shape benchmark (streaming and resident), the attention
-# benchmark against PyTorch SDPA, HF fixture regeneration, and a transformers
-# load of a ramtrain export. Prints a summary table last.
-#   tests/gpu/run.sh [BIN_DIR]   BIN_DIR holds ramtrain, the test and bench
-#   binaries, lib/ (shared libraries the GPU machine may lack) and data/
-#   (tinyshakespeare.txt); see tests/gpu/stage.sh, which makes it here.
-# Logs go to $OUT when set. Set RAMTRAIN_GPU_QUICK=1 to skip the 7B bench.
+# Runs on the GPU machine: the checks and timings CI cannot do. Each part is
+# a few minutes; name the parts to run (default: all) so that one device call
+# stays within its time limit.
+#   tests/gpu/run.sh [BIN_DIR] [PART...]
+# BIN_DIR holds ramtrain, the test and bench binaries, lib/ (shared libraries
+# the GPU machine may lack) and data/ (tinyshakespeare.txt): tests/gpu/stage.sh
+# makes it. Logs go to $OUT when set. Parts:
+#   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test)
+#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve
+#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses
+#   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
+#   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
+#   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap
+#   bench7b   7B-shape streaming and resident throughput, with a trace
+#   attention fused attention against PyTorch SDPA
+#   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
+#   hf        HF fixture regeneration, and transformers loading a ramtrain export
+#   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 set -u -o pipefail
-bin=${1:-build/gpu-run}
+bin=build/gpu-run
+if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
+parts=${*:-ops engine resume optim memory bench7b attention stall hf demo}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 logs=${OUT:-/tmp/ramtrain_gpu_logs}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RAMTRAIN_SHARED_DATA_DIR="$bin/data"
+data=$bin/data/tinyshakespeare.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-nproc; free -g | head -2
+echo "cores $(nproc)"; free -g | head -2; df -h /tmp | tail -1
 summary=()
 run() {  # name timeout command...
   local name=$1 t=$2; shift 2
@@ -23,36 +36,115 @@ run() {  # name timeout command...
   local t0=$(date +%s)
   timeout "$t" "$@" > "$logs/$name.log" 2>&1
   local rc=$?
-  tail -n 40 "$logs/$name.log"
+  tail -n 30 "$logs/$name.log"
   summary+=("$(printf '%-22s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
 }
-run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
-run engine_test 300 "$bin/gpu_engine_test"
-if [ "${RAMTRAIN_GPU_QUICK:-0}" != 1 ]; then
-  run bench_7b_2048 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 16 --steps 3 --warmup 2 \
+has() { [[ " $parts " == *" $1 "* ]]; }
+tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
+
+has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+has engine && run engine_test 300 "$bin/gpu_engine_test"
+
+if has resume; then
+  # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
+  common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
+          --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0)
+  run resume 200 bash -c "
+    set -e
+    '$bin/ramtrain' ${common[*]} --save-every 6 --out $tmp/a --metrics $tmp/a.jsonl
+    '$bin/ramtrain' ${common[*]} --resume $tmp/a/ckpt-00000006 --out $tmp/b --metrics $tmp/b.jsonl
+    python3 - $tmp/a.jsonl $tmp/b.jsonl <<'PY'
+import json, sys
+def losses(f): return {r['step']: r['loss'] for r in map(json.loads, open(f)) if 'loss' in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+steps = sorted(s for s in b if s > 6)
+assert steps == list(range(7, 13)), steps
+for s in steps: print(f'step {s}: uninterrupted {a[s]!r} resumed {b[s]!r}')
+bad = [s for s in steps if a[s] != b[s]]
+print('RESUME-IDENTICAL' if not bad else f'RESUME-DIFFERS at steps {bad}')
+PY"
+fi
+
+if has optim; then
+  run optim_test 120 "$bin/optim_adamw_test"
+  run optim_bench 200 "$bin/ramtrain_optim_bench" --params 268435456 --threads "$(nproc)" --reps 5
+  run optim_torch 200 python3 "$here/bench/adamw_torch.py" --params 268435456 --reps 5
+fi
+
+if has memory; then
+  # Same width, 8/16/32 layers, checkpoints and gradients on the host: peak device memory must not grow with L.
+  for L in 8 16 32; do
+    run "mem_0.5b_L$L" 200 "$bin/ramtrain_bench" --preset qwen2.5-0.5b --layers "$L" --seq-len 2048 --micro-batch 8 \
+      --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host
+  done
+fi
+if has memory || has mem7b; then
+  # The 7B width (28 layers need 18 B/param of host RAM with host gradients, more than the lent 128 GiB):
+  # peak device memory at 4 and 8 layers, micro-batch 4, under a 14 GiB (15.0 GB) cap.
+  for L in 4 8; do
+    run "mem_7b_L$L" 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --layers "$L" --seq-len 2048 --micro-batch 4 \
+      --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host --max-gpu-memory 14
+  done
+fi
+
+if has bench7b; then
+  run bench_7b_2048 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 --warmup 2 \
     --modes streaming,resident --trace "$logs/trace_7b"
 fi
-run attention_bench 120 "$bin/attention_bench" --B 1,2
-run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
-# HF fixtures regenerated here must equal the committed ones
-run fixtures_regen 120 bash -c "python3 '$here/tools/make_hf_fixtures.py' --out /tmp/fx && diff -r /tmp/fx/hf '$here/tests/fixtures/hf' && diff -r /tmp/fx/adamw '$here/tests/fixtures/adamw' && echo FIXTURES-IDENTICAL"
-# a ramtrain export loads in transformers with the same loss
-run export_check 200 bash -c "
-  set -e; d=/tmp/exp; rm -rf \$d; mkdir -p \$d
-  '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' '$here/src' --steps 5 --seq-len 64 --micro-batch 4 \
-     --device cpu --export-dtype fp32 --out \$d/run >/dev/null
-  python3 -c \"import random; random.seed(0); [print(' '.join(str(random.randrange(258)) for _ in range(48))) for _ in range(3)]\" > \$d/tokens.txt
-  '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
-  ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
-  python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
-  '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' --steps 3 --seq-len 64 --micro-batch 4 --device cpu --out \$d/run16 >/dev/null
-  python3 '$here/tools/check_hf_export.py' \$d/run16/final --tokens \$d/tokens.txt && echo EXPORT-OK"
+
+if has attention; then
+  run attention_bench 120 "$bin/attention_bench" --B 1,2
+  run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
+fi
+
+if has stall; then
+  # A Qwen2.5-7B-width model with 4 layers (2.0B params, 24 GB per checkpoint: two must fit the 64 GiB disk)
+  # on random ids, saving every 3 steps.
+  run stall 500 bash -c "
+    set -e; mkdir -p $tmp/m7
+    python3 - <<'PY'
+import json, numpy as np
+cfg = {'architectures': ['Qwen2ForCausalLM'], 'model_type': 'qwen2', 'hidden_size': 3584, 'intermediate_size': 18944,
+       'num_hidden_layers': 4, 'num_attention_heads': 28, 'num_key_value_heads': 4, 'vocab_size': 152064,
+       'rms_norm_eps': 1e-6, 'rope_theta': 1000000.0, 'max_position_embeddings': 32768, 'tie_word_embeddings': False,
+       'bos_token_id': 151643, 'eos_token_id': 151643}
+json.dump(cfg, open('$tmp/m7/config.json', 'w'))
+np.random.default_rng(0).integers(0, 65535, size=4_000_000, dtype=np.uint16).tofile('$tmp/ids.bin')
+PY
+    '$bin/ramtrain' train --model $tmp/m7 --init random --data $tmp/ids.bin --seq-len 2048 --micro-batch 8 \
+      --steps 6 --save-every 3 --keep-checkpoints 1 --eval-every 0 --device cuda --out $tmp/stall --export-dtype bf16
+    ls -la $tmp/stall; du -sh $tmp/stall/*"
+fi
+
+if has hf; then
+  run fixtures_regen 120 bash -c "python3 '$here/tools/make_hf_fixtures.py' --out $tmp/fx && diff -r $tmp/fx/hf '$here/tests/fixtures/hf' && diff -r $tmp/fx/adamw '$here/tests/fixtures/adamw' && echo FIXTURES-IDENTICAL"
+  run export_check 200 bash -c "
+    set -e; d=$tmp/exp; mkdir -p \$d
+    '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' '$here/src' --steps 5 --seq-len 64 --micro-batch 4 \
+       --device cpu --export-dtype fp32 --out \$d/run >/dev/null
+    python3 -c \"import random; random.seed(0); [print(' '.join(str(random.randrange(258)) for _ in range(48))) for _ in range(3)]\" > \$d/tokens.txt
+    '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
+    ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
+    python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
+    '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' --steps 3 --seq-len 64 --micro-batch 4 --device cpu --out \$d/run16 >/dev/null
+    python3 '$here/tools/check_hf_export.py' \$d/run16/final --tokens \$d/tokens.txt && echo EXPORT-OK"
+fi
+
+if has demo; then
+  run demo 300 env DEMO_BIN="$bin/ramtrain" bash "$here/scripts/demo.sh"
+fi
+
 echo
 echo "================ summary ================"
 printf '%s\n' "${summary[@]}"
-grep -E "^\[  (PASSED|FAILED)" "$logs/cuda_ops_test.log" "$logs/engine_test.log" | sed 's/^/  /'
-grep -E "\[engine\]" "$logs/engine_test.log" | head -20
-grep -E "^(mode|streaming|resident|bf16 GEMM|model|FLOPs)" "$logs/bench_7b_2048.log" 2>/dev/null
-grep -E "^[0-9]" "$logs/attention_bench.log" | sed 's/^/ramtrain attn /'
-grep -E "^[0-9]" "$logs/attention_sdpa.log" | sed 's/^/sdpa attn     /'
-grep -E "IDENTICAL|EXPORT-OK|loss" "$logs/fixtures_regen.log" "$logs/export_check.log" | tail -6
+grep -hE "^\[  (PASSED|FAILED)" "$logs"/cuda_ops_test.log "$logs"/engine_test.log 2>/dev/null | sed 's/^/  /'
+grep -hE "\[engine\]" "$logs"/engine_test.log 2>/dev/null | head -20
+grep -hE "RESUME" "$logs"/resume.log 2>/dev/null
+grep -hE "^(avx|scalar|torch)" "$logs"/optim_bench.log "$logs"/optim_torch.log 2>/dev/null
+for f in "$logs"/mem_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E '^(model|streaming  )' "$f" | tr '\n' ' ')"; done
+grep -hE "^(mode|streaming|resident|bf16 GEMM|model|FLOPs)" "$logs"/bench_7b_2048.log 2>/dev/null
+grep -hE "^[0-9]" "$logs"/attention_bench.log 2>/dev/null | sed 's/^/ramtrain attn /'
+grep -hE "^[0-9]" "$logs"/attention_sdpa.log 2>/dev/null | sed 's/^/sdpa attn     /'
+grep -hiE "checkpoint|stall|tok/s" "$logs"/stall.log 2>/dev/null | tail -8
+grep -hE "IDENTICAL|EXPORT-OK|loss" "$logs"/fixtures_regen.log "$logs"/export_check.log 2>/dev/null | tail -6
+rm -rf "$tmp"
