@@ -86,7 +86,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--checkpoints") a.checkpoints = v();
     else if (k == "--help") {
       std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--steps 4] [--warmup 2]\n"
-                "               [--layers N (override depth)] [--slots 3] [--modes streaming,resident]\n"
+                "               [--layers N (override depth)] [--slots 3]\n"
+                "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
                 "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
                 "               [--checkpoints auto|device|host]");
       std::exit(0);
@@ -136,7 +137,8 @@ int main(int argc, char** argv) try {
     pos = e + 1;
     if (mode.empty()) continue;
     rt::CudaOptions co;
-    co.resident = mode == "resident";
+    co.resident = mode.rfind("resident", 0) == 0;
+    co.delayed_update = mode.find("delayed") != std::string::npos;
     co.slots = static_cast<int>(a.slots);
     co.max_gpu_memory = a.max_gpu;
     co.grads = a.grads;

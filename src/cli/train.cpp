@@ -100,6 +100,8 @@ int cmd_train(const Args& raw_args) {
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
   p.option("max-gpu-memory", "SIZE", "device memory the engine may take, e.g. 16G (default: what is free)");
   p.option("slots", "S", "device weight slots for streaming (>= 2)", "3");
+  p.flag("delayed-update", "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
+         "step (gradients one step stale; GPU: needs --grads device)");
   p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
   p.option("grads", "auto|device|host", "GPU: keep gradients on the device until the step's norm is known, or send "
@@ -165,6 +167,7 @@ int cmd_train(const Args& raw_args) {
   o.weight_decay = p.number("weight-decay");
   o.decay_norms_and_biases = p.on("decay-norms-and-biases");
   o.clip = p.number("clip");
+  o.delayed_update = p.on("delayed-update");
   int64_t warmup = p.integer("warmup");
   if (!p.given("warmup") && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
   o.lr = make_lr_schedule(p.str("schedule"), p.number("lr"), warmup, o.steps, p.number("min-lr-ratio"));
@@ -230,6 +233,7 @@ int cmd_train(const Args& raw_args) {
     if (p.has("max-gpu-memory")) co.max_gpu_memory = p.size_bytes("max-gpu-memory");
     co.slots = static_cast<int>(p.integer("slots"));
     co.resident = p.on("resident");
+    co.delayed_update = o.delayed_update;
     co.grads = p.str("grads");
     co.checkpoints = p.str("checkpoints");
     if (p.has("trace")) co.trace_path = p.str("trace");

@@ -19,6 +19,11 @@
 //   optimizer (worker thread, CPU pool): in forward order, each unit's grads
 //     go device -> pinned slab (d2h), AdamW updates master/m/v and writes the
 //     bf16 shadow; the next step's load of unit u waits only on u's update.
+// Delayed update (backend.h): two bf16 shadows; step t's optimizer writes
+//   shadow t % 2 while step t+1 trains on the weights of update t-1 (shadow
+//   (t-1) % 2), and it runs in backward order (head, embedding, last layer
+//   first) so that step t+1's backward finds each unit's gradient buffer
+//   already copied out and zeroed.
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -162,17 +167,20 @@ class StreamEngine final : public Backend {
     S_ = opt.resident ? static_cast<int>(L) : std::max(2, std::min<int>(opt.slots, static_cast<int>(L)));
     auto& units = st_.units();
     layer_numel_ = units[1].numel;
-    // pinned bf16 shadows, exact size, filled from the fp32 master
-    for (auto& u : units) {
-      shadow_.emplace_back(static_cast<size_t>(u.numel) * 2, "the bf16 shadow of " + u.name);
-      uint16_t* sh = shadow_.back().as<uint16_t>();
-      const float* m = u.master();
-      parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) sh[i] = f32_to_bf16(m[i]);
-      });
-    }
-    version_.assign(units.size(), 0);
+    delayed_ = opt.delayed_update;
+    // pinned bf16 shadows, exact size, filled from the fp32 master (two of each in delayed mode)
+    for (int k = 0; k < (delayed_ ? 2 : 1); ++k)
+      for (auto& u : units) {
+        shadow_[k].emplace_back(static_cast<size_t>(u.numel) * 2,
+                                cat(delayed_ ? "a bf16 shadow (delayed update: two per unit) of " : "the bf16 shadow of ", u.name));
+        uint16_t* sh = shadow_[k].back().as<uint16_t>();
+        const float* m = u.master();
+        parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) sh[i] = f32_to_bf16(m[i]);
+        });
+      }
     updated_.assign(units.size(), 0);
+    grad_issued_.assign(units.size(), 0);
     // where gradients and checkpoints live (auto: the device, unless they would take a large part of it)
     const uint64_t dev_grad_bytes = static_cast<uint64_t>(layer_numel_) * 4 * L;
     const uint64_t ckpt_bytes = static_cast<uint64_t>(L + 1) * N_ * s_.hidden * 2;
@@ -180,7 +188,11 @@ class StreamEngine final : public Backend {
       RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v, "'");
       return v == "host" || (v == "auto" && big);
     };
-    host_grads_ = pick(opt.grads, dev_grad_bytes > alloc_.budget() / 3, "grads");
+    host_grads_ = pick(opt.grads, !delayed_ && dev_grad_bytes > alloc_.budget() / 3, "grads");
+    if (delayed_ && host_grads_)
+      fail("[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads host: with host "
+           "gradients each layer's gradient lands in the host arena the pending update still reads. Drop "
+           "--delayed-update, or use --grads device if ", dev_grad_bytes >> 20, " MiB of fp32 gradients fit");
     host_ckpt_ = pick(opt.checkpoints, ckpt_bytes > alloc_.budget() / 4, "checkpoints");
     if (host_grads_) st_.ensure_grads();
     // device state
@@ -258,7 +270,7 @@ class StreamEngine final : public Backend {
 
   std::string describe() const override {
     return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", S_, " slots, bf16 compute, fp32 master + AdamW on ",
-               global_pool().size(), " CPU threads)");
+               global_pool().size(), " CPU threads", delayed_ ? ", delayed update" : "", ")");
   }
 
   uint64_t peak_device_bytes() const { return alloc_.peak(); }
@@ -377,6 +389,7 @@ class StreamEngine final : public Backend {
   void sync() override {
     worker_.drain();
     CUDA_CHECK(cudaDeviceSynchronize());
+    min_version_ = step_;  // delayed update: the pending update is in; the next step trains on it
   }
 
  private:
@@ -422,10 +435,17 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(pos_.data(), h + 2 * N_, N_ * 4, cudaMemcpyHostToDevice, compute_.get()));
   }
 
-  // Blocks until unit u's update of the last step is done (its shadow is current).
+  // The update count of the weights this step computes with: all updates so
+  // far, or in delayed mode all but the last (the one being applied now).
+  int64_t need_version() const { return delayed_ ? std::max(step_ - 1, min_version_) : step_; }
+  // The pinned shadow holding unit u at need_version().
+  const uint16_t* shadow_src(size_t u) const { return shadow_[delayed_ ? need_version() % 2 : 0][u].as<uint16_t>(); }
+
+  // Blocks until unit u holds need_version() (its shadow is current).
   void wait_updated(size_t u) {
+    const int64_t need = need_version();
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return updated_[u] >= step_ || worker_failed_; });
+    cv_.wait(lk, [&] { return updated_[u] >= need || worker_failed_; });
     if (worker_failed_) {
       lk.unlock();
       worker_.drain();
@@ -434,37 +454,42 @@ class StreamEngine final : public Backend {
   }
   void wait_grad_zeroed(size_t u) {
     if (host_grads_) return;  // host mode zeroes its device buffers right before (layers) or after (embed, head) use
-    wait_updated(u);
-    if (step_ > 0) CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), grad_zeroed_[u].get(), 0));
+    if (step_ == 0) return;
+    {  // the optimizer of the last step has queued the copy-out and zeroing of unit u
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return grad_issued_[u] >= step_ || worker_failed_; });
+    }
+    if (worker_failed_) wait_updated(u);  // reports the failure
+    CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), grad_zeroed_[u].get(), 0));
   }
 
   // Unit-resident pieces (embedding, head): reload after each update.
   void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
-    if (have_version == step_) return;
+    if (have_version == need_version()) return;
     wait_updated(u);
     auto span = tracer_.gpu_begin(Lane::h2d, u == 0 ? "load embed" : "load head", -1, h2d_.get());
-    CUDA_CHECK(cudaMemcpyAsync(dst.data(), shadow_[u].as<uint16_t>(), dst.bytes(), cudaMemcpyHostToDevice, h2d_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), shadow_src(u), dst.bytes(), cudaMemcpyHostToDevice, h2d_.get()));
     h2d_bytes_ += dst.bytes();
     tracer_.gpu_end(span, h2d_.get());
     CUDA_CHECK(cudaEventRecord(loaded.get(), h2d_.get()));
     CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), loaded.get(), 0));
-    have_version = step_;
+    have_version = need_version();
   }
 
   // Queues the load of layer i into its slot unless it is already there.
   void load_layer(int64_t i) {
     const int s = static_cast<int>(i % S_);
-    if (slot_layer_[s] == i && slot_version_[s] == step_) return;
+    if (slot_layer_[s] == i && slot_version_[s] == need_version()) return;
     wait_updated(static_cast<size_t>(i + 1));
     if (slot_layer_[s] >= 0) CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), slot_free_[s].get(), 0));
     auto span = tracer_.gpu_begin(Lane::h2d, "load", static_cast<int>(i), h2d_.get());
-    CUDA_CHECK(cudaMemcpyAsync(slots_[s].data(), shadow_[i + 1].as<uint16_t>(), slots_[s].bytes(),
+    CUDA_CHECK(cudaMemcpyAsync(slots_[s].data(), shadow_src(static_cast<size_t>(i + 1)), slots_[s].bytes(),
                                cudaMemcpyHostToDevice, h2d_.get()));
     h2d_bytes_ += slots_[s].bytes();
     tracer_.gpu_end(span, h2d_.get());
     CUDA_CHECK(cudaEventRecord(slot_loaded_[s].get(), h2d_.get()));
     slot_layer_[s] = i;
-    slot_version_[s] = step_;
+    slot_version_[s] = need_version();
   }
   const bf16* use_layer(int64_t i) {
     const int s = static_cast<int>(i % S_);
@@ -656,7 +681,7 @@ class StreamEngine final : public Backend {
       for (size_t u = 0; u < U; ++u) {
         if (apply) {
           auto span = tracer_.host_begin("adamw", static_cast<int>(u) - 1);
-          update_unit(units[u], units[u].grad.p, o, coef, shadow_[u].as<uint16_t>());
+          update_unit(units[u], units[u].grad.p, o, coef, shadow_[0][u].as<uint16_t>());
           tracer_.host_end(span);
           n_params += units[u].numel;
         }
@@ -672,8 +697,22 @@ class StreamEngine final : public Backend {
       return;
     }
     CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), backward_done_.get(), 0));
-    auto issue = [&](size_t u) {
-      const int r = static_cast<int>(u % kSlabs);
+    // Forward order, so that the next forward finds each unit updated as it
+    // comes to it; delayed: the next step trains on older weights and its
+    // backward needs the gradient buffers back first, head and embedding
+    // (tied LM heads write the embedding's gradient) before the last layer.
+    std::vector<size_t> order(U);
+    if (!delayed_) {
+      for (size_t k = 0; k < U; ++k) order[k] = k;
+    } else {
+      order[0] = U - 1;
+      order[1] = 0;
+      for (size_t k = 2; k < U; ++k) order[k] = U - k;
+    }
+    std::vector<PinnedBuf>& shadow = shadow_[delayed_ ? step % 2 : 0];
+    auto issue = [&](size_t k) {
+      const size_t u = order[k];
+      const int r = static_cast<int>(k % kSlabs);
       auto span = tracer_.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, d2h_.get());
       CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost,
                                  d2h_.get()));
@@ -681,20 +720,28 @@ class StreamEngine final : public Backend {
       CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), d2h_.get()));
       CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), d2h_.get()));
       CUDA_CHECK(cudaEventRecord(grad_zeroed_[u].get(), d2h_.get()));
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        grad_issued_[u] = step;
+      }
+      cv_.notify_all();
     };
     const auto t0 = std::chrono::steady_clock::now();
     int64_t n_params = 0;
-    for (size_t u = 0; u < std::min<size_t>(kSlabs, U); ++u) issue(u);
-    for (size_t u = 0; u < U; ++u) {
-      const int r = static_cast<int>(u % kSlabs);
+    for (size_t k = 0; k < std::min<size_t>(kSlabs, U); ++k) issue(k);
+    for (size_t k = 0; k < U; ++k) {
+      const size_t u = order[k];
+      const int r = static_cast<int>(k % kSlabs);
       CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
       if (apply) {
         auto span = tracer_.host_begin("adamw", static_cast<int>(u) - 1);
-        update_unit(units[u], slabs_[r].as<float>(), o, coef, shadow_[u].as<uint16_t>());
+        update_unit(units[u], slabs_[r].as<float>(), o, coef, shadow[u].as<uint16_t>());
         n_params += units[u].numel;
         tracer_.host_end(span);
+      } else if (delayed_) {  // a skipped step: the other shadow must still hold the current weights
+        std::memcpy(shadow[u].as<uint16_t>(), shadow_[(step + 1) % 2][u].as<uint16_t>(), static_cast<size_t>(units[u].numel) * 2);
       }
-      if (u + kSlabs < U) issue(u + kSlabs);
+      if (k + kSlabs < U) issue(k + kSlabs);
       {
         std::lock_guard<std::mutex> lk(mu_);
         updated_[u] = step;
@@ -733,8 +780,11 @@ class StreamEngine final : public Backend {
   Blas blas_;
   int S_ = 2;
   int64_t layer_numel_ = 0;
-  std::vector<PinnedBuf> shadow_;
-  std::vector<int64_t> version_, updated_;
+  std::vector<PinnedBuf> shadow_[2];     // [1] only in delayed mode
+  std::vector<int64_t> updated_;         // per unit: updates applied (guarded by mu_)
+  std::vector<int64_t> grad_issued_;     // per unit: steps whose gradient copy-out + zeroing is queued (mu_)
+  bool delayed_ = false;
+  int64_t min_version_ = 0;              // delayed: the weights of the last sync() are current
   DevBuf<bf16> embed_w_, head_w_;
   int64_t embed_version_ = -1, head_version_ = -1;
   Event embed_loaded_, head_loaded_, backward_done_;

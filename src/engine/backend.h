@@ -53,7 +53,8 @@ class Backend {
   virtual StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) = 0;
   // Forward only: the sum of token losses of one batch, *n_valid tokens.
   virtual double loss_sum(const Batch& b, int64_t* n_valid) = 0;
-  // Makes HostState's master weights current (waits for updates in flight).
+  // Makes HostState's master weights current: waits for updates in flight
+  // and, in delayed-update mode, applies the pending one (see below).
   virtual void sync() {}
   // Test hook: forward + backward only, the fp32 gradients written into
   // HostState's gradient arenas (which must exist); no update. Returns the loss sum.
@@ -68,7 +69,16 @@ inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
 // (nullable) receives the updated weights as bf16 in the same layout.
 void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
 
-std::unique_ptr<Backend> make_cpu_backend(HostState& state);
+// Delayed-update mode (both backends): the update computed at step t is
+// applied during step t+1, so step t+1's gradients are computed on the
+// weights from before step t's update (one step stale), and the CPU
+// optimizer overlaps the whole next step instead of only its forward.
+// Step 1 and 2 both train on the initial weights. sync() applies the
+// pending update, and the delay starts over: the trainer syncs before a
+// checkpoint, the final evaluation and the export, so a run resumed from a
+// checkpoint continues exactly like one that never stopped. A validation
+// loss between those points is that of the weights the next step trains on.
+std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free

@@ -28,8 +28,10 @@ std::vector<int32_t> positions(const Batch& b) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(HostState& s) : state_(s), ops_(s.spec()) { state_.ensure_grads(); }
-  std::string describe() const override { return "cpu (fp32 reference)"; }
+  CpuBackend(HostState& s, bool delayed) : state_(s), ops_(s.spec()), delayed_(delayed) { state_.ensure_grads(); }
+  std::string describe() const override {
+    return delayed_ ? "cpu (fp32 reference, delayed update)" : "cpu (fp32 reference)";
+  }
 
   ModelRunner<CpuOps>& runner(int64_t B, int64_t T) {
     auto& r = runners_[{B, T}];
@@ -68,12 +70,29 @@ class CpuBackend final : public Backend {
     double sq = 0;
     for (auto& u : state_.units()) sq += sum_squares(u.grad.p, u.numel);
     st.grad_norm = std::sqrt(sq);
-    if (!std::isfinite(st.loss_sum) || !std::isfinite(st.grad_norm)) return st;
-    const float coef = clip_coefficient(st.grad_norm, o.clip);
-    for (auto& u : state_.units()) update_unit(u, u.grad.p, o, coef, nullptr);
-    st.applied = true;
+      const bool ok = std::isfinite(st.loss_sum) && std::isfinite(st.grad_norm);
+    const float coef = ok ? clip_coefficient(st.grad_norm, o.clip) : 0.0f;
+    st.applied = ok;
+    if (!delayed_) {
+      if (ok)
+        for (auto& u : state_.units()) update_unit(u, u.grad.p, o, coef, nullptr);
+      return st;
+    }
+    // Delayed: the previous step's update goes in now (after this step's
+    // gradients were computed on the weights before it); this step's waits.
+    apply_pending();
+    auto& units = state_.units();
+    pending_.grads.resize(units.size());
+    for (size_t k = 0; k < units.size(); ++k)
+      pending_.grads[k].assign(units[k].grad.p, units[k].grad.p + units[k].numel);
+    pending_.has = true;
+    pending_.apply = ok;
+    pending_.o = o;
+    pending_.coef = coef;
     return st;
   }
+
+  void sync() override { apply_pending(); }
 
   double loss_sum(const Batch& b, int64_t* n_valid) override {
     std::vector<int32_t> pos = positions(b);
@@ -83,13 +102,30 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  void apply_pending() {
+    if (!pending_.has) return;
+    auto& units = state_.units();
+    if (pending_.apply)
+      for (size_t k = 0; k < units.size(); ++k) update_unit(units[k], pending_.grads[k].data(), pending_.o, pending_.coef, nullptr);
+    pending_.has = false;
+  }
+
   HostState& state_;
   CpuOps ops_;
+  bool delayed_;
+  struct {
+    bool has = false, apply = false;
+    OptimStep o;
+    float coef = 0;
+    std::vector<std::vector<float>> grads;  // per unit, laid out like its arena
+  } pending_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ModelRunner<CpuOps>>> runners_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(HostState& state) { return std::make_unique<CpuBackend>(state); }
+std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update) {
+  return std::make_unique<CpuBackend>(state, delayed_update);
+}
 
 }  // namespace rt

@@ -111,7 +111,7 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(opt_.steps >= 1, "[train] --steps must be >= 1");
   RT_CHECK(data_.seq_len() <= state_.spec().max_positions, "[train] --seq-len ", data_.seq_len(),
            " exceeds the model's max_position_embeddings (", state_.spec().max_positions, ")");
-  if (!backend_) backend_ = make_cpu_backend(state_);
+  if (!backend_) backend_ = make_cpu_backend(state_, opt_.delayed_update);
   inject_nan_ = inject_nan_parse();
   run_.seed = opt_.seed;
   for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));
@@ -271,6 +271,10 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
               (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(),
               (long long)opt_.grad_accum, (long long)state_.n_params(), state_.bytes_per_param(),
               simd_level_name(simd_level_active()));
+  if (opt_.delayed_update)
+    std::printf("delayed update: the update of step t is applied during step t+1 (gradients one step stale, the "
+                "optimizer overlaps the next step); pending updates are applied before checkpoints, the final "
+                "evaluation and the export\n");
   if (step_ > 0)
     std::printf("continuing at step %lld of %lld (data cursor %s, %lld skipped steps so far)\n", (long long)step_ + 1,
                 (long long)opt_.steps, data_.cursor().to_string().c_str(), (long long)skipped_);
@@ -352,6 +356,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
     std::fflush(stdout);
     return code;
   }
+  backend_->sync();  // delayed update: the final evaluation sees the last update
   double vl = evaluate();
   if (std::isfinite(vl)) std::printf("final validation loss %.4f after %lld steps\n", vl, (long long)step_);
   metrics_write(cat("{\"step\": ", step_, ", \"val_loss\": ", json_number(vl), ", \"final\": true}"));

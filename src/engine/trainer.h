@@ -42,6 +42,8 @@ struct TrainOptions {
   double weight_decay = 0.0;
   bool decay_norms_and_biases = false;  // HF default: no decay on norms and biases
   double clip = 1.0;                    // <= 0: off
+  bool delayed_update = false;          // apply step t's update during step t+1 (backend.h): the log says so, and
+                                        // the trainer's own CPU backend does it; a given backend must match
   LrSchedule lr;
   int64_t eval_every = 0;    // 0: only at the end
   int64_t eval_batches = 8;

@@ -280,6 +280,31 @@ TEST(Resume, KillDuringACheckpointWriteFallsBackToTheLastCompleteOne) {
   EXPECT_FALSE(has_tmp_ckpt(out));  // the next writer removed the dead one
 }
 
+// Delayed update: a checkpoint applies the pending update first (in the
+// uninterrupted run too), so a run killed during a save and resumed gives the
+// uninterrupted delayed run's losses, bit for bit; the log says the mode.
+TEST(Resume, DelayedUpdateResumesExactly) {
+  Fixture fx;
+  const std::string ref_out = fx.tmp.file("dref");
+  ASSERT_EQ(run_logged(fx.args(ref_out, {"--delayed-update"}), ref_out + ".log"), 0)
+      << rt::read_text_file(ref_out + ".log");
+  EXPECT_TRUE(contains(rt::read_text_file(ref_out + ".log"), "delayed update: the update of step t is applied during step t+1"));
+  const Records ref = metrics_read(ref_out + "/metrics.jsonl");
+  const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
+  const std::string out = fx.tmp.file("d"), log = out + ".log";
+  fs::create_directories(out);
+  ASSERT_EQ(run_logged(fx.args(out, {"--delayed-update"}), log,
+                       {"RAMTRAIN_INJECT_KILL_AFTER_BYTES=" + std::to_string(bytes * 7 / 2)}),
+            128 + SIGKILL);
+  auto r = run_ramtrain(join(resume_args(fx, out)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "delayed update")) << r.output;
+  EXPECT_TRUE(same_losses(metrics_read(out + "/metrics.jsonl"), ref));
+  // and it is a different run from the undelayed one
+  Reference plain = reference_run(fx);
+  EXPECT_FALSE(same_losses(ref, plain.records));
+}
+
 TEST(Resume, AutoSkipsACorruptCheckpointNamingIt) {
   Fixture fx;
   Reference ref = reference_run(fx);

@@ -167,4 +167,130 @@ TEST(Trainer, ExportedModelReloadsWithTheSameLoss) {
   EXPECT_NE(v16, val);  // the rounding really happened
 }
 
+// Delayed update (engine/backend.h): step k's gradient is taken at the weights
+// after k-2 updates and applied as update k. The reference below states that
+// directly: it keeps every weight snapshot, computes each step's gradient on
+// a second HostState holding the stale snapshot, and applies it at once. The
+// backend instead holds the gradient back one step; both must give the same
+// bits (same kernels, same order of operations), including across a skipped
+// (NaN-injected) step, and must differ from the undelayed run.
+TEST(DelayedUpdate, EqualsStaleGradientReference) {
+  rt::ModelSpec s = small_byte_spec();
+  rt::DatasetOptions d;
+  d.seq_len = 32;
+  d.seed = 7;
+  const int steps = 6, nan_step = 4;
+  rt::AdamWHyper hyper;
+  hyper.beta2 = 0.95;
+  auto step_of = [&](int k, int64_t applied) {
+    rt::OptimStep o;
+    o.lr = 2e-3 * (1.0 - 0.1 * k);
+    o.t = applied + 1;
+    o.hyper = hyper;
+    o.weight_decay = 0.1;
+    o.clip = 0.5;  // small: clipping is active
+    o.inject_nan = k == nan_step;
+    return o;
+  };
+  auto batches_of = [](rt::Dataset& data, int64_t* nv) {
+    std::vector<rt::Batch> b{data.next_batch(2), data.next_batch(2)};
+    *nv = 0;
+    for (auto& x : b)
+      for (int32_t t : x.targets) *nv += t != rt::ignore_target;
+    return b;
+  };
+  auto masters = [](const rt::HostState& st) {
+    std::vector<float> w;
+    for (auto& u : st.units()) w.insert(w.end(), u.master(), u.master() + u.numel);
+    return w;
+  };
+
+  // the backend under test, and the same run undelayed
+  auto run = [&](bool delayed, std::vector<double>* losses) {
+    rt::HostState st(s, true);
+    st.init_random(11);
+    rt::Dataset data(shakespeare(), d);
+    auto be = rt::make_cpu_backend(st, delayed);
+    int64_t applied = 0;
+    for (int k = 1; k <= steps; ++k) {
+      int64_t nv = 0;
+      std::vector<rt::Batch> b = batches_of(data, &nv);
+      rt::StepStats r = be->train_step(b, nv, step_of(k, applied));
+      EXPECT_EQ(r.applied, k != nan_step);
+      applied += r.applied;
+      losses->push_back(r.loss_sum);
+    }
+    be->sync();
+    return masters(st);
+  };
+  std::vector<double> loss_delayed, loss_plain;
+  const std::vector<float> w_delayed = run(true, &loss_delayed), w_plain = run(false, &loss_plain);
+
+  // the reference
+  rt::HostState ref(s, true), stale(s, true);
+  ref.init_random(11);
+  stale.init_random(11);
+  rt::Dataset data(shakespeare(), d);
+  auto grads_at = rt::make_cpu_backend(stale);
+  std::vector<std::vector<std::vector<float>>> snap{{}};  // snap[j]: masters after j steps, per unit
+  for (auto& u : ref.units()) snap[0].emplace_back(u.master(), u.master() + u.numel);
+  std::vector<double> loss_ref;
+  int64_t applied = 0;
+  for (int k = 1; k <= steps; ++k) {
+    const auto& w = snap[static_cast<size_t>(std::max(k - 2, 0))];
+    for (size_t u = 0; u < w.size(); ++u) std::copy(w[u].begin(), w[u].end(), stale.units()[u].master());
+    int64_t nv = 0;
+    std::vector<rt::Batch> b = batches_of(data, &nv);
+    const double loss = grads_at->compute_grads(b, nv);
+    loss_ref.push_back(k == nan_step ? NAN : loss);
+    double sq = 0;
+    for (auto& u : stale.units()) sq += rt::sum_squares(u.grad.p, u.numel);
+    if (k != nan_step) {
+      const rt::OptimStep o = step_of(k, applied);
+      const float coef = rt::clip_coefficient(std::sqrt(sq), o.clip);
+      for (size_t u = 0; u < ref.units().size(); ++u) rt::update_unit(ref.units()[u], stale.units()[u].grad.p, o, coef, nullptr);
+      ++applied;
+    }
+    snap.emplace_back();
+    for (auto& u : ref.units()) snap.back().emplace_back(u.master(), u.master() + u.numel);
+  }
+  for (int k = 0; k < steps; ++k) {
+    if (k + 1 == nan_step) {
+      EXPECT_TRUE(std::isnan(loss_delayed[k]));
+      continue;
+    }
+    EXPECT_EQ(loss_delayed[k], loss_ref[k]) << "step " << k + 1;
+  }
+  EXPECT_EQ(loss_delayed[0], loss_plain[0]);  // step 1 trains on the initial weights in both modes
+  EXPECT_EQ(loss_delayed[1], loss_ref[1]);
+  EXPECT_NE(loss_delayed[2], loss_plain[2]);  // from step 3 on, the stale gradients show
+  const std::vector<float> w_ref = masters(ref);
+  ASSERT_EQ(w_delayed.size(), w_ref.size());
+  EXPECT_TRUE(w_delayed == w_ref) << "weights after " << steps << " delayed steps differ from the reference";
+  EXPECT_FALSE(w_delayed == w_plain);
+}
+
+// Through the trainer: a sync (before a checkpoint, the final evaluation, the export)
+// applies the pending update.
+TEST(DelayedUpdate, TrainerSyncAppliesThePendingUpdate) {
+  rt::ModelSpec s = small_byte_spec();
+  rt::HostState st(s, true);
+  st.init_random(5);
+  rt::DatasetOptions d;
+  d.seq_len = 32;
+  d.seed = 3;
+  rt::Dataset data(shakespeare(), d);
+  rt::TrainOptions o = opts(2, 2, 1);
+  o.delayed_update = true;
+  rt::Trainer tr(st, data, o);
+  tr.step();
+  const float before = st.units()[1].master()[0];
+  tr.step();  // applies step 1's update
+  const float after2 = st.units()[1].master()[0];
+  EXPECT_NE(after2, before);
+  rt::test::TempDir dir;
+  tr.export_to(dir.file("m"), 0.0);  // syncs: step 2's update goes in
+  EXPECT_NE(st.units()[1].master()[0], after2);
+}
+
 }  // namespace

@@ -8,11 +8,12 @@
 # makes it. Logs go to $OUT when set. Parts:
 #   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test)
 #   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve
-#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses
+#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default and delayed update)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
 #   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap
 #   bench7b   7B-shape streaming and resident throughput, with a trace
+#   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention against PyTorch SDPA
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export
@@ -20,7 +21,7 @@
 set -u -o pipefail
 bin=build/gpu-run
 if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
-parts=${*:-ops engine resume optim memory bench7b attention stall hf demo}
+parts=${*:-ops engine resume optim memory bench7b delayed attention stall hf demo}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 logs=${OUT:-/tmp/ramtrain_gpu_logs}
 mkdir -p "$logs"
@@ -49,11 +50,13 @@ if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
   common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
           --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0)
-  run resume 200 bash -c "
+  for mode in default delayed; do
+  extra=; [ $mode = delayed ] && extra=--delayed-update
+  run resume_$mode 200 bash -c "
     set -e
-    '$bin/ramtrain' ${common[*]} --save-every 6 --out $tmp/a --metrics $tmp/a.jsonl
-    '$bin/ramtrain' ${common[*]} --resume $tmp/a/ckpt-00000006 --out $tmp/b --metrics $tmp/b.jsonl
-    python3 - $tmp/a.jsonl $tmp/b.jsonl <<'PY'
+    '$bin/ramtrain' ${common[*]} $extra --save-every 6 --out $tmp/a$mode --metrics $tmp/a$mode.jsonl
+    '$bin/ramtrain' ${common[*]} $extra --resume $tmp/a$mode/ckpt-00000006 --out $tmp/b$mode --metrics $tmp/b$mode.jsonl
+    python3 - $tmp/a$mode.jsonl $tmp/b$mode.jsonl <<'PY'
 import json, sys
 def losses(f): return {r['step']: r['loss'] for r in map(json.loads, open(f)) if 'loss' in r}
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
@@ -63,6 +66,7 @@ for s in steps: print(f'step {s}: uninterrupted {a[s]!r} resumed {b[s]!r}')
 bad = [s for s in steps if a[s] != b[s]]
 print('RESUME-IDENTICAL' if not bad else f'RESUME-DIFFERS at steps {bad}')
 PY"
+  done
 fi
 
 if has optim; then
@@ -90,6 +94,13 @@ fi
 if has bench7b; then
   run bench_7b_2048 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 --warmup 2 \
     --modes streaming,resident --trace "$logs/trace_7b"
+fi
+
+if has delayed; then
+  run bench_7b_delayed_16 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 16 --steps 3 \
+    --warmup 2 --modes streaming,delayed --grads device --trace "$logs/trace_7b_16"
+  run bench_7b_delayed_32 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 \
+    --warmup 2 --modes delayed --grads device
 fi
 
 if has attention; then
@@ -139,10 +150,12 @@ echo "================ summary ================"
 printf '%s\n' "${summary[@]}"
 grep -hE "^\[  (PASSED|FAILED)" "$logs"/cuda_ops_test.log "$logs"/engine_test.log 2>/dev/null | sed 's/^/  /'
 grep -hE "\[engine\]" "$logs"/engine_test.log 2>/dev/null | head -20
-grep -hE "RESUME" "$logs"/resume.log 2>/dev/null
+grep -hE "RESUME" "$logs"/resume_*.log 2>/dev/null
 grep -hE "^(avx|scalar|torch)" "$logs"/optim_bench.log "$logs"/optim_torch.log 2>/dev/null
 for f in "$logs"/mem_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E '^(model|streaming  )' "$f" | tr '\n' ' ')"; done
-grep -hE "^(mode|streaming|resident|bf16 GEMM|model|FLOPs)" "$logs"/bench_7b_2048.log 2>/dev/null
+for f in bench_7b_2048 bench_7b_delayed_16 bench_7b_delayed_32; do
+  grep -hE "^(mode|streaming|resident|delayed|bf16 GEMM|model|FLOPs)" "$logs/$f.log" 2>/dev/null
+done
 grep -hE "^[0-9]" "$logs"/attention_bench.log 2>/dev/null | sed 's/^/ramtrain attn /'
 grep -hE "^[0-9]" "$logs"/attention_sdpa.log 2>/dev/null | sed 's/^/sdpa attn     /'
 grep -hiE "checkpoint|stall|tok/s" "$logs"/stall.log 2>/dev/null | tail -8
