@@ -182,85 +182,88 @@ TEST(CudaEngine, HostGradientsAndCheckpointsGiveTheSameWeights) {
   std::printf("[engine] host/device modes: grad norms %.12g %.12g %.12g %.12g\n", n0, n1, n2, n3);
 }
 
-TEST(CudaEngine, TrainingTracksTheCpuLossCurve) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
-  const int64_t B = 8, T = 128, steps = 200;
-  rt::ModelSpec s = gpu_spec(4);
-  auto curve = [&](bool cuda) {
-    rt::HostState st(s, true);
-    st.init_random(7);
-    rt::Dataset d = shakespeare(T, 3);
-    rt::TrainOptions o;
-    o.steps = steps;
-    o.micro_batch = B;
-    o.adam.beta2 = 0.95;
-    o.lr = rt::make_lr_schedule("cosine", 2e-3, 20, steps, 0.1);
-    std::unique_ptr<rt::Backend> be;
-    if (cuda) be = rt::make_cuda_backend(st, B, T, rt::CudaOptions{});
-    rt::Trainer tr(st, d, o, std::move(be));
-    std::vector<double> l;
-    for (int i = 0; i < steps; ++i) l.push_back(tr.step().loss);
-    return l;
-  };
-  std::vector<double> c = curve(false), g = curve(true);
-  // Band: over windows of 20 steps the mean losses agree within 0.05 nats
-  // (bf16 compute perturbs each step by ~1e-2 relative; the runs drift apart
-  // but must learn at the same rate). Both must learn: the last window is
-  // below 3.0 (start: ln 264 = 5.58).
-  for (int w = 0; w < steps / 20; ++w) {
+// One training run of gpu_spec(4) on tinyshakespeare (8 x 128 tokens per step,
+// beta2 0.95), CPU or CUDA; returns the loss of every step and, when w is
+// given, the weights at the end (after the sync that applies a pending update).
+struct CurveRun {
+  bool cuda = false;
+  bool delayed = false;
+  bool resident = false;  // CUDA only; delayed runs stream with 2 slots and device
+                          // gradients (at least one slot refill per step), others use the defaults
+  int steps = 200;
+  // lr 1e-2 constant: large, so that stale gradients show at once (training
+  // is unstable: only the first steps are compared); else 2e-3 cosine.
+  bool fast = false;
+};
+
+std::vector<double> train_curve(const CurveRun& r, std::vector<float>* w = nullptr) {
+  const int64_t B = 8, T = 128;
+  rt::HostState st(gpu_spec(4), true);
+  st.init_random(7);
+  rt::Dataset d = shakespeare(T, 3);
+  rt::TrainOptions o;
+  o.steps = r.steps;
+  o.micro_batch = B;
+  o.adam.beta2 = 0.95;
+  o.delayed_update = r.delayed;
+  o.lr = r.fast ? rt::make_lr_schedule("constant", 1e-2, 0, r.steps, 0.1)
+                : rt::make_lr_schedule("cosine", 2e-3, 20, r.steps, 0.1);
+  std::unique_ptr<rt::Backend> be;
+  if (r.cuda) {
+    rt::CudaOptions co;
+    co.delayed_update = r.delayed;
+    co.resident = r.resident;
+    if (r.delayed) {
+      co.slots = 2;
+      co.grads = "device";
+    }
+    be = rt::make_cuda_backend(st, B, T, co);
+  }
+  rt::Trainer tr(st, d, o, std::move(be));
+  std::vector<double> l;
+  for (int i = 0; i < r.steps; ++i) l.push_back(tr.step().loss);
+  if (w) {
+    tr.export_to(rt::test::TempDir().file("x"), 0);  // syncs
+    for (auto& u : st.units()) w->insert(w->end(), u.master(), u.master() + u.numel);
+  }
+  return l;
+}
+
+// Band: over windows of 20 steps the mean losses agree within 0.05 nats
+// (bf16 compute perturbs each step by ~1e-2 relative; the runs drift apart
+// but must learn at the same rate). Both must learn: the last window is
+// below 3.0 (start: ln 264 = 5.58).
+void expect_curves_agree(const std::vector<double>& c, const std::vector<double>& g, const char* label) {
+  ASSERT_EQ(c.size(), g.size());
+  const size_t windows = c.size() / 20;
+  for (size_t w = 0; w < windows; ++w) {
     double mc = 0, mg = 0;
-    for (int i = 0; i < 20; ++i) mc += c[w * 20 + i], mg += g[w * 20 + i];
+    for (size_t i = 0; i < 20; ++i) mc += c[w * 20 + i], mg += g[w * 20 + i];
     mc /= 20, mg /= 20;
-    std::printf("[engine] steps %3d-%3d: cpu %.4f cuda %.4f\n", w * 20 + 1, w * 20 + 20, mc, mg);
-    EXPECT_NEAR(mg, mc, 0.05) << "window " << w;
-    if (w == steps / 20 - 1) {
-      EXPECT_LT(mg, 3.0);
+    std::printf("[engine] %s steps %3zu-%3zu: cpu %.4f cuda %.4f\n", label, w * 20 + 1, w * 20 + 20, mc, mg);
+    EXPECT_NEAR(mg, mc, 0.05) << label << " window " << w;
+    if (w == windows - 1) {
+      EXPECT_LT(mg, 3.0) << label;
     }
   }
 }
 
+TEST(CudaEngine, TrainingTracksTheCpuLossCurve) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  expect_curves_agree(train_curve({.cuda = false}), train_curve({.cuda = true}), "default,");
+}
+
 TEST(CudaEngine, DelayedUpdateFollowsTheCpuTwin) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
-  const int64_t B = 8, T = 128;
-  rt::ModelSpec s = gpu_spec(4);
-  // lr_peak 1e-2 constant: large, so that the stale gradients show at once
-  // (and training is unstable: only the first steps are compared); 2e-3
-  // cosine: the learning curve.
-  auto curve = [&](bool cuda, bool delayed, bool resident, int steps, bool fast, std::vector<float>* w) {
-    rt::HostState st(s, true);
-    st.init_random(7);
-    rt::Dataset d = shakespeare(T, 3);
-    rt::TrainOptions o;
-    o.steps = steps;
-    o.micro_batch = B;
-    o.adam.beta2 = 0.95;
-    o.delayed_update = delayed;
-    o.lr = fast ? rt::make_lr_schedule("constant", 1e-2, 0, steps, 0.1)
-                : rt::make_lr_schedule("cosine", 2e-3, 20, steps, 0.1);
-    std::unique_ptr<rt::Backend> be;
-    if (cuda) {
-      rt::CudaOptions co;
-      co.delayed_update = delayed;
-      co.resident = resident;
-      co.slots = 2;
-      co.grads = "device";
-      be = rt::make_cuda_backend(st, B, T, co);
-    }
-    rt::Trainer tr(st, d, o, std::move(be));
-    std::vector<double> l;
-    for (int i = 0; i < steps; ++i) l.push_back(tr.step().loss);
-    if (w) {
-      tr.export_to(rt::test::TempDir().file("x"), 0);  // syncs
-      for (auto& u : st.units()) w->insert(w->end(), u.master(), u.master() + u.numel);
-    }
-    return l;
-  };
   // The pipeline does not change the math: streaming (2 slots) = resident.
   std::vector<float> ws, wr;
-  const std::vector<double> gd = curve(true, true, false, 12, true, &ws), gr = curve(true, true, true, 12, true, &wr);
+  const std::vector<double> gd = train_curve({.cuda = true, .delayed = true, .steps = 12, .fast = true}, &ws);
+  const std::vector<double> gr =
+      train_curve({.cuda = true, .delayed = true, .resident = true, .steps = 12, .fast = true}, &wr);
   EXPECT_EQ(gd, gr);
   EXPECT_TRUE(ws == wr);
-  const std::vector<double> cd = curve(false, true, false, 12, true, nullptr), cp = curve(false, false, false, 12, true, nullptr);
+  const std::vector<double> cd = train_curve({.delayed = true, .steps = 12, .fast = true});
+  const std::vector<double> cp = train_curve({.steps = 12, .fast = true});
   // Steps 1 and 2 train on the same initial weights in delayed mode.
   EXPECT_NEAR(gd[0], cd[0], 2e-3 * cd[0]);
   EXPECT_NEAR(gd[1], cd[1], 2e-3 * cd[1]);
@@ -271,17 +274,9 @@ TEST(CudaEngine, DelayedUpdateFollowsTheCpuTwin) {
   for (int k = 2; k < 8; ++k) near += std::abs(gd[k] - cd[k]), far += std::abs(gd[k] - cp[k]);
   std::printf("[engine] delayed, steps 3-8: |cuda - cpu delayed| %.4g, |cuda - cpu undelayed| %.4g\n", near, far);
   EXPECT_LT(near, 0.25 * far);
-  // Learning curve, same band as the undelayed one (TrainingTracksTheCpuLossCurve).
-  const int steps = 100;
-  const std::vector<double> c = curve(false, true, false, steps, false, nullptr), g = curve(true, true, false, steps, false, nullptr);
-  for (int w = 0; w < steps / 20; ++w) {
-    double mc = 0, mg = 0;
-    for (int i = 0; i < 20; ++i) mc += c[w * 20 + i], mg += g[w * 20 + i];
-    mc /= 20, mg /= 20;
-    std::printf("[engine] delayed, steps %3d-%3d: cpu %.4f cuda %.4f\n", w * 20 + 1, w * 20 + 20, mc, mg);
-    EXPECT_NEAR(mg, mc, 0.05) << "window " << w;
-    if (w == steps / 20 - 1) EXPECT_LT(mg, 3.0);
-  }
+  // Learning curve, same band as the undelayed one.
+  expect_curves_agree(train_curve({.delayed = true, .steps = 100}),
+                      train_curve({.cuda = true, .delayed = true, .steps = 100}), "delayed,");
 }
 
 }  // namespace
