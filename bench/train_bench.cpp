@@ -62,6 +62,7 @@ struct Args {
   uint64_t max_gpu = 0;
   std::string trace;
   std::string grads = "auto", checkpoints = "auto";
+  bool low_memory = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -84,12 +85,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--trace") a.trace = v();
     else if (k == "--grads") a.grads = v();
     else if (k == "--checkpoints") a.checkpoints = v();
+    else if (k == "--low-memory") a.low_memory = true;
     else if (k == "--help") {
       std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--steps 4] [--warmup 2]\n"
                 "               [--layers N (override depth)] [--slots 3]\n"
                 "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
                 "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
-                "               [--checkpoints auto|device|host]");
+                "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]");
       std::exit(0);
     } else rt::fail("[bench] unknown option ", k);
   }
@@ -112,6 +114,7 @@ int main(int argc, char** argv) try {
               (long long)L, (long long)a.batch, (long long)a.seq);
   std::printf("FLOPs/token = 6*N_matmul + 6*L*H*D*T (causal attention) = %.1f GFLOP\n", flops_tok / 1e9);
   auto t0 = std::chrono::steady_clock::now();
+  if (a.low_memory) a.grads = a.checkpoints = "host";
   rt::HostState st(spec, a.grads == "host");
   st.init_random(0);
   std::printf("host state: %.1f GiB (%.0f B/param fp32 master + AdamW m, v; +2 B/param pinned bf16 shadow), init %.1f s\n",
@@ -143,6 +146,7 @@ int main(int argc, char** argv) try {
     co.max_gpu_memory = a.max_gpu;
     co.grads = a.grads;
     co.checkpoints = a.checkpoints;
+    if (a.low_memory) rt::set_low_memory(co);
     co.verbose = true;
     co.trace_path = a.trace.empty() ? std::string("/tmp/ramtrain_bench_trace.json") : a.trace + "." + mode + ".json";
     std::unique_ptr<rt::Backend> be;
@@ -181,6 +185,8 @@ int main(int argc, char** argv) try {
                 es.compute_busy_seconds >= 0 ? 100 * (1 - es.compute_busy_seconds / t) : -1.0,
                 es.device_peak_bytes / double(1ull << 30),
                 es.optimizer_seconds > 0 ? es.optimizer_params / es.optimizer_seconds / 1e9 : 0.0);
+    std::printf("%-10s device memory in use by the process after the run (cudaMemGetInfo: engine buffers, CUDA "
+                "context, cuBLAS workspaces): %.2f GiB\n", mode.c_str(), (total_b - free_b) / double(1ull << 30));
     std::fflush(stdout);
   }
   std::printf("\n(step s: median of %lld timed steps after %lld warm-up; GPU idle: 1 - compute-stream busy / step time; "

@@ -107,6 +107,8 @@ int cmd_train(const Args& raw_args) {
   p.option("grads", "auto|device|host", "GPU: keep gradients on the device until the step's norm is known, or send "
            "each layer's to host RAM as it is made (low device memory)", "auto");
   p.option("checkpoints", "auto|device|host", "GPU: where block inputs wait for the backward", "auto");
+  p.flag("low-memory", "GPU: the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
+         "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training");
   p.option("sample-tokens", "N", "tokens per sample", "200");
   if (!p.parse(args)) return 0;
@@ -236,6 +238,14 @@ int cmd_train(const Args& raw_args) {
     co.delayed_update = o.delayed_update;
     co.grads = p.str("grads");
     co.checkpoints = p.str("checkpoints");
+    if (p.on("low-memory")) {
+      for (const char* k : {"grads", "checkpoints", "slots"})
+        if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
+      if (co.resident) fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");
+      if (co.delayed_update)
+        fail("[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the two");
+      set_low_memory(co);
+    }
     if (p.has("trace")) co.trace_path = p.str("trace");
     if (device == "cuda") {
       backend = make_cuda_backend(*state, o.micro_batch, data.seq_len(), co);

@@ -22,7 +22,8 @@ class DeviceAllocator {
     if (used_ + bytes > budget_)
       fail("[cuda] not enough device memory for ", what, ": needs ", bytes >> 20, " MiB more, ", (budget_ - used_) >> 20,
            " MiB left of the ", budget_ >> 20, " MiB budget (", used_ >> 20,
-           " MiB in use). Lower --micro-batch or --seq-len, use --checkpoints host, or raise --max-gpu-memory.");
+           " MiB in use). Lower --micro-batch or --seq-len, use --low-memory "
+           "(or --checkpoints host, --grads host), or raise --max-gpu-memory.");
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {

@@ -5,8 +5,13 @@
 // optimizer rewrites after each update; pinned slabs where gradients land.
 // Device: S weight slots (layer i lives in slot i % S), the embedding and the
 // head resident, block checkpoints x_i, one block's activations, and fp32
-// gradient buffers per unit (this version keeps every unit's gradient on the
-// device until the global norm is known: exact clipping).
+// gradient buffers per unit (kept on the device until the global norm is
+// known: exact clipping). With host gradients (the low-memory setting) layer
+// gradients leave per layer, and an untied embedding stays on the host: the
+// forward gathers its rows from the pinned shadow on the CPU and copies the
+// N x C block in; the backward copies the residual gradient out and the CPU
+// scatters it into the host gradient (cpu::embedding_backward: the order of
+// the CUDA kernel, so the weights are bit-identical to the device modes).
 //
 // Streams: h2d (weights in), compute, d2h (gradients out); events join them.
 // One step:
@@ -195,8 +200,14 @@ class StreamEngine final : public Backend {
            "--delayed-update, or use --grads device if ", dev_grad_bytes >> 20, " MiB of fp32 gradients fit");
     host_ckpt_ = pick(opt.checkpoints, ckpt_bytes > alloc_.budget() / 4, "checkpoints");
     if (host_grads_) st_.ensure_grads();
+    host_embed_ = host_grads_ && !s_.tie_embeddings;  // a tied table is the LM head too: it stays on the device
     // device state
-    embed_w_ = DevBuf<bf16>(alloc_, units[0].numel, "the embedding");
+    if (host_embed_) {
+      embed_rows_ = PinnedBuf(static_cast<size_t>(N_ * s_.hidden) * 2, "embedding rows of a micro-batch");
+      embed_dx_ = PinnedBuf(static_cast<size_t>(N_ * s_.hidden) * 2, "the embedding's output gradient");
+    } else {
+      embed_w_ = DevBuf<bf16>(alloc_, units[0].numel, "the embedding");
+    }
     head_w_ = DevBuf<bf16>(alloc_, units[L + 1].numel, "the final norm and LM head");
     for (int s = 0; s < S_; ++s) slots_.emplace_back(alloc_, layer_numel_, "a layer weight slot");
     slot_layer_.assign(S_, -1);
@@ -205,7 +216,7 @@ class StreamEngine final : public Backend {
     slot_free_.resize(S_);
     for (size_t u = 0; u < units.size(); ++u) {
       const bool layer = u >= 1 && u <= static_cast<size_t>(L);
-      if (host_grads_ && layer) grads_.emplace_back();  // layers use the two buffers below
+      if ((host_grads_ && layer) || (host_embed_ && u == 0)) grads_.emplace_back();  // layers use the two buffers below
       else grads_.emplace_back(alloc_, units[u].numel, "gradients of " + units[u].name);
     }
     if (host_grads_)
@@ -253,9 +264,10 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     if (opt_.verbose) {
       std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
-                  "device memory %.2f GiB planned of %.2f GiB budget\n",
+                  "embedding on %s, device memory %.2f GiB planned of %.2f GiB budget\n",
                   opt_.resident ? "resident" : "streaming", S_, S_ == 1 ? "" : "s", layer_numel_ * 2.0 / (1 << 20),
                   host_grads_ ? "host (per layer)" : "device", host_ckpt_ ? "host" : "device",
+                  host_embed_ ? "host" : "device",
                   alloc_.used() / double(1ull << 30), alloc_.budget() / double(1ull << 30));
     }
   }
@@ -326,7 +338,10 @@ class StreamEngine final : public Backend {
     last_h2d_ = h2d_bytes_;
     h2d_bytes_ = 0;
     last_d2h_ = 0;
-    for (auto& u : units) last_d2h_ += static_cast<uint64_t>(u.numel) * 4 * (host_grads_ ? batches.size() : 1);
+    for (size_t u = 0; u < units.size(); ++u)
+      last_d2h_ += (host_embed_ && u == 0 ? static_cast<uint64_t>(N_) * s_.hidden * 2
+                                          : static_cast<uint64_t>(units[u].numel) * 4) *
+                   (host_grads_ ? batches.size() : 1);
     // optimizer phase on the worker, in forward order
     const int64_t step = step_;
     worker_.push([this, o, coef, ok, step] { optimizer_phase(o, coef, ok, step); });
@@ -561,13 +576,79 @@ class StreamEngine final : public Backend {
     });
   }
 
+  // Host embedding: the residual gradient at layer 0 (N x C bf16) leaves the
+  // device; the worker scatters it into the embedding's host gradient (= on
+  // the first micro-batch of the step, += after), in the CUDA kernel's order.
+  void land_embedding() {
+    const int64_t C = s_.hidden;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return embed_dx_free_; });
+      embed_dx_free_ = false;
+    }
+    CUDA_CHECK(cudaEventRecord(grad_made_.get(), compute_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), grad_made_.get(), 0));
+    auto span = tracer_.gpu_begin(Lane::d2h, "embed grads", -1, d2h_.get());
+    CUDA_CHECK(cudaMemcpyAsync(embed_dx_.as<uint16_t>(), dx_.data(), static_cast<size_t>(N_ * C) * 2,
+                               cudaMemcpyDeviceToHost, d2h_.get()));
+    tracer_.gpu_end(span, d2h_.get());
+    CUDA_CHECK(cudaEventRecord(embed_dx_done_.get(), d2h_.get()));
+    // the next micro-batch's head writes dx_ again
+    CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), embed_dx_done_.get(), 0));
+    const int32_t* h = host_io_.as<int32_t>();
+    std::vector<int32_t> ids(h, h + N_);  // host_io_ is refilled by the next micro-batch
+    const bool first = first_micro_;
+    worker_.push([this, ids = std::move(ids), first, C] {
+      CUDA_CHECK(cudaEventSynchronize(embed_dx_done_.get()));
+      auto span = tracer_.host_begin("land", -1);
+      auto& un = st_.units()[0];
+      float* dst = un.grad.p;
+      if (first) parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
+          std::memset(dst + b, 0, static_cast<size_t>(e - b) * 4);
+        });
+      std::vector<float> dx(static_cast<size_t>(N_ * C));  // bf16 -> fp32 is exact
+      const uint16_t* src = embed_dx_.as<uint16_t>();
+      parallel_for(N_ * C, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) dx[static_cast<size_t>(i)] = bf16_to_f32(src[i]);
+      });
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        embed_dx_free_ = true;
+      }
+      cv_.notify_all();
+      cpu::embedding_backward(dst, dx.data(), ids.data(), N_, C);
+      tracer_.host_end(span);
+    });
+  }
+
   void forward(bool training) {
     const int64_t L = s_.n_layers, C = s_.hidden;
     auto& units = st_.units();
-    ensure_unit(0, embed_w_, embed_version_, embed_loaded_);
+    if (host_embed_) {
+      // Rows of the current shadow, gathered here (one thread: the pool is the
+      // optimizer's), then one copy in on the compute stream. The staging
+      // buffer's previous copy is done: upload_batch synchronised the stream.
+      wait_updated(0);
+      const uint16_t* table = shadow_src(0);
+      const int32_t* ids = host_io_.as<int32_t>();
+      uint16_t* rows = embed_rows_.as<uint16_t>();
+      for (int64_t n = 0; n < N_; ++n) {
+        RT_CHECK(ids[n] >= 0 && ids[n] < s_.vocab, "[engine] token id ", ids[n], " at position ", n,
+                 " is outside the vocabulary [0, ", s_.vocab, ")");
+        std::memcpy(rows + n * C, table + static_cast<int64_t>(ids[n]) * C, static_cast<size_t>(C) * 2);
+      }
+    } else {
+      ensure_unit(0, embed_w_, embed_version_, embed_loaded_);
+    }
     auto span = tracer_.gpu_begin(Lane::compute, "embed", -1, compute_.get());
     if (host_ckpt_ && ck_out_pending_[0]) CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), ck_out_[0].get(), 0));
-    embedding_forward(ckpt(0), ids_.data(), embed_w_.data(), N_, C, compute_.get());
+    if (host_embed_) {
+      CUDA_CHECK(cudaMemcpyAsync(ckpt(0), embed_rows_.as<uint16_t>(), static_cast<size_t>(N_ * C) * 2,
+                                 cudaMemcpyHostToDevice, compute_.get()));
+      h2d_bytes_ += static_cast<uint64_t>(N_ * C) * 2;
+    } else {
+      embedding_forward(ckpt(0), ids_.data(), embed_w_.data(), N_, C, compute_.get());
+    }
     tracer_.gpu_end(span, compute_.get());
     if (host_ckpt_ && training) save_ckpt(0);
     for (int64_t i = 0; i < L; ++i) {
@@ -657,10 +738,15 @@ class StreamEngine final : public Backend {
       if (i - S_ >= 0) load_layer(i - S_);
     }
     Scratch sc{scratch_.data(), scratch_.size()};
-    wait_grad_zeroed(0);
-    embedding_backward(grads_[0].data(), dx_.data(), ids_.data(), N_, C, s_.vocab, sc, compute_.get());
+    if (host_embed_) {
+      land_embedding();
+    } else {
+      wait_grad_zeroed(0);
+      embedding_backward(grads_[0].data(), dx_.data(), ids_.data(), N_, C, s_.vocab, sc, compute_.get());
+    }
     if (host_grads_) {  // embedding and head gradients leave too, then their buffers are zeroed for the next micro-batch
       for (size_t u : {size_t{0}, static_cast<size_t>(L + 1)}) {
+        if (host_embed_ && u == 0) continue;
         land(u, grads_[u].data());
         CUDA_CHECK(cudaEventRecord(unit_grad_out_.get(), d2h_.get()));
         CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), unit_grad_out_.get(), 0));
@@ -786,6 +872,10 @@ class StreamEngine final : public Backend {
   bool delayed_ = false;
   int64_t min_version_ = 0;              // delayed: the weights of the last sync() are current
   DevBuf<bf16> embed_w_, head_w_;
+  bool host_embed_ = false;         // host gradients + untied embedding: the table stays on the host
+  PinnedBuf embed_rows_, embed_dx_;  // host embedding: gathered rows in, residual gradient out (N x C bf16)
+  bool embed_dx_free_ = true;       // guarded by mu_
+  Event embed_dx_done_;
   int64_t embed_version_ = -1, head_version_ = -1;
   Event embed_loaded_, head_loaded_, backward_done_;
   std::vector<DevBuf<bf16>> slots_;

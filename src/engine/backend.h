@@ -93,6 +93,16 @@ struct CudaOptions {
   bool verbose = true;
 };
 
+// The low-memory setting (`--low-memory`): gradients and block checkpoints in
+// host RAM (device memory flat in the layer count; an untied embedding then
+// stays on the host too), two weight slots, LM-head chunks of 256 rows.
+inline void set_low_memory(CudaOptions& o) {
+  o.grads = "host";
+  o.checkpoints = "host";
+  o.slots = 2;
+  o.ce_chunk_rows = 256;
+}
+
 bool cuda_backend_available();  // built with CUDA and a device present
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt);

@@ -8,10 +8,10 @@
 # makes it. Logs go to $OUT when set. Parts:
 #   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test)
 #   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve
-#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default and delayed update)
+#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
-#   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap
+#   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap, and --low-memory at micro-batch 1, 2, 4
 #   bench7b   7B-shape streaming and resident throughput, with a trace
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention against PyTorch SDPA
@@ -50,8 +50,8 @@ if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
   common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
           --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0)
-  for mode in default delayed; do
-  extra=; [ $mode = delayed ] && extra=--delayed-update
+  for mode in default delayed lowmem; do
+  extra=; [ $mode = delayed ] && extra=--delayed-update; [ $mode = lowmem ] && extra=--low-memory
   run resume_$mode 200 bash -c "
     set -e
     '$bin/ramtrain' ${common[*]} $extra --save-every 6 --out $tmp/a$mode --metrics $tmp/a$mode.jsonl
@@ -89,6 +89,14 @@ if has memory || has mem7b; then
     run "mem_7b_L$L" 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --layers "$L" --seq-len 2048 --micro-batch 4 \
       --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host --max-gpu-memory 14
   done
+  # --low-memory (host gradients, checkpoints and embedding, 2 slots, 256-row LM-head chunks): micro-batch 1 and 2
+  # under an 8 GiB cap, 4 under 14 GiB.
+  run mem_7b_low_mb1 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --layers 4 --seq-len 2048 --micro-batch 1 \
+    --steps 2 --warmup 1 --modes streaming --low-memory --max-gpu-memory 8
+  run mem_7b_low_mb2 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --layers 4 --seq-len 2048 --micro-batch 2 \
+    --steps 2 --warmup 1 --modes streaming --low-memory --max-gpu-memory 8
+  run mem_7b_low_mb4 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --layers 4 --seq-len 2048 --micro-batch 4 \
+    --steps 2 --warmup 1 --modes streaming --low-memory --max-gpu-memory 14
 fi
 
 if has bench7b; then
