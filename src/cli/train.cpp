@@ -228,6 +228,14 @@ int cmd_train(const Args& raw_args) {
       std::fflush(stdout);
     };
   }
+  if (p.on("low-memory")) {  // checked on every machine, so a config is refused the same way everywhere
+    for (const char* k : {"grads", "checkpoints", "slots"})
+      if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
+    if (p.on("resident"))
+      fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");
+    if (o.delayed_update)
+      fail("[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the two");
+  }
   std::unique_ptr<Backend> backend;
   const bool use_cuda = device == "cuda" || (device == "auto" && cuda_backend_available());
   if (use_cuda) {
@@ -238,14 +246,7 @@ int cmd_train(const Args& raw_args) {
     co.delayed_update = o.delayed_update;
     co.grads = p.str("grads");
     co.checkpoints = p.str("checkpoints");
-    if (p.on("low-memory")) {
-      for (const char* k : {"grads", "checkpoints", "slots"})
-        if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
-      if (co.resident) fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");
-      if (co.delayed_update)
-        fail("[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the two");
-      set_low_memory(co);
-    }
+    if (p.on("low-memory")) set_low_memory(co);
     if (p.has("trace")) co.trace_path = p.str("trace");
     if (device == "cuda") {
       backend = make_cuda_backend(*state, o.micro_batch, data.seq_len(), co);

@@ -81,15 +81,21 @@ void adamw_block_scalar(float* p, float* m, float* v, const float* g, uint16_t* 
   for (int64_t i = 0; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 
-// Non-temporal stores for p, m, v and the bf16 shadow: the update streams
-// through far more memory than the caches hold, and a normal store first
-// reads the line it writes (read-for-ownership): 14 of the 44 bytes per
-// parameter the memory bus would carry. Streaming stores need 64-byte (p, m,
-// v) and 32-byte (bf16 out) alignment, which the host arenas give every
-// tensor; the values written are the same either way.
-inline bool stream_stores_ok(const float* p, const float* m, const float* v, const uint16_t* out, int64_t n) {
-  auto a = [](const void* q, uintptr_t k) { return (reinterpret_cast<uintptr_t>(q) & (k - 1)) == 0; };
-  return n >= 4096 && a(p, 64) && a(m, 64) && a(v, 64) && (!out || a(out, 32));
+// Stores. The bf16 shadow is only written: a non-temporal store saves the
+// read-for-ownership a normal store makes (2 bytes per parameter on the memory
+// bus). p, m and v are written over lines just read, and which store is faster
+// there depends on the CPU (same values either way), measured with
+// ramtrain_optim_bench at 16 and 2 threads:
+//   Intel Xeon (the lent H200 host): streaming 4.79-5.08 Gparam/s, plain 4.26;
+//   AMD EPYC Zen 3 (the CI machines): streaming 0.44-0.57, plain 1.01.
+// So p, m, v stream on Intel CPUs and take plain stores elsewhere
+// (adamw_streams_moments). Streaming needs 64-byte (p, m, v) and 32-byte
+// (shadow) alignment, which the host arenas and pinned shadows give every
+// tensor; unaligned buffers take plain stores.
+inline bool aligned(const void* q, uintptr_t k) { return (reinterpret_cast<uintptr_t>(q) & (k - 1)) == 0; }
+inline bool stream_shadow_ok(const uint16_t* out, int64_t n) { return n >= 4096 && out && aligned(out, 32); }
+inline bool stream_moments_ok(const float* p, const float* m, const float* v, int64_t n) {
+  return n >= 4096 && adamw_streams_moments() && aligned(p, 64) && aligned(m, 64) && aligned(v, 64);
 }
 
 __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g,
@@ -101,7 +107,7 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);
   const __m256i one = _mm256_set1_epi32(1), round_bias = _mm256_set1_epi32(0x7fff);
   const __m256i quiet = _mm256_set1_epi32(0x40);
-  const bool nt = stream_stores_ok(p, m, v, out, n);
+  const bool nt = stream_shadow_ok(out, n), ntm = stream_moments_ok(p, m, v, n);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 gs = _mm256_mul_ps(_mm256_loadu_ps(g + i), grad_scale);
@@ -112,7 +118,7 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
     __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gs), gs, _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
     __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
     pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(nss, mm), denom));
-    if (nt) {
+    if (ntm) {
       _mm256_stream_ps(p + i, pp);
       _mm256_stream_ps(m + i, mm);
       _mm256_stream_ps(v + i, vv);
@@ -133,7 +139,7 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
       else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
     }
   }
-  if (nt) _mm_sfence();
+  if (nt || ntm) _mm_sfence();
   for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 
@@ -149,7 +155,7 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
   const __m512i one = _mm512_set1_epi32(1), round_bias = _mm512_set1_epi32(0x7fff);
   const __m512i quiet = _mm512_set1_epi32(0x40);
-  const bool nt = stream_stores_ok(p, m, v, out, n);
+  const bool nt = stream_shadow_ok(out, n), ntm = stream_moments_ok(p, m, v, n);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 gs = _mm512_mul_ps(_mm512_loadu_ps(g + i), grad_scale);
@@ -160,7 +166,7 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
     __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gs), gs, _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
     __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
     pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(nss, mm), denom));
-    if (nt) {
+    if (ntm) {
       _mm512_stream_ps(p + i, pp);
       _mm512_stream_ps(m + i, mm);
       _mm512_stream_ps(v + i, vv);
@@ -180,7 +186,7 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
       else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
     }
   }
-  if (nt) _mm_sfence();
+  if (nt || ntm) _mm_sfence();
   for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 #pragma GCC diagnostic pop
@@ -274,6 +280,14 @@ std::atomic<int>& simd_level_slot() {
 }
 
 }  // namespace
+
+bool adamw_streams_moments() {
+  static const bool v = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return v;
+}
 
 SimdLevel simd_level_detected() {
   static const SimdLevel level = simd_level_probe();

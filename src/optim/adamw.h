@@ -53,6 +53,11 @@ double sum_squares(const float* g, int64_t n);
 // coef (the step is poisoned visibly, not skipped); +inf gives 0.
 float clip_coefficient(double total_norm, double max_norm);
 
+// Whether adamw_update writes p, m, v with streaming (non-temporal) stores:
+// on Intel CPUs, where that measured faster; plain stores elsewhere (see
+// adamw.cpp). The bf16 shadow always streams. Values are the same either way.
+bool adamw_streams_moments();
+
 enum class SimdLevel { scalar, avx2, avx512 };
 // The best path this CPU supports (avx2 needs AVX2 and FMA; avx512 needs AVX-512F).
 SimdLevel simd_level_detected();

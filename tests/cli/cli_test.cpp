@@ -127,4 +127,26 @@ TEST(Cli, TrainRefusesBadData) {
   EXPECT_FALSE(rt::is_directory(tmp.file("out/final")));  // nothing half-written
 }
 
+TEST(Cli, TrainRefusesContradictoryLowMemoryOptions) {
+  // Refused on every machine (the check comes before the device is chosen),
+  // before any model state is allocated, naming both options.
+  rt::test::TempDir tmp;
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  rt::test::write_bytes(tmp.file("fox.txt"), text);
+  const std::string common = "train --data " + tmp.file("fox.txt") + " --preset tiny-byte --steps 1 --seq-len 64 --out " +
+                             tmp.file("out") + " --low-memory ";
+  for (const char* extra : {"--grads device", "--checkpoints device", "--slots 4", "--resident", "--delayed-update"}) {
+    auto r = run_ramtrain(common + extra);
+    EXPECT_NE(r.exit_code, 0) << extra;
+    EXPECT_TRUE(contains(r.output, "--low-memory")) << extra << ": " << r.output;
+    const std::string name = std::string(extra).substr(0, std::string(extra).find(' '));
+    EXPECT_TRUE(contains(r.output, name)) << extra << ": " << r.output;
+  }
+  EXPECT_FALSE(rt::is_directory(tmp.file("out/final")));
+  // Alone it is accepted (on a CPU-only machine it changes nothing).
+  auto ok = run_ramtrain(common + "--device cpu");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 }  // namespace
