@@ -98,7 +98,9 @@ int cmd_train(const Args& raw_args) {
   p.option("export-dtype", "bf16|fp32", "dtype of exported safetensors", "bf16");
   p.option("threads", "N", "CPU threads (0: all cores)", "0");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
-  p.option("max-gpu-memory", "SIZE", "device memory the engine may take, e.g. 16G (default: what is free)");
+  p.option("max-gpu-memory", "SIZE", "device memory the engine may take, e.g. 16G (default: what is free); a plan "
+           "that does not fit is shrunk step by step (host gradients and checkpoints, 2 slots, small LM-head "
+           "chunks) and the log says so");
   p.option("slots", "S", "device weight slots for streaming (>= 2)", "3");
   p.flag("delayed-update", "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
          "step (gradients one step stale; GPU: needs --grads device)");
@@ -242,6 +244,7 @@ int cmd_train(const Args& raw_args) {
     CudaOptions co;
     if (p.has("max-gpu-memory")) co.max_gpu_memory = p.size_bytes("max-gpu-memory");
     co.slots = static_cast<int>(p.integer("slots"));
+    co.fit_slots = !p.given_explicitly("slots");  // the engine may shrink the plan to fit (CudaOptions::fit)
     co.resident = p.on("resident");
     co.delayed_update = o.delayed_update;
     co.grads = p.str("grads");

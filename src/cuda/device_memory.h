@@ -14,24 +14,32 @@
 
 namespace rt::cuda {
 
+// The engine's plan does not fit its device budget (make_cuda_backend may
+// shrink the plan and try again; see CudaOptions::fit).
+class DeviceBudgetError : public Error {
+ public:
+  using Error::Error;
+};
+
 class DeviceAllocator {
  public:
   explicit DeviceAllocator(uint64_t budget) : budget_(budget) {}
   void* alloc(size_t bytes, const std::string& what) {
     bytes = (bytes + 255) / 256 * 256;
     if (used_ + bytes > budget_)
-      fail("[cuda] not enough device memory for ", what, ": needs ", bytes >> 20, " MiB more, ", (budget_ - used_) >> 20,
+      throw DeviceBudgetError(cat("[cuda] not enough device memory for ", what, ": needs ", bytes >> 20, " MiB more, ", (budget_ - used_) >> 20,
            " MiB left of the ", budget_ >> 20, " MiB budget (", used_ >> 20,
            " MiB in use). Lower --micro-batch or --seq-len, use --low-memory "
-           "(or --checkpoints host, --grads host), or raise --max-gpu-memory.");
+           "(or --checkpoints host, --grads host), or raise --max-gpu-memory."));
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      fail("[cuda] cudaMalloc of ", bytes >> 20, " MiB for ", what, " failed (", cudaGetErrorString(e), "); the device has ",
-           free_b >> 20, " MiB free of ", total_b >> 20, " MiB. Lower --max-gpu-memory or the batch.");
+      throw DeviceBudgetError(cat("[cuda] cudaMalloc of ", bytes >> 20, " MiB for ", what, " failed (",
+                                  cudaGetErrorString(e), "); the device has ", free_b >> 20, " MiB free of ",
+                                  total_b >> 20, " MiB. Lower --max-gpu-memory or the batch."));
     }
     used_ += bytes;
     if (used_ > peak_) peak_ = used_;

@@ -916,7 +916,31 @@ class StreamEngine final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt) {
-  return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, opt);
+  CudaOptions o = opt;
+  for (;;) {
+    try {
+      return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, o);
+    } catch (const cuda::DeviceBudgetError& e) {
+      if (!o.fit) throw;
+      // The next smaller plan, one change at a time (CudaOptions::fit).
+      std::string change;
+      if ((o.grads == "auto" && !o.delayed_update) || o.checkpoints == "auto") {
+        if (o.grads == "auto" && !o.delayed_update) o.grads = "host";
+        if (o.checkpoints == "auto") o.checkpoints = "host";
+        change = "gradients and block checkpoints in host RAM";
+      } else if (o.slots > 2 && !o.resident && o.fit_slots) {
+        o.slots = 2;
+        change = "2 weight slots";
+      } else if (o.ce_chunk_rows > 256) {
+        o.ce_chunk_rows = 256;
+        change = "LM-head chunks of 256 rows";
+      } else {
+        throw cuda::DeviceBudgetError(cat(e.what(), " (this is already the smallest plan the engine has for ",
+                                          micro_batch, " x ", seq_len, " tokens per micro-batch)"));
+      }
+      if (o.verbose) std::printf("cuda engine: the plan does not fit (%s); trying %s\n", e.what(), change.c_str());
+    }
+  }
 }
 
 }  // namespace rt

@@ -91,6 +91,13 @@ struct CudaOptions {
   std::string trace_path;       // Chrome trace JSON, "" for none
   int64_t ce_chunk_rows = 1024;
   bool verbose = true;
+  // When the plan does not fit the device budget, make_cuda_backend shrinks it
+  // step by step and says so: gradients and checkpoints left at auto go to the
+  // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan).
+  // false: fail with the allocator's message instead. fit_slots = false keeps
+  // the slot count (the CLI clears it when --slots is given).
+  bool fit = true;
+  bool fit_slots = true;
 };
 
 // The low-memory setting (`--low-memory`): gradients and block checkpoints in

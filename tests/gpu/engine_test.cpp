@@ -6,7 +6,8 @@
 //    so bit-identical losses and gradients (the pipeline must not change math);
 //  - 200 training steps on tinyshakespeare track the CPU backend's loss curve;
 //  - delayed update: streaming = resident bit for bit, and the CUDA run
-//    follows the CPU twin (engine/cpu_backend.cpp), not the undelayed run.
+//    follows the CPU twin (engine/cpu_backend.cpp), not the undelayed run;
+//  - a plan that does not fit the budget shrinks to the --low-memory one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -277,6 +278,57 @@ TEST(CudaEngine, DelayedUpdateFollowsTheCpuTwin) {
   // Learning curve, same band as the undelayed one.
   expect_curves_agree(train_curve({.delayed = true, .steps = 100}),
                       train_curve({.cuda = true, .delayed = true, .steps = 100}), "delayed,");
+}
+
+TEST(CudaEngine, ShrinksThePlanToFitTheBudget) {
+  // The --low-memory plan's peak is the budget; the default options must then
+  // shrink to that plan (and train exactly like it), and without fit the same
+  // budget is refused with the allocator's message.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 8, T = 128;
+  rt::ModelSpec s = gpu_spec(4);
+  rt::Dataset d = shakespeare(T, 5);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 1, &nv);
+  auto run = [&](const rt::CudaOptions& co, uint64_t* peak) {
+    rt::HostState st(s, false);
+    st.init_random(9, 0.05f);
+    auto gpu = rt::make_cuda_backend(st, B, T, co);
+    std::vector<double> losses;
+    rt::OptimStep o;
+    o.lr = 1e-3;
+    for (int i = 0; i < 3; ++i) {
+      o.t = i + 1;
+      losses.push_back(gpu->train_step(batches, nv, o).loss_sum);
+    }
+    gpu->sync();
+    if (peak) *peak = gpu->stats().device_peak_bytes;
+    std::printf("[engine] %s\n", gpu->describe().c_str());
+    return losses;
+  };
+  rt::CudaOptions low;
+  rt::set_low_memory(low);
+  uint64_t low_peak = 0, fit_peak = 0;
+  const std::vector<double> want = run(low, &low_peak);
+  rt::CudaOptions dflt;
+  dflt.max_gpu_memory = low_peak;
+  const std::vector<double> got = run(dflt, &fit_peak);
+  // Same placement; the LM-head chunking may stop one rung early when the
+  // chunk is not what sets the scratch size, and it only changes rounding.
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
+  std::printf("[engine] fit: losses %s the --low-memory run's\n", got == want ? "bit-identical to" : "within 1e-6 of");
+  EXPECT_LE(fit_peak, dflt.max_gpu_memory);
+  std::printf("[engine] fit: low-memory peak %.2f MiB, shrunk default plan peak %.2f MiB\n", low_peak / 1048576.0,
+              fit_peak / 1048576.0);
+  rt::CudaOptions rigid = dflt;
+  rigid.fit = false;
+  try {
+    run(rigid, nullptr);
+    ADD_FAILURE() << "a default plan fitted in the low-memory budget without shrinking";
+  } catch (const rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not enough device memory"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
