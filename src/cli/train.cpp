@@ -262,6 +262,8 @@ int cmd_train(const Args& raw_args) {
       }
     }
   }
+  if (!backend && p.on("low-memory"))
+    std::printf("note: --low-memory shapes the GPU engine's plan; the CPU backend keeps everything in host RAM anyway\n");
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);

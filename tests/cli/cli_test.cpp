@@ -147,6 +147,7 @@ TEST(Cli, TrainRefusesContradictoryLowMemoryOptions) {
   // Alone it is accepted (on a CPU-only machine it changes nothing).
   auto ok = run_ramtrain(common + "--device cpu");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_TRUE(contains(ok.output, "CPU backend keeps everything in host RAM")) << ok.output;
 }
 
 }  // namespace
