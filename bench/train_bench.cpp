@@ -147,6 +147,7 @@ int main(int argc, char** argv) try {
     co.grads = a.grads;
     co.checkpoints = a.checkpoints;
     if (a.low_memory) rt::set_low_memory(co);
+    co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)
     co.verbose = true;
     co.trace_path = a.trace.empty() ? std::string("/tmp/ramtrain_bench_trace.json") : a.trace + "." + mode + ".json";
     std::unique_ptr<rt::Backend> be;
