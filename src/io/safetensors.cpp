@@ -354,6 +354,7 @@ std::vector<const TensorInfo*> SafetensorsModel::all() const {
 
 void tensor_to_f32(const TensorInfo& t, float* out) {
   const int64_t n = t.numel();
+  if (n == 0) return;  // a zero-size tensor (a dim of 0): nothing to convert, and out may be null
   const uint8_t* src = t.data;
   const DType dt = t.dtype;
   auto convert = [src, dt, out](int64_t b, int64_t e) {

@@ -115,6 +115,23 @@ TEST(SafetensorsRead, HandBuiltF32) {
   EXPECT_EQ(f->metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"note", "x"}}));
 }
 
+// Zero-size tensors of every dtype convert to nothing, also into a null
+// buffer (what an empty std::vector's data() may be); found by the fuzzer.
+TEST(SafetensorsRead, ZeroSizeTensorsConvertToNothing) {
+  TempDir dir;
+  std::string p = dir.file("z.safetensors");
+  std::string header =
+      R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"BF16","shape":[3,0],"data_offsets":[0,0]},)"
+      R"("c":{"dtype":"F16","shape":[0,2],"data_offsets":[0,0]}})";
+  write_bytes(p, st_bytes(header, ""));
+  auto f = rt::SafetensorsFile::open(p);
+  ASSERT_EQ(f->tensors().size(), 3u);
+  for (const rt::TensorInfo& t : f->tensors()) {
+    EXPECT_EQ(t.numel(), 0) << t.name;
+    rt::tensor_to_f32(t, nullptr);
+  }
+}
+
 // 16-bit dtypes from known bit patterns (values by the IEEE/bfloat16
 // definitions), an odd-length header so data is unaligned, a hole between
 // tensors, a scalar, an empty tensor, and header order != data order.
