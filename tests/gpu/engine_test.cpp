@@ -62,6 +62,37 @@ std::vector<float> all_grads(rt::HostState& st) {
   return g;
 }
 
+// Three training steps of spec on the same fixed batches, weights from
+// init_random(seed, 0.05), lr 1e-3: the loss sum and gradient norm of every
+// step, the weights after the final sync, the engine's peak and description.
+struct FixedRun {
+  std::vector<double> loss, norm;
+  std::vector<float> w;
+  uint64_t peak = 0;
+};
+FixedRun train_fixed_steps(const rt::ModelSpec& s, bool with_grads, const rt::CudaOptions& co,
+                           const std::vector<rt::Batch>& batches, int64_t nv, int64_t B, int64_t T, uint64_t seed,
+                           double clip = 1.0) {
+  rt::HostState st(s, with_grads);
+  st.init_random(seed, 0.05f);
+  auto gpu = rt::make_cuda_backend(st, B, T, co);
+  FixedRun r;
+  rt::OptimStep o;
+  o.lr = 1e-3;
+  o.clip = clip;
+  for (int i = 0; i < 3; ++i) {
+    o.t = i + 1;
+    const rt::StepStats st_i = gpu->train_step(batches, nv, o);
+    r.loss.push_back(st_i.loss_sum);
+    r.norm.push_back(st_i.grad_norm);
+  }
+  gpu->sync();
+  for (auto& u : st.units()) r.w.insert(r.w.end(), u.master(), u.master() + u.numel);
+  r.peak = gpu->stats().device_peak_bytes;
+  std::printf("[engine] %s\n", gpu->describe().c_str());
+  return r;
+}
+
 TEST(CudaEngine, GradientsMatchTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build): the CPU twin is tests/model/*";
   const int64_t B = 4, T = 128;
@@ -110,31 +141,18 @@ TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
   int64_t nv = 0;
   auto batches = batches_from(d, B, 2, &nv);
   auto run = [&](bool resident, int slots) {
-    rt::HostState st(s, true);
-    st.init_random(6, 0.05f);
     rt::CudaOptions co;
     co.resident = resident;
     co.slots = slots;
-    auto gpu = rt::make_cuda_backend(st, B, T, co);
-    std::vector<double> losses;
-    rt::OptimStep o;
-    o.lr = 1e-3;
-    for (int i = 0; i < 3; ++i) {
-      o.t = i + 1;
-      rt::StepStats r = gpu->train_step(batches, nv, o);
-      losses.push_back(r.loss_sum);
-      losses.push_back(r.grad_norm);
-    }
-    gpu->sync();
-    std::vector<float> w;
-    for (auto& u : st.units()) w.insert(w.end(), u.master(), u.master() + u.numel);
-    return std::make_pair(losses, w);
+    return train_fixed_steps(s, true, co, batches, nv, B, T, 6);
   };
-  auto a = run(false, 2), b = run(false, 3), c = run(true, 0);
-  EXPECT_EQ(a.first, b.first);
-  EXPECT_EQ(a.first, c.first);
-  EXPECT_TRUE(a.second == b.second);
-  EXPECT_TRUE(a.second == c.second);
+  const FixedRun a = run(false, 2), b = run(false, 3), c = run(true, 0);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.loss, c.loss);
+  EXPECT_EQ(a.norm, b.norm);
+  EXPECT_EQ(a.norm, c.norm);
+  EXPECT_TRUE(a.w == b.w);
+  EXPECT_TRUE(a.w == c.w);
 }
 
 TEST(CudaEngine, HostGradientsAndCheckpointsGiveTheSameWeights) {
@@ -148,37 +166,19 @@ TEST(CudaEngine, HostGradientsAndCheckpointsGiveTheSameWeights) {
   rt::Dataset d = shakespeare(T, 4);
   int64_t nv = 0;
   auto batches = batches_from(d, B, 1, &nv);
-  auto run = [&](const char* grads, const char* ckpts, double* norm) {
-    rt::HostState st(s, false);
-    st.init_random(8, 0.05f);
+  auto run = [&](const char* grads, const char* ckpts) {
     rt::CudaOptions co;
     co.grads = grads;
     co.checkpoints = ckpts;
-    auto gpu = rt::make_cuda_backend(st, B, T, co);
-    std::vector<double> losses;
-    rt::OptimStep o;
-    o.lr = 1e-3;
-    o.clip = 0;
-    for (int i = 0; i < 3; ++i) {
-      o.t = i + 1;
-      rt::StepStats r = gpu->train_step(batches, nv, o);
-      losses.push_back(r.loss_sum);
-      *norm = r.grad_norm;
-    }
-    gpu->sync();
-    std::vector<float> w;
-    for (auto& u : st.units()) w.insert(w.end(), u.master(), u.master() + u.numel);
-    losses.insert(losses.end(), w.begin(), w.end());
-    return losses;
+    return train_fixed_steps(s, false, co, batches, nv, B, T, 8, /*clip=*/0);
   };
-  double n0 = 0, n1 = 0, n2 = 0, n3 = 0;
-  auto dev = run("device", "device", &n0);
-  auto hh = run("host", "host", &n1);
-  auto hd = run("host", "device", &n2);
-  auto dh = run("device", "host", &n3);
-  EXPECT_TRUE(dev == hh);
-  EXPECT_TRUE(dev == hd);
-  EXPECT_TRUE(dev == dh);
+  const FixedRun dev = run("device", "device"), hh = run("host", "host"), hd = run("host", "device"),
+                 dh = run("device", "host");
+  for (const FixedRun* r : {&hh, &hd, &dh}) {
+    EXPECT_EQ(r->loss, dev.loss);
+    EXPECT_TRUE(r->w == dev.w);
+  }
+  const double n0 = dev.norm.back(), n1 = hh.norm.back(), n2 = hd.norm.back(), n3 = dh.norm.back();
   EXPECT_NEAR(n1, n0, 1e-9 * n0);
   std::printf("[engine] host/device modes: grad norms %.12g %.12g %.12g %.12g\n", n0, n1, n2, n3);
 }
@@ -290,41 +290,27 @@ TEST(CudaEngine, ShrinksThePlanToFitTheBudget) {
   rt::Dataset d = shakespeare(T, 5);
   int64_t nv = 0;
   auto batches = batches_from(d, B, 1, &nv);
-  auto run = [&](const rt::CudaOptions& co, uint64_t* peak) {
-    rt::HostState st(s, false);
-    st.init_random(9, 0.05f);
-    auto gpu = rt::make_cuda_backend(st, B, T, co);
-    std::vector<double> losses;
-    rt::OptimStep o;
-    o.lr = 1e-3;
-    for (int i = 0; i < 3; ++i) {
-      o.t = i + 1;
-      losses.push_back(gpu->train_step(batches, nv, o).loss_sum);
-    }
-    gpu->sync();
-    if (peak) *peak = gpu->stats().device_peak_bytes;
-    std::printf("[engine] %s\n", gpu->describe().c_str());
-    return losses;
-  };
+  auto run = [&](const rt::CudaOptions& co) { return train_fixed_steps(s, false, co, batches, nv, B, T, 9); };
   rt::CudaOptions low;
   rt::set_low_memory(low);
-  uint64_t low_peak = 0, fit_peak = 0;
-  const std::vector<double> want = run(low, &low_peak);
+  const FixedRun want = run(low);
   rt::CudaOptions dflt;
-  dflt.max_gpu_memory = low_peak;
-  const std::vector<double> got = run(dflt, &fit_peak);
+  dflt.max_gpu_memory = want.peak;
+  const FixedRun got = run(dflt);
   // Same placement; the LM-head chunking may stop one rung early when the
   // chunk is not what sets the scratch size, and it only changes rounding.
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
-  std::printf("[engine] fit: losses %s the --low-memory run's\n", got == want ? "bit-identical to" : "within 1e-6 of");
-  EXPECT_LE(fit_peak, dflt.max_gpu_memory);
-  std::printf("[engine] fit: low-memory peak %.2f MiB, shrunk default plan peak %.2f MiB\n", low_peak / 1048576.0,
-              fit_peak / 1048576.0);
+  ASSERT_EQ(got.loss.size(), want.loss.size());
+  for (size_t i = 0; i < got.loss.size(); ++i)
+    EXPECT_NEAR(got.loss[i], want.loss[i], 1e-6 * want.loss[i]) << "step " << i + 1;
+  std::printf("[engine] fit: losses %s the --low-memory run's\n",
+              got.loss == want.loss ? "bit-identical to" : "within 1e-6 of");
+  EXPECT_LE(got.peak, dflt.max_gpu_memory);
+  std::printf("[engine] fit: low-memory peak %.2f MiB, shrunk default plan peak %.2f MiB\n", want.peak / 1048576.0,
+              got.peak / 1048576.0);
   rt::CudaOptions rigid = dflt;
   rigid.fit = false;
   try {
-    run(rigid, nullptr);
+    run(rigid);
     ADD_FAILURE() << "a default plan fitted in the low-memory budget without shrinking";
   } catch (const rt::Error& e) {
     EXPECT_NE(std::string(e.what()).find("not enough device memory"), std::string::npos) << e.what();
