@@ -1,8 +1,9 @@
 // Times rt::cuda::attention_forward / attention_backward (causal, bf16) and
 // reports TFLOP/s with causal FLOP counts:
 //   fwd = 2 GEMMs * 2*B*H*T*T*D / 2 (half the T x T scores are computed)
-//   bwd = 2.5 * fwd (the FlashAttention convention: 5 GEMMs; our deterministic
-//         backward actually runs 7, its extra recompute is not credited)
+//   bwd = 2.5 * fwd (the FlashAttention convention: 5 GEMMs, which the backward runs)
+//         (the deterministic dQ adds in a fixed order; it also checks that a second
+//         backward gives bitwise the same dq, dk, dv, and exits 2 if not)
 // Median of --reps timed calls after --warmup untimed ones, CUDA events.
 // Inputs are uniform random (never zeros). With --dump DIR it also writes
 // q, k, v, dout, out, lse, dq, dk, dv of the first shape as raw little-endian
@@ -134,12 +135,30 @@ int main(int argc, char** argv) try {
     const double fwd_ms = median_ms(fwd, warmup, reps);
     const double bwd_ms = median_ms(bwd, warmup, reps);
     CUDA_CHECK(cudaDeviceSynchronize());
+    // the backward promises determinism: one more run, from poisoned outputs, must be bitwise equal
+    std::vector<uint16_t> before, after;
+    auto grads = [&](std::vector<uint16_t>& h) {
+      CUDA_CHECK(cudaMemcpy(h.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(h.data() + nq, dk, nkv * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(h.data() + nq + nkv, dv, nkv * 2, cudaMemcpyDeviceToHost));
+    };
+    before.resize(static_cast<size_t>(nq + 2 * nkv));
+    after.resize(before.size());
+    grads(before);
+    CUDA_CHECK(cudaMemset(dq, 0xff, nq * 2));
+    CUDA_CHECK(cudaMemset(dk, 0xff, nkv * 2));
+    CUDA_CHECK(cudaMemset(dv, 0xff, nkv * 2));
+    bwd();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    grads(after);
+    const bool same = before == after;
     const double fwd_flop = 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
     const double bwd_flop = 2.5 * fwd_flop;
     std::printf("%-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n",
                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
                 static_cast<long long>(G), static_cast<long long>(D), fwd_ms, bwd_ms, fwd_flop / fwd_ms / 1e9,
                 bwd_flop / bwd_ms / 1e9, (fwd_flop + bwd_flop) / (fwd_ms + bwd_ms) / 1e9);
+    if (!same) std::printf("NOT DETERMINISTIC: a second backward gave different dq/dk/dv bits\n");
     if (first && !dump_dir.empty()) {
       dump(dump_dir + "/q.bin", q, nq * 2);
       dump(dump_dir + "/k.bin", k, nkv * 2);
@@ -157,6 +176,7 @@ int main(int argc, char** argv) try {
       std::fclose(f);
     }
     first = false;
+    if (!same) return 2;
     for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                     static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
                     static_cast<void*>(lse), scratch})

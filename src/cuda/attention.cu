@@ -4,8 +4,9 @@
 //
 // Shared-memory tiles are [rows][D] bf16 with 16-byte chunks XOR-swizzled by
 // (row & 7), so cp.async stores and ldmatrix loads are bank-conflict free.
-// Each warp owns 16 rows (32 in the forward) of its block's tile. Scores are kept in the log2
-// domain (scale * log2 e folded in) and exponentiated with exp2f.
+// Each warp owns 16 rows (32 in the forward) of its block's tile. Softmax
+// works on raw scores: p = 2^(s * scale*log2e - m * scale*log2e), one FFMA and
+// one ex2.approx.ftz per element (lse is stored in natural-log units).
 //
 // forward:   block = 128 query rows of one head (4 warps of 32 rows); loops over 64-key
 //            tiles up to the diagonal (double-buffered cp.async); online softmax;
@@ -26,7 +27,6 @@ namespace rt::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------- primitives
 
@@ -65,6 +65,14 @@ __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x, flushing subnormal results to 0 (they would vanish next to the row's
+// sum of at least 1 anyway); one MUFU.EX2, none of exp2f's range fix-up.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -78,17 +86,22 @@ __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int row, int chunk)
 
 // cp.async ROWS rows of D bf16 from global (row stride ld elements) into a
 // swizzled tile; rows >= rows_valid are zero-filled (fallback is any valid address).
+// Thread t copies chunk t % (D/8) of rows t / (D/8) + k * RSTEP; with RSTEP a
+// multiple of 8 its swizzle (row & 7) is the same for every k, so the shared
+// address is one base plus a constant step (few live registers in the loops).
 template <int ROWS, int D, int NTHREADS>
 __device__ __forceinline__ void tile_load(uint32_t dst, const bf16* src, int64_t ld, int rows_valid,
                                           const bf16* fallback) {
-  constexpr int kChunks = D / 8;
-  static_assert(ROWS * kChunks % NTHREADS == 0, "tile must split evenly over the block");
+  constexpr int kChunks = D / 8, kStep = NTHREADS / kChunks;
+  static_assert(NTHREADS % kChunks == 0 && ROWS % kStep == 0 && kStep % 8 == 0,
+                "tile must split evenly over the block in steps of 8 rows");
+  const int r0 = static_cast<int>(threadIdx.x) / kChunks, c = static_cast<int>(threadIdx.x) % kChunks;
+  const uint32_t d0 = tile_addr<D>(dst, r0, c);
+  const bf16* s0 = src + r0 * ld + c * 8;
 #pragma unroll
-  for (int it = 0; it < ROWS * kChunks / NTHREADS; ++it) {
-    const int i = it * NTHREADS + threadIdx.x;
-    const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < rows_valid;
-    cp_async16(tile_addr<D>(dst, r, c), ok ? src + r * ld + c * 8 : fallback, ok);
+  for (int it = 0; it < ROWS / kStep; ++it) {
+    const bool ok = r0 + it * kStep < rows_valid;
+    cp_async16(d0 + static_cast<uint32_t>(it * kStep * D * 2), ok ? s0 + it * kStep * ld : fallback, ok);
   }
 }
 
@@ -205,12 +218,6 @@ struct AttnShape {
 #ifndef RAMTRAIN_ATTN_FWD_MT
 #define RAMTRAIN_ATTN_FWD_MT 2
 #endif
-#ifndef RAMTRAIN_ATTN_DKDV_WARPS
-#define RAMTRAIN_ATTN_DKDV_WARPS 4
-#endif
-#ifndef RAMTRAIN_ATTN_DQ_WARPS
-#define RAMTRAIN_ATTN_DQ_WARPS 4
-#endif
 constexpr int kFwdMT = RAMTRAIN_ATTN_FWD_MT, kFwdWarps = 8 / kFwdMT, kFwdBR = 16 * kFwdMT * kFwdWarps, kFwdBC = 64;
 
 template <int D>
@@ -230,8 +237,11 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
   auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kFwdBC * D * 2); };
   auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kFwdBC * D * 2); };
 
-  const int qb = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first
-  const int bh = blockIdx.y, b = bh / s.H, h = bh % s.H, g = h / s.group;
+  // grid (B*H, query blocks): blocks are dispatched x fastest, so every head's
+  // heaviest (last, longest causal row) query block starts first: longest-first
+  // over the whole grid, which keeps the SMs busy to the end.
+  const int qb = gridDim.y - 1 - blockIdx.y;
+  const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q0 = qb * kFwdBR;
   const int64_t ldq = static_cast<int64_t>(s.H) * D, ldkv = static_cast<int64_t>(s.G) * D;
@@ -276,37 +286,43 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
     uint32_t pa[MT][kFwdBC / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sc[mt][nt][e] * s.scale_log2;
-          if (need_mask) {
-            const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            const int row = row_base + mt * 16 + (e >> 1) * 8;
-            if (key > row) x = -INFINITY;
-          }
-          sc[mt][nt][e] = x;
-        }
-      }
-      // online softmax; each row is spread over the 4 lanes of a quad
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = m[mt][r];
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float alpha = exp2f(m[mt][r] - mx);  // m = -inf on a row's first tile: alpha = 0
-        m[mt][r] = mx;
-        float sum = 0.f;
+      if (need_mask) {
 #pragma unroll
         for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-          sc[mt][nt][2 * r] = exp2f(sc[mt][nt][2 * r] - mx);
-          sc[mt][nt][2 * r + 1] = exp2f(sc[mt][nt][2 * r + 1] - mx);
-          sum += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = row_base + mt * 16 + (e >> 1) * 8;
+            if (key > row) sc[mt][nt][e] = -INFINITY;
+          }
         }
-        l[mt][r] = l[mt][r] * alpha + sum;  // lane-partial; reduced over the quad at the end
+      }
+      // online softmax on raw scores (m is a raw-score max); each row is
+      // spread over the 4 lanes of a quad; p = 2^(x*c - m*c) is one FFMA + EX2
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // 4 independent max and sum chains (short dependency chains: with two
+        // warps per scheduler, fixed-latency stalls are what the profile shows)
+        float mq[4] = {m[mt][r], m[mt][r], m[mt][r], m[mt][r]};
+#pragma unroll
+        for (int nt = 0; nt < kFwdBC / 8; ++nt)
+          mq[nt & 3] = fmaxf(mq[nt & 3], fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
+        float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // a row with every key so far masked keeps m = -inf: use 0 so no inf - inf
+        const float mc = mx == -INFINITY ? 0.f : mx * s.scale_log2;
+        const float alpha = exp2_ftz(m[mt][r] * s.scale_log2 - mc);  // m = -inf on a row's first tile: 0
+        m[mt][r] = mx;
+        float sq[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
+          sc[mt][nt][2 * r] = exp2_ftz(fmaf(sc[mt][nt][2 * r], s.scale_log2, -mc));
+          sc[mt][nt][2 * r + 1] = exp2_ftz(fmaf(sc[mt][nt][2 * r + 1], s.scale_log2, -mc));
+          sq[nt & 3] += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
+        }
+        // lane-partial; reduced over the quad at the end
+        l[mt][r] = fmaf(l[mt][r], alpha, (sq[0] + sq[1]) + (sq[2] + sq[3]));
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
           o[mt][dt][2 * r] *= alpha;
@@ -334,7 +350,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
         for (int dt = 0; dt < D / 8; ++dt)
           *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
               __floats2bfloat162_rn(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-        if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * kLn2 + logf(t);
+        if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * s.scale + logf(t);
       }
     }
   }
@@ -363,7 +379,7 @@ __global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf1
   }
 }
 
-constexpr int kBwdWarps = RAMTRAIN_ATTN_DKDV_WARPS, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
+constexpr int kBwdWarps = 4, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
 
 template <int D>
 constexpr int dkdv_smem_bytes() {
@@ -386,8 +402,8 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
   float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * D + 4 * kBwdBR * D) * 2);  // [2][BR]
   float* s_delta = s_lse + 2 * kBwdBR;                                                   // [2][BR]
 
-  const int kb = blockIdx.x;
-  const int bg = blockIdx.y, b = bg / s.G, g = bg % s.G;
+  const int kb = blockIdx.y;  // grid (B*G, key blocks): the first key blocks (most query tiles) start first
+  const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = kb * kBwdBC;
   const int64_t ldq = static_cast<int64_t>(s.H) * D, ldkv = static_cast<int64_t>(s.G) * D;
@@ -439,7 +455,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
-        float x = exp2f(p[nt][e] * s.scale_log2 - s_lse[st * kBwdBR + qc]);
+        float x = exp2_ftz(fmaf(p[nt][e], s.scale_log2, -s_lse[st * kBwdBR + qc]));
         if (need_mask && qr0 + qc < krow + (e >> 1) * 8) x = 0.f;
         p[nt][e] = x;
       }
@@ -478,7 +494,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
   }
 }
 
-constexpr int kDqWarps = RAMTRAIN_ATTN_DQ_WARPS, kDqBR = 16 * kDqWarps, kDqBC = 64;
+constexpr int kDqWarps = 4, kDqBR = 16 * kDqWarps, kDqBC = 64;
 
 template <int D>
 constexpr int dq_smem_bytes() {
@@ -498,8 +514,8 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
   auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kDqBC * D * 2); };
   auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kDqBC * D * 2); };
 
-  const int qb = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y, b = bh / s.H, h = bh % s.H, g = h / s.group;
+  const int qb = gridDim.y - 1 - blockIdx.y;  // grid (B*H, query blocks), heaviest first as in the forward
+  const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q0 = qb * kDqBR;
   const int64_t ldq = static_cast<int64_t>(s.H) * D, ldkv = static_cast<int64_t>(s.G) * D;
@@ -546,7 +562,7 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
     for (int nt = 0; nt < kDqBC / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = exp2f(p[nt][e] * s.scale_log2 - row_lse[e >> 1]);
+        float x = exp2_ftz(fmaf(p[nt][e], s.scale_log2, -row_lse[e >> 1]));
         if (need_mask && k0 + nt * 8 + 2 * (lane & 3) + (e & 1) > row_base + (e >> 1) * 8) x = 0.f;
         p[nt][e] = x;
       }
@@ -581,8 +597,9 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
 AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const char* where) {
   RT_CHECK(D == 64 || D == 128, "[cuda ", where, "] head_dim must be 64 or 128, got ", D);
   RT_CHECK(H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] heads H=", H, " must be a multiple of kv heads G=", G);
-  RT_CHECK(B > 0 && T > 0 && T < (int64_t{1} << 30) && B * H < 65536 && B * G < 65536, "[cuda ", where,
-           "] shape out of range: B=", B, " T=", T, " H=", H);
+  // grids are (B*H or B*G, T / 64-row tiles): gridDim.y <= 65535
+  RT_CHECK(B > 0 && T > 0 && T <= int64_t{65535} * 64 && B * H < (int64_t{1} << 31), "[cuda ", where,
+           "] shape out of range: B=", B, " T=", T, " (at most ", int64_t{65535} * 64, ") H=", H);
   AttnShape s;
   s.T = static_cast<int>(T);
   s.H = static_cast<int>(H);
@@ -603,7 +620,7 @@ void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const b
                     cudaStream_t stream) {
   constexpr int smem = fwd_smem_bytes<D>();
   smem_allow(attention_forward_kernel<D>, smem);
-  dim3 grid(static_cast<unsigned>(detail::ceil_div(s.T, kFwdBR)), static_cast<unsigned>(B * s.H));
+  dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, kFwdBR)));
   attention_forward_kernel<D><<<grid, 32 * kFwdWarps, smem, stream>>>(out, lse, q, k, v, s);
   CUDA_CHECK_LAUNCH();
 }
@@ -617,13 +634,13 @@ void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16*
   CUDA_CHECK_LAUNCH();
   constexpr int smem_kv = dkdv_smem_bytes<D>();
   smem_allow(attention_backward_dkdv_kernel<D>, smem_kv);
-  dim3 grid_kv(static_cast<unsigned>(detail::ceil_div(s.T, kBwdBC)), static_cast<unsigned>(B * s.G));
+  dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, kBwdBC)));
   attention_backward_dkdv_kernel<D><<<grid_kv, 32 * kBwdWarps, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta,
                                                                                   s);
   CUDA_CHECK_LAUNCH();
   constexpr int smem_q = dq_smem_bytes<D>();
   smem_allow(attention_backward_dq_kernel<D>, smem_q);
-  dim3 grid_q(static_cast<unsigned>(detail::ceil_div(s.T, kDqBR)), static_cast<unsigned>(B * s.H));
+  dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, kDqBR)));
   attention_backward_dq_kernel<D><<<grid_q, 32 * kDqWarps, smem_q, stream>>>(dq, dout, q, k, v, lse, delta, s);
   CUDA_CHECK_LAUNCH();
 }

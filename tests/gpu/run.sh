@@ -15,6 +15,9 @@
 #   bench7b   7B-shape streaming and resident throughput, with a trace
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention against PyTorch SDPA
+#   attnvar   every attention_bench variant in BIN_DIR/attn (bench/attention_variants.sh), MHA and GQA,
+#             and the accuracy of the current kernel against an fp32 reference
+#   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
@@ -116,6 +119,34 @@ if has attention; then
   run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
 fi
 
+if has attnvar; then
+  for b in "$bin"/attn/attention_bench_*; do
+    n=${b##*/attention_bench_}
+    run "attnvar_$n" 120 bash -c "'$b' --B 1,2 && '$b' --B 2 --G 8 | tail -n 1"
+  done
+  mkdir -p "$tmp/dump"
+  run attnvar_accuracy 120 bash -c "'$bin/attn/attention_bench_current' --B 1 --reps 1 --warmup 0 --dump $tmp/dump &&
+    python3 '$here/bench/attention_sdpa.py' --check $tmp/dump"
+fi
+
+if has attnprof; then
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  if [ -n "$ncu" ]; then
+    run attnprof 300 "$ncu" -k regex:attention_ --launch-skip 0 --launch-count 4 --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section InstructionStats --section Occupancy --section LaunchStats --section SchedulerStats \
+      "$bin/attn/attention_bench_current" --B 1 --reps 1 --warmup 0
+    run attnprof_stalls 300 "$ncu" -k regex:attention_ --launch-count 4 --csv --page raw \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__cycles_active.avg,sm__cycles_elapsed.avg' \
+      "$bin/attn/attention_bench_current" --B 1 --reps 1 --warmup 0
+    cuobjdump=$(dirname "$ncu")/cuobjdump; command -v cuobjdump >/dev/null && cuobjdump=cuobjdump
+    [ -x "$cuobjdump" ] || cuobjdump=/usr/local/cuda/bin/cuobjdump
+    run attnprof_sass 60 bash -c "'$cuobjdump' -sass '$bin/attn/attention_bench_current' | awk '/Function :/{f=\$3} /LDL|STL/{n[f]++} END{for (k in n) print n[k], \"local-memory instructions in\", k}'"
+  else
+    echo "attnprof: no ncu on this machine"
+  fi
+fi
+
 if has stall; then
   # A Qwen2.5-7B-width model with 4 layers (2.0B params, 24 GB per checkpoint: two must fit the 64 GiB disk)
   # on random ids, saving every 3 steps.
@@ -166,6 +197,7 @@ for f in bench_7b_2048 bench_7b_delayed_16 bench_7b_delayed_32; do
 done
 grep -hE "^[0-9]" "$logs"/attention_bench.log 2>/dev/null | sed 's/^/ramtrain attn /'
 grep -hE "^[0-9]" "$logs"/attention_sdpa.log 2>/dev/null | sed 's/^/sdpa attn     /'
+for f in "$logs"/attnvar_*.log; do [ -f "$f" ] && grep -hE "^[0-9]|rel" "$f" | sed "s/^/$(basename "$f" .log) /"; done
 grep -hiE "checkpoint|stall|tok/s" "$logs"/stall.log 2>/dev/null | tail -8
 grep -hE "IDENTICAL|EXPORT-OK|loss" "$logs"/fixtures_regen.log "$logs"/export_check.log 2>/dev/null | tail -6
 rm -rf "$tmp"

@@ -15,4 +15,6 @@ for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b";
   grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf|xxhash' | xargs -r -I{} cp -L {} "$out/lib/"
 strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test
 cp ../shared/data/tinyshakespeare.txt "$out/data/"
+bash bench/attention_variants.sh "$out/attn" >/dev/null
+strip "$out"/attn/*
 du -sh "$out"
