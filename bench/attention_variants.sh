@@ -2,7 +2,7 @@
 # Builds attention_bench variants (tile shapes via -D, and the kernel of a
 # git revision to compare against in the same GPU run) for sm_90 into
 # OUT_DIR (default build/gpu-run/attn). tests/gpu/run.sh part `attnvar` times
-# every binary there. Run here, where nvcc is; the GPU machine only runs them.
+# every binary there next to the staged attention_bench (the current kernel). Run here, where nvcc is; the GPU machine only runs them.
 #   bench/attention_variants.sh [OUT_DIR] [BASE_REV]
 # Variants: the build lines below; base = src/cuda/attention.cu and
 # bench/attention_bench.cu at BASE_REV (default HEAD), default tile shapes.
@@ -24,7 +24,6 @@ build() {  # name bench-source kernel-source flags...
   pids+=($!)
 }
 build "base-$(git rev-parse --short "$rev")" "$tmp/attention_bench_base.cu" "$tmp/attention_base.cu" -I"$tmp"
-build current bench/attention_bench.cu src/cuda/attention.cu
 build fwd_mt1 bench/attention_bench.cu src/cuda/attention.cu -DRAMTRAIN_ATTN_FWD_MT=1
 for p in "${pids[@]}"; do wait "$p"; done
 ls "$out"

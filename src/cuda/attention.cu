@@ -314,15 +314,15 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
         const float mc = mx == -INFINITY ? 0.f : mx * s.scale_log2;
         const float alpha = exp2_ftz(m[mt][r] * s.scale_log2 - mc);  // m = -inf on a row's first tile: 0
         m[mt][r] = mx;
-        float sq[4] = {0.f, 0.f, 0.f, 0.f};
+        float ssum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int nt = 0; nt < kFwdBC / 8; ++nt) {
           sc[mt][nt][2 * r] = exp2_ftz(fmaf(sc[mt][nt][2 * r], s.scale_log2, -mc));
           sc[mt][nt][2 * r + 1] = exp2_ftz(fmaf(sc[mt][nt][2 * r + 1], s.scale_log2, -mc));
-          sq[nt & 3] += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
+          ssum[nt & 3] += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
         }
         // lane-partial; reduced over the quad at the end
-        l[mt][r] = fmaf(l[mt][r], alpha, (sq[0] + sq[1]) + (sq[2] + sq[3]));
+        l[mt][r] = fmaf(l[mt][r], alpha, (ssum[0] + ssum[1]) + (ssum[2] + ssum[3]));
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
           o[mt][dt][2 * r] *= alpha;

@@ -120,12 +120,12 @@ if has attention; then
 fi
 
 if has attnvar; then
-  for b in "$bin"/attn/attention_bench_*; do
-    n=${b##*/attention_bench_}
+  for b in "$bin/attention_bench" "$bin"/attn/attention_bench_*; do
+    n=${b##*/attention_bench_}; [ "$b" = "$bin/attention_bench" ] && n=current
     run "attnvar_$n" 120 bash -c "'$b' --B 1,2 && '$b' --B 2 --G 8 | tail -n 1"
   done
   mkdir -p "$tmp/dump"
-  run attnvar_accuracy 120 bash -c "'$bin/attn/attention_bench_current' --B 1 --reps 1 --warmup 0 --dump $tmp/dump &&
+  run attnvar_accuracy 120 bash -c "'$bin/attention_bench' --B 1 --reps 1 --warmup 0 --dump $tmp/dump &&
     python3 '$here/bench/attention_sdpa.py' --check $tmp/dump"
 fi
 
@@ -135,13 +135,12 @@ if has attnprof; then
     run attnprof 300 "$ncu" -k regex:attention_ --launch-skip 0 --launch-count 4 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section InstructionStats --section Occupancy --section LaunchStats --section SchedulerStats \
-      "$bin/attn/attention_bench_current" --B 1 --reps 1 --warmup 0
+      "$bin/attention_bench" --B 1 --reps 1 --warmup 0
     run attnprof_stalls 300 "$ncu" -k regex:attention_ --launch-count 4 --csv --page raw \
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__cycles_active.avg,sm__cycles_elapsed.avg' \
-      "$bin/attn/attention_bench_current" --B 1 --reps 1 --warmup 0
-    cuobjdump=$(dirname "$ncu")/cuobjdump; command -v cuobjdump >/dev/null && cuobjdump=cuobjdump
-    [ -x "$cuobjdump" ] || cuobjdump=/usr/local/cuda/bin/cuobjdump
-    run attnprof_sass 60 bash -c "'$cuobjdump' -sass '$bin/attn/attention_bench_current' | awk '/Function :/{f=\$3} /LDL|STL/{n[f]++} END{for (k in n) print n[k], \"local-memory instructions in\", k}'"
+      "$bin/attention_bench" --B 1 --reps 1 --warmup 0
+    cuobjdump=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    run attnprof_sass 60 bash -c "'$cuobjdump' -sass '$bin/attention_bench' | awk '/Function :/{f=\$3} /LDL|STL/{n[f]++} END{for (k in n) print n[k], \"local-memory instructions in\", k}'"
   else
     echo "attnprof: no ncu on this machine"
   fi
