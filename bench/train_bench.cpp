@@ -63,6 +63,7 @@ struct Args {
   std::string trace;
   std::string grads = "auto", checkpoints = "auto";
   bool low_memory = false;
+  int64_t landing_mib = -1;  // -1: the engine's default
 };
 
 Args parse(int argc, char** argv) {
@@ -86,12 +87,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--grads") a.grads = v();
     else if (k == "--checkpoints") a.checkpoints = v();
     else if (k == "--low-memory") a.low_memory = true;
+    else if (k == "--landing-chunk-mib") a.landing_mib = std::stoll(v());
     else if (k == "--help") {
       std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--steps 4] [--warmup 2]\n"
                 "               [--layers N (override depth)] [--slots 3]\n"
                 "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
                 "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
-                "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]");
+                "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
+                "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
+                "A mode may end in :N to set the landing chunk for that mode only (e.g. streaming:0,streaming:16).");
       std::exit(0);
     } else rt::fail("[bench] unknown option ", k);
   }
@@ -140,6 +144,11 @@ int main(int argc, char** argv) try {
     pos = e + 1;
     if (mode.empty()) continue;
     rt::CudaOptions co;
+    // MODE:N sets the optimizer's gradient landing chunk to N MiB (0: whole units)
+    if (size_t c = mode.find(':'); c != std::string::npos)
+      co.landing_chunk_bytes = std::stoull(mode.substr(c + 1)) << 20;
+    else if (a.landing_mib >= 0)
+      co.landing_chunk_bytes = static_cast<uint64_t>(a.landing_mib) << 20;
     co.resident = mode.rfind("resident", 0) == 0;
     co.delayed_update = mode.find("delayed") != std::string::npos;
     co.slots = static_cast<int>(a.slots);
@@ -149,7 +158,9 @@ int main(int argc, char** argv) try {
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)
     co.verbose = true;
-    co.trace_path = a.trace.empty() ? std::string("/tmp/ramtrain_bench_trace.json") : a.trace + "." + mode + ".json";
+    std::string tag = mode;
+    std::replace(tag.begin(), tag.end(), ':', '_');
+    co.trace_path = a.trace.empty() ? std::string("/tmp/ramtrain_bench_trace.json") : a.trace + "." + tag + ".json";
     std::unique_ptr<rt::Backend> be;
     try {
       be = rt::make_cuda_backend(st, a.batch, a.seq, co);

@@ -22,8 +22,9 @@
 //     load of layer i-S into the freed slot (prefetch, never load-then-wait);
 //   norm: per-unit sums of squares on the device, summed in unit order;
 //   optimizer (worker thread, CPU pool): in forward order, each unit's grads
-//     go device -> pinned slab (d2h), AdamW updates master/m/v and writes the
-//     bf16 shadow; the next step's load of unit u waits only on u's update.
+//     go device -> host in chunks through a small pinned ring (d2h), AdamW
+//     updates master/m/v chunk by chunk as they land and writes the bf16
+//     shadow; the next step's load of unit u waits only on u's update.
 // Delayed update (backend.h): two bf16 shadows; step t's optimizer writes
 //   shadow t % 2 while step t+1 trains on the weights of update t-1 (shadow
 //   (t-1) % 2), and it runs in backward order (head, embedding, last layer
@@ -185,6 +186,8 @@ class StreamEngine final : public Backend {
         });
       }
     updated_.assign(units.size(), 0);
+    progress_.assign(units.size(), 0);
+    progress_step_.assign(units.size(), -1);
     grad_issued_.assign(units.size(), 0);
     // where gradients and checkpoints live (auto: the device, unless they would take a large part of it)
     const uint64_t dev_grad_bytes = static_cast<uint64_t>(layer_numel_) * 4 * L;
@@ -255,12 +258,18 @@ class StreamEngine final : public Backend {
     scratch_ = DevBuf<uint8_t>(alloc_, static_cast<int64_t>(sc), "op scratch");
     ops_ = std::make_unique<CudaOps>(alloc_, blas_, compute_.get(), inv_freq_.data(), Scratch{scratch_.data(), sc});
     acts_ = std::make_unique<BlockActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
-    // pinned landing slabs for the optimizer phase
     int64_t max_unit = 0;
     for (auto& u : units) max_unit = std::max(max_unit, u.numel);
-    for (int r = 0; r < kSlabs; ++r) slabs_.emplace_back(static_cast<size_t>(max_unit) * 4, "a gradient landing slab");
-    slab_done_.resize(kSlabs);
-    slab_free_.assign(kSlabs, 1);
+    if (host_grads_) {  // pinned slabs where each unit's gradient lands during the backward
+      for (int r = 0; r < kSlabs; ++r) slabs_.emplace_back(static_cast<size_t>(max_unit) * 4, "a gradient landing slab");
+      slab_done_.resize(kSlabs);
+      slab_free_.assign(kSlabs, 1);
+    } else {  // a pinned ring of chunks the optimizer phase copies gradients through
+      const int64_t want = static_cast<int64_t>(opt_.landing_chunk_bytes / 4) / kChunkAlign * kChunkAlign;
+      chunk_elems_ = want > 0 ? std::min(want, max_unit) : max_unit;
+      for (int r = 0; r < kRing; ++r) ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
+      ring_done_.resize(kRing);
+    }
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     if (opt_.verbose) {
       std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
@@ -307,7 +316,7 @@ class StreamEngine final : public Backend {
     Scratch sc{scratch_.data(), scratch_.size()};
     std::vector<double> host_norms(units.size(), 0.0);
     if (host_grads_) {
-      worker_.push([this, &host_norms] {
+      push_job([this, &host_norms] {
         auto& us = st_.units();
         for (size_t u = 0; u < us.size(); ++u) host_norms[u] = rt::sum_squares(us[u].grad.p, us[u].numel);
       });
@@ -344,7 +353,7 @@ class StreamEngine final : public Backend {
                    (host_grads_ ? batches.size() : 1);
     // optimizer phase on the worker, in forward order
     const int64_t step = step_;
-    worker_.push([this, o, coef, ok, step] { optimizer_phase(o, coef, ok, step); });
+    push_job([this, o, coef, ok, step] { optimizer_phase(o, coef, ok, step); });
     stats.applied = ok;
     (void)L;
     return stats;
@@ -409,6 +418,13 @@ class StreamEngine final : public Backend {
 
  private:
   static constexpr int kSlabs = 3;
+  // Device-gradient modes: chunks in flight between the device and the
+  // optimizer. Small chunks are read by the CPU soon after the copy wrote
+  // them (on hosts whose PCIe writes land in the last-level cache, without
+  // a trip through DRAM); kChunkAlign keeps every chunk 64-byte aligned in
+  // the arenas (units and tensors are 16-float aligned).
+  static constexpr int kRing = 4;
+  static constexpr int64_t kChunkAlign = 4096;
 
   static uint64_t budget(const CudaOptions& o) {
     RT_CHECK(device_count() > 0, "[cuda] no CUDA device is visible; use --device cpu");
@@ -456,6 +472,33 @@ class StreamEngine final : public Backend {
   // The pinned shadow holding unit u at need_version().
   const uint16_t* shadow_src(size_t u) const { return shadow_[delayed_ ? need_version() % 2 : 0][u].as<uint16_t>(); }
 
+  // Worker jobs: a job that throws marks the engine failed and wakes every
+  // waiter (who then reports the job's error) instead of leaving them blocked.
+  void push_job(std::function<void()> f) {
+    worker_.push([this, f = std::move(f)] {
+      try {
+        f();
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          worker_failed_ = true;
+        }
+        cv_.notify_all();
+        throw;
+      }
+    });
+  }
+  [[noreturn]] void report_worker_failure() {
+    worker_.drain();  // rethrows the job's error
+    fail("[engine] the optimizer failed");
+  }
+
+  // Elements [0, result) of unit u's shadow hold need_version() (mu_ held).
+  int64_t ready_elems(size_t u, int64_t need) const {
+    if (updated_[u] >= need) return st_.units()[u].numel;
+    return progress_step_[u] == need ? progress_[u] : 0;
+  }
+
   // Blocks until unit u holds need_version() (its shadow is current).
   void wait_updated(size_t u) {
     const int64_t need = need_version();
@@ -463,9 +506,38 @@ class StreamEngine final : public Backend {
     cv_.wait(lk, [&] { return updated_[u] >= need || worker_failed_; });
     if (worker_failed_) {
       lk.unlock();
-      worker_.drain();
-      fail("[engine] the optimizer failed");
+      report_worker_failure();
     }
+  }
+
+  // Queues on h2d the copy of unit u's current shadow into dst, piece by
+  // piece as the optimizer's chunks of that unit finish, so the copy runs
+  // under the update instead of after it.
+  void copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer) {
+    const int64_t need = need_version(), n = st_.units()[u].numel;
+    const uint16_t* src = shadow_src(u);
+    int64_t issued = 0;
+    Tracer::Span span;
+    while (issued < n) {
+      int64_t ready = 0;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return (ready = ready_elems(u, need)) > issued || worker_failed_; });
+        if (worker_failed_) {
+          lk.unlock();
+          report_worker_failure();
+        }
+      }
+      if (issued == 0) span = tracer_.gpu_begin(Lane::h2d, what, layer, h2d_.get());
+      CUDA_CHECK(cudaMemcpyAsync(dst + issued, src + issued, static_cast<size_t>(ready - issued) * 2,
+                                 cudaMemcpyHostToDevice, h2d_.get()));
+      issued = ready;
+    }
+    tracer_.gpu_end(span, h2d_.get());
+  }
+  bool is_updated(size_t u) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return updated_[u] >= need_version();
   }
   void wait_grad_zeroed(size_t u) {
     if (host_grads_) return;  // host mode zeroes its device buffers right before (layers) or after (embed, head) use
@@ -474,18 +546,15 @@ class StreamEngine final : public Backend {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return grad_issued_[u] >= step_ || worker_failed_; });
     }
-    if (worker_failed_) wait_updated(u);  // reports the failure
+    if (worker_failed_) report_worker_failure();
     CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), grad_zeroed_[u].get(), 0));
   }
 
   // Unit-resident pieces (embedding, head): reload after each update.
   void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
     if (have_version == need_version()) return;
-    wait_updated(u);
-    auto span = tracer_.gpu_begin(Lane::h2d, u == 0 ? "load embed" : "load head", -1, h2d_.get());
-    CUDA_CHECK(cudaMemcpyAsync(dst.data(), shadow_src(u), dst.bytes(), cudaMemcpyHostToDevice, h2d_.get()));
+    copy_in_as_updated(u, dst.data(), u == 0 ? "load embed" : "load head", -1);
     h2d_bytes_ += dst.bytes();
-    tracer_.gpu_end(span, h2d_.get());
     CUDA_CHECK(cudaEventRecord(loaded.get(), h2d_.get()));
     CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), loaded.get(), 0));
     have_version = need_version();
@@ -495,13 +564,9 @@ class StreamEngine final : public Backend {
   void load_layer(int64_t i) {
     const int s = static_cast<int>(i % S_);
     if (slot_layer_[s] == i && slot_version_[s] == need_version()) return;
-    wait_updated(static_cast<size_t>(i + 1));
     if (slot_layer_[s] >= 0) CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), slot_free_[s].get(), 0));
-    auto span = tracer_.gpu_begin(Lane::h2d, "load", static_cast<int>(i), h2d_.get());
-    CUDA_CHECK(cudaMemcpyAsync(slots_[s].data(), shadow_src(static_cast<size_t>(i + 1)), slots_[s].bytes(),
-                               cudaMemcpyHostToDevice, h2d_.get()));
+    copy_in_as_updated(static_cast<size_t>(i + 1), slots_[s].data(), "load", static_cast<int>(i));
     h2d_bytes_ += slots_[s].bytes();
-    tracer_.gpu_end(span, h2d_.get());
     CUDA_CHECK(cudaEventRecord(slot_loaded_[s].get(), h2d_.get()));
     slot_layer_[s] = i;
     slot_version_[s] = need_version();
@@ -546,9 +611,10 @@ class StreamEngine final : public Backend {
     const int r = static_cast<int>(landing_counter_++ % kSlabs);
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return slab_free_[r] != 0; });
+      cv_.wait(lk, [&] { return slab_free_[r] != 0 || worker_failed_; });
       slab_free_[r] = 0;
     }
+    if (worker_failed_) report_worker_failure();
     CUDA_CHECK(cudaEventRecord(grad_made_.get(), compute_.get()));
     CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), grad_made_.get(), 0));
     auto span = tracer_.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, d2h_.get());
@@ -557,7 +623,7 @@ class StreamEngine final : public Backend {
     tracer_.gpu_end(span, d2h_.get());
     CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), d2h_.get()));
     const bool first = first_micro_;
-    worker_.push([this, u, r, first] {
+    push_job([this, u, r, first] {
       CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
       auto& un = st_.units()[u];
       const float* g = slabs_[r].as<float>();
@@ -583,9 +649,10 @@ class StreamEngine final : public Backend {
     const int64_t C = s_.hidden;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return embed_dx_free_; });
+      cv_.wait(lk, [&] { return embed_dx_free_ || worker_failed_; });
       embed_dx_free_ = false;
     }
+    if (worker_failed_) report_worker_failure();
     CUDA_CHECK(cudaEventRecord(grad_made_.get(), compute_.get()));
     CUDA_CHECK(cudaStreamWaitEvent(d2h_.get(), grad_made_.get(), 0));
     auto span = tracer_.gpu_begin(Lane::d2h, "embed grads", -1, d2h_.get());
@@ -598,7 +665,7 @@ class StreamEngine final : public Backend {
     const int32_t* h = host_io_.as<int32_t>();
     std::vector<int32_t> ids(h, h + N_);  // host_io_ is refilled by the next micro-batch
     const bool first = first_micro_;
-    worker_.push([this, ids = std::move(ids), first, C] {
+    push_job([this, ids = std::move(ids), first, C] {
       CUDA_CHECK(cudaEventSynchronize(embed_dx_done_.get()));
       auto span = tracer_.host_begin("land", -1);
       auto& un = st_.units()[0];
@@ -652,10 +719,13 @@ class StreamEngine final : public Backend {
     tracer_.gpu_end(span, compute_.get());
     if (host_ckpt_ && training) save_ckpt(0);
     for (int64_t i = 0; i < L; ++i) {
-      // Prefetch a few layers ahead, never more: each load first waits (on
-      // this thread) for that layer's update, so loading every slot up front
-      // would hold the whole forward until the optimizer finished.
-      for (int64_t j = i; j < std::min<int64_t>(L, i + prefetch_depth()); ++j) load_layer(j);
+      // Layer i's load waits (on this thread) for its update; the layers after
+      // it are loaded ahead only when their updates are already in, so that
+      // queuing layer i never waits for a later layer's update (the forward
+      // trails the optimizer by one layer, not by the prefetch depth).
+      load_layer(i);
+      for (int64_t j = i + 1; j < std::min<int64_t>(L, i + prefetch_depth()) && is_updated(static_cast<size_t>(j + 1)); ++j)
+        load_layer(j);
       const bf16* w = use_layer(i);
       // host checkpoints: x_{i+1} overwrites x_{i-1}, which must have left for the host
       if (host_ckpt_ && ck_out_pending_[(i + 1) % 2])
@@ -796,41 +866,62 @@ class StreamEngine final : public Backend {
       for (size_t k = 2; k < U; ++k) order[k] = U - k;
     }
     std::vector<PinnedBuf>& shadow = shadow_[delayed_ ? step % 2 : 0];
-    auto issue = [&](size_t k) {
-      const size_t u = order[k];
-      const int r = static_cast<int>(k % kSlabs);
-      auto span = tracer_.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, d2h_.get());
-      CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost,
-                                 d2h_.get()));
-      tracer_.gpu_end(span, d2h_.get());
-      CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), d2h_.get()));
-      CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), d2h_.get()));
-      CUDA_CHECK(cudaEventRecord(grad_zeroed_[u].get(), d2h_.get()));
+    // The units' gradients in chunks of at most chunk_elems_, in `order`.
+    struct Chunk {
+      size_t u;
+      int64_t b, e;
+    };
+    std::vector<Chunk> chunks;
+    for (size_t k = 0; k < U; ++k)
+      for (int64_t b = 0; b < units[order[k]].numel; b += chunk_elems_)
+        chunks.push_back({order[k], b, std::min(units[order[k]].numel, b + chunk_elems_)});
+    // Chunk c goes device -> ring slot c % kRing; after a unit's last chunk its
+    // device buffer is zeroed on the same stream.
+    Tracer::Span d2h_span;
+    auto issue = [&](size_t c) {
+      const Chunk& ch = chunks[c];
+      const int r = static_cast<int>(c % kRing);
+      if (ch.b == 0) d2h_span = tracer_.gpu_begin(Lane::d2h, "grads", static_cast<int>(ch.u) - 1, d2h_.get());
+      CUDA_CHECK(cudaMemcpyAsync(ring_[r].as<float>(), grads_[ch.u].data() + ch.b, static_cast<size_t>(ch.e - ch.b) * 4,
+                                 cudaMemcpyDeviceToHost, d2h_.get()));
+      CUDA_CHECK(cudaEventRecord(ring_done_[r].get(), d2h_.get()));
+      if (ch.e < units[ch.u].numel) return;
+      CUDA_CHECK(cudaMemsetAsync(grads_[ch.u].data(), 0, grads_[ch.u].bytes(), d2h_.get()));
+      CUDA_CHECK(cudaEventRecord(grad_zeroed_[ch.u].get(), d2h_.get()));
+      tracer_.gpu_end(d2h_span, d2h_.get());
       {
         std::lock_guard<std::mutex> lk(mu_);
-        grad_issued_[u] = step;
+        grad_issued_[ch.u] = step;
       }
       cv_.notify_all();
     };
     const auto t0 = std::chrono::steady_clock::now();
     int64_t n_params = 0;
-    for (size_t k = 0; k < std::min<size_t>(kSlabs, U); ++k) issue(k);
-    for (size_t k = 0; k < U; ++k) {
-      const size_t u = order[k];
-      const int r = static_cast<int>(k % kSlabs);
-      CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
+    for (size_t c = 0; c < std::min<size_t>(kRing, chunks.size()); ++c) issue(c);
+    Tracer::Span host_span;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const Chunk& ch = chunks[c];
+      StateUnit& un = units[ch.u];
+      const int r = static_cast<int>(c % kRing);
+      CUDA_CHECK(cudaEventSynchronize(ring_done_[r].get()));
       if (apply) {
-        auto span = tracer_.host_begin("adamw", static_cast<int>(u) - 1);
-        update_unit(units[u], slabs_[r].as<float>(), o, coef, shadow[u].as<uint16_t>());
-        n_params += units[u].numel;
-        tracer_.host_end(span);
+        if (ch.b == 0) host_span = tracer_.host_begin("adamw", static_cast<int>(ch.u) - 1);
+        update_unit_range(un, ch.b, ch.e, ring_[r].as<float>(), o, coef, shadow[ch.u].as<uint16_t>());
+        n_params += ch.e - ch.b;
+        if (ch.e == un.numel) tracer_.host_end(host_span);
       } else if (delayed_) {  // a skipped step: the other shadow must still hold the current weights
-        std::memcpy(shadow[u].as<uint16_t>(), shadow_[(step + 1) % 2][u].as<uint16_t>(), static_cast<size_t>(units[u].numel) * 2);
+        std::memcpy(shadow[ch.u].as<uint16_t>() + ch.b, shadow_[(step + 1) % 2][ch.u].as<uint16_t>() + ch.b,
+                    static_cast<size_t>(ch.e - ch.b) * 2);
       }
-      if (k + kSlabs < U) issue(k + kSlabs);
+      if (c + kRing < chunks.size()) issue(c + kRing);
       {
         std::lock_guard<std::mutex> lk(mu_);
-        updated_[u] = step;
+        if (ch.e < un.numel) {
+          progress_step_[ch.u] = step;
+          progress_[ch.u] = ch.e;
+        } else {
+          updated_[ch.u] = step;
+        }
       }
       cv_.notify_all();
     }
@@ -868,6 +959,7 @@ class StreamEngine final : public Backend {
   int64_t layer_numel_ = 0;
   std::vector<PinnedBuf> shadow_[2];     // [1] only in delayed mode
   std::vector<int64_t> updated_;         // per unit: updates applied (guarded by mu_)
+  std::vector<int64_t> progress_, progress_step_;  // per unit: update progress_step_ has reached element progress_ (mu_)
   std::vector<int64_t> grad_issued_;     // per unit: steps whose gradient copy-out + zeroing is queued (mu_)
   bool delayed_ = false;
   int64_t min_version_ = 0;              // delayed: the weights of the last sync() are current
@@ -892,9 +984,12 @@ class StreamEngine final : public Backend {
   DevBuf<uint8_t> scratch_;
   std::unique_ptr<CudaOps> ops_;
   std::unique_ptr<BlockActs<CudaOps>> acts_;
-  std::vector<PinnedBuf> slabs_;
+  std::vector<PinnedBuf> slabs_;  // host gradients: landing slabs of the largest unit
   std::vector<Event> slab_done_;
   std::vector<int> slab_free_;  // guarded by mu_
+  std::vector<PinnedBuf> ring_;  // device gradients: the optimizer's landing chunks
+  std::vector<Event> ring_done_;
+  int64_t chunk_elems_ = 0;
   int64_t landing_counter_ = 0;
   bool host_grads_ = false, host_ckpt_ = false, first_micro_ = true;
   DevBuf<float> layer_grad_[2];

@@ -68,6 +68,11 @@ inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
 // AdamW over one unit: grad[numel] laid out like the unit's arena; bf16_shadow
 // (nullable) receives the updated weights as bf16 in the same layout.
 void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
+// The same over the unit's elements [b, e) only: grad[e - b] holds their
+// gradients (grad[0] is element b); bf16_shadow (nullable) is the whole unit's.
+// Elementwise, so any split of a unit gives the same values as update_unit.
+void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
+                       uint16_t* bf16_shadow);
 
 // Delayed-update mode (both backends): the update computed at step t is
 // applied during step t+1, so step t+1's gradients are computed on the
@@ -90,6 +95,10 @@ struct CudaOptions {
                                      // known; host sends each layer's out as it is made (O(1) device memory)
   std::string trace_path;       // Chrome trace JSON, "" for none
   int64_t ce_chunk_rows = 1024;
+  // Device-gradient modes: the optimizer copies gradients out in chunks of
+  // this many bytes through a small pinned ring and updates each chunk as it
+  // lands (0: one chunk per unit, through unit-sized buffers).
+  uint64_t landing_chunk_bytes = 16ull << 20;
   bool verbose = true;
   // When the plan does not fit the device budget, make_cuda_backend shrinks it
   // step by step and says so: gradients and checkpoints left at auto go to the

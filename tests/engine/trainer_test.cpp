@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "cli/model_dir.h"
 #include "core/thread_pool.h"
@@ -291,6 +292,44 @@ TEST(DelayedUpdate, TrainerSyncAppliesThePendingUpdate) {
   rt::test::TempDir dir;
   tr.export_to(dir.file("m"), 0.0);  // syncs: step 2's update goes in
   EXPECT_NE(st.units()[1].master()[0], after2);
+}
+
+// The CUDA engine's optimizer updates each unit chunk by chunk as gradients
+// land (update_unit_range); any split must give exactly update_unit's
+// weights, moments and bf16 shadow, including chunks that cut through a
+// tensor and chunks that hold several (norm weights, biases).
+TEST(UpdateUnitRange, AnySplitEqualsTheWholeUnit) {
+  rt::ModelSpec s = small_byte_spec();
+  s.qkv_bias = true;  // q/k/v biases: small tensors between the big ones
+  rt::HostState whole(s, true), split(s, true);
+  whole.init_random(3);
+  split.init_random(3);
+  rt::OptimStep o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  for (size_t u = 0; u < whole.units().size(); ++u) {
+    rt::StateUnit& a = whole.units()[u];
+    rt::StateUnit& b = split.units()[u];
+    std::vector<float> g(static_cast<size_t>(a.numel));
+    for (int64_t i = 0; i < a.numel; ++i) g[static_cast<size_t>(i)] = std::sin(0.37 * static_cast<double>(i) + u);
+    std::vector<uint16_t> sh_a(g.size(), 0), sh_b(g.size(), 0);
+    for (int t = 1; t <= 2; ++t) {
+      o.t = t;
+      rt::update_unit(a, g.data(), o, 0.5f, sh_a.data());
+      // uneven chunks: 16 floats, then growing by 48, the rest in one
+      int64_t lo = 0, len = 16;
+      while (lo < b.numel) {
+        const int64_t hi = std::min(b.numel, lo + len);
+        rt::update_unit_range(b, lo, hi, g.data() + lo, o, 0.5f, sh_b.data());
+        lo = hi;
+        len += 48;
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(a.arena.p, b.arena.p, static_cast<size_t>(3 * a.numel) * 4)) << a.name;
+    EXPECT_EQ(sh_a, sh_b) << a.name;
+  }
+  EXPECT_THROW(rt::update_unit_range(split.units()[1], 0, split.units()[1].numel + 16, nullptr, o, 1.f, nullptr),
+               rt::Error);
 }
 
 }  // namespace

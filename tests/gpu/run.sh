@@ -12,7 +12,8 @@
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
 #   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap, and --low-memory at micro-batch 1, 2, 4
-#   bench7b   7B-shape streaming and resident throughput, with a trace
+#   bench7b   7B-shape streaming and resident throughput, with a trace and its idle gaps (bench/trace_gaps.py)
+#   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention against PyTorch SDPA
 #   attnvar   every attention_bench variant in BIN_DIR/attn (bench/attention_variants.sh), MHA and GQA,
@@ -105,6 +106,18 @@ fi
 if has bench7b; then
   run bench_7b_2048 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 --warmup 2 \
     --modes streaming,resident --trace "$logs/trace_7b"
+  for m in streaming resident; do
+    run gaps_7b_$m 60 python3 "$here/bench/trace_gaps.py" "$logs/trace_7b.$m.json"
+  done
+fi
+
+if has landing; then
+  # the optimizer's gradient landing chunk (MiB; 0 = whole units through unit-sized slabs)
+  run bench_7b_landing 560 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 2 \
+    --warmup 2 --modes streaming:0,streaming:4,streaming:16,streaming:64 --trace "$logs/trace_landing"
+  for c in 0 4 16 64; do
+    run gaps_landing_$c 60 python3 "$here/bench/trace_gaps.py" "$logs/trace_landing.streaming_$c.json"
+  done
 fi
 
 if has delayed; then
