@@ -93,6 +93,13 @@ FixedRun train_fixed_steps(const rt::ModelSpec& s, bool with_grads, const rt::Cu
   return r;
 }
 
+// Same losses, gradient norms and final weights, bit for bit.
+void expect_bit_identical(const FixedRun& a, const FixedRun& b, const char* what) {
+  EXPECT_EQ(a.loss, b.loss) << what;
+  EXPECT_EQ(a.norm, b.norm) << what;
+  EXPECT_TRUE(a.w == b.w) << what;
+}
+
 TEST(CudaEngine, GradientsMatchTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build): the CPU twin is tests/model/*";
   const int64_t B = 4, T = 128;
@@ -147,12 +154,8 @@ TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
     return train_fixed_steps(s, true, co, batches, nv, B, T, 6);
   };
   const FixedRun a = run(false, 2), b = run(false, 3), c = run(true, 0);
-  EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(a.loss, c.loss);
-  EXPECT_EQ(a.norm, b.norm);
-  EXPECT_EQ(a.norm, c.norm);
-  EXPECT_TRUE(a.w == b.w);
-  EXPECT_TRUE(a.w == c.w);
+  expect_bit_identical(a, b, "2 vs 3 slots");
+  expect_bit_identical(a, c, "streaming vs resident");
 }
 
 TEST(CudaEngine, GradientLandingChunksDoNotChangeTheWeights) {
@@ -174,11 +177,8 @@ TEST(CudaEngine, GradientLandingChunksDoNotChangeTheWeights) {
     return train_fixed_steps(s, true, co, batches, nv, B, T, 7);
   };
   const FixedRun a = run(0), b = run(rt::CudaOptions{}.landing_chunk_bytes), c = run(16 << 10);
-  EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(a.loss, c.loss);
-  EXPECT_EQ(a.norm, c.norm);
-  EXPECT_TRUE(a.w == b.w);
-  EXPECT_TRUE(a.w == c.w);
+  expect_bit_identical(a, b, "whole units vs the default chunk");
+  expect_bit_identical(a, c, "whole units vs 16 KiB chunks");
 }
 
 TEST(CudaEngine, HostGradientsAndCheckpointsGiveTheSameWeights) {
