@@ -10,14 +10,19 @@
 // q, k, v, dout, out, lse, dq, dk, dv of the first shape as raw little-endian
 // files for bench/attention_sdpa.py --check DIR.
 //
+// --kernels auto|mma|wgmma[,...] times each kernel set (rt::cuda::
+// set_attention_kernels); the first column names it. --dump writes into
+// DIR/<kernels>/ then.
+//
 // usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128] [--B 1,2]
-//                        [--reps 20] [--warmup 5] [--dump DIR]
+//                        [--kernels auto] [--reps 20] [--warmup 5] [--dump DIR]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,7 +92,17 @@ int main(int argc, char** argv) try {
   int64_t T = 4096, H = 32, G = 32, D = 128;
   int reps = 20, warmup = 5;
   std::vector<int64_t> batches = {1, 2};
+  std::vector<std::string> kernel_names = {"auto"};
   std::string dump_dir;
+  auto split = [](const std::string& v) {
+    std::vector<std::string> r;
+    for (size_t p = 0; p < v.size();) {
+      size_t q = v.find(',', p);
+      r.push_back(v.substr(p, q - p));
+      p = q == std::string::npos ? v.size() : q + 1;
+    }
+    return r;
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--T") T = std::stoll(v);
@@ -97,20 +112,28 @@ int main(int argc, char** argv) try {
     else if (a == "--reps") reps = std::stoi(v);
     else if (a == "--warmup") warmup = std::stoi(v);
     else if (a == "--dump") dump_dir = v;
+    else if (a == "--kernels") kernel_names = split(v);
     else if (a == "--B") {
       batches.clear();
-      for (size_t p = 0; p < v.size();) {
-        size_t q = v.find(',', p);
-        batches.push_back(std::stoll(v.substr(p, q - p)));
-        p = q == std::string::npos ? v.size() : q + 1;
-      }
+      for (const std::string& b : split(v)) batches.push_back(std::stoll(b));
     } else rt::fail("[attention_bench] unknown option ", a);
+  }
+  std::vector<rt::cuda::AttentionKernels> kernel_sets;
+  for (const std::string& n : kernel_names) {
+    if (n == "auto") kernel_sets.push_back(rt::cuda::AttentionKernels::automatic);
+    else if (n == "mma") kernel_sets.push_back(rt::cuda::AttentionKernels::mma_sync);
+    else if (n == "wgmma") kernel_sets.push_back(rt::cuda::AttentionKernels::wgmma);
+    else rt::fail("[attention_bench] --kernels: ", n, " is not auto, mma or wgmma");
   }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  std::printf("%-4s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %10s\n", "B", "T", "H", "G", "D", "fwd_ms", "bwd_ms",
-              "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
+  std::printf("%-8s %-4s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %10s\n", "kernels", "B", "T", "H", "G", "D", "fwd_ms",
+              "bwd_ms", "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
+  int status = 0;
+  for (rt::cuda::AttentionKernels ks : kernel_sets) {
+  rt::cuda::set_attention_kernels(ks);
+  const char* kname = rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use());
   bool first = true;
   for (int64_t B : batches) {
     const int64_t nq = B * T * H * D, nkv = B * T * G * D;
@@ -153,35 +176,38 @@ int main(int argc, char** argv) try {
     const bool same = before == after;
     const double fwd_flop = 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
     const double bwd_flop = 2.5 * fwd_flop;
-    std::printf("%-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n",
+    std::printf("%-8s %-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n", kname,
                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
                 static_cast<long long>(G), static_cast<long long>(D), fwd_ms, bwd_ms, fwd_flop / fwd_ms / 1e9,
                 bwd_flop / bwd_ms / 1e9, (fwd_flop + bwd_flop) / (fwd_ms + bwd_ms) / 1e9);
     if (!same) std::printf("NOT DETERMINISTIC: a second backward gave different dq/dk/dv bits\n");
     if (first && !dump_dir.empty()) {
-      dump(dump_dir + "/q.bin", q, nq * 2);
-      dump(dump_dir + "/k.bin", k, nkv * 2);
-      dump(dump_dir + "/v.bin", v, nkv * 2);
-      dump(dump_dir + "/dout.bin", dout, nq * 2);
-      dump(dump_dir + "/out.bin", out, nq * 2);
-      dump(dump_dir + "/lse.bin", lse, B * H * T * 4);
-      dump(dump_dir + "/dq.bin", dq, nq * 2);
-      dump(dump_dir + "/dk.bin", dk, nkv * 2);
-      dump(dump_dir + "/dv.bin", dv, nkv * 2);
-      FILE* f = std::fopen((dump_dir + "/shape.txt").c_str(), "w");
-      if (!f) rt::fail("[attention_bench] cannot write ", dump_dir, "/shape.txt");
+      const std::string dir = dump_dir + "/" + kname;
+      std::filesystem::create_directories(dir);
+      dump(dir + "/q.bin", q, nq * 2);
+      dump(dir + "/k.bin", k, nkv * 2);
+      dump(dir + "/v.bin", v, nkv * 2);
+      dump(dir + "/dout.bin", dout, nq * 2);
+      dump(dir + "/out.bin", out, nq * 2);
+      dump(dir + "/lse.bin", lse, B * H * T * 4);
+      dump(dir + "/dq.bin", dq, nq * 2);
+      dump(dir + "/dk.bin", dk, nkv * 2);
+      dump(dir + "/dv.bin", dv, nkv * 2);
+      FILE* f = std::fopen((dir + "/shape.txt").c_str(), "w");
+      if (!f) rt::fail("[attention_bench] cannot write ", dir, "/shape.txt");
       std::fprintf(f, "%lld %lld %lld %lld %lld\n", static_cast<long long>(B), static_cast<long long>(T),
                    static_cast<long long>(H), static_cast<long long>(G), static_cast<long long>(D));
       std::fclose(f);
     }
     first = false;
-    if (!same) return 2;
+    if (!same) status = 2;
     for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                     static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
                     static_cast<void*>(lse), scratch})
       CUDA_CHECK(cudaFree(p));
   }
-  return 0;
+  }
+  return status;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;

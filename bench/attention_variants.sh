@@ -17,13 +17,24 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 git show "$rev:src/cuda/attention.cu" > "$tmp/attention_base.cu"
 git show "$rev:bench/attention_bench.cu" > "$tmp/attention_bench_base.cu"
 mkdir -p "$tmp/cuda"; git show "$rev:src/cuda/ops.h" > "$tmp/cuda/ops.h"  # found before src/ for the base
+# the Hopper kernels (attention_sm90.cu) build for sm_90a alone, into an object linked beside attention.cu
+sm90=(-std=c++17 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -Isrc -c)
+"$nvcc" "${sm90[@]}" src/cuda/attention_sm90.cu -o "$tmp/sm90_current.o"
+base_extra=()
+if git cat-file -e "$rev:src/cuda/attention_sm90.cu" 2>/dev/null; then
+  git show "$rev:src/cuda/attention_sm90.cu" > "$tmp/attention_sm90_base.cu"
+  git show "$rev:src/cuda/attention_sm90.h" > "$tmp/cuda/attention_sm90.h"
+  "$nvcc" "${sm90[@]}" -I"$tmp" "$tmp/attention_sm90_base.cu" -o "$tmp/sm90_base.o"
+  base_extra=("$tmp/sm90_base.o")
+fi
 pids=()
 build() {  # name bench-source kernel-source flags...
   local name=$1 bench=$2 src=$3; shift 3
   "$nvcc" "$@" "${flags[@]}" "$bench" "$src" -o "$out/attention_bench_$name" &
   pids+=($!)
 }
-build "base-$(git rev-parse --short "$rev")" "$tmp/attention_bench_base.cu" "$tmp/attention_base.cu" -I"$tmp"
-build fwd_mt1 bench/attention_bench.cu src/cuda/attention.cu -DRAMTRAIN_ATTN_FWD_MT=1
+build "base-$(git rev-parse --short "$rev")" "$tmp/attention_bench_base.cu" "$tmp/attention_base.cu" -I"$tmp" \
+  "${base_extra[@]}"
+build fwd_mt1 bench/attention_bench.cu src/cuda/attention.cu -DRAMTRAIN_ATTN_FWD_MT=1 "$tmp/sm90_current.o"
 for p in "${pids[@]}"; do wait "$p"; done
 ls "$out"

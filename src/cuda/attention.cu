@@ -1,6 +1,10 @@
-// Causal GQA attention, FlashAttention-2 style, bf16 mma.sync (m16n8k16) with
-// fp32 accumulators; sm_80 and newer. D in {64, 128}; any T (partial tiles are
-// zero-filled and masked).
+// Causal GQA attention: the public entry points (shape and pointer checks,
+// the choice of kernels) and the mma_sync kernels, FlashAttention-2 style,
+// bf16 mma.sync (m16n8k16) with fp32 accumulators; sm_80 and newer. D in
+// {64, 128}; any T (partial tiles are zero-filled and masked). On compute
+// capability 9.0 the calls go to the TMA + wgmma kernels of attention_sm90.cu
+// instead (set_attention_kernels / RAMTRAIN_ATTENTION choose otherwise); both
+// use the delta kernel below.
 //
 // Shared-memory tiles are [rows][D] bf16 with 16-byte chunks XOR-swizzled by
 // (row & 7), so cp.async stores and ldmatrix loads are bank-conflict free.
@@ -17,8 +21,12 @@
 //              after the diagonal; dK, dV stay in registers (fixed order, no atomics);
 //            dq kernel:   block = 64 query rows of one head (4 warps); loops
 //              over the key tiles; dQ in registers.
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
+#include "cuda/attention_sm90.h"
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
 #include "cuda/ops.h"
@@ -625,13 +633,22 @@ void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const b
   CUDA_CHECK_LAUNCH();
 }
 
+// delta[b,h,t] = rowsum(dO * O), the first step of either backward
+void delta_launch(int64_t D, float* delta, const bf16* dout, const bf16* out, int64_t B, AttnShape s,
+                  cudaStream_t stream) {
+  const int64_t rows = B * s.T * s.H;
+  const unsigned blocks = static_cast<unsigned>(detail::ceil_div(rows, 8));
+  if (D == 64)
+    attention_delta_kernel<64><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
+  else
+    attention_delta_kernel<128><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int D>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                      const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, cudaStream_t stream) {
-  const int64_t rows = B * s.T * s.H;
-  attention_delta_kernel<D><<<static_cast<unsigned>(detail::ceil_div(rows, 8)), 256, 0, stream>>>(delta, dout, out,
-                                                                                                  rows, s.T, s.H);
-  CUDA_CHECK_LAUNCH();
+  delta_launch(D, delta, dout, out, B, s, stream);
   constexpr int smem_kv = dkdv_smem_bytes<D>();
   smem_allow(attention_backward_dkdv_kernel<D>, smem_kv);
   dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, kBwdBC)));
@@ -649,12 +666,65 @@ void check_ptrs(const char* where, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs) detail::check_aligned(p, where);
 }
 
+// -1: not chosen yet (read RAMTRAIN_ATTENTION on first use)
+std::atomic<int> g_kernels{-1};
+
+AttentionKernels kernels_chosen() {
+  int k = g_kernels.load();
+  if (k < 0) {
+    const char* env = std::getenv("RAMTRAIN_ATTENTION");
+    AttentionKernels e = AttentionKernels::automatic;
+    if (env && *env) {
+      if (std::strcmp(env, "mma") == 0)
+        e = AttentionKernels::mma_sync;
+      else if (std::strcmp(env, "wgmma") == 0)
+        e = AttentionKernels::wgmma;
+      else if (std::strcmp(env, "auto") != 0)
+        fail("[cuda attention] RAMTRAIN_ATTENTION=", env, " is not one of auto, mma, wgmma");
+    }
+    int expected = -1;
+    g_kernels.compare_exchange_strong(expected, static_cast<int>(e));
+    k = g_kernels.load();
+  }
+  return static_cast<AttentionKernels>(k);
+}
+
+bool use_wgmma(const char* where) {
+  const AttentionKernels k = attention_kernels_in_use();
+  if (k == AttentionKernels::wgmma)
+    RT_CHECK(sm90::device_supported(), "[cuda ", where,
+             "] the wgmma attention kernels need a GPU of compute capability 9.0 (H100/H200); unset "
+             "RAMTRAIN_ATTENTION or set it to mma");
+  return k == AttentionKernels::wgmma;
+}
+
 }  // namespace
+
+void set_attention_kernels(AttentionKernels k) { g_kernels.store(static_cast<int>(k)); }
+
+AttentionKernels attention_kernels_in_use() {
+  const AttentionKernels k = kernels_chosen();
+  if (k != AttentionKernels::automatic) return k;
+  return sm90::device_supported() ? AttentionKernels::wgmma : AttentionKernels::mma_sync;
+}
+
+const char* attention_kernels_name(AttentionKernels k) {
+  switch (k) {
+    case AttentionKernels::automatic: return "automatic";
+    case AttentionKernels::mma_sync: return "mma_sync";
+    case AttentionKernels::wgmma: return "wgmma";
+  }
+  return "?";
+}
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                        int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
+  if (use_wgmma("attention_forward")) {
+    sm90::attention_forward(out, lse, q, k, v, B, T, H, G, D, stream);
+    return;
+  }
   if (D == 64)
     forward_launch<64>(out, lse, q, k, v, B, s, stream);
   else
@@ -674,6 +744,11 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
   float* delta = static_cast<float*>(scratch.ptr);
+  if (use_wgmma("attention_backward")) {
+    delta_launch(D, delta, dout, out, B, s, stream);
+    sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, G, D, stream);
+    return;
+  }
   if (D == 64)
     backward_launch<64>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
   else

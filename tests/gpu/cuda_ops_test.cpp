@@ -423,14 +423,66 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
 }
 
+// Both kernel sets where the GPU runs them (wgmma: compute capability 9.0),
+// each against the CPU reference with the tolerances above.
+std::vector<rt::cuda::AttentionKernels> attention_kernel_sets() {
+  std::vector<rt::cuda::AttentionKernels> r = {rt::cuda::AttentionKernels::mma_sync};
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
+  if (rt::cuda::attention_kernels_in_use() == rt::cuda::AttentionKernels::wgmma)
+    r.push_back(rt::cuda::AttentionKernels::wgmma);
+  return r;
+}
+
+void attention_cases(const std::vector<AttnCase>& cases, uint64_t seed) {
+  for (rt::cuda::AttentionKernels k : attention_kernel_sets()) {
+    SCOPED_TRACE(rt::cuda::attention_kernels_name(k));
+    rt::cuda::set_attention_kernels(k);
+    for (size_t i = 0; i < cases.size(); ++i) attention_case(cases[i], seed + 10 * i);
+  }
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
+}
+
 TEST_F(CudaOps, AttentionHeadDim64MatchesCpu) {
-  attention_case({2, 100, 4, 2, 64}, 100);  // partial tiles, GQA group 2
-  attention_case({1, 256, 4, 4, 64}, 110);  // whole tiles, no grouping
+  attention_cases({{2, 100, 4, 2, 64},     // partial tiles, GQA group 2
+                   {1, 256, 4, 4, 64}},    // whole tiles, no grouping
+                  100);
 }
 
 TEST_F(CudaOps, AttentionHeadDim128MatchesCpu) {
-  attention_case({1, 200, 8, 2, 128}, 120);  // GQA group 4, partial tiles
-  attention_case({2, 129, 2, 1, 128}, 130);  // one row past a tile, MQA
+  attention_cases({{1, 200, 8, 2, 128},    // GQA group 4, partial tiles
+                   {2, 129, 2, 1, 128},    // one row past a tile, MQA
+                   {1, 600, 4, 2, 128}},   // more key and query tiles than pipeline stages
+                  120);
+}
+
+TEST_F(CudaOps, AttentionKernelSetsAgree) {
+  // the two kernel sets on one input: the same function up to their own roundings
+  if (attention_kernel_sets().size() < 2) GTEST_SKIP() << "the wgmma kernels need compute capability 9.0";
+  const AttnCase c{2, 300, 4, 2, 128};
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
+  auto q = upload_bf16(random_bf16(nq, 7, -2.f, 2.f)), k = upload_bf16(random_bf16(nkv, 8)),
+       v = upload_bf16(random_bf16(nkv, 9)), dout = upload_bf16(random_bf16(nq, 10));
+  DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
+  std::vector<std::vector<float>> res[2];
+  const rt::cuda::AttentionKernels sets[2] = {rt::cuda::AttentionKernels::mma_sync, rt::cuda::AttentionKernels::wgmma};
+  for (int i = 0; i < 2; ++i) {
+    rt::cuda::set_attention_kernels(sets[i]);
+    auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T), dq = alloc_bf16(nq), dk = alloc_bf16(nkv),
+         dv = alloc_bf16(nkv);
+    rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), q->as<bf16>(), k->as<bf16>(), v->as<bf16>(), c.B,
+                                c.T, c.H, c.G, c.D, nullptr);
+    rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), dout->as<bf16>(), q->as<bf16>(),
+                                 k->as<bf16>(), v->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H, c.G,
+                                 c.D, scratch.scratch(), nullptr);
+    res[i] = {download_bf16(*out, nq), download_f32(*lse, c.B * c.H * c.T), download_bf16(*dq, nq),
+              download_bf16(*dk, nkv), download_bf16(*dv, nkv)};
+  }
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
+  // out: each side rounds P to bf16 after its own max/sum order: a few bf16 steps apart at most
+  expect_close("out wgmma vs mma", res[1][0], res[0][0], 1e-2, 3e-2);
+  EXPECT_TRUE(rt::test::expect_near("lse wgmma vs mma", res[1][1], res[0][1], 2e-4, 1e-5));
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int t = 2; t < 5; ++t) expect_close(std::string(names[t - 2]) + " wgmma vs mma", res[1][t], res[0][t], 1e-2, 5e-2);
 }
 
 TEST_F(CudaOps, ErrorsNameTheCall) {

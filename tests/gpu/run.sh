@@ -15,7 +15,7 @@
 #   bench7b   7B-shape streaming and resident throughput, with a trace and its idle gaps (bench/trace_gaps.py)
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
-#   attention fused attention against PyTorch SDPA
+#   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference
 #   attnvar   every attention_bench variant in BIN_DIR/attn (bench/attention_variants.sh), MHA and GQA,
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
@@ -128,8 +128,15 @@ if has delayed; then
 fi
 
 if has attention; then
-  run attention_bench 120 "$bin/attention_bench" --B 1,2
+  # both kernel sets (mma_sync everywhere, wgmma on compute capability 9.0), MHA, GQA and D=64, then SDPA
+  run attention_bench 180 "$bin/attention_bench" --B 1,2 --kernels mma,wgmma
+  run attention_bench_gqa 120 "$bin/attention_bench" --B 2 --G 8 --kernels mma,wgmma
+  run attention_bench_d64 120 "$bin/attention_bench" --B 2 --H 32 --G 8 --D 64 --kernels mma,wgmma
   run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
+  run attention_sdpa_gqa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 2 --G 8
+  mkdir -p "$tmp/adump"
+  run attention_accuracy 180 bash -c "'$bin/attention_bench' --B 1 --reps 1 --warmup 0 --kernels mma,wgmma \
+    --dump $tmp/adump && for d in $tmp/adump/*; do echo \${d##*/}; python3 '$here/bench/attention_sdpa.py' --check \$d; done"
 fi
 
 if has attnvar; then
@@ -139,7 +146,7 @@ if has attnvar; then
   done
   mkdir -p "$tmp/dump"
   run attnvar_accuracy 120 bash -c "'$bin/attention_bench' --B 1 --reps 1 --warmup 0 --dump $tmp/dump &&
-    python3 '$here/bench/attention_sdpa.py' --check $tmp/dump"
+    python3 '$here/bench/attention_sdpa.py' --check $tmp/dump/*"
 fi
 
 if has attnprof; then
@@ -207,8 +214,9 @@ for f in "$logs"/mem_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(gre
 for f in bench_7b_2048 bench_7b_delayed_16 bench_7b_delayed_32; do
   grep -hE "^(mode|streaming|resident|delayed|bf16 GEMM|model|FLOPs)" "$logs/$f.log" 2>/dev/null
 done
-grep -hE "^[0-9]" "$logs"/attention_bench.log 2>/dev/null | sed 's/^/ramtrain attn /'
-grep -hE "^[0-9]" "$logs"/attention_sdpa.log 2>/dev/null | sed 's/^/sdpa attn     /'
+grep -hE "^(mma_sync|wgmma)" "$logs"/attention_bench*.log 2>/dev/null | sed 's/^/ramtrain attn /'
+grep -hE "^[0-9]" "$logs"/attention_sdpa*.log 2>/dev/null | sed 's/^/sdpa attn     /'
+grep -hE "^(mma_sync|wgmma)$|rel_l2" "$logs"/attention_accuracy.log 2>/dev/null | sed 's/^/accuracy     /'
 for f in "$logs"/attnvar_*.log; do [ -f "$f" ] && grep -hE "^[0-9]|rel" "$f" | sed "s/^/$(basename "$f" .log) /"; done
 grep -hiE "checkpoint|stall|tok/s" "$logs"/stall.log 2>/dev/null | tail -8
 grep -hE "IDENTICAL|EXPORT-OK|loss" "$logs"/fixtures_regen.log "$logs"/export_check.log 2>/dev/null | tail -6

@@ -1,0 +1,824 @@
+// Causal GQA attention for Hopper (compute capability 9.0, built for sm_90a
+// only): the same maths and outputs as the mma.sync kernels of attention.cu,
+// with the tiles moved by the Tensor Memory Accelerator and multiplied by
+// warpgroup MMAs (wgmma), FlashAttention-3 style.
+//
+// Every kernel is warp-specialised: warpgroup 0 is the producer (one thread
+// issues the TMA copies; the warpgroup gives most of its registers away with
+// setmaxnreg), warpgroups 1 and 2 are consumers with 240 registers each. Tiles
+// move through a ring of shared-memory stages, each with a "full" mbarrier (the
+// TMA completes its byte count) and an "empty" mbarrier (each of the 8
+// consumer warps arrives once it no longer reads the stage), so the two
+// consumer warpgroups run at their own pace: one's softmax overlaps the
+// other's GEMMs.
+//
+// Shared-memory tiles are [rows][D] bf16 in the canonical 128-byte-swizzle
+// layout of wgmma: D/64 column blocks of rows x 128 bytes, 16-byte chunk c of
+// row r stored at chunk c ^ (r & 7). The TMA writes exactly this (a box of 64
+// elements x rows with CU_TENSOR_MAP_SWIZZLE_128B per column block). A tile is
+// read K-major (k = d contiguous: Q K^T, dO V^T, K Q^T, V dO^T) or MN-major
+// (the tile's rows are the k dimension: P V, P^T dO, dS^T Q, dS K).
+//
+// forward:  block = 128 query rows of one head (64 per consumer), 128-key
+//           tiles up to the diagonal, online softmax in fp32 (raw-score max,
+//           one FFMA + ex2.approx.ftz per element, as in attention.cu).
+// dK/dV:    block = 128 keys of one kv head (64 per consumer); loops over the
+//           query heads of the group and the 64-row query tiles at or after
+//           the diagonal; dK, dV stay in registers (fixed order, no atomics).
+// dQ:       block = 128 query rows of one head (64 per consumer); 64-key tiles;
+//           dQ in registers.
+// delta = rowsum(dO * O) comes from attention.cu's kernel. Deterministic: no
+// atomics, a fixed reduction order.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+#include "cuda/attention_sm90.h"
+#include "cuda/check.h"
+#include "cuda/kernel_util.cuh"
+
+namespace rt::cuda::sm90 {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+
+struct Shape {
+  int T, H, G, group;  // group = H / G
+  float scale_log2;    // log2(e) / sqrt(D)
+  float scale;         // 1 / sqrt(D)
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RT_SM90_DEVICE 1
+#endif
+
+// ---------------------------------------------------------------- primitives
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of TMA transactions.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// TMA: box of a 4-D tensor map (d, head, t, b) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int d0, int head, int t0,
+                                         int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(d0), "r"(head), "r"(t0), "r"(b)
+      : "memory");
+}
+
+template <int R>
+__device__ __forceinline__ void regs_grow() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void regs_shrink() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads or writes of wgmma registers across the
+// wgmma.fence / wait_group around them (the hardware writes them asynchronously).
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "matrix descriptor").
+__device__ __forceinline__ uint64_t desc_make(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+// K-major operand: rows [row0, row0 + 64 or N) of a ROWS-row tile, k = d in
+// [16 ks, 16 ks + 16). 8-row groups are 1024 bytes apart (SBO); within the
+// 128-byte swizzle span a k step is +32 bytes, the next 64 d are the next
+// column block (ROWS x 128 bytes further).
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k(uint32_t tile, int row0, int ks) {
+  return desc_make(tile + static_cast<uint32_t>(row0 * 128 + (ks >> 2) * ROWS * 128 + (ks & 3) * 32), 16, 1024);
+}
+// MN-major operand: the tile's rows [16 kk, 16 kk + 16) are k, its D columns
+// are n. 8-row groups along k are 1024 bytes apart (SBO); 64-column blocks
+// along n are ROWS x 128 bytes apart (LBO).
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int kk) {
+  return desc_make(tile + static_cast<uint32_t>(kk * 16 * 128), ROWS * 128, 1024);
+}
+
+// ---- wgmma, m64nNk16, bf16 operands, fp32 accumulators (PTX ISA operand order)
+// d[32] (+)= A(64x16, smem, K-major) * B(64x16, smem, K-major)^T; scale_d 0 overwrites d.
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// d[64] (+)= A(64x16, smem, K-major) * B(128x16, smem, K-major)^T; scale_d 0 overwrites d.
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// d[32] (+)= A(64x16, registers, wgmma A-fragment layout) * B(16x64, smem, MN-major); scale_d 0 overwrites d.
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+// d[64] (+)= A(64x16, registers, wgmma A-fragment layout) * B(16x128, smem, MN-major); scale_d 0 overwrites d.
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d) {
+  static_assert(N == 64 || N == 128, "wgmma_ss: N must be 64 or 128");
+  if constexpr (N == 64)
+    wgmma_ss_n64(d, a, b, scale_d);
+  else
+    wgmma_ss_n128(d, a, b, scale_d);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  static_assert(N == 64 || N == 128, "wgmma_rs: N must be 64 or 128");
+  if constexpr (N == 64)
+    wgmma_rs_n64(d, a, b, scale_d);
+  else
+    wgmma_rs_n128(d, a, b, scale_d);
+}
+
+// Accumulator layout of an m64nN tile (per thread N/2 floats): element 4j + e
+// is row 16*warp + lane/4 + 8*(e/2), column 8j + 2*(lane%4) + e%2 -- the
+// mma.sync m16n8 C layout repeated over n. The A-fragment layout of wgmma's
+// register operand is the mma.sync m16n8k16 one, so a row of accumulators
+// becomes the A operand (k = its columns) by packing pairs to bf16.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[N / 16][4], const float (&d)[N / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kk][i] = pack_bf16(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
+}
+
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Barrier words at the end of a kernel's shared memory: [once][full x S][empty x S].
+template <int S>
+struct Bars {
+  uint32_t base;
+  __device__ uint32_t once() const { return base; }
+  __device__ uint32_t full(int st) const { return base + 8 + 8 * st; }
+  __device__ uint32_t empty(int st) const { return base + 8 + 8 * (S + st); }
+  static constexpr int kBytes = 8 * (1 + 2 * S);
+  // thread 0: `once` completes on one arrival (+ TMA bytes), `full` on `full_count` arrivals (the
+  // TMA thread's, + TMA bytes, and any producer lanes that store into the stage), `empty` on the 8
+  // consumer warps
+  __device__ void init(int full_count = 1) const {
+    mbar_init(once(), 1);
+    for (int st = 0; st < S; ++st) {
+      mbar_init(full(st), full_count);
+      mbar_init(empty(st), 8);
+    }
+    mbar_init_fence();
+  }
+};
+
+// The kernel's dynamic shared memory, aligned to 1024 bytes (swizzle atoms need it).
+__device__ __forceinline__ unsigned char* smem_aligned() {
+  extern __shared__ unsigned char smem_raw[];
+  return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+}
+__device__ __forceinline__ uint32_t smem_base_1k() { return smem_u32(smem_aligned()); }
+
+// ---------------------------------------------------------------- forward
+
+template <int D>
+struct Fwd {
+  static constexpr int BM = 128, BN = 128, S = 2;
+  static constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+  static constexpr int BAR_OFF = Q_BYTES + S * 2 * KV_BYTES;
+  static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse,
+                   Shape s) {
+#ifdef RT_SM90_DEVICE
+  using C = Fwd<D>;
+  const uint32_t base = smem_base_1k();
+  const uint32_t sq = base;
+  auto sk = [&](int st) { return base + static_cast<uint32_t>(C::Q_BYTES + st * 2 * C::KV_BYTES); };
+  auto sv = [&](int st) { return sk(st) + static_cast<uint32_t>(C::KV_BYTES); };
+  const Bars<C::S> bar{base + C::BAR_OFF};
+
+  // grid (B*H, query blocks), x fastest: every head's heaviest (last) query block first
+  const int qb = gridDim.y - 1 - blockIdx.y;
+  const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
+  const int q0 = qb * C::BM;
+  const int n_tiles = (min(s.T, q0 + C::BM) - 1) / C::BN + 1;
+  if (threadIdx.x == 0) bar.init();
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer warpgroup
+    regs_shrink<24>();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(bar.once(), C::Q_BYTES);
+      for (int c = 0; c < D / 64; ++c) tma_load(sq + c * C::BM * 128, &tq, bar.once(), c * 64, h, q0, b);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % C::S, use = j / C::S;
+        if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
+        mbar_arrive_expect_tx(bar.full(st), 2 * C::KV_BYTES);
+        for (int c = 0; c < D / 64; ++c) {
+          tma_load(sk(st) + c * C::BN * 128, &tk, bar.full(st), c * 64, g, j * C::BN, b);
+          tma_load(sv(st) + c * C::BN * 128, &tv, bar.full(st), c * 64, g, j * C::BN, b);
+        }
+      }
+    }
+    return;
+  }
+  regs_grow<240>();
+  const int w = threadIdx.x / 128 - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wrow0 = q0 + 64 * w;                         // first query row of this warpgroup
+  const int row_base = wrow0 + 16 * warp + (lane >> 2);  // this thread's rows: row_base, row_base + 8
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float sc[C::BN / 2];
+  mbar_wait(bar.once(), 0);
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % C::S;
+    mbar_wait(bar.full(st), (j / C::S) & 1);
+    const int k0 = j * C::BN;
+    if (k0 <= wrow0 + 63) {  // else every key of the tile is after every row of this warpgroup
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        wgmma_ss<C::BN>(sc, desc_k<C::BM>(sq, 64 * w, ks), desc_k<C::BN>(sk(st), 0, ks), ks);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(sc);
+      if (k0 + C::BN - 1 > wrow0) {  // the diagonal tile: keys after the row are masked
+#pragma unroll
+        for (int jj = 0; jj < C::BN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * jj + 2 * (lane & 3) + (e & 1);
+            if (key > row_base + 8 * (e >> 1)) sc[4 * jj + e] = -INFINITY;
+          }
+      }
+      // online softmax on raw scores, as in attention.cu: each row is spread
+      // over the 4 lanes of a quad; p = 2^(x*c - m*c) is one FFMA + EX2
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mq[4] = {m[r], m[r], m[r], m[r]};
+#pragma unroll
+        for (int jj = 0; jj < C::BN / 8; ++jj)
+          mq[jj & 3] = fmaxf(mq[jj & 3], fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
+        float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mc = mx == -INFINITY ? 0.f : mx * s.scale_log2;  // a row with every key masked so far
+        const float alpha = exp2_ftz(m[r] * s.scale_log2 - mc);      // 0 on a row's first tile (m = -inf)
+        m[r] = mx;
+        float ssum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int jj = 0; jj < C::BN / 8; ++jj) {
+          sc[4 * jj + 2 * r] = exp2_ftz(fmaf(sc[4 * jj + 2 * r], s.scale_log2, -mc));
+          sc[4 * jj + 2 * r + 1] = exp2_ftz(fmaf(sc[4 * jj + 2 * r + 1], s.scale_log2, -mc));
+          ssum[jj & 3] += sc[4 * jj + 2 * r] + sc[4 * jj + 2 * r + 1];
+        }
+        l[r] = fmaf(l[r], alpha, (ssum[0] + ssum[1]) + (ssum[2] + ssum[3]));  // lane-partial
+#pragma unroll
+        for (int dj = 0; dj < D / 8; ++dj) {
+          o[4 * dj + 2 * r] *= alpha;
+          o[4 * dj + 2 * r + 1] *= alpha;
+        }
+      }
+      uint32_t pa[C::BN / 16][4];
+      acc_to_a<C::BN>(pa, sc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::BN / 16; ++kk) wgmma_rs<D>(o, pa[kk], desc_mn<C::BN>(sv(st), kk), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(o);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.empty(st));
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float t = l[r];
+    t += __shfl_xor_sync(0xffffffffu, t, 1);
+    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    const int row = row_base + 8 * r;
+    if (row < s.T) {
+      const float inv = 1.f / t;
+      bf16* op = out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D + 2 * (lane & 3);
+#pragma unroll
+      for (int dj = 0; dj < D / 8; ++dj)
+        *reinterpret_cast<__nv_bfloat162*>(op + 8 * dj) =
+            __floats2bfloat162_rn(o[4 * dj + 2 * r] * inv, o[4 * dj + 2 * r + 1] * inv);
+      if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[r] * s.scale + logf(t);
+    }
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- dK, dV
+
+template <int D>
+struct Dkdv {
+  static constexpr int BN = 128, BM = 64, S = D == 128 ? 3 : 4;  // BN keys per block, BM query rows per tile
+  static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2;
+  static constexpr int ROW_OFF = 2 * KV_BYTES + S * 2 * QT_BYTES;  // [S][lse*log2e, delta][BM] fp32
+  static constexpr int BAR_OFF = ROW_OFF + S * 2 * BM * 4;
+  static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    dkdv_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dk,
+                bf16* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ delta, Shape s) {
+#ifdef RT_SM90_DEVICE
+  using C = Dkdv<D>;
+  const uint32_t base = smem_base_1k();
+  const uint32_t sk = base, sv = base + C::KV_BYTES;
+  auto sq = [&](int st) { return base + static_cast<uint32_t>(2 * C::KV_BYTES + st * 2 * C::QT_BYTES); };
+  auto sdo = [&](int st) { return sq(st) + static_cast<uint32_t>(C::QT_BYTES); };
+  const Bars<C::S> bar{base + C::BAR_OFF};
+
+  const int kb = blockIdx.y;  // grid (B*G, key blocks): the first key blocks (most query tiles) start first
+  const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
+  const int key0 = kb * C::BN;
+  const int i_start = key0 / C::BM;
+  const int n_i = (s.T + C::BM - 1) / C::BM - i_start;
+  const int n_iter = s.group * n_i;
+  float* rows = reinterpret_cast<float*>(smem_aligned() + C::ROW_OFF);  // stage st: lse at 2*BM*st, delta after
+  if (threadIdx.x == 0) bar.init(1 + 32);
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    regs_shrink<24>();
+    if (threadIdx.x >= 32 && threadIdx.x < 64) {  // warp 1: each query tile's lse (log2 units) and delta
+      const int ln = threadIdx.x - 32;
+      for (int it = 0; it < n_iter; ++it) {
+        const int st = it % C::S, use = it / C::S;
+        if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
+        const int h = g * s.group + it / n_i, qr0 = (i_start + it % n_i) * C::BM;
+        const int64_t lo = (static_cast<int64_t>(b) * s.H + h) * s.T;
+        for (int i = ln; i < C::BM; i += 32) {
+          const int q = qr0 + i;
+          rows[2 * C::BM * st + i] = q < s.T ? lse[lo + q] * kLog2e : INFINITY;  // rows past T: P = 0
+          rows[2 * C::BM * st + C::BM + i] = q < s.T ? delta[lo + q] : 0.f;
+        }
+        mbar_arrive(bar.full(st));  // release: the stores above are seen by whoever waits on full
+      }
+    }
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(bar.once(), 2 * C::KV_BYTES);
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load(sk + c * C::BN * 128, &tk, bar.once(), c * 64, g, key0, b);
+        tma_load(sv + c * C::BN * 128, &tv, bar.once(), c * 64, g, key0, b);
+      }
+      for (int it = 0; it < n_iter; ++it) {
+        const int st = it % C::S, use = it / C::S;
+        if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
+        mbar_arrive_expect_tx(bar.full(st), 2 * C::QT_BYTES);
+        const int h = g * s.group + it / n_i, qr0 = (i_start + it % n_i) * C::BM;
+        for (int c = 0; c < D / 64; ++c) {
+          tma_load(sq(st) + c * C::BM * 128, &tq, bar.full(st), c * 64, h, qr0, b);
+          tma_load(sdo(st) + c * C::BM * 128, &tdo, bar.full(st), c * 64, h, qr0, b);
+        }
+      }
+    }
+    return;
+  }
+  regs_grow<240>();
+  const int w = threadIdx.x / 128 - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wkey0 = key0 + 64 * w;                     // first key of this warpgroup
+  const int krow = wkey0 + 16 * warp + (lane >> 2);  // this thread's keys: krow, krow + 8
+  float dka[D / 2], dva[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dka[i] = dva[i] = 0.f;
+  float pt[C::BM / 2], dpt[C::BM / 2];
+  mbar_wait(bar.once(), 0);
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int st = it % C::S;
+    const int qr0 = (i_start + it % n_i) * C::BM;
+    mbar_wait(bar.full(st), (it / C::S) & 1);
+    if (qr0 + C::BM - 1 >= wkey0) {  // else every query of the tile is before every key here: P = 0
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)  // S^T = K_w Q^T
+        wgmma_ss<C::BM>(pt, desc_k<C::BN>(sk, 64 * w, ks), desc_k<C::BM>(sq(st), 0, ks), ks);
+      wgmma_commit();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)  // dP^T = V_w dO^T
+        wgmma_ss<C::BM>(dpt, desc_k<C::BN>(sv, 64 * w, ks), desc_k<C::BM>(sdo(st), 0, ks), ks);
+      wgmma_commit();
+      // this thread's query columns: qr0 + 8 jj + 2 (lane % 4) + {0, 1}
+      const float* lsc = rows + 2 * C::BM * st + 2 * (lane & 3);
+      const float* dl = lsc + C::BM;
+      wgmma_wait<1>();
+      reg_fence(pt);
+      const bool need_mask = qr0 < wkey0 + 63;
+#pragma unroll
+      for (int jj = 0; jj < C::BM / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = exp2_ftz(fmaf(pt[4 * jj + e], s.scale_log2, -lsc[8 * jj + (e & 1)]));
+          if (need_mask && qr0 + 8 * jj + 2 * (lane & 3) + (e & 1) < krow + 8 * (e >> 1)) x = 0.f;
+          pt[4 * jj + e] = x;
+        }
+      uint32_t pa[C::BM / 16][4];
+      acc_to_a<C::BM>(pa, pt);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::BM / 16; ++kk)  // dV += P^T dO
+        wgmma_rs<D>(dva, pa[kk], desc_mn<C::BM>(sdo(st), kk), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T
+      reg_fence(dpt);
+#pragma unroll
+      for (int jj = 0; jj < C::BM / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[4 * jj + e] = pt[4 * jj + e] * (dpt[4 * jj + e] - dl[8 * jj + (e & 1)]);
+      uint32_t da[C::BM / 16][4];
+      acc_to_a<C::BM>(da, dpt);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::BM / 16; ++kk)  // dK += dS^T Q
+        wgmma_rs<D>(dka, da[kk], desc_mn<C::BM>(sq(st), kk), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(dva);
+      reg_fence(dka);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.empty(st));
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = krow + 8 * r;
+    if (key >= s.T) continue;
+    const int64_t off = ((static_cast<int64_t>(b) * s.T + key) * s.G + g) * D + 2 * (lane & 3);
+#pragma unroll
+    for (int dj = 0; dj < D / 8; ++dj) {
+      *reinterpret_cast<__nv_bfloat162*>(dk + off + 8 * dj) =
+          __floats2bfloat162_rn(dka[4 * dj + 2 * r] * s.scale, dka[4 * dj + 2 * r + 1] * s.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + off + 8 * dj) =
+          __floats2bfloat162_rn(dva[4 * dj + 2 * r], dva[4 * dj + 2 * r + 1]);
+    }
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- dQ
+
+template <int D>
+struct Dq {
+  static constexpr int BM = 128, BN = 64, S = D == 128 ? 3 : 4;  // BM query rows per block, BN keys per tile
+  static constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+  static constexpr int BAR_OFF = 2 * Q_BYTES + S * 2 * KV_BYTES;
+  static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+              const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dq,
+              const float* __restrict__ lse, const float* __restrict__ delta, Shape s) {
+#ifdef RT_SM90_DEVICE
+  using C = Dq<D>;
+  const uint32_t base = smem_base_1k();
+  const uint32_t sq = base, sdo = base + C::Q_BYTES;
+  auto sk = [&](int st) { return base + static_cast<uint32_t>(2 * C::Q_BYTES + st * 2 * C::KV_BYTES); };
+  auto sv = [&](int st) { return sk(st) + static_cast<uint32_t>(C::KV_BYTES); };
+  const Bars<C::S> bar{base + C::BAR_OFF};
+
+  const int qb = gridDim.y - 1 - blockIdx.y;  // heaviest first, as in the forward
+  const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
+  const int q0 = qb * C::BM;
+  const int n_tiles = (min(s.T, q0 + C::BM) - 1) / C::BN + 1;
+  if (threadIdx.x == 0) bar.init();
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    regs_shrink<24>();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(bar.once(), 2 * C::Q_BYTES);
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load(sq + c * C::BM * 128, &tq, bar.once(), c * 64, h, q0, b);
+        tma_load(sdo + c * C::BM * 128, &tdo, bar.once(), c * 64, h, q0, b);
+      }
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % C::S, use = j / C::S;
+        if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
+        mbar_arrive_expect_tx(bar.full(st), 2 * C::KV_BYTES);
+        for (int c = 0; c < D / 64; ++c) {
+          tma_load(sk(st) + c * C::BN * 128, &tk, bar.full(st), c * 64, g, j * C::BN, b);
+          tma_load(sv(st) + c * C::BN * 128, &tv, bar.full(st), c * 64, g, j * C::BN, b);
+        }
+      }
+    }
+    return;
+  }
+  regs_grow<240>();
+  const int w = threadIdx.x / 128 - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wrow0 = q0 + 64 * w;
+  const int row_base = wrow0 + 16 * warp + (lane >> 2);  // rows row_base, row_base + 8
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    const int64_t idx = static_cast<int64_t>(bh) * s.T + row;
+    row_lse[r] = row < s.T ? lse[idx] * kLog2e : INFINITY;
+    row_delta[r] = row < s.T ? delta[idx] : 0.f;
+  }
+  float dqa[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dqa[i] = 0.f;
+  float p[C::BN / 2], dp[C::BN / 2];
+  mbar_wait(bar.once(), 0);
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % C::S;
+    mbar_wait(bar.full(st), (j / C::S) & 1);
+    const int k0 = j * C::BN;
+    if (k0 <= wrow0 + 63) {  // else every key of the tile is after every row of this warpgroup
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)  // S = Q_w K^T
+        wgmma_ss<C::BN>(p, desc_k<C::BM>(sq, 64 * w, ks), desc_k<C::BN>(sk(st), 0, ks), ks);
+      wgmma_commit();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)  // dP = dO_w V^T
+        wgmma_ss<C::BN>(dp, desc_k<C::BM>(sdo, 64 * w, ks), desc_k<C::BN>(sv(st), 0, ks), ks);
+      wgmma_commit();
+      wgmma_wait<1>();
+      reg_fence(p);
+      const bool need_mask = k0 + C::BN - 1 > wrow0;
+#pragma unroll
+      for (int jj = 0; jj < C::BN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = exp2_ftz(fmaf(p[4 * jj + e], s.scale_log2, -row_lse[e >> 1]));
+          if (need_mask && k0 + 8 * jj + 2 * (lane & 3) + (e & 1) > row_base + 8 * (e >> 1)) x = 0.f;
+          p[4 * jj + e] = x;
+        }
+      wgmma_wait<0>();
+      reg_fence(dp);
+#pragma unroll
+      for (int jj = 0; jj < C::BN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[4 * jj + e] = p[4 * jj + e] * (dp[4 * jj + e] - row_delta[e >> 1]);
+      uint32_t da[C::BN / 16][4];
+      acc_to_a<C::BN>(da, dp);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::BN / 16; ++kk)  // dQ += dS K
+        wgmma_rs<D>(dqa, da[kk], desc_mn<C::BN>(sk(st), kk), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(dqa);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.empty(st));
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    if (row >= s.T) continue;
+    bf16* op = dq + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D + 2 * (lane & 3);
+#pragma unroll
+    for (int dj = 0; dj < D / 8; ++dj)
+      *reinterpret_cast<__nv_bfloat162*>(op + 8 * dj) =
+          __floats2bfloat162_rn(dqa[4 * dj + 2 * r] * s.scale, dqa[4 * dj + 2 * r + 1] * s.scale);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- host side
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    cudaGetLastError();
+  });
+  RT_CHECK(fn != nullptr,
+           "[cuda attention] the driver has no cuTensorMapEncodeTiled (needs a CUDA 12+ driver); set "
+           "RAMTRAIN_ATTENTION=mma to use the mma.sync kernels");
+  return fn;
+}
+
+// [B, T, heads, D] bf16 as a 4-D tensor map (d, head, t, b); boxes of 64 d x `rows` t with the
+// 128-byte swizzle. Rows past T read as zeros.
+CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64_t D, int rows, const char* what) {
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T),
+                              static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D * 2), static_cast<cuuint64_t>(heads * D * 2),
+                                 static_cast<cuuint64_t>(T * heads * D * 2)};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(p), dims, strides, box,
+                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  RT_CHECK(r == CUDA_SUCCESS, "[cuda attention] cuTensorMapEncodeTiled failed for ", what, " (error ",
+           static_cast<int>(r), ", B=", B, " T=", T, " heads=", heads, " D=", D, ")");
+  return map;
+}
+
+Shape shape_make(int64_t T, int64_t H, int64_t G, int64_t D) {
+  Shape s;
+  s.T = static_cast<int>(T);
+  s.H = static_cast<int>(H);
+  s.G = static_cast<int>(G);
+  s.group = static_cast<int>(H / G);
+  s.scale = 1.f / sqrtf(static_cast<float>(D));
+  s.scale_log2 = s.scale * kLog2e;
+  return s;
+}
+
+template <class K>
+void smem_allow(K kernel, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <int D>
+void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                    int64_t H, int64_t G, cudaStream_t stream) {
+  using C = Fwd<D>;
+  const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tk = tensor_map(k, B, T, G, D, C::BN, "k"),
+                    tv = tensor_map(v, B, T, G, D, C::BN, "v");
+  smem_allow(forward_kernel<D>, C::SMEM);
+  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
+  forward_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, shape_make(T, H, G, D));
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                     const float* lse, const float* delta, int64_t B, int64_t T, int64_t H, int64_t G,
+                     cudaStream_t stream) {
+  const Shape s = shape_make(T, H, G, D);
+  {
+    using C = Dkdv<D>;
+    const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
+                      tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
+    smem_allow(dkdv_kernel<D>, C::SMEM);
+    const dim3 grid(static_cast<unsigned>(B * G), static_cast<unsigned>(detail::ceil_div(T, C::BN)));
+    dkdv_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s);
+    CUDA_CHECK_LAUNCH();
+  }
+  {
+    using C = Dq<D>;
+    const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
+                      tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
+    smem_allow(dq_kernel<D>, C::SMEM);
+    const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
+    dq_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+bool device_supported() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+}
+
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
+  if (D == 64)
+    forward_launch<64>(out, lse, q, k, v, B, T, H, G, stream);
+  else
+    forward_launch<128>(out, lse, q, k, v, B, T, H, G, stream);
+}
+
+void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                        const float* lse, const float* delta, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                        cudaStream_t stream) {
+  if (D == 64)
+    backward_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, G, stream);
+  else
+    backward_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, G, stream);
+}
+
+}  // namespace rt::cuda::sm90
