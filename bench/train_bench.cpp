@@ -64,6 +64,7 @@ struct Args {
   std::string grads = "auto", checkpoints = "auto";
   bool low_memory = false;
   int64_t landing_mib = -1;  // -1: the engine's default
+  int64_t keep = -1;         // --keep-activations: -1 auto
 };
 
 Args parse(int argc, char** argv) {
@@ -88,6 +89,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--checkpoints") a.checkpoints = v();
     else if (k == "--low-memory") a.low_memory = true;
     else if (k == "--landing-chunk-mib") a.landing_mib = std::stoll(v());
+    else if (k == "--keep-activations") {
+      const std::string x = v();
+      a.keep = x == "auto" ? -1 : std::stoll(x);
+    }
     else if (k == "--help") {
       std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--steps 4] [--warmup 2]\n"
                 "               [--layers N (override depth)] [--slots 3]\n"
@@ -95,6 +100,7 @@ Args parse(int argc, char** argv) {
                 "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
                 "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
                 "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
+                "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
                 "A mode may end in :N to set the landing chunk for that mode only (e.g. streaming:0,streaming:16).");
       std::exit(0);
     } else rt::fail("[bench] unknown option ", k);
@@ -155,6 +161,7 @@ int main(int argc, char** argv) try {
     co.max_gpu_memory = a.max_gpu;
     co.grads = a.grads;
     co.checkpoints = a.checkpoints;
+    co.keep_activations = a.keep;
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)
     co.verbose = true;

@@ -1,5 +1,6 @@
 // ramtrain train: train from a built-in preset or fine-tune a HF model directory.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli/args.h"
@@ -102,6 +103,9 @@ int cmd_train(const Args& raw_args) {
            "that does not fit is shrunk step by step (host gradients and checkpoints, 2 slots, small LM-head "
            "chunks) and the log says so");
   p.option("slots", "S", "device weight slots for streaming (>= 2)", "3");
+  p.option("keep-activations", "auto|N", "keep the activations of the last N layers from forward to backward "
+           "instead of recomputing them (same results, one forward per layer less); auto: as many as fit in the "
+           "device memory the plan leaves (CPU: in a quarter of the free RAM); 0: recompute every layer", "auto");
   p.flag("delayed-update", "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
          "step (gradients one step stale; GPU: needs --grads device)");
   p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
@@ -172,6 +176,14 @@ int cmd_train(const Args& raw_args) {
   o.decay_norms_and_biases = p.on("decay-norms-and-biases");
   o.clip = p.number("clip");
   o.delayed_update = p.on("delayed-update");
+  {
+    const std::string k = p.str("keep-activations");
+    char* end = nullptr;
+    const long long n = k == "auto" ? -1 : std::strtoll(k.c_str(), &end, 10);
+    if (k != "auto" && (k.empty() || *end != '\0' || n < 0))
+      fail("[train] --keep-activations must be auto or a number of layers >= 0, got '", k, "'");
+    o.keep_activations = n;
+  }
   int64_t warmup = p.integer("warmup");
   if (!p.given("warmup") && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
   o.lr = make_lr_schedule(p.str("schedule"), p.number("lr"), warmup, o.steps, p.number("min-lr-ratio"));
@@ -231,7 +243,7 @@ int cmd_train(const Args& raw_args) {
     };
   }
   if (p.on("low-memory")) {  // checked on every machine, so a config is refused the same way everywhere
-    for (const char* k : {"grads", "checkpoints", "slots"})
+    for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
       if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
     if (p.on("resident"))
       fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");
@@ -249,6 +261,7 @@ int cmd_train(const Args& raw_args) {
     co.delayed_update = o.delayed_update;
     co.grads = p.str("grads");
     co.checkpoints = p.str("checkpoints");
+    co.keep_activations = o.keep_activations;
     if (p.on("low-memory")) set_low_memory(co);
     if (p.has("trace")) co.trace_path = p.str("trace");
     if (device == "cuda") {

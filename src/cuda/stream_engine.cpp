@@ -4,7 +4,8 @@
 // a bf16 shadow of every unit in pinned memory of exact size, which the
 // optimizer rewrites after each update; pinned slabs where gradients land.
 // Device: S weight slots (layer i lives in slot i % S), the embedding and the
-// head resident, block checkpoints x_i, one block's activations, and fp32
+// head resident, block checkpoints x_i, one block's activations (plus those of
+// the last K layers, kept from forward to backward when memory allows), and fp32
 // gradient buffers per unit (kept on the device until the global norm is
 // known: exact clipping). With host gradients (the low-memory setting) layer
 // gradients leave per layer, and an untied embedding stays on the host: the
@@ -18,7 +19,8 @@
 //   forward 0..L-1: layer i waits for its slot's load; after layer i's work is
 //     queued, the load of layer i+S into the same slot is queued behind it;
 //   turn-around: the last S layers are still in their slots and are reused;
-//   backward L-1..0: recompute block i from x_i, back-propagate, and queue the
+//   backward L-1..0: recompute block i from x_i (unless its activations were
+//     kept: --keep-activations), back-propagate, and queue the
 //     load of layer i-S into the freed slot (prefetch, never load-then-wait);
 //   norm: per-unit sums of squares on the device, summed in unit order;
 //   optimizer (worker thread, CPU pool): in forward order, each unit's grads
@@ -258,6 +260,7 @@ class StreamEngine final : public Backend {
     scratch_ = DevBuf<uint8_t>(alloc_, static_cast<int64_t>(sc), "op scratch");
     ops_ = std::make_unique<CudaOps>(alloc_, blas_, compute_.get(), inv_freq_.data(), Scratch{scratch_.data(), sc});
     acts_ = std::make_unique<BlockActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
+    bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
     int64_t max_unit = 0;
     for (auto& u : units) max_unit = std::max(max_unit, u.numel);
     if (host_grads_) {  // pinned slabs where each unit's gradient lands during the backward
@@ -270,14 +273,30 @@ class StreamEngine final : public Backend {
       for (int r = 0; r < kRing; ++r) ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
       ring_done_.resize(kRing);
     }
+    // Last: the activations of the last K layers stay from forward to backward
+    // (their recompute is skipped), K as asked or, on auto, as many as fit in
+    // what the plan leaves of the budget (1/64 of it held back).
+    const uint64_t act_bytes = BlockActs<CudaOps>::bytes(s_, BlockDims{B_, T_});
+    RT_CHECK(opt_.keep_activations >= -1, "[cuda] --keep-activations must be auto or a layer count >= 0, got ",
+             opt_.keep_activations);
+    int64_t keep = opt_.keep_activations;
+    if (keep < 0) {
+      const uint64_t spare = alloc_.budget() - std::min(alloc_.budget(), alloc_.used() + alloc_.budget() / 64);
+      keep = static_cast<int64_t>(spare / act_bytes);
+    }
+    keep = std::min(keep, L);
+    for (int64_t k = 0; k < keep; ++k)
+      kept_.push_back(std::make_unique<BlockActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_}));
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     if (opt_.verbose) {
       std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
-                  "embedding on %s, device memory %.2f GiB planned of %.2f GiB budget\n",
+                  "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
+                  "device memory %.2f GiB planned of %.2f GiB budget\n",
                   opt_.resident ? "resident" : "streaming", S_, S_ == 1 ? "" : "s", layer_numel_ * 2.0 / (1 << 20),
                   host_grads_ ? "host (per layer)" : "device", host_ckpt_ ? "host" : "device",
-                  host_embed_ ? "host" : "device",
-                  alloc_.used() / double(1ull << 30), alloc_.budget() / double(1ull << 30));
+                  host_embed_ ? "host" : "device", (long long)keep, (long long)L,
+                  keep * act_bytes / double(1ull << 30), alloc_.used() / double(1ull << 30),
+                  alloc_.budget() / double(1ull << 30));
     }
   }
 
@@ -732,7 +751,7 @@ class StreamEngine final : public Backend {
         CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), ck_out_[(i + 1) % 2].get(), 0));
       auto sp = tracer_.gpu_begin(Lane::compute, "forward", static_cast<int>(i), compute_.get());
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt(i), ckpt(i + 1),
-                    pos_.data(), *acts_);
+                    pos_.data(), training ? acts_of(i) : *acts_);
       tracer_.gpu_end(sp, compute_.get());
       if (host_ckpt_ && training && i + 1 < L) save_ckpt(i + 1);
       // the last S layers stay for the backward's turn-around
@@ -793,8 +812,10 @@ class StreamEngine final : public Backend {
       }
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = tracer_.gpu_begin(Lane::compute, "backward", static_cast<int>(i), compute_.get());
-      block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), *acts_);  // recompute
-      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), dx_.data(), dx_.data(), pos_.data(), *acts_,
+      BlockActs<CudaOps>& a = acts_of(i);
+      if (&a == acts_.get())  // recompute (a kept layer still holds its forward's activations)
+        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), a);
+      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), dx_.data(), dx_.data(), pos_.data(), a, *bscratch_,
                      bind_grads(units[i + 1], g));
       tracer_.gpu_end(sp, compute_.get());
       if (host_ckpt_) CUDA_CHECK(cudaEventRecord(ck_used_[i % 2].get(), compute_.get()));
@@ -983,7 +1004,14 @@ class StreamEngine final : public Backend {
   DevBuf<double> norms_;
   DevBuf<uint8_t> scratch_;
   std::unique_ptr<CudaOps> ops_;
-  std::unique_ptr<BlockActs<CudaOps>> acts_;
+  std::unique_ptr<BlockActs<CudaOps>> acts_;  // shared: every layer not kept, and the recompute
+  std::unique_ptr<BlockScratch<CudaOps>> bscratch_;
+  std::vector<std::unique_ptr<BlockActs<CudaOps>>> kept_;  // layers L-K..L-1, forward to backward
+  // Where layer i's training forward leaves its activations.
+  BlockActs<CudaOps>& acts_of(int64_t i) {
+    const int64_t first_kept = s_.n_layers - static_cast<int64_t>(kept_.size());
+    return i >= first_kept ? *kept_[static_cast<size_t>(i - first_kept)] : *acts_;
+  }
   std::vector<PinnedBuf> slabs_;  // host gradients: landing slabs of the largest unit
   std::vector<Event> slab_done_;
   std::vector<int> slab_free_;  // guarded by mu_

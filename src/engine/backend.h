@@ -83,7 +83,12 @@ void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, co
 // checkpoint, the final evaluation and the export, so a run resumed from a
 // checkpoint continues exactly like one that never stopped. A validation
 // loss between those points is that of the weights the next step trains on.
-std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false);
+// keep_activations: the last K layers keep their activations from forward to
+// backward instead of being recomputed from their input (results are
+// bit-identical either way); -1 (auto): every layer whose activations fit in
+// a quarter of the host RAM available when the first batch arrives.
+std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false,
+                                          int64_t keep_activations = -1);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
@@ -94,6 +99,10 @@ struct CudaOptions {
   std::string grads = "auto";        // auto | device | host: device keeps every gradient until the norm is
                                      // known; host sends each layer's out as it is made (O(1) device memory)
   std::string trace_path;       // Chrome trace JSON, "" for none
+  // Layers (the last K) whose activations stay on the device from forward to
+  // backward, skipping their recompute (bit-identical results); -1 (auto):
+  // as many as fit in the device memory left once the rest of the plan is in.
+  int64_t keep_activations = -1;
   int64_t ce_chunk_rows = 1024;
   // Device-gradient modes: the optimizer copies gradients out in chunks of
   // this many bytes through a small pinned ring and updates each chunk as it
@@ -111,12 +120,14 @@ struct CudaOptions {
 
 // The low-memory setting (`--low-memory`): gradients and block checkpoints in
 // host RAM (device memory flat in the layer count; an untied embedding then
-// stays on the host too), two weight slots, LM-head chunks of 256 rows.
+// stays on the host too), two weight slots, LM-head chunks of 256 rows, and
+// every layer recomputed in the backward (no kept activations).
 inline void set_low_memory(CudaOptions& o) {
   o.grads = "host";
   o.checkpoints = "host";
   o.slots = 2;
   o.ce_chunk_rows = 256;
+  o.keep_activations = 0;
 }
 
 bool cuda_backend_available();  // built with CUDA and a device present

@@ -2,12 +2,14 @@
 // HostState's gradient arenas, then clipping and AdamW over each unit.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 
 #include "core/error.h"
 #include "cpu/cpu_ops.h"
 #include "engine/backend.h"
+#include "engine/host_state.h"
 
 namespace rt {
 
@@ -37,14 +39,30 @@ std::vector<int32_t> positions(const Batch& b) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(HostState& s, bool delayed) : state_(s), ops_(s.spec()), delayed_(delayed) { state_.ensure_grads(); }
+  CpuBackend(HostState& s, bool delayed, int64_t keep) : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep) {
+    RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
+    state_.ensure_grads();
+  }
   std::string describe() const override {
     return delayed_ ? "cpu (fp32 reference, delayed update)" : "cpu (fp32 reference)";
   }
 
   ModelRunner<CpuOps>& runner(int64_t B, int64_t T) {
     auto& r = runners_[{B, T}];
-    if (!r) r = std::make_unique<ModelRunner<CpuOps>>(ops_, state_.spec(), B, T);
+    if (!r) {
+      const ModelSpec& sp = state_.spec();
+      const uint64_t per_layer = BlockActs<CpuOps>::bytes(sp, BlockDims{B, T});
+      int64_t keep = keep_;
+      if (keep < 0) keep = static_cast<int64_t>(host_memory_available() / 4 / std::max<uint64_t>(per_layer, 1));
+      keep = std::min(keep, sp.n_layers);
+      r = std::make_unique<ModelRunner<CpuOps>>(ops_, sp, B, T, 256, keep);
+      if (!logged_keep_) {
+        std::printf("cpu backend: activations of %lld of %lld layers kept from forward to backward (%.1f MiB; the "
+                    "others are recomputed; --keep-activations)\n",
+                    (long long)keep, (long long)sp.n_layers, keep * per_layer / double(1 << 20));
+        logged_keep_ = true;
+      }
+    }
     return *r;
   }
 
@@ -122,6 +140,8 @@ class CpuBackend final : public Backend {
   HostState& state_;
   CpuOps ops_;
   bool delayed_;
+  int64_t keep_;  // --keep-activations (-1: auto)
+  bool logged_keep_ = false;
   struct {
     bool has = false, apply = false;
     OptimStep o;
@@ -133,8 +153,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update) {
-  return std::make_unique<CpuBackend>(state, delayed_update);
+std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations) {
+  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations);
 }
 
 }  // namespace rt

@@ -44,6 +44,9 @@ struct TrainOptions {
   double clip = 1.0;                    // <= 0: off
   bool delayed_update = false;          // apply step t's update during step t+1 (backend.h): the log says so, and
                                         // the trainer's own CPU backend does it; a given backend must match
+  // Layers whose activations stay from forward to backward (no recompute there;
+  // bit-identical results); -1: as many as fit (backend.h, keep_activations).
+  int64_t keep_activations = -1;
   LrSchedule lr;
   int64_t eval_every = 0;    // 0: only at the end
   int64_t eval_batches = 8;

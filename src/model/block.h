@@ -21,6 +21,7 @@
 //   '=' and accumulates weight grads '+=' (weight grads are fp32 always).
 #pragma once
 #include <cstdint>
+#include <utility>
 
 #include "model/spec.h"
 
@@ -56,7 +57,9 @@ struct BlockDims {
   int64_t N() const { return B * T; }
 };
 
-// Everything the backward needs from the forward, and scratch for the backward.
+// Everything the backward needs from the forward of one block. The engines
+// keep one for the recompute of any layer, and one per layer whose
+// activations stay from its forward to its backward (no recompute there).
 template <class Ops>
 struct BlockActs {
   using A = typename Ops::act_t;
@@ -64,8 +67,19 @@ struct BlockActs {
   using Buf = typename Ops::template Buffer<T>;
   Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
   Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;            // statistics
-  // backward scratch
-  Buf<A> d_a, d_g, d_u, d_hn, d_tmp, d_h, d_att, d_q, d_k, d_v, d_xn, d_tmp_q, d_tmp_k;
+
+  // Elements of each kind: {activation elements, float elements}.
+  static std::pair<int64_t, int64_t> numel(const ModelSpec& s, const BlockDims& dm) {
+    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
+    const int64_t qk = s.qk_norm ? N * (QD + KD) : 2;
+    return {N * C * 3 + qk + N * QD * 2 + N * KD * 2 + N * F * 3,
+            N * 2 + (s.qk_norm ? N * (s.n_heads + s.n_kv_heads) : 2) + N * s.n_heads};
+  }
+  // Bytes of one BlockActs (what keeping one more layer's activations costs).
+  static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
+    const auto [na, nf] = numel(s, dm);
+    return static_cast<uint64_t>(na) * sizeof(A) + static_cast<uint64_t>(nf) * sizeof(float);
+  }
 
   BlockActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) {
     const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
@@ -87,6 +101,19 @@ struct BlockActs {
     rstd_k = ops.template alloc<float>(rk);
     lse = ops.template alloc<float>(N * s.n_heads);
     rstd2 = ops.template alloc<float>(N);
+  }
+};
+
+// Scratch of one block's backward (one per engine, shared by every layer).
+template <class Ops>
+struct BlockScratch {
+  using A = typename Ops::act_t;
+  template <class T>
+  using Buf = typename Ops::template Buffer<T>;
+  Buf<A> d_a, d_g, d_u, d_hn, d_tmp, d_h, d_att, d_q, d_k, d_v, d_xn, d_tmp_q, d_tmp_k;
+
+  BlockScratch(Ops& ops, const ModelSpec& s, const BlockDims& dm) {
+    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
     d_a = ops.template alloc<A>(N * F);
     d_g = ops.template alloc<A>(N * F);
     d_u = ops.template alloc<A>(N * F);
@@ -135,48 +162,48 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
 }
 
 // dx[N,C] (=) from dy[N,C]; weight grads accumulate (+=) into gr.
-// x is the block input the forward saw; acts must come from block_forward(x).
-// dx may alias dy.
+// x is the block input the forward saw; t must come from block_forward(x);
+// d is scratch. dx may alias dy.
 template <class Ops>
 void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
                     const typename Ops::act_t* x, const typename Ops::act_t* dy, typename Ops::act_t* dx,
-                    const int32_t* pos, BlockActs<Ops>& t, const BlockGrads& gr) {
+                    const int32_t* pos, BlockActs<Ops>& t, BlockScratch<Ops>& d, const BlockGrads& gr) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
   // MLP: y = h + a Wd^T
-  ops.linear_backward(t.d_a.data(), gr.down_proj, nullptr, dy, t.a.data(), w.down_proj, N, F, C);
-  ops.swiglu_backward(t.d_g.data(), t.d_u.data(), t.d_a.data(), t.g.data(), t.u.data(), N * F);
-  ops.linear_backward(t.d_hn.data(), gr.gate_proj, nullptr, t.d_g.data(), t.hn.data(), w.gate_proj, N, C, F);
-  ops.linear_backward(t.d_tmp.data(), gr.up_proj, nullptr, t.d_u.data(), t.hn.data(), w.up_proj, N, C, F);
-  ops.add_inplace(t.d_hn.data(), t.d_tmp.data(), N * C);
+  ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, dy, t.a.data(), w.down_proj, N, F, C);
+  ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), N * F);
+  ops.linear_backward(d.d_hn.data(), gr.gate_proj, nullptr, d.d_g.data(), t.hn.data(), w.gate_proj, N, C, F);
+  ops.linear_backward(d.d_tmp.data(), gr.up_proj, nullptr, d.d_u.data(), t.hn.data(), w.up_proj, N, C, F);
+  ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
   // dh = dy + rms_backward(d_hn)
-  ops.rms_norm_backward(t.d_h.data(), gr.mlp_norm, t.d_hn.data(), t.h.data(), w.mlp_norm, t.rstd2.data(), N, C);
-  ops.add_inplace(t.d_h.data(), dy, N * C);
+  ops.rms_norm_backward(d.d_h.data(), gr.mlp_norm, d.d_hn.data(), t.h.data(), w.mlp_norm, t.rstd2.data(), N, C);
+  ops.add_inplace(d.d_h.data(), dy, N * C);
   // attention: h = x + att Wo^T
-  ops.linear_backward(t.d_att.data(), gr.o_proj, nullptr, t.d_h.data(), t.att.data(), w.o_proj, N, QD, C);
-  ops.attention_backward(t.d_q.data(), t.d_k.data(), t.d_v.data(), t.d_att.data(), t.q.data(), t.k.data(),
+  ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d.d_h.data(), t.att.data(), w.o_proj, N, QD, C);
+  ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(),
                          t.v.data(), t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D);
-  ops.rope_backward(t.d_q.data(), pos, N, H, D);
-  ops.rope_backward(t.d_k.data(), pos, N, G, D);
-  const auto* dq = t.d_q.data();
-  const auto* dk = t.d_k.data();
+  ops.rope_backward(d.d_q.data(), pos, N, H, D);
+  ops.rope_backward(d.d_k.data(), pos, N, G, D);
+  const auto* dq = d.d_q.data();
+  const auto* dk = d.d_k.data();
   if (s.qk_norm) {
-    ops.rms_norm_backward(t.d_tmp_q.data(), gr.q_norm, t.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(),
+    ops.rms_norm_backward(d.d_tmp_q.data(), gr.q_norm, d.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(),
                           N * H, D);
-    ops.rms_norm_backward(t.d_tmp_k.data(), gr.k_norm, t.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(),
+    ops.rms_norm_backward(d.d_tmp_k.data(), gr.k_norm, d.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(),
                           N * G, D);
-    dq = t.d_tmp_q.data();
-    dk = t.d_tmp_k.data();
+    dq = d.d_tmp_q.data();
+    dk = d.d_tmp_k.data();
   }
-  ops.linear_backward(t.d_xn.data(), gr.q_proj, gr.q_bias, dq, t.xn.data(), w.q_proj, N, C, QD);
-  ops.linear_backward(t.d_tmp.data(), gr.k_proj, gr.k_bias, dk, t.xn.data(), w.k_proj, N, C, KD);
-  ops.add_inplace(t.d_xn.data(), t.d_tmp.data(), N * C);
-  ops.linear_backward(t.d_tmp.data(), gr.v_proj, gr.v_bias, t.d_v.data(), t.xn.data(), w.v_proj, N, C, KD);
-  ops.add_inplace(t.d_xn.data(), t.d_tmp.data(), N * C);
+  ops.linear_backward(d.d_xn.data(), gr.q_proj, gr.q_bias, dq, t.xn.data(), w.q_proj, N, C, QD);
+  ops.linear_backward(d.d_tmp.data(), gr.k_proj, gr.k_bias, dk, t.xn.data(), w.k_proj, N, C, KD);
+  ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
+  ops.linear_backward(d.d_tmp.data(), gr.v_proj, gr.v_bias, d.d_v.data(), t.xn.data(), w.v_proj, N, C, KD);
+  ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
   // dx = dh + rms_backward(d_xn); write into d_tmp first since dx may alias dy
-  ops.rms_norm_backward(t.d_tmp.data(), gr.attn_norm, t.d_xn.data(), x, w.attn_norm, t.rstd1.data(), N, C);
-  ops.add_inplace(t.d_tmp.data(), t.d_h.data(), N * C);
-  ops.copy(dx, t.d_tmp.data(), N * C);
+  ops.rms_norm_backward(d.d_tmp.data(), gr.attn_norm, d.d_xn.data(), x, w.attn_norm, t.rstd1.data(), N, C);
+  ops.add_inplace(d.d_tmp.data(), d.d_h.data(), N * C);
+  ops.copy(dx, d.d_tmp.data(), N * C);
 }
 
 }  // namespace rt

@@ -158,6 +158,31 @@ TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
   expect_bit_identical(a, c, "streaming vs resident");
 }
 
+TEST(CudaEngine, KeptActivationsGiveTheSameWeights) {
+  // Layers whose activations stay from forward to backward skip their
+  // recompute; the backward must see the same values either way: recompute
+  // every layer (0), keep the last 2 of 5, keep all (auto, on this small
+  // model), also with block inputs on the host; two micro-batches per step.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 2, T = 256;
+  rt::ModelSpec s = gpu_spec(5);
+  rt::Dataset d = shakespeare(T, 2);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 2, &nv);
+  auto run = [&](int64_t keep, const char* ckpt) {
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.keep_activations = keep;
+    co.checkpoints = ckpt;
+    return train_fixed_steps(s, true, co, batches, nv, B, T, 10);
+  };
+  const FixedRun a = run(0, "device"), b = run(2, "device"), c = run(-1, "device"), e = run(3, "host");
+  expect_bit_identical(a, b, "recompute all vs keep 2");
+  expect_bit_identical(a, c, "recompute all vs keep all (auto)");
+  expect_bit_identical(a, e, "recompute all vs keep 3 with host checkpoints");
+  EXPECT_GT(c.peak, a.peak) << "keeping activations should take device memory";
+}
+
 TEST(CudaEngine, GradientLandingChunksDoNotChangeTheWeights) {
   // The optimizer copies device gradients out through a pinned ring in chunks
   // and updates each chunk as it lands: whole units (0), the default, and

@@ -11,7 +11,9 @@
 // 1.6e-5 from torch's fp32 result (torch itself is 4e-6 from an fp64 run of
 // the same model, ramtrain 1.9e-5); every other tensor is within 1e-5. Its
 // bound is 2.5e-5 until the source of that extra error is found (recomputing
-// P exactly and summing D_t = sum P dP were tried and changed nothing).
+// P exactly and summing D_t = sum P dP were tried and changed nothing). The
+// key-projection biases have a bound of their own (testutil.h,
+// hf_grad_rel_bound: their gradient is a sum that nearly cancels).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -88,7 +90,7 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
     std::vector<float> r(static_cast<size_t>(rg->numel()));
     rt::tensor_to_f32(*rg, r.data());
     double e = rt::test::rel_l2(t.data, r.data(), rg->numel());
-    const double bound = GetParam() == "llama_gqa_rope3" ? 2.5e-5 : 1e-5;
+    const double bound = rt::test::hf_grad_rel_bound(t.name, GetParam() == "llama_gqa_rope3" ? 2.5e-5 : 1e-5);
     EXPECT_LE(e, bound) << "gradient of " << t.name << " rel_l2";
     if (e > worst) worst = e, worst_name = t.name;
     ++n_grads;

@@ -151,6 +151,39 @@ TEST_P(ModelGrad, AccumulatingMicroBatchesEqualsOneBatch) {
   EXPECT_TRUE(rt::test::expect_near("accumulated grads", acc, full, 1e-6, 1e-4));
 }
 
+TEST_P(ModelGrad, KeptActivationsEqualRecompute) {
+  // The last K layers keep their forward activations for the backward instead
+  // of being recomputed from their input: the same ops on the same inputs, so
+  // the loss and every gradient are bit-identical for K = 0, 1, all (and over
+  // two micro-batches through the same runner, which reuses the kept sets).
+  Case c = make_case(GetParam());
+  rt::CpuOps ops(c.spec);
+  const float scale = 1.0f / static_cast<float>(c.B * (c.T - 1));
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (int64_t keep : {int64_t{0}, int64_t{1}, c.spec.n_layers, c.spec.n_layers + 3}) {
+    rt::ModelRunner<rt::CpuOps> r(ops, c.spec, 1, c.T, 3, keep);
+    EXPECT_EQ(r.kept_layers(), std::min(keep, c.spec.n_layers));
+    c.state->zero_grads();
+    rt::ModelGrads g = c.state->grads();
+    double loss = 0;
+    for (int64_t b = 0; b < c.B; ++b) {
+      int64_t nv;
+      loss += r.forward_backward(c.state->weights(), &g,
+                                 rt::BatchView{1, c.T, c.ids.data() + b * c.T, c.targets.data() + b * c.T, c.pos.data()},
+                                 scale, &nv);
+    }
+    std::vector<float> all;
+    for (auto& u : c.state->units()) all.insert(all.end(), u.grad.p, u.grad.p + u.numel);
+    grads.push_back(std::move(all));
+    losses.push_back(loss);
+  }
+  for (size_t i = 1; i < grads.size(); ++i) {
+    EXPECT_EQ(losses[i], losses[0]) << "variant " << i;
+    EXPECT_TRUE(grads[i] == grads[0]) << "variant " << i << ": gradients differ from the recompute-everything run";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
                          ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3),
                          [](const auto& info) { return std::string(rt::family_name(info.param)); });
