@@ -12,7 +12,8 @@
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
 #   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap, and --low-memory at micro-batch 1, 2, 4
-#   bench7b   7B-shape streaming and resident throughput, with a trace and its idle gaps (bench/trace_gaps.py)
+#   bench7b   7B-shape streaming and resident throughput, with a trace and its idle gaps (bench/trace_gaps.py);
+#             then both (and the delayed update) with the same number of kept layers
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference
@@ -80,10 +81,11 @@ if has optim; then
 fi
 
 if has memory; then
-  # Same width, 8/16/32 layers, checkpoints and gradients on the host: peak device memory must not grow with L.
+  # Same width, 8/16/32 layers, checkpoints and gradients on the host, every layer recomputed (kept activations
+  # would fill what is left of the device by design): peak device memory must not grow with L.
   for L in 8 16 32; do
     run "mem_0.5b_L$L" 200 "$bin/ramtrain_bench" --preset qwen2.5-0.5b --layers "$L" --seq-len 2048 --micro-batch 8 \
-      --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host
+      --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host --keep-activations 0
   done
 fi
 if has memory || has mem7b; then
@@ -91,7 +93,7 @@ if has memory || has mem7b; then
   # peak device memory at 4 and 8 layers, micro-batch 4, under a 14 GiB (15.0 GB) cap.
   for L in 4 8; do
     run "mem_7b_L$L" 300 "$bin/ramtrain_bench" --preset qwen2.5-7b --layers "$L" --seq-len 2048 --micro-batch 4 \
-      --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host --max-gpu-memory 14
+      --steps 2 --warmup 1 --modes streaming --grads host --checkpoints host --max-gpu-memory 14 --keep-activations 0
   done
   # --low-memory (host gradients, checkpoints and embedding, 2 slots, 256-row LM-head chunks): micro-batch 1 and 2
   # under an 8 GiB cap, 4 under 14 GiB.
@@ -104,11 +106,14 @@ if has memory || has mem7b; then
 fi
 
 if has bench7b; then
+  # kept activations: auto (as many as fit: resident has less room) and the same count for both modes
   run bench_7b_2048 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 --warmup 2 \
     --modes streaming,resident --trace "$logs/trace_7b"
   for m in streaming resident; do
     run gaps_7b_$m 60 python3 "$here/bench/trace_gaps.py" "$logs/trace_7b.$m.json"
   done
+  run bench_7b_2048_keep6 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 \
+    --warmup 2 --modes streaming,resident,delayed,resident-delayed --grads device --keep-activations 6
 fi
 
 if has landing; then
@@ -211,8 +216,8 @@ grep -hE "\[engine\]" "$logs"/engine_test.log 2>/dev/null | head -20
 grep -hE "RESUME" "$logs"/resume_*.log 2>/dev/null
 grep -hE "^(avx|scalar|torch)" "$logs"/optim_bench.log "$logs"/optim_torch.log 2>/dev/null
 for f in "$logs"/mem_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E '^(model|streaming  )' "$f" | tr '\n' ' ')"; done
-for f in bench_7b_2048 bench_7b_delayed_16 bench_7b_delayed_32; do
-  grep -hE "^(mode|streaming|resident|delayed|bf16 GEMM|model|FLOPs)" "$logs/$f.log" 2>/dev/null
+for f in bench_7b_2048 bench_7b_2048_keep6 bench_7b_delayed_16 bench_7b_delayed_32; do
+  grep -hE "^(mode|streaming|resident|delayed|bf16 GEMM|model|FLOPs)|kept" "$logs/$f.log" 2>/dev/null
 done
 grep -hE "^(mma_sync|wgmma)" "$logs"/attention_bench*.log 2>/dev/null | sed 's/^/ramtrain attn /'
 grep -hE "^[0-9]" "$logs"/attention_sdpa*.log 2>/dev/null | sed 's/^/sdpa attn     /'
