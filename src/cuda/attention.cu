@@ -214,12 +214,6 @@ __device__ __forceinline__ void acc_zero(float (&acc)[NT][4]) {
   for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 }
 
-struct AttnShape {
-  int T, H, G, group;  // group = H / G
-  float scale_log2;    // log2(e) / sqrt(D)
-  float scale;         // 1 / sqrt(D)
-};
-
 // ---------------------------------------------------------------- forward
 
 // Tile shapes (tuning constants; the bench builds variants with -D).
@@ -722,7 +716,7 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
   if (use_wgmma("attention_forward")) {
-    sm90::attention_forward(out, lse, q, k, v, B, T, H, G, D, stream);
+    sm90::attention_forward(out, lse, q, k, v, B, s, D, stream);
     return;
   }
   if (D == 64)
@@ -746,7 +740,7 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   float* delta = static_cast<float*>(scratch.ptr);
   if (use_wgmma("attention_backward")) {
     delta_launch(D, delta, dout, out, B, s, stream);
-    sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, G, D, stream);
+    sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream);
     return;
   }
   if (D == 64)

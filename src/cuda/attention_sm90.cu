@@ -44,12 +44,6 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 
-struct Shape {
-  int T, H, G, group;  // group = H / G
-  float scale_log2;    // log2(e) / sqrt(D)
-  float scale;         // 1 / sqrt(D)
-};
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RT_SM90_DEVICE 1
 #endif
@@ -279,6 +273,22 @@ __device__ __forceinline__ unsigned char* smem_aligned() {
 }
 __device__ __forceinline__ uint32_t smem_base_1k() { return smem_u32(smem_aligned()); }
 
+// The producer thread's K/V loop: tiles 0..n_tiles-1 (BN keys each) of kv head g
+// through the stage ring; V lands KV_BYTES after K in each stage.
+template <class C, int D, class StageBase>
+__device__ __forceinline__ void produce_kv_tiles(const Bars<C::S>& bar, StageBase sk, const CUtensorMap* tk,
+                                                 const CUtensorMap* tv, int g, int b, int n_tiles) {
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % C::S, use = j / C::S;
+    if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
+    mbar_arrive_expect_tx(bar.full(st), 2 * C::KV_BYTES);
+    for (int c = 0; c < D / 64; ++c) {
+      tma_load(sk(st) + c * C::BN * 128, tk, bar.full(st), c * 64, g, j * C::BN, b);
+      tma_load(sk(st) + C::KV_BYTES + c * C::BN * 128, tv, bar.full(st), c * 64, g, j * C::BN, b);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- forward
 
 template <int D>
@@ -293,7 +303,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse,
-                   Shape s) {
+                   AttnShape s) {
 #ifdef RT_SM90_DEVICE
   using C = Fwd<D>;
   const uint32_t base = smem_base_1k();
@@ -315,15 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(bar.once(), C::Q_BYTES);
       for (int c = 0; c < D / 64; ++c) tma_load(sq + c * C::BM * 128, &tq, bar.once(), c * 64, h, q0, b);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int st = j % C::S, use = j / C::S;
-        if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
-        mbar_arrive_expect_tx(bar.full(st), 2 * C::KV_BYTES);
-        for (int c = 0; c < D / 64; ++c) {
-          tma_load(sk(st) + c * C::BN * 128, &tk, bar.full(st), c * 64, g, j * C::BN, b);
-          tma_load(sv(st) + c * C::BN * 128, &tv, bar.full(st), c * 64, g, j * C::BN, b);
-        }
-      }
+      produce_kv_tiles<C, D>(bar, sk, &tk, &tv, g, b, n_tiles);
     }
     return;
   }
@@ -434,7 +436,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dk,
-                bf16* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ delta, Shape s) {
+                bf16* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
 #ifdef RT_SM90_DEVICE
   using C = Dkdv<D>;
   const uint32_t base = smem_base_1k();
@@ -585,7 +587,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
               const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dq,
-              const float* __restrict__ lse, const float* __restrict__ delta, Shape s) {
+              const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
 #ifdef RT_SM90_DEVICE
   using C = Dq<D>;
   const uint32_t base = smem_base_1k();
@@ -609,15 +611,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load(sq + c * C::BM * 128, &tq, bar.once(), c * 64, h, q0, b);
         tma_load(sdo + c * C::BM * 128, &tdo, bar.once(), c * 64, h, q0, b);
       }
-      for (int j = 0; j < n_tiles; ++j) {
-        const int st = j % C::S, use = j / C::S;
-        if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
-        mbar_arrive_expect_tx(bar.full(st), 2 * C::KV_BYTES);
-        for (int c = 0; c < D / 64; ++c) {
-          tma_load(sk(st) + c * C::BN * 128, &tk, bar.full(st), c * 64, g, j * C::BN, b);
-          tma_load(sv(st) + c * C::BN * 128, &tv, bar.full(st), c * 64, g, j * C::BN, b);
-        }
-      }
+      produce_kv_tiles<C, D>(bar, sk, &tk, &tv, g, b, n_tiles);
     }
     return;
   }
@@ -734,39 +728,28 @@ CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64
   return map;
 }
 
-Shape shape_make(int64_t T, int64_t H, int64_t G, int64_t D) {
-  Shape s;
-  s.T = static_cast<int>(T);
-  s.H = static_cast<int>(H);
-  s.G = static_cast<int>(G);
-  s.group = static_cast<int>(H / G);
-  s.scale = 1.f / sqrtf(static_cast<float>(D));
-  s.scale_log2 = s.scale * kLog2e;
-  return s;
-}
-
 template <class K>
 void smem_allow(K kernel, int bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 template <int D>
-void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                    int64_t H, int64_t G, cudaStream_t stream) {
+void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, const AttnShape& s,
+                    cudaStream_t stream) {
   using C = Fwd<D>;
+  const int64_t T = s.T, H = s.H, G = s.G;
   const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tk = tensor_map(k, B, T, G, D, C::BN, "k"),
                     tv = tensor_map(v, B, T, G, D, C::BN, "v");
   smem_allow(forward_kernel<D>, C::SMEM);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-  forward_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, shape_make(T, H, G, D));
+  forward_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                     const float* lse, const float* delta, int64_t B, int64_t T, int64_t H, int64_t G,
-                     cudaStream_t stream) {
-  const Shape s = shape_make(T, H, G, D);
+                     const float* lse, const float* delta, int64_t B, const AttnShape& s, cudaStream_t stream) {
+  const int64_t T = s.T, H = s.H, G = s.G;
   {
     using C = Dkdv<D>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
@@ -804,21 +787,21 @@ bool device_supported() {
   return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
 }
 
-void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                       const AttnShape& s, int64_t D, cudaStream_t stream) {
   if (D == 64)
-    forward_launch<64>(out, lse, q, k, v, B, T, H, G, stream);
+    forward_launch<64>(out, lse, q, k, v, B, s, stream);
   else
-    forward_launch<128>(out, lse, q, k, v, B, T, H, G, stream);
+    forward_launch<128>(out, lse, q, k, v, B, s, stream);
 }
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                        const float* lse, const float* delta, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                        const float* lse, const float* delta, int64_t B, const AttnShape& s, int64_t D,
                         cudaStream_t stream) {
   if (D == 64)
-    backward_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, G, stream);
+    backward_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, stream);
   else
-    backward_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, G, stream);
+    backward_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, stream);
 }
 
 }  // namespace rt::cuda::sm90

@@ -4,18 +4,28 @@
 #pragma once
 #include "cuda/ops.h"
 
-namespace rt::cuda::sm90 {
+namespace rt::cuda {
+
+// The shape every attention kernel gets (attention.cu checks and makes it).
+struct AttnShape {
+  int T, H, G, group;  // group = H / G
+  float scale_log2;    // log2(e) / sqrt(D)
+  float scale;         // 1 / sqrt(D)
+};
+
+namespace sm90 {
 
 // True when the current device is compute capability 9.0 (H100, H200, H20):
 // the only GPUs that run sm_90a code.
 bool device_supported();
 
 // Same contract as rt::cuda::attention_forward; D is 64 or 128 (checked by the caller).
-void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream);
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                       const AttnShape& s, int64_t D, cudaStream_t stream);
 // dq, dk, dv (=) from delta = rowsum(dO * O) [B, H, T] (fp32) computed by the caller.
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                        const float* lse, const float* delta, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                        const float* lse, const float* delta, int64_t B, const AttnShape& s, int64_t D,
                         cudaStream_t stream);
 
-}  // namespace rt::cuda::sm90
+}  // namespace sm90
+}  // namespace rt::cuda
