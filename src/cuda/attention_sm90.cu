@@ -220,6 +220,29 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// One wgmma group: acc[N/2] = A B^T over k = d in [0, D), A = rows [row0, row0 + 64) of the
+// K-major tile `ta` (TA rows), B = the N rows of the K-major tile `tb`. The caller fences first.
+template <int N, int D, int TA>
+__device__ __forceinline__ void gemm_ss(float (&acc)[N / 2], uint32_t ta, int row0, uint32_t tb) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) wgmma_ss<N>(acc, desc_k<TA>(ta, row0, ks), desc_k<N>(tb, 0, ks), ks);
+  wgmma_commit();
+}
+// One wgmma group: acc[D/2] += A B, A = K columns of fragments in registers (acc_to_a), B = the
+// K rows of the tile `tb` read MN-major. Fences first (A was just written).
+template <int D, int K>
+__device__ __forceinline__ void gemm_rs(float (&acc)[D / 2], const uint32_t (&a)[K / 16][4], uint32_t tb) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<D>(acc, a[kk], desc_mn<K>(tb, kk), 1);
+  wgmma_commit();
+}
+// A consumer warp no longer reads stage st: one arrival per warp on its empty barrier.
+__device__ __forceinline__ void release_stage(uint32_t empty_bar) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbar_arrive(empty_bar);
+}
+
 // Barrier words at the end of a kernel's shared memory: [once][full x S][empty x S].
 template <int S>
 struct Bars {
@@ -321,10 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int k0 = j * C::BN;
     if (k0 <= wrow0 + 63) {  // else every key of the tile is after every row of this warpgroup
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        wgmma_ss<C::BN>(sc, desc_k<C::BM>(sq, 64 * w, ks), desc_k<C::BN>(sk(st), 0, ks), ks);
-      wgmma_commit();
+      gemm_ss<C::BN, D, C::BM>(sc, sq, 64 * w, sk(st));
       wgmma_wait<0>();
       reg_fence(sc);
       if (k0 + C::BN - 1 > wrow0) {  // the diagonal tile: keys after the row are masked
@@ -366,15 +386,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       uint32_t pa[C::BN / 16][4];
       acc_to_a<C::BN>(pa, sc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::BN / 16; ++kk) wgmma_rs<D>(o, pa[kk], desc_mn<C::BN>(sv(st), kk), 1);
-      wgmma_commit();
+      gemm_rs<D, C::BN>(o, pa, sv(st));
       wgmma_wait<0>();
       reg_fence(o);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.empty(st));
+    release_stage(bar.empty(st));
   }
 
 #pragma unroll
@@ -482,14 +498,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(bar.full(st), (it / C::S) & 1);
     if (qr0 + C::BM - 1 >= wkey0) {  // else every query of the tile is before every key here: P = 0
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)  // S^T = K_w Q^T
-        wgmma_ss<C::BM>(pt, desc_k<C::BN>(sk, 64 * w, ks), desc_k<C::BM>(sq(st), 0, ks), ks);
-      wgmma_commit();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)  // dP^T = V_w dO^T
-        wgmma_ss<C::BM>(dpt, desc_k<C::BN>(sv, 64 * w, ks), desc_k<C::BM>(sdo(st), 0, ks), ks);
-      wgmma_commit();
+      gemm_ss<C::BM, D, C::BN>(pt, sk, 64 * w, sq(st));    // S^T = K_w Q^T
+      gemm_ss<C::BM, D, C::BN>(dpt, sv, 64 * w, sdo(st));  // dP^T = V_w dO^T
       // this thread's query columns: qr0 + 8 jj + 2 (lane % 4) + {0, 1}
       const float* lsc = rows + 2 * C::BM * st + 2 * (lane & 3);
       const float* dl = lsc + C::BM;
@@ -506,11 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       uint32_t pa[C::BM / 16][4];
       acc_to_a<C::BM>(pa, pt);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::BM / 16; ++kk)  // dV += P^T dO
-        wgmma_rs<D>(dva, pa[kk], desc_mn<C::BM>(sdo(st), kk), 1);
-      wgmma_commit();
+      gemm_rs<D, C::BM>(dva, pa, sdo(st));  // dV += P^T dO
       wgmma_wait<1>();  // dP^T
       reg_fence(dpt);
 #pragma unroll
@@ -519,17 +525,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) dpt[4 * jj + e] = pt[4 * jj + e] * (dpt[4 * jj + e] - dl[8 * jj + (e & 1)]);
       uint32_t da[C::BM / 16][4];
       acc_to_a<C::BM>(da, dpt);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::BM / 16; ++kk)  // dK += dS^T Q
-        wgmma_rs<D>(dka, da[kk], desc_mn<C::BM>(sq(st), kk), 1);
-      wgmma_commit();
+      gemm_rs<D, C::BM>(dka, da, sq(st));  // dK += dS^T Q
       wgmma_wait<0>();
       reg_fence(dva);
       reg_fence(dka);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.empty(st));
+    release_stage(bar.empty(st));
   }
 
 #pragma unroll
@@ -614,14 +615,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int k0 = j * C::BN;
     if (k0 <= wrow0 + 63) {  // else every key of the tile is after every row of this warpgroup
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)  // S = Q_w K^T
-        wgmma_ss<C::BN>(p, desc_k<C::BM>(sq, 64 * w, ks), desc_k<C::BN>(sk(st), 0, ks), ks);
-      wgmma_commit();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)  // dP = dO_w V^T
-        wgmma_ss<C::BN>(dp, desc_k<C::BM>(sdo, 64 * w, ks), desc_k<C::BN>(sv(st), 0, ks), ks);
-      wgmma_commit();
+      gemm_ss<C::BN, D, C::BM>(p, sq, 64 * w, sk(st));    // S = Q_w K^T
+      gemm_ss<C::BN, D, C::BM>(dp, sdo, 64 * w, sv(st));  // dP = dO_w V^T
       wgmma_wait<1>();
       reg_fence(p);
       const bool need_mask = k0 + C::BN - 1 > wrow0;
@@ -641,16 +636,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) dp[4 * jj + e] = p[4 * jj + e] * (dp[4 * jj + e] - row_delta[e >> 1]);
       uint32_t da[C::BN / 16][4];
       acc_to_a<C::BN>(da, dp);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::BN / 16; ++kk)  // dQ += dS K
-        wgmma_rs<D>(dqa, da[kk], desc_mn<C::BN>(sk(st), kk), 1);
-      wgmma_commit();
+      gemm_rs<D, C::BN>(dqa, da, sk(st));  // dQ += dS K
       wgmma_wait<0>();
       reg_fence(dqa);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.empty(st));
+    release_stage(bar.empty(st));
   }
 
 #pragma unroll
