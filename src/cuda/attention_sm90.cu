@@ -237,6 +237,16 @@ __device__ __forceinline__ void gemm_rs(float (&acc)[D / 2], const uint32_t (&a)
   for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<D>(acc, a[kk], desc_mn<K>(tb, kk), 1);
   wgmma_commit();
 }
+// Row r (0: lane/4, 1: lane/4 + 8) of this warp's 16 rows of a 64 x D accumulator, times scale,
+// as bf16 into the row that starts at p: this thread's column pairs 8 dj + 2 (lane % 4).
+template <int D>
+__device__ __forceinline__ void store_row(bf16* p, const float (&acc)[D / 2], int r, float scale) {
+  p += 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int dj = 0; dj < D / 8; ++dj)
+    *reinterpret_cast<__nv_bfloat162*>(p + 8 * dj) =
+        __floats2bfloat162_rn(acc[4 * dj + 2 * r] * scale, acc[4 * dj + 2 * r + 1] * scale);
+}
 // A consumer warp no longer reads stage st: one arrival per warp on its empty barrier.
 __device__ __forceinline__ void release_stage(uint32_t empty_bar) {
   __syncwarp();
@@ -400,12 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     t += __shfl_xor_sync(0xffffffffu, t, 2);
     const int row = row_base + 8 * r;
     if (row < s.T) {
-      const float inv = 1.f / t;
-      bf16* op = out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D + 2 * (lane & 3);
-#pragma unroll
-      for (int dj = 0; dj < D / 8; ++dj)
-        *reinterpret_cast<__nv_bfloat162*>(op + 8 * dj) =
-            __floats2bfloat162_rn(o[4 * dj + 2 * r] * inv, o[4 * dj + 2 * r + 1] * inv);
+      store_row<D>(out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, o, r, 1.f / t);
       if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[r] * s.scale + logf(t);
     }
   }
@@ -537,14 +542,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int key = krow + 8 * r;
     if (key >= s.T) continue;
-    const int64_t off = ((static_cast<int64_t>(b) * s.T + key) * s.G + g) * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dj = 0; dj < D / 8; ++dj) {
-      *reinterpret_cast<__nv_bfloat162*>(dk + off + 8 * dj) =
-          __floats2bfloat162_rn(dka[4 * dj + 2 * r] * s.scale, dka[4 * dj + 2 * r + 1] * s.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + off + 8 * dj) =
-          __floats2bfloat162_rn(dva[4 * dj + 2 * r], dva[4 * dj + 2 * r + 1]);
-    }
+    const int64_t off = ((static_cast<int64_t>(b) * s.T + key) * s.G + g) * D;
+    store_row<D>(dk + off, dka, r, s.scale);
+    store_row<D>(dv + off, dva, r, 1.f);
   }
 #endif
 }
@@ -647,11 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + 8 * r;
     if (row >= s.T) continue;
-    bf16* op = dq + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dj = 0; dj < D / 8; ++dj)
-      *reinterpret_cast<__nv_bfloat162*>(op + 8 * dj) =
-          __floats2bfloat162_rn(dqa[4 * dj + 2 * r] * s.scale, dqa[4 * dj + 2 * r + 1] * s.scale);
+    store_row<D>(dq + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, dqa, r, s.scale);
   }
 #endif
 }
