@@ -684,7 +684,8 @@ AttentionKernels kernels_chosen() {
 }
 
 bool use_wgmma(const char* where) {
-  const AttentionKernels k = attention_kernels_in_use();
+  const AttentionKernels k = kernels_chosen();
+  if (k == AttentionKernels::automatic) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
     RT_CHECK(sm90::device_supported(), "[cuda ", where,
              "] the wgmma attention kernels need a GPU of compute capability 9.0 (H100/H200); unset "

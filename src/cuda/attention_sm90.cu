@@ -32,6 +32,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "cuda/attention_sm90.h"
@@ -739,13 +740,16 @@ bool device_supported() {
     cudaGetLastError();
     return false;
   }
+  // per device, asked once: every attention call comes here (0 unknown, 1 no, 2 yes)
+  static std::atomic<int> known[64];
+  if (dev >= 0 && dev < 64 && known[dev].load() != 0) return known[dev].load() == 2;
   int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  ok = ok && major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+  if (dev >= 0 && dev < 64) known[dev].store(ok ? 2 : 1);
+  return ok;
 }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,

@@ -259,7 +259,6 @@ class StreamEngine final : public Backend {
                           sum_squares_scratch_bytes(units[L + 1].numel), sum_squares_scratch_bytes(layer_numel_)});
     scratch_ = DevBuf<uint8_t>(alloc_, static_cast<int64_t>(sc), "op scratch");
     ops_ = std::make_unique<CudaOps>(alloc_, blas_, compute_.get(), inv_freq_.data(), Scratch{scratch_.data(), sc});
-    acts_ = std::make_unique<BlockActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
     bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
     int64_t max_unit = 0;
     for (auto& u : units) max_unit = std::max(max_unit, u.numel);
@@ -273,20 +272,20 @@ class StreamEngine final : public Backend {
       for (int r = 0; r < kRing; ++r) ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
       ring_done_.resize(kRing);
     }
-    // Last: the activations of the last K layers stay from forward to backward
-    // (their recompute is skipped), K as asked or, on auto, as many as fit in
-    // what the plan leaves of the budget (1/64 of it held back).
+    // Last: the block activations, the shared set and those of the last K
+    // layers, which stay from forward to backward (their recompute is
+    // skipped); K as asked or, on auto, as many as fit in what the plan leaves
+    // of the budget once the shared set is in (1/64 of the budget held back).
     const uint64_t act_bytes = BlockActs<CudaOps>::bytes(s_, BlockDims{B_, T_});
     RT_CHECK(opt_.keep_activations >= -1, "[cuda] --keep-activations must be auto or a layer count >= 0, got ",
              opt_.keep_activations);
     int64_t keep = opt_.keep_activations;
     if (keep < 0) {
-      const uint64_t spare = alloc_.budget() - std::min(alloc_.budget(), alloc_.used() + alloc_.budget() / 64);
-      keep = static_cast<int64_t>(spare / act_bytes);
+      const uint64_t planned = alloc_.used() + act_bytes + alloc_.budget() / 64;
+      keep = static_cast<int64_t>((alloc_.budget() - std::min(alloc_.budget(), planned)) / act_bytes);
     }
     keep = std::min(keep, L);
-    for (int64_t k = 0; k < keep; ++k)
-      kept_.push_back(std::make_unique<BlockActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_}));
+    acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_}, keep);
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     if (opt_.verbose) {
       std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
@@ -751,7 +750,7 @@ class StreamEngine final : public Backend {
         CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), ck_out_[(i + 1) % 2].get(), 0));
       auto sp = tracer_.gpu_begin(Lane::compute, "forward", static_cast<int>(i), compute_.get());
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt(i), ckpt(i + 1),
-                    pos_.data(), training ? acts_of(i) : *acts_);
+                    pos_.data(), training ? acts_->of(i) : acts_->shared());
       tracer_.gpu_end(sp, compute_.get());
       if (host_ckpt_ && training && i + 1 < L) save_ckpt(i + 1);
       // the last S layers stay for the backward's turn-around
@@ -812,11 +811,10 @@ class StreamEngine final : public Backend {
       }
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = tracer_.gpu_begin(Lane::compute, "backward", static_cast<int>(i), compute_.get());
-      BlockActs<CudaOps>& a = acts_of(i);
-      if (&a == acts_.get())  // recompute (a kept layer still holds its forward's activations)
-        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), a);
-      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), dx_.data(), dx_.data(), pos_.data(), a, *bscratch_,
-                     bind_grads(units[i + 1], g));
+      if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations)
+        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), hf_.data(), pos_.data(), acts_->shared());
+      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i),
+                     *bscratch_, bind_grads(units[i + 1], g));
       tracer_.gpu_end(sp, compute_.get());
       if (host_ckpt_) CUDA_CHECK(cudaEventRecord(ck_used_[i % 2].get(), compute_.get()));
       if (host_grads_) {
@@ -1004,14 +1002,8 @@ class StreamEngine final : public Backend {
   DevBuf<double> norms_;
   DevBuf<uint8_t> scratch_;
   std::unique_ptr<CudaOps> ops_;
-  std::unique_ptr<BlockActs<CudaOps>> acts_;  // shared: every layer not kept, and the recompute
+  std::unique_ptr<LayerActs<CudaOps>> acts_;  // shared (recomputed layers) + layers L-K..L-1, forward to backward
   std::unique_ptr<BlockScratch<CudaOps>> bscratch_;
-  std::vector<std::unique_ptr<BlockActs<CudaOps>>> kept_;  // layers L-K..L-1, forward to backward
-  // Where layer i's training forward leaves its activations.
-  BlockActs<CudaOps>& acts_of(int64_t i) {
-    const int64_t first_kept = s_.n_layers - static_cast<int64_t>(kept_.size());
-    return i >= first_kept ? *kept_[static_cast<size_t>(i - first_kept)] : *acts_;
-  }
   std::vector<PinnedBuf> slabs_;  // host gradients: landing slabs of the largest unit
   std::vector<Event> slab_done_;
   std::vector<int> slab_free_;  // guarded by mu_

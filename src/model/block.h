@@ -20,9 +20,12 @@
 //   semantics of cpu/ops.h: forward writes '=', backward writes input grads
 //   '=' and accumulates weight grads '+=' (weight grads are fp32 always).
 #pragma once
+#include <algorithm>
 #include <cstdint>
-#include <utility>
+#include <memory>
+#include <vector>
 
+#include "core/error.h"
 #include "model/spec.h"
 
 namespace rt {
@@ -68,40 +71,68 @@ struct BlockActs {
   Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
   Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;            // statistics
 
-  // Elements of each kind: {activation elements, float elements}.
-  static std::pair<int64_t, int64_t> numel(const ModelSpec& s, const BlockDims& dm) {
+  // Calls act(member, n) for every activation buffer and stat(member, n) for
+  // every fp32 statistic, with its element count: the one list the
+  // constructor allocates from and bytes() sums.
+  template <class Act, class Stat>
+  static void each_buffer(const ModelSpec& s, const BlockDims& dm, Act&& act, Stat&& stat) {
     const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
-    const int64_t qk = s.qk_norm ? N * (QD + KD) : 2;
-    return {N * C * 3 + qk + N * QD * 2 + N * KD * 2 + N * F * 3,
-            N * 2 + (s.qk_norm ? N * (s.n_heads + s.n_kv_heads) : 2) + N * s.n_heads};
+    act(&BlockActs::xn, N * C);
+    act(&BlockActs::q_raw, s.qk_norm ? N * QD : 1);
+    act(&BlockActs::k_raw, s.qk_norm ? N * KD : 1);
+    act(&BlockActs::q, N * QD);
+    act(&BlockActs::k, N * KD);
+    act(&BlockActs::v, N * KD);
+    act(&BlockActs::att, N * QD);
+    act(&BlockActs::h, N * C);
+    act(&BlockActs::hn, N * C);
+    act(&BlockActs::g, N * F);
+    act(&BlockActs::u, N * F);
+    act(&BlockActs::a, N * F);
+    stat(&BlockActs::rstd1, N);
+    stat(&BlockActs::rstd_q, s.qk_norm ? N * s.n_heads : 1);
+    stat(&BlockActs::rstd_k, s.qk_norm ? N * s.n_kv_heads : 1);
+    stat(&BlockActs::lse, N * s.n_heads);
+    stat(&BlockActs::rstd2, N);
   }
   // Bytes of one BlockActs (what keeping one more layer's activations costs).
   static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
-    const auto [na, nf] = numel(s, dm);
-    return static_cast<uint64_t>(na) * sizeof(A) + static_cast<uint64_t>(nf) * sizeof(float);
+    uint64_t b = 0;
+    each_buffer(
+        s, dm, [&](auto, int64_t n) { b += static_cast<uint64_t>(n) * sizeof(A); },
+        [&](auto, int64_t n) { b += static_cast<uint64_t>(n) * sizeof(float); });
+    return b;
   }
 
   BlockActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) {
-    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
-    const int64_t rq = s.qk_norm ? N * s.n_heads : 1, rk = s.qk_norm ? N * s.n_kv_heads : 1;
-    xn = ops.template alloc<A>(N * C);
-    q_raw = ops.template alloc<A>(s.qk_norm ? N * QD : 1);
-    k_raw = ops.template alloc<A>(s.qk_norm ? N * KD : 1);
-    q = ops.template alloc<A>(N * QD);
-    k = ops.template alloc<A>(N * KD);
-    v = ops.template alloc<A>(N * KD);
-    att = ops.template alloc<A>(N * QD);
-    h = ops.template alloc<A>(N * C);
-    hn = ops.template alloc<A>(N * C);
-    g = ops.template alloc<A>(N * F);
-    u = ops.template alloc<A>(N * F);
-    a = ops.template alloc<A>(N * F);
-    rstd1 = ops.template alloc<float>(N);
-    rstd_q = ops.template alloc<float>(rq);
-    rstd_k = ops.template alloc<float>(rk);
-    lse = ops.template alloc<float>(N * s.n_heads);
-    rstd2 = ops.template alloc<float>(N);
+    each_buffer(
+        s, dm, [&](auto m, int64_t n) { this->*m = ops.template alloc<A>(n); },
+        [&](auto m, int64_t n) { this->*m = ops.template alloc<float>(n); });
   }
+};
+
+// The activations of a whole-model pass: one shared BlockActs for every layer
+// that is recomputed in the backward, and one of its own for each of the last
+// `keep` layers, whose forward activations stay for their backward.
+template <class Ops>
+class LayerActs {
+ public:
+  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep) : n_layers_(s.n_layers), shared_(ops, s, dm) {
+    RT_CHECK(keep >= 0, "[model] the number of layers whose activations are kept must be >= 0, got ", keep);
+    for (int64_t i = 0; i < std::min(keep, n_layers_); ++i) kept_.push_back(std::make_unique<BlockActs<Ops>>(ops, s, dm));
+  }
+  int64_t kept_count() const { return static_cast<int64_t>(kept_.size()); }
+  bool kept(int64_t layer) const { return layer >= n_layers_ - kept_count(); }
+  BlockActs<Ops>& shared() { return shared_; }
+  // Where layer's training forward leaves its activations (and its backward finds them).
+  BlockActs<Ops>& of(int64_t layer) {
+    return kept(layer) ? *kept_[static_cast<size_t>(layer - (n_layers_ - kept_count()))] : shared_;
+  }
+
+ private:
+  int64_t n_layers_;
+  BlockActs<Ops> shared_;
+  std::vector<std::unique_ptr<BlockActs<Ops>>> kept_;
 };
 
 // Scratch of one block's backward (one per engine, shared by every layer).

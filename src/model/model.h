@@ -13,9 +13,7 @@
 // factor every gradient is multiplied by (1 / number of predicted tokens in
 // the whole optimizer step for a mean loss). Weight grads accumulate (+=).
 #pragma once
-#include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -56,11 +54,13 @@ class ModelRunner {
 
   ModelRunner(Ops& ops, const ModelSpec& spec, int64_t B, int64_t T, int64_t ce_chunk_rows = 256,
               int64_t keep_layers = 0)
-      : ops_(ops), s_(spec), dm_{B, T}, ce_chunk_(ce_chunk_rows), acts_(ops, spec, dm_), scratch_(ops, spec, dm_) {
+      : ops_(ops),
+        s_(spec),
+        dm_{B, T},
+        ce_chunk_(ce_chunk_rows),
+        acts_(ops, spec, dm_, keep_layers),
+        scratch_(ops, spec, dm_) {
     const int64_t N = dm_.N(), C = s_.hidden;
-    RT_CHECK(keep_layers >= 0, "[model] keep_layers must be >= 0, got ", keep_layers);
-    for (int64_t i = 0; i < std::min(keep_layers, s_.n_layers); ++i)
-      kept_.push_back(std::make_unique<BlockActs<Ops>>(ops, spec, dm_));
     ckpt_ = ops.template alloc<A>((s_.n_layers + 1) * N * C);
     hf_ = ops.template alloc<A>(N * C);
     rstd_f_ = ops.template alloc<float>(N);
@@ -70,7 +70,7 @@ class ModelRunner {
 
   int64_t batch() const { return dm_.B; }
   int64_t seq_len() const { return dm_.T; }
-  int64_t kept_layers() const { return static_cast<int64_t>(kept_.size()); }
+  int64_t kept_layers() const { return acts_.kept_count(); }
 
   // Forward + backward of one micro-batch. Returns the SUM of token losses;
   // *n_valid gets the number of predicted tokens. With grads == nullptr only
@@ -84,7 +84,7 @@ class ModelRunner {
     ops_.embedding_forward(x0, b.ids, w.embed, N, C);
     for (int64_t i = 0; i < L; ++i)
       block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, b.pos,
-                    grads ? acts_of(i) : acts_);
+                    grads ? acts_.of(i) : acts_.shared());
     const A* xL = x0 + L * N * C;
     ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), xL, w.final_norm, N, C, static_cast<float>(s_.rms_eps));
     double loss = ops_.lm_head_cross_entropy(grads ? dhf_.data() : nullptr, grads ? grads->lm_head : nullptr,
@@ -93,12 +93,12 @@ class ModelRunner {
     ops_.rms_norm_backward(dx_.data(), grads->final_norm, dhf_.data(), xL, w.final_norm, rstd_f_.data(), N, C);
     for (int64_t i = L - 1; i >= 0; --i) {
       const A* xi = x0 + i * N * C;
-      BlockActs<Ops>& a = acts_of(i);
-      if (&a == &acts_) {
+      if (!acts_.kept(i)) {
         A* scratch_y = hf_.data();  // the recomputed block output is not needed
-        block_forward(ops_, s_, w.layers[i], dm_, xi, scratch_y, b.pos, acts_);
+        block_forward(ops_, s_, w.layers[i], dm_, xi, scratch_y, b.pos, acts_.shared());
       }
-      block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, a, scratch_, grads->layers[i]);
+      block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
+                     grads->layers[i]);
     }
     ops_.embedding_backward(grads->embed, dx_.data(), b.ids, N, C);
     return loss;
@@ -110,27 +110,19 @@ class ModelRunner {
     A* x0 = ckpt_.data();
     ops_.embedding_forward(x0, ids, w.embed, N, C);
     for (int64_t i = 0; i < L; ++i)
-      block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, pos, acts_);
+      block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, pos, acts_.shared());
     ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), x0 + L * N * C, w.final_norm, N, C,
                           static_cast<float>(s_.rms_eps));
     return hf_.data();
   }
 
  private:
-  // Where layer i's forward leaves its activations when training: its own
-  // kept set for the last kept_.size() layers, else the shared one.
-  BlockActs<Ops>& acts_of(int64_t i) {
-    const int64_t first_kept = s_.n_layers - static_cast<int64_t>(kept_.size());
-    return i >= first_kept ? *kept_[static_cast<size_t>(i - first_kept)] : acts_;
-  }
-
   Ops& ops_;
   const ModelSpec& s_;
   BlockDims dm_;
   int64_t ce_chunk_;
-  BlockActs<Ops> acts_;
+  LayerActs<Ops> acts_;
   BlockScratch<Ops> scratch_;
-  std::vector<std::unique_ptr<BlockActs<Ops>>> kept_;
   typename Ops::template Buffer<A> ckpt_, hf_, dx_, dhf_;
   typename Ops::template Buffer<float> rstd_f_;
 };
