@@ -1,6 +1,6 @@
 // The CUDA engine's device plan, as pure functions of (ModelSpec, shapes,
 // options, budget): no CUDA, so the CPU tests and a `ramtrain plan` command
-// can call them. The engine (cuda/stream_engine.cpp) makes its choices here.
+// can call them. The engine (engine/cuda/stream_engine.cpp) makes its choices here.
 //
 // Placement: where gradients, block checkpoints and the embedding live, and
 // how many weight slots there are. Fit (CudaOptions::fit): when the plan does

@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "engine/host_state.h"
 #include "model/block.h"
+#include "state/host_state.h"
 
 namespace rt {
 

@@ -8,7 +8,7 @@
 
 #include <numeric>
 
-#include "engine/host_state.h"
+#include "state/host_state.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "engine/trainer.h"
 #include "testutil.h"
 #ifdef RAMTRAIN_HAVE_CUDA
-#include "cuda/engine_device.h"
+#include "engine/cuda/engine_device.h"
 #endif
 
 namespace {

@@ -1,4 +1,4 @@
-#include "cuda/checkpoint_store.h"
+#include "engine/cuda/checkpoint_store.h"
 
 namespace rt::cuda {
 

@@ -1,4 +1,4 @@
-#include "cuda/weight_slots.h"
+#include "engine/cuda/weight_slots.h"
 
 #include "core/bf16.h"
 #include "core/error.h"

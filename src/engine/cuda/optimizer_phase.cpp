@@ -1,4 +1,4 @@
-#include "cuda/optimizer_phase.h"
+#include "engine/cuda/optimizer_phase.h"
 
 #include <chrono>
 #include <cstring>

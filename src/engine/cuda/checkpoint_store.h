@@ -7,7 +7,7 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda/engine_device.h"
+#include "engine/cuda/engine_device.h"
 
 namespace rt::cuda {
 

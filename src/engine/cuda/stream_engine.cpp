@@ -1,11 +1,11 @@
 // The CUDA streaming engine: the schedule that streams layers through the GPU
-// from host RAM. Its parts, one job each:
-//   WeightSlots (cuda/weight_slots.h): pinned bf16 shadows, device slots, loads;
-//   CheckpointStore (cuda/checkpoint_store.h): block inputs, device or host;
-//   GradientSink (cuda/gradient_sink.h): device gradient buffers + landing
-//     ring, or per-layer host slabs;
-//   HostEmbedding (cuda/host_embedding.h): the --low-memory embedding on the host;
-//   OptimizerPhase (cuda/optimizer_phase.h): the worker thread's CPU AdamW;
+// from host RAM. Its parts, one job each (engine/cuda/ unless named):
+//   WeightSlots (weight_slots.h): pinned bf16 shadows, device slots, loads;
+//   CheckpointStore (checkpoint_store.h): block inputs, device or host;
+//   GradientSink (gradient_sink.h): device gradient buffers + landing ring, or
+//     per-layer host slabs;
+//   HostEmbedding (host_embedding.h): the --low-memory embedding on the host;
+//   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW;
 //   UpdateTracker (engine/update_tracker.h): the worker and what it has done;
 //   the plan (engine/device_plan.h): placement, auto kept layers, fit.
 // This file owns the activations and the order of work.
@@ -27,10 +27,12 @@
 //   first) so that step t+1's backward finds each unit's gradient buffer
 //   already copied out and zeroed.
 //
-// Why this schedule is in cuda/ and not engine/: every line of it queues work
-// on CUDA streams and events; moving it up would need a device abstraction
-// (streams, events, device buffers) for one backend. What it decides without
-// CUDA lives in engine/ (device_plan, update_tracker, update_order).
+// Folders: the kernels, device memory and the tracer are cuda/ (below the
+// engine; they know nothing of HostState or the optimizer). This schedule and
+// its parts queue work on CUDA streams and events at every step, so they are
+// the engine's CUDA backend, engine/cuda/, built into ramtrain_lib with the
+// CUDA runtime; what they decide without CUDA is plain engine/ (device_plan,
+// update_tracker, update_order), tested on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -39,15 +41,15 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
-#include "cuda/checkpoint_store.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device_info.h"
-#include "cuda/engine_device.h"
-#include "cuda/gradient_sink.h"
-#include "cuda/host_embedding.h"
-#include "cuda/optimizer_phase.h"
-#include "cuda/weight_slots.h"
 #include "engine/backend.h"
+#include "engine/cuda/checkpoint_store.h"
+#include "engine/cuda/engine_device.h"
+#include "engine/cuda/gradient_sink.h"
+#include "engine/cuda/host_embedding.h"
+#include "engine/cuda/optimizer_phase.h"
+#include "engine/cuda/weight_slots.h"
 #include "engine/device_plan.h"
 #include "engine/unit_binding.h"
 #include "engine/update_tracker.h"

@@ -1,4 +1,4 @@
-#include "cuda/host_embedding.h"
+#include "engine/cuda/host_embedding.h"
 
 #include <cstring>
 #include <vector>

@@ -8,9 +8,9 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda/engine_device.h"
-#include "engine/host_state.h"
+#include "engine/cuda/engine_device.h"
 #include "engine/update_tracker.h"
+#include "state/host_state.h"
 
 namespace rt::cuda {
 

@@ -1,4 +1,4 @@
-#include "cuda/gradient_sink.h"
+#include "engine/cuda/gradient_sink.h"
 
 #include <cstring>
 

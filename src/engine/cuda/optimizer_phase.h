@@ -11,12 +11,12 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda/engine_device.h"
-#include "cuda/gradient_sink.h"
-#include "cuda/weight_slots.h"
 #include "engine/backend.h"
-#include "engine/host_state.h"
+#include "engine/cuda/engine_device.h"
+#include "engine/cuda/gradient_sink.h"
+#include "engine/cuda/weight_slots.h"
 #include "engine/update_tracker.h"
+#include "state/host_state.h"
 
 namespace rt::cuda {
 

@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/engine_device.h"
-#include "engine/host_state.h"
+#include "engine/cuda/engine_device.h"
 #include "engine/update_tracker.h"
+#include "state/host_state.h"
 
 namespace rt::cuda {
 
