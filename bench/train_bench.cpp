@@ -27,8 +27,8 @@
 #include "cuda/device_memory.h"
 #include "cuda/ops.h"
 #include "engine/backend.h"
-#include "engine/host_state.h"
 #include "model/spec.h"
+#include "state/host_state.h"
 
 namespace {
 
