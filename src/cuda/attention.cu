@@ -26,6 +26,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/attention/epilogue.cuh"
+#include "cuda/attention/mask.cuh"
+#include "cuda/attention/softmax.cuh"
+#include "cuda/attention/utils.cuh"
 #include "cuda/attention_sm90.h"
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
@@ -34,13 +38,9 @@
 namespace rt::cuda {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace attn;
 
-// ---------------------------------------------------------------- primitives
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// ---------------------------------------------------------------- mma.sync primitives
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
@@ -71,19 +71,6 @@ __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x, flushing subnormal results to 0 (they would vanish next to the row's
-// sum of at least 1 anyway); one MUFU.EX2, none of exp2f's range fix-up.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Byte address of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile.
@@ -196,24 +183,6 @@ __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], co
   }
 }
 
-// Accumulators of NT n-tiles (16 x 8*NT) -> A fragments over k = 8*NT.
-template <int NT>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[NT / 2][4], const float (&acc)[NT][4]) {
-#pragma unroll
-  for (int k = 0; k < NT / 2; ++k) {
-    a[k][0] = pack_bf16(acc[2 * k][0], acc[2 * k][1]);
-    a[k][1] = pack_bf16(acc[2 * k][2], acc[2 * k][3]);
-    a[k][2] = pack_bf16(acc[2 * k + 1][0], acc[2 * k + 1][1]);
-    a[k][3] = pack_bf16(acc[2 * k + 1][2], acc[2 * k + 1][3]);
-  }
-}
-
-template <int NT>
-__device__ __forceinline__ void acc_zero(float (&acc)[NT][4]) {
-#pragma unroll
-  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-}
-
 // ---------------------------------------------------------------- forward
 
 // Tile shapes (tuning constants; the bench builds variants with -D).
@@ -260,7 +229,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
 
   float o[MT][D / 8][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc_zero(o[mt]);
+  for (int mt = 0; mt < MT; ++mt) frag_zero(o[mt]);
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
@@ -281,57 +250,16 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
 
     float sc[MT][kFwdBC / 8][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) acc_zero(sc[mt]);
+    for (int mt = 0; mt < MT; ++mt) frag_zero(sc[mt]);
     mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(j & 1));
 
     const bool need_mask = k0 + kFwdBC - 1 > warp_row0;
     uint32_t pa[MT][kFwdBC / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      if (need_mask) {
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            const int row = row_base + mt * 16 + (e >> 1) * 8;
-            if (key > row) sc[mt][nt][e] = -INFINITY;
-          }
-        }
-      }
-      // online softmax on raw scores (m is a raw-score max); each row is
-      // spread over the 4 lanes of a quad; p = 2^(x*c - m*c) is one FFMA + EX2
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // 4 independent max and sum chains (short dependency chains: with two
-        // warps per scheduler, fixed-latency stalls are what the profile shows)
-        float mq[4] = {m[mt][r], m[mt][r], m[mt][r], m[mt][r]};
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt)
-          mq[nt & 3] = fmaxf(mq[nt & 3], fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
-        float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // a row with every key so far masked keeps m = -inf: use 0 so no inf - inf
-        const float mc = mx == -INFINITY ? 0.f : mx * s.scale_log2;
-        const float alpha = exp2_ftz(m[mt][r] * s.scale_log2 - mc);  // m = -inf on a row's first tile: 0
-        m[mt][r] = mx;
-        float ssum[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-          sc[mt][nt][2 * r] = exp2_ftz(fmaf(sc[mt][nt][2 * r], s.scale_log2, -mc));
-          sc[mt][nt][2 * r + 1] = exp2_ftz(fmaf(sc[mt][nt][2 * r + 1], s.scale_log2, -mc));
-          ssum[nt & 3] += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
-        }
-        // lane-partial; reduced over the quad at the end
-        l[mt][r] = fmaf(l[mt][r], alpha, (ssum[0] + ssum[1]) + (ssum[2] + ssum[3]));
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          o[mt][dt][2 * r] *= alpha;
-          o[mt][dt][2 * r + 1] *= alpha;
-        }
-      }
-      acc_to_a(pa[mt], sc[mt]);
+      if (need_mask) mask_causal_scores(sc[mt], k0, row_base + mt * 16);
+      softmax_online(sc[mt], o[mt], m[mt], l[mt], s.scale_log2);
+      frag_to_a(pa[mt], sc[mt]);
     }
     mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(j & 1));
   }
@@ -341,17 +269,10 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float t = l[mt][r];
-      t += __shfl_xor_sync(0xffffffffu, t, 1);
-      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      const float t = softmax_row_sum(l[mt][r]);
       const int row = row_base + mt * 16 + r * 8;
       if (row < s.T) {
-        const float inv = 1.f / t;
-        bf16* op = out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-          *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
-              __floats2bfloat162_rn(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        store_row(out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D, o[mt], r, 1.f / t);
         if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * s.scale + logf(t);
       }
     }
@@ -435,8 +356,8 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
   cp_async_commit();
 
   float dka[D / 8][4], dva[D / 8][4];
-  acc_zero(dka);
-  acc_zero(dva);
+  frag_zero(dka);
+  frag_zero(dva);
   const int krow = key0 + warp * 16 + (lane >> 2);  // keys krow, krow + 8
 
   for (int it = 0; it < n_iter; ++it) {
@@ -449,34 +370,18 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
 
     // S^T (16 keys x BR queries) = K_w Q^T ; P^T = exp2(S^T * c - lse)
     float p[kBwdBR / 8][4];
-    acc_zero(p);
+    frag_zero(p);
     mma_rows_rows<D, kBwdBR>(p, sk, warp * 16, sq(st));
     const bool need_mask = qr0 < key0 + warp * 16 + 15;
-#pragma unroll
-    for (int nt = 0; nt < kBwdBR / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
-        float x = exp2_ftz(fmaf(p[nt][e], s.scale_log2, -s_lse[st * kBwdBR + qc]));
-        if (need_mask && qr0 + qc < krow + (e >> 1) * 8) x = 0.f;
-        p[nt][e] = x;
-      }
-    }
+    probs_cols(p, s.scale_log2, s_lse + st * kBwdBR, need_mask, qr0, krow);
     // dP^T = V_w dO^T ; dS^T = P^T * (dP^T - delta)
     float dp[kBwdBR / 8][4];
-    acc_zero(dp);
+    frag_zero(dp);
     mma_rows_rows<D, kBwdBR>(dp, sv, warp * 16, sdo(st));
-#pragma unroll
-    for (int nt = 0; nt < kBwdBR / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
-        dp[nt][e] = p[nt][e] * (dp[nt][e] - s_delta[st * kBwdBR + qc]);
-      }
-    }
+    dscores_cols(dp, p, s_delta + st * kBwdBR);
     uint32_t pa[kBwdBR / 16][4], dsa[kBwdBR / 16][4];
-    acc_to_a(pa, p);
-    acc_to_a(dsa, dp);
+    frag_to_a(pa, p);
+    frag_to_a(dsa, dp);
     mma_regs_trans<D, kBwdBR>(dva, pa, sdo(st));  // dV += P^T dO
     mma_regs_trans<D, kBwdBR>(dka, dsa, sq(st));  // dK += dS^T Q
   }
@@ -485,14 +390,9 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
   for (int r = 0; r < 2; ++r) {
     const int key = krow + r * 8;
     if (key >= s.T) continue;
-    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<__nv_bfloat162*>(dk + off + dt * 8) =
-          __floats2bfloat162_rn(dka[dt][2 * r] * s.scale, dka[dt][2 * r + 1] * s.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + off + dt * 8) =
-          __floats2bfloat162_rn(dva[dt][2 * r], dva[dt][2 * r + 1]);
-    }
+    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D;
+    store_row(dk + off, dka, r, s.scale);
+    store_row(dv + off, dva, r, 1.f);
   }
 }
 
@@ -534,15 +434,9 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
 
   const int row_base = q0 + warp * 16 + (lane >> 2);
   float row_lse[2], row_delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + r * 8;
-    const int64_t idx = static_cast<int64_t>(bh) * s.T + row;
-    row_lse[r] = row < s.T ? lse[idx] * kLog2e : INFINITY;
-    row_delta[r] = row < s.T ? delta[idx] : 0.f;
-  }
+  row_stats_load(row_lse, row_delta, lse, delta, bh, row_base, s.T);
   float dqa[D / 8][4];
-  acc_zero(dqa);
+  frag_zero(dqa);
 
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j & 1;
@@ -557,28 +451,16 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
     const int k0 = j * kDqBC;
 
     float p[kDqBC / 8][4];
-    acc_zero(p);
+    frag_zero(p);
     mma_rows_rows<D, kDqBC>(p, sq, warp * 16, sk(st));
     const bool need_mask = k0 + kDqBC - 1 > q0 + warp * 16;
-#pragma unroll
-    for (int nt = 0; nt < kDqBC / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = exp2_ftz(fmaf(p[nt][e], s.scale_log2, -row_lse[e >> 1]));
-        if (need_mask && k0 + nt * 8 + 2 * (lane & 3) + (e & 1) > row_base + (e >> 1) * 8) x = 0.f;
-        p[nt][e] = x;
-      }
-    }
+    probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
     float dp[kDqBC / 8][4];
-    acc_zero(dp);
+    frag_zero(dp);
     mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));  // dP = dO V^T
-#pragma unroll
-    for (int nt = 0; nt < kDqBC / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - row_delta[e >> 1]);
-    }
+    dscores_rows(dp, p, row_delta);
     uint32_t dsa[kDqBC / 16][4];
-    acc_to_a(dsa, dp);
+    frag_to_a(dsa, dp);
     mma_regs_trans<D, kDqBC>(dqa, dsa, sk(st));  // dQ += dS K
   }
 
@@ -586,11 +468,7 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + r * 8;
     if (row >= s.T) continue;
-    bf16* op = dq + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
-          __floats2bfloat162_rn(dqa[dt][2 * r] * s.scale, dqa[dt][2 * r + 1] * s.scale);
+    store_row(dq + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D, dqa, r, s.scale);
   }
 }
 
@@ -610,11 +488,6 @@ AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, cons
   s.scale = 1.f / sqrtf(static_cast<float>(D));
   s.scale_log2 = s.scale * kLog2e;
   return s;
-}
-
-template <class K>
-void smem_allow(K kernel, int bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 template <int D>
