@@ -1,13 +1,17 @@
 // Causal GQA attention: the public entry points (shape and pointer checks,
 // the choice of kernels) and the mma_sync kernels, FlashAttention-2 style,
 // bf16 mma.sync (m16n8k16) with fp32 accumulators; sm_80 and newer. D in
-// {64, 128}; any T (partial tiles are zero-filled and masked). On compute
-// capability 9.0 the calls go to the TMA + wgmma kernels of attention_sm90.cu
-// instead (set_attention_kernels / RAMTRAIN_ATTENTION choose otherwise); both
-// use the delta kernel below.
+// {64, 96, 128, 256}; any T (partial tiles are zero-filled and masked). On
+// compute capability 9.0 the calls with D in {64, 128} go to the TMA + wgmma
+// kernels of attention_sm90.cu instead (set_attention_kernels /
+// RAMTRAIN_ATTENTION choose otherwise); both use the delta kernel below. The
+// softmax, mask and epilogue pieces both sets share are in attention/.
 //
-// Shared-memory tiles are [rows][D] bf16 with 16-byte chunks XOR-swizzled by
-// (row & 7), so cp.async stores and ldmatrix loads are bank-conflict free.
+// Shared-memory tiles are [rows][DP] bf16 (DP = D, or 128 for D = 96) with
+// 16-byte chunks XOR-swizzled by (row & 7), so cp.async stores and ldmatrix
+// loads are bank-conflict free. Tile shapes per D: FwdCfg, DkdvCfg, DqCfg
+// (the ones below are those of D = 64 and 128; every shape fits the 99 KiB of
+// shared memory an sm_86/89 block may have).
 // Each warp owns 16 rows (32 in the forward) of its block's tile. Softmax
 // works on raw scores: p = 2^(s * scale*log2e - m * scale*log2e), one FFMA and
 // one ex2.approx.ftz per element (lse is stored in natural-log units).
@@ -25,6 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/attention/epilogue.cuh"
 #include "cuda/attention/mask.cuh"
@@ -73,30 +78,44 @@ __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Byte address of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile.
-template <int D>
+// Row length (elements) of a shared-memory tile of head_dim D: D itself when
+// it is a multiple of 64 (the 8-chunk swizzle stays inside the row); D = 96
+// rows are padded to 128 (chunks 12..15 are never written nor read).
+constexpr int tile_width(int D) { return D % 64 == 0 ? D : (D + 63) / 64 * 64; }
+
+// Byte address of 16-byte chunk `chunk` of row `row` in a swizzled [rows][DP] tile.
+template <int DP>
 __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int row, int chunk) {
-  return base + static_cast<uint32_t>((row * D + ((chunk ^ (row & 7)) << 3)) * 2);
+  return base + static_cast<uint32_t>((row * DP + ((chunk ^ (row & 7)) << 3)) * 2);
 }
 
 // cp.async ROWS rows of D bf16 from global (row stride ld elements) into a
-// swizzled tile; rows >= rows_valid are zero-filled (fallback is any valid address).
-// Thread t copies chunk t % (D/8) of rows t / (D/8) + k * RSTEP; with RSTEP a
+// swizzled tile of row length DP = tile_width(D); rows >= rows_valid are
+// zero-filled (fallback is any valid address). Thread t copies chunk t % (DP/8)
+// of rows t / (DP/8) + k * RSTEP (padding chunks: nothing); with RSTEP a
 // multiple of 8 its swizzle (row & 7) is the same for every k, so the shared
 // address is one base plus a constant step (few live registers in the loops).
 template <int ROWS, int D, int NTHREADS>
 __device__ __forceinline__ void tile_load(uint32_t dst, const bf16* src, int64_t ld, int rows_valid,
                                           const bf16* fallback) {
-  constexpr int kChunks = D / 8, kStep = NTHREADS / kChunks;
-  static_assert(NTHREADS % kChunks == 0 && ROWS % kStep == 0 && kStep % 8 == 0,
-                "tile must split evenly over the block in steps of 8 rows");
+  constexpr int DP = tile_width(D), kChunks = DP / 8, kStep = NTHREADS / kChunks;
+  static_assert(NTHREADS % kChunks == 0 && ROWS % kStep == 0, "tile must split evenly over the block");
   const int r0 = static_cast<int>(threadIdx.x) / kChunks, c = static_cast<int>(threadIdx.x) % kChunks;
-  const uint32_t d0 = tile_addr<D>(dst, r0, c);
+  if (DP != D && c >= D / 8) return;  // row padding
   const bf16* s0 = src + r0 * ld + c * 8;
+  if constexpr (kStep % 8 == 0) {
+    const uint32_t d0 = tile_addr<DP>(dst, r0, c);
 #pragma unroll
-  for (int it = 0; it < ROWS / kStep; ++it) {
-    const bool ok = r0 + it * kStep < rows_valid;
-    cp_async16(d0 + static_cast<uint32_t>(it * kStep * D * 2), ok ? s0 + it * kStep * ld : fallback, ok);
+    for (int it = 0; it < ROWS / kStep; ++it) {
+      const bool ok = r0 + it * kStep < rows_valid;
+      cp_async16(d0 + static_cast<uint32_t>(it * kStep * DP * 2), ok ? s0 + it * kStep * ld : fallback, ok);
+    }
+  } else {  // D = 256 over 128 threads: 4-row steps, the swizzle alternates
+#pragma unroll
+    for (int it = 0; it < ROWS / kStep; ++it) {
+      const bool ok = r0 + it * kStep < rows_valid;
+      cp_async16(tile_addr<DP>(dst, r0 + it * kStep, c), ok ? s0 + it * kStep * ld : fallback, ok);
+    }
   }
 }
 
@@ -104,34 +123,37 @@ __device__ __forceinline__ void tile_load(uint32_t dst, const bf16* src, int64_t
 // tile sb's rows [0, NROWS) (stored [n][k], k contiguous).
 template <int D, int NROWS>
 __device__ __forceinline__ void mma_rows_rows(float (&acc)[NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     uint32_t a[4];
-    ldsm_x4(a[0], a[1], a[2], a[3], tile_addr<D>(sa, ra + (lane & 15), ks * 2 + (lane >> 4)));
+    ldsm_x4(a[0], a[1], a[2], a[3], tile_addr<DP>(sa, ra + (lane & 15), ks * 2 + (lane >> 4)));
 #pragma unroll
     for (int np = 0; np < NROWS / 16; ++np) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+      ldsm_x4(b0, b1, b2, b3, tile_addr<DP>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
       mma_16816(acc[2 * np], a, b0, b1);
       mma_16816(acc[2 * np + 1], a, b2, b3);
     }
   }
 }
 
-// acc[D/8][.] += A (16 x KK bf16 fragments in registers) * B, where B is the
-// tile sb's rows [0, KK) (stored [k][n], n = d contiguous; read transposed).
-template <int D, int KK>
-__device__ __forceinline__ void mma_regs_trans(float (&acc)[D / 8][4], const uint32_t (&a)[KK / 16][4],
-                                               uint32_t sb) {
+// acc[N/8][.] += A (16 x KK bf16 fragments in registers) * B, where B is
+// columns [8 c0, 8 c0 + N) of the tile sb's rows [0, KK) (a tile of head_dim
+// D stored [k][n], n = d contiguous; read transposed).
+template <int D, int KK, int N = D>
+__device__ __forceinline__ void mma_regs_trans(float (&acc)[N / 8][4], const uint32_t (&a)[KK / 16][4], uint32_t sb,
+                                               int c0 = 0) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < KK / 16; ++ks) {
 #pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
+    for (int np = 0; np < N / 16; ++np) {
       uint32_t b0, b1, b2, b3;
       ldsm_x4_trans(b0, b1, b2, b3,
-                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+                    tile_addr<DP>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), c0 + np * 2 + (lane >> 4)));
       mma_16816(acc[2 * np], a[ks], b0, b1);
       mma_16816(acc[2 * np + 1], a[ks], b2, b3);
     }
@@ -142,6 +164,7 @@ __device__ __forceinline__ void mma_regs_trans(float (&acc)[D / 8][4], const uin
 // B fragment is loaded from shared memory once and used MT times.
 template <int D, int NROWS, int MT>
 __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
@@ -149,11 +172,11 @@ __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4],
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
-              tile_addr<D>(sa, ra + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+              tile_addr<DP>(sa, ra + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
 #pragma unroll
     for (int np = 0; np < NROWS / 16; ++np) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+      ldsm_x4(b0, b1, b2, b3, tile_addr<DP>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816(acc[mt][2 * np], a[mt], b0, b1);
@@ -166,6 +189,7 @@ __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4],
 template <int D, int KK, int MT>
 __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], const uint32_t (&a)[MT][KK / 16][4],
                                                   uint32_t sb) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < KK / 16; ++ks) {
@@ -173,7 +197,7 @@ __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], co
     for (int np = 0; np < D / 16; ++np) {
       uint32_t b0, b1, b2, b3;
       ldsm_x4_trans(b0, b1, b2, b3,
-                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+                    tile_addr<DP>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816(acc[mt][2 * np], a[mt][ks], b0, b1);
@@ -189,24 +213,33 @@ __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], co
 #ifndef RAMTRAIN_ATTN_FWD_MT
 #define RAMTRAIN_ATTN_FWD_MT 2
 #endif
-constexpr int kFwdMT = RAMTRAIN_ATTN_FWD_MT, kFwdWarps = 8 / kFwdMT, kFwdBR = 16 * kFwdMT * kFwdWarps, kFwdBC = 64;
-
+// Per head_dim: MT 16-row m-tiles per warp, WARPS warps (BR = 16 MT WARPS
+// query rows per block), BC keys per tile; every shape keeps the shared
+// memory under 99 KiB (the per-block limit of sm_86 / sm_89) and the fp32
+// output accumulator (MT x D/2 registers per thread) under ~128 registers.
+// D = 256 takes one m-tile per warp and 32-key tiles.
 template <int D>
-constexpr int fwd_smem_bytes() {
-  return (kFwdBR * D + 4 * kFwdBC * D) * 2;
-}
+struct FwdCfg {
+  static constexpr int MT = D == 256 ? 1 : RAMTRAIN_ATTN_FWD_MT;
+  static constexpr int WARPS = D == 256 ? 4 : 8 / MT;
+  static constexpr int BR = 16 * MT * WARPS, BC = D == 256 ? 32 : 64, DP = tile_width(D);
+  static constexpr int SMEM = (BR * DP + 4 * BC * DP) * 2;  // Q, [2 stages][K, V]
+  static_assert(SMEM <= 99 * 1024, "forward tile shape over the sm_86/89 shared-memory limit");
+};
 
 // Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile.
 template <int D>
-__global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
+__global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
                              const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s) {
-  constexpr int NT = 32 * kFwdWarps, MT = kFwdMT, WR = 16 * MT;
+  using C = FwdCfg<D>;
+  constexpr int NT = 32 * C::WARPS, MT = C::MT, WR = 16 * MT, DP = C::DP;
+  constexpr int kFwdBR = C::BR, kFwdBC = C::BC;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = smem_u32(smem);
-  const uint32_t skv = sq + kFwdBR * D * 2;  // [2 stages][K, V][BC][D]
-  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kFwdBC * D * 2); };
-  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kFwdBC * D * 2); };
+  const uint32_t skv = sq + kFwdBR * DP * 2;  // [2 stages][K, V][BC][DP]
+  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kFwdBC * DP * 2); };
+  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kFwdBC * DP * 2); };
 
   // grid (B*H, query blocks): blocks are dispatched x fastest, so every head's
   // heaviest (last, longest causal row) query block starts first: longest-first
@@ -302,27 +335,34 @@ __global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf1
   }
 }
 
-constexpr int kBwdWarps = 4, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
+// Per head_dim: BC = 64 keys per block (4 warps of 16), BR query rows per
+// tile; at D = 256 the dK, dV accumulators (2 x D/2 registers per thread)
+// would not fit, so each block keeps DS = 2 slices of DO = D/2 columns
+// (blockIdx.z picks one) and recomputes P and dS per slice, with 16-row query
+// tiles to stay under 99 KiB of shared memory.
+template <int D>
+struct DkdvCfg {
+  static constexpr int WARPS = 4, BC = 16 * WARPS, BR = D == 256 ? 16 : 64, DS = D == 256 ? 2 : 1, DO = D / DS;
+  static constexpr int DP = tile_width(D);
+  static constexpr int SMEM = (2 * BC * DP + 4 * BR * DP) * 2 + 4 * BR * 4;  // K, V, [2][Q, dO], [2][lse, delta]
+  static_assert(SMEM <= 99 * 1024, "dK/dV tile shape over the sm_86/89 shared-memory limit");
+};
 
 template <int D>
-constexpr int dkdv_smem_bytes() {
-  return (2 * kBwdBC * D + 4 * kBwdBR * D) * 2 + 4 * kBwdBR * 4;
-}
-
-template <int D>
-__global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
+__global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
                                    const bf16* __restrict__ v, const float* __restrict__ lse,
                                    const float* __restrict__ delta, AttnShape s) {
-  constexpr int NT = 32 * kBwdWarps;
+  using C = DkdvCfg<D>;
+  constexpr int NT = 32 * C::WARPS, kBwdBC = C::BC, kBwdBR = C::BR, DP = C::DP, DO = C::DO;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sk = smem_u32(smem);
-  const uint32_t sv = sk + kBwdBC * D * 2;
-  const uint32_t sqd = sv + kBwdBC * D * 2;  // [2 stages][Q, dO][BR][D]
-  auto sq = [&](int st) { return sqd + static_cast<uint32_t>((st * 2) * kBwdBR * D * 2); };
-  auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * D * 2); };
-  float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * D + 4 * kBwdBR * D) * 2);  // [2][BR]
+  const uint32_t sv = sk + kBwdBC * DP * 2;
+  const uint32_t sqd = sv + kBwdBC * DP * 2;  // [2 stages][Q, dO][BR][D]
+  auto sq = [&](int st) { return sqd + static_cast<uint32_t>((st * 2) * kBwdBR * DP * 2); };
+  auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * DP * 2); };
+  float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * DP + 4 * kBwdBR * DP) * 2);  // [2][BR]
   float* s_delta = s_lse + 2 * kBwdBR;                                                   // [2][BR]
 
   const int kb = blockIdx.y;  // grid (B*G, key blocks): the first key blocks (most query tiles) start first
@@ -355,7 +395,8 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
   issue(0, 0);
   cp_async_commit();
 
-  float dka[D / 8][4], dva[D / 8][4];
+  const int dc0 = C::DS == 1 ? 0 : static_cast<int>(blockIdx.z) * DO;  // this block's dK, dV columns [dc0, dc0 + DO)
+  float dka[DO / 8][4], dva[DO / 8][4];
   frag_zero(dka);
   frag_zero(dva);
   const int krow = key0 + warp * 16 + (lane >> 2);  // keys krow, krow + 8
@@ -382,39 +423,42 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
     uint32_t pa[kBwdBR / 16][4], dsa[kBwdBR / 16][4];
     frag_to_a(pa, p);
     frag_to_a(dsa, dp);
-    mma_regs_trans<D, kBwdBR>(dva, pa, sdo(st));  // dV += P^T dO
-    mma_regs_trans<D, kBwdBR>(dka, dsa, sq(st));  // dK += dS^T Q
+    mma_regs_trans<D, kBwdBR, DO>(dva, pa, sdo(st), dc0 / 8);  // dV += P^T dO
+    mma_regs_trans<D, kBwdBR, DO>(dka, dsa, sq(st), dc0 / 8);  // dK += dS^T Q
   }
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = krow + r * 8;
     if (key >= s.T) continue;
-    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D;
+    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D + dc0;
     store_row(dk + off, dka, r, s.scale);
     store_row(dv + off, dva, r, 1.f);
   }
 }
 
-constexpr int kDqWarps = 4, kDqBR = 16 * kDqWarps, kDqBC = 64;
+// Per head_dim: BR = 64 query rows per block (4 warps of 16), BC keys per
+// tile (16 at D = 256, to stay under 99 KiB of shared memory).
+template <int D>
+struct DqCfg {
+  static constexpr int WARPS = 4, BR = 16 * WARPS, BC = D == 256 ? 16 : 64, DP = tile_width(D);
+  static constexpr int SMEM = (2 * BR * DP + 4 * BC * DP) * 2;  // Q, dO, [2 stages][K, V]
+  static_assert(SMEM <= 99 * 1024, "dQ tile shape over the sm_86/89 shared-memory limit");
+};
 
 template <int D>
-constexpr int dq_smem_bytes() {
-  return (2 * kDqBR * D + 4 * kDqBC * D) * 2;
-}
-
-template <int D>
-__global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
+__global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
                                  const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
-  constexpr int NT = 32 * kDqWarps;
+  using C = DqCfg<D>;
+  constexpr int NT = 32 * C::WARPS, kDqBR = C::BR, kDqBC = C::BC, DP = C::DP;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = smem_u32(smem);
-  const uint32_t sdo = sq + kDqBR * D * 2;
-  const uint32_t skv = sdo + kDqBR * D * 2;
-  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kDqBC * D * 2); };
-  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kDqBC * D * 2); };
+  const uint32_t sdo = sq + kDqBR * DP * 2;
+  const uint32_t skv = sdo + kDqBR * DP * 2;
+  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kDqBC * DP * 2); };
+  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kDqBC * DP * 2); };
 
   const int qb = gridDim.y - 1 - blockIdx.y;  // grid (B*H, query blocks), heaviest first as in the forward
   const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
@@ -475,7 +519,8 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
 // ---------------------------------------------------------------- launch
 
 AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const char* where) {
-  RT_CHECK(D == 64 || D == 128, "[cuda ", where, "] head_dim must be 64 or 128, got ", D);
+  RT_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "[cuda ", where, "] head_dim must be 64, 96, 128 or 256, got ",
+           D);
   RT_CHECK(H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] heads H=", H, " must be a multiple of kv heads G=", G);
   // grids are (B*H or B*G, T / 64-row tiles): gridDim.y <= 65535
   RT_CHECK(B > 0 && T > 0 && T <= int64_t{65535} * 64 && B * H < (int64_t{1} << 31), "[cuda ", where,
@@ -490,13 +535,25 @@ AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, cons
   return s;
 }
 
+// Calls f(std::integral_constant<int, D>) for a head_dim shape_make accepted.
+template <class F>
+void head_dim_dispatch(int64_t D, F&& f) {
+  switch (D) {
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 96: f(std::integral_constant<int, 96>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    case 256: f(std::integral_constant<int, 256>{}); return;
+  }
+  fail("[cuda attention] head_dim ", D, " has no kernels");
+}
+
 template <int D>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
                     cudaStream_t stream) {
-  constexpr int smem = fwd_smem_bytes<D>();
-  smem_allow(attention_forward_kernel<D>, smem);
-  dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, kFwdBR)));
-  attention_forward_kernel<D><<<grid, 32 * kFwdWarps, smem, stream>>>(out, lse, q, k, v, s);
+  using C = FwdCfg<D>;
+  smem_allow(attention_forward_kernel<D>, C::SMEM);
+  dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, C::BR)));
+  attention_forward_kernel<D><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -505,10 +562,9 @@ void delta_launch(int64_t D, float* delta, const bf16* dout, const bf16* out, in
                   cudaStream_t stream) {
   const int64_t rows = B * s.T * s.H;
   const unsigned blocks = static_cast<unsigned>(detail::ceil_div(rows, 8));
-  if (D == 64)
-    attention_delta_kernel<64><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
-  else
-    attention_delta_kernel<128><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
+  head_dim_dispatch(D, [&](auto d) {
+    attention_delta_kernel<decltype(d)::value><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
@@ -516,16 +572,16 @@ template <int D>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                      const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, cudaStream_t stream) {
   delta_launch(D, delta, dout, out, B, s, stream);
-  constexpr int smem_kv = dkdv_smem_bytes<D>();
-  smem_allow(attention_backward_dkdv_kernel<D>, smem_kv);
-  dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, kBwdBC)));
-  attention_backward_dkdv_kernel<D><<<grid_kv, 32 * kBwdWarps, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta,
-                                                                                  s);
+  using CK = DkdvCfg<D>;
+  smem_allow(attention_backward_dkdv_kernel<D>, CK::SMEM);
+  dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, CK::BC)), CK::DS);
+  attention_backward_dkdv_kernel<D><<<grid_kv, 32 * CK::WARPS, CK::SMEM, stream>>>(dk, dv, dout, q, k, v, lse, delta,
+                                                                                   s);
   CUDA_CHECK_LAUNCH();
-  constexpr int smem_q = dq_smem_bytes<D>();
-  smem_allow(attention_backward_dq_kernel<D>, smem_q);
-  dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, kDqBR)));
-  attention_backward_dq_kernel<D><<<grid_q, 32 * kDqWarps, smem_q, stream>>>(dq, dout, q, k, v, lse, delta, s);
+  using CQ = DqCfg<D>;
+  smem_allow(attention_backward_dq_kernel<D>, CQ::SMEM);
+  dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, CQ::BR)));
+  attention_backward_dq_kernel<D><<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -556,7 +612,12 @@ AttentionKernels kernels_chosen() {
   return static_cast<AttentionKernels>(k);
 }
 
-bool use_wgmma(const char* where) {
+// The wgmma kernels have head_dim 64 and 128 only: other head dims run the
+// mma.sync kernels whatever was chosen.
+bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
+
+bool use_wgmma(const char* where, int64_t D) {
+  if (!wgmma_head_dim(D)) return false;
   const AttentionKernels k = kernels_chosen();
   if (k == AttentionKernels::automatic) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
@@ -570,7 +631,8 @@ bool use_wgmma(const char* where) {
 
 void set_attention_kernels(AttentionKernels k) { g_kernels.store(static_cast<int>(k)); }
 
-AttentionKernels attention_kernels_in_use() {
+AttentionKernels attention_kernels_in_use(int64_t D) {
+  if (!wgmma_head_dim(D)) return AttentionKernels::mma_sync;
   const AttentionKernels k = kernels_chosen();
   if (k != AttentionKernels::automatic) return k;
   return sm90::device_supported() ? AttentionKernels::wgmma : AttentionKernels::mma_sync;
@@ -589,14 +651,11 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
                        int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
-  if (use_wgmma("attention_forward")) {
+  if (use_wgmma("attention_forward", D)) {
     sm90::attention_forward(out, lse, q, k, v, B, s, D, stream);
     return;
   }
-  if (D == 64)
-    forward_launch<64>(out, lse, q, k, v, B, s, stream);
-  else
-    forward_launch<128>(out, lse, q, k, v, B, s, stream);
+  head_dim_dispatch(D, [&](auto d) { forward_launch<decltype(d)::value>(out, lse, q, k, v, B, s, stream); });
 }
 
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
@@ -612,15 +671,14 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
   float* delta = static_cast<float*>(scratch.ptr);
-  if (use_wgmma("attention_backward")) {
+  if (use_wgmma("attention_backward", D)) {
     delta_launch(D, delta, dout, out, B, s, stream);
     sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream);
     return;
   }
-  if (D == 64)
-    backward_launch<64>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
-  else
-    backward_launch<128>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
+  head_dim_dispatch(D, [&](auto d) {
+    backward_launch<decltype(d)::value>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
+  });
 }
 
 }  // namespace rt::cuda

@@ -135,21 +135,23 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
                            const bf16* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
                            int64_t chunk_rows, Scratch scratch, cudaStream_t stream);
 
-// ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 128} ----
+// ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 96, 128, 256} ----
 // FlashAttention style: tiles in shared memory, bf16 products with fp32
 // accumulators, online softmax in fp32; T x T is never stored. Two kernel
 // sets compute the same function: mma_sync (FlashAttention-2 style, any GPU
 // of sm_80 or newer) and wgmma (TMA + warpgroup MMA, FlashAttention-3 style,
-// compute capability 9.0 only). Each is deterministic; their results differ
-// in the last bits (other summation orders).
+// compute capability 9.0 only, head_dim 64 and 128: other head dims always
+// run mma_sync). Each is deterministic; their results differ in the last bits
+// (other summation orders).
 enum class AttentionKernels { automatic, mma_sync, wgmma };
 // Process-wide choice (tests and benchmarks; the environment variable
 // RAMTRAIN_ATTENTION=mma|wgmma sets the default). automatic: wgmma on compute
 // capability 9.0, mma_sync elsewhere. Asking for wgmma on another GPU makes
 // the attention calls fail with a message.
 void set_attention_kernels(AttentionKernels k);
-// What the next attention call on the current device runs (never automatic).
-AttentionKernels attention_kernels_in_use();
+// What the next attention call with head_dim D on the current device runs
+// (never automatic).
+AttentionKernels attention_kernels_in_use(int64_t D = 128);
 const char* attention_kernels_name(AttentionKernels k);
 // q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D] (bf16); lse [B,H,T] (fp32, natural log).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
