@@ -227,11 +227,14 @@ struct FwdCfg {
   static_assert(SMEM <= 99 * 1024, "forward tile shape over the sm_86/89 shared-memory limit");
 };
 
-// Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile.
-template <int D>
+// Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile. DOC:
+// packed documents (doc [B,T], see ops.h): key tiles before the block's first
+// document start are skipped, keys before a row's start masked.
+template <int D, bool DOC>
 __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
-                             const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s) {
+                             const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s,
+                             const int32_t* __restrict__ doc) {
   using C = FwdCfg<D>;
   constexpr int NT = 32 * C::WARPS, MT = C::MT, WR = 16 * MT, DP = C::DP;
   constexpr int kFwdBR = C::BR, kFwdBC = C::BC;
@@ -256,8 +259,10 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
   tile_load<kFwdBR, D, NT>(sq, qp, ldq, s.T - q0, q);
   const int last_key = min(s.T, q0 + kFwdBR) - 1;
   const int n_tiles = last_key / kFwdBC + 1;
-  tile_load<kFwdBC, D, NT>(sk(0), kp, ldkv, s.T, k);
-  tile_load<kFwdBC, D, NT>(sv(0), vp, ldkv, s.T, v);
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? docb[q0] / kFwdBC : 0;  // first key tile any row of the block sees
+  tile_load<kFwdBC, D, NT>(sk(0), kp + j0 * kFwdBC * ldkv, ldkv, s.T - j0 * kFwdBC, k);
+  tile_load<kFwdBC, D, NT>(sv(0), vp + j0 * kFwdBC * ldkv, ldkv, s.T - j0 * kFwdBC, v);
   cp_async_commit();
 
   float o[MT][D / 8][4];
@@ -268,33 +273,47 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   const int warp_row0 = q0 + warp * WR;
   const int row_base = warp_row0 + (lane >> 2);  // rows row_base + 16*mt + {0, 8}
+  // DOC: document starts of this thread's rows and the first / last of the warp's rows
+  int row_start[MT][2] = {}, warp_start0 = 0, warp_start1 = 0;
+  if constexpr (DOC) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_start[mt][r] = docb[min(row_base + mt * 16 + 8 * r, s.T - 1)];
+    warp_start0 = docb[min(warp_row0, s.T - 1)];
+    warp_start1 = docb[min(warp_row0 + WR - 1, s.T - 1)];
+  }
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) & 1;
     cp_async_wait<0>();
     __syncthreads();
     if (j + 1 < n_tiles) {
       const int k0 = (j + 1) * kFwdBC;
-      tile_load<kFwdBC, D, NT>(sk((j + 1) & 1), kp + k0 * ldkv, ldkv, s.T - k0, k);
-      tile_load<kFwdBC, D, NT>(sv((j + 1) & 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
+      tile_load<kFwdBC, D, NT>(sk(st ^ 1), kp + k0 * ldkv, ldkv, s.T - k0, k);
+      tile_load<kFwdBC, D, NT>(sv(st ^ 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
     }
     cp_async_commit();
     const int k0 = j * kFwdBC;
     if (k0 > warp_row0 + WR - 1) continue;  // every key of this tile is after every row of this warp
+    if (DOC && k0 + kFwdBC <= warp_start0) continue;  // every key before every row's document
 
     float sc[MT][kFwdBC / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) frag_zero(sc[mt]);
-    mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(j & 1));
+    mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(st));
 
     const bool need_mask = k0 + kFwdBC - 1 > warp_row0;
+    const bool need_doc_mask = DOC && k0 < warp_start1;
     uint32_t pa[MT][kFwdBC / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       if (need_mask) mask_causal_scores(sc[mt], k0, row_base + mt * 16);
+      if (need_doc_mask) mask_doc_rows(sc[mt], k0, row_start[mt], -INFINITY);
       softmax_online(sc[mt], o[mt], m[mt], l[mt], s.scale_log2);
       frag_to_a(pa[mt], sc[mt]);
     }
-    mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(j & 1));
+    mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(st));
   }
 
   // finish: normalise, store out and lse
@@ -345,15 +364,18 @@ struct DkdvCfg {
   static constexpr int WARPS = 4, BC = 16 * WARPS, BR = D == 256 ? 16 : 64, DS = D == 256 ? 2 : 1, DO = D / DS;
   static constexpr int DP = tile_width(D);
   static constexpr int SMEM = (2 * BC * DP + 4 * BR * DP) * 2 + 4 * BR * 4;  // K, V, [2][Q, dO], [2][lse, delta]
-  static_assert(SMEM <= 99 * 1024, "dK/dV tile shape over the sm_86/89 shared-memory limit");
+  static constexpr int SMEM_DOC = SMEM + 2 * BR * 4;                          // + [2][document start]
+  static_assert(SMEM_DOC <= 99 * 1024, "dK/dV tile shape over the sm_86/89 shared-memory limit");
 };
 
-template <int D>
+// DOC: packed documents (doc [B,T]): the query tiles after the last row that
+// sees a key of the block are skipped, queries of other documents masked.
+template <int D, bool DOC>
 __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
                                    const bf16* __restrict__ v, const float* __restrict__ lse,
-                                   const float* __restrict__ delta, AttnShape s) {
+                                   const float* __restrict__ delta, AttnShape s, const int32_t* __restrict__ doc) {
   using C = DkdvCfg<D>;
   constexpr int NT = 32 * C::WARPS, kBwdBC = C::BC, kBwdBR = C::BR, DP = C::DP, DO = C::DO;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -364,6 +386,7 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
   auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * DP * 2); };
   float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * DP + 4 * kBwdBR * DP) * 2);  // [2][BR]
   float* s_delta = s_lse + 2 * kBwdBR;                                                   // [2][BR]
+  int* s_doc = reinterpret_cast<int*>(s_delta + 2 * kBwdBR);                             // [2][BR] (DOC)
 
   const int kb = blockIdx.y;  // grid (B*G, key blocks): the first key blocks (most query tiles) start first
   const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
@@ -376,7 +399,10 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
   tile_load<kBwdBC, D, NT>(sv, v + kv_off, ldkv, s.T - key0, v);
 
   const int i_start = key0 / kBwdBR;
-  const int n_i = (s.T + kBwdBR - 1) / kBwdBR - i_start;
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  // DOC: query rows from t_end on belong to documents that start after this block's last key
+  const int t_end = DOC ? doc_rows_end(docb, key0, s.T, min(key0 + kBwdBC, s.T) - 1) : s.T;
+  const int n_i = (t_end + kBwdBR - 1) / kBwdBR - i_start;
   const int n_iter = s.group * n_i;
 
   auto issue = [&](int it, int st) {
@@ -390,6 +416,7 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
       const int t = qr0 + i;
       s_lse[st * kBwdBR + i] = t < s.T ? lse[lo + t] * kLog2e : INFINITY;
       s_delta[st * kBwdBR + i] = t < s.T ? delta[lo + t] : 0.f;
+      if constexpr (DOC) s_doc[st * kBwdBR + i] = t < s.T ? docb[t] : 0;
     }
   };
   issue(0, 0);
@@ -415,6 +442,9 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     mma_rows_rows<D, kBwdBR>(p, sk, warp * 16, sq(st));
     const bool need_mask = qr0 < key0 + warp * 16 + 15;
     probs_cols(p, s.scale_log2, s_lse + st * kBwdBR, need_mask, qr0, krow);
+    // DOC: the tile's last row starts its document after this warp's first key
+    if (DOC && s_doc[st * kBwdBR + min(kBwdBR, s.T - qr0) - 1] > key0 + warp * 16)
+      mask_doc_cols(p, s_doc + st * kBwdBR, krow);
     // dP^T = V_w dO^T ; dS^T = P^T * (dP^T - delta)
     float dp[kBwdBR / 8][4];
     frag_zero(dp);
@@ -446,11 +476,13 @@ struct DqCfg {
   static_assert(SMEM <= 99 * 1024, "dQ tile shape over the sm_86/89 shared-memory limit");
 };
 
-template <int D>
+// DOC: packed documents (doc [B,T]): as in the forward.
+template <int D, bool DOC>
 __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                 const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
+                                 const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
+                                 const int32_t* __restrict__ doc) {
   using C = DqCfg<D>;
   constexpr int NT = 32 * C::WARPS, kDqBR = C::BR, kDqBC = C::BC, DP = C::DP;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -472,18 +504,26 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
   tile_load<kDqBR, D, NT>(sq, q + qoff, ldq, s.T - q0, q);
   tile_load<kDqBR, D, NT>(sdo, dout + qoff, ldq, s.T - q0, dout);
   const int n_tiles = (min(s.T, q0 + kDqBR) - 1) / kDqBC + 1;
-  tile_load<kDqBC, D, NT>(sk(0), kp, ldkv, s.T, k);
-  tile_load<kDqBC, D, NT>(sv(0), vp, ldkv, s.T, v);
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? docb[q0] / kDqBC : 0;  // first key tile any row of the block sees
+  tile_load<kDqBC, D, NT>(sk(0), kp + j0 * kDqBC * ldkv, ldkv, s.T - j0 * kDqBC, k);
+  tile_load<kDqBC, D, NT>(sv(0), vp + j0 * kDqBC * ldkv, ldkv, s.T - j0 * kDqBC, v);
   cp_async_commit();
 
   const int row_base = q0 + warp * 16 + (lane >> 2);
   float row_lse[2], row_delta[2];
   row_stats_load(row_lse, row_delta, lse, delta, bh, row_base, s.T);
+  int row_start[2] = {}, warp_start1 = 0;  // DOC: this thread's rows' and the warp's last row's document start
+  if constexpr (DOC) {
+    row_start[0] = docb[min(row_base, s.T - 1)];
+    row_start[1] = docb[min(row_base + 8, s.T - 1)];
+    warp_start1 = docb[min(q0 + warp * 16 + 15, s.T - 1)];
+  }
   float dqa[D / 8][4];
   frag_zero(dqa);
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j & 1;
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) & 1;
     cp_async_wait<0>();
     __syncthreads();
     if (j + 1 < n_tiles) {
@@ -499,6 +539,7 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     mma_rows_rows<D, kDqBC>(p, sq, warp * 16, sk(st));
     const bool need_mask = k0 + kDqBC - 1 > q0 + warp * 16;
     probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
+    if (DOC && k0 < warp_start1) mask_doc_rows(p, k0, row_start, 0.f);
     float dp[kDqBC / 8][4];
     frag_zero(dp);
     mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));  // dP = dO V^T
@@ -547,13 +588,13 @@ void head_dim_dispatch(int64_t D, F&& f) {
   fail("[cuda attention] head_dim ", D, " has no kernels");
 }
 
-template <int D>
+template <int D, bool DOC>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
-                    cudaStream_t stream) {
+                    const int32_t* doc, cudaStream_t stream) {
   using C = FwdCfg<D>;
-  smem_allow(attention_forward_kernel<D>, C::SMEM);
+  smem_allow(attention_forward_kernel<D, DOC>, C::SMEM);
   dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, C::BR)));
-  attention_forward_kernel<D><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s);
+  attention_forward_kernel<D, DOC><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s, doc);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -568,20 +609,23 @@ void delta_launch(int64_t D, float* delta, const bf16* dout, const bf16* out, in
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, bool DOC>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                     const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, cudaStream_t stream) {
+                     const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, const int32_t* doc,
+                     cudaStream_t stream) {
   delta_launch(D, delta, dout, out, B, s, stream);
   using CK = DkdvCfg<D>;
-  smem_allow(attention_backward_dkdv_kernel<D>, CK::SMEM);
+  constexpr int smem_kv = DOC ? CK::SMEM_DOC : CK::SMEM;
+  smem_allow(attention_backward_dkdv_kernel<D, DOC>, smem_kv);
   dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, CK::BC)), CK::DS);
-  attention_backward_dkdv_kernel<D><<<grid_kv, 32 * CK::WARPS, CK::SMEM, stream>>>(dk, dv, dout, q, k, v, lse, delta,
-                                                                                   s);
+  attention_backward_dkdv_kernel<D, DOC><<<grid_kv, 32 * CK::WARPS, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse,
+                                                                                       delta, s, doc);
   CUDA_CHECK_LAUNCH();
   using CQ = DqCfg<D>;
-  smem_allow(attention_backward_dq_kernel<D>, CQ::SMEM);
+  smem_allow(attention_backward_dq_kernel<D, DOC>, CQ::SMEM);
   dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, CQ::BR)));
-  attention_backward_dq_kernel<D><<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s);
+  attention_backward_dq_kernel<D, DOC><<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s,
+                                                                                     doc);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -616,8 +660,8 @@ AttentionKernels kernels_chosen() {
 // mma.sync kernels whatever was chosen.
 bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
 
-bool use_wgmma(const char* where, int64_t D) {
-  if (!wgmma_head_dim(D)) return false;
+bool use_wgmma(const char* where, int64_t D, const int32_t* doc_start) {
+  if (!wgmma_head_dim(D) || doc_start) return false;  // packed documents: mma.sync kernels only (for now)
   const AttentionKernels k = kernels_chosen();
   if (k == AttentionKernels::automatic) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
@@ -648,14 +692,19 @@ const char* attention_kernels_name(AttentionKernels k) {
 }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
-  if (use_wgmma("attention_forward", D)) {
+  if (use_wgmma("attention_forward", D, doc_start)) {
     sm90::attention_forward(out, lse, q, k, v, B, s, D, stream);
     return;
   }
-  head_dim_dispatch(D, [&](auto d) { forward_launch<decltype(d)::value>(out, lse, q, k, v, B, s, stream); });
+  head_dim_dispatch(D, [&](auto d) {
+    if (doc_start)
+      forward_launch<decltype(d)::value, true>(out, lse, q, k, v, B, s, doc_start, stream);
+    else
+      forward_launch<decltype(d)::value, false>(out, lse, q, k, v, B, s, nullptr, stream);
+  });
 }
 
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
@@ -664,20 +713,23 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                        Scratch scratch, cudaStream_t stream) {
+                        Scratch scratch, cudaStream_t stream, const int32_t* doc_start) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_backward");
   check_ptrs("attention_backward", {dq, dk, dv, dout, q, k, v, out});
   const size_t need = attention_backward_scratch_bytes(B, T, H);
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
   float* delta = static_cast<float*>(scratch.ptr);
-  if (use_wgmma("attention_backward", D)) {
+  if (use_wgmma("attention_backward", D, doc_start)) {
     delta_launch(D, delta, dout, out, B, s, stream);
     sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream);
     return;
   }
   head_dim_dispatch(D, [&](auto d) {
-    backward_launch<decltype(d)::value>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
+    if (doc_start)
+      backward_launch<decltype(d)::value, true>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, doc_start, stream);
+    else
+      backward_launch<decltype(d)::value, false>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, nullptr, stream);
   });
 }
 

@@ -154,8 +154,15 @@ void set_attention_kernels(AttentionKernels k);
 AttentionKernels attention_kernels_in_use(int64_t D = 128);
 const char* attention_kernels_name(AttentionKernels k);
 // q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D] (bf16); lse [B,H,T] (fp32, natural log).
+// doc_start (packed documents, optional; device memory) [B,T] int32: the
+// position of the first token of t's document within its sequence, as for
+// rt::cpu::attention_forward: query t sees keys doc_start[t]..t. Documents must
+// be contiguous (doc_start[b,0] = 0; doc_start[b,t] is t or doc_start[b,t-1]);
+// the kernels do not check it (the tile skipping relies on it). Pass the same
+// array to the backward. Key tiles wholly outside a query tile's documents are
+// skipped. nullptr: one document per sequence.
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream);
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start = nullptr);
 // dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=, summed over the H/G query heads of
 // each group). Recomputes P from lse. Deterministic: one kernel owns a key
 // tile and loops over every query head of its group and every query tile, so
@@ -165,6 +172,6 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                        Scratch scratch, cudaStream_t stream);
+                        Scratch scratch, cudaStream_t stream, const int32_t* doc_start = nullptr);
 
 }  // namespace rt::cuda
