@@ -1,9 +1,13 @@
 // Tokenizers: text <-> token ids for the model families ramtrain trains.
 // tokenizer_load(dir) picks the format from the files in a HF model dir:
-//   DIR/tokenizer.json  -> HF BPE with byte-level pre-tokenization
-//                          (GPT-2, Llama-3, Qwen2/2.5/3 layouts; see hf_bpe.h)
-//   DIR/tokenizer.model -> SentencePiece (Llama-2, Mistral, ...)
-// and reads DIR/tokenizer_config.json, when present, for bos/eos names.
+//   DIR/tokenizer.json  -> HF BPE (GPT-2, Llama-2, Llama-3, Qwen2/2.5/3,
+//                          DeepSeek layouts; see hf_bpe.h)
+//   DIR/tokenizer.model -> SentencePiece (Llama-2, Mistral, ...; see sentencepiece.h)
+// and reads DIR/tokenizer_config.json (and for SentencePiece added_tokens.json
+// and special_tokens_map.json), when present, for bos/eos and added tokens.
+// With both files, tokenizer.json is used when every part of it is supported
+// (it is what transformers loads by default), else tokenizer.model; the choice
+// and its reason go to stderr.
 // Contract: encode() takes valid UTF-8 (invalid input throws rt::Error naming
 // the byte offset) and reproduces HF tokenizers' ids exactly; add_special
 // applies the model's single-sequence template (e.g. Llama-3's BOS).
