@@ -166,7 +166,10 @@ std::string Decoder::apply(std::vector<std::string> tokens) const {
   static const CharBytes char_bytes;
   if (null_) {  // HF without a decoder: the tokens joined by spaces
     std::string out;
-    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i) out += ' ';
+      out += tokens[i];
+    }
     return out;
   }
   std::vector<std::string> next;
