@@ -13,6 +13,9 @@
 // Rows go to the backend in batches of B rows of T positions (the CUDA engine
 // needs a fixed shape: a last short batch is filled with rows that carry no
 // target). loss = sum of token losses / targets, perplexity = exp(loss).
+// On the CPU the fp32 reference runs forward only (ModelRunner, as `ramtrain
+// loss` does) so that no gradient arenas are allocated; on the GPU the CUDA
+// engine's Backend::loss_sum, as the trainer's validation uses it.
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -23,6 +26,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/thread_pool.h"
+#include "cpu/cpu_ops.h"
 #include "data/byte_tokenizer.h"
 #include "data/chat_format.h"
 #include "data/dataset.h"
@@ -30,6 +34,7 @@
 #include "data/records.h"
 #include "engine/backend.h"
 #include "io/token_file.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rt::cli {
@@ -238,7 +243,14 @@ int cmd_eval(const Args& raw_args) {
       }
     }
   }
-  if (!backend) backend = make_cpu_backend(*m.state);
+  std::unique_ptr<CpuOps> cpu_ops;
+  std::unique_ptr<ModelRunner<CpuOps>> cpu_runner;
+  if (!backend) {
+    cpu_ops = std::make_unique<CpuOps>(spec);
+    cpu_runner = std::make_unique<ModelRunner<CpuOps>>(*cpu_ops, spec, B, T);
+  }
+  const ModelWeightsT<float> w = m.state->weights();
+  const std::string where = backend ? backend->describe() : std::string("cpu (fp32 reference, forward only)");
 
   double loss_sum = 0;
   int64_t n_tokens = 0;
@@ -253,7 +265,12 @@ int cmd_eval(const Args& raw_args) {
     for (int64_t i = 0; i < B * T; ++i) b.positions[i] = static_cast<int32_t>(i % T);
     rows->fill(r, n, b);
     int64_t nv = 0;
-    loss_sum += backend->loss_sum(b, &nv);
+    if (backend)
+      loss_sum += backend->loss_sum(b, &nv);
+    else
+      loss_sum += cpu_runner->forward_backward(w, nullptr, BatchView{B, T, b.inputs.data(), b.targets.data(),
+                                                                     b.positions.data()},
+                                               1.0f, &nv);
     n_tokens += nv;
   }
   if (n_tokens == 0) fail("[eval] the data holds no trained target token (every position is masked)");
@@ -266,13 +283,13 @@ int cmd_eval(const Args& raw_args) {
                                         {"tokens", n_tokens},
                                         {"rows", n_rows},
                                         {"seq_len", T},
-                                        {"backend", backend->describe()}})
+                                        {"backend", where}})
                             .dump()
                             .c_str());
   else
     std::printf("eval: loss %.6f, perplexity %.4f over %lld target tokens in %llu rows of %lld (%s)\n", loss, ppl,
                 static_cast<long long>(n_tokens), static_cast<unsigned long long>(n_rows), static_cast<long long>(T),
-                backend->describe().c_str());
+                where.c_str());
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/fs.h"
+#include "data/dataset.h"
 #include "io/safetensors.h"
 #include "io/token_file.h"
 #include "testutil.h"
@@ -160,6 +161,31 @@ TEST(CliEval, TextRecordsCountEveryTokenOnceAndChatOnlyTheReplies) {
   EXPECT_EQ(short_user, long_user);
   EXPECT_GT(short_user, 1);
   EXPECT_LT(short_user, 12);  // the reply's few tokens and its end token, not the prompt
+}
+
+TEST(CliEval, ByteLevelTextIsOneStreamOfWindows) {
+  // A tiny-byte model trained one step; its text data is the byte stream
+  // BOS bytes EOS of each file (data/dataset.h), windowed like a token file.
+  rt::test::TempDir tmp;
+  const std::string text = rt::read_text_file(rt::test::shared_data_dir() + "/tinyshakespeare.txt").substr(0, 700);
+  rt::test::write_bytes(tmp.file("t.txt"), text);
+  auto tr = run_ramtrain("train --preset tiny-byte --data " + tmp.file("t.txt") +
+                         " --steps 1 --seq-len 32 --micro-batch 1 --val-fraction 0 --device cpu --out " + tmp.file("run"));
+  ASSERT_EQ(tr.exit_code, 0) << tr.output;
+  const rt::TokenStream ts = rt::load_text_documents({tmp.file("t.txt")});
+  std::vector<int32_t> ids(ts.size());
+  ts.read(0, ts.size(), ids.data());
+  rt::test::write_bytes(tmp.file("w.txt"), windows_as_lines(ids, 48));
+  const std::string model = tmp.file("run") + "/final";
+  auto ref = run_ramtrain("loss --model " + model + " --tokens " + tmp.file("w.txt") + " --json");
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  auto r = run_ramtrain("eval --model " + model + " --data " + tmp.file("t.txt") +
+                        " --seq-len 48 --micro-batch 4 --device cpu --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto rj = last_json(ref.output), j = last_json(r.output);
+  const double want = rj["loss"].get<double>();
+  EXPECT_NEAR(j["loss"].get<double>(), want, 1e-6 * want);
+  EXPECT_EQ(j["tokens"].get<int64_t>(), static_cast<int64_t>(ids.size()) - 1);
 }
 
 TEST(CliEval, PlainOutputNamesLossAndPerplexity) {
