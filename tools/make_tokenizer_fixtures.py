@@ -11,6 +11,9 @@ model, plus from it (with `transformers`):
   llama2_json:     the Llama-2-era tokenizer.json that transformers converts it to
                    (Prepend/Replace normalizers, character BPE with byte fallback,
                    Replace/ByteFallback/Fuse/Strip decoder), with added tokens;
+  llama2_metaspace, metaspace_split: the same vocab behind a Metaspace
+                   pre-tokenizer (transformers' legacy=False layout, and a
+                   splitting one with the Metaspace decoder);
   sp_llama2_special: the tokenizer.model with tokenizer_config.json,
                    added_tokens.json and special_tokens_map.json: ids from the slow
                    LlamaTokenizer (added/special tokens in text map to their ids),
@@ -308,6 +311,31 @@ def make_sp_derived(out_dir, texts):
     write_json(os.path.join(d, "meta.json"), {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
                                               "bos_id": tok.token_to_id("<s>"), "eos_id": tok.token_to_id("</s>")})
     print(f"llama2_json: vocab {tok.get_vocab_size(with_added_tokens=True)}, {len(texts)} texts")
+
+    # llama2_metaspace: what transformers writes with legacy=False (Metaspace
+    # pre-tokenizer, prepend_scheme "first", no normalizer); metaspace_split:
+    # the same vocab with the Metaspace pre-tokenizer splitting and prepending
+    # always, and the Metaspace decoder (the layout of SentencePiece models
+    # converted by transformers' generic SpmConverter).
+    fast = LlamaTokenizerFast(vocab_file=model, legacy=False, from_slow=True, add_prefix_space=True)
+    fast.add_special_tokens({"additional_special_tokens": added})
+    data = json.loads(fast.backend_tokenizer.to_str())
+    assert data["pre_tokenizer"]["type"] == "Metaspace" and data["pre_tokenizer"]["prepend_scheme"] == "first"
+    split = json.loads(json.dumps(data))
+    split["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    split["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    for name, d_json in [("llama2_metaspace", data), ("metaspace_split", split)]:
+        d = os.path.join(out_dir, name)
+        os.makedirs(d, exist_ok=True)
+        write_json(os.path.join(d, "tokenizer.json"), d_json, compact=True)
+        write_json(os.path.join(d, "tokenizer_config.json"), config)
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        write_golden(os.path.join(d, "golden.jsonl"), texts,
+                     lambda t, s: tok.encode(t, add_special_tokens=s).ids,
+                     lambda ids, s: tok.decode(ids, skip_special_tokens=s))
+        write_json(os.path.join(d, "meta.json"), {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                                                  "bos_id": tok.token_to_id("<s>"), "eos_id": tok.token_to_id("</s>")})
+        print(f"{name}: vocab {tok.get_vocab_size(with_added_tokens=True)}, {len(texts)} texts")
 
     # sp_llama2_special: the model plus the three JSON files transformers writes.
     d = os.path.join(out_dir, "sp_llama2_special")

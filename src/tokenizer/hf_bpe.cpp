@@ -64,11 +64,17 @@ const ByteLevelTable& byte_level_table() {
 }
 
 struct PreTokenizeStep {
-  enum class Kind { split, byte_level } kind;
+  enum class Kind { split, byte_level, metaspace } kind;
   std::unique_ptr<Pcre2Regex> regex;  // split, or byte_level with use_regex
   bool remove_matches = false;        // split: behavior Removed
   bool invert = false;                // split
   bool add_prefix_space = false;      // byte_level
+  // metaspace: ' ' -> replacement; prepend it (unless already there) always,
+  // never, or only to the piece that starts the input text (first); split
+  // before every replacement (MergedWithNext).
+  std::string replacement;
+  enum class Prepend { always, never, first } prepend = Prepend::always;
+  bool metaspace_split = true;
 };
 
 struct Merge {
@@ -116,7 +122,9 @@ class HfBpeTokenizer final : public Tokenizer {
   void parse_decoder(const json& d);
   void parse_config(const std::string& config_path);
 
-  void pre_tokenize(std::string_view s, std::deque<std::string>& storage, std::vector<std::string_view>& out) const;
+  // at_text_start: s begins at byte 0 of the text given to encode (Metaspace's "first").
+  void pre_tokenize(std::string_view s, bool at_text_start, std::deque<std::string>& storage,
+                    std::vector<std::string_view>& out) const;
   void bpe_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe_merge(std::string_view piece, std::vector<int32_t>& out) const;
   void initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym) const;
@@ -264,6 +272,21 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
     st.kind = PreTokenizeStep::Kind::split;
     st.regex = std::make_unique<Pcre2Regex>(json_bool(p, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", false,
                                             where_);
+  } else if (type == "Metaspace") {
+    st.kind = PreTokenizeStep::Kind::metaspace;
+    st.replacement = p.at("replacement").get<std::string>();
+    size_t k = 0;
+    RT_CHECK(!st.replacement.empty() && utf8_find_invalid(st.replacement) == std::string::npos &&
+                 (utf8_next(st.replacement, k), k == st.replacement.size()),
+             where_, "Metaspace replacement must be one character");
+    std::string scheme = p.value("prepend_scheme", std::string());
+    if (scheme.empty()) scheme = json_bool(p, "add_prefix_space", true) ? "always" : "never";  // older files
+    RT_CHECK(scheme == "always" || scheme == "never" || scheme == "first", where_, "Metaspace prepend_scheme \"",
+             scheme, "\" is not one of always, never, first");
+    st.prepend = scheme == "always"  ? PreTokenizeStep::Prepend::always
+                 : scheme == "never" ? PreTokenizeStep::Prepend::never
+                                     : PreTokenizeStep::Prepend::first;
+    st.metaspace_split = json_bool(p, "split", true);
   } else if (type == "Split") {
     st.kind = PreTokenizeStep::Kind::split;
     const json& pat = p.at("pattern");
@@ -278,7 +301,8 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
     st.invert = json_bool(p, "invert", false);
   } else {
     fail(where_, "pre_tokenizer ", json_type(p),
-         " is not supported; supported: ByteLevel, Split (Isolated/Removed), Digits, Sequence of those (ByteLevel last)");
+         " is not supported; supported: ByteLevel, Split (Isolated/Removed), Digits, Metaspace, Sequence of those "
+         "(ByteLevel last)");
   }
   byte_level_ |= st.kind == PreTokenizeStep::Kind::byte_level;
   steps_.push_back(std::move(st));
@@ -376,13 +400,33 @@ std::optional<int32_t> HfBpeTokenizer::token_to_id(std::string_view name) const 
   return std::nullopt;
 }
 
-void HfBpeTokenizer::pre_tokenize(std::string_view s, std::deque<std::string>& storage,
+void HfBpeTokenizer::pre_tokenize(std::string_view s, bool at_text_start, std::deque<std::string>& storage,
                                   std::vector<std::string_view>& out) const {
   std::vector<std::string_view> cur{s}, next;
   std::vector<std::pair<size_t, size_t>> matches;
+  const char* origin = at_text_start ? s.data() : nullptr;  // a piece starting here starts the text
   for (const auto& st : steps_) {
     next.clear();
     for (std::string_view piece : cur) {
+      if (st.kind == PreTokenizeStep::Kind::metaspace) {
+        std::string& t = storage.emplace_back(replace_all(piece, " ", nullptr, st.replacement));
+        const bool starts = t.compare(0, st.replacement.size(), st.replacement) == 0;
+        if (!starts && (st.prepend == PreTokenizeStep::Prepend::always ||
+                        (st.prepend == PreTokenizeStep::Prepend::first && piece.data() == origin)))
+          t.insert(0, st.replacement);
+        const std::string_view v = t;
+        if (!st.metaspace_split) {
+          next.push_back(v);
+          continue;
+        }
+        size_t b = 0;
+        for (size_t p = v.find(st.replacement, 1); p != std::string_view::npos; p = v.find(st.replacement, p + 1)) {
+          if (p > b) next.push_back(v.substr(b, p - b));
+          b = p;
+        }
+        if (b < v.size()) next.push_back(v.substr(b));
+        continue;
+      }
       if (st.kind == PreTokenizeStep::Kind::byte_level && st.add_prefix_space && piece[0] != ' ') {
         std::string& t = storage.emplace_back();
         t.reserve(piece.size() + 1);
@@ -602,7 +646,7 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_spec
         continue;
       }
       pieces.clear();
-      pre_tokenize(s.text, storage, pieces);
+      pre_tokenize(s.text, rs.text.data() == text.data() && s.text.data() == norm.data(), storage, pieces);
       for (std::string_view p : pieces) bpe_piece(p, out);
     }
   }

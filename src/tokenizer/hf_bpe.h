@@ -9,6 +9,7 @@
 //   pre_tokenizer:  null (the normalized text is one word), ByteLevel (add_prefix_space,
 //                   use_regex = GPT-2's regex), Split (Regex or String pattern,
 //                   behavior Isolated or Removed, invert), Digits (individual_digits),
+//                   Metaspace (replacement, prepend_scheme always/never/first, split),
 //                   or a Sequence of those with ByteLevel, if any, last. Regexes run on
 //                   PCRE2. With a ByteLevel step BPE runs on the bytes of each
 //                   pre-token; without one, on its characters (missing ones become
@@ -19,9 +20,9 @@
 //                   lstrip and rstrip as HF applies them (added_tokens.h).
 //   post_processor: null, ByteLevel, TemplateProcessing (single form), or a
 //                   Sequence of those: add_special adds the template's tokens.
-//   decoder:        ByteLevel, Replace, ByteFallback, Fuse, Strip, or a Sequence of
-//                   those (Llama-2: Replace, ByteFallback, Fuse, Strip); null joins
-//                   the tokens with spaces, as HF does.
+//   decoder:        ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, or a
+//                   Sequence of those (Llama-2: Replace, ByteFallback, Fuse, Strip);
+//                   null joins the tokens with spaces, as HF does.
 // decode() drops ids the file does not define, as HF does.
 // config_path: tokenizer_config.json for bos_token/eos_token ("" = none; then bos
 // is the template's leading special token, if any, and eos is unknown).

@@ -155,9 +155,16 @@ void Decoder::parse(const json& d, const std::string& where) {
     st.strip_char = one_char(d.at("content"), where, "Strip decoder content");
     st.start = d.at("start").get<size_t>();
     st.stop = d.at("stop").get<size_t>();
+  } else if (type == "Metaspace") {
+    st.kind = Step::Kind::metaspace;
+    st.text = d.at("replacement").get<std::string>();
+    one_char(d.at("replacement"), where, "Metaspace replacement");
+    std::string scheme = d.value("prepend_scheme", std::string());
+    if (scheme.empty()) scheme = d.value("add_prefix_space", true) ? "always" : "never";  // older files
+    st.prepend_first = scheme != "never";
   } else {
     fail(where, "decoder ", type_of(d),
-         " is not supported; supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, Sequence of those");
+         " is not supported; supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence of those");
   }
   steps_.push_back(std::move(st));
 }
@@ -219,6 +226,10 @@ std::string Decoder::apply(std::vector<std::string> tokens) const {
         flush();
         break;
       }
+      case Step::Kind::metaspace:  // replacement -> ' ', except in the first token, where it is dropped
+        for (size_t i = 0; i < tokens.size(); ++i)
+          next.push_back(replace_all(tokens[i], st.text, nullptr, i == 0 && st.prepend_first ? "" : " "));
+        break;
       case Step::Kind::fuse: {
         std::string all;
         for (const std::string& t : tokens) all += t;

@@ -2,7 +2,8 @@
 // parsed from the JSON and applied in order (hf_bpe.cpp runs them).
 //   normalizers: NFC, Prepend (non-empty text only), Replace (String or Regex
 //                pattern, every match), Sequence of those.
-//   decoders:    ByteLevel, Replace, ByteFallback, Fuse, Strip, Sequence of those; they transform the list of token strings
+//   decoders:    ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
+//                Sequence of those; they transform the list of token strings
 //                as HF's decode_chain does, and the results are concatenated.
 // Anything else is refused with an rt::Error naming the part and what is
 // supported.
@@ -46,11 +47,12 @@ class Decoder {
 
  private:
   struct Step {
-    enum class Kind { byte_level, replace, byte_fallback, fuse, strip } kind;
+    enum class Kind { byte_level, replace, byte_fallback, fuse, strip, metaspace } kind;
     std::string text, content;          // replace: pattern (literal) and replacement
     std::unique_ptr<Pcre2Regex> regex;  // replace with a Regex pattern
     char32_t strip_char = 0;            // strip
     size_t start = 0, stop = 0;         // strip
+    bool prepend_first = true;          // metaspace: prepend scheme not "never" (the first token's are dropped)
   };
   std::vector<Step> steps_;
   bool null_ = false;
