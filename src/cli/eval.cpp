@@ -128,7 +128,7 @@ int cmd_eval(const Args& raw_args) {
   p.option("bad-lines", "abort|skip", "bad records: stop, or skip and count", "abort");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
   p.option("threads", "N", "CPU threads (default: all cores)", "0");
-  p.flag("json", "print one JSON line: loss, perplexity, tokens, rows, seq_len, device");
+  p.flag("json", "print one JSON line: loss, perplexity, tokens, rows, seq_len, backend");
 
   // --data takes several paths: collect the words after it that are not options.
   Args args;
@@ -142,6 +142,7 @@ int cmd_eval(const Args& raw_args) {
     }
   }
   if (!p.parse(args)) return 0;
+  if (data_paths.empty() && p.given("data")) data_paths.push_back(p.str("data"));  // --data=PATH
   const std::string model_dir = p.require("model");
   if (data_paths.empty()) fail("[eval] --data is required: one token file, or text/.jsonl files and directories");
   for (const std::string& path : data_paths)

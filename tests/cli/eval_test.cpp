@@ -192,10 +192,14 @@ TEST(CliEval, PlainOutputNamesLossAndPerplexity) {
   rt::test::TempDir tmp;
   const std::string dir = hf_fixture("mistral");
   rt::token_file_write(tmp.file("d.bin"), random_ids(20, 80, 3), 80);
-  auto r = run_ramtrain("eval --model " + dir + " --data " + tmp.file("d.bin") + " --seq-len 64 --device cpu");
+  auto r = run_ramtrain("eval --model " + dir + " --data=" + tmp.file("d.bin") + " --seq-len 64 --device cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "perplexity")) << r.output;
   EXPECT_TRUE(contains(r.output, "over 19 target tokens in 1 rows")) << r.output;
+  auto h = run_ramtrain("eval --help");
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_TRUE(contains(h.output, "Examples:")) << h.output;
+  EXPECT_TRUE(contains(run_ramtrain("--help").output, "eval")) << "eval missing from the command list";
 }
 
 TEST(CliEval, BadInputsGetClearErrors) {
