@@ -215,7 +215,7 @@ int cmd_eval(const Args& raw_args) {
       fo.records.text_split = text_split_parse(p.str("text-split"));
       fo.records.bad_records = bad_record_policy_parse(p.str("bad-lines"));
       fo.records.label = "encoding data";
-      fo.records.piece_bytes = tok->describe().rfind("hf-bpe", 0) == 0 ? (1u << 20) : 0;
+      fo.records.piece_bytes = tok->encodes_line_pieces_exactly() ? (1u << 20) : 0;
       const ExampleEncoder enc(*tok, chat.get(), no_chat, /*text_only=*/false, /*with_masks=*/true);
       auto ds = std::make_unique<FinetuneDataset>(files, enc, fo);
       std::fprintf(stderr, "tokenizer: %s; chat format: %s\n%s\n", tok->describe().c_str(),

@@ -111,7 +111,8 @@ class HfBpeTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view name) const override;
   std::optional<int32_t> bos_id() const override { return bos_; }
   std::optional<int32_t> eos_id() const override { return eos_; }
-  std::string describe() const override { return "hf-bpe " + path_; }
+  std::string describe() const override { return (byte_level_ ? "hf-bpe " : "hf-char-bpe ") + path_; }
+  bool encodes_line_pieces_exactly() const override { return byte_level_ && normalizer_.empty_or_nfc(); }
 
  private:
   void parse_model(const json& m);

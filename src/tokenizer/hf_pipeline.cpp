@@ -115,6 +115,12 @@ void Normalizer::parse(const json& n, const std::string& where) {
   steps_.push_back(std::move(st));
 }
 
+bool Normalizer::empty_or_nfc() const {
+  for (const Step& st : steps_)
+    if (st.kind != Step::Kind::nfc) return false;
+  return true;
+}
+
 std::string Normalizer::apply(std::string_view s) const {
   std::string cur(s);
   for (const Step& st : steps_) {

@@ -23,6 +23,7 @@ class Normalizer {
   // n: the "normalizer" value (null: none). where: "[tokenizer FILE] ".
   void parse(const nlohmann::json& n, const std::string& where);
   bool empty() const { return steps_.empty(); }
+  bool empty_or_nfc() const;  // no step but NFC (which works per character cluster, never across a '\n')
   std::string apply(std::string_view s) const;
 
  private:

@@ -38,8 +38,16 @@ class Tokenizer {
   virtual std::optional<int32_t> token_to_id(std::string_view name) const = 0;
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::optional<int32_t> eos_id() const = 0;
-  // "hf-bpe" or "sentencepiece", plus the file it came from, for logs.
+  // "hf-bpe" (byte-level tokenizer.json), "hf-char-bpe" (SentencePiece-style
+  // tokenizer.json) or "sentencepiece", plus the file it came from, for logs.
   virtual std::string describe() const = 0;
+  // True when encoding a text in pieces cut just after a '\n' between two
+  // printable non-space ASCII bytes (data/records.h) gives the ids of the
+  // whole text: the byte-level layouts, whose pre-tokenizers never merge
+  // across such a point. Not SentencePiece (a dummy prefix per call) nor the
+  // character-level tokenizer.json layouts (Prepend / Metaspace per piece,
+  // the whole text one BPE word).
+  virtual bool encodes_line_pieces_exactly() const { return false; }
 };
 
 std::unique_ptr<Tokenizer> tokenizer_load(const std::string& model_dir);

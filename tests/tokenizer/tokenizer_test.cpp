@@ -249,7 +249,7 @@ TEST(TokenizerLoad, PrefersTheTokenizerJsonItCanReadAndSaysWhy) {
   ::testing::internal::CaptureStderr();
   auto tok = tokenizer_load(d.path());
   std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(tok->describe().rfind("hf-bpe", 0), 0u) << tok->describe();
+  EXPECT_EQ(tok->describe().rfind("hf-char-bpe", 0), 0u) << tok->describe();
   EXPECT_NE(log.find("using tokenizer.json because"), std::string::npos) << log;
   const std::vector<int32_t> json_ids = tok->encode("Hello world 123", true);
 
@@ -266,6 +266,35 @@ TEST(TokenizerLoad, PrefersTheTokenizerJsonItCanReadAndSaysWhy) {
   EXPECT_NE(log.find("\"NFKC\" is not supported"), std::string::npos) << log;
   // Both readings of the same model agree on plain text.
   EXPECT_EQ(tok->encode("Hello world 123", true), json_ids);
+}
+
+TEST(TokenizerEncode, LinePiecesExactOnlyForByteLevelLayouts) {
+  // data/records.h cuts long text records after a '\n' between printable
+  // ASCII bytes when encodes_line_pieces_exactly(); check the claim both ways.
+  const std::string text = "First line of text.\nSecond line, 123 digits.\nThird: end";
+  auto pieces = [](const Tokenizer& tok, const std::string& t) {
+    std::vector<int32_t> ids;
+    size_t b = 0;
+    for (size_t k = 1; k + 1 < t.size(); ++k)
+      if (t[k] == '\n' && t[k - 1] > ' ' && t[k + 1] > ' ') {
+        const auto part = tok.encode(t.substr(b, k + 1 - b), false);
+        ids.insert(ids.end(), part.begin(), part.end());
+        b = k + 1;
+      }
+    const auto part = tok.encode(t.substr(b), false);
+    ids.insert(ids.end(), part.begin(), part.end());
+    return ids;
+  };
+  for (const char* name : {"gpt2", "llama3", "qwen2", "deepseek", "deepseek_grouped_digits"}) {
+    const auto tok = tokenizer_load(fixture(name));
+    EXPECT_TRUE(tok->encodes_line_pieces_exactly()) << name;
+    EXPECT_EQ(pieces(*tok, text), tok->encode(text, false)) << name;
+  }
+  for (const char* name : {"llama2_json", "metaspace_split", "sp_llama2"}) {
+    const auto tok = tokenizer_load(fixture(name));
+    EXPECT_FALSE(tok->encodes_line_pieces_exactly()) << name;
+    EXPECT_NE(pieces(*tok, text), tok->encode(text, false)) << name << ": a prefix per piece";
+  }
 }
 
 TEST(TokenizerLoad, SentencePieceConfigErrorsNameTheFile) {
