@@ -3,9 +3,11 @@
 //   raw text -> split on added tokens (normalized=false) -> normalize the rest
 //   -> split on added tokens (normalized=true) -> pre-tokenize (Split / Digits
 //   steps, ByteLevel) -> BPE per pre-token -> template tokens.
-// Internally the vocabulary is keyed by raw bytes (each token's byte-level
-// characters mapped back through GPT-2's byte<->unicode table), so BPE runs
-// on the input bytes directly and never builds the mapped strings.
+// Byte-level layouts: the vocabulary is also keyed by raw bytes (each token's
+// byte-level characters mapped back through GPT-2's byte<->unicode table), so
+// BPE runs on the input bytes directly and never builds the mapped strings.
+// Character-level layouts (no ByteLevel step, e.g. Llama-2's): BPE starts
+// from the characters of the pre-token as the vocab spells them.
 #include "tokenizer/hf_bpe.h"
 
 #include <algorithm>
