@@ -20,6 +20,7 @@ Commands:
   tokenize  pre-tokenize text and .jsonl corpora into a token file with a model's tokenizer
   export    write a checkpoint as a HF model directory (config.json, safetensors, tokenizer)
   loss      compute the loss (and optionally every gradient) of a HF model on token sequences
+  eval      mean loss per token and perplexity of a model over a whole dataset
 
 Run 'ramtrain <command> --help' for the options of a command.
 
@@ -32,6 +33,7 @@ Examples:
   ramtrain sample --model runs/chat/final --chat --prompt "Hello!"
   ramtrain tokenize corpus/ --tokenizer ./Qwen2.5-0.5B --out corpus.tok
   ramtrain loss --model path/to/hf_model --tokens seqs.txt --json
+  ramtrain eval --model runs/chat/final --data held_out.jsonl
 )";
 
 }  // namespace
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
     if (cmd == "sample") return rt::cli::cmd_sample(rest);
     if (cmd == "tokenize") return rt::cli::cmd_tokenize(rest);
     if (cmd == "export") return rt::cli::cmd_export(rest);
+    if (cmd == "eval") return rt::cli::cmd_eval(rest);
     std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const rt::Error& e) {
