@@ -18,4 +18,10 @@ struct LoadedModel {
 // DIR/config.json + DIR's safetensors; every mismatch reported by name.
 LoadedModel load_model_dir(const std::string& dir, bool with_grads);
 
+// Cheap checks before anything is loaded or encoded: DIR is a directory with
+// config.json and (weights = true) safetensors weights. A directory holding
+// other weight formats (pytorch_model.bin, *.gguf, *.pt, ...) is refused with
+// what it holds and how to convert it. where: "[train]", "[sample]", ...
+void model_dir_check(const std::string& dir, bool weights, const std::string& where);
+
 }  // namespace rt::cli
