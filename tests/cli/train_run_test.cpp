@@ -190,26 +190,45 @@ TEST(TrainRun, SignalsStopGenerationAtTheNextToken) {
   }
 }
 
-// The same inside `train --sample-prompt`: the signal during the sample before
-// training ends the sample and the run (no step taken, nothing saved).
+// Issue 18 item 6, the case the fault test found: inside `train
+// --sample-prompt` the handler only set the step-boundary flag, so a signal
+// during the sample before training was ignored until the sample ended. The
+// model's tokenizer has no EOS here, so nothing but the signal ends this
+// sample (a billion tokens); the run stops with 143, no step taken.
 TEST(TrainRun, SignalDuringTheTrainSampleStopsTheRun) {
   Fixture f;
+  const std::string model = f.tmp.file("qwen");
+  rt::make_dirs(model);
+  write_bytes(model + "/config.json", R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 808, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "tie_word_embeddings": true})");
+  write_bytes(model + "/tokenizer.json",
+              rt::read_text_file(rt::test::fixture_dir() + "/tokenizers/qwen2/tokenizer.json"));
+  write_bytes(model + "/tokenizer_config.json", R"({"bos_token": null, "eos_token": null})");
   const std::string log = f.tmp.file("train.log");
-  // The sample of a random model (temperature 0.8) may reach EOS after a few
-  // hundred tokens, so the signal may land in the training steps instead:
-  // either way the run must stop promptly with 143 (the `sample` test above
-  // is the one that pins the per-token stop).
-  Child c({"train", "--model", f.tmp.file("model"), "--init", "random", "--data", f.tmp.file("data.txt"),
-           "--seq-len", "16", "--micro-batch", "2", "--threads", "1", "--steps", "1000000", "--out",
-           f.tmp.file("o"), "--sample-prompt", "the", "--sample-tokens", "1000000000"},
+  Child c({"train", "--model", model, "--init", "random", "--data", f.tmp.file("data.txt"), "--seq-len", "16",
+           "--micro-batch", "2", "--threads", "1", "--steps", "5", "--val-fraction", "0", "--out", f.tmp.file("o"),
+           "--sample-prompt", "the",
+           "--sample-tokens", "1000000000"},
           log);
   ASSERT_GT(c.pid, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Wait until the run is in the sample (the lines before it are flushed first).
+  const auto t0 = std::chrono::steady_clock::now();
+  int early = -1;
+  while (!contains(rt::file_exists(log) ? rt::read_text_file(log) : "", "training 5 steps") &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) && (early = c.wait_for(0.05)) == -1) {
+  }
+  ASSERT_EQ(early, -1) << "ended before the signal: " << rt::read_text_file(log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(c.wait_for(0), -1) << "ended before the signal: " << rt::read_text_file(log);
   ::kill(c.pid, SIGTERM);
-  const int code = c.wait_for(30);
+  const int code = c.wait_for(20);
   const std::string out = rt::read_text_file(log);
   EXPECT_EQ(code, 128 + SIGTERM) << out;
-  EXPECT_TRUE(contains(out, "interrupted by SIGTERM")) << out;
+  EXPECT_TRUE(contains(out, "---- sample before training (cut short by a signal) ----")) << out;
+  EXPECT_TRUE(contains(out, "interrupted by SIGTERM after step 0: no step was taken")) << out;
+  EXPECT_FALSE(contains(out, "step     1/5")) << out;
 }
 
 // Issue 19: --epochs E trains ceil(E x sequences / (B x K)) steps and stops
