@@ -1,7 +1,9 @@
 // ramtrain sample: generate text from a model directory, with the model's own
 // tokenizer (tokenizer.json / tokenizer.model) or ramtrain's byte tokenizer.
 // --chat wraps the prompt as one user turn in the model's chat format and
-// stops at the end-of-turn token.
+// stops at the end-of-turn token. SIGINT/SIGTERM stop generation at the next
+// token: what was generated is printed and the exit code is 128 + signal.
+#include <csignal>
 #include <cstdio>
 
 #include "cli/args.h"
@@ -13,8 +15,6 @@
 #include "data/chat_format.h"
 #include "engine/sampler.h"
 #include "engine/trainer.h"
-#include "cli/train_config.h"
-#include <csignal>
 #include "tokenizer/tokenizer.h"
 
 namespace rt::cli {

@@ -1,8 +1,6 @@
 #include "cli/train_config.h"
 
-#include <cstdlib>
-#include <filesystem>
-
+#include "cli/model_dir.h"
 #include "cli/train_data.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -198,39 +196,6 @@ int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64
   const uint64_t steps = (rows + per_step - 1) / per_step;
   RT_CHECK(steps >= 1, "[train] --epochs ", epochs, ": the data holds no training window");
   return static_cast<int64_t>(steps);
-}
-
-std::string resolve_model_dir(const std::string& value) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(value, ec)) return value;
-  // A model id: ORG/NAME with no other slash, not starting with . or /.
-  const size_t slash = value.find('/');
-  if (slash == std::string::npos || slash == 0 || value.find('/', slash + 1) != std::string::npos ||
-      value[0] == '.' || slash + 1 == value.size())
-    return value;
-  std::string home;
-  if (const char* h = std::getenv("HF_HOME"); h && *h) home = h;
-  else if (const char* u = std::getenv("HOME"); u && *u) home = std::string(u) + "/.cache/huggingface";
-  else return value;
-  const std::string repo = cat(home, "/hub/models--", value.substr(0, slash), "--", value.substr(slash + 1));
-  const std::string snaps = repo + "/snapshots";
-  if (!fs::is_directory(snaps, ec)) return value;
-  std::string rev;
-  try {
-    rev = read_text_file(repo + "/refs/main");
-    while (!rev.empty() && (rev.back() == '\n' || rev.back() == '\r' || rev.back() == ' ')) rev.pop_back();
-  } catch (const Error&) {
-  }
-  if (!rev.empty() && fs::is_directory(snaps + "/" + rev, ec)) return snaps + "/" + rev;
-  std::vector<std::string> revs;
-  for (auto& e : fs::directory_iterator(snaps, ec))
-    if (e.is_directory()) revs.push_back(e.path().string());
-  if (revs.size() == 1) return revs[0];
-  if (revs.size() > 1)
-    fail("[train] --model ", value, ": the HF cache ", snaps, " holds ", revs.size(),
-         " revisions and refs/main names none of them; pass the snapshot directory itself");
-  return value;
 }
 
 }  // namespace rt::cli

@@ -79,11 +79,5 @@ TrainConfig train_config_read(const ArgParser& p);
 // --epochs E: the optimizer steps that read E epochs of windows (rounded up).
 int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64_t micro_batch, int64_t grad_accum);
 
-// A --model value that is not a directory but looks like a HF model id
-// ("Qwen/Qwen2.5-0.5B") is looked up in the local HF cache:
-// $HF_HOME/hub/models--Qwen--Qwen2.5-0.5B/snapshots/<rev>/ (HF_HOME defaults to
-// ~/.cache/huggingface; the revision refs/main names, else the only one).
-// Returns the directory to use, or the value unchanged when nothing matches.
-std::string resolve_model_dir(const std::string& value);
 
 }  // namespace rt::cli
