@@ -42,68 +42,30 @@ const char* kTrainExamples =
     "  ramtrain train --model Qwen/Qwen2.5-0.5B --data chat.jsonl --eval-data held_out.jsonl --epochs 2 --out runs/ft2\n"
     "  ramtrain train --config run.toml --steps 50\n";
 
-}  // namespace
-
-int cmd_train(const Args& args) {
-  ArgParser p("train", kTrainSummary, kTrainExamples);
-  train_options(p);
-  if (!p.parse(args)) return 0;
-  if (p.has("config")) p.merge_toml(p.str("config"));
-  std::vector<std::string> data_paths = p.list("data");
-  std::optional<ResumeSource> resume = resume_prepare(p, data_paths);  // --resume: the checkpoint's options are the base
-  TrainConfig c = train_config_read(p);
-  c.data = data_paths;
-  if (c.data.empty()) fail("[train] --data is required: text files/directories or token files");
-  if (c.threads > 0) set_global_threads(c.threads);
-
-  // The model's shape before anything is encoded or allocated: a directory
-  // without readable weights is refused here, not after the data is encoded.
-  if (!c.model.empty()) model_dir_check(c.model, c.init == InitFrom::pretrained && !resume, "[train]");
-  const ModelSpec data_spec = resume ? resume->spec
-                              : !c.preset.empty() ? spec_preset(c.preset)
-                                                  : spec_from_config_file(path_join(c.model, "config.json"));
-  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available();
-  preflight(c, data_spec, cpu_backend);
-
-  // The data next: its errors come before gigabytes of model state are allocated.
-  TrainData td = train_data_open(p, c.data, data_spec, c.model, c.seed);
-  BatchSource& data = *td.source;
-  std::unique_ptr<TrainData> eval_td;
-  if (!c.eval_data.empty()) {
-    std::printf("eval data: %s\n", c.eval_data.c_str());
-    eval_td = std::make_unique<TrainData>(train_data_open(p, {c.eval_data}, data_spec, c.model, c.seed, 0.0));
-  }
-  if (c.epochs > 0) {
-    c.steps = train_steps_for_epochs(c.epochs, data.train_window_count(), c.micro_batch, c.grad_accum);
-    std::printf("--epochs %lld: %lld steps (%llu sequences per epoch, %lld per step)\n", (long long)c.epochs,
-                (long long)c.steps, (unsigned long long)data.train_window_count(),
-                (long long)(c.micro_batch * c.grad_accum));
-  }
+// The weights to start from: a checkpoint, random init, or the model directory's.
+// *tokenizer: "byte", "hf"-style "" or "byte" as the exported model records it.
+std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::optional<ResumeSource>& resume,
+                                         const ModelSpec& spec, std::string* tokenizer) {
   std::unique_ptr<HostState> state;
-  std::string tokenizer = "byte";
+  *tokenizer = "byte";
   if (resume) {
     state = std::make_unique<HostState>(resume->spec, false);
     checkpoint_load_state(resume->dir, *state);
-    tokenizer = resume->meta.run.tokenizer;
-  } else if (!c.preset.empty()) {
-    state = std::make_unique<HostState>(data_spec, false);
+    *tokenizer = resume->meta.run.tokenizer;
+  } else if (!c.preset.empty() || c.init == InitFrom::random) {
+    state = std::make_unique<HostState>(spec, false);
     state->init_random(c.seed);
-  } else if (c.init == InitFrom::pretrained) {
+    if (c.preset.empty()) *tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
+  } else {
     LoadedModel m = load_model_dir(c.model, false);
     state = std::move(m.state);
-    tokenizer = m.tokenizer;
-  } else {
-    state = std::make_unique<HostState>(data_spec, false);
-    state->init_random(c.seed);
-    tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
+    *tokenizer = m.tokenizer;
   }
-  const ModelSpec& spec = state->spec();
+  return state;
+}
 
-  const bool text = td.byte_text;
-  if (text) tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
-  else if (tokenizer == "byte") tokenizer = "";
-  if (resume) resume_check_data(*resume, data);
-
+TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const TrainData& td,
+                             const std::string& tokenizer, bool resumed) {
   TrainOptions o;
   o.steps = c.steps;
   o.micro_batch = c.micro_batch;
@@ -143,69 +105,119 @@ int cmd_train(const Args& args) {
   o.keep_checkpoints = c.keep_checkpoints;
   o.max_bad_steps = c.max_bad_steps;
   o.metrics_path = c.metrics;
-  o.metrics_append = !c.metrics_default || resume.has_value();  // the default file starts over with a fresh run
-  o.eval_data = eval_td ? eval_td->source.get() : nullptr;
+  o.metrics_append = !c.metrics_default || resumed;  // the default file starts over with a fresh run
   o.seed = c.seed;
   o.data_paths = c.data;
   // Where a later `ramtrain export CKPT` finds the tokenizer files to copy.
   if (!td.tokenizer_dir.empty()) o.source_model_dir = td.tokenizer_dir;
   else if (!c.model.empty()) o.source_model_dir = c.model;
+  return o;
+}
 
+// --sample-prompt: a sample with the data's tokenizer (or bytes), cut short by SIGINT/SIGTERM.
+std::function<void(const char*)> make_sampler(const TrainConfig& c, const TrainData& td, const HostState& state) {
+  if (c.sample_prompt.empty()) return nullptr;
+  if (!td.byte_text && !td.tokenizer)
+    fail("[train] --sample-prompt needs a tokenizer: byte-level text or a model tokenizer");
+  return [&td, &state, prompt = c.sample_prompt, n_tok = c.sample_tokens, seed = c.seed](const char* when) {
+    ByteTokenizer tok;
+    std::vector<int32_t> ids;
+    SampleOptions so;
+    so.max_new_tokens = n_tok;
+    so.seed = seed;
+    so.stop = &Trainer::stop_flag();
+    if (td.tokenizer) {
+      ids = td.tokenizer->encode(prompt, true);
+      so.vocab_limit = td.tokenizer->vocab_size();
+      if (td.tokenizer->eos_id()) so.stop_ids = {*td.tokenizer->eos_id()};
+    } else {
+      ids = tok.encode(prompt);
+      ids.insert(ids.begin(), ByteTokenizer::bos_id);
+      so.stop_ids = {ByteTokenizer::eos_id};
+      so.vocab_limit = ByteTokenizer::vocab_size;
+    }
+    std::vector<int32_t> out = sample_tokens(state, ids, so);
+    std::printf("---- sample %s%s ----\n%s%s\n--------\n", when,
+                Trainer::stop_flag().load() ? " (cut short by a signal)" : "", prompt.c_str(),
+                td.tokenizer ? td.tokenizer->decode(out, true).c_str() : tok.decode(out).c_str());
+    std::fflush(stdout);
+  };
+}
+
+// The CUDA engine when it is to be used (null: the trainer's CPU backend).
+std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, int64_t seq_len) {
+  CudaOptions co;
+  co.max_gpu_memory = c.max_gpu_memory;
+  co.slots = c.slots;
+  co.fit_slots = !c.slots_given;  // the engine may shrink the plan to fit (CudaOptions::fit)
+  co.resident = c.resident;
+  co.delayed_update = c.delayed_update;
+  co.grads = placement_name(c.grads);
+  co.checkpoints = placement_name(c.checkpoints);
+  co.keep_activations = c.keep_activations;
+  if (c.low_memory) set_low_memory(co);
+  co.trace_path = c.trace;
+  if (c.device == Device::cuda) return make_cuda_backend(state, c.micro_batch, seq_len, co);
+  try {
+    return make_cuda_backend(state, c.micro_batch, seq_len, co);
+  } catch (const Error& e) {
+    std::printf("note: a GPU is present but the CUDA engine cannot run this model (%s); using the CPU backend\n",
+                e.what());
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+int cmd_train(const Args& args) {
+  ArgParser p("train", kTrainSummary, kTrainExamples);
+  train_options(p);
+  if (!p.parse(args)) return 0;
+  if (p.has("config")) p.merge_toml(p.str("config"));
+  std::vector<std::string> data_paths = p.list("data");
+  std::optional<ResumeSource> resume = resume_prepare(p, data_paths);  // --resume: the checkpoint's options are the base
+  TrainConfig c = train_config_read(p);
+  c.data = data_paths;
+  if (c.data.empty()) fail("[train] --data is required: text files/directories or token files");
+  if (c.threads > 0) set_global_threads(c.threads);
+
+  // The model's shape before anything is encoded or allocated: a directory
+  // without readable weights is refused here, not after the data is encoded.
+  if (!c.model.empty() && !resume) model_dir_check(c.model, c.init == InitFrom::pretrained, "[train]");
+  const ModelSpec spec = resume ? resume->spec
+                         : !c.preset.empty() ? spec_preset(c.preset)
+                                             : spec_from_config_file(path_join(c.model, "config.json"));
+  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available();
+  preflight(c, spec, cpu_backend);
+
+  // The data next: its errors come before gigabytes of model state are allocated.
+  TrainData td = train_data_open(p, c.data, spec, c.model, c.seed);
+  BatchSource& data = *td.source;
+  std::unique_ptr<TrainData> eval_td;
+  if (!c.eval_data.empty()) {
+    std::printf("eval data: %s\n", c.eval_data.c_str());
+    eval_td = std::make_unique<TrainData>(train_data_open(p, {c.eval_data}, spec, c.model, c.seed, 0.0));
+  }
+  if (c.epochs > 0) {
+    c.steps = train_steps_for_epochs(c.epochs, data.train_window_count(), c.micro_batch, c.grad_accum);
+    std::printf("--epochs %lld: %lld steps (%llu sequences per epoch, %lld per step)\n", (long long)c.epochs,
+                (long long)c.steps, (unsigned long long)data.train_window_count(),
+                (long long)(c.micro_batch * c.grad_accum));
+  }
+  std::string tokenizer;
+  std::unique_ptr<HostState> state = initial_state(c, resume, spec, &tokenizer);
+  if (td.byte_text) tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
+  else if (tokenizer == "byte") tokenizer = "";
+  if (resume) resume_check_data(*resume, data);
+
+  TrainOptions o = trainer_options(c, p, td, tokenizer, resume.has_value());
+  o.eval_data = eval_td ? eval_td->source.get() : nullptr;
   std::printf("model: %s (%s), %lld layers, hidden %lld, vocab %lld; data: %llu train / %llu validation tokens\n",
               !c.preset.empty() ? c.preset.c_str() : c.model.c_str(), family_name(spec.family),
               (long long)spec.n_layers, (long long)spec.hidden, (long long)spec.vocab,
               (unsigned long long)data.train_token_count(), (unsigned long long)data.val_token_count());
-  std::function<void(const char*)> sampler;
-  if (!c.sample_prompt.empty()) {
-    if (!text && !td.tokenizer) fail("[train] --sample-prompt needs a tokenizer: byte-level text or a model tokenizer");
-    sampler = [&, prompt = c.sample_prompt, n_tok = c.sample_tokens, seed = c.seed](const char* when) {
-      ByteTokenizer tok;
-      std::vector<int32_t> ids;
-      SampleOptions so;
-      so.max_new_tokens = n_tok;
-      so.seed = seed;
-      so.stop = &Trainer::stop_flag();  // SIGINT/SIGTERM end the sample at the next token
-      if (td.tokenizer) {
-        ids = td.tokenizer->encode(prompt, true);
-        so.vocab_limit = td.tokenizer->vocab_size();
-        if (td.tokenizer->eos_id()) so.stop_ids = {*td.tokenizer->eos_id()};
-      } else {
-        ids = tok.encode(prompt);
-        ids.insert(ids.begin(), ByteTokenizer::bos_id);
-        so.stop_ids = {ByteTokenizer::eos_id};
-        so.vocab_limit = ByteTokenizer::vocab_size;
-      }
-      std::vector<int32_t> out = sample_tokens(*state, ids, so);
-      std::printf("---- sample %s%s ----\n%s%s\n--------\n", when,
-                  Trainer::stop_flag().load() ? " (cut short by a signal)" : "", prompt.c_str(),
-                  td.tokenizer ? td.tokenizer->decode(out, true).c_str() : tok.decode(out).c_str());
-      std::fflush(stdout);
-    };
-  }
-  std::unique_ptr<Backend> backend;
-  if (!cpu_backend) {
-    CudaOptions co;
-    co.max_gpu_memory = c.max_gpu_memory;
-    co.slots = c.slots;
-    co.fit_slots = !c.slots_given;  // the engine may shrink the plan to fit (CudaOptions::fit)
-    co.resident = c.resident;
-    co.delayed_update = c.delayed_update;
-    co.grads = placement_name(c.grads);
-    co.checkpoints = placement_name(c.checkpoints);
-    co.keep_activations = c.keep_activations;
-    if (c.low_memory) set_low_memory(co);
-    co.trace_path = c.trace;
-    if (c.device == Device::cuda) {
-      backend = make_cuda_backend(*state, o.micro_batch, data.seq_len(), co);
-    } else {
-      try {
-        backend = make_cuda_backend(*state, o.micro_batch, data.seq_len(), co);
-      } catch (const Error& e) {
-        std::printf("note: a GPU is present but the CUDA engine cannot run this model (%s); using the CPU backend\n",
-                    e.what());
-      }
-    }
-  }
+  const std::function<void(const char*)> sampler = make_sampler(c, td, *state);
+  std::unique_ptr<Backend> backend = cpu_backend ? nullptr : make_backend(c, *state, data.seq_len());
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);
