@@ -135,6 +135,7 @@ int cmd_train(const Args& raw_args) {
   // The data first: its errors come before gigabytes of model state are allocated.
   const ModelSpec data_spec =
       p.has("preset") ? spec_preset(p.str("preset")) : spec_from_config_file(path_join(p.str("model"), "config.json"));
+  RunLock out_lock = out_dir_lock(p.str("out"), data_spec);  // refused here, not after the training
   TrainData td = train_data_open(p, data_paths, data_spec, p.has("model") ? p.str("model") : "", seed);
   BatchSource& data = *td.source;
   std::unique_ptr<HostState> state;
@@ -280,6 +281,7 @@ int cmd_train(const Args& raw_args) {
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);
+  resume_commit(p, resume);  // every check passed: now newer checkpoints may be moved aside
   return trainer.run(sampler);
 }
 
