@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/quote.h"
 
 namespace rt::cli {
 
@@ -111,7 +112,7 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     if (kNotCompared.count(k) || !p.given_explicitly(k)) continue;
     const std::string old = saved.count(k) ? saved.at(k) : "(unset)", now = p.str(k);
     if (same_value(old, now)) continue;
-    const std::string what = cat("--", k, " ", now, " (the checkpoint ran with ", old, ")");
+    const std::string what = cat("--", k, " ", quote_input(now), " (the checkpoint ran with ", quote_input(old), ")");
     if (kDefining.count(k)) refused.push_back(what);
     else if (!kHarmless.count(k)) warned.push_back(what);
   }

@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/quote.h"
 #include "core/thread_pool.h"
 #include "data/finetune.h"
 #include "io/safetensors.h"
@@ -257,7 +258,7 @@ TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::s
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    bad(cat("invalid JSON: ", e.what()));
+    bad(cat("invalid JSON: ", quote_input(e.what())));
   }
   if (!j.is_object()) bad("not a JSON object");
   auto field = [&](const json& o, const char* k) -> const json& {
@@ -344,7 +345,7 @@ CheckpointManifest manifest_parse(const std::string& text, const std::string& so
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    bad(cat("invalid JSON: ", e.what()));
+    bad(cat("invalid JSON: ", quote_input(e.what())));
   }
   if (!j.is_object()) bad("not a JSON object");
   if (!j.contains(kSelfKey) || !j[kSelfKey].is_string()) bad(cat("no '", kSelfKey, "' self-checksum"));
