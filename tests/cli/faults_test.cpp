@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -190,6 +191,31 @@ TEST(Faults, AnOutThatCannotBeWrittenIsRefusedBeforeStepOne) {
   r = run_ramtrain(fx.train(fx.tmp.file("new"), "", fx.tmp.file("missing.txt")));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_FALSE(fs::exists(fx.tmp.file("new"))) << r.output;
+}
+
+// Defect 3 on real file systems, where this host lets us mount them (root): a
+// read-only tmpfs is refused before step 1; a 64 KiB one gets the free-space
+// warning (one checkpoint of this model is about 420 KB) before step 1.
+TEST(Faults, AReadOnlyOrSmallFileSystemIsFoundBeforeStepOne) {
+  Fixture fx;
+  const std::string ro = fx.tmp.file("ro"), small = fx.tmp.file("small");
+  fs::create_directories(ro);
+  fs::create_directories(small);
+  if (::geteuid() != 0 || ::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=65536") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  auto r = run_ramtrain(fx.train(ro + "/run"));
+  ::umount(ro.c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--out " + ro + "/run cannot be created")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Read-only file system")) << r.output;
+  EXPECT_FALSE(contains(r.output, "step ")) << r.output;
+  ASSERT_EQ(::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=65536"), 0);
+  r = run_ramtrain(fx.train(small + "/run", "", "", 1));
+  ::umount(small.c_str());
+  const size_t warn = r.output.find("warning: --out " + small + "/run has ");
+  EXPECT_NE(warn, std::string::npos) << r.output;
+  EXPECT_TRUE(contains(r.output, "less than one checkpoint")) << r.output;
+  EXPECT_LT(warn, r.output.find("step ")) << r.output;
 }
 
 // Defect 4: a copy of another step's checkpoint under a newer name made
