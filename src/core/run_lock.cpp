@@ -100,8 +100,9 @@ RunLock RunLock::acquire(const std::string& dir, const std::string& where, const
       ::close(fd);
       if (err == EWOULDBLOCK)
         fail(where, " ", flag, " ", dir, " is in use by another ramtrain process (", who,
-             "): two runs writing one directory would mix their checkpoints. Wait for it to finish, stop it, or "
-             "pick another ", flag, " (the lock is ", l.path_, "; it is released when its holder exits)");
+             "): two processes writing one directory would mix their files. Wait for it to finish or stop it",
+             flag.rfind("--", 0) == 0 ? ", or pick another " + flag : std::string(), " (the lock is ", l.path_,
+             "; it is released when its holder exits)");
       fail(where, " cannot lock ", l.path_, ": ", std::strerror(err));
     }
     if (same_file(fd, l.path_)) {
