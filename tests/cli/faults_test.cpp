@@ -267,6 +267,20 @@ TEST(Faults, ATenMegabyteBadLineIsQuotedShort) {
   EXPECT_TRUE(contains(r.output, "bytes in all)")) << r.output.substr(0, 2000);
   // The quote is cut to 200 bytes; the rest of the message is the path and the hint.
   EXPECT_LT(r.output.size(), 800u) << r.output.substr(0, 2000);
+  // A 1 MB number in config.json: the file named, the token cut.
+  fs::create_directories(fx.tmp.file("m"));
+  rt::test::write_bytes(fx.tmp.file("m/config.json"), "{\"hidden_size\": 1" + std::string(1 << 20, '0') + "e99999}");
+  r = run_ramtrain("train --model " + fx.tmp.file("m") + " --init random --data " + fx.tmp.file("data.txt") +
+                   " --out " + fx.tmp.file("o"));
+  EXPECT_EQ(r.exit_code, 1) << r.output.substr(0, 2000);
+  EXPECT_TRUE(contains(r.output, "[config] " + fx.tmp.file("m/config.json") + ": not valid JSON")) << r.output.substr(0, 2000);
+  EXPECT_LT(r.output.size(), 800u) << r.output.substr(0, 2000);
+  // A 1 MB value in a TOML file, quoted by a message that does not cut it itself: main's backstop cuts it.
+  rt::test::write_bytes(fx.tmp.file("c.toml"), "export-dtype = \"" + std::string(1 << 20, 'x') + "\"\n");
+  r = run_ramtrain(fx.train(fx.tmp.file("o"), "--config " + fx.tmp.file("c.toml")));
+  EXPECT_EQ(r.exit_code, 1) << r.output.substr(0, 2000);
+  EXPECT_TRUE(contains(r.output, "export-dtype")) << r.output.substr(0, 2000);
+  EXPECT_LT(r.output.size(), 4200u) << r.output.substr(0, 2000);
 }
 
 // Defect 11: a FIFO, /dev/null or /dev/zero as data got "no such file or directory".
