@@ -172,6 +172,15 @@ TEST(Faults, ARefusedResumeChangesNothingOnDisk) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, c10 + " is newer than the step this run continues from (5); moved aside")) << r.output;
   EXPECT_TRUE(superseded_any(out));
+  // --resume auto with no valid checkpoint, refused later (no such data): the invalid ones stay where they are.
+  const std::string out2 = fx.tmp.file("run2");
+  ASSERT_EQ(run_ramtrain(fx.train(out2, "--save-every 5 --keep-checkpoints 0")).exit_code, 0);
+  for (const auto& c : rt::checkpoint_list(out2)) fs::remove(c.path + "/manifest.json");
+  r = run_ramtrain(fx.train(out2, "--resume auto", fx.tmp.file("missing.txt")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no valid checkpoint")) << r.output;
+  EXPECT_EQ(rt::checkpoint_list(out2).size(), 2u) << r.output;
+  EXPECT_FALSE(superseded_any(out2)) << r.output;
 }
 
 // Defect 3: an --out that cannot be written was found when final/ was written, after the training.
