@@ -3,12 +3,19 @@
 // and the tokenizer files: ramtrain_tokenizer.json for byte-level runs, the
 // source model directory's tokenizer files for runs started from --model).
 // The checkpoint is verified (every checksum) before anything is written.
+// --out is locked while it is written (core/run_lock.h), and so is the run
+// directory when --out is its final/ (which the run's trainer writes); an --out
+// that holds checkpoints or the checkpoint itself is refused: the export
+// replaces --out as a whole.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/run_lock.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
 
@@ -47,6 +54,24 @@ int cmd_export(const Args& args) {
     const std::string why = checkpoint_verify(dir);
     if (!why.empty()) fail("[export] ", dir, " is not a valid checkpoint: ", why);
   }
+  std::string clean = out;
+  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  {
+    namespace fs = std::filesystem;
+    std::error_code ea, ec;
+    const fs::path a = fs::weakly_canonical(clean, ea), c = fs::weakly_canonical(dir, ec);
+    if (!ea && !ec && !a.empty() && std::mismatch(a.begin(), a.end(), c.begin(), c.end()).first == a.end())
+      fail("[export] --out ", out, " is or holds the checkpoint ", dir,
+           ", which the export would replace: pick another --out");
+    if (!checkpoint_list(clean).empty())
+      fail("[export] --out ", out, " holds training checkpoints (", checkpoint_list(clean).back().path,
+           "), which the export would replace: pick another --out, e.g. ", path_join(clean, "hf"));
+  }
+  // final/ of a run directory is the trainer's to write while it runs.
+  RunLock run_lock;
+  if (std::filesystem::path(clean).filename() == "final" && is_directory(path_dirname(clean)))
+    run_lock = RunLock::acquire(path_dirname(clean), "[export]", "run directory");
+  RunLock out_lock = RunLock::acquire(clean, "[export]", "--out");
   TrainerCheckpoint meta = checkpoint_read_trainer(dir);
   HostState state(checkpoint_read_spec(dir), false);
   checkpoint_load_state(dir, state, false);

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/quote.h"
 
 namespace {
 
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const rt::Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ramtrain %s: error: %s\n", cmd.c_str(), e.what());
+    // A backstop: a message that quotes huge input somewhere quote_input was not used is cut too.
+    std::fprintf(stderr, "ramtrain %s: error: %s\n", cmd.c_str(), rt::quote_input(e.what(), 4000).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ramtrain %s: internal error: %s\n", cmd.c_str(), e.what());
+    std::fprintf(stderr, "ramtrain %s: internal error: %s\n", cmd.c_str(), rt::quote_input(e.what(), 4000).c_str());
     return 3;
   }
 }

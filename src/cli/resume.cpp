@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/quote.h"
 
 namespace rt::cli {
 
@@ -43,9 +44,10 @@ std::string abs_path(const std::string& p) {
   return ec ? p : a.lexically_normal().string();
 }
 
-void supersede_newer(const std::string& out_dir, int64_t step) {
+void supersede_newer(const std::string& out_dir, int64_t step, const std::string& keep) {
   for (const CheckpointRef& c : checkpoint_list(out_dir)) {
-    if (c.step <= step) continue;
+    std::error_code eq;
+    if (c.step <= step || (!keep.empty() && std::filesystem::equivalent(c.path, keep, eq))) continue;
     const std::string to = cat(c.path, ".superseded-", ::getpid());
     std::error_code ec;
     std::filesystem::rename(c.path, to, ec);
@@ -89,7 +91,6 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     for (auto& w : warnings) std::printf("warning: %s\n", w.c_str());
     if (!ref) {
       std::printf("--resume auto: no valid checkpoint in %s; starting from step 0\n", out.c_str());
-      supersede_newer(out, 0);
       return std::nullopt;
     }
     src.dir = ref->path;
@@ -111,7 +112,7 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     if (kNotCompared.count(k) || !p.given_explicitly(k)) continue;
     const std::string old = saved.count(k) ? saved.at(k) : "(unset)", now = p.str(k);
     if (same_value(old, now)) continue;
-    const std::string what = cat("--", k, " ", now, " (the checkpoint ran with ", old, ")");
+    const std::string what = cat("--", k, " ", quote_input(now), " (the checkpoint ran with ", quote_input(old), ")");
     if (kDefining.count(k)) refused.push_back(what);
     else if (!kHarmless.count(k)) warned.push_back(what);
   }
@@ -146,10 +147,23 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     if (now != src.meta.run.data_paths)
       std::printf("warning: --data names other paths than the checkpoint's run; resuming if the tokens are the same\n");
   }
-  supersede_newer(p.str("out"), src.meta.step);
-  std::printf("resuming from %s: step %lld, data cursor %s\n", src.dir.c_str(), (long long)src.meta.step,
-              src.meta.cursor.to_string().c_str());
   return src;
+}
+
+RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec) {
+  if (out_dir.empty()) return RunLock();
+  RunLock lock = RunLock::acquire(out_dir, "[train]", "--out");
+  const std::string warning = check_out_writable(out_dir, checkpoint_bytes_estimate(spec), "[train]", "--out");
+  if (!warning.empty()) std::printf("warning: %s\n", warning.c_str());
+  return lock;
+}
+
+void resume_commit(const ArgParser& p, const std::optional<ResumeSource>& r) {
+  if (!p.has("resume")) return;  // a fresh run was refused when --out held checkpoints
+  if (r)
+    std::printf("resuming from %s: step %lld, data cursor %s\n", r->dir.c_str(), (long long)r->meta.step,
+                r->meta.cursor.to_string().c_str());
+  supersede_newer(p.str("out"), r ? r->meta.step : 0, r ? r->dir : std::string());
 }
 
 void resume_check_data(const ResumeSource& r, const BatchSource& data) {

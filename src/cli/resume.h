@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "core/run_lock.h"
 #include "data/dataset.h"
 #include "io/checkpoint.h"
 #include "model/spec.h"
@@ -26,10 +27,22 @@ struct ResumeSource {
 };
 
 // nullopt: a fresh start (no --resume, or auto with no valid checkpoint in --out).
-// Fills data_paths from the checkpoint when none were given. Checkpoints newer
-// than the one resumed from are renamed to <name>.superseded-<pid> (with a
-// warning) so that `auto` never picks them later.
+// Fills data_paths from the checkpoint when none were given. Only reads: a
+// refused resume changes nothing on disk.
 std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string>& data_paths);
+
+// Called once the run has passed every check and is about to train (holding
+// the --out lock): says where it continues from, and renames the checkpoints
+// in --out newer than that step (every one, when --resume auto found none
+// valid) to <name>.superseded-<pid>, each with a warning, so that a later
+// `--resume auto` never goes back to them.
+void resume_commit(const ArgParser& p, const std::optional<ResumeSource>& r);
+
+// Before the data is read: locks the run's --out (core/run_lock.h: a second
+// run into it is refused, naming this one; held until the returned lock is
+// destroyed), checks that it can be written, and warns when its file system
+// has less free space than one checkpoint of the model. "" (nothing saved): no lock.
+RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec);
 
 // Refuses data whose token counts, window count or fingerprint differ from the checkpoint's.
 void resume_check_data(const ResumeSource& r, const BatchSource& data);

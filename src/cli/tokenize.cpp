@@ -58,7 +58,7 @@ int cmd_tokenize(const Args& raw_args) {
     if (is_directory(in)) {
       for (auto& f : text_document_paths({in})) files.push_back(f);
     } else {
-      if (!file_exists(in)) fail("[tokenize] ", in, ": no such file or directory");
+      require_regular_file(in, "[tokenize]", /*dir_ok=*/true);
       files.push_back(in);
     }
   }

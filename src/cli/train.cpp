@@ -189,6 +189,7 @@ int cmd_train(const Args& args) {
                                              : spec_from_config_file(path_join(c.model, "config.json"));
   const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available();
   preflight(c, spec, cpu_backend);
+  RunLock out_lock = out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
 
   // The data next: its errors come before gigabytes of model state are allocated.
   TrainData td = train_data_open(p, c.data, spec, c.model, c.seed);
@@ -221,6 +222,7 @@ int cmd_train(const Args& args) {
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);
+  resume_commit(p, resume);  // every check passed: now newer checkpoints may be moved aside
   return trainer.run(sampler);
 }
 

@@ -39,6 +39,8 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
                           const std::string& model_dir, uint64_t seed, double val_fraction) {
   TrainData td;
   RT_CHECK(!paths.empty(), "[train] --data is required: text/.jsonl files, directories, or one token file");
+  // Data is memory-mapped: a FIFO or a device is refused by what it is, before anything is read.
+  for (const std::string& path : paths) require_regular_file(path, "[data] --data", /*dir_ok=*/true);
   std::string tok_dir = p.has("tokenizer") ? p.str("tokenizer") : std::string();
   if (tok_dir.empty() && has_tokenizer_files(model_dir)) tok_dir = model_dir;
   if (p.has("tokenizer") && !has_tokenizer_files(tok_dir))

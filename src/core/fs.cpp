@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -65,6 +66,69 @@ std::string path_dirname(const std::string& p) {
   if (pos == std::string::npos) return "";
   if (pos == 0) return "/";
   return p.substr(0, pos);
+}
+
+std::string path_kind(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) return "a symbolic link to a missing target";
+    return "";
+  }
+  if (S_ISREG(st.st_mode)) return "a regular file";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
+void require_regular_file(const std::string& path, const std::string& where, bool dir_ok) {
+  const std::string kind = path_kind(path);
+  if (kind == "a regular file" || (dir_ok && kind == "a directory")) return;
+  if (kind.empty()) fail(where, " ", path, ": no such file", dir_ok ? " or directory" : "", " (check the path)");
+  if (kind == "a directory") fail(where, " ", path, ": is a directory, not a file");
+  fail(where, " ", path, ": is ", kind, ", not a regular file", dir_ok ? " or directory" : "",
+       ": give data files", dir_ok ? " or directories of them" : "",
+       " (ramtrain maps its input files, so pipes and devices cannot be read; copy the data into a file)");
+}
+
+uint64_t fs_free_bytes(const std::string& path) {
+  struct statvfs sv;
+  if (::statvfs(path.c_str(), &sv) != 0) return UINT64_MAX;
+  return static_cast<uint64_t>(sv.f_bavail) * static_cast<uint64_t>(sv.f_frsize);
+}
+
+std::string check_out_writable(const std::string& dir, uint64_t need_bytes, const std::string& where,
+                               const std::string& flag) {
+  const std::string kind = path_kind(dir);
+  if (!kind.empty() && kind != "a directory")
+    fail(where, " ", flag, " ", dir, " is ", kind, ", not a directory: pick another ", flag);
+  if (kind.empty()) {
+    try {
+      make_dirs(dir);
+    } catch (const Error& e) {
+      fail(where, " ", flag, " ", dir, " cannot be created (", e.what(), "): pick a writable place");
+    }
+  }
+  const std::string probe = path_join(dir, ".ramtrain-probe." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    fail(where, " ", flag, " ", dir, " cannot be written (creating ", probe, ": ", std::strerror(errno),
+         "): pick a writable place");
+  const std::string block(4096, '\0');
+  const bool ok = ::write(fd, block.data(), block.size()) == static_cast<ssize_t>(block.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!ok)
+    fail(where, " ", flag, " ", dir, " cannot be written (writing ", probe, ": ", std::strerror(err), ")",
+         err == ENOSPC ? ": the disk is full; free space or pick another place" : "");
+  const uint64_t free = fs_free_bytes(dir);
+  if (free < need_bytes)
+    return cat(flag, " ", dir, " has ", free >> 20, " MiB free, less than one checkpoint (",
+               need_bytes >> 20, " MiB): saving it will fail unless space is freed");
+  return "";
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {

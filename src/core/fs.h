@@ -19,6 +19,24 @@ void fsync_dir(const std::string& dir);
 std::string path_join(const std::string& a, const std::string& b);
 std::string path_dirname(const std::string& p);
 
+// What is at path, for messages: "a regular file", "a directory", "a FIFO (named
+// pipe)", "a character device", "a block device", "a socket", "a symbolic link
+// to a missing target"; "" when nothing is there.
+std::string path_kind(const std::string& path);
+// Throws "<where> <path>: no such file or directory" or "<where> <path>: is a FIFO
+// (named pipe), not a regular file ..." unless path is a regular file (or, with
+// dir_ok, a directory). Data is memory-mapped: pipes and devices cannot be read.
+void require_regular_file(const std::string& path, const std::string& where, bool dir_ok = false);
+// An output directory's checks before a long run writes into it: creates it
+// (mkdir -p), then creates, writes, fsyncs and removes a probe file; throws
+// "<where> <flag> <dir> ..." when the path is not a directory or cannot be
+// written. Returns a warning ("" none) when the file system has less free
+// space than need_bytes.
+std::string check_out_writable(const std::string& dir, uint64_t need_bytes, const std::string& where = "[train]",
+                               const std::string& flag = "--out");
+// Free bytes for an unprivileged writer on the file system holding path (UINT64_MAX when unknown).
+uint64_t fs_free_bytes(const std::string& path);
+
 class MappedFile {
  public:
   MappedFile() = default;

@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #include "core/error.h"
+#include "core/quote.h"
 
 namespace rt {
 
@@ -63,9 +64,9 @@ std::string json_error_text(const nlohmann::json::parse_error& e) {
   const size_t c = w.find("column ");
   if (c != std::string::npos) {
     const size_t colon = w.find(": ", c);
-    if (colon != std::string::npos) return w.substr(colon + 2);
+    if (colon != std::string::npos) return quote_input(w.substr(colon + 2));  // "last read: '<the token>'"
   }
-  return w;
+  return quote_input(w);
 }
 
 bool field_string(const nlohmann::json& j, const char* key, std::string& out, bool required, const RecordPiece& p,
@@ -132,7 +133,7 @@ void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::json& j, 
       if (!field_string(x, "content", content, true, p, out, what)) return;
       auto r = chat_role_parse(role);
       if (!r) {
-        out.set_bad("unknown role", cat(p.where(), ": ", what, " has unknown role \"", role,
+        out.set_bad("unknown role", cat(p.where(), ": ", what, " has unknown role \"", quote_input(role),
                                         "\"; the roles are system, user and assistant"));
         return;
       }
@@ -183,7 +184,7 @@ void ExampleEncoder::encode(const RecordPiece& p, EncodedPiece& out) const {
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += cat(keys.empty() ? "" : ", ", "\"", it.key(), "\"");
   out.set_bad("missing field", cat(p.where(), ": the record has no \"text\", \"messages\" or \"instruction\"/\"output\" ",
-                                   "field (its fields: ", keys.empty() ? "none" : keys, ")"));
+                                   "field (its fields: ", keys.empty() ? "none" : quote_input(keys), ")"));
 }
 
 // ---- FinetuneDataset -----------------------------------------------------

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/quote.h"
 #include "core/thread_pool.h"
 #include "tokenizer/unicode.h"
 
@@ -157,7 +159,7 @@ class PieceScanner {
   void open(size_t i) {
     const std::string& path = files_[i];
     if (is_directory(path)) fail("[data] ", path, ": is a directory; give files (or directories to `train --data`)");
-    if (!file_exists(path)) fail("[data] ", path, ": no such file (check the path)");
+    require_regular_file(path, "[data]");
     map_ = std::make_shared<MappedFile>(path);
     data_ = map_->data();
     size_ = map_->size();
@@ -237,6 +239,26 @@ void utf8_check(const RecordPiece& p, EncodedPiece& out) {
                                    " at file offset ", p.file_offset + bad, "); fix the encoding (e.g. iconv -t UTF-8)"));
 }
 
+// A JSON library error that escapes an encoder (e.g. a number too large for a
+// double, which nlohmann reports as out_of_range.406 rather than a parse
+// error) is the record's fault: a bad record with its file:line, which
+// --bad-lines skip skips, never an internal error.
+void encode_guarded(const PieceEncoder& encode, const RecordPiece& p, EncodedPiece& out) {
+  try {
+    encode(p, out);
+  } catch (const nlohmann::json::exception& e) {
+    std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow parsing '1e99999'"
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos)
+      what = what.substr(what.find("] ") + 2);
+    out = EncodedPiece();
+    if (e.id == 406)
+      out.set_bad("number out of range",
+                  cat(p.where(), ": a number is out of range: ", quote_input(what), " (JSON numbers must fit a double)"));
+    else
+      out.set_bad("malformed JSON", cat(p.where(), ": malformed JSON: ", quote_input(what)));
+  }
+}
+
 class Progress {
  public:
   Progress(bool on, std::string label, uint64_t total)
@@ -274,7 +296,8 @@ RecordStats records_for_each(const std::vector<std::string>& files, const Record
   st.files = files.size();
   uint64_t total = 0;
   for (const std::string& f : files) {
-    if (!file_exists(f)) fail("[data] ", f, ": no such file (check the path)");
+    if (is_directory(f)) fail("[data] ", f, ": is a directory; give files (or directories to `train --data`)");
+    require_regular_file(f, "[data]");
     total += file_size(f);
   }
   PieceScanner scanner(files, opt, st);
@@ -322,7 +345,7 @@ RecordStats records_for_each(const std::vector<std::string>& files, const Record
     global_pool().run(static_cast<int64_t>(task_begin.size() - 1), [&](int64_t t) {
       for (size_t i = task_begin[size_t(t)]; i < task_begin[size_t(t) + 1]; ++i) {
         utf8_check(wave[i], out[i]);
-        if (out[i].bad_kind.empty()) encode(wave[i], out[i]);
+        if (out[i].bad_kind.empty()) encode_guarded(encode, wave[i], out[i]);
       }
     });
     for (size_t i = 0; i < wave.size(); ++i) {

@@ -12,7 +12,11 @@
 // Bad data: every piece is checked for valid UTF-8 before it is encoded and
 // invalid bytes are reported as "<path>:<line>:<column>: invalid UTF-8 (byte
 // 0xNN at file offset N)"; encoders report their own bad records (malformed
-// JSON, missing fields, unknown roles, ...) as "<path>:<line>: ...".
+// JSON, missing fields, unknown roles, ...) as "<path>:<line>: ..."; a JSON
+// library exception that escapes an encoder is a bad record of that line too
+// ("number out of range" for a number too large for a double, else "malformed
+// JSON"), never an internal error. Input quoted in messages goes through
+// quote_input (core/quote.h): at most ~200 bytes of it.
 // BadRecordPolicy::abort throws the first bad record in file order;
 // skip counts each one by kind and prints the first few to stderr;
 // RecordStats::summary() lists every count. Nothing is dropped silently.

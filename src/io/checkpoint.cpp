@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/quote.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 
@@ -237,7 +238,7 @@ TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::s
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    bad(cat("invalid JSON: ", e.what()));
+    bad(cat("invalid JSON: ", quote_input(e.what())));
   }
   if (!j.is_object()) bad("not a JSON object");
   auto field = [&](const json& o, const char* k) -> const json& {
@@ -324,7 +325,7 @@ CheckpointManifest manifest_parse(const std::string& text, const std::string& so
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    bad(cat("invalid JSON: ", e.what()));
+    bad(cat("invalid JSON: ", quote_input(e.what())));
   }
   if (!j.is_object()) bad("not a JSON object");
   if (!j.contains(kSelfKey) || !j[kSelfKey].is_string()) bad(cat("no '", kSelfKey, "' self-checksum"));
@@ -406,7 +407,31 @@ std::string checkpoint_verify(const std::string& dir) {
     }
     if (h != e.xxh3_64) return cat(name, ": checksum mismatch (xxh3_64 ", hex64(h), ", manifest ", hex64(e.xxh3_64), ")");
   }
+  // The step three ways: the manifest, trainer.json and the directory's name.
+  std::string clean = dir;
+  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  const std::string base = clean.substr(clean.find_last_of('/') == std::string::npos ? 0 : clean.find_last_of('/') + 1);
+  try {
+    const int64_t trainer_step = checkpoint_read_trainer(dir).step;
+    if (trainer_step != m.step)
+      return cat("trainer.json holds step ", trainer_step, " but manifest.json step ", m.step, " (an inconsistent checkpoint)");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  const bool named = base.size() > 5 && base.size() <= 5 + 18 && base.compare(0, 5, "ckpt-") == 0 &&
+                     std::all_of(base.begin() + 5, base.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (named && std::strtoll(base.c_str() + 5, nullptr, 10) != m.step)
+    return cat("its name says step ", std::strtoll(base.c_str() + 5, nullptr, 10), " but it holds step ", m.step,
+               " (a copy or rename of another step's checkpoint; rename it to ", checkpoint_dir_name(m.step),
+               " or remove it)");
   return "";
+}
+
+uint64_t checkpoint_bytes_estimate(const ModelSpec& spec) {
+  // Per unit (embed, layers, head): a safetensors header of at most a few KiB;
+  // config.json, trainer.json (the run configuration) and manifest.json: under 64 KiB.
+  const uint64_t units = static_cast<uint64_t>(spec.n_layers) + 2;
+  return 12 * static_cast<uint64_t>(spec.params_total()) + units * (uint64_t(16) << 10) + (uint64_t(64) << 10);
 }
 
 std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,

@@ -94,8 +94,13 @@ struct CheckpointRef {
 // Directories OUT/ckpt-<digits>, ascending by step (no validation).
 std::vector<CheckpointRef> checkpoint_list(const std::string& out_dir);
 // "" when DIR is a complete checkpoint whose every file has the size and
-// checksum the manifest records; else the reason, naming the file.
+// checksum the manifest records, whose trainer.json holds the manifest's step,
+// and, when DIR is named ckpt-<digits>, whose name says that step too (a copy
+// of another step's directory is not that step); else the reason, naming the file.
 std::string checkpoint_verify(const std::string& dir);
+// An upper bound on the bytes of one checkpoint of this model: master, Adam m
+// and v in fp32 (12 bytes a parameter), the safetensors headers and the small files.
+uint64_t checkpoint_bytes_estimate(const ModelSpec& spec);
 // The newest checkpoint in OUT that verifies; each newer one that does not is
 // named with its reason in *warnings. nullopt when none is valid.
 std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/quote.h"
 
 namespace rt {
 
@@ -413,13 +414,13 @@ ModelSpec spec_from_config_text(const std::string& json_text, const std::string&
   try {
     j = json::parse(json_text);
   } catch (const json::exception& e) {
-    fail("[config] ", source, ": not valid JSON (", e.what(), ")");
+    fail("[config] ", source, ": not valid JSON (", quote_input(e.what()), ")");
   }
   try {
     return spec_parse(j, source);
   } catch (const json::exception& e) {
     // A safety net: every access above is type-checked first.
-    fail("[config] ", source, ": unexpected content (", e.what(), ")");
+    fail("[config] ", source, ": unexpected content (", quote_input(e.what()), ")");
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -360,3 +361,84 @@ TEST(Checkpoint, DatasetFingerprintSeesContent) {
 }
 
 }  // namespace
+
+namespace {
+
+// Rewrites DIR/trainer.json and its manifest entry (a consistent manifest, so only the step check can object).
+void rewrite_trainer_json(const std::string& dir, const std::string& text) {
+  rt::write_file_atomic(dir + "/trainer.json", text);
+  rt::CheckpointManifest m = rt::manifest_parse(rt::read_text_file(dir + "/manifest.json"), "manifest");
+  m.files["trainer.json"] = {text.size(), rt::xxh3_64_of(text.data(), text.size())};
+  rt::write_file_atomic(dir + "/manifest.json", rt::manifest_to_json(m));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rt::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// A copy of another step's checkpoint under a ckpt-<step> name is not that step:
+// verify names the disagreement and the newest-valid search skips that one alone.
+TEST(Checkpoint, ANameThatDisagreesWithTheContentIsInvalid) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  for (int64_t s : {2, 4}) rt::checkpoint_write(tmp.path(), a, meta_at(s), 0);
+  fs::copy(tmp.file("ckpt-00000002"), tmp.file("ckpt-00000009"), fs::copy_options::recursive);
+  const std::string why = rt::checkpoint_verify(tmp.file("ckpt-00000009"));
+  EXPECT_TRUE(contains(why, "its name says step 9 but it holds step 2")) << why;
+  std::vector<std::string> w;
+  auto best = rt::checkpoint_find_latest_valid(tmp.path(), &w);
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->step, 4);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(contains(w[0], "skipping " + tmp.file("ckpt-00000009") + ": its name says step 9")) << w[0];
+  // Under a name that is not ckpt-<digits> (a backup given to --resume DIR), the content decides.
+  fs::copy(tmp.file("ckpt-00000002"), tmp.file("backup"), fs::copy_options::recursive);
+  EXPECT_EQ(rt::checkpoint_verify(tmp.file("backup")), "");
+  EXPECT_EQ(rt::checkpoint_verify(tmp.file("ckpt-00000004/")), "");
+  // trainer.json must hold the manifest's step.
+  rewrite_trainer_json(tmp.file("backup"), rt::trainer_checkpoint_to_json(meta_at(3)));
+  const std::string t = rt::checkpoint_verify(tmp.file("backup"));
+  EXPECT_TRUE(contains(t, "trainer.json holds step 3 but manifest.json step 2")) << t;
+}
+
+// Every JSON reader of a checkpoint turns a number too large for a double into
+// an error naming the file, never a library exception.
+TEST(Checkpoint, AnOverflowingNumberInAnyJsonFileIsAnErrorNamingIt) {
+  std::string tj = rt::trainer_checkpoint_to_json(meta_at(3));
+  tj.replace(tj.find("\"seed\": ") + 8, 0, "1e99999, \"x\": ");
+  const std::string e1 = error_of([&] { rt::trainer_checkpoint_parse(tj, "dir/trainer.json"); });
+  EXPECT_TRUE(contains(e1, "[checkpoint] dir/trainer.json: invalid JSON")) << e1;
+  EXPECT_TRUE(contains(e1, "number overflow")) << e1;
+  std::string mj = rt::manifest_to_json(rt::CheckpointManifest{});
+  mj.replace(mj.find("\"step\": ") + 8, 1, "1e99999");
+  const std::string e2 = error_of([&] { rt::manifest_parse(mj, "dir/manifest.json"); });
+  EXPECT_TRUE(contains(e2, "[checkpoint] dir/manifest.json: invalid JSON")) << e2;
+  rt::test::TempDir tmp;
+  rt::test::write_bytes(tmp.file("config.json"), "{\"hidden_size\": 1e99999}");
+  const std::string e3 = error_of([&] { rt::checkpoint_read_spec(tmp.path()); });
+  EXPECT_TRUE(contains(e3, tmp.file("config.json"))) << e3;
+  // A 1 MB token in the text is quoted in at most ~200 bytes.
+  const std::string long_tj = "{\"format\": " + std::string(1 << 20, '7') + "x}";
+  const std::string e4 = error_of([&] { rt::trainer_checkpoint_parse(long_tj, "dir/trainer.json"); });
+  EXPECT_TRUE(contains(e4, "bytes in all)")) << e4.substr(0, 500);
+  EXPECT_LT(e4.size(), 600u) << e4.substr(0, 500);
+}
+
+// The free-space check's estimate bounds a real checkpoint from above (and the
+// checkpoint holds at least the 12 bytes a parameter it is made of).
+TEST(Checkpoint, TheSizeEstimateBoundsARealCheckpoint) {
+  rt::test::TempDir tmp;
+  const rt::ModelSpec spec = tiny_spec();
+  rt::HostState a(spec, false);
+  const uint64_t bytes = rt::checkpoint_write(tmp.path(), a, meta_at(1), 0).bytes;
+  const uint64_t est = rt::checkpoint_bytes_estimate(spec);
+  EXPECT_GE(est, bytes);
+  EXPECT_GE(bytes, 12 * static_cast<uint64_t>(spec.params_total()));
+}
