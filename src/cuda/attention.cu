@@ -660,8 +660,8 @@ AttentionKernels kernels_chosen() {
 // mma.sync kernels whatever was chosen.
 bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
 
-bool use_wgmma(const char* where, int64_t D, const int32_t* doc_start) {
-  if (!wgmma_head_dim(D) || doc_start) return false;  // packed documents: mma.sync kernels only (for now)
+bool use_wgmma(const char* where, int64_t D) {
+  if (!wgmma_head_dim(D)) return false;
   const AttentionKernels k = kernels_chosen();
   if (k == AttentionKernels::automatic) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
@@ -695,8 +695,8 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
                        int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
-  if (use_wgmma("attention_forward", D, doc_start)) {
-    sm90::attention_forward(out, lse, q, k, v, B, s, D, stream);
+  if (use_wgmma("attention_forward", D)) {
+    sm90::attention_forward(out, lse, q, k, v, B, s, D, stream, doc_start);
     return;
   }
   head_dim_dispatch(D, [&](auto d) {
@@ -720,9 +720,9 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
   float* delta = static_cast<float*>(scratch.ptr);
-  if (use_wgmma("attention_backward", D, doc_start)) {
+  if (use_wgmma("attention_backward", D)) {
     delta_launch(D, delta, dout, out, B, s, stream);
-    sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream);
+    sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream, doc_start);
     return;
   }
   head_dim_dispatch(D, [&](auto d) {
