@@ -14,8 +14,12 @@
 // set_attention_kernels); the first column names it. --dump writes into
 // DIR/<kernels>/ then.
 //
+// --doc-len N packs each sequence with documents of N tokens (the last one
+// shorter; doc_start of ops.h): FLOPs are then credited over the visible
+// (query, key) pairs only, sum n^2/2 over the documents instead of T^2/2.
+//
 // usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128 (64, 96, 128, 256)] [--B 1,2]
-//                        [--kernels auto] [--reps 20] [--warmup 5] [--dump DIR]
+//                        [--kernels auto] [--reps 20] [--warmup 5] [--dump DIR] [--doc-len 0]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -91,6 +95,7 @@ void dump(const std::string& path, const void* dev, size_t bytes) {
 int main(int argc, char** argv) try {
   int64_t T = 4096, H = 32, G = 32, D = 128;
   int reps = 20, warmup = 5;
+  int64_t doc_len = 0;
   std::vector<int64_t> batches = {1, 2};
   std::vector<std::string> kernel_names = {"auto"};
   std::string dump_dir;
@@ -112,12 +117,15 @@ int main(int argc, char** argv) try {
     else if (a == "--reps") reps = std::stoi(v);
     else if (a == "--warmup") warmup = std::stoi(v);
     else if (a == "--dump") dump_dir = v;
+    else if (a == "--doc-len") doc_len = std::stoll(v);
     else if (a == "--kernels") kernel_names = split(v);
     else if (a == "--B") {
       batches.clear();
       for (const std::string& b : split(v)) batches.push_back(std::stoll(b));
     } else rt::fail("[attention_bench] unknown option ", a);
   }
+  if (doc_len < 0 || (doc_len > 0 && !dump_dir.empty()))
+    rt::fail("[attention_bench] --doc-len must be >= 0 and cannot go with --dump (attention_sdpa.py has no documents)");
   std::vector<rt::cuda::AttentionKernels> kernel_sets;
   for (const std::string& n : kernel_names) {
     if (n == "auto") kernel_sets.push_back(rt::cuda::AttentionKernels::automatic);
@@ -128,6 +136,9 @@ int main(int argc, char** argv) try {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (doc_len > 0)
+    std::printf("packed documents of %lld tokens: TFLOP/s over the visible (query, key) pairs\n",
+                static_cast<long long>(doc_len));
   std::printf("%-8s %-4s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %10s\n", "kernels", "B", "T", "H", "G", "D", "fwd_ms",
               "bwd_ms", "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
   int status = 0;
@@ -151,10 +162,25 @@ int main(int argc, char** argv) try {
     CUDA_CHECK(cudaMalloc(&dv, nkv * 2));
     CUDA_CHECK(cudaMalloc(&lse, B * H * T * 4));
     CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
-    auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr); };
+    // --doc-len: doc_start [B, T] and the visible (query, key) pairs per head
+    int32_t* doc = nullptr;
+    double pairs = static_cast<double>(T) * T / 2.0;
+    if (doc_len > 0) {
+      std::vector<int32_t> h(static_cast<size_t>(B * T));
+      pairs = 0;
+      for (int64_t t0 = 0; t0 < T; t0 += doc_len) {
+        const int64_t n = std::min(doc_len, T - t0);
+        pairs += static_cast<double>(n) * n / 2.0;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = t0; t < t0 + n; ++t) h[b * T + t] = static_cast<int32_t>(t0);
+      }
+      CUDA_CHECK(cudaMalloc(&doc, h.size() * 4));
+      CUDA_CHECK(cudaMemcpy(doc, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    }
+    auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc); };
     auto bwd = [&] {
       rt::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, {scratch, scratch_bytes},
-                                   nullptr);
+                                   nullptr, doc);
     };
     const double fwd_ms = median_ms(fwd, warmup, reps);
     const double bwd_ms = median_ms(bwd, warmup, reps);
@@ -174,7 +200,7 @@ int main(int argc, char** argv) try {
     CUDA_CHECK(cudaDeviceSynchronize());
     grads(after);
     const bool same = before == after;
-    const double fwd_flop = 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
+    const double fwd_flop = 4.0 * B * H * pairs * D;
     const double bwd_flop = 2.5 * fwd_flop;
     std::printf("%-8s %-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n", kname,
                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
@@ -203,7 +229,7 @@ int main(int argc, char** argv) try {
     if (!same) status = 2;
     for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                     static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                    static_cast<void*>(lse), scratch})
+                    static_cast<void*>(lse), scratch, static_cast<void*>(doc)})
       CUDA_CHECK(cudaFree(p));
   }
   }

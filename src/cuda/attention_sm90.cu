@@ -256,13 +256,13 @@ __device__ __forceinline__ unsigned char* smem_aligned() {
 }
 __device__ __forceinline__ uint32_t smem_base_1k() { return smem_u32(smem_aligned()); }
 
-// The producer thread's K/V loop: tiles 0..n_tiles-1 (BN keys each) of kv head g
-// through the stage ring; V lands KV_BYTES after K in each stage.
+// The producer thread's K/V loop: tiles j0..n_tiles-1 (BN keys each) of kv head g
+// through the stage ring (tile j0 in stage 0); V lands KV_BYTES after K in each stage.
 template <class C, int D, class StageBase>
 __device__ __forceinline__ void produce_kv_tiles(const Bars<C::S>& bar, StageBase sk, const CUtensorMap* tk,
-                                                 const CUtensorMap* tv, int g, int b, int n_tiles) {
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % C::S, use = j / C::S;
+                                                 const CUtensorMap* tv, int g, int b, int j0, int n_tiles) {
+  for (int i = 0; i < n_tiles - j0; ++i) {
+    const int j = j0 + i, st = i % C::S, use = i / C::S;
     if (use > 0) mbar_wait(bar.empty(st), (use - 1) & 1);
     mbar_arrive_expect_tx(bar.full(st), 2 * C::KV_BYTES);
     for (int c = 0; c < D / 64; ++c) {
@@ -282,11 +282,13 @@ struct Fwd {
   static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
 };
 
-template <int D>
+// DOC: packed documents (doc [B,T], see ops.h), as in attention.cu: key tiles
+// before the block's first document skipped, keys before a row's start masked.
+template <int D, bool DOC>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse,
-                   AttnShape s) {
+                   AttnShape s, const int32_t* __restrict__ doc) {
 #ifdef RT_SM90_DEVICE
   using C = Fwd<D>;
   const uint32_t base = smem_base_1k();
@@ -300,6 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
   const int q0 = qb * C::BM;
   const int n_tiles = (min(s.T, q0 + C::BM) - 1) / C::BN + 1;
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? docb[q0] / C::BN : 0;  // first key tile any row of the block sees
   if (threadIdx.x == 0) bar.init();
   __syncthreads();
 
@@ -308,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(bar.once(), C::Q_BYTES);
       for (int c = 0; c < D / 64; ++c) tma_load(sq + c * C::BM * 128, &tq, bar.once(), c * 64, h, q0, b);
-      produce_kv_tiles<C, D>(bar, sk, &tk, &tv, g, b, n_tiles);
+      produce_kv_tiles<C, D>(bar, sk, &tk, &tv, g, b, j0, n_tiles);
     }
     return;
   }
@@ -321,18 +325,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float sc[C::BN / 2];
+  // DOC: this thread's rows' document starts, and the warpgroup's first and last
+  int row_start[2] = {}, wg_start0 = 0, wg_start1 = 0;
+  if constexpr (DOC) {
+    row_start[0] = docb[min(row_base, s.T - 1)];
+    row_start[1] = docb[min(row_base + 8, s.T - 1)];
+    wg_start0 = docb[min(wrow0, s.T - 1)];
+    wg_start1 = docb[min(wrow0 + 63, s.T - 1)];
+  }
   mbar_wait(bar.once(), 0);
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % C::S;
-    mbar_wait(bar.full(st), (j / C::S) & 1);
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) % C::S;
+    mbar_wait(bar.full(st), ((j - j0) / C::S) & 1);
     const int k0 = j * C::BN;
-    if (k0 <= wrow0 + 63) {  // else every key of the tile is after every row of this warpgroup
+    // else every key of the tile is after every row of this warpgroup (or, DOC, before every row's document)
+    if (k0 <= wrow0 + 63 && (!DOC || k0 + C::BN > wg_start0)) {
       wgmma_fence();
       gemm_ss<C::BN, D, C::BM>(sc, sq, 64 * w, sk(st));
       wgmma_wait<0>();
       reg_fence(sc);
       if (k0 + C::BN - 1 > wrow0) mask_causal_scores(sc, k0, row_base);  // the diagonal tile
+      if (DOC && k0 < wg_start1) mask_doc_rows(sc, k0, row_start, -INFINITY);
       softmax_online(sc, o, m, l, s.scale_log2);
       uint32_t pa[C::BN / 16][4];
       frag_to_a(pa, sc);
@@ -357,22 +371,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- dK, dV
 
-template <int D>
+template <int D, bool DOC = false>
 struct Dkdv {
   static constexpr int BN = 128, BM = 64, S = D == 128 ? 3 : 4;  // BN keys per block, BM query rows per tile
   static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2;
   static constexpr int ROW_OFF = 2 * KV_BYTES + S * 2 * QT_BYTES;  // [S][lse*log2e, delta][BM] fp32
-  static constexpr int BAR_OFF = ROW_OFF + S * 2 * BM * 4;
+  static constexpr int DOC_OFF = ROW_OFF + S * 2 * BM * 4;         // DOC: [S][document start][BM] int32
+  static constexpr int BAR_OFF = DOC_OFF + (DOC ? S * BM * 4 : 0);
   static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
 };
 
-template <int D>
+// DOC: packed documents (doc [B,T]): query tiles after the last row that sees a
+// key of the block skipped, queries of other documents masked.
+template <int D, bool DOC>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dk,
-                bf16* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
+                bf16* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
+                const int32_t* __restrict__ doc) {
 #ifdef RT_SM90_DEVICE
-  using C = Dkdv<D>;
+  using C = Dkdv<D, DOC>;
   const uint32_t base = smem_base_1k();
   const uint32_t sk = base, sv = base + C::KV_BYTES;
   auto sq = [&](int st) { return base + static_cast<uint32_t>(2 * C::KV_BYTES + st * 2 * C::QT_BYTES); };
@@ -383,9 +401,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
   const int key0 = kb * C::BN;
   const int i_start = key0 / C::BM;
-  const int n_i = (s.T + C::BM - 1) / C::BM - i_start;
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  // DOC: query rows from t_end on belong to documents that start after this block's last key
+  const int t_end = DOC ? doc_rows_end(docb, key0, s.T, min(key0 + C::BN, s.T) - 1) : s.T;
+  const int n_i = (t_end + C::BM - 1) / C::BM - i_start;
   const int n_iter = s.group * n_i;
   float* rows = reinterpret_cast<float*>(smem_aligned() + C::ROW_OFF);  // stage st: lse at 2*BM*st, delta after
+  int* starts = reinterpret_cast<int*>(smem_aligned() + C::DOC_OFF);    // DOC: stage st at BM*st
   if (threadIdx.x == 0) bar.init(1 + 32);
   __syncthreads();
 
@@ -402,6 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int q = qr0 + i;
           rows[2 * C::BM * st + i] = q < s.T ? lse[lo + q] * kLog2e : INFINITY;  // rows past T: P = 0
           rows[2 * C::BM * st + C::BM + i] = q < s.T ? delta[lo + q] : 0.f;
+          if constexpr (DOC) starts[C::BM * st + i] = q < s.T ? docb[q] : 0;
         }
         mbar_arrive(bar.full(st));  // release: the stores above are seen by whoever waits on full
       }
@@ -439,7 +462,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int st = it % C::S;
     const int qr0 = (i_start + it % n_i) * C::BM;
     mbar_wait(bar.full(st), (it / C::S) & 1);
-    if (qr0 + C::BM - 1 >= wkey0) {  // else every query of the tile is before every key here: P = 0
+    // else every query of the tile is before every key here (or, DOC, in a later document): P = 0
+    if (qr0 + C::BM - 1 >= wkey0 && (!DOC || starts[C::BM * st] <= wkey0 + 63)) {
       wgmma_fence();
       gemm_ss<C::BM, D, C::BN>(pt, sk, 64 * w, sq(st));    // S^T = K_w Q^T
       gemm_ss<C::BM, D, C::BN>(dpt, sv, 64 * w, sdo(st));  // dP^T = V_w dO^T
@@ -449,6 +473,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(pt);
       const bool need_mask = qr0 < wkey0 + 63;
       probs_cols(pt, s.scale_log2, lsc, need_mask, qr0, krow);
+      // DOC: the tile's last row starts its document after this warp's first key
+      if (DOC && starts[C::BM * st + min(C::BM, s.T - qr0) - 1] > wkey0 + 16 * warp)
+        mask_doc_cols(pt, starts + C::BM * st, krow);
       uint32_t pa[C::BM / 16][4];
       frag_to_a(pa, pt);
       gemm_rs<D, C::BM>(dva, pa, sdo(st));  // dV += P^T dO
@@ -486,11 +513,13 @@ struct Dq {
   static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
 };
 
-template <int D>
+// DOC: packed documents (doc [B,T]), as in the forward.
+template <int D, bool DOC>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
               const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dq,
-              const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
+              const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
+              const int32_t* __restrict__ doc) {
 #ifdef RT_SM90_DEVICE
   using C = Dq<D>;
   const uint32_t base = smem_base_1k();
@@ -503,6 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
   const int q0 = qb * C::BM;
   const int n_tiles = (min(s.T, q0 + C::BM) - 1) / C::BN + 1;
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? docb[q0] / C::BN : 0;  // first key tile any row of the block sees
   if (threadIdx.x == 0) bar.init();
   __syncthreads();
 
@@ -514,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load(sq + c * C::BM * 128, &tq, bar.once(), c * 64, h, q0, b);
         tma_load(sdo + c * C::BM * 128, &tdo, bar.once(), c * 64, h, q0, b);
       }
-      produce_kv_tiles<C, D>(bar, sk, &tk, &tv, g, b, n_tiles);
+      produce_kv_tiles<C, D>(bar, sk, &tk, &tv, g, b, j0, n_tiles);
     }
     return;
   }
@@ -528,13 +559,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dqa[i] = 0.f;
   float p[C::BN / 2], dp[C::BN / 2];
+  // DOC: this thread's rows' document starts, and the warpgroup's first and last
+  int row_start[2] = {}, wg_start0 = 0, wg_start1 = 0;
+  if constexpr (DOC) {
+    row_start[0] = docb[min(row_base, s.T - 1)];
+    row_start[1] = docb[min(row_base + 8, s.T - 1)];
+    wg_start0 = docb[min(wrow0, s.T - 1)];
+    wg_start1 = docb[min(wrow0 + 63, s.T - 1)];
+  }
   mbar_wait(bar.once(), 0);
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % C::S;
-    mbar_wait(bar.full(st), (j / C::S) & 1);
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) % C::S;
+    mbar_wait(bar.full(st), ((j - j0) / C::S) & 1);
     const int k0 = j * C::BN;
-    if (k0 <= wrow0 + 63) {  // else every key of the tile is after every row of this warpgroup
+    // else every key of the tile is after every row of this warpgroup (or, DOC, before every row's document)
+    if (k0 <= wrow0 + 63 && (!DOC || k0 + C::BN > wg_start0)) {
       wgmma_fence();
       gemm_ss<C::BN, D, C::BM>(p, sq, 64 * w, sk(st));    // S = Q_w K^T
       gemm_ss<C::BN, D, C::BM>(dp, sdo, 64 * w, sv(st));  // dP = dO_w V^T
@@ -542,6 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(p);
       const bool need_mask = k0 + C::BN - 1 > wrow0;
       probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
+      if (DOC && k0 < wg_start1) mask_doc_rows(p, k0, row_start, 0.f);
       wgmma_wait<0>();
       reg_fence(dp);
       dscores_rows(dp, p, row_delta);
@@ -600,39 +641,40 @@ CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64
   return map;
 }
 
-template <int D>
+template <int D, bool DOC>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, const AttnShape& s,
-                    cudaStream_t stream) {
+                    const int32_t* doc, cudaStream_t stream) {
   using C = Fwd<D>;
   const int64_t T = s.T, H = s.H, G = s.G;
   const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tk = tensor_map(k, B, T, G, D, C::BN, "k"),
                     tv = tensor_map(v, B, T, G, D, C::BN, "v");
-  smem_allow(forward_kernel<D>, C::SMEM);
+  smem_allow(forward_kernel<D, DOC>, C::SMEM);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-  forward_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s);
+  forward_kernel<D, DOC><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s, doc);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, bool DOC>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                     const float* lse, const float* delta, int64_t B, const AttnShape& s, cudaStream_t stream) {
+                     const float* lse, const float* delta, int64_t B, const AttnShape& s, const int32_t* doc,
+                     cudaStream_t stream) {
   const int64_t T = s.T, H = s.H, G = s.G;
   {
-    using C = Dkdv<D>;
+    using C = Dkdv<D, DOC>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
                       tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
-    smem_allow(dkdv_kernel<D>, C::SMEM);
+    smem_allow(dkdv_kernel<D, DOC>, C::SMEM);
     const dim3 grid(static_cast<unsigned>(B * G), static_cast<unsigned>(detail::ceil_div(T, C::BN)));
-    dkdv_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s);
+    dkdv_kernel<D, DOC><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s, doc);
     CUDA_CHECK_LAUNCH();
   }
   {
     using C = Dq<D>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
                       tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
-    smem_allow(dq_kernel<D>, C::SMEM);
+    smem_allow(dq_kernel<D, DOC>, C::SMEM);
     const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-    dq_kernel<D><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s);
+    dq_kernel<D, DOC><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s, doc);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -658,20 +700,34 @@ bool device_supported() {
 }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                       const AttnShape& s, int64_t D, cudaStream_t stream) {
-  if (D == 64)
-    forward_launch<64>(out, lse, q, k, v, B, s, stream);
-  else
-    forward_launch<128>(out, lse, q, k, v, B, s, stream);
+                       const AttnShape& s, int64_t D, cudaStream_t stream, const int32_t* doc_start) {
+  if (doc_start) {
+    if (D == 64)
+      forward_launch<64, true>(out, lse, q, k, v, B, s, doc_start, stream);
+    else
+      forward_launch<128, true>(out, lse, q, k, v, B, s, doc_start, stream);
+  } else {
+    if (D == 64)
+      forward_launch<64, false>(out, lse, q, k, v, B, s, nullptr, stream);
+    else
+      forward_launch<128, false>(out, lse, q, k, v, B, s, nullptr, stream);
+  }
 }
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const float* lse, const float* delta, int64_t B, const AttnShape& s, int64_t D,
-                        cudaStream_t stream) {
-  if (D == 64)
-    backward_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, stream);
-  else
-    backward_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, stream);
+                        cudaStream_t stream, const int32_t* doc_start) {
+  if (doc_start) {
+    if (D == 64)
+      backward_launch<64, true>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+    else
+      backward_launch<128, true>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+  } else {
+    if (D == 64)
+      backward_launch<64, false>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, nullptr, stream);
+    else
+      backward_launch<128, false>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, nullptr, stream);
+  }
 }
 
 }  // namespace rt::cuda::sm90

@@ -493,7 +493,7 @@ TEST_F(CudaOps, AttentionHeadDim96MatchesCpu) {
 TEST_F(CudaOps, AttentionHeadDim256MatchesCpu) {
   attention_cases({{2, 100, 4, 2, 256},    // partial tiles, GQA group 2
                    {1, 300, 4, 1, 256},    // MQA, many more tiles than pipeline stages
-                   {1, 64, 2, 2, 256}},    // exactly one tile of each kernel
+                   {1, 64, 2, 2, 256}},    // exactly one block of each kernel
                   160);
 }
 
