@@ -1,12 +1,11 @@
 #include "data/jinja_builtins.h"
+#include "data/jinja_pyops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 namespace rt::jinja {
-
-namespace {
 
 [[noreturn]] void type_fail(const std::string& what, const Value& v) {
   throw std::runtime_error(what + " got a value of type '" + kind_name(v) + "'");
@@ -120,7 +119,7 @@ std::string py_case(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 ti
   return out;
 }
 
-bool starts_or_ends(const std::string& s, const Value& arg, bool start) {
+static bool starts_or_ends(const std::string& s, const Value& arg, bool start) {
   auto one = [&](const Value& p) {
     const std::string& x = need_str(p, start ? "startswith" : "endswith");
     return x.size() <= s.size() && (start ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0);
@@ -133,7 +132,7 @@ bool starts_or_ends(const std::string& s, const Value& arg, bool start) {
   return one(arg);
 }
 
-Value str_method(const std::string& s, const std::string& name, CallArgs& a) {
+static Value str_method(const std::string& s, const std::string& name, CallArgs& a) {
   if (name == "startswith") return Value::boolean(starts_or_ends(s, a.get(0, "prefix"), true));
   if (name == "endswith") return Value::boolean(starts_or_ends(s, a.get(0, "suffix"), false));
   if (name == "strip") return Value::string(py_strip(s, a.get(0, "chars", Value::none()), true, true));
@@ -200,7 +199,7 @@ Value str_method(const std::string& s, const std::string& name, CallArgs& a) {
   throw std::runtime_error("str has no method '" + name + "' in this renderer");
 }
 
-bool is_str_method(const std::string& n) {
+static bool is_str_method(const std::string& n) {
   static const char* const names[] = {"startswith", "endswith", "strip", "lstrip", "rstrip", "split", "rsplit",
                                       "splitlines", "lower", "upper", "title", "capitalize", "replace", "find",
                                       "rfind", "index", "count", "join", "isdigit", "isalpha", "isalnum", "isspace",
@@ -208,7 +207,7 @@ bool is_str_method(const std::string& n) {
   return std::find_if(std::begin(names), std::end(names), [&](const char* x) { return n == x; }) != std::end(names);
 }
 
-Value bound(Value self, std::string name, Value (*fn)(const Value&, const std::string&, CallArgs&)) {
+static Value bound(Value self, std::string name, Value (*fn)(const Value&, const std::string&, CallArgs&)) {
   return Value::function([self, name, fn](CallArgs& a) { return fn(self, name, a); });
 }
 
@@ -218,7 +217,7 @@ Value items_of(const Object& o) {
   return Value::array(std::move(out));
 }
 
-Value dict_method(const Value& self, const std::string& name, CallArgs& a) {
+static Value dict_method(const Value& self, const std::string& name, CallArgs& a) {
   const Object& o = *self.obj;
   if (name == "get") {
     const Value key = a.get(0, "key");
@@ -231,7 +230,7 @@ Value dict_method(const Value& self, const std::string& name, CallArgs& a) {
   return Value::array(std::move(out));
 }
 
-Value list_method(const Value& self, const std::string& name, CallArgs& a) {
+static Value list_method(const Value& self, const std::string& name, CallArgs& a) {
   const Value x = a.get(0, "value");
   int64_t n = 0;
   for (size_t k = 0; k < self.arr->size(); ++k) {
@@ -244,7 +243,7 @@ Value list_method(const Value& self, const std::string& name, CallArgs& a) {
   return Value::integer(n);
 }
 
-Value str_bound(const Value& self, const std::string& name, CallArgs& a) { return str_method(self.s, name, a); }
+static Value str_bound(const Value& self, const std::string& name, CallArgs& a) { return str_method(self.s, name, a); }
 
 int64_t length_of(const Value& v) {
   switch (v.kind) {
@@ -307,8 +306,6 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
 Array iterate(const Value& v) {
   switch (v.kind) {
     case Value::Kind::undefined: return {};
@@ -344,7 +341,9 @@ Value attr_get(const Value& obj, const std::string& name) {
       break;
     default: break;
   }
-  return Value::undefined("'" + std::string(kind_name(obj)) + " object' has no attribute '" + name + "'");
+  std::string msg = "'";
+  msg.append(kind_name(obj)).append(" object' has no attribute '").append(name).append("'");
+  return Value::undefined(std::move(msg));
 }
 
 Value item_get(const Value& obj, const Value& key) {
@@ -367,7 +366,9 @@ Value item_get(const Value& obj, const Value& key) {
     return Value::string(utf8_encode(cps, size_t(k), size_t(k) + 1));
   }
   if (key.is_string()) return attr_get(obj, key.s);
-  return Value::undefined("'" + std::string(kind_name(obj)) + " object' has no item " + to_repr(key));
+  std::string msg = "'";
+  msg.append(kind_name(obj)).append(" object' has no item ").append(to_repr(key));
+  return Value::undefined(std::move(msg));
 }
 
 Value slice_get(const Value& obj, const Value& lo, const Value& hi, const Value& step_v) {
@@ -519,190 +520,6 @@ bool test_apply(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "ge" || name == ">=") return !less(v, other);
   if (name == "in") return truthy(binary_apply("in", v, a.get(0, "seq")));
   throw std::runtime_error("unknown test '" + name + "'");
-}
-
-Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
-  if (name == "tojson") {
-    // transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
-    const Value ea = a.get(0, "ensure_ascii", Value::boolean(false)), ind = a.get(1, "indent", Value::none()),
-                sep = a.get(2, "separators", Value::none()), sk = a.get(3, "sort_keys", Value::boolean(false));
-    std::string s1, s2;
-    if (!sep.is_none()) {
-      if (!sep.is_array() || sep.arr->size() != 2) throw std::runtime_error("tojson: separators must be a pair");
-      s1 = need_str((*sep.arr)[0], "tojson separators");
-      s2 = need_str((*sep.arr)[1], "tojson separators");
-    }
-    int indent = -1;
-    if (ind.is_string()) throw std::runtime_error("tojson: string indent is not supported");
-    if (!ind.is_none()) indent = int(std::max<int64_t>(0, need_int(ind, "tojson indent")));
-    return Value::string(to_json(v, indent, truthy(ea), truthy(sk), sep.is_none() ? nullptr : &s1,
-                                 sep.is_none() ? nullptr : &s2));
-  }
-  if (name == "trim") return Value::string(py_strip(need_str(v, "trim"), a.get(0, "chars", Value::none()), true, true));
-  if (name == "length" || name == "count") return Value::integer(length_of(v));
-  if (name == "upper") return Value::string(py_case(to_str(v), 1));
-  if (name == "lower") return Value::string(py_case(to_str(v), 0));
-  if (name == "title") return Value::string(py_case(to_str(v), 2));
-  if (name == "capitalize") return Value::string(py_case(py_case(to_str(v), 0), 3));
-  if (name == "string") return Value::string(to_str(v));
-  if (name == "safe") return v;
-  if (name == "e" || name == "escape") return Value::string(html_escape(to_str(v)));
-  if (name == "default" || name == "d") {
-    const bool boolean = truthy(a.get(1, "boolean", Value::boolean(false)));
-    if (v.is_undefined() || (boolean && !truthy(v))) return a.get(0, "default_value", Value::string(""));
-    return v;
-  }
-  if (name == "join") {
-    const std::string d = to_str(a.get(0, "d", Value::string("")));
-    const Value attr = a.get(1, "attribute", Value::none());
-    std::string out;
-    const Array items = iterate(v);
-    for (size_t k = 0; k < items.size(); ++k)
-      out += (k ? d : "") + to_str(attr.is_none() ? items[k] : attr_path(items[k], to_str(attr)));
-    return Value::string(out);
-  }
-  if (name == "items") {
-    if (v.is_undefined()) return Value::array();
-    if (!v.is_object()) type_fail("items", v);
-    return items_of(*v.obj);
-  }
-  if (name == "dictsort") {
-    if (!v.is_object()) type_fail("dictsort", v);
-    Value items = items_of(*v.obj);
-    std::stable_sort(items.arr->begin(), items.arr->end(),
-                     [](const Value& x, const Value& y) { return py_case((*x.arr)[0].s, 0) < py_case((*y.arr)[0].s, 0); });
-    return items;
-  }
-  if (name == "list") return Value::array(iterate(v));
-  if (name == "first" || name == "last") {
-    const Array items = iterate(v);
-    if (items.empty()) return Value::undefined("No first item, sequence was empty.");
-    return name == "first" ? items.front() : items.back();
-  }
-  if (name == "reverse") {
-    if (v.is_string()) return slice_get(v, Value::none(), Value::none(), Value::integer(-1));
-    Array items = iterate(v);
-    std::reverse(items.begin(), items.end());
-    return Value::array(std::move(items));
-  }
-  if (name == "int") {
-    const Value def = a.get(0, "default", Value::integer(0));
-    if (v.kind == Value::Kind::integer) return v;
-    if (v.kind == Value::Kind::boolean) return Value::integer(v.b);
-    if (v.kind == Value::Kind::floating) return Value::integer(int64_t(v.f));
-    if (v.is_string()) {
-      try {
-        size_t used = 0;
-        const std::string t = py_strip(v.s, Value::none(), true, true);
-        const long long x = std::stoll(t, &used, 10);
-        if (used == t.size()) return Value::integer(x);
-        const double f = std::stod(t, &used);
-        if (used == t.size()) return Value::integer(int64_t(f));
-      } catch (const std::exception&) {
-      }
-    }
-    return def;
-  }
-  if (name == "float") {
-    if (v.is_number()) return Value::floating(v.as_double());
-    if (v.is_string()) {
-      try {
-        size_t used = 0;
-        const double f = std::stod(v.s, &used);
-        if (used == v.s.size()) return Value::floating(f);
-      } catch (const std::exception&) {
-      }
-    }
-    return a.get(0, "default", Value::floating(0));
-  }
-  if (name == "abs") {
-    if (v.kind == Value::Kind::floating) return Value::floating(std::fabs(v.f));
-    return Value::integer(std::llabs(need_int(v, "abs")));
-  }
-  if (name == "round") {
-    const int64_t prec = need_int(a.get(0, "precision", Value::integer(0)), "round");
-    const std::string method = to_str(a.get(1, "method", Value::string("common")));
-    const double scale = std::pow(10.0, double(prec)), x = v.as_double() * scale;
-    const double r = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
-    return Value::floating(r / scale);
-  }
-  if (name == "replace") {
-    return Value::string(py_replace(to_str(v), to_str(a.get(0, "old")), to_str(a.get(1, "new")),
-                                    a.get(2, "count", Value::none()).is_none() ? -1 : need_int(a.get(2, "count"), "replace")));
-  }
-  if (name == "wordcount") return Value::integer(int64_t(py_split(to_str(v), Value::none(), -1).size()));
-  if (name == "indent") {
-    const Value w = a.get(0, "width", Value::integer(4));
-    const std::string pad = w.is_string() ? w.s : std::string(size_t(std::max<int64_t>(0, need_int(w, "indent"))), ' ');
-    const bool first = truthy(a.get(1, "first", Value::boolean(false))), blank = truthy(a.get(2, "blank", Value::boolean(false)));
-    const std::string s = to_str(v);
-    std::string out;
-    size_t k = 0;
-    bool line0 = true;
-    while (k <= s.size()) {
-      size_t e = s.find('\n', k);
-      const bool last = e == std::string::npos;
-      if (last) e = s.size();
-      const std::string line = s.substr(k, e - k);
-      if ((!line0 || first) && (blank || !line.empty())) out += pad;
-      out += line;
-      if (!last) out += '\n';
-      line0 = false;
-      if (last) break;
-      k = e + 1;
-    }
-    return Value::string(out);
-  }
-  if (name == "select" || name == "reject") return Value::array(select_items(v, a, false, name == "select"));
-  if (name == "selectattr" || name == "rejectattr") return Value::array(select_items(v, a, true, name == "selectattr"));
-  if (name == "map") {
-    Array out;
-    const Value attr = a.get(99, "attribute", Value::none());
-    const Value def = a.get(99, "default", Value::undefined());
-    for (const Value& item : iterate(v)) {
-      if (!attr.is_none()) {
-        Value x = attr_path(item, to_str(attr));
-        out.push_back(x.is_undefined() && !def.is_undefined() ? def : x);
-      } else {
-        if (a.pos.empty()) throw std::runtime_error("map needs a filter name or attribute=");
-        CallArgs fa;
-        fa.pos.assign(a.pos.begin() + 1, a.pos.end());
-        out.push_back(filter_apply(need_str(a.pos[0], "map filter name"), item, fa));
-      }
-    }
-    return Value::array(std::move(out));
-  }
-  if (name == "unique") {
-    Array out;
-    for (const Value& x : iterate(v))
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); })) out.push_back(x);
-    return Value::array(std::move(out));
-  }
-  if (name == "sort") {
-    const bool rev = truthy(a.get(0, "reverse", Value::boolean(false)));
-    const Value attr = a.get(2, "attribute", Value::none());
-    Array items = iterate(v);
-    auto key = [&](const Value& x) { return attr.is_none() ? x : attr_path(x, to_str(attr)); };
-    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      return rev ? less(key(y), key(x)) : less(key(x), key(y));
-    });
-    return Value::array(std::move(items));
-  }
-  if (name == "min" || name == "max") {
-    const Array items = iterate(v);
-    if (items.empty()) return Value::undefined("empty sequence");
-    Value best = items[0];
-    for (const Value& x : items)
-      if (name == "min" ? less(x, best) : less(best, x)) best = x;
-    return best;
-  }
-  if (name == "sum") {
-    const Value attr = a.get(0, "attribute", Value::none());
-    Value acc = a.get(1, "start", Value::integer(0));
-    for (const Value& x : iterate(v)) acc = binary_apply("+", acc, attr.is_none() ? x : attr_path(x, to_str(attr)));
-    return acc;
-  }
-  throw std::runtime_error("unknown filter '" + name + "'");
 }
 
 void add_globals(Object& g, std::function<std::time_t()> clock) {
