@@ -6,6 +6,7 @@
 #include "core/fs.h"
 #include "data/byte_tokenizer.h"
 #include "data/finetune.h"
+#include "data/hf_chat_template.h"
 #include "data/records.h"
 
 namespace rt::cli {
@@ -16,7 +17,9 @@ void train_data_options(ArgParser& p) {
            "auto");
   p.option("text-split", "blank-lines|file", "text data: one example per blank-line-separated block, or per file",
            "blank-lines");
-  p.option("chat-format", "chatml|llama3|mistral", "chat format for chat/instruction records (default: from the tokenizer)");
+  p.option("chat-format", "chatml|llama3|mistral",
+           "built-in chat format for chat/instruction records (default: the model's chat_template, else from the "
+           "tokenizer)");
   p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
            "keep-start");
   p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count",
@@ -83,6 +86,9 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
   else cf = chat_format_detect(tok, spec.family, &no_chat);
   if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
+  std::optional<HfChatTemplate> hf;
+  if (!p.has("chat-format")) hf = hf_chat_template_find(tok_dir);
+  if (hf) td.hf_template = std::make_unique<jinja::Template>(hf->source, hf->origin);
 
   std::vector<std::string> files;
   for (const std::string& path : paths) {
@@ -108,10 +114,12 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   fo.records.progress = true;
   fo.records.label = "encoding data";
   fo.records.piece_bytes = tok.describe().rfind("hf-bpe", 0) == 0 ? (1u << 20) : 0;
-  const ExampleEncoder enc(tok, td.chat.get(), no_chat, /*text_only=*/false, /*with_masks=*/true);
+  ExampleEncoder enc(tok, td.chat.get(), no_chat, /*text_only=*/false, /*with_masks=*/true);
+  if (hf) enc.use_hf_template(td.hf_template.get(), hf->specials);
   auto ds = std::make_unique<FinetuneDataset>(files, enc, fo);
   std::printf("tokenizer: %s (%d ids); chat format: %s\n%s\n", tok.describe().c_str(), tok.vocab_size(),
-              td.chat ? chat_format_name(td.chat->format()) : "none", ds->stats().summary().c_str());
+              hf ? ("chat_template from " + hf->origin).c_str() : td.chat ? chat_format_name(td.chat->format()) : "none",
+              ds->stats().summary().c_str());
   td.source = std::move(ds);
   return td;
 }

@@ -1,0 +1,137 @@
+// Record formats and the model's own chat template in ExampleEncoder:
+//   - a chat record rendered by the Qwen2.5 template (tools, tool_calls, tool
+//     role) gives exactly the ids of encoding transformers' rendering of the
+//     same conversation (the golden text in tests/fixtures/chat_templates),
+//     trained only on the assistant turns;
+//   - ShareGPT records encode like the equivalent messages record;
+//   - prompt/completion trains only the completion and EOS;
+//   - a template that is not prefix stable (Qwen3) gives one example per turn;
+//   - a template's raise_exception is a bad record naming file:line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/finetune.h"
+#include "data/hf_chat_template.h"
+#include "testutil.h"
+
+namespace {
+
+using nlohmann::ordered_json;
+
+ordered_json load_json(const std::string& name) {
+  std::ifstream f(rt::test::fixture_dir() + "/chat_templates/" + name);
+  std::stringstream s;
+  s << f.rdbuf();
+  return ordered_json::parse(s.str());
+}
+
+std::unique_ptr<rt::Tokenizer> qwen_tokenizer() { return rt::tokenizer_load(rt::test::fixture_dir() + "/tokenizers/qwen2"); }
+
+rt::EncodedPiece encode_line(const rt::ExampleEncoder& enc, const std::string& line) {
+  static const std::string path = "data.jsonl";
+  rt::RecordPiece p;
+  p.path = &path;
+  p.bytes = line;
+  p.line = 3;
+  p.jsonl = true;
+  rt::EncodedPiece out;
+  enc.encode(p, out);
+  return out;
+}
+
+ordered_json golden(const std::string& name) {
+  const ordered_json doc = load_json("cases.json");
+  for (const auto& c : doc["cases"])
+    if (c["name"] == name) return c;
+  ADD_FAILURE() << "no golden " << name;
+  return {};
+}
+
+TEST(FinetuneFormats, HfTemplateIdsEqualTheRenderedText) {
+  auto tok = qwen_tokenizer();
+  const ordered_json tpls = load_json("templates.json");
+  const rt::jinja::Template tpl(tpls["qwen2.5"]["template"].get<std::string>(), "qwen2.5");
+  rt::jinja::Object specials;
+  specials.set("bos_token", rt::jinja::Value::none());
+  specials.set("eos_token", rt::jinja::Value::string("<|im_end|>"));
+  rt::ExampleEncoder enc(*tok, nullptr, "", false, true);
+  enc.use_hf_template(&tpl, specials);
+  for (const char* name : {"qwen2.5/tools/gen=0", "qwen2.5/multi_turn/gen=0", "qwen2.5/unicode/gen=0"}) {
+    const ordered_json c = golden(name);
+    ordered_json rec = {{"messages", c["messages"]}};
+    if (!c["tools"].is_null()) rec["tools"] = c["tools"];
+    const rt::EncodedPiece out = encode_line(enc, rec.dump());
+    ASSERT_TRUE(out.bad_message.empty()) << out.bad_message;
+    const std::vector<int32_t> want = tok->encode(c["expected"].get<std::string>(), false);
+    EXPECT_EQ(out.ids, want) << name;
+    ASSERT_EQ(out.trained.size(), out.ids.size());
+    std::vector<int32_t> trained;
+    for (size_t k = 0; k < out.ids.size(); ++k)
+      if (out.trained[k]) trained.push_back(out.ids[k]);
+    const std::string t = tok->decode(trained, false);
+    for (const auto& m : c["messages"]) {
+      const std::string content = m["content"];
+      if (content.empty()) continue;
+      if (m["role"] == "assistant") EXPECT_NE(t.find(content.substr(0, 10)), std::string::npos) << name << ": " << t;
+      else EXPECT_EQ(t.find(content), std::string::npos) << name << ": " << m["role"] << " trained: " << t;
+    }
+  }
+}
+
+TEST(FinetuneFormats, ShareGptEqualsMessagesAndPromptCompletionMasks) {
+  auto tok = qwen_tokenizer();
+  rt::ChatTemplate chatml(*tok, rt::ChatFormat::chatml);
+  rt::ExampleEncoder enc(*tok, &chatml, "", false, true);
+  const auto a = encode_line(enc, R"({"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"},)"
+                                  R"( {"from": "gpt", "value": "A"}]})");
+  const auto b = encode_line(enc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},)"
+                                  R"( {"role": "assistant", "content": "A"}]})");
+  ASSERT_TRUE(a.bad_message.empty()) << a.bad_message;
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.trained, b.trained);
+  const auto bad = encode_line(enc, R"({"conversations": [{"from": "narrator", "value": "x"}]})");
+  EXPECT_NE(bad.bad_message.find("data.jsonl:3: message 1 has unknown \"from\": \"narrator\""), std::string::npos)
+      << bad.bad_message;
+
+  const auto pc = encode_line(enc, R"({"prompt": "The capital of France is", "completion": " Paris."})");
+  ASSERT_TRUE(pc.bad_message.empty()) << pc.bad_message;
+  std::vector<int32_t> want = tok->encode("The capital of France is", true);
+  const size_t n_prompt = want.size() - (tok->eos_id() && !want.empty() && want.back() == *tok->eos_id() ? 1 : 0);
+  const std::vector<int32_t> completion = tok->encode(" Paris.", false);
+  ASSERT_GE(pc.ids.size(), n_prompt + completion.size());
+  for (size_t k = 0; k < pc.ids.size(); ++k) EXPECT_EQ(pc.trained[k], k >= n_prompt ? 1 : 0) << k;
+  if (tok->eos_id()) EXPECT_EQ(pc.ids.back(), *tok->eos_id());
+}
+
+TEST(FinetuneFormats, Qwen3MultiTurnIsOneExamplePerTurnAndRaisesAreBadRecords) {
+  rt::test::TempDir d;
+  auto tok = qwen_tokenizer();
+  const ordered_json tpls = load_json("templates.json");
+  const rt::jinja::Template qwen3(tpls["qwen3"]["template"].get<std::string>(), "qwen3");
+  rt::jinja::Object specials;
+  specials.set("eos_token", rt::jinja::Value::string("<|im_end|>"));
+  rt::ExampleEncoder enc(*tok, nullptr, "", false, true);
+  enc.use_hf_template(&qwen3, specials);
+  rt::test::write_bytes(d.file("c.jsonl"),
+                        R"({"messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},)"
+                        R"( {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}]})"
+                        "\n");
+  rt::FinetuneOptions o;
+  o.seq_len = 256;
+  o.val_fraction = 0;
+  const rt::FinetuneDataset ds({d.file("c.jsonl")}, enc, o);
+  EXPECT_EQ(ds.stats().records.records, 1u);
+  EXPECT_EQ(ds.stats().examples, 2u);
+
+  const rt::jinja::Template gemma(tpls["gemma2"]["template"].get<std::string>(), "gemma2");
+  rt::ExampleEncoder genc(*tok, nullptr, "", false, true);
+  genc.use_hf_template(&gemma, specials);
+  const auto bad = encode_line(genc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]})");
+  EXPECT_NE(bad.bad_message.find("data.jsonl:3: [template] gemma2:1:"), std::string::npos) << bad.bad_message;
+  EXPECT_NE(bad.bad_message.find("System role not supported"), std::string::npos) << bad.bad_message;
+}
+
+}  // namespace
