@@ -62,7 +62,8 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
       fail("[data] ", path, ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
   const DataFormat format = data_format_parse(p.str("data-format"));
   bool any_jsonl = false;
-  for (const std::string& path : paths) any_jsonl |= file_exists(path) && path_is_jsonl(path, format);
+  for (const std::string& path : paths)
+    any_jsonl |= file_exists(path) && (path_is_jsonl(path, format) || path_is_json_array(path, format));
 
   if (tok_dir.empty()) {
     if (is_byte_vocab(spec.vocab) && !any_jsonl && format != DataFormat::jsonl) {

@@ -9,6 +9,7 @@
 //   - a template's raise_exception is a bad record naming file:line.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -132,6 +133,46 @@ TEST(FinetuneFormats, Qwen3MultiTurnIsOneExamplePerTurnAndRaisesAreBadRecords) {
   const auto bad = encode_line(genc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]})");
   EXPECT_NE(bad.bad_message.find("data.jsonl:3: [template] gemma2:1:"), std::string::npos) << bad.bad_message;
   EXPECT_NE(bad.bad_message.find("System role not supported"), std::string::npos) << bad.bad_message;
+}
+
+// Alpaca .json arrays: each element one record, named by its first line; a
+// .json that is not an array is refused, never read as text.
+TEST(FinetuneFormats, JsonArrayFiles) {
+  rt::test::TempDir d;
+  auto tok = qwen_tokenizer();
+  rt::ChatTemplate chatml(*tok, rt::ChatFormat::chatml);
+  rt::ExampleEncoder enc(*tok, &chatml, "", false, true);
+  rt::FinetuneOptions o;
+  o.seq_len = 128;
+  o.val_fraction = 0;
+  rt::test::write_bytes(d.file("a.json"), "[\n  {\"instruction\": \"Add\", \"input\": \"1, 2\",\n   \"output\": \"3\"},\n"
+                                          "  {\"instruction\": \"Say [hi]\", \"output\": \"hi, \\\"you\\\"\"}\n]\n");
+  const rt::FinetuneDataset ds({d.file("a.json")}, enc, o);
+  EXPECT_EQ(ds.stats().records.records, 2u);
+  EXPECT_EQ(ds.stats().records.kinds.at("instruction"), 2u);
+  // the same records as .jsonl give the same tokens
+  rt::test::write_bytes(d.file("a.jsonl"), "{\"instruction\": \"Add\", \"input\": \"1, 2\", \"output\": \"3\"}\n"
+                                           "{\"instruction\": \"Say [hi]\", \"output\": \"hi, \\\"you\\\"\"}\n");
+  const rt::FinetuneDataset dl({d.file("a.jsonl")}, enc, o);
+  ASSERT_EQ(ds.cache().size(), dl.cache().size());
+  EXPECT_EQ(0, std::memcmp(ds.cache().data(), dl.cache().data(), ds.cache().size()));
+  // a bad element names the line it starts on
+  rt::test::write_bytes(d.file("b.json"), "[\n {\"instruction\": \"x\", \"output\": \"y\"},\n\n {\"instruction\": \"x\"}\n]");
+  try {
+    rt::FinetuneDataset b({d.file("b.json")}, enc, o);
+    ADD_FAILURE() << "no error for a record without output";
+  } catch (const rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(d.file("b.json") + ":4: the instruction record has no \"output\""), std::string::npos)
+        << e.what();
+  }
+  rt::test::write_bytes(d.file("c.json"), "{\"text\": \"not an array\"}\n");
+  try {
+    rt::FinetuneDataset c({d.file("c.json")}, enc, o);
+    ADD_FAILURE() << "a .json object was accepted";
+  } catch (const rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(d.file("c.json") + ":1: a .json data file must hold a JSON array"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
