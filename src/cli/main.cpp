@@ -18,6 +18,7 @@ Commands:
   train     train or fine-tune a model (from a HF model directory or a built-in preset)
   sample    generate text from a model directory
   tokenize  pre-tokenize text and .jsonl corpora into a token file with a model's tokenizer
+  render    show fine-tuning examples with the tokens that carry loss highlighted
   export    write a checkpoint as a HF model directory (config.json, safetensors, tokenizer)
   loss      compute the loss (and optionally every gradient) of a HF model on token sequences
 
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return rt::cli::cmd_train(rest);
     if (cmd == "sample") return rt::cli::cmd_sample(rest);
     if (cmd == "tokenize") return rt::cli::cmd_tokenize(rest);
+    if (cmd == "render") return rt::cli::cmd_render(rest);
     if (cmd == "export") return rt::cli::cmd_export(rest);
     std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
