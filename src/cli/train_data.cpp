@@ -7,6 +7,7 @@
 #include "data/byte_tokenizer.h"
 #include "data/finetune.h"
 #include "data/hf_chat_template.h"
+#include "data/loss_mask_file.h"
 #include "data/records.h"
 
 namespace rt::cli {
@@ -54,6 +55,25 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
 
   if (paths.size() == 1 && TokenStream::looks_like_token_file(paths[0])) {
     td.tokenizer_dir = tok_dir;
+    if (file_exists(loss_mask_path(paths[0]))) {  // tokenized chat data: documents with loss masks
+      TokenStream tokens = TokenStream::open(paths[0]);
+      tokens.validate_ids(static_cast<uint64_t>(spec.vocab));
+      const LossMaskFile mask(loss_mask_path(paths[0]), tokens.size());
+      FinetuneOptions fo;
+      fo.seq_len = dopt.seq_len;
+      fo.val_fraction = dopt.val_fraction;
+      fo.seed = seed;
+      fo.truncation = truncation_parse(p.str("truncate"));
+      const std::string pack = p.str("pack");
+      if (pack != "yes" && pack != "no") fail("[train] --pack must be yes or no, got '", pack, "'");
+      fo.pack = pack == "yes";
+      fo.pad_id = 0;
+      auto ds = std::make_unique<FinetuneDataset>(tokens, mask, fo);
+      std::printf("token file %s with loss masks %s\n%s\n", paths[0].c_str(), loss_mask_path(paths[0]).c_str(),
+                  ds->stats().summary().c_str());
+      td.source = std::move(ds);
+      return td;
+    }
     td.source = std::make_unique<Dataset>(TokenStream::open(paths[0]), dopt);
     return td;
   }

@@ -13,6 +13,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "io/token_file.h"
 
 namespace rt {
 
@@ -96,10 +97,52 @@ void pack_rows(const std::vector<uint64_t>& order, const std::vector<uint32_t>& 
 FinetuneDataset::FinetuneDataset(const std::vector<std::string>& files, const ExampleEncoder& enc,
                                  const FinetuneOptions& opt)
     : T_(opt.seq_len), opt_(opt) {
+  RT_CHECK(!files.empty(), "[data] no data files given");
+  const std::string name = files.size() == 1 ? files[0] : cat(files[0], " and ", files.size() - 1, " more");
+  build(name, [&](const ExampleSink& add_example) {
+    // A record may hold several examples (ExampleEncoder::example_start).
+    auto sink = [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) {
+      RT_CHECK(trained.size() == ids.size(), "[data] internal: the encoder gave ", trained.size(), " mask flags for ",
+               ids.size(), " ids");
+      size_t b = 0;
+      for (size_t k = 1; k <= ids.size(); ++k) {
+        if (k < ids.size() && !(trained[k] & ExampleEncoder::example_start)) continue;
+        add_example(std::span<const int32_t>(ids).subspan(b, k - b), std::span<const uint8_t>(trained).subspan(b, k - b));
+        b = k;
+      }
+    };
+    ExampleEncoder const* e = &enc;
+    stats_.records =
+        records_for_each(files, opt.records, [e](const RecordPiece& p, EncodedPiece& out) { e->encode(p, out); }, sink);
+  });
+}
+
+FinetuneDataset::FinetuneDataset(const TokenStream& tokens, const LossMaskFile& mask, const FinetuneOptions& opt)
+    : T_(opt.seq_len), opt_(opt) {
+  RT_CHECK(mask.size() == tokens.size(), "[data] internal: mask and token counts differ");
+  build(tokens.path(), [&](const ExampleSink& add_example) {
+    const uint8_t* f = mask.flags();
+    std::vector<int32_t> ids;
+    const uint64_t n = tokens.size();
+    for (uint64_t b = 0; b < n;) {
+      uint64_t e = b + 1;
+      while (e < n && !(f[e] & mask_doc_start)) ++e;
+      ids.resize(e - b);
+      tokens.read(b, e - b, ids.data());
+      add_example(ids, std::span<const uint8_t>(f + b, e - b));
+      ++stats_.records.records;
+      b = e;
+    }
+    stats_.records.kinds["documents"] = stats_.records.records;
+    stats_.records.files = 1;
+  });
+}
+
+void FinetuneDataset::build(const std::string& name, const std::function<void(const ExampleSink&)>& produce) {
+  const FinetuneOptions& opt = opt_;
   RT_CHECK(T_ >= 1, "[data] --seq-len must be >= 1 (got ", T_, ")");
   RT_CHECK(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0, "[data] --val-fraction must be in [0, 1) (got ",
            opt.val_fraction, ")");
-  RT_CHECK(!files.empty(), "[data] no data files given");
   const uint64_t T = static_cast<uint64_t>(T_);
   CacheWriter cache(opt.cache_dir);
   std::vector<uint32_t> buf;
@@ -142,25 +185,11 @@ FinetuneDataset::FinetuneDataset(const std::vector<std::string>& files, const Ex
       offset += e - b;
     }
   };
-  // A record may hold several examples (ExampleEncoder::example_start).
-  auto sink = [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) {
-    RT_CHECK(trained.size() == ids.size(), "[data] internal: the encoder gave ", trained.size(), " mask flags for ",
-             ids.size(), " ids");
-    size_t b = 0;
-    for (size_t k = 1; k <= ids.size(); ++k) {
-      if (k < ids.size() && !(trained[k] & ExampleEncoder::example_start)) continue;
-      add_example(std::span<const int32_t>(ids).subspan(b, k - b), std::span<const uint8_t>(trained).subspan(b, k - b));
-      b = k;
-    }
-  };
-  ExampleEncoder const* e = &enc;
-  stats_.records = records_for_each(files, opt.records, [e](const RecordPiece& p, EncodedPiece& out) { e->encode(p, out); },
-                                    sink);
+  produce(add_example);
   const uint64_t n = examples_.size();
   stats_.examples = n;
   stats_.val_examples = static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction));
   n_train_ = n - stats_.val_examples;
-  const std::string name = files.size() == 1 ? files[0] : cat(files[0], " and ", files.size() - 1, " more");
   if (n_train_ == 0)
     fail("[data] ", name, ": no training example left (", stats_.records.summary(), "; ", n, " examples kept",
          stats_.dropped_untrained ? cat(", ", stats_.dropped_untrained, " dropped with no trained token") : "",

@@ -40,7 +40,9 @@
 // the data, the options and the seed.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -49,6 +51,8 @@
 #include "data/chat_format.h"
 #include "data/dataset.h"
 #include "data/hf_chat_template.h"
+#include "data/loss_mask_file.h"
+#include "io/token_file.h"
 #include "data/records.h"
 #include "tokenizer/tokenizer.h"
 
@@ -124,6 +128,10 @@ class FinetuneDataset final : public BatchSource {
   // Throws "[data] ..." for bad options, no train example, or val_fraction
   // > 0 with no validation example.
   FinetuneDataset(const std::vector<std::string>& files, const ExampleEncoder& enc, const FinetuneOptions& opt);
+  // Examples from a token file and its loss-mask file (ramtrain tokenize of
+  // chat/instruction data, data/loss_mask_file.h): each document one example,
+  // trained where its flag says, truncated and packed as above.
+  FinetuneDataset(const TokenStream& tokens, const LossMaskFile& mask, const FinetuneOptions& opt);
 
   Batch next_batch(int64_t B) override;
   DataCursor cursor() const override;
@@ -148,6 +156,9 @@ class FinetuneDataset final : public BatchSource {
     uint64_t offset;  // first token in the cache
     uint32_t length;  // tokens, 2..T+1
   };
+  using ExampleSink = std::function<void(std::span<const int32_t> ids, std::span<const uint8_t> trained)>;
+  // Runs produce (which hands every example to the sink) and builds the cache, split and plan.
+  void build(const std::string& name, const std::function<void(const ExampleSink&)>& produce);
   void plan_epoch(uint64_t epoch);
   void fill_row(const uint64_t* ex, size_t n, int64_t row, Batch& b) const;
   Batch make_batch(int64_t B) const;
