@@ -83,6 +83,7 @@ int cmd_sample(const Args& args) {
     msgs.push_back({{"role", "user"}, {"content", prompt}});
     const std::string text = tpl.render(hf_chat_vars(msgs, nullptr, /*add_generation_prompt=*/true, hf_tpl->specials));
     ids = tok->encode(text, /*add_special=*/false);  // as apply_chat_template(tokenize=True): the template adds BOS
+    std::fprintf(stderr, "chat template: %s (prompt %zu tokens)\n", hf_tpl->origin.c_str(), ids.size());
     if (const jinja::Value* eos = hf_tpl->specials.find("eos_token"); eos && eos->is_string())
       if (auto id = tok->token_to_id(eos->s)) so.stop_ids.push_back(*id);
   } else if (chat) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/fs.h"
+#include "tokenizer/tokenizer.h"
 #include "testutil.h"
 
 namespace {
@@ -59,6 +60,17 @@ TEST(TokenizeChatCli, TrainingOnTheTokenFileEqualsTrainingOnTheJsonl) {
   const auto la = step_lines(a.output), lb = step_lines(b.output);
   ASSERT_EQ(la.size(), 4u) << a.output;
   EXPECT_EQ(la, lb) << a.output << "\n----\n" << b.output;
+  // the export keeps chat_template.jinja, and sample --chat renders its prompt with it:
+  // the Qwen2.5 default system turn + user turn + generation prompt
+  auto s = run_ramtrain("sample --model " + tmp.file("a") + "/final --chat --prompt \"Capital of France?\" --max-tokens 2"
+                        " --temperature 0");
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("chat template: " + tmp.file("a") + "/final/chat_template.jinja"), std::string::npos) << s.output;
+  auto tk = rt::tokenizer_load(m);
+  const size_t want = tk->encode("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                                 "assistant.<|im_end|>\n<|im_start|>user\nCapital of France?<|im_end|>\n"
+                                 "<|im_start|>assistant\n", false).size();
+  EXPECT_NE(s.output.find("(prompt " + std::to_string(want) + " tokens)"), std::string::npos) << s.output;
 }
 
 }  // namespace
