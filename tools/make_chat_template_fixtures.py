@@ -42,6 +42,7 @@ SPECIAL = {  # the special-token strings apply_chat_template passes for each fam
     "qwen2.5": {"bos_token": None, "eos_token": "<|im_end|>"},
     "qwen3": {"bos_token": None, "eos_token": "<|im_end|>"},
     "mistral-nemo": {"bos_token": "<s>", "eos_token": "</s>"},
+    "mistral-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
     "gemma2": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "phi3.5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
 }
@@ -87,6 +88,10 @@ CONVERSATIONS = {
         {"role": "tool", "tool_call_id": "call12345", "content": "{\"temperature\": 21.5, \"sky\": \"clear\"}"},
         {"role": "assistant", "content": "It is 21.5 °C and clear in Zürich."},
     ],
+    "two_user_turns": [  # two user turns in a row: Mistral's templates refuse it
+        {"role": "user", "content": "One."},
+        {"role": "user", "content": "Two."},
+    ],
     "thinking": [
         {"role": "user", "content": "Is 17 prime?"},
         {"role": "assistant", "content": "<think>\nCheck divisors up to 4.\n</think>\n\nYes, 17 is prime."},
@@ -102,12 +107,13 @@ PLAN = {
     "qwen2.5": ["user_only", "system_user_assistant", "multi_turn", "unicode", "tools"],
     "qwen3": ["user_only", "system_user_assistant", "multi_turn", "unicode", "tools", "thinking"],
     "mistral-nemo": ["user_only", "system_user_assistant", "multi_turn", "unicode", "tools"],
+    "mistral-v0.3": ["user_only", "system_user_assistant", "multi_turn", "unicode", "tools"],
     "gemma2": ["user_only", "multi_turn"],
     "phi3.5": ["user_only", "system_user_assistant", "multi_turn", "unicode"],
 }
 ERRORS = {  # conversations a template refuses with raise_exception
     "gemma2": ["system_user_assistant"],
-    "mistral-nemo": [],
+    "mistral-v0.3": ["two_user_turns"],
 }
 
 
@@ -142,8 +148,6 @@ def main():
                         raise
                     case["error"] = str(e)
                 cases.append(case)
-    # A tool-call conversation rendered by a template without tools support
-    # must still match (the template ignores the fields it does not read).
     doc = {"versions": {"transformers": transformers.__version__, "jinja2": jinja2.__version__},
            "now": NOW.strftime("%Y-%m-%d %H:%M:%S"), "cases": cases}
     path = os.path.join(ROOT, "cases.json")

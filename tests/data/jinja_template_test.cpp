@@ -135,7 +135,7 @@ TEST(JinjaGoldens, TrainedSpansCoverAssistantTurnsOnly) {
     const std::string fam = c["template"];
     const std::string eot = fam.rfind("llama", 0) == 0 ? "<|eot_id|>"
                             : fam.rfind("qwen", 0) == 0 ? "<|im_end|>"
-                            : fam == "mistral-nemo"      ? "</s>"
+                            : fam.rfind("mistral", 0) == 0 ? "</s>"
                             : fam == "gemma2"            ? "<end_of_turn>"
                                                          : "<|end|>";
     for (const auto& ex : examples)
