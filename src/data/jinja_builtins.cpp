@@ -538,7 +538,7 @@ void add_globals(Object& g, std::function<std::time_t()> clock) {
           Array out;
           for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
             out.push_back(Value::integer(k));
-            if (out.size() > 100000000) throw std::runtime_error("range too large");
+            if (out.size() >= 1000000) throw std::runtime_error("range() of more than 1000000 items");
           }
           return Value::array(std::move(out));
         }));

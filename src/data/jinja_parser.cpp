@@ -1,5 +1,6 @@
 #include "data/jinja_parser.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace rt::jinja {
@@ -91,6 +92,7 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> parse_statement(size_t pos) {
+    Depth guard(*this, pos);
     const std::string kw = expect_name();
     auto s = std::make_unique<Stmt>();
     s->pos = pos;
@@ -221,7 +223,18 @@ class Parser {
     return t;
   }
 
+  // Nesting guard: a template nested deeper than this is refused instead of
+  // overflowing the stack (real templates nest a few levels).
+  struct Depth {
+    Parser& p;
+    explicit Depth(Parser& q, size_t pos) : p(q) {
+      if (++p.depth_ > 200) p.fail("nested too deeply (more than 200 levels)", pos);
+    }
+    ~Depth() { --p.depth_; }
+  };
+
   ExprPtr parse_expr(bool no_cond = false) {
+    Depth guard(*this, cur().pos);
     ExprPtr e = parse_or();
     if (no_cond) return e;
     while (is_name("if")) {
@@ -264,6 +277,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_not() {
+    Depth guard(*this, cur().pos);
     if (is_name("not")) {
       auto e = make(Expr::Kind::unary, next().pos);
       e->name = "not";
@@ -325,6 +339,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_unary(bool with_filter) {
+    Depth guard(*this, cur().pos);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       const Token& op = next();
@@ -374,7 +389,11 @@ class Parser {
       case Tok::floating: {
         ++i_;
         auto e = make(Expr::Kind::literal, tk.pos);
-        e->value = Value::floating(std::stod(tk.text));
+        try {
+          e->value = Value::floating(std::stod(tk.text));
+        } catch (const std::exception&) {
+          e->value = Value::floating(tk.text.find('-') != std::string::npos ? 0.0 : HUGE_VAL);  // Python: inf / 0.0
+        }
         return e;
       }
       case Tok::op: {
@@ -451,7 +470,12 @@ class Parser {
         if (cur().type == Tok::integer) {  // foo.0 is foo[0]
           a->kind = Expr::Kind::item;
           a->b = make(Expr::Kind::literal, cur().pos);
-          a->b->value = Value::integer(std::stoll(next().text));
+          try {
+            a->b->value = Value::integer(std::stoll(cur().text));
+          } catch (const std::exception&) {
+            fail("index out of range");
+          }
+          ++i_;
         } else {
           a->name = expect_name();
         }
@@ -534,6 +558,7 @@ class Parser {
   const std::vector<Token>& t_;
   const SourceMap& map_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -114,6 +114,8 @@ class Interp {
     }
     const int64_t n = int64_t(all.size());
     for (int64_t k = 0; k < n; ++k) {
+      if (++iterations_ > kMaxIterations)
+        throw std::runtime_error("the template ran more than 10000000 loop iterations; refusing to go on");
       auto scope = std::make_shared<Object>();
       Object loop;
       loop.set("index", Value::integer(k + 1));
@@ -151,6 +153,12 @@ class Interp {
     std::shared_ptr<Object> top = scopes_.front();
     std::shared_ptr<Object> module = scopes_.size() > 1 ? scopes_[1] : scopes_.front();
     return Value::function([this, def, top, module](CallArgs& a) -> Value {
+      if (macro_depth_ >= 100) throw std::runtime_error("macro '" + def->name + "' recursed more than 100 levels deep");
+      struct DepthGuard {
+        int& d;
+        explicit DepthGuard(int& x) : d(x) { ++d; }
+        ~DepthGuard() { --d; }
+      } depth(macro_depth_);
       auto scope = std::make_shared<Object>();
       if (a.pos.size() > def->params.size())
         throw std::runtime_error("macro '" + def->name + "' takes " + std::to_string(def->params.size()) +
@@ -286,6 +294,9 @@ class Interp {
   }
 
   std::vector<std::shared_ptr<Object>> scopes_;
+  int macro_depth_ = 0;
+  static constexpr int64_t kMaxIterations = 10000000;  // per render: chat templates loop over messages
+  int64_t iterations_ = 0;
 };
 
 }  // namespace
@@ -297,7 +308,7 @@ Template::Template(const std::string& source, std::string name) : name_(std::mov
     body_ = jinja_parse(tokens, *map_);
   } catch (const Error&) {
     throw;
-  } catch (const std::runtime_error& e) {
+  } catch (const std::exception& e) {
     const std::string msg = e.what();
     // lexer errors carry "LINE:COL: ..." without the name; parser errors carry the name
     fail("[template] ", msg.rfind(name_ + ":", 0) == 0 ? "" : name_ + ":", msg);
@@ -318,6 +329,12 @@ std::string Template::render(const Object& vars) const {
     interp.exec(body_, out);
   } catch (const PositionedError& e) {
     fail("[template] ", map_->where(e.pos), ": ", e.what());
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {  // e.g. std::out_of_range from a numeric conversion
+    fail("[template] ", name_, ": ", e.what());
   }
   return out;
 }

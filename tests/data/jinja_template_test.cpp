@@ -217,6 +217,22 @@ TEST(Jinja, ErrorsNamePosition) {
     EXPECT_NE(std::string(e.what()).find("no system role"), std::string::npos) << e.what();
   }
   EXPECT_THROW(render("{% if true %}never closed"), rt::Error);
+  // limits instead of a stack overflow or an unbounded allocation
+  try {
+    render("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}");
+    FAIL();
+  } catch (const rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nested too deeply"), std::string::npos) << e.what();
+  }
+  try {
+    render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+    FAIL();
+  } catch (const rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recursed more than 100 levels"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(render("{{ range(100000000)|length }}"), rt::Error);
+  EXPECT_THROW(render("{% for i in range(999999) %}{% for j in range(999999) %}{% endfor %}{% endfor %}"), rt::Error);
+  EXPECT_THROW(render("{{ [1][99999999999999999999] }}"), rt::Error);
   EXPECT_THROW(render("{{ 'abc' "), rt::Error);
 }
 
