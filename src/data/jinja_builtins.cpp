@@ -442,6 +442,9 @@ Value binary_apply(const std::string& op, const Value& a, const Value& b) {
     const Value& times = seq == &a ? b : a;
     if (seq && (times.kind == Value::Kind::integer || times.kind == Value::Kind::boolean)) {
       const int64_t n = std::max<int64_t>(0, need_int(times, "*"));
+      const uint64_t item = seq->is_string() ? seq->s.size() : seq->arr->size();
+      if (item > 0 && uint64_t(n) > (uint64_t(1) << 27) / item)
+        throw std::runtime_error("'*' would make a value of more than 134217728 items");
       if (seq->is_string()) {
         std::string out;
         for (int64_t k = 0; k < n; ++k) out += seq->s;
@@ -456,9 +459,23 @@ Value binary_apply(const std::string& op, const Value& a, const Value& b) {
     const bool ints = a.kind != Value::Kind::floating && b.kind != Value::Kind::floating;
     const int64_t x = a.kind == Value::Kind::boolean ? a.b : a.i, y = b.kind == Value::Kind::boolean ? b.b : b.i;
     const double fx = a.as_double(), fy = b.as_double();
-    if (op == "+") return ints ? Value::integer(x + y) : Value::floating(fx + fy);
-    if (op == "-") return ints ? Value::integer(x - y) : Value::floating(fx - fy);
-    if (op == "*") return ints ? Value::integer(x * y) : Value::floating(fx * fy);
+    int64_t r = 0;
+    auto overflow = [&] { throw std::runtime_error("integer overflow in '" + op + "' (ramtrain's ints are 64-bit)"); };
+    if (op == "+") {
+      if (!ints) return Value::floating(fx + fy);
+      if (__builtin_add_overflow(x, y, &r)) overflow();
+      return Value::integer(r);
+    }
+    if (op == "-") {
+      if (!ints) return Value::floating(fx - fy);
+      if (__builtin_sub_overflow(x, y, &r)) overflow();
+      return Value::integer(r);
+    }
+    if (op == "*") {
+      if (!ints) return Value::floating(fx * fy);
+      if (__builtin_mul_overflow(x, y, &r)) overflow();
+      return Value::integer(r);
+    }
     if (op == "/") {
       if (fy == 0) throw std::runtime_error("division by zero");
       return Value::floating(fx / fy);
@@ -466,7 +483,9 @@ Value binary_apply(const std::string& op, const Value& a, const Value& b) {
     if (op == "//" || op == "%") {
       if (fy == 0) throw std::runtime_error("integer division or modulo by zero");
       if (ints) {
-        int64_t q = x / y, r = x % y;
+        if (x == INT64_MIN && y == -1) overflow();
+        int64_t q = x / y;
+        r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) {
           --q;
           r += y;
@@ -479,7 +498,9 @@ Value binary_apply(const std::string& op, const Value& a, const Value& b) {
     if (op == "**") {
       if (ints && y >= 0) {
         int64_t r = 1;
-        for (int64_t k = 0; k < y; ++k) r *= x;
+        r = 1;
+        for (int64_t k = 0; k < y; ++k)
+          if (__builtin_mul_overflow(r, x, &r)) overflow();
         return Value::integer(r);
       }
       return Value::floating(std::pow(fx, fy));
@@ -509,7 +530,11 @@ bool test_apply(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "upper") return v.is_string() && py_case(v.s, 1) == v.s;
   if (name == "odd" || name == "even") return need_int(v, name.c_str()) % 2 == (name == "odd" ? 1 : 0) ||
                                               (name == "odd" && need_int(v, "odd") % 2 == -1);
-  if (name == "divisibleby") return need_int(v, "divisibleby") % need_int(a.get(0, "num"), "divisibleby") == 0;
+  if (name == "divisibleby") {
+    const int64_t x = need_int(v, "divisibleby"), d = need_int(a.get(0, "num"), "divisibleby");
+    if (d == 0) throw std::runtime_error("divisibleby(0): integer division or modulo by zero");
+    return d == -1 || x % d == 0;
+  }
   const Value other = a.get(0, "other");
   if (name == "equalto" || name == "eq" || name == "==") return equals(v, other);
   if (name == "ne" || name == "!=") return !equals(v, other);

@@ -104,7 +104,9 @@ Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
   }
   if (name == "abs") {
     if (v.kind == Value::Kind::floating) return Value::floating(std::fabs(v.f));
-    return Value::integer(std::llabs(need_int(v, "abs")));
+    const int64_t x = need_int(v, "abs");
+    if (x == INT64_MIN) throw std::runtime_error("abs: integer overflow");
+    return Value::integer(x < 0 ? -x : x);
   }
   if (name == "round") {
     const int64_t prec = need_int(a.get(0, "precision", Value::integer(0)), "round");
@@ -120,7 +122,8 @@ Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "wordcount") return Value::integer(int64_t(py_split(to_str(v), Value::none(), -1).size()));
   if (name == "indent") {
     const Value w = a.get(0, "width", Value::integer(4));
-    const std::string pad = w.is_string() ? w.s : std::string(size_t(std::max<int64_t>(0, need_int(w, "indent"))), ' ');
+    const std::string pad =
+        w.is_string() ? w.s : std::string(size_t(std::clamp<int64_t>(need_int(w, "indent"), 0, 1000)), ' ');
     const bool first = truthy(a.get(1, "first", Value::boolean(false))), blank = truthy(a.get(2, "blank", Value::boolean(false)));
     const std::string s = to_str(v);
     std::string out;

@@ -253,6 +253,8 @@ class Interp {
       case Expr::Kind::unary: {
         const Value v = eval(*e.a);
         if (e.name == "not") return Value::boolean(!truthy(v));
+        if (v.kind == Value::Kind::integer && v.i == INT64_MIN && e.name == "-")
+          throw std::runtime_error("integer overflow in unary '-'");
         if (v.kind == Value::Kind::integer || v.kind == Value::Kind::boolean)
           return Value::integer(e.name == "-" ? -(v.kind == Value::Kind::boolean ? int64_t(v.b) : v.i)
                                               : (v.kind == Value::Kind::boolean ? int64_t(v.b) : v.i));

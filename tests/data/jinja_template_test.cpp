@@ -233,6 +233,11 @@ TEST(Jinja, ErrorsNamePosition) {
   EXPECT_THROW(render("{{ range(100000000)|length }}"), rt::Error);
   EXPECT_THROW(render("{% for i in range(999999) %}{% for j in range(999999) %}{% endfor %}{% endfor %}"), rt::Error);
   EXPECT_THROW(render("{{ [1][99999999999999999999] }}"), rt::Error);
+  EXPECT_THROW(render("{{ 9223372036854775807 + 1 }}"), rt::Error);
+  EXPECT_THROW(render("{{ 2 ** 64 }}"), rt::Error);
+  EXPECT_THROW(render("{{ 'ab' * 1000000000 }}"), rt::Error);
+  EXPECT_THROW(render("{{ 4 is divisibleby 0 }}"), rt::Error);
+  EXPECT_EQ(render("{{ 7 // -2 }} {{ 7 % -2 }} {{ -2 ** 2 }} {{ 6 is divisibleby 3 }}"), "-4 -1 4 True");
   EXPECT_THROW(render("{{ 'abc' "), rt::Error);
 }
 
