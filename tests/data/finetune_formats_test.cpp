@@ -1,8 +1,8 @@
 // Record formats and the model's own chat template in ExampleEncoder:
-//   - a chat record rendered by the Qwen2.5 template (tools, tool_calls, tool
-//     role) gives exactly the ids of encoding transformers' rendering of the
-//     same conversation (the golden text in tests/fixtures/chat_templates),
-//     trained only on the assistant turns;
+//   - a chat record rendered by the Qwen2.5 or Llama-3.1 template (tools,
+//     tool_calls, tool role) gives exactly the ids of encoding transformers'
+//     rendering of the same conversation (the golden text in
+//     tests/fixtures/chat_templates), trained only on the assistant turns;
 //   - ShareGPT records encode like the equivalent messages record;
 //   - prompt/completion trains only the completion and EOS;
 //   - a template that is not prefix stable (Qwen3) gives one example per turn;
@@ -79,6 +79,33 @@ TEST(FinetuneFormats, HfTemplateIdsEqualTheRenderedText) {
       if (m["role"] == "assistant") EXPECT_NE(t.find(content.substr(0, 10)), std::string::npos) << name << ": " << t;
       else EXPECT_EQ(t.find(content), std::string::npos) << name << ": " << m["role"] << " trained: " << t;
     }
+  }
+}
+
+// The same on the Llama-3.1 goldens (its template has a fixed date, no
+// clock) with the Llama-3 layout fixture tokenizer, whose pre-tokenizer splits
+// digits and newlines differently from Qwen2's.
+TEST(FinetuneFormats, HfTemplateIdsEqualTheRenderedTextLlama3) {
+  auto tok = rt::tokenizer_load(rt::test::fixture_dir() + "/tokenizers/llama3");
+  const ordered_json tpls = load_json("templates.json");
+  const rt::jinja::Template tpl(tpls["llama3.1"]["template"].get<std::string>(), "llama3.1");
+  rt::jinja::Object specials;
+  specials.set("bos_token", rt::jinja::Value::string("<|begin_of_text|>"));
+  specials.set("eos_token", rt::jinja::Value::string("<|eot_id|>"));
+  rt::ExampleEncoder enc(*tok, nullptr, "", false, true);
+  enc.use_hf_template(&tpl, specials);
+  for (const char* name : {"llama3.1/multi_turn/gen=0", "llama3.1/system_user_assistant/gen=0",
+                           "llama3.1/unicode/gen=0", "llama3.1/tools/gen=0"}) {
+    const ordered_json c = golden(name);
+    ordered_json rec = {{"messages", c["messages"]}};
+    if (!c["tools"].is_null()) rec["tools"] = c["tools"];
+    const rt::EncodedPiece out = encode_line(enc, rec.dump());
+    ASSERT_TRUE(out.bad_message.empty()) << out.bad_message;
+    EXPECT_EQ(out.ids, tok->encode(c["expected"].get<std::string>(), false)) << name;
+    size_t trained = 0;
+    for (uint8_t f : out.trained) trained += f & 1;
+    EXPECT_GT(trained, 0u) << name;
+    EXPECT_LT(trained, out.ids.size()) << name;
   }
 }
 
