@@ -23,7 +23,7 @@ cmake --build build/fuzz -j "${RAMTRAIN_BUILD_JOBS:-$(nproc)}" --target fuzz_tar
 
 # Seed corpora: committed seeds, the test fixtures, and a small generated safetensors file.
 corpus=build/fuzz/corpus
-mkdir -p "$corpus"/{safetensors_header_fuzz,config_json_fuzz,token_data_fuzz,checkpoint_manifest_fuzz,records_fuzz} build/fuzz/crashes
+mkdir -p "$corpus"/{safetensors_header_fuzz,config_json_fuzz,token_data_fuzz,checkpoint_manifest_fuzz,records_fuzz,jinja_template_fuzz} build/fuzz/crashes
 cp fuzz/corpus/checkpoint_manifest/* "$corpus/checkpoint_manifest_fuzz/"
 cp fuzz/corpus/token_data/* "$corpus/token_data_fuzz/"
 cp fuzz/corpus/records/* "$corpus/records_fuzz/"
@@ -39,9 +39,14 @@ t = json.dumps(h).encode(); t += b" " * ((8 - len(t) % 8) % 8)
 open(sys.argv[1] + "/seed.safetensors", "wb").write(struct.pack("<Q", len(t)) + t + bytes(range(32)))
 PY
 printf 'RTTOKENS' > "$corpus/token_data_fuzz/magic.bin"
+python3 - "$corpus/jinja_template_fuzz" <<'PY'
+import json, sys
+for name, t in json.load(open("tests/fixtures/chat_templates/templates.json", encoding="utf-8")).items():
+    open(f"{sys.argv[1]}/{name}.jinja", "w", encoding="utf-8").write(t["template"])
+PY
 
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(safetensors_header_fuzz config_json_fuzz token_data_fuzz checkpoint_manifest_fuzz records_fuzz); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(safetensors_header_fuzz config_json_fuzz token_data_fuzz checkpoint_manifest_fuzz records_fuzz jinja_template_fuzz); fi
 status=0
 for t in "${targets[@]}"; do
   echo "== fuzz: $t for ${secs}s =="

@@ -13,6 +13,7 @@ int cmd_loss(const Args& args);
 int cmd_train(const Args& args);
 int cmd_sample(const Args& args);
 int cmd_tokenize(const Args& args);
+int cmd_render(const Args& args);
 int cmd_export(const Args& args);
 int cmd_eval(const Args& args);
 

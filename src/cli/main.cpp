@@ -19,6 +19,7 @@ Commands:
   train     train or fine-tune a model (from a HF model directory or a built-in preset)
   sample    generate text from a model directory
   tokenize  pre-tokenize text and .jsonl corpora into a token file with a model's tokenizer
+  render    show fine-tuning examples with the tokens that carry loss highlighted
   export    write a checkpoint as a HF model directory (config.json, safetensors, tokenizer)
   loss      compute the loss (and optionally every gradient) of a HF model on token sequences
   eval      mean loss per token and perplexity of a model over a whole dataset
@@ -45,6 +46,7 @@ struct Command {
 const Command kCommands[] = {
     {"train", rt::cli::cmd_train},       {"sample", rt::cli::cmd_sample}, {"tokenize", rt::cli::cmd_tokenize},
     {"export", rt::cli::cmd_export},     {"loss", rt::cli::cmd_loss},     {"eval", rt::cli::cmd_eval},
+    {"render", rt::cli::cmd_render},
 };
 
 const Command* find_command(const std::string& name) {

@@ -1,8 +1,12 @@
 // ramtrain sample: generate text from a model directory, with the model's own
 // tokenizer (tokenizer.json / tokenizer.model) or ramtrain's byte tokenizer.
 // --chat wraps the prompt as one user turn in the model's chat format and
-// stops at the end-of-turn token. SIGINT/SIGTERM stop generation at the next
-// token: what was generated is printed and the exit code is 128 + signal.
+// stops at the end-of-turn token: the model dir's own chat_template
+// (data/hf_chat_template.h, rendered as apply_chat_template with
+// add_generation_prompt) when it has one, else a built-in format;
+// --chat-format picks a built-in format instead. SIGINT/SIGTERM stop
+// generation at the next token: what was generated is printed and the exit
+// code is 128 + signal.
 #include <csignal>
 #include <cstdio>
 
@@ -13,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "data/byte_tokenizer.h"
 #include "data/chat_format.h"
+#include "data/hf_chat_template.h"
 #include "engine/sampler.h"
 #include "engine/trainer.h"
 #include "tokenizer/tokenizer.h"
@@ -33,7 +38,8 @@ int cmd_sample(const Args& args) {
            "local HF cache");
   p.option("prompt", "TEXT", "text to continue (with --chat: the user's message)", "");
   p.flag("chat", "wrap the prompt as a user turn in the chat format and stop at the end of the reply");
-  p.option("chat-format", "chatml|llama3|mistral", "chat format for --chat (default: from the tokenizer)");
+  p.option("chat-format", "chatml|llama3|mistral",
+           "built-in chat format for --chat (default: the model's chat_template, else from the tokenizer)");
   p.group("Sampling");
   p.option("max-tokens", "N", "new tokens to generate (SIGINT/SIGTERM stop at the next one)", "200").integer(0);
   p.option("temperature", "T", "softmax temperature (0: greedy)", "0.8").number(0);
@@ -85,7 +91,18 @@ int cmd_sample(const Args& args) {
   std::vector<int32_t> ids;
   for (int64_t e : m.spec.eos_ids) so.stop_ids.push_back(e);
   if (tok->eos_id()) so.stop_ids.push_back(*tok->eos_id());
-  if (chat) {
+  std::optional<HfChatTemplate> hf_tpl;
+  if (chat && !p.has("chat-format")) hf_tpl = hf_chat_template_find(dir);
+  if (hf_tpl) {
+    const jinja::Template tpl(hf_tpl->source, hf_tpl->origin);
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    msgs.push_back({{"role", "user"}, {"content", prompt}});
+    const std::string text = tpl.render(hf_chat_vars(msgs, nullptr, /*add_generation_prompt=*/true, hf_tpl->specials));
+    ids = tok->encode(text, /*add_special=*/false);  // as apply_chat_template(tokenize=True): the template adds BOS
+    std::fprintf(stderr, "chat template: %s (prompt %zu tokens)\n", hf_tpl->origin.c_str(), ids.size());
+    if (const jinja::Value* eos = hf_tpl->specials.find("eos_token"); eos && eos->is_string())
+      if (auto id = tok->token_to_id(eos->s)) so.stop_ids.push_back(*id);
+  } else if (chat) {
     std::string why;
     std::optional<ChatFormat> cf;
     if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));

@@ -6,6 +6,8 @@
 #include "core/fs.h"
 #include "data/byte_tokenizer.h"
 #include "data/finetune.h"
+#include "data/hf_chat_template.h"
+#include "data/loss_mask_file.h"
 #include "data/records.h"
 
 namespace rt::cli {
@@ -16,7 +18,9 @@ void train_data_options(ArgParser& p) {
            "auto");
   p.option("text-split", "blank-lines|file", "text data: one example per blank-line-separated block, or per file",
            "blank-lines");
-  p.option("chat-format", "chatml|llama3|mistral", "chat format for chat/instruction records (default: from the tokenizer)");
+  p.option("chat-format", "chatml|llama3|mistral",
+           "built-in chat format for chat/instruction records (default: the model's chat_template, else from the "
+           "tokenizer)");
   p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
            "keep-start");
   p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count",
@@ -53,6 +57,25 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
 
   if (paths.size() == 1 && TokenStream::looks_like_token_file(paths[0])) {
     td.tokenizer_dir = tok_dir;
+    if (file_exists(loss_mask_path(paths[0]))) {  // tokenized chat data: documents with loss masks
+      TokenStream tokens = TokenStream::open(paths[0]);
+      tokens.validate_ids(static_cast<uint64_t>(spec.vocab));
+      const LossMaskFile mask(loss_mask_path(paths[0]), tokens.size());
+      FinetuneOptions fo;
+      fo.seq_len = dopt.seq_len;
+      fo.val_fraction = dopt.val_fraction;
+      fo.seed = seed;
+      fo.truncation = truncation_parse(p.str("truncate"));
+      const std::string pack = p.str("pack");
+      if (pack != "yes" && pack != "no") fail("[train] --pack must be yes or no, got '", pack, "'");
+      fo.pack = pack == "yes";
+      fo.pad_id = 0;
+      auto ds = std::make_unique<FinetuneDataset>(tokens, mask, fo);
+      std::printf("token file %s with loss masks %s\n%s\n", paths[0].c_str(), loss_mask_path(paths[0]).c_str(),
+                  ds->stats().summary().c_str());
+      td.source = std::move(ds);
+      return td;
+    }
     td.source = std::make_unique<Dataset>(TokenStream::open(paths[0]), dopt);
     return td;
   }
@@ -61,7 +84,8 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
       fail("[data] ", path, ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
   const DataFormat format = data_format_parse(p.str("data-format"));
   bool any_jsonl = false;
-  for (const std::string& path : paths) any_jsonl |= file_exists(path) && path_is_jsonl(path, format);
+  for (const std::string& path : paths)
+    any_jsonl |= file_exists(path) && (path_is_jsonl(path, format) || path_is_json_array(path, format));
 
   if (tok_dir.empty()) {
     if (is_byte_vocab(spec.vocab) && !any_jsonl && format != DataFormat::jsonl) {
@@ -85,6 +109,9 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
   else cf = chat_format_detect(tok, spec.family, &no_chat);
   if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
+  std::optional<HfChatTemplate> hf;
+  if (!p.has("chat-format")) hf = hf_chat_template_find(tok_dir);
+  if (hf) td.hf_template = std::make_unique<jinja::Template>(hf->source, hf->origin);
 
   std::vector<std::string> files;
   for (const std::string& path : paths) {
@@ -110,10 +137,12 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   fo.records.progress = true;
   fo.records.label = "encoding data";
   fo.records.piece_bytes = tok.describe().rfind("hf-bpe", 0) == 0 ? (1u << 20) : 0;
-  const ExampleEncoder enc(tok, td.chat.get(), no_chat, /*text_only=*/false, /*with_masks=*/true);
+  ExampleEncoder enc(tok, td.chat.get(), no_chat, /*text_only=*/false, /*with_masks=*/true);
+  if (hf) enc.use_hf_template(td.hf_template.get(), hf->specials);
   auto ds = std::make_unique<FinetuneDataset>(files, enc, fo);
   std::printf("tokenizer: %s (%d ids); chat format: %s\n%s\n", tok.describe().c_str(), tok.vocab_size(),
-              td.chat ? chat_format_name(td.chat->format()) : "none", ds->stats().summary().c_str());
+              hf ? ("chat_template from " + hf->origin).c_str() : td.chat ? chat_format_name(td.chat->format()) : "none",
+              ds->stats().summary().c_str());
   td.source = std::move(ds);
   return td;
 }

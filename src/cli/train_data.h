@@ -2,7 +2,9 @@
 //   one token file                 -> the window Dataset (data/dataset.h)
 //   text / .jsonl with a tokenizer -> FinetuneDataset (data/finetune.h) with the
 //                                     model dir's tokenizer (or --tokenizer DIR)
-//                                     and chat format (or --chat-format)
+//                                     and chat template (chat_template in the
+//                                     tokenizer dir, else a built-in chat format;
+//                                     --chat-format forces a built-in one)
 //   text with a byte-vocab model   -> byte-level text in the window Dataset
 //     and no tokenizer                (the tiny-byte path, unchanged)
 // Every other combination is refused with a message that says what to pass.
@@ -14,6 +16,7 @@
 
 #include "cli/args.h"
 #include "data/chat_format.h"
+#include "data/jinja_template.h"
 #include "data/dataset.h"
 #include "model/spec.h"
 #include "tokenizer/tokenizer.h"
@@ -26,6 +29,7 @@ void train_data_options(ArgParser& p);
 struct TrainData {
   std::unique_ptr<Tokenizer> tokenizer;  // null: byte-level text, or a token file with no tokenizer at hand
   std::unique_ptr<ChatTemplate> chat;    // null: no chat format (none needed, or none detected)
+  std::unique_ptr<jinja::Template> hf_template;  // the tokenizer dir's chat_template (null: none, or --chat-format)
   std::unique_ptr<BatchSource> source;
   bool byte_text = false;                // the byte-level text path
   std::string tokenizer_dir;             // holds the tokenizer files ("" none): the export copies them

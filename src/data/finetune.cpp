@@ -10,10 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <xxhash.h>
 
 #include "core/error.h"
-#include "core/quote.h"
+#include "io/token_file.h"
 
 namespace rt {
 
@@ -24,167 +25,6 @@ Truncation truncation_parse(const std::string& s) {
   if (s == "drop") return Truncation::drop;
   if (s == "split") return Truncation::split;
   fail("[data] unknown truncation '", s, "': use keep-start, drop or split");
-}
-
-// ---- ExampleEncoder ------------------------------------------------------
-
-ExampleEncoder::ExampleEncoder(const Tokenizer& tok, const ChatTemplate* chat, std::string no_chat_reason,
-                               bool text_only, bool with_masks)
-    : tok_(tok), chat_(chat), no_chat_reason_(std::move(no_chat_reason)), text_only_(text_only),
-      with_masks_(with_masks) {
-  // The template's prefix and suffix: encode(x, true) = prefix + encode(x, false) + suffix.
-  const std::vector<int32_t> full = tok.encode("a", true), bare = tok.encode("a", false);
-  auto it = std::search(full.begin(), full.end(), bare.begin(), bare.end());
-  RT_CHECK(!bare.empty() && it != full.end(), "[data] ", tok.describe(),
-           ": cannot find the text inside the tokenizer's template (encode with and without special tokens)");
-  prefix_.assign(full.begin(), it);
-  suffix_.assign(it + static_cast<std::ptrdiff_t>(bare.size()), full.end());
-  if (tok.eos_id()) eos_ = *tok.eos_id();
-}
-
-void ExampleEncoder::encode_text(std::string_view text, bool first, bool last, EncodedPiece& out) const {
-  out.kind = "text";
-  if (first) out.ids = prefix_;
-  const std::vector<int32_t> e = tok_.encode(text, false);
-  out.ids.insert(out.ids.end(), e.begin(), e.end());
-  if (last) {
-    out.ids.insert(out.ids.end(), suffix_.begin(), suffix_.end());
-    if (eos_ >= 0 && (suffix_.empty() || suffix_.back() != eos_)) out.ids.push_back(eos_);
-  }
-  if (with_masks_) out.trained.assign(out.ids.size(), 1);
-}
-
-namespace {
-
-const char* json_type(const nlohmann::json& j) { return j.type_name(); }
-
-// nlohmann's message without its "[json.exception...] parse error at line 1, column N: " prefix.
-std::string json_error_text(const nlohmann::json::parse_error& e) {
-  std::string w = e.what();
-  const size_t c = w.find("column ");
-  if (c != std::string::npos) {
-    const size_t colon = w.find(": ", c);
-    if (colon != std::string::npos) return quote_input(w.substr(colon + 2));  // "last read: '<the token>'"
-  }
-  return quote_input(w);
-}
-
-bool field_string(const nlohmann::json& j, const char* key, std::string& out, bool required, const RecordPiece& p,
-                  EncodedPiece& e, const std::string& what) {
-  auto it = j.find(key);
-  if (it == j.end() || (!required && it->is_null())) {
-    if (required) e.set_bad("missing field", cat(p.where(), ": ", what, " has no \"", key, "\" field"));
-    return !required;
-  }
-  if (!it->is_string()) {
-    e.set_bad("wrong field type",
-              cat(p.where(), ": ", what, " \"", key, "\" must be a string, got ", json_type(*it)));
-    return false;
-  }
-  out = it->get<std::string>();
-  return true;
-}
-
-}  // namespace
-
-void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::json& j, bool instruction,
-                                 EncodedPiece& out) const {
-  out.kind = instruction ? "instruction" : "chat";
-  if (text_only_) {
-    out.set_bad(cat(out.kind, " record"),
-                cat(p.where(), ": ", instruction ? "an instruction" : "a chat",
-                    " record, but tokenize writes plain token streams, which cannot keep loss masks, so it reads only "
-                    "{\"text\": ...} records; give the .jsonl to `ramtrain train --data` instead"));
-    return;
-  }
-  if (!chat_) fail("[data] ", p.where(), ": ", out.kind, " records need a chat format, but ", no_chat_reason_);
-  std::vector<ChatMessage> msgs;
-  if (instruction) {
-    std::string system, instr, input, output;
-    if (!field_string(j, "system", system, false, p, out, "the instruction record")) return;
-    if (!field_string(j, "instruction", instr, true, p, out, "the instruction record")) return;
-    if (!field_string(j, "input", input, false, p, out, "the instruction record")) return;
-    if (!field_string(j, "output", output, true, p, out, "the instruction record")) return;
-    if (!system.empty()) msgs.push_back({ChatRole::system, std::move(system)});
-    msgs.push_back({ChatRole::user, input.empty() ? instr : instr + "\n\n" + input});
-    msgs.push_back({ChatRole::assistant, std::move(output)});
-  } else {
-    const nlohmann::json& m = j["messages"];
-    if (!m.is_array()) {
-      out.set_bad("wrong field type", cat(p.where(), ": \"messages\" must be an array of {\"role\", \"content\"} objects, got ",
-                                          json_type(m)));
-      return;
-    }
-    if (m.empty()) {
-      out.set_bad("empty conversation", cat(p.where(), ": empty conversation (\"messages\" is []): nothing to train on"));
-      return;
-    }
-    bool any_assistant = false;
-    for (size_t i = 0; i < m.size(); ++i) {
-      const nlohmann::json& x = m[i];
-      const std::string what = cat("message ", i + 1);
-      if (!x.is_object()) {
-        out.set_bad("wrong field type", cat(p.where(), ": ", what, " must be an object with \"role\" and \"content\", got ",
-                                            json_type(x)));
-        return;
-      }
-      std::string role, content;
-      if (!field_string(x, "role", role, true, p, out, what)) return;
-      if (!field_string(x, "content", content, true, p, out, what)) return;
-      auto r = chat_role_parse(role);
-      if (!r) {
-        out.set_bad("unknown role", cat(p.where(), ": ", what, " has unknown role \"", quote_input(role),
-                                        "\"; the roles are system, user and assistant"));
-        return;
-      }
-      any_assistant |= *r == ChatRole::assistant;
-      msgs.push_back({*r, std::move(content)});
-    }
-    if (!any_assistant) {
-      out.set_bad("no assistant message",
-                  cat(p.where(), ": the conversation has no assistant message: nothing to train on"));
-      return;
-    }
-  }
-  const std::string err = chat_->render(msgs, out.ids, out.trained);
-  if (!err.empty()) {
-    out.set_bad("turn order", cat(p.where(), ": ", err));
-    return;
-  }
-  if (!with_masks_) out.trained.clear();
-}
-
-void ExampleEncoder::encode(const RecordPiece& p, EncodedPiece& out) const {
-  if (!p.jsonl) {
-    encode_text(p.bytes, p.first, p.last, out);
-    return;
-  }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(p.bytes);
-  } catch (const nlohmann::json::parse_error& e) {
-    out.set_bad("malformed JSON", cat(p.where(), ":", e.byte, ": malformed JSON: ", json_error_text(e)));
-    return;
-  }
-  if (!j.is_object()) {
-    out.set_bad("not a JSON object", cat(p.where(), ": expected a JSON object, got ", json_type(j)));
-    return;
-  }
-  if (j.contains("messages")) return encode_chat(p, j, false, out);
-  if (j.contains("instruction") || j.contains("output")) return encode_chat(p, j, true, out);
-  if (j.contains("text")) {
-    std::string text;
-    if (!field_string(j, "text", text, true, p, out, "the record")) return;
-    if (text.empty()) {
-      out.skip_reason = "empty texts";
-      return;
-    }
-    return encode_text(text, true, true, out);
-  }
-  std::string keys;
-  for (auto it = j.begin(); it != j.end(); ++it) keys += cat(keys.empty() ? "" : ", ", "\"", it.key(), "\"");
-  out.set_bad("missing field", cat(p.where(), ": the record has no \"text\", \"messages\" or \"instruction\"/\"output\" ",
-                                   "field (its fields: ", keys.empty() ? "none" : quote_input(keys), ")"));
 }
 
 // ---- FinetuneDataset -----------------------------------------------------
@@ -258,18 +98,59 @@ void pack_rows(const std::vector<uint64_t>& order, const std::vector<uint32_t>& 
 FinetuneDataset::FinetuneDataset(const std::vector<std::string>& files, const ExampleEncoder& enc,
                                  const FinetuneOptions& opt)
     : T_(opt.seq_len), opt_(opt) {
+  RT_CHECK(!files.empty(), "[data] no data files given");
+  const std::string name = files.size() == 1 ? files[0] : cat(files[0], " and ", files.size() - 1, " more");
+  build(name, [&](const ExampleSink& add_example) {
+    // A record may hold several examples (ExampleEncoder::example_start).
+    auto sink = [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) {
+      RT_CHECK(trained.size() == ids.size(), "[data] internal: the encoder gave ", trained.size(), " mask flags for ",
+               ids.size(), " ids");
+      size_t b = 0;
+      for (size_t k = 1; k <= ids.size(); ++k) {
+        if (k < ids.size() && !(trained[k] & ExampleEncoder::example_start)) continue;
+        add_example(std::span<const int32_t>(ids).subspan(b, k - b), std::span<const uint8_t>(trained).subspan(b, k - b));
+        b = k;
+      }
+    };
+    ExampleEncoder const* e = &enc;
+    stats_.records =
+        records_for_each(files, opt.records, [e](const RecordPiece& p, EncodedPiece& out) { e->encode(p, out); }, sink);
+  });
+}
+
+FinetuneDataset::FinetuneDataset(const TokenStream& tokens, const LossMaskFile& mask, const FinetuneOptions& opt)
+    : T_(opt.seq_len), opt_(opt) {
+  RT_CHECK(mask.size() == tokens.size(), "[data] internal: mask and token counts differ");
+  build(tokens.path(), [&](const ExampleSink& add_example) {
+    const uint8_t* f = mask.flags();
+    std::vector<int32_t> ids;
+    const uint64_t n = tokens.size();
+    for (uint64_t b = 0; b < n;) {
+      uint64_t e = b + 1;
+      while (e < n && !(f[e] & mask_doc_start)) ++e;
+      ids.resize(e - b);
+      tokens.read(b, e - b, ids.data());
+      add_example(ids, std::span<const uint8_t>(f + b, e - b));
+      ++stats_.records.records;
+      b = e;
+    }
+    stats_.records.kinds["documents"] = stats_.records.records;
+    stats_.records.files = 1;
+  });
+}
+
+void FinetuneDataset::build(const std::string& name, const std::function<void(const ExampleSink&)>& produce) {
+  const FinetuneOptions& opt = opt_;
   RT_CHECK(T_ >= 1, "[data] --seq-len must be >= 1 (got ", T_, ")");
   RT_CHECK(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0, "[data] --val-fraction must be in [0, 1) (got ",
            opt.val_fraction, ")");
-  RT_CHECK(!files.empty(), "[data] no data files given");
   const uint64_t T = static_cast<uint64_t>(T_);
   CacheWriter cache(opt.cache_dir);
   std::vector<uint32_t> buf;
   std::vector<uint32_t> trained_count;  // per example
   uint64_t offset = 0;
-  auto sink = [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) {
+  auto add_example = [&](std::span<const int32_t> ids, std::span<const uint8_t> trained) {
     const uint64_t L = ids.size();
-    RT_CHECK(trained.size() == L, "[data] internal: the encoder gave ", trained.size(), " mask flags for ", L, " ids");
     if (L < 2) {
       ++stats_.dropped_too_short;
       return;
@@ -291,28 +172,25 @@ FinetuneDataset::FinetuneDataset(const std::vector<std::string>& files, const Ex
     }
     for (auto [b, e] : windows) {
       uint32_t n_trained = 0;
-      for (uint64_t j = b + 1; j < e; ++j) n_trained += trained[j] ? 1 : 0;
+      for (uint64_t j = b + 1; j < e; ++j) n_trained += trained[j] & 1;
       if (n_trained == 0) {
         ++stats_.dropped_untrained;
         continue;
       }
       buf.resize(e - b);
       for (uint64_t j = b; j < e; ++j)
-        buf[j - b] = static_cast<uint32_t>(ids[j]) | (j > b && trained[j] ? trained_bit : 0u);
+        buf[j - b] = static_cast<uint32_t>(ids[j]) | (j > b && (trained[j] & 1) ? trained_bit : 0u);
       cache.write(buf.data(), buf.size());
       examples_.push_back({offset, static_cast<uint32_t>(e - b)});
       trained_count.push_back(n_trained);
       offset += e - b;
     }
   };
-  ExampleEncoder const* e = &enc;
-  stats_.records = records_for_each(files, opt.records, [e](const RecordPiece& p, EncodedPiece& out) { e->encode(p, out); },
-                                    sink);
+  produce(add_example);
   const uint64_t n = examples_.size();
   stats_.examples = n;
   stats_.val_examples = static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction));
   n_train_ = n - stats_.val_examples;
-  const std::string name = files.size() == 1 ? files[0] : cat(files[0], " and ", files.size() - 1, " more");
   if (n_train_ == 0)
     fail("[data] ", name, ": no training example left (", stats_.records.summary(), "; ", n, " examples kept",
          stats_.dropped_untrained ? cat(", ", stats_.dropped_untrained, " dropped with no trained token") : "",

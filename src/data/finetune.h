@@ -8,9 +8,13 @@
 //   {"instruction": i, "input": x, "output": o [, "system": s]}: a chat of one
 //                user turn i + "\n\n" + x (just i when x is empty or absent)
 //                and one assistant turn o; loss only on o and its end of turn
-//   {"messages": [{"role": r, "content": c}, ...]}: roles system, user,
-//                assistant; rendered by ChatTemplate (data/chat_format.h),
-//                loss only on assistant content and end-of-turn tokens
+//   {"messages": [{"role": r, "content": c}, ...]}: rendered by the model's
+//                chat_template when it has one (any roles, tool_calls,
+//                "tools"), else by ChatTemplate (data/chat_format.h: system,
+//                user, assistant); loss only on assistant turns and their
+//                end-of-turn tokens
+//   {"conversations": [{"from": f, "value": v}, ...]}: ShareGPT, as messages
+//   {"prompt": p, "completion": c}: prompt untrained, completion + EOS trained
 // An example of L tokens gives L-1 predictions: inputs ids[0, L-1), targets
 // ids[1, L) where trained, ignore_target elsewhere; positions 0..L-2.
 // Truncation (examples longer than T+1 tokens): keep_start keeps ids[0, T+1);
@@ -36,14 +40,19 @@
 // the data, the options and the seed.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <nlohmann/json_fwd.hpp>
+#include <span>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/fs.h"
 #include "data/chat_format.h"
 #include "data/dataset.h"
+#include "data/hf_chat_template.h"
+#include "data/loss_mask_file.h"
+#include "io/token_file.h"
 #include "data/records.h"
 #include "tokenizer/tokenizer.h"
 
@@ -53,19 +62,30 @@ enum class Truncation { keep_start, drop, split };
 Truncation truncation_parse(const std::string& s);  // keep-start | drop | split
 
 // Encodes records into ids and masks (a PieceEncoder for records_for_each).
-// chat: the template for instruction and chat records, or nullptr: then such
-// records throw no_chat_reason (a setup error, not bad data). text_only
-// (ramtrain tokenize): instruction and chat records are bad records, since
-// a plain token stream cannot keep their loss masks.
+// chat: the built-in template for instruction and chat records, or nullptr:
+// then such records throw no_chat_reason (a setup error, not bad data),
+// unless use_hf_template gave the model's own template, which then renders
+// them (data/hf_chat_template.h: tool roles, tool calls, the template's
+// loss-mask rule). text_only (ramtrain tokenize): instruction and chat
+// records are bad records, since a plain token stream cannot keep their loss
+// masks. Flags: bit 0 = trained; bit 1 (example_start) = the first token of
+// another example of the same record (a template that is not prefix stable
+// gives one example per assistant turn); FinetuneDataset splits there.
 class ExampleEncoder {
  public:
+  static constexpr uint8_t example_start = 2;
   ExampleEncoder(const Tokenizer& tok, const ChatTemplate* chat, std::string no_chat_reason, bool text_only,
                  bool with_masks);
+  // Renders chat-like records with tpl (kept by the caller) and the special-token strings.
+  void use_hf_template(const jinja::Template* tpl, jinja::Object specials);
   void encode(const RecordPiece& p, EncodedPiece& out) const;
 
  private:
   void encode_text(std::string_view text, bool first, bool last, EncodedPiece& out) const;
-  void encode_chat(const RecordPiece& p, const nlohmann::json& j, bool instruction, EncodedPiece& out) const;
+  void append_text(std::string_view text, uint8_t mask, EncodedPiece& out) const;
+  void encode_chat(const RecordPiece& p, const nlohmann::ordered_json& j, const char* kind, EncodedPiece& out) const;
+  void encode_hf(const RecordPiece& p, const nlohmann::ordered_json& msgs, const nlohmann::ordered_json& tools,
+                 EncodedPiece& out) const;
 
   const Tokenizer& tok_;
   const ChatTemplate* chat_;
@@ -73,6 +93,8 @@ class ExampleEncoder {
   bool text_only_, with_masks_;
   std::vector<int32_t> prefix_, suffix_;  // the tokenizer's template around one text
   int32_t eos_ = -1;                      // appended after a text unless suffix_ ends with it
+  const jinja::Template* hf_ = nullptr;
+  jinja::Object hf_specials_;
 };
 
 struct FinetuneOptions {
@@ -106,6 +128,10 @@ class FinetuneDataset final : public BatchSource {
   // Throws "[data] ..." for bad options, no train example, or val_fraction
   // > 0 with no validation example.
   FinetuneDataset(const std::vector<std::string>& files, const ExampleEncoder& enc, const FinetuneOptions& opt);
+  // Examples from a token file and its loss-mask file (ramtrain tokenize of
+  // chat/instruction data, data/loss_mask_file.h): each document one example,
+  // trained where its flag says, truncated and packed as above.
+  FinetuneDataset(const TokenStream& tokens, const LossMaskFile& mask, const FinetuneOptions& opt);
 
   Batch next_batch(int64_t B) override;
   DataCursor cursor() const override;
@@ -132,6 +158,9 @@ class FinetuneDataset final : public BatchSource {
     uint64_t offset;  // first token in the cache
     uint32_t length;  // tokens, 2..T+1
   };
+  using ExampleSink = std::function<void(std::span<const int32_t> ids, std::span<const uint8_t> trained)>;
+  // Runs produce (which hands every example to the sink) and builds the cache, split and plan.
+  void build(const std::string& name, const std::function<void(const ExampleSink&)>& produce);
   void plan_epoch(uint64_t epoch);
   void fill_row(const uint64_t* ex, size_t n, int64_t row, Batch& b) const;
   Batch make_batch(int64_t B) const;

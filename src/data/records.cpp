@@ -36,6 +36,10 @@ BadRecordPolicy bad_record_policy_parse(const std::string& s) {
   fail("[data] unknown bad-lines policy '", s, "': use abort (stop at the first bad record) or skip (skip and count)");
 }
 
+bool path_is_json_array(const std::string& path, DataFormat f) {
+  return f == DataFormat::auto_detect && path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+}
+
 bool path_is_jsonl(const std::string& path, DataFormat f) {
   if (f != DataFormat::auto_detect) return f == DataFormat::jsonl;
   return path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
@@ -110,6 +114,11 @@ class PieceScanner {
         close();
         continue;
       }
+      if (json_array_) {
+        uint64_t b, e, line;
+        if (next_json_element(b, e, line)) begin_record(b, e, line);
+        continue;
+      }
       if (jsonl_) {
         uint64_t e, next;
         line_end(pos_, e, next);
@@ -165,8 +174,73 @@ class PieceScanner {
     size_ = map_->size();
     pos_ = 0;
     line_ = 1;
-    jsonl_ = path_is_jsonl(path, opt_.format);
+    json_array_ = path_is_json_array(path, opt_.format);
+    jsonl_ = json_array_ || path_is_jsonl(path, opt_.format);
     st_.bytes += size_;
+  }
+
+  // .json: a JSON array of records; each element (which may span lines) is
+  // one record, named by the line it starts on. Elements are found by bracket
+  // depth outside strings; a malformed element runs to the end of the file
+  // and its encoder reports it.
+  void skip_json_space() {
+    while (pos_ < size_ && (data_[pos_] == ' ' || data_[pos_] == '\t' || data_[pos_] == '\r' || data_[pos_] == '\n')) {
+      if (data_[pos_] == '\n') ++line_;
+      ++pos_;
+    }
+  }
+  bool next_json_element(uint64_t& b, uint64_t& e, uint64_t& line) {
+    const std::string& path = files_[fi_];
+    if (pos_ == 0) {
+      if (size_ >= 3 && data_[0] == 0xEF && data_[1] == 0xBB && data_[2] == 0xBF) pos_ = 3;
+      skip_json_space();
+      if (pos_ >= size_ || data_[pos_] != '[')
+        fail("[data] ", path, ":", line_, ": a .json data file must hold a JSON array of records ([{...}, {...}]); "
+             "for one JSON record per line name the file .jsonl, for plain text pass --data-format text");
+      ++pos_;
+      in_array_ = true;
+    }
+    skip_json_space();
+    if (pos_ < size_ && data_[pos_] == ',' && !first_element_) {
+      ++pos_;
+      skip_json_space();
+    }
+    if (pos_ >= size_ || data_[pos_] == ']') {
+      if (pos_ >= size_ && in_array_) fail("[data] ", path, ":", line_, ": the JSON array is not closed with ']'");
+      if (pos_ < size_) {
+        ++pos_;
+        skip_json_space();
+        if (pos_ < size_) fail("[data] ", path, ":", line_, ": text after the end of the JSON array");
+      }
+      pos_ = size_;
+      return false;
+    }
+    b = pos_;
+    line = line_;
+    int depth = 0;
+    bool in_str = false;
+    for (; pos_ < size_; ++pos_) {
+      const uint8_t c = data_[pos_];
+      if (c == '\n') ++line_;
+      if (in_str) {
+        if (c == '\\') {
+          ++pos_;
+        } else if (c == '"') {
+          in_str = false;
+        }
+        continue;
+      }
+      if (c == '"') in_str = true;
+      else if (c == '[' || c == '{') ++depth;
+      else if (c == ']' || c == '}') {
+        if (depth == 0) break;  // the array's own ']'
+        --depth;
+      } else if (c == ',' && depth == 0) break;
+    }
+    e = pos_;
+    while (e > b && (data_[e - 1] == ' ' || data_[e - 1] == '\t' || data_[e - 1] == '\r' || data_[e - 1] == '\n')) --e;
+    first_element_ = false;
+    return true;
   }
 
   void close() {
@@ -222,6 +296,7 @@ class PieceScanner {
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0, pos_ = 0, line_ = 1, done_bytes_ = 0;
   bool jsonl_ = false;
+  bool json_array_ = false, in_array_ = false, first_element_ = true;  // .json arrays
   bool rec_active_ = false, rec_first_ = false;
   uint64_t cut_ = 0, rec_end_ = 0, cut_line_ = 1;
 };

@@ -9,6 +9,7 @@
 //     of its last line.
 //   text, TextSplit::file: the whole file (an empty file is counted, skipped).
 //   jsonl: one non-blank line (blank lines hold no data and are passed over).
+//   .json (auto format): one element of the file's top-level JSON array.
 // Bad data: every piece is checked for valid UTF-8 before it is encoded and
 // invalid bytes are reported as "<path>:<line>:<column>: invalid UTF-8 (byte
 // 0xNN at file offset N)"; encoders report their own bad records (malformed
@@ -46,6 +47,10 @@ TextSplit text_split_parse(const std::string& s);            // blank-lines | fi
 BadRecordPolicy bad_record_policy_parse(const std::string& s);  // abort | skip
 // auto: a name ending in .jsonl is jsonl, anything else is text.
 bool path_is_jsonl(const std::string& path, DataFormat f);
+// auto: a name ending in .json holds a JSON array of records (e.g. Alpaca
+// exports); each element is one record, reported by the line it starts on.
+// A .json file that is not an array is an error, never read as text.
+bool path_is_json_array(const std::string& path, DataFormat f);
 
 struct RecordOptions {
   DataFormat format = DataFormat::auto_detect;

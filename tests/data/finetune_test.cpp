@@ -364,7 +364,8 @@ TEST(Finetune, BadDataMessages) {
       {R"({"messages": [{"role": "user", "content": "q"}]})", "no assistant message",
        "bad.jsonl:2: the conversation has no assistant message"},
       {"[1, 2]", "not a JSON object", "bad.jsonl:2: expected a JSON object, got array"},
-      {R"({"foo": 1})", "missing field", "bad.jsonl:2: the record has no \"text\", \"messages\" or \"instruction\"/\"output\" field (its fields: \"foo\")"},
+      {R"({"foo": 1})", "missing field", "bad.jsonl:2: the record has no \"text\", \"messages\", \"conversations\", \"instruction\"/\"output\" or "
+       "\"prompt\"/\"completion\" field (its fields: \"foo\")"},
       {R"({"messages": [{"role": "user", "content": null}, {"role": "assistant", "content": "a"}]})", "wrong field type",
        "bad.jsonl:2: message 1 \"content\" must be a string, got null"},
       {R"({"instruction": "x"})", "missing field", "bad.jsonl:2: the instruction record has no \"output\" field"},
