@@ -247,7 +247,8 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
 }
 
 // dx[N,C] (=) from dy[N,C]; weight grads accumulate (+=) into gr.
-// x is the block input the forward saw; t must come from block_forward(x);
+// x is the block input the forward saw; t must come from block_forward(x)
+// (the training forward, or a recompute with y == nullptr) with the same dm;
 // d is scratch. dx may alias dy.
 template <class Ops>
 void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
