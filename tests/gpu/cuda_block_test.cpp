@@ -33,7 +33,7 @@
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device_info.h"
-#include "engine/host_state.h"
+#include "state/host_state.h"
 #include "model/block.h"
 #include "testutil.h"
 

@@ -16,7 +16,7 @@
 #include <random>
 
 #include "cpu/cpu_ops.h"
-#include "engine/host_state.h"
+#include "state/host_state.h"
 #include "model/block.h"
 #include "testutil.h"
 
