@@ -1,8 +1,17 @@
 // Layer templates: the decoder block's forward and backward, written once
-// against an ops interface and instantiated per backend (CpuOps now, the CUDA
-// backend later). No state of their own, no autograd graph: weights are bound
-// as views (pointers into whatever holds the layer right now), activations
-// live in a BlockActs the caller sized with block_act_sizes().
+// against an ops interface and instantiated per backend (CpuOps, CudaOps). No
+// state of their own, no autograd graph: weights are bound as views (pointers
+// into whatever holds the layer right now), activations live in a BlockActs
+// and backward temporaries in a BlockScratch, both sized from the BlockDims
+// (model/block_memory.h gives their bytes to planners without allocating).
+//
+// MLP token chunks (BlockDims::mlp_chunk_tokens = R > 0): the MLP (gate/up ->
+// SwiGLU -> down) runs over chunks of R token rows, so its N x F tensors exist
+// for one chunk only; the backward recomputes each chunk's gate/up/SwiGLU from
+// the stored normed input hn and accumulates the weight gradients chunk by
+// chunk (a different fp32 summation order over tokens than R = 0). R = 0, or
+// R >= N, is the whole batch at once with the same op calls as without
+// chunking (bit-identical).
 //
 // Letters: N = tokens (B*T), C = hidden, H = query heads, G = KV heads,
 // D = head_dim, F = intermediate. HF Llama/Mistral/Qwen2/Qwen3 decoder layer:
@@ -56,9 +65,25 @@ struct BlockGrads {
 
 // Shapes of one batch through a block.
 struct BlockDims {
-  int64_t B, T;  // N = B*T rows
+  int64_t B, T;                  // N = B*T rows
+  int64_t mlp_chunk_tokens = 0;  // MLP token chunk (rows); 0: the whole batch at once
   int64_t N() const { return B * T; }
+  // Rows of the MLP's per-chunk tensors (g, u, a and their gradients).
+  int64_t mlp_rows() const { return mlp_chunk_tokens > 0 ? std::min(mlp_chunk_tokens, N()) : N(); }
+  // True when the MLP runs in more than one chunk (then the backward recomputes gate/up/SwiGLU).
+  bool mlp_chunked() const { return mlp_rows() < N(); }
 };
+
+inline void check_block_dims(const BlockDims& dm) {
+  RT_CHECK(dm.B > 0 && dm.T > 0, "[model] a block needs a batch of at least one token, got ", dm.B, " x ", dm.T);
+  RT_CHECK(dm.mlp_chunk_tokens >= 0, "[model] the MLP token chunk must be >= 0 (0: off), got ", dm.mlp_chunk_tokens);
+}
+// Buffers sized for `sized` serve a call with `dm` only when the shapes agree.
+inline void check_block_buffers(const char* what, const BlockDims& sized, const BlockDims& dm) {
+  RT_CHECK(sized.B == dm.B && sized.T == dm.T && sized.mlp_rows() == dm.mlp_rows(), "[model] ", what,
+           " were sized for ", sized.B, " x ", sized.T, " tokens in MLP chunks of ", sized.mlp_rows(),
+           " rows, but the block runs ", dm.B, " x ", dm.T, " in chunks of ", dm.mlp_rows());
+}
 
 // Everything the backward needs from the forward of one block. The engines
 // keep one for the recompute of any layer, and one per layer whose
@@ -70,6 +95,7 @@ struct BlockActs {
   using Buf = typename Ops::template Buffer<T>;
   Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
   Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;            // statistics
+  BlockDims dims;                                          // what the buffers are sized for
 
   // Calls act(member, n) for every activation buffer and stat(member, n) for
   // every fp32 statistic, with its element count: the one list the
@@ -86,9 +112,9 @@ struct BlockActs {
     act(&BlockActs::att, N * QD);
     act(&BlockActs::h, N * C);
     act(&BlockActs::hn, N * C);
-    act(&BlockActs::g, N * F);
-    act(&BlockActs::u, N * F);
-    act(&BlockActs::a, N * F);
+    act(&BlockActs::g, dm.mlp_rows() * F);  // one MLP chunk
+    act(&BlockActs::u, dm.mlp_rows() * F);
+    act(&BlockActs::a, dm.mlp_rows() * F);
     stat(&BlockActs::rstd1, N);
     stat(&BlockActs::rstd_q, s.qk_norm ? N * s.n_heads : 1);
     stat(&BlockActs::rstd_k, s.qk_norm ? N * s.n_kv_heads : 1);
@@ -104,7 +130,8 @@ struct BlockActs {
     return b;
   }
 
-  BlockActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) {
+  BlockActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) : dims(dm) {
+    check_block_dims(dm);
     each_buffer(
         s, dm, [&](auto m, int64_t n) { this->*m = ops.template alloc<A>(n); },
         [&](auto m, int64_t n) { this->*m = ops.template alloc<float>(n); });
@@ -142,32 +169,51 @@ struct BlockScratch {
   template <class T>
   using Buf = typename Ops::template Buffer<T>;
   Buf<A> d_a, d_g, d_u, d_hn, d_tmp, d_h, d_att, d_q, d_k, d_v, d_xn, d_tmp_q, d_tmp_k;
+  BlockDims dims;  // what the buffers are sized for
 
-  BlockScratch(Ops& ops, const ModelSpec& s, const BlockDims& dm) {
+  // Calls buf(member, n) for every buffer with its element count: the one
+  // list the constructor allocates from and bytes() sums.
+  template <class Buf_>
+  static void each_buffer(const ModelSpec& s, const BlockDims& dm, Buf_&& buf) {
     const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
-    d_a = ops.template alloc<A>(N * F);
-    d_g = ops.template alloc<A>(N * F);
-    d_u = ops.template alloc<A>(N * F);
-    d_hn = ops.template alloc<A>(N * C);
-    d_tmp = ops.template alloc<A>(N * C);
-    d_h = ops.template alloc<A>(N * C);
-    d_att = ops.template alloc<A>(N * QD);
-    d_q = ops.template alloc<A>(N * QD);
-    d_k = ops.template alloc<A>(N * KD);
-    d_v = ops.template alloc<A>(N * KD);
-    d_xn = ops.template alloc<A>(N * C);
-    d_tmp_q = ops.template alloc<A>(s.qk_norm ? N * QD : 1);
-    d_tmp_k = ops.template alloc<A>(s.qk_norm ? N * KD : 1);
+    buf(&BlockScratch::d_a, dm.mlp_rows() * F);  // one MLP chunk
+    buf(&BlockScratch::d_g, dm.mlp_rows() * F);
+    buf(&BlockScratch::d_u, dm.mlp_rows() * F);
+    buf(&BlockScratch::d_hn, N * C);
+    buf(&BlockScratch::d_tmp, N * C);
+    buf(&BlockScratch::d_h, N * C);
+    buf(&BlockScratch::d_att, N * QD);
+    buf(&BlockScratch::d_q, N * QD);
+    buf(&BlockScratch::d_k, N * KD);
+    buf(&BlockScratch::d_v, N * KD);
+    buf(&BlockScratch::d_xn, N * C);
+    buf(&BlockScratch::d_tmp_q, s.qk_norm ? N * QD : 1);
+    buf(&BlockScratch::d_tmp_k, s.qk_norm ? N * KD : 1);
+  }
+  static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
+    uint64_t b = 0;
+    each_buffer(s, dm, [&](auto, int64_t n) { b += static_cast<uint64_t>(n) * sizeof(A); });
+    return b;
+  }
+
+  BlockScratch(Ops& ops, const ModelSpec& s, const BlockDims& dm) : dims(dm) {
+    check_block_dims(dm);
+    each_buffer(s, dm, [&](auto m, int64_t n) { this->*m = ops.template alloc<A>(n); });
   }
 };
 
 // y[N,C] = block(x[N,C]); fills acts for the backward. pos[N]: RoPE positions.
+// y == nullptr: a recompute for block_backward only, which needs no output:
+// the down projection is skipped, and with MLP chunks the whole MLP (the
+// backward recomputes it chunk by chunk). Either way t holds exactly what
+// block_backward reads, with the values of a full forward.
 template <class Ops>
 void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
                    const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
   const float eps = static_cast<float>(s.rms_eps);
+  check_block_buffers("the block activations", t.dims, dm);
   ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
   if (s.qk_norm) {
     ops.linear_forward(t.q_raw.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
@@ -185,15 +231,24 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
   ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
   ops.add_inplace(t.h.data(), x, N * C);
   ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
-  ops.linear_forward(t.g.data(), t.hn.data(), w.gate_proj, nullptr, N, C, F);
-  ops.linear_forward(t.u.data(), t.hn.data(), w.up_proj, nullptr, N, C, F);
-  ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), N * F);
-  ops.linear_forward(y, t.a.data(), w.down_proj, nullptr, N, F, C);
-  ops.add_inplace(y, t.h.data(), N * C);
+  if (!y && dm.mlp_chunked()) return;
+  // MLP over token chunks of R rows (R = N: one pass, the unchunked calls)
+  const int64_t R = dm.mlp_rows();
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t n = std::min(R, N - r0);
+    const auto* hn = t.hn.data() + r0 * C;
+    ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
+    ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
+    ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), n * F);
+    if (!y) continue;
+    ops.linear_forward(y + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
+    ops.add_inplace(y + r0 * C, t.h.data() + r0 * C, n * C);
+  }
 }
 
 // dx[N,C] (=) from dy[N,C]; weight grads accumulate (+=) into gr.
-// x is the block input the forward saw; t must come from block_forward(x);
+// x is the block input the forward saw; t must come from block_forward(x)
+// (the training forward, or a recompute with y == nullptr) with the same dm;
 // d is scratch. dx may alias dy.
 template <class Ops>
 void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
@@ -201,12 +256,25 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
                     const int32_t* pos, BlockActs<Ops>& t, BlockScratch<Ops>& d, const BlockGrads& gr) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
-  // MLP: y = h + a Wd^T
-  ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, dy, t.a.data(), w.down_proj, N, F, C);
-  ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), N * F);
-  ops.linear_backward(d.d_hn.data(), gr.gate_proj, nullptr, d.d_g.data(), t.hn.data(), w.gate_proj, N, C, F);
-  ops.linear_backward(d.d_tmp.data(), gr.up_proj, nullptr, d.d_u.data(), t.hn.data(), w.up_proj, N, C, F);
-  ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+  check_block_buffers("the block activations", t.dims, dm);
+  check_block_buffers("the block's backward scratch", d.dims, dm);
+  // MLP: y = h + a Wd^T, over token chunks of R rows (R = N: one pass on the
+  // forward's g, u, a; chunked: each chunk's g, u, a recomputed from hn first)
+  const int64_t R = dm.mlp_rows();
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t n = std::min(R, N - r0);
+    const auto* hn = t.hn.data() + r0 * C;
+    if (dm.mlp_chunked()) {
+      ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
+      ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
+      ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), n * F);
+    }
+    ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, dy + r0 * C, t.a.data(), w.down_proj, n, F, C);
+    ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), n * F);
+    ops.linear_backward(d.d_hn.data() + r0 * C, gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, n, C, F);
+    ops.linear_backward(d.d_tmp.data() + r0 * C, gr.up_proj, nullptr, d.d_u.data(), hn, w.up_proj, n, C, F);
+    ops.add_inplace(d.d_hn.data() + r0 * C, d.d_tmp.data() + r0 * C, n * C);
+  }
   // dh = dy + rms_backward(d_hn)
   ops.rms_norm_backward(d.d_h.data(), gr.mlp_norm, d.d_hn.data(), t.h.data(), w.mlp_norm, t.rstd2.data(), N, C);
   ops.add_inplace(d.d_h.data(), dy, N * C);

@@ -52,11 +52,12 @@ class ModelRunner {
   using A = typename Ops::act_t;
   using W = typename Ops::weight_t;
 
+  // mlp_chunk_tokens: BlockDims::mlp_chunk_tokens (0: the MLP over the whole batch at once).
   ModelRunner(Ops& ops, const ModelSpec& spec, int64_t B, int64_t T, int64_t ce_chunk_rows = 256,
-              int64_t keep_layers = 0)
+              int64_t keep_layers = 0, int64_t mlp_chunk_tokens = 0)
       : ops_(ops),
         s_(spec),
-        dm_{B, T},
+        dm_{B, T, mlp_chunk_tokens},
         ce_chunk_(ce_chunk_rows),
         acts_(ops, spec, dm_, keep_layers),
         scratch_(ops, spec, dm_) {
@@ -93,10 +94,8 @@ class ModelRunner {
     ops_.rms_norm_backward(dx_.data(), grads->final_norm, dhf_.data(), xL, w.final_norm, rstd_f_.data(), N, C);
     for (int64_t i = L - 1; i >= 0; --i) {
       const A* xi = x0 + i * N * C;
-      if (!acts_.kept(i)) {
-        A* scratch_y = hf_.data();  // the recomputed block output is not needed
-        block_forward(ops_, s_, w.layers[i], dm_, xi, scratch_y, b.pos, acts_.shared());
-      }
+      if (!acts_.kept(i))  // recompute what the backward reads (no block output)
+        block_forward(ops_, s_, w.layers[i], dm_, xi, nullptr, b.pos, acts_.shared());
       block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
                      grads->layers[i]);
     }

@@ -184,6 +184,43 @@ TEST_P(ModelGrad, KeptActivationsEqualRecompute) {
   }
 }
 
+TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
+  // ModelRunner with MLP token chunks (BlockDims::mlp_chunk_tokens), for
+  // recomputed and kept layers, against the unchunked runner: only the token
+  // sums of the MLP weight gradients are regrouped (tests/model/block_test.cpp
+  // checks one block closely), so fp32 rounding: rel_l2 <= 1e-5 over all
+  // gradients and 1e-6 + 1e-4 |ref| per element, as for micro-batches above.
+  // A chunk of the whole batch is the unchunked path: bit-identical.
+  Case c = make_case(GetParam());
+  rt::CpuOps ops(c.spec);
+  const float scale = 1.0f / static_cast<float>(c.B * (c.T - 1));
+  auto run = [&](int64_t keep, int64_t chunk, double* loss) {
+    rt::ModelRunner<rt::CpuOps> r(ops, c.spec, c.B, c.T, 3, keep, chunk);
+    c.state->zero_grads();
+    rt::ModelGrads g = c.state->grads();
+    int64_t nv;
+    *loss = r.forward_backward(c.state->weights(), &g,
+                               rt::BatchView{c.B, c.T, c.ids.data(), c.targets.data(), c.pos.data()}, scale, &nv);
+    std::vector<float> all;
+    for (auto& u : c.state->units()) all.insert(all.end(), u.grad.p, u.grad.p + u.numel);
+    return all;
+  };
+  double l0 = 0, l = 0;
+  const std::vector<float> full = run(0, 0, &l0);
+  for (int64_t keep : {int64_t{0}, int64_t{1}}) {
+    for (int64_t chunk : {int64_t{3}, int64_t{4}}) {
+      const std::vector<float> got = run(keep, chunk, &l);
+      EXPECT_NEAR(l, l0, 1e-5 * std::fabs(l0)) << "keep " << keep << " chunk " << chunk;
+      EXPECT_LT(rt::test::rel_l2(got.data(), full.data(), static_cast<int64_t>(got.size())), 1e-5)
+          << "keep " << keep << " chunk " << chunk;
+      EXPECT_TRUE(rt::test::expect_near("chunked grads", got, full, 1e-6, 1e-4)) << "keep " << keep << " chunk " << chunk;
+    }
+    const std::vector<float> whole = run(keep, c.B * c.T, &l);
+    EXPECT_EQ(l, l0);
+    EXPECT_TRUE(whole == full) << "keep " << keep << ": a chunk of the whole batch changed the gradients";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
                          ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3),
                          [](const auto& info) { return std::string(rt::family_name(info.param)); });
