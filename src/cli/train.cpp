@@ -113,6 +113,10 @@ int cmd_train(const Args& raw_args) {
   p.option("grads", "auto|device|host", "GPU: keep gradients on the device until the step's norm is known, or send "
            "each layer's to host RAM as it is made (low device memory)", "auto");
   p.option("checkpoints", "auto|device|host", "GPU: where block inputs wait for the backward", "auto");
+  p.option("layer-major", "auto|on|off",
+           "GPU, --grad-accum > 1: run every micro-batch through a layer while its weights are on the GPU (weights "
+           "cross PCIe once per step); auto: when the weights stream and the embedding is untied",
+           "auto");
   p.flag("low-memory", "GPU: the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training");
@@ -242,6 +246,8 @@ int cmd_train(const Args& raw_args) {
       std::fflush(stdout);
     };
   }
+  if (const std::string lm = p.str("layer-major"); lm != "auto" && lm != "on" && lm != "off")
+    fail("[train] --layer-major must be auto, on or off, got '", lm, "'");
   if (p.on("low-memory")) {  // checked on every machine, so a config is refused the same way everywhere
     for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
       if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
@@ -261,6 +267,8 @@ int cmd_train(const Args& raw_args) {
     co.delayed_update = o.delayed_update;
     co.grads = p.str("grads");
     co.checkpoints = p.str("checkpoints");
+    co.layer_major = p.str("layer-major");
+    co.micro_batches = o.grad_accum;
     co.keep_activations = o.keep_activations;
     if (p.on("low-memory")) set_low_memory(co);
     if (p.has("trace")) co.trace_path = p.str("trace");
