@@ -112,7 +112,8 @@ struct CudaOptions {
   bool verbose = true;
   // When the plan does not fit the device budget, make_cuda_backend shrinks it
   // step by step and says so: gradients and checkpoints left at auto go to the
-  // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan).
+  // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan),
+  // then layer-major left at auto goes off.
   // false: fail with the allocator's message instead. fit_slots = false keeps
   // the slot count (the CLI clears it when --slots is given).
   bool fit = true;

@@ -72,6 +72,9 @@ bool shrink_plan(CudaOptions& o, std::string* change) {
   } else if (o.ce_chunk_rows > 256) {
     o.ce_chunk_rows = 256;
     *change = "LM-head chunks of 256 rows";
+  } else if (o.layer_major == "auto" && o.micro_batches > 1) {  // last: it costs the most time
+    o.layer_major = "off";
+    *change = "micro-batch-major (one set of block inputs and residual gradients, not one per micro-batch)";
   } else {
     return false;
   }

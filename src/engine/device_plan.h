@@ -6,7 +6,8 @@
 // how many weight slots there are. Fit (CudaOptions::fit): when the plan does
 // not fit the budget, shrink_plan gives the next smaller one, one change at a
 // time: gradients and checkpoints left at auto go to the host, then 2 slots,
-// then 256-row LM-head chunks (the --low-memory plan).
+// then 256-row LM-head chunks (the --low-memory plan), then layer-major left
+// at auto goes off.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -231,3 +231,36 @@ TEST(DevicePlan, LayerMajorRefusesABadValue) {
   o.micro_batches = 0;
   EXPECT_THROW(rt::plan_device(spec(false), 2, 32, o, kHuge), rt::Error);
 }
+
+TEST(DevicePlan, FitTurnsAutoLayerMajorOffLast) {
+  // a budget the K = 8 sets cannot fit even in the smallest layer-major plan
+  const rt::ModelSpec s = spec(false);
+  const int64_t B = 2, T = 32;
+  rt::CudaOptions o = fixed_keep();
+  o.micro_batches = 8;
+  o.slots = 3;
+  const rt::DevicePlan lm_small = [&] {
+    rt::CudaOptions x = o;
+    rt::set_low_memory(x);
+    x.layer_major = "on";
+    return rt::plan_device(s, B, T, x, kHuge);
+  }();
+  const rt::DevicePlan mb_small = [&] {
+    rt::CudaOptions x = o;
+    rt::set_low_memory(x);
+    x.layer_major = "off";
+    return rt::plan_device(s, B, T, x, kHuge);
+  }();
+  ASSERT_LT(mb_small.total, lm_small.total);
+  const rt::DevicePlan p = rt::fit_device_plan(s, B, T, o, mb_small.total);
+  EXPECT_TRUE(p.fits());
+  EXPECT_FALSE(p.place.layer_major);
+  ASSERT_FALSE(p.changes.empty());
+  EXPECT_NE(p.changes.back().find("micro-batch-major"), std::string::npos);
+  // an explicit "on" is never turned off
+  o.layer_major = "on";
+  EXPECT_TRUE(rt::fit_device_plan(s, B, T, o, mb_small.total).place.layer_major);
+  // and a budget the layer-major plan fits keeps it
+  o.layer_major = "auto";
+  EXPECT_TRUE(rt::fit_device_plan(s, B, T, o, kHuge).place.layer_major);
+}
