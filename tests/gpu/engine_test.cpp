@@ -300,38 +300,47 @@ TEST(CudaEngine, LayerMajorIsBitIdenticalToMicroBatchMajor) {
 
 TEST(CudaEngine, HostAndDeviceSumsOfMicroBatchGradients) {
   // The finding issue 16 asks for: micro-batch-major with host gradients adds
-  // each micro-batch's fp32 layer gradient on the CPU (g += g_k), device
-  // gradients accumulate in the GEMM epilogue (beta = 1) and the norm
-  // kernels' final add. Both are one fp32 add of a term computed without g
-  // if cuBLASLt's reduction does not fold g in earlier (split-K in place);
-  // this prints whether they agree bit for bit on this GPU. Bound: the
-  // weights after 3 steps at lr 1e-3 agree to 1e-6 (a few fp32 ulp of
-  // updates of ~1e-3 on weights of ~0.05; a real accumulation bug moves
-  // weights by ~lr).
+  // each micro-batch's fp32 layer gradient on the CPU (g += g_k); device
+  // gradients (and layer-major in every mode) accumulate on the device, in
+  // the GEMM epilogue (beta = 1) and the norm kernels' final add. Both are one
+  // fp32 add of a term computed without g unless cuBLASLt picks a split-K
+  // algorithm that reduces in place (then g joins the first split's partial
+  // sum). This prints whether they agree bit for bit on this GPU, and checks
+  // that they agree to 1e-5 of the largest gradient (~100 fp32 ulp: rounding,
+  // where a wrong accumulation is off by a whole micro-batch's term).
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 2, T = 128, K = 3;
   rt::ModelSpec s = gpu_spec(5);
   rt::Dataset d = shakespeare(T, 4);
   int64_t nv = 0;
   auto batches = batches_from(d, B, K, &nv);
-  auto run = [&](const char* grads) {
+  auto grads_of = [&](const char* grads) {
+    rt::HostState st(s, true);
+    st.init_random(8, 0.05f);
     rt::CudaOptions co;
     co.slots = 2;
     co.layer_major = "off";
     co.micro_batches = K;
     co.grads = grads;
     co.checkpoints = "device";
-    return train_fixed_steps(s, false, co, batches, nv, B, T, 8, /*clip=*/0);
+    auto gpu = rt::make_cuda_backend(st, B, T, co);
+    gpu->compute_grads(batches, nv);
+    return all_grads(st);
   };
-  const FixedRun dev = run("device"), host = run("host");
-  ASSERT_EQ(dev.w.size(), host.w.size());
-  double worst = 0;
-  for (size_t i = 0; i < dev.w.size(); ++i) worst = std::max(worst, std::fabs(double(dev.w[i]) - host.w[i]));
-  std::printf("[engine] K = %lld micro-batches, host (CPU +=) vs device (GEMM beta=1) gradient sums: weights %s "
-              "(largest difference %.3g), losses %s\n",
-              (long long)K, dev.w == host.w ? "bit-identical" : "DIFFER", worst,
-              dev.loss == host.loss ? "bit-identical" : "differ");
-  EXPECT_LT(worst, 1e-6);
+  const std::vector<float> dev = grads_of("device"), host = grads_of("host");
+  ASSERT_EQ(dev.size(), host.size());
+  double worst = 0, gmax = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < dev.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(dev[i]) - host[i]));
+    gmax = std::max(gmax, std::fabs(double(dev[i])));
+    differ += dev[i] != host[i];
+  }
+  std::printf("[engine] K = %lld micro-batches, host (CPU +=) vs device (on-device accumulation) gradient sums: %s "
+              "(%zu of %zu elements differ, largest difference %.3g of a largest gradient %.3g)\n",
+              (long long)K, differ == 0 ? "bit-identical" : "NOT bit-identical", differ, dev.size(), worst, gmax);
+  EXPECT_GT(gmax, 0);
+  EXPECT_LE(worst, 1e-5 * gmax);
 }
 
 // One training run of gpu_spec(4) on tinyshakespeare (8 x 128 tokens per step,
