@@ -3,10 +3,21 @@
 
 Usage: python3 tools/make_tokenizer_fixtures.py /path/to/tinyshakespeare.txt [out_dir]
 
-Trains three small byte-level BPE tokenizers with HF `tokenizers`, each laid out
-the way a real model's tokenizer.json is (GPT-2, Llama-3, Qwen2), and, when the
+Trains small byte-level BPE tokenizers with HF `tokenizers`, each laid out
+the way a real model's tokenizer.json is (GPT-2, Llama-3, Qwen2, and DeepSeek's
+Split + Digits pre-tokenizer, with individual and grouped digits), and, when the
 `sentencepiece` package is installed, a small Llama-2-style SentencePiece BPE
-model. For every text of the test corpus (a stress text written below plus 50
+model, plus from it (with `transformers`):
+  llama2_json:     the Llama-2-era tokenizer.json that transformers converts it to
+                   (Prepend/Replace normalizers, character BPE with byte fallback,
+                   Replace/ByteFallback/Fuse/Strip decoder), with added tokens;
+  llama2_metaspace, metaspace_split: the same vocab behind a Metaspace
+                   pre-tokenizer (transformers' legacy=False layout, and a
+                   splitting one with the Metaspace decoder);
+  sp_llama2_special: the tokenizer.model with tokenizer_config.json,
+                   added_tokens.json and special_tokens_map.json: ids from the slow
+                   LlamaTokenizer (added/special tokens in text map to their ids),
+                   checked equal to the fast tokenizer's; decodes from the fast one. For every text of the test corpus (a stress text written below plus 50
 lines of Shakespeare) it writes the reference ids and decodings to golden.jsonl:
   {"text", "ids" (add_special=True), "ids_no_special", "decoded" (decode of
    ids_no_special, skip_special=False), "decoded_skip" (decode of ids,
@@ -71,6 +82,20 @@ STRESS = [
     "9" * 50,
     "\n\n\n\n",
     "word\n \n\t\nword",
+]
+
+
+# Texts with the special and added tokens of the SentencePiece-based fixtures.
+SPECIAL_TEXTS = [
+    "<s>Hello</s> world",
+    "<s> spaced </s>  twice <unk>x",
+    "a<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_end|><|im_end|> <|im_start|>",
+    "ramtrain ramtrains xramtrain ramtrain's, ramtrain",
+    "<s",
+    "</s>",
+    "x <pad> y",
+    "digits 1234567 and ２３ and ٣٤",
 ]
 
 
@@ -159,6 +184,35 @@ def build_qwen2(corpus):
     return data, config
 
 
+def build_deepseek(corpus, individual_digits):
+    # DeepSeek's layout: Split steps, then Digits, then ByteLevel without its regex.
+    # The letter class is shortened from the real one (same kind of pattern).
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("[\r\n]"), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex("\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba]+"),
+                             behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"),
+                             behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex("\\s+$"), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex("[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"), behavior="isolated",
+                             invert=False),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok = train(pre, None, corpus)
+    specials = ["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"]
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    bos = tok.token_to_id(specials[0])
+    tok.post_processor = processors.TemplateProcessing(single=specials[0] + " $A", special_tokens=[(specials[0], bos)])
+    data = json.loads(tok.to_str())
+    # Trained with grouped digits, so the vocab has multi-digit tokens and the
+    # two settings give different ids; then the setting under test.
+    digits = [p for p in data["pre_tokenizer"]["pretokenizers"] if p["type"] == "Digits"]
+    digits[0]["individual_digits"] = individual_digits
+    config = {"bos_token": specials[0], "eos_token": specials[1]}
+    return data, config
+
+
 def write_json(path, obj, compact=False):
     with open(path, "w", encoding="utf-8") as f:
         if compact:
@@ -201,8 +255,8 @@ def make_sentencepiece(corpus, texts, out_dir):
     try:
         import sentencepiece as spm
     except ImportError:
-        print("sentencepiece not installed: skipping the SentencePiece fixture")
-        return
+        print("sentencepiece not installed: skipping the SentencePiece fixtures")
+        return False
     d = os.path.join(out_dir, "sp_llama2")
     os.makedirs(d, exist_ok=True)
     # Llama-2's settings: BPE, byte fallback, split digits, identity normalization.
@@ -225,6 +279,90 @@ def make_sentencepiece(corpus, texts, out_dir):
     write_json(os.path.join(d, "meta.json"),
                {"vocab_size": sp.get_piece_size(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id()})
     print(f"sp_llama2: vocab {sp.get_piece_size()}, {len(texts)} texts")
+    return True
+
+
+def make_sp_derived(out_dir, texts):
+    """llama2_json and sp_llama2_special, from sp_llama2/tokenizer.model."""
+    import shutil
+    import tempfile
+    from transformers import AddedToken as TfAddedToken
+    from transformers import LlamaTokenizer, LlamaTokenizerFast
+    model = os.path.join(out_dir, "sp_llama2", "tokenizer.model")
+    added = [TfAddedToken("<|im_start|>", special=True, normalized=False),
+             TfAddedToken("<|im_end|>", special=True, normalized=False)]
+
+    # llama2_json: the legacy tokenizer.json transformers writes for a Llama
+    # tokenizer.model, with two special tokens and a normalized (so spelled
+    # "\u2581ramtrain" in the normalized text) non-special one.
+    fast = LlamaTokenizerFast(vocab_file=model, legacy=True, from_slow=True, add_prefix_space=True)
+    fast.add_special_tokens({"additional_special_tokens": added})
+    fast.add_tokens([TfAddedToken("ramtrain", special=False, normalized=True)])
+    d = os.path.join(out_dir, "llama2_json")
+    os.makedirs(d, exist_ok=True)
+    data = json.loads(fast.backend_tokenizer.to_str())
+    write_json(os.path.join(d, "tokenizer.json"), data, compact=True)
+    config = {"bos_token": "<s>", "eos_token": "</s>"}
+    write_json(os.path.join(d, "tokenizer_config.json"), config)
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    write_golden(os.path.join(d, "golden.jsonl"), texts,
+                 lambda t, s: tok.encode(t, add_special_tokens=s).ids,
+                 lambda ids, s: tok.decode(ids, skip_special_tokens=s))
+    write_json(os.path.join(d, "meta.json"), {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                                              "bos_id": tok.token_to_id("<s>"), "eos_id": tok.token_to_id("</s>")})
+    print(f"llama2_json: vocab {tok.get_vocab_size(with_added_tokens=True)}, {len(texts)} texts")
+
+    # llama2_metaspace: what transformers writes with legacy=False (Metaspace
+    # pre-tokenizer, prepend_scheme "first", no normalizer); metaspace_split:
+    # the same vocab with the Metaspace pre-tokenizer splitting and prepending
+    # always, and the Metaspace decoder (the layout of SentencePiece models
+    # converted by transformers' generic SpmConverter).
+    fast = LlamaTokenizerFast(vocab_file=model, legacy=False, from_slow=True, add_prefix_space=True)
+    fast.add_special_tokens({"additional_special_tokens": added})
+    data = json.loads(fast.backend_tokenizer.to_str())
+    assert data["pre_tokenizer"]["type"] == "Metaspace" and data["pre_tokenizer"]["prepend_scheme"] == "first"
+    split = json.loads(json.dumps(data))
+    split["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    split["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    for name, d_json in [("llama2_metaspace", data), ("metaspace_split", split)]:
+        d = os.path.join(out_dir, name)
+        os.makedirs(d, exist_ok=True)
+        write_json(os.path.join(d, "tokenizer.json"), d_json, compact=True)
+        write_json(os.path.join(d, "tokenizer_config.json"), config)
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        write_golden(os.path.join(d, "golden.jsonl"), texts,
+                     lambda t, s: tok.encode(t, add_special_tokens=s).ids,
+                     lambda ids, s: tok.decode(ids, skip_special_tokens=s))
+        write_json(os.path.join(d, "meta.json"), {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                                                  "bos_id": tok.token_to_id("<s>"), "eos_id": tok.token_to_id("</s>")})
+        print(f"{name}: vocab {tok.get_vocab_size(with_added_tokens=True)}, {len(texts)} texts")
+
+    # sp_llama2_special: the model plus the three JSON files transformers writes.
+    d = os.path.join(out_dir, "sp_llama2_special")
+    os.makedirs(d, exist_ok=True)
+    slow = LlamaTokenizer(vocab_file=model, legacy=True)
+    slow.add_special_tokens({"additional_special_tokens": added, "pad_token": "<pad>"})
+    with tempfile.TemporaryDirectory() as tmp:
+        slow.save_pretrained(tmp)
+        shutil.copy(model, os.path.join(d, "tokenizer.model"))
+        for name in ["tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"]:
+            with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                obj = json.load(f)
+            if name == "tokenizer_config.json":
+                obj.pop("name_or_path", None)  # a temporary path
+            write_json(os.path.join(d, name), obj)
+    slow = LlamaTokenizer.from_pretrained(d, legacy=True)
+    fast = LlamaTokenizerFast.from_pretrained(d, legacy=True, from_slow=True)
+
+    def encode(t, s):
+        ids = slow.encode(t, add_special_tokens=s)
+        assert ids == fast.encode(t, add_special_tokens=s), ("slow and fast differ", t)
+        return ids
+    write_golden(os.path.join(d, "golden.jsonl"), texts, encode,
+                 lambda ids, s: fast.backend_tokenizer.decode(ids, skip_special_tokens=s))
+    write_json(os.path.join(d, "meta.json"), {"vocab_size": len(slow), "bos_id": slow.bos_token_id,
+                                              "eos_id": slow.eos_token_id})
+    print(f"sp_llama2_special: vocab {len(slow)}, {len(texts)} texts")
 
 
 def main():
@@ -240,7 +378,11 @@ def main():
     make_hf("gpt2", build_gpt2, corpus, texts, out_dir)
     make_hf("llama3", build_llama3, corpus, texts, out_dir)
     make_hf("qwen2", build_qwen2, corpus, texts, out_dir)
-    make_sentencepiece(corpus, texts, out_dir)
+    make_hf("deepseek", lambda c: build_deepseek(c, True), corpus, texts, out_dir)
+    small = STRESS + SPECIAL_TEXTS + lines[:10]
+    make_hf("deepseek_grouped_digits", lambda c: build_deepseek(c, False), corpus, small, out_dir)
+    if make_sentencepiece(corpus, texts, out_dir):
+        make_sp_derived(out_dir, small)
 
 
 if __name__ == "__main__":

@@ -14,5 +14,6 @@ int cmd_train(const Args& args);
 int cmd_sample(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_export(const Args& args);
+int cmd_eval(const Args& args);
 
 }  // namespace rt::cli

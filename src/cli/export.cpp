@@ -14,28 +14,22 @@
 
 namespace rt::cli {
 
-int cmd_export(const Args& raw_args) {
-  Args args;
-  std::string ckpt;
-  for (size_t i = 0; i < raw_args.size(); ++i) {
-    if (i == 0 && raw_args[i].rfind("--", 0) != 0) {
-      ckpt = raw_args[i];
-      continue;
-    }
-    args.push_back(raw_args[i]);
-  }
+int cmd_export(const Args& args) {
   ArgParser p("export",
               "Writes the master weights of a checkpoint (DIR/ckpt-<step>, written by 'ramtrain train') as a HF\n"
               "model directory that transformers, 'ramtrain loss' and 'ramtrain sample' load. CKPT may also be a\n"
               "run's output directory: its newest valid checkpoint is exported.",
               "  ramtrain export runs/demo/ckpt-00000300 --out runs/demo/hf-300\n"
-              "  ramtrain export runs/ft --out runs/ft/hf --dtype bf16 --max-shard-size 5G\n");
-  p.option("checkpoint", "CKPT", "the checkpoint directory (or give it as the first argument)");
+              "  ramtrain export runs/ft --out runs/ft/hf --dtype bf16 --max-shard-size 5G\n"
+              "  ramtrain export --out runs/demo/hf runs/demo\n");
+  p.option("checkpoint", "CKPT", "the checkpoint directory, or a run directory (its newest valid checkpoint)")
+      .as_positional();
   p.option("out", "HFDIR", "the HF model directory to write");
-  p.option("dtype", "bf16|fp32", "dtype of the exported weights", "bf16");
-  p.option("max-shard-size", "SIZE", "split the safetensors into shards of at most SIZE (e.g. 5G) with an index", "0");
+  p.option("dtype", "bf16|fp32", "dtype of the exported weights", "bf16").choice({"bf16", "fp32"});
+  p.option("max-shard-size", "SIZE", "split the safetensors into shards of at most SIZE (e.g. 5G) with an index", "0")
+      .size();
   if (!p.parse(args)) return 0;
-  if (ckpt.empty()) ckpt = p.require("checkpoint");
+  const std::string ckpt = p.require("checkpoint");
   const std::string out = p.require("out");
   const std::string dt = p.str("dtype");
   if (dt != "bf16" && dt != "fp32") fail("[export] --dtype must be bf16 or fp32, got '", dt, "'");

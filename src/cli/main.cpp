@@ -20,8 +20,9 @@ Commands:
   tokenize  pre-tokenize text and .jsonl corpora into a token file with a model's tokenizer
   export    write a checkpoint as a HF model directory (config.json, safetensors, tokenizer)
   loss      compute the loss (and optionally every gradient) of a HF model on token sequences
+  eval      mean loss per token and perplexity of a model over a whole dataset
 
-Run 'ramtrain <command> --help' for the options of a command.
+Run 'ramtrain <command> --help' (or 'ramtrain help <command>') for the options of a command.
 
 Examples:
   ramtrain train --preset tiny-byte --data README.md --steps 200 --out runs/demo
@@ -32,15 +33,35 @@ Examples:
   ramtrain sample --model runs/chat/final --chat --prompt "Hello!"
   ramtrain tokenize corpus/ --tokenizer ./Qwen2.5-0.5B --out corpus.tok
   ramtrain loss --model path/to/hf_model --tokens seqs.txt --json
+  ramtrain eval --model runs/chat/final --data held_out.jsonl
 )";
+
+// The subcommands: add a line here (and to kUsage) for a new one.
+struct Command {
+  const char* name;
+  int (*run)(const rt::cli::Args&);
+};
+const Command kCommands[] = {
+    {"train", rt::cli::cmd_train},       {"sample", rt::cli::cmd_sample}, {"tokenize", rt::cli::cmd_tokenize},
+    {"export", rt::cli::cmd_export},     {"loss", rt::cli::cmd_loss},     {"eval", rt::cli::cmd_eval},
+};
+
+const Command* find_command(const std::string& name) {
+  for (const Command& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // "ramtrain help CMD" is "ramtrain CMD --help".
+  if (args.size() >= 2 && args[0] == "help" && find_command(args[1])) args = {args[1], "--help"};
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+    if (args.size() >= 2) std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n", args[1].c_str());
+    std::fputs(kUsage, args.empty() || args.size() >= 2 ? stderr : stdout);
+    return args.empty() || args.size() >= 2 ? 2 : 0;
   }
   if (args[0] == "--version") {
     std::puts("ramtrain 0.1.0");
@@ -49,20 +70,19 @@ int main(int argc, char** argv) {
   std::string cmd = args[0];
   rt::cli::Args rest(args.begin() + 1, args.end());
   try {
-    if (cmd == "loss") return rt::cli::cmd_loss(rest);
-    if (cmd == "train") return rt::cli::cmd_train(rest);
-    if (cmd == "sample") return rt::cli::cmd_sample(rest);
-    if (cmd == "tokenize") return rt::cli::cmd_tokenize(rest);
-    if (cmd == "export") return rt::cli::cmd_export(rest);
+    if (const Command* c = find_command(cmd)) return c->run(rest);
     std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const rt::Error& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "ramtrain %s: error: %s\n", cmd.c_str(), e.what());
     return 1;
   } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
     std::fprintf(stderr, "ramtrain %s: error: out of host memory\n", cmd.c_str());
     return 1;
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "ramtrain %s: internal error: %s\n", cmd.c_str(), e.what());
     return 3;
   }

@@ -1,5 +1,9 @@
 #include "cli/model_dir.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
@@ -7,9 +11,78 @@
 
 namespace rt::cli {
 
-LoadedModel load_model_dir(const std::string& dir, bool with_grads) {
+void model_dir_check(const std::string& dir, bool weights, const std::string& where) {
+  namespace fs = std::filesystem;
   if (!is_directory(dir))
-    fail("[model] ", dir, " is not a directory. Pass a HF model directory holding config.json and *.safetensors.");
+    fail(where, " ", dir, " is not a directory. Pass a HF model directory holding config.json and *.safetensors",
+         dir.find('/') != std::string::npos && dir[0] != '/' && dir[0] != '.'
+             ? " (a model id ORG/NAME is looked up in the local HF cache, $HF_HOME/hub, where it is not downloaded)"
+             : "",
+         ".");
+  bool safetensors = false;
+  std::vector<std::string> other;  // weight files ramtrain cannot read
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string(), ext = e.path().extension().string();
+    if (ext == ".safetensors" || name == "model.safetensors.index.json") safetensors = true;
+    else if (ext == ".bin" || ext == ".gguf" || ext == ".pt" || ext == ".pth" || ext == ".ckpt" || ext == ".h5" ||
+             ext == ".msgpack")
+      other.push_back(name);
+  }
+  if (weights && !safetensors && !other.empty()) {
+    std::string list;
+    for (size_t i = 0; i < other.size() && i < 4; ++i) list += (i ? ", " : "") + other[i];
+    if (other.size() > 4) list += cat(" and ", other.size() - 4, " more");
+    bool gguf = false;
+    for (auto& o : other) gguf |= o.size() > 5 && o.substr(o.size() - 5) == ".gguf";
+    fail(where, " ", dir, " holds ", list, " but no *.safetensors: ramtrain reads only safetensors weights. ",
+         gguf ? "A GGUF file is llama.cpp's format; get the original HF checkpoint, or convert with transformers: "
+                "AutoModelForCausalLM.from_pretrained(DIR, gguf_file=FILE).save_pretrained(OUT)."
+              : "Convert them once with transformers: AutoModelForCausalLM.from_pretrained(DIR)"
+                ".save_pretrained(OUT, safe_serialization=True), and pass OUT.");
+  }
+  if (!file_exists(path_join(dir, "config.json")))
+    fail(where, " ", dir, " has no config.json: pass a HF model directory (config.json + *.safetensors)");
+  if (weights && !safetensors)
+    fail(where, " ", dir, " holds no weights (*.safetensors or model.safetensors.index.json)",
+         where == "[train]" ? "; to start from random weights with its config.json pass --init random" : "");
+}
+
+std::string resolve_model_dir(const std::string& value) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(value, ec)) return value;
+  // A model id: ORG/NAME with no other slash, not starting with . or /.
+  const size_t slash = value.find('/');
+  if (slash == std::string::npos || slash == 0 || value.find('/', slash + 1) != std::string::npos ||
+      value[0] == '.' || slash + 1 == value.size())
+    return value;
+  std::string home;
+  if (const char* h = std::getenv("HF_HOME"); h && *h) home = h;
+  else if (const char* u = std::getenv("HOME"); u && *u) home = std::string(u) + "/.cache/huggingface";
+  else return value;
+  const std::string repo = cat(home, "/hub/models--", value.substr(0, slash), "--", value.substr(slash + 1));
+  const std::string snaps = repo + "/snapshots";
+  if (!fs::is_directory(snaps, ec)) return value;
+  std::string rev;
+  try {
+    rev = read_text_file(repo + "/refs/main");
+    while (!rev.empty() && (rev.back() == '\n' || rev.back() == '\r' || rev.back() == ' ')) rev.pop_back();
+  } catch (const Error&) {
+  }
+  if (!rev.empty() && fs::is_directory(snaps + "/" + rev, ec)) return snaps + "/" + rev;
+  std::vector<std::string> revs;
+  for (auto& e : fs::directory_iterator(snaps, ec))
+    if (e.is_directory()) revs.push_back(e.path().string());
+  if (revs.size() == 1) return revs[0];
+  if (revs.size() > 1)
+    fail("[model] ", value, ": the HF cache ", snaps, " holds ", revs.size(),
+         " revisions and refs/main names none of them; pass the snapshot directory itself");
+  return value;
+}
+
+LoadedModel load_model_dir(const std::string& dir, bool with_grads) {
+  model_dir_check(dir, true, "[model]");
   LoadedModel m;
   m.spec = spec_from_config_file(path_join(dir, "config.json"));
   SafetensorsModel st = SafetensorsModel::open(dir);

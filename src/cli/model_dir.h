@@ -18,4 +18,17 @@ struct LoadedModel {
 // DIR/config.json + DIR's safetensors; every mismatch reported by name.
 LoadedModel load_model_dir(const std::string& dir, bool with_grads);
 
+// A --model value that is not a directory but looks like a HF model id
+// ("Qwen/Qwen2.5-0.5B") is looked up in the local HF cache:
+// $HF_HOME/hub/models--Qwen--Qwen2.5-0.5B/snapshots/<rev>/ (HF_HOME defaults to
+// ~/.cache/huggingface; the revision refs/main names, else the only one).
+// Returns the directory to use, or the value unchanged when nothing matches.
+std::string resolve_model_dir(const std::string& value);
+
+// Cheap checks before anything is loaded or encoded: DIR is a directory with
+// config.json and (weights = true) safetensors weights. A directory holding
+// other weight formats (pytorch_model.bin, *.gguf, *.pt, ...) is refused with
+// what it holds and how to convert it. where: "[train]", "[sample]", ...
+void model_dir_check(const std::string& dir, bool weights, const std::string& where);
+
 }  // namespace rt::cli

@@ -1,7 +1,9 @@
 // ramtrain sample: generate text from a model directory, with the model's own
 // tokenizer (tokenizer.json / tokenizer.model) or ramtrain's byte tokenizer.
 // --chat wraps the prompt as one user turn in the model's chat format and
-// stops at the end-of-turn token.
+// stops at the end-of-turn token. SIGINT/SIGTERM stop generation at the next
+// token: what was generated is printed and the exit code is 128 + signal.
+#include <csignal>
 #include <cstdio>
 
 #include "cli/args.h"
@@ -12,6 +14,7 @@
 #include "data/byte_tokenizer.h"
 #include "data/chat_format.h"
 #include "engine/sampler.h"
+#include "engine/trainer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rt::cli {
@@ -25,24 +28,36 @@ int cmd_sample(const Args& args) {
               "  ramtrain sample --model runs/demo/final --prompt \"Once upon a time\"\n"
               "  ramtrain sample --model runs/demo/final --prompt \"int main\" --temperature 0 --max-tokens 100\n"
               "  ramtrain sample --model runs/chat/final --chat --prompt \"What is RAM?\"\n");
-  p.option("model", "DIR", "model directory (config.json + safetensors + tokenizer)");
+  p.group("Model and prompt");
+  p.option("model", "DIR|ORG/NAME", "model directory (config.json + safetensors + tokenizer), or a model id in the "
+           "local HF cache");
   p.option("prompt", "TEXT", "text to continue (with --chat: the user's message)", "");
   p.flag("chat", "wrap the prompt as a user turn in the chat format and stop at the end of the reply");
   p.option("chat-format", "chatml|llama3|mistral", "chat format for --chat (default: from the tokenizer)");
-  p.option("max-tokens", "N", "new tokens to generate", "200");
-  p.option("temperature", "T", "softmax temperature (0: greedy)", "0.8");
-  p.option("top-k", "K", "sample among the K most likely tokens (0: all)", "40");
-  p.option("seed", "S", "random seed", "0");
-  p.option("threads", "N", "CPU threads (0: all cores)", "0");
+  p.group("Sampling");
+  p.option("max-tokens", "N", "new tokens to generate (SIGINT/SIGTERM stop at the next one)", "200").integer(0);
+  p.option("temperature", "T", "softmax temperature (0: greedy)", "0.8").number(0);
+  p.option("top-k", "K", "sample among the K most likely tokens (0: all)", "40").integer(0);
+  p.option("seed", "S", "random seed", "0").integer(0);
+  p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
   if (!p.parse(args)) return 0;
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
-  const std::string dir = p.require("model");
+  const std::string dir = resolve_model_dir(p.require("model"));
+  install_stop_handler();  // generation stops at the next token; what was generated is printed
+  auto stopped = [] {
+    if (!Trainer::stop_flag().load()) return 0;
+    const int sig = Trainer::stop_signal() ? Trainer::stop_signal() : SIGINT;
+    std::fflush(stdout);
+    std::fprintf(stderr, "interrupted by %s: generation stopped\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    return 128 + sig;
+  };
   LoadedModel m = load_model_dir(dir, false);
   SampleOptions so;
   so.max_new_tokens = p.integer("max-tokens");
   so.temperature = p.number("temperature");
   so.top_k = p.integer("top-k");
   so.seed = static_cast<uint64_t>(p.integer("seed"));
+  so.stop = &Trainer::stop_flag();
   RT_CHECK(so.max_new_tokens >= 0, "[sample] --max-tokens must be >= 0");
   RT_CHECK(so.temperature >= 0, "[sample] --temperature must be >= 0");
   const std::string prompt = p.str("prompt");
@@ -57,7 +72,7 @@ int cmd_sample(const Args& args) {
     ids.insert(ids.begin(), ByteTokenizer::bos_id);
     std::vector<int32_t> out = sample_tokens(*m.state, ids, so);
     std::printf("%s%s\n", prompt.c_str(), tok.decode(out).c_str());
-    return 0;
+    return stopped();
   }
   if (m.tokenizer != "hf")
     fail("[sample] ", dir, " has no tokenizer: copy the model's tokenizer.json (or tokenizer.model) and "
@@ -88,7 +103,7 @@ int cmd_sample(const Args& args) {
   const std::string text = tok->decode(out, /*skip_special=*/true);
   if (chat) std::printf("%s\n", text.c_str());
   else std::printf("%s%s\n", prompt.c_str(), text.c_str());
-  return 0;
+  return stopped();
 }
 
 }  // namespace rt::cli

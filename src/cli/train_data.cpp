@@ -36,7 +36,7 @@ bool has_tokenizer_files(const std::string& dir) {
 }  // namespace
 
 TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& paths, const ModelSpec& spec,
-                          const std::string& model_dir, uint64_t seed) {
+                          const std::string& model_dir, uint64_t seed, double val_fraction) {
   TrainData td;
   RT_CHECK(!paths.empty(), "[train] --data is required: text/.jsonl files, directories, or one token file");
   std::string tok_dir = p.has("tokenizer") ? p.str("tokenizer") : std::string();
@@ -45,7 +45,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
     fail("[train] --tokenizer ", tok_dir, " holds neither tokenizer.json nor tokenizer.model");
   DatasetOptions dopt;
   dopt.seq_len = p.integer("seq-len");
-  dopt.val_fraction = p.number("val-fraction");
+  dopt.val_fraction = val_fraction >= 0 ? val_fraction : p.number("val-fraction");
   dopt.seed = seed;
   dopt.vocab_size = static_cast<uint64_t>(spec.vocab);
 

@@ -31,8 +31,9 @@ struct TrainData {
   std::string tokenizer_dir;             // holds the tokenizer files ("" none): the export copies them
 };
 
-// model_dir: the --model directory ("" with --preset).
+// model_dir: the --model directory ("" with --preset). val_fraction >= 0
+// overrides --val-fraction (0 for --eval-data, which is all held out).
 TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& paths, const ModelSpec& spec,
-                          const std::string& model_dir, uint64_t seed);
+                          const std::string& model_dir, uint64_t seed, double val_fraction = -1);
 
 }  // namespace rt::cli

@@ -25,6 +25,7 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
   std::vector<float> logits(static_cast<size_t>(s.vocab));
   const int64_t V = opt.vocab_limit > 0 ? std::min<int64_t>(opt.vocab_limit, s.vocab) : s.vocab;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
+    if (opt.stop && opt.stop->load()) break;
     // keep the most recent max_positions tokens
     const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ctx.size()), s.max_positions);
     const int64_t start = static_cast<int64_t>(ctx.size()) - keep;

@@ -3,6 +3,7 @@
 // the whole context for each new token in a window padded to a multiple of 64
 // (causal attention makes the padding invisible); fine for small models.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct SampleOptions {
   uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // stop after emitting one of these
   int64_t vocab_limit = 0;        // > 0: only ids below it are sampled (padded vocabularies)
+  // Checked before each new token: once true, generation stops and returns
+  // the ids so far (e.g. &Trainer::stop_flag(), set by SIGINT/SIGTERM).
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // Returns only the new ids (the prompt is not repeated).

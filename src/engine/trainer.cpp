@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "engine/run_logger.h"
 #include "io/hf_export.h"
 
 namespace rt {
@@ -25,14 +26,6 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-std::string fmt_duration(double s) {
-  char buf[32];
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t / 60 % 60));
-  else std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
-  return buf;
 }
 
 std::atomic<int> g_stop_signal{0};
@@ -124,9 +117,7 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   run_.run_config = opt_.resolved_config;
 }
 
-Trainer::~Trainer() {
-  if (metrics_) std::fclose(metrics_);
-}
+Trainer::~Trainer() = default;
 
 void Trainer::restore(const TrainerCheckpoint& c) {
   RT_CHECK(c.adam_t + c.skipped == c.step, "[train] inconsistent checkpoint counters");
@@ -180,11 +171,10 @@ void Trainer::report_save(const SaveReport& r, bool started) {
   std::fflush(stdout);
 }
 
-void Trainer::metrics_write(const std::string& line) {
-  if (!metrics_) return;
-  std::fputs(line.c_str(), metrics_);
-  std::fputc('\n', metrics_);
-  std::fflush(metrics_);
+double Trainer::epoch_now() const {
+  const DataCursor c = data_.cursor();
+  const uint64_t w = data_.train_window_count();
+  return static_cast<double>(c.epoch) + (w ? static_cast<double>(c.index) / static_cast<double>(w) : 0.0);
 }
 
 StepResult Trainer::step() {
@@ -232,6 +222,26 @@ double Trainer::evaluate() {
   return n ? sum / static_cast<double>(n) : NAN;
 }
 
+double Trainer::evaluate_held_out() {
+  if (!opt_.eval_data) return NAN;
+  if (eval_batches_.empty()) {
+    const DataCursor keep = opt_.eval_data->cursor();
+    opt_.eval_data->set_cursor(DataCursor{});
+    const int64_t B = opt_.micro_batch;
+    const int64_t whole = static_cast<int64_t>((opt_.eval_data->train_window_count() + B - 1) / B);
+    for (int64_t i = 0; i < std::min(opt_.eval_batches, whole); ++i) eval_batches_.push_back(opt_.eval_data->next_batch(opt_.micro_batch));
+    opt_.eval_data->set_cursor(keep);
+  }
+  double sum = 0;
+  int64_t n = 0;
+  for (auto& b : eval_batches_) {
+    int64_t nv = 0;
+    sum += backend_->loss_sum(b, &nv);
+    n += nv;
+  }
+  return n ? sum / static_cast<double>(n) : NAN;
+}
+
 void Trainer::export_to(const std::string& dir, double loss) {
   backend_->sync();
   ExportOptions eo;
@@ -248,23 +258,12 @@ void Trainer::export_to(const std::string& dir, double loss) {
   export_hf_dir(dir, state_, eo);
 }
 
-namespace {
-
-std::string json_number(double x) { return std::isfinite(x) ? nlohmann::json(x).dump() : "null"; }
-
-}  // namespace
-
 int Trainer::run(const std::function<void(const char*)>& on_sample) {
-  const bool tty = ::isatty(STDERR_FILENO);
   const auto t_start = clock_type::now();
+  RunLogger log(opt_.metrics_path, opt_.metrics_append || step_ > 0, opt_.steps, opt_.log_every);
   int64_t tokens_seen = 0;
-  double last_loss = NAN, tokens_since_log = 0, secs_since_log = 0;
-  if (!opt_.metrics_path.empty() && !metrics_) {
-    const std::string parent = path_dirname(opt_.metrics_path);
-    if (!parent.empty()) make_dirs(parent);
-    metrics_ = std::fopen(opt_.metrics_path.c_str(), "a");
-    if (!metrics_) fail("[train] cannot open --metrics ", opt_.metrics_path, " for appending: ", std::strerror(errno));
-  }
+  double last_loss = NAN;
+  auto device_bytes = [&] { return backend_->stats().device_peak_bytes; };
   std::printf("backend: %s\n", backend_->describe().c_str());
   std::printf("training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, %.0f B/param host, "
               "optimizer %s\n",
@@ -278,15 +277,16 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   if (step_ > 0)
     std::printf("continuing at step %lld of %lld (data cursor %s, %lld skipped steps so far)\n", (long long)step_ + 1,
                 (long long)opt_.steps, data_.cursor().to_string().c_str(), (long long)skipped_);
+  if (!opt_.metrics_path.empty()) std::printf("metrics: %s\n", opt_.metrics_path.c_str());
+  std::fflush(stdout);
   if (on_sample) on_sample("before training");
   std::fflush(stdout);
   const bool saving = !opt_.out_dir.empty();
+  const int64_t first_step = step_;
   int code = 0;
-  while (step_ < opt_.steps) {
+  while (step_ < opt_.steps && !stop_flag().load()) {
     StepResult r = step();
     tokens_seen += r.tokens;
-    tokens_since_log += static_cast<double>(r.tokens);
-    secs_since_log += r.seconds;
     if (!r.skipped) last_loss = r.loss;
     if (r.skipped) {
       if (bad_in_a_row_++ == 0) bad_since_ = r.step;
@@ -294,73 +294,52 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       bad_in_a_row_ = 0;
       bad_since_ = 0;
     }
-    metrics_write(cat("{\"step\": ", r.step, ", \"loss\": ", json_number(r.loss), ", \"grad_norm\": ",
-                      json_number(r.grad_norm), ", \"lr\": ", json_number(r.lr), ", \"tokens\": ", r.tokens,
-                      ", \"skipped\": ", r.skipped ? "true" : "false", "}"));
-    if (tty) std::fprintf(stderr, "\r\033[K");
-    if (r.skipped) {
-      std::printf("step %lld: skipped (loss %g, grad norm %g are not finite); %lld skipped so far, %lld in a row\n",
-                  (long long)r.step, r.loss, r.grad_norm, (long long)skipped_, (long long)bad_in_a_row_);
-      if (opt_.max_bad_steps > 0 && bad_in_a_row_ >= opt_.max_bad_steps) {
-        std::fflush(stdout);
-        if (writer_) writer_->wait();
-        fail("[train] ", bad_in_a_row_, " bad steps in a row (non-finite loss or gradient norm), starting at step ",
-             bad_since_, ": aborting (--max-bad-steps ", opt_.max_bad_steps, "). No update was applied since step ",
-             bad_since_ - 1, ". Lower --lr, raise --warmup or check the data",
-             writer_ && !writer_->last_path().empty() ? cat(", then resume from ", writer_->last_path()) : std::string(),
-             ".");
-      }
-    } else if (r.step % opt_.log_every == 0 || r.step == 1 || r.step == opt_.steps) {
-      std::printf("step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s\n", (long long)r.step,
-                  (long long)opt_.steps, r.loss, r.lr, r.grad_norm,
-                  secs_since_log > 0 ? tokens_since_log / secs_since_log : 0.0);
-      tokens_since_log = secs_since_log = 0;
+    log.step(StepLog{r.step, r.loss, r.grad_norm, r.lr, r.tokens, r.seconds, r.skipped, epoch_now()}, skipped_,
+             bad_in_a_row_, device_bytes());
+    if (r.skipped && opt_.max_bad_steps > 0 && bad_in_a_row_ >= opt_.max_bad_steps) {
+      std::fflush(stdout);
+      if (writer_) writer_->wait();
+      fail("[train] ", bad_in_a_row_, " bad steps in a row (non-finite loss or gradient norm), starting at step ",
+           bad_since_, ": aborting (--max-bad-steps ", opt_.max_bad_steps, "). No update was applied since step ",
+           bad_since_ - 1, ". Lower --lr, raise --warmup or check the data",
+           writer_ && !writer_->last_path().empty() ? cat(", then resume from ", writer_->last_path()) : std::string(),
+           ".");
     }
-    if (opt_.eval_every > 0 && r.step % opt_.eval_every == 0 && r.step != opt_.steps) {
-      double vl = evaluate();
-      if (std::isfinite(vl)) std::printf("step %5lld | validation loss %.4f\n", (long long)r.step, vl);
-      metrics_write(cat("{\"step\": ", r.step, ", \"val_loss\": ", json_number(vl), "}"));
-    }
+    if (opt_.eval_every > 0 && r.step % opt_.eval_every == 0 && r.step != opt_.steps)
+      log.eval(r.step, evaluate(), evaluate_held_out(), false);
     if (writer_)
       if (auto done = writer_->poll()) report_save(*done, false);
     if (saving && opt_.save_every > 0 && r.step % opt_.save_every == 0 && r.step != opt_.steps)
       save_checkpoint(true);
     std::fflush(stdout);
-    if (tty) {
-      double el = seconds_since(t_start), frac = static_cast<double>(step_) / static_cast<double>(opt_.steps);
-      int bar = static_cast<int>(frac * 30);
-      std::fprintf(stderr, "[%.*s%*s] %3d%% step %lld/%lld, %s elapsed, ETA %s", bar,
-                   "==============================", 30 - bar, "", static_cast<int>(frac * 100), (long long)step_,
-                   (long long)opt_.steps, fmt_duration(el).c_str(), fmt_duration(el / frac * (1 - frac)).c_str());
-      std::fflush(stderr);
-    }
-    if (stop_flag().load()) {
-      const int sig = stop_signal() ? stop_signal() : SIGINT;
-      if (tty) std::fprintf(stderr, "\r\033[K");
-      std::printf("interrupted by %s after step %lld: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)step_,
-                  saving ? "saving a checkpoint and exiting" : "exiting (no --out: nothing is saved)");
-      code = 128 + sig;
-      break;
-    }
+    log.progress(step_, epoch_now(), device_bytes());
   }
-  if (tty) std::fprintf(stderr, "\r\033[K");
+  if (stop_flag().load() && step_ < opt_.steps) {
+    const int sig = stop_signal() ? stop_signal() : SIGINT;
+    log.clear_progress();
+    std::printf("interrupted by %s after step %lld: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)step_,
+                step_ == first_step ? "no step was taken, nothing to save"
+                : saving            ? "saving a checkpoint and exiting"
+                                    : "exiting (no --out: nothing is saved)");
+    code = 128 + sig;
+  }
+  log.clear_progress();
   if (writer_)
     if (auto done = writer_->wait()) report_save(*done, false);
   const bool finished = code == 0;
   // Save before the final evaluation: a second signal must not lose the work.
-  if (saving && last_saved_step_ != step_ && (!finished || opt_.save_every > 0)) save_checkpoint(false);
+  if (saving && last_saved_step_ != step_ && step_ > first_step && (!finished || opt_.save_every > 0))
+    save_checkpoint(false);
   if (!finished) {
-    if (saving)
+    if (saving && step_ > first_step)
       std::printf("resume with: ramtrain train --resume auto --out %s   (export with: ramtrain export %s --out DIR)\n",
                   opt_.out_dir.c_str(), writer_ ? writer_->last_path().c_str() : opt_.out_dir.c_str());
     std::fflush(stdout);
     return code;
   }
   backend_->sync();  // delayed update: the final evaluation sees the last update
-  double vl = evaluate();
-  if (std::isfinite(vl)) std::printf("final validation loss %.4f after %lld steps\n", vl, (long long)step_);
-  metrics_write(cat("{\"step\": ", step_, ", \"val_loss\": ", json_number(vl), ", \"final\": true}"));
-  std::printf("trained %lld tokens in %s\n", (long long)tokens_seen, fmt_duration(seconds_since(t_start)).c_str());
+  log.eval(step_, evaluate(), evaluate_held_out(), true);
+  std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
   if (saving) {
     const std::string dir = opt_.out_dir + "/final";
     export_to(dir, last_loss);
@@ -368,6 +347,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   }
   if (on_sample) on_sample("after training");
   std::fflush(stdout);
+  if (stop_flag().load()) return 128 + (stop_signal() ? stop_signal() : SIGINT);
   return code;
 }
 

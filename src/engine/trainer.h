@@ -55,7 +55,11 @@ struct TrainOptions {
   int64_t save_every = 0;    // checkpoint every N steps (and at the last step); 0: only on SIGINT/SIGTERM
   int64_t keep_checkpoints = 3;  // newest checkpoints kept in out_dir (0: all)
   int64_t max_bad_steps = 5;     // abort after this many skipped steps in a row (0: never)
-  std::string metrics_path;  // JSON lines: one per step and per evaluation, exact doubles ("": none)
+  std::string metrics_path;  // JSON lines: one per step and per evaluation (engine/run_logger.h; "": none)
+  bool metrics_append = true;  // false: a fresh run truncates the file
+  // Held-out data (--eval-data): evaluated beside the validation part, on its
+  // first eval_batches micro-batches in its seeded order (null: none).
+  BatchSource* eval_data = nullptr;
   std::string out_dir;       // "" : no export, no checkpoints
   DType export_dtype = DType::bf16;
   std::string tokenizer = "byte";
@@ -90,6 +94,8 @@ class Trainer {
   StepResult step();
   // Mean validation loss over the fixed validation batches (NaN when none).
   double evaluate();
+  // Mean loss over the --eval-data batches (NaN when none).
+  double evaluate_held_out();
   // Runs the whole schedule with logs; returns the exit code: 0, or 128 +
   // signal (130 SIGINT, 143 SIGTERM) when stopped by a signal after saving a
   // checkpoint. Throws rt::Error when too many steps in a row are bad or a
@@ -115,7 +121,7 @@ class Trainer {
   TrainOptions opt_;
   std::unique_ptr<Backend> backend_;
   void report_save(const SaveReport& r, bool started);
-  void metrics_write(const std::string& line);
+  double epoch_now() const;  // fractional epoch of the data cursor
 
   RunIdentity run_;
   int64_t step_ = 0;       // optimizer steps taken
@@ -125,14 +131,15 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   std::vector<std::pair<int64_t, int64_t>> inject_nan_;  // [a, b] step ranges (test hook)
   std::unique_ptr<CheckpointWriter> writer_;
-  FILE* metrics_ = nullptr;
+  std::vector<Batch> eval_batches_;  // drawn once from opt_.eval_data
 };
 
 // A validated schedule: kind "constant", "cosine" or "linear".
 LrSchedule make_lr_schedule(const std::string& kind, double peak, int64_t warmup, int64_t total, double min_lr_ratio);
 
 // Installs a SIGINT/SIGTERM handler that asks the loop to stop at the next
-// step boundary (and save); a second signal exits at once.
+// step boundary (and save), and sampling at the next token
+// (SampleOptions::stop = &Trainer::stop_flag()); a second signal exits at once.
 void install_stop_handler();
 
 }  // namespace rt

@@ -1,11 +1,13 @@
-// Byte-level BPE from HF tokenizer.json; see hf_bpe.h for what is supported.
+// BPE from HF tokenizer.json; see hf_bpe.h for what is supported.
 // Encode pipeline, as HF runs it:
 //   raw text -> split on added tokens (normalized=false) -> normalize the rest
-//   -> split on added tokens (normalized=true) -> pre-tokenize (Split steps,
-//   ByteLevel) -> BPE per pre-token -> template tokens.
-// Internally the vocabulary is keyed by raw bytes (each token's byte-level
-// characters mapped back through GPT-2's byte<->unicode table), so BPE runs
-// on the input bytes directly and never builds the mapped strings.
+//   -> split on added tokens (normalized=true) -> pre-tokenize (Split / Digits
+//   steps, ByteLevel) -> BPE per pre-token -> template tokens.
+// Byte-level layouts: the vocabulary is also keyed by raw bytes (each token's
+// byte-level characters mapped back through GPT-2's byte<->unicode table), so
+// BPE runs on the input bytes directly and never builds the mapped strings.
+// Character-level layouts (no ByteLevel step, e.g. Llama-2's): BPE starts
+// from the characters of the pre-token as the vocab spells them.
 #include "tokenizer/hf_bpe.h"
 
 #include <algorithm>
@@ -18,6 +20,8 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "tokenizer/added_tokens.h"
+#include "tokenizer/hf_pipeline.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 
@@ -61,62 +65,23 @@ const ByteLevelTable& byte_level_table() {
   return t;
 }
 
-// Rust's char::is_whitespace (Unicode White_Space), used by lstrip/rstrip.
-bool is_white_space(char32_t c) {
-  return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
-struct AddedToken {
-  std::string content;  // matched against the text (NFC'ed when normalized and NFC is on)
-  int32_t id;
-  bool special, single_word, lstrip, rstrip, normalized;
-};
-
-// Leftmost-longest matcher over a small set of literal strings.
-class AddedTokenMatcher {
- public:
-  void add(const AddedToken* t) {
-    if (t->content.empty()) return;
-    by_first_[static_cast<uint8_t>(t->content[0])].push_back(t);
-  }
-  bool empty() const {
-    for (const auto& v : by_first_)
-      if (!v.empty()) return false;
-    return true;
-  }
-  // The longest token starting at s[i], or nullptr.
-  const AddedToken* longest_at(std::string_view s, size_t i) const {
-    const AddedToken* best = nullptr;
-    for (const AddedToken* t : by_first_[static_cast<uint8_t>(s[i])]) {
-      const size_t n = t->content.size();
-      if (n <= s.size() - i && (!best || n > best->content.size()) && s.compare(i, n, t->content) == 0) best = t;
-    }
-    return best;
-  }
-
- private:
-  std::vector<const AddedToken*> by_first_[256];
-};
-
 struct PreTokenizeStep {
-  enum class Kind { split, byte_level } kind;
+  enum class Kind { split, byte_level, metaspace } kind;
   std::unique_ptr<Pcre2Regex> regex;  // split, or byte_level with use_regex
   bool remove_matches = false;        // split: behavior Removed
   bool invert = false;                // split
   bool add_prefix_space = false;      // byte_level
+  // metaspace: ' ' -> replacement; prepend it (unless already there) always,
+  // never, or only to the piece that starts the input text (first); split
+  // before every replacement (MergedWithNext).
+  std::string replacement;
+  enum class Prepend { always, never, first } prepend = Prepend::always;
+  bool metaspace_split = true;
 };
 
 struct Merge {
   int32_t rank;
   int32_t new_id;
-};
-
-// A piece of text on its way through the pipeline: either an added token
-// already resolved to an id, or text still to be tokenized.
-struct Segment {
-  std::string_view text;
-  int32_t added_id;  // -1 when text
 };
 
 std::string json_type(const json& j) { return j.is_object() && j.contains("type") ? j["type"].dump() : j.dump(); }
@@ -148,7 +113,8 @@ class HfBpeTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view name) const override;
   std::optional<int32_t> bos_id() const override { return bos_; }
   std::optional<int32_t> eos_id() const override { return eos_; }
-  std::string describe() const override { return "hf-bpe " + path_; }
+  std::string describe() const override { return (byte_level_ ? "hf-bpe " : "hf-char-bpe ") + path_; }
+  bool encodes_line_pieces_exactly() const override { return byte_level_ && normalizer_.empty_or_nfc(); }
 
  private:
   void parse_model(const json& m);
@@ -159,13 +125,14 @@ class HfBpeTokenizer final : public Tokenizer {
   void parse_decoder(const json& d);
   void parse_config(const std::string& config_path);
 
-  void split_added(std::string_view s, const AddedTokenMatcher& m, std::vector<Segment>& out) const;
-  void pre_tokenize(std::string_view s, std::deque<std::string>& storage, std::vector<std::string_view>& out) const;
+  // at_text_start: s begins at byte 0 of the text given to encode (Metaspace's "first").
+  void pre_tokenize(std::string_view s, bool at_text_start, std::deque<std::string>& storage,
+                    std::vector<std::string_view>& out) const;
   void bpe_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe_merge(std::string_view piece, std::vector<int32_t>& out) const;
+  void initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym) const;
+  void initial_symbols_chars(std::string_view piece, std::vector<int32_t>& sym) const;
   void push_missing_byte(uint8_t b, std::vector<int32_t>& out) const;
-  bool word_char_at(std::string_view s, size_t i) const;  // \w at s[i]
-  bool word_char_before(std::string_view s, size_t i) const;
 
   std::string path_, where_;
   uint64_t instance_ = g_next_instance.fetch_add(1);
@@ -178,18 +145,20 @@ class HfBpeTokenizer final : public Tokenizer {
   bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
   std::optional<int32_t> unk_id_;
 
-  bool nfc_ = false;
+  Normalizer normalizer_;
+  bool byte_level_ = false;  // a ByteLevel pre-tokenizer: BPE runs on bytes, else on characters
+  Decoder decoder_;
   std::vector<PreTokenizeStep> steps_;
 
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_by_name_;
   AddedTokenMatcher raw_matcher_, normalized_matcher_;
-  std::unique_ptr<Pcre2Regex> word_regex_;  // only when a token is single_word
 
   std::vector<int32_t> prefix_, suffix_;  // single-sequence template
   std::optional<int32_t> template_bos_, bos_, eos_;
 
-  std::vector<std::string> decode_bytes_;  // by id; bytes that id decodes to
+  std::vector<std::string> decode_bytes_;  // by id; bytes that id decodes to (ByteLevel decoder)
+  std::vector<std::string> id_token_;      // by id; the token as the file spells it (other decoders)
   std::vector<uint8_t> id_defined_, id_special_;
 };
 
@@ -218,7 +187,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& json_path, const std::string& 
 void HfBpeTokenizer::parse_model(const json& m) {
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "?");
   RT_CHECK(type == "BPE", where_, "model type \"", type,
-           "\" is not supported; supported: BPE with byte-level pre-tokenization (GPT-2, Llama-3, Qwen2 layouts), "
+           "\" is not supported; supported: BPE (GPT-2, Llama-2, Llama-3, Qwen2, DeepSeek layouts), "
            "or put a SentencePiece tokenizer.model in the directory instead");
   RT_CHECK(!m.contains("dropout") || m["dropout"].is_null() || m["dropout"].get<double>() == 0.0, where_,
            "BPE dropout is set; ramtrain tokenizes deterministically: set \"dropout\" to null");
@@ -242,7 +211,9 @@ void HfBpeTokenizer::parse_model(const json& m) {
   decode_bytes_.resize(static_cast<size_t>(max_id + 1));
   id_defined_.assign(decode_bytes_.size(), 0);
   id_special_.assign(decode_bytes_.size(), 0);
+  id_token_.resize(decode_bytes_.size());
   for (const auto& [tok, id] : vocab_) {
+    id_token_[id] = tok;
     id_defined_[id] = 1;
     decode_bytes_[id] = table.to_bytes(tok, raw) ? raw : tok;
   }
@@ -284,20 +255,10 @@ void HfBpeTokenizer::parse_model(const json& m) {
   }
 }
 
-void HfBpeTokenizer::parse_normalizer(const json& n) {
-  if (n.is_null()) return;
-  const std::string type = n.at("type").get<std::string>();
-  if (type == "NFC") {
-    nfc_ = true;
-  } else if (type == "Sequence") {
-    for (const auto& s : n.at("normalizers")) parse_normalizer(s);
-  } else {
-    fail(where_, "normalizer ", json_type(n), " is not supported; supported: null, NFC, Sequence of NFC");
-  }
-}
+void HfBpeTokenizer::parse_normalizer(const json& n) { normalizer_.parse(n, where_); }
 
 void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
-  RT_CHECK(!p.is_null(), where_, "no pre_tokenizer: only byte-level BPE (a ByteLevel pre-tokenizer) is supported");
+  if (p.is_null()) return;  // the whole normalized text is one word (Llama-2's tokenizer.json)
   const std::string type = p.at("type").get<std::string>();
   if (type == "Sequence") {
     for (const auto& s : p.at("pretokenizers")) parse_pre_tokenizer(s);
@@ -310,6 +271,25 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
     st.kind = PreTokenizeStep::Kind::byte_level;
     st.add_prefix_space = json_bool(p, "add_prefix_space", true);
     if (json_bool(p, "use_regex", true)) st.regex = std::make_unique<Pcre2Regex>(kGpt2Regex, false, where_);
+  } else if (type == "Digits") {  // HF splits on char::is_numeric (Nd, Nl, No = \p{N}): each digit, or each run
+    st.kind = PreTokenizeStep::Kind::split;
+    st.regex = std::make_unique<Pcre2Regex>(json_bool(p, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", false,
+                                            where_);
+  } else if (type == "Metaspace") {
+    st.kind = PreTokenizeStep::Kind::metaspace;
+    st.replacement = p.at("replacement").get<std::string>();
+    size_t k = 0;
+    RT_CHECK(!st.replacement.empty() && utf8_find_invalid(st.replacement) == std::string::npos &&
+                 (utf8_next(st.replacement, k), k == st.replacement.size()),
+             where_, "Metaspace replacement must be one character");
+    std::string scheme = p.value("prepend_scheme", std::string());
+    if (scheme.empty()) scheme = json_bool(p, "add_prefix_space", true) ? "always" : "never";  // older files
+    RT_CHECK(scheme == "always" || scheme == "never" || scheme == "first", where_, "Metaspace prepend_scheme \"",
+             scheme, "\" is not one of always, never, first");
+    st.prepend = scheme == "always"  ? PreTokenizeStep::Prepend::always
+                 : scheme == "never" ? PreTokenizeStep::Prepend::never
+                                     : PreTokenizeStep::Prepend::first;
+    st.metaspace_split = json_bool(p, "split", true);
   } else if (type == "Split") {
     st.kind = PreTokenizeStep::Kind::split;
     const json& pat = p.at("pattern");
@@ -324,14 +304,15 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
     st.invert = json_bool(p, "invert", false);
   } else {
     fail(where_, "pre_tokenizer ", json_type(p),
-         " is not supported; supported: ByteLevel, Split (Isolated/Removed), Sequence of those ending in ByteLevel");
+         " is not supported; supported: ByteLevel, Split (Isolated/Removed), Digits, Metaspace, Sequence of those "
+         "(ByteLevel last)");
   }
+  byte_level_ |= st.kind == PreTokenizeStep::Kind::byte_level;
   steps_.push_back(std::move(st));
 }
 
 void HfBpeTokenizer::parse_added_tokens(const json& a) {
   added_.reserve(a.size());  // stable addresses for the matchers
-  bool single_word = false;
   for (const auto& t : a) {
     AddedToken tok{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), json_bool(t, "special", false),
                    json_bool(t, "single_word", false),  json_bool(t, "lstrip", false),
@@ -342,17 +323,18 @@ void HfBpeTokenizer::parse_added_tokens(const json& a) {
       decode_bytes_.resize(tok.id + 1);
       id_defined_.resize(tok.id + 1, 0);
       id_special_.resize(tok.id + 1, 0);
+      id_token_.resize(tok.id + 1);
     }
     std::string raw;
     decode_bytes_[tok.id] = byte_level_table().to_bytes(tok.content, raw) ? raw : tok.content;
+    id_token_[tok.id] = tok.content;
     id_defined_[tok.id] = 1;
     id_special_[tok.id] = tok.special;
-    if (tok.normalized && nfc_) tok.content = nfc_normalize(tok.content);
-    single_word |= tok.single_word;
+    // HF matches a normalized token in the normalized text as the normalizer spells it.
+    if (tok.normalized) tok.content = normalizer_.apply(tok.content);
     added_.push_back(std::move(tok));
   }
   for (const auto& t : added_) (t.normalized ? normalized_matcher_ : raw_matcher_).add(&t);
-  if (single_word) word_regex_ = std::make_unique<Pcre2Regex>("\\w", false, where_);
 }
 
 void HfBpeTokenizer::parse_post_processor(const json& p) {
@@ -382,15 +364,7 @@ void HfBpeTokenizer::parse_post_processor(const json& p) {
   if (!prefix_.empty()) template_bos_ = prefix_.front();
 }
 
-void HfBpeTokenizer::parse_decoder(const json& d) {
-  RT_CHECK(!d.is_null(), where_, "no decoder: byte-level BPE needs the ByteLevel decoder");
-  const std::string type = d.at("type").get<std::string>();
-  if (type == "Sequence") {
-    for (const auto& s : d.at("decoders")) parse_decoder(s);
-    return;
-  }
-  RT_CHECK(type == "ByteLevel", where_, "decoder ", json_type(d), " is not supported; supported: ByteLevel");
-}
+void HfBpeTokenizer::parse_decoder(const json& d) { decoder_.parse(d, where_); }
 
 void HfBpeTokenizer::parse_config(const std::string& config_path) {
   bos_ = template_bos_;
@@ -429,74 +403,33 @@ std::optional<int32_t> HfBpeTokenizer::token_to_id(std::string_view name) const 
   return std::nullopt;
 }
 
-bool HfBpeTokenizer::word_char_at(std::string_view s, size_t i) const {
-  size_t j = i;
-  utf8_next(s, j);
-  std::vector<std::pair<size_t, size_t>> m;
-  word_regex_->find_all(s.substr(i, j - i), m);
-  return !m.empty();
-}
-
-bool HfBpeTokenizer::word_char_before(std::string_view s, size_t i) const {
-  size_t j = i;
-  utf8_prev(s, j);
-  return word_char_at(s, j);
-}
-
-// HF AddedVocabulary::find_matches: leftmost-longest matches; single_word
-// matches touching a word character are dropped; lstrip/rstrip widen the
-// match over neighbouring whitespace. HF's \w (Rust regex) also counts
-// combining marks as word characters, PCRE2's \w (letters, numbers, '_')
-// does not: a single_word token right after a combining mark can differ.
-void HfBpeTokenizer::split_added(std::string_view s, const AddedTokenMatcher& m, std::vector<Segment>& out) const {
-  if (m.empty()) {
-    if (!s.empty()) out.push_back({s, -1});
-    return;
-  }
-  size_t start_offset = 0, i = 0;
-  while (i < s.size()) {
-    const AddedToken* t = m.longest_at(s, i);
-    if (!t) {
-      ++i;
-      continue;
-    }
-    size_t start = i, stop = i + t->content.size();
-    i = stop;  // the next search starts after this match, kept or not
-    if (t->single_word) {
-      const bool start_ok = start == 0 || !word_char_before(s, start);
-      const bool stop_ok = stop == s.size() || !word_char_at(s, stop);
-      if (!start_ok || !stop_ok) continue;
-    }
-    if (t->lstrip) {
-      size_t k = start;
-      while (k > 0) {
-        size_t p = k;
-        if (!is_white_space(utf8_prev(s, p))) break;
-        k = p;
-      }
-      start = std::max(k, start_offset);
-    }
-    if (t->rstrip) {
-      while (stop < s.size()) {
-        size_t p = stop;
-        if (!is_white_space(utf8_next(s, p))) break;
-        stop = p;
-      }
-    }
-    if (start_offset < start) out.push_back({s.substr(start_offset, start - start_offset), -1});
-    out.push_back({s.substr(start, stop - start), t->id});
-    start_offset = stop;
-  }
-  if (start_offset < s.size()) out.push_back({s.substr(start_offset), -1});
-}
-
-void HfBpeTokenizer::pre_tokenize(std::string_view s, std::deque<std::string>& storage,
+void HfBpeTokenizer::pre_tokenize(std::string_view s, bool at_text_start, std::deque<std::string>& storage,
                                   std::vector<std::string_view>& out) const {
   std::vector<std::string_view> cur{s}, next;
   std::vector<std::pair<size_t, size_t>> matches;
+  const char* origin = at_text_start ? s.data() : nullptr;  // a piece starting here starts the text
   for (const auto& st : steps_) {
     next.clear();
     for (std::string_view piece : cur) {
+      if (st.kind == PreTokenizeStep::Kind::metaspace) {
+        std::string& t = storage.emplace_back(replace_all(piece, " ", nullptr, st.replacement));
+        const bool starts = t.compare(0, st.replacement.size(), st.replacement) == 0;
+        if (!starts && (st.prepend == PreTokenizeStep::Prepend::always ||
+                        (st.prepend == PreTokenizeStep::Prepend::first && piece.data() == origin)))
+          t.insert(0, st.replacement);
+        const std::string_view v = t;
+        if (!st.metaspace_split) {
+          next.push_back(v);
+          continue;
+        }
+        size_t b = 0;
+        for (size_t p = v.find(st.replacement, 1); p != std::string_view::npos; p = v.find(st.replacement, p + 1)) {
+          if (p > b) next.push_back(v.substr(b, p - b));
+          b = p;
+        }
+        if (b < v.size()) next.push_back(v.substr(b));
+        continue;
+      }
       if (st.kind == PreTokenizeStep::Kind::byte_level && st.add_prefix_space && piece[0] != ' ') {
         std::string& t = storage.emplace_back();
         t.reserve(piece.size() + 1);
@@ -548,19 +481,68 @@ void HfBpeTokenizer::push_missing_byte(uint8_t b, std::vector<int32_t>& out) con
   }
 }
 
-// Standard BPE on one pre-token: repeatedly merge the adjacent pair with the
-// lowest merge rank (leftmost first on ties), via a heap over a linked list.
-// Bytes missing from the vocab are replaced first (push_missing_byte), as HF
-// builds its word before merging.
-void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out) const {
-  std::vector<int32_t> sym;
-  sym.reserve(piece.size());
+void HfBpeTokenizer::initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym) const {
   for (unsigned char b : piece) {
     if (byte_id_[b] >= 0)
       sym.push_back(byte_id_[b]);
     else
       push_missing_byte(b, sym);
   }
+}
+
+// HF BPE::merge_word on characters: a character missing from the vocab
+// becomes its UTF-8 bytes as <0xXX> tokens (byte_fallback, when all exist),
+// else unk: one per character, or one per run with fuse_unk. As in HF, a
+// pending unk is emitted only when the next in-vocab character or the end
+// comes, so byte-fallback tokens right after an unk precede it.
+void HfBpeTokenizer::initial_symbols_chars(std::string_view piece, std::vector<int32_t>& sym) const {
+  bool unk_pending = false;
+  std::string ch;
+  for (size_t i = 0; i < piece.size();) {
+    const size_t b = i;
+    utf8_next(piece, i);
+    ch.assign(piece.substr(b, i - b));
+    if (const auto it = vocab_.find(ch); it != vocab_.end()) {
+      if (unk_pending) sym.push_back(*unk_id_);
+      unk_pending = false;
+      sym.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback_) {
+      const size_t before = sym.size();
+      bool all = true;
+      for (unsigned char c : ch) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", c);
+        const auto it = vocab_.find(name);
+        if (it == vocab_.end()) {
+          all = false;
+          break;
+        }
+        sym.push_back(it->second);
+      }
+      if (all) continue;
+      sym.resize(before);
+    }
+    if (unk_id_) {
+      if (unk_pending && !fuse_unk_) sym.push_back(*unk_id_);
+      unk_pending = true;
+    }
+  }
+  if (unk_pending) sym.push_back(*unk_id_);
+}
+
+// Standard BPE on one pre-token: repeatedly merge the adjacent pair with the
+// lowest merge rank (leftmost first on ties), via a heap over a linked list.
+// Symbols missing from the vocab are replaced first (initial_symbols_*), as
+// HF builds its word before merging.
+void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out) const {
+  std::vector<int32_t> sym;
+  sym.reserve(piece.size());
+  if (byte_level_)
+    initial_symbols_bytes(piece, sym);
+  else
+    initial_symbols_chars(piece, sym);
   const int n = static_cast<int>(sym.size());
   if (n == 0) return;
   if (n == 1) {
@@ -608,7 +590,8 @@ void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out
 
 void HfBpeTokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    if (const auto it = raw_vocab_.find(std::string(piece)); it != raw_vocab_.end()) {
+    const auto& v = byte_level_ ? raw_vocab_ : vocab_;
+    if (const auto it = v.find(std::string(piece)); it != v.end()) {
       out.push_back(it->second);
       return;
     }
@@ -645,7 +628,7 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_spec
   if (add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());
 
   std::vector<Segment> raw_segs, segs;
-  split_added(text, raw_matcher_, raw_segs);
+  raw_matcher_.split(text, raw_segs);
   std::deque<std::string> storage;  // normalized text and prefixed pieces live here for this call
   std::vector<std::string_view> pieces;
   for (const Segment& rs : raw_segs) {
@@ -654,19 +637,19 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_spec
       continue;
     }
     std::string_view norm = rs.text;
-    if (nfc_) {
-      storage.push_back(nfc_normalize(rs.text));
+    if (!normalizer_.empty()) {
+      storage.push_back(normalizer_.apply(rs.text));
       norm = storage.back();
     }
     segs.clear();
-    split_added(norm, normalized_matcher_, segs);
+    normalized_matcher_.split(norm, segs);
     for (const Segment& s : segs) {
       if (s.added_id >= 0) {
         out.push_back(s.added_id);
         continue;
       }
       pieces.clear();
-      pre_tokenize(s.text, storage, pieces);
+      pre_tokenize(s.text, rs.text.data() == text.data() && s.text.data() == norm.data(), storage, pieces);
       for (std::string_view p : pieces) bpe_piece(p, out);
     }
   }
@@ -675,13 +658,21 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_spec
 }
 
 std::string HfBpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
-  std::string bytes;
-  for (const int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= decode_bytes_.size() || !id_defined_[id]) continue;
-    if (skip_special && id_special_[id]) continue;
-    bytes += decode_bytes_[id];
+  auto kept = [&](int32_t id) {
+    return id >= 0 && static_cast<size_t>(id) < decode_bytes_.size() && id_defined_[id] &&
+           !(skip_special && id_special_[id]);
+  };
+  if (decoder_.only_byte_level()) {  // fast path: per-token bytes precomputed
+    std::string bytes;
+    for (const int32_t id : ids)
+      if (kept(id)) bytes += decode_bytes_[id];
+    return utf8_lossy(bytes);
   }
-  return utf8_lossy(bytes);
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (const int32_t id : ids)
+    if (kept(id)) tokens.push_back(id_token_[id]);
+  return decoder_.apply(std::move(tokens));
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 // Tokenizers: text <-> token ids for the model families ramtrain trains.
 // tokenizer_load(dir) picks the format from the files in a HF model dir:
-//   DIR/tokenizer.json  -> HF BPE with byte-level pre-tokenization
-//                          (GPT-2, Llama-3, Qwen2/2.5/3 layouts; see hf_bpe.h)
-//   DIR/tokenizer.model -> SentencePiece (Llama-2, Mistral, ...)
-// and reads DIR/tokenizer_config.json, when present, for bos/eos names.
+//   DIR/tokenizer.json  -> HF BPE (GPT-2, Llama-2, Llama-3, Qwen2/2.5/3,
+//                          DeepSeek layouts; see hf_bpe.h)
+//   DIR/tokenizer.model -> SentencePiece (Llama-2, Mistral, ...; see sentencepiece.h)
+// and reads DIR/tokenizer_config.json (and for SentencePiece added_tokens.json
+// and special_tokens_map.json), when present, for bos/eos and added tokens.
+// With both files, tokenizer.json is used when every part of it is supported
+// (it is what transformers loads by default), else tokenizer.model; the choice
+// and its reason go to stderr.
 // Contract: encode() takes valid UTF-8 (invalid input throws rt::Error naming
 // the byte offset) and reproduces HF tokenizers' ids exactly; add_special
 // applies the model's single-sequence template (e.g. Llama-3's BOS).
@@ -34,8 +38,16 @@ class Tokenizer {
   virtual std::optional<int32_t> token_to_id(std::string_view name) const = 0;
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::optional<int32_t> eos_id() const = 0;
-  // "hf-bpe" or "sentencepiece", plus the file it came from, for logs.
+  // "hf-bpe" (byte-level tokenizer.json), "hf-char-bpe" (SentencePiece-style
+  // tokenizer.json) or "sentencepiece", plus the file it came from, for logs.
   virtual std::string describe() const = 0;
+  // True when encoding a text in pieces cut just after a '\n' between two
+  // printable non-space ASCII bytes (data/records.h) gives the ids of the
+  // whole text: the byte-level layouts, whose pre-tokenizers never merge
+  // across such a point. Not SentencePiece (a dummy prefix per call) nor the
+  // character-level tokenizer.json layouts (Prepend / Metaspace per piece,
+  // the whole text one BPE word).
+  virtual bool encodes_line_pieces_exactly() const { return false; }
 };
 
 std::unique_ptr<Tokenizer> tokenizer_load(const std::string& model_dir);

@@ -133,6 +133,8 @@ Records metrics_read(const std::string& path) {
   while (std::getline(f, line)) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) continue;
+    j.erase("time");  // wall-clock fields differ between runs
+    j.erase("elapsed");
     std::string kind = j.contains("loss") ? "loss" : j.contains("final") ? "final" : "val_loss";
     r.insert({{j["step"].get<int64_t>(), kind}, j});
   }

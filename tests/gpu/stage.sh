@@ -4,7 +4,7 @@
 # binaries, the shared libraries the GPU image may lack, and the test data.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRAMTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRAMTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "$@" >/dev/null
 cmake --build build/gpu -j "$(nproc)"
 out=build/gpu-run
 rm -rf "$out"; mkdir -p "$out/lib" "$out/data"
@@ -15,6 +15,6 @@ for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b";
   grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf|xxhash' | xargs -r -I{} cp -L {} "$out/lib/"
 strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test
 cp ../shared/data/tinyshakespeare.txt "$out/data/"
-bash bench/attention_variants.sh "$out/attn" >/dev/null
+bash bench/attention_variants.sh "$out/attn" "${RAMTRAIN_ATTN_BASE:-HEAD}" >/dev/null  # RAMTRAIN_ATTN_BASE: the revision attnvar compares against
 strip "$out"/attn/*
 du -sh "$out"

@@ -1,12 +1,17 @@
 // Tokenizer golden tests. Fixtures come from tools/make_tokenizer_fixtures.py:
-// HF `tokenizers` trained three byte-level BPE tokenizers laid out as GPT-2,
-// Llama-3 and Qwen2 ship theirs, and Python `sentencepiece` a Llama-2-style
-// model; golden.jsonl holds the reference ids and decodings for every text of
-// the test corpus. Token ids are integers: every comparison is exact.
+// HF `tokenizers` trained byte-level BPE tokenizers laid out as GPT-2,
+// Llama-3, Qwen2 and DeepSeek (Digits, individual and grouped) ship theirs,
+// Python `sentencepiece` a Llama-2-style model, and transformers turned that
+// model into the Llama-2-era tokenizer.json (llama2_json), Metaspace layouts
+// (llama2_metaspace, metaspace_split) and a model dir with
+// added/special tokens in its JSON files (sp_llama2_special). golden.jsonl
+// holds the reference ids and decodings for every text of the test corpus.
+// Token ids are integers: every comparison is exact.
 #include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -55,7 +60,28 @@ struct Case {
   const char* name;
   bool nfc;                // decode(encode(x)) gives NFC(x), not x
   const char* strip_token;  // an lstrip added token: texts holding it lose the whitespace it eats
+  // SentencePiece-style: every piece between added tokens gets a dummy "▁"
+  // prefix, so texts holding an added token do not round-trip.
+  bool added_breaks_round_trip = false;
+  // The decodings come from HF's fast decoder, whose ByteFallback turns a whole
+  // run of byte tokens that is not valid UTF-8 into U+FFFDs, while ramtrain's
+  // SentencePiece path decodes such runs as SentencePiece (transformers' slow
+  // tokenizer) does, keeping the valid characters: partial UTF-8 is checked
+  // against SentencePiece itself by the sp_llama2 fixture instead.
+  bool prefix_decode_from_fast = false;
+  // Metaspace layouts do not round-trip at all: their decoders drop a leading
+  // space (Strip / the Metaspace decoder's first token), and metaspace_split
+  // has no ByteFallback decoder, so byte tokens decode as "<0xE6>". Their ids
+  // and decodings are still checked against HF above.
+  bool round_trip = true;
 };
+
+// The added tokens of the SentencePiece-based fixtures (tools/make_tokenizer_fixtures.py).
+bool holds_added_token(const std::string& text) {
+  for (const char* t : {"<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<pad>", "ramtrain"})
+    if (text.find(t) != std::string::npos) return true;
+  return false;
+}
 
 class TokenizerGolden : public ::testing::TestWithParam<Case> {};
 
@@ -63,7 +89,7 @@ TEST_P(TokenizerGolden, MatchesReferenceIdsAndDecodes) {
   const Case c = GetParam();
   const auto tok = tokenizer_load(fixture(c.name));
   const auto golden = read_golden(c.name);
-  ASSERT_GT(golden.size(), 80u);
+  ASSERT_GT(golden.size(), 50u);
   int mismatched = 0;
   for (const json& g : golden) {
     const std::string text = g["text"].get<std::string>();
@@ -78,12 +104,15 @@ TEST_P(TokenizerGolden, MatchesReferenceIdsAndDecodes) {
     EXPECT_EQ(tok->decode(ids_ns, false), g["decoded"].get<std::string>()) << c.name << " decode " << escaped(text);
     EXPECT_EQ(tok->decode(ids, true), g["decoded_skip"].get<std::string>())
         << c.name << " decode skip_special " << escaped(text);
-    EXPECT_EQ(tok->decode(prefix, false), g["decoded_prefix"].get<std::string>())
-        << c.name << " decode of a prefix (partial UTF-8) " << escaped(text);
+    const std::string ref_prefix = g["decoded_prefix"].get<std::string>();
+    if (!(c.prefix_decode_from_fast && ref_prefix.find("\xEF\xBF\xBD") != std::string::npos)) {
+      EXPECT_EQ(tok->decode(prefix, false), ref_prefix) << c.name << " decode of a prefix (partial UTF-8) " << escaped(text);
+    }
     // Round trip: exact for byte-level BPE and SentencePiece with identity
     // normalization; NFC tokenizers give back the NFC form.
     const std::string expect_rt = c.nfc ? nfc_normalize(text) : text;
     if (c.strip_token && text.find(c.strip_token) != std::string::npos) continue;
+    if (!c.round_trip || (c.added_breaks_round_trip && holds_added_token(text))) continue;
     EXPECT_EQ(tok->decode(got_ns, false), expect_rt) << c.name << " round trip of " << escaped(text);
   }
   EXPECT_EQ(mismatched, 0) << c.name << ": texts whose ids differ from the reference";
@@ -103,7 +132,13 @@ TEST_P(TokenizerGolden, MatchesReferenceIdsAndDecodes) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerGolden,
                          ::testing::Values(Case{"gpt2", false, "<mask>"}, Case{"llama3", false, nullptr},
-                                           Case{"qwen2", true, nullptr}, Case{"sp_llama2", false, nullptr}),
+                                           Case{"qwen2", true, nullptr}, Case{"sp_llama2", false, nullptr},
+                                           Case{"deepseek", false, nullptr},
+                                           Case{"deepseek_grouped_digits", false, nullptr},
+                                           Case{"llama2_json", false, nullptr, true},
+                                           Case{"llama2_metaspace", false, nullptr, false, false, false},
+                                           Case{"metaspace_split", false, nullptr, false, false, false},
+                                           Case{"sp_llama2_special", false, nullptr, true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Helpers for the error tests.
@@ -203,6 +238,86 @@ TEST(TokenizerLoad, ConfigNamesBosAndEos) {
   test::write_bytes(d.file("tokenizer_config.json"), R"({"eos_token": "<nope>"})");
   const std::string msg = error_of([&] { tokenizer_load(d.path()); });
   EXPECT_NE(msg.find("eos_token \"<nope>\" is not a token"), std::string::npos) << msg;
+}
+
+TEST(TokenizerLoad, PrefersTheTokenizerJsonItCanReadAndSaysWhy) {
+  // A Llama-2 dir with both files: tokenizer.json (Llama-2 layout, readable)
+  // wins; with a tokenizer.json using an unsupported part, tokenizer.model.
+  test::TempDir d;
+  test::write_bytes(d.file("tokenizer.model"), read_text_file(fixture("sp_llama2") + "/tokenizer.model"));
+  test::write_bytes(d.file("tokenizer.json"), read_text_file(fixture("llama2_json") + "/tokenizer.json"));
+  ::testing::internal::CaptureStderr();
+  auto tok = tokenizer_load(d.path());
+  std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(tok->describe().rfind("hf-char-bpe", 0), 0u) << tok->describe();
+  EXPECT_NE(log.find("using tokenizer.json because"), std::string::npos) << log;
+  const std::vector<int32_t> json_ids = tok->encode("Hello world 123", true);
+
+  json j = json::parse(read_text_file(fixture("llama2_json") + "/tokenizer.json"));
+  j["normalizer"] = {{"type", "NFKC"}};
+  test::write_bytes(d.file("tokenizer.json"), j.dump());
+  ::testing::internal::CaptureStderr();
+  tok = tokenizer_load(d.path());
+  log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(tok->describe().rfind("sentencepiece", 0), 0u) << tok->describe();
+  EXPECT_NE(log.find("using tokenizer.model (SentencePiece) because tokenizer.json cannot be read exactly"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("\"NFKC\" is not supported"), std::string::npos) << log;
+  // Both readings of the same model agree on plain text.
+  EXPECT_EQ(tok->encode("Hello world 123", true), json_ids);
+}
+
+TEST(TokenizerEncode, LinePiecesExactOnlyForByteLevelLayouts) {
+  // data/records.h cuts long text records after a '\n' between printable
+  // ASCII bytes when encodes_line_pieces_exactly(); check the claim both ways.
+  const std::string text = "First line of text.\nSecond line, 123 digits.\nThird: end";
+  auto pieces = [](const Tokenizer& tok, const std::string& t) {
+    std::vector<int32_t> ids;
+    size_t b = 0;
+    for (size_t k = 1; k + 1 < t.size(); ++k)
+      if (t[k] == '\n' && t[k - 1] > ' ' && t[k + 1] > ' ') {
+        const auto part = tok.encode(t.substr(b, k + 1 - b), false);
+        ids.insert(ids.end(), part.begin(), part.end());
+        b = k + 1;
+      }
+    const auto part = tok.encode(t.substr(b), false);
+    ids.insert(ids.end(), part.begin(), part.end());
+    return ids;
+  };
+  for (const char* name : {"gpt2", "llama3", "qwen2", "deepseek", "deepseek_grouped_digits"}) {
+    const auto tok = tokenizer_load(fixture(name));
+    EXPECT_TRUE(tok->encodes_line_pieces_exactly()) << name;
+    EXPECT_EQ(pieces(*tok, text), tok->encode(text, false)) << name;
+  }
+  for (const char* name : {"llama2_json", "metaspace_split", "sp_llama2"}) {
+    const auto tok = tokenizer_load(fixture(name));
+    EXPECT_FALSE(tok->encodes_line_pieces_exactly()) << name;
+    EXPECT_NE(pieces(*tok, text), tok->encode(text, false)) << name << ": a prefix per piece";
+  }
+}
+
+TEST(TokenizerLoad, SentencePieceConfigErrorsNameTheFile) {
+  test::TempDir d;
+  test::write_bytes(d.file("tokenizer.model"), read_text_file(fixture("sp_llama2") + "/tokenizer.model"));
+  test::write_bytes(d.file("added_tokens.json"), "{\"<x>\": ");
+  std::string msg = error_of([&] { tokenizer_load(d.path()); });
+  EXPECT_NE(msg.find(d.file("added_tokens.json")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+  test::write_bytes(d.file("added_tokens.json"), R"({"<x>": 900})");
+  test::write_bytes(d.file("special_tokens_map.json"), R"({"pad_token": "<nope>"})");
+  msg = error_of([&] { tokenizer_load(d.path()); });
+  EXPECT_NE(msg.find(d.file("special_tokens_map.json")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pad_token \"<nope>\" is neither a piece"), std::string::npos) << msg;
+  // An added token past the model's pieces extends the vocab, is found in text and decodes back.
+  test::write_bytes(d.file("special_tokens_map.json"), R"({"additional_special_tokens": ["<x>"]})");
+  const auto tok = tokenizer_load(d.path());
+  EXPECT_EQ(tok->vocab_size(), 901);
+  EXPECT_EQ(tok->token_to_id("<x>"), 900);
+  const auto ids = tok->encode("a<x>b", false);
+  ASSERT_NE(std::find(ids.begin(), ids.end(), 900), ids.end()) << show_ids(ids);
+  EXPECT_EQ(tok->decode(ids, false), "a<x> b");  // "b" is encoded as "▁b": the dummy prefix of its piece
+  EXPECT_EQ(tok->decode(ids, true), "a b");
 }
 
 TEST(TokenizerEncode, InvalidUtf8NamesTheOffset) {

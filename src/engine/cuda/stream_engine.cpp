@@ -280,8 +280,8 @@ class StreamEngine final : public Backend {
     mult8(s_.vocab, "vocab_size");
     mult8(s_.q_dim(), "heads x head_dim");
     mult8(s_.kv_dim(), "kv heads x head_dim");
-    RT_CHECK(s_.head_dim == 64 || s_.head_dim == 128, "[cuda] head_dim ", s_.head_dim,
-             " is not supported by the CUDA attention kernel (64 or 128); use --device cpu");
+    RT_CHECK(s_.head_dim == 64 || s_.head_dim == 96 || s_.head_dim == 128 || s_.head_dim == 256, "[cuda] head_dim ",
+             s_.head_dim, " is not supported by the CUDA attention kernels (64, 96, 128 or 256); use --device cpu");
   }
 
   // Copies the loss totals out (waits for the compute stream); *n_valid tokens.

@@ -1,0 +1,216 @@
+#include "cli/train_config.h"
+
+#include "cli/model_dir.h"
+#include "cli/train_data.h"
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace rt::cli {
+
+const char* auto_on_off_name(AutoOnOff v) {
+  switch (v) {
+    case AutoOnOff::auto_select: return "auto";
+    case AutoOnOff::on: return "on";
+    case AutoOnOff::off: return "off";
+  }
+  return "auto";
+}
+
+const char* placement_name(Placement p) {
+  switch (p) {
+    case Placement::auto_select: return "auto";
+    case Placement::device: return "device";
+    case Placement::host: return "host";
+  }
+  return "auto";
+}
+
+void train_options(ArgParser& p) {
+  p.option("config", "FILE.toml", "read options from a TOML file (command-line options win)");
+
+  p.group("Model");
+  p.option("preset", "NAME", "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
+  p.option("model", "DIR|ORG/NAME", "start from a HF model directory (config.json + safetensors), or a model id "
+           "found in the local HF cache ($HF_HOME/hub, default ~/.cache/huggingface)");
+  p.option("init", "random|pretrained", "weights to start from (default: pretrained with --model, random with --preset)")
+      .choice({"random", "pretrained"});
+
+  p.group("Data");
+  p.option("data", "PATH...", "training data: text/.jsonl files, directories, or a token file (a list in TOML)").list();
+  p.option("eval-data", "PATH", "evaluate on this held-out data too (a file or directory, same formats as --data)");
+  train_data_options(p);
+  p.option("seq-len", "T", "tokens per sequence", "256").integer(1);
+  p.option("val-fraction", "F", "fraction of the data held out for validation (0: none)", "0.1").number(0, 0.99);
+
+  p.group("Schedule");
+  p.option("steps", "N", "optimizer steps", "200").integer(1);
+  p.option("epochs", "E", "train E passes over the data instead of --steps (steps = E x windows / (B x K))")
+      .integer(1);
+  p.option("lr", "LR", "peak learning rate", "1e-3").above(0);
+  p.option("min-lr-ratio", "R", "cosine floor as a fraction of the peak", "0.1").number(0, 1);
+  p.option("schedule", "NAME", "learning-rate schedule after warm-up: cosine, constant or linear", "cosine")
+      .choice({"cosine", "constant", "linear"});
+  p.option("warmup", "N", "linear warm-up steps (the default is cut to half of a shorter run)", "10").integer(0);
+  p.option("seed", "S", "seed for init and data order", "0").integer(0);
+
+  p.group("Optimizer");
+  p.option("micro-batch", "B", "sequences per micro-batch", "8").integer(1);
+  p.option("grad-accum", "K", "micro-batches per optimizer step", "1").integer(1);
+  p.option("weight-decay", "WD", "decoupled AdamW weight decay", "0.0").number(0);
+  p.flag("decay-norms-and-biases", "also apply weight decay to norm weights and biases (HF default: no)");
+  p.option("beta1", "B1", "AdamW beta1", "0.9").number(0, 0.999999);
+  p.option("beta2", "B2", "AdamW beta2", "0.95").number(0, 0.999999999);
+  p.option("eps", "EPS", "AdamW epsilon", "1e-8").above(0);
+  p.option("clip", "NORM", "clip the global gradient norm to NORM (0: off)", "1.0").number(0);
+  p.option("max-bad-steps", "N", "abort after N steps in a row with a non-finite loss or gradient norm (0: never)",
+           "5").integer(0);
+  p.flag("delayed-update", "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
+         "step (gradients one step stale; GPU: needs --grads device)");
+  p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
+
+  p.group("GPU memory (CUDA builds; a CPU run warns that they do nothing)");
+  p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto")
+      .choice({"auto", "cpu", "cuda"});
+  p.option("max-gpu-memory", "SIZE", "device memory the engine may take, e.g. 16G (default: what is free); a plan "
+           "that does not fit is shrunk step by step (host gradients and checkpoints, 2 slots, small LM-head "
+           "chunks) and the log says so").size();
+  p.option("slots", "S", "device weight slots for streaming", "3").integer(2, 64);
+  p.option("keep-activations", "auto|N", "keep the activations of the last N layers from forward to backward "
+           "instead of recomputing them (same results); auto: as many as fit in the device memory the plan leaves "
+           "(CPU: in a quarter of the free RAM); 0: recompute every layer", "auto").integer(0).or_word("auto");
+  p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
+  p.option("grads", "auto|device|host", "keep gradients on the device until the step's norm is known, or send "
+           "each layer's to host RAM as it is made (low device memory)", "auto").choice({"auto", "device", "host"});
+  p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
+      .choice({"auto", "device", "host"});
+  p.option("layer-major", "auto|on|off", "with --grad-accum > 1: run every micro-batch through a layer while its "
+           "weights are on the GPU, so weights cross PCIe once per step (same results; tied embeddings: up to "
+           "rounding); auto: when the weights stream and the embedding is untied", "auto")
+      .choice({"auto", "on", "off"});
+  p.flag("low-memory", "the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
+         "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
+  p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
+
+  p.group("Checkpoints and output");
+  p.option("out", "DIR", "output directory: DIR/ckpt-<step> checkpoints, DIR/final the final HF model, "
+           "DIR/metrics.jsonl", "runs/latest");
+  p.option("save-every", "N", "write a checkpoint DIR/ckpt-<step> every N steps and at the end (0: only on "
+           "SIGINT/SIGTERM)", "0").integer(0);
+  p.option("keep-checkpoints", "N", "keep the newest N checkpoints (0: all)", "3").integer(0);
+  p.option("resume", "DIR|auto", "continue from a checkpoint (auto: the newest valid one in --out)");
+  p.option("export-dtype", "bf16|fp32", "dtype of the exported safetensors", "bf16").choice({"bf16", "fp32"});
+
+  p.group("Logging and evaluation");
+  p.option("log-every", "N", "print a log line every N steps", "1").integer(1);
+  p.option("eval-every", "N", "validation loss every N steps (0: only at the end)", "0").integer(0);
+  p.option("eval-batches", "N", "micro-batches per evaluation (per set)", "8").integer(1);
+  p.option("metrics", "FILE.jsonl", "one JSON line per step and evaluation: exact losses, lr, epoch, wall-clock "
+           "time (default: OUT/metrics.jsonl, appended to on resume). A failed write (e.g. a full disk) is "
+           "reported once; training continues and later records are dropped");
+  p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training (SIGINT/SIGTERM "
+           "stop it at the next token)");
+  p.option("sample-tokens", "N", "tokens per sample", "200").integer(0);
+}
+
+namespace {
+
+Placement placement_parse(const std::string& s) {
+  return s == "device" ? Placement::device : s == "host" ? Placement::host : Placement::auto_select;
+}
+
+}  // namespace
+
+TrainConfig train_config_read(const ArgParser& p) {
+  TrainConfig c;
+  if (p.has("preset") == p.has("model")) fail("[train] give exactly one of --preset NAME or --model DIR");
+  if (p.has("preset")) c.preset = p.str("preset");
+  if (p.has("model")) c.model = resolve_model_dir(p.str("model"));
+  const std::string init = p.has("init") ? p.str("init") : (p.has("model") ? "pretrained" : "random");
+  c.init = init == "pretrained" ? InitFrom::pretrained : InitFrom::random;
+  if (c.init == InitFrom::pretrained && !c.preset.empty())
+    fail("[train] --init pretrained needs --model DIR; a preset has no weights");
+
+  c.data = p.list("data");
+  if (p.has("eval-data")) c.eval_data = p.str("eval-data");
+  c.seq_len = p.integer("seq-len");
+  c.val_fraction = p.number("val-fraction");
+  c.seed = static_cast<uint64_t>(p.integer("seed"));
+
+  c.steps = p.integer("steps");
+  if (p.has("epochs")) {
+    if (p.given_explicitly("steps") && p.given_explicitly("epochs"))
+      fail("[train] give one of --steps N or --epochs E, not both");
+    if (!p.given_explicitly("steps")) c.epochs = p.integer("epochs");
+  }
+  c.schedule = lr_schedule_kind_parse(p.str("schedule"));
+  c.lr = p.number("lr");
+  c.min_lr_ratio = p.number("min-lr-ratio");
+  c.warmup = p.integer("warmup");
+  c.warmup_given = p.given("warmup");
+
+  c.micro_batch = p.integer("micro-batch");
+  c.grad_accum = p.integer("grad-accum");
+  c.weight_decay = p.number("weight-decay");
+  c.beta1 = p.number("beta1");
+  c.beta2 = p.number("beta2");
+  c.eps = p.number("eps");
+  c.clip = p.number("clip");
+  c.decay_norms_and_biases = p.on("decay-norms-and-biases");
+  c.delayed_update = p.on("delayed-update");
+  c.max_bad_steps = p.integer("max-bad-steps");
+  c.threads = static_cast<int>(p.integer("threads"));
+
+  const std::string dev = p.str("device");
+  c.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : Device::auto_select;
+  if (p.has("max-gpu-memory")) c.max_gpu_memory = p.size_bytes("max-gpu-memory");
+  c.slots = static_cast<int>(p.integer("slots"));
+  c.slots_given = p.given_explicitly("slots");
+  const std::string ka = p.str("keep-activations");
+  c.keep_activations = ka == "auto" ? -1 : p.integer("keep-activations");
+  c.resident = p.on("resident");
+  c.low_memory = p.on("low-memory");
+  c.grads = placement_parse(p.str("grads"));
+  c.checkpoints = placement_parse(p.str("checkpoints"));
+  const std::string lm = p.str("layer-major");
+  c.layer_major = lm == "on" ? AutoOnOff::on : lm == "off" ? AutoOnOff::off : AutoOnOff::auto_select;
+  if (p.has("trace")) c.trace = p.str("trace");
+  for (const char* k : {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "low-memory", "trace"})
+    if (p.given_explicitly(k) && (p.str(k) != "false")) c.gpu_options_given.push_back(std::string("--") + k);
+  if (c.low_memory) {  // checked on every machine, so a config is refused the same way everywhere
+    for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
+      if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
+    if (c.resident)
+      fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");
+    if (c.delayed_update)
+      fail("[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the two");
+  }
+
+  c.out = p.str("out");
+  if (p.has("resume")) c.resume = p.str("resume");
+  c.save_every = p.integer("save-every");
+  c.keep_checkpoints = p.integer("keep-checkpoints");
+  c.export_dtype = p.str("export-dtype") == "fp32" ? DType::f32 : DType::bf16;
+
+  c.log_every = p.integer("log-every");
+  c.eval_every = p.integer("eval-every");
+  c.eval_batches = p.integer("eval-batches");
+  if (p.has("metrics")) {
+    c.metrics = p.str("metrics");
+  } else if (!c.out.empty()) {
+    c.metrics = path_join(c.out, "metrics.jsonl");
+    c.metrics_default = true;
+  }
+  if (p.has("sample-prompt")) c.sample_prompt = p.str("sample-prompt");
+  c.sample_tokens = p.integer("sample-tokens");
+  return c;
+}
+
+int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64_t micro_batch, int64_t grad_accum) {
+  const uint64_t per_step = static_cast<uint64_t>(micro_batch) * static_cast<uint64_t>(grad_accum);
+  const uint64_t rows = static_cast<uint64_t>(epochs) * windows_per_epoch;
+  const uint64_t steps = (rows + per_step - 1) / per_step;
+  RT_CHECK(steps >= 1, "[train] --epochs ", epochs, ": the data holds no training window");
+  return static_cast<int64_t>(steps);
+}
+
+}  // namespace rt::cli

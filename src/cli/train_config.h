@@ -1,0 +1,86 @@
+// TrainConfig: every option of `ramtrain train`, typed (enums, not strings),
+// filled from one ArgParser whose command-line and TOML values went through
+// the same checks (cli/args.h). train_options() declares the options with
+// their group, type and bounds; train_config_read() reads them and adds the
+// checks that span several options (--low-memory against --grads, --epochs
+// against --steps, ...), each message naming the flag (or file: key).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "io/safetensors.h"
+#include "optim/lr_schedule.h"
+
+namespace rt::cli {
+
+enum class Device { auto_select, cpu, cuda };
+enum class InitFrom { pretrained, random };
+enum class Placement { auto_select, device, host };  // --grads / --checkpoints on the GPU
+
+const char* placement_name(Placement p);
+enum class AutoOnOff { auto_select, on, off };  // --layer-major
+const char* auto_on_off_name(AutoOnOff v);
+
+struct TrainConfig {
+  // model
+  std::string preset;  // exactly one of preset / model
+  std::string model;   // a directory (a HF model id already resolved to its cache snapshot)
+  InitFrom init = InitFrom::random;
+  // data (the data-format options stay in the ArgParser: cli/train_data.h reads them)
+  std::vector<std::string> data;
+  std::string eval_data;  // "" none
+  int64_t seq_len = 256;
+  double val_fraction = 0.1;
+  uint64_t seed = 0;
+  // schedule
+  int64_t steps = 200;
+  int64_t epochs = 0;  // > 0: steps come from the data (train_steps_for_epochs)
+  LrSchedule::Kind schedule = LrSchedule::Kind::cosine;
+  double lr = 1e-3, min_lr_ratio = 0.1;
+  int64_t warmup = 10;
+  bool warmup_given = false;  // the default warm-up is cut to half a short run
+  // optimizer
+  int64_t micro_batch = 8, grad_accum = 1;
+  double weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
+  bool decay_norms_and_biases = false;
+  bool delayed_update = false;
+  int64_t max_bad_steps = 5;
+  // GPU memory
+  Device device = Device::auto_select;
+  uint64_t max_gpu_memory = 0;  // 0: what is free
+  int slots = 3;
+  bool slots_given = false;
+  int64_t keep_activations = -1;  // -1: auto
+  bool resident = false, low_memory = false;
+  Placement grads = Placement::auto_select, checkpoints = Placement::auto_select;
+  AutoOnOff layer_major = AutoOnOff::auto_select;  // --grad-accum > 1: layer-major micro-batches (backend.h)
+  std::string trace;
+  std::vector<std::string> gpu_options_given;  // the GPU-only flags given (warned about on a CPU run)
+  // checkpoints and output
+  std::string out = "runs/latest";
+  std::string resume;  // "" none, "auto" or a directory
+  int64_t save_every = 0, keep_checkpoints = 3;
+  DType export_dtype = DType::bf16;
+  // logging
+  int64_t log_every = 1, eval_every = 0, eval_batches = 8;
+  std::string metrics;          // "" none
+  bool metrics_default = false; // metrics is OUT/metrics.jsonl because --metrics was not given
+  std::string sample_prompt;    // "" none
+  int64_t sample_tokens = 200;
+  int threads = 0;
+};
+
+// Declares every train option (with the data options of cli/train_data.h), grouped for --help.
+void train_options(ArgParser& p);
+
+// Reads the typed configuration. Call after parse, merge_toml and the resume
+// base are in; throws rt::Error naming the option on a bad combination.
+TrainConfig train_config_read(const ArgParser& p);
+
+// --epochs E: the optimizer steps that read E epochs of windows (rounded up).
+int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64_t micro_batch, int64_t grad_accum);
+
+
+}  // namespace rt::cli
