@@ -78,7 +78,7 @@ struct Args {
   std::string modes = "streaming,resident";
   uint64_t max_gpu = 0;
   std::string trace;
-  std::string grads = "auto", checkpoints = "auto";
+  std::string grads = "auto", checkpoints = "auto", layer_major = "auto";
   bool low_memory = false;
   int64_t landing_mib = -1;  // -1: the engine's default
   int64_t keep = -1;         // --keep-activations: -1 auto
@@ -105,6 +105,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--trace") a.trace = v();
     else if (k == "--grads") a.grads = v();
     else if (k == "--checkpoints") a.checkpoints = v();
+    else if (k == "--layer-major") a.layer_major = v();
     else if (k == "--low-memory") a.low_memory = true;
     else if (k == "--landing-chunk-mib") a.landing_mib = std::stoll(v());
     else if (k == "--keep-activations") {
@@ -120,6 +121,8 @@ Args parse(int argc, char** argv) {
                 "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
                 "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
                 "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
+                "               [--layer-major auto|on|off (grad-accum > 1: each layer's weights once per step for\n"
+                "                every micro-batch; auto: on when the weights stream and the embedding is untied)]\n"
                 "A mode may end in :N to set the landing chunk for that mode only (e.g. streaming:0,streaming:16).");
       std::exit(0);
     } else rt::fail("[bench] unknown option ", k);
@@ -184,6 +187,8 @@ int main(int argc, char** argv) try {
     co.max_gpu_memory = a.max_gpu;
     co.grads = a.grads;
     co.checkpoints = a.checkpoints;
+    co.layer_major = a.layer_major;
+    co.micro_batches = a.accum;
     co.keep_activations = a.keep;
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)

@@ -154,6 +154,8 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.delayed_update = c.delayed_update;
   co.grads = placement_name(c.grads);
   co.checkpoints = placement_name(c.checkpoints);
+  co.layer_major = auto_on_off_name(c.layer_major);
+  co.micro_batches = c.grad_accum;  // the layer-major buffers are planned for this many
   co.keep_activations = c.keep_activations;
   if (c.low_memory) set_low_memory(co);
   co.trace_path = c.trace;

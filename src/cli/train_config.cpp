@@ -7,6 +7,15 @@
 
 namespace rt::cli {
 
+const char* auto_on_off_name(AutoOnOff v) {
+  switch (v) {
+    case AutoOnOff::auto_select: return "auto";
+    case AutoOnOff::on: return "on";
+    case AutoOnOff::off: return "off";
+  }
+  return "auto";
+}
+
 const char* placement_name(Placement p) {
   switch (p) {
     case Placement::auto_select: return "auto";
@@ -74,6 +83,10 @@ void train_options(ArgParser& p) {
            "each layer's to host RAM as it is made (low device memory)", "auto").choice({"auto", "device", "host"});
   p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
       .choice({"auto", "device", "host"});
+  p.option("layer-major", "auto|on|off", "with --grad-accum > 1: run every micro-batch through a layer while its "
+           "weights are on the GPU, so weights cross PCIe once per step (same results; tied embeddings: up to "
+           "rounding); auto: when the weights stream and the embedding is untied", "auto")
+      .choice({"auto", "on", "off"});
   p.flag("low-memory", "the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
@@ -158,8 +171,10 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.low_memory = p.on("low-memory");
   c.grads = placement_parse(p.str("grads"));
   c.checkpoints = placement_parse(p.str("checkpoints"));
+  const std::string lm = p.str("layer-major");
+  c.layer_major = lm == "on" ? AutoOnOff::on : lm == "off" ? AutoOnOff::off : AutoOnOff::auto_select;
   if (p.has("trace")) c.trace = p.str("trace");
-  for (const char* k : {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "low-memory", "trace"})
+  for (const char* k : {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "low-memory", "trace"})
     if (p.given_explicitly(k) && (p.str(k) != "false")) c.gpu_options_given.push_back(std::string("--") + k);
   if (c.low_memory) {  // checked on every machine, so a config is refused the same way everywhere
     for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})

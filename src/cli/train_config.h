@@ -20,6 +20,8 @@ enum class InitFrom { pretrained, random };
 enum class Placement { auto_select, device, host };  // --grads / --checkpoints on the GPU
 
 const char* placement_name(Placement p);
+enum class AutoOnOff { auto_select, on, off };  // --layer-major
+const char* auto_on_off_name(AutoOnOff v);
 
 struct TrainConfig {
   // model
@@ -53,6 +55,7 @@ struct TrainConfig {
   int64_t keep_activations = -1;  // -1: auto
   bool resident = false, low_memory = false;
   Placement grads = Placement::auto_select, checkpoints = Placement::auto_select;
+  AutoOnOff layer_major = AutoOnOff::auto_select;  // --grad-accum > 1: layer-major micro-batches (backend.h)
   std::string trace;
   std::vector<std::string> gpu_options_given;  // the GPU-only flags given (warned about on a CPU run)
   // checkpoints and output

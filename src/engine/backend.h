@@ -64,8 +64,25 @@ class Backend {
 // backward instead of being recomputed from their input (results are
 // bit-identical either way); -1 (auto): every layer whose activations fit in
 // a quarter of the host RAM available when the first batch arrives.
+// Layer-major micro-batches (layer_major, both backends): with K > 1
+// micro-batches per step, every micro-batch goes through layer i while its
+// weights are on the device, so weights cross PCIe once per step, not once
+// per micro-batch: forward: embed all K, then for each layer i run block i on
+// every micro-batch's input (the K x (L+1) block inputs wait for the backward,
+// on the device or in pinned host RAM, per the plan); the head per
+// micro-batch; backward: for each layer i from L-1 down, recompute and
+// back-propagate every micro-batch k = 0..K-1 in order with its own residual
+// gradient, accumulating into layer i's gradient, which then leaves once
+// (host gradients). Every element of every gradient receives the micro-
+// batches' contributions in the same order as the micro-batch-major schedule,
+// so results are bit-identical -- except with tied embeddings, where the
+// shared table's gradient gets all K LM-head terms before the K embedding
+// terms (micro-batch-major interleaves them): equal up to fp32 rounding, which
+// is why auto leaves tied models micro-batch-major. Every block is recomputed
+// in the backward (kept activations are per layer, not per micro-batch).
+// The CPU backend's layer_major (auto = off: it streams nothing) is the twin.
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false,
-                                          int64_t keep_activations = -1);
+                                          int64_t keep_activations = -1, bool layer_major = false);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
@@ -76,6 +93,13 @@ struct CudaOptions {
   std::string grads = "auto";        // auto | device | host: device keeps every gradient until the norm is
                                      // known; host sends each layer's out as it is made (O(1) device memory)
   std::string trace_path;       // Chrome trace JSON, "" for none
+  // Layer-major micro-batches (see make_cpu_backend above): auto | on | off.
+  // auto: on when micro_batches > 1, the weights stream (fewer slots than
+  // layers) and the embedding is untied. micro_batches: K, the micro-batches
+  // per step the buffers are planned for (the trainer's --grad-accum); a step
+  // with another count runs micro-batch-major.
+  std::string layer_major = "auto";
+  int64_t micro_batches = 1;
   // Layers (the last K) whose activations stay on the device from forward to
   // backward, skipping their recompute (bit-identical results); -1 (auto):
   // as many as fit in the device memory left once the rest of the plan is in.
@@ -88,7 +112,8 @@ struct CudaOptions {
   bool verbose = true;
   // When the plan does not fit the device budget, make_cuda_backend shrinks it
   // step by step and says so: gradients and checkpoints left at auto go to the
-  // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan).
+  // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan),
+  // then layer-major left at auto goes off.
   // false: fail with the allocator's message instead. fit_slots = false keeps
   // the slot count (the CLI clears it when --slots is given).
   bool fit = true;

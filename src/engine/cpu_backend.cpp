@@ -1,6 +1,10 @@
 // The CPU backend: fp32 forward/backward through ModelRunner<CpuOps> into
 // HostState's gradient arenas, then clipping and AdamW over each unit.
+// Layer-major (backend.h): the same ops over K micro-batches in the CUDA
+// engine's layer-major order (LayerMajorRunner below), the twin its
+// bit-identity is checked against.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -9,6 +13,7 @@
 #include "core/error.h"
 #include "cpu/cpu_ops.h"
 #include "engine/backend.h"
+#include "model/model.h"
 #include "state/host_state.h"
 
 namespace rt {
@@ -21,14 +26,106 @@ std::vector<int32_t> positions(const Batch& b) {
   return pos;
 }
 
+// Forward + backward of K micro-batches in layer-major order: embed all K;
+// for each layer i, block i on every micro-batch (the K x (L+1) block inputs
+// kept); the head per micro-batch; for each layer i from L-1 down, recompute
+// block i and back-propagate micro-batch k = 0..K-1 with its own residual
+// gradient dx^k; the embedding's backward per micro-batch. Every block is
+// recomputed (no kept activations: they are per layer, not per micro-batch).
+// The same ops, chunk sizes and per-element accumulation order as
+// ModelRunner::forward_backward run K times (untied embeddings).
+class LayerMajorRunner {
+ public:
+  LayerMajorRunner(CpuOps& ops, const ModelSpec& s, int64_t B, int64_t T, int64_t K, int64_t ce_chunk_rows)
+      : ops_(ops), s_(s), dm_{B, T}, K_(K), ce_chunk_(ce_chunk_rows), acts_(ops, s, dm_), scratch_(ops, s, dm_) {
+    const int64_t N = dm_.N(), C = s_.hidden;
+    ckpt_ = ops.alloc<float>(K * (s_.n_layers + 1) * N * C);
+    dx_ = ops.alloc<float>(K * N * C);
+    hf_ = ops.alloc<float>(N * C);
+    dhf_ = ops.alloc<float>(N * C);
+    rstd_f_ = ops.alloc<float>(N);
+  }
+
+  // b[k]: micro-batch k (each B x T). Returns the sum of token losses.
+  double forward_backward(const ModelWeightsT<float>& w, ModelGrads& g, const BatchView* b, float grad_scale,
+                          int64_t* n_valid) {
+    const int64_t N = dm_.N(), C = s_.hidden, V = s_.vocab, L = s_.n_layers;
+    auto x = [&](int64_t k, int64_t i) { return ckpt_.data() + (k * (L + 1) + i) * N * C; };
+    auto dx = [&](int64_t k) { return dx_.data() + k * N * C; };
+    for (int64_t k = 0; k < K_; ++k) {
+      RT_CHECK(b[k].B == dm_.B && b[k].T == dm_.T, "[model] batch shape ", b[k].B, "x", b[k].T,
+               " does not match the runner's ", dm_.B, "x", dm_.T);
+      ops_.embedding_forward(x(k, 0), b[k].ids, w.embed, N, C);
+    }
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t k = 0; k < K_; ++k)
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_);
+    double loss = 0;
+    *n_valid = 0;
+    for (int64_t k = 0; k < K_; ++k) {
+      int64_t nv = 0;
+      ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), x(k, L), w.final_norm, N, C, static_cast<float>(s_.rms_eps));
+      loss += ops_.lm_head_cross_entropy(dhf_.data(), g.lm_head, hf_.data(), w.lm_head, b[k].targets, N, C, V,
+                                         grad_scale, ce_chunk_, &nv);
+      *n_valid += nv;
+      ops_.rms_norm_backward(dx(k), g.final_norm, dhf_.data(), x(k, L), w.final_norm, rstd_f_.data(), N, C);
+    }
+    for (int64_t i = L - 1; i >= 0; --i)
+      for (int64_t k = 0; k < K_; ++k) {
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), hf_.data(), b[k].pos, acts_);  // recompute
+        block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i]);
+      }
+    for (int64_t k = 0; k < K_; ++k) ops_.embedding_backward(g.embed, dx(k), b[k].ids, N, C);
+    return loss;
+  }
+
+ private:
+  CpuOps& ops_;
+  const ModelSpec& s_;
+  BlockDims dm_;
+  int64_t K_, ce_chunk_;
+  BlockActs<CpuOps> acts_;
+  BlockScratch<CpuOps> scratch_;
+  std::vector<float> ckpt_, dx_, hf_, dhf_, rstd_f_;
+};
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(HostState& s, bool delayed, int64_t keep) : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep) {
+  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major)
+      : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep), layer_major_(layer_major) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
     state_.ensure_grads();
   }
   std::string describe() const override {
-    return delayed_ ? "cpu (fp32 reference, delayed update)" : "cpu (fp32 reference)";
+    return cat("cpu (fp32 reference", delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "", ")");
+  }
+
+  // Forward + backward of every micro-batch into the gradient arenas (zeroed
+  // first); the loss sum, *n_valid tokens. Layer-major when asked and K > 1.
+  double accumulate_grads(const std::vector<Batch>& batches, float grad_scale, int64_t* n_valid) {
+    state_.zero_grads();
+    ModelWeightsT<float> w = state_.weights();
+    ModelGrads g = state_.grads();
+    std::vector<std::vector<int32_t>> pos;
+    std::vector<BatchView> views;
+    for (const Batch& b : batches) {
+      pos.push_back(positions(b));
+      views.push_back(BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.back().data()});
+    }
+    *n_valid = 0;
+    if (layer_major_ && batches.size() > 1) {
+      const int64_t K = static_cast<int64_t>(batches.size());
+      auto& r = lm_runners_[{batches[0].B, batches[0].T, K}];
+      if (!r) r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256);
+      return r->forward_backward(w, g, views.data(), grad_scale, n_valid);
+    }
+    double sum = 0;
+    for (const BatchView& v : views) {
+      int64_t nv = 0;
+      sum += runner(v.B, v.T).forward_backward(w, &g, v, grad_scale, &nv);
+      *n_valid += nv;
+    }
+    return sum;
   }
 
   ModelRunner<CpuOps>& runner(int64_t B, int64_t T) {
@@ -51,32 +148,13 @@ class CpuBackend final : public Backend {
   }
 
   double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
-    state_.zero_grads();
-    ModelWeightsT<float> w = state_.weights();
-    ModelGrads g = state_.grads();
-    double sum = 0;
-    for (const Batch& b : batches) {
-      std::vector<int32_t> pos = positions(b);
-      int64_t nv = 0;
-      sum += runner(b.B, b.T).forward_backward(w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()},
-                                               1.0f / static_cast<float>(n_valid_total), &nv);
-    }
-    return sum;
+    int64_t nv = 0;
+    return accumulate_grads(batches, 1.0f / static_cast<float>(n_valid_total), &nv);
   }
 
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
     StepStats st;
-    state_.zero_grads();
-    ModelWeightsT<float> w = state_.weights();
-    ModelGrads g = state_.grads();
-    const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
-    for (const Batch& b : batches) {
-      std::vector<int32_t> pos = positions(b);
-      int64_t nv = 0;
-      st.loss_sum += runner(b.B, b.T).forward_backward(
-          w, &g, BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, grad_scale, &nv);
-      st.n_valid += nv;
-    }
+    st.loss_sum = accumulate_grads(batches, 1.0f / static_cast<float>(n_valid_total), &st.n_valid);
     if (o.inject_nan) st.loss_sum = NAN;
     double sq = 0;
     for (auto& u : state_.units()) sq += sum_squares(u.grad.p, u.numel);
@@ -125,6 +203,7 @@ class CpuBackend final : public Backend {
   CpuOps ops_;
   bool delayed_;
   int64_t keep_;  // --keep-activations (-1: auto)
+  bool layer_major_;
   bool logged_keep_ = false;
   struct {
     bool has = false, apply = false;
@@ -133,12 +212,14 @@ class CpuBackend final : public Backend {
     std::vector<std::vector<float>> grads;  // per unit, laid out like its arena
   } pending_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ModelRunner<CpuOps>>> runners_;
+  std::map<std::array<int64_t, 3>, std::unique_ptr<LayerMajorRunner>> lm_runners_;  // (B, T, K)
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations) {
-  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations);
+std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations,
+                                          bool layer_major) {
+  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major);
 }
 
 }  // namespace rt

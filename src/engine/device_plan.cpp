@@ -27,7 +27,15 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   // where gradients and checkpoints live (auto: the device, unless they would take a large part of it)
   const uint64_t layer_numel = static_cast<uint64_t>(unit_numels(s)[1]);
   const uint64_t dev_grad_bytes = layer_numel * 4 * static_cast<uint64_t>(L);
-  const uint64_t ckpt_bytes = static_cast<uint64_t>(L + 1) * N * s.hidden * 2;
+  // layer-major (auto: K > 1, the weights stream, the embedding untied: backend.h)
+  RT_CHECK(o.layer_major == "auto" || o.layer_major == "on" || o.layer_major == "off",
+           "[cuda] --layer-major must be auto, on or off, got '", o.layer_major, "'");
+  RT_CHECK(o.micro_batches >= 1, "[cuda] the micro-batches per step (--grad-accum) must be >= 1, got ",
+           o.micro_batches);
+  p.micro_batches = o.micro_batches;
+  p.layer_major = o.micro_batches > 1 && (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L &&
+                                                                     !s.tie_embeddings));
+  const uint64_t ckpt_bytes = static_cast<uint64_t>(p.sets()) * (L + 1) * N * s.hidden * 2;
   auto pick = [](const std::string& v, bool big, const char* what) {
     RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v, "'");
     return v == "host" || (v == "auto" && big);
@@ -40,6 +48,12 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   p.host_ckpt = pick(o.checkpoints, ckpt_bytes > budget / 4, "checkpoints");
   p.host_embed = p.host_grads && !s.tie_embeddings;  // a tied table is the LM head too: it stays on the device
   return p;
+}
+
+uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t B, int64_t T, const DevicePlacement& p) {
+  if (!p.host_ckpt) return 0;
+  return static_cast<uint64_t>(p.sets()) * static_cast<uint64_t>(s.n_layers + 1) * static_cast<uint64_t>(B * T) *
+         static_cast<uint64_t>(s.hidden) * 2;
 }
 
 int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget) {
@@ -58,6 +72,9 @@ bool shrink_plan(CudaOptions& o, std::string* change) {
   } else if (o.ce_chunk_rows > 256) {
     o.ce_chunk_rows = 256;
     *change = "LM-head chunks of 256 rows";
+  } else if (o.layer_major == "auto" && o.micro_batches > 1) {  // last: it costs the most time
+    o.layer_major = "off";
+    *change = "micro-batch-major (one set of block inputs and residual gradients, not one per micro-batch)";
   } else {
     return false;
   }
@@ -126,11 +143,18 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
         u64(numel[u]) * 4);
   }
   if (p.place.host_grads) add("layer gradient buffers", u64(numel[1]) * 4, 2);
-  if (p.place.host_ckpt) add("block input buffers", u64(N * C) * 2, 2);
-  else add("block checkpoints", u64((L + 1) * N * C) * 2);
-  add("final hidden states, residual and final norm gradients", u64(N * C) * 2, 3);
+  const int64_t K = p.place.sets();
+  if (p.place.host_ckpt) {
+    add("block input buffers", u64(N * C) * 2, 2);
+    if (p.place.layer_major) add("layer-major block input ring", u64(N * C) * 2, kCheckpointRing);
+  } else {
+    add("block checkpoints", u64(K * (L + 1) * N * C) * 2);
+  }
+  add("final hidden states", u64(N * C) * 2);
+  add(K > 1 ? "residual gradients (one per micro-batch)" : "residual gradient", u64(K * N * C) * 2);
+  add("final norm gradients", u64(N * C) * 2);
   add("final norm statistics", u64(N) * 4);
-  add("token ids, targets, positions", u64(N) * 4, 3);
+  add("token ids, targets, positions", u64(K * N) * 4, 3);
   add("loss totals", 16);  // CrossEntropyTotals: double + long long
   add("gradient norms", u64(static_cast<int64_t>(U)) * 8);
   add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);
@@ -140,7 +164,7 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   p.layer_act_bytes = BlockActs<SizeOps>::bytes(s, BlockDims{B, T});  // bf16 activations, as the engine counts
   int64_t keep = o.keep_activations;
   if (keep < 0) keep = auto_kept_layers(p.total, p.layer_act_bytes, budget);
-  p.kept_layers = std::min(keep, L);
+  p.kept_layers = p.place.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
   const uint64_t acts = block_acts_alloc_bytes(s, BlockDims{B, T});
   p.items.push_back({"block activations (shared + kept layers)", acts * u64(1 + p.kept_layers), 1 + p.kept_layers});
   p.total += p.items.back().bytes;

@@ -6,7 +6,8 @@
 // how many weight slots there are. Fit (CudaOptions::fit): when the plan does
 // not fit the budget, shrink_plan gives the next smaller one, one change at a
 // time: gradients and checkpoints left at auto go to the host, then 2 slots,
-// then 256-row LM-head chunks (the --low-memory plan).
+// then 256-row LM-head chunks (the --low-memory plan), then layer-major left
+// at auto goes off.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -23,7 +24,23 @@ struct DevicePlacement {
   bool host_grads = false;  // layer gradients leave per layer into host RAM
   bool host_ckpt = false;   // block inputs wait for the backward in pinned host RAM
   bool host_embed = false;  // host gradients + untied embedding: the table stays on the host
+  // Layer-major micro-batches (backend.h): K = micro_batches sets of block
+  // inputs (on the device, or pinned host RAM visiting the device through a
+  // ring of kCheckpointRing buffers) and K residual gradients (on the device).
+  bool layer_major = false;
+  int64_t micro_batches = 1;
+  // Sets of block inputs and residual gradients the engine holds (K or 1).
+  int64_t sets() const { return layer_major ? micro_batches : 1; }
 };
+
+// Device buffers through which layer-major host checkpoints visit the device:
+// input in use + next input prefetched + output being written + 2 outputs on
+// their way out (so the compute stream never waits for a copy out).
+constexpr int kCheckpointRing = 5;
+
+// Pinned host bytes of the block checkpoints (0 when they stay on the
+// device); the engine checks them against the free host RAM before pinning.
+uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const DevicePlacement& p);
 
 // Elements of each unit's arena (HostState's layout: unit 0 the embedding,
 // 1..L the layers, L+1 the head; every tensor padded to 16 floats).

@@ -156,3 +156,111 @@ TEST(DevicePlan, DelayedUpdateRefusesHostGradients) {
   o.grads = "auto";  // auto stays on the device with delayed update, whatever the budget
   EXPECT_FALSE(rt::plan_device(spec(false), 2, 32, o, 1).place.host_grads);
 }
+
+TEST(DevicePlan, LayerMajorPlansKSetsOfInputsAndResidualGradients) {
+  const int64_t B = 2, T = 32, N = B * T, K = 3;
+  for (bool tied : {false, true}) {
+    const rt::ModelSpec s = spec(tied);
+    const int64_t L = s.n_layers, C = s.hidden;
+    auto plan = [&](const char* lm, const char* ckpt, int64_t k, bool resident = false) {
+      rt::CudaOptions o = fixed_keep();
+      o.layer_major = lm;
+      o.micro_batches = k;
+      o.checkpoints = ckpt;
+      o.grads = "device";
+      o.resident = resident;
+      return rt::plan_device(s, B, T, o, kHuge);
+    };
+    // auto: on for K > 1 with streamed weights and an untied embedding
+    EXPECT_EQ(plan("auto", "device", K).place.layer_major, !tied);
+    EXPECT_FALSE(plan("auto", "device", 1).place.layer_major);
+    EXPECT_FALSE(plan("auto", "device", K, /*resident=*/true).place.layer_major);
+    EXPECT_FALSE(plan("off", "device", K).place.layer_major);
+    EXPECT_TRUE(plan("on", "device", K).place.layer_major);
+    EXPECT_FALSE(plan("on", "device", 1).place.layer_major);  // one micro-batch: nothing to reorder
+
+    const rt::DevicePlan mb = plan("off", "device", K), dev = plan("on", "device", K), host = plan("on", "host", K);
+    for (const rt::DevicePlan* p : {&mb, &dev, &host}) {
+      uint64_t sum = 0;
+      for (auto& i : p->items) sum += i.bytes;
+      EXPECT_EQ(sum, p->total);
+    }
+    EXPECT_EQ(item(mb, "block checkpoints"), r256((L + 1) * N * C * 2));
+    EXPECT_EQ(item(mb, "residual gradient"), r256(N * C * 2));
+    EXPECT_EQ(item(mb, "token ids, targets, positions"), 3 * r256(N * 4));
+    EXPECT_EQ(item(dev, "block checkpoints"), r256(K * (L + 1) * N * C * 2));
+    EXPECT_EQ(item(dev, "residual gradients (one per micro-batch)"), r256(K * N * C * 2));
+    EXPECT_EQ(item(dev, "token ids, targets, positions"), 3 * r256(K * N * 4));
+    EXPECT_EQ(item(host, "block input buffers"), 2 * r256(N * C * 2));
+    EXPECT_EQ(item(host, "layer-major block input ring"), rt::kCheckpointRing * r256(N * C * 2));
+    EXPECT_EQ(item(host, "residual gradients (one per micro-batch)"), r256(K * N * C * 2));
+    // pinned host RAM: all K x (L+1) inputs when on the host, none on the device
+    EXPECT_EQ(rt::host_checkpoint_bytes(s, B, T, host.place), static_cast<uint64_t>(K * (L + 1) * N * C * 2));
+    EXPECT_EQ(rt::host_checkpoint_bytes(s, B, T, plan("off", "host", K).place),
+              static_cast<uint64_t>((L + 1) * N * C * 2));
+    EXPECT_EQ(rt::host_checkpoint_bytes(s, B, T, dev.place), 0u);
+    // layer-major recomputes every block: no kept layers even when asked
+    rt::CudaOptions keep = fixed_keep();
+    keep.layer_major = "on";
+    keep.micro_batches = K;
+    keep.keep_activations = 2;
+    EXPECT_EQ(rt::plan_device(s, B, T, keep, kHuge).kept_layers, 0);
+  }
+}
+
+TEST(DevicePlan, LayerMajorCheckpointsGoToTheHostWhenKSetsAreTooBig) {
+  // auto checkpoints: on the device unless they take more than a quarter of
+  // the budget, counted with all K sets under layer-major.
+  const rt::ModelSpec s = spec(false);
+  const int64_t B = 2, T = 32, N = B * T, K = 4;
+  const uint64_t one_set = static_cast<uint64_t>((s.n_layers + 1) * N * s.hidden * 2);
+  rt::CudaOptions o = fixed_keep();
+  o.micro_batches = K;
+  o.grads = "device";
+  const uint64_t budget = 4 * one_set * 2;  // one set fits the quarter, K = 4 sets do not
+  EXPECT_TRUE(rt::place_on_device(s, B, T, o, budget).host_ckpt);
+  o.layer_major = "off";
+  EXPECT_FALSE(rt::place_on_device(s, B, T, o, budget).host_ckpt);
+}
+
+TEST(DevicePlan, LayerMajorRefusesABadValue) {
+  rt::CudaOptions o = fixed_keep();
+  o.layer_major = "yes";
+  EXPECT_THROW(rt::plan_device(spec(false), 2, 32, o, kHuge), rt::Error);
+  o.layer_major = "on";
+  o.micro_batches = 0;
+  EXPECT_THROW(rt::plan_device(spec(false), 2, 32, o, kHuge), rt::Error);
+}
+
+TEST(DevicePlan, FitTurnsAutoLayerMajorOffLast) {
+  // a budget the K = 8 sets cannot fit even in the smallest layer-major plan
+  const rt::ModelSpec s = spec(false);
+  const int64_t B = 2, T = 32;
+  rt::CudaOptions o = fixed_keep();
+  o.micro_batches = 8;
+  o.slots = 3;
+  const rt::DevicePlan lm_small = [&] {
+    rt::CudaOptions x = o;
+    rt::set_low_memory(x);
+    x.layer_major = "on";
+    return rt::plan_device(s, B, T, x, kHuge);
+  }();
+  const rt::DevicePlan mb_small = [&] {
+    rt::CudaOptions x = o;
+    rt::set_low_memory(x);
+    x.layer_major = "off";
+    return rt::plan_device(s, B, T, x, kHuge);
+  }();
+  ASSERT_LT(mb_small.total, lm_small.total);
+  const rt::DevicePlan p = rt::fit_device_plan(s, B, T, o, mb_small.total);
+  EXPECT_TRUE(p.fits());
+  EXPECT_FALSE(p.place.layer_major);
+  ASSERT_FALSE(p.changes.empty());
+  EXPECT_NE(p.changes.back().find("micro-batch-major"), std::string::npos);
+  // an explicit "on" is never turned off
+  o.layer_major = "on";
+  EXPECT_TRUE(rt::fit_device_plan(s, B, T, o, mb_small.total).place.layer_major);
+  // and a budget the layer-major plan fits keeps it
+  o.layer_major = "auto";
+  EXPECT_TRUE(rt::fit_device_plan(s, B, T, o, kHuge).place.layer_major);
+}

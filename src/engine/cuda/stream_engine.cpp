@@ -21,6 +21,15 @@
 //   norm: per-unit sums of squares on the device, summed in unit order;
 //   optimizer (worker thread, CPU pool): see optimizer_phase.h; the next
 //     step's load of unit u waits only on u's update.
+// Layer-major (backend.h, K micro-batches planned: DevicePlacement): embed
+//   all K; forward 0..L-1: layer i's weights wait once, then block i runs on
+//   every micro-batch (inputs x_i^k from the CheckpointStore, which prefetches
+//   the next one while this one computes); the head per micro-batch, each
+//   leaving its residual gradient dx^k; backward L-1..0: for k = 0..K-1
+//   recompute and back-propagate block i with dx^k into layer i's gradient
+//   buffer, which then leaves once (host gradients); the embedding's backward
+//   per micro-batch. Weight slots turn around and prefetch as above. A step
+//   with another count of micro-batches runs micro-batch-major.
 // Delayed update (backend.h): two bf16 shadows; step t's optimizer writes
 //   shadow t % 2 while step t+1 trains on the weights of update t-1 (shadow
 //   (t-1) % 2), and it runs in backward order (head, embedding, last layer
@@ -88,15 +97,16 @@ class StreamEngine final : public Backend {
     if (place_.host_grads) st_.ensure_grads();
     if (place_.host_embed) host_embed_ = std::make_unique<HostEmbedding>(st_, dev_, track_, N_);
     grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed);
-    ckpt_ = std::make_unique<CheckpointStore>(dev_, L, N_ * s_.hidden, place_.host_ckpt);
+    K_ = place_.sets();
+    ckpt_ = std::make_unique<CheckpointStore>(dev_, L, N_ * s_.hidden, place_.host_ckpt, K_);
     hf_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "final hidden states");
-    dx_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "the residual gradient");
+    dx_ = DevBuf<bf16>(dev_.alloc, K_ * N_ * s_.hidden, K_ > 1 ? "the residual gradients" : "the residual gradient");
     dhf_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "the final norm gradient");
     rstd_f_ = DevBuf<float>(dev_.alloc, N_, "final norm statistics");
-    ids_ = DevBuf<int32_t>(dev_.alloc, N_, "token ids");
-    targets_ = DevBuf<int32_t>(dev_.alloc, N_, "targets");
-    pos_ = DevBuf<int32_t>(dev_.alloc, N_, "positions");
-    host_io_ = PinnedBuf(static_cast<size_t>(3 * N_) * 4, "token staging");
+    ids_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "token ids");
+    targets_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "targets");
+    pos_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "positions");
+    host_io_ = PinnedBuf(static_cast<size_t>(3 * K_ * N_) * 4, "token staging");
     totals_ = DevBuf<CrossEntropyTotals>(dev_.alloc, 1, "loss totals");
     norms_ = DevBuf<double>(dev_.alloc, static_cast<int64_t>(units.size()), "gradient norms");
     host_small_ = PinnedBuf(sizeof(CrossEntropyTotals) + units.size() * sizeof(double), "loss staging");
@@ -119,18 +129,20 @@ class StreamEngine final : public Backend {
              opt_.keep_activations);
     int64_t keep = opt_.keep_activations;
     if (keep < 0) keep = auto_kept_layers(dev_.alloc.used(), act_bytes, dev_.alloc.budget());
-    keep = std::min(keep, L);
+    keep = place_.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
     acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_}, keep);
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
     if (opt_.verbose) {
       const int S = weights_->count();
       std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
                   "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
-                  "device memory %.2f GiB planned of %.2f GiB budget\n",
+                  "%s, device memory %.2f GiB planned of %.2f GiB budget\n",
                   opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
                   place_.host_grads ? "host (per layer)" : "device", place_.host_ckpt ? "host" : "device",
                   place_.host_embed ? "host" : "device", (long long)keep, (long long)L,
-                  keep * act_bytes / double(1ull << 30), dev_.alloc.used() / double(1ull << 30),
+                  keep * act_bytes / double(1ull << 30),
+                  place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
+                  dev_.alloc.used() / double(1ull << 30),
                   dev_.alloc.budget() / double(1ull << 30));
     }
   }
@@ -154,16 +166,9 @@ class StreamEngine final : public Backend {
     auto& units = st_.units();
     StepStats stats;
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
-    const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
-    for (size_t k = 0; k < batches.size(); ++k) {
-      const Batch& b = batches[k];
+    for (const Batch& b : batches)
       RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
-      first_micro_ = k == 0;
-      upload_batch(b);
-      forward(true);
-      head(true, grad_scale);
-      backward();
-    }
+    const bool lm = run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
     // global norm: per-unit sums of squares, summed in unit order
     std::vector<double> host_norms;
     if (place_.host_grads) host_norms = grads_->host_norms();
@@ -190,9 +195,9 @@ class StreamEngine final : public Backend {
     dev_.h2d_bytes = 0;
     last_d2h_ = 0;
     for (size_t u = 0; u < units.size(); ++u)
-      last_d2h_ += (place_.host_embed && u == 0 ? static_cast<uint64_t>(N_) * s_.hidden * 2
-                                                : static_cast<uint64_t>(units[u].numel) * 4) *
-                   (place_.host_grads ? batches.size() : 1);
+      last_d2h_ += place_.host_embed && u == 0
+                       ? static_cast<uint64_t>(N_) * s_.hidden * 2 * batches.size()  // dx of each micro-batch
+                       : static_cast<uint64_t>(units[u].numel) * 4 * (place_.host_grads && !lm ? batches.size() : 1);
     // optimizer phase on the worker
     cudaEvent_t done = backward_done_.get();
     track_.push([this, o, coef, ok, step, done] { optimizer_->run(o, coef, ok, step, done); });
@@ -214,22 +219,16 @@ class StreamEngine final : public Backend {
     }
     const Batch& b = *bp;
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
-    upload_batch(b);
+    upload_batches(&b, 1);
     forward(false);
-    head(false, 1.0f);
+    head(false, 1.0f, ckpt_->at(s_.n_layers), targets_.data(), dx(0));
     return read_totals(n_valid);
   }
 
   double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
     sync();
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
-    for (size_t k = 0; k < batches.size(); ++k) {
-      first_micro_ = k == 0;
-      upload_batch(batches[k]);
-      forward(true);
-      head(true, 1.0f / static_cast<float>(n_valid_total));
-      backward();
-    }
+    run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
     int64_t n_valid = 0;
     const double loss = read_totals(&n_valid);
     if (place_.host_grads) {  // they already landed in the host arenas
@@ -295,19 +294,146 @@ class StreamEngine final : public Backend {
     return tot->loss_sum;
   }
 
-  void upload_batch(const Batch& b) {
-    int32_t* h = host_io_.as<int32_t>();
+  // Forward + backward of every micro-batch of a step, gradients summed in
+  // micro-batch order; layer-major when planned for this many. Returns
+  // whether it ran layer-major.
+  bool run_micro_batches(const std::vector<Batch>& batches, float grad_scale) {
+    if (place_.layer_major && static_cast<int64_t>(batches.size()) == K_) {
+      upload_batches(batches.data(), K_);
+      forward_layer_major();
+      for (int64_t k = 0; k < K_; ++k) {
+        const int64_t next = k + 1 < K_ ? k + 1 : 0, next_i = k + 1 < K_ ? s_.n_layers : s_.n_layers - 1;
+        const bf16* xL = ckpt_->lm_in(k, s_.n_layers);
+        ckpt_->lm_prefetch(next, next_i);  // the next head's input, or the backward's first
+        head(true, grad_scale, xL, targets_.data() + k * N_, dx(k));
+        ckpt_->lm_done(k, s_.n_layers);
+      }
+      backward_layer_major();
+      return true;
+    }
+    for (size_t k = 0; k < batches.size(); ++k) {
+      first_micro_ = k == 0;
+      upload_batches(&batches[k], 1);
+      forward(true);
+      head(true, grad_scale, ckpt_->at(s_.n_layers), targets_.data(), dx(0));
+      backward();
+    }
+    return false;
+  }
+
+  bf16* dx(int64_t k) { return dx_.data() + k * N_ * s_.hidden; }
+  // Host staging of micro-batch k's ids, targets and positions.
+  int32_t* ids_h(int64_t k) { return host_io_.as<int32_t>() + k * N_; }
+  int32_t* targets_h(int64_t k) { return host_io_.as<int32_t>() + (K_ + k) * N_; }
+  int32_t* pos_h(int64_t k) { return host_io_.as<int32_t>() + (2 * K_ + k) * N_; }
+
+  // Micro-batches b[0..count) -> ids_, targets_, pos_ at k * N.
+  void upload_batches(const Batch* b, int64_t count) {
     // the staging buffer may still be read by the previous batch's copies
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
-    for (int64_t i = 0; i < N_; ++i) {
-      h[i] = b.inputs[i];
-      h[N_ + i] = b.targets[i];
+    for (int64_t k = 0; k < count; ++k) {
+      std::copy(b[k].inputs.begin(), b[k].inputs.begin() + N_, ids_h(k));
+      std::copy(b[k].targets.begin(), b[k].targets.begin() + N_, targets_h(k));
+      batch_positions(b[k], pos_h(k));
     }
-    batch_positions(b, h + 2 * N_);
     cudaStream_t cs = dev_.compute.get();
-    CUDA_CHECK(cudaMemcpyAsync(ids_.data(), h, N_ * 4, cudaMemcpyHostToDevice, cs));
-    CUDA_CHECK(cudaMemcpyAsync(targets_.data(), h + N_, N_ * 4, cudaMemcpyHostToDevice, cs));
-    CUDA_CHECK(cudaMemcpyAsync(pos_.data(), h + 2 * N_, N_ * 4, cudaMemcpyHostToDevice, cs));
+    const size_t bytes = static_cast<size_t>(count * N_) * 4;
+    CUDA_CHECK(cudaMemcpyAsync(ids_.data(), ids_h(0), bytes, cudaMemcpyHostToDevice, cs));
+    CUDA_CHECK(cudaMemcpyAsync(targets_.data(), targets_h(0), bytes, cudaMemcpyHostToDevice, cs));
+    CUDA_CHECK(cudaMemcpyAsync(pos_.data(), pos_h(0), bytes, cudaMemcpyHostToDevice, cs));
+  }
+
+  // Layer i's load waits (on this thread) for its update; the layers after
+  // it are loaded ahead only when their updates are already in, so that
+  // queuing layer i never waits for a later layer's update (the forward
+  // trails the optimizer by one layer, not by the prefetch depth).
+  void load_for_forward(int64_t i) {
+    weights_->load_layer(i);
+    for (int64_t j = i + 1; j < std::min<int64_t>(s_.n_layers, i + weights_->prefetch_depth()) &&
+                            track_.is_updated(static_cast<size_t>(j + 1), track_.need_version());
+         ++j)
+      weights_->load_layer(j);
+  }
+
+  void forward_layer_major() {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    const int S = weights_->count();
+    auto& units = st_.units();
+    cudaStream_t cs = dev_.compute.get();
+    if (host_embed_) track_.wait_updated(0, track_.need_version());
+    else weights_->ensure_embed();
+    auto span = dev_.tracer.gpu_begin(Lane::compute, "embed", -1, cs);
+    for (int64_t k = 0; k < K_; ++k) {
+      bf16* x0 = ckpt_->lm_out(k, 0);
+      if (host_embed_) {
+        // one gathered block in pinned memory: the last one's copy must be done
+        if (k > 0) CUDA_CHECK(cudaStreamSynchronize(cs));
+        host_embed_->gather(ids_h(k), weights_->shadow_src(0));
+        host_embed_->copy_in(x0);
+      } else {
+        embedding_forward(x0, ids_.data() + k * N_, weights_->embed(), N_, C, cs);
+      }
+      ckpt_->lm_written(k, 0);
+    }
+    dev_.tracer.gpu_end(span, cs);
+    ckpt_->lm_prefetch(0, 0);
+    for (int64_t i = 0; i < L; ++i) {
+      load_for_forward(i);
+      const bf16* w = weights_->use_layer(i);
+      const BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
+      auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
+      for (int64_t k = 0; k < K_; ++k) {
+        const bf16* x = ckpt_->lm_in(k, i);
+        if (k + 1 < K_) ckpt_->lm_prefetch(k + 1, i);
+        else if (i + 1 < L) ckpt_->lm_prefetch(0, i + 1);
+        else ckpt_->lm_prefetch(0, L);  // the first head's input
+        bf16* y = ckpt_->lm_out(k, i + 1);
+        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, x, y, pos_.data() + k * N_, acts_->shared());
+        ckpt_->lm_done(k, i);
+        ckpt_->lm_written(k, i + 1);
+      }
+      dev_.tracer.gpu_end(sp, cs);
+      if (i + S < L) weights_->release_layer(i);  // the last S layers stay for the backward's turn-around
+    }
+  }
+
+  void backward_layer_major() {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    const int S = weights_->count();
+    auto& units = st_.units();
+    cudaStream_t cs = dev_.compute.get();
+    for (int64_t i = L - 1; i >= 0; --i) {
+      const bf16* w = weights_->use_layer(i);
+      grads_->wait_zeroed(static_cast<size_t>(i + 1));
+      float* g = grads_->dev_grad(static_cast<size_t>(i + 1));
+      grads_->begin_layer(i);
+      const BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
+      const BlockGrads bg = bind_grads(units[i + 1], g);
+      auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
+      for (int64_t k = 0; k < K_; ++k) {  // in micro-batch order: the gradient sums as micro-batch-major's do
+        const bf16* x = ckpt_->lm_in(k, i);
+        if (k + 1 < K_) ckpt_->lm_prefetch(k + 1, i);
+        else if (i > 0) ckpt_->lm_prefetch(0, i - 1);
+        const int32_t* pos = pos_.data() + k * N_;
+        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, x, hf_.data(), pos, acts_->shared());  // recompute
+        block_backward(*ops_, s_, bw, BlockDims{B_, T_}, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg);
+        ckpt_->lm_done(k, i);
+      }
+      dev_.tracer.gpu_end(sp, cs);
+      grads_->end_layer(i, /*first_micro=*/true);  // the whole step's gradient of layer i: it leaves once
+      weights_->release_layer(i);
+      if (i - S >= 0) weights_->load_layer(i - S);
+    }
+    for (int64_t k = 0; k < K_; ++k) {
+      if (host_embed_) {
+        host_embed_->land(dx(k), ids_h(k), k == 0);
+      } else {
+        grads_->wait_zeroed(0);
+        Scratch sc{scratch_.data(), scratch_.size()};
+        embedding_backward(grads_->dev_grad(0), dx(k), ids_.data() + k * N_, N_, C, s_.vocab, sc, cs);
+      }
+    }
+    grads_->end_backward(/*first_micro=*/true);
   }
 
   void forward(bool training) {
@@ -331,15 +457,7 @@ class StreamEngine final : public Backend {
     dev_.tracer.gpu_end(span, cs);
     if (training) ckpt_->written(0);
     for (int64_t i = 0; i < L; ++i) {
-      // Layer i's load waits (on this thread) for its update; the layers after
-      // it are loaded ahead only when their updates are already in, so that
-      // queuing layer i never waits for a later layer's update (the forward
-      // trails the optimizer by one layer, not by the prefetch depth).
-      weights_->load_layer(i);
-      for (int64_t j = i + 1; j < std::min<int64_t>(L, i + weights_->prefetch_depth()) &&
-                              track_.is_updated(static_cast<size_t>(j + 1), track_.need_version());
-           ++j)
-        weights_->load_layer(j);
+      load_for_forward(i);
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_write(i + 1);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
@@ -352,7 +470,10 @@ class StreamEngine final : public Backend {
     }
   }
 
-  void head(bool training, float grad_scale) {
+  // The final norm, LM head and loss of the micro-batch whose last block
+  // output is xL (targets on the device); training: its residual gradient
+  // into dx_out, the head's weight gradients accumulated.
+  void head(bool training, float grad_scale, const bf16* xL, const int32_t* targets, bf16* dx_out) {
     const int64_t L = s_.n_layers, C = s_.hidden;
     const size_t H = static_cast<size_t>(L + 1);
     auto& hu = st_.units()[H];
@@ -367,13 +488,12 @@ class StreamEngine final : public Backend {
       if (s_.tie_embeddings) grads_->wait_zeroed(0);
     }
     auto span = dev_.tracer.gpu_begin(Lane::compute, "head", -1, cs);
-    rms_norm_forward(hf_.data(), rstd_f_.data(), ckpt_->at(L), final_norm, N_, C, static_cast<float>(s_.rms_eps), cs);
+    rms_norm_forward(hf_.data(), rstd_f_.data(), xL, final_norm, N_, C, static_cast<float>(s_.rms_eps), cs);
     Scratch sc{scratch_.data(), scratch_.size()};
     lm_head_cross_entropy(dev_.blas, training ? dhf_.data() : nullptr, training ? g_lm : nullptr, totals_.data(),
-                          hf_.data(), lm, targets_.data(), N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
+                          hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
     if (training)
-      rms_norm_backward(dx_.data(), g_norm, dhf_.data(), ckpt_->at(L), final_norm, rstd_f_.data(), nullptr, N_, C, sc,
-                        cs);
+      rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs);
     dev_.tracer.gpu_end(span, cs);
   }
 
@@ -416,6 +536,7 @@ class StreamEngine final : public Backend {
   HostState& st_;
   const ModelSpec& s_;
   int64_t B_, T_, N_;
+  int64_t K_ = 1;  // micro-batches the buffers hold (layer-major: DevicePlacement::sets)
   CudaOptions opt_;
   EngineDevice dev_;
   DevicePlacement place_;
