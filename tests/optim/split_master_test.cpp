@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -157,13 +158,14 @@ TEST(SplitMaster, BulkMatchesScalarAtEveryAlignment) {
   }
 }
 
-// Several threads encode disjoint chunks whose ends cut tie words (each chunk within
-// one kSplitBlock, so every call runs inline on its own thread): the bits of all
-// chunks survive, as after a serial encode.
+// Two threads encode interleaved chunks of 1..8 elements in lockstep (each chunk
+// within one kSplitBlock, so every call runs inline on its thread), starting from
+// tie words holding the complement of the answer: a lost update on a shared word
+// leaves a wrong bit. Repeated, as races need luck to show.
 TEST(SplitMaster, ConcurrentChunksCuttingTieWords) {
   OptimEnvGuard guard;
   set_global_threads(1);
-  const int64_t n = 4096, first = 13;
+  const int64_t n = 16000, first = 13;
   const std::vector<uint32_t> u = random_patterns(n, 99);
   std::vector<float> x(n);
   std::memcpy(x.data(), u.data(), 4 * n);
@@ -172,14 +174,18 @@ TEST(SplitMaster, ConcurrentChunksCuttingTieWords) {
   split_master_encode(x.data(), n, SplitMaster{s_ref.data(), r_ref.data(), t_ref.data(), first});
   std::vector<int64_t> cuts{0};
   std::mt19937_64 rng(5);
-  while (cuts.back() < n) cuts.push_back(std::min<int64_t>(n, cuts.back() + 1 + rng() % 40));
-  for (int rep = 0; rep < 20; ++rep) {
-    std::fill(t.begin(), t.end(), rep % 2 ? ~uint64_t{0} : 0);
+  while (cuts.back() < n) cuts.push_back(std::min<int64_t>(n, cuts.back() + 1 + rng() % 8));
+  for (int rep = 0; rep < 100; ++rep) {
+    for (size_t k = 0; k < t.size(); ++k) t[k] = ~t_ref[k];
     const SplitMaster p{s.data(), r.data(), t.data(), first};
+    std::atomic<int> ready{0};
     std::vector<std::thread> th;
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < 2; ++k)
       th.emplace_back([&, k] {
-        for (size_t c = k; c + 1 < cuts.size(); c += 4)
+        ++ready;
+        while (ready.load() < 2) {
+        }
+        for (size_t c = k; c + 1 < cuts.size(); c += 2)
           split_master_encode(x.data() + cuts[c], cuts[c + 1] - cuts[c], p.at(cuts[c]));
       });
     for (auto& h : th) h.join();
