@@ -291,16 +291,19 @@ void adamw_split_block_scalar(const SplitArgs& a, int64_t n, const AdamWConsts& 
       [&](int64_t i0, int64_t i1, uint64_t* w) { split_partial(a, i0, i1, w, c); });
 }
 
-// Stores, as in adamw_update: the shadow always streams; rem (written over lines
-// just read, like p) and m, v stream where adamw_streams_moments() says. Whole
-// words start at element `head`; from there every vector store is aligned if
-// the address at head is.
+// Stores, by adamw_update's rule: a buffer only written (the shadow in delayed
+// mode) always streams; buffers written over lines just read (rem, m, v, and the
+// shadow when updated in place) stream where adamw_streams_moments() says. Whole
+// words start at element `head`; from there every vector store is aligned if the
+// address at head is.
 struct SplitStores {
   bool shadow, rem, moments;
 };
 inline SplitStores split_stores(const SplitArgs& a, int64_t head, int64_t n) {
   const bool big = n - head >= 4096, moments = adamw_streams_moments();
-  return {big && aligned(a.p.shadow + head, 32), big && moments && aligned(a.p.rem + head, 32),
+  const bool in_place = a.shadow_in == a.p.shadow;
+  return {big && (moments || !in_place) && aligned(a.p.shadow + head, 32),
+          big && moments && aligned(a.p.rem + head, 32),
           big && moments && aligned(a.m + head, 64) && aligned(a.v + head, 64)};
 }
 inline int64_t split_head(const SplitArgs& a, int64_t n) {

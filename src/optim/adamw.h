@@ -51,8 +51,8 @@ struct SplitMaster;  // optim/split_master.h
 // shadow of the previous step (delayed update), which must not overlap p.shadow.
 // m, v, g as in adamw_update (element i at m[i]). Calls on disjoint element
 // ranges may run concurrently, even inside one tie word (split_master.h).
-// Stores as adamw_update: the shadow streams, rem, m and v where
-// adamw_streams_moments() says (when aligned).
+// Stores by adamw_update's rule: the shadow streams when only written (delayed
+// mode); rem, m, v and an in-place shadow where adamw_streams_moments() says.
 void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h,
                         int64_t t, double lr, double wd, float grad_scale, const uint16_t* shadow_in = nullptr);
 
