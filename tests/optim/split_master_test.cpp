@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -383,22 +384,25 @@ TEST(AdamWSplit, AlignedBuffersTakeStreamingStoresWithTheSameBits) {
   auto alloc = [](size_t bytes) { return std::unique_ptr<void, decltype(&std::free)>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), &std::free); };
   for (SimdLevel level : supported_levels()) {
     set_simd_level(level);
-    for (int64_t first : {0, 16}) {
+    for (int64_t first : {0, 16, 1024}) {
+      const bool delayed = first == 1024;  // two shadows: the written one is only written, so it streams
       Twin w = make_twin(n, first, 21);
-      auto sh = alloc(2 * n), rm = alloc(2 * n), mm = alloc(4 * n), vv = alloc(4 * n);
-      auto* s = static_cast<uint16_t*>(sh.get());
+      auto sh = alloc(2 * n), sh2 = alloc(2 * n), rm = alloc(2 * n), mm = alloc(4 * n), vv = alloc(4 * n);
+      uint16_t* s = static_cast<uint16_t*>(sh.get());
+      uint16_t* s_other = static_cast<uint16_t*>(sh2.get());
       auto* r = static_cast<uint16_t*>(rm.get());
       auto* m = static_cast<float*>(mm.get());
       auto* v = static_cast<float*>(vv.get());
       std::memcpy(m, w.m2.data(), 4 * n);
       std::memcpy(v, w.v2.data(), 4 * n);
-      const SplitMaster p{s, r, w.tie.data(), first};
-      split_master_encode(w.p.data(), n, p);
+      split_master_encode(w.p.data(), n, SplitMaster{s, r, w.tie.data(), first});
       for (int64_t t = 1; t <= 3; ++t) {
         const std::vector<float> g = test::random_vec(n, 90 + t, -1.f, 1.f);
         adamw_update(w.p.data(), w.m.data(), w.v.data(), g.data(), n, AdamWHyper{}, t, 1e-3, 0.1, 1.0f,
                      w.shadow_ref.data());
-        adamw_update_split(p, m, v, g.data(), n, AdamWHyper{}, t, 1e-3, 0.1, 1.0f);
+        if (delayed) std::swap(s, s_other);  // write the other shadow, read the last one
+        adamw_update_split(SplitMaster{s, r, w.tie.data(), first}, m, v, g.data(), n, AdamWHyper{}, t, 1e-3, 0.1, 1.0f,
+                           delayed ? s_other : nullptr);
       }
       std::memcpy(w.shadow.data(), s, 2 * n);
       std::memcpy(w.rem.data(), r, 2 * n);
