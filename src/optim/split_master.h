@@ -33,24 +33,42 @@
 // atomic operations (std::atomic_ref, relaxed; the thread pool's join orders them
 // for later readers), whole words with plain loads and stores. Calls must not
 // overlap in elements; a read (decode) may not run beside a write of the same
-// elements.
+// elements. Inside one call, tasks are cut at multiples of kSplitBlock in tie-bit
+// coordinates, so they never share a word. (The global pool itself is not
+// reentrant: concurrent callers on several threads must each stay inside one
+// kSplitBlock, which runs inline, or serialise their pool use, as for adamw_update.
+// The engine's optimizer thread runs its chunks one after another, which needs
+// nothing: chunk ends may fall anywhere.)
 //
 // How HostState would hold it (design note; the engine wires it):
 //  - per unit: the bf16 shadow in pinned memory (as today: the H2D source; in
 //    delayed-update mode there are two, and adamw_update_split reads the master's
 //    upper half from the shadow of step t-1 and writes the one of step t);
-//    rem (2 B/param) and the tie bitmap ((numel + 63) / 64 words, zero-padded)
-//    in ordinary host memory next to m and v; no fp32 master arena. The unit's
-//    tie bitmap is indexed by the element's offset in the unit (tie_first = lo).
-//  - update_unit_range(u, b, e, ...): per entry range [lo, hi) as today, calling
-//    adamw_update_split(u.split().at(lo), u.m() + lo, u.v() + lo, grad + (lo - b),
-//    hi - lo, ..., shadow_in) with shadow_in = the step t-1 shadow + lo (delayed)
-//    or nullptr (in place). Chunks need no alignment (contract above).
+//    rem (2 B/param, 64-byte aligned) and the tie bitmap ((numel + 63) / 64
+//    words) in ordinary host memory next to m and v; no fp32 master arena. The
+//    unit's bitmap is indexed by the element's offset in the unit: the span of
+//    entry [lo, hi) is SplitMaster{shadow, rem, tie, 0}.at(lo). With tensors at
+//    16-element offsets the vector stores of every whole tie word are aligned.
+//  - update_unit_range(u, b, e, grad, o, clip_coef, shadow, shadow_prev): per entry
+//    range [lo, hi) as today, calling
+//      adamw_update_split(SplitMaster{shadow, u.rem(), u.tie(), 0}.at(lo), u.m() + lo,
+//                         u.v() + lo, grad + (lo - b), hi - lo, o.hyper, o.t, o.lr,
+//                         weight_decay_for(entry, o), clip_coef,
+//                         shadow_prev ? shadow_prev + lo : nullptr)
+//    (shadow_prev: the step t-1 shadow in delayed mode, else nullptr: in place). The
+//    shadow is no longer optional: it is half of the master. Chunks need no
+//    alignment (contract above). A skipped step in delayed mode copies the shadow
+//    as today; rem and tie stay.
+//  - memory per parameter: 2 (pinned shadow) + 2 (rem) + 0.125 (tie) + 8 (m, v) =
+//    12.125 B (+2 B for the second shadow in delayed mode), against 14 today.
+//  - traffic per parameter of one update: 28.25 B (shadow 2 + 2, rem 2 + 2, tie
+//    0.25, m, v 16, g 4) against adamw_update's 30 (bench/optim_bench.cpp).
 //  - init / load (HF weights or a checkpoint's fp32 "master/<name>"): fill fp32
 //    per tensor (a bounded scratch buffer), then split_master_encode; save: decode
 //    per tensor into a scratch buffer and write fp32 as today, so checkpoints stay
 //    fp32 and compatible both ways. In delayed mode save decodes with the shadow of
-//    the last applied step. The CPU backend (fp32 reference, which computes on the
+//    the last applied step. Every other reader of the fp32 master (master_tensors
+//    for checkpoints and HF export, master(name), weights()) decodes likewise. The CPU backend (fp32 reference, which computes on the
 //    master directly) keeps the fp32 arena.
 #pragma once
 #include <atomic>
