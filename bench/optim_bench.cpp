@@ -191,7 +191,8 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < n && same; b += piece) {
       const int64_t e = std::min(n, b + piece);
       rt::split_master_decode(split.at(b), e - b, dec.data());
-      same = !std::memcmp(dec.data(), p.data() + b, 4 * (e - b)) && !std::memcmp(split_m.data() + b, m.data() + b, 4 * (e - b)) &&
+      same = !std::memcmp(dec.data(), p.data() + b, 4 * (e - b)) &&
+             !std::memcmp(split_m.data() + b, m.data() + b, 4 * (e - b)) &&
              !std::memcmp(split_v.data() + b, v.data() + b, 4 * (e - b)) &&
              !std::memcmp(split_shadow.data() + b, shadow.data() + b, 2 * (e - b));
     }

@@ -68,8 +68,9 @@
 //    per tensor into a scratch buffer and write fp32 as today, so checkpoints stay
 //    fp32 and compatible both ways. In delayed mode save decodes with the shadow of
 //    the last applied step. Every other reader of the fp32 master (master_tensors
-//    for checkpoints and HF export, master(name), weights()) decodes likewise. The CPU backend (fp32 reference, which computes on the
-//    master directly) keeps the fp32 arena.
+//    for checkpoints and HF export, master(name), weights()) decodes likewise.
+//    The CPU backend (fp32 reference, which computes on the master directly)
+//    keeps the fp32 arena.
 #pragma once
 #include <atomic>
 #include <cstdint>

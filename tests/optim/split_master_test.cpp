@@ -326,7 +326,8 @@ TEST(AdamWSplit, ChunksOfAUnitMatchTheWholeUpdate) {
         std::vector<int64_t> cuts{0};
         while (cuts.back() < n) {
           int64_t e = std::min<int64_t>(n, cuts.back() + 1 + static_cast<int64_t>(rng() % 3000));
-          if (concurrent && e / kSplitBlock != cuts.back() / kSplitBlock) e = std::min(n, e / kSplitBlock * kSplitBlock);
+          if (concurrent && e / kSplitBlock != cuts.back() / kSplitBlock)
+            e = std::min(n, e / kSplitBlock * kSplitBlock);
           cuts.push_back(e);
         }
         auto run_chunk = [&](size_t c) {
@@ -381,7 +382,9 @@ TEST(AdamWSplit, DelayedShadowPair) {
 TEST(AdamWSplit, AlignedBuffersTakeStreamingStoresWithTheSameBits) {
   OptimEnvGuard guard;
   const int64_t n = 2 * 16384 + 100;
-  auto alloc = [](size_t bytes) { return std::unique_ptr<void, decltype(&std::free)>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), &std::free); };
+  auto alloc = [](size_t bytes) {
+    return std::unique_ptr<void, decltype(&std::free)>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), &std::free);
+  };
   for (SimdLevel level : supported_levels()) {
     set_simd_level(level);
     for (int64_t first : {0, 16, 1024}) {
