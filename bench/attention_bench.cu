@@ -14,7 +14,7 @@
 // set_attention_kernels); the first column names it. --dump writes into
 // DIR/<kernels>/ then.
 //
-// usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128] [--B 1,2]
+// usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128 (64, 96, 128, 256)] [--B 1,2]
 //                        [--kernels auto] [--reps 20] [--warmup 5] [--dump DIR]
 #include <cuda_runtime.h>
 
@@ -133,7 +133,7 @@ int main(int argc, char** argv) try {
   int status = 0;
   for (rt::cuda::AttentionKernels ks : kernel_sets) {
   rt::cuda::set_attention_kernels(ks);
-  const char* kname = rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use());
+  const char* kname = rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D));
   bool first = true;
   for (int64_t B : batches) {
     const int64_t nq = B * T * H * D, nkv = B * T * G * D;

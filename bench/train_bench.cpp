@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -26,8 +27,8 @@
 #include "cuda/device_memory.h"
 #include "cuda/ops.h"
 #include "engine/backend.h"
-#include "engine/host_state.h"
 #include "model/spec.h"
+#include "state/host_state.h"
 
 namespace {
 
@@ -55,9 +56,25 @@ double gemm_peak_tflops() {
   return 2.0 * n * n * n * reps / (ms * 1e-3) / 1e12;
 }
 
+// The process's resident and peak resident host memory (/proc/self/status
+// VmRSS, VmHWM; pinned buffers count once touched), in bytes; 0 where unknown.
+std::pair<uint64_t, uint64_t> host_rss() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return {0, 0};
+  char line[256];
+  uint64_t rss = 0, hwm = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "VmRSS: %llu kB", &kb) == 1) rss = kb << 10;
+    if (std::sscanf(line, "VmHWM: %llu kB", &kb) == 1) hwm = kb << 10;
+  }
+  std::fclose(f);
+  return {rss, hwm};
+}
+
 struct Args {
   std::string preset = "qwen2.5-7b";
-  int64_t seq = 2048, batch = 4, steps = 4, warmup = 2, layers = 0, slots = 3;
+  int64_t seq = 2048, batch = 4, accum = 1, steps = 4, warmup = 2, layers = 0, slots = 3;
   std::string modes = "streaming,resident";
   uint64_t max_gpu = 0;
   std::string trace;
@@ -78,6 +95,7 @@ Args parse(int argc, char** argv) {
     if (k == "--preset") a.preset = v();
     else if (k == "--seq-len") a.seq = std::stoll(v());
     else if (k == "--micro-batch") a.batch = std::stoll(v());
+    else if (k == "--grad-accum") a.accum = std::stoll(v());
     else if (k == "--steps") a.steps = std::stoll(v());
     else if (k == "--warmup") a.warmup = std::stoll(v());
     else if (k == "--layers") a.layers = std::stoll(v());
@@ -94,7 +112,8 @@ Args parse(int argc, char** argv) {
       a.keep = x == "auto" ? -1 : std::stoll(x);
     }
     else if (k == "--help") {
-      std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--steps 4] [--warmup 2]\n"
+      std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--grad-accum 1]\n"
+                "               [--steps 4] [--warmup 2]\n"
                 "               [--layers N (override depth)] [--slots 3]\n"
                 "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
                 "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
@@ -112,6 +131,8 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   Args a = parse(argc, argv);
+  if (a.batch < 1 || a.seq < 1 || a.accum < 1 || a.steps < 1 || a.warmup < 0)
+    rt::fail("[bench] --micro-batch, --seq-len, --grad-accum and --steps must be >= 1, --warmup >= 0");
   rt::ModelSpec spec = rt::spec_preset(a.preset);
   if (a.layers > 0) spec.n_layers = a.layers;
   const double peak = gemm_peak_tflops();
@@ -119,9 +140,10 @@ int main(int argc, char** argv) try {
   const int64_t L = spec.n_layers, Tq = a.seq;
   const double n_matmul = static_cast<double>(spec.params_per_layer() * L + spec.vocab * spec.hidden);
   const double flops_tok = 6.0 * n_matmul + 6.0 * L * spec.n_heads * spec.head_dim * Tq;
-  std::printf("model %s%s: %.3fB params (%.3fB in matmuls), %lld layers; %lld x %lld tokens per step\n",
+  std::printf("model %s%s: %.3fB params (%.3fB in matmuls), %lld layers; %lld micro-batch%s of %lld x %lld tokens "
+              "per step\n",
               a.preset.c_str(), a.layers ? " (depth overridden)" : "", spec.params_total() / 1e9, n_matmul / 1e9,
-              (long long)L, (long long)a.batch, (long long)a.seq);
+              (long long)L, (long long)a.accum, a.accum == 1 ? "" : "es", (long long)a.batch, (long long)a.seq);
   std::printf("FLOPs/token = 6*N_matmul + 6*L*H*D*T (causal attention) = %.1f GFLOP\n", flops_tok / 1e9);
   auto t0 = std::chrono::steady_clock::now();
   if (a.low_memory) a.grads = a.checkpoints = "host";
@@ -131,15 +153,16 @@ int main(int argc, char** argv) try {
               st.bytes_total() / double(1ull << 30), st.bytes_per_param(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::mt19937_64 g(1);
-  std::vector<rt::Batch> batches(1);
-  rt::Batch& b = batches[0];
-  b.B = a.batch;
-  b.T = a.seq;
-  for (int64_t i = 0; i < a.batch * a.seq; ++i) {
-    b.inputs.push_back(static_cast<int32_t>(g() % static_cast<uint64_t>(spec.vocab)));
-    b.targets.push_back(static_cast<int32_t>(g() % static_cast<uint64_t>(spec.vocab)));
+  std::vector<rt::Batch> batches(static_cast<size_t>(a.accum));  // one step: a.accum micro-batches of random ids
+  for (rt::Batch& b : batches) {
+    b.B = a.batch;
+    b.T = a.seq;
+    for (int64_t i = 0; i < a.batch * a.seq; ++i) {
+      b.inputs.push_back(static_cast<int32_t>(g() % static_cast<uint64_t>(spec.vocab)));
+      b.targets.push_back(static_cast<int32_t>(g() % static_cast<uint64_t>(spec.vocab)));
+    }
   }
-  const int64_t tokens = a.batch * a.seq;
+  const int64_t tokens = a.accum * a.batch * a.seq;
   std::printf("\n%-10s %9s %10s %9s %7s %9s %9s %9s %10s %12s\n", "mode", "step s", "tokens/s", "TFLOP/s", "MFU",
               "H2D GB/s", "D2H GB/s", "GPU idle", "peak GiB", "opt Gparam/s");
   size_t pos = 0;
@@ -204,6 +227,10 @@ int main(int argc, char** argv) try {
                 es.compute_busy_seconds >= 0 ? 100 * (1 - es.compute_busy_seconds / t) : -1.0,
                 es.device_peak_bytes / double(1ull << 30),
                 es.optimizer_seconds > 0 ? es.optimizer_params / es.optimizer_seconds / 1e9 : 0.0);
+    const auto [rss, hwm] = host_rss();
+    std::printf("%-10s host memory: RSS %.1f GiB (%.2f B/param), peak RSS %.1f GiB (%.2f B/param)\n", mode.c_str(),
+                rss / double(1ull << 30), rss / double(spec.params_total()), hwm / double(1ull << 30),
+                hwm / double(spec.params_total()));
     std::printf("%-10s device memory in use by the process after the run (cudaMemGetInfo: engine buffers, CUDA "
                 "context, cuBLAS workspaces): %.2f GiB\n", mode.c_str(), (total_b - free_b) / double(1ull << 30));
     std::fflush(stdout);

@@ -10,9 +10,10 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/cpu_ops.h"
-#include "engine/host_state.h"
 #include "io/safetensors.h"
+#include "io/state_tensors.h"
 #include "io/token_file.h"
+#include "state/host_state.h"
 
 namespace rt::cli {
 
@@ -93,7 +94,7 @@ int cmd_loss(const Args& args) {
                                         BatchView{B, T, ids.data(), targets.data(), pos.data()}, grad_scale, &n_valid);
   }
   const double loss = loss_sum / static_cast<double>(n_pred_total);
-  if (p.has("dump-grads")) safetensors_write(p.str("dump-grads"), m.state->grad_tensors(), {{"format", "pt"}});
+  if (p.has("dump-grads")) safetensors_write(p.str("dump-grads"), grad_tensors(*m.state), {{"format", "pt"}});
   if (p.on("json"))
     std::printf("{\"loss\": %.9g, \"tokens\": %lld, \"sequences\": %zu}\n", loss,
                 static_cast<long long>(n_pred_total), seqs.seqs.size());

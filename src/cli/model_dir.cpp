@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
+#include "io/state_tensors.h"
 
 namespace rt::cli {
 
@@ -13,7 +14,7 @@ LoadedModel load_model_dir(const std::string& dir, bool with_grads) {
   m.spec = spec_from_config_file(path_join(dir, "config.json"));
   SafetensorsModel st = SafetensorsModel::open(dir);
   m.state = std::make_unique<HostState>(m.spec, with_grads);
-  m.state->load(st);
+  load_state(*m.state, st);
   if (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")))
     m.tokenizer = "hf";
   else if (file_exists(path_join(dir, "ramtrain_tokenizer.json")))

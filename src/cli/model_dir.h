@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/host_state.h"
 #include "model/spec.h"
+#include "state/host_state.h"
 
 namespace rt::cli {
 

@@ -4,7 +4,8 @@
 // R = H / G query heads per kv head; query head h reads kv head h / R.
 // q [B,T,H,D], k/v [B,T,G,D], out [B,T,H,D], lse [B,H,T].
 //
-// Forward, per query row t: s_j = (q_t . k_j) * scale for j <= t, softmax with
+// Forward, per query row t: s_j = (q_t . k_j) * scale for j0 <= j <= t (j0 =
+// doc_start[b,t] with packed documents, else 0), softmax with
 // max subtraction, out_t = sum_j p_j v_j, lse_t = max + log(sum exp).
 // Backward recomputes p from lse: dP = dO V^T, dS = P * (dP - sum_j P dP),
 // dq = scale * dS K, dk = scale * dS^T Q, dv = P^T dO, dk/dv summed over the R
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -33,6 +35,23 @@ void attention_check(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, cons
   RT_CHECK(H % G == 0, "[cpu/", name, "] n_heads ", H, " is not a multiple of n_kv_heads ", G);
 }
 
+// Packed documents are contiguous runs: doc_start[b,t] is t or doc_start[b,t-1].
+void doc_start_check(const int32_t* doc_start, int64_t B, int64_t T, const char* name) {
+  if (!doc_start) return;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t d = doc_start[b * T + t];
+      RT_CHECK(d == t || (t > 0 && d == doc_start[b * T + t - 1]), "[cpu/", name, "] doc_start[", b, ",", t, "] = ", d,
+               ": each position must start a document (", t, ") or continue the one before",
+               t > 0 ? " (" : "", t > 0 ? std::to_string(doc_start[b * T + t - 1]) : "", t > 0 ? ")" : "");
+    }
+}
+
+// First key row t of sequence b sees.
+int64_t first_key(const int32_t* doc_start, int64_t b, int64_t T, int64_t t) {
+  return doc_start ? doc_start[b * T + t] : 0;
+}
+
 float dot(const float* a, const float* b, int64_t D) {
   float s = 0.f;
   for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
@@ -42,8 +61,9 @@ float dot(const float* a, const float* b, int64_t D) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D) {
+                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start) {
   attention_check(B, T, H, G, D, "attention_forward");
+  doc_start_check(doc_start, B, T, "attention_forward");
   if (B == 0 || T == 0) return;
   const int64_t R = H / G;
   const int64_t n_rb = (T + kRowBlock - 1) / kRowBlock;
@@ -56,20 +76,21 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const int64_t t_end = std::min(T, (rb + 1) * kRowBlock);
       for (int64_t t = rb * kRowBlock; t < t_end; ++t) {
         const float* qt = q + ((b * T + t) * H + h) * D;
+        const int64_t j0 = first_key(doc_start, b, T, t);
         float mx = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = j0; j <= t; ++j) {
           p[j] = dot(qt, k + ((b * T + j) * G + g) * D, D) * scale;
           mx = std::max(mx, p[j]);
         }
         float sum = 0.f;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = j0; j <= t; ++j) {
           p[j] = std::exp(p[j] - mx);
           sum += p[j];
         }
         const float inv = 1.f / sum;
         float* ot = out + ((b * T + t) * H + h) * D;
         std::fill(ot, ot + D, 0.f);
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = j0; j <= t; ++j) {
           const float pj = p[j] * inv;
           const float* vj = v + ((b * T + j) * G + g) * D;
           for (int64_t d = 0; d < D; ++d) ot[d] += pj * vj[d];
@@ -82,8 +103,9 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
-                        int64_t D) {
+                        int64_t D, const int32_t* doc_start) {
   attention_check(B, T, H, G, D, "attention_backward");
+  doc_start_check(doc_start, B, T, "attention_backward");
   if (B == 0 || T == 0) return;
   const int64_t R = H / G;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -111,28 +133,29 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           // exp(s - lse) with lse rounded to fp32 scales a whole row by
           // (1 + |lse| * 2^-24), and that error survives the cancellation in
           // dP - D_t of sharp rows (measured: 4x the fp64 distance of torch).
+          const int64_t j0 = first_key(doc_start, b, T, t);
           float mx = -INFINITY;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = j0; j <= t; ++j) {
             p[j] = dot(qt, k + kv_row(j), D) * scale;
             mx = std::max(mx, p[j]);
           }
           float z = 0.f;  // same operations and order as the forward: the same P
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = j0; j <= t; ++j) {
             p[j] = std::exp(p[j] - mx);
             z += p[j];
           }
           const float inv_z = 1.f / z;
           (void)l;
           double di = 0;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = j0; j <= t; ++j) {
             p[j] *= inv_z;
             ds[j] = dot(dout_t, v + kv_row(j), D);  // dP_j for now
             di += static_cast<double>(p[j]) * ds[j];
           }
           const float dif = static_cast<float>(di);
-          for (int64_t j = 0; j <= t; ++j) ds[j] = p[j] * (ds[j] - dif);  // dS = P * (dP - D_t)
+          for (int64_t j = j0; j <= t; ++j) ds[j] = p[j] * (ds[j] - dif);  // dS = P * (dP - D_t)
           std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = j0; j <= t; ++j) {
             const float* kj = k + kv_row(j);
             for (int64_t d = 0; d < D; ++d) acc[d] += ds[j] * kj[d];
             float* dkj = dk + kv_row(j);

@@ -57,12 +57,17 @@ void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t
 
 // ---- causal self-attention with GQA, fp32 softmax, scale 1/sqrt(D) ----
 // q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D]; lse [B,H,T] (log-sum-exp per row) saved for backward.
+// doc_start (packed documents, optional) [B,T]: position of the first token of
+// t's document within its sequence; query t then sees keys doc_start[t]..t
+// only. Documents are contiguous: doc_start[b,0] = 0 and doc_start[b,t] is
+// either t (a document starts) or doc_start[b,t-1] (checked). nullptr: one
+// document per sequence (plain causal).
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t G, int64_t D);
+                       int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr);
 // dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=; summed over the H/G query heads of each group).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse,
-                        int64_t B, int64_t T, int64_t H, int64_t G, int64_t D);
+                        int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr);
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n values ----
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);

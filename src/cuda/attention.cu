@@ -1,13 +1,17 @@
 // Causal GQA attention: the public entry points (shape and pointer checks,
 // the choice of kernels) and the mma_sync kernels, FlashAttention-2 style,
 // bf16 mma.sync (m16n8k16) with fp32 accumulators; sm_80 and newer. D in
-// {64, 128}; any T (partial tiles are zero-filled and masked). On compute
-// capability 9.0 the calls go to the TMA + wgmma kernels of attention_sm90.cu
-// instead (set_attention_kernels / RAMTRAIN_ATTENTION choose otherwise); both
-// use the delta kernel below.
+// {64, 96, 128, 256}; any T (partial tiles are zero-filled and masked). On
+// compute capability 9.0 the calls with D in {64, 128} go to the TMA + wgmma
+// kernels of attention_sm90.cu instead (set_attention_kernels /
+// RAMTRAIN_ATTENTION choose otherwise); both use the delta kernel below. The
+// softmax, mask and epilogue pieces both sets share are in attention/.
 //
-// Shared-memory tiles are [rows][D] bf16 with 16-byte chunks XOR-swizzled by
-// (row & 7), so cp.async stores and ldmatrix loads are bank-conflict free.
+// Shared-memory tiles are [rows][DP] bf16 (DP = D, or 128 for D = 96) with
+// 16-byte chunks XOR-swizzled by (row & 7), so cp.async stores and ldmatrix
+// loads are bank-conflict free. Tile shapes per D: FwdCfg, DkdvCfg, DqCfg
+// (the ones below are those of D = 64 and 128; every shape fits the 99 KiB of
+// shared memory an sm_86/89 block may have).
 // Each warp owns 16 rows (32 in the forward) of its block's tile. Softmax
 // works on raw scores: p = 2^(s * scale*log2e - m * scale*log2e), one FFMA and
 // one ex2.approx.ftz per element (lse is stored in natural-log units).
@@ -25,7 +29,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
+#include "cuda/attention/epilogue.cuh"
+#include "cuda/attention/mask.cuh"
+#include "cuda/attention/softmax.cuh"
+#include "cuda/attention/utils.cuh"
 #include "cuda/attention_sm90.h"
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
@@ -34,13 +43,9 @@
 namespace rt::cuda {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace attn;
 
-// ---------------------------------------------------------------- primitives
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// ---------------------------------------------------------------- mma.sync primitives
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
@@ -73,43 +78,44 @@ __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x, flushing subnormal results to 0 (they would vanish next to the row's
-// sum of at least 1 anyway); one MUFU.EX2, none of exp2f's range fix-up.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// Row length (elements) of a shared-memory tile of head_dim D: D itself when
+// it is a multiple of 64 (the 8-chunk swizzle stays inside the row); D = 96
+// rows are padded to 128 (chunks 12..15 are never written nor read).
+constexpr int tile_width(int D) { return D % 64 == 0 ? D : (D + 63) / 64 * 64; }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Byte address of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile.
-template <int D>
+// Byte address of 16-byte chunk `chunk` of row `row` in a swizzled [rows][DP] tile.
+template <int DP>
 __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int row, int chunk) {
-  return base + static_cast<uint32_t>((row * D + ((chunk ^ (row & 7)) << 3)) * 2);
+  return base + static_cast<uint32_t>((row * DP + ((chunk ^ (row & 7)) << 3)) * 2);
 }
 
 // cp.async ROWS rows of D bf16 from global (row stride ld elements) into a
-// swizzled tile; rows >= rows_valid are zero-filled (fallback is any valid address).
-// Thread t copies chunk t % (D/8) of rows t / (D/8) + k * RSTEP; with RSTEP a
+// swizzled tile of row length DP = tile_width(D); rows >= rows_valid are
+// zero-filled (fallback is any valid address). Thread t copies chunk t % (DP/8)
+// of rows t / (DP/8) + k * RSTEP (padding chunks: nothing); with RSTEP a
 // multiple of 8 its swizzle (row & 7) is the same for every k, so the shared
 // address is one base plus a constant step (few live registers in the loops).
 template <int ROWS, int D, int NTHREADS>
 __device__ __forceinline__ void tile_load(uint32_t dst, const bf16* src, int64_t ld, int rows_valid,
                                           const bf16* fallback) {
-  constexpr int kChunks = D / 8, kStep = NTHREADS / kChunks;
-  static_assert(NTHREADS % kChunks == 0 && ROWS % kStep == 0 && kStep % 8 == 0,
-                "tile must split evenly over the block in steps of 8 rows");
+  constexpr int DP = tile_width(D), kChunks = DP / 8, kStep = NTHREADS / kChunks;
+  static_assert(NTHREADS % kChunks == 0 && ROWS % kStep == 0, "tile must split evenly over the block");
   const int r0 = static_cast<int>(threadIdx.x) / kChunks, c = static_cast<int>(threadIdx.x) % kChunks;
-  const uint32_t d0 = tile_addr<D>(dst, r0, c);
+  if (DP != D && c >= D / 8) return;  // row padding
   const bf16* s0 = src + r0 * ld + c * 8;
+  if constexpr (kStep % 8 == 0) {
+    const uint32_t d0 = tile_addr<DP>(dst, r0, c);
 #pragma unroll
-  for (int it = 0; it < ROWS / kStep; ++it) {
-    const bool ok = r0 + it * kStep < rows_valid;
-    cp_async16(d0 + static_cast<uint32_t>(it * kStep * D * 2), ok ? s0 + it * kStep * ld : fallback, ok);
+    for (int it = 0; it < ROWS / kStep; ++it) {
+      const bool ok = r0 + it * kStep < rows_valid;
+      cp_async16(d0 + static_cast<uint32_t>(it * kStep * DP * 2), ok ? s0 + it * kStep * ld : fallback, ok);
+    }
+  } else {  // D = 256 over 128 threads: 4-row steps, the swizzle alternates
+#pragma unroll
+    for (int it = 0; it < ROWS / kStep; ++it) {
+      const bool ok = r0 + it * kStep < rows_valid;
+      cp_async16(tile_addr<DP>(dst, r0 + it * kStep, c), ok ? s0 + it * kStep * ld : fallback, ok);
+    }
   }
 }
 
@@ -117,34 +123,37 @@ __device__ __forceinline__ void tile_load(uint32_t dst, const bf16* src, int64_t
 // tile sb's rows [0, NROWS) (stored [n][k], k contiguous).
 template <int D, int NROWS>
 __device__ __forceinline__ void mma_rows_rows(float (&acc)[NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     uint32_t a[4];
-    ldsm_x4(a[0], a[1], a[2], a[3], tile_addr<D>(sa, ra + (lane & 15), ks * 2 + (lane >> 4)));
+    ldsm_x4(a[0], a[1], a[2], a[3], tile_addr<DP>(sa, ra + (lane & 15), ks * 2 + (lane >> 4)));
 #pragma unroll
     for (int np = 0; np < NROWS / 16; ++np) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+      ldsm_x4(b0, b1, b2, b3, tile_addr<DP>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
       mma_16816(acc[2 * np], a, b0, b1);
       mma_16816(acc[2 * np + 1], a, b2, b3);
     }
   }
 }
 
-// acc[D/8][.] += A (16 x KK bf16 fragments in registers) * B, where B is the
-// tile sb's rows [0, KK) (stored [k][n], n = d contiguous; read transposed).
-template <int D, int KK>
-__device__ __forceinline__ void mma_regs_trans(float (&acc)[D / 8][4], const uint32_t (&a)[KK / 16][4],
-                                               uint32_t sb) {
+// acc[N/8][.] += A (16 x KK bf16 fragments in registers) * B, where B is
+// columns [8 c0, 8 c0 + N) of the tile sb's rows [0, KK) (a tile of head_dim
+// D stored [k][n], n = d contiguous; read transposed).
+template <int D, int KK, int N = D>
+__device__ __forceinline__ void mma_regs_trans(float (&acc)[N / 8][4], const uint32_t (&a)[KK / 16][4], uint32_t sb,
+                                               int c0 = 0) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < KK / 16; ++ks) {
 #pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
+    for (int np = 0; np < N / 16; ++np) {
       uint32_t b0, b1, b2, b3;
       ldsm_x4_trans(b0, b1, b2, b3,
-                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+                    tile_addr<DP>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), c0 + np * 2 + (lane >> 4)));
       mma_16816(acc[2 * np], a[ks], b0, b1);
       mma_16816(acc[2 * np + 1], a[ks], b2, b3);
     }
@@ -155,6 +164,7 @@ __device__ __forceinline__ void mma_regs_trans(float (&acc)[D / 8][4], const uin
 // B fragment is loaded from shared memory once and used MT times.
 template <int D, int NROWS, int MT>
 __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4], uint32_t sa, int ra, uint32_t sb) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
@@ -162,11 +172,11 @@ __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4],
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
-              tile_addr<D>(sa, ra + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+              tile_addr<DP>(sa, ra + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
 #pragma unroll
     for (int np = 0; np < NROWS / 16; ++np) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(b0, b1, b2, b3, tile_addr<D>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+      ldsm_x4(b0, b1, b2, b3, tile_addr<DP>(sb, np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816(acc[mt][2 * np], a[mt], b0, b1);
@@ -179,6 +189,7 @@ __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][NROWS / 8][4],
 template <int D, int KK, int MT>
 __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], const uint32_t (&a)[MT][KK / 16][4],
                                                   uint32_t sb) {
+  constexpr int DP = tile_width(D);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < KK / 16; ++ks) {
@@ -186,7 +197,7 @@ __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], co
     for (int np = 0; np < D / 16; ++np) {
       uint32_t b0, b1, b2, b3;
       ldsm_x4_trans(b0, b1, b2, b3,
-                    tile_addr<D>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+                    tile_addr<DP>(sb, ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816(acc[mt][2 * np], a[mt][ks], b0, b1);
@@ -196,48 +207,42 @@ __device__ __forceinline__ void mma_regs_trans_mt(float (&acc)[MT][D / 8][4], co
   }
 }
 
-// Accumulators of NT n-tiles (16 x 8*NT) -> A fragments over k = 8*NT.
-template <int NT>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[NT / 2][4], const float (&acc)[NT][4]) {
-#pragma unroll
-  for (int k = 0; k < NT / 2; ++k) {
-    a[k][0] = pack_bf16(acc[2 * k][0], acc[2 * k][1]);
-    a[k][1] = pack_bf16(acc[2 * k][2], acc[2 * k][3]);
-    a[k][2] = pack_bf16(acc[2 * k + 1][0], acc[2 * k + 1][1]);
-    a[k][3] = pack_bf16(acc[2 * k + 1][2], acc[2 * k + 1][3]);
-  }
-}
-
-template <int NT>
-__device__ __forceinline__ void acc_zero(float (&acc)[NT][4]) {
-#pragma unroll
-  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-}
-
 // ---------------------------------------------------------------- forward
 
 // Tile shapes (tuning constants; the bench builds variants with -D).
 #ifndef RAMTRAIN_ATTN_FWD_MT
 #define RAMTRAIN_ATTN_FWD_MT 2
 #endif
-constexpr int kFwdMT = RAMTRAIN_ATTN_FWD_MT, kFwdWarps = 8 / kFwdMT, kFwdBR = 16 * kFwdMT * kFwdWarps, kFwdBC = 64;
-
+// Per head_dim: MT 16-row m-tiles per warp, WARPS warps (BR = 16 MT WARPS
+// query rows per block), BC keys per tile; every shape keeps the shared
+// memory under 99 KiB (the per-block limit of sm_86 / sm_89) and the fp32
+// output accumulator (MT x D/2 registers per thread) under ~128 registers.
+// D = 256 takes one m-tile per warp and 32-key tiles.
 template <int D>
-constexpr int fwd_smem_bytes() {
-  return (kFwdBR * D + 4 * kFwdBC * D) * 2;
-}
+struct FwdCfg {
+  static constexpr int MT = D == 256 ? 1 : RAMTRAIN_ATTN_FWD_MT;
+  static constexpr int WARPS = D == 256 ? 4 : 8 / MT;
+  static constexpr int BR = 16 * MT * WARPS, BC = D == 256 ? 32 : 64, DP = tile_width(D);
+  static constexpr int SMEM = (BR * DP + 4 * BC * DP) * 2;  // Q, [2 stages][K, V]
+  static_assert(SMEM <= 99 * 1024, "forward tile shape over the sm_86/89 shared-memory limit");
+};
 
-// Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile.
-template <int D>
-__global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
+// Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile. DOC:
+// packed documents (doc [B,T], see ops.h): key tiles before the block's first
+// document start are skipped, keys before a row's start masked.
+template <int D, bool DOC>
+__global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
-                             const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s) {
-  constexpr int NT = 32 * kFwdWarps, MT = kFwdMT, WR = 16 * MT;
+                             const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s,
+                             const int32_t* __restrict__ doc) {
+  using C = FwdCfg<D>;
+  constexpr int NT = 32 * C::WARPS, MT = C::MT, WR = 16 * MT, DP = C::DP;
+  constexpr int kFwdBR = C::BR, kFwdBC = C::BC;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = smem_u32(smem);
-  const uint32_t skv = sq + kFwdBR * D * 2;  // [2 stages][K, V][BC][D]
-  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kFwdBC * D * 2); };
-  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kFwdBC * D * 2); };
+  const uint32_t skv = sq + kFwdBR * DP * 2;  // [2 stages][K, V][BC][DP]
+  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kFwdBC * DP * 2); };
+  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kFwdBC * DP * 2); };
 
   // grid (B*H, query blocks): blocks are dispatched x fastest, so every head's
   // heaviest (last, longest causal row) query block starts first: longest-first
@@ -254,86 +259,61 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
   tile_load<kFwdBR, D, NT>(sq, qp, ldq, s.T - q0, q);
   const int last_key = min(s.T, q0 + kFwdBR) - 1;
   const int n_tiles = last_key / kFwdBC + 1;
-  tile_load<kFwdBC, D, NT>(sk(0), kp, ldkv, s.T, k);
-  tile_load<kFwdBC, D, NT>(sv(0), vp, ldkv, s.T, v);
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? docb[q0] / kFwdBC : 0;  // first key tile any row of the block sees
+  tile_load<kFwdBC, D, NT>(sk(0), kp + j0 * kFwdBC * ldkv, ldkv, s.T - j0 * kFwdBC, k);
+  tile_load<kFwdBC, D, NT>(sv(0), vp + j0 * kFwdBC * ldkv, ldkv, s.T - j0 * kFwdBC, v);
   cp_async_commit();
 
   float o[MT][D / 8][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) acc_zero(o[mt]);
+  for (int mt = 0; mt < MT; ++mt) frag_zero(o[mt]);
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   const int warp_row0 = q0 + warp * WR;
   const int row_base = warp_row0 + (lane >> 2);  // rows row_base + 16*mt + {0, 8}
+  // DOC: document starts of this thread's rows and the first / last of the warp's rows
+  int row_start[MT][2] = {}, warp_start0 = 0, warp_start1 = 0;
+  if constexpr (DOC) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_start[mt][r] = docb[min(row_base + mt * 16 + 8 * r, s.T - 1)];
+    warp_start0 = docb[min(warp_row0, s.T - 1)];
+    warp_start1 = docb[min(warp_row0 + WR - 1, s.T - 1)];
+  }
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) & 1;
     cp_async_wait<0>();
     __syncthreads();
     if (j + 1 < n_tiles) {
       const int k0 = (j + 1) * kFwdBC;
-      tile_load<kFwdBC, D, NT>(sk((j + 1) & 1), kp + k0 * ldkv, ldkv, s.T - k0, k);
-      tile_load<kFwdBC, D, NT>(sv((j + 1) & 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
+      tile_load<kFwdBC, D, NT>(sk(st ^ 1), kp + k0 * ldkv, ldkv, s.T - k0, k);
+      tile_load<kFwdBC, D, NT>(sv(st ^ 1), vp + k0 * ldkv, ldkv, s.T - k0, v);
     }
     cp_async_commit();
     const int k0 = j * kFwdBC;
     if (k0 > warp_row0 + WR - 1) continue;  // every key of this tile is after every row of this warp
+    if (DOC && k0 + kFwdBC <= warp_start0) continue;  // every key before every row's document
 
     float sc[MT][kFwdBC / 8][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) acc_zero(sc[mt]);
-    mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(j & 1));
+    for (int mt = 0; mt < MT; ++mt) frag_zero(sc[mt]);
+    mma_rows_rows_mt<D, kFwdBC, MT>(sc, sq, warp * WR, sk(st));
 
     const bool need_mask = k0 + kFwdBC - 1 > warp_row0;
+    const bool need_doc_mask = DOC && k0 < warp_start1;
     uint32_t pa[MT][kFwdBC / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      if (need_mask) {
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            const int row = row_base + mt * 16 + (e >> 1) * 8;
-            if (key > row) sc[mt][nt][e] = -INFINITY;
-          }
-        }
-      }
-      // online softmax on raw scores (m is a raw-score max); each row is
-      // spread over the 4 lanes of a quad; p = 2^(x*c - m*c) is one FFMA + EX2
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // 4 independent max and sum chains (short dependency chains: with two
-        // warps per scheduler, fixed-latency stalls are what the profile shows)
-        float mq[4] = {m[mt][r], m[mt][r], m[mt][r], m[mt][r]};
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt)
-          mq[nt & 3] = fmaxf(mq[nt & 3], fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
-        float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // a row with every key so far masked keeps m = -inf: use 0 so no inf - inf
-        const float mc = mx == -INFINITY ? 0.f : mx * s.scale_log2;
-        const float alpha = exp2_ftz(m[mt][r] * s.scale_log2 - mc);  // m = -inf on a row's first tile: 0
-        m[mt][r] = mx;
-        float ssum[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < kFwdBC / 8; ++nt) {
-          sc[mt][nt][2 * r] = exp2_ftz(fmaf(sc[mt][nt][2 * r], s.scale_log2, -mc));
-          sc[mt][nt][2 * r + 1] = exp2_ftz(fmaf(sc[mt][nt][2 * r + 1], s.scale_log2, -mc));
-          ssum[nt & 3] += sc[mt][nt][2 * r] + sc[mt][nt][2 * r + 1];
-        }
-        // lane-partial; reduced over the quad at the end
-        l[mt][r] = fmaf(l[mt][r], alpha, (ssum[0] + ssum[1]) + (ssum[2] + ssum[3]));
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          o[mt][dt][2 * r] *= alpha;
-          o[mt][dt][2 * r + 1] *= alpha;
-        }
-      }
-      acc_to_a(pa[mt], sc[mt]);
+      if (need_mask) mask_causal_scores(sc[mt], k0, row_base + mt * 16);
+      if (need_doc_mask) mask_doc_rows(sc[mt], k0, row_start[mt], -INFINITY);
+      softmax_online(sc[mt], o[mt], m[mt], l[mt], s.scale_log2);
+      frag_to_a(pa[mt], sc[mt]);
     }
-    mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(j & 1));
+    mma_regs_trans_mt<D, kFwdBC, MT>(o, pa, sv(st));
   }
 
   // finish: normalise, store out and lse
@@ -341,17 +321,10 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 8 / kFwdWarps)
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float t = l[mt][r];
-      t += __shfl_xor_sync(0xffffffffu, t, 1);
-      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      const float t = softmax_row_sum(l[mt][r]);
       const int row = row_base + mt * 16 + r * 8;
       if (row < s.T) {
-        const float inv = 1.f / t;
-        bf16* op = out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-          *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
-              __floats2bfloat162_rn(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        store_row(out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D, o[mt], r, 1.f / t);
         if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * s.scale + logf(t);
       }
     }
@@ -381,28 +354,39 @@ __global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf1
   }
 }
 
-constexpr int kBwdWarps = 4, kBwdBC = 16 * kBwdWarps, kBwdBR = 64;
-
+// Per head_dim: BC = 64 keys per block (4 warps of 16), BR query rows per
+// tile; at D = 256 the dK, dV accumulators (2 x D/2 registers per thread)
+// would not fit, so each block keeps DS = 2 slices of DO = D/2 columns
+// (blockIdx.z picks one) and recomputes P and dS per slice, with 16-row query
+// tiles to stay under 99 KiB of shared memory.
 template <int D>
-constexpr int dkdv_smem_bytes() {
-  return (2 * kBwdBC * D + 4 * kBwdBR * D) * 2 + 4 * kBwdBR * 4;
-}
+struct DkdvCfg {
+  static constexpr int WARPS = 4, BC = 16 * WARPS, BR = D == 256 ? 16 : 64, DS = D == 256 ? 2 : 1, DO = D / DS;
+  static constexpr int DP = tile_width(D);
+  static constexpr int SMEM = (2 * BC * DP + 4 * BR * DP) * 2 + 4 * BR * 4;  // K, V, [2][Q, dO], [2][lse, delta]
+  static constexpr int SMEM_DOC = SMEM + 2 * BR * 4;                          // + [2][document start]
+  static_assert(SMEM_DOC <= 99 * 1024, "dK/dV tile shape over the sm_86/89 shared-memory limit");
+};
 
-template <int D>
-__global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
+// DOC: packed documents (doc [B,T]): the query tiles after the last row that
+// sees a key of the block are skipped, queries of other documents masked.
+template <int D, bool DOC>
+__global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
                                    const bf16* __restrict__ v, const float* __restrict__ lse,
-                                   const float* __restrict__ delta, AttnShape s) {
-  constexpr int NT = 32 * kBwdWarps;
+                                   const float* __restrict__ delta, AttnShape s, const int32_t* __restrict__ doc) {
+  using C = DkdvCfg<D>;
+  constexpr int NT = 32 * C::WARPS, kBwdBC = C::BC, kBwdBR = C::BR, DP = C::DP, DO = C::DO;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sk = smem_u32(smem);
-  const uint32_t sv = sk + kBwdBC * D * 2;
-  const uint32_t sqd = sv + kBwdBC * D * 2;  // [2 stages][Q, dO][BR][D]
-  auto sq = [&](int st) { return sqd + static_cast<uint32_t>((st * 2) * kBwdBR * D * 2); };
-  auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * D * 2); };
-  float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * D + 4 * kBwdBR * D) * 2);  // [2][BR]
+  const uint32_t sv = sk + kBwdBC * DP * 2;
+  const uint32_t sqd = sv + kBwdBC * DP * 2;  // [2 stages][Q, dO][BR][D]
+  auto sq = [&](int st) { return sqd + static_cast<uint32_t>((st * 2) * kBwdBR * DP * 2); };
+  auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * DP * 2); };
+  float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * DP + 4 * kBwdBR * DP) * 2);  // [2][BR]
   float* s_delta = s_lse + 2 * kBwdBR;                                                   // [2][BR]
+  int* s_doc = reinterpret_cast<int*>(s_delta + 2 * kBwdBR);                             // [2][BR] (DOC)
 
   const int kb = blockIdx.y;  // grid (B*G, key blocks): the first key blocks (most query tiles) start first
   const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
@@ -415,7 +399,10 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
   tile_load<kBwdBC, D, NT>(sv, v + kv_off, ldkv, s.T - key0, v);
 
   const int i_start = key0 / kBwdBR;
-  const int n_i = (s.T + kBwdBR - 1) / kBwdBR - i_start;
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  // DOC: query rows from t_end on belong to documents that start after this block's last key
+  const int t_end = DOC ? doc_rows_end(docb, key0, s.T, min(key0 + kBwdBC, s.T) - 1) : s.T;
+  const int n_i = (t_end + kBwdBR - 1) / kBwdBR - i_start;
   const int n_iter = s.group * n_i;
 
   auto issue = [&](int it, int st) {
@@ -429,14 +416,16 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
       const int t = qr0 + i;
       s_lse[st * kBwdBR + i] = t < s.T ? lse[lo + t] * kLog2e : INFINITY;
       s_delta[st * kBwdBR + i] = t < s.T ? delta[lo + t] : 0.f;
+      if constexpr (DOC) s_doc[st * kBwdBR + i] = t < s.T ? docb[t] : 0;
     }
   };
   issue(0, 0);
   cp_async_commit();
 
-  float dka[D / 8][4], dva[D / 8][4];
-  acc_zero(dka);
-  acc_zero(dva);
+  const int dc0 = C::DS == 1 ? 0 : static_cast<int>(blockIdx.z) * DO;  // this block's dK, dV columns [dc0, dc0 + DO)
+  float dka[DO / 8][4], dva[DO / 8][4];
+  frag_zero(dka);
+  frag_zero(dva);
   const int krow = key0 + warp * 16 + (lane >> 2);  // keys krow, krow + 8
 
   for (int it = 0; it < n_iter; ++it) {
@@ -449,72 +438,59 @@ __global__ void __launch_bounds__(32 * kBwdWarps, 8 / kBwdWarps)
 
     // S^T (16 keys x BR queries) = K_w Q^T ; P^T = exp2(S^T * c - lse)
     float p[kBwdBR / 8][4];
-    acc_zero(p);
+    frag_zero(p);
     mma_rows_rows<D, kBwdBR>(p, sk, warp * 16, sq(st));
     const bool need_mask = qr0 < key0 + warp * 16 + 15;
-#pragma unroll
-    for (int nt = 0; nt < kBwdBR / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
-        float x = exp2_ftz(fmaf(p[nt][e], s.scale_log2, -s_lse[st * kBwdBR + qc]));
-        if (need_mask && qr0 + qc < krow + (e >> 1) * 8) x = 0.f;
-        p[nt][e] = x;
-      }
-    }
+    probs_cols(p, s.scale_log2, s_lse + st * kBwdBR, need_mask, qr0, krow);
+    // DOC: the tile's last row starts its document after this warp's first key
+    if (DOC && s_doc[st * kBwdBR + min(kBwdBR, s.T - qr0) - 1] > key0 + warp * 16)
+      mask_doc_cols(p, s_doc + st * kBwdBR, krow);
     // dP^T = V_w dO^T ; dS^T = P^T * (dP^T - delta)
     float dp[kBwdBR / 8][4];
-    acc_zero(dp);
+    frag_zero(dp);
     mma_rows_rows<D, kBwdBR>(dp, sv, warp * 16, sdo(st));
-#pragma unroll
-    for (int nt = 0; nt < kBwdBR / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = nt * 8 + 2 * (lane & 3) + (e & 1);
-        dp[nt][e] = p[nt][e] * (dp[nt][e] - s_delta[st * kBwdBR + qc]);
-      }
-    }
+    dscores_cols(dp, p, s_delta + st * kBwdBR);
     uint32_t pa[kBwdBR / 16][4], dsa[kBwdBR / 16][4];
-    acc_to_a(pa, p);
-    acc_to_a(dsa, dp);
-    mma_regs_trans<D, kBwdBR>(dva, pa, sdo(st));  // dV += P^T dO
-    mma_regs_trans<D, kBwdBR>(dka, dsa, sq(st));  // dK += dS^T Q
+    frag_to_a(pa, p);
+    frag_to_a(dsa, dp);
+    mma_regs_trans<D, kBwdBR, DO>(dva, pa, sdo(st), dc0 / 8);  // dV += P^T dO
+    mma_regs_trans<D, kBwdBR, DO>(dka, dsa, sq(st), dc0 / 8);  // dK += dS^T Q
   }
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = krow + r * 8;
     if (key >= s.T) continue;
-    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<__nv_bfloat162*>(dk + off + dt * 8) =
-          __floats2bfloat162_rn(dka[dt][2 * r] * s.scale, dka[dt][2 * r + 1] * s.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + off + dt * 8) =
-          __floats2bfloat162_rn(dva[dt][2 * r], dva[dt][2 * r + 1]);
-    }
+    const int64_t off = (static_cast<int64_t>(b) * s.T + key) * ldkv + g * D + dc0;
+    store_row(dk + off, dka, r, s.scale);
+    store_row(dv + off, dva, r, 1.f);
   }
 }
 
-constexpr int kDqWarps = 4, kDqBR = 16 * kDqWarps, kDqBC = 64;
-
+// Per head_dim: BR = 64 query rows per block (4 warps of 16), BC keys per
+// tile (16 at D = 256, to stay under 99 KiB of shared memory).
 template <int D>
-constexpr int dq_smem_bytes() {
-  return (2 * kDqBR * D + 4 * kDqBC * D) * 2;
-}
+struct DqCfg {
+  static constexpr int WARPS = 4, BR = 16 * WARPS, BC = D == 256 ? 16 : 64, DP = tile_width(D);
+  static constexpr int SMEM = (2 * BR * DP + 4 * BC * DP) * 2;  // Q, dO, [2 stages][K, V]
+  static_assert(SMEM <= 99 * 1024, "dQ tile shape over the sm_86/89 shared-memory limit");
+};
 
-template <int D>
-__global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
+// DOC: packed documents (doc [B,T]): as in the forward.
+template <int D, bool DOC>
+__global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                 const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s) {
-  constexpr int NT = 32 * kDqWarps;
+                                 const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
+                                 const int32_t* __restrict__ doc) {
+  using C = DqCfg<D>;
+  constexpr int NT = 32 * C::WARPS, kDqBR = C::BR, kDqBC = C::BC, DP = C::DP;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = smem_u32(smem);
-  const uint32_t sdo = sq + kDqBR * D * 2;
-  const uint32_t skv = sdo + kDqBR * D * 2;
-  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kDqBC * D * 2); };
-  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kDqBC * D * 2); };
+  const uint32_t sdo = sq + kDqBR * DP * 2;
+  const uint32_t skv = sdo + kDqBR * DP * 2;
+  auto sk = [&](int st) { return skv + static_cast<uint32_t>((st * 2) * kDqBC * DP * 2); };
+  auto sv = [&](int st) { return skv + static_cast<uint32_t>((st * 2 + 1) * kDqBC * DP * 2); };
 
   const int qb = gridDim.y - 1 - blockIdx.y;  // grid (B*H, query blocks), heaviest first as in the forward
   const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
@@ -528,24 +504,26 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
   tile_load<kDqBR, D, NT>(sq, q + qoff, ldq, s.T - q0, q);
   tile_load<kDqBR, D, NT>(sdo, dout + qoff, ldq, s.T - q0, dout);
   const int n_tiles = (min(s.T, q0 + kDqBR) - 1) / kDqBC + 1;
-  tile_load<kDqBC, D, NT>(sk(0), kp, ldkv, s.T, k);
-  tile_load<kDqBC, D, NT>(sv(0), vp, ldkv, s.T, v);
+  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? docb[q0] / kDqBC : 0;  // first key tile any row of the block sees
+  tile_load<kDqBC, D, NT>(sk(0), kp + j0 * kDqBC * ldkv, ldkv, s.T - j0 * kDqBC, k);
+  tile_load<kDqBC, D, NT>(sv(0), vp + j0 * kDqBC * ldkv, ldkv, s.T - j0 * kDqBC, v);
   cp_async_commit();
 
   const int row_base = q0 + warp * 16 + (lane >> 2);
   float row_lse[2], row_delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + r * 8;
-    const int64_t idx = static_cast<int64_t>(bh) * s.T + row;
-    row_lse[r] = row < s.T ? lse[idx] * kLog2e : INFINITY;
-    row_delta[r] = row < s.T ? delta[idx] : 0.f;
+  row_stats_load(row_lse, row_delta, lse, delta, bh, row_base, s.T);
+  int row_start[2] = {}, warp_start1 = 0;  // DOC: this thread's rows' and the warp's last row's document start
+  if constexpr (DOC) {
+    row_start[0] = docb[min(row_base, s.T - 1)];
+    row_start[1] = docb[min(row_base + 8, s.T - 1)];
+    warp_start1 = docb[min(q0 + warp * 16 + 15, s.T - 1)];
   }
   float dqa[D / 8][4];
-  acc_zero(dqa);
+  frag_zero(dqa);
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j & 1;
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) & 1;
     cp_async_wait<0>();
     __syncthreads();
     if (j + 1 < n_tiles) {
@@ -557,28 +535,17 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
     const int k0 = j * kDqBC;
 
     float p[kDqBC / 8][4];
-    acc_zero(p);
+    frag_zero(p);
     mma_rows_rows<D, kDqBC>(p, sq, warp * 16, sk(st));
     const bool need_mask = k0 + kDqBC - 1 > q0 + warp * 16;
-#pragma unroll
-    for (int nt = 0; nt < kDqBC / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = exp2_ftz(fmaf(p[nt][e], s.scale_log2, -row_lse[e >> 1]));
-        if (need_mask && k0 + nt * 8 + 2 * (lane & 3) + (e & 1) > row_base + (e >> 1) * 8) x = 0.f;
-        p[nt][e] = x;
-      }
-    }
+    probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
+    if (DOC && k0 < warp_start1) mask_doc_rows(p, k0, row_start, 0.f);
     float dp[kDqBC / 8][4];
-    acc_zero(dp);
+    frag_zero(dp);
     mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));  // dP = dO V^T
-#pragma unroll
-    for (int nt = 0; nt < kDqBC / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - row_delta[e >> 1]);
-    }
+    dscores_rows(dp, p, row_delta);
     uint32_t dsa[kDqBC / 16][4];
-    acc_to_a(dsa, dp);
+    frag_to_a(dsa, dp);
     mma_regs_trans<D, kDqBC>(dqa, dsa, sk(st));  // dQ += dS K
   }
 
@@ -586,18 +553,15 @@ __global__ void __launch_bounds__(32 * kDqWarps, 8 / kDqWarps)
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + r * 8;
     if (row >= s.T) continue;
-    bf16* op = dq + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<__nv_bfloat162*>(op + dt * 8) =
-          __floats2bfloat162_rn(dqa[dt][2 * r] * s.scale, dqa[dt][2 * r + 1] * s.scale);
+    store_row(dq + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D, dqa, r, s.scale);
   }
 }
 
 // ---------------------------------------------------------------- launch
 
 AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const char* where) {
-  RT_CHECK(D == 64 || D == 128, "[cuda ", where, "] head_dim must be 64 or 128, got ", D);
+  RT_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "[cuda ", where, "] head_dim must be 64, 96, 128 or 256, got ",
+           D);
   RT_CHECK(H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] heads H=", H, " must be a multiple of kv heads G=", G);
   // grids are (B*H or B*G, T / 64-row tiles): gridDim.y <= 65535
   RT_CHECK(B > 0 && T > 0 && T <= int64_t{65535} * 64 && B * H < (int64_t{1} << 31), "[cuda ", where,
@@ -612,18 +576,25 @@ AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, cons
   return s;
 }
 
-template <class K>
-void smem_allow(K kernel, int bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+// Calls f(std::integral_constant<int, D>) for a head_dim shape_make accepted.
+template <class F>
+void head_dim_dispatch(int64_t D, F&& f) {
+  switch (D) {
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 96: f(std::integral_constant<int, 96>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    case 256: f(std::integral_constant<int, 256>{}); return;
+  }
+  fail("[cuda attention] head_dim ", D, " has no kernels");
 }
 
-template <int D>
+template <int D, bool DOC>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
-                    cudaStream_t stream) {
-  constexpr int smem = fwd_smem_bytes<D>();
-  smem_allow(attention_forward_kernel<D>, smem);
-  dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, kFwdBR)));
-  attention_forward_kernel<D><<<grid, 32 * kFwdWarps, smem, stream>>>(out, lse, q, k, v, s);
+                    const int32_t* doc, cudaStream_t stream) {
+  using C = FwdCfg<D>;
+  smem_allow(attention_forward_kernel<D, DOC>, C::SMEM);
+  dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, C::BR)));
+  attention_forward_kernel<D, DOC><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s, doc);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -632,27 +603,29 @@ void delta_launch(int64_t D, float* delta, const bf16* dout, const bf16* out, in
                   cudaStream_t stream) {
   const int64_t rows = B * s.T * s.H;
   const unsigned blocks = static_cast<unsigned>(detail::ceil_div(rows, 8));
-  if (D == 64)
-    attention_delta_kernel<64><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
-  else
-    attention_delta_kernel<128><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
+  head_dim_dispatch(D, [&](auto d) {
+    attention_delta_kernel<decltype(d)::value><<<blocks, 256, 0, stream>>>(delta, dout, out, rows, s.T, s.H);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, bool DOC>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                     const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, cudaStream_t stream) {
+                     const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, const int32_t* doc,
+                     cudaStream_t stream) {
   delta_launch(D, delta, dout, out, B, s, stream);
-  constexpr int smem_kv = dkdv_smem_bytes<D>();
-  smem_allow(attention_backward_dkdv_kernel<D>, smem_kv);
-  dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, kBwdBC)));
-  attention_backward_dkdv_kernel<D><<<grid_kv, 32 * kBwdWarps, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta,
-                                                                                  s);
+  using CK = DkdvCfg<D>;
+  constexpr int smem_kv = DOC ? CK::SMEM_DOC : CK::SMEM;
+  smem_allow(attention_backward_dkdv_kernel<D, DOC>, smem_kv);
+  dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, CK::BC)), CK::DS);
+  attention_backward_dkdv_kernel<D, DOC><<<grid_kv, 32 * CK::WARPS, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse,
+                                                                                       delta, s, doc);
   CUDA_CHECK_LAUNCH();
-  constexpr int smem_q = dq_smem_bytes<D>();
-  smem_allow(attention_backward_dq_kernel<D>, smem_q);
-  dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, kDqBR)));
-  attention_backward_dq_kernel<D><<<grid_q, 32 * kDqWarps, smem_q, stream>>>(dq, dout, q, k, v, lse, delta, s);
+  using CQ = DqCfg<D>;
+  smem_allow(attention_backward_dq_kernel<D, DOC>, CQ::SMEM);
+  dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, CQ::BR)));
+  attention_backward_dq_kernel<D, DOC><<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s,
+                                                                                     doc);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -683,7 +656,12 @@ AttentionKernels kernels_chosen() {
   return static_cast<AttentionKernels>(k);
 }
 
-bool use_wgmma(const char* where) {
+// The wgmma kernels have head_dim 64 and 128 only: other head dims run the
+// mma.sync kernels whatever was chosen.
+bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
+
+bool use_wgmma(const char* where, int64_t D, const int32_t* doc_start) {
+  if (!wgmma_head_dim(D) || doc_start) return false;  // packed documents: mma.sync kernels only (for now)
   const AttentionKernels k = kernels_chosen();
   if (k == AttentionKernels::automatic) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
@@ -697,7 +675,8 @@ bool use_wgmma(const char* where) {
 
 void set_attention_kernels(AttentionKernels k) { g_kernels.store(static_cast<int>(k)); }
 
-AttentionKernels attention_kernels_in_use() {
+AttentionKernels attention_kernels_in_use(int64_t D) {
+  if (!wgmma_head_dim(D)) return AttentionKernels::mma_sync;
   const AttentionKernels k = kernels_chosen();
   if (k != AttentionKernels::automatic) return k;
   return sm90::device_supported() ? AttentionKernels::wgmma : AttentionKernels::mma_sync;
@@ -713,17 +692,19 @@ const char* attention_kernels_name(AttentionKernels k) {
 }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream) {
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
-  if (use_wgmma("attention_forward")) {
+  if (use_wgmma("attention_forward", D, doc_start)) {
     sm90::attention_forward(out, lse, q, k, v, B, s, D, stream);
     return;
   }
-  if (D == 64)
-    forward_launch<64>(out, lse, q, k, v, B, s, stream);
-  else
-    forward_launch<128>(out, lse, q, k, v, B, s, stream);
+  head_dim_dispatch(D, [&](auto d) {
+    if (doc_start)
+      forward_launch<decltype(d)::value, true>(out, lse, q, k, v, B, s, doc_start, stream);
+    else
+      forward_launch<decltype(d)::value, false>(out, lse, q, k, v, B, s, nullptr, stream);
+  });
 }
 
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
@@ -732,22 +713,24 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                        Scratch scratch, cudaStream_t stream) {
+                        Scratch scratch, cudaStream_t stream, const int32_t* doc_start) {
   const AttnShape s = shape_make(B, T, H, G, D, "attention_backward");
   check_ptrs("attention_backward", {dq, dk, dv, dout, q, k, v, out});
   const size_t need = attention_backward_scratch_bytes(B, T, H);
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
   float* delta = static_cast<float*>(scratch.ptr);
-  if (use_wgmma("attention_backward")) {
+  if (use_wgmma("attention_backward", D, doc_start)) {
     delta_launch(D, delta, dout, out, B, s, stream);
     sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream);
     return;
   }
-  if (D == 64)
-    backward_launch<64>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
-  else
-    backward_launch<128>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, stream);
+  head_dim_dispatch(D, [&](auto d) {
+    if (doc_start)
+      backward_launch<decltype(d)::value, true>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, doc_start, stream);
+    else
+      backward_launch<decltype(d)::value, false>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, nullptr, stream);
+  });
 }
 
 }  // namespace rt::cuda

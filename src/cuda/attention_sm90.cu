@@ -35,6 +35,10 @@
 #include <atomic>
 #include <mutex>
 
+#include "cuda/attention/epilogue.cuh"
+#include "cuda/attention/mask.cuh"
+#include "cuda/attention/softmax.cuh"
+#include "cuda/attention/utils.cuh"
 #include "cuda/attention_sm90.h"
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
@@ -42,18 +46,15 @@
 namespace rt::cuda::sm90 {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace attn;
+
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RT_SM90_DEVICE 1
 #endif
 
-// ---------------------------------------------------------------- primitives
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// ---------------------------------------------------------------- TMA, mbarrier and wgmma primitives
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -198,28 +199,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     wgmma_rs_n128(d, a, b, scale_d);
 }
 
-// Accumulator layout of an m64nN tile (per thread N/2 floats): element 4j + e
-// is row 16*warp + lane/4 + 8*(e/2), column 8j + 2*(lane%4) + e%2 -- the
-// mma.sync m16n8 C layout repeated over n. The A-fragment layout of wgmma's
-// register operand is the mma.sync m16n8k16 one, so a row of accumulators
-// becomes the A operand (k = its columns) by packing pairs to bf16.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <int N>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[N / 16][4], const float (&d)[N / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[kk][i] = pack_bf16(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
-}
-
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// Accumulator layout of an m64nN tile (per thread N/2 floats, warp w of the
+// warpgroup holding rows 16w ...): the flat fragment of attention/utils.cuh.
+// The A-fragment layout of wgmma's register operand is the mma.sync m16n8k16
+// one, so a row of accumulators becomes the A operand (k = its columns) by
+// packing pairs to bf16 (frag_to_a).
 
 // One wgmma group: acc[N/2] = A B^T over k = d in [0, D), A = rows [row0, row0 + 64) of the
 // K-major tile `ta` (TA rows), B = the N rows of the K-major tile `tb`. The caller fences first.
@@ -237,16 +221,6 @@ __device__ __forceinline__ void gemm_rs(float (&acc)[D / 2], const uint32_t (&a)
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<D>(acc, a[kk], desc_mn<K>(tb, kk), 1);
   wgmma_commit();
-}
-// Row r (0: lane/4, 1: lane/4 + 8) of this warp's 16 rows of a 64 x D accumulator, times scale,
-// as bf16 into the row that starts at p: this thread's column pairs 8 dj + 2 (lane % 4).
-template <int D>
-__device__ __forceinline__ void store_row(bf16* p, const float (&acc)[D / 2], int r, float scale) {
-  p += 2 * (threadIdx.x & 3);
-#pragma unroll
-  for (int dj = 0; dj < D / 8; ++dj)
-    *reinterpret_cast<__nv_bfloat162*>(p + 8 * dj) =
-        __floats2bfloat162_rn(acc[4 * dj + 2 * r] * scale, acc[4 * dj + 2 * r + 1] * scale);
 }
 // A consumer warp no longer reads stage st: one arrival per warp on its empty barrier.
 __device__ __forceinline__ void release_stage(uint32_t empty_bar) {
@@ -358,45 +332,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm_ss<C::BN, D, C::BM>(sc, sq, 64 * w, sk(st));
       wgmma_wait<0>();
       reg_fence(sc);
-      if (k0 + C::BN - 1 > wrow0) {  // the diagonal tile: keys after the row are masked
-#pragma unroll
-        for (int jj = 0; jj < C::BN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * jj + 2 * (lane & 3) + (e & 1);
-            if (key > row_base + 8 * (e >> 1)) sc[4 * jj + e] = -INFINITY;
-          }
-      }
-      // online softmax on raw scores, as in attention.cu: each row is spread
-      // over the 4 lanes of a quad; p = 2^(x*c - m*c) is one FFMA + EX2
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mq[4] = {m[r], m[r], m[r], m[r]};
-#pragma unroll
-        for (int jj = 0; jj < C::BN / 8; ++jj)
-          mq[jj & 3] = fmaxf(mq[jj & 3], fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
-        float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mc = mx == -INFINITY ? 0.f : mx * s.scale_log2;  // a row with every key masked so far
-        const float alpha = exp2_ftz(m[r] * s.scale_log2 - mc);      // 0 on a row's first tile (m = -inf)
-        m[r] = mx;
-        float ssum[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int jj = 0; jj < C::BN / 8; ++jj) {
-          sc[4 * jj + 2 * r] = exp2_ftz(fmaf(sc[4 * jj + 2 * r], s.scale_log2, -mc));
-          sc[4 * jj + 2 * r + 1] = exp2_ftz(fmaf(sc[4 * jj + 2 * r + 1], s.scale_log2, -mc));
-          ssum[jj & 3] += sc[4 * jj + 2 * r] + sc[4 * jj + 2 * r + 1];
-        }
-        l[r] = fmaf(l[r], alpha, (ssum[0] + ssum[1]) + (ssum[2] + ssum[3]));  // lane-partial
-#pragma unroll
-        for (int dj = 0; dj < D / 8; ++dj) {
-          o[4 * dj + 2 * r] *= alpha;
-          o[4 * dj + 2 * r + 1] *= alpha;
-        }
-      }
+      if (k0 + C::BN - 1 > wrow0) mask_causal_scores(sc, k0, row_base);  // the diagonal tile
+      softmax_online(sc, o, m, l, s.scale_log2);
       uint32_t pa[C::BN / 16][4];
-      acc_to_a<C::BN>(pa, sc);
+      frag_to_a(pa, sc);
       gemm_rs<D, C::BN>(o, pa, sv(st));
       wgmma_wait<0>();
       reg_fence(o);
@@ -406,12 +345,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float t = l[r];
-    t += __shfl_xor_sync(0xffffffffu, t, 1);
-    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    const float t = softmax_row_sum(l[r]);
     const int row = row_base + 8 * r;
     if (row < s.T) {
-      store_row<D>(out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, o, r, 1.f / t);
+      store_row(out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, o, r, 1.f / t);
       if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[r] * s.scale + logf(t);
     }
   }
@@ -506,31 +443,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       gemm_ss<C::BM, D, C::BN>(pt, sk, 64 * w, sq(st));    // S^T = K_w Q^T
       gemm_ss<C::BM, D, C::BN>(dpt, sv, 64 * w, sdo(st));  // dP^T = V_w dO^T
-      // this thread's query columns: qr0 + 8 jj + 2 (lane % 4) + {0, 1}
-      const float* lsc = rows + 2 * C::BM * st + 2 * (lane & 3);
+      const float* lsc = rows + 2 * C::BM * st;  // the tile's lse * log2(e)
       const float* dl = lsc + C::BM;
       wgmma_wait<1>();
       reg_fence(pt);
       const bool need_mask = qr0 < wkey0 + 63;
-#pragma unroll
-      for (int jj = 0; jj < C::BM / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = exp2_ftz(fmaf(pt[4 * jj + e], s.scale_log2, -lsc[8 * jj + (e & 1)]));
-          if (need_mask && qr0 + 8 * jj + 2 * (lane & 3) + (e & 1) < krow + 8 * (e >> 1)) x = 0.f;
-          pt[4 * jj + e] = x;
-        }
+      probs_cols(pt, s.scale_log2, lsc, need_mask, qr0, krow);
       uint32_t pa[C::BM / 16][4];
-      acc_to_a<C::BM>(pa, pt);
+      frag_to_a(pa, pt);
       gemm_rs<D, C::BM>(dva, pa, sdo(st));  // dV += P^T dO
       wgmma_wait<1>();  // dP^T
       reg_fence(dpt);
-#pragma unroll
-      for (int jj = 0; jj < C::BM / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[4 * jj + e] = pt[4 * jj + e] * (dpt[4 * jj + e] - dl[8 * jj + (e & 1)]);
+      dscores_cols(dpt, pt, dl);
       uint32_t da[C::BM / 16][4];
-      acc_to_a<C::BM>(da, dpt);
+      frag_to_a(da, dpt);
       gemm_rs<D, C::BM>(dka, da, sq(st));  // dK += dS^T Q
       wgmma_wait<0>();
       reg_fence(dva);
@@ -544,8 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int key = krow + 8 * r;
     if (key >= s.T) continue;
     const int64_t off = ((static_cast<int64_t>(b) * s.T + key) * s.G + g) * D;
-    store_row<D>(dk + off, dka, r, s.scale);
-    store_row<D>(dv + off, dva, r, 1.f);
+    store_row(dk + off, dka, r, s.scale);
+    store_row(dv + off, dva, r, 1.f);
   }
 #endif
 }
@@ -597,13 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wrow0 = q0 + 64 * w;
   const int row_base = wrow0 + 16 * warp + (lane >> 2);  // rows row_base, row_base + 8
   float row_lse[2], row_delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + 8 * r;
-    const int64_t idx = static_cast<int64_t>(bh) * s.T + row;
-    row_lse[r] = row < s.T ? lse[idx] * kLog2e : INFINITY;
-    row_delta[r] = row < s.T ? delta[idx] : 0.f;
-  }
+  row_stats_load(row_lse, row_delta, lse, delta, bh, row_base, s.T);
   float dqa[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dqa[i] = 0.f;
@@ -621,22 +541,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<1>();
       reg_fence(p);
       const bool need_mask = k0 + C::BN - 1 > wrow0;
-#pragma unroll
-      for (int jj = 0; jj < C::BN / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = exp2_ftz(fmaf(p[4 * jj + e], s.scale_log2, -row_lse[e >> 1]));
-          if (need_mask && k0 + 8 * jj + 2 * (lane & 3) + (e & 1) > row_base + 8 * (e >> 1)) x = 0.f;
-          p[4 * jj + e] = x;
-        }
+      probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
       wgmma_wait<0>();
       reg_fence(dp);
-#pragma unroll
-      for (int jj = 0; jj < C::BN / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[4 * jj + e] = p[4 * jj + e] * (dp[4 * jj + e] - row_delta[e >> 1]);
+      dscores_rows(dp, p, row_delta);
       uint32_t da[C::BN / 16][4];
-      acc_to_a<C::BN>(da, dp);
+      frag_to_a(da, dp);
       gemm_rs<D, C::BN>(dqa, da, sk(st));  // dQ += dS K
       wgmma_wait<0>();
       reg_fence(dqa);
@@ -648,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + 8 * r;
     if (row >= s.T) continue;
-    store_row<D>(dq + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, dqa, r, s.scale);
+    store_row(dq + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, dqa, r, s.scale);
   }
 #endif
 }
@@ -688,11 +598,6 @@ CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64
   RT_CHECK(r == CUDA_SUCCESS, "[cuda attention] cuTensorMapEncodeTiled failed for ", what, " (error ",
            static_cast<int>(r), ", B=", B, " T=", T, " heads=", heads, " D=", D, ")");
   return map;
-}
-
-template <class K>
-void smem_allow(K kernel, int bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 template <int D>

@@ -2,16 +2,10 @@
 // Internal to the CUDA backend: attention.cu checks shapes and pointers and
 // decides which kernels run (see rt::cuda::set_attention_kernels in ops.h).
 #pragma once
+#include "cuda/attention/shape.h"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
-
-// The shape every attention kernel gets (attention.cu checks and makes it).
-struct AttnShape {
-  int T, H, G, group;  // group = H / G
-  float scale_log2;    // log2(e) / sqrt(D)
-  float scale;         // 1 / sqrt(D)
-};
 
 namespace sm90 {
 

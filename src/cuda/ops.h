@@ -135,25 +135,34 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
                            const bf16* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
                            int64_t chunk_rows, Scratch scratch, cudaStream_t stream);
 
-// ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 128} ----
+// ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 96, 128, 256} ----
 // FlashAttention style: tiles in shared memory, bf16 products with fp32
 // accumulators, online softmax in fp32; T x T is never stored. Two kernel
 // sets compute the same function: mma_sync (FlashAttention-2 style, any GPU
 // of sm_80 or newer) and wgmma (TMA + warpgroup MMA, FlashAttention-3 style,
-// compute capability 9.0 only). Each is deterministic; their results differ
-// in the last bits (other summation orders).
+// compute capability 9.0 only, head_dim 64 and 128: other head dims always
+// run mma_sync). Each is deterministic; their results differ in the last bits
+// (other summation orders).
 enum class AttentionKernels { automatic, mma_sync, wgmma };
 // Process-wide choice (tests and benchmarks; the environment variable
 // RAMTRAIN_ATTENTION=mma|wgmma sets the default). automatic: wgmma on compute
 // capability 9.0, mma_sync elsewhere. Asking for wgmma on another GPU makes
 // the attention calls fail with a message.
 void set_attention_kernels(AttentionKernels k);
-// What the next attention call on the current device runs (never automatic).
-AttentionKernels attention_kernels_in_use();
+// What the next attention call with head_dim D on the current device runs
+// (never automatic).
+AttentionKernels attention_kernels_in_use(int64_t D = 128);
 const char* attention_kernels_name(AttentionKernels k);
 // q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D] (bf16); lse [B,H,T] (fp32, natural log).
+// doc_start (packed documents, optional; device memory) [B,T] int32: the
+// position of the first token of t's document within its sequence, as for
+// rt::cpu::attention_forward: query t sees keys doc_start[t]..t. Documents must
+// be contiguous (doc_start[b,0] = 0; doc_start[b,t] is t or doc_start[b,t-1]);
+// the kernels do not check it (the tile skipping relies on it). Pass the same
+// array to the backward. Key tiles wholly outside a query tile's documents are
+// skipped. nullptr: one document per sequence.
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream);
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start = nullptr);
 // dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=, summed over the H/G query heads of
 // each group). Recomputes P from lse. Deterministic: one kernel owns a key
 // tile and loops over every query head of its group and every query tile, so
@@ -163,6 +172,6 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                        Scratch scratch, cudaStream_t stream);
+                        Scratch scratch, cudaStream_t stream, const int32_t* doc_start = nullptr);
 
 }  // namespace rt::cuda

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/byte_tokenizer.h"
+#include "io/checkpoint.h"
 
 namespace rt {
 namespace {
@@ -48,34 +49,6 @@ void batch_positions(const Batch& b, int32_t* pos) {
     return;
   }
   for (size_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i % static_cast<size_t>(b.T));
-}
-
-std::string DataCursor::to_string() const { return cat("epoch=", epoch, " index=", index); }
-
-DataCursor DataCursor::parse(const std::string& s) {
-  // Strict: exactly "epoch=<digits> index=<digits>", each value < 2^64.
-  auto bad = [&]() { fail("[data] bad data cursor '", s, "': expected 'epoch=E index=I' with non-negative integers"); };
-  size_t pos = 0;
-  auto field = [&](const char* key) {
-    const std::string k(key);
-    if (s.compare(pos, k.size(), k) != 0) bad();
-    pos += k.size();
-    const size_t start = pos;
-    uint64_t v = 0;
-    while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') {
-      const uint64_t d = uint64_t(s[pos] - '0');
-      if (v > (UINT64_MAX - d) / 10) bad();
-      v = v * 10 + d;
-      ++pos;
-    }
-    if (pos == start) bad();
-    return v;
-  };
-  DataCursor c;
-  c.epoch = field("epoch=");
-  c.index = field(" index=");
-  if (pos != s.size()) bad();
-  return c;
 }
 
 std::vector<uint64_t> window_order(uint64_t n, uint64_t seed, uint64_t epoch) {
@@ -145,6 +118,8 @@ Batch Dataset::next_batch(int64_t B) {
   }
   return b;
 }
+
+uint64_t Dataset::fingerprint() const { return dataset_fingerprint(tokens_); }
 
 DataCursor Dataset::cursor() const {
   if (index_ >= n_windows_) return {epoch_ + 1, 0};

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "io/data_cursor.h"
 #include "io/token_file.h"
 
 namespace rt {
@@ -34,14 +35,6 @@ struct Batch {
 
 // Fills pos[0, B*T) with b's positions (b.positions, or i % T when empty).
 void batch_positions(const Batch& b, int32_t* pos);
-
-struct DataCursor {
-  uint64_t epoch = 0;
-  uint64_t index = 0;  // next window, 0..W-1, in epoch's order
-  std::string to_string() const;                  // "epoch=3 index=120"
-  static DataCursor parse(const std::string& s);  // inverse of to_string; throws "[data] ..."
-  bool operator==(const DataCursor&) const = default;
-};
 
 struct DatasetOptions {
   int64_t seq_len = 0;        // T >= 1
@@ -68,7 +61,12 @@ class BatchSource {
   virtual uint64_t val_token_count() const = 0;
   // Rows of one epoch (Dataset: windows; fine-tuning: packed rows of epoch 0).
   virtual uint64_t train_window_count() const = 0;
+  // A sampled hash of the data (checkpoints compare it on resume): catches
+  // changed or reordered data in O(1) reads.
+  virtual uint64_t fingerprint() const = 0;
 };
+// The data's fingerprint, as stored in checkpoints (RunIdentity).
+inline uint64_t dataset_fingerprint(const BatchSource& data) { return data.fingerprint(); }
 
 class Dataset final : public BatchSource {
  public:
@@ -92,6 +90,7 @@ class Dataset final : public BatchSource {
   uint64_t train_token_count() const override { return n_train_; }
   uint64_t val_token_count() const override { return tokens_.size() - n_train_; }
   uint64_t train_window_count() const override { return n_windows_; }
+  uint64_t fingerprint() const override;  // of the token stream (dataset_fingerprint)
   uint64_t val_window_count() const { return n_val_windows_; }
   const TokenStream& tokens() const { return tokens_; }
 

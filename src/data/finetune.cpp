@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "core/error.h"
 
@@ -404,6 +405,20 @@ Batch FinetuneDataset::next_batch(int64_t B) {
     ++row_;
   }
   return b;
+}
+
+uint64_t FinetuneDataset::fingerprint() const {
+  const uint8_t* p = cache_.data();
+  const uint64_t n = cache_.size(), chunk = uint64_t(1) << 20;
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) fail("[checkpoint] out of memory creating a hash state");
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, &n, sizeof n);
+  for (uint64_t begin : {uint64_t(0), n > chunk ? (n - chunk) / 2 : 0, n > chunk ? n - chunk : 0})
+    if (n) XXH3_64bits_update(st, p + begin, std::min(chunk, n - begin));
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
 }
 
 DataCursor FinetuneDataset::cursor() const {

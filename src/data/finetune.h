@@ -117,6 +117,8 @@ class FinetuneDataset final : public BatchSource {
   uint64_t train_token_count() const override { return stats_.tokens; }
   uint64_t val_token_count() const override { return stats_.val_tokens; }
   uint64_t train_window_count() const override { return stats_.rows_epoch0; }
+  // Size, then the first, middle and last MiB of the example cache.
+  uint64_t fingerprint() const override;
   // The encoded examples (token ids and targets), as cached on disk.
   const MappedFile& cache() const { return cache_; }
 

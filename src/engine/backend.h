@@ -1,6 +1,6 @@
 // Backend: where a training step's forward, backward and optimizer run.
 // The CPU backend (engine/cpu_backend.cpp) is the reference; the CUDA
-// streaming engine (cuda/stream_engine.cpp) streams layers through the GPU
+// streaming engine (engine/cuda/stream_engine.cpp) streams layers through the GPU
 // from the same HostState. The trainer owns data, schedule and logs and only
 // talks to this interface.
 #pragma once
@@ -10,20 +10,10 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "engine/host_state.h"
-#include "optim/adamw.h"
+#include "optim/unit_update.h"
+#include "state/host_state.h"
 
 namespace rt {
-
-struct OptimStep {
-  double lr = 0;
-  int64_t t = 0;  // 1-based count of applied updates, for bias correction
-  AdamWHyper hyper;
-  double weight_decay = 0;
-  bool decay_norms_and_biases = false;
-  double clip = 1.0;  // <= 0: off
-  bool inject_nan = false;  // test hook: treat this step's loss as NaN (so it is skipped)
-};
 
 struct StepStats {
   double loss_sum = 0;     // sum of token losses over every micro-batch
@@ -60,19 +50,6 @@ class Backend {
   // HostState's gradient arenas (which must exist); no update. Returns the loss sum.
   virtual double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) = 0;
 };
-
-// The weight decay of one tensor under o's policy.
-inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
-  return (e.is_norm_or_bias && !o.decay_norms_and_biases) ? 0.0 : o.weight_decay;
-}
-// AdamW over one unit: grad[numel] laid out like the unit's arena; bf16_shadow
-// (nullable) receives the updated weights as bf16 in the same layout.
-void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
-// The same over the unit's elements [b, e) only: grad[e - b] holds their
-// gradients (grad[0] is element b); bf16_shadow (nullable) is the whole unit's.
-// Elementwise, so any split of a unit gives the same values as update_unit.
-void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
-                       uint16_t* bf16_shadow);
 
 // Delayed-update mode (both backends): the update computed at step t is
 // applied during step t+1, so step t+1's gradients are computed on the

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/host_state.h"
+#include "state/host_state.h"
 
 namespace rt {
 

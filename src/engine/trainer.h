@@ -27,10 +27,11 @@
 
 #include "data/dataset.h"
 #include "engine/backend.h"
-#include "engine/host_state.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "state/host_state.h"
 
 namespace rt {
 

@@ -24,7 +24,6 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/thread_pool.h"
-#include "data/finetune.h"
 #include "io/safetensors.h"
 
 namespace rt {
@@ -182,25 +181,6 @@ void prune(const std::string& out_dir, int64_t keep_last) {
 uint64_t xxh3_64_of(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
 uint64_t checkpoint_bytes_written() { return g_hook_bytes.load(); }
-
-uint64_t dataset_fingerprint(const BatchSource& data) {
-  if (const auto* d = dynamic_cast<const Dataset*>(&data)) return dataset_fingerprint(d->tokens());
-  if (const auto* f = dynamic_cast<const FinetuneDataset*>(&data)) {
-    // Size, then the first, middle and last MiB of the example cache.
-    const uint8_t* p = f->cache().data();
-    const uint64_t n = f->cache().size(), chunk = uint64_t(1) << 20;
-    XXH3_state_t* st = XXH3_createState();
-    if (!st) fail("[checkpoint] out of memory creating a hash state");
-    XXH3_64bits_reset(st);
-    XXH3_64bits_update(st, &n, sizeof n);
-    for (uint64_t begin : {uint64_t(0), n > chunk ? (n - chunk) / 2 : 0, n > chunk ? n - chunk : 0})
-      if (n) XXH3_64bits_update(st, p + begin, std::min(chunk, n - begin));
-    const uint64_t h = XXH3_64bits_digest(st);
-    XXH3_freeState(st);
-    return h;
-  }
-  fail("[checkpoint] internal: no fingerprint for this kind of dataset");
-}
 
 uint64_t dataset_fingerprint(const TokenStream& tokens) {
   const uint64_t n = tokens.size(), chunk = uint64_t(1) << 20;

@@ -33,9 +33,10 @@
 #include <thread>
 #include <vector>
 
-#include "data/dataset.h"
-#include "engine/host_state.h"
+#include "io/data_cursor.h"
+#include "io/token_file.h"
 #include "model/spec.h"
+#include "state/host_state.h"
 
 namespace rt {
 
@@ -83,8 +84,7 @@ uint64_t checkpoint_bytes_written();
 // XXH3-64 of (token count, up to 2^20 tokens at the start, middle and end):
 // a sampled fingerprint that catches changed or reordered data in O(1) reads.
 uint64_t dataset_fingerprint(const TokenStream& tokens);
-// Of a Dataset's tokens, or of a fine-tuning dataset's encoded examples.
-uint64_t dataset_fingerprint(const BatchSource& data);
+// Of any dataset: BatchSource::fingerprint (data/dataset.h).
 
 std::string checkpoint_dir_name(int64_t step);  // "ckpt-00000120"
 struct CheckpointRef {

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
+#include "io/state_tensors.h"
 
 namespace rt {
 
@@ -36,7 +37,7 @@ void export_hf_dir(const std::string& dir, const HostState& state, const ExportO
     ModelSpec spec = state.spec();
     spec.dtype = opt.dtype == DType::bf16 ? "bfloat16" : "float32";
     write_file_atomic(path_join(tmp, "config.json"), spec_to_config_json(spec));
-    safetensors_write_model(tmp, state.master_tensors(opt.dtype), opt.max_shard_bytes);
+    safetensors_write_model(tmp, master_tensors(state, opt.dtype), opt.max_shard_bytes);
     if (opt.tokenizer == "byte")
       write_file_atomic(path_join(tmp, "ramtrain_tokenizer.json"),
                         "{\"type\": \"byte\", \"vocab_size\": 258, \"bos_id\": 256, \"eos_id\": 257}\n");

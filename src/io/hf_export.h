@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/host_state.h"
+#include "io/safetensors.h"
+#include "state/host_state.h"
 
 namespace rt {
 

@@ -26,8 +26,8 @@
 
 #include "core/fs.h"
 #include "data/dataset.h"
-#include "engine/host_state.h"
 #include "io/checkpoint.h"
+#include "state/host_state.h"
 #include "testutil.h"
 
 extern char** environ;

@@ -393,8 +393,10 @@ struct AttnShape {
   int64_t B, T, H, G, D;
 };
 
-// Naive double reference: full [T, T] scores, causal mask, softmax.
-void attention_ref(Vec& out, Vec& lse, const Vec& q, const Vec& k, const Vec& v, const AttnShape& s) {
+// Naive double reference: full [T, T] scores, causal mask (and the document
+// mask: keys before doc_start[b,i] hidden), softmax.
+void attention_ref(Vec& out, Vec& lse, const Vec& q, const Vec& k, const Vec& v, const AttnShape& s,
+                   const int32_t* doc_start = nullptr) {
   const auto [B, T, H, G, D] = s;
   out.assign(static_cast<size_t>(B * T * H * D), 0.f);
   lse.assign(static_cast<size_t>(B * H * T), 0.f);
@@ -403,8 +405,9 @@ void attention_ref(Vec& out, Vec& lse, const Vec& q, const Vec& k, const Vec& v,
       const int64_t g = h / (H / G);
       for (int64_t i = 0; i < T; ++i) {
         std::vector<double> sc(static_cast<size_t>(T), -INFINITY);
+        const int64_t j0 = doc_start ? doc_start[b * T + i] : 0;
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           double d = 0;
           for (int64_t e = 0; e < D; ++e)
             d += static_cast<double>(q[((b * T + i) * H + h) * D + e]) * k[((b * T + j) * G + g) * D + e];
@@ -412,27 +415,29 @@ void attention_ref(Vec& out, Vec& lse, const Vec& q, const Vec& k, const Vec& v,
           mx = std::max(mx, sc[j]);
         }
         double z = 0;
-        for (int64_t j = 0; j <= i; ++j) z += std::exp(sc[j] - mx);
+        for (int64_t j = j0; j <= i; ++j) z += std::exp(sc[j] - mx);
         lse[(b * H + h) * T + i] = static_cast<float>(mx + std::log(z));
         for (int64_t e = 0; e < D; ++e) {
           double o = 0;
-          for (int64_t j = 0; j <= i; ++j) o += std::exp(sc[j] - mx) / z * v[((b * T + j) * G + g) * D + e];
+          for (int64_t j = j0; j <= i; ++j) o += std::exp(sc[j] - mx) / z * v[((b * T + j) * G + g) * D + e];
           out[((b * T + i) * H + h) * D + e] = static_cast<float>(o);
         }
       }
     }
 }
 
-void attention_case(const AttnShape& s, uint64_t seed) {
+// doc_start: packed documents [B*T] or empty (one document per sequence).
+void attention_case(const AttnShape& s, uint64_t seed, const std::vector<int32_t>& docs = {}) {
   const auto [B, T, H, G, D] = s;
+  const int32_t* doc = docs.empty() ? nullptr : docs.data();
   SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " G=" << G << " D=" << D);
   Vec q = random_vec(B * T * H * D, seed, -2.f, 2.f);  // wider q: sharper softmax
   Vec k = random_vec(B * T * G * D, seed + 1), v = random_vec(B * T * G * D, seed + 2);
   Vec r = random_vec(B * T * H * D, seed + 3);
   Vec out(q.size(), kNaN), lse(static_cast<size_t>(B * H * T), kNaN);
-  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D);
+  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D, doc);
   Vec out_ref, lse_ref;
-  attention_ref(out_ref, lse_ref, q, k, v, s);
+  attention_ref(out_ref, lse_ref, q, k, v, s, doc);
   // fp32 scores, exp and sums over <= 70 keys: a few 1e-7 relative on
   // lse ~ O(5) and on out (a convex combination of v in [-1, 1]).
   EXPECT_TRUE(expect_near("attention out", out, out_ref, 1e-5, 1e-5));
@@ -440,10 +445,10 @@ void attention_case(const AttnShape& s, uint64_t seed) {
 
   Vec dq(q.size(), kNaN), dk(k.size(), kNaN), dv(v.size(), kNaN);  // '=' outputs: prefilled garbage
   rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), out.data(),
-                              lse.data(), B, T, H, G, D);
+                              lse.data(), B, T, H, G, D, doc);
   auto loss = [&] {
     Vec o(q.size()), l(lse.size());
-    rt::cpu::attention_forward(o.data(), l.data(), q.data(), k.data(), v.data(), B, T, H, G, D);
+    rt::cpu::attention_forward(o.data(), l.data(), q.data(), k.data(), v.data(), B, T, H, G, D, doc);
     return dot_d(o, r);
   };
   check_grad("attention dq", q, dq, loss);
@@ -455,6 +460,71 @@ TEST(CpuAttention, MultiHead) { attention_case({2, 12, 4, 4, 8}, 61); }
 TEST(CpuAttention, GroupedQuery) { attention_case({2, 12, 4, 2, 16}, 71); }
 TEST(CpuAttention, MultiQuery) { attention_case({2, 9, 6, 1, 8}, 81); }
 TEST(CpuAttention, LongerThanOneQueryBlock) { attention_case({1, 70, 2, 1, 8}, 91); }  // 64-row query blocks
+
+// doc_start [B*T] of B sequences of length T packed with documents of the given
+// lengths (per sequence; each list sums to T).
+std::vector<int32_t> doc_starts(const std::vector<std::vector<int>>& lens, int64_t T) {
+  std::vector<int32_t> d;
+  for (const auto& seq : lens) {
+    int32_t start = 0;
+    for (int n : seq) {
+      for (int i = 0; i < n; ++i) d.push_back(start);
+      start += n;
+    }
+    EXPECT_EQ(start, T) << "document lengths must fill the sequence";
+  }
+  return d;
+}
+
+// against the double reference with the document mask, and finite differences
+TEST(CpuAttention, PackedDocuments) {
+  attention_case({2, 12, 4, 2, 8}, 101, doc_starts({{5, 1, 6}, {12}}, 12));
+  attention_case({1, 70, 2, 1, 8}, 111, doc_starts({{33, 30, 7}}, 70));  // a boundary inside a query block
+}
+
+// Packed documents give each document exactly what it gets alone: the same
+// operations on the same values in the same order, so bit-identical outputs
+// and gradients (the reason packing with masking is safe to turn on).
+TEST(CpuAttention, PackedEqualsSeparate) {
+  const int64_t H = 4, G = 2, D = 8;
+  const std::vector<int> lens = {7, 1, 12, 4};
+  const int64_t T = 24;
+  Vec q = random_vec(T * H * D, 121, -2.f, 2.f), k = random_vec(T * G * D, 122), v = random_vec(T * G * D, 123),
+      r = random_vec(T * H * D, 124);
+  const std::vector<int32_t> doc = doc_starts({lens}, T);
+  Vec out(q.size()), lse(H * T), dq(q.size()), dk(k.size()), dv(v.size());
+  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), 1, T, H, G, D, doc.data());
+  rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), out.data(),
+                              lse.data(), 1, T, H, G, D, doc.data());
+  int64_t t0 = 0;
+  for (int n : lens) {
+    auto part = [&](const Vec& x, int64_t w) { return Vec(x.begin() + t0 * w, x.begin() + (t0 + n) * w); };
+    Vec qs = part(q, H * D), ks = part(k, G * D), vs = part(v, G * D), rs = part(r, H * D);
+    Vec o(qs.size()), l(H * n), gq(qs.size()), gk(ks.size()), gv(vs.size());
+    rt::cpu::attention_forward(o.data(), l.data(), qs.data(), ks.data(), vs.data(), 1, n, H, G, D);
+    rt::cpu::attention_backward(gq.data(), gk.data(), gv.data(), rs.data(), qs.data(), ks.data(), vs.data(), o.data(),
+                                l.data(), 1, n, H, G, D);
+    EXPECT_EQ(part(out, H * D), o) << "document at " << t0;
+    EXPECT_EQ(part(dq, H * D), gq) << "document at " << t0;
+    EXPECT_EQ(part(dk, G * D), gk) << "document at " << t0;
+    EXPECT_EQ(part(dv, G * D), gv) << "document at " << t0;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < n; ++t) EXPECT_EQ(lse[h * T + t0 + t], l[h * n + t]) << "lse h=" << h << " t=" << t0 + t;
+    t0 += n;
+  }
+}
+
+TEST(CpuAttention, BadDocStartIsRefused) {
+  const int64_t T = 4, H = 1, G = 1, D = 8;
+  Vec q = random_vec(T * D, 131), k = random_vec(T * D, 132), v = random_vec(T * D, 133);
+  Vec out(q.size()), lse(T);
+  const std::vector<int32_t> gap = {0, 0, 1, 1};     // position 2 neither starts a document nor continues one
+  const std::vector<int32_t> future = {0, 2, 2, 2};  // a start after the position
+  for (const auto* d : {&gap, &future})
+    EXPECT_THROW(rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), 1, T, H, G, D,
+                                            d->data()),
+                 rt::Error);
+}
 
 // ---------------------------------------------------------------- SwiGLU and add
 

@@ -8,10 +8,10 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "data/dataset.h"
 #include "engine/backend.h"
-#include "core/error.h"
-#include "engine/host_state.h"
+#include "state/host_state.h"
 
 namespace {
 

@@ -379,7 +379,23 @@ TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
 
 struct AttnCase {
   int64_t B, T, H, G, D;
+  std::vector<std::vector<int>> docs = {};  // packed documents: lengths per sequence (empty: none)
 };
+
+// doc_start [B*T] of the case's packed documents (empty when it has none).
+std::vector<int32_t> attention_doc_start(const AttnCase& c) {
+  std::vector<int32_t> d;
+  if (c.docs.empty()) return d;
+  for (const auto& seq : c.docs) {
+    int32_t start = 0;
+    for (int n : seq) {
+      for (int i = 0; i < n; ++i) d.push_back(start);
+      start += n;
+    }
+  }
+  EXPECT_EQ(static_cast<int64_t>(d.size()), c.B * c.T) << "document lengths must fill every sequence";
+  return d;
+}
 
 void attention_case(const AttnCase& c, uint64_t seed) {
   const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
@@ -387,21 +403,27 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   auto q = random_bf16(nq, seed, -2.f, 2.f), k = random_bf16(nkv, seed + 1), v = random_bf16(nkv, seed + 2);
   auto dout = random_bf16(nq, seed + 3);
   std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
-  rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D);
+  const std::vector<int32_t> doc = attention_doc_start(c);
+  const int32_t* doc_host = doc.empty() ? nullptr : doc.data();
+  rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D,
+                             doc_host);
   rt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(), v.data(),
-                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D);
+                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host);
+  auto d_doc = doc.empty() ? nullptr : upload(doc);
+  const int32_t* doc_dev = d_doc ? d_doc->as<int32_t>() : nullptr;
 
   auto dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddout = upload_bf16(dout);
   auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T);
   auto dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
   DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
   rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
-                              dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, nullptr);
+                              dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, nullptr, doc_dev);
   rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
                                dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T,
-                               c.H, c.G, c.D, scratch.scratch(), nullptr);
+                               c.H, c.G, c.D, scratch.scratch(), nullptr, doc_dev);
   const std::string tag = "attention B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-                          " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D);
+                          " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
+                          (doc.empty() ? "" : " packed documents");
   // out: P rounded to bf16 before P@V, fp32 accumulation, one final rounding
   expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
   // lse: fp32 scores of the same bf16 operands, fp32 exp/log: absolute error ~1e-5
@@ -417,7 +439,7 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   dv->poison();
   rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
                                dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T,
-                               c.H, c.G, c.D, scratch.scratch(), nullptr);
+                               c.H, c.G, c.D, scratch.scratch(), nullptr, doc_dev);
   EXPECT_EQ(download_bf16(*dq, nq), dq1) << tag << " dq not repeatable";
   EXPECT_EQ(download_bf16(*dk, nkv), dk1) << tag << " dk not repeatable";
   EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
@@ -437,7 +459,11 @@ void attention_cases(const std::vector<AttnCase>& cases, uint64_t seed) {
   for (rt::cuda::AttentionKernels k : attention_kernel_sets()) {
     SCOPED_TRACE(rt::cuda::attention_kernels_name(k));
     rt::cuda::set_attention_kernels(k);
-    for (size_t i = 0; i < cases.size(); ++i) attention_case(cases[i], seed + 10 * i);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      // head dims without wgmma kernels run mma_sync either way: test them once
+      if (rt::cuda::attention_kernels_in_use(cases[i].D) != k) continue;
+      attention_case(cases[i], seed + 10 * i);
+    }
   }
   rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
 }
@@ -453,6 +479,43 @@ TEST_F(CudaOps, AttentionHeadDim128MatchesCpu) {
                    {2, 129, 2, 1, 128},    // one row past a tile, MQA
                    {1, 600, 4, 2, 128}},   // more key and query tiles than pipeline stages
                   120);
+}
+
+// head_dim 96 (Phi-3): tiles padded to 128 columns in shared memory
+TEST_F(CudaOps, AttentionHeadDim96MatchesCpu) {
+  attention_cases({{2, 100, 4, 2, 96},     // partial tiles, GQA group 2
+                   {1, 300, 6, 2, 96}},    // several key and query tiles, GQA group 3
+                  140);
+}
+
+// head_dim 256 (Gemma): own tile shapes (32-key forward tiles, 16-row dK/dV and
+// 16-key dQ tiles, dK/dV in two column slices)
+TEST_F(CudaOps, AttentionHeadDim256MatchesCpu) {
+  attention_cases({{2, 100, 4, 2, 256},    // partial tiles, GQA group 2
+                   {1, 300, 4, 1, 256},    // MQA, many more tiles than pipeline stages
+                   {1, 64, 2, 2, 256}},    // exactly one tile of each kernel
+                  160);
+}
+
+// Packed documents (doc_start): against the CPU reference with the same
+// document mask. Boundaries inside and on tiles; documents long enough that
+// whole key tiles (forward, dQ) and query tiles (dK/dV) are skipped.
+TEST_F(CudaOps, AttentionPackedDocumentsMatchCpu) {
+  attention_cases({{2, 300, 4, 2, 64, {{70, 1, 100, 129}, {150, 150}}},
+                   {1, 300, 4, 2, 128, {{64, 64, 1, 171}}},
+                   {1, 200, 6, 2, 96, {{128, 5, 67}}},
+                   {1, 200, 4, 2, 256, {{16, 17, 100, 67}}},
+                   {1, 129, 2, 1, 128, {{1, 1, 1, 126}}}},
+                  180);
+}
+
+TEST_F(CudaOps, AttentionOtherHeadDimsRunMmaSync) {
+  // the rule of ops.h: wgmma has head_dim 64 and 128 only, whatever was chosen
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::wgmma);
+  EXPECT_EQ(rt::cuda::attention_kernels_in_use(96), rt::cuda::AttentionKernels::mma_sync);
+  EXPECT_EQ(rt::cuda::attention_kernels_in_use(256), rt::cuda::AttentionKernels::mma_sync);
+  EXPECT_EQ(rt::cuda::attention_kernels_in_use(128), rt::cuda::AttentionKernels::wgmma);
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
 }
 
 TEST_F(CudaOps, AttentionKernelSetsAgree) {

@@ -7,7 +7,8 @@
 //  - 200 training steps on tinyshakespeare track the CPU backend's loss curve;
 //  - delayed update: streaming = resident bit for bit, and the CUDA run
 //    follows the CPU twin (engine/cpu_backend.cpp), not the undelayed run;
-//  - a plan that does not fit the budget shrinks to the --low-memory one.
+//  - a plan that does not fit the budget shrinks to the --low-memory one;
+//  - engine/device_plan.h counts exactly the bytes the engine allocates.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,8 +16,12 @@
 
 #include "data/dataset.h"
 #include "engine/backend.h"
+#include "engine/device_plan.h"
 #include "engine/trainer.h"
 #include "testutil.h"
+#ifdef RAMTRAIN_HAVE_CUDA
+#include "engine/cuda/engine_device.h"
+#endif
 
 namespace {
 
@@ -367,5 +372,40 @@ TEST(CudaEngine, ShrinksThePlanToFitTheBudget) {
     EXPECT_NE(std::string(e.what()).find("not enough device memory"), std::string::npos) << e.what();
   }
 }
+
+#ifdef RAMTRAIN_HAVE_CUDA
+TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
+  // plan_device (no CUDA) against the allocator's count right after the
+  // engine is built (its peak: nothing is allocated later), for the device,
+  // host and mixed placements, fixed and auto kept activations.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 4, T = 128;
+  for (bool tied : {false, true}) {
+    rt::ModelSpec s = gpu_spec(4);
+    s.tie_embeddings = tied;
+    std::vector<rt::CudaOptions> cases(4);
+    cases[0].grads = cases[0].checkpoints = "device";
+    cases[0].keep_activations = 0;
+    rt::set_low_memory(cases[1]);
+    cases[2].grads = "host";
+    cases[2].checkpoints = "device";
+    cases[2].keep_activations = 2;
+    cases[3].grads = cases[3].checkpoints = "device";  // keep auto
+    for (auto& co : cases) {
+      co.max_gpu_memory = 256ull << 20;
+      co.fit = false;
+      co.verbose = false;
+      rt::HostState st(s, false);
+      st.init_random(3);
+      auto gpu = rt::make_cuda_backend(st, B, T, co);
+      const rt::DevicePlan p = rt::plan_device(s, B, T, co, co.max_gpu_memory, rt::cuda::op_scratch_bytes);
+      EXPECT_EQ(p.total, gpu->stats().device_peak_bytes)
+          << "tied " << tied << " grads " << co.grads << " checkpoints " << co.checkpoints << " keep "
+          << co.keep_activations << " (plan keeps " << p.kept_layers << ")";
+    }
+  }
+}
+
+#endif
 
 }  // namespace

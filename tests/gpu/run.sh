@@ -14,6 +14,8 @@
 #   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap, and --low-memory at micro-batch 1, 2, 4
 #   bench7b   7B-shape streaming and resident throughput, with a trace and its idle gaps (bench/trace_gaps.py);
 #             then both (and the delayed update) with the same number of kept layers
+#   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
+#             (full depth and 14 layers), and long sequences (32k under 24 GiB, 16k under 10 GiB): issue 16's table
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference
@@ -114,6 +116,21 @@ if has bench7b; then
   done
   run bench_7b_2048_keep6 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps 3 \
     --warmup 2 --modes streaming,resident,delayed,resident-delayed --grads device --keep-activations 6
+fi
+
+if has smallcard; then
+  # 64k tokens per optimizer step everywhere: 32 x 2048 uncapped, 8 x 2048 x 4 micro-batches under 24 GiB,
+  # 2 x 2048 x 16 under 10 GiB. Same call, so the capped rates are compared with the uncapped one measured here.
+  sc=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps 2 --warmup 1 --modes streaming)
+  for L in 28 14; do
+    run "sc_7b_L${L}_uncapped" 400 "${sc[@]}" --layers "$L" --micro-batch 32
+    run "sc_7b_L${L}_24g" 500 "${sc[@]}" --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24
+    run "sc_7b_L${L}_10g" 560 "${sc[@]}" --layers "$L" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10
+  done
+  run sc_7b_seq32k_24g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 --micro-batch 1 --steps 2 \
+    --warmup 1 --modes streaming --max-gpu-memory 24
+  run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 --micro-batch 1 --steps 2 \
+    --warmup 1 --modes streaming --max-gpu-memory 10
 fi
 
 if has landing; then

@@ -24,6 +24,7 @@
 #include "cpu/cpu_ops.h"
 #include "cpu/ops.h"
 #include "io/safetensors.h"
+#include "io/state_tensors.h"
 #include "io/token_file.h"
 #include "model/model.h"
 #include "testutil.h"
@@ -83,7 +84,7 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
   double worst = 0;
   std::string worst_name;
   int n_grads = 0;
-  for (const auto& t : m.state->grad_tensors()) {
+  for (const auto& t : rt::grad_tensors(*m.state)) {
     const rt::TensorInfo* rg = refs->find("grad." + t.name);
     ASSERT_NE(rg, nullptr) << "reference has no gradient for " << t.name;
     ASSERT_EQ(rg->shape, t.shape) << t.name;

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "cpu/cpu_ops.h"
-#include "engine/host_state.h"
 #include "model/model.h"
+#include "state/host_state.h"
 #include "testutil.h"
 
 namespace {

@@ -5,13 +5,14 @@
 // canonical weight-map order (model/weight_map.h), so a unit moves in a few
 // large copies; plus, for the CPU backend, an fp32 gradient arena (4 B/param).
 // Views for the layer templates point into the arenas: binding is free.
+// Lives below io/ (state <- io): reading and writing it as safetensors is
+// io/state_tensors.h.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
 #include "model/model.h"
 #include "model/spec.h"
 #include "model/weight_map.h"
@@ -60,9 +61,6 @@ class HostState {
   // HF-style init: normal(0, std) for matrices and embeddings, 1 for norms, 0
   // for biases; counter-based RNG, so identical for any thread count.
   void init_random(uint64_t seed, float std = 0.02f);
-  // Loads master weights from a HF checkpoint; every missing, unexpected or
-  // misshapen tensor is reported by name (model/weight_map.h).
-  void load(const SafetensorsModel& model);
   void zero_grads();
   // Allocates the fp32 gradient arenas if the state was made without them.
   void ensure_grads();
@@ -73,9 +71,6 @@ class HostState {
   float* grad(const std::string& name) const;
   ModelWeightsT<float> weights() const;
   ModelGrads grads() const;
-  // fp32 master weights as tensors to write (HF names, canonical order).
-  std::vector<TensorWrite> master_tensors(DType dtype) const;
-  std::vector<TensorWrite> grad_tensors() const;
 
  private:
   struct Loc {

@@ -1,4 +1,4 @@
-#include "engine/host_state.h"
+#include "state/host_state.h"
 
 #include <algorithm>
 #include <cmath>
@@ -167,17 +167,6 @@ void HostState::init_random(uint64_t seed, float std) {
   }
 }
 
-void HostState::load(const SafetensorsModel& model) {
-  std::vector<FoundTensor> found;
-  for (const TensorInfo* t : model.all()) found.push_back({t->name, t->shape});
-  std::string report = weight_map_check(spec_, found);
-  if (!report.empty())
-    fail("[load] ", model.source(), " does not match config.json:\n", report);
-  for (auto& u : units_)
-    for (size_t k = 0; k < u.entries.size(); ++k)
-      tensor_to_f32(model.get(u.entries[k].name), u.master() + u.offsets[k]);
-}
-
 void HostState::ensure_grads() {
   if (with_grads_) return;
   uint64_t need = 0;
@@ -255,23 +244,6 @@ ModelGrads HostState::grads() const {
   g.final_norm = grad("model.norm.weight");
   g.lm_head = spec_.tie_embeddings ? g.embed : grad("lm_head.weight");
   return g;
-}
-
-std::vector<TensorWrite> HostState::master_tensors(DType dtype) const {
-  std::vector<TensorWrite> out;
-  for (auto& u : units_)
-    for (size_t k = 0; k < u.entries.size(); ++k)
-      out.push_back({u.entries[k].name, u.entries[k].shape, u.master() + u.offsets[k], dtype});
-  return out;
-}
-
-std::vector<TensorWrite> HostState::grad_tensors() const {
-  RT_CHECK(with_grads_, "[host] gradients were not allocated");
-  std::vector<TensorWrite> out;
-  for (auto& u : units_)
-    for (size_t k = 0; k < u.entries.size(); ++k)
-      out.push_back({u.entries[k].name, u.entries[k].shape, u.grad.p + u.offsets[k], DType::f32});
-  return out;
 }
 
 }  // namespace rt

@@ -1,0 +1,61 @@
+// Causal masks on accumulator fragments (layout in utils.cuh), shared by both
+// attention kernel sets. A fragment covers rows row0 + {0, 8} (row0 =
+// first row + lane/4) and columns col0 + 8j + 2*(lane%4) + {0, 1}.
+#pragma once
+#include "cuda/attention/utils.cuh"
+
+namespace rt::cuda::attn {
+
+// Column of fragment element (j, e) relative to the fragment's first column.
+__device__ __forceinline__ int frag_col(int j, int e) { return 8 * j + 2 * (threadIdx.x & 3) + (e & 1); }
+// Row of element e relative to the thread's first row (row0).
+__device__ __forceinline__ int frag_row(int e) { return 8 * (e >> 1); }
+
+// Scores of queries (rows row0 + ...) against keys (columns k0 + ...): keys
+// after the query become -inf.
+template <class A>
+__device__ __forceinline__ void mask_causal_scores(A& sc, int k0, int row0) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (k0 + frag_col(j, e) > row0 + frag_row(e)) frag(sc, j, e) = -INFINITY;
+}
+
+// Packed documents (doc_start, see ops.h): row i sees keys from start(i) on.
+// Queries as rows: keys k0 + col before the row's start (start[0] for row0,
+// start[1] for row0 + 8) become `fill`.
+template <class A>
+__device__ __forceinline__ void mask_doc_rows(A& sc, int k0, const int (&start)[2], float fill) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (k0 + frag_col(j, e) < start[e >> 1]) frag(sc, j, e) = fill;
+}
+// Keys as rows (row0 + {0, 8}), queries as columns: start[col] is the start of
+// the tile's query column col; keys before it give 0.
+template <class A>
+__device__ __forceinline__ void mask_doc_cols(A& pt, const int* start, int row0) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (row0 + frag_row(e) < start[frag_col(j, e)]) frag(pt, j, e) = 0.f;
+}
+
+// The first row t in [lo, hi) of a sequence's doc_start with doc[t] > key
+// (hi if none): the rows from there on see no key <= key. doc_start is
+// non-decreasing (contiguous documents).
+__device__ __forceinline__ int doc_rows_end(const int32_t* doc, int lo, int hi, int key) {
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (doc[mid] > key)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+}  // namespace rt::cuda::attn

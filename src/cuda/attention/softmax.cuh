@@ -1,0 +1,117 @@
+// Softmax pieces shared by both attention kernel sets, on accumulator
+// fragments (layout in utils.cuh). Scores stay raw (q.k, unscaled): the row
+// max m is a raw-score max and p = 2^(s * c - m * c) with c = log2(e)/sqrt(D),
+// one FFMA + one ex2.approx.ftz per element; lse is stored in natural-log
+// units and read back times log2(e).
+#pragma once
+#include "cuda/attention/mask.cuh"
+#include "cuda/attention/utils.cuh"
+
+namespace rt::cuda::attn {
+
+// Forward, one key tile: sc (this thread's 2 rows x the tile's keys, masked
+// keys already -inf) becomes p = 2^(s*c - m_new*c); the rows' running max m,
+// lane-partial sum l (reduced over the quad at the end: softmax_row_sum) and
+// output accumulator o are rescaled by alpha = 2^(m_old*c - m_new*c).
+template <class S, class O>
+__device__ __forceinline__ void softmax_online(S& sc, O& o, float (&m)[2], float (&l)[2], float c) {
+  constexpr int NS = frag_n<S>, NO = frag_n<O>;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // each row is spread over the 4 lanes of a quad; 4 independent max and sum
+    // chains (short dependency chains: with two warps per scheduler,
+    // fixed-latency stalls are what the profile shows)
+    float mq[4] = {m[r], m[r], m[r], m[r]};
+#pragma unroll
+    for (int j = 0; j < NS; ++j) mq[j & 3] = fmaxf(mq[j & 3], fmaxf(frag(sc, j, 2 * r), frag(sc, j, 2 * r + 1)));
+    float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // a row with every key so far masked keeps m = -inf: use 0 so no inf - inf
+    const float mc = mx == -INFINITY ? 0.f : mx * c;
+    const float alpha = exp2_ftz(m[r] * c - mc);  // m = -inf on a row's first tile: 0
+    m[r] = mx;
+    float ssum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      frag(sc, j, 2 * r) = exp2_ftz(fmaf(frag(sc, j, 2 * r), c, -mc));
+      frag(sc, j, 2 * r + 1) = exp2_ftz(fmaf(frag(sc, j, 2 * r + 1), c, -mc));
+      ssum[j & 3] += frag(sc, j, 2 * r) + frag(sc, j, 2 * r + 1);
+    }
+    l[r] = fmaf(l[r], alpha, (ssum[0] + ssum[1]) + (ssum[2] + ssum[3]));  // lane-partial
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      frag(o, j, 2 * r) *= alpha;
+      frag(o, j, 2 * r + 1) *= alpha;
+    }
+  }
+}
+
+// Forward end: a row's softmax denominator from the quad's lane-partial sums.
+__device__ __forceinline__ float softmax_row_sum(float l) {
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  return l;
+}
+
+// Backward, P from the forward's lse, queries as rows (the dQ kernels):
+// p = 2^(s*c - lse2[row]), lse2 = lse * log2(e) of the thread's rows row0 +
+// {0, 8}; with `mask`, keys k0 + col after the row give 0.
+template <class A>
+__device__ __forceinline__ void probs_rows(A& p, float c, const float (&lse2)[2], bool mask, int k0, int row0) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = exp2_ftz(fmaf(frag(p, j, e), c, -lse2[e >> 1]));
+      if (mask && k0 + frag_col(j, e) > row0 + frag_row(e)) x = 0.f;
+      frag(p, j, e) = x;
+    }
+}
+// dS = P * (dP - delta[row]), queries as rows.
+template <class A>
+__device__ __forceinline__ void dscores_rows(A& dp, A& p, const float (&delta)[2]) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) frag(dp, j, e) = frag(p, j, e) * (frag(dp, j, e) - delta[e >> 1]);
+}
+
+// Backward, P^T with keys as rows and queries as columns (the dK/dV
+// kernels): lse2[col] is the lse * log2(e) of the tile's query column col;
+// with `mask`, queries q0 + col before the key (row0 + ...) give 0.
+template <class A>
+__device__ __forceinline__ void probs_cols(A& pt, float c, const float* lse2, bool mask, int q0, int row0) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = frag_col(j, e);
+      float x = exp2_ftz(fmaf(frag(pt, j, e), c, -lse2[col]));
+      if (mask && q0 + col < row0 + frag_row(e)) x = 0.f;
+      frag(pt, j, e) = x;
+    }
+}
+// dS^T = P^T * (dP^T - delta[col]), delta indexed as lse2 above.
+template <class A>
+__device__ __forceinline__ void dscores_cols(A& dpt, A& pt, const float* delta) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) frag(dpt, j, e) = frag(pt, j, e) * (frag(dpt, j, e) - delta[frag_col(j, e)]);
+}
+
+// The dQ kernels' per-row lse * log2(e) and delta of rows row0 + {0, 8} of
+// head row (b*H + h); rows past T get P = 0.
+__device__ __forceinline__ void row_stats_load(float (&lse2)[2], float (&dl)[2], const float* lse, const float* delta,
+                                               int64_t bh, int row0, int T) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    const int64_t idx = bh * T + row;
+    lse2[r] = row < T ? lse[idx] * kLog2e : INFINITY;
+    dl[r] = row < T ? delta[idx] : 0.f;
+  }
+}
+
+}  // namespace rt::cuda::attn

@@ -1,0 +1,157 @@
+#include "engine/cuda/gradient_sink.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "optim/adamw.h"
+
+namespace rt::cuda {
+
+GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed)
+    : st_(st), dev_(dev), track_(track), host_(host_grads), host_embed_(host_embed) {
+  auto& units = st_.units();
+  const int64_t L = st_.spec().n_layers;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const bool layer = u >= 1 && u <= static_cast<size_t>(L);
+    if ((host_ && layer) || (host_embed_ && u == 0)) grads_.emplace_back();  // layers use the two buffers below
+    else grads_.emplace_back(dev_.alloc, units[u].numel, "gradients of " + units[u].name);
+  }
+  if (host_)
+    for (auto& g : layer_grad_) g = DevBuf<float>(dev_.alloc, units[1].numel, "a layer gradient buffer");
+  for (auto& g : layer_grad_)
+    if (g.data()) CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), dev_.compute.get()));
+  grad_zeroed_.resize(units.size());
+  for (auto& g : grads_) CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), dev_.compute.get()));
+}
+
+void GradientSink::make_landing(uint64_t landing_chunk_bytes) {
+  int64_t max_unit = 0;
+  for (auto& u : st_.units()) max_unit = std::max(max_unit, u.numel);
+  if (host_) {  // pinned slabs where each unit's gradient lands during the backward
+    for (int r = 0; r < kSlabs; ++r) slabs_.emplace_back(static_cast<size_t>(max_unit) * 4, "a gradient landing slab");
+    slab_done_.resize(kSlabs);
+    slab_free_.assign(kSlabs, 1);
+  } else {  // a pinned ring of chunks the optimizer phase copies gradients through
+    const int64_t want = static_cast<int64_t>(landing_chunk_bytes / 4) / kChunkAlign * kChunkAlign;
+    chunk_elems_ = want > 0 ? std::min(want, max_unit) : max_unit;
+    for (int r = 0; r < kRing; ++r) ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
+    ring_done_.resize(kRing);
+  }
+}
+
+float* GradientSink::dev_grad(size_t u) {
+  const bool layer = u >= 1 && u <= static_cast<size_t>(st_.spec().n_layers);
+  return host_ && layer ? layer_grad_[u % 2].data() : grads_[u].data();
+}
+
+void GradientSink::wait_zeroed(size_t u) {
+  if (host_) return;  // host mode zeroes its device buffers right before (layers) or after (embed, head) use
+  if (track_.step() == 0) return;
+  // the optimizer of the last step has queued the copy-out and zeroing of unit u
+  track_.wait_grad_issued(u, track_.step());
+  CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), grad_zeroed_[u].get(), 0));
+}
+
+void GradientSink::begin_layer(int64_t i) {
+  if (!host_) return;
+  // the buffer's previous layer has left for the host
+  const int gb = static_cast<int>((i + 1) % 2);
+  if (layer_grad_pending_[gb]) CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), layer_grad_out_[gb].get(), 0));
+  CUDA_CHECK(cudaMemsetAsync(layer_grad_[gb].data(), 0, layer_grad_[gb].bytes(), dev_.compute.get()));
+}
+
+void GradientSink::end_layer(int64_t i, bool first_micro) {
+  if (!host_) return;
+  const int gb = static_cast<int>((i + 1) % 2);
+  land(static_cast<size_t>(i + 1), layer_grad_[gb].data(), first_micro);
+  CUDA_CHECK(cudaEventRecord(layer_grad_out_[gb].get(), dev_.d2h.get()));
+  layer_grad_pending_[gb] = true;
+}
+
+void GradientSink::end_backward(bool first_micro) {
+  if (!host_) return;
+  const size_t head = static_cast<size_t>(st_.spec().n_layers + 1);
+  for (size_t u : {size_t{0}, head}) {
+    if (host_embed_ && u == 0) continue;
+    land(u, grads_[u].data(), first_micro);
+    CUDA_CHECK(cudaEventRecord(unit_grad_out_.get(), dev_.d2h.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), unit_grad_out_.get(), 0));
+    CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), dev_.compute.get()));
+  }
+}
+
+// Unit u's gradient leaves the device now (d2h, into a pinned slab); the
+// worker adds it to the host arena (= on the first micro-batch).
+void GradientSink::land(size_t u, const float* src, bool first) {
+  auto& unit = st_.units()[u];
+  const int r = static_cast<int>(landing_counter_++ % kSlabs);
+  track_.wait([&] { return slab_free_[r] != 0; });
+  track_.update([&] { slab_free_[r] = 0; });
+  CUDA_CHECK(cudaEventRecord(grad_made_.get(), dev_.compute.get()));
+  CUDA_CHECK(cudaStreamWaitEvent(dev_.d2h.get(), grad_made_.get(), 0));
+  auto span = dev_.tracer.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, dev_.d2h.get());
+  CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), src, static_cast<size_t>(unit.numel) * 4, cudaMemcpyDeviceToHost,
+                             dev_.d2h.get()));
+  dev_.tracer.gpu_end(span, dev_.d2h.get());
+  CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), dev_.d2h.get()));
+  track_.push([this, u, r, first] {
+    CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
+    auto& un = st_.units()[u];
+    const float* g = slabs_[r].as<float>();
+    float* dst = un.grad.p;
+    auto span = dev_.tracer.host_begin("land", static_cast<int>(u) - 1);
+    parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
+      if (first) std::memcpy(dst + b, g + b, static_cast<size_t>(e - b) * 4);
+      else for (int64_t i = b; i < e; ++i) dst[i] += g[i];
+    });
+    dev_.tracer.host_end(span);
+    track_.update([&] { slab_free_[r] = 1; });
+  });
+}
+
+void GradientSink::queue_norms(double* norms, Scratch sc) {
+  auto& units = st_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    auto span = dev_.tracer.gpu_begin(Lane::compute, "norm", static_cast<int>(u), dev_.compute.get());
+    sum_squares(norms + u, grads_[u].data(), units[u].numel, sc, dev_.compute.get());
+    dev_.tracer.gpu_end(span, dev_.compute.get());
+  }
+}
+
+std::vector<double> GradientSink::host_norms() {
+  std::vector<double> norms(st_.units().size(), 0.0);
+  track_.push([this, &norms] {
+    auto& us = st_.units();
+    for (size_t u = 0; u < us.size(); ++u) norms[u] = rt::sum_squares(us[u].grad.p, us[u].numel);
+  });
+  track_.drain();
+  return norms;
+}
+
+void GradientSink::copy_chunk(int r, size_t u, int64_t b, int64_t e) {
+  CUDA_CHECK(cudaMemcpyAsync(ring_[r].as<float>(), grads_[u].data() + b, static_cast<size_t>(e - b) * 4,
+                             cudaMemcpyDeviceToHost, dev_.d2h.get()));
+  CUDA_CHECK(cudaEventRecord(ring_done_[r].get(), dev_.d2h.get()));
+}
+
+const float* GradientSink::wait_chunk(int r) {
+  CUDA_CHECK(cudaEventSynchronize(ring_done_[r].get()));
+  return ring_[r].as<float>();
+}
+
+void GradientSink::zero_after_copy(size_t u) {
+  CUDA_CHECK(cudaMemsetAsync(grads_[u].data(), 0, grads_[u].bytes(), dev_.d2h.get()));
+  CUDA_CHECK(cudaEventRecord(grad_zeroed_[u].get(), dev_.d2h.get()));
+}
+
+void GradientSink::copy_to_host() {
+  auto& units = st_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    RT_CHECK(units[u].grad.p, "[engine] compute_grads needs a HostState with gradients");
+    CUDA_CHECK(cudaMemcpy(units[u].grad.p, grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemset(grads_[u].data(), 0, grads_[u].bytes()));
+  }
+}
+
+}  // namespace rt::cuda

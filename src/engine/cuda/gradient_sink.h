@@ -1,0 +1,91 @@
+// Gradient sink: where the backward's fp32 weight gradients go.
+// Device mode: one device buffer per unit keeps every gradient until the
+// global norm is known (exact clipping); the optimizer phase copies each out
+// in chunks through a small pinned ring (copy_chunk / wait_chunk) and zeroes
+// the buffer for the next step (zero_after_copy), which the next backward
+// waits for (wait_zeroed).
+// Host mode (--grads host): each layer's gradient is made in one of two
+// device buffers, leaves on the d2h stream into one of three pinned slabs
+// as soon as the layer's backward is queued, and the worker adds it into the
+// unit's host arena (= on the first micro-batch of the step, += after); the
+// head's (and a device embedding's) buffers leave at the end of the backward.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/cuda/engine_device.h"
+#include "engine/update_tracker.h"
+#include "state/host_state.h"
+
+namespace rt::cuda {
+
+class GradientSink {
+ public:
+  // Device-mode chunks in flight between the device and the optimizer (4 x
+  // 16 MiB by default instead of unit-sized slabs: as fast on the H200 host,
+  // 6.6 GiB less pinned RAM at 7B; bench/RESULTS.md); kChunkAlign keeps every
+  // chunk 64-byte aligned in the arenas (units and tensors are 16-float aligned).
+  static constexpr int kRing = 4;
+  static constexpr int64_t kChunkAlign = 4096;
+  static constexpr int kSlabs = 3;
+
+  GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed);
+  // The pinned slabs (host mode) or ring (device mode): made after the rest of
+  // the device plan, like the engine always did.
+  void make_landing(uint64_t landing_chunk_bytes);
+  bool on_host() const { return host_; }
+
+  // The device buffer receiving unit u's gradient.
+  float* dev_grad(size_t u);
+  // Device mode: the compute stream waits until the last step's copy-out and
+  // zeroing of unit u's buffer is done (no-op on the first step and in host mode).
+  void wait_zeroed(size_t u);
+
+  // ---- host mode, during the backward ----
+  // Layer i's buffer may be written: its previous layer has left; zeroed.
+  void begin_layer(int64_t i);
+  // Layer i's backward is queued: its gradient leaves for the host.
+  void end_layer(int64_t i, bool first_micro);
+  // The backward is done: the head's (and a device embedding's) gradients
+  // leave, then their buffers are zeroed for the next micro-batch.
+  void end_backward(bool first_micro);
+
+  // ---- the global norm ----
+  // Device mode: queue per-unit sums of squares into norms[u] on the compute stream.
+  void queue_norms(double* norms, Scratch sc);
+  // Host mode: per-unit sums of squares of the host arenas (on the worker).
+  std::vector<double> host_norms();
+
+  // ---- device mode, the optimizer phase (worker thread) ----
+  int64_t chunk_elems() const { return chunk_elems_; }
+  // Queues elements [b, e) of unit u's gradient into ring slot r on d2h.
+  void copy_chunk(int r, size_t u, int64_t b, int64_t e);
+  // Waits for ring slot r's copy; its gradients.
+  const float* wait_chunk(int r);
+  // Queues the zeroing of unit u's buffer behind its copies (d2h).
+  void zero_after_copy(size_t u);
+
+  // Test hook (compute_grads): device-mode gradients -> the host arenas, buffers zeroed.
+  void copy_to_host();
+
+ private:
+  void land(size_t u, const float* src, bool first_micro);
+  HostState& st_;
+  EngineDevice& dev_;
+  UpdateTracker& track_;
+  bool host_, host_embed_;
+  std::vector<DevBuf<float>> grads_;  // per unit (host mode: embedding and head only)
+  std::vector<Event> grad_zeroed_;
+  DevBuf<float> layer_grad_[2];       // host mode: layers alternate between two buffers
+  Event layer_grad_out_[2], unit_grad_out_, grad_made_;
+  bool layer_grad_pending_[2] = {false, false};
+  std::vector<PinnedBuf> slabs_;  // host mode: landing slabs of the largest unit
+  std::vector<Event> slab_done_;
+  std::vector<int> slab_free_;  // guarded by the tracker's mutex
+  int64_t landing_counter_ = 0;
+  std::vector<PinnedBuf> ring_;  // device mode: the optimizer's landing chunks
+  std::vector<Event> ring_done_;
+  int64_t chunk_elems_ = 0;
+};
+
+}  // namespace rt::cuda

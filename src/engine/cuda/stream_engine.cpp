@@ -1,0 +1,463 @@
+// The CUDA streaming engine: the schedule that streams layers through the GPU
+// from host RAM. Its parts, one job each (engine/cuda/ unless named):
+//   WeightSlots (weight_slots.h): pinned bf16 shadows, device slots, loads;
+//   CheckpointStore (checkpoint_store.h): block inputs, device or host;
+//   GradientSink (gradient_sink.h): device gradient buffers + landing ring, or
+//     per-layer host slabs;
+//   HostEmbedding (host_embedding.h): the --low-memory embedding on the host;
+//   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW;
+//   UpdateTracker (engine/update_tracker.h): the worker and what it has done;
+//   the plan (engine/device_plan.h): placement, auto kept layers, fit.
+// This file owns the activations and the order of work.
+//
+// Streams: h2d (weights in), compute, d2h (gradients out); events join them.
+// One step:
+//   forward 0..L-1: layer i waits for its slot's load; after layer i's work is
+//     queued, the load of layer i+S into the same slot is queued behind it;
+//   turn-around: the last S layers are still in their slots and are reused;
+//   backward L-1..0: recompute block i from x_i (unless its activations were
+//     kept: --keep-activations), back-propagate, and queue the
+//     load of layer i-S into the freed slot (prefetch, never load-then-wait);
+//   norm: per-unit sums of squares on the device, summed in unit order;
+//   optimizer (worker thread, CPU pool): see optimizer_phase.h; the next
+//     step's load of unit u waits only on u's update.
+// Delayed update (backend.h): two bf16 shadows; step t's optimizer writes
+//   shadow t % 2 while step t+1 trains on the weights of update t-1 (shadow
+//   (t-1) % 2), and it runs in backward order (head, embedding, last layer
+//   first) so that step t+1's backward finds each unit's gradient buffer
+//   already copied out and zeroed.
+//
+// Folders: the kernels, device memory and the tracer are cuda/ (below the
+// engine; they know nothing of HostState or the optimizer). This schedule and
+// its parts queue work on CUDA streams and events at every step, so they are
+// the engine's CUDA backend, engine/cuda/, built into ramtrain_lib with the
+// CUDA runtime; what they decide without CUDA is plain engine/ (device_plan,
+// update_tracker, update_order), tested on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "cpu/ops.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/device_info.h"
+#include "engine/backend.h"
+#include "engine/cuda/checkpoint_store.h"
+#include "engine/cuda/engine_device.h"
+#include "engine/cuda/gradient_sink.h"
+#include "engine/cuda/host_embedding.h"
+#include "engine/cuda/optimizer_phase.h"
+#include "engine/cuda/weight_slots.h"
+#include "engine/device_plan.h"
+#include "engine/unit_binding.h"
+#include "engine/update_tracker.h"
+#include "model/block.h"
+
+namespace rt {
+
+bool cuda_backend_available() { return cuda::device_count() > 0; }
+
+namespace cuda {
+
+uint64_t op_scratch_bytes(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o) {
+  const int64_t N = B * T;
+  const std::vector<int64_t> numel = unit_numels(s);
+  return std::max({rms_norm_backward_scratch_bytes(N, s.hidden),
+                   rms_norm_backward_scratch_bytes(N * std::max(s.n_heads, s.n_kv_heads), s.head_dim),
+                   attention_backward_scratch_bytes(B, T, s.n_heads),
+                   lm_head_cross_entropy_scratch_bytes(o.ce_chunk_rows, s.vocab),
+                   embedding_backward_scratch_bytes(N, s.vocab), sum_squares_scratch_bytes(numel[0]),
+                   sum_squares_scratch_bytes(numel[s.n_layers + 1]), sum_squares_scratch_bytes(numel[1])});
+}
+
+namespace {
+
+class StreamEngine final : public Backend {
+ public:
+  StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOptions& opt)
+      : st_(st), s_(st.spec()), B_(B), T_(T), N_(B * T), opt_(opt), dev_(budget(opt), opt.trace_path),
+        track_(st.units().size(), opt.delayed_update) {
+    const int64_t L = s_.n_layers;
+    auto& units = st_.units();
+    check_shapes();
+    place_ = place_on_device(s_, B_, T_, opt_, dev_.alloc.budget());
+    // device state, in the order of the plan (device_plan.h)
+    weights_ = std::make_unique<WeightSlots>(st_, dev_, track_, place_.slots, place_.host_embed);
+    if (place_.host_grads) st_.ensure_grads();
+    if (place_.host_embed) host_embed_ = std::make_unique<HostEmbedding>(st_, dev_, track_, N_);
+    grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed);
+    ckpt_ = std::make_unique<CheckpointStore>(dev_, L, N_ * s_.hidden, place_.host_ckpt);
+    hf_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "final hidden states");
+    dx_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "the residual gradient");
+    dhf_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "the final norm gradient");
+    rstd_f_ = DevBuf<float>(dev_.alloc, N_, "final norm statistics");
+    ids_ = DevBuf<int32_t>(dev_.alloc, N_, "token ids");
+    targets_ = DevBuf<int32_t>(dev_.alloc, N_, "targets");
+    pos_ = DevBuf<int32_t>(dev_.alloc, N_, "positions");
+    host_io_ = PinnedBuf(static_cast<size_t>(3 * N_) * 4, "token staging");
+    totals_ = DevBuf<CrossEntropyTotals>(dev_.alloc, 1, "loss totals");
+    norms_ = DevBuf<double>(dev_.alloc, static_cast<int64_t>(units.size()), "gradient norms");
+    host_small_ = PinnedBuf(sizeof(CrossEntropyTotals) + units.size() * sizeof(double), "loss staging");
+    std::vector<float> inv = cpu::rope_inv_freq(s_.rope, s_.head_dim);
+    inv_freq_ = DevBuf<float>(dev_.alloc, static_cast<int64_t>(inv.size()), "RoPE frequencies");
+    CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    const size_t sc = op_scratch_bytes(s_, B_, T_, opt_);
+    scratch_ = DevBuf<uint8_t>(dev_.alloc, static_cast<int64_t>(sc), "op scratch");
+    ops_ = std::make_unique<CudaOps>(dev_.alloc, dev_.blas, dev_.compute.get(), inv_freq_.data(),
+                                     Scratch{scratch_.data(), sc});
+    bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
+    grads_->make_landing(opt_.landing_chunk_bytes);
+    optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_);
+    // Last: the block activations, the shared set and those of the last K
+    // layers, which stay from forward to backward (their recompute is
+    // skipped); K as asked or, on auto, as many as fit in what the plan leaves
+    // of the budget once the shared set is in (1/64 of the budget held back).
+    const uint64_t act_bytes = BlockActs<CudaOps>::bytes(s_, BlockDims{B_, T_});
+    RT_CHECK(opt_.keep_activations >= -1, "[cuda] --keep-activations must be auto or a layer count >= 0, got ",
+             opt_.keep_activations);
+    int64_t keep = opt_.keep_activations;
+    if (keep < 0) keep = auto_kept_layers(dev_.alloc.used(), act_bytes, dev_.alloc.budget());
+    keep = std::min(keep, L);
+    acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_}, keep);
+    CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
+    if (opt_.verbose) {
+      const int S = weights_->count();
+      std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
+                  "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
+                  "device memory %.2f GiB planned of %.2f GiB budget\n",
+                  opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
+                  place_.host_grads ? "host (per layer)" : "device", place_.host_ckpt ? "host" : "device",
+                  place_.host_embed ? "host" : "device", (long long)keep, (long long)L,
+                  keep * act_bytes / double(1ull << 30), dev_.alloc.used() / double(1ull << 30),
+                  dev_.alloc.budget() / double(1ull << 30));
+    }
+  }
+
+  ~StreamEngine() override {
+    try {
+      track_.drain();
+    } catch (...) {
+    }
+    cudaDeviceSynchronize();
+  }
+
+  std::string describe() const override {
+    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
+               " slots, bf16 compute, fp32 master + AdamW on ", global_pool().size(), " CPU threads",
+               track_.delayed() ? ", delayed update" : "", ")");
+  }
+
+  StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
+    track_.rethrow_if_failed();
+    auto& units = st_.units();
+    StepStats stats;
+    CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
+    const float grad_scale = 1.0f / static_cast<float>(n_valid_total);
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const Batch& b = batches[k];
+      RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
+      first_micro_ = k == 0;
+      upload_batch(b);
+      forward(true);
+      head(true, grad_scale);
+      backward();
+    }
+    // global norm: per-unit sums of squares, summed in unit order
+    std::vector<double> host_norms;
+    if (place_.host_grads) host_norms = grads_->host_norms();
+    else grads_->queue_norms(norms_.data(), Scratch{scratch_.data(), scratch_.size()});
+    auto* tot = host_small_.as<CrossEntropyTotals>();
+    double* nrm = reinterpret_cast<double*>(host_small_.as<uint8_t>() + sizeof(CrossEntropyTotals));
+    cudaStream_t cs = dev_.compute.get();
+    CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaMemcpyAsync(nrm, norms_.data(), units.size() * sizeof(double), cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaEventRecord(backward_done_.get(), cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    stats.loss_sum = tot->loss_sum;
+    stats.n_valid = tot->n_valid;
+    double sq = 0;
+    for (size_t u = 0; u < units.size(); ++u) sq += place_.host_grads ? host_norms[u] : nrm[u];
+    stats.grad_norm = std::sqrt(sq);
+    const bool ok = std::isfinite(stats.loss_sum) && std::isfinite(stats.grad_norm);
+    const float coef = clip_coefficient(stats.grad_norm, o.clip);
+    track_.next_step();
+    const int64_t step = track_.step();
+    dev_.tracer.flush_step(step);
+    last_busy_ = dev_.tracer.lane_busy_seconds(Lane::compute, step);
+    last_h2d_ = dev_.h2d_bytes;
+    dev_.h2d_bytes = 0;
+    last_d2h_ = 0;
+    for (size_t u = 0; u < units.size(); ++u)
+      last_d2h_ += (place_.host_embed && u == 0 ? static_cast<uint64_t>(N_) * s_.hidden * 2
+                                                : static_cast<uint64_t>(units[u].numel) * 4) *
+                   (place_.host_grads ? batches.size() : 1);
+    // optimizer phase on the worker
+    cudaEvent_t done = backward_done_.get();
+    track_.push([this, o, coef, ok, step, done] { optimizer_->run(o, coef, ok, step, done); });
+    stats.applied = ok;
+    return stats;
+  }
+
+  double loss_sum(const Batch& in, int64_t* n_valid) override {
+    track_.rethrow_if_failed();
+    RT_CHECK(in.B <= B_ && in.T == T_, "[engine] batch ", in.B, "x", in.T, " does not fit the engine's ", B_, "x", T_);
+    Batch padded;
+    const Batch* bp = &in;
+    if (in.B < B_) {  // a short last validation batch: pad with rows that carry no loss
+      padded = in;
+      padded.B = B_;
+      padded.inputs.resize(static_cast<size_t>(N_), 0);
+      padded.targets.resize(static_cast<size_t>(N_), ignore_target);
+      bp = &padded;
+    }
+    const Batch& b = *bp;
+    CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
+    upload_batch(b);
+    forward(false);
+    head(false, 1.0f);
+    return read_totals(n_valid);
+  }
+
+  double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
+    sync();
+    CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
+    for (size_t k = 0; k < batches.size(); ++k) {
+      first_micro_ = k == 0;
+      upload_batch(batches[k]);
+      forward(true);
+      head(true, 1.0f / static_cast<float>(n_valid_total));
+      backward();
+    }
+    int64_t n_valid = 0;
+    const double loss = read_totals(&n_valid);
+    if (place_.host_grads) {  // they already landed in the host arenas
+      track_.drain();
+      return loss;
+    }
+    grads_->copy_to_host();
+    // the layers in the slots are still current (no update happened)
+    return loss;
+  }
+
+  void sync() override {
+    track_.drain();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    track_.synced();  // delayed update: the pending update is in; the next step trains on it
+  }
+
+  EngineStats stats() const override {
+    EngineStats e;
+    e.device_peak_bytes = dev_.alloc.peak();
+    e.h2d_bytes = last_h2d_;
+    e.d2h_bytes = last_d2h_;
+    e.optimizer_seconds = optimizer_->seconds();
+    e.optimizer_params = optimizer_->params();
+    e.compute_busy_seconds = last_busy_;
+    return e;
+  }
+
+ private:
+  static uint64_t budget(const CudaOptions& o) {
+    RT_CHECK(device_count() > 0, "[cuda] no CUDA device is visible; use --device cpu");
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    uint64_t b = free_b > (512ull << 20) ? free_b - (512ull << 20) : free_b;  // leave room for the CUDA context
+    if (o.max_gpu_memory) {
+      if (o.max_gpu_memory > b)
+        fail("[cuda] --max-gpu-memory ", o.max_gpu_memory >> 20, " MiB is more than the ", b >> 20, " MiB the device has free");
+      b = o.max_gpu_memory;
+    }
+    return b;
+  }
+
+  void check_shapes() {
+    auto mult8 = [&](int64_t v, const char* what) {
+      RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v, " must be a multiple of 8 for the CUDA kernels; use --device cpu");
+    };
+    mult8(s_.hidden, "hidden_size");
+    mult8(s_.intermediate, "intermediate_size");
+    mult8(s_.vocab, "vocab_size");
+    mult8(s_.q_dim(), "heads x head_dim");
+    mult8(s_.kv_dim(), "kv heads x head_dim");
+    RT_CHECK(s_.head_dim == 64 || s_.head_dim == 96 || s_.head_dim == 128 || s_.head_dim == 256, "[cuda] head_dim ",
+             s_.head_dim, " is not supported by the CUDA attention kernels (64, 96, 128 or 256); use --device cpu");
+  }
+
+  // Copies the loss totals out (waits for the compute stream); *n_valid tokens.
+  double read_totals(int64_t* n_valid) {
+    auto* tot = host_small_.as<CrossEntropyTotals>();
+    CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost,
+                               dev_.compute.get()));
+    CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
+    *n_valid = tot->n_valid;
+    return tot->loss_sum;
+  }
+
+  void upload_batch(const Batch& b) {
+    int32_t* h = host_io_.as<int32_t>();
+    // the staging buffer may still be read by the previous batch's copies
+    CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
+    for (int64_t i = 0; i < N_; ++i) {
+      h[i] = b.inputs[i];
+      h[N_ + i] = b.targets[i];
+    }
+    batch_positions(b, h + 2 * N_);
+    cudaStream_t cs = dev_.compute.get();
+    CUDA_CHECK(cudaMemcpyAsync(ids_.data(), h, N_ * 4, cudaMemcpyHostToDevice, cs));
+    CUDA_CHECK(cudaMemcpyAsync(targets_.data(), h + N_, N_ * 4, cudaMemcpyHostToDevice, cs));
+    CUDA_CHECK(cudaMemcpyAsync(pos_.data(), h + 2 * N_, N_ * 4, cudaMemcpyHostToDevice, cs));
+  }
+
+  void forward(bool training) {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    const int S = weights_->count();
+    auto& units = st_.units();
+    cudaStream_t cs = dev_.compute.get();
+    if (host_embed_) {
+      // Rows of the current shadow, gathered here, then one copy in on the
+      // compute stream. The staging buffer's previous copy is done:
+      // upload_batch synchronised the stream.
+      track_.wait_updated(0, track_.need_version());
+      host_embed_->gather(host_io_.as<int32_t>(), weights_->shadow_src(0));
+    } else {
+      weights_->ensure_embed();
+    }
+    auto span = dev_.tracer.gpu_begin(Lane::compute, "embed", -1, cs);
+    ckpt_->before_write(0);
+    if (host_embed_) host_embed_->copy_in(ckpt_->at(0));
+    else embedding_forward(ckpt_->at(0), ids_.data(), weights_->embed(), N_, C, cs);
+    dev_.tracer.gpu_end(span, cs);
+    if (training) ckpt_->written(0);
+    for (int64_t i = 0; i < L; ++i) {
+      // Layer i's load waits (on this thread) for its update; the layers after
+      // it are loaded ahead only when their updates are already in, so that
+      // queuing layer i never waits for a later layer's update (the forward
+      // trails the optimizer by one layer, not by the prefetch depth).
+      weights_->load_layer(i);
+      for (int64_t j = i + 1; j < std::min<int64_t>(L, i + weights_->prefetch_depth()) &&
+                              track_.is_updated(static_cast<size_t>(j + 1), track_.need_version());
+           ++j)
+        weights_->load_layer(j);
+      const bf16* w = weights_->use_layer(i);
+      ckpt_->before_write(i + 1);
+      auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
+      block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt_->at(i), ckpt_->at(i + 1),
+                    pos_.data(), training ? acts_->of(i) : acts_->shared());
+      dev_.tracer.gpu_end(sp, cs);
+      if (training && i + 1 < L) ckpt_->written(i + 1);
+      // the last S layers stay for the backward's turn-around
+      if (i + S < L || !training) weights_->release_layer(i);
+    }
+  }
+
+  void head(bool training, float grad_scale) {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    const size_t H = static_cast<size_t>(L + 1);
+    auto& hu = st_.units()[H];
+    cudaStream_t cs = dev_.compute.get();
+    weights_->ensure_head();
+    const bf16* final_norm = weights_->head() + entry_offset(hu, WeightKind::final_norm);
+    const bf16* lm = s_.tie_embeddings ? weights_->embed() : weights_->head() + entry_offset(hu, WeightKind::lm_head);
+    float* g_norm = grads_->dev_grad(H) + entry_offset(hu, WeightKind::final_norm);
+    float* g_lm = s_.tie_embeddings ? grads_->dev_grad(0) : grads_->dev_grad(H) + entry_offset(hu, WeightKind::lm_head);
+    if (training) {  // first writes of these gradients this step
+      grads_->wait_zeroed(H);
+      if (s_.tie_embeddings) grads_->wait_zeroed(0);
+    }
+    auto span = dev_.tracer.gpu_begin(Lane::compute, "head", -1, cs);
+    rms_norm_forward(hf_.data(), rstd_f_.data(), ckpt_->at(L), final_norm, N_, C, static_cast<float>(s_.rms_eps), cs);
+    Scratch sc{scratch_.data(), scratch_.size()};
+    lm_head_cross_entropy(dev_.blas, training ? dhf_.data() : nullptr, training ? g_lm : nullptr, totals_.data(),
+                          hf_.data(), lm, targets_.data(), N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
+    if (training)
+      rms_norm_backward(dx_.data(), g_norm, dhf_.data(), ckpt_->at(L), final_norm, rstd_f_.data(), nullptr, N_, C, sc,
+                        cs);
+    dev_.tracer.gpu_end(span, cs);
+  }
+
+  void backward() {
+    const int64_t L = s_.n_layers, C = s_.hidden;
+    const int S = weights_->count();
+    auto& units = st_.units();
+    cudaStream_t cs = dev_.compute.get();
+    ckpt_->begin_backward();
+    for (int64_t i = L - 1; i >= 0; --i) {
+      const bf16* w = weights_->use_layer(i);
+      ckpt_->before_backward(i);
+      grads_->wait_zeroed(static_cast<size_t>(i + 1));
+      float* g = grads_->dev_grad(static_cast<size_t>(i + 1));
+      grads_->begin_layer(i);
+      BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
+      auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
+      if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations)
+        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt_->at(i), hf_.data(), pos_.data(), acts_->shared());
+      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i),
+                     *bscratch_, bind_grads(units[i + 1], g));
+      dev_.tracer.gpu_end(sp, cs);
+      ckpt_->after_backward(i);
+      grads_->end_layer(i, first_micro_);
+      weights_->release_layer(i);
+      if (i - S >= 0) weights_->load_layer(i - S);
+    }
+    if (host_embed_) {
+      host_embed_->land(dx_.data(), host_io_.as<int32_t>(), first_micro_);
+    } else {
+      grads_->wait_zeroed(0);
+      Scratch sc{scratch_.data(), scratch_.size()};
+      embedding_backward(grads_->dev_grad(0), dx_.data(), ids_.data(), N_, C, s_.vocab, sc, cs);
+    }
+    grads_->end_backward(first_micro_);
+  }
+
+  uint64_t last_h2d_ = 0, last_d2h_ = 0;
+  double last_busy_ = -1;
+  HostState& st_;
+  const ModelSpec& s_;
+  int64_t B_, T_, N_;
+  CudaOptions opt_;
+  EngineDevice dev_;
+  DevicePlacement place_;
+  bool first_micro_ = true;
+  Event backward_done_;
+  std::unique_ptr<WeightSlots> weights_;
+  std::unique_ptr<HostEmbedding> host_embed_;  // only with host gradients and an untied embedding
+  std::unique_ptr<GradientSink> grads_;
+  std::unique_ptr<CheckpointStore> ckpt_;
+  std::unique_ptr<OptimizerPhase> optimizer_;
+  DevBuf<bf16> hf_, dx_, dhf_;
+  DevBuf<float> rstd_f_, inv_freq_;
+  DevBuf<int32_t> ids_, targets_, pos_;
+  PinnedBuf host_io_, host_small_;
+  DevBuf<CrossEntropyTotals> totals_;
+  DevBuf<double> norms_;
+  DevBuf<uint8_t> scratch_;
+  std::unique_ptr<CudaOps> ops_;
+  std::unique_ptr<LayerActs<CudaOps>> acts_;  // shared (recomputed layers) + layers L-K..L-1, forward to backward
+  std::unique_ptr<BlockScratch<CudaOps>> bscratch_;
+  UpdateTracker track_;  // last: its worker thread stops first
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
+                                           const CudaOptions& opt) {
+  CudaOptions o = opt;
+  for (;;) {
+    try {
+      return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, o);
+    } catch (const cuda::DeviceBudgetError& e) {
+      if (!o.fit) throw;
+      // The next smaller plan, one change at a time (CudaOptions::fit).
+      std::string change;
+      if (!shrink_plan(o, &change))
+        throw cuda::DeviceBudgetError(cat(e.what(), " (this is already the smallest plan the engine has for ",
+                                          micro_batch, " x ", seq_len, " tokens per micro-batch)"));
+      if (o.verbose) std::printf("cuda engine: the plan does not fit (%s); trying %s\n", e.what(), change.c_str());
+    }
+  }
+}
+
+}  // namespace rt

@@ -1,0 +1,90 @@
+#include "engine/cuda/weight_slots.h"
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace rt::cuda {
+
+WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed)
+    : st_(st), dev_(dev), track_(track), S_(slots) {
+  auto& units = st_.units();
+  const bool delayed = track_.delayed();
+  const int64_t L = st_.spec().n_layers;
+  // pinned bf16 shadows, exact size, filled from the fp32 master (two of each in delayed mode)
+  for (int k = 0; k < (delayed ? 2 : 1); ++k)
+    for (auto& u : units) {
+      shadow_[k].emplace_back(static_cast<size_t>(u.numel) * 2,
+                              cat(delayed ? "a bf16 shadow (delayed update: two per unit) of " : "the bf16 shadow of ", u.name));
+      uint16_t* sh = shadow_[k].back().as<uint16_t>();
+      const float* m = u.master();
+      parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) sh[i] = f32_to_bf16(m[i]);
+      });
+    }
+  if (!host_embed) embed_w_ = DevBuf<bf16>(dev_.alloc, units[0].numel, "the embedding");
+  head_w_ = DevBuf<bf16>(dev_.alloc, units[L + 1].numel, "the final norm and LM head");
+  for (int s = 0; s < S_; ++s) slots_.emplace_back(dev_.alloc, units[1].numel, "a layer weight slot");
+  slot_layer_.assign(S_, -1);
+  slot_version_.assign(S_, -1);
+  slot_loaded_.resize(S_);
+  slot_free_.resize(S_);
+}
+
+const uint16_t* WeightSlots::shadow_src(size_t u) const {
+  return shadow_[track_.delayed() ? track_.need_version() % 2 : 0][u].as<uint16_t>();
+}
+
+// Queues on h2d the copy of unit u's current shadow into dst, piece by piece
+// as the optimizer's chunks of that unit finish.
+void WeightSlots::copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer) {
+  const int64_t need = track_.need_version(), n = st_.units()[u].numel;
+  const uint16_t* src = shadow_src(u);
+  int64_t issued = 0;
+  Tracer::Span span;
+  while (issued < n) {
+    const int64_t ready = track_.wait_ready(u, need, n, issued);
+    if (issued == 0) span = dev_.tracer.gpu_begin(Lane::h2d, what, layer, dev_.h2d.get());
+    CUDA_CHECK(cudaMemcpyAsync(dst + issued, src + issued, static_cast<size_t>(ready - issued) * 2,
+                               cudaMemcpyHostToDevice, dev_.h2d.get()));
+    issued = ready;
+  }
+  dev_.tracer.gpu_end(span, dev_.h2d.get());
+}
+
+void WeightSlots::ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
+  if (have_version == track_.need_version()) return;
+  copy_in_as_updated(u, dst.data(), u == 0 ? "load embed" : "load head", -1);
+  dev_.h2d_bytes += dst.bytes();
+  CUDA_CHECK(cudaEventRecord(loaded.get(), dev_.h2d.get()));
+  CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), loaded.get(), 0));
+  have_version = track_.need_version();
+}
+
+void WeightSlots::ensure_head() {
+  ensure_unit(static_cast<size_t>(st_.spec().n_layers + 1), head_w_, head_version_, head_loaded_);
+}
+
+void WeightSlots::load_layer(int64_t i) {
+  const int s = static_cast<int>(i % S_);
+  if (slot_layer_[s] == i && slot_version_[s] == track_.need_version()) return;
+  if (slot_layer_[s] >= 0) CUDA_CHECK(cudaStreamWaitEvent(dev_.h2d.get(), slot_free_[s].get(), 0));
+  copy_in_as_updated(static_cast<size_t>(i + 1), slots_[s].data(), "load", static_cast<int>(i));
+  dev_.h2d_bytes += slots_[s].bytes();
+  CUDA_CHECK(cudaEventRecord(slot_loaded_[s].get(), dev_.h2d.get()));
+  slot_layer_[s] = i;
+  slot_version_[s] = track_.need_version();
+}
+
+const bf16* WeightSlots::use_layer(int64_t i) {
+  const int s = static_cast<int>(i % S_);
+  load_layer(i);  // no-op when prefetched
+  CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), slot_loaded_[s].get(), 0));
+  return slots_[s].data();
+}
+
+void WeightSlots::release_layer(int64_t i) {
+  CUDA_CHECK(cudaEventRecord(slot_free_[static_cast<int>(i % S_)].get(), dev_.compute.get()));
+}
+
+}  // namespace rt::cuda

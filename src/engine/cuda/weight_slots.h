@@ -1,0 +1,63 @@
+// Weight slots: where the bf16 weights the device computes with come from.
+// Host: a pinned bf16 shadow of every unit, exact size, which the optimizer
+// rewrites after each update (two per unit in delayed-update mode: step t's
+// update writes shadow t % 2 while step t+1 reads the other). Device: S layer
+// slots (layer i lives in slot i % S), the head and, unless it stays on the
+// host, the embedding. Every load is queued on the h2d stream piece by piece
+// as the optimizer's update of that unit finishes (UpdateTracker), so a load
+// runs under the update instead of after it; a slot is reloaded only when
+// its layer or the weights' version changed.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "engine/cuda/engine_device.h"
+#include "engine/update_tracker.h"
+#include "state/host_state.h"
+
+namespace rt::cuda {
+
+class WeightSlots {
+ public:
+  WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed);
+
+  int count() const { return S_; }
+  // Layers loaded ahead of the one computing (bounded by the free slots).
+  int64_t prefetch_depth() const { return std::min<int64_t>(S_, 3); }
+
+  // The pinned shadow of unit u at the version this step computes with.
+  const uint16_t* shadow_src(size_t u) const;
+  // Shadow k (0, or 1 in delayed mode) of unit u: what the optimizer writes.
+  uint16_t* shadow(int k, size_t u) { return shadow_[k][u].as<uint16_t>(); }
+
+  // Queues the load of layer i into its slot unless it is already there.
+  void load_layer(int64_t i);
+  // Layer i's weights, the compute stream waiting for their load.
+  const bf16* use_layer(int64_t i);
+  // The compute stream's last use of layer i's slot is queued.
+  void release_layer(int64_t i);
+
+  // Unit-resident pieces: reloaded after each update.
+  void ensure_embed() { ensure_unit(0, embed_w_, embed_version_, embed_loaded_); }
+  void ensure_head();
+  const bf16* embed() const { return embed_w_.data(); }
+  const bf16* head() const { return head_w_.data(); }
+
+ private:
+  void copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer);
+  void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded);
+  HostState& st_;
+  EngineDevice& dev_;
+  UpdateTracker& track_;
+  int S_;
+  std::vector<PinnedBuf> shadow_[2];  // [1] only in delayed mode
+  DevBuf<bf16> embed_w_, head_w_;
+  int64_t embed_version_ = -1, head_version_ = -1;
+  Event embed_loaded_, head_loaded_;
+  std::vector<DevBuf<bf16>> slots_;
+  std::vector<int64_t> slot_layer_, slot_version_;
+  std::vector<Event> slot_loaded_, slot_free_;
+};
+
+}  // namespace rt::cuda

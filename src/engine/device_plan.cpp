@@ -1,0 +1,165 @@
+#include "engine/device_plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "cpu/ops.h"
+#include "model/block.h"
+#include "model/weight_map.h"
+
+namespace rt {
+
+std::vector<int64_t> unit_numels(const ModelSpec& s) {
+  std::vector<int64_t> n(static_cast<size_t>(s.n_layers + 2), 0);
+  for (const WeightEntry& e : weight_map(s)) {
+    const size_t u = e.kind == WeightKind::embed ? 0
+                     : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
+                                                 : static_cast<size_t>(s.n_layers + 1);
+    n[u] += (e.numel() + 15) / 16 * 16;  // HostState's arena layout: every tensor 16-float aligned
+  }
+  return n;
+}
+
+DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o, uint64_t budget) {
+  const int64_t L = s.n_layers, N = B * T;
+  DevicePlacement p;
+  p.slots = o.resident ? static_cast<int>(L) : std::max(2, std::min<int>(o.slots, static_cast<int>(L)));
+  // where gradients and checkpoints live (auto: the device, unless they would take a large part of it)
+  const uint64_t layer_numel = static_cast<uint64_t>(unit_numels(s)[1]);
+  const uint64_t dev_grad_bytes = layer_numel * 4 * static_cast<uint64_t>(L);
+  const uint64_t ckpt_bytes = static_cast<uint64_t>(L + 1) * N * s.hidden * 2;
+  auto pick = [](const std::string& v, bool big, const char* what) {
+    RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v, "'");
+    return v == "host" || (v == "auto" && big);
+  };
+  p.host_grads = pick(o.grads, !o.delayed_update && dev_grad_bytes > budget / 3, "grads");
+  if (o.delayed_update && p.host_grads)
+    fail("[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads host: with host "
+         "gradients each layer's gradient lands in the host arena the pending update still reads. Drop "
+         "--delayed-update, or use --grads device if ", dev_grad_bytes >> 20, " MiB of fp32 gradients fit");
+  p.host_ckpt = pick(o.checkpoints, ckpt_bytes > budget / 4, "checkpoints");
+  p.host_embed = p.host_grads && !s.tie_embeddings;  // a tied table is the LM head too: it stays on the device
+  return p;
+}
+
+int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget) {
+  const uint64_t planned = used + act_bytes + budget / 64;
+  return static_cast<int64_t>((budget - std::min(budget, planned)) / act_bytes);
+}
+
+bool shrink_plan(CudaOptions& o, std::string* change) {
+  if ((o.grads == "auto" && !o.delayed_update) || o.checkpoints == "auto") {
+    if (o.grads == "auto" && !o.delayed_update) o.grads = "host";
+    if (o.checkpoints == "auto") o.checkpoints = "host";
+    *change = "gradients and block checkpoints in host RAM";
+  } else if (o.slots > 2 && !o.resident && o.fit_slots) {
+    o.slots = 2;
+    *change = "2 weight slots";
+  } else if (o.ce_chunk_rows > 256) {
+    o.ce_chunk_rows = 256;
+    *change = "LM-head chunks of 256 rows";
+  } else {
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+uint64_t round256(uint64_t b) { return (b + 255) / 256 * 256; }
+
+// BlockActs / BlockScratch sized without allocating: bf16 activations.
+struct SizeOps {
+  using act_t = uint16_t;
+  template <class T>
+  struct Buffer {};
+};
+
+// Bytes of one BlockActs as the allocator counts them (each buffer rounded).
+uint64_t block_acts_alloc_bytes(const ModelSpec& s, const BlockDims& dm) {
+  uint64_t b = 0;
+  BlockActs<SizeOps>::each_buffer(
+      s, dm, [&](auto, int64_t n) { b += round256(static_cast<uint64_t>(n) * 2); },
+      [&](auto, int64_t n) { b += round256(static_cast<uint64_t>(n) * 4); });
+  return b;
+}
+
+// Bytes of one BlockScratch (model/block.h), each buffer rounded.
+uint64_t block_scratch_alloc_bytes(const ModelSpec& s, const BlockDims& dm) {
+  const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
+  const int64_t n[] = {N * F, N * F, N * F, N * C, N * C, N * C, N * QD, N * QD, N * KD, N * KD, N * C,
+                       s.qk_norm ? N * QD : 1, s.qk_norm ? N * KD : 1};
+  uint64_t b = 0;
+  for (int64_t e : n) b += round256(static_cast<uint64_t>(e) * 2);
+  return b;
+}
+
+}  // namespace
+
+uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t, int64_t, const CudaOptions& o) {
+  const uint64_t r = static_cast<uint64_t>(o.ce_chunk_rows), v = static_cast<uint64_t>(s.vocab);
+  return round256(r * v * 4) + round256(r * v * 2) + 2 * round256(r * 4);
+}
+
+DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o, uint64_t budget,
+                       const OpScratchBytes& op_scratch) {
+  DevicePlan p;
+  p.options = o;
+  p.budget = budget;
+  p.place = place_on_device(s, B, T, o, budget);
+  const std::vector<int64_t> numel = unit_numels(s);
+  const int64_t L = s.n_layers, N = B * T, C = s.hidden;
+  const size_t U = numel.size();
+  auto add = [&](std::string what, uint64_t bytes_each, int64_t count = 1) {
+    p.items.push_back({std::move(what), round256(bytes_each) * static_cast<uint64_t>(count), count});
+    p.total += p.items.back().bytes;
+  };
+  const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
+  // the engine's order: weights, gradients, checkpoints, step buffers, scratch, activations
+  if (!p.place.host_embed) add("the embedding", u64(numel[0]) * 2);
+  add("the final norm and LM head", u64(numel[U - 1]) * 2);
+  add("layer weight slots", u64(numel[1]) * 2, p.place.slots);
+  for (size_t u = 0; u < U; ++u) {
+    const bool layer = u >= 1 && u + 1 < U;
+    if ((p.place.host_grads && layer) || (p.place.host_embed && u == 0)) continue;
+    add(u == 0 ? "gradients of embed" : u + 1 == U ? "gradients of head" : "gradients of layer." + std::to_string(u - 1),
+        u64(numel[u]) * 4);
+  }
+  if (p.place.host_grads) add("layer gradient buffers", u64(numel[1]) * 4, 2);
+  if (p.place.host_ckpt) add("block input buffers", u64(N * C) * 2, 2);
+  else add("block checkpoints", u64((L + 1) * N * C) * 2);
+  add("final hidden states, residual and final norm gradients", u64(N * C) * 2, 3);
+  add("final norm statistics", u64(N) * 4);
+  add("token ids, targets, positions", u64(N) * 4, 3);
+  add("loss totals", 16);  // CrossEntropyTotals: double + long long
+  add("gradient norms", u64(static_cast<int64_t>(U)) * 8);
+  add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);
+  add("op scratch", op_scratch(s, B, T, o));
+  add("backward scratch", block_scratch_alloc_bytes(s, BlockDims{B, T}));
+  // the activations: the shared set, then the kept layers (engine: auto_kept_layers on what is in so far)
+  p.layer_act_bytes = BlockActs<SizeOps>::bytes(s, BlockDims{B, T});  // bf16 activations, as the engine counts
+  int64_t keep = o.keep_activations;
+  if (keep < 0) keep = auto_kept_layers(p.total, p.layer_act_bytes, budget);
+  p.kept_layers = std::min(keep, L);
+  const uint64_t acts = block_acts_alloc_bytes(s, BlockDims{B, T});
+  p.items.push_back({"block activations (shared + kept layers)", acts * u64(1 + p.kept_layers), 1 + p.kept_layers});
+  p.total += p.items.back().bytes;
+  return p;
+}
+
+DevicePlan fit_device_plan(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& opt, uint64_t budget,
+                           const OpScratchBytes& op_scratch) {
+  CudaOptions o = opt;
+  std::vector<std::string> changes;
+  for (;;) {
+    DevicePlan p = plan_device(s, B, T, o, budget, op_scratch);
+    std::string change;
+    if (p.fits() || !o.fit || !shrink_plan(o, &change)) {
+      p.changes = std::move(changes);
+      return p;
+    }
+    changes.push_back(change);
+  }
+}
+
+}  // namespace rt

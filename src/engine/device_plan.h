@@ -1,0 +1,81 @@
+// The CUDA engine's device plan, as pure functions of (ModelSpec, shapes,
+// options, budget): no CUDA, so the CPU tests and a `ramtrain plan` command
+// can call them. The engine (engine/cuda/stream_engine.cpp) makes its choices here.
+//
+// Placement: where gradients, block checkpoints and the embedding live, and
+// how many weight slots there are. Fit (CudaOptions::fit): when the plan does
+// not fit the budget, shrink_plan gives the next smaller one, one change at a
+// time: gradients and checkpoints left at auto go to the host, then 2 slots,
+// then 256-row LM-head chunks (the --low-memory plan).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "model/spec.h"
+
+namespace rt {
+
+struct DevicePlacement {
+  int slots = 2;            // device weight slots (layer i lives in slot i % slots)
+  bool host_grads = false;  // layer gradients leave per layer into host RAM
+  bool host_ckpt = false;   // block inputs wait for the backward in pinned host RAM
+  bool host_embed = false;  // host gradients + untied embedding: the table stays on the host
+};
+
+// Elements of each unit's arena (HostState's layout: unit 0 the embedding,
+// 1..L the layers, L+1 the head; every tensor padded to 16 floats).
+std::vector<int64_t> unit_numels(const ModelSpec& s);
+
+// Resolves the auto settings of o against the budget (bytes of device memory
+// the engine may use); fails with the flag to change on a bad combination.
+DevicePlacement place_on_device(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
+                                uint64_t budget);
+
+// --keep-activations auto: how many layers' activations (act_bytes each) fit
+// in what is left of the budget once `used` bytes (the rest of the plan and
+// the shared activation set) are in, 1/64 of the budget held back.
+int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget);
+
+// The next smaller plan: changes o one step and says what changed in *change;
+// false when o is already the smallest plan.
+bool shrink_plan(CudaOptions& o, std::string* change);
+
+// ---- the whole plan, byte by byte ----
+// Every device allocation of the engine, in the engine's order, each rounded
+// up to 256 bytes like the allocator (cuda/device_memory.h). Not counted:
+// the CUDA context and cuBLASLt's workspace (outside the budget).
+struct DevicePlanItem {
+  std::string what;
+  uint64_t bytes = 0;  // all `count` allocations together
+  int64_t count = 1;
+};
+// The op scratch (the largest temporary any op of a step needs) depends on
+// the CUDA kernels; the engine knows it exactly. Default: the LM head's
+// chunk buffers, its largest term, as an estimate.
+using OpScratchBytes = std::function<uint64_t(const ModelSpec&, int64_t micro_batch, int64_t seq_len,
+                                              const CudaOptions&)>;
+uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o);
+
+struct DevicePlan {
+  CudaOptions options;               // as planned (after fit_device_plan: shrunk)
+  DevicePlacement place;
+  int64_t kept_layers = 0;           // layers whose activations stay forward to backward
+  uint64_t layer_act_bytes = 0;      // what keeping one more layer costs
+  std::vector<DevicePlanItem> items;
+  uint64_t total = 0;                // sum of items
+  uint64_t budget = 0;
+  bool fits() const { return total <= budget; }
+  std::vector<std::string> changes;  // fit_device_plan: the shrink steps taken, in order
+};
+
+DevicePlan plan_device(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
+                       uint64_t budget, const OpScratchBytes& op_scratch = lm_head_scratch_estimate);
+// The plan make_cuda_backend ends with: shrinks o while it does not fit and
+// o.fit allows (the order above); the result may still not fit (fits()).
+DevicePlan fit_device_plan(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
+                           uint64_t budget, const OpScratchBytes& op_scratch = lm_head_scratch_estimate);
+
+}  // namespace rt

@@ -1,0 +1,20 @@
+// HostState <-> safetensors: the master weights of a HF checkpoint in, the
+// master weights or the gradients out as tensors to write (HF names,
+// canonical weight-map order). Pointers into the state's arenas: no copies.
+#pragma once
+#include <vector>
+
+#include "io/safetensors.h"
+#include "state/host_state.h"
+
+namespace rt {
+
+// Loads master weights from a HF checkpoint; every missing, unexpected or
+// misshapen tensor is reported by name (model/weight_map.h).
+void load_state(HostState& state, const SafetensorsModel& model);
+// fp32 master weights as tensors to write, stored as dtype.
+std::vector<TensorWrite> master_tensors(const HostState& state, DType dtype);
+// fp32 gradients (the state must have them).
+std::vector<TensorWrite> grad_tensors(const HostState& state);
+
+}  // namespace rt

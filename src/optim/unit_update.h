@@ -1,0 +1,35 @@
+// The optimizer step over HostState units: AdamW (optim/adamw.h) applied to a
+// unit's arena [master | m | v] tensor by tensor, with each tensor's weight
+// decay. Both backends update through these, so their weights agree bit for bit.
+#pragma once
+#include <cstdint>
+
+#include "optim/adamw.h"
+#include "state/host_state.h"
+
+namespace rt {
+
+struct OptimStep {
+  double lr = 0;
+  int64_t t = 0;  // 1-based count of applied updates, for bias correction
+  AdamWHyper hyper;
+  double weight_decay = 0;
+  bool decay_norms_and_biases = false;
+  double clip = 1.0;  // <= 0: off
+  bool inject_nan = false;  // test hook: treat this step's loss as NaN (so it is skipped)
+};
+
+// The weight decay of one tensor under o's policy.
+inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
+  return (e.is_norm_or_bias && !o.decay_norms_and_biases) ? 0.0 : o.weight_decay;
+}
+// AdamW over one unit: grad[numel] laid out like the unit's arena; bf16_shadow
+// (nullable) receives the updated weights as bf16 in the same layout.
+void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
+// The same over the unit's elements [b, e) only: grad[e - b] holds their
+// gradients (grad[0] is element b); bf16_shadow (nullable) is the whole unit's.
+// Elementwise, so any split of a unit gives the same values as update_unit.
+void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
+                       uint16_t* bf16_shadow);
+
+}  // namespace rt
