@@ -1,6 +1,6 @@
 // optim_bench: throughput of adamw_update (with the bf16 shadow), of
 // adamw_update_split (the master held as shadow + remainder + tie bit, in place:
-// optim/split_master.h) and of sum_squares, for every SIMD level this CPU has and
+// state/split_master.h) and of sum_squares, for every SIMD level this CPU has and
 // thread counts 1, 2, 4, ... up to --threads.
 // Bytes counted per parameter: adamw 30 (p, m, v read + write, g read: 4 B each;
 // bf16 shadow write: 2 B); split 28.25 (shadow read + write 4, remainder read +
@@ -27,7 +27,7 @@
 
 #include "core/thread_pool.h"
 #include "optim/adamw.h"
-#include "optim/split_master.h"
+#include "state/split_master.h"
 
 namespace {
 

@@ -25,7 +25,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "optim/split_master.h"
+#include "state/split_master.h"
 
 namespace rt {
 namespace {

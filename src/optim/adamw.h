@@ -41,9 +41,9 @@ inline constexpr int64_t kOptimBlock = 16384;
 void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t,
                   double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr);
 
-struct SplitMaster;  // optim/split_master.h
+struct SplitMaster;  // state/split_master.h
 
-// adamw_update with the master held split (optim/split_master.h): element i's
+// adamw_update with the master held split (state/split_master.h): element i's
 // master is read from (shadow_in[i], p.rem[i], tie bit p.tie_first + i), updated
 // with exactly adamw_update's arithmetic, and written back as (p.shadow[i],
 // p.rem[i], tie bit): bit-identical to adamw_update on the decoded master, its

@@ -8,11 +8,14 @@
 //  - delayed update: streaming = resident bit for bit, and the CUDA run
 //    follows the CPU twin (engine/cpu_backend.cpp), not the undelayed run;
 //  - a plan that does not fit the budget shrinks to the --low-memory one;
-//  - engine/device_plan.h counts exactly the bytes the engine allocates.
+//  - engine/device_plan.h counts exactly the bytes the engine allocates;
+//  - the split master (state/host_state.h) trains bit-identically to fp32
+//    storage: default, delayed-update and low-memory (host gradients) plans.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "data/dataset.h"
 #include "engine/backend.h"
@@ -61,6 +64,17 @@ rt::Dataset shakespeare(int64_t T, uint64_t seed) {
   return rt::Dataset(rt::load_text_documents({rt::test::shared_data_dir() + "/tinyshakespeare.txt"}), o);
 }
 
+// Every unit's master as fp32 (decoded when the engine stored it split).
+std::vector<float> all_masters(const rt::HostState& st) {
+  std::vector<float> w;
+  for (auto& u : st.units()) {
+    std::vector<float> x(static_cast<size_t>(u.numel));
+    u.read_master(0, u.numel, x.data());
+    w.insert(w.end(), x.begin(), x.end());
+  }
+  return w;
+}
+
 std::vector<float> all_grads(rt::HostState& st) {
   std::vector<float> g;
   for (auto& u : st.units()) g.insert(g.end(), u.grad.p, u.grad.p + u.numel);
@@ -92,7 +106,7 @@ FixedRun train_fixed_steps(const rt::ModelSpec& s, bool with_grads, const rt::Cu
     r.norm.push_back(st_i.grad_norm);
   }
   gpu->sync();
-  for (auto& u : st.units()) r.w.insert(r.w.end(), u.master(), u.master() + u.numel);
+  r.w = all_masters(st);
   r.peak = gpu->stats().device_peak_bytes;
   std::printf("[engine] %s\n", gpu->describe().c_str());
   return r;
@@ -211,6 +225,36 @@ TEST(CudaEngine, GradientLandingChunksDoNotChangeTheWeights) {
   expect_bit_identical(a, c, "whole units vs 16 KiB chunks");
 }
 
+TEST(CudaEngine, SplitMasterTrainsBitIdenticallyToFp32) {
+  // The split master (pinned bf16 shadow + remainder + tie bit) is the fp32
+  // master exactly, and adamw_update_split is adamw_update bit for bit: losses,
+  // norms and weights after 3 steps equal fp32 storage's in the default plan,
+  // with --delayed-update (two shadows: the update reads the other one) and
+  // with the --low-memory plan (host gradients, in-place updates).
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 2, T = 256;
+  rt::ModelSpec s = gpu_spec(4);
+  rt::Dataset d = shakespeare(T, 5);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 2, &nv);
+  auto run = [&](const char* mode, const char* master) {
+    rt::CudaOptions co;
+    co.master = master;
+    if (std::string(mode) == "delayed") {
+      co.delayed_update = true;
+      co.slots = 2;
+      co.grads = "device";
+      co.landing_chunk_bytes = 12 << 10;  // chunks cut tensors and tie words
+    }
+    if (std::string(mode) == "low-memory") rt::set_low_memory(co);
+    return train_fixed_steps(s, true, co, batches, nv, B, T, 12);
+  };
+  for (const char* mode : {"default", "delayed", "low-memory"}) {
+    const FixedRun a = run(mode, "fp32"), b = run(mode, "split");
+    expect_bit_identical(a, b, mode);
+  }
+}
+
 TEST(CudaEngine, HostGradientsAndCheckpointsGiveTheSameWeights) {
   // Gradients sent to host RAM per layer and block inputs kept in host RAM
   // change where bytes wait, not the arithmetic: with one micro-batch per step
@@ -281,7 +325,7 @@ std::vector<double> train_curve(const CurveRun& r, std::vector<float>* w = nullp
   for (int i = 0; i < r.steps; ++i) l.push_back(tr.step().loss);
   if (w) {
     tr.export_to(rt::test::TempDir().file("x"), 0);  // syncs
-    for (auto& u : st.units()) w->insert(w->end(), u.master(), u.master() + u.numel);
+    *w = all_masters(st);
   }
   return l;
 }

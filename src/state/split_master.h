@@ -22,7 +22,7 @@
 // 65537 > 2^16. The clash is the exact tie: (s - 1, 0x8000) rounds up to the even
 // s, (s, 0x8000) rounds down to it, and both have rem 0x8000; tie tells them apart.
 // A nudge instead of the bit would change the master (not bit-identical to the
-// fp32 path). tests/optim/split_master_exhaustive_test.cpp checks all 2^32 patterns.
+// fp32 path). tests/state/split_master_exhaustive_test.cpp checks all 2^32 patterns.
 //
 // Layout: element i of a SplitMaster span is (shadow[i], rem[i], bit tie_first + i
 // of the tie bitmap), bit k being bit k % 64 of word tie[k / 64]. The bitmap is

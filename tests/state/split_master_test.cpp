@@ -1,11 +1,11 @@
-// Tests for optim/split_master and adamw_update_split: targeted edge cases of the
+// Tests for state/split_master and adamw_update_split: targeted edge cases of the
 // encoding (ties of both parities, NaNs, infinities, denormals, signed zeros),
 // bulk encode/decode against the scalar reference at every tie-word alignment,
 // concurrent chunks cutting one tie word, and the split AdamW update bit-identical
 // to adamw_update (the fp32 path) over many steps, every SIMD level, sub-ranges,
 // the delayed-update shadow pair and bad arguments. All 2^32 patterns:
 // split_master_exhaustive_test.cpp.
-#include "optim/split_master.h"
+#include "state/split_master.h"
 
 #include <gtest/gtest.h>
 

@@ -16,7 +16,7 @@
 #include "core/bf16.h"
 #include "core/thread_pool.h"
 #include "optim/adamw.h"
-#include "optim/split_master.h"
+#include "state/split_master.h"
 
 namespace rt {
 namespace {

@@ -2,7 +2,7 @@
 // plain integer code the compiler vectorises (bit ops only: no FP, so FTZ/DAZ or
 // NaN quieting cannot touch the bits); the partial words at the ends of a range
 // go through the scalar reference functions.
-#include "optim/split_master.h"
+#include "state/split_master.h"
 
 #include "core/error.h"
 #include "core/thread_pool.h"
