@@ -240,6 +240,7 @@ int cmd_train(const Args& raw_args) {
         so.vocab_limit = ByteTokenizer::vocab_size;
       }
       std::vector<int32_t> out = sample_tokens(*state, ids, so);
+      state->release_decoded();  // a split master's decoded fp32 copy is not kept while training
       std::printf("---- sample %s ----\n%s%s\n--------\n", when, prompt.c_str(),
                   td.tokenizer ? td.tokenizer->decode(out, true).c_str() : tok.decode(out).c_str());
       std::fflush(stdout);

@@ -303,7 +303,9 @@ void HostState::ensure_grads() {
   uint64_t avail = host_memory_available();
   if (avail && need > avail)
     fail("[host] host gradients need ", need >> 20, " MiB more host RAM but only ", avail >> 20,
-         " MiB are available. Keep gradients on the GPU (--grads device) or use a smaller model.");
+         " MiB are available. Keep gradients on the GPU (--grads device)",
+         master_storage() == MasterStorage::fp32 ? ", store the master split (--master split: 1.875 B/param less)" : "",
+         " or use a smaller model.");
   for (auto& u : units_) {
     u.grad = HostBuffer(static_cast<size_t>(u.numel), cat("the ", u.name, " gradients"));
     zero_parallel(u.grad.p, u.grad.n);

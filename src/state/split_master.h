@@ -40,7 +40,7 @@
 // The engine's optimizer thread runs its chunks one after another, which needs
 // nothing: chunk ends may fall anywhere.)
 //
-// How HostState would hold it (design note; the engine wires it):
+// How HostState holds it (state/host_state.h; the CUDA engine wires it):
 //  - per unit: the bf16 shadow in pinned memory (as today: the H2D source; in
 //    delayed-update mode there are two, and adamw_update_split reads the master's
 //    upper half from the shadow of step t-1 and writes the one of step t);
