@@ -1,9 +1,13 @@
-// optim_bench: throughput of adamw_update (with the bf16 shadow) and sum_squares
-// for every SIMD level this CPU has and thread counts 1, 2, 4, ... up to --threads.
+// optim_bench: throughput of adamw_update (with the bf16 shadow), of
+// adamw_update_split (the master held as shadow + remainder + tie bit, in place:
+// state/split_master.h) and of sum_squares, for every SIMD level this CPU has and
+// thread counts 1, 2, 4, ... up to --threads.
 // Bytes counted per parameter: adamw 30 (p, m, v read + write, g read: 4 B each;
-// bf16 shadow write: 2 B), sum_squares 4. A standalone command, not a test.
+// bf16 shadow write: 2 B); split 28.25 (shadow read + write 4, remainder read +
+// write 4, tie bit read + write 0.25, m, v read + write 16, g read 4); sum_squares
+// 4. A standalone command, not a test.
 //   optim_bench [--params N] [--threads T] [--reps R]
-// Default N: 256M, or less so that the 18 B/param of buffers take at most a
+// Default N: 256M, or less so that the 20.125 B/param of buffers take at most a
 // quarter of MemAvailable.
 // Last, the roofline: a kernel with AdamW's loads and stores (the same 30 B per
 // parameter, the same kinds of stores) and almost no arithmetic, on the same
@@ -23,6 +27,7 @@
 
 #include "core/thread_pool.h"
 #include "optim/adamw.h"
+#include "state/split_master.h"
 
 namespace {
 
@@ -103,7 +108,7 @@ __attribute__((target("avx2,fma"))) void traffic_block(float* p, float* m, float
 int main(int argc, char** argv) {
   int64_t n = 256ll << 20;
   const int64_t avail = mem_available_bytes();
-  if (avail > 0 && n * 18 > avail / 4) n = avail / 4 / 18;
+  if (avail > 0 && n * 21 > avail / 4) n = avail / 4 / 21;
   int max_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (max_threads < 1) max_threads = 1;
   int reps = 5;
@@ -122,11 +127,14 @@ int main(int argc, char** argv) {
   if (n < 1 || max_threads < 1 || reps < 1) usage_exit(argv[0]);
 
   std::printf("optim_bench: %lld params (%.2f GB of buffers), reps %d, detected SIMD %s, p/m/v stores %s\n",
-              static_cast<long long>(n), n * 18.0 / 1e9, reps, rt::simd_level_name(rt::simd_level_detected()),
+              static_cast<long long>(n), n * 20.125 / 1e9, reps, rt::simd_level_name(rt::simd_level_detected()),
               rt::adamw_streams_moments() ? "streaming" : "plain");
   // 64-byte aligned, as the host arenas are (the shadow then takes non-temporal stores).
   AlignedBuf<float> p(n), m(n), v(n), g(n);
-  AlignedBuf<uint16_t> shadow(n);
+  AlignedBuf<uint16_t> shadow(n), split_shadow(n), split_rem(n);
+  AlignedBuf<uint64_t> split_tie(rt::split_master_tie_words(n));
+  const rt::SplitMaster split{split_shadow.data(), split_rem.data(), split_tie.data(), 0};
+  AlignedBuf<float> split_m(n), split_v(n);
   rt::set_global_threads(max_threads);
   rt::parallel_for(n, rt::kOptimBlock, [&](int64_t b, int64_t e) {  // first touch, spread over threads
     for (int64_t i = b; i < e; ++i) {
@@ -134,8 +142,10 @@ int main(int argc, char** argv) {
       g[i] = 0.001f * static_cast<float>((i * 104729) % 1000 - 500);
       m[i] = v[i] = 0.f;
       shadow[i] = 0;
+      split_m[i] = split_v[i] = 0.f;
     }
   });
+  rt::split_master_encode(p.data(), n, split);  // first touch of the split buffers, spread over threads
 
   std::vector<int> thread_counts;
   for (int t = 1; t < max_threads; t *= 2) thread_counts.push_back(t);
@@ -144,7 +154,8 @@ int main(int argc, char** argv) {
   if (rt::simd_level_detected() >= rt::SimdLevel::avx2) levels.push_back(rt::SimdLevel::avx2);
   if (rt::simd_level_detected() >= rt::SimdLevel::avx512) levels.push_back(rt::SimdLevel::avx512);
 
-  std::printf("%-8s %7s  %12s %9s  %14s %9s\n", "simd", "threads", "adamw Gp/s", "GB/s", "sumsq Gp/s", "GB/s");
+  std::printf("%-8s %7s  %12s %9s  %12s %9s  %14s %9s\n", "simd", "threads", "adamw Gp/s", "GB/s", "split Gp/s", "GB/s",
+              "sumsq Gp/s", "GB/s");
   const rt::AdamWHyper h{};
   int64_t step = 1;
   double checksum = 0;
@@ -152,20 +163,42 @@ int main(int argc, char** argv) {
     rt::set_simd_level(level);
     for (int threads : thread_counts) {
       rt::set_global_threads(threads);
-      rt::adamw_update(p.data(), m.data(), v.data(), g.data(), n, h, step++, 1e-4, 0.01, 1.0f, shadow.data());
-      double best_adamw = 1e30, best_ss = 1e30;
+      // The same steps on both states (same t each): they stay bit-identical (checked at the end).
+      rt::adamw_update(p.data(), m.data(), v.data(), g.data(), n, h, step, 1e-4, 0.01, 1.0f, shadow.data());
+      rt::adamw_update_split(split, split_m.data(), split_v.data(), g.data(), n, h, step++, 1e-4, 0.01, 1.0f);
+      double best_adamw = 1e30, best_split = 1e30, best_ss = 1e30;
       for (int r = 0; r < reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
-        rt::adamw_update(p.data(), m.data(), v.data(), g.data(), n, h, step++, 1e-4, 0.01, 1.0f, shadow.data());
+        rt::adamw_update(p.data(), m.data(), v.data(), g.data(), n, h, step, 1e-4, 0.01, 1.0f, shadow.data());
         best_adamw = std::min(best_adamw, seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        rt::adamw_update_split(split, split_m.data(), split_v.data(), g.data(), n, h, step++, 1e-4, 0.01, 1.0f);
+        best_split = std::min(best_split, seconds_since(t0));
         t0 = std::chrono::steady_clock::now();
         checksum += rt::sum_squares(g.data(), n);
         best_ss = std::min(best_ss, seconds_since(t0));
       }
-      std::printf("%-8s %7d  %12.3f %9.1f  %14.3f %9.1f\n", rt::simd_level_name(level), threads, n / best_adamw / 1e9,
-                  30.0 * n / best_adamw / 1e9, n / best_ss / 1e9, 4.0 * n / best_ss / 1e9);
+      std::printf("%-8s %7d  %12.3f %9.1f  %12.3f %9.1f  %14.3f %9.1f\n", rt::simd_level_name(level), threads,
+                  n / best_adamw / 1e9, 30.0 * n / best_adamw / 1e9, n / best_split / 1e9, 28.25 * n / best_split / 1e9,
+                  n / best_ss / 1e9, 4.0 * n / best_ss / 1e9);
       std::fflush(stdout);
     }
+  }
+  {  // the split state against the fp32 one: every step was the same on both (on this CPU's store paths)
+    const int64_t piece = 1 << 20;
+    std::vector<float> dec(static_cast<size_t>(std::min(n, piece)));
+    bool same = true;
+    for (int64_t b = 0; b < n && same; b += piece) {
+      const int64_t e = std::min(n, b + piece);
+      rt::split_master_decode(split.at(b), e - b, dec.data());
+      same = !std::memcmp(dec.data(), p.data() + b, 4 * (e - b)) &&
+             !std::memcmp(split_m.data() + b, m.data() + b, 4 * (e - b)) &&
+             !std::memcmp(split_v.data() + b, v.data() + b, 4 * (e - b)) &&
+             !std::memcmp(split_shadow.data() + b, shadow.data() + b, 2 * (e - b));
+    }
+    std::printf("split master state bit-identical to the fp32 state after %lld steps: %s\n",
+                static_cast<long long>(step - 1), same ? "yes" : "NO (a bug: report it)");
+    if (!same) return 1;
   }
   if (rt::simd_level_detected() >= rt::SimdLevel::avx2) {
     rt::set_global_threads(max_threads);

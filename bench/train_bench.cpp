@@ -79,6 +79,7 @@ struct Args {
   uint64_t max_gpu = 0;
   std::string trace;
   std::string grads = "auto", checkpoints = "auto", layer_major = "auto";
+  std::string master = "auto";  // --master auto|fp32|split (host storage of the fp32 master)
   bool low_memory = false;
   int64_t landing_mib = -1;  // -1: the engine's default
   int64_t keep = -1;         // --keep-activations: -1 auto
@@ -106,6 +107,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--grads") a.grads = v();
     else if (k == "--checkpoints") a.checkpoints = v();
     else if (k == "--layer-major") a.layer_major = v();
+    else if (k == "--master") a.master = v();
     else if (k == "--low-memory") a.low_memory = true;
     else if (k == "--landing-chunk-mib") a.landing_mib = std::stoll(v());
     else if (k == "--keep-activations") {
@@ -119,6 +121,7 @@ Args parse(int argc, char** argv) {
                 "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
                 "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
                 "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
+                "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
                 "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
                 "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
                 "               [--layer-major auto|on|off (grad-accum > 1: each layer's weights once per step for\n"
@@ -150,11 +153,25 @@ int main(int argc, char** argv) try {
   std::printf("FLOPs/token = 6*N_matmul + 6*L*H*D*T (causal attention) = %.1f GFLOP\n", flops_tok / 1e9);
   auto t0 = std::chrono::steady_clock::now();
   if (a.low_memory) a.grads = a.checkpoints = "host";
-  rt::HostState st(spec, a.grads == "host");
+  // without gradients: the engine adds them when its plan sends gradients to the
+  // host, after it has chosen the master storage (split needs less host RAM)
+  rt::HostState st(spec, false);
   st.init_random(0);
-  std::printf("host state: %.1f GiB (%.0f B/param fp32 master + AdamW m, v; +2 B/param pinned bf16 shadow), init %.1f s\n",
+  std::printf("host state: %.1f GiB (%.2f B/param fp32 master + AdamW m, v, before the engine's master storage and "
+              "gradients), init %.1f s\n",
               st.bytes_total() / double(1ull << 30), st.bytes_per_param(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  {
+    const double n = static_cast<double>(st.n_params());
+    std::printf("host plans (B/param incl. pinned bf16 shadows): fp32 %.3f, split %.3f; delayed update fp32 %.3f, "
+                "split %.3f; + host fp32 gradients: fp32 %.3f, split %.3f\n",
+                rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 1, false) / n,
+                rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 1, false) / n,
+                rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 2, false) / n,
+                rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 2, false) / n,
+                rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 1, true) / n,
+                rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 1, true) / n);
+  }
   std::mt19937_64 g(1);
   std::vector<rt::Batch> batches(static_cast<size_t>(a.accum));  // one step: a.accum micro-batches of random ids
   for (rt::Batch& b : batches) {
@@ -189,6 +206,7 @@ int main(int argc, char** argv) try {
     co.checkpoints = a.checkpoints;
     co.layer_major = a.layer_major;
     co.micro_batches = a.accum;
+    co.master = a.master;
     co.keep_activations = a.keep;
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)

@@ -137,6 +137,7 @@ std::function<void(const char*)> make_sampler(const TrainConfig& c, const TrainD
       so.vocab_limit = ByteTokenizer::vocab_size;
     }
     std::vector<int32_t> out = sample_tokens(state, ids, so);
+    state.release_decoded();  // a split master's decoded fp32 copy is not kept while training
     std::printf("---- sample %s%s ----\n%s%s\n--------\n", when,
                 Trainer::stop_flag().load() ? " (cut short by a signal)" : "", prompt.c_str(),
                 td.tokenizer ? td.tokenizer->decode(out, true).c_str() : tok.decode(out).c_str());
@@ -155,6 +156,7 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.grads = placement_name(c.grads);
   co.checkpoints = placement_name(c.checkpoints);
   co.layer_major = auto_on_off_name(c.layer_major);
+  co.master = c.master;
   co.micro_batches = c.grad_accum;  // the layer-major buffers are planned for this many
   co.keep_activations = c.keep_activations;
   if (c.low_memory) set_low_memory(co);

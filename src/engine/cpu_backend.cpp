@@ -94,6 +94,7 @@ class CpuBackend final : public Backend {
   CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major)
       : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep), layer_major_(layer_major) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
+    state_.set_master_storage(MasterStorage::fp32);  // the forward reads the fp32 master (a no-op unless split)
     state_.ensure_grads();
   }
   std::string describe() const override {

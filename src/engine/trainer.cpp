@@ -265,8 +265,8 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   double last_loss = NAN;
   auto device_bytes = [&] { return backend_->stats().device_peak_bytes; };
   std::printf("backend: %s\n", backend_->describe().c_str());
-  std::printf("training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, %.0f B/param host, "
-              "optimizer %s\n",
+  std::printf("training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
+              "%.2f B/param host state, optimizer %s\n",
               (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(),
               (long long)opt_.grad_accum, (long long)state_.n_params(), state_.bytes_per_param(),
               simd_level_name(simd_level_active()));

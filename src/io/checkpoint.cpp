@@ -121,6 +121,7 @@ struct UnitSnap {
   std::vector<int64_t> offsets;
   int64_t numel = 0;
   const float* arena = nullptr;  // [master | m | v]
+  const StateUnit* split = nullptr;  // instead of arena: a split master, decoded as it is written
 };
 
 std::string unit_file_name(const std::string& unit) { return "state-" + unit + ".safetensors"; }
@@ -141,9 +142,26 @@ ManifestEntry unit_write(const std::string& path, const UnitSnap& u) {
   CheckedFile f(path);
   f.write(&n, 8);
   f.write(text);
+  std::vector<float> buf;
   for (int part = 0; part < 3; ++part)
-    for (size_t k = 0; k < u.entries.size(); ++k)
-      f.write(u.arena + part * u.numel + u.offsets[k], static_cast<size_t>(u.entries[k].numel()) * 4);
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const int64_t n = u.entries[k].numel();
+      if (!u.split) {
+        f.write(u.arena + part * u.numel + u.offsets[k], static_cast<size_t>(n) * 4);
+        continue;
+      }
+      if (part > 0) {
+        f.write(u.split->m() + (part - 1) * u.numel + u.offsets[k], static_cast<size_t>(n) * 4);
+        continue;
+      }
+      constexpr int64_t kChunk = int64_t(1) << 22;  // the master, decoded 16 MiB at a time
+      buf.resize(static_cast<size_t>(std::min(n, kChunk)));
+      for (int64_t b = 0; b < n; b += kChunk) {
+        const int64_t c = std::min(kChunk, n - b);
+        u.split->read_master(u.offsets[k] + b, c, buf.data());
+        f.write(buf.data(), static_cast<size_t>(c) * 4);
+      }
+    }
   return f.commit();
 }
 
@@ -480,7 +498,15 @@ void checkpoint_load_state(const std::string& dir, HostState& state, bool with_m
         if (t->dtype != DType::f32 || t->shape != e.shape)
           fail("[checkpoint] ", p, ": tensor '", name, "' is ", dtype_name(t->dtype), " of another shape than the ",
                "model's (another model shape?)");
-        tensor_to_f32(*t, u.arena.p + part * u.numel + u.offsets[k]);
+        if (!u.split()) {
+          tensor_to_f32(*t, u.arena.p + part * u.numel + u.offsets[k]);
+        } else if (part > 0) {
+          tensor_to_f32(*t, u.m() + (part - 1) * u.numel + u.offsets[k]);
+        } else {  // split master storage: encoded from the fp32 file
+          std::vector<float> buf(static_cast<size_t>(e.numel()));
+          tensor_to_f32(*t, buf.data());
+          u.write_master(u.offsets[k], e.numel(), buf.data());
+        }
       }
   }
 }
@@ -550,10 +576,12 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
   job->report.step = meta.step;
   const auto& units = state.units();
   uint64_t need = 0;
-  for (const StateUnit& u : units) need += static_cast<uint64_t>(u.arena.n) * sizeof(float);
+  // the staging copy is [master | m | v] in fp32 (a split master is decoded into it)
+  auto staged = [](const StateUnit& u) { return static_cast<size_t>(3 * u.numel); };
+  for (const StateUnit& u : units) need += static_cast<uint64_t>(staged(u)) * sizeof(float);
   if (background) {
     bool have = staging_.size() == units.size();
-    for (size_t i = 0; have && i < units.size(); ++i) have = staging_[i].n == units[i].arena.n;
+    for (size_t i = 0; have && i < units.size(); ++i) have = staging_[i].n == staged(units[i]);
     if (!have) {
       staging_.clear();
       const uint64_t avail = host_memory_available();
@@ -564,7 +592,7 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
         background = false;
       } else {
         try {
-          for (const StateUnit& u : units) staging_.emplace_back(u.arena.n, cat("the checkpoint staging copy of ", u.name));
+          for (const StateUnit& u : units) staging_.emplace_back(staged(u), cat("the checkpoint staging copy of ", u.name));
         } catch (const Error& e) {
           staging_.clear();
           job->report.note = cat("cannot allocate the staging copy (", e.what(), "): writing synchronously");
@@ -575,15 +603,18 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const StateUnit& u = units[i];
-    UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.arena.p};
+    UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.split() ? nullptr : u.arena.p, u.split() ? &u : nullptr};
     if (background) {
       float* dst = staging_[i].p;
+      const int64_t off = u.split() ? u.numel : 0;  // split: the master is decoded, m and v copied
+      if (u.split()) u.read_master(0, u.numel, dst);
       const float* src = u.arena.p;
       constexpr int64_t grain = int64_t(1) << 22;
       parallel_for(static_cast<int64_t>(u.arena.n), grain, [&](int64_t b, int64_t e) {
-        std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
+        std::memcpy(dst + off + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
       });
       s.arena = dst;
+      s.split = nullptr;
     }
     job->units.push_back(std::move(s));
   }

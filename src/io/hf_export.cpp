@@ -38,6 +38,7 @@ void export_hf_dir(const std::string& dir, const HostState& state, const ExportO
     spec.dtype = opt.dtype == DType::bf16 ? "bfloat16" : "float32";
     write_file_atomic(path_join(tmp, "config.json"), spec_to_config_json(spec));
     safetensors_write_model(tmp, master_tensors(state, opt.dtype), opt.max_shard_bytes);
+    state.release_decoded();  // split master storage: the decoded copy is not kept
     if (opt.tokenizer == "byte")
       write_file_atomic(path_join(tmp, "ramtrain_tokenizer.json"),
                         "{\"type\": \"byte\", \"vocab_size\": 258, \"bos_id\": 256, \"eos_id\": 257}\n");

@@ -12,7 +12,8 @@ namespace rt {
 // Loads master weights from a HF checkpoint; every missing, unexpected or
 // misshapen tensor is reported by name (model/weight_map.h).
 void load_state(HostState& state, const SafetensorsModel& model);
-// fp32 master weights as tensors to write, stored as dtype.
+// fp32 master weights as tensors to write, stored as dtype (split master
+// storage: views of the state's decoded copy, host_state.h decode_all).
 std::vector<TensorWrite> master_tensors(const HostState& state, DType dtype);
 // fp32 gradients (the state must have them).
 std::vector<TensorWrite> grad_tensors(const HostState& state);

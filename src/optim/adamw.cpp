@@ -17,6 +17,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "state/split_master.h"
 
 namespace rt {
 namespace {
@@ -59,17 +61,26 @@ AdamWConsts adamw_consts(const AdamWHyper& h, int64_t t, double lr, double wd, f
   return c;
 }
 
-// The specification: one element, every op rounded to fp32 once.
-inline void adamw_element(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t i,
-                          const AdamWConsts& c) {
-  float gs = g[i] * c.grad_scale;
-  float pp = p[i] * c.decay;
-  float mm = m[i];
+// The specification: one element, every op rounded to fp32 once. Returns the
+// new p; m and v are updated in place. Every path (fp32 or split master) uses it.
+inline float adamw_math(float p, float& m, float& v, float g, const AdamWConsts& c) {
+  float gs = g * c.grad_scale;
+  float pp = p * c.decay;
+  float mm = m;
   float d = gs - mm;
   mm = std::fma(c.lerp_coeff, d, c.lerp_small ? mm : gs);
-  float vv = std::fma(c.one_minus_beta2 * gs, gs, v[i] * c.beta2);
+  float vv = std::fma(c.one_minus_beta2 * gs, gs, v * c.beta2);
   float denom = std::sqrt(vv) / c.bc2_sqrt + c.eps;
   pp = pp + (c.neg_step_size * mm) / denom;
+  m = mm;
+  v = vv;
+  return pp;
+}
+
+inline void adamw_element(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t i,
+                          const AdamWConsts& c) {
+  float mm = m[i], vv = v[i];
+  const float pp = adamw_math(p[i], mm, vv, g[i], c);
   p[i] = pp;
   m[i] = mm;
   v[i] = vv;
@@ -98,26 +109,60 @@ inline bool stream_moments_ok(const float* p, const float* m, const float* v, in
   return n >= 4096 && adamw_streams_moments() && aligned(p, 64) && aligned(m, 64) && aligned(v, 64);
 }
 
-__attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g,
-                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
-  const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), decay = _mm256_set1_ps(c.decay);
-  const __m256 coeff = _mm256_set1_ps(c.lerp_coeff), beta2 = _mm256_set1_ps(c.beta2);
-  const __m256 omb2 = _mm256_set1_ps(c.one_minus_beta2), bc2s = _mm256_set1_ps(c.bc2_sqrt);
-  const __m256 eps = _mm256_set1_ps(c.eps), nss = _mm256_set1_ps(c.neg_step_size);
+// The vector forms of adamw_math (same ops, same order) and of f32_to_bf16
+// (round to nearest even, NaN -> (u >> 16) | 0x40), shared by the fp32 and the
+// split-master kernels.
+struct AdamWVec256 {
+  __m256 grad_scale, decay, coeff, beta2, omb2, bc2s, eps, nss;
+  bool lerp_small;
+};
+
+__attribute__((target("avx2,fma"), always_inline)) inline AdamWVec256 adamw_vec256(const AdamWConsts& c) {
+  return {_mm256_set1_ps(c.grad_scale), _mm256_set1_ps(c.decay),           _mm256_set1_ps(c.lerp_coeff),
+          _mm256_set1_ps(c.beta2),      _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.bc2_sqrt),
+          _mm256_set1_ps(c.eps),        _mm256_set1_ps(c.neg_step_size),   c.lerp_small};
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 adamw_math_avx2(__m256 p, __m256& m, __m256& v,
+                                                                                 __m256 g, const AdamWVec256& k) {
+  __m256 gs = _mm256_mul_ps(g, k.grad_scale);
+  __m256 pp = _mm256_mul_ps(p, k.decay);
+  __m256 mm = m;
+  __m256 d = _mm256_sub_ps(gs, mm);
+  mm = _mm256_fmadd_ps(k.coeff, d, k.lerp_small ? mm : gs);
+  __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(k.omb2, gs), gs, _mm256_mul_ps(v, k.beta2));
+  __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), k.bc2s), k.eps);
+  m = mm;
+  v = vv;
+  return _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(k.nss, mm), denom));
+}
+
+// f32_to_bf16 of 8 lanes, the bf16 in the low half of each 32-bit lane.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256i bf16_round_avx2(__m256 x) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);
   const __m256i one = _mm256_set1_epi32(1), round_bias = _mm256_set1_epi32(0x7fff);
   const __m256i quiet = _mm256_set1_epi32(0x40);
+  __m256i u = _mm256_castps_si256(x);
+  __m256i hi = _mm256_srli_epi32(u, 16);
+  __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf_bits);
+  __m256i bias = _mm256_add_epi32(round_bias, _mm256_and_si256(hi, one));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  return _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), is_nan);
+}
+
+// The low 16 bits of 8 lanes (each <= 0xffff), packed into 128 bits.
+__attribute__((target("avx2,fma"), always_inline)) inline __m128i pack16_avx2(__m256i r) {
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));  // no saturation
+}
+
+__attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g,
+                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
+  const AdamWVec256 k = adamw_vec256(c);
   const bool nt = stream_shadow_ok(out, n), ntm = stream_moments_ok(p, m, v, n);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 gs = _mm256_mul_ps(_mm256_loadu_ps(g + i), grad_scale);
-    __m256 pp = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
-    __m256 mm = _mm256_loadu_ps(m + i);
-    __m256 d = _mm256_sub_ps(gs, mm);
-    mm = _mm256_fmadd_ps(coeff, d, c.lerp_small ? mm : gs);
-    __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gs), gs, _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
-    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
-    pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(nss, mm), denom));
+    __m256 mm = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
+    const __m256 pp = adamw_math_avx2(_mm256_loadu_ps(p + i), mm, vv, _mm256_loadu_ps(g + i), k);
     if (ntm) {
       _mm256_stream_ps(p + i, pp);
       _mm256_stream_ps(m + i, mm);
@@ -127,16 +172,10 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
       _mm256_storeu_ps(m + i, mm);
       _mm256_storeu_ps(v + i, vv);
     }
-    if (out) {  // f32_to_bf16: round to nearest even, NaN -> (u >> 16) | 0x40
-      __m256i u = _mm256_castps_si256(pp);
-      __m256i hi = _mm256_srli_epi32(u, 16);
-      __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf_bits);
-      __m256i bias = _mm256_add_epi32(round_bias, _mm256_and_si256(hi, one));
-      __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-      r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), is_nan);
-      __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // r <= 0xffff: no saturation
-      if (nt) _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
-      else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+    if (out) {
+      const __m128i packed = pack16_avx2(bf16_round_avx2(pp));
+      if (nt) _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), packed);
+      else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
     }
   }
   if (nt || ntm) _mm_sfence();
@@ -146,26 +185,51 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
 // GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, float* v, const float* g,
-                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
-  const __m512 grad_scale = _mm512_set1_ps(c.grad_scale), decay = _mm512_set1_ps(c.decay);
-  const __m512 coeff = _mm512_set1_ps(c.lerp_coeff), beta2 = _mm512_set1_ps(c.beta2);
-  const __m512 omb2 = _mm512_set1_ps(c.one_minus_beta2), bc2s = _mm512_set1_ps(c.bc2_sqrt);
-  const __m512 eps = _mm512_set1_ps(c.eps), nss = _mm512_set1_ps(c.neg_step_size);
+struct AdamWVec512 {
+  __m512 grad_scale, decay, coeff, beta2, omb2, bc2s, eps, nss;
+  bool lerp_small;
+};
+
+__attribute__((target("avx512f"), always_inline)) inline AdamWVec512 adamw_vec512(const AdamWConsts& c) {
+  return {_mm512_set1_ps(c.grad_scale), _mm512_set1_ps(c.decay),           _mm512_set1_ps(c.lerp_coeff),
+          _mm512_set1_ps(c.beta2),      _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.bc2_sqrt),
+          _mm512_set1_ps(c.eps),        _mm512_set1_ps(c.neg_step_size),   c.lerp_small};
+}
+
+__attribute__((target("avx512f"), always_inline)) inline __m512 adamw_math_avx512(__m512 p, __m512& m, __m512& v,
+                                                                                  __m512 g, const AdamWVec512& k) {
+  __m512 gs = _mm512_mul_ps(g, k.grad_scale);
+  __m512 pp = _mm512_mul_ps(p, k.decay);
+  __m512 mm = m;
+  __m512 d = _mm512_sub_ps(gs, mm);
+  mm = _mm512_fmadd_ps(k.coeff, d, k.lerp_small ? mm : gs);
+  __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(k.omb2, gs), gs, _mm512_mul_ps(v, k.beta2));
+  __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), k.bc2s), k.eps);
+  m = mm;
+  v = vv;
+  return _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(k.nss, mm), denom));
+}
+
+__attribute__((target("avx512f"), always_inline)) inline __m512i bf16_round_avx512(__m512 x) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
   const __m512i one = _mm512_set1_epi32(1), round_bias = _mm512_set1_epi32(0x7fff);
   const __m512i quiet = _mm512_set1_epi32(0x40);
+  __m512i u = _mm512_castps_si512(x);
+  __m512i hi = _mm512_srli_epi32(u, 16);
+  __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+  __m512i bias = _mm512_add_epi32(round_bias, _mm512_and_si512(hi, one));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  return _mm512_mask_blend_epi32(is_nan, r, _mm512_or_si512(hi, quiet));
+}
+
+__attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, float* v, const float* g,
+                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
+  const AdamWVec512 k = adamw_vec512(c);
   const bool nt = stream_shadow_ok(out, n), ntm = stream_moments_ok(p, m, v, n);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m512 gs = _mm512_mul_ps(_mm512_loadu_ps(g + i), grad_scale);
-    __m512 pp = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
-    __m512 mm = _mm512_loadu_ps(m + i);
-    __m512 d = _mm512_sub_ps(gs, mm);
-    mm = _mm512_fmadd_ps(coeff, d, c.lerp_small ? mm : gs);
-    __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gs), gs, _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
-    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
-    pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(nss, mm), denom));
+    __m512 mm = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
+    const __m512 pp = adamw_math_avx512(_mm512_loadu_ps(p + i), mm, vv, _mm512_loadu_ps(g + i), k);
     if (ntm) {
       _mm512_stream_ps(p + i, pp);
       _mm512_stream_ps(m + i, mm);
@@ -176,18 +240,171 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
       _mm512_storeu_ps(v + i, vv);
     }
     if (out) {
-      __m512i u = _mm512_castps_si512(pp);
-      __m512i hi = _mm512_srli_epi32(u, 16);
-      __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-      __m512i bias = _mm512_add_epi32(round_bias, _mm512_and_si512(hi, one));
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-      r = _mm512_mask_blend_epi32(is_nan, r, _mm512_or_si512(hi, quiet));
+      const __m512i r = bf16_round_avx512(pp);
       if (nt) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
       else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
     }
   }
   if (nt || ntm) _mm_sfence();
   for (; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
+}
+#pragma GCC diagnostic pop
+
+// ---- split master (split_master.h): the same element maths, with the master
+// read from (shadow_in, rem, tie bit) and written back as (shadow, rem, tie bit).
+// shadow_in is the shadow holding the master's upper half (p.shadow itself, or the
+// other shadow in delayed-update mode). Blocks walk the span word by word: whole
+// tie words take the vector loop, the partial words at a range's ends the scalar
+// element with atomic word access (split_master_partial).
+struct SplitArgs {
+  SplitMaster p;
+  const uint16_t* shadow_in;
+  float* m;
+  float* v;
+  const float* g;
+};
+
+inline bool split_element(const SplitArgs& a, int64_t k, bool tie, const AdamWConsts& c) {
+  float mm = a.m[k], vv = a.v[k];
+  const float pp = adamw_math(split_master_decode_one(a.shadow_in[k], a.p.rem[k], tie), mm, vv, a.g[k], c);
+  a.m[k] = mm;
+  a.v[k] = vv;
+  bool t;
+  a.p.shadow[k] = split_master_encode_one(pp, a.p.rem + k, &t);
+  return t;
+}
+
+void split_partial(const SplitArgs& a, int64_t i0, int64_t i1, uint64_t* w, const AdamWConsts& c) {
+  split_master_partial(a.p, i0, i1, w, [&](int64_t k, bool t) { return split_element(a, k, t, c); });
+}
+
+void adamw_split_block_scalar(const SplitArgs& a, int64_t n, const AdamWConsts& c) {
+  split_master_walk(
+      a.p, n,
+      [&](int64_t i, uint64_t* w) {
+        const uint64_t in = *w;
+        uint64_t out = 0;
+        for (int j = 0; j < 64; ++j)
+          out |= static_cast<uint64_t>(split_element(a, i + j, ((in >> j) & 1u) != 0, c)) << j;
+        *w = out;
+      },
+      [&](int64_t i0, int64_t i1, uint64_t* w) { split_partial(a, i0, i1, w, c); });
+}
+
+// Stores, by adamw_update's rule: a buffer only written (the shadow in delayed
+// mode) always streams; buffers written over lines just read (rem, m, v, and the
+// shadow when updated in place) stream where adamw_streams_moments() says. Whole
+// words start at element `head`; from there every vector store is aligned if the
+// address at head is.
+struct SplitStores {
+  bool shadow, rem, moments;
+};
+inline SplitStores split_stores(const SplitArgs& a, int64_t head, int64_t n) {
+  const bool big = n - head >= 4096, moments = adamw_streams_moments();
+  const bool in_place = a.shadow_in == a.p.shadow;
+  return {big && (moments || !in_place) && aligned(a.p.shadow + head, 32),
+          big && moments && aligned(a.p.rem + head, 32),
+          big && moments && aligned(a.m + head, 64) && aligned(a.v + head, 64)};
+}
+inline int64_t split_head(const SplitArgs& a, int64_t n) {
+  const int64_t off = a.p.tie_first & 63;
+  return off == 0 ? 0 : std::min<int64_t>(n, 64 - off);
+}
+
+__attribute__((target("avx2,fma"))) void adamw_split_block_avx2(const SplitArgs& a, int64_t n, const AdamWConsts& c) {
+  const AdamWVec256 k = adamw_vec256(c);
+  const __m256i low15 = _mm256_set1_epi32(0x7fff), bf16_inf = _mm256_set1_epi32(0x7f80);
+  const __m256i one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40), low16 = _mm256_set1_epi32(0xffff);
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const int64_t head = split_head(a, n);
+  const SplitStores st = split_stores(a, head, n);
+  if (head > 0) split_partial(a, 0, head, a.p.tie + a.p.tie_first / 64, c);
+  int64_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t* w = a.p.tie + (a.p.tie_first + i) / 64;
+    const uint64_t in = *w;
+    uint64_t out = 0;
+    for (int j = 0; j < 64; j += 8) {
+      const int64_t q = i + j;
+      // decode: hi = s - (tie ? (s is NaN ? 0x40 : 1) : 0)
+      const __m256i tb = _mm256_set1_epi32(static_cast<int>((in >> j) & 0xffu));
+      const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(tb, lane_bit), lane_bit);
+      const __m256i s = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.shadow_in + q)));
+      const __m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.p.rem + q)));
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(s, low15), bf16_inf);
+      const __m256i down = _mm256_and_si256(_mm256_blendv_epi8(one, quiet, nan), tie);
+      const __m256i hi = _mm256_sub_epi32(s, down);
+      const __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(hi, 16), r));
+      __m256 mm = _mm256_loadu_ps(a.m + q), vv = _mm256_loadu_ps(a.v + q);
+      const __m256 pp = adamw_math_avx2(x, mm, vv, _mm256_loadu_ps(a.g + q), k);
+      if (st.moments) {
+        _mm256_stream_ps(a.m + q, mm);
+        _mm256_stream_ps(a.v + q, vv);
+      } else {
+        _mm256_storeu_ps(a.m + q, mm);
+        _mm256_storeu_ps(a.v + q, vv);
+      }
+      // encode: shadow = f32_to_bf16(pp), rem = low half, tie = shadow != upper half
+      const __m256i sr = bf16_round_avx2(pp);
+      const __m256i u = _mm256_castps_si256(pp);
+      const int same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(sr, _mm256_srli_epi32(u, 16))));
+      out |= static_cast<uint64_t>(~same & 0xff) << j;
+      const __m128i s16 = pack16_avx2(sr), r16 = pack16_avx2(_mm256_and_si256(u, low16));
+      if (st.shadow) _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
+      else _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
+      if (st.rem) _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
+      else _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
+    }
+    *w = out;
+  }
+  if (st.shadow || st.rem || st.moments) _mm_sfence();
+  if (i < n) split_partial(a, i, n, a.p.tie + (a.p.tie_first + i) / 64, c);
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
+__attribute__((target("avx512f"))) void adamw_split_block_avx512(const SplitArgs& a, int64_t n, const AdamWConsts& c) {
+  const AdamWVec512 k = adamw_vec512(c);
+  const __m512i low15 = _mm512_set1_epi32(0x7fff), bf16_inf = _mm512_set1_epi32(0x7f80);
+  const __m512i one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  const int64_t head = split_head(a, n);
+  const SplitStores st = split_stores(a, head, n);
+  if (head > 0) split_partial(a, 0, head, a.p.tie + a.p.tie_first / 64, c);
+  int64_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t* w = a.p.tie + (a.p.tie_first + i) / 64;
+    const uint64_t in = *w;
+    uint64_t out = 0;
+    for (int j = 0; j < 64; j += 16) {
+      const int64_t q = i + j;
+      const __mmask16 tie = static_cast<__mmask16>(in >> j);
+      const __m512i s = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.shadow_in + q)));
+      const __m512i r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.p.rem + q)));
+      const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(s, low15), bf16_inf);
+      const __m512i hi = _mm512_mask_sub_epi32(s, tie, s, _mm512_mask_blend_epi32(nan, one, quiet));
+      const __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(hi, 16), r));
+      __m512 mm = _mm512_loadu_ps(a.m + q), vv = _mm512_loadu_ps(a.v + q);
+      const __m512 pp = adamw_math_avx512(x, mm, vv, _mm512_loadu_ps(a.g + q), k);
+      if (st.moments) {
+        _mm512_stream_ps(a.m + q, mm);
+        _mm512_stream_ps(a.v + q, vv);
+      } else {
+        _mm512_storeu_ps(a.m + q, mm);
+        _mm512_storeu_ps(a.v + q, vv);
+      }
+      const __m512i sr = bf16_round_avx512(pp);
+      const __m512i u = _mm512_castps_si512(pp);
+      out |= static_cast<uint64_t>(_mm512_cmpneq_epi32_mask(sr, _mm512_srli_epi32(u, 16))) << j;
+      const __m256i s16 = _mm512_cvtepi32_epi16(sr), r16 = _mm512_cvtepi32_epi16(u);  // truncating: the low halves
+      if (st.shadow) _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
+      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
+      if (st.rem) _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
+      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
+    }
+    *w = out;
+  }
+  if (st.shadow || st.rem || st.moments) _mm_sfence();
+  if (i < n) split_partial(a, i, n, a.p.tie + (a.p.tie_first + i) / 64, c);
 }
 #pragma GCC diagnostic pop
 
@@ -308,6 +525,31 @@ const char* simd_level_name(SimdLevel level) {
     case SimdLevel::avx512: return "avx512";
   }
   return "unknown";
+}
+
+void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h,
+                        int64_t t, double lr, double wd, float grad_scale, const uint16_t* shadow_in) {
+  RT_CHECK(n >= 0, "[adamw_update_split] n = ", n, " is negative");
+  if (n == 0) return;
+  RT_CHECK(p.shadow && p.rem && p.tie && m && v && g,
+           "[adamw_update_split] null shadow, remainder, tie, moment or gradient buffer for n = ", n);
+  RT_CHECK(p.tie_first >= 0, "[adamw_update_split] tie_first = ", p.tie_first, " is negative");
+  RT_CHECK(t >= 1, "[adamw_update_split] step t = ", t, ": steps are 1-based (t = 1 on the first update)");
+  RT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
+           "[adamw_update_split] betas (", h.beta1, ", ", h.beta2, ") must lie in [0, 1); fix the optimizer config");
+  RT_CHECK(h.eps >= 0 && lr >= 0 && wd >= 0, "[adamw_update_split] eps = ", h.eps, ", lr = ", lr,
+           ", weight_decay = ", wd, " must be >= 0; fix the optimizer config");
+  const AdamWConsts c = adamw_consts(h, t, lr, wd, grad_scale);
+  auto* block = adamw_split_block_scalar;
+  switch (simd_level_active()) {
+    case SimdLevel::avx512: block = adamw_split_block_avx512; break;
+    case SimdLevel::avx2: block = adamw_split_block_avx2; break;
+    case SimdLevel::scalar: break;
+  }
+  const uint16_t* in = shadow_in ? shadow_in : p.shadow;
+  split_master_parallel(p, n, [&](int64_t b, int64_t e) {
+    block(SplitArgs{p.at(b), in + b, m + b, v + b, g + b}, e - b, c);
+  });
 }
 
 void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t,

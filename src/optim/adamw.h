@@ -41,6 +41,21 @@ inline constexpr int64_t kOptimBlock = 16384;
 void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t,
                   double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr);
 
+struct SplitMaster;  // state/split_master.h
+
+// adamw_update with the master held split (state/split_master.h): element i's
+// master is read from (shadow_in[i], p.rem[i], tie bit p.tie_first + i), updated
+// with exactly adamw_update's arithmetic, and written back as (p.shadow[i],
+// p.rem[i], tie bit): bit-identical to adamw_update on the decoded master, its
+// bf16_out included. shadow_in: nullptr reads p.shadow (in place); else the
+// shadow of the previous step (delayed update), which must not overlap p.shadow.
+// m, v, g as in adamw_update (element i at m[i]). Calls on disjoint element
+// ranges may run concurrently, even inside one tie word (split_master.h).
+// Stores by adamw_update's rule: the shadow streams when only written (delayed
+// mode); rem, m, v and an in-place shadow where adamw_streams_moments() says.
+void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h,
+                        int64_t t, double lr, double wd, float grad_scale, const uint16_t* shadow_in = nullptr);
+
 // Sum of g[i]^2 in double. Within a block, 16 interleaved lanes (lane = i mod 16),
 // combined in lane order; block partials combined in block order. Bit-identical
 // for any thread count and SIMD level.

@@ -25,11 +25,17 @@ inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
 }
 // AdamW over one unit: grad[numel] laid out like the unit's arena; bf16_shadow
 // (nullable) receives the updated weights as bf16 in the same layout.
-void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
+// Split master storage (host_state.h): bf16_shadow must be one of the unit's
+// shadows, the upper half of the updated master (adamw_update_split), and
+// becomes the current one; shadow_prev (nullable: in place) the unit's other
+// shadow, which holds the master before the update (delayed-update mode).
+// Bit-identical to the fp32 storage: masters, moments and shadows.
+void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow,
+                 const uint16_t* shadow_prev = nullptr);
 // The same over the unit's elements [b, e) only: grad[e - b] holds their
 // gradients (grad[0] is element b); bf16_shadow (nullable) is the whole unit's.
 // Elementwise, so any split of a unit gives the same values as update_unit.
 void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
-                       uint16_t* bf16_shadow);
+                       uint16_t* bf16_shadow, const uint16_t* shadow_prev = nullptr);
 
 }  // namespace rt

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <new>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -23,11 +24,11 @@ uint64_t host_memory_available() {
   return 0;
 }
 
-HostBuffer::HostBuffer(size_t n_floats, const std::string& what) : n(n_floats) {
+HostBuffer::HostBuffer(size_t n_floats, const std::string& what, size_t align) : n(n_floats) {
   if (n == 0) return;
-  size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+  size_t bytes = (n * sizeof(float) + align - 1) / align * align;
   void* q = nullptr;
-  if (posix_memalign(&q, 64, bytes) != 0 || !q) {
+  if (posix_memalign(&q, align, bytes) != 0 || !q) {
     uint64_t avail = host_memory_available();
     fail("[host] cannot allocate ", bytes, " bytes (", bytes / (1 << 20), " MiB) for ", what, "; ",
          avail ? cat(avail / (1 << 20), " MiB available") : std::string("available memory unknown"),
@@ -77,7 +78,7 @@ HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with
   for (auto& u : units_) need += static_cast<uint64_t>(u.numel) * 4 * (3 + (with_grads_ ? 1 : 0));
   uint64_t avail = host_memory_available();
   if (avail && need > avail)
-    fail("[host] the training state needs ", need / (1 << 20), " MiB of host RAM (", bytes_per_param(),
+    fail("[host] the training state needs ", need / (1 << 20), " MiB of host RAM (", with_grads_ ? 16 : 12,
          " B/param) but only ", avail / (1 << 20), " MiB are available. Use a smaller model or free memory.");
   for (size_t u = 0; u < units_.size(); ++u) {
     StateUnit& su = units_[u];
@@ -101,11 +102,114 @@ int64_t HostState::n_params() const {
 
 uint64_t HostState::bytes_total() const {
   uint64_t b = 0;
-  for (auto& u : units_) b += (u.arena.n + u.grad.n) * sizeof(float);
+  for (auto& u : units_)
+    b += (u.arena.n + u.grad.n + u.shadow_buf[0].n + u.shadow_buf[1].n + u.rem_buf.n + u.tie_buf.n) * sizeof(float);
   return b;
 }
 
-double HostState::bytes_per_param() const { return 12.0 + (with_grads_ ? 4.0 : 0.0); }
+double HostState::bytes_per_param() const { return static_cast<double>(bytes_total()) / static_cast<double>(n_params()); }
+
+const char* master_storage_name(MasterStorage s) { return s == MasterStorage::split ? "split" : "fp32"; }
+
+namespace {
+// Floats of the buffers of one split unit of n elements.
+size_t shadow_floats(int64_t n) { return static_cast<size_t>(n + 1) / 2; }
+size_t tie_floats(int64_t n) { return static_cast<size_t>(split_master_tie_words(n)) * 2; }
+// Bytes a HostBuffer of f floats holds (its rounding to the alignment a aside,
+// as bytes_total counts: at most a page per buffer).
+uint64_t buf_bytes(size_t f, uint64_t /*a*/) { return static_cast<uint64_t>(f) * 4; }
+constexpr size_t kPageAlign = 4096;
+}  // namespace
+
+uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads) {
+  // the unit layout of the constructor: every tensor padded to 16 floats
+  std::vector<int64_t> numel;
+  const int64_t L = spec.n_layers;
+  numel.assign(static_cast<size_t>(L + 2), 0);
+  for (auto& e : weight_map(spec)) {
+    size_t u = e.kind == WeightKind::embed ? 0 : e.layer >= 0 ? static_cast<size_t>(e.layer + 1) : static_cast<size_t>(L + 1);
+    numel[u] += (e.numel() + 15) / 16 * 16;
+  }
+  uint64_t b = 0;
+  for (int64_t n : numel) {
+    const uint64_t un = static_cast<uint64_t>(n);
+    b += buf_bytes(static_cast<size_t>(n) * (storage == MasterStorage::split ? 2 : 3), 64);
+    b += static_cast<uint64_t>(shadows) * (storage == MasterStorage::split ? buf_bytes(shadow_floats(n), kPageAlign) : un * 2);
+    if (storage == MasterStorage::split) b += buf_bytes(shadow_floats(n), 64) + buf_bytes(tie_floats(n), 64);
+    if (host_grads) b += buf_bytes(static_cast<size_t>(n), 64);
+  }
+  return b;
+}
+
+float* StateUnit::master() const {
+  RT_CHECK(!split(), "[host] unit ", name, " holds a split master: no fp32 copy to point into (use read_master)");
+  return arena.p;
+}
+
+void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
+  RT_CHECK(0 <= b && n >= 0 && b + n <= numel, "[host] range outside unit ", name);
+  if (!split()) {
+    std::memcpy(out, arena.p + b, static_cast<size_t>(n) * 4);
+    return;
+  }
+  split_master_decode(split_master(cur_shadow).at(b), n, out);
+}
+
+void StateUnit::write_master(int64_t b, int64_t n, const float* in) {
+  RT_CHECK(0 <= b && n >= 0 && b + n <= numel, "[host] range outside unit ", name);
+  if (!split()) {
+    std::memcpy(arena.p + b, in, static_cast<size_t>(n) * 4);
+    return;
+  }
+  split_master_encode(in, n, split_master(cur_shadow).at(b));
+  for (int k = 0; k < n_shadows; ++k)
+    if (k != cur_shadow) std::memcpy(shadow(k) + b, shadow(cur_shadow) + b, static_cast<size_t>(n) * 2);
+}
+
+void HostState::set_master_storage(MasterStorage s, int n_shadows) {
+  RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2, "[host] a split master has 1 or 2 shadows, not ",
+           n_shadows);
+  decoded_.clear();
+  for (StateUnit& u : units_) {
+    const int want = s == MasterStorage::split ? n_shadows : 0;
+    if (!u.split() && want == 0) continue;
+    if (u.split() && want > 0) {  // the current shadow becomes shadow 0, copied to shadow 1
+      if (u.cur_shadow != 0) std::swap(u.shadow_buf[0], u.shadow_buf[u.cur_shadow]);
+      u.cur_shadow = 0;
+      if (want == 2 && !u.shadow_buf[1].p)
+        u.shadow_buf[1] = HostBuffer(shadow_floats(u.numel), cat("a bf16 shadow of ", u.name), kPageAlign);
+      if (want == 1) u.shadow_buf[1] = HostBuffer();
+      if (want == 2) std::memcpy(u.shadow(1), u.shadow(0), static_cast<size_t>(u.numel) * 2);
+      u.n_shadows = want;
+      continue;
+    }
+    const int64_t n = u.numel;
+    if (want > 0) {  // fp32 -> split
+      HostBuffer mv(static_cast<size_t>(2 * n), cat("the ", u.name, " Adam moments"));
+      std::memcpy(mv.p, u.arena.p + n, static_cast<size_t>(2 * n) * 4);
+      for (int k = 0; k < want; ++k)
+        u.shadow_buf[k] = HostBuffer(shadow_floats(n), cat("a bf16 shadow of ", u.name), kPageAlign);
+      u.rem_buf = HostBuffer(shadow_floats(n), cat("the ", u.name, " master remainder"));
+      u.tie_buf = HostBuffer(tie_floats(n), cat("the ", u.name, " master tie bits"));
+      std::memset(u.tie_buf.p, 0, u.tie_buf.n * 4);
+      split_master_encode(u.arena.p, n, u.split_master(0));
+      if (want == 2) std::memcpy(u.shadow(1), u.shadow(0), static_cast<size_t>(n) * 2);
+      u.arena = std::move(mv);
+      u.n_shadows = want;
+      u.cur_shadow = 0;
+    } else {  // split -> fp32
+      HostBuffer a(static_cast<size_t>(3 * n), cat("the ", u.name, " master weights and Adam moments"));
+      split_master_decode(u.split_master(u.cur_shadow), n, a.p);
+      std::memcpy(a.p + n, u.arena.p, static_cast<size_t>(2 * n) * 4);
+      u.arena = std::move(a);
+      for (auto& b : u.shadow_buf) b = HostBuffer();
+      u.rem_buf = HostBuffer();
+      u.tie_buf = HostBuffer();
+      u.n_shadows = 0;
+      u.cur_shadow = 0;
+    }
+  }
+}
 
 const HostState::Loc& HostState::locate(const std::string& name) const {
   auto it = std::lower_bound(index_.begin(), index_.end(), name, [](auto& a, const std::string& n) { return a.first < n; });
@@ -116,6 +220,28 @@ const HostState::Loc& HostState::locate(const std::string& name) const {
 float* HostState::master(const std::string& name) const {
   const Loc& l = locate(name);
   return units_[l.unit].master() + l.offset;
+}
+
+void HostState::read_master(const std::string& name, float* out) const {
+  const Loc& l = locate(name);
+  const StateUnit& u = units_[l.unit];
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (u.offsets[k] == l.offset) return u.read_master(l.offset, u.entries[k].numel(), out);
+}
+
+void HostState::write_master(const std::string& name, const float* in) {
+  const Loc& l = locate(name);
+  StateUnit& u = units_[l.unit];
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (u.offsets[k] == l.offset) return u.write_master(l.offset, u.entries[k].numel(), in);
+}
+
+float* HostState::view(const std::string& name) const {
+  const Loc& l = locate(name);
+  const StateUnit& u = units_[l.unit];
+  if (!u.split()) return u.master() + l.offset;
+  RT_CHECK(l.unit < decoded_.size() && decoded_[l.unit].p, "[host] ", name, ": the split master was not decoded");
+  return decoded_[l.unit].p + l.offset;
 }
 
 float* HostState::grad(const std::string& name) const {
@@ -136,33 +262,36 @@ inline uint64_t mix64(uint64_t x) {
 
 inline double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
 
+// normal(0, std), Box-Muller on pairs (2j, 2j+1): element i uses counter i/2.
+void init_normal(float* p, int64_t n, uint64_t base, float std) {
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t end) {
+    for (int64_t i = b; i < end; ++i) {
+      uint64_t c = static_cast<uint64_t>(i >> 1);
+      double u1 = uniform01(mix64(base + 2 * c)), u2 = uniform01(mix64(base + 2 * c + 1));
+      double r = std::sqrt(-2.0 * std::log(u1));
+      double z = (i & 1) ? r * std::sin(2 * M_PI * u2) : r * std::cos(2 * M_PI * u2);
+      p[i] = static_cast<float>(z * std);
+    }
+  });
+}
+
 }  // namespace
 
 void HostState::init_random(uint64_t seed, float std) {
+  decoded_.clear();
   uint64_t tensor_id = 0;
   for (auto& u : units_) {
     for (size_t k = 0; k < u.entries.size(); ++k, ++tensor_id) {
       const WeightEntry& e = u.entries[k];
-      float* p = u.master() + u.offsets[k];
       const int64_t n = e.numel();
+      std::vector<float> scratch(u.split() ? static_cast<size_t>(n) : 0);
+      float* p = u.split() ? scratch.data() : u.master() + u.offsets[k];
       const bool is_norm = e.kind == WeightKind::attn_norm || e.kind == WeightKind::mlp_norm ||
                            e.kind == WeightKind::final_norm || e.kind == WeightKind::q_norm ||
                            e.kind == WeightKind::k_norm;
-      if (e.is_norm_or_bias) {
-        std::fill(p, p + n, is_norm ? 1.0f : 0.0f);
-        continue;
-      }
-      const uint64_t base = mix64(seed ^ mix64(tensor_id + 0x1234567ull));
-      // Box-Muller on pairs (2j, 2j+1): element i uses counter i/2.
-      parallel_for(n, 1 << 16, [&](int64_t b, int64_t end) {
-        for (int64_t i = b; i < end; ++i) {
-          uint64_t c = static_cast<uint64_t>(i >> 1);
-          double u1 = uniform01(mix64(base + 2 * c)), u2 = uniform01(mix64(base + 2 * c + 1));
-          double r = std::sqrt(-2.0 * std::log(u1));
-          double z = (i & 1) ? r * std::sin(2 * M_PI * u2) : r * std::cos(2 * M_PI * u2);
-          p[i] = static_cast<float>(z * std);
-        }
-      });
+      if (e.is_norm_or_bias) std::fill(p, p + n, is_norm ? 1.0f : 0.0f);
+      else init_normal(p, n, mix64(seed ^ mix64(tensor_id + 0x1234567ull)), std);
+      if (u.split()) u.write_master(u.offsets[k], n, p);  // split storage: encode the tensor once made
     }
   }
 }
@@ -174,7 +303,9 @@ void HostState::ensure_grads() {
   uint64_t avail = host_memory_available();
   if (avail && need > avail)
     fail("[host] host gradients need ", need >> 20, " MiB more host RAM but only ", avail >> 20,
-         " MiB are available. Keep gradients on the GPU (--grads device) or use a smaller model.");
+         " MiB are available. Keep gradients on the GPU (--grads device)",
+         master_storage() == MasterStorage::fp32 ? ", store the master split (--master split: 1.875 B/param less)" : "",
+         " or use a smaller model.");
   for (auto& u : units_) {
     u.grad = HostBuffer(static_cast<size_t>(u.numel), cat("the ", u.name, " gradients"));
     zero_parallel(u.grad.p, u.grad.n);
@@ -220,9 +351,21 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
 
 }  // namespace
 
+void HostState::decode_all() const {
+  if (master_storage() != MasterStorage::split) return;
+  decoded_.resize(units_.size());
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const StateUnit& u = units_[i];
+    if (decoded_[i].n != static_cast<size_t>(u.numel))
+      decoded_[i] = HostBuffer(static_cast<size_t>(u.numel), cat("the decoded fp32 master of ", u.name));
+    u.read_master(0, u.numel, decoded_[i].p);
+  }
+}
+
 ModelWeightsT<float> HostState::weights() const {
+  decode_all();
   ModelWeightsT<float> w;
-  auto get = [&](const std::string& n) -> const float* { return master(n); };
+  auto get = [&](const std::string& n) -> const float* { return view(n); };
   w.embed = get("model.embed_tokens.weight");
   for (int64_t i = 0; i < spec_.n_layers; ++i) w.layers.push_back(block_view(spec_, i, get));
   w.final_norm = get("model.norm.weight");

@@ -10,6 +10,8 @@
 //  - a plan that does not fit the budget shrinks to the --low-memory one;
 //  - engine/device_plan.h counts exactly the bytes the engine allocates;
 //  - layer-major micro-batches = micro-batch-major bit for bit.
+//  - the split master (state/host_state.h) trains bit-identically to fp32
+//    storage: default, delayed-update and low-memory (host gradients) plans.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,6 +67,17 @@ rt::Dataset shakespeare(int64_t T, uint64_t seed) {
   return rt::Dataset(rt::load_text_documents({rt::test::shared_data_dir() + "/tinyshakespeare.txt"}), o);
 }
 
+// Every unit's master as fp32 (decoded when the engine stored it split).
+std::vector<float> all_masters(const rt::HostState& st) {
+  std::vector<float> w;
+  for (auto& u : st.units()) {
+    std::vector<float> x(static_cast<size_t>(u.numel));
+    u.read_master(0, u.numel, x.data());
+    w.insert(w.end(), x.begin(), x.end());
+  }
+  return w;
+}
+
 std::vector<float> all_grads(rt::HostState& st) {
   std::vector<float> g;
   for (auto& u : st.units()) g.insert(g.end(), u.grad.p, u.grad.p + u.numel);
@@ -96,7 +109,7 @@ FixedRun train_fixed_steps(const rt::ModelSpec& s, bool with_grads, const rt::Cu
     r.norm.push_back(st_i.grad_norm);
   }
   gpu->sync();
-  for (auto& u : st.units()) r.w.insert(r.w.end(), u.master(), u.master() + u.numel);
+  r.w = all_masters(st);
   r.peak = gpu->stats().device_peak_bytes;
   std::printf("[engine] %s\n", gpu->describe().c_str());
   return r;
@@ -213,6 +226,36 @@ TEST(CudaEngine, GradientLandingChunksDoNotChangeTheWeights) {
   const FixedRun a = run(0), b = run(rt::CudaOptions{}.landing_chunk_bytes), c = run(16 << 10);
   expect_bit_identical(a, b, "whole units vs the default chunk");
   expect_bit_identical(a, c, "whole units vs 16 KiB chunks");
+}
+
+TEST(CudaEngine, SplitMasterTrainsBitIdenticallyToFp32) {
+  // The split master (pinned bf16 shadow + remainder + tie bit) is the fp32
+  // master exactly, and adamw_update_split is adamw_update bit for bit: losses,
+  // norms and weights after 3 steps equal fp32 storage's in the default plan,
+  // with --delayed-update (two shadows: the update reads the other one) and
+  // with the --low-memory plan (host gradients, in-place updates).
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 2, T = 256;
+  rt::ModelSpec s = gpu_spec(4);
+  rt::Dataset d = shakespeare(T, 5);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 2, &nv);
+  auto run = [&](const char* mode, const char* master) {
+    rt::CudaOptions co;
+    co.master = master;
+    if (std::string(mode) == "delayed") {
+      co.delayed_update = true;
+      co.slots = 2;
+      co.grads = "device";
+      co.landing_chunk_bytes = 16 << 10;  // 4096-element chunks cut through tensors
+    }
+    if (std::string(mode) == "low-memory") rt::set_low_memory(co);
+    return train_fixed_steps(s, true, co, batches, nv, B, T, 12);
+  };
+  for (const char* mode : {"default", "delayed", "low-memory"}) {
+    const FixedRun a = run(mode, "fp32"), b = run(mode, "split");
+    expect_bit_identical(a, b, mode);
+  }
 }
 
 TEST(CudaEngine, HostGradientsAndCheckpointsGiveTheSameWeights) {
@@ -385,7 +428,7 @@ std::vector<double> train_curve(const CurveRun& r, std::vector<float>* w = nullp
   for (int i = 0; i < r.steps; ++i) l.push_back(tr.step().loss);
   if (w) {
     tr.export_to(rt::test::TempDir().file("x"), 0);  // syncs
-    for (auto& u : st.units()) w->insert(w->end(), u.master(), u.master() + u.numel);
+    *w = all_masters(st);
   }
   return l;
 }

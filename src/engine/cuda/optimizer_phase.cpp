@@ -15,7 +15,7 @@ void OptimizerPhase::run_host(const OptimStep& o, float coef, bool apply, int64_
   for (size_t u = 0; u < units.size(); ++u) {
     if (apply) {
       auto span = dev_.tracer.host_begin("adamw", static_cast<int>(u) - 1);
-      update_unit(units[u], units[u].grad.p, o, coef, weights_.shadow(0, u));
+      update_unit(units[u], units[u].grad.p, o, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
       dev_.tracer.host_end(span);
       n_params += units[u].numel;
     }
@@ -57,7 +57,10 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
     const float* g = grads_.wait_chunk(static_cast<int>(c % kRing));
     if (apply) {
       if (ch.b == 0) host_span = dev_.tracer.host_begin("adamw", static_cast<int>(ch.u) - 1);
-      update_unit_range(un, ch.b, ch.e, g, o, coef, weights_.shadow(shadow, ch.u));
+      // split master: the update reads the master's upper half from the other
+      // shadow in delayed mode (it holds the weights before this update)
+      const uint16_t* prev = weights_.split() && delayed ? weights_.shadow(1 - shadow, ch.u) : nullptr;
+      update_unit_range(un, ch.b, ch.e, g, o, coef, weights_.shadow(shadow, ch.u), prev);
       n_params += ch.e - ch.b;
       if (ch.e == un.numel) dev_.tracer.host_end(host_span);
     } else if (delayed) {  // a skipped step: the other shadow must still hold the current weights
@@ -65,6 +68,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
                   static_cast<size_t>(ch.e - ch.b) * 2);
     }
     if (c + kRing < chunks.size()) issue(c + kRing);
+    if (ch.e == un.numel && weights_.split()) un.cur_shadow = shadow;  // also after a skipped step
     if (ch.e < un.numel) track_.mark_progress(ch.u, step, ch.e);
     else track_.mark_updated(ch.u, step);
   }

@@ -91,6 +91,10 @@ class StreamEngine final : public Backend {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
     check_shapes();
+    RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split", "[cuda] --master must be ",
+             "fp32, split or auto, got '", opt_.master, "'");
+    st_.set_master_storage(opt_.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split,
+                           opt_.delayed_update ? 2 : 1);
     place_ = place_on_device(s_, B_, T_, opt_, dev_.alloc.budget());
     // device state, in the order of the plan (device_plan.h)
     weights_ = std::make_unique<WeightSlots>(st_, dev_, track_, place_.slots, place_.host_embed);
@@ -144,6 +148,10 @@ class StreamEngine final : public Backend {
                   place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
                   dev_.alloc.used() / double(1ull << 30),
                   dev_.alloc.budget() / double(1ull << 30));
+      const uint64_t host = st_.bytes_total() + weights_->pinned_bytes();
+      std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, Adam m, v, pinned bf16 shadows%s)\n",
+                  host / double(1ull << 30), host / double(st_.n_params()),
+                  master_storage_name(st_.master_storage()), place_.host_grads ? ", fp32 gradients" : "");
     }
   }
 
@@ -157,7 +165,8 @@ class StreamEngine final : public Backend {
 
   std::string describe() const override {
     return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
-               " slots, bf16 compute, fp32 master + AdamW on ", global_pool().size(), " CPU threads",
+               " slots, bf16 compute, fp32 master (", master_storage_name(st_.master_storage()), ") + AdamW on ",
+               global_pool().size(), " CPU threads",
                track_.delayed() ? ", delayed update" : "", ")");
   }
 

@@ -6,13 +6,36 @@
 
 namespace rt::cuda {
 
+HostRegistration::HostRegistration(void* p, size_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("[cuda] cannot pin ", bytes >> 20, " MiB of host memory for ", what, " (", cudaGetErrorString(e),
+         "). Free host RAM or use a smaller model.");
+  }
+  p_ = p;
+}
+
+HostRegistration::~HostRegistration() {
+  if (p_) cudaHostUnregister(p_);
+}
+
 WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed)
     : st_(st), dev_(dev), track_(track), S_(slots) {
   auto& units = st_.units();
   const bool delayed = track_.delayed();
   const int64_t L = st_.spec().n_layers;
-  // pinned bf16 shadows, exact size, filled from the fp32 master (two of each in delayed mode)
-  for (int k = 0; k < (delayed ? 2 : 1); ++k)
+  split_ = st_.master_storage() == MasterStorage::split;
+  if (split_) {
+    RT_CHECK(units[0].n_shadows == (delayed ? 2 : 1) && units[0].cur_shadow == 0, "[cuda] the split master holds ",
+             units[0].n_shadows, " shadows (current: ", units[0].cur_shadow, "); this engine needs ", delayed ? 2 : 1);
+    for (int k = 0; k < (delayed ? 2 : 1); ++k)
+      for (auto& u : units)
+        registered_.emplace_back(u.shadow(k), static_cast<size_t>(u.numel) * 2, cat("the bf16 shadow of ", u.name));
+  }
+  // fp32 master: pinned bf16 shadows, exact size, filled from the master (two of each in delayed mode)
+  for (int k = 0; k < (split_ ? 0 : delayed ? 2 : 1); ++k)
     for (auto& u : units) {
       shadow_[k].emplace_back(static_cast<size_t>(u.numel) * 2,
                               cat(delayed ? "a bf16 shadow (delayed update: two per unit) of " : "the bf16 shadow of ", u.name));
@@ -32,7 +55,8 @@ WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track,
 }
 
 const uint16_t* WeightSlots::shadow_src(size_t u) const {
-  return shadow_[track_.delayed() ? track_.need_version() % 2 : 0][u].as<uint16_t>();
+  const int k = track_.delayed() ? static_cast<int>(track_.need_version() % 2) : 0;
+  return split_ ? st_.units()[u].shadow(k) : shadow_[k][u].as<uint16_t>();
 }
 
 // Queues on h2d the copy of unit u's current shadow into dst, piece by piece

@@ -7,9 +7,13 @@
 // as the optimizer's update of that unit finishes (UpdateTracker), so a load
 // runs under the update instead of after it; a slot is reloaded only when
 // its layer or the weights' version changed.
+// Split master storage (state/host_state.h): the shadows are the state's own
+// (the upper half of the master), pinned in place with cudaHostRegister for the
+// engine's lifetime; shadow k of the engine is the state's shadow k.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/cuda/engine_device.h"
@@ -17,6 +21,20 @@
 #include "state/host_state.h"
 
 namespace rt::cuda {
+
+// Host memory pinned in place (cudaHostRegister) while this lives.
+class HostRegistration {
+ public:
+  HostRegistration(void* p, size_t bytes, const std::string& what);
+  ~HostRegistration();
+  HostRegistration(HostRegistration&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  HostRegistration& operator=(HostRegistration&&) = delete;
+
+ private:
+  void* p_ = nullptr;
+};
 
 class WeightSlots {
  public:
@@ -29,7 +47,17 @@ class WeightSlots {
   // The pinned shadow of unit u at the version this step computes with.
   const uint16_t* shadow_src(size_t u) const;
   // Shadow k (0, or 1 in delayed mode) of unit u: what the optimizer writes.
-  uint16_t* shadow(int k, size_t u) { return shadow_[k][u].as<uint16_t>(); }
+  uint16_t* shadow(int k, size_t u) {
+    return split_ ? st_.units()[u].shadow(k) : shadow_[k][u].as<uint16_t>();
+  }
+  bool split() const { return split_; }
+  // Pinned host bytes this owns (0 with a split master: the state holds its shadows).
+  uint64_t pinned_bytes() const {
+    uint64_t b = 0;
+    for (auto& v : shadow_)
+      for (auto& p : v) b += p.bytes();
+    return b;
+  }
 
   // Queues the load of layer i into its slot unless it is already there.
   void load_layer(int64_t i);
@@ -51,7 +79,9 @@ class WeightSlots {
   EngineDevice& dev_;
   UpdateTracker& track_;
   int S_;
-  std::vector<PinnedBuf> shadow_[2];  // [1] only in delayed mode
+  bool split_ = false;                 // the shadows are the split master's (registered below)
+  std::vector<PinnedBuf> shadow_[2];  // fp32 master storage: [1] only in delayed mode
+  std::vector<HostRegistration> registered_;
   DevBuf<bf16> embed_w_, head_w_;
   int64_t embed_version_ = -1, head_version_ = -1;
   Event embed_loaded_, head_loaded_;
