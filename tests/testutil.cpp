@@ -82,7 +82,9 @@ TempDir::~TempDir() {
 }
 
 RunResult run_ramtrain(const std::string& args) {
-  std::string cmd = std::string(RAMTRAIN_BINARY) + " " + args + " 2>&1";
+  // RAMTRAIN_BINARY in the environment overrides the build-time path (staged GPU runs)
+  const char* bin = getenv("RAMTRAIN_BINARY");
+  std::string cmd = std::string(bin && *bin ? bin : RAMTRAIN_BINARY) + " " + args + " 2>&1";
   RunResult r{-1, ""};
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return r;

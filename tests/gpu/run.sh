@@ -51,6 +51,8 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+has ops && [ -x "$bin/gpu_cuda_block_test" ] && run cuda_block_test 120 "$bin/gpu_cuda_block_test"
+has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
 has engine && run engine_test 300 "$bin/gpu_engine_test"
 
 if has resume; then
@@ -122,14 +124,14 @@ if has smallcard; then
   # 64k tokens per optimizer step everywhere: 32 x 2048 uncapped, 8 x 2048 x 4 micro-batches under 24 GiB,
   # 2 x 2048 x 16 under 10 GiB. Same call, so the capped rates are compared with the uncapped one measured here.
   sc=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps 2 --warmup 1 --modes streaming)
-  for L in 28 14; do
+  for L in ${SC_LAYERS:-28 14}; do  # SC_LAYERS / SC_LONG=0: a subset, to fit one device call
     run "sc_7b_L${L}_uncapped" 400 "${sc[@]}" --layers "$L" --micro-batch 32
     run "sc_7b_L${L}_24g" 500 "${sc[@]}" --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24
     run "sc_7b_L${L}_10g" 560 "${sc[@]}" --layers "$L" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10
   done
-  run sc_7b_seq32k_24g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 --micro-batch 1 --steps 2 \
+  [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq32k_24g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 --micro-batch 1 --steps 2 \
     --warmup 1 --modes streaming --max-gpu-memory 24
-  run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 --micro-batch 1 --steps 2 \
+  [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 --micro-batch 1 --steps 2 \
     --warmup 1 --modes streaming --max-gpu-memory 10
 fi
 
