@@ -21,6 +21,13 @@ class DeviceBudgetError : public Error {
   using Error::Error;
 };
 
+// Pinned host memory the plan needs but the host does not have free (the
+// engine's fit loop may fall back to a plan that pins less).
+class HostBudgetError : public Error {
+ public:
+  using Error::Error;
+};
+
 class DeviceAllocator {
  public:
   explicit DeviceAllocator(uint64_t budget) : budget_(budget) {}

@@ -586,6 +586,14 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
         throw cuda::DeviceBudgetError(cat(e.what(), " (this is already the smallest plan the engine has for ",
                                           micro_batch, " x ", seq_len, " tokens per micro-batch)"));
       if (o.verbose) std::printf("cuda engine: the plan does not fit (%s); trying %s\n", e.what(), change.c_str());
+    } catch (const cuda::HostBudgetError& e) {
+      // Layer-major keeps the block inputs of every micro-batch; when the host
+      // cannot pin them, auto falls back to micro-batch-major (one set).
+      if (!(o.fit && o.layer_major == "auto" && o.micro_batches > 1)) throw;
+      o.layer_major = "off";
+      if (o.verbose)
+        std::printf("cuda engine: %s; falling back to micro-batch-major (weights stream once per micro-batch)\n",
+                    e.what());
     }
   }
 }
