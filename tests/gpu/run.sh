@@ -123,16 +123,22 @@ fi
 if has smallcard; then
   # 64k tokens per optimizer step everywhere: 32 x 2048 uncapped, 8 x 2048 x 4 micro-batches under 24 GiB,
   # 2 x 2048 x 16 under 10 GiB. Same call, so the capped rates are compared with the uncapped one measured here.
-  sc=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps 2 --warmup 1 --modes streaming)
+  # Layer-major is the default with grad-accum; at full depth its pinned block inputs (13 GB) do not fit beside
+  # host gradients on the 128 GiB host, and auto falls back to micro-batch-major: the 24 GiB case is also run
+  # with the block inputs on the device (--checkpoints device), where they fit.
+  sc=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --warmup 1 --modes streaming)
   for L in ${SC_LAYERS:-28 14}; do  # SC_LAYERS / SC_LONG=0: a subset, to fit one device call
-    run "sc_7b_L${L}_uncapped" 400 "${sc[@]}" --layers "$L" --micro-batch 32
-    run "sc_7b_L${L}_24g" 500 "${sc[@]}" --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24
-    run "sc_7b_L${L}_10g" 560 "${sc[@]}" --layers "$L" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10
+    n=2; [ "$L" = 28 ] && n=1
+    run "sc_7b_L${L}_uncapped" 400 "${sc[@]}" --steps 2 --layers "$L" --micro-batch 32
+    run "sc_7b_L${L}_24g" 500 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24
+    [ "$L" = 28 ] && run "sc_7b_L${L}_24g_devckpt" 500 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 8 \
+      --grad-accum 4 --max-gpu-memory 24 --checkpoints device
+    run "sc_7b_L${L}_10g" 560 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10
   done
-  [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq32k_24g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 --micro-batch 1 --steps 2 \
-    --warmup 1 --modes streaming --max-gpu-memory 24
-  [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 --micro-batch 1 --steps 2 \
-    --warmup 1 --modes streaming --max-gpu-memory 10
+  [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq32k_24g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 \
+    --micro-batch 1 --steps 2 --warmup 1 --modes streaming --max-gpu-memory 24
+  [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 \
+    --micro-batch 1 --steps 2 --warmup 1 --modes streaming --max-gpu-memory 10
 fi
 
 if has landing; then
