@@ -109,6 +109,17 @@ struct CudaOptions {
   // as many as fit in the device memory left once the rest of the plan is in.
   int64_t keep_activations = -1;
   int64_t ce_chunk_rows = 1024;
+  // MLP token chunks (model/block.h, docs/long_sequences.md): 0 off, R > 0
+  // chunks of R tokens, -1 (auto): the plan picks (model/block_memory.h's
+  // pick_mlp_chunk_tokens: 0 when the unchunked block fits, else the largest
+  // power of two that does). Under fit_device_plan, auto stays off until the
+  // fit chain's last step (mlp_chunk_held below), so every plan that fits
+  // unchunked keeps its exact path and bits. Chunked results differ from
+  // unchunked ones by fp32 summation order only.
+  int64_t mlp_chunk_tokens = -1;
+  // fit_device_plan's state: auto chunking held off (planned as 0) until
+  // shrink_plan's last step releases it. Callers leave it false.
+  bool mlp_chunk_held = false;
   // Device-gradient modes: the optimizer copies gradients out in chunks of
   // this many bytes through a small pinned ring and updates each chunk as it
   // lands (0: one chunk per unit, through unit-sized buffers).
@@ -117,7 +128,8 @@ struct CudaOptions {
   // When the plan does not fit the device budget, make_cuda_backend shrinks it
   // step by step and says so: gradients and checkpoints left at auto go to the
   // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan),
-  // then layer-major left at auto goes off.
+  // then layer-major left at auto goes off, then the MLP runs in token chunks
+  // (mlp_chunk_tokens left at auto).
   // false: fail with the allocator's message instead. fit_slots = false keeps
   // the slot count (the CLI clears it when --slots is given).
   bool fit = true;
