@@ -81,8 +81,11 @@ class Backend {
 // is why auto leaves tied models micro-batch-major. Every block is recomputed
 // in the backward (kept activations are per layer, not per micro-batch).
 // The CPU backend's layer_major (auto = off: it streams nothing) is the twin.
+// mlp_chunk_tokens (CudaOptions::mlp_chunk_tokens): R > 0 runs the MLP in
+// chunks of R tokens; 0 and -1 (auto: nothing to fit here) run it whole.
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false,
-                                          int64_t keep_activations = -1, bool layer_major = false);
+                                          int64_t keep_activations = -1, bool layer_major = false,
+                                          int64_t mlp_chunk_tokens = 0);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
