@@ -302,6 +302,10 @@ TEST(DevicePlan, SevenBAt16kTokensFitsTenGiBOnlyWithMlpChunks) {
     bigger.mlp_chunk_tokens = *(at - 1);
     EXPECT_FALSE(rt::plan_device(s, 1, kLongT, bigger, k10GiB).fits());
   }
+  // and 32k tokens in 24 GiB (issue 16's acceptance; with the LM-head
+  // scratch estimate it fits even unchunked, so auto leaves it unchunked)
+  const rt::DevicePlan p32 = rt::fit_device_plan(s, 1, 2 * kLongT, automatic, 24ull << 30);
+  EXPECT_TRUE(p32.fits()) << p32.total << " > " << p32.budget;
   // a fixed chunk is taken as given
   rt::CudaOptions fixed = p.options;
   fixed.mlp_chunk_tokens = 1024;
