@@ -83,6 +83,7 @@ struct Args {
   bool low_memory = false;
   int64_t landing_mib = -1;  // -1: the engine's default
   int64_t keep = -1;         // --keep-activations: -1 auto
+  int64_t mlp_chunk = -1;    // --mlp-chunk-tokens: -1 auto, 0 off, N tokens
 };
 
 Args parse(int argc, char** argv) {
@@ -110,6 +111,11 @@ Args parse(int argc, char** argv) {
     else if (k == "--master") a.master = v();
     else if (k == "--low-memory") a.low_memory = true;
     else if (k == "--landing-chunk-mib") a.landing_mib = std::stoll(v());
+    else if (k == "--mlp-chunk-tokens") {
+      const std::string x = v();
+      a.mlp_chunk = x == "auto" ? -1 : std::stoll(x);
+      if (a.mlp_chunk < 0) rt::fail("[bench] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", x);
+    }
     else if (k == "--keep-activations") {
       const std::string x = v();
       a.keep = x == "auto" ? -1 : std::stoll(x);
@@ -124,6 +130,7 @@ Args parse(int argc, char** argv) {
                 "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
                 "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
                 "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
+                "               [--mlp-chunk-tokens auto|0|N (MLP over chunks of N tokens; auto: the fit's last step)]\n"
                 "               [--layer-major auto|on|off (grad-accum > 1: each layer's weights once per step for\n"
                 "                every micro-batch; auto: on when the weights stream and the embedding is untied)]\n"
                 "A mode may end in :N to set the landing chunk for that mode only (e.g. streaming:0,streaming:16).");
@@ -208,6 +215,7 @@ int main(int argc, char** argv) try {
     co.micro_batches = a.accum;
     co.master = a.master;
     co.keep_activations = a.keep;
+    co.mlp_chunk_tokens = a.mlp_chunk;
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)
     co.verbose = true;

@@ -78,6 +78,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.clip = c.clip;
   o.delayed_update = c.delayed_update;
   o.keep_activations = c.keep_activations;
+  o.mlp_chunk_tokens = c.mlp_chunk_tokens;
   int64_t warmup = c.warmup;
   if (!c.warmup_given && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
   if (warmup > o.steps)
@@ -159,6 +160,7 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.master = c.master;
   co.micro_batches = c.grad_accum;  // the layer-major buffers are planned for this many
   co.keep_activations = c.keep_activations;
+  co.mlp_chunk_tokens = c.mlp_chunk_tokens;
   if (c.low_memory) set_low_memory(co);
   co.trace_path = c.trace;
   if (c.device == Device::cuda) return make_cuda_backend(state, c.micro_batch, seq_len, co);

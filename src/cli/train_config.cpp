@@ -87,6 +87,10 @@ void train_options(ArgParser& p) {
            "weights are on the GPU, so weights cross PCIe once per step (same results; tied embeddings: up to "
            "rounding); auto: when the weights stream and the embedding is untied", "auto")
       .choice({"auto", "on", "off"});
+  p.option("mlp-chunk-tokens", "auto|0|N", "run each layer's MLP over chunks of N tokens, so its large "
+           "intermediate tensors exist for one chunk only (long sequences: 7B at 16k tokens in 10 GiB; results "
+           "change only by fp32 summation order); auto: only as the last step when the plan does not fit "
+           "otherwise (CPU: off); 0: never", "auto").integer(0).or_word("auto");
   p.option("master", "auto|fp32|split", "how host RAM holds the fp32 master weights: fp32, or split into the "
            "pinned bf16 copy the GPU loads + a 16-bit remainder + 1 bit (exact, same results, 12.125 instead of 14 "
            "B/param with Adam; fewer bytes per update); auto: split (the CPU backend always uses fp32)", "auto")
@@ -177,6 +181,8 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.checkpoints = placement_parse(p.str("checkpoints"));
   const std::string lm = p.str("layer-major");
   c.layer_major = lm == "on" ? AutoOnOff::on : lm == "off" ? AutoOnOff::off : AutoOnOff::auto_select;
+  const std::string mc = p.str("mlp-chunk-tokens");
+  c.mlp_chunk_tokens = mc == "auto" ? -1 : p.integer("mlp-chunk-tokens");
   c.master = p.str("master");
   if (p.has("trace")) c.trace = p.str("trace");
   for (const char* k : {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master",

@@ -56,6 +56,7 @@ struct TrainConfig {
   bool resident = false, low_memory = false;
   Placement grads = Placement::auto_select, checkpoints = Placement::auto_select;
   AutoOnOff layer_major = AutoOnOff::auto_select;  // --grad-accum > 1: layer-major micro-batches (backend.h)
+  int64_t mlp_chunk_tokens = -1;  // --mlp-chunk-tokens: -1 auto, 0 off, R tokens (CudaOptions::mlp_chunk_tokens)
   std::string master = "auto";  // auto | fp32 | split: host storage of the fp32 master (CudaOptions::master)
   std::string trace;
   std::vector<std::string> gpu_options_given;  // the GPU-only flags given (warned about on a CPU run)

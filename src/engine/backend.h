@@ -81,8 +81,11 @@ class Backend {
 // is why auto leaves tied models micro-batch-major. Every block is recomputed
 // in the backward (kept activations are per layer, not per micro-batch).
 // The CPU backend's layer_major (auto = off: it streams nothing) is the twin.
+// mlp_chunk_tokens (CudaOptions::mlp_chunk_tokens): R > 0 runs the MLP in
+// chunks of R tokens; 0 and -1 (auto: nothing to fit here) run it whole.
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false,
-                                          int64_t keep_activations = -1, bool layer_major = false);
+                                          int64_t keep_activations = -1, bool layer_major = false,
+                                          int64_t mlp_chunk_tokens = 0);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
@@ -109,6 +112,17 @@ struct CudaOptions {
   // as many as fit in the device memory left once the rest of the plan is in.
   int64_t keep_activations = -1;
   int64_t ce_chunk_rows = 1024;
+  // MLP token chunks (model/block.h, docs/long_sequences.md): 0 off, R > 0
+  // chunks of R tokens, -1 (auto): the plan picks (model/block_memory.h's
+  // pick_mlp_chunk_tokens: 0 when the unchunked block fits, else the largest
+  // power of two that does). Under fit_device_plan, auto stays off until the
+  // fit chain's last step (mlp_chunk_held below), so every plan that fits
+  // unchunked keeps its exact path and bits. Chunked results differ from
+  // unchunked ones by fp32 summation order only.
+  int64_t mlp_chunk_tokens = -1;
+  // fit_device_plan's state: auto chunking held off (planned as 0) until
+  // shrink_plan's last step releases it. Callers leave it false.
+  bool mlp_chunk_held = false;
   // Device-gradient modes: the optimizer copies gradients out in chunks of
   // this many bytes through a small pinned ring and updates each chunk as it
   // lands (0: one chunk per unit, through unit-sized buffers).
@@ -117,7 +131,8 @@ struct CudaOptions {
   // When the plan does not fit the device budget, make_cuda_backend shrinks it
   // step by step and says so: gradients and checkpoints left at auto go to the
   // host, then 2 slots, then 256-row LM-head chunks (the --low-memory plan),
-  // then layer-major left at auto goes off.
+  // then layer-major left at auto goes off, then the MLP runs in token chunks
+  // (mlp_chunk_tokens left at auto).
   // false: fail with the allocator's message instead. fit_slots = false keeps
   // the slot count (the CLI clears it when --slots is given).
   bool fit = true;

@@ -36,8 +36,9 @@ std::vector<int32_t> positions(const Batch& b) {
 // ModelRunner::forward_backward run K times (untied embeddings).
 class LayerMajorRunner {
  public:
-  LayerMajorRunner(CpuOps& ops, const ModelSpec& s, int64_t B, int64_t T, int64_t K, int64_t ce_chunk_rows)
-      : ops_(ops), s_(s), dm_{B, T}, K_(K), ce_chunk_(ce_chunk_rows), acts_(ops, s, dm_), scratch_(ops, s, dm_) {
+  LayerMajorRunner(CpuOps& ops, const ModelSpec& s, int64_t B, int64_t T, int64_t K, int64_t ce_chunk_rows,
+                   int64_t mlp_chunk_tokens)
+      : ops_(ops), s_(s), dm_{B, T, mlp_chunk_tokens}, K_(K), ce_chunk_(ce_chunk_rows), acts_(ops, s, dm_), scratch_(ops, s, dm_) {
     const int64_t N = dm_.N(), C = s_.hidden;
     ckpt_ = ops.alloc<float>(K * (s_.n_layers + 1) * N * C);
     dx_ = ops.alloc<float>(K * N * C);
@@ -72,7 +73,7 @@ class LayerMajorRunner {
     }
     for (int64_t i = L - 1; i >= 0; --i)
       for (int64_t k = 0; k < K_; ++k) {
-        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), hf_.data(), b[k].pos, acts_);  // recompute
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_);  // recompute: no output
         block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i]);
       }
     for (int64_t k = 0; k < K_; ++k) ops_.embedding_backward(g.embed, dx(k), b[k].ids, N, C);
@@ -91,9 +92,12 @@ class LayerMajorRunner {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major)
-      : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep), layer_major_(layer_major) {
+  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk)
+      : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep), layer_major_(layer_major),
+        mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
+    RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ",
+             mlp_chunk);
     state_.set_master_storage(MasterStorage::fp32);  // the forward reads the fp32 master (a no-op unless split)
     state_.ensure_grads();
   }
@@ -117,7 +121,8 @@ class CpuBackend final : public Backend {
     if (layer_major_ && batches.size() > 1) {
       const int64_t K = static_cast<int64_t>(batches.size());
       auto& r = lm_runners_[{batches[0].B, batches[0].T, K}];
-      if (!r) r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256);
+      if (!r) r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256,
+                                                     mlp_chunk_);
       return r->forward_backward(w, g, views.data(), grad_scale, n_valid);
     }
     double sum = 0;
@@ -133,11 +138,11 @@ class CpuBackend final : public Backend {
     auto& r = runners_[{B, T}];
     if (!r) {
       const ModelSpec& sp = state_.spec();
-      const uint64_t per_layer = BlockActs<CpuOps>::bytes(sp, BlockDims{B, T});
+      const uint64_t per_layer = BlockActs<CpuOps>::bytes(sp, BlockDims{B, T, mlp_chunk_});
       int64_t keep = keep_;
       if (keep < 0) keep = static_cast<int64_t>(host_memory_available() / 4 / std::max<uint64_t>(per_layer, 1));
       keep = std::min(keep, sp.n_layers);
-      r = std::make_unique<ModelRunner<CpuOps>>(ops_, sp, B, T, 256, keep);
+      r = std::make_unique<ModelRunner<CpuOps>>(ops_, sp, B, T, 256, keep, mlp_chunk_);
       if (!logged_keep_) {
         std::printf("cpu backend: activations of %lld of %lld layers kept from forward to backward (%.1f MiB; the "
                     "others are recomputed; --keep-activations)\n",
@@ -205,6 +210,7 @@ class CpuBackend final : public Backend {
   bool delayed_;
   int64_t keep_;  // --keep-activations (-1: auto)
   bool layer_major_;
+  int64_t mlp_chunk_;  // MLP token chunk (0: unchunked; auto is unchunked: no device budget here)
   bool logged_keep_ = false;
   struct {
     bool has = false, apply = false;
@@ -219,8 +225,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations,
-                                          bool layer_major) {
-  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major);
+                                          bool layer_major, int64_t mlp_chunk_tokens) {
+  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens);
 }
 
 }  // namespace rt

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "model/block.h"
+#include "model/block_memory.h"
 #include "model/weight_map.h"
 
 namespace rt {
@@ -72,9 +73,12 @@ bool shrink_plan(CudaOptions& o, std::string* change) {
   } else if (o.ce_chunk_rows > 256) {
     o.ce_chunk_rows = 256;
     *change = "LM-head chunks of 256 rows";
-  } else if (o.layer_major == "auto" && o.micro_batches > 1) {  // last: it costs the most time
+  } else if (o.layer_major == "auto" && o.micro_batches > 1) {  // it costs the most time
     o.layer_major = "off";
     *change = "micro-batch-major (one set of block inputs and residual gradients, not one per micro-batch)";
+  } else if (o.mlp_chunk_held) {  // last: results change by fp32 summation order (docs/long_sequences.md)
+    o.mlp_chunk_held = false;
+    *change = "MLP in token chunks";
   } else {
     return false;
   }
@@ -85,33 +89,17 @@ namespace {
 
 uint64_t round256(uint64_t b) { return (b + 255) / 256 * 256; }
 
-// BlockActs / BlockScratch sized without allocating: bf16 activations.
-struct SizeOps {
-  using act_t = uint16_t;
-  template <class T>
-  struct Buffer {};
-};
-
-// Bytes of one BlockActs as the allocator counts them (each buffer rounded).
-uint64_t block_acts_alloc_bytes(const ModelSpec& s, const BlockDims& dm) {
-  uint64_t b = 0;
-  BlockActs<SizeOps>::each_buffer(
-      s, dm, [&](auto, int64_t n) { b += round256(static_cast<uint64_t>(n) * 2); },
-      [&](auto, int64_t n) { b += round256(static_cast<uint64_t>(n) * 4); });
-  return b;
-}
-
-// Bytes of one BlockScratch (model/block.h), each buffer rounded.
-uint64_t block_scratch_alloc_bytes(const ModelSpec& s, const BlockDims& dm) {
-  const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
-  const int64_t n[] = {N * F, N * F, N * F, N * C, N * C, N * C, N * QD, N * QD, N * KD, N * KD, N * C,
-                       s.qk_norm ? N * QD : 1, s.qk_norm ? N * KD : 1};
-  uint64_t b = 0;
-  for (int64_t e : n) b += round256(static_cast<uint64_t>(e) * 2);
-  return b;
-}
-
 }  // namespace
+
+int64_t plan_mlp_chunk_tokens(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o, uint64_t available) {
+  RT_CHECK(o.mlp_chunk_tokens >= -1, "[cuda] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ",
+           o.mlp_chunk_tokens);
+  if (o.mlp_chunk_tokens >= 0) return o.mlp_chunk_tokens;
+  if (o.mlp_chunk_held) return 0;
+  const int64_t chunk = pick_mlp_chunk_tokens(s, B, T, 2, available, 1, 256);
+  if (chunk >= 0) return chunk;
+  return mlp_chunk_candidates(B * T).empty() ? 0 : kMinMlpChunkTokens;  // none fits: the smallest, to report
+}
 
 uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t, int64_t, const CudaOptions& o) {
   const uint64_t r = static_cast<uint64_t>(o.ce_chunk_rows), v = static_cast<uint64_t>(s.vocab);
@@ -159,13 +147,17 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   add("gradient norms", u64(static_cast<int64_t>(U)) * 8);
   add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);
   add("op scratch", op_scratch(s, B, T, o));
-  add("backward scratch", block_scratch_alloc_bytes(s, BlockDims{B, T}));
+  // the MLP token chunk: on auto, the largest that lets the shared activation
+  // set and the backward scratch fit in what is left (1/64 held back)
+  p.mlp_chunk_tokens = plan_mlp_chunk_tokens(s, B, T, o, budget - std::min(budget, p.total + budget / 64));
+  const BlockDims dm{B, T, p.mlp_chunk_tokens};
+  add("backward scratch", block_scratch_bytes(s, dm, 2, 256));
   // the activations: the shared set, then the kept layers (engine: auto_kept_layers on what is in so far)
-  p.layer_act_bytes = BlockActs<SizeOps>::bytes(s, BlockDims{B, T});  // bf16 activations, as the engine counts
+  p.layer_act_bytes = block_acts_bytes(s, dm, 2);  // bf16 activations, unrounded, as the engine counts
   int64_t keep = o.keep_activations;
   if (keep < 0) keep = auto_kept_layers(p.total, p.layer_act_bytes, budget);
   p.kept_layers = p.place.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
-  const uint64_t acts = block_acts_alloc_bytes(s, BlockDims{B, T});
+  const uint64_t acts = block_acts_bytes(s, dm, 2, 256);
   p.items.push_back({"block activations (shared + kept layers)", acts * u64(1 + p.kept_layers), 1 + p.kept_layers});
   p.total += p.items.back().bytes;
   return p;
@@ -174,6 +166,7 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
 DevicePlan fit_device_plan(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& opt, uint64_t budget,
                            const OpScratchBytes& op_scratch) {
   CudaOptions o = opt;
+  o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the chain's last step
   std::vector<std::string> changes;
   for (;;) {
     DevicePlan p = plan_device(s, B, T, o, budget, op_scratch);

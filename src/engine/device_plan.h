@@ -7,7 +7,8 @@
 // not fit the budget, shrink_plan gives the next smaller one, one change at a
 // time: gradients and checkpoints left at auto go to the host, then 2 slots,
 // then 256-row LM-head chunks (the --low-memory plan), then layer-major left
-// at auto goes off.
+// at auto goes off, then the MLP runs in token chunks (mlp_chunk_tokens left
+// at auto; docs/long_sequences.md).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -79,6 +80,7 @@ uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t micro_batch, int64
 struct DevicePlan {
   CudaOptions options;               // as planned (after fit_device_plan: shrunk)
   DevicePlacement place;
+  int64_t mlp_chunk_tokens = 0;      // the MLP token chunk the blocks run with (0: unchunked)
   int64_t kept_layers = 0;           // layers whose activations stay forward to backward
   uint64_t layer_act_bytes = 0;      // what keeping one more layer costs
   std::vector<DevicePlanItem> items;
@@ -87,6 +89,13 @@ struct DevicePlan {
   bool fits() const { return total <= budget; }
   std::vector<std::string> changes;  // fit_device_plan: the shrink steps taken, in order
 };
+
+// The MLP token chunk of a plan: o.mlp_chunk_tokens, or on auto (and not
+// held) pick_mlp_chunk_tokens on the `available` bytes left for the shared
+// block activations and the backward scratch; kMinMlpChunkTokens when no
+// candidate fits (the plan then reports what is missing). 0: unchunked.
+int64_t plan_mlp_chunk_tokens(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
+                              uint64_t available);
 
 DevicePlan plan_device(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
                        uint64_t budget, const OpScratchBytes& op_scratch = lm_head_scratch_estimate);

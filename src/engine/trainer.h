@@ -48,6 +48,8 @@ struct TrainOptions {
   // Layers whose activations stay from forward to backward (no recompute there;
   // bit-identical results); -1: as many as fit (backend.h, keep_activations).
   int64_t keep_activations = -1;
+  // MLP token chunk of the CPU backend the trainer makes (make_cpu_backend).
+  int64_t mlp_chunk_tokens = 0;
   LrSchedule lr;
   int64_t eval_every = 0;    // 0: only at the end
   int64_t eval_batches = 8;

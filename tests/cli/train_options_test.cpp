@@ -99,7 +99,8 @@ TEST(TrainOptions, BadValuesNameTheFlag) {
 TEST(TrainOptions, NegativeCountsAreRefused) {
   Fixture f;
   for (const char* bad : {"--save-every -1", "--keep-checkpoints -1", "--clip -1", "--eval-every -3",
-                          "--max-bad-steps -1", "--micro-batch 0", "--schedule cosin", "--device gpu"}) {
+                          "--max-bad-steps -1", "--micro-batch 0", "--schedule cosin", "--device gpu",
+                          "--mlp-chunk-tokens -1", "--mlp-chunk-tokens some"}) {
     auto r = run_ramtrain(f.train("o", bad));
     EXPECT_EQ(r.exit_code, 1) << bad << ": " << r.output;
     const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
+#include "model/block_memory.h"
 #include "state/host_state.h"
 
 namespace {
@@ -120,7 +122,7 @@ TEST(DevicePlan, FitShrinksInTheDocumentedOrder) {
   ASSERT_GT(t1, t2);
   ASSERT_GT(t2, t3);
   const std::vector<std::string> steps = {"gradients and block checkpoints in host RAM", "2 weight slots",
-                                          "LM-head chunks of 256 rows"};
+                                          "LM-head chunks of 256 rows", "MLP in token chunks"};
   // a budget just under each plan's total takes exactly the steps needed
   // (the auto rules of place_on_device see a budget this large as "fits on the device")
   struct Case {
@@ -128,8 +130,10 @@ TEST(DevicePlan, FitShrinksInTheDocumentedOrder) {
     size_t n_steps;
     bool fits;
   };
+  // (the last step, MLP token chunks, is tried when nothing else is left; at
+  // N = 256 tokens there is no chunk below N, so it changes nothing)
   for (const Case& c : {Case{t0, 0, true}, Case{t0 - 1, 1, true}, Case{t1 - 1, 2, true}, Case{t2 - 1, 3, true},
-                        Case{t3, 3, true}, Case{t3 - 1, 3, false}}) {
+                        Case{t3, 3, true}, Case{t3 - 1, 4, false}}) {
     rt::DevicePlan p = rt::fit_device_plan(s, B, T, o0, c.budget);
     EXPECT_EQ(p.fits(), c.fits) << "budget " << c.budget;
     EXPECT_EQ(p.changes, std::vector<std::string>(steps.begin(), steps.begin() + static_cast<long>(c.n_steps)))
@@ -263,4 +267,116 @@ TEST(DevicePlan, FitTurnsAutoLayerMajorOffLast) {
   // and a budget the layer-major plan fits keeps it
   o.layer_major = "auto";
   EXPECT_TRUE(rt::fit_device_plan(s, B, T, o, kHuge).place.layer_major);
+}
+
+namespace {
+
+// Qwen2.5-7B at 16k tokens (docs/long_sequences.md: under 10 GiB only with
+// MLP token chunks).
+const int64_t kLongT = 16384;
+const uint64_t k10GiB = 10ull << 30;
+
+}  // namespace
+
+TEST(DevicePlan, SevenBAt16kTokensFitsTenGiBOnlyWithMlpChunks) {
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
+  rt::CudaOptions off;
+  off.mlp_chunk_tokens = 0;
+  const rt::DevicePlan refused = rt::fit_device_plan(s, 1, kLongT, off, k10GiB);
+  EXPECT_FALSE(refused.fits());
+  EXPECT_EQ(refused.mlp_chunk_tokens, 0);
+  rt::CudaOptions automatic;  // the default: auto
+  ASSERT_EQ(automatic.mlp_chunk_tokens, -1);
+  const rt::DevicePlan p = rt::fit_device_plan(s, 1, kLongT, automatic, k10GiB);
+  EXPECT_TRUE(p.fits()) << p.total << " > " << p.budget;
+  ASSERT_FALSE(p.changes.empty());
+  EXPECT_EQ(p.changes.back(), "MLP in token chunks");
+  // the same shrink steps as the refused plan, and chunking after all of them
+  EXPECT_EQ(std::vector<std::string>(p.changes.begin(), p.changes.end() - 1), refused.changes);
+  // the largest candidate that fits: the next larger one (if any) does not
+  const std::vector<int64_t> cand = rt::mlp_chunk_candidates(kLongT);
+  const auto at = std::find(cand.begin(), cand.end(), p.mlp_chunk_tokens);
+  ASSERT_NE(at, cand.end()) << p.mlp_chunk_tokens;
+  if (at != cand.begin()) {
+    rt::CudaOptions bigger = p.options;
+    bigger.mlp_chunk_tokens = *(at - 1);
+    EXPECT_FALSE(rt::plan_device(s, 1, kLongT, bigger, k10GiB).fits());
+  }
+  // and 32k tokens in 24 GiB (issue 16's acceptance; with the LM-head
+  // scratch estimate it fits even unchunked, so auto leaves it unchunked)
+  const rt::DevicePlan p32 = rt::fit_device_plan(s, 1, 2 * kLongT, automatic, 24ull << 30);
+  EXPECT_TRUE(p32.fits()) << p32.total << " > " << p32.budget;
+  // a fixed chunk is taken as given
+  rt::CudaOptions fixed = p.options;
+  fixed.mlp_chunk_tokens = 1024;
+  EXPECT_EQ(rt::plan_device(s, 1, kLongT, fixed, k10GiB).mlp_chunk_tokens, 1024);
+}
+
+TEST(DevicePlan, TheChunkedBlockCostsWhatBlockMemorySays) {
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
+  for (int64_t chunk : {int64_t{0}, int64_t{1024}, int64_t{4096}}) {
+    rt::CudaOptions o;
+    rt::set_low_memory(o);
+    o.keep_activations = 2;
+    o.mlp_chunk_tokens = chunk;
+    const rt::DevicePlan p = rt::plan_device(s, 1, kLongT, o, kHuge);
+    EXPECT_EQ(p.mlp_chunk_tokens, chunk);
+    const rt::BlockDims dm{1, kLongT, chunk};
+    EXPECT_EQ(item(p, "backward scratch"), rt::block_scratch_bytes(s, dm, 2, 256)) << chunk;
+    EXPECT_EQ(item(p, "block activations (shared + kept layers)"), 3 * rt::block_acts_bytes(s, dm, 2, 256)) << chunk;
+    EXPECT_EQ(p.layer_act_bytes, rt::block_acts_bytes(s, dm, 2)) << chunk;
+    uint64_t sum = 0;
+    for (auto& i : p.items) sum += i.bytes;
+    EXPECT_EQ(sum, p.total);
+  }
+  // chunking shrinks the block (the N x F tensors are per chunk)
+  rt::CudaOptions o;
+  rt::set_low_memory(o);
+  o.mlp_chunk_tokens = 0;
+  const uint64_t whole = rt::plan_device(s, 1, kLongT, o, kHuge).total;
+  o.mlp_chunk_tokens = 1024;
+  EXPECT_LT(rt::plan_device(s, 1, kLongT, o, kHuge).total, whole);
+}
+
+TEST(DevicePlan, PlansThatFitUnchunkedStayUnchunked) {
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
+  // budgets the unchunked plan fits as asked, after the host-RAM step, and at its smallest
+  rt::CudaOptions off;
+  off.mlp_chunk_tokens = 0;
+  rt::CudaOptions smallest = off;
+  rt::set_low_memory(smallest);
+  smallest.keep_activations = -1;
+  const uint64_t t_small = rt::plan_device(s, 1, 4096, smallest, kHuge).total;
+  for (uint64_t budget : {uint64_t{80} << 30, uint64_t{24} << 30, t_small + (t_small >> 5)}) {
+    const rt::DevicePlan unchunked = rt::fit_device_plan(s, 1, 4096, off, budget);
+    ASSERT_TRUE(unchunked.fits()) << budget;
+    const rt::DevicePlan p = rt::fit_device_plan(s, 1, 4096, rt::CudaOptions{}, budget);
+    EXPECT_EQ(p.mlp_chunk_tokens, 0) << budget;
+    EXPECT_EQ(p.changes, unchunked.changes) << budget;
+    EXPECT_EQ(p.total, unchunked.total) << budget;
+    EXPECT_EQ(p.kept_layers, unchunked.kept_layers) << budget;
+  }
+  // a budget just under the plan as asked: the host-RAM step, not chunking
+  // (which would make the plan as asked fit too: the tiny model's block is mostly N x F)
+  const rt::ModelSpec tiny = spec(false);
+  rt::CudaOptions as_asked = fixed_keep();
+  as_asked.mlp_chunk_tokens = 0;
+  const uint64_t t0 = rt::plan_device(tiny, 1, 1024, as_asked, kHuge).total;
+  as_asked.mlp_chunk_tokens = 512;
+  ASSERT_LT(rt::plan_device(tiny, 1, 1024, as_asked, t0 - 1).total, t0 - 1);
+  const rt::DevicePlan q = rt::fit_device_plan(tiny, 1, 1024, fixed_keep(), t0 - 1);
+  EXPECT_TRUE(q.fits());
+  EXPECT_EQ(q.mlp_chunk_tokens, 0);
+  EXPECT_EQ(q.changes, std::vector<std::string>{"gradients and block checkpoints in host RAM"});
+  // without fit, auto picks on the budget at once: unchunked where the block fits
+  rt::CudaOptions no_fit;
+  no_fit.fit = false;
+  EXPECT_EQ(rt::fit_device_plan(s, 1, 4096, no_fit, uint64_t{80} << 30).mlp_chunk_tokens, 0);
+  EXPECT_GT(rt::fit_device_plan(s, 1, kLongT, no_fit, k10GiB).mlp_chunk_tokens, 0);
+}
+
+TEST(DevicePlan, MlpChunkRefusesABadValue) {
+  rt::CudaOptions o;
+  o.mlp_chunk_tokens = -2;
+  EXPECT_THROW(rt::plan_device(spec(false), 2, 32, o, kHuge), std::exception);
 }

@@ -121,31 +121,37 @@ class StreamEngine final : public Backend {
     scratch_ = DevBuf<uint8_t>(dev_.alloc, static_cast<int64_t>(sc), "op scratch");
     ops_ = std::make_unique<CudaOps>(dev_.alloc, dev_.blas, dev_.compute.get(), inv_freq_.data(),
                                      Scratch{scratch_.data(), sc});
-    bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, BlockDims{B_, T_});
+    // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
+    // it: on what is left for the shared block activations and this scratch
+    const uint64_t left = dev_.alloc.budget() - std::min(dev_.alloc.budget(),
+                                                         dev_.alloc.used() + dev_.alloc.budget() / 64);
+    dm_ = BlockDims{B_, T_, plan_mlp_chunk_tokens(s_, B_, T_, opt_, left)};
+    bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, dm_);
     grads_->make_landing(opt_.landing_chunk_bytes);
     optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_);
     // Last: the block activations, the shared set and those of the last K
     // layers, which stay from forward to backward (their recompute is
     // skipped); K as asked or, on auto, as many as fit in what the plan leaves
     // of the budget once the shared set is in (1/64 of the budget held back).
-    const uint64_t act_bytes = BlockActs<CudaOps>::bytes(s_, BlockDims{B_, T_});
+    const uint64_t act_bytes = BlockActs<CudaOps>::bytes(s_, dm_);
     RT_CHECK(opt_.keep_activations >= -1, "[cuda] --keep-activations must be auto or a layer count >= 0, got ",
              opt_.keep_activations);
     int64_t keep = opt_.keep_activations;
     if (keep < 0) keep = auto_kept_layers(dev_.alloc.used(), act_bytes, dev_.alloc.budget());
     keep = place_.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
-    acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, BlockDims{B_, T_}, keep);
+    acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep);
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
     if (opt_.verbose) {
       const int S = weights_->count();
       std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
                   "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
-                  "%s, device memory %.2f GiB planned of %.2f GiB budget\n",
+                  "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
                   opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
                   place_.host_grads ? "host (per layer)" : "device", place_.host_ckpt ? "host" : "device",
                   place_.host_embed ? "host" : "device", (long long)keep, (long long)L,
                   keep * act_bytes / double(1ull << 30),
                   place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
+                  dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
                   dev_.alloc.used() / double(1ull << 30),
                   dev_.alloc.budget() / double(1ull << 30));
       const uint64_t host = st_.bytes_total() + weights_->pinned_bytes();
@@ -397,7 +403,7 @@ class StreamEngine final : public Backend {
         else if (i + 1 < L) ckpt_->lm_prefetch(0, i + 1);
         else ckpt_->lm_prefetch(0, L);  // the first head's input
         bf16* y = ckpt_->lm_out(k, i + 1);
-        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, x, y, pos_.data() + k * N_, acts_->shared());
+        block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared());
         ckpt_->lm_done(k, i);
         ckpt_->lm_written(k, i + 1);
       }
@@ -424,8 +430,8 @@ class StreamEngine final : public Backend {
         if (k + 1 < K_) ckpt_->lm_prefetch(k + 1, i);
         else if (i > 0) ckpt_->lm_prefetch(0, i - 1);
         const int32_t* pos = pos_.data() + k * N_;
-        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, x, hf_.data(), pos, acts_->shared());  // recompute
-        block_backward(*ops_, s_, bw, BlockDims{B_, T_}, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg);
+        block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared());  // recompute: no output needed
+        block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg);
         ckpt_->lm_done(k, i);
       }
       dev_.tracer.gpu_end(sp, cs);
@@ -470,7 +476,7 @@ class StreamEngine final : public Backend {
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_write(i + 1);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
-      block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), BlockDims{B_, T_}, ckpt_->at(i), ckpt_->at(i + 1),
+      block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1),
                     pos_.data(), training ? acts_->of(i) : acts_->shared());
       dev_.tracer.gpu_end(sp, cs);
       if (training && i + 1 < L) ckpt_->written(i + 1);
@@ -520,9 +526,9 @@ class StreamEngine final : public Backend {
       grads_->begin_layer(i);
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
-      if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations)
-        block_forward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt_->at(i), hf_.data(), pos_.data(), acts_->shared());
-      block_backward(*ops_, s_, bw, BlockDims{B_, T_}, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i),
+      if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
+        block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared());
+      block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i),
                      *bscratch_, bind_grads(units[i + 1], g));
       dev_.tracer.gpu_end(sp, cs);
       ckpt_->after_backward(i);
@@ -566,6 +572,7 @@ class StreamEngine final : public Backend {
   std::unique_ptr<CudaOps> ops_;
   std::unique_ptr<LayerActs<CudaOps>> acts_;  // shared (recomputed layers) + layers L-K..L-1, forward to backward
   std::unique_ptr<BlockScratch<CudaOps>> bscratch_;
+  BlockDims dm_{0, 0};  // B_ x T_ and the MLP token chunk (0: unchunked), for every block call
   UpdateTracker track_;  // last: its worker thread stops first
 };
 
@@ -575,6 +582,7 @@ class StreamEngine final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt) {
   CudaOptions o = opt;
+  o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
   for (;;) {
     try {
       return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, o);
