@@ -46,6 +46,21 @@ constexpr uint64_t kContextBytes = 640ull << 20;
 // TFLOP/s of 989 = 0.575. (The cuBLASLt GEMM peak measured 830-848.)
 constexpr double kComputeEfficiency = 0.575;
 
+// Host gradients (--grads host): the engine's worker adds (=, then +=) every
+// layer gradient landed in a pinned slab into the unit's host arena
+// (engine/cuda/gradient_sink.h): ~12 B of DRAM traffic per fp32 gradient
+// element, on the CPU, beside the DMA writes. Rate in GB/s of fp32 gradient
+// bytes, calibrated on issue 16's 10 GiB case (7B width, 14 layers, micro-
+// batch 2 x grad-accum 16, micro-batch-major: 9.8 s per step, 208 GB of layer
+// gradients landed): ~24 GB/s, i.e. ~70 GB/s of DRAM traffic, half the ~145
+// GB/s the host's AdamW reaches (bench/RESULTS.md).
+constexpr double kHostGradLandGbs = 24.0;
+
+// Naming only, not timing: the step is called optimizer-bound when more than
+// this share of it is exposed CPU optimizer (Qwen2.5-7B, 16 x 2048, default
+// mode: ~25%, which bench/RESULTS.md calls bound by the optimizer).
+constexpr double kOptimizerBindsShare = 0.2;
+
 }  // namespace
 
 bool card_lookup(const std::string& name, CardSpec* out) {
@@ -128,6 +143,10 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   // ~43 GB/s (issue 16: 10 GiB cap, 2 x 16 micro-batches, ~410 GB per 9.6 s
   // step), not 2 x 50.
   r.copies_s = (r.h2d_bytes + r.d2h_bytes) / (card.pcie_gbs * 1e9);
+  // Host gradients also pass through the CPU (kHostGradLandGbs): the copies
+  // take the longer of the two pipelines.
+  r.landing_s = p.host_grads ? 4 * layer * L * grad_passes / (kHostGradLandGbs * 1e9) : 0;
+  r.copies_s = std::max(r.copies_s, r.landing_s);
   // ---- optimizer
   const double params = static_cast<double>(s.params_total());
   r.optimizer_s = params / (gparams * 1e9);
@@ -142,8 +161,11 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   }
   r.optimizer_exposed_s = std::max(0.0, r.optimizer_s - r.overlap_s);
   r.step_s = core + r.optimizer_exposed_s;
-  // The optimizer binds when any of it shows (the step waits for it); else the longer of the two.
-  r.binding = r.optimizer_exposed_s > 0 ? "optimizer" : r.copies_s > r.compute_s ? "copies" : "compute";
+  // The binding part: the optimizer when more than kOptimizerBindsShare of
+  // the step waits for it, else the longer of compute and copies.
+  r.binding = r.optimizer_exposed_s > kOptimizerBindsShare * r.step_s ? "optimizer"
+              : r.copies_s > r.compute_s                              ? "copies"
+                                                                      : "compute";
   r.tokens_per_s = tokens / r.step_s;
   r.model_tflops = r.tokens_per_s * r.model_flops_per_token / 1e12;
   r.gpu_idle = 1.0 - r.compute_s / r.step_s;

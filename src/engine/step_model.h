@@ -11,7 +11,9 @@
 //              (2 N_layer + 2 H D T per token);
 //   copies   = (H2D + D2H bytes) / PCIe GB/s: weights bf16 in, fp32 gradients
 //              out, block checkpoints both ways when on the host, the host
-//              embedding's rows in and residual gradient out;
+//              embedding's rows in and residual gradient out; host gradients
+//              also pass through the CPU (added into the host arenas), and
+//              the copies take the longer of the PCIe and that CPU work;
 //   optimizer= parameters / CPU AdamW Gparam/s, exposed only where it does not
 //              overlap: default mode, it starts once the global norm is known
 //              and overlaps the next step's forward (micro-batch-major: the
@@ -52,7 +54,8 @@ struct StepPrediction {
   double efficiency = 0;        // the share of the datasheet rate the kernels reach (calibrated)
   double compute_s = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
-  double copies_s = 0;
+  double copies_s = 0;          // max(PCIe time, host gradient landing)
+  double landing_s = 0;         // host gradients: the CPU adding them into the arenas
   double optimizer_s = 0;       // the whole CPU AdamW pass
   double overlap_s = 0;         // the part of the step it runs under
   double optimizer_exposed_s = 0;
