@@ -223,7 +223,12 @@ int cmd_plan(const Args& args) {
                                 : ": they leave the host only on a card with " + gib(static_cast<double>(d.total)) +
                                       " for the engine (--grads device)"));
     }
-    if (pl.host_ckpt && host[5].bytes > host_total / 10)
+    if (pl.host_ckpt && pl.layer_major)
+      fixes.push_back("the pinned checkpoints of all " + std::to_string(K) + " micro-batches take " +
+                      gib(static_cast<double>(host[5].bytes)) + ": --layer-major off keeps one micro-batch's (" +
+                      gib(static_cast<double>(host[5].bytes) / static_cast<double>(K)) +
+                      ") but moves the weights once per micro-batch");
+    else if (pl.host_ckpt && host[5].bytes > host_total / 10)
       fixes.push_back("the pinned checkpoints take " + gib(static_cast<double>(host[5].bytes)) +
                       ": fewer tokens per micro-batch or per step (--micro-batch, --grad-accum)");
   }
