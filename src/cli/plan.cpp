@@ -249,8 +249,8 @@ int cmd_plan(const Args& args) {
   // ---- report
   const char* mode = co.resident ? "resident" : "streaming";
   if (p.on("json")) {
-    std::string j = "{";
-    j += "\"model\":" + json_str(model_name) + ",\"params\":" + fmt("%.0f", params) +
+    std::string j = "{\"fits\":" + std::string(dp.fits() && host_fits ? "true" : "false");
+    j += ",\"model\":" + json_str(model_name) + ",\"params\":" + fmt("%.0f", params) +
          ",\"layers\":" + std::to_string(spec.n_layers) + ",\"seq_len\":" + std::to_string(T) +
          ",\"micro_batch\":" + std::to_string(B) + ",\"grad_accum\":" + std::to_string(K) +
          ",\"tokens_per_step\":" + std::to_string(K * B * T);
@@ -286,7 +286,7 @@ int cmd_plan(const Args& args) {
          ",\"model_flops_per_token\":" + fmt("%.6g", sp.model_flops_per_token) +
          ",\"hardware_flops_per_token\":" + fmt("%.6g", sp.hardware_flops_per_token) +
          ",\"efficiency\":" + fmt("%g", sp.efficiency) + "}";
-    j += ",\"fits\":" + std::string(dp.fits() && host_fits ? "true" : "false") + ",\"fixes\":[";
+    j += ",\"fixes\":[";
     for (size_t i = 0; i < fixes.size(); ++i) j += std::string(i ? "," : "") + json_str(fixes[i]);
     j += "]}";
     std::printf("%s\n", j.c_str());
@@ -317,6 +317,8 @@ int cmd_plan(const Args& args) {
                 "(CPU AdamW %.3f s, %.3f s of it under the %s)\n",
                 sp.step_s, sp.compute_s, sp.copies_s, sp.optimizer_exposed_s, sp.optimizer_s,
                 std::min(sp.optimizer_s, sp.overlap_s), co.delayed_update ? "whole step" : "next forward");
+    if (pl.host_grads && !co.delayed_update)
+      std::printf("  (host gradients: the optimizer is modelled as not overlapping, as measured on the H200)\n");
     std::printf("  binding: %s; copies %.1f GB in + %.1f GB out; %.0f tokens/s, %.1f model TFLOP/s, GPU idle %.0f%%\n",
                 sp.binding.c_str(), sp.h2d_bytes / 1e9, sp.d2h_bytes / 1e9, sp.tokens_per_s, sp.model_tflops,
                 100 * sp.gpu_idle);

@@ -17,8 +17,8 @@
 //   optimizer= parameters / CPU AdamW Gparam/s, exposed only where it does not
 //              overlap: default mode, it starts once the global norm is known
 //              and overlaps the next step's forward (micro-batch-major: the
-//              first micro-batch's; layer-major: all of them); delayed update:
-//              it overlaps the whole step;
+//              first micro-batch's; layer-major: all of them); host gradients:
+//              not at all (as measured); delayed update: the whole step;
 //   step     = max(compute, copies) + exposed optimizer.
 #pragma once
 #include <cstdint>

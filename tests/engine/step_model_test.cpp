@@ -93,6 +93,9 @@ TEST(StepModel, LayerMajorMovesTheWeightsOncePerStep) {
   EXPECT_NEAR(b.h2d_bytes - a.h2d_bytes, 2 * layer * ((2 * K * (L - S) + S) - (2 * L - S)), 1.0);
   EXPECT_NEAR(b.d2h_bytes - a.d2h_bytes, 4 * layer * L * (K - 1), 1.0);
   EXPECT_GT(b.copies_s, a.copies_s);
+  // host gradients: the optimizer is modelled as not overlapping (step_model.cpp)
+  EXPECT_EQ(a.overlap_s, 0.0);
+  EXPECT_EQ(a.optimizer_exposed_s, a.optimizer_s);
 }
 
 TEST(StepModel, CardsAreKnownByName) {
