@@ -77,9 +77,12 @@ TEST(Plan, FittingPlanSaysSoAndAddsUp) {
   EXPECT_FALSE(contains(t.output, "DOES NOT FIT")) << t.output;
 }
 
-TEST(Plan, SevenBOnTenGigabytesIsPlacedAsTheEngineWould) {
-  auto r = run_ramtrain("plan --preset qwen2.5-7b --gpu rtx3080 --micro-batch 2 --grad-accum 16 --layer-major off "
-                        "--host-ram 160G --json");
+class PlanSevenB : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PlanSevenB, OnTenGigabytesIsPlacedAsTheEngineWould) {
+  const std::string lm = GetParam();
+  auto r = run_ramtrain("plan --preset qwen2.5-7b --gpu rtx3080 --micro-batch 2 --grad-accum 16 --layer-major " + lm +
+                        " --host-ram 160G --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string& j = r.output;
   const size_t dev = j.find("\"device\":{");
@@ -88,7 +91,7 @@ TEST(Plan, SevenBOnTenGigabytesIsPlacedAsTheEngineWould) {
   ASSERT_TRUE(rt::card_lookup("rtx3080", &c));
   rt::CudaOptions o;
   o.micro_batches = 16;
-  o.layer_major = "off";
+  o.layer_major = lm;
   const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
   const rt::DevicePlan dp = rt::fit_device_plan(s, 2, 2048, o, rt::card_engine_budget(c.memory_bytes));
   ASSERT_TRUE(dp.fits());
@@ -110,7 +113,12 @@ TEST(Plan, SevenBOnTenGigabytesIsPlacedAsTheEngineWould) {
   for (double b : item_bytes(j, "host")) sum += b;
   EXPECT_EQ(sum, host);
   EXPECT_TRUE(contains(j, "host gradients (fp32)"));
+  // auto: layer-major, and the K sets of block inputs wait in pinned host RAM
+  if (lm == "auto") EXPECT_TRUE(dp.place.layer_major && dp.place.host_ckpt);
 }
+
+INSTANTIATE_TEST_SUITE_P(LayerMajor, PlanSevenB, ::testing::Values("auto", "off"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 TEST(Plan, TooBigForHostRamIsRefusedWithTheFix) {
   auto r = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram 128G");
