@@ -65,7 +65,10 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
-std::string gib(double bytes) { return fmt("%.2f GiB", bytes / GiB); }
+// GiB, or MiB below 1 GiB (small models)
+std::string gib(double bytes) {
+  return bytes >= GiB ? fmt("%.2f GiB", bytes / GiB) : fmt("%.2f MiB", bytes / (1 << 20));
+}
 
 }  // namespace
 
@@ -291,10 +294,11 @@ int cmd_plan(const Args& args) {
     j += "]}";
     std::printf("%s\n", j.c_str());
   } else {
-    std::printf("model: %s, %.3fB params, %lld layers; %lld x %lld tokens per micro-batch, %lld micro-batch%s "
+    std::printf("model: %s, %s params, %lld layers; %lld x %lld tokens per micro-batch, %lld micro-batch%s "
                 "per step (%lld tokens)\n",
-                model_name.c_str(), params / 1e9, (long long)spec.n_layers, (long long)B, (long long)T,
-                (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
+                model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
+                (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es",
+                (long long)(K * B * T));
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
                 gib(static_cast<double>(host_ram)).c_str(), gparams);
@@ -302,8 +306,9 @@ int cmd_plan(const Args& args) {
                 static_cast<double>(host_total) / params, gib(static_cast<double>(host_usable)).c_str(),
                 host_fits ? "" : ": DOES NOT FIT");
     for (const HostItem& h : host)
-      if (h.bytes) std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
-                               static_cast<double>(h.bytes) / params);
+      if (h.bytes)
+        std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
+                    static_cast<double>(h.bytes) / params);
     std::printf("\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
                 "activations of %lld of %lld layers kept\n",
                 mode, pl.slots, pl.slots == 1 ? "" : "s", pl.host_grads ? "host" : "device",

@@ -120,6 +120,16 @@ TEST_P(PlanSevenB, OnTenGigabytesIsPlacedAsTheEngineWould) {
 INSTANTIATE_TEST_SUITE_P(LayerMajor, PlanSevenB, ::testing::Values("auto", "off"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
+TEST(Plan, ReadsAModelDirectory) {
+  const std::string dir = rt::test::fixture_dir() + "/hf/qwen2_bias_tied";
+  auto r = run_ramtrain("plan --model " + dir + " --seq-len 8 --micro-batch 2 --gpu rtx3080 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const rt::ModelSpec s = rt::spec_from_config_file(dir + "/config.json");
+  EXPECT_EQ(num(r.output, "params"), static_cast<double>(s.params_total()));
+  EXPECT_EQ(num(r.output, "layers"), static_cast<double>(s.n_layers));
+  EXPECT_TRUE(flag(r.output, "fits")) << r.output;
+}
+
 TEST(Plan, TooBigForHostRamIsRefusedWithTheFix) {
   auto r = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram 128G");
   EXPECT_EQ(r.exit_code, 1) << r.output;
