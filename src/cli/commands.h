@@ -16,5 +16,6 @@ int cmd_tokenize(const Args& args);
 int cmd_render(const Args& args);
 int cmd_export(const Args& args);
 int cmd_eval(const Args& args);
+int cmd_plan(const Args& args);
 
 }  // namespace rt::cli

@@ -23,6 +23,7 @@ Commands:
   export    write a checkpoint as a HF model directory (config.json, safetensors, tokenizer)
   loss      compute the loss (and optionally every gradient) of a HF model on token sequences
   eval      mean loss per token and perplexity of a model over a whole dataset
+  plan      host RAM, device plan and predicted step time of a run on a given card and host
 
 Run 'ramtrain <command> --help' (or 'ramtrain help <command>') for the options of a command.
 
@@ -36,6 +37,7 @@ Examples:
   ramtrain tokenize corpus/ --tokenizer ./Qwen2.5-0.5B --out corpus.tok
   ramtrain loss --model path/to/hf_model --tokens seqs.txt --json
   ramtrain eval --model runs/chat/final --data held_out.jsonl
+  ramtrain plan --preset qwen2.5-7b --gpu rtx3080 --micro-batch 2 --grad-accum 16
 )";
 
 // The subcommands: add a line here (and to kUsage) for a new one.
@@ -46,7 +48,7 @@ struct Command {
 const Command kCommands[] = {
     {"train", rt::cli::cmd_train},       {"sample", rt::cli::cmd_sample}, {"tokenize", rt::cli::cmd_tokenize},
     {"export", rt::cli::cmd_export},     {"loss", rt::cli::cmd_loss},     {"eval", rt::cli::cmd_eval},
-    {"render", rt::cli::cmd_render},
+    {"render", rt::cli::cmd_render},     {"plan", rt::cli::cmd_plan},
 };
 
 const Command* find_command(const std::string& name) {

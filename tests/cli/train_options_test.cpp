@@ -46,7 +46,7 @@ struct Fixture {
 
 TEST(TrainOptions, EveryHelpFitsHundredColumns) {
   std::vector<std::string> cmds = {"--help"};
-  for (const char* c : {"train", "sample", "tokenize", "export", "loss"}) cmds.push_back(std::string(c) + " --help");
+  for (const char* c : {"train", "sample", "tokenize", "export", "loss", "plan"}) cmds.push_back(std::string(c) + " --help");
   for (const std::string& c : cmds) {
     auto r = run_ramtrain(c);
     EXPECT_EQ(r.exit_code, 0) << c;

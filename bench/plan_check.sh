@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Compares `ramtrain plan`'s predicted step times with the H200 measurements
+# they were calibrated on / checked against (bench/RESULTS.md, issue 16), and
+# prints the error in %. Usage: bench/plan_check.sh [path/to/ramtrain]
+# (default build/cpu/ramtrain). No GPU needed. Measured step times: the
+# midpoint of the range quoted; model TFLOP/s figures converted with the
+# tokens per step and the model FLOPs per token that ramtrain_bench counts.
+# Three rows fed the model's constants (src/engine/step_model.cpp) and are
+# marked "calibrated": the compute efficiency (32x2048 delayed), the host
+# gradient landing rate (10 GiB case) and the host-gradient optimizer overlap
+# (24 GiB case, from its GPU idle); the other rows are checks. The 14-layer
+# rows assume the engine's auto kept layers and split master (not recorded).
+set -euo pipefail
+R=${1:-build/cpu/ramtrain}
+q="--preset qwen2.5-7b --gpu h200"
+# name | plan options | measured step s (or "tflops:X" for model TFLOP/s)
+cases=(
+  "7B 32x2048 default, device grads, none kept|$q --micro-batch 32 --keep-activations 0 --master fp32|7.10"
+  "7B 16x2048 default, none kept|$q --micro-batch 16 --keep-activations 0 --master fp32|4.404"
+  "7B 16x2048 --delayed-update, none kept|$q --micro-batch 16 --keep-activations 0 --master fp32 --delayed-update|3.39"
+  "7B 32x2048 --delayed-update, none kept (calibrated)|$q --micro-batch 32 --keep-activations 0 --master fp32 --delayed-update|6.65"
+  "7B width 14 layers, 32x2048, no cap|$q --layers 14 --micro-batch 32|tflops:431"
+  "7B width 14 layers, 24 GiB cap, 8x2048 (calibrated)|$q --layers 14 --micro-batch 8 --gpu-memory 24G|tflops:189"
+  "7B width 14 layers, 10 GiB cap, 2x2048 x16 (calibrated)|$q --layers 14 --micro-batch 2 --grad-accum 16 --gpu-memory 10G --layer-major off|tflops:157"
+)
+printf '%-56s %10s %16s %8s %10s\n' case measured predicted error binding
+for c in "${cases[@]}"; do
+  IFS='|' read -r name opts meas <<<"$c"
+  # shellcheck disable=SC2086
+  json=$("$R" plan $opts --json)
+  read -r step tflops binding < <(python3 -c 'import json,sys; s=json.load(sys.stdin)["step"]; print(s["step_s"], s["model_tflops"], s["binding"])' <<<"$json")
+  if [[ $meas == tflops:* ]]; then m=${meas#tflops:}; got=$tflops; unit=TFLOP/s; else m=$meas; got=$step; unit=s; fi
+  err=$(python3 -c "print(f'{100*($got-$m)/$m:+.1f}')")
+  printf '%-56s %8s %-7s %8.3f %-7s %7s%% %10s\n' "$name" "$m" "$unit" "$got" "$unit" "$err" "$binding"
+done

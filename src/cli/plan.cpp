@@ -1,0 +1,342 @@
+// ramtrain plan: what a training run of a model on a card beside a host would
+// need and do, without a GPU: the host RAM per plan item, the device plan the
+// CUDA engine would choose (engine/device_plan.h: the engine's own planner),
+// the predicted step time (engine/step_model.h) and, when it does not fit,
+// which flag to change and by how much. Exits 1 when the run would be refused.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/model_dir.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "engine/backend.h"
+#include "engine/device_plan.h"
+#include "engine/step_model.h"
+#include "state/host_state.h"
+
+namespace rt::cli {
+
+namespace {
+
+constexpr double GiB = 1ull << 30;
+
+// Host RAM the OS and the process keep beyond the plan: on the lent 128 GiB
+// H200 host the engine found ~24.4 GiB free beside a 99.3 GiB state (issue 16:
+// "host gradients need 29051 MiB more host RAM but only ~25000 MiB are
+// available"), so ~124 GiB of 128 are usable.
+constexpr uint64_t kHostReserveBytes = 4ull << 30;
+
+const char* kSummary =
+    "Plans a training run without running it: the host RAM it needs per item, the device plan\n"
+    "the CUDA engine would choose for the card (its own planner), the predicted step time split into\n"
+    "compute, host<->device copies and the CPU optimizer, with the binding one named, and what to\n"
+    "change when it does not fit. Card figures are datasheet leads; the time model is calibrated on\n"
+    "H200 measurements (bench/plan_check.sh compares). Exits 1 when the run would be refused.";
+
+const char* kExamples =
+    "  ramtrain plan --preset qwen2.5-7b --gpu rtx3080 --micro-batch 2 --grad-accum 16\n"
+    "  ramtrain plan --preset qwen2.5-7b --gpu h200 --micro-batch 32 --delayed-update --json\n"
+    "  ramtrain plan --model ./Qwen2.5-7B --gpu-memory 10G --gpu-tflops 60 --pcie-gbs 25 --host-ram 64G\n";
+
+struct HostItem {
+  std::string what;
+  uint64_t bytes;
+};
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += static_cast<char>(c);
+  }
+  return o + "\"";
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+// GiB, or MiB below 1 GiB (small models)
+std::string gib(double bytes) {
+  return bytes >= GiB ? fmt("%.2f GiB", bytes / GiB) : fmt("%.2f MiB", bytes / (1 << 20));
+}
+
+}  // namespace
+
+int cmd_plan(const Args& args) {
+  ArgParser p("plan", kSummary, kExamples);
+  p.group("Model");
+  p.option("preset", "NAME", "a built-in model shape (ramtrain train --help lists them)");
+  p.option("model", "DIR", "a HF model directory (only config.json is read)");
+  p.option("layers", "N", "plan with this many layers instead of the model's (a what-if)").integer(1);
+  p.group("Tokens per step");
+  p.option("seq-len", "T", "tokens per sequence", "2048").integer(1);
+  p.option("micro-batch", "B", "sequences per micro-batch", "8").integer(1);
+  p.option("grad-accum", "K", "micro-batches per optimizer step", "1").integer(1);
+  p.group("Card");
+  p.option("gpu", "NAME", std::string("a known card: ") + card_names() + " (datasheet leads)", "h200")
+      .choice({"rtx3080", "rtx3090", "rtx4090", "rtx5090", "a100-40g", "h100", "h200"});
+  p.option("gpu-memory", "SIZE",
+           "device memory the engine may plan with, as train's --max-gpu-memory (default: the card's, "
+           "less ~0.6 GiB for the CUDA context)")
+      .size();
+  p.option("gpu-tflops", "X", "dense bf16 TFLOP/s with fp32 accumulate (default: the card's)").above(0);
+  p.option("pcie-gbs", "Y", "practical host<->device GB/s (default: the card's: gen4 x16 25, gen5 x16 50)")
+      .above(0);
+  p.group("Host");
+  p.option("host-ram", "SIZE", "the host's RAM (about 4 GiB of it is kept for the OS and the process)", "128G")
+      .size();
+  p.option("cpu-adamw-gparams", "X", "CPU AdamW rate in Gparam/s (measured ~4 on the 16-core H200 host)", "4.0")
+      .above(0);
+  p.group("Engine options (as in train)");
+  p.flag("delayed-update", "apply step t's update during step t+1");
+  p.flag("low-memory", "gradients and checkpoints on the host, 2 slots, 256-row LM-head chunks");
+  p.flag("resident", "keep every layer on the device");
+  p.option("slots", "N", "device weight slots", "3").integer(2);
+  p.option("grads", "auto|device|host", "where gradients wait for the norm", "auto").choice({"auto", "device", "host"});
+  p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
+      .choice({"auto", "device", "host"});
+  p.option("layer-major", "auto|on|off", "layer-major micro-batches (--grad-accum > 1)", "auto")
+      .choice({"auto", "on", "off"});
+  p.option("master", "auto|fp32|split", "host storage of the fp32 master (auto: split)", "auto")
+      .choice({"auto", "fp32", "split"});
+  p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
+      .integer(0)
+      .or_word("auto");
+  p.group("Output");
+  p.flag("json", "print one JSON object instead of the report");
+  if (!p.parse(args)) return 0;
+
+  // ---- the model
+  if (p.has("preset") == p.has("model")) fail("[plan] give exactly one of --preset NAME or --model DIR");
+  std::string model_name;
+  ModelSpec spec;
+  if (p.has("preset")) {
+    model_name = p.str("preset");
+    spec = spec_preset(model_name);
+  } else {
+    model_name = resolve_model_dir(p.str("model"));
+    model_dir_check(model_name, false, "[plan]");
+    spec = spec_from_config_file(path_join(model_name, "config.json"));
+  }
+  if (p.has("layers")) spec.n_layers = p.integer("layers");
+  const int64_t T = p.integer("seq-len"), B = p.integer("micro-batch"), K = p.integer("grad-accum");
+  if (T > spec.max_positions)
+    fail("[plan] --seq-len ", T, " exceeds the model's max_position_embeddings (", spec.max_positions,
+         "); lower --seq-len");
+
+  // ---- the machine
+  CardSpec card;
+  card_lookup(p.str("gpu"), &card);  // a choice: always known
+  uint64_t budget = card_engine_budget(card.memory_bytes);
+  if (p.has("gpu-memory")) budget = p.size_bytes("gpu-memory");
+  if (p.has("gpu-tflops")) card.bf16_tflops = p.number("gpu-tflops");
+  if (p.has("pcie-gbs")) card.pcie_gbs = p.number("pcie-gbs");
+  if (p.given("gpu-memory") || p.given("gpu-tflops") || p.given("pcie-gbs")) card.name += " (adjusted)";
+  const uint64_t host_ram = p.size_bytes("host-ram");
+  const double gparams = p.number("cpu-adamw-gparams");
+
+  // ---- the engine options, as `ramtrain train` builds them (cli/train.cpp)
+  CudaOptions co;
+  co.max_gpu_memory = budget;
+  co.slots = static_cast<int>(p.integer("slots"));
+  co.fit_slots = !p.given("slots");
+  co.resident = p.on("resident");
+  co.delayed_update = p.on("delayed-update");
+  co.grads = p.str("grads");
+  co.checkpoints = p.str("checkpoints");
+  co.layer_major = p.str("layer-major");
+  co.master = p.str("master");
+  co.micro_batches = K;
+  co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
+  co.verbose = false;
+  if (p.on("low-memory")) set_low_memory(co);
+  const DevicePlan dp = fit_device_plan(spec, B, T, co, budget);
+  const DevicePlacement& pl = dp.place;
+
+  // ---- host RAM, per item (HostState::planned_bytes is the total the engine holds)
+  const MasterStorage storage = co.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split;
+  const int shadows = co.delayed_update ? 2 : 1;
+  const uint64_t state_total = HostState::planned_bytes(spec, storage, shadows, pl.host_grads);
+  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false);
+  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false);
+  uint64_t numel = 0;
+  for (int64_t n : unit_numels(spec)) numel += static_cast<uint64_t>(n);
+  std::vector<HostItem> host;
+  host.push_back({storage == MasterStorage::split ? "master remainder + tie bits (split; upper half = the shadow)"
+                                                  : "fp32 master",
+                  bare - 8 * numel});
+  host.push_back({"Adam m (fp32)", 4 * numel});
+  host.push_back({"Adam v (fp32)", 4 * numel});
+  host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
+  host.push_back({"host gradients (fp32)", state_total - no_grads});
+  host.push_back({"pinned block checkpoints", host_checkpoint_bytes(spec, B, T, pl)});
+  // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
+  host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
+  uint64_t host_total = 0;
+  for (const HostItem& h : host) host_total += h.bytes;
+  const uint64_t host_usable = host_ram > kHostReserveBytes ? host_ram - kHostReserveBytes : 0;
+  const bool host_fits = host_total <= host_usable;
+  const double params = static_cast<double>(spec.params_total());
+
+  const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams);
+
+  // ---- what to change
+  std::vector<std::string> fixes;
+  if (!dp.fits()) {
+    int64_t fit_b = 0;
+    for (int64_t b = B - 1; b >= 1 && !fit_b; --b) {
+      CudaOptions o = co;
+      o.micro_batches = (K * B + b - 1) / b;
+      if (fit_device_plan(spec, b, T, o, budget).fits()) fit_b = b;
+    }
+    std::string f = "the device plan needs " + gib(static_cast<double>(dp.total)) + " of the " +
+                    gib(static_cast<double>(budget)) + " budget even at its smallest: ";
+    if (fit_b)
+      f += "use --micro-batch " + std::to_string(fit_b) + " --grad-accum " +
+           std::to_string((K * B + fit_b - 1) / fit_b) + " (about the same tokens per step)";
+    else
+      f += "lower --seq-len, or a card with " + gib(static_cast<double>(dp.total)) + " or more for the engine";
+    fixes.push_back(f);
+  }
+  if (!host_fits) {
+    const double over = static_cast<double>(host_total - host_usable);
+    fixes.push_back("host RAM: needs " + gib(static_cast<double>(host_total)) + " of ~" +
+                    gib(static_cast<double>(host_usable)) + " usable (" + gib(over) + " over): --host-ram " +
+                    fmt("%.0fG", (static_cast<double>(host_total + kHostReserveBytes)) / GiB + 0.999) +
+                    " or more");
+    if (storage == MasterStorage::fp32)
+      fixes.push_back("--master split saves " + gib(1.875 * static_cast<double>(numel)) + " (bit-identical results)");
+    if (pl.host_grads) {
+      CudaOptions o = co;
+      o.grads = "device";
+      o.fit = false;
+      const DevicePlan d = plan_device(spec, B, T, o, budget);
+      fixes.push_back(std::string("host gradients take ") + gib(4.0 * static_cast<double>(numel)) +
+                      (d.fits() ? ": --grads device fits this card and frees them"
+                                : ": they leave the host only on a card with " + gib(static_cast<double>(d.total)) +
+                                      " for the engine (--grads device)"));
+    }
+    if (pl.host_ckpt && pl.layer_major)
+      fixes.push_back("the pinned checkpoints of all " + std::to_string(K) + " micro-batches take " +
+                      gib(static_cast<double>(host[5].bytes)) + ": --layer-major off keeps one micro-batch's (" +
+                      gib(static_cast<double>(host[5].bytes) / static_cast<double>(K)) +
+                      ") but moves the weights once per micro-batch");
+    else if (pl.host_ckpt && host[5].bytes > host_total / 10)
+      fixes.push_back("the pinned checkpoints take " + gib(static_cast<double>(host[5].bytes)) +
+                      ": fewer tokens per micro-batch or per step (--micro-batch, --grad-accum)");
+  }
+  if (dp.fits() && host_fits) {
+    if (sp.binding == std::string("optimizer") && !co.delayed_update && !pl.host_grads)
+      fixes.push_back("the CPU optimizer shows for " + fmt("%.2f s", sp.optimizer_exposed_s) +
+                      " per step: --delayed-update hides it under the whole step (one step stale)");
+    else if (sp.binding == std::string("optimizer"))
+      fixes.push_back("the CPU optimizer shows for " + fmt("%.2f s", sp.optimizer_exposed_s) +
+                      " per step: more tokens per step (--grad-accum) spread it over more compute");
+    if (sp.binding == std::string("copies") && K > 1 && !pl.layer_major)
+      fixes.push_back("the copies bind: --layer-major on moves the weights once per step, not once per micro-batch");
+    else if (sp.binding == std::string("copies"))
+      fixes.push_back("the copies bind: more tokens per micro-batch or per step (--micro-batch, --grad-accum) "
+                      "spread them over more compute");
+  }
+
+  // ---- report
+  const char* mode = co.resident ? "resident" : "streaming";
+  if (p.on("json")) {
+    std::string j = "{\"fits\":" + std::string(dp.fits() && host_fits ? "true" : "false");
+    j += ",\"model\":" + json_str(model_name) + ",\"params\":" + fmt("%.0f", params) +
+         ",\"layers\":" + std::to_string(spec.n_layers) + ",\"seq_len\":" + std::to_string(T) +
+         ",\"micro_batch\":" + std::to_string(B) + ",\"grad_accum\":" + std::to_string(K) +
+         ",\"tokens_per_step\":" + std::to_string(K * B * T);
+    j += ",\"card\":{\"name\":" + json_str(card.name) + ",\"budget_bytes\":" + std::to_string(budget) +
+         ",\"bf16_tflops\":" + fmt("%g", card.bf16_tflops) + ",\"pcie_gbs\":" + fmt("%g", card.pcie_gbs) + "}";
+    j += ",\"host\":{\"ram_bytes\":" + std::to_string(host_ram) + ",\"usable_bytes\":" + std::to_string(host_usable) +
+         ",\"needed_bytes\":" + std::to_string(host_total) +
+         ",\"bytes_per_param\":" + fmt("%.4f", static_cast<double>(host_total) / params) +
+         ",\"fits\":" + (host_fits ? "true" : "false") + ",\"items\":[";
+    for (size_t i = 0; i < host.size(); ++i)
+      j += std::string(i ? "," : "") + "{\"what\":" + json_str(host[i].what) +
+           ",\"bytes\":" + std::to_string(host[i].bytes) + "}";
+    j += "]}";
+    j += ",\"device\":{\"fits\":" + std::string(dp.fits() ? "true" : "false") +
+         ",\"total_bytes\":" + std::to_string(dp.total) + ",\"budget_bytes\":" + std::to_string(dp.budget) +
+         ",\"mode\":" + json_str(mode) + ",\"slots\":" + std::to_string(pl.slots) +
+         ",\"host_grads\":" + (pl.host_grads ? "true" : "false") + ",\"host_checkpoints\":" +
+         (pl.host_ckpt ? "true" : "false") + ",\"host_embedding\":" + (pl.host_embed ? "true" : "false") +
+         ",\"layer_major\":" + (pl.layer_major ? "true" : "false") +
+         ",\"kept_layers\":" + std::to_string(dp.kept_layers) + ",\"changes\":[";
+    for (size_t i = 0; i < dp.changes.size(); ++i) j += std::string(i ? "," : "") + json_str(dp.changes[i]);
+    j += "],\"items\":[";
+    for (size_t i = 0; i < dp.items.size(); ++i)
+      j += std::string(i ? "," : "") + "{\"what\":" + json_str(dp.items[i].what) +
+           ",\"bytes\":" + std::to_string(dp.items[i].bytes) + ",\"count\":" + std::to_string(dp.items[i].count) + "}";
+    j += "]}";
+    j += ",\"step\":{\"compute_s\":" + fmt("%.6g", sp.compute_s) + ",\"copies_s\":" + fmt("%.6g", sp.copies_s) +
+         ",\"h2d_bytes\":" + fmt("%.0f", sp.h2d_bytes) + ",\"d2h_bytes\":" + fmt("%.0f", sp.d2h_bytes) +
+         ",\"optimizer_s\":" + fmt("%.6g", sp.optimizer_s) + ",\"optimizer_overlap_s\":" + fmt("%.6g", sp.overlap_s) +
+         ",\"optimizer_exposed_s\":" + fmt("%.6g", sp.optimizer_exposed_s) + ",\"step_s\":" + fmt("%.6g", sp.step_s) +
+         ",\"binding\":" + json_str(sp.binding) + ",\"tokens_per_s\":" + fmt("%.6g", sp.tokens_per_s) +
+         ",\"model_tflops\":" + fmt("%.6g", sp.model_tflops) + ",\"gpu_idle\":" + fmt("%.4f", sp.gpu_idle) +
+         ",\"model_flops_per_token\":" + fmt("%.6g", sp.model_flops_per_token) +
+         ",\"hardware_flops_per_token\":" + fmt("%.6g", sp.hardware_flops_per_token) +
+         ",\"efficiency\":" + fmt("%g", sp.efficiency) + "}";
+    j += ",\"fixes\":[";
+    for (size_t i = 0; i < fixes.size(); ++i) j += std::string(i ? "," : "") + json_str(fixes[i]);
+    j += "]}";
+    std::printf("%s\n", j.c_str());
+  } else {
+    std::printf("model: %s, %s params, %lld layers; %lld x %lld tokens per micro-batch, %lld micro-batch%s "
+                "per step (%lld tokens)\n",
+                model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
+                (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es",
+                (long long)(K * B * T));
+    std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
+                card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
+                gib(static_cast<double>(host_ram)).c_str(), gparams);
+    std::printf("\nhost RAM: %s, %.3f B/param (~%s usable)%s\n", gib(static_cast<double>(host_total)).c_str(),
+                static_cast<double>(host_total) / params, gib(static_cast<double>(host_usable)).c_str(),
+                host_fits ? "" : ": DOES NOT FIT");
+    for (const HostItem& h : host)
+      if (h.bytes)
+        std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
+                    static_cast<double>(h.bytes) / params);
+    std::printf("\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
+                "activations of %lld of %lld layers kept\n",
+                mode, pl.slots, pl.slots == 1 ? "" : "s", pl.host_grads ? "host" : "device",
+                pl.host_ckpt ? "host" : "device", pl.host_embed ? "host" : "device",
+                pl.layer_major ? "layer-major" : "micro-batch-major", (long long)dp.kept_layers,
+                (long long)spec.n_layers);
+    for (const std::string& c : dp.changes) std::printf("  shrunk to fit: %s\n", c.c_str());
+    std::printf("  device memory %s of %s budget%s\n", gib(static_cast<double>(dp.total)).c_str(),
+                gib(static_cast<double>(dp.budget)).c_str(), dp.fits() ? "" : ": DOES NOT FIT");
+    std::printf("\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "
+                "(CPU AdamW %.3f s, %.3f s of it under the %s)\n",
+                sp.step_s, sp.compute_s, sp.copies_s, sp.optimizer_exposed_s, sp.optimizer_s,
+                std::min(sp.optimizer_s, sp.overlap_s), co.delayed_update ? "whole step" : "next forward");
+    if (pl.host_grads && !co.delayed_update)
+      std::printf("  (host gradients: the optimizer is modelled as not overlapping, as measured on the H200)\n");
+    std::printf("  binding: %s; copies %.1f GB in + %.1f GB out; %.0f tokens/s, %.1f model TFLOP/s, GPU idle %.0f%%\n",
+                sp.binding.c_str(), sp.h2d_bytes / 1e9, sp.d2h_bytes / 1e9, sp.tokens_per_s, sp.model_tflops,
+                100 * sp.gpu_idle);
+    std::printf("  FLOPs/token: model %.2f G, hardware %.2f G (recomputed layers); kernels at %.1f%% of the "
+                "datasheet rate (calibrated on the H200)\n",
+                sp.model_flops_per_token / 1e9, sp.hardware_flops_per_token / 1e9, 100 * sp.efficiency);
+    if (!fixes.empty()) std::printf("\nto change:\n");
+    for (const std::string& f : fixes) std::printf("  - %s\n", f.c_str());
+  }
+  std::fflush(stdout);
+  if (!dp.fits() || !host_fits)
+    fail("[plan] this run would be refused: ", fixes.empty() ? std::string("see above") : fixes.front());
+  return 0;
+}
+
+}  // namespace rt::cli

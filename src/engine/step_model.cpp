@@ -1,0 +1,182 @@
+#include "engine/step_model.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace rt {
+
+namespace {
+
+constexpr uint64_t GiB = 1ull << 30;
+
+// ---- cards: datasheet leads, not measurements --------------------------
+// bf16 dense TFLOP/s with fp32 accumulate (what the engine's GEMMs use):
+// NVIDIA's datasheets / architecture whitepapers. GeForce cards run fp32
+// accumulate at half the fp16-accumulate rate: RTX 3080 59.5, 3090 71,
+// 4090 165.2, 5090 209.5; A100 312; H100 SXM and H200 989 (dense, no
+// sparsity). Memory: the card's nominal size (the RTX 3080 10 GB model).
+// PCIe: practical host<->device rates with pinned memory, gen4 x16 ~25 GB/s,
+// gen5 x16 ~50 GB/s (theoretical 32 / 64 GB/s per direction).
+constexpr double kPcieGen4Gbs = 25.0;
+constexpr double kPcieGen5Gbs = 50.0;
+struct CardRow {
+  const char* name;
+  double memory_gib;
+  double tflops;
+  double pcie;
+};
+constexpr CardRow kCards[] = {
+    {"rtx3080", 10, 59.5, kPcieGen4Gbs},  {"rtx3090", 24, 71, kPcieGen4Gbs},
+    {"rtx4090", 24, 165, kPcieGen4Gbs},   {"rtx5090", 32, 209, kPcieGen5Gbs},
+    {"a100-40g", 40, 312, kPcieGen4Gbs},  {"h100", 80, 989, kPcieGen5Gbs},
+    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs},  // 141 GB (139 GiB as the driver reports it)
+};
+
+// The CUDA context, cuBLAS(Lt) handles and workspace, outside the engine's
+// budget: bench/RESULTS.md (2026-12-03, --low-memory): process 7.11 GiB for
+// 6.53 GiB of engine allocations, 0.58 GiB; rounded up.
+constexpr uint64_t kContextBytes = 640ull << 20;
+
+// ---- calibration (H200, bench/RESULTS.md) -------------------------------
+// The share of the datasheet bf16 rate the engine's kernels reach over a
+// whole step (GEMMs, attention, norms, element-wise ops), on hardware FLOPs
+// as counted here. Calibrated on the compute-bound step: Qwen2.5-7B, 32 x
+// 2048, --delayed-update, every layer recomputed: 6.651 s at 1.1% GPU idle
+// (2026-12-03 night) -> 6.58 s of compute for 65536 x 57.1 GFLOP = 569
+// TFLOP/s of 989 = 0.575. (The cuBLASLt GEMM peak measured 830-848.)
+constexpr double kComputeEfficiency = 0.575;
+
+// Host gradients (--grads host): the engine's worker adds (=, then +=) every
+// layer gradient landed in a pinned slab into the unit's host arena
+// (engine/cuda/gradient_sink.h): ~12 B of DRAM traffic per fp32 gradient
+// element, on the CPU, beside the DMA writes. Rate in GB/s of fp32 gradient
+// bytes, calibrated on issue 16's 10 GiB case (7B width, 14 layers, micro-
+// batch 2 x grad-accum 16, micro-batch-major: 9.8 s per step, 208 GB of layer
+// gradients landed, the optimizer exposed as below): ~24 GB/s, i.e. ~70 GB/s
+// of DRAM traffic, half the ~145 GB/s the host's AdamW reaches
+// (bench/RESULTS.md).
+constexpr double kHostGradLandGbs = 24.0;
+
+// Naming only, not timing: the step is called optimizer-bound when more than
+// this share of it is exposed CPU optimizer (Qwen2.5-7B, 16 x 2048, default
+// mode: ~25%, which bench/RESULTS.md calls bound by the optimizer).
+constexpr double kOptimizerBindsShare = 0.2;
+
+}  // namespace
+
+bool card_lookup(const std::string& name, CardSpec* out) {
+  for (const CardRow& c : kCards)
+    if (name == c.name) {
+      out->name = c.name;
+      out->memory_bytes = static_cast<uint64_t>(c.memory_gib * GiB);
+      out->bf16_tflops = c.tflops;
+      out->pcie_gbs = c.pcie;
+      return true;
+    }
+  return false;
+}
+
+const char* card_names() { return "rtx3080|rtx3090|rtx4090|rtx5090|a100-40g|h100|h200"; }
+
+uint64_t card_engine_budget(uint64_t memory) { return memory > kContextBytes ? memory - kContextBytes : 0; }
+
+double model_flops_per_token(const ModelSpec& s, int64_t T) {
+  // N_matmul: every layer's projections and MLP, and the LM head (tied or not);
+  // causal attention counted as ramtrain_bench does: 6 L H D T.
+  const double n_matmul = static_cast<double>(s.params_per_layer()) * static_cast<double>(s.n_layers) +
+                          static_cast<double>(s.vocab) * static_cast<double>(s.hidden);
+  return 6.0 * n_matmul +
+         6.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim) * static_cast<double>(T);
+}
+
+double hardware_flops_per_token(const ModelSpec& s, int64_t T, int64_t recomputed) {
+  // One more block forward per recomputed layer: 2 N_layer + the attention forward (2 H D T).
+  const double per_layer = 2.0 * static_cast<double>(s.params_per_layer()) +
+                           2.0 * static_cast<double>(s.n_heads * s.head_dim) * static_cast<double>(T);
+  return model_flops_per_token(s, T) + static_cast<double>(recomputed) * per_layer;
+}
+
+StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const DevicePlan& plan, const CardSpec& card,
+                            double gparams) {
+  StepPrediction r;
+  const DevicePlacement& p = plan.place;
+  const double L = static_cast<double>(s.n_layers), K = static_cast<double>(p.micro_batches);
+  const double N = static_cast<double>(B * T), C = static_cast<double>(s.hidden);
+  const double tokens = K * N;
+  // ---- compute
+  r.model_flops_per_token = model_flops_per_token(s, T);
+  r.hardware_flops_per_token = hardware_flops_per_token(s, T, s.n_layers - plan.kept_layers);
+  r.efficiency = kComputeEfficiency;
+  r.compute_s = tokens * r.hardware_flops_per_token / (card.bf16_tflops * 1e12 * r.efficiency);
+  // ---- copies (bytes per step)
+  const std::vector<int64_t> numel = unit_numels(s);
+  const double layer = static_cast<double>(numel[1]), embed = static_cast<double>(numel[0]),
+               head = static_cast<double>(numel.back());
+  const double S = std::min(static_cast<double>(p.slots), L);
+  // Weight loads (bf16): a slot is reloaded only when its layer or the
+  // weights' version changed (engine/cuda/weight_slots.h). Resident: every
+  // layer once per step (after its update). Streaming, per pass over the
+  // layers: forward 0..L-1 then backward L-1..0, the last S layers reused at
+  // the turn-around and the first S at the turn to the next micro-batch's
+  // forward: first forward L, then 2 (L - S) - ... = 2 K (L - S) + S per step
+  // micro-batch-major; layer-major passes once: 2 L - S.
+  double layer_loads = S >= L ? L : p.layer_major ? 2 * L - S : 2 * K * (L - S) + S;
+  r.h2d_bytes = 2 * (layer * layer_loads + head + (p.host_embed ? 0 : embed));
+  // fp32 gradients out: host gradients leave per layer per backward pass
+  // (micro-batch-major: K passes; layer-major: one); device gradients leave
+  // once per step in the optimizer phase. The head's (and a device
+  // embedding's) once per step.
+  const double grad_passes = p.host_grads ? (p.layer_major ? 1 : K) : 1;
+  r.d2h_bytes = 4 * (layer * L * grad_passes + head + (p.host_embed ? 0 : embed));
+  // Block checkpoints on the host: L + 1 block inputs per micro-batch out in
+  // the forward and back in for the backward.
+  if (p.host_ckpt) {
+    const double ck = K * (L + 1) * N * C * 2;
+    r.h2d_bytes += ck;
+    r.d2h_bytes += ck;
+  }
+  // The host embedding: the micro-batch's gathered rows in, its residual gradient out (bf16).
+  if (p.host_embed) {
+    r.h2d_bytes += K * N * C * 2;
+    r.d2h_bytes += K * N * C * 2;
+  }
+  // Both directions share one rate: on the H200 host the two together reached
+  // ~43 GB/s (issue 16: 10 GiB cap, 2 x 16 micro-batches, ~410 GB per 9.6 s
+  // step), not 2 x 50.
+  r.copies_s = (r.h2d_bytes + r.d2h_bytes) / (card.pcie_gbs * 1e9);
+  // Host gradients also pass through the CPU (kHostGradLandGbs): the copies
+  // take the longer of the two pipelines.
+  r.landing_s = p.host_grads ? 4 * layer * L * grad_passes / (kHostGradLandGbs * 1e9) : 0;
+  r.copies_s = std::max(r.copies_s, r.landing_s);
+  // ---- optimizer
+  const double params = static_cast<double>(s.params_total());
+  r.optimizer_s = params / (gparams * 1e9);
+  const double core = std::max(r.compute_s, r.copies_s);
+  if (plan.options.delayed_update) {
+    r.overlap_s = core;
+  } else if (p.host_grads) {
+    // Host gradients: measured not to overlap (issue 16, 7B width, 14 layers,
+    // 8 x 2048 under a 24 GiB cap: GPU idle 63% = 1.28 s of a 2.03 s step
+    // waiting, against 1.09 s of AdamW; the compute, 0.75 s busy, is what this
+    // model predicts). The cause was not traced; modelled as fully exposed.
+    r.overlap_s = 0;
+  } else {
+    // the forward it runs under: one micro-batch's (micro-batch-major) or all
+    // K (layer-major), as a share of the step's hardware FLOPs
+    const double fwd_share = (r.model_flops_per_token / 3.0) / r.hardware_flops_per_token;
+    r.overlap_s = core * fwd_share * (p.layer_major ? 1.0 : 1.0 / K);
+  }
+  r.optimizer_exposed_s = std::max(0.0, r.optimizer_s - r.overlap_s);
+  r.step_s = core + r.optimizer_exposed_s;
+  // The binding part: the optimizer when more than kOptimizerBindsShare of
+  // the step waits for it, else the longer of compute and copies.
+  r.binding = r.optimizer_exposed_s > kOptimizerBindsShare * r.step_s ? "optimizer"
+              : r.copies_s > r.compute_s                              ? "copies"
+                                                                      : "compute";
+  r.tokens_per_s = tokens / r.step_s;
+  r.model_tflops = r.tokens_per_s * r.model_flops_per_token / 1e12;
+  r.gpu_idle = 1.0 - r.compute_s / r.step_s;
+  return r;
+}
+
+}  // namespace rt

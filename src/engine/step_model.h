@@ -1,0 +1,73 @@
+// The time model of one optimizer step of the CUDA streaming engine, as a pure
+// function of the model, the tokens per step, the engine's device plan
+// (engine/device_plan.h) and the machine (card and host). No CUDA: `ramtrain
+// plan` and the CPU tests call it. Every constant is named in step_model.cpp
+// with its source (a datasheet lead or an H200 measurement in bench/RESULTS.md).
+//
+// Contract (the same accounting the engine's schedule has, backend.h):
+//   compute  = hardware FLOPs per step / (card dense bf16 TFLOP/s x efficiency):
+//              6 N_matmul + 6 L H D T per token (model FLOPs, as ramtrain_bench
+//              counts them), plus a block forward per recomputed layer
+//              (2 N_layer + 2 H D T per token);
+//   copies   = (H2D + D2H bytes) / PCIe GB/s: weights bf16 in, fp32 gradients
+//              out, block checkpoints both ways when on the host, the host
+//              embedding's rows in and residual gradient out; host gradients
+//              also pass through the CPU (added into the host arenas), and
+//              the copies take the longer of the PCIe and that CPU work;
+//   optimizer= parameters / CPU AdamW Gparam/s, exposed only where it does not
+//              overlap: default mode, it starts once the global norm is known
+//              and overlaps the next step's forward (micro-batch-major: the
+//              first micro-batch's; layer-major: all of them); host gradients:
+//              not at all (as measured); delayed update: the whole step;
+//   step     = max(compute, copies) + exposed optimizer.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/device_plan.h"
+#include "model/spec.h"
+
+namespace rt {
+
+struct CardSpec {
+  std::string name;             // "h200", or "custom"
+  uint64_t memory_bytes = 0;    // what the card has
+  double bf16_tflops = 0;       // dense bf16 with fp32 accumulate, datasheet
+  double pcie_gbs = 0;          // practical host<->device GB/s (1e9 B/s)
+};
+
+// The cards `ramtrain plan --gpu` knows (datasheet leads, step_model.cpp);
+// false for an unknown name.
+bool card_lookup(const std::string& name, CardSpec* out);
+const char* card_names();  // "rtx3080|rtx3090|...", for help and messages
+
+// Device bytes the engine may plan with on a card of `memory` bytes: what the
+// CUDA context and cuBLAS keep is held back (measured on the H200).
+uint64_t card_engine_budget(uint64_t memory);
+
+// Hardware FLOPs per token the step runs: model FLOPs + recomputed forwards.
+double model_flops_per_token(const ModelSpec& s, int64_t seq_len);
+double hardware_flops_per_token(const ModelSpec& s, int64_t seq_len, int64_t recomputed_layers);
+
+struct StepPrediction {
+  double model_flops_per_token = 0, hardware_flops_per_token = 0;
+  double efficiency = 0;        // the share of the datasheet rate the kernels reach (calibrated)
+  double compute_s = 0;
+  double h2d_bytes = 0, d2h_bytes = 0;
+  double copies_s = 0;          // max(PCIe time, host gradient landing)
+  double landing_s = 0;         // host gradients: the CPU adding them into the arenas
+  double optimizer_s = 0;       // the whole CPU AdamW pass
+  double overlap_s = 0;         // the part of the step it runs under
+  double optimizer_exposed_s = 0;
+  double step_s = 0;
+  double tokens_per_s = 0, model_tflops = 0;
+  double gpu_idle = 0;          // 1 - compute / step
+  std::string binding;          // "compute", "copies" or "optimizer"
+};
+
+// micro_batch x seq_len tokens per micro-batch, plan.place.micro_batches of
+// them per step (the plan's CudaOptions::micro_batches).
+StepPrediction predict_step(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const DevicePlan& plan,
+                            const CardSpec& card, double cpu_adamw_gparams);
+
+}  // namespace rt

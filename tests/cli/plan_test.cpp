@@ -1,0 +1,170 @@
+// `ramtrain plan`: a plan that fits says so and its numbers add up; a 7B on a
+// 10 GiB card gets the placement the engine's planner gives; a model too big
+// for --host-ram is refused with the fix named; bad options are refused.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "engine/device_plan.h"
+#include "engine/step_model.h"
+#include "model/spec.h"
+#include "state/host_state.h"
+#include "testutil.h"
+
+namespace {
+
+using rt::test::run_ramtrain;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The number after "key": in a JSON text (the first one; keys in plan's output are unique per object).
+double num(const std::string& json, const std::string& key, size_t from = 0) {
+  const size_t k = json.find("\"" + key + "\":", from);
+  EXPECT_NE(k, std::string::npos) << key;
+  if (k == std::string::npos) return 0;
+  return std::strtod(json.c_str() + k + key.size() + 3, nullptr);
+}
+bool flag(const std::string& json, const std::string& key, size_t from = 0) {
+  const size_t k = json.find("\"" + key + "\":", from);
+  EXPECT_NE(k, std::string::npos) << key;
+  return k != std::string::npos && json.compare(k + key.size() + 3, 4, "true") == 0;
+}
+// Every "bytes" value inside the array after "key":[ ... ].
+std::vector<double> item_bytes(const std::string& json, const std::string& section) {
+  const size_t a = json.find("\"" + section + "\":{");
+  const size_t b = json.find("\"items\":[", a);
+  const size_t e = json.find("]", b);
+  std::vector<double> v;
+  const std::string arr = json.substr(b, e - b);
+  std::regex re("\"bytes\":([0-9]+)");
+  for (std::sregex_iterator it(arr.begin(), arr.end(), re), end; it != end; ++it) v.push_back(std::stod((*it)[1]));
+  return v;
+}
+
+TEST(Plan, FittingPlanSaysSoAndAddsUp) {
+  auto r = run_ramtrain("plan --preset qwen2.5-0.5b --gpu rtx4090 --micro-batch 4 --seq-len 1024 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string& j = r.output;
+  EXPECT_TRUE(flag(j, "fits")) << j;
+  EXPECT_TRUE(contains(j, "\"fixes\":[]") || contains(j, "\"fixes\":[\"")) << j;
+  // host: the items sum to what is needed, and B/param is that over the parameters
+  double sum = 0;
+  for (double b : item_bytes(j, "host")) sum += b;
+  const double needed = num(j, "needed_bytes"), params = num(j, "params");
+  EXPECT_EQ(sum, needed);
+  EXPECT_NEAR(num(j, "bytes_per_param"), needed / params, 1e-4);  // printed with 4 decimals
+  EXPECT_EQ(params, static_cast<double>(rt::spec_preset("qwen2.5-0.5b").params_total()));
+  // device: the items sum to the total, within the budget
+  const size_t dev = j.find("\"device\":{");
+  double dsum = 0;
+  for (double b : item_bytes(j, "device")) dsum += b;
+  EXPECT_EQ(dsum, num(j, "total_bytes", dev));
+  EXPECT_LE(num(j, "total_bytes", dev), num(j, "budget_bytes", dev));
+  // step = max(compute, copies) + exposed optimizer; tokens/s = tokens / step (printed to 6 digits)
+  const size_t st = j.find("\"step\":{");
+  const double step = num(j, "step_s", st), compute = num(j, "compute_s", st), copies = num(j, "copies_s", st),
+               exposed = num(j, "optimizer_exposed_s", st);
+  EXPECT_NEAR(step, std::max(compute, copies) + exposed, 1e-5 * step);
+  EXPECT_NEAR(num(j, "tokens_per_s", st), 4 * 1024 / step, 1e-5 * num(j, "tokens_per_s", st));
+  // the text report says the same
+  auto t = run_ramtrain("plan --preset qwen2.5-0.5b --gpu rtx4090 --micro-batch 4 --seq-len 1024");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_TRUE(contains(t.output, "predicted step:")) << t.output;
+  EXPECT_TRUE(contains(t.output, "binding:")) << t.output;
+  EXPECT_FALSE(contains(t.output, "DOES NOT FIT")) << t.output;
+}
+
+class PlanSevenB : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PlanSevenB, OnTenGigabytesIsPlacedAsTheEngineWould) {
+  const std::string lm = GetParam();
+  auto r = run_ramtrain("plan --preset qwen2.5-7b --gpu rtx3080 --micro-batch 2 --grad-accum 16 --layer-major " + lm +
+                        " --host-ram 160G --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string& j = r.output;
+  const size_t dev = j.find("\"device\":{");
+  // the engine's own planner, on the same budget and options
+  rt::CardSpec c;
+  ASSERT_TRUE(rt::card_lookup("rtx3080", &c));
+  rt::CudaOptions o;
+  o.micro_batches = 16;
+  o.layer_major = lm;
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
+  const rt::DevicePlan dp = rt::fit_device_plan(s, 2, 2048, o, rt::card_engine_budget(c.memory_bytes));
+  ASSERT_TRUE(dp.fits());
+  EXPECT_TRUE(dp.place.host_grads);  // 28 GiB of fp32 gradients cannot stay on a 10 GiB card
+  EXPECT_EQ(flag(j, "host_grads", dev), dp.place.host_grads);
+  EXPECT_EQ(flag(j, "host_checkpoints", dev), dp.place.host_ckpt);
+  EXPECT_EQ(flag(j, "host_embedding", dev), dp.place.host_embed);
+  EXPECT_EQ(num(j, "slots", dev), dp.place.slots);
+  EXPECT_EQ(num(j, "total_bytes", dev), static_cast<double>(dp.total));
+  EXPECT_EQ(num(j, "kept_layers", dev), static_cast<double>(dp.kept_layers));
+  EXPECT_TRUE(flag(j, "fits"));
+  // host RAM: the state HostState plans (split master, one shadow, fp32 host
+  // gradients), the pinned checkpoints and the step's token batches + staging
+  const double host = static_cast<double>(rt::HostState::planned_bytes(s, rt::MasterStorage::split, 1, true) +
+                                          rt::host_checkpoint_bytes(s, 2, 2048, dp.place)) +
+                      24.0 * 16 * 2 * 2048;
+  EXPECT_EQ(num(j, "needed_bytes"), host);
+  double sum = 0;
+  for (double b : item_bytes(j, "host")) sum += b;
+  EXPECT_EQ(sum, host);
+  EXPECT_TRUE(contains(j, "host gradients (fp32)"));
+  // auto: layer-major, and the K sets of block inputs wait in pinned host RAM
+  if (lm == "auto") EXPECT_TRUE(dp.place.layer_major && dp.place.host_ckpt);
+}
+
+INSTANTIATE_TEST_SUITE_P(LayerMajor, PlanSevenB, ::testing::Values("auto", "off"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+TEST(Plan, ReadsAModelDirectory) {
+  const std::string dir = rt::test::fixture_dir() + "/hf/qwen2_bias_tied";
+  auto r = run_ramtrain("plan --model " + dir + " --seq-len 8 --micro-batch 2 --gpu rtx3080 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const rt::ModelSpec s = rt::spec_from_config_file(dir + "/config.json");
+  EXPECT_EQ(num(r.output, "params"), static_cast<double>(s.params_total()));
+  EXPECT_EQ(num(r.output, "layers"), static_cast<double>(s.n_layers));
+  EXPECT_TRUE(flag(r.output, "fits")) << r.output;
+}
+
+TEST(Plan, TooBigForHostRamIsRefusedWithTheFix) {
+  auto r = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram 128G");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "DOES NOT FIT")) << r.output;
+  EXPECT_TRUE(contains(r.output, "would be refused")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--host-ram")) << r.output;
+  // the --host-ram it names is enough
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("--host-ram ([0-9]+)G or more"))) << r.output;
+  auto ok = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram " + m[1].str() + "G --json");
+  EXPECT_TRUE(contains(ok.output, "\"host\":{") && flag(ok.output, "fits", ok.output.find("\"host\":{")))
+      << ok.output;
+  // fp32 master: the split master is named as a fix
+  auto f = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram 128G --master fp32");
+  EXPECT_EQ(f.exit_code, 1);
+  EXPECT_TRUE(contains(f.output, "--master split")) << f.output;
+}
+
+TEST(Plan, DeviceTooSmallNamesASmallerMicroBatch) {
+  auto r = run_ramtrain("plan --preset qwen2.5-7b --gpu-memory 10G --micro-batch 16 --seq-len 4096 --host-ram 1024G");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--micro-batch ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "would be refused")) << r.output;
+}
+
+TEST(Plan, BadOptionsAreRefused) {
+  for (const char* a : {"plan", "plan --preset qwen2.5-7b --model /nonexistent", "plan --preset nosuch",
+                        "plan --preset qwen2.5-7b --gpu rtx9999", "plan --preset qwen2.5-7b --micro-batch 0",
+                        "plan --preset qwen2.5-7b --seq-len 1000000", "plan --preset qwen2.5-7b --gpu-tflops 0",
+                        "plan --preset qwen2.5-7b --host-ram lots", "plan --model /nonexistent/dir",
+                        "plan --preset qwen2.5-7b --grads sometimes", "plan --preset qwen2.5-7b --bogus 1"}) {
+    auto r = run_ramtrain(a);
+    EXPECT_NE(r.exit_code, 0) << a << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "error")) << a << "\n" << r.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,113 @@
+// The step time model (engine/step_model.h) without a GPU: its parts add up
+// to the step by the stated rule, FLOPs and bytes follow the formulas of the
+// header recomputed here from the spec, layer-major moves fewer weight bytes
+// than micro-batch-major, and the delayed update hides more of the optimizer.
+#include "engine/step_model.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "model/spec.h"
+
+namespace {
+
+rt::ModelSpec spec() {
+  rt::ModelSpec s;
+  s.hidden = 256;
+  s.intermediate = 512;
+  s.n_layers = 6;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 64;
+  s.vocab = 1000;
+  s.max_positions = 4096;
+  return s;
+}
+
+rt::CardSpec card() {
+  rt::CardSpec c;
+  EXPECT_TRUE(rt::card_lookup("rtx4090", &c));
+  return c;
+}
+
+// Relative tolerance of the checks below: the same double formulas summed in
+// another order (no rounding beyond a few ulps).
+constexpr double kRel = 1e-12;
+
+TEST(StepModel, PartsAddUpToTheStep) {
+  const rt::ModelSpec s = spec();
+  for (bool delayed : {false, true})
+    for (int64_t K : {1, 4}) {
+      rt::CudaOptions o;
+      o.delayed_update = delayed;
+      o.micro_batches = K;
+      o.grads = "device";
+      const rt::DevicePlan dp = rt::fit_device_plan(s, 2, 512, o, 1ull << 34);
+      const rt::StepPrediction p = rt::predict_step(s, 2, 512, dp, card(), 4.0);
+      const double core = std::max(p.compute_s, p.copies_s);
+      EXPECT_NEAR(p.step_s, core + p.optimizer_exposed_s, kRel * p.step_s);
+      EXPECT_NEAR(p.optimizer_exposed_s, std::max(0.0, p.optimizer_s - p.overlap_s), kRel * p.step_s);
+      EXPECT_NEAR(p.optimizer_s, static_cast<double>(s.params_total()) / 4e9, kRel * p.optimizer_s);
+      if (delayed) EXPECT_NEAR(p.overlap_s, core, kRel * core);
+      else EXPECT_LT(p.overlap_s, core);  // only the next forward
+      const double tokens = static_cast<double>(K * 2 * 512);
+      EXPECT_NEAR(p.tokens_per_s, tokens / p.step_s, kRel * p.tokens_per_s);
+      EXPECT_NEAR(p.model_tflops, p.tokens_per_s * p.model_flops_per_token / 1e12, kRel * p.model_tflops);
+      EXPECT_NEAR(p.compute_s, tokens * p.hardware_flops_per_token / (card().bf16_tflops * 1e12 * p.efficiency),
+                  kRel * p.compute_s);
+    }
+}
+
+TEST(StepModel, FlopsFollowTheFormula) {
+  const rt::ModelSpec s = spec();
+  const double L = 6, T = 512;
+  const double n_layer = static_cast<double>(s.params_per_layer());
+  const double model = 6 * (n_layer * L + 1000.0 * 256) + 6 * L * 4 * 64 * T;
+  EXPECT_NEAR(rt::model_flops_per_token(s, 512), model, kRel * model);
+  // three recomputed layers: three more block forwards (2 N_layer + 2 H D T each)
+  const double hw = model + 3 * (2 * n_layer + 2 * 4 * 64 * T);
+  EXPECT_NEAR(rt::hardware_flops_per_token(s, 512, 3), hw, kRel * hw);
+}
+
+TEST(StepModel, LayerMajorMovesTheWeightsOncePerStep) {
+  const rt::ModelSpec s = spec();
+  const int64_t K = 8;
+  rt::CudaOptions o;
+  o.micro_batches = K;
+  o.grads = "host";
+  o.checkpoints = "device";
+  o.slots = 2;
+  o.layer_major = "on";
+  const rt::DevicePlan lm = rt::plan_device(s, 1, 256, o, 1ull << 34);
+  o.layer_major = "off";
+  const rt::DevicePlan mb = rt::plan_device(s, 1, 256, o, 1ull << 34);
+  ASSERT_TRUE(lm.place.layer_major);
+  ASSERT_FALSE(mb.place.layer_major);
+  const rt::StepPrediction a = rt::predict_step(s, 1, 256, lm, card(), 4.0);
+  const rt::StepPrediction b = rt::predict_step(s, 1, 256, mb, card(), 4.0);
+  const std::vector<int64_t> n = rt::unit_numels(s);
+  const double layer = static_cast<double>(n[1]), L = 6, S = 2;
+  // micro-batch-major: 2 K (L - S) + S layer loads, layer-major 2 L - S (bf16);
+  // host gradients leave K times against once (fp32)
+  EXPECT_NEAR(b.h2d_bytes - a.h2d_bytes, 2 * layer * ((2 * K * (L - S) + S) - (2 * L - S)), 1.0);
+  EXPECT_NEAR(b.d2h_bytes - a.d2h_bytes, 4 * layer * L * (K - 1), 1.0);
+  EXPECT_GT(b.copies_s, a.copies_s);
+  // host gradients: the optimizer is modelled as not overlapping (step_model.cpp)
+  EXPECT_EQ(a.overlap_s, 0.0);
+  EXPECT_EQ(a.optimizer_exposed_s, a.optimizer_s);
+}
+
+TEST(StepModel, CardsAreKnownByName) {
+  rt::CardSpec c;
+  for (const char* n : {"rtx3080", "rtx3090", "rtx4090", "rtx5090", "a100-40g", "h100", "h200"}) {
+    ASSERT_TRUE(rt::card_lookup(n, &c)) << n;
+    EXPECT_GT(c.memory_bytes, 8ull << 30) << n;
+    EXPECT_GT(c.bf16_tflops, 50) << n;
+    EXPECT_GT(c.pcie_gbs, 10) << n;
+    EXPECT_LT(rt::card_engine_budget(c.memory_bytes), c.memory_bytes) << n;
+  }
+  EXPECT_FALSE(rt::card_lookup("rtx9999", &c));
+}
+
+}  // namespace
