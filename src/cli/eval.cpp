@@ -95,6 +95,10 @@ class ExampleRows final : public EvalRows {
     if (!got.positions.empty()) std::copy(got.positions.begin(), got.positions.end(), b.positions.begin());
     else
       for (int64_t i = 0; i < n * T; ++i) b.positions[i] = static_cast<int32_t>(i % T);
+    if (!got.doc_start.empty()) {  // masked packing (rows past n: one document each)
+      b.doc_start.assign(static_cast<size_t>(b.B * T), 0);
+      std::copy(got.doc_start.begin(), got.doc_start.end(), b.doc_start.begin());
+    }
   }
 
  private:
@@ -270,7 +274,7 @@ int cmd_eval(const Args& raw_args) {
       loss_sum += backend->loss_sum(b, &nv);
     else
       loss_sum += cpu_runner->forward_backward(w, nullptr, BatchView{B, T, b.inputs.data(), b.targets.data(),
-                                                                     b.positions.data()},
+                                                                     b.positions.data(), batch_doc_start(b)},
                                                1.0f, &nv);
     n_tokens += nv;
   }

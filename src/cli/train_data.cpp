@@ -26,9 +26,23 @@ void train_data_options(ArgParser& p) {
   p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count",
            "abort");
   p.option("pack", "yes|no", "pack several short examples into each sequence (positions restart per example)", "yes");
+  p.option("pack-attention", "masked|cross",
+           "packed examples: attention stays inside each example (masked), or also sees the earlier examples of its "
+           "sequence (cross)",
+           "masked");
 }
 
 namespace {
+
+// --pack and --pack-attention into fo.
+void pack_options_parse(const ArgParser& p, FinetuneOptions& fo) {
+  const std::string pack = p.str("pack");
+  if (pack != "yes" && pack != "no") fail("[train] --pack must be yes or no, got '", pack, "'");
+  fo.pack = pack == "yes";
+  const std::string att = p.str("pack-attention");
+  if (att != "masked" && att != "cross") fail("[train] --pack-attention must be masked or cross, got '", att, "'");
+  fo.pack_attention = pack_attention_parse(att);
+}
 
 // A byte-level model: the 258 byte/BOS/EOS ids, its embedding perhaps padded to a GPU-friendly multiple.
 bool is_byte_vocab(int64_t vocab) { return vocab >= ByteTokenizer::vocab_size && vocab <= 512; }
@@ -66,9 +80,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
       fo.val_fraction = dopt.val_fraction;
       fo.seed = seed;
       fo.truncation = truncation_parse(p.str("truncate"));
-      const std::string pack = p.str("pack");
-      if (pack != "yes" && pack != "no") fail("[train] --pack must be yes or no, got '", pack, "'");
-      fo.pack = pack == "yes";
+      pack_options_parse(p, fo);
       fo.pad_id = 0;
       auto ds = std::make_unique<FinetuneDataset>(tokens, mask, fo);
       std::printf("token file %s with loss masks %s\n%s\n", paths[0].c_str(), loss_mask_path(paths[0]).c_str(),
@@ -127,9 +139,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   fo.val_fraction = dopt.val_fraction;
   fo.seed = seed;
   fo.truncation = truncation_parse(p.str("truncate"));
-  const std::string pack = p.str("pack");
-  if (pack != "yes" && pack != "no") fail("[train] --pack must be yes or no, got '", pack, "'");
-  fo.pack = pack == "yes";
+  pack_options_parse(p, fo);
   fo.pad_id = tok.eos_id().value_or(0);
   fo.records.format = format;
   fo.records.text_split = text_split_parse(p.str("text-split"));

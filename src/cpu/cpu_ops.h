@@ -51,13 +51,13 @@ class CpuOps {
     cpu::rope_backward(dx, pos, inv_freq_.data(), N, heads, D);
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                         int64_t H, int64_t G, int64_t D) {
-    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D);
+                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D, doc_start);
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                           const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                          int64_t G, int64_t D) {
-    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D);
+                          int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, doc_start);
   }
   void swiglu_forward(float* out, const float* g, const float* u, int64_t n) { cpu::swiglu_forward(out, g, u, n); }
   void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {

@@ -48,13 +48,13 @@ class CudaOps {
     cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, s_);
   }
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                         int64_t H, int64_t G, int64_t D) {
-    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_);
+                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                           const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                          int64_t G, int64_t D) {
-    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_);
+                          int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
   void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {

@@ -51,6 +51,13 @@ void batch_positions(const Batch& b, int32_t* pos) {
   for (size_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i % static_cast<size_t>(b.T));
 }
 
+const int32_t* batch_doc_start(const Batch& b) {
+  if (b.doc_start.empty()) return nullptr;
+  RT_CHECK(b.doc_start.size() == static_cast<size_t>(b.B * b.T), "[data] batch has ", b.doc_start.size(),
+           " document starts for ", b.B, " x ", b.T, " tokens");
+  return b.doc_start.data();
+}
+
 std::vector<uint64_t> window_order(uint64_t n, uint64_t seed, uint64_t epoch) {
   std::vector<uint64_t> p(n);
   for (uint64_t i = 0; i < n; ++i) p[i] = i;

@@ -31,10 +31,18 @@ struct Batch {
   // (B, T) RoPE positions, or empty: position i % T (one document per row).
   // Packed rows (data/finetune.h) restart at 0 for every example.
   std::vector<int32_t> positions;
+  // (B, T) document starts for attention masking, or empty: plain causal
+  // attention over the row. Packed rows (data/finetune.h) with masking on
+  // hold, for each token, the row position of its example's first input
+  // token (the attention ops' doc_start contract, cpu/ops.h).
+  std::vector<int32_t> doc_start;
 };
 
 // Fills pos[0, B*T) with b's positions (b.positions, or i % T when empty).
 void batch_positions(const Batch& b, int32_t* pos);
+// b.doc_start's data, or nullptr when it is empty (plain causal); throws
+// when its size is not B*T.
+const int32_t* batch_doc_start(const Batch& b);
 
 struct DatasetOptions {
   int64_t seq_len = 0;        // T >= 1

@@ -27,6 +27,12 @@ Truncation truncation_parse(const std::string& s) {
   fail("[data] unknown truncation '", s, "': use keep-start, drop or split");
 }
 
+PackAttention pack_attention_parse(const std::string& s) {
+  if (s == "masked") return PackAttention::masked;
+  if (s == "cross") return PackAttention::cross;
+  fail("[data] unknown pack attention '", s, "': use masked or cross");
+}
+
 // ---- FinetuneDataset -----------------------------------------------------
 
 namespace {
@@ -242,21 +248,25 @@ void FinetuneDataset::fill_row(const uint64_t* ex, size_t n, int64_t row, Batch&
   int32_t* in = b.inputs.data() + row * T_;
   int32_t* tg = b.targets.data() + row * T_;
   int32_t* pos = b.positions.data() + row * T_;
+  int32_t* doc = b.doc_start.empty() ? nullptr : b.doc_start.data() + row * T_;
   int64_t t = 0;
   for (size_t k = 0; k < n; ++k) {
     const Example& e = examples_[ex[k]];
     const uint32_t* tok = cache + e.offset;
+    const int64_t t0 = t;
+    RT_CHECK(t0 + e.length - 1 <= T_, "[data] internal: a packed row overflows seq_len");
     for (uint32_t j = 0; j + 1 < e.length; ++j, ++t) {
       in[t] = static_cast<int32_t>(tok[j] & ~trained_bit);
       tg[t] = tok[j + 1] & trained_bit ? static_cast<int32_t>(tok[j + 1] & ~trained_bit) : ignore_target;
       pos[t] = static_cast<int32_t>(j);
+      if (doc) doc[t] = static_cast<int32_t>(t0);
     }
   }
-  RT_CHECK(t <= T_, "[data] internal: a packed row overflows seq_len");
-  for (int64_t p0 = t; t < T_; ++t) {
+  for (int64_t p0 = t; t < T_; ++t) {  // the padding tail: a document of its own
     in[t] = opt_.pad_id;
     tg[t] = ignore_target;
     pos[t] = static_cast<int32_t>(t - p0);
+    if (doc) doc[t] = static_cast<int32_t>(p0);
   }
 }
 
@@ -267,6 +277,7 @@ Batch FinetuneDataset::make_batch(int64_t B) const {
   b.inputs.resize(static_cast<size_t>(B * T_));
   b.targets.resize(b.inputs.size());
   b.positions.resize(b.inputs.size());
+  if (opt_.pack && opt_.pack_attention == PackAttention::masked) b.doc_start.resize(b.inputs.size());
   return b;
 }
 

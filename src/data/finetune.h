@@ -26,10 +26,16 @@
 // epoch) and packs them greedily in that order: an example goes into the
 // current row when its L-1 predictions fit in what is left of the T slots,
 // else it starts the next row. The tail of a row is padding (input pad_id,
-// target ignore_target). Positions restart at 0 for every example, but
-// attention is NOT masked at example boundaries: the attention op is plain
-// causal over the row, so a token also attends to the earlier examples
-// packed before it in its row. pack = false gives one example per row.
+// target ignore_target). Positions restart at 0 for every example. With
+// pack_attention = masked (the default) each packed row carries doc_start
+// (Batch::doc_start), taken from the packer's own example boundaries (not
+// guessed from positions): every token of an example gets the row position
+// of the example's first input token, the padding tail the position where it
+// begins, so attention stays inside each example and a packed example sees
+// exactly what it would alone in a row. cross: no doc_start, plain causal
+// attention over the row (a token also attends to the earlier examples of
+// its row). pack = false gives one example per row and no doc_start (the
+// padding after the example cannot reach it under causal attention).
 // Validation: the last floor(n * val_fraction) kept examples in file order,
 // packed the same way without shuffling.
 // Streaming: the inputs are scanned from mmap; the encoded examples go to
@@ -60,6 +66,9 @@ namespace rt {
 
 enum class Truncation { keep_start, drop, split };
 Truncation truncation_parse(const std::string& s);  // keep-start | drop | split
+// Attention across the examples packed into one row.
+enum class PackAttention { masked, cross };
+PackAttention pack_attention_parse(const std::string& s);  // masked | cross
 
 // Encodes records into ids and masks (a PieceEncoder for records_for_each).
 // chat: the built-in template for instruction and chat records, or nullptr:
@@ -103,6 +112,7 @@ struct FinetuneOptions {
   uint64_t seed = 0;
   Truncation truncation = Truncation::keep_start;
   bool pack = true;
+  PackAttention pack_attention = PackAttention::masked;  // only when pack
   int32_t pad_id = 0;
   RecordOptions records;
   std::string cache_dir;  // "": $TMPDIR, else /tmp

@@ -60,7 +60,7 @@ class LayerMajorRunner {
     }
     for (int64_t i = 0; i < L; ++i)
       for (int64_t k = 0; k < K_; ++k)
-        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_);
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_, b[k].doc_start);
     double loss = 0;
     *n_valid = 0;
     for (int64_t k = 0; k < K_; ++k) {
@@ -73,8 +73,10 @@ class LayerMajorRunner {
     }
     for (int64_t i = L - 1; i >= 0; --i)
       for (int64_t k = 0; k < K_; ++k) {
-        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_);  // recompute: no output
-        block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i]);
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_,
+                      b[k].doc_start);  // recompute: no output
+        block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i],
+                       b[k].doc_start);
       }
     for (int64_t k = 0; k < K_; ++k) ops_.embedding_backward(g.embed, dx(k), b[k].ids, N, C);
     return loss;
@@ -115,7 +117,7 @@ class CpuBackend final : public Backend {
     std::vector<BatchView> views;
     for (const Batch& b : batches) {
       pos.push_back(positions(b));
-      views.push_back(BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.back().data()});
+      views.push_back(BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.back().data(), batch_doc_start(b)});
     }
     *n_valid = 0;
     if (layer_major_ && batches.size() > 1) {
@@ -192,7 +194,8 @@ class CpuBackend final : public Backend {
   double loss_sum(const Batch& b, int64_t* n_valid) override {
     std::vector<int32_t> pos = positions(b);
     return runner(b.B, b.T).forward_backward(state_.weights(), nullptr,
-                                             BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data()}, 1.0f,
+                                             BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data(), batch_doc_start(b)},
+                                             1.0f,
                                              n_valid);
   }
 

@@ -143,6 +143,7 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   add("final norm gradients", u64(N * C) * 2);
   add("final norm statistics", u64(N) * 4);
   add("token ids, targets, positions", u64(K * N) * 4, 3);
+  add("document starts (packed rows)", u64(K * N) * 4);
   add("loss totals", 16);  // CrossEntropyTotals: double + long long
   add("gradient norms", u64(static_cast<int64_t>(U)) * 8);
   add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);

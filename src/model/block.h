@@ -203,13 +203,18 @@ struct BlockScratch {
 };
 
 // y[N,C] = block(x[N,C]); fills acts for the backward. pos[N]: RoPE positions.
+// doc_start[N] (packed documents, or nullptr: plain causal): for each token,
+// the position of its document's first token within its sequence, handed to
+// the attention op (cpu/ops.h attention_forward states the contract); the
+// backward must get the same array.
 // y == nullptr: a recompute for block_backward only, which needs no output:
 // the down projection is skipped, and with MLP chunks the whole MLP (the
 // backward recomputes it chunk by chunk). Either way t holds exactly what
 // block_backward reads, with the values of a full forward.
 template <class Ops>
 void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
-                   const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t) {
+                   const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t,
+                   const int32_t* doc_start = nullptr) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
   const float eps = static_cast<float>(s.rms_eps);
@@ -227,7 +232,8 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
   ops.linear_forward(t.v.data(), t.xn.data(), w.v_proj, w.v_bias, N, C, KD);
   ops.rope_forward(t.q.data(), pos, N, H, D);
   ops.rope_forward(t.k.data(), pos, N, G, D);
-  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D);
+  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D,
+                        doc_start);
   ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
   ops.add_inplace(t.h.data(), x, N * C);
   ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
@@ -253,7 +259,8 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
 template <class Ops>
 void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
                     const typename Ops::act_t* x, const typename Ops::act_t* dy, typename Ops::act_t* dx,
-                    const int32_t* pos, BlockActs<Ops>& t, BlockScratch<Ops>& d, const BlockGrads& gr) {
+                    const int32_t* pos, BlockActs<Ops>& t, BlockScratch<Ops>& d, const BlockGrads& gr,
+                    const int32_t* doc_start = nullptr) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
   check_block_buffers("the block activations", t.dims, dm);
@@ -281,7 +288,7 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   // attention: h = x + att Wo^T
   ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d.d_h.data(), t.att.data(), w.o_proj, N, QD, C);
   ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(),
-                         t.v.data(), t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D);
+                         t.v.data(), t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start);
   ops.rope_backward(d.d_q.data(), pos, N, H, D);
   ops.rope_backward(d.d_k.data(), pos, N, G, D);
   const auto* dq = d.d_q.data();

@@ -44,6 +44,9 @@ struct BatchView {
   const int32_t* ids = nullptr;      // [B*T], each in [0, V)
   const int32_t* targets = nullptr;  // [B*T], next ids or -100
   const int32_t* pos = nullptr;      // [B*T]
+  // [B*T] packed documents: the position of each token's document start in
+  // its sequence (attention stays inside a document), or nullptr: plain causal.
+  const int32_t* doc_start = nullptr;
 };
 
 template <class Ops>
@@ -85,7 +88,7 @@ class ModelRunner {
     ops_.embedding_forward(x0, b.ids, w.embed, N, C);
     for (int64_t i = 0; i < L; ++i)
       block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, b.pos,
-                    grads ? acts_.of(i) : acts_.shared());
+                    grads ? acts_.of(i) : acts_.shared(), b.doc_start);
     const A* xL = x0 + L * N * C;
     ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), xL, w.final_norm, N, C, static_cast<float>(s_.rms_eps));
     double loss = ops_.lm_head_cross_entropy(grads ? dhf_.data() : nullptr, grads ? grads->lm_head : nullptr,
@@ -95,9 +98,9 @@ class ModelRunner {
     for (int64_t i = L - 1; i >= 0; --i) {
       const A* xi = x0 + i * N * C;
       if (!acts_.kept(i))  // recompute what the backward reads (no block output)
-        block_forward(ops_, s_, w.layers[i], dm_, xi, nullptr, b.pos, acts_.shared());
+        block_forward(ops_, s_, w.layers[i], dm_, xi, nullptr, b.pos, acts_.shared(), b.doc_start);
       block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
-                     grads->layers[i]);
+                     grads->layers[i], b.doc_start);
     }
     ops_.embedding_backward(grads->embed, dx_.data(), b.ids, N, C);
     return loss;

@@ -10,6 +10,8 @@
 //  - a plan that does not fit the budget shrinks to the --low-memory one;
 //  - engine/device_plan.h counts exactly the bytes the engine allocates;
 //  - layer-major micro-batches = micro-batch-major bit for bit.
+//  - packed rows with document masking (Batch::doc_start): CUDA vs CPU, both
+//    schedules, and further from the unmasked (cross) CPU result.
 //  - the split master (state/host_state.h) trains bit-identically to fp32
 //    storage: default, delayed-update and low-memory (host gradients) plans.
 #include <gtest/gtest.h>
@@ -338,6 +340,80 @@ TEST(CudaEngine, LayerMajorIsBitIdenticalToMicroBatchMajor) {
     if (std::string(g) == "device") {
       EXPECT_TRUE(grads[1] == grads[0]) << "compute_grads, device gradients";
     }
+  }
+}
+
+// Packed rows as data/finetune.h makes them: documents of varying lengths,
+// positions restarting at each, doc_start = the row position of each
+// document's first token (the padding-free tail is its last document).
+std::vector<rt::Batch> packed_batches(std::vector<rt::Batch> v, bool masked) {
+  for (rt::Batch& b : v) {
+    b.positions.assign(b.inputs.size(), 0);
+    if (masked) b.doc_start.assign(b.inputs.size(), 0);
+    for (int64_t r = 0; r < b.B; ++r) {
+      int64_t start = 0, len = 19 + 7 * r;
+      for (int64_t t = 0; t < b.T; ++t) {
+        if (t - start == len) start = t, len = len % 45 + 23;
+        b.positions[r * b.T + t] = static_cast<int32_t>(t - start);
+        if (masked) b.doc_start[r * b.T + t] = static_cast<int32_t>(start);
+      }
+    }
+  }
+  return v;
+}
+
+TEST(CudaEngine, PackedDocumentMaskingMatchesTheCpuReference) {
+  // CPU fp32 with doc_start is the reference (tests/engine/packed_attention_test
+  // checks it against unpacked examples). Tolerances as in
+  // GradientsMatchTheCpuReference (bf16 operands through 3 layers). So that
+  // the test fails when the engine drops doc_start, the CUDA gradients must
+  // also be much closer to the masked CPU ones than the unmasked (cross) CPU
+  // gradients are: q/k are sharpened so that attention is not near uniform.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 2, T = 128, K = 2;
+  rt::ModelSpec s = gpu_spec(3);
+  rt::Dataset d = shakespeare(T, 6);
+  int64_t nv = 0;
+  const auto raw = batches_from(d, B, K, &nv);
+  const auto masked = packed_batches(raw, true), cross = packed_batches(raw, false);
+  auto init = [&](rt::HostState& st) {
+    st.init_random(9, 0.05f);
+    for (auto& l : st.weights().layers) {
+      for (int64_t i = 0; i < s.q_dim() * s.hidden; ++i) const_cast<float*>(l.q_proj)[i] *= 4;
+      for (int64_t i = 0; i < s.kv_dim() * s.hidden; ++i) const_cast<float*>(l.k_proj)[i] *= 4;
+    }
+  };
+  rt::HostState st(s, true);
+  init(st);
+  auto cpu = rt::make_cpu_backend(st);
+  const double l_cross = cpu->compute_grads(cross, nv) / nv;
+  const std::vector<float> g_cross = all_grads(st);
+  const double l_cpu = cpu->compute_grads(masked, nv) / nv;
+  const std::vector<float> g_cpu = all_grads(st);
+  int64_t n1 = 0, n2 = 0;
+  const double v_cpu = cpu->loss_sum(masked[0], &n1);
+  const double cross_dist = rt::test::rel_l2(g_cross.data(), g_cpu.data(), static_cast<int64_t>(g_cpu.size()));
+  std::printf("[engine] packed: cpu masked loss %.6f, cross %.6f; gradients masked vs cross rel_l2 %.3e\n", l_cpu,
+              l_cross, cross_dist);
+  for (const char* lm : {"off", "on"}) {
+    rt::HostState sg(s, true);
+    init(sg);
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.layer_major = lm;
+    co.micro_batches = K;
+    auto gpu = rt::make_cuda_backend(sg, B, T, co);
+    const double l_gpu = gpu->compute_grads(masked, nv) / nv;
+    const std::vector<float> g_gpu = all_grads(sg);
+    const double e = rt::test::rel_l2(g_gpu.data(), g_cpu.data(), static_cast<int64_t>(g_cpu.size()));
+    std::printf("[engine] packed, layer-major %s: loss cuda %.6f, gradients rel_l2 vs cpu masked %.3e\n", lm, l_gpu, e);
+    EXPECT_NEAR(l_gpu, l_cpu, 1e-2 * l_cpu) << "layer-major " << lm;
+    EXPECT_LE(e, 5e-2) << "layer-major " << lm;
+    EXPECT_LT(e, 0.25 * cross_dist) << "layer-major " << lm << ": the CUDA gradients are not clearly closer to the "
+                                    << "masked reference than the unmasked one is";
+    const double v_gpu = gpu->loss_sum(masked[0], &n2);  // the validation path uploads doc_start too
+    EXPECT_EQ(n2, n1);
+    EXPECT_NEAR(v_gpu, v_cpu, 1e-2 * v_cpu) << "loss_sum, layer-major " << lm;
   }
 }
 

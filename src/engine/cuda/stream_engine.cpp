@@ -110,7 +110,9 @@ class StreamEngine final : public Backend {
     ids_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "token ids");
     targets_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "targets");
     pos_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "positions");
-    host_io_ = PinnedBuf(static_cast<size_t>(3 * K_ * N_) * 4, "token staging");
+    doc_ = DevBuf<int32_t>(dev_.alloc, K_ * N_, "document starts");
+    has_doc_.assign(static_cast<size_t>(K_), false);
+    host_io_ = PinnedBuf(static_cast<size_t>(4 * K_ * N_) * 4, "token staging");
     totals_ = DevBuf<CrossEntropyTotals>(dev_.alloc, 1, "loss totals");
     norms_ = DevBuf<double>(dev_.alloc, static_cast<int64_t>(units.size()), "gradient norms");
     host_small_ = PinnedBuf(sizeof(CrossEntropyTotals) + units.size() * sizeof(double), "loss staging");
@@ -230,6 +232,7 @@ class StreamEngine final : public Backend {
       padded.B = B_;
       padded.inputs.resize(static_cast<size_t>(N_), 0);
       padded.targets.resize(static_cast<size_t>(N_), ignore_target);
+      if (!padded.doc_start.empty()) padded.doc_start.resize(static_cast<size_t>(N_), 0);  // one document per row
       bp = &padded;
     }
     const Batch& b = *bp;
@@ -341,8 +344,12 @@ class StreamEngine final : public Backend {
   int32_t* ids_h(int64_t k) { return host_io_.as<int32_t>() + k * N_; }
   int32_t* targets_h(int64_t k) { return host_io_.as<int32_t>() + (K_ + k) * N_; }
   int32_t* pos_h(int64_t k) { return host_io_.as<int32_t>() + (2 * K_ + k) * N_; }
+  int32_t* doc_h(int64_t k) { return host_io_.as<int32_t>() + (3 * K_ + k) * N_; }
+  // Micro-batch k's document starts on the device, or nullptr (plain causal).
+  const int32_t* doc(int64_t k) const { return has_doc_[static_cast<size_t>(k)] ? doc_.data() + k * N_ : nullptr; }
 
-  // Micro-batches b[0..count) -> ids_, targets_, pos_ at k * N.
+  // Micro-batches b[0..count) -> ids_, targets_, pos_ (and doc_ where a
+  // micro-batch has document starts) at k * N.
   void upload_batches(const Batch* b, int64_t count) {
     // the staging buffer may still be read by the previous batch's copies
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
@@ -350,12 +357,19 @@ class StreamEngine final : public Backend {
       std::copy(b[k].inputs.begin(), b[k].inputs.begin() + N_, ids_h(k));
       std::copy(b[k].targets.begin(), b[k].targets.begin() + N_, targets_h(k));
       batch_positions(b[k], pos_h(k));
+      const int32_t* d = batch_doc_start(b[k]);
+      has_doc_[static_cast<size_t>(k)] = d != nullptr;
+      if (d) std::copy(d, d + N_, doc_h(k));
     }
     cudaStream_t cs = dev_.compute.get();
     const size_t bytes = static_cast<size_t>(count * N_) * 4;
     CUDA_CHECK(cudaMemcpyAsync(ids_.data(), ids_h(0), bytes, cudaMemcpyHostToDevice, cs));
     CUDA_CHECK(cudaMemcpyAsync(targets_.data(), targets_h(0), bytes, cudaMemcpyHostToDevice, cs));
     CUDA_CHECK(cudaMemcpyAsync(pos_.data(), pos_h(0), bytes, cudaMemcpyHostToDevice, cs));
+    for (int64_t k = 0; k < count; ++k)
+      if (has_doc_[static_cast<size_t>(k)])
+        CUDA_CHECK(cudaMemcpyAsync(doc_.data() + k * N_, doc_h(k), static_cast<size_t>(N_) * 4,
+                                   cudaMemcpyHostToDevice, cs));
   }
 
   // Layer i's load waits (on this thread) for its update; the layers after
@@ -403,7 +417,7 @@ class StreamEngine final : public Backend {
         else if (i + 1 < L) ckpt_->lm_prefetch(0, i + 1);
         else ckpt_->lm_prefetch(0, L);  // the first head's input
         bf16* y = ckpt_->lm_out(k, i + 1);
-        block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared());
+        block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared(), doc(k));
         ckpt_->lm_done(k, i);
         ckpt_->lm_written(k, i + 1);
       }
@@ -430,8 +444,8 @@ class StreamEngine final : public Backend {
         if (k + 1 < K_) ckpt_->lm_prefetch(k + 1, i);
         else if (i > 0) ckpt_->lm_prefetch(0, i - 1);
         const int32_t* pos = pos_.data() + k * N_;
-        block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared());  // recompute: no output needed
-        block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg);
+        block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
+        block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
         ckpt_->lm_done(k, i);
       }
       dev_.tracer.gpu_end(sp, cs);
@@ -477,7 +491,7 @@ class StreamEngine final : public Backend {
       ckpt_->before_write(i + 1);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1),
-                    pos_.data(), training ? acts_->of(i) : acts_->shared());
+                    pos_.data(), training ? acts_->of(i) : acts_->shared(), doc(0));
       dev_.tracer.gpu_end(sp, cs);
       if (training && i + 1 < L) ckpt_->written(i + 1);
       // the last S layers stay for the backward's turn-around
@@ -527,9 +541,9 @@ class StreamEngine final : public Backend {
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
       if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
-        block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared());
+        block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared(), doc(0));
       block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i),
-                     *bscratch_, bind_grads(units[i + 1], g));
+                     *bscratch_, bind_grads(units[i + 1], g), doc(0));
       dev_.tracer.gpu_end(sp, cs);
       ckpt_->after_backward(i);
       grads_->end_layer(i, first_micro_);
@@ -564,7 +578,8 @@ class StreamEngine final : public Backend {
   std::unique_ptr<OptimizerPhase> optimizer_;
   DevBuf<bf16> hf_, dx_, dhf_;
   DevBuf<float> rstd_f_, inv_freq_;
-  DevBuf<int32_t> ids_, targets_, pos_;
+  DevBuf<int32_t> ids_, targets_, pos_, doc_;
+  std::vector<bool> has_doc_;  // per micro-batch slot: doc_ holds its document starts
   PinnedBuf host_io_, host_small_;
   DevBuf<CrossEntropyTotals> totals_;
   DevBuf<double> norms_;
