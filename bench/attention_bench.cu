@@ -110,28 +110,42 @@ int main(int argc, char** argv) try {
   };
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
-    if (a == "--T") T = std::stoll(v);
-    else if (a == "--H") H = std::stoll(v);
-    else if (a == "--G") G = std::stoll(v);
-    else if (a == "--D") D = std::stoll(v);
-    else if (a == "--reps") reps = std::stoi(v);
-    else if (a == "--warmup") warmup = std::stoi(v);
-    else if (a == "--dump") dump_dir = v;
-    else if (a == "--doc-len") doc_len = std::stoll(v);
-    else if (a == "--kernels") kernel_names = split(v);
+    if (a == "--T")
+      T = std::stoll(v);
+    else if (a == "--H")
+      H = std::stoll(v);
+    else if (a == "--G")
+      G = std::stoll(v);
+    else if (a == "--D")
+      D = std::stoll(v);
+    else if (a == "--reps")
+      reps = std::stoi(v);
+    else if (a == "--warmup")
+      warmup = std::stoi(v);
+    else if (a == "--dump")
+      dump_dir = v;
+    else if (a == "--doc-len")
+      doc_len = std::stoll(v);
+    else if (a == "--kernels")
+      kernel_names = split(v);
     else if (a == "--B") {
       batches.clear();
       for (const std::string& b : split(v)) batches.push_back(std::stoll(b));
-    } else rt::fail("[attention_bench] unknown option ", a);
+    } else
+      rt::fail("[attention_bench] unknown option ", a);
   }
   if (doc_len < 0 || (doc_len > 0 && !dump_dir.empty()))
     rt::fail("[attention_bench] --doc-len must be >= 0 and cannot go with --dump (attention_sdpa.py has no documents)");
   std::vector<rt::cuda::AttentionKernels> kernel_sets;
   for (const std::string& n : kernel_names) {
-    if (n == "auto") kernel_sets.push_back(rt::cuda::AttentionKernels::automatic);
-    else if (n == "mma") kernel_sets.push_back(rt::cuda::AttentionKernels::mma_sync);
-    else if (n == "wgmma") kernel_sets.push_back(rt::cuda::AttentionKernels::wgmma);
-    else rt::fail("[attention_bench] --kernels: ", n, " is not auto, mma or wgmma");
+    if (n == "auto")
+      kernel_sets.push_back(rt::cuda::AttentionKernels::automatic);
+    else if (n == "mma")
+      kernel_sets.push_back(rt::cuda::AttentionKernels::mma_sync);
+    else if (n == "wgmma")
+      kernel_sets.push_back(rt::cuda::AttentionKernels::wgmma);
+    else
+      rt::fail("[attention_bench] --kernels: ", n, " is not auto, mma or wgmma");
   }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -143,95 +157,95 @@ int main(int argc, char** argv) try {
               "bwd_ms", "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
   int status = 0;
   for (rt::cuda::AttentionKernels ks : kernel_sets) {
-  rt::cuda::set_attention_kernels(ks);
-  const char* kname = rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D));
-  bool first = true;
-  for (int64_t B : batches) {
-    const int64_t nq = B * T * H * D, nkv = B * T * G * D;
-    bf16* q = alloc_random(nq, 1, 2.f);
-    bf16* k = alloc_random(nkv, 2, 1.f);
-    bf16* v = alloc_random(nkv, 3, 1.f);
-    bf16* dout = alloc_random(nq, 4, 1.f);
-    bf16 *out, *dq, *dk, *dv;
-    float* lse;
-    void* scratch;
-    const size_t scratch_bytes = rt::cuda::attention_backward_scratch_bytes(B, T, H);
-    CUDA_CHECK(cudaMalloc(&out, nq * 2));
-    CUDA_CHECK(cudaMalloc(&dq, nq * 2));
-    CUDA_CHECK(cudaMalloc(&dk, nkv * 2));
-    CUDA_CHECK(cudaMalloc(&dv, nkv * 2));
-    CUDA_CHECK(cudaMalloc(&lse, B * H * T * 4));
-    CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
-    // --doc-len: doc_start [B, T] and the visible (query, key) pairs per head
-    int32_t* doc = nullptr;
-    double pairs = static_cast<double>(T) * T / 2.0;
-    if (doc_len > 0) {
-      std::vector<int32_t> h(static_cast<size_t>(B * T));
-      pairs = 0;
-      for (int64_t t0 = 0; t0 < T; t0 += doc_len) {
-        const int64_t n = std::min(doc_len, T - t0);
-        pairs += static_cast<double>(n) * n / 2.0;
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t t = t0; t < t0 + n; ++t) h[b * T + t] = static_cast<int32_t>(t0);
+    rt::cuda::set_attention_kernels(ks);
+    const char* kname = rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D));
+    bool first = true;
+    for (int64_t B : batches) {
+      const int64_t nq = B * T * H * D, nkv = B * T * G * D;
+      bf16* q = alloc_random(nq, 1, 2.f);
+      bf16* k = alloc_random(nkv, 2, 1.f);
+      bf16* v = alloc_random(nkv, 3, 1.f);
+      bf16* dout = alloc_random(nq, 4, 1.f);
+      bf16 *out, *dq, *dk, *dv;
+      float* lse;
+      void* scratch;
+      const size_t scratch_bytes = rt::cuda::attention_backward_scratch_bytes(B, T, H);
+      CUDA_CHECK(cudaMalloc(&out, nq * 2));
+      CUDA_CHECK(cudaMalloc(&dq, nq * 2));
+      CUDA_CHECK(cudaMalloc(&dk, nkv * 2));
+      CUDA_CHECK(cudaMalloc(&dv, nkv * 2));
+      CUDA_CHECK(cudaMalloc(&lse, B * H * T * 4));
+      CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+      // --doc-len: doc_start [B, T] and the visible (query, key) pairs per head
+      int32_t* doc = nullptr;
+      double pairs = static_cast<double>(T) * T / 2.0;
+      if (doc_len > 0) {
+        std::vector<int32_t> h(static_cast<size_t>(B * T));
+        pairs = 0;
+        for (int64_t t0 = 0; t0 < T; t0 += doc_len) {
+          const int64_t n = std::min(doc_len, T - t0);
+          pairs += static_cast<double>(n) * n / 2.0;
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t t = t0; t < t0 + n; ++t) h[b * T + t] = static_cast<int32_t>(t0);
+        }
+        CUDA_CHECK(cudaMalloc(&doc, h.size() * 4));
+        CUDA_CHECK(cudaMemcpy(doc, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
       }
-      CUDA_CHECK(cudaMalloc(&doc, h.size() * 4));
-      CUDA_CHECK(cudaMemcpy(doc, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+      auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc); };
+      auto bwd = [&] {
+        rt::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, {scratch, scratch_bytes},
+                                     nullptr, doc);
+      };
+      const double fwd_ms = median_ms(fwd, warmup, reps);
+      const double bwd_ms = median_ms(bwd, warmup, reps);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      // the backward promises determinism: one more run, from poisoned outputs, must be bitwise equal
+      std::vector<uint16_t> before(static_cast<size_t>(nq + 2 * nkv)), after(before.size());
+      auto grads = [&](std::vector<uint16_t>& h) {
+        CUDA_CHECK(cudaMemcpy(h.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(h.data() + nq, dk, nkv * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(h.data() + nq + nkv, dv, nkv * 2, cudaMemcpyDeviceToHost));
+      };
+      grads(before);
+      CUDA_CHECK(cudaMemset(dq, 0xff, nq * 2));
+      CUDA_CHECK(cudaMemset(dk, 0xff, nkv * 2));
+      CUDA_CHECK(cudaMemset(dv, 0xff, nkv * 2));
+      bwd();
+      CUDA_CHECK(cudaDeviceSynchronize());
+      grads(after);
+      const bool same = before == after;
+      const double fwd_flop = 4.0 * B * H * pairs * D;
+      const double bwd_flop = 2.5 * fwd_flop;
+      std::printf("%-8s %-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n", kname,
+                  static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+                  static_cast<long long>(G), static_cast<long long>(D), fwd_ms, bwd_ms, fwd_flop / fwd_ms / 1e9,
+                  bwd_flop / bwd_ms / 1e9, (fwd_flop + bwd_flop) / (fwd_ms + bwd_ms) / 1e9);
+      if (!same) std::printf("NOT DETERMINISTIC: a second backward gave different dq/dk/dv bits\n");
+      if (first && !dump_dir.empty()) {
+        const std::string dir = dump_dir + "/" + kname;
+        std::filesystem::create_directories(dir);
+        dump(dir + "/q.bin", q, nq * 2);
+        dump(dir + "/k.bin", k, nkv * 2);
+        dump(dir + "/v.bin", v, nkv * 2);
+        dump(dir + "/dout.bin", dout, nq * 2);
+        dump(dir + "/out.bin", out, nq * 2);
+        dump(dir + "/lse.bin", lse, B * H * T * 4);
+        dump(dir + "/dq.bin", dq, nq * 2);
+        dump(dir + "/dk.bin", dk, nkv * 2);
+        dump(dir + "/dv.bin", dv, nkv * 2);
+        FILE* f = std::fopen((dir + "/shape.txt").c_str(), "w");
+        if (!f) rt::fail("[attention_bench] cannot write ", dir, "/shape.txt");
+        std::fprintf(f, "%lld %lld %lld %lld %lld\n", static_cast<long long>(B), static_cast<long long>(T),
+                     static_cast<long long>(H), static_cast<long long>(G), static_cast<long long>(D));
+        std::fclose(f);
+      }
+      first = false;
+      if (!same) status = 2;
+      for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                      static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                      static_cast<void*>(lse), scratch, static_cast<void*>(doc)})
+        CUDA_CHECK(cudaFree(p));
     }
-    auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc); };
-    auto bwd = [&] {
-      rt::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, {scratch, scratch_bytes},
-                                   nullptr, doc);
-    };
-    const double fwd_ms = median_ms(fwd, warmup, reps);
-    const double bwd_ms = median_ms(bwd, warmup, reps);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    // the backward promises determinism: one more run, from poisoned outputs, must be bitwise equal
-    std::vector<uint16_t> before(static_cast<size_t>(nq + 2 * nkv)), after(before.size());
-    auto grads = [&](std::vector<uint16_t>& h) {
-      CUDA_CHECK(cudaMemcpy(h.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(h.data() + nq, dk, nkv * 2, cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(h.data() + nq + nkv, dv, nkv * 2, cudaMemcpyDeviceToHost));
-    };
-    grads(before);
-    CUDA_CHECK(cudaMemset(dq, 0xff, nq * 2));
-    CUDA_CHECK(cudaMemset(dk, 0xff, nkv * 2));
-    CUDA_CHECK(cudaMemset(dv, 0xff, nkv * 2));
-    bwd();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    grads(after);
-    const bool same = before == after;
-    const double fwd_flop = 4.0 * B * H * pairs * D;
-    const double bwd_flop = 2.5 * fwd_flop;
-    std::printf("%-8s %-4lld %-6lld %-4lld %-4lld %-4lld %10.3f %10.3f %10.1f %10.1f %10.1f\n", kname,
-                static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
-                static_cast<long long>(G), static_cast<long long>(D), fwd_ms, bwd_ms, fwd_flop / fwd_ms / 1e9,
-                bwd_flop / bwd_ms / 1e9, (fwd_flop + bwd_flop) / (fwd_ms + bwd_ms) / 1e9);
-    if (!same) std::printf("NOT DETERMINISTIC: a second backward gave different dq/dk/dv bits\n");
-    if (first && !dump_dir.empty()) {
-      const std::string dir = dump_dir + "/" + kname;
-      std::filesystem::create_directories(dir);
-      dump(dir + "/q.bin", q, nq * 2);
-      dump(dir + "/k.bin", k, nkv * 2);
-      dump(dir + "/v.bin", v, nkv * 2);
-      dump(dir + "/dout.bin", dout, nq * 2);
-      dump(dir + "/out.bin", out, nq * 2);
-      dump(dir + "/lse.bin", lse, B * H * T * 4);
-      dump(dir + "/dq.bin", dq, nq * 2);
-      dump(dir + "/dk.bin", dk, nkv * 2);
-      dump(dir + "/dv.bin", dv, nkv * 2);
-      FILE* f = std::fopen((dir + "/shape.txt").c_str(), "w");
-      if (!f) rt::fail("[attention_bench] cannot write ", dir, "/shape.txt");
-      std::fprintf(f, "%lld %lld %lld %lld %lld\n", static_cast<long long>(B), static_cast<long long>(T),
-                   static_cast<long long>(H), static_cast<long long>(G), static_cast<long long>(D));
-      std::fclose(f);
-    }
-    first = false;
-    if (!same) status = 2;
-    for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
-                    static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                    static_cast<void*>(lse), scratch, static_cast<void*>(doc)})
-      CUDA_CHECK(cudaFree(p));
-  }
   }
   return status;
 } catch (const std::exception& e) {

@@ -72,7 +72,7 @@ void usage_exit(const char* argv0) {
 // (streaming for the shadow; for p, m, v as adamw_streams_moments() says).
 // AVX2: the roofline needs no wider vectors.
 __attribute__((target("avx2,fma"))) void traffic_block(float* p, float* m, float* v, const float* g, uint16_t* sh,
-                                                   int64_t n) {
+                                                       int64_t n) {
   const bool stream_moments = rt::adamw_streams_moments();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

@@ -94,48 +94,65 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) rt::fail("[bench] ", k, " needs a value");
       return argv[++i];
     };
-    if (k == "--preset") a.preset = v();
-    else if (k == "--seq-len") a.seq = std::stoll(v());
-    else if (k == "--micro-batch") a.batch = std::stoll(v());
-    else if (k == "--grad-accum") a.accum = std::stoll(v());
-    else if (k == "--steps") a.steps = std::stoll(v());
-    else if (k == "--warmup") a.warmup = std::stoll(v());
-    else if (k == "--layers") a.layers = std::stoll(v());
-    else if (k == "--slots") a.slots = std::stoll(v());
-    else if (k == "--modes") a.modes = v();
-    else if (k == "--max-gpu-memory") a.max_gpu = std::stoull(v()) << 30;
-    else if (k == "--trace") a.trace = v();
-    else if (k == "--grads") a.grads = v();
-    else if (k == "--checkpoints") a.checkpoints = v();
-    else if (k == "--layer-major") a.layer_major = v();
-    else if (k == "--master") a.master = v();
-    else if (k == "--low-memory") a.low_memory = true;
-    else if (k == "--landing-chunk-mib") a.landing_mib = std::stoll(v());
+    if (k == "--preset")
+      a.preset = v();
+    else if (k == "--seq-len")
+      a.seq = std::stoll(v());
+    else if (k == "--micro-batch")
+      a.batch = std::stoll(v());
+    else if (k == "--grad-accum")
+      a.accum = std::stoll(v());
+    else if (k == "--steps")
+      a.steps = std::stoll(v());
+    else if (k == "--warmup")
+      a.warmup = std::stoll(v());
+    else if (k == "--layers")
+      a.layers = std::stoll(v());
+    else if (k == "--slots")
+      a.slots = std::stoll(v());
+    else if (k == "--modes")
+      a.modes = v();
+    else if (k == "--max-gpu-memory")
+      a.max_gpu = std::stoull(v()) << 30;
+    else if (k == "--trace")
+      a.trace = v();
+    else if (k == "--grads")
+      a.grads = v();
+    else if (k == "--checkpoints")
+      a.checkpoints = v();
+    else if (k == "--layer-major")
+      a.layer_major = v();
+    else if (k == "--master")
+      a.master = v();
+    else if (k == "--low-memory")
+      a.low_memory = true;
+    else if (k == "--landing-chunk-mib")
+      a.landing_mib = std::stoll(v());
     else if (k == "--mlp-chunk-tokens") {
       const std::string x = v();
       a.mlp_chunk = x == "auto" ? -1 : std::stoll(x);
       if (a.mlp_chunk < 0) rt::fail("[bench] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", x);
-    }
-    else if (k == "--keep-activations") {
+    } else if (k == "--keep-activations") {
       const std::string x = v();
       a.keep = x == "auto" ? -1 : std::stoll(x);
-    }
-    else if (k == "--help") {
-      std::puts("ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--grad-accum 1]\n"
-                "               [--steps 4] [--warmup 2]\n"
-                "               [--layers N (override depth)] [--slots 3]\n"
-                "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
-                "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
-                "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
-                "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
-                "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
-                "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
-                "               [--mlp-chunk-tokens auto|0|N (MLP over chunks of N tokens; auto: the fit's last step)]\n"
-                "               [--layer-major auto|on|off (grad-accum > 1: each layer's weights once per step for\n"
-                "                every micro-batch; auto: on when the weights stream and the embedding is untied)]\n"
-                "A mode may end in :N to set the landing chunk for that mode only (e.g. streaming:0,streaming:16).");
+    } else if (k == "--help") {
+      std::puts(
+          "ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--grad-accum 1]\n"
+          "               [--steps 4] [--warmup 2]\n"
+          "               [--layers N (override depth)] [--slots 3]\n"
+          "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
+          "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
+          "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
+          "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
+          "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
+          "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
+          "               [--mlp-chunk-tokens auto|0|N (MLP over chunks of N tokens; auto: the fit's last step)]\n"
+          "               [--layer-major auto|on|off (grad-accum > 1: each layer's weights once per step for\n"
+          "                every micro-batch; auto: on when the weights stream and the embedding is untied)]\n"
+          "A mode may end in :N to set the landing chunk for that mode only (e.g. streaming:0,streaming:16).");
       std::exit(0);
-    } else rt::fail("[bench] unknown option ", k);
+    } else
+      rt::fail("[bench] unknown option ", k);
   }
   return a;
 }
@@ -153,10 +170,11 @@ int main(int argc, char** argv) try {
   const int64_t L = spec.n_layers, Tq = a.seq;
   const double n_matmul = static_cast<double>(spec.params_per_layer() * L + spec.vocab * spec.hidden);
   const double flops_tok = 6.0 * n_matmul + 6.0 * L * spec.n_heads * spec.head_dim * Tq;
-  std::printf("model %s%s: %.3fB params (%.3fB in matmuls), %lld layers; %lld micro-batch%s of %lld x %lld tokens "
-              "per step\n",
-              a.preset.c_str(), a.layers ? " (depth overridden)" : "", spec.params_total() / 1e9, n_matmul / 1e9,
-              (long long)L, (long long)a.accum, a.accum == 1 ? "" : "es", (long long)a.batch, (long long)a.seq);
+  std::printf(
+      "model %s%s: %.3fB params (%.3fB in matmuls), %lld layers; %lld micro-batch%s of %lld x %lld tokens "
+      "per step\n",
+      a.preset.c_str(), a.layers ? " (depth overridden)" : "", spec.params_total() / 1e9, n_matmul / 1e9, (long long)L,
+      (long long)a.accum, a.accum == 1 ? "" : "es", (long long)a.batch, (long long)a.seq);
   std::printf("FLOPs/token = 6*N_matmul + 6*L*H*D*T (causal attention) = %.1f GFLOP\n", flops_tok / 1e9);
   auto t0 = std::chrono::steady_clock::now();
   if (a.low_memory) a.grads = a.checkpoints = "host";
@@ -164,20 +182,22 @@ int main(int argc, char** argv) try {
   // host, after it has chosen the master storage (split needs less host RAM)
   rt::HostState st(spec, false);
   st.init_random(0);
-  std::printf("host state: %.1f GiB (%.2f B/param fp32 master + AdamW m, v, before the engine's master storage and "
-              "gradients), init %.1f s\n",
-              st.bytes_total() / double(1ull << 30), st.bytes_per_param(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::printf(
+      "host state: %.1f GiB (%.2f B/param fp32 master + AdamW m, v, before the engine's master storage and "
+      "gradients), init %.1f s\n",
+      st.bytes_total() / double(1ull << 30), st.bytes_per_param(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   {
     const double n = static_cast<double>(st.n_params());
-    std::printf("host plans (B/param incl. pinned bf16 shadows): fp32 %.3f, split %.3f; delayed update fp32 %.3f, "
-                "split %.3f; + host fp32 gradients: fp32 %.3f, split %.3f\n",
-                rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 1, false) / n,
-                rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 1, false) / n,
-                rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 2, false) / n,
-                rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 2, false) / n,
-                rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 1, true) / n,
-                rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 1, true) / n);
+    std::printf(
+        "host plans (B/param incl. pinned bf16 shadows): fp32 %.3f, split %.3f; delayed update fp32 %.3f, "
+        "split %.3f; + host fp32 gradients: fp32 %.3f, split %.3f\n",
+        rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 1, false) / n,
+        rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 1, false) / n,
+        rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 2, false) / n,
+        rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 2, false) / n,
+        rt::HostState::planned_bytes(spec, rt::MasterStorage::fp32, 1, true) / n,
+        rt::HostState::planned_bytes(spec, rt::MasterStorage::split, 1, true) / n);
   }
   std::mt19937_64 g(1);
   std::vector<rt::Batch> batches(static_cast<size_t>(a.accum));  // one step: a.accum micro-batches of random ids
@@ -262,13 +282,16 @@ int main(int argc, char** argv) try {
     std::printf("%-10s host memory: RSS %.1f GiB (%.2f B/param), peak RSS %.1f GiB (%.2f B/param)\n", mode.c_str(),
                 rss / double(1ull << 30), rss / double(spec.params_total()), hwm / double(1ull << 30),
                 hwm / double(spec.params_total()));
-    std::printf("%-10s device memory in use by the process after the run (cudaMemGetInfo: engine buffers, CUDA "
-                "context, cuBLAS workspaces): %.2f GiB\n", mode.c_str(), (total_b - free_b) / double(1ull << 30));
+    std::printf(
+        "%-10s device memory in use by the process after the run (cudaMemGetInfo: engine buffers, CUDA "
+        "context, cuBLAS workspaces): %.2f GiB\n",
+        mode.c_str(), (total_b - free_b) / double(1ull << 30));
     std::fflush(stdout);
   }
-  std::printf("\n(step s: median of %lld timed steps after %lld warm-up; GPU idle: 1 - compute-stream busy / step time; "
-              "peak GiB: engine allocations; opt Gparam/s: CPU AdamW incl. bf16 shadow write, %d threads)\n",
-              (long long)a.steps, (long long)a.warmup, rt::global_pool().size());
+  std::printf(
+      "\n(step s: median of %lld timed steps after %lld warm-up; GPU idle: 1 - compute-stream busy / step time; "
+      "peak GiB: engine allocations; opt Gparam/s: CPU AdamW incl. bf16 shadow write, %d threads)\n",
+      (long long)a.steps, (long long)a.warmup, rt::global_pool().size());
   return 0;
 } catch (const rt::Error& e) {
   std::fprintf(stderr, "ramtrain_bench: error: %s\n", e.what());

@@ -32,8 +32,8 @@ namespace rt::test {
   }
   if (n_bad == 0) return ::testing::AssertionSuccess();
   std::ostringstream s;
-  s << name << ": " << n_bad << " of " << n << " elements outside atol=" << atol << " rtol=" << rtol
-    << "; worst at [" << worst << "]: got " << got[worst] << " ref " << ref[worst] << " (|err|/tol = " << worst_excess
+  s << name << ": " << n_bad << " of " << n << " elements outside atol=" << atol << " rtol=" << rtol << "; worst at ["
+    << worst << "]: got " << got[worst] << " ref " << ref[worst] << " (|err|/tol = " << worst_excess
     << "); rel_l2=" << rel_l2(got, ref, n) << "; first pairs:";
   for (int64_t i = 0; i < n && i < 4; ++i) s << " (" << got[i] << ", " << ref[i] << ")";
   return ::testing::AssertionFailure() << s.str();

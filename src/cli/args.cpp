@@ -94,12 +94,18 @@ bool parse_size(const std::string& s, uint64_t* bytes) {
   if (s.empty() || end == s.c_str() || errno || !std::isfinite(v) || v < 0) return false;
   std::string suf(end);
   double mult = 1;
-  if (suf == "" || suf == "B") mult = 1;
-  else if (suf == "K" || suf == "KB" || suf == "KiB") mult = 1024.0;
-  else if (suf == "M" || suf == "MB" || suf == "MiB") mult = 1024.0 * 1024;
-  else if (suf == "G" || suf == "GB" || suf == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (suf == "T" || suf == "TB" || suf == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return false;
+  if (suf == "" || suf == "B")
+    mult = 1;
+  else if (suf == "K" || suf == "KB" || suf == "KiB")
+    mult = 1024.0;
+  else if (suf == "M" || suf == "MB" || suf == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suf == "G" || suf == "GB" || suf == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (suf == "T" || suf == "TB" || suf == "TiB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return false;
   if (v * mult >= 1.8e19) return false;
   *bytes = static_cast<uint64_t>(v * mult);
   return true;
@@ -221,7 +227,8 @@ void ArgParser::check(const OptSpec& o, const std::string& value, const std::str
     }
     case OptType::size: {
       uint64_t b;
-      if (!parse_size(value, &b)) fail("[", command_, "] ", where, " must be a size like 512M or 16G, got '", value, "'");
+      if (!parse_size(value, &b))
+        fail("[", command_, "] ", where, " must be a size like 512M or 16G, got '", value, "'");
       return;
     }
     case OptType::choice:
@@ -240,8 +247,10 @@ void ArgParser::check(const OptSpec& o, const std::string& value, const std::str
 }
 
 void ArgParser::set_value(std::map<std::string, std::string>& into, const OptSpec& o, const std::string& value) {
-  if (o.type == OptType::list && into.count(o.name)) into[o.name] += kListSep + value;
-  else into[o.name] = value;
+  if (o.type == OptType::list && into.count(o.name))
+    into[o.name] += kListSep + value;
+  else
+    into[o.name] = value;
 }
 
 bool ArgParser::parse(const std::vector<std::string>& args) {
@@ -285,8 +294,8 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
         size_t d = edit_distance(name, k.name);
         if (d < bd) bd = d, best = k.name;
       }
-      fail("[", command_, "] unknown option --", name,
-           bd <= 3 ? cat(" (did you mean --", best, "?)") : std::string(), ". See 'ramtrain ", command_, " --help'.");
+      fail("[", command_, "] unknown option --", name, bd <= 3 ? cat(" (did you mean --", best, "?)") : std::string(),
+           ". See 'ramtrain ", command_, " --help'.");
     }
     const std::string where = "--" + name;
     if (o->type == OptType::flag) {
@@ -318,8 +327,7 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
 
 void ArgParser::merge_toml(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    fail("[config] ", path, ": no such file (--config takes a TOML file)");
+  if (::stat(path.c_str(), &st) != 0) fail("[config] ", path, ": no such file (--config takes a TOML file)");
   if (!S_ISREG(st.st_mode))
     fail("[config] ", path, ": is ", S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
          "; --config takes a TOML file such as run.toml");
@@ -341,8 +349,12 @@ void ArgParser::merge_toml(const std::string& path) {
            " --help'.");
     auto wrong_type = [&](const char* want) {
       fail("[", command_, "] ", where, " must be ", want, ", got ",
-           v.is_string() ? "a string" : v.is_boolean() ? "a boolean" : v.is_integer() ? "an integer"
-           : v.is_floating_point() ? "a float" : v.is_array() ? "an array" : "a table");
+           v.is_string()           ? "a string"
+           : v.is_boolean()        ? "a boolean"
+           : v.is_integer()        ? "an integer"
+           : v.is_floating_point() ? "a float"
+           : v.is_array()          ? "an array"
+                                   : "a table");
     };
     std::string val;
     switch (o->type) {
@@ -351,32 +363,44 @@ void ArgParser::merge_toml(const std::string& path) {
         val = *v.value<bool>() ? "true" : "false";
         break;
       case OptType::integer:
-        if (v.is_integer()) val = std::to_string(*v.value<int64_t>());
-        else if (v.is_string() && !o->specials.empty()) val = *v.value<std::string>();
-        else wrong_type(o->specials.empty() ? "an integer" : cat("an integer or \"", join(o->specials, "\" or \""), "\"").c_str());
+        if (v.is_integer())
+          val = std::to_string(*v.value<int64_t>());
+        else if (v.is_string() && !o->specials.empty())
+          val = *v.value<std::string>();
+        else
+          wrong_type(o->specials.empty() ? "an integer"
+                                         : cat("an integer or \"", join(o->specials, "\" or \""), "\"").c_str());
         break;
       case OptType::number:
-        if (v.is_integer()) val = std::to_string(*v.value<int64_t>());
+        if (v.is_integer())
+          val = std::to_string(*v.value<int64_t>());
         else if (v.is_floating_point()) {
           std::ostringstream os;
           os.precision(17);
           os << *v.value<double>();
           val = os.str();
-        } else wrong_type("a number");
+        } else
+          wrong_type("a number");
         break;
       case OptType::size:
-        if (v.is_integer()) val = std::to_string(*v.value<int64_t>());
-        else if (v.is_string()) val = *v.value<std::string>();
-        else wrong_type("a size: a string like \"16G\" or a number of bytes");
+        if (v.is_integer())
+          val = std::to_string(*v.value<int64_t>());
+        else if (v.is_string())
+          val = *v.value<std::string>();
+        else
+          wrong_type("a size: a string like \"16G\" or a number of bytes");
         break;
       case OptType::choice:
         if (!v.is_string()) wrong_type("a string");
         val = *v.value<std::string>();
         break;
       case OptType::text:
-        if (v.is_string()) val = *v.value<std::string>();
-        else if (v.is_integer()) val = std::to_string(*v.value<int64_t>());
-        else wrong_type("a string");
+        if (v.is_string())
+          val = *v.value<std::string>();
+        else if (v.is_integer())
+          val = std::to_string(*v.value<int64_t>());
+        else
+          wrong_type("a string");
         break;
       case OptType::list:
         if (v.is_string()) {

@@ -39,7 +39,7 @@ struct OptSpec {
   OptSpec& above(double min);  // number > min
   OptSpec& size();
   OptSpec& choice(std::vector<std::string> values);
-  OptSpec& list();  // several words after the option (an array or comma list in TOML)
+  OptSpec& list();                         // several words after the option (an array or comma list in TOML)
   OptSpec& or_word(const std::string& w);  // also accept this word (e.g. "auto")
   OptSpec& as_positional();
 };
@@ -64,16 +64,16 @@ class ArgParser {
   // command line > TOML file > base > defaults. Base values count as given().
   void merge_base(const std::map<std::string, std::string>& values);
 
-  bool has(const std::string& name) const;  // given, or has a default
-  bool given(const std::string& name) const;  // on the command line, in the config file or in the base
+  bool has(const std::string& name) const;               // given, or has a default
+  bool given(const std::string& name) const;             // on the command line, in the config file or in the base
   bool given_explicitly(const std::string& name) const;  // on the command line or in the config file
-  std::string str(const std::string& name) const;  // throws when unset
-  int64_t integer(const std::string& name) const;  // throws naming the option on bad numbers
+  std::string str(const std::string& name) const;        // throws when unset
+  int64_t integer(const std::string& name) const;        // throws naming the option on bad numbers
   double number(const std::string& name) const;
-  bool on(const std::string& name) const;  // flags
-  uint64_t size_bytes(const std::string& name) const;  // "512M", "16G", "1024"
+  bool on(const std::string& name) const;                        // flags
+  uint64_t size_bytes(const std::string& name) const;            // "512M", "16G", "1024"
   std::vector<std::string> list(const std::string& name) const;  // list options (empty when unset)
-  std::string require(const std::string& name) const;  // throws "--name is required"
+  std::string require(const std::string& name) const;            // throws "--name is required"
   std::string help() const;
   const std::string& command() const { return command_; }
   // Where a value came from, for messages: "--name" or "FILE: key 'name'".
@@ -86,7 +86,7 @@ class ArgParser {
   void check(const OptSpec& o, const std::string& value, const std::string& where) const;
   void set_value(std::map<std::string, std::string>& into, const OptSpec& o, const std::string& value);
   std::string command_, summary_, examples_, group_;
-  std::deque<OptSpec> opts_;  // deque: references handed out stay valid
+  std::deque<OptSpec> opts_;                   // deque: references handed out stay valid
   std::map<std::string, std::string> values_;  // from the command line
   std::map<std::string, std::string> file_values_;
   std::map<std::string, std::string> base_values_;

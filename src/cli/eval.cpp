@@ -42,7 +42,8 @@ namespace rt::cli {
 namespace {
 
 bool has_tokenizer_files(const std::string& dir) {
-  return !dir.empty() && (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")));
+  return !dir.empty() &&
+         (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")));
 }
 
 // Every row of the data, B rows at a time, each row's positions restarting at 0.
@@ -92,7 +93,8 @@ class ExampleRows final : public EvalRows {
     const int64_t T = b.T;
     std::copy(got.inputs.begin(), got.inputs.end(), b.inputs.begin());
     std::copy(got.targets.begin(), got.targets.end(), b.targets.begin());
-    if (!got.positions.empty()) std::copy(got.positions.begin(), got.positions.end(), b.positions.begin());
+    if (!got.positions.empty())
+      std::copy(got.positions.begin(), got.positions.end(), b.positions.begin());
     else
       for (int64_t i = 0; i < n * T; ++i) b.positions[i] = static_cast<int32_t>(i % T);
     if (!got.doc_start.empty()) {  // masked packing (rows past n: one document each)
@@ -128,7 +130,8 @@ int cmd_eval(const Args& raw_args) {
            "auto");
   p.option("text-split", "blank-lines|file", "text data: one example per blank-line-separated block, or per file",
            "blank-lines");
-  p.option("chat-format", "chatml|llama3|mistral", "chat format for chat/instruction records (default: from the tokenizer)");
+  p.option("chat-format", "chatml|llama3|mistral",
+           "chat format for chat/instruction records (default: from the tokenizer)");
   p.option("bad-lines", "abort|skip", "bad records: stop, or skip and count", "abort");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
   p.option("threads", "N", "CPU threads (default: all cores)", "0");
@@ -199,8 +202,10 @@ int cmd_eval(const Args& raw_args) {
              spec.vocab, ": they do not belong together (pass the model's own tokenizer)");
       std::string no_chat;
       std::optional<ChatFormat> cf;
-      if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
-      else cf = chat_format_detect(*tok, spec.family, &no_chat);
+      if (p.has("chat-format"))
+        cf = chat_format_parse(p.str("chat-format"));
+      else
+        cf = chat_format_detect(*tok, spec.family, &no_chat);
       if (cf) chat = std::make_unique<ChatTemplate>(*tok, *cf);
       std::vector<std::string> files;
       for (const std::string& path : data_paths) {
@@ -273,9 +278,9 @@ int cmd_eval(const Args& raw_args) {
     if (backend)
       loss_sum += backend->loss_sum(b, &nv);
     else
-      loss_sum += cpu_runner->forward_backward(w, nullptr, BatchView{B, T, b.inputs.data(), b.targets.data(),
-                                                                     b.positions.data(), batch_doc_start(b)},
-                                               1.0f, &nv);
+      loss_sum += cpu_runner->forward_backward(
+          w, nullptr, BatchView{B, T, b.inputs.data(), b.targets.data(), b.positions.data(), batch_doc_start(b)}, 1.0f,
+          &nv);
     n_tokens += nv;
   }
   if (n_tokens == 0) fail("[eval] the data holds no trained target token (every position is masked)");

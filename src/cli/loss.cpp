@@ -96,8 +96,8 @@ int cmd_loss(const Args& args) {
   const double loss = loss_sum / static_cast<double>(n_pred_total);
   if (p.has("dump-grads")) safetensors_write(p.str("dump-grads"), grad_tensors(*m.state), {{"format", "pt"}});
   if (p.on("json"))
-    std::printf("{\"loss\": %.9g, \"tokens\": %lld, \"sequences\": %zu}\n", loss,
-                static_cast<long long>(n_pred_total), seqs.seqs.size());
+    std::printf("{\"loss\": %.9g, \"tokens\": %lld, \"sequences\": %zu}\n", loss, static_cast<long long>(n_pred_total),
+                seqs.seqs.size());
   else
     std::printf("loss %.6f over %lld predicted tokens in %zu sequences\n", loss, static_cast<long long>(n_pred_total),
                 seqs.seqs.size());

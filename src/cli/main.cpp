@@ -46,9 +46,9 @@ struct Command {
   int (*run)(const rt::cli::Args&);
 };
 const Command kCommands[] = {
-    {"train", rt::cli::cmd_train},       {"sample", rt::cli::cmd_sample}, {"tokenize", rt::cli::cmd_tokenize},
-    {"export", rt::cli::cmd_export},     {"loss", rt::cli::cmd_loss},     {"eval", rt::cli::cmd_eval},
-    {"render", rt::cli::cmd_render},     {"plan", rt::cli::cmd_plan},
+    {"train", rt::cli::cmd_train},   {"sample", rt::cli::cmd_sample}, {"tokenize", rt::cli::cmd_tokenize},
+    {"export", rt::cli::cmd_export}, {"loss", rt::cli::cmd_loss},     {"eval", rt::cli::cmd_eval},
+    {"render", rt::cli::cmd_render}, {"plan", rt::cli::cmd_plan},
 };
 
 const Command* find_command(const std::string& name) {

@@ -24,7 +24,8 @@ void model_dir_check(const std::string& dir, bool weights, const std::string& wh
   std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string(), ext = e.path().extension().string();
-    if (ext == ".safetensors" || name == "model.safetensors.index.json") safetensors = true;
+    if (ext == ".safetensors" || name == "model.safetensors.index.json")
+      safetensors = true;
     else if (ext == ".bin" || ext == ".gguf" || ext == ".pt" || ext == ".pth" || ext == ".ckpt" || ext == ".h5" ||
              ext == ".msgpack")
       other.push_back(name);
@@ -54,13 +55,16 @@ std::string resolve_model_dir(const std::string& value) {
   if (fs::exists(value, ec)) return value;
   // A model id: ORG/NAME with no other slash, not starting with . or /.
   const size_t slash = value.find('/');
-  if (slash == std::string::npos || slash == 0 || value.find('/', slash + 1) != std::string::npos ||
-      value[0] == '.' || slash + 1 == value.size())
+  if (slash == std::string::npos || slash == 0 || value.find('/', slash + 1) != std::string::npos || value[0] == '.' ||
+      slash + 1 == value.size())
     return value;
   std::string home;
-  if (const char* h = std::getenv("HF_HOME"); h && *h) home = h;
-  else if (const char* u = std::getenv("HOME"); u && *u) home = std::string(u) + "/.cache/huggingface";
-  else return value;
+  if (const char* h = std::getenv("HF_HOME"); h && *h)
+    home = h;
+  else if (const char* u = std::getenv("HOME"); u && *u)
+    home = std::string(u) + "/.cache/huggingface";
+  else
+    return value;
   const std::string repo = cat(home, "/hub/models--", value.substr(0, slash), "--", value.substr(slash + 1));
   const std::string snaps = repo + "/snapshots";
   if (!fs::is_directory(snaps, ec)) return value;

@@ -49,12 +49,14 @@ struct HostItem {
 std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    if (c == '"' || c == '\\')
+      o += '\\', o += static_cast<char>(c);
     else if (c < 0x20) {
       char b[8];
       std::snprintf(b, sizeof b, "\\u%04x", c);
       o += b;
-    } else o += static_cast<char>(c);
+    } else
+      o += static_cast<char>(c);
   }
   return o + "\"";
 }
@@ -90,11 +92,9 @@ int cmd_plan(const Args& args) {
            "less ~0.6 GiB for the CUDA context)")
       .size();
   p.option("gpu-tflops", "X", "dense bf16 TFLOP/s with fp32 accumulate (default: the card's)").above(0);
-  p.option("pcie-gbs", "Y", "practical host<->device GB/s (default: the card's: gen4 x16 25, gen5 x16 50)")
-      .above(0);
+  p.option("pcie-gbs", "Y", "practical host<->device GB/s (default: the card's: gen4 x16 25, gen5 x16 50)").above(0);
   p.group("Host");
-  p.option("host-ram", "SIZE", "the host's RAM (about 4 GiB of it is kept for the OS and the process)", "128G")
-      .size();
+  p.option("host-ram", "SIZE", "the host's RAM (about 4 GiB of it is kept for the OS and the process)", "128G").size();
   p.option("cpu-adamw-gparams", "X", "CPU AdamW rate in Gparam/s (measured ~4 on the 16-core H200 host)", "4.0")
       .above(0);
   p.group("Engine options (as in train)");
@@ -172,9 +172,9 @@ int cmd_plan(const Args& args) {
   uint64_t numel = 0;
   for (int64_t n : unit_numels(spec)) numel += static_cast<uint64_t>(n);
   std::vector<HostItem> host;
-  host.push_back({storage == MasterStorage::split ? "master remainder + tie bits (split; upper half = the shadow)"
-                                                  : "fp32 master",
-                  bare - 8 * numel});
+  host.push_back(
+      {storage == MasterStorage::split ? "master remainder + tie bits (split; upper half = the shadow)" : "fp32 master",
+       bare - 8 * numel});
   host.push_back({"Adam m (fp32)", 4 * numel});
   host.push_back({"Adam v (fp32)", 4 * numel});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
@@ -212,8 +212,7 @@ int cmd_plan(const Args& args) {
     const double over = static_cast<double>(host_total - host_usable);
     fixes.push_back("host RAM: needs " + gib(static_cast<double>(host_total)) + " of ~" +
                     gib(static_cast<double>(host_usable)) + " usable (" + gib(over) + " over): --host-ram " +
-                    fmt("%.0fG", (static_cast<double>(host_total + kHostReserveBytes)) / GiB + 0.999) +
-                    " or more");
+                    fmt("%.0fG", (static_cast<double>(host_total + kHostReserveBytes)) / GiB + 0.999) + " or more");
     if (storage == MasterStorage::fp32)
       fixes.push_back("--master split saves " + gib(1.875 * static_cast<double>(numel)) + " (bit-identical results)");
     if (pl.host_grads) {
@@ -245,8 +244,9 @@ int cmd_plan(const Args& args) {
     if (sp.binding == std::string("copies") && K > 1 && !pl.layer_major)
       fixes.push_back("the copies bind: --layer-major on moves the weights once per step, not once per micro-batch");
     else if (sp.binding == std::string("copies"))
-      fixes.push_back("the copies bind: more tokens per micro-batch or per step (--micro-batch, --grad-accum) "
-                      "spread them over more compute");
+      fixes.push_back(
+          "the copies bind: more tokens per micro-batch or per step (--micro-batch, --grad-accum) "
+          "spread them over more compute");
   }
 
   // ---- report
@@ -270,8 +270,9 @@ int cmd_plan(const Args& args) {
     j += ",\"device\":{\"fits\":" + std::string(dp.fits() ? "true" : "false") +
          ",\"total_bytes\":" + std::to_string(dp.total) + ",\"budget_bytes\":" + std::to_string(dp.budget) +
          ",\"mode\":" + json_str(mode) + ",\"slots\":" + std::to_string(pl.slots) +
-         ",\"host_grads\":" + (pl.host_grads ? "true" : "false") + ",\"host_checkpoints\":" +
-         (pl.host_ckpt ? "true" : "false") + ",\"host_embedding\":" + (pl.host_embed ? "true" : "false") +
+         ",\"host_grads\":" + (pl.host_grads ? "true" : "false") +
+         ",\"host_checkpoints\":" + (pl.host_ckpt ? "true" : "false") +
+         ",\"host_embedding\":" + (pl.host_embed ? "true" : "false") +
          ",\"layer_major\":" + (pl.layer_major ? "true" : "false") +
          ",\"kept_layers\":" + std::to_string(dp.kept_layers) + ",\"changes\":[";
     for (size_t i = 0; i < dp.changes.size(); ++i) j += std::string(i ? "," : "") + json_str(dp.changes[i]);
@@ -294,11 +295,11 @@ int cmd_plan(const Args& args) {
     j += "]}";
     std::printf("%s\n", j.c_str());
   } else {
-    std::printf("model: %s, %s params, %lld layers; %lld x %lld tokens per micro-batch, %lld micro-batch%s "
-                "per step (%lld tokens)\n",
-                model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
-                (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es",
-                (long long)(K * B * T));
+    std::printf(
+        "model: %s, %s params, %lld layers; %lld x %lld tokens per micro-batch, %lld micro-batch%s "
+        "per step (%lld tokens)\n",
+        model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
+        (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
                 gib(static_cast<double>(host_ram)).c_str(), gparams);
@@ -309,27 +310,29 @@ int cmd_plan(const Args& args) {
       if (h.bytes)
         std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
                     static_cast<double>(h.bytes) / params);
-    std::printf("\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
-                "activations of %lld of %lld layers kept\n",
-                mode, pl.slots, pl.slots == 1 ? "" : "s", pl.host_grads ? "host" : "device",
-                pl.host_ckpt ? "host" : "device", pl.host_embed ? "host" : "device",
-                pl.layer_major ? "layer-major" : "micro-batch-major", (long long)dp.kept_layers,
-                (long long)spec.n_layers);
+    std::printf(
+        "\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
+        "activations of %lld of %lld layers kept\n",
+        mode, pl.slots, pl.slots == 1 ? "" : "s", pl.host_grads ? "host" : "device", pl.host_ckpt ? "host" : "device",
+        pl.host_embed ? "host" : "device", pl.layer_major ? "layer-major" : "micro-batch-major",
+        (long long)dp.kept_layers, (long long)spec.n_layers);
     for (const std::string& c : dp.changes) std::printf("  shrunk to fit: %s\n", c.c_str());
     std::printf("  device memory %s of %s budget%s\n", gib(static_cast<double>(dp.total)).c_str(),
                 gib(static_cast<double>(dp.budget)).c_str(), dp.fits() ? "" : ": DOES NOT FIT");
-    std::printf("\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "
-                "(CPU AdamW %.3f s, %.3f s of it under the %s)\n",
-                sp.step_s, sp.compute_s, sp.copies_s, sp.optimizer_exposed_s, sp.optimizer_s,
-                std::min(sp.optimizer_s, sp.overlap_s), co.delayed_update ? "whole step" : "next forward");
+    std::printf(
+        "\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "
+        "(CPU AdamW %.3f s, %.3f s of it under the %s)\n",
+        sp.step_s, sp.compute_s, sp.copies_s, sp.optimizer_exposed_s, sp.optimizer_s,
+        std::min(sp.optimizer_s, sp.overlap_s), co.delayed_update ? "whole step" : "next forward");
     if (pl.host_grads && !co.delayed_update)
       std::printf("  (host gradients: the optimizer is modelled as not overlapping, as measured on the H200)\n");
     std::printf("  binding: %s; copies %.1f GB in + %.1f GB out; %.0f tokens/s, %.1f model TFLOP/s, GPU idle %.0f%%\n",
                 sp.binding.c_str(), sp.h2d_bytes / 1e9, sp.d2h_bytes / 1e9, sp.tokens_per_s, sp.model_tflops,
                 100 * sp.gpu_idle);
-    std::printf("  FLOPs/token: model %.2f G, hardware %.2f G (recomputed layers); kernels at %.1f%% of the "
-                "datasheet rate (calibrated on the H200)\n",
-                sp.model_flops_per_token / 1e9, sp.hardware_flops_per_token / 1e9, 100 * sp.efficiency);
+    std::printf(
+        "  FLOPs/token: model %.2f G, hardware %.2f G (recomputed layers); kernels at %.1f%% of the "
+        "datasheet rate (calibrated on the H200)\n",
+        sp.model_flops_per_token / 1e9, sp.hardware_flops_per_token / 1e9, 100 * sp.efficiency);
     if (!fixes.empty()) std::printf("\nto change:\n");
     for (const std::string& f : fixes) std::printf("  - %s\n", f.c_str());
   }

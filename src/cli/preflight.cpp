@@ -57,8 +57,8 @@ void preflight(const TrainConfig& c, const ModelSpec& spec, bool cpu_backend) {
       const double acts = B * T * cpu_activation_bytes_per_token(spec);
       if (acts > avail)
         fail("[train] --micro-batch ", c.micro_batch, " x --seq-len ", c.seq_len, " = ", B * T,
-             " tokens per micro-batch need at least ", gib(acts), " of activations on the CPU backend and ",
-             gib(avail), " of host memory are available; lower --micro-batch (or --seq-len) and raise --grad-accum "
+             " tokens per micro-batch need at least ", gib(acts), " of activations on the CPU backend and ", gib(avail),
+             " of host memory are available; lower --micro-batch (or --seq-len) and raise --grad-accum "
              "to keep the tokens per step");
     }
   }

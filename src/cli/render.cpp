@@ -72,11 +72,14 @@ int cmd_render(const Args& raw_args) {
   if (cf) chat = std::make_unique<ChatTemplate>(*tok, *cf);
   std::unique_ptr<jinja::Template> tpl;
   if (hf) tpl = std::make_unique<jinja::Template>(hf->source, hf->origin);
-  ExampleEncoder enc(*tok, chat.get(), no_chat.empty() ? "the model dir has no chat_template; pass --chat-format" : no_chat,
+  ExampleEncoder enc(*tok, chat.get(),
+                     no_chat.empty() ? "the model dir has no chat_template; pass --chat-format" : no_chat,
                      /*text_only=*/false, /*with_masks=*/true);
   if (hf) enc.use_hf_template(tpl.get(), hf->specials);
   std::printf("tokenizer: %s; chat template: %s\n", tok->describe().c_str(),
-              hf ? hf->origin.c_str() : chat ? chat_format_name(chat->format()) : "none");
+              hf     ? hf->origin.c_str()
+              : chat ? chat_format_name(chat->format())
+                     : "none");
 
   RecordOptions ro;
   ro.format = data_format_parse(p.str("data-format"));
@@ -92,8 +95,10 @@ int cmd_render(const Args& raw_args) {
       size_t e = b + 1;
       while (e < n && (trained[e] & 1) == (trained[b] & 1)) ++e;
       const std::string text = tok->decode(std::span<const int32_t>(ids + b, e - b), /*skip_special=*/false);
-      if (trained[b] & 1) out += on + text + off;
-      else out += text;
+      if (trained[b] & 1)
+        out += on + text + off;
+      else
+        out += text;
       b = e;
     }
     std::printf("%s\n", out.c_str());

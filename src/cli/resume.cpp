@@ -21,9 +21,10 @@ const std::set<std::string> kDefining = {"seq-len", "micro-batch", "grad-accum",
 // Options whose saved value is not compared (handled apart or irrelevant after a resume).
 const std::set<std::string> kNotCompared = {"resume", "config", "data", "preset", "model", "init", "out", "threads"};
 // Options that change nothing numerically when overridden.
-const std::set<std::string> kHarmless = {"eval-every", "eval-batches", "log-every", "save-every", "keep-checkpoints",
-                                         "metrics", "export-dtype", "sample-prompt", "sample-tokens", "trace",
-                                         "max-bad-steps", "slots", "max-gpu-memory", "keep-activations"};
+const std::set<std::string> kHarmless = {"eval-every",       "eval-batches",    "log-every",     "save-every",
+                                         "keep-checkpoints", "metrics",         "export-dtype",  "sample-prompt",
+                                         "sample-tokens",    "trace",           "max-bad-steps", "slots",
+                                         "max-gpu-memory",   "keep-activations"};
 
 bool same_value(const std::string& a, const std::string& b) {
   if (a == b) return true;
@@ -113,8 +114,10 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     const std::string old = saved.count(k) ? saved.at(k) : "(unset)", now = p.str(k);
     if (same_value(old, now)) continue;
     const std::string what = cat("--", k, " ", quote_input(now), " (the checkpoint ran with ", quote_input(old), ")");
-    if (kDefining.count(k)) refused.push_back(what);
-    else if (!kHarmless.count(k)) warned.push_back(what);
+    if (kDefining.count(k))
+      refused.push_back(what);
+    else if (!kHarmless.count(k))
+      warned.push_back(what);
   }
   const bool model_given = p.given_explicitly("preset") || p.given_explicitly("model");
   if (model_given) {
@@ -178,14 +181,15 @@ void resume_check_data(const ResumeSource& r, const BatchSource& data) {
   if (d.empty() && s.data_fingerprint != dataset_fingerprint(data))
     d += "\n  - the token content (same size, other tokens: the fingerprint differs)";
   if (!d.empty())
-    fail("[train] cannot resume from ", r.dir, ": the data differs from the checkpoint's run:", d,
-         "\nResume with the same --data (the checkpoint's run used: ",
-         [&] {
-           std::string l;
-           for (auto& p : s.data_paths) l += (l.empty() ? "" : " ") + p;
-           return l;
-         }(),
-         ").");
+    fail(
+        "[train] cannot resume from ", r.dir, ": the data differs from the checkpoint's run:", d,
+        "\nResume with the same --data (the checkpoint's run used: ",
+        [&] {
+          std::string l;
+          for (auto& p : s.data_paths) l += (l.empty() ? "" : " ") + p;
+          return l;
+        }(),
+        ").");
 }
 
 }  // namespace rt::cli

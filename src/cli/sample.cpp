@@ -34,7 +34,8 @@ int cmd_sample(const Args& args) {
               "  ramtrain sample --model runs/demo/final --prompt \"int main\" --temperature 0 --max-tokens 100\n"
               "  ramtrain sample --model runs/chat/final --chat --prompt \"What is RAM?\"\n");
   p.group("Model and prompt");
-  p.option("model", "DIR|ORG/NAME", "model directory (config.json + safetensors + tokenizer), or a model id in the "
+  p.option("model", "DIR|ORG/NAME",
+           "model directory (config.json + safetensors + tokenizer), or a model id in the "
            "local HF cache");
   p.option("prompt", "TEXT", "text to continue (with --chat: the user's message)", "");
   p.flag("chat", "wrap the prompt as a user turn in the chat format and stop at the end of the reply");
@@ -81,7 +82,8 @@ int cmd_sample(const Args& args) {
     return stopped();
   }
   if (m.tokenizer != "hf")
-    fail("[sample] ", dir, " has no tokenizer: copy the model's tokenizer.json (or tokenizer.model) and "
+    fail("[sample] ", dir,
+         " has no tokenizer: copy the model's tokenizer.json (or tokenizer.model) and "
          "tokenizer_config.json into it");
   const auto tok = tokenizer_load(dir);
   if (tok->vocab_size() > m.spec.vocab)
@@ -105,21 +107,24 @@ int cmd_sample(const Args& args) {
   } else if (chat) {
     std::string why;
     std::optional<ChatFormat> cf;
-    if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
-    else cf = chat_format_detect(*tok, m.spec.family, &why);
+    if (p.has("chat-format"))
+      cf = chat_format_parse(p.str("chat-format"));
+    else
+      cf = chat_format_detect(*tok, m.spec.family, &why);
     if (!cf) fail("[sample] ", why);
     const ChatTemplate tpl(*tok, *cf);
     ids = tpl.render_prompt(prompt);
     so.stop_ids.push_back(tpl.end_of_turn_id());
   } else {
     ids = tok->encode(prompt, true);
-    if (ids.empty())
-      fail("[sample] the prompt is empty and the tokenizer adds no BOS: give --prompt TEXT (or --chat)");
+    if (ids.empty()) fail("[sample] the prompt is empty and the tokenizer adds no BOS: give --prompt TEXT (or --chat)");
   }
   std::vector<int32_t> out = sample_tokens(*m.state, ids, so);
   const std::string text = tok->decode(out, /*skip_special=*/true);
-  if (chat) std::printf("%s\n", text.c_str());
-  else std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  if (chat)
+    std::printf("%s\n", text.c_str());
+  else
+    std::printf("%s%s\n", prompt.c_str(), text.c_str());
   return stopped();
 }
 

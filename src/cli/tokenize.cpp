@@ -54,10 +54,12 @@ int cmd_tokenize(const Args& raw_args) {
   p.option("out", "OUT", "output token file (written atomically)");
   p.option("format", "auto|text|jsonl", "input format (auto: *.jsonl jsonl, *.json a JSON array, the rest text)",
            "auto");
-  p.option("chat-format", "chatml|llama3|mistral",
-           "built-in chat format for chat records (default: the tokenizer dir's chat_template, else from the tokenizer)");
+  p.option(
+      "chat-format", "chatml|llama3|mistral",
+      "built-in chat format for chat records (default: the tokenizer dir's chat_template, else from the tokenizer)");
   p.option("text-split", "file|blank-lines", "text documents: one per file, or split at blank lines", "file");
-  p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count", "abort");
+  p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count",
+           "abort");
   p.option("threads", "N", "encoding threads (0: all cores)", "0");
   if (!p.parse(args)) return 0;
   if (inputs.empty()) fail("[tokenize] give one or more input files or directories");
@@ -132,7 +134,9 @@ int cmd_tokenize(const Args& raw_args) {
               (unsigned long long)writer.bytes(), tok->vocab_size(), tok->vocab_size() <= 65536 ? 2 : 4);
   if (masked)
     std::printf("wrote %s: the loss mask of every token (chat template: %s)\n", mask_path.c_str(),
-                hf ? hf->origin.c_str() : chat ? chat_format_name(chat->format()) : "none");
+                hf     ? hf->origin.c_str()
+                : chat ? chat_format_name(chat->format())
+                       : "none");
   return 0;
 }
 

@@ -39,7 +39,8 @@ const char* kTrainExamples =
     "  ramtrain train --preset tiny-byte --data README.md src --steps 300 --out runs/demo\n"
     "  ramtrain train --model ./Llama-3.2-1B --data corpus.bin --seq-len 1024 --lr 2e-5 --out runs/ft\n"
     "  ramtrain train --model ./Qwen2.5-0.5B-Instruct --data chat.jsonl --seq-len 1024 --lr 1e-5 --out runs/chat\n"
-    "  ramtrain train --model Qwen/Qwen2.5-0.5B --data chat.jsonl --eval-data held_out.jsonl --epochs 2 --out runs/ft2\n"
+    "  ramtrain train --model Qwen/Qwen2.5-0.5B --data chat.jsonl --eval-data held_out.jsonl --epochs 2 --out "
+    "runs/ft2\n"
     "  ramtrain train --config run.toml --steps 50\n";
 
 // The weights to start from: a checkpoint, random init, or the model directory's.
@@ -110,8 +111,10 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.seed = c.seed;
   o.data_paths = c.data;
   // Where a later `ramtrain export CKPT` finds the tokenizer files to copy.
-  if (!td.tokenizer_dir.empty()) o.source_model_dir = td.tokenizer_dir;
-  else if (!c.model.empty()) o.source_model_dir = c.model;
+  if (!td.tokenizer_dir.empty())
+    o.source_model_dir = td.tokenizer_dir;
+  else if (!c.model.empty())
+    o.source_model_dir = c.model;
   return o;
 }
 
@@ -181,7 +184,8 @@ int cmd_train(const Args& args) {
   if (!p.parse(args)) return 0;
   if (p.has("config")) p.merge_toml(p.str("config"));
   std::vector<std::string> data_paths = p.list("data");
-  std::optional<ResumeSource> resume = resume_prepare(p, data_paths);  // --resume: the checkpoint's options are the base
+  std::optional<ResumeSource> resume =
+      resume_prepare(p, data_paths);  // --resume: the checkpoint's options are the base
   TrainConfig c = train_config_read(p);
   c.data = data_paths;
   if (c.data.empty()) fail("[train] --data is required: text files/directories or token files");
@@ -190,12 +194,13 @@ int cmd_train(const Args& args) {
   // The model's shape before anything is encoded or allocated: a directory
   // without readable weights is refused here, not after the data is encoded.
   if (!c.model.empty() && !resume) model_dir_check(c.model, c.init == InitFrom::pretrained, "[train]");
-  const ModelSpec spec = resume ? resume->spec
+  const ModelSpec spec = resume              ? resume->spec
                          : !c.preset.empty() ? spec_preset(c.preset)
                                              : spec_from_config_file(path_join(c.model, "config.json"));
   const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available();
   preflight(c, spec, cpu_backend);
-  RunLock out_lock = out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
+  RunLock out_lock =
+      out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
 
   // The data next: its errors come before gigabytes of model state are allocated.
   TrainData td = train_data_open(p, c.data, spec, c.model, c.seed);
@@ -213,8 +218,10 @@ int cmd_train(const Args& args) {
   }
   std::string tokenizer;
   std::unique_ptr<HostState> state = initial_state(c, resume, spec, &tokenizer);
-  if (td.byte_text) tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
-  else if (tokenizer == "byte") tokenizer = "";
+  if (td.byte_text)
+    tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
+  else if (tokenizer == "byte")
+    tokenizer = "";
   if (resume) resume_check_data(*resume, data);
 
   TrainOptions o = trainer_options(c, p, td, tokenizer, resume.has_value());

@@ -9,18 +9,24 @@ namespace rt::cli {
 
 const char* auto_on_off_name(AutoOnOff v) {
   switch (v) {
-    case AutoOnOff::auto_select: return "auto";
-    case AutoOnOff::on: return "on";
-    case AutoOnOff::off: return "off";
+    case AutoOnOff::auto_select:
+      return "auto";
+    case AutoOnOff::on:
+      return "on";
+    case AutoOnOff::off:
+      return "off";
   }
   return "auto";
 }
 
 const char* placement_name(Placement p) {
   switch (p) {
-    case Placement::auto_select: return "auto";
-    case Placement::device: return "device";
-    case Placement::host: return "host";
+    case Placement::auto_select:
+      return "auto";
+    case Placement::device:
+      return "device";
+    case Placement::host:
+      return "host";
   }
   return "auto";
 }
@@ -29,10 +35,13 @@ void train_options(ArgParser& p) {
   p.option("config", "FILE.toml", "read options from a TOML file (command-line options win)");
 
   p.group("Model");
-  p.option("preset", "NAME", "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
-  p.option("model", "DIR|ORG/NAME", "start from a HF model directory (config.json + safetensors), or a model id "
+  p.option("preset", "NAME",
+           "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
+  p.option("model", "DIR|ORG/NAME",
+           "start from a HF model directory (config.json + safetensors), or a model id "
            "found in the local HF cache ($HF_HOME/hub, default ~/.cache/huggingface)");
-  p.option("init", "random|pretrained", "weights to start from (default: pretrained with --model, random with --preset)")
+  p.option("init", "random|pretrained",
+           "weights to start from (default: pretrained with --model, random with --preset)")
       .choice({"random", "pretrained"});
 
   p.group("Data");
@@ -44,8 +53,7 @@ void train_options(ArgParser& p) {
 
   p.group("Schedule");
   p.option("steps", "N", "optimizer steps", "200").integer(1);
-  p.option("epochs", "E", "train E passes over the data instead of --steps (steps = E x windows / (B x K))")
-      .integer(1);
+  p.option("epochs", "E", "train E passes over the data instead of --steps (steps = E x windows / (B x K))").integer(1);
   p.option("lr", "LR", "peak learning rate", "1e-3").above(0);
   p.option("min-lr-ratio", "R", "cosine floor as a fraction of the peak", "0.1").number(0, 1);
   p.option("schedule", "NAME", "learning-rate schedule after warm-up: cosine, constant or linear", "cosine")
@@ -62,48 +70,72 @@ void train_options(ArgParser& p) {
   p.option("beta2", "B2", "AdamW beta2", "0.95").number(0, 0.999999999);
   p.option("eps", "EPS", "AdamW epsilon", "1e-8").above(0);
   p.option("clip", "NORM", "clip the global gradient norm to NORM (0: off)", "1.0").number(0);
-  p.option("max-bad-steps", "N", "abort after N steps in a row with a non-finite loss or gradient norm (0: never)",
-           "5").integer(0);
-  p.flag("delayed-update", "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
+  p.option("max-bad-steps", "N", "abort after N steps in a row with a non-finite loss or gradient norm (0: never)", "5")
+      .integer(0);
+  p.flag("delayed-update",
+         "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
          "step (gradients one step stale; GPU: needs --grads device)");
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
 
   p.group("GPU memory (CUDA builds; a CPU run warns that they do nothing)");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto")
       .choice({"auto", "cpu", "cuda"});
-  p.option("max-gpu-memory", "SIZE", "device memory the engine may take, e.g. 16G (default: what is free); a plan "
+  p.option("max-gpu-memory", "SIZE",
+           "device memory the engine may take, e.g. 16G (default: what is free); a plan "
            "that does not fit is shrunk step by step (host gradients and checkpoints, 2 slots, small LM-head "
-           "chunks) and the log says so").size();
+           "chunks) and the log says so")
+      .size();
   p.option("slots", "S", "device weight slots for streaming", "3").integer(2, 64);
-  p.option("keep-activations", "auto|N", "keep the activations of the last N layers from forward to backward "
+  p.option("keep-activations", "auto|N",
+           "keep the activations of the last N layers from forward to backward "
            "instead of recomputing them (same results); auto: as many as fit in the device memory the plan leaves "
-           "(CPU: in a quarter of the free RAM); 0: recompute every layer", "auto").integer(0).or_word("auto");
+           "(CPU: in a quarter of the free RAM); 0: recompute every layer",
+           "auto")
+      .integer(0)
+      .or_word("auto");
   p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
-  p.option("grads", "auto|device|host", "keep gradients on the device until the step's norm is known, or send "
-           "each layer's to host RAM as it is made (low device memory)", "auto").choice({"auto", "device", "host"});
+  p.option("grads", "auto|device|host",
+           "keep gradients on the device until the step's norm is known, or send "
+           "each layer's to host RAM as it is made (low device memory)",
+           "auto")
+      .choice({"auto", "device", "host"});
   p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
       .choice({"auto", "device", "host"});
-  p.option("layer-major", "auto|on|off", "with --grad-accum > 1: run every micro-batch through a layer while its "
+  p.option("layer-major", "auto|on|off",
+           "with --grad-accum > 1: run every micro-batch through a layer while its "
            "weights are on the GPU, so weights cross PCIe once per step (same results; tied embeddings: up to "
-           "rounding); auto: when the weights stream and the embedding is untied", "auto")
+           "rounding); auto: when the weights stream and the embedding is untied",
+           "auto")
       .choice({"auto", "on", "off"});
-  p.option("mlp-chunk-tokens", "auto|0|N", "run each layer's MLP over chunks of N tokens, so its large "
+  p.option("mlp-chunk-tokens", "auto|0|N",
+           "run each layer's MLP over chunks of N tokens, so its large "
            "intermediate tensors exist for one chunk only (long sequences: 7B at 16k tokens in 10 GiB; results "
            "change only by fp32 summation order); auto: only as the last step when the plan does not fit "
-           "otherwise (CPU: off); 0: never", "auto").integer(0).or_word("auto");
-  p.option("master", "auto|fp32|split", "how host RAM holds the fp32 master weights: fp32, or split into the "
+           "otherwise (CPU: off); 0: never",
+           "auto")
+      .integer(0)
+      .or_word("auto");
+  p.option("master", "auto|fp32|split",
+           "how host RAM holds the fp32 master weights: fp32, or split into the "
            "pinned bf16 copy the GPU loads + a 16-bit remainder + 1 bit (exact, same results, 12.125 instead of 14 "
-           "B/param with Adam; fewer bytes per update); auto: split (the CPU backend always uses fp32)", "auto")
+           "B/param with Adam; fewer bytes per update); auto: split (the CPU backend always uses fp32)",
+           "auto")
       .choice({"auto", "fp32", "split"});
-  p.flag("low-memory", "the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
+  p.flag("low-memory",
+         "the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
 
   p.group("Checkpoints and output");
-  p.option("out", "DIR", "output directory: DIR/ckpt-<step> checkpoints, DIR/final the final HF model, "
-           "DIR/metrics.jsonl", "runs/latest");
-  p.option("save-every", "N", "write a checkpoint DIR/ckpt-<step> every N steps and at the end (0: only on "
-           "SIGINT/SIGTERM)", "0").integer(0);
+  p.option("out", "DIR",
+           "output directory: DIR/ckpt-<step> checkpoints, DIR/final the final HF model, "
+           "DIR/metrics.jsonl",
+           "runs/latest");
+  p.option("save-every", "N",
+           "write a checkpoint DIR/ckpt-<step> every N steps and at the end (0: only on "
+           "SIGINT/SIGTERM)",
+           "0")
+      .integer(0);
   p.option("keep-checkpoints", "N", "keep the newest N checkpoints (0: all)", "3").integer(0);
   p.option("resume", "DIR|auto", "continue from a checkpoint (auto: the newest valid one in --out)");
   p.option("export-dtype", "bf16|fp32", "dtype of the exported safetensors", "bf16").choice({"bf16", "fp32"});
@@ -112,10 +144,12 @@ void train_options(ArgParser& p) {
   p.option("log-every", "N", "print a log line every N steps", "1").integer(1);
   p.option("eval-every", "N", "validation loss every N steps (0: only at the end)", "0").integer(0);
   p.option("eval-batches", "N", "micro-batches per evaluation (per set)", "8").integer(1);
-  p.option("metrics", "FILE.jsonl", "one JSON line per step and evaluation: exact losses, lr, epoch, wall-clock "
+  p.option("metrics", "FILE.jsonl",
+           "one JSON line per step and evaluation: exact losses, lr, epoch, wall-clock "
            "time (default: OUT/metrics.jsonl, appended to on resume). A failed write (e.g. a full disk) is "
            "reported once; training continues and later records are dropped");
-  p.option("sample-prompt", "TEXT", "print a sample from this prompt before and after training (SIGINT/SIGTERM "
+  p.option("sample-prompt", "TEXT",
+           "print a sample from this prompt before and after training (SIGINT/SIGTERM "
            "stop it at the next token)");
   p.option("sample-tokens", "N", "tokens per sample", "200").integer(0);
 }
@@ -185,8 +219,8 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.mlp_chunk_tokens = mc == "auto" ? -1 : p.integer("mlp-chunk-tokens");
   c.master = p.str("master");
   if (p.has("trace")) c.trace = p.str("trace");
-  for (const char* k : {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master",
-                        "low-memory", "trace"})
+  for (const char* k :
+       {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master", "low-memory", "trace"})
     if (p.given_explicitly(k) && (p.str(k) != "false")) c.gpu_options_given.push_back(std::string("--") + k);
   if (c.low_memory) {  // checked on every machine, so a config is refused the same way everywhere
     for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
@@ -194,7 +228,9 @@ TrainConfig train_config_read(const ArgParser& p) {
     if (c.resident)
       fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");
     if (c.delayed_update)
-      fail("[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the two");
+      fail(
+          "[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the "
+          "two");
   }
 
   c.out = p.str("out");

@@ -57,7 +57,7 @@ struct TrainConfig {
   Placement grads = Placement::auto_select, checkpoints = Placement::auto_select;
   AutoOnOff layer_major = AutoOnOff::auto_select;  // --grad-accum > 1: layer-major micro-batches (backend.h)
   int64_t mlp_chunk_tokens = -1;  // --mlp-chunk-tokens: -1 auto, 0 off, R tokens (CudaOptions::mlp_chunk_tokens)
-  std::string master = "auto";  // auto | fp32 | split: host storage of the fp32 master (CudaOptions::master)
+  std::string master = "auto";    // auto | fp32 | split: host storage of the fp32 master (CudaOptions::master)
   std::string trace;
   std::vector<std::string> gpu_options_given;  // the GPU-only flags given (warned about on a CPU run)
   // checkpoints and output
@@ -67,9 +67,9 @@ struct TrainConfig {
   DType export_dtype = DType::bf16;
   // logging
   int64_t log_every = 1, eval_every = 0, eval_batches = 8;
-  std::string metrics;          // "" none
-  bool metrics_default = false; // metrics is OUT/metrics.jsonl because --metrics was not given
-  std::string sample_prompt;    // "" none
+  std::string metrics;           // "" none
+  bool metrics_default = false;  // metrics is OUT/metrics.jsonl because --metrics was not given
+  std::string sample_prompt;     // "" none
   int64_t sample_tokens = 200;
   int threads = 0;
 };
@@ -83,6 +83,5 @@ TrainConfig train_config_read(const ArgParser& p);
 
 // --epochs E: the optimizer steps that read E epochs of windows (rounded up).
 int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64_t micro_batch, int64_t grad_accum);
-
 
 }  // namespace rt::cli

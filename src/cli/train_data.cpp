@@ -23,8 +23,8 @@ void train_data_options(ArgParser& p) {
            "tokenizer)");
   p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
            "keep-start");
-  p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count",
-           "abort");
+  p.option("bad-lines", "abort|skip",
+           "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count", "abort");
   p.option("pack", "yes|no", "pack several short examples into each sequence (positions restart per example)", "yes");
   p.option("pack-attention", "masked|cross",
            "packed examples: attention stays inside each example (masked), or also sees the earlier examples of its "
@@ -48,7 +48,8 @@ void pack_options_parse(const ArgParser& p, FinetuneOptions& fo) {
 bool is_byte_vocab(int64_t vocab) { return vocab >= ByteTokenizer::vocab_size && vocab <= 512; }
 
 bool has_tokenizer_files(const std::string& dir) {
-  return !dir.empty() && (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")));
+  return !dir.empty() &&
+         (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")));
 }
 
 }  // namespace
@@ -93,7 +94,8 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   }
   for (const std::string& path : paths)
     if (TokenStream::looks_like_token_file(path))
-      fail("[data] ", path, ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
+      fail("[data] ", path,
+           ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
   const DataFormat format = data_format_parse(p.str("data-format"));
   bool any_jsonl = false;
   for (const std::string& path : paths)
@@ -114,12 +116,14 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   td.tokenizer_dir = tok_dir;
   const Tokenizer& tok = *td.tokenizer;
   if (tok.vocab_size() > spec.vocab)
-    fail("[train] the tokenizer ", tok.describe(), " has ", tok.vocab_size(), " ids but the model's vocab is ", spec.vocab,
-         ": they do not belong together (pass the model's own tokenizer)");
+    fail("[train] the tokenizer ", tok.describe(), " has ", tok.vocab_size(), " ids but the model's vocab is ",
+         spec.vocab, ": they do not belong together (pass the model's own tokenizer)");
   std::string no_chat;
   std::optional<ChatFormat> cf;
-  if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
-  else cf = chat_format_detect(tok, spec.family, &no_chat);
+  if (p.has("chat-format"))
+    cf = chat_format_parse(p.str("chat-format"));
+  else
+    cf = chat_format_detect(tok, spec.family, &no_chat);
   if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
   std::optional<HfChatTemplate> hf;
   if (!p.has("chat-format")) hf = hf_chat_template_find(tok_dir);
@@ -151,7 +155,9 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   if (hf) enc.use_hf_template(td.hf_template.get(), hf->specials);
   auto ds = std::make_unique<FinetuneDataset>(files, enc, fo);
   std::printf("tokenizer: %s (%d ids); chat format: %s\n%s\n", tok.describe().c_str(), tok.vocab_size(),
-              hf ? ("chat_template from " + hf->origin).c_str() : td.chat ? chat_format_name(td.chat->format()) : "none",
+              hf        ? ("chat_template from " + hf->origin).c_str()
+              : td.chat ? chat_format_name(td.chat->format())
+                        : "none",
               ds->stats().summary().c_str());
   td.source = std::move(ds);
   return td;

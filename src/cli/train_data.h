@@ -27,12 +27,12 @@ namespace rt::cli {
 void train_data_options(ArgParser& p);
 
 struct TrainData {
-  std::unique_ptr<Tokenizer> tokenizer;  // null: byte-level text, or a token file with no tokenizer at hand
-  std::unique_ptr<ChatTemplate> chat;    // null: no chat format (none needed, or none detected)
+  std::unique_ptr<Tokenizer> tokenizer;          // null: byte-level text, or a token file with no tokenizer at hand
+  std::unique_ptr<ChatTemplate> chat;            // null: no chat format (none needed, or none detected)
   std::unique_ptr<jinja::Template> hf_template;  // the tokenizer dir's chat_template (null: none, or --chat-format)
   std::unique_ptr<BatchSource> source;
-  bool byte_text = false;                // the byte-level text path
-  std::string tokenizer_dir;             // holds the tokenizer files ("" none): the export copies them
+  bool byte_text = false;     // the byte-level text path
+  std::string tokenizer_dir;  // holds the tokenizer files ("" none): the export copies them
 };
 
 // model_dir: the --model directory ("" with --preset). val_fraction >= 0

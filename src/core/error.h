@@ -31,7 +31,7 @@ template <class... A>
 }  // namespace rt
 
 // RT_CHECK(cond, "[where] ", "message parts", ...): throws rt::Error when false.
-#define RT_CHECK(cond, ...)                    \
-  do {                                         \
-    if (!(cond)) ::rt::fail(__VA_ARGS__);      \
+#define RT_CHECK(cond, ...)               \
+  do {                                    \
+    if (!(cond)) ::rt::fail(__VA_ARGS__); \
   } while (0)

@@ -88,8 +88,8 @@ void require_regular_file(const std::string& path, const std::string& where, boo
   if (kind == "a regular file" || (dir_ok && kind == "a directory")) return;
   if (kind.empty()) fail(where, " ", path, ": no such file", dir_ok ? " or directory" : "", " (check the path)");
   if (kind == "a directory") fail(where, " ", path, ": is a directory, not a file");
-  fail(where, " ", path, ": is ", kind, ", not a regular file", dir_ok ? " or directory" : "",
-       ": give data files", dir_ok ? " or directories of them" : "",
+  fail(where, " ", path, ": is ", kind, ", not a regular file", dir_ok ? " or directory" : "", ": give data files",
+       dir_ok ? " or directories of them" : "",
        " (ramtrain maps its input files, so pipes and devices cannot be read; copy the data into a file)");
 }
 
@@ -126,8 +126,8 @@ std::string check_out_writable(const std::string& dir, uint64_t need_bytes, cons
          err == ENOSPC ? ": the disk is full; free space or pick another place" : "");
   const uint64_t free = fs_free_bytes(dir);
   if (free < need_bytes)
-    return cat(flag, " ", dir, " has ", free >> 20, " MiB free, less than one checkpoint (",
-               need_bytes >> 20, " MiB): saving it will fail unless space is freed");
+    return cat(flag, " ", dir, " has ", free >> 20, " MiB free, less than one checkpoint (", need_bytes >> 20,
+               " MiB): saving it will fail unless space is freed");
   return "";
 }
 

@@ -114,8 +114,8 @@ RunLock RunLock::acquire(const std::string& dir, const std::string& where, const
   }
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "(unknown)");
-  const std::string info = cat("pid ", ::getpid(), "\nhost ", host, "\nstarted ", now_utc(), "\ncommand ",
-                               own_command_line(), "\n");
+  const std::string info =
+      cat("pid ", ::getpid(), "\nhost ", host, "\nstarted ", now_utc(), "\ncommand ", own_command_line(), "\n");
   if (::ftruncate(l.fd_, 0) != 0 || ::pwrite(l.fd_, info.data(), info.size(), 0) != static_cast<ssize_t>(info.size()))
     fail(where, " ", flag, " ", dir, " cannot be written (writing ", l.path_, ": ", std::strerror(errno), ")");
   return l;
@@ -134,7 +134,9 @@ void RunLock::release() {
 RunLock::~RunLock() { release(); }
 
 RunLock::RunLock(RunLock&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), dir_(std::move(o.dir_)), path_(std::move(o.path_)),
+    : fd_(std::exchange(o.fd_, -1)),
+      dir_(std::move(o.dir_)),
+      path_(std::move(o.path_)),
       created_dir_(std::exchange(o.created_dir_, false)) {}
 
 RunLock& RunLock::operator=(RunLock&& o) noexcept {

@@ -42,8 +42,8 @@ void doc_start_check(const int32_t* doc_start, int64_t B, int64_t T, const char*
     for (int64_t t = 0; t < T; ++t) {
       const int64_t d = doc_start[b * T + t];
       RT_CHECK(d == t || (t > 0 && d == doc_start[b * T + t - 1]), "[cpu/", name, "] doc_start[", b, ",", t, "] = ", d,
-               ": each position must start a document (", t, ") or continue the one before",
-               t > 0 ? " (" : "", t > 0 ? std::to_string(doc_start[b * T + t - 1]) : "", t > 0 ? ")" : "");
+               ": each position must start a document (", t, ") or continue the one before", t > 0 ? " (" : "",
+               t > 0 ? std::to_string(doc_start[b * T + t - 1]) : "", t > 0 ? ")" : "");
     }
 }
 

@@ -25,16 +25,16 @@ constexpr int32_t kIgnoreIndex = -100;
 constexpr int64_t kRowGrain = 4;  // logits rows per task (each row is V long)
 }  // namespace
 
-double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets,
-                             int64_t N, int64_t C, int64_t V, float grad_scale, int64_t chunk_rows,
-                             int64_t* n_valid) {
+double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets, int64_t N,
+                             int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid) {
   RT_CHECK(N >= 0 && C > 0 && V > 0, "[cpu/lm_head_cross_entropy] bad shape N=", N, " C=", C, " V=", V);
   RT_CHECK(chunk_rows > 0, "[cpu/lm_head_cross_entropy] chunk_rows must be positive, got ", chunk_rows);
   int64_t valid = 0;
   for (int64_t n = 0; n < N; ++n) {
     const int32_t t = targets[n];
     RT_CHECK(t == kIgnoreIndex || (t >= 0 && t < V), "[cpu/lm_head_cross_entropy] target ", t, " at row ", n,
-             " is outside [0, ", V, ") and is not the ignore index -100: check the tokenizer's vocab size "
+             " is outside [0, ", V,
+             ") and is not the ignore index -100: check the tokenizer's vocab size "
              "against the model's vocab_size");
     if (t != kIgnoreIndex) ++valid;
   }

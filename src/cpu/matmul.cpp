@@ -98,13 +98,12 @@ void matmul_block(Layout layout, float* out, const float* a, const float* b, int
   }
 }
 
-void matmul_run(Layout layout, float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K,
-                float beta, const char* name) {
+void matmul_run(Layout layout, float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K, float beta,
+                const char* name) {
   RT_CHECK(M >= 0 && N >= 0 && K >= 0, "[cpu/", name, "] negative shape M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
-  parallel_for(M, kMatmulRowBlock, [&](int64_t m0, int64_t m1) {
-    matmul_block(layout, out, a, b, m0, m1, M, N, K, beta);
-  });
+  parallel_for(M, kMatmulRowBlock,
+               [&](int64_t m0, int64_t m1) { matmul_block(layout, out, a, b, m0, m1, M, N, K, beta); });
 }
 
 }  // namespace

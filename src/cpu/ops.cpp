@@ -23,8 +23,8 @@
 namespace rt::cpu {
 
 namespace {
-constexpr int64_t kRowGrain = 16;            // rows per task for row-wise ops
-constexpr int64_t kColGrain = 64;            // columns per task for column reductions (dw, dbias)
+constexpr int64_t kRowGrain = 16;                 // rows per task for row-wise ops
+constexpr int64_t kColGrain = 64;                 // columns per task for column reductions (dw, dbias)
 constexpr int64_t kElemGrain = int64_t{1} << 14;  // elements per task for elementwise ops
 }  // namespace
 
@@ -126,8 +126,8 @@ void linear_forward(float* out, const float* x, const float* w, const float* bia
 }
 
 // dx[N,I] = dout[N,O] @ w[O,I] (=); dw[O,I] += dout^T @ x; dbias[O] += sum_n dout.
-void linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
-                     int64_t N, int64_t I, int64_t O) {
+void linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w, int64_t N,
+                     int64_t I, int64_t O) {
   if (dx) matmul_nn(dx, dout, w, N, I, O);
   if (dw) matmul_tn(dw, dout, x, O, I, N, 1.f);
   if (dbias) {
@@ -187,8 +187,7 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D) {
 
 namespace {
 // x [N, heads, D] in place; sign = +1 rotates by +angle, -1 by -angle.
-void rope_rotate(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
-                 float sign) {
+void rope_rotate(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D, float sign) {
   const int64_t half = D / 2;
   parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));

@@ -36,14 +36,14 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 // x, out [N,C]; w [C]; rstd [N] saved for backward.
 void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps);
 // dx [N,C] (=), dw [C] (+=).
-void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                       const float* rstd, int64_t N, int64_t C);
+void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
+                       int64_t N, int64_t C);
 
 // ---- linear: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be null) ----
 void linear_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I, int64_t O);
 // dx [N,I] (=, skipped when dx is null), dw [O,I] (+=), dbias [O] (+=, when non-null).
-void linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
-                     int64_t N, int64_t I, int64_t O);
+void linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w, int64_t N,
+                     int64_t I, int64_t O);
 
 // ---- RoPE, HF rotate-half convention ----
 // inv_freq[D/2]: theta^(-2i/D), with llama3 scaling applied when configured.
@@ -62,12 +62,12 @@ void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t
 // only. Documents are contiguous: doc_start[b,0] = 0 and doc_start[b,t] is
 // either t (a document starts) or doc_start[b,t-1] (checked). nullptr: one
 // document per sequence (plain causal).
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr);
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr);
 // dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=; summed over the H/G query heads of each group).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* out, const float* lse,
-                        int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr);
+                        const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
+                        int64_t D, const int32_t* doc_start = nullptr);
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n values ----
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
@@ -82,8 +82,7 @@ void add_inplace(float* y, const float* x, int64_t n);  // y += x
 // targets[n] == -100 is ignored. Returns the SUM of losses over valid rows and
 // sets *n_valid. When dh is non-null: dh[N,C] (=) = grad_scale * d(sum loss)/dh;
 // when dw is non-null: dw[V,C] (+=) likewise. chunk_rows bounds the logits buffer.
-double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets,
-                             int64_t N, int64_t C, int64_t V, float grad_scale, int64_t chunk_rows,
-                             int64_t* n_valid);
+double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets, int64_t N,
+                             int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid);
 
 }  // namespace rt::cpu

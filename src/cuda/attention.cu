@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     }
     cp_async_commit();
     const int k0 = j * kFwdBC;
-    if (k0 > warp_row0 + WR - 1) continue;  // every key of this tile is after every row of this warp
+    if (k0 > warp_row0 + WR - 1) continue;            // every key of this tile is after every row of this warp
     if (DOC && k0 + kFwdBC <= warp_start0) continue;  // every key before every row's document
 
     float sc[MT][kFwdBC / 8][4];
@@ -208,7 +208,7 @@ struct DkdvCfg {
   static constexpr int WARPS = 4, BC = 16 * WARPS, BR = D == 256 ? 16 : 64, DS = D == 256 ? 2 : 1, DO = D / DS;
   static constexpr int DP = tile_width(D);
   static constexpr int SMEM = (2 * BC * DP + 4 * BR * DP) * 2 + 4 * BR * 4;  // K, V, [2][Q, dO], [2][lse, delta]
-  static constexpr int SMEM_DOC = SMEM + 2 * BR * 4;                          // + [2][document start]
+  static constexpr int SMEM_DOC = SMEM + 2 * BR * 4;                         // + [2][document start]
   static_assert(SMEM_DOC <= 99 * 1024, "dK/dV tile shape over the sm_86/89 shared-memory limit");
 };
 
@@ -217,9 +217,9 @@ struct DkdvCfg {
 template <int D, bool DOC>
 __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
-                                   const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                   const bf16* __restrict__ v, const float* __restrict__ lse,
-                                   const float* __restrict__ delta, AttnShape s, const int32_t* __restrict__ doc) {
+                                   const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                   const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
+                                   const int32_t* __restrict__ doc) {
   using C = DkdvCfg<D>;
   constexpr int NT = 32 * C::WARPS, kBwdBC = C::BC, kBwdBR = C::BR, DP = C::DP, DO = C::DO;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
   auto sq = [&](int st) { return sqd + static_cast<uint32_t>((st * 2) * kBwdBR * DP * 2); };
   auto sdo = [&](int st) { return sqd + static_cast<uint32_t>((st * 2 + 1) * kBwdBR * DP * 2); };
   float* s_lse = reinterpret_cast<float*>(smem + (2 * kBwdBC * DP + 4 * kBwdBR * DP) * 2);  // [2][BR]
-  float* s_delta = s_lse + 2 * kBwdBR;                                                   // [2][BR]
-  int* s_doc = reinterpret_cast<int*>(s_delta + 2 * kBwdBR);                             // [2][BR] (DOC)
+  float* s_delta = s_lse + 2 * kBwdBR;                                                      // [2][BR]
+  int* s_doc = reinterpret_cast<int*>(s_delta + 2 * kBwdBR);                                // [2][BR] (DOC)
 
   const int kb = blockIdx.y;  // grid (B*G, key blocks): the first key blocks (most query tiles) start first
   const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
@@ -324,9 +324,8 @@ struct DqCfg {
 template <int D, bool DOC>
 __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
-                                 const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                 const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
-                                 const int32_t* __restrict__ doc) {
+                                 const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse,
+                                 const float* __restrict__ delta, AttnShape s, const int32_t* __restrict__ doc) {
   using C = DqCfg<D>;
   constexpr int NT = 32 * C::WARPS, kDqBR = C::BR, kDqBC = C::BC, DP = C::DP;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -424,10 +423,18 @@ AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, cons
 template <class F>
 void head_dim_dispatch(int64_t D, F&& f) {
   switch (D) {
-    case 64: f(std::integral_constant<int, 64>{}); return;
-    case 96: f(std::integral_constant<int, 96>{}); return;
-    case 128: f(std::integral_constant<int, 128>{}); return;
-    case 256: f(std::integral_constant<int, 256>{}); return;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return;
+    case 96:
+      f(std::integral_constant<int, 96>{});
+      return;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return;
+    case 256:
+      f(std::integral_constant<int, 256>{});
+      return;
   }
   fail("[cuda attention] head_dim ", D, " has no kernels");
 }
@@ -462,14 +469,14 @@ void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16*
   constexpr int smem_kv = DOC ? CK::SMEM_DOC : CK::SMEM;
   smem_allow(attention_backward_dkdv_kernel<D, DOC>, smem_kv);
   dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, CK::BC)), CK::DS);
-  attention_backward_dkdv_kernel<D, DOC><<<grid_kv, 32 * CK::WARPS, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse,
-                                                                                       delta, s, doc);
+  attention_backward_dkdv_kernel<D, DOC>
+      <<<grid_kv, 32 * CK::WARPS, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta, s, doc);
   CUDA_CHECK_LAUNCH();
   using CQ = DqCfg<D>;
   smem_allow(attention_backward_dq_kernel<D, DOC>, CQ::SMEM);
   dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, CQ::BR)));
-  attention_backward_dq_kernel<D, DOC><<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s,
-                                                                                     doc);
+  attention_backward_dq_kernel<D, DOC>
+      <<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s, doc);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -528,9 +535,12 @@ AttentionKernels attention_kernels_in_use(int64_t D) {
 
 const char* attention_kernels_name(AttentionKernels k) {
   switch (k) {
-    case AttentionKernels::automatic: return "automatic";
-    case AttentionKernels::mma_sync: return "mma_sync";
-    case AttentionKernels::wgmma: return "wgmma";
+    case AttentionKernels::automatic:
+      return "automatic";
+    case AttentionKernels::mma_sync:
+      return "mma_sync";
+    case AttentionKernels::wgmma:
+      return "wgmma";
   }
   return "?";
 }

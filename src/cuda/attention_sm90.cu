@@ -72,11 +72,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
   } while (!done);
 }
 
@@ -137,15 +136,16 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int kk) {
 // ---- wgmma, m64nNk16, bf16 operands, fp32 accumulators (PTX ISA operand order)
 // The accumulators are N/2 "+f" operands per thread, numbered %0.. first; the
 // macros spell those lists (16 at a time) so each shape is one asm statement.
-#define RT_WG_R16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
-  "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h ", %" #i ", %" #j ", %" #k ", %" #l ", %" #m ", %" #n ", %" #o ", %" #p
-#define RT_WG_REGS32                                                               \
-  RT_WG_R16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) ", " RT_WG_R16( \
-      16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
-#define RT_WG_REGS64                                                                      \
-  RT_WG_REGS32 ", " RT_WG_R16(32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47) \
-      ", " RT_WG_R16(48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
-#define RT_WG_F8(d, i)                                                                                  \
+#define RT_WG_R16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)                                                    \
+  "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h ", %" #i ", %" #j ", %" #k ", %" #l ", %" #m \
+  ", %" #n ", %" #o ", %" #p
+#define RT_WG_REGS32                                              \
+  RT_WG_R16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) \
+  ", " RT_WG_R16(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+#define RT_WG_REGS64                                                                                          \
+  RT_WG_REGS32 ", " RT_WG_R16(32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47) ", " RT_WG_R16( \
+      48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+#define RT_WG_F8(d, i)                                                                                        \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
 #define RT_WG_F32(d) RT_WG_F8(d, 0), RT_WG_F8(d, 8), RT_WG_F8(d, 16), RT_WG_F8(d, 24)
@@ -153,33 +153,37 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int kk) {
 
 // d[32] (+)= A(64x16, smem, K-major) * B(64x16, smem, K-major)^T; scale_d 0 overwrites d.
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" RT_WG_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               : RT_WG_F32(d)
-               : "l"(a), "l"(b), "r"(scale_d));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" RT_WG_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : RT_WG_F32(d)
+      : "l"(a), "l"(b), "r"(scale_d));
 }
 // d[64] (+)= A(64x16, smem, K-major) * B(128x16, smem, K-major)^T; scale_d 0 overwrites d.
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" RT_WG_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : RT_WG_F64(d)
-               : "l"(a), "l"(b), "r"(scale_d));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" RT_WG_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : RT_WG_F64(d)
+      : "l"(a), "l"(b), "r"(scale_d));
 }
 // d[32] (+)= A(64x16, registers, wgmma A-fragment layout) * B(16x64, smem, MN-major); scale_d 0 overwrites d.
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" RT_WG_REGS32
-               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-               : RT_WG_F32(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" RT_WG_REGS32
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : RT_WG_F32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
 // d[64] (+)= A(64x16, registers, wgmma A-fragment layout) * B(16x128, smem, MN-major); scale_d 0 overwrites d.
 __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" RT_WG_REGS64
-               "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-               : RT_WG_F64(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" RT_WG_REGS64
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : RT_WG_F64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
 
 template <int N>
@@ -287,8 +291,8 @@ struct Fwd {
 template <int D, bool DOC>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                   const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse,
-                   AttnShape s, const int32_t* __restrict__ doc) {
+                   const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse, AttnShape s,
+                   const int32_t* __restrict__ doc) {
 #ifdef RT_SM90_DEVICE
   using C = Fwd<D>;
   const uint32_t base = smem_base_1k();
@@ -450,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   regs_grow<240>();
   const int w = threadIdx.x / 128 - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int wkey0 = key0 + 64 * w;                     // first key of this warpgroup
+  const int wkey0 = key0 + 64 * w;                   // first key of this warpgroup
   const int krow = wkey0 + 16 * warp + (lane >> 2);  // this thread's keys: krow, krow + 8
   float dka[D / 2], dva[D / 2];
 #pragma unroll
@@ -467,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       gemm_ss<C::BM, D, C::BN>(pt, sk, 64 * w, sq(st));    // S^T = K_w Q^T
       gemm_ss<C::BM, D, C::BN>(dpt, sv, 64 * w, sdo(st));  // dP^T = V_w dO^T
-      const float* lsc = rows + 2 * C::BM * st;  // the tile's lse * log2(e)
+      const float* lsc = rows + 2 * C::BM * st;            // the tile's lse * log2(e)
       const float* dl = lsc + C::BM;
       wgmma_wait<1>();
       reg_fence(pt);
@@ -479,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pa[C::BM / 16][4];
       frag_to_a(pa, pt);
       gemm_rs<D, C::BM>(dva, pa, sdo(st));  // dV += P^T dO
-      wgmma_wait<1>();  // dP^T
+      wgmma_wait<1>();                      // dP^T
       reg_fence(dpt);
       dscores_cols(dpt, pt, dl);
       uint32_t da[C::BM / 16][4];

@@ -10,21 +10,20 @@
 
 #include "core/error.h"
 
-#define CUDA_CHECK(call)                                                                     \
-  do {                                                                                       \
-    cudaError_t rt_cuda_err_ = (call);                                                       \
-    if (rt_cuda_err_ != cudaSuccess)                                                         \
-      ::rt::fail("[cuda] ", #call, " failed at ", __FILE__, ":", __LINE__, ": ",             \
-                 cudaGetErrorName(rt_cuda_err_), " (", cudaGetErrorString(rt_cuda_err_), ")"); \
+#define CUDA_CHECK(call)                                                                                               \
+  do {                                                                                                                 \
+    cudaError_t rt_cuda_err_ = (call);                                                                                 \
+    if (rt_cuda_err_ != cudaSuccess)                                                                                   \
+      ::rt::fail("[cuda] ", #call, " failed at ", __FILE__, ":", __LINE__, ": ", cudaGetErrorName(rt_cuda_err_), " (", \
+                 cudaGetErrorString(rt_cuda_err_), ")");                                                               \
   } while (0)
 
-#define CUBLAS_CHECK(call)                                                                        \
-  do {                                                                                            \
-    cublasStatus_t rt_cublas_st_ = (call);                                                        \
-    if (rt_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                   \
-      ::rt::fail("[cublasLt] ", #call, " failed at ", __FILE__, ":", __LINE__, ": ",              \
-                 cublasLtGetStatusName(rt_cublas_st_), " (", cublasLtGetStatusString(rt_cublas_st_), \
-                 ")");                                                                            \
+#define CUBLAS_CHECK(call)                                                                                 \
+  do {                                                                                                     \
+    cublasStatus_t rt_cublas_st_ = (call);                                                                 \
+    if (rt_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
+      ::rt::fail("[cublasLt] ", #call, " failed at ", __FILE__, ":", __LINE__, ": ",                       \
+                 cublasLtGetStatusName(rt_cublas_st_), " (", cublasLtGetStatusString(rt_cublas_st_), ")"); \
   } while (0)
 
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

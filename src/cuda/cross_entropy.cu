@@ -22,9 +22,9 @@ __device__ __forceinline__ void softmax_combine(float& m, float& s, float m2, fl
 
 // Row r of the chunk: loss[r] = lse - logit[target] (0 when ignored),
 // valid[r] = 0/1, dlogits[r, :] = grad_scale * (softmax - onehot) or 0.
-__global__ void __launch_bounds__(kRowThreads) cross_entropy_row_kernel(
-    bf16* dlogits, float* loss, int* valid, const float* logits, const int32_t* targets, int64_t V,
-    float grad_scale, bool want_grad) {
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_row_kernel(bf16* dlogits, float* loss, int* valid, const float* logits, const int32_t* targets,
+                             int64_t V, float grad_scale, bool want_grad) {
   __shared__ float sm_m[32], sm_s[32];
   const int64_t r = blockIdx.x;
   const float* x = logits + r * V;
@@ -112,11 +112,13 @@ size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V) {
   return round256(r * v * 4) + round256(r * v * 2) + 2 * round256(r * 4);
 }
 
-void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h,
-                           const bf16* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
+void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h, const bf16* w,
+                           const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
                            int64_t chunk_rows, Scratch scratch, cudaStream_t stream) {
-  RT_CHECK(chunk_rows > 0 && chunk_rows % 8 == 0, "[cuda lm_head_cross_entropy] chunk_rows must be a positive "
-           "multiple of 8, got ", chunk_rows);
+  RT_CHECK(chunk_rows > 0 && chunk_rows % 8 == 0,
+           "[cuda lm_head_cross_entropy] chunk_rows must be a positive "
+           "multiple of 8, got ",
+           chunk_rows);
   RT_CHECK(C % 8 == 0 && V % 8 == 0, "[cuda lm_head_cross_entropy] C and V must be multiples of 8, got C=", C,
            " V=", V);
   const size_t need = lm_head_cross_entropy_scratch_bytes(chunk_rows, V);

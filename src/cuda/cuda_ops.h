@@ -51,9 +51,9 @@ class CudaOps {
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
     cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
-  void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
-                          const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                          int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+  void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                          const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                          const int32_t* doc_start = nullptr) {
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
@@ -62,7 +62,8 @@ class CudaOps {
   }
   void add_inplace(bf16* y, const bf16* x, int64_t n) { cuda::add_inplace(y, x, n, s_); }
   void copy(bf16* dst, const bf16* src, int64_t n) {
-    if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(bf16), cudaMemcpyDeviceToDevice, s_));
+    if (dst != src)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(bf16), cudaMemcpyDeviceToDevice, s_));
   }
 
  private:

@@ -34,10 +34,11 @@ class DeviceAllocator {
   void* alloc(size_t bytes, const std::string& what) {
     bytes = (bytes + 255) / 256 * 256;
     if (used_ + bytes > budget_)
-      throw DeviceBudgetError(cat("[cuda] not enough device memory for ", what, ": needs ", bytes >> 20, " MiB more, ", (budget_ - used_) >> 20,
-           " MiB left of the ", budget_ >> 20, " MiB budget (", used_ >> 20,
-           " MiB in use). Lower --micro-batch or --seq-len, use --low-memory "
-           "(or --checkpoints host, --grads host), or raise --max-gpu-memory."));
+      throw DeviceBudgetError(cat("[cuda] not enough device memory for ", what, ": needs ", bytes >> 20, " MiB more, ",
+                                  (budget_ - used_) >> 20, " MiB left of the ", budget_ >> 20, " MiB budget (",
+                                  used_ >> 20,
+                                  " MiB in use). Lower --micro-batch or --seq-len, use --low-memory "
+                                  "(or --checkpoints host, --grads host), or raise --max-gpu-memory."));
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
@@ -134,7 +135,9 @@ class PinnedBuf {
 class Event {
  public:
   Event() { CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  explicit Event(bool timing) { CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming)); }
+  explicit Event(bool timing) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
   ~Event() {
     if (e_) cudaEventDestroy(e_);
   }

@@ -96,8 +96,8 @@ void embedding_backward(float* dtable, const bf16* dout, const int32_t* ids, int
   size_t temp_bytes = scratch.bytes - 3 * ib;
   iota_kernel<<<static_cast<unsigned>(detail::ceil_div(N, 256)), 256, 0, stream>>>(vals_in, N);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys_out, vals_in, vals_out, N, 0, id_bits(V),
-                                             stream));
+  CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys_out, vals_in, vals_out, N, 0, id_bits(V), stream));
   embedding_backward_kernel<<<static_cast<unsigned>(N), 128, 0, stream>>>(dtable, dout, keys_out, vals_out, N, C);
   CUDA_CHECK_LAUNCH();
 }

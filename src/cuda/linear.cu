@@ -50,8 +50,7 @@ struct Blas::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  MatmulPlan& plan_get(Layout layout, int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate,
-                       bool bias) {
+  MatmulPlan& plan_get(Layout layout, int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, bool bias) {
     PlanKey key{static_cast<int>(layout), M, N, K, static_cast<int>(out_type), accumulate, bias};
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
@@ -84,8 +83,7 @@ struct Blas::Impl {
       cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
       cudaDataType_t bt = CUDA_R_16BF;
-      CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, a_rows, a_cols, a_ld));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, b_rows, b_cols, b_ld));
@@ -121,16 +119,15 @@ struct Blas::Impl {
     // Leading dimensions must be multiples of 8 elements (16 bytes): N always,
     // K for nt/nn (row length of a), M for tn (row length of a).
     const int64_t other = layout == Layout::tn ? M : K;
-    RT_CHECK(M > 0 && N > 0 && K > 0 && N % 8 == 0 && other % 8 == 0, "[cuda gemm] bad shape M=", M, " N=", N,
-             " K=", K, " (all > 0; N and the row length of a multiples of 8)");
+    RT_CHECK(M > 0 && N > 0 && K > 0 && N % 8 == 0 && other % 8 == 0, "[cuda gemm] bad shape M=", M, " N=", N, " K=", K,
+             " (all > 0; N and the row length of a multiples of 8)");
     detail::check_aligned(out, "gemm out");
     detail::check_aligned(a, "gemm a");
     detail::check_aligned(b, "gemm b");
     MatmulPlan& p = plan_get(layout, M, N, K, out_type, beta != 0.f, bias != nullptr);
     if (bias) {
       detail::check_aligned(bias, "gemm bias");
-      CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     const float alpha = 1.f;
     CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &p.algo,
@@ -192,15 +189,15 @@ __global__ void bias_grad_kernel(float* dbias, const bf16* dout, int64_t N, int6
 
 }  // namespace
 
-void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const bf16* w, const bf16* bias,
-                    int64_t N, int64_t I, int64_t O, cudaStream_t stream) {
+void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const bf16* w, const bf16* bias, int64_t N,
+                    int64_t I, int64_t O, cudaStream_t stream) {
   blas.matmul_nt(out, out_type, x, w, N, O, I, 0.f, stream, bias);
 }
 
 void linear_backward(Blas& blas, bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w,
                      int64_t N, int64_t I, int64_t O, cudaStream_t stream) {
   if (dx) blas.matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, stream);  // dx[N,I] = dout[N,O] @ w[O,I]
-  blas.matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, stream);          // dw[O,I] += dout^T @ x
+  blas.matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, stream);           // dw[O,I] += dout^T @ x
   if (dbias) {
     RT_CHECK(O % 8 == 0, "[cuda linear_backward] O must be a multiple of 8, got ", O);
     bias_grad_kernel<<<static_cast<unsigned>(detail::ceil_div(O, 64)), dim3(32, 8), 0, stream>>>(dbias, dout, N, O);

@@ -52,14 +52,14 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
 
   // out[M,N] = a[M,K] @ b[N,K]^T (+ bias[N], bias needs beta == 0 and bf16 out)
-  void matmul_nt(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K,
-                 float beta, cudaStream_t stream, const bf16* bias = nullptr);
+  void matmul_nt(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
+                 cudaStream_t stream, const bf16* bias = nullptr);
   // out[M,N] = a[M,K] @ b[K,N]
-  void matmul_nn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K,
-                 float beta, cudaStream_t stream);
+  void matmul_nn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
+                 cudaStream_t stream);
   // out[M,N] = a[K,M]^T @ b[K,N]
-  void matmul_tn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K,
-                 float beta, cudaStream_t stream);
+  void matmul_tn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
+                 cudaStream_t stream);
   size_t plans_cached() const;
 
   struct Impl;
@@ -95,8 +95,8 @@ void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, con
                        const bf16* dresidual, int64_t N, int64_t C, Scratch scratch, cudaStream_t stream);
 
 // ---- linear: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be null; bias needs bf16 out) ----
-void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const bf16* w, const bf16* bias,
-                    int64_t N, int64_t I, int64_t O, cudaStream_t stream);
+void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const bf16* w, const bf16* bias, int64_t N,
+                    int64_t I, int64_t O, cudaStream_t stream);
 // dx [N,I] (=, bf16, skipped when null), dw [O,I] (+=, fp32), dbias [O] (+=, fp32, when non-null).
 void linear_backward(Blas& blas, bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w,
                      int64_t N, int64_t I, int64_t O, cudaStream_t stream);
@@ -131,8 +131,8 @@ struct CrossEntropyTotals {
   long long n_valid;
 };
 size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V);
-void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h,
-                           const bf16* w, const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
+void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h, const bf16* w,
+                           const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
                            int64_t chunk_rows, Scratch scratch, cudaStream_t stream);
 
 // ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 96, 128, 256} ----

@@ -15,8 +15,8 @@ using detail::bf16x8;
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
 template <bool kResidual>
-__global__ void rms_norm_forward_kernel(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r,
-                                        const bf16* w, int64_t N, int64_t C, float eps) {
+__global__ void rms_norm_forward_kernel(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
+                                        int64_t N, int64_t C, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -52,8 +52,8 @@ __global__ void rms_norm_forward_kernel(bf16* out, bf16* sum, float* rstd, const
 }
 
 // dx = rs*w*g - x * rs^3 / C * sum_j(w_j g_j x_j)  (+ dresidual)
-__global__ void rms_norm_backward_dx_kernel(bf16* dx, const bf16* dout, const bf16* x, const bf16* w,
-                                            const float* rstd, const bf16* dres, int64_t N, int64_t C) {
+__global__ void rms_norm_backward_dx_kernel(bf16* dx, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
+                                            const bf16* dres, int64_t N, int64_t C) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -142,8 +142,9 @@ void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int6
                       cudaStream_t stream) {
   check_shapes("rms_norm_forward", C, out, x);
   if (N == 0) return;
-  rms_norm_forward_kernel<false><<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0,
-                                   stream>>>(out, nullptr, rstd, x, nullptr, w, N, C, eps);
+  rms_norm_forward_kernel<false>
+      <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(
+          out, nullptr, rstd, x, nullptr, w, N, C, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -152,8 +153,9 @@ void rms_norm_residual_forward(bf16* out, bf16* sum, float* rstd, const bf16* x,
   check_shapes("rms_norm_residual_forward", C, out, x);
   check_shapes("rms_norm_residual_forward", C, sum, r);
   if (N == 0) return;
-  rms_norm_forward_kernel<true><<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0,
-                                  stream>>>(out, sum, rstd, x, r, w, N, C, eps);
+  rms_norm_forward_kernel<true>
+      <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(out, sum, rstd, x,
+                                                                                                     r, w, N, C, eps);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -9,8 +9,7 @@ namespace rt::cuda {
 namespace {
 
 template <bool kInverse>
-__global__ void rope_kernel(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads,
-                            int64_t D) {
+__global__ void rope_kernel(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D) {
   const int64_t half = D / 2;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= N * heads * half) return;
@@ -33,8 +32,8 @@ void rope_launch(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, 
   RT_CHECK(D % 2 == 0, "[cuda rope] head_dim must be even, got ", D);
   const int64_t total = N * heads * (D / 2);
   if (total == 0) return;
-  rope_kernel<kInverse><<<static_cast<unsigned>(detail::ceil_div(total, 256)), 256, 0, stream>>>(x, pos, inv_freq, N,
-                                                                                                 heads, D);
+  rope_kernel<kInverse>
+      <<<static_cast<unsigned>(detail::ceil_div(total, 256)), 256, 0, stream>>>(x, pos, inv_freq, N, heads, D);
   CUDA_CHECK_LAUNCH();
 }
 

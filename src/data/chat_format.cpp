@@ -6,9 +6,12 @@ namespace rt {
 
 const char* chat_format_name(ChatFormat f) {
   switch (f) {
-    case ChatFormat::chatml: return "chatml";
-    case ChatFormat::llama3: return "llama3";
-    case ChatFormat::mistral: return "mistral";
+    case ChatFormat::chatml:
+      return "chatml";
+    case ChatFormat::llama3:
+      return "llama3";
+    case ChatFormat::mistral:
+      return "mistral";
   }
   return "?";
 }
@@ -29,9 +32,12 @@ std::optional<ChatRole> chat_role_parse(std::string_view s) {
 
 const char* chat_role_name(ChatRole r) {
   switch (r) {
-    case ChatRole::system: return "system";
-    case ChatRole::user: return "user";
-    case ChatRole::assistant: return "assistant";
+    case ChatRole::system:
+      return "system";
+    case ChatRole::user:
+      return "user";
+    case ChatRole::assistant:
+      return "assistant";
   }
   return "?";
 }
@@ -41,7 +47,8 @@ std::optional<ChatFormat> chat_format_detect(const Tokenizer& tok, Family family
   if (tok.token_to_id("<|start_header_id|>") && tok.token_to_id("<|end_header_id|>") && tok.token_to_id("<|eot_id|>") &&
       tok.token_to_id("<|begin_of_text|>"))
     return ChatFormat::llama3;
-  if ((family == Family::mistral || family == Family::llama) && tok.bos_id() && tok.eos_id()) return ChatFormat::mistral;
+  if ((family == Family::mistral || family == Family::llama) && tok.bos_id() && tok.eos_id())
+    return ChatFormat::mistral;
   if (why)
     *why = cat("cannot tell the chat format of ", tok.describe(), " (", family_name(family),
                " family): it has neither <|im_start|>/<|im_end|> (chatml) nor the Llama-3 header tokens, and ",
@@ -122,8 +129,9 @@ std::string ChatTemplate::render(std::span<const ChatMessage> msgs, std::vector<
     for (size_t k = 0; i < msgs.size(); ++i, ++k) {
       const ChatRole want = k % 2 == 0 ? ChatRole::user : ChatRole::assistant;
       if (msgs[i].role != want)
-        return cat("message ", i + 1, " is a ", chat_role_name(msgs[i].role), " message where the mistral format needs ",
-                   chat_role_name(want), " (a system message only first, then user and assistant alternating)");
+        return cat("message ", i + 1, " is a ", chat_role_name(msgs[i].role),
+                   " message where the mistral format needs ", chat_role_name(want),
+                   " (a system message only first, then user and assistant alternating)");
       if (want == ChatRole::user) {
         const std::string user = k == 0 && !system.empty() ? system + "\n\n" + msgs[i].content : msgs[i].content;
         encode_append("[INST] " + user + " [/INST]", ids, trained, 0);

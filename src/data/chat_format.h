@@ -57,8 +57,7 @@ class ChatTemplate {
   // per id). Returns "" or a message saying why the conversation cannot be
   // rendered in this format (mistral: system only first, then user and
   // assistant alternating, starting with user).
-  std::string render(std::span<const ChatMessage> msgs, std::vector<int32_t>& ids,
-                     std::vector<uint8_t>& trained) const;
+  std::string render(std::span<const ChatMessage> msgs, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) const;
   // A generation prompt: user_text as the only user turn, then the opening of
   // the assistant turn (ChatML: "<|im_start|>assistant\n").
   std::vector<int32_t> render_prompt(std::string_view user_text) const;
@@ -73,7 +72,7 @@ class ChatTemplate {
 
   const Tokenizer& tok_;
   ChatFormat format_;
-  int32_t begin_ = -1;       // chatml <|im_start|>, llama3 <|begin_of_text|>, mistral BOS (-1: none)
+  int32_t begin_ = -1;  // chatml <|im_start|>, llama3 <|begin_of_text|>, mistral BOS (-1: none)
   int32_t header_open_ = -1, header_close_ = -1;  // llama3 <|start_header_id|>, <|end_header_id|>
   int32_t end_of_turn_ = -1;
 };

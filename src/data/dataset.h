@@ -48,7 +48,7 @@ struct DatasetOptions {
   int64_t seq_len = 0;        // T >= 1
   double val_fraction = 0.1;  // in [0, 1); 0 = no validation part
   uint64_t seed = 0;
-  uint64_t vocab_size = 0;    // > 0: refuse ids >= vocab_size at construction
+  uint64_t vocab_size = 0;  // > 0: refuse ids >= vocab_size at construction
 };
 
 // A permutation of [0, n): Fisher-Yates driven by std::mt19937_64 seeded with

@@ -49,8 +49,9 @@ class CacheWriter {
     }
     path_ = path_join(dir, "ramtrain-data-XXXXXX");
     const int fd = ::mkstemp(path_.data());
-    if (fd < 0) fail("[data] cannot create a temporary file in ", dir, " for the encoded examples: ", std::strerror(errno),
-                     " (set TMPDIR to a writable directory)");
+    if (fd < 0)
+      fail("[data] cannot create a temporary file in ", dir, " for the encoded examples: ", std::strerror(errno),
+           " (set TMPDIR to a writable directory)");
     f_ = ::fdopen(fd, "wb");
     RT_CHECK(f_, "[data] fdopen failed for ", path_);
     std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
@@ -64,7 +65,8 @@ class CacheWriter {
 
   void write(const uint32_t* p, size_t n) {
     if (std::fwrite(p, 4, n, f_) != n)
-      fail("[data] writing the encoded examples to ", path_, " failed: ", std::strerror(errno), " (disk full? set TMPDIR)");
+      fail("[data] writing the encoded examples to ", path_, " failed: ", std::strerror(errno),
+           " (disk full? set TMPDIR)");
   }
   // Closes the file, maps it and removes its name (the mapping keeps the data).
   MappedFile finish() {
@@ -114,13 +116,14 @@ FinetuneDataset::FinetuneDataset(const std::vector<std::string>& files, const Ex
       size_t b = 0;
       for (size_t k = 1; k <= ids.size(); ++k) {
         if (k < ids.size() && !(trained[k] & ExampleEncoder::example_start)) continue;
-        add_example(std::span<const int32_t>(ids).subspan(b, k - b), std::span<const uint8_t>(trained).subspan(b, k - b));
+        add_example(std::span<const int32_t>(ids).subspan(b, k - b),
+                    std::span<const uint8_t>(trained).subspan(b, k - b));
         b = k;
       }
     };
     ExampleEncoder const* e = &enc;
-    stats_.records =
-        records_for_each(files, opt.records, [e](const RecordPiece& p, EncodedPiece& out) { e->encode(p, out); }, sink);
+    stats_.records = records_for_each(
+        files, opt.records, [e](const RecordPiece& p, EncodedPiece& out) { e->encode(p, out); }, sink);
   });
 }
 
@@ -341,8 +344,10 @@ std::vector<Batch> FinetuneDataset::val_batches(int64_t B, int64_t max_batches) 
     Batch b = make_batch(B);  // rows past the last validation row stay padding: no targets, no loss
     for (int64_t r = 0; r < B; ++r) {
       const uint64_t row = r0 + static_cast<uint64_t>(r);
-      if (r < rows) fill_row(val_order_.data() + val_row_begin_[row], val_row_begin_[row + 1] - val_row_begin_[row], r, b);
-      else fill_row(nullptr, 0, r, b);
+      if (r < rows)
+        fill_row(val_order_.data() + val_row_begin_[row], val_row_begin_[row + 1] - val_row_begin_[row], r, b);
+      else
+        fill_row(nullptr, 0, r, b);
     }
     out.push_back(std::move(b));
   }
@@ -360,8 +365,7 @@ std::string FinetuneStats::summary() const {
   if (dropped_too_short) s += cat("; dropped ", dropped_too_short, " with fewer than 2 tokens");
   if (dropped_untrained) s += cat("; dropped ", dropped_untrained, " with no trained token (after truncation)");
   s += "\n";
-  s += cat("train: ", tokens, " predicted tokens, ", trained_tokens, " with loss, in ", rows_epoch0,
-           " rows (epoch 0)");
+  s += cat("train: ", tokens, " predicted tokens, ", trained_tokens, " with loss, in ", rows_epoch0, " rows (epoch 0)");
   if (val_examples) s += cat("; validation: ", val_tokens, " predicted tokens in ", val_rows, " rows");
   return s;
 }

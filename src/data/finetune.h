@@ -120,7 +120,7 @@ struct FinetuneOptions {
 
 struct FinetuneStats {
   RecordStats records;
-  uint64_t examples = 0;                 // kept (train + validation)
+  uint64_t examples = 0;  // kept (train + validation)
   uint64_t val_examples = 0;
   uint64_t truncated = 0, truncated_tokens = 0;  // keep_start: examples cut, tokens cut off
   uint64_t split = 0, split_windows = 0;         // split: examples cut, windows made

@@ -19,7 +19,10 @@ namespace rt {
 
 ExampleEncoder::ExampleEncoder(const Tokenizer& tok, const ChatTemplate* chat, std::string no_chat_reason,
                                bool text_only, bool with_masks)
-    : tok_(tok), chat_(chat), no_chat_reason_(std::move(no_chat_reason)), text_only_(text_only),
+    : tok_(tok),
+      chat_(chat),
+      no_chat_reason_(std::move(no_chat_reason)),
+      text_only_(text_only),
       with_masks_(with_masks) {
   // The template's prefix and suffix: encode(x, true) = prefix + encode(x, false) + suffix.
   const std::vector<int32_t> full = tok.encode("a", true), bare = tok.encode("a", false);
@@ -114,7 +117,8 @@ void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::ordered_j
   ojson tools = nullptr;
   if (j.contains("tools") && !j["tools"].is_null()) {
     if (!j["tools"].is_array()) {
-      out.set_bad("wrong field type", cat(p.where(), ": \"tools\" must be an array of tool schemas, got ", json_type(j["tools"])));
+      out.set_bad("wrong field type",
+                  cat(p.where(), ": \"tools\" must be an array of tool schemas, got ", json_type(j["tools"])));
       return;
     }
     tools = j["tools"];
@@ -133,13 +137,14 @@ void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::ordered_j
     const ojson& m = j[sharegpt ? "conversations" : "messages"];
     const char* field = sharegpt ? "\"conversations\"" : "\"messages\"";
     if (!m.is_array()) {
-      out.set_bad("wrong field type", cat(p.where(), ": ", field, " must be an array of ",
-                                          sharegpt ? "{\"from\", \"value\"}" : "{\"role\", \"content\"}", " objects, got ",
-                                          json_type(m)));
+      out.set_bad("wrong field type",
+                  cat(p.where(), ": ", field, " must be an array of ",
+                      sharegpt ? "{\"from\", \"value\"}" : "{\"role\", \"content\"}", " objects, got ", json_type(m)));
       return;
     }
     if (m.empty()) {
-      out.set_bad("empty conversation", cat(p.where(), ": empty conversation (", field, " is []): nothing to train on"));
+      out.set_bad("empty conversation",
+                  cat(p.where(), ": empty conversation (", field, " is []): nothing to train on"));
       return;
     }
     if (sharegpt && j.contains("system")) {
@@ -186,11 +191,11 @@ void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::ordered_j
       if (!field_string(x, "role", role, true, p, out, what)) return;
       auto r = chat_role_parse(role);
       if (!r || x.contains("tool_calls")) {
-        out.set_bad("unknown role",
-                    cat(p.where(), ": ", what, " has ", r ? "tool_calls" : cat("unknown role \"", quote_input(role), "\""),
-                        "; the roles are system, user and assistant (the built-in chat format ",
-                        chat_format_name(chat_->format()),
-                        "; a model dir with a chat_template renders tool roles and tool calls)"));
+        out.set_bad("unknown role", cat(p.where(), ": ", what, " has ",
+                                        r ? "tool_calls" : cat("unknown role \"", quote_input(role), "\""),
+                                        "; the roles are system, user and assistant (the built-in chat format ",
+                                        chat_format_name(chat_->format()),
+                                        "; a model dir with a chat_template renders tool roles and tool calls)"));
         return;
       }
       if (!field_string(x, "content", content, true, p, out, what)) return;
@@ -200,7 +205,8 @@ void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::ordered_j
   bool any_assistant = false;
   for (const auto& x : msgs) any_assistant |= x.value("role", "") == "assistant";
   if (!any_assistant) {
-    out.set_bad("no assistant message", cat(p.where(), ": the conversation has no assistant message: nothing to train on"));
+    out.set_bad("no assistant message",
+                cat(p.where(), ": the conversation has no assistant message: nothing to train on"));
     return;
   }
   if (hf_) return encode_hf(p, msgs, tools, out);
@@ -266,8 +272,9 @@ void ExampleEncoder::encode(const RecordPiece& p, EncodedPiece& out) const {
     if (!field_string(j, "completion", completion, true, p, out, "the prompt/completion record")) return;
     if (text_only_) {
       out.set_bad("prompt-completion record",
-                  cat(p.where(), ": a prompt/completion record, but tokenize writes plain token streams, which cannot "
-                                 "keep its loss mask; give the .jsonl to `ramtrain train --data` instead"));
+                  cat(p.where(),
+                      ": a prompt/completion record, but tokenize writes plain token streams, which cannot "
+                      "keep its loss mask; give the .jsonl to `ramtrain train --data` instead"));
       return;
     }
     // prefix (e.g. BOS) + prompt untrained, completion + suffix + EOS trained
@@ -297,9 +304,10 @@ void ExampleEncoder::encode(const RecordPiece& p, EncodedPiece& out) const {
   }
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += cat(keys.empty() ? "" : ", ", "\"", it.key(), "\"");
-  out.set_bad("missing field",
-              cat(p.where(), ": the record has no \"text\", \"messages\", \"conversations\", \"instruction\"/\"output\" ",
-                  "or \"prompt\"/\"completion\" field (its fields: ", keys.empty() ? "none" : quote_input(keys), ")"));
+  out.set_bad(
+      "missing field",
+      cat(p.where(), ": the record has no \"text\", \"messages\", \"conversations\", \"instruction\"/\"output\" ",
+          "or \"prompt\"/\"completion\" field (its fields: ", keys.empty() ? "none" : quote_input(keys), ")"));
 }
 
 }  // namespace rt

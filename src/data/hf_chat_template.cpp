@@ -52,10 +52,12 @@ std::optional<HfChatTemplate> hf_chat_template_find(const std::string& model_dir
     for (const char* k : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
       if (!cfg.contains(k)) continue;
       const auto& v = cfg[k];
-      if (v.is_string()) t.specials.set(k, jinja::Value::string(v.get<std::string>()));
+      if (v.is_string())
+        t.specials.set(k, jinja::Value::string(v.get<std::string>()));
       else if (v.is_object() && v.contains("content") && v["content"].is_string())
         t.specials.set(k, jinja::Value::string(v["content"].get<std::string>()));
-      else if (v.is_null()) t.specials.set(k, jinja::Value::none());
+      else if (v.is_null())
+        t.specials.set(k, jinja::Value::none());
     }
   }
   if (auto text = read_text(model_dir + "/chat_template.jinja")) {

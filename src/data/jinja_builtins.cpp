@@ -110,9 +110,12 @@ std::string py_case(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 ti
     char& c = out[k];
     const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
     bool up = false;
-    if (mode == 1) up = true;
-    else if (mode == 2) up = !prev_cased;
-    else if (mode == 3) up = k == 0;
+    if (mode == 1)
+      up = true;
+    else if (mode == 2)
+      up = !prev_cased;
+    else if (mode == 3)
+      up = k == 0;
     if (alpha) c = up ? char(c & ~0x20) : char(c | 0x20);
     prev_cased = alpha || (static_cast<unsigned char>(c) >= 0x80);  // non-ASCII letters count as cased
   }
@@ -122,7 +125,8 @@ std::string py_case(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 ti
 static bool starts_or_ends(const std::string& s, const Value& arg, bool start) {
   auto one = [&](const Value& p) {
     const std::string& x = need_str(p, start ? "startswith" : "endswith");
-    return x.size() <= s.size() && (start ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0);
+    return x.size() <= s.size() &&
+           (start ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0);
   };
   if (arg.is_array()) {
     for (const Value& p : *arg.arr)
@@ -142,7 +146,8 @@ static Value str_method(const std::string& s, const std::string& name, CallArgs&
     const Value m = a.get(1, "maxsplit", Value::integer(-1));
     return Value::array(py_split(s, a.get(0, "sep", Value::none()), need_int(m, "split")));
   }
-  if (name == "rsplit" && a.pos.size() + a.kw.size() <= 1) return Value::array(py_split(s, a.get(0, "sep", Value::none()), -1));
+  if (name == "rsplit" && a.pos.size() + a.kw.size() <= 1)
+    return Value::array(py_split(s, a.get(0, "sep", Value::none()), -1));
   if (name == "splitlines") {
     Array out;
     size_t k = 0;
@@ -200,10 +205,10 @@ static Value str_method(const std::string& s, const std::string& name, CallArgs&
 }
 
 static bool is_str_method(const std::string& n) {
-  static const char* const names[] = {"startswith", "endswith", "strip", "lstrip", "rstrip", "split", "rsplit",
-                                      "splitlines", "lower", "upper", "title", "capitalize", "replace", "find",
-                                      "rfind", "index", "count", "join", "isdigit", "isalpha", "isalnum", "isspace",
-                                      "islower", "isupper"};
+  static const char* const names[] = {"startswith", "endswith",   "strip",   "lstrip",  "rstrip",  "split",
+                                      "rsplit",     "splitlines", "lower",   "upper",   "title",   "capitalize",
+                                      "replace",    "find",       "rfind",   "index",   "count",   "join",
+                                      "isdigit",    "isalpha",    "isalnum", "isspace", "islower", "isupper"};
   return std::find_if(std::begin(names), std::end(names), [&](const char* x) { return n == x; }) != std::end(names);
 }
 
@@ -247,11 +252,16 @@ static Value str_bound(const Value& self, const std::string& name, CallArgs& a) 
 
 int64_t length_of(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::string: return int64_t(utf8_length(v.s));
-    case Value::Kind::array: return int64_t(v.arr->size());
-    case Value::Kind::object: return int64_t(v.obj->items.size());
-    case Value::Kind::undefined: return 0;
-    default: type_fail("length", v);
+    case Value::Kind::string:
+      return int64_t(utf8_length(v.s));
+    case Value::Kind::array:
+      return int64_t(v.arr->size());
+    case Value::Kind::object:
+      return int64_t(v.obj->items.size());
+    case Value::Kind::undefined:
+      return 0;
+    default:
+      type_fail("length", v);
   }
 }
 
@@ -295,12 +305,23 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -308,8 +329,10 @@ std::string html_escape(const std::string& s) {
 
 Array iterate(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::undefined: return {};
-    case Value::Kind::array: return *v.arr;
+    case Value::Kind::undefined:
+      return {};
+    case Value::Kind::array:
+      return *v.arr;
     case Value::Kind::object: {
       Array keys;
       for (const auto& [k, x] : v.obj->items) keys.push_back(Value::string(k));
@@ -321,7 +344,8 @@ Array iterate(const Value& v) {
       for (size_t k = 0; k < cps.size(); ++k) chars.push_back(Value::string(utf8_encode(cps, k, k + 1)));
       return chars;
     }
-    default: throw std::runtime_error(std::string("'") + kind_name(v) + "' object is not iterable");
+    default:
+      throw std::runtime_error(std::string("'") + kind_name(v) + "' object is not iterable");
   }
 }
 
@@ -339,7 +363,8 @@ Value attr_get(const Value& obj, const std::string& name) {
     case Value::Kind::array:
       if (name == "index" || name == "count") return bound(obj, name, list_method);
       break;
-    default: break;
+    default:
+      break;
   }
   std::string msg = "'";
   msg.append(kind_name(obj)).append(" object' has no attribute '").append(name).append("'");
@@ -427,7 +452,9 @@ Value binary_apply(const std::string& op, const Value& a, const Value& b) {
   }
   if (a.is_undefined() || b.is_undefined()) {
     const Value& u = a.is_undefined() ? a : b;
-    throw std::runtime_error(u.s.empty() ? "value is undefined" : u.s.front() == '\'' ? u.s : "'" + u.s + "' is undefined");
+    throw std::runtime_error(u.s.empty()           ? "value is undefined"
+                             : u.s.front() == '\'' ? u.s
+                                                   : "'" + u.s + "' is undefined");
   }
   if (op == "+") {
     if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
@@ -524,12 +551,13 @@ bool test_apply(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "false") return v.kind == K::boolean && !v.b;
   if (name == "mapping") return v.is_object() && !v.obj->is_namespace;
   if (name == "iterable") return v.is_string() || v.is_array() || v.is_object() || v.is_undefined();
-  if (name == "sequence") return v.is_string() || v.is_array() || (v.is_object() && !v.obj->is_namespace) || v.is_undefined();
+  if (name == "sequence")
+    return v.is_string() || v.is_array() || (v.is_object() && !v.obj->is_namespace) || v.is_undefined();
   if (name == "callable") return v.is_function();
   if (name == "lower") return v.is_string() && py_case(v.s, 0) == v.s;
   if (name == "upper") return v.is_string() && py_case(v.s, 1) == v.s;
-  if (name == "odd" || name == "even") return need_int(v, name.c_str()) % 2 == (name == "odd" ? 1 : 0) ||
-                                              (name == "odd" && need_int(v, "odd") % 2 == -1);
+  if (name == "odd" || name == "even")
+    return need_int(v, name.c_str()) % 2 == (name == "odd" ? 1 : 0) || (name == "odd" && need_int(v, "odd") % 2 == -1);
   if (name == "divisibleby") {
     const int64_t x = need_int(v, "divisibleby"), d = need_int(a.get(0, "num"), "divisibleby");
     if (d == 0) throw std::runtime_error("divisibleby(0): integer division or modulo by zero");

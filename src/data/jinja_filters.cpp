@@ -22,8 +22,8 @@ Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
     int indent = -1;
     if (ind.is_string()) throw std::runtime_error("tojson: string indent is not supported");
     if (!ind.is_none()) indent = int(std::max<int64_t>(0, need_int(ind, "tojson indent")));
-    return Value::string(to_json(v, indent, truthy(ea), truthy(sk), sep.is_none() ? nullptr : &s1,
-                                 sep.is_none() ? nullptr : &s2));
+    return Value::string(
+        to_json(v, indent, truthy(ea), truthy(sk), sep.is_none() ? nullptr : &s1, sep.is_none() ? nullptr : &s2));
   }
   if (name == "trim") return Value::string(py_strip(need_str(v, "trim"), a.get(0, "chars", Value::none()), true, true));
   if (name == "length" || name == "count") return Value::integer(length_of(v));
@@ -56,8 +56,9 @@ Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "dictsort") {
     if (!v.is_object()) type_fail("dictsort", v);
     Value items = items_of(*v.obj);
-    std::stable_sort(items.arr->begin(), items.arr->end(),
-                     [](const Value& x, const Value& y) { return py_case((*x.arr)[0].s, 0) < py_case((*y.arr)[0].s, 0); });
+    std::stable_sort(items.arr->begin(), items.arr->end(), [](const Value& x, const Value& y) {
+      return py_case((*x.arr)[0].s, 0) < py_case((*y.arr)[0].s, 0);
+    });
     return items;
   }
   if (name == "list") return Value::array(iterate(v));
@@ -116,15 +117,17 @@ Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
     return Value::floating(r / scale);
   }
   if (name == "replace") {
-    return Value::string(py_replace(to_str(v), to_str(a.get(0, "old")), to_str(a.get(1, "new")),
-                                    a.get(2, "count", Value::none()).is_none() ? -1 : need_int(a.get(2, "count"), "replace")));
+    return Value::string(
+        py_replace(to_str(v), to_str(a.get(0, "old")), to_str(a.get(1, "new")),
+                   a.get(2, "count", Value::none()).is_none() ? -1 : need_int(a.get(2, "count"), "replace")));
   }
   if (name == "wordcount") return Value::integer(int64_t(py_split(to_str(v), Value::none(), -1).size()));
   if (name == "indent") {
     const Value w = a.get(0, "width", Value::integer(4));
     const std::string pad =
         w.is_string() ? w.s : std::string(size_t(std::clamp<int64_t>(need_int(w, "indent"), 0, 1000)), ' ');
-    const bool first = truthy(a.get(1, "first", Value::boolean(false))), blank = truthy(a.get(2, "blank", Value::boolean(false)));
+    const bool first = truthy(a.get(1, "first", Value::boolean(false))),
+               blank = truthy(a.get(2, "blank", Value::boolean(false)));
     const std::string s = to_str(v);
     std::string out;
     size_t k = 0;
@@ -173,9 +176,8 @@ Value filter_apply(const std::string& name, const Value& v, CallArgs& a) {
     const Value attr = a.get(2, "attribute", Value::none());
     Array items = iterate(v);
     auto key = [&](const Value& x) { return attr.is_none() ? x : attr_path(x, to_str(attr)); };
-    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      return rev ? less(key(y), key(x)) : less(key(x), key(y));
-    });
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const Value& x, const Value& y) { return rev ? less(key(y), key(x)) : less(key(x), key(y)); });
     return Value::array(std::move(items));
   }
   if (name == "min" || name == "max") {

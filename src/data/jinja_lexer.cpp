@@ -50,24 +50,52 @@ std::string unescape(const std::string& src, size_t begin, size_t end) {
       return v;
     };
     switch (c) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'v': out += '\v'; break;
-      case '\n': break;
-      case 'x': out += utf8_encode({hex(2)}, 0, 1); break;
-      case 'u': out += utf8_encode({hex(4)}, 0, 1); break;
-      case 'U': out += utf8_encode({hex(8)}, 0, 1); break;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'v':
+        out += '\v';
+        break;
+      case '\n':
+        break;
+      case 'x':
+        out += utf8_encode({hex(2)}, 0, 1);
+        break;
+      case 'u':
+        out += utf8_encode({hex(4)}, 0, 1);
+        break;
+      case 'U':
+        out += utf8_encode({hex(8)}, 0, 1);
+        break;
       default:
         if (c >= '0' && c <= '7') {
           uint32_t v = uint32_t(c - '0');
-          for (int m = 0; m < 2 && k + 1 < end && src[k + 1] >= '0' && src[k + 1] <= '7'; ++m) v = v * 8 + uint32_t(src[++k] - '0');
+          for (int m = 0; m < 2 && k + 1 < end && src[k + 1] >= '0' && src[k + 1] <= '7'; ++m)
+            v = v * 8 + uint32_t(src[++k] - '0');
           out += utf8_encode({v}, 0, 1);
         } else {
           out += '\\';
@@ -78,8 +106,8 @@ std::string unescape(const std::string& src, size_t begin, size_t end) {
   return out;
 }
 
-const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
-                            "=",  ".",  ",",  ":",  "|",  "(",  ")", "[", "]", "{", "}"};
+const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
+                            ">",  "=",  ".",  ",",  ":",  "|",  "(", ")", "[", "]", "{", "}"};
 
 // Tokens of one tag from pos (just past "{{" / "{%" and its sign) up to its
 // end; returns the offset just past the end marker and the trailing whitespace it eats.

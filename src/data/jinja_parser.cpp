@@ -32,10 +32,14 @@ class Parser {
   }
   std::string got() const {
     switch (cur().type) {
-      case Tok::eof: return ", got the end of the template";
-      case Tok::block_end: return ", got the end of the tag";
-      case Tok::var_end: return ", got '}}'";
-      default: return ", got '" + cur().text + "'";
+      case Tok::eof:
+        return ", got the end of the template";
+      case Tok::block_end:
+        return ", got the end of the tag";
+      case Tok::var_end:
+        return ", got '}}'";
+      default:
+        return ", got '" + cur().text + "'";
     }
   }
   std::string expect_name() {
@@ -290,9 +294,8 @@ class Parser {
     ExprPtr e = parse_math1();
     while (true) {
       const size_t pos = cur().pos;
-      if (cur().type == Tok::op &&
-          (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == "<=" || cur().text == ">" ||
-           cur().text == ">=")) {
+      if (cur().type == Tok::op && (cur().text == "==" || cur().text == "!=" || cur().text == "<" ||
+                                    cur().text == "<=" || cur().text == ">" || cur().text == ">=")) {
         const std::string op = next().text;
         e = binary(op, std::move(e), parse_math1(), pos);
       } else if (is_name("in")) {
@@ -360,9 +363,12 @@ class Parser {
       case Tok::name: {
         ++i_;
         auto e = make(Expr::Kind::literal, tk.pos);
-        if (tk.text == "true" || tk.text == "True") e->value = Value::boolean(true);
-        else if (tk.text == "false" || tk.text == "False") e->value = Value::boolean(false);
-        else if (tk.text == "none" || tk.text == "None") e->value = Value::none();
+        if (tk.text == "true" || tk.text == "True")
+          e->value = Value::boolean(true);
+        else if (tk.text == "false" || tk.text == "False")
+          e->value = Value::boolean(false);
+        else if (tk.text == "none" || tk.text == "None")
+          e->value = Value::none();
         else {
           e->kind = Expr::Kind::name;
           e->name = tk.text;
@@ -441,7 +447,8 @@ class Parser {
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
     fail("unexpected token" + got().substr(5));
   }

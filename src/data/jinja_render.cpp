@@ -55,13 +55,19 @@ class Interp {
   Flow exec_one(const Stmt& s, std::string& out) {
     try {
       switch (s.kind) {
-        case Stmt::Kind::text: out += s.text; return Flow::normal;
-        case Stmt::Kind::output: out += to_str(eval(*s.expr)); return Flow::normal;
+        case Stmt::Kind::text:
+          out += s.text;
+          return Flow::normal;
+        case Stmt::Kind::output:
+          out += to_str(eval(*s.expr));
+          return Flow::normal;
         case Stmt::Kind::if_chain:
           for (const auto& [cond, body] : s.branches)
             if (!cond || truthy(eval(*cond))) return exec(body, out);
           return Flow::normal;
-        case Stmt::Kind::for_loop: exec_for(s, out); return Flow::normal;
+        case Stmt::Kind::for_loop:
+          exec_for(s, out);
+          return Flow::normal;
         case Stmt::Kind::set: {
           const Value v = eval(*s.expr);
           if (s.target_obj) {
@@ -81,10 +87,15 @@ class Interp {
           scopes_.back()->set(s.targets[0], Value::string(std::move(captured)));
           return Flow::normal;
         }
-        case Stmt::Kind::macro: scopes_.back()->set(s.name, make_macro(s)); return Flow::normal;
-        case Stmt::Kind::brk: return Flow::brk;
-        case Stmt::Kind::cont: return Flow::cont;
-        case Stmt::Kind::generation: return exec(s.body, out);
+        case Stmt::Kind::macro:
+          scopes_.back()->set(s.name, make_macro(s));
+          return Flow::normal;
+        case Stmt::Kind::brk:
+          return Flow::brk;
+        case Stmt::Kind::cont:
+          return Flow::cont;
+        case Stmt::Kind::generation:
+          return exec(s.body, out);
       }
     } catch (const PositionedError&) {
       throw;
@@ -200,7 +211,9 @@ class Interp {
   }
 
   [[noreturn]] static void undefined_fail(const Value& v) {
-    throw std::runtime_error(v.s.empty() ? "value is undefined" : v.s.front() == '\'' ? v.s : "'" + v.s + "' is undefined");
+    throw std::runtime_error(v.s.empty()           ? "value is undefined"
+                             : v.s.front() == '\'' ? v.s
+                                                   : "'" + v.s + "' is undefined");
   }
 
   Value eval(const Expr& e) {
@@ -215,8 +228,10 @@ class Interp {
 
   Value eval_inner(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::literal: return e.value;
-      case Expr::Kind::name: return lookup(e.name);
+      case Expr::Kind::literal:
+        return e.value;
+      case Expr::Kind::name:
+        return lookup(e.name);
       case Expr::Kind::attr: {
         const Value obj = eval(*e.a);
         if (obj.is_undefined()) undefined_fail(obj);
@@ -322,7 +337,8 @@ Template::Template(Template&&) noexcept = default;
 
 std::string Template::render(const Object& vars) const {
   auto globals = std::make_shared<Object>();
-  add_globals(*globals, clock_ ? clock_ : [] { return std::time(nullptr); });
+  add_globals(
+      *globals, clock_ ? clock_ : [] { return std::time(nullptr); });
   Interp interp(globals);
   // the template's variables live in a scope above the globals, as in jinja2's context
   interp.push_scope(std::make_shared<Object>(vars));

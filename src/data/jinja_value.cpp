@@ -45,15 +45,20 @@ Value Value::function(NativeFn f) {
 
 Value Value::from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return none();
-    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       return u > uint64_t(INT64_MAX) ? floating(double(u)) : integer(int64_t(u));
     }
-    case nlohmann::ordered_json::value_t::number_float: return floating(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Array a;
       a.reserve(j.size());
@@ -65,7 +70,8 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
       for (const auto& [k, e] : j.items()) o.items.emplace_back(k, from_json(e));
       return object(std::move(o));
     }
-    default: return none();
+    default:
+      return none();
   }
 }
 
@@ -78,15 +84,24 @@ Value CallArgs::get(size_t idx, const char* name, Value def) const {
 
 const char* kind_name(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::undefined: return "Undefined";
-    case Value::Kind::none: return "NoneType";
-    case Value::Kind::boolean: return "bool";
-    case Value::Kind::integer: return "int";
-    case Value::Kind::floating: return "float";
-    case Value::Kind::string: return "str";
-    case Value::Kind::array: return "list";
-    case Value::Kind::object: return v.obj->is_namespace ? "Namespace" : "dict";
-    case Value::Kind::function: return "function";
+    case Value::Kind::undefined:
+      return "Undefined";
+    case Value::Kind::none:
+      return "NoneType";
+    case Value::Kind::boolean:
+      return "bool";
+    case Value::Kind::integer:
+      return "int";
+    case Value::Kind::floating:
+      return "float";
+    case Value::Kind::string:
+      return "str";
+    case Value::Kind::array:
+      return "list";
+    case Value::Kind::object:
+      return v.obj->is_namespace ? "Namespace" : "dict";
+    case Value::Kind::function:
+      return "function";
   }
   return "?";
 }
@@ -94,14 +109,22 @@ const char* kind_name(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Value::Kind::undefined:
-    case Value::Kind::none: return false;
-    case Value::Kind::boolean: return v.b;
-    case Value::Kind::integer: return v.i != 0;
-    case Value::Kind::floating: return v.f != 0;
-    case Value::Kind::string: return !v.s.empty();
-    case Value::Kind::array: return !v.arr->empty();
-    case Value::Kind::object: return v.obj->is_namespace || !v.obj->items.empty();
-    case Value::Kind::function: return true;
+    case Value::Kind::none:
+      return false;
+    case Value::Kind::boolean:
+      return v.b;
+    case Value::Kind::integer:
+      return v.i != 0;
+    case Value::Kind::floating:
+      return v.f != 0;
+    case Value::Kind::string:
+      return !v.s.empty();
+    case Value::Kind::array:
+      return !v.arr->empty();
+    case Value::Kind::object:
+      return v.obj->is_namespace || !v.obj->items.empty();
+    case Value::Kind::function:
+      return true;
   }
   return false;
 }
@@ -145,16 +168,22 @@ std::string repr_string(const std::string& s) {
   const char q = has_single && !has_double ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += std::string("\\") + char(q);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += std::string("\\") + char(q);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       char b[8];
       std::snprintf(b, sizeof b, "\\x%02x", c);
       out += b;
-    } else out += char(c);
+    } else
+      out += char(c);
   }
   return out + q;
 }
@@ -164,31 +193,60 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
   if (!ensure_ascii) {
     for (unsigned char c : s) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
         default:
           if (c < 0x20) {
             char b[8];
             std::snprintf(b, sizeof b, "\\u%04x", c);
             out += b;
-          } else out += char(c);
+          } else
+            out += char(c);
       }
     }
   } else {
     for (uint32_t c : utf8_decode(s)) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
         default: {
           char b[16];
           if (c >= 0x20 && c < 0x7f) {
@@ -221,15 +279,26 @@ void json_dump(const Value& v, const JsonOpts& o, int depth, std::string& out) {
   };
   switch (v.kind) {
     case Value::Kind::undefined:
-    case Value::Kind::none: out += "null"; return;
-    case Value::Kind::boolean: out += v.b ? "true" : "false"; return;
-    case Value::Kind::integer: out += std::to_string(v.i); return;
-    case Value::Kind::floating:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f < 0 ? "-Infinity" : "Infinity";
-      else out += float_repr(v.f);
+    case Value::Kind::none:
+      out += "null";
       return;
-    case Value::Kind::string: json_string(v.s, o.ensure_ascii, out); return;
+    case Value::Kind::boolean:
+      out += v.b ? "true" : "false";
+      return;
+    case Value::Kind::integer:
+      out += std::to_string(v.i);
+      return;
+    case Value::Kind::floating:
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f < 0 ? "-Infinity" : "Infinity";
+      else
+        out += float_repr(v.f);
+      return;
+    case Value::Kind::string:
+      json_string(v.s, o.ensure_ascii, out);
+      return;
     case Value::Kind::array: {
       if (v.arr->empty()) {
         out += "[]";
@@ -266,7 +335,8 @@ void json_dump(const Value& v, const JsonOpts& o, int depth, std::string& out) {
       out += '}';
       return;
     }
-    case Value::Kind::function: throw std::runtime_error("Object of type function is not JSON serializable");
+    case Value::Kind::function:
+      throw std::runtime_error("Object of type function is not JSON serializable");
   }
 }
 
@@ -274,7 +344,8 @@ void json_dump(const Value& v, const JsonOpts& o, int depth, std::string& out) {
 
 std::string to_repr(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::string: return repr_string(v.s);
+    case Value::Kind::string:
+      return repr_string(v.s);
     case Value::Kind::array: {
       std::string out = "[";
       for (size_t k = 0; k < v.arr->size(); ++k) out += (k ? ", " : "") + to_repr((*v.arr)[k]);
@@ -287,21 +358,30 @@ std::string to_repr(const Value& v) {
         out += (k ? ", " : "") + repr_string(v.obj->items[k].first) + ": " + to_repr(v.obj->items[k].second);
       return out + "}";
     }
-    default: return to_str(v);
+    default:
+      return to_str(v);
   }
 }
 
 std::string to_str(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::undefined: return "";
-    case Value::Kind::none: return "None";
-    case Value::Kind::boolean: return v.b ? "True" : "False";
-    case Value::Kind::integer: return std::to_string(v.i);
-    case Value::Kind::floating: return float_repr(v.f);
-    case Value::Kind::string: return v.s;
+    case Value::Kind::undefined:
+      return "";
+    case Value::Kind::none:
+      return "None";
+    case Value::Kind::boolean:
+      return v.b ? "True" : "False";
+    case Value::Kind::integer:
+      return std::to_string(v.i);
+    case Value::Kind::floating:
+      return float_repr(v.f);
+    case Value::Kind::string:
+      return v.s;
     case Value::Kind::array:
-    case Value::Kind::object: return to_repr(v);
-    case Value::Kind::function: return "<function>";
+    case Value::Kind::object:
+      return to_repr(v);
+    case Value::Kind::function:
+      return "<function>";
   }
   return "";
 }
@@ -315,8 +395,10 @@ bool equals(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::undefined:
-    case Value::Kind::none: return true;
-    case Value::Kind::string: return a.s == b.s;
+    case Value::Kind::none:
+      return true;
+    case Value::Kind::string:
+      return a.s == b.s;
     case Value::Kind::array:
       if (a.arr->size() != b.arr->size()) return false;
       for (size_t k = 0; k < a.arr->size(); ++k)
@@ -331,8 +413,10 @@ bool equals(const Value& a, const Value& b) {
         if (!o || !equals(v, *o)) return false;
       }
       return true;
-    case Value::Kind::function: return a.fn == b.fn;
-    default: return false;
+    case Value::Kind::function:
+      return a.fn == b.fn;
+    default:
+      return false;
   }
 }
 
@@ -361,10 +445,14 @@ std::string to_json(const Value& v, int indent, bool ensure_ascii, bool sort_key
 
 nlohmann::ordered_json to_json_value(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::boolean: return v.b;
-    case Value::Kind::integer: return v.i;
-    case Value::Kind::floating: return v.f;
-    case Value::Kind::string: return v.s;
+    case Value::Kind::boolean:
+      return v.b;
+    case Value::Kind::integer:
+      return v.i;
+    case Value::Kind::floating:
+      return v.f;
+    case Value::Kind::string:
+      return v.s;
     case Value::Kind::array: {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
       for (const Value& e : *v.arr) a.push_back(to_json_value(e));
@@ -375,7 +463,8 @@ nlohmann::ordered_json to_json_value(const Value& v) {
       for (const auto& [k, e] : v.obj->items) o[k] = to_json_value(e);
       return o;
     }
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 

@@ -35,17 +35,45 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;                   // string; undefined: the name that was missing (for errors)
-  std::shared_ptr<Array> arr;      // array
-  std::shared_ptr<Object> obj;     // object
-  std::shared_ptr<NativeFn> fn;    // function
+  std::string s;                 // string; undefined: the name that was missing (for errors)
+  std::shared_ptr<Array> arr;    // array
+  std::shared_ptr<Object> obj;   // object
+  std::shared_ptr<NativeFn> fn;  // function
 
-  static Value undefined(std::string name = "") { Value v; v.s = std::move(name); return v; }
-  static Value none() { Value v; v.kind = Kind::none; return v; }
-  static Value boolean(bool x) { Value v; v.kind = Kind::boolean; v.b = x; return v; }
-  static Value integer(int64_t x) { Value v; v.kind = Kind::integer; v.i = x; return v; }
-  static Value floating(double x) { Value v; v.kind = Kind::floating; v.f = x; return v; }
-  static Value string(std::string x) { Value v; v.kind = Kind::string; v.s = std::move(x); return v; }
+  static Value undefined(std::string name = "") {
+    Value v;
+    v.s = std::move(name);
+    return v;
+  }
+  static Value none() {
+    Value v;
+    v.kind = Kind::none;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = Kind::boolean;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = Kind::integer;
+    v.i = x;
+    return v;
+  }
+  static Value floating(double x) {
+    Value v;
+    v.kind = Kind::floating;
+    v.f = x;
+    return v;
+  }
+  static Value string(std::string x) {
+    Value v;
+    v.kind = Kind::string;
+    v.s = std::move(x);
+    return v;
+  }
   static Value array(Array a = {});
   static Value object(Object o = {});
   static Value function(NativeFn f);
@@ -70,10 +98,10 @@ struct CallArgs {
   Value get(size_t idx, const char* name, Value def = Value::undefined()) const;
 };
 
-const char* kind_name(const Value& v);     // Python's type names: str, int, list, dict, NoneType, ...
+const char* kind_name(const Value& v);  // Python's type names: str, int, list, dict, NoneType, ...
 bool truthy(const Value& v);
-std::string to_str(const Value& v);        // Python str(): what {{ v }} prints
-std::string to_repr(const Value& v);       // Python repr(): how items print inside a list or dict
+std::string to_str(const Value& v);           // Python str(): what {{ v }} prints
+std::string to_repr(const Value& v);          // Python repr(): how items print inside a list or dict
 bool equals(const Value& a, const Value& b);  // Python ==
 // Python <: numbers with numbers, strings with strings, lists elementwise;
 // throws std::runtime_error otherwise.

@@ -35,7 +35,8 @@ LossMaskFile::LossMaskFile(const std::string& path, uint64_t expected_tokens) : 
   const uint8_t* d = map_.data();
   const uint64_t size = map_.size();
   if (size < 16 || std::memcmp(d, kMagic, 8) != 0)
-    fail("[tokens] ", path, ": not a ramtrain loss-mask file (no RTLMASK1 header); remove it or re-run ramtrain tokenize");
+    fail("[tokens] ", path,
+         ": not a ramtrain loss-mask file (no RTLMASK1 header); remove it or re-run ramtrain tokenize");
   uint64_t n = 0;
   for (int k = 0; k < 8; ++k) n |= uint64_t(d[size - 8 + uint64_t(k)]) << (8 * k);
   if (n != size - 16)

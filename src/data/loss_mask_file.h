@@ -24,7 +24,7 @@ class LossMaskWriter {
  public:
   explicit LossMaskWriter(const std::string& path);
   void append(std::span<const uint8_t> flags);  // flags of one document; the first gets mask_doc_start
-  void commit();  // writes the count, then fsync + rename
+  void commit();                                // writes the count, then fsync + rename
   uint64_t count() const { return count_; }
 
  private:

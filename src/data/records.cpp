@@ -27,7 +27,8 @@ DataFormat data_format_parse(const std::string& s) {
 TextSplit text_split_parse(const std::string& s) {
   if (s == "blank-lines") return TextSplit::blank_lines;
   if (s == "file") return TextSplit::file;
-  fail("[data] unknown text split '", s, "': use blank-lines (documents separated by blank lines) or file (one per file)");
+  fail("[data] unknown text split '", s,
+       "': use blank-lines (documents separated by blank lines) or file (one per file)");
 }
 
 BadRecordPolicy bad_record_policy_parse(const std::string& s) {
@@ -195,7 +196,8 @@ class PieceScanner {
       if (size_ >= 3 && data_[0] == 0xEF && data_[1] == 0xBB && data_[2] == 0xBF) pos_ = 3;
       skip_json_space();
       if (pos_ >= size_ || data_[pos_] != '[')
-        fail("[data] ", path, ":", line_, ": a .json data file must hold a JSON array of records ([{...}, {...}]); "
+        fail("[data] ", path, ":", line_,
+             ": a .json data file must hold a JSON array of records ([{...}, {...}]); "
              "for one JSON record per line name the file .jsonl, for plain text pass --data-format text");
       ++pos_;
       in_array_ = true;
@@ -230,12 +232,15 @@ class PieceScanner {
         }
         continue;
       }
-      if (c == '"') in_str = true;
-      else if (c == '[' || c == '{') ++depth;
+      if (c == '"')
+        in_str = true;
+      else if (c == '[' || c == '{')
+        ++depth;
       else if (c == ']' || c == '}') {
         if (depth == 0) break;  // the array's own ']'
         --depth;
-      } else if (c == ',' && depth == 0) break;
+      } else if (c == ',' && depth == 0)
+        break;
     }
     e = pos_;
     while (e > b && (data_[e - 1] == ' ' || data_[e - 1] == '\t' || data_[e - 1] == '\r' || data_[e - 1] == '\n')) --e;
@@ -310,8 +315,9 @@ void utf8_check(const RecordPiece& p, EncodedPiece& out) {
     if (p.bytes[i] == '\n') ++line, line_start = i + 1;
   char byte[8];
   std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned>(static_cast<uint8_t>(p.bytes[bad])));
-  out.set_bad("invalid UTF-8", cat(*p.path, ":", line, ":", bad - line_start + 1, ": invalid UTF-8 (byte ", byte,
-                                   " at file offset ", p.file_offset + bad, "); fix the encoding (e.g. iconv -t UTF-8)"));
+  out.set_bad("invalid UTF-8",
+              cat(*p.path, ":", line, ":", bad - line_start + 1, ": invalid UTF-8 (byte ", byte, " at file offset ",
+                  p.file_offset + bad, "); fix the encoding (e.g. iconv -t UTF-8)"));
 }
 
 // A JSON library error that escapes an encoder (e.g. a number too large for a
@@ -327,8 +333,8 @@ void encode_guarded(const PieceEncoder& encode, const RecordPiece& p, EncodedPie
       what = what.substr(what.find("] ") + 2);
     out = EncodedPiece();
     if (e.id == 406)
-      out.set_bad("number out of range",
-                  cat(p.where(), ": a number is out of range: ", quote_input(what), " (JSON numbers must fit a double)"));
+      out.set_bad("number out of range", cat(p.where(), ": a number is out of range: ", quote_input(what),
+                                             " (JSON numbers must fit a double)"));
     else
       out.set_bad("malformed JSON", cat(p.where(), ": malformed JSON: ", quote_input(what)));
   }
@@ -450,8 +456,8 @@ RecordStats records_for_each(const std::vector<std::string>& files, const Record
           fail("[data] ", bad_message, " (pass --bad-lines skip to skip bad records and count them)");
         ++st.bad[bad_kind];
         if (warned < opt.max_warnings) {
-          std::fprintf(stderr, "%swarning: skipped bad record: %s\n", opt.progress && ::isatty(STDERR_FILENO) ? "\r\033[K" : "",
-                       bad_message.c_str());
+          std::fprintf(stderr, "%swarning: skipped bad record: %s\n",
+                       opt.progress && ::isatty(STDERR_FILENO) ? "\r\033[K" : "", bad_message.c_str());
           if (++warned == opt.max_warnings)
             std::fprintf(stderr, "warning: further bad records are skipped and only counted\n");
         }

@@ -42,8 +42,8 @@ enum class TextSplit { blank_lines, file };
 enum class BadRecordPolicy { abort, skip };
 
 // Parsers for the command-line spellings; each throws "[data] ..." listing the choices.
-DataFormat data_format_parse(const std::string& s);          // auto | text | jsonl
-TextSplit text_split_parse(const std::string& s);            // blank-lines | file
+DataFormat data_format_parse(const std::string& s);             // auto | text | jsonl
+TextSplit text_split_parse(const std::string& s);               // blank-lines | file
 BadRecordPolicy bad_record_policy_parse(const std::string& s);  // abort | skip
 // auto: a name ending in .jsonl is jsonl, anything else is text.
 bool path_is_jsonl(const std::string& path, DataFormat f);
@@ -56,10 +56,10 @@ struct RecordOptions {
   DataFormat format = DataFormat::auto_detect;
   TextSplit text_split = TextSplit::blank_lines;
   BadRecordPolicy bad_records = BadRecordPolicy::abort;
-  uint64_t piece_bytes = 0;   // > 0: cut long text records (see above)
-  bool progress = false;      // progress bar on stderr when it is a terminal
+  uint64_t piece_bytes = 0;  // > 0: cut long text records (see above)
+  bool progress = false;     // progress bar on stderr when it is a terminal
   std::string label = "reading";
-  int max_warnings = 10;      // skipped records printed one by one; the rest only counted
+  int max_warnings = 10;  // skipped records printed one by one; the rest only counted
 };
 
 // What an encoder gets: a whole record, or one piece of a long text record.
@@ -94,7 +94,8 @@ struct RecordStats {
   std::map<std::string, uint64_t> skipped;  // other records skipped, by reason
   double seconds = 0;
   uint64_t bad_total() const;
-  // "120 records (100 chat, 20 instruction) from 2 files (3.1 MB); skipped 3 bad records (2 malformed JSON, 1 unknown role)"
+  // "120 records (100 chat, 20 instruction) from 2 files (3.1 MB); skipped 3 bad records (2 malformed JSON, 1 unknown
+  // role)"
   std::string summary() const;
 };
 

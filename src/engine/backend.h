@@ -16,19 +16,19 @@
 namespace rt {
 
 struct StepStats {
-  double loss_sum = 0;     // sum of token losses over every micro-batch
-  int64_t n_valid = 0;     // predicted tokens
-  double grad_norm = 0;    // global L2 norm before clipping
-  bool applied = false;    // false: loss or norm not finite, no update
+  double loss_sum = 0;   // sum of token losses over every micro-batch
+  int64_t n_valid = 0;   // predicted tokens
+  double grad_norm = 0;  // global L2 norm before clipping
+  bool applied = false;  // false: loss or norm not finite, no update
 };
 
 // Counters of the last completed step, for logs and bench/.
 struct EngineStats {
-  uint64_t device_peak_bytes = 0;   // engine allocations, high-water mark
+  uint64_t device_peak_bytes = 0;  // engine allocations, high-water mark
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
-  double optimizer_seconds = 0;     // CPU AdamW time of the last optimizer phase
+  double optimizer_seconds = 0;  // CPU AdamW time of the last optimizer phase
   int64_t optimizer_params = 0;
-  double compute_busy_seconds = -1; // compute-stream busy time (needs --trace), -1 unknown
+  double compute_busy_seconds = -1;  // compute-stream busy time (needs --trace), -1 unknown
 };
 
 class Backend {
@@ -83,9 +83,8 @@ class Backend {
 // The CPU backend's layer_major (auto = off: it streams nothing) is the twin.
 // mlp_chunk_tokens (CudaOptions::mlp_chunk_tokens): R > 0 runs the MLP in
 // chunks of R tokens; 0 and -1 (auto: nothing to fit here) run it whole.
-std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false,
-                                          int64_t keep_activations = -1, bool layer_major = false,
-                                          int64_t mlp_chunk_tokens = 0);
+std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false, int64_t keep_activations = -1,
+                                          bool layer_major = false, int64_t mlp_chunk_tokens = 0);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
@@ -99,7 +98,7 @@ struct CudaOptions {
   std::string checkpoints = "auto";  // auto | device | host: where block inputs wait for the backward
   std::string grads = "auto";        // auto | device | host: device keeps every gradient until the norm is
                                      // known; host sends each layer's out as it is made (O(1) device memory)
-  std::string trace_path;       // Chrome trace JSON, "" for none
+  std::string trace_path;            // Chrome trace JSON, "" for none
   // Layer-major micro-batches (see make_cpu_backend above): auto | on | off.
   // auto: on when micro_batches > 1, the weights stream (fewer slots than
   // layers) and the embedding is untied. micro_batches: K, the micro-batches

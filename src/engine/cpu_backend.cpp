@@ -38,7 +38,13 @@ class LayerMajorRunner {
  public:
   LayerMajorRunner(CpuOps& ops, const ModelSpec& s, int64_t B, int64_t T, int64_t K, int64_t ce_chunk_rows,
                    int64_t mlp_chunk_tokens)
-      : ops_(ops), s_(s), dm_{B, T, mlp_chunk_tokens}, K_(K), ce_chunk_(ce_chunk_rows), acts_(ops, s, dm_), scratch_(ops, s, dm_) {
+      : ops_(ops),
+        s_(s),
+        dm_{B, T, mlp_chunk_tokens},
+        K_(K),
+        ce_chunk_(ce_chunk_rows),
+        acts_(ops, s, dm_),
+        scratch_(ops, s, dm_) {
     const int64_t N = dm_.N(), C = s_.hidden;
     ckpt_ = ops.alloc<float>(K * (s_.n_layers + 1) * N * C);
     dx_ = ops.alloc<float>(K * N * C);
@@ -95,11 +101,14 @@ class LayerMajorRunner {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk)
-      : state_(s), ops_(s.spec()), delayed_(delayed), keep_(keep), layer_major_(layer_major),
+      : state_(s),
+        ops_(s.spec()),
+        delayed_(delayed),
+        keep_(keep),
+        layer_major_(layer_major),
         mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
-    RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ",
-             mlp_chunk);
+    RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", mlp_chunk);
     state_.set_master_storage(MasterStorage::fp32);  // the forward reads the fp32 master (a no-op unless split)
     state_.ensure_grads();
   }
@@ -123,8 +132,8 @@ class CpuBackend final : public Backend {
     if (layer_major_ && batches.size() > 1) {
       const int64_t K = static_cast<int64_t>(batches.size());
       auto& r = lm_runners_[{batches[0].B, batches[0].T, K}];
-      if (!r) r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256,
-                                                     mlp_chunk_);
+      if (!r)
+        r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256, mlp_chunk_);
       return r->forward_backward(w, g, views.data(), grad_scale, n_valid);
     }
     double sum = 0;
@@ -146,9 +155,10 @@ class CpuBackend final : public Backend {
       keep = std::min(keep, sp.n_layers);
       r = std::make_unique<ModelRunner<CpuOps>>(ops_, sp, B, T, 256, keep, mlp_chunk_);
       if (!logged_keep_) {
-        std::printf("cpu backend: activations of %lld of %lld layers kept from forward to backward (%.1f MiB; the "
-                    "others are recomputed; --keep-activations)\n",
-                    (long long)keep, (long long)sp.n_layers, keep * per_layer / double(1 << 20));
+        std::printf(
+            "cpu backend: activations of %lld of %lld layers kept from forward to backward (%.1f MiB; the "
+            "others are recomputed; --keep-activations)\n",
+            (long long)keep, (long long)sp.n_layers, keep * per_layer / double(1 << 20));
         logged_keep_ = true;
       }
     }
@@ -167,7 +177,7 @@ class CpuBackend final : public Backend {
     double sq = 0;
     for (auto& u : state_.units()) sq += sum_squares(u.grad.p, u.numel);
     st.grad_norm = std::sqrt(sq);
-      const bool ok = std::isfinite(st.loss_sum) && std::isfinite(st.grad_norm);
+    const bool ok = std::isfinite(st.loss_sum) && std::isfinite(st.grad_norm);
     const float coef = ok ? clip_coefficient(st.grad_norm, o.clip) : 0.0f;
     st.applied = ok;
     if (!delayed_) {
@@ -193,10 +203,9 @@ class CpuBackend final : public Backend {
 
   double loss_sum(const Batch& b, int64_t* n_valid) override {
     std::vector<int32_t> pos = positions(b);
-    return runner(b.B, b.T).forward_backward(state_.weights(), nullptr,
-                                             BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data(), batch_doc_start(b)},
-                                             1.0f,
-                                             n_valid);
+    return runner(b.B, b.T).forward_backward(
+        state_.weights(), nullptr,
+        BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data(), batch_doc_start(b)}, 1.0f, n_valid);
   }
 
  private:
@@ -204,7 +213,8 @@ class CpuBackend final : public Backend {
     if (!pending_.has) return;
     auto& units = state_.units();
     if (pending_.apply)
-      for (size_t k = 0; k < units.size(); ++k) update_unit(units[k], pending_.grads[k].data(), pending_.o, pending_.coef, nullptr);
+      for (size_t k = 0; k < units.size(); ++k)
+        update_unit(units[k], pending_.grads[k].data(), pending_.o, pending_.coef, nullptr);
     pending_.has = false;
   }
 

@@ -8,8 +8,9 @@ namespace rt {
 bool cuda_backend_available() { return false; }
 
 std::unique_ptr<Backend> make_cuda_backend(HostState&, int64_t, int64_t, const CudaOptions&) {
-  fail("[cuda] this ramtrain was built without the CUDA backend (RAMTRAIN_CUDA=OFF or no nvcc at build time); "
-       "rebuild with scripts/build.sh release on a machine with the CUDA toolkit, or use --device cpu");
+  fail(
+      "[cuda] this ramtrain was built without the CUDA backend (RAMTRAIN_CUDA=OFF or no nvcc at build time); "
+      "rebuild with scripts/build.sh release on a machine with the CUDA toolkit, or use --device cpu");
 }
 
 }  // namespace rt

@@ -34,18 +34,21 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   RT_CHECK(o.micro_batches >= 1, "[cuda] the micro-batches per step (--grad-accum) must be >= 1, got ",
            o.micro_batches);
   p.micro_batches = o.micro_batches;
-  p.layer_major = o.micro_batches > 1 && (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L &&
-                                                                     !s.tie_embeddings));
+  p.layer_major =
+      o.micro_batches > 1 && (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L && !s.tie_embeddings));
   const uint64_t ckpt_bytes = static_cast<uint64_t>(p.sets()) * (L + 1) * N * s.hidden * 2;
   auto pick = [](const std::string& v, bool big, const char* what) {
-    RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v, "'");
+    RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v,
+             "'");
     return v == "host" || (v == "auto" && big);
   };
   p.host_grads = pick(o.grads, !o.delayed_update && dev_grad_bytes > budget / 3, "grads");
   if (o.delayed_update && p.host_grads)
-    fail("[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads host: with host "
-         "gradients each layer's gradient lands in the host arena the pending update still reads. Drop "
-         "--delayed-update, or use --grads device if ", dev_grad_bytes >> 20, " MiB of fp32 gradients fit");
+    fail(
+        "[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads host: with host "
+        "gradients each layer's gradient lands in the host arena the pending update still reads. Drop "
+        "--delayed-update, or use --grads device if ",
+        dev_grad_bytes >> 20, " MiB of fp32 gradients fit");
   p.host_ckpt = pick(o.checkpoints, ckpt_bytes > budget / 4, "checkpoints");
   p.host_embed = p.host_grads && !s.tie_embeddings;  // a tied table is the LM head too: it stays on the device
   return p;
@@ -127,7 +130,9 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   for (size_t u = 0; u < U; ++u) {
     const bool layer = u >= 1 && u + 1 < U;
     if ((p.place.host_grads && layer) || (p.place.host_embed && u == 0)) continue;
-    add(u == 0 ? "gradients of embed" : u + 1 == U ? "gradients of head" : "gradients of layer." + std::to_string(u - 1),
+    add(u == 0       ? "gradients of embed"
+        : u + 1 == U ? "gradients of head"
+                     : "gradients of layer." + std::to_string(u - 1),
         u64(numel[u]) * 4);
   }
   if (p.place.host_grads) add("layer gradient buffers", u64(numel[1]) * 4, 2);

@@ -73,18 +73,18 @@ struct DevicePlanItem {
 // The op scratch (the largest temporary any op of a step needs) depends on
 // the CUDA kernels; the engine knows it exactly. Default: the LM head's
 // chunk buffers, its largest term, as an estimate.
-using OpScratchBytes = std::function<uint64_t(const ModelSpec&, int64_t micro_batch, int64_t seq_len,
-                                              const CudaOptions&)>;
+using OpScratchBytes =
+    std::function<uint64_t(const ModelSpec&, int64_t micro_batch, int64_t seq_len, const CudaOptions&)>;
 uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o);
 
 struct DevicePlan {
-  CudaOptions options;               // as planned (after fit_device_plan: shrunk)
+  CudaOptions options;  // as planned (after fit_device_plan: shrunk)
   DevicePlacement place;
-  int64_t mlp_chunk_tokens = 0;      // the MLP token chunk the blocks run with (0: unchunked)
-  int64_t kept_layers = 0;           // layers whose activations stay forward to backward
-  uint64_t layer_act_bytes = 0;      // what keeping one more layer costs
+  int64_t mlp_chunk_tokens = 0;  // the MLP token chunk the blocks run with (0: unchunked)
+  int64_t kept_layers = 0;       // layers whose activations stay forward to backward
+  uint64_t layer_act_bytes = 0;  // what keeping one more layer costs
   std::vector<DevicePlanItem> items;
-  uint64_t total = 0;                // sum of items
+  uint64_t total = 0;  // sum of items
   uint64_t budget = 0;
   bool fits() const { return total <= budget; }
   std::vector<std::string> changes;  // fit_device_plan: the shrink steps taken, in order
@@ -97,8 +97,8 @@ struct DevicePlan {
 int64_t plan_mlp_chunk_tokens(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
                               uint64_t available);
 
-DevicePlan plan_device(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
-                       uint64_t budget, const OpScratchBytes& op_scratch = lm_head_scratch_estimate);
+DevicePlan plan_device(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o, uint64_t budget,
+                       const OpScratchBytes& op_scratch = lm_head_scratch_estimate);
 // The plan make_cuda_backend ends with: shrinks o while it does not fit and
 // o.fit allows (the order above); the result may still not fit (fits()).
 DevicePlan fit_device_plan(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,

@@ -20,8 +20,10 @@ std::string json_number(double x) { return std::isfinite(x) ? nlohmann::json(x).
 std::string fmt_duration(double s) {
   char buf[32];
   int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t / 60 % 60));
-  else std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
   return buf;
 }
 
@@ -45,8 +47,10 @@ uint64_t host_rss_bytes() {
 std::string memory_string(uint64_t bytes) {
   char b[32];
   const double gib = static_cast<double>(bytes) / (1ull << 30);
-  if (gib >= 1) std::snprintf(b, sizeof b, "%.2f GiB", gib);
-  else std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  if (gib >= 1)
+    std::snprintf(b, sizeof b, "%.2f GiB", gib);
+  else
+    std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
   return b;
 }
 
@@ -113,12 +117,16 @@ void RunLogger::step(const StepLog& s, int64_t skipped_total, int64_t bad_in_a_r
 void RunLogger::eval(int64_t step, double val_loss, double eval_loss, bool final) {
   clear_progress();
   if (std::isfinite(val_loss)) {
-    if (final) std::printf("final validation loss %.4f after %lld steps\n", val_loss, (long long)step);
-    else std::printf("step %5lld | validation loss %.4f\n", (long long)step, val_loss);
+    if (final)
+      std::printf("final validation loss %.4f after %lld steps\n", val_loss, (long long)step);
+    else
+      std::printf("step %5lld | validation loss %.4f\n", (long long)step, val_loss);
   }
   if (std::isfinite(eval_loss)) {
-    if (final) std::printf("final eval-data loss %.4f (perplexity %.3f)\n", eval_loss, std::exp(eval_loss));
-    else std::printf("step %5lld | eval-data loss %.4f\n", (long long)step, eval_loss);
+    if (final)
+      std::printf("final eval-data loss %.4f (perplexity %.3f)\n", eval_loss, std::exp(eval_loss));
+    else
+      std::printf("step %5lld | eval-data loss %.4f\n", (long long)step, eval_loss);
   }
   std::string body = cat("\"step\": ", step, ", \"val_loss\": ", json_number(val_loss));
   if (std::isfinite(eval_loss)) body += cat(", \"eval_loss\": ", json_number(eval_loss));

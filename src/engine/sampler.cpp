@@ -16,7 +16,8 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
                                    const SampleOptions& opt) {
   const ModelSpec& s = state.spec();
   RT_CHECK(!prompt.empty(), "[sample] the prompt is empty");
-  for (int32_t id : prompt) RT_CHECK(id >= 0 && id < s.vocab, "[sample] prompt id ", id, " is outside the vocab (", s.vocab, ")");
+  for (int32_t id : prompt)
+    RT_CHECK(id >= 0 && id < s.vocab, "[sample] prompt id ", id, " is outside the vocab (", s.vocab, ")");
   CpuOps ops(s);
   ModelWeightsT<float> w = state.weights();
   std::map<int64_t, std::unique_ptr<ModelRunner<CpuOps>>> runners;

@@ -24,6 +24,7 @@ struct SampleOptions {
 };
 
 // Returns only the new ids (the prompt is not repeated).
-std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int32_t>& prompt, const SampleOptions& opt);
+std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int32_t>& prompt,
+                                   const SampleOptions& opt);
 
 }  // namespace rt

@@ -26,9 +26,8 @@ struct CardRow {
   double pcie;
 };
 constexpr CardRow kCards[] = {
-    {"rtx3080", 10, 59.5, kPcieGen4Gbs},  {"rtx3090", 24, 71, kPcieGen4Gbs},
-    {"rtx4090", 24, 165, kPcieGen4Gbs},   {"rtx5090", 32, 209, kPcieGen5Gbs},
-    {"a100-40g", 40, 312, kPcieGen4Gbs},  {"h100", 80, 989, kPcieGen5Gbs},
+    {"rtx3080", 10, 59.5, kPcieGen4Gbs},      {"rtx3090", 24, 71, kPcieGen4Gbs},   {"rtx4090", 24, 165, kPcieGen4Gbs},
+    {"rtx5090", 32, 209, kPcieGen5Gbs},       {"a100-40g", 40, 312, kPcieGen4Gbs}, {"h100", 80, 989, kPcieGen5Gbs},
     {"h200", 141e9 / GiB, 989, kPcieGen5Gbs},  // 141 GB (139 GiB as the driver reports it)
 };
 
@@ -85,8 +84,7 @@ double model_flops_per_token(const ModelSpec& s, int64_t T) {
   // causal attention counted as ramtrain_bench does: 6 L H D T.
   const double n_matmul = static_cast<double>(s.params_per_layer()) * static_cast<double>(s.n_layers) +
                           static_cast<double>(s.vocab) * static_cast<double>(s.hidden);
-  return 6.0 * n_matmul +
-         6.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim) * static_cast<double>(T);
+  return 6.0 * n_matmul + 6.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim) * static_cast<double>(T);
 }
 
 double hardware_flops_per_token(const ModelSpec& s, int64_t T, int64_t recomputed) {

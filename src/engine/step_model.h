@@ -30,10 +30,10 @@
 namespace rt {
 
 struct CardSpec {
-  std::string name;             // "h200", or "custom"
-  uint64_t memory_bytes = 0;    // what the card has
-  double bf16_tflops = 0;       // dense bf16 with fp32 accumulate, datasheet
-  double pcie_gbs = 0;          // practical host<->device GB/s (1e9 B/s)
+  std::string name;           // "h200", or "custom"
+  uint64_t memory_bytes = 0;  // what the card has
+  double bf16_tflops = 0;     // dense bf16 with fp32 accumulate, datasheet
+  double pcie_gbs = 0;        // practical host<->device GB/s (1e9 B/s)
 };
 
 // The cards `ramtrain plan --gpu` knows (datasheet leads, step_model.cpp);
@@ -51,18 +51,18 @@ double hardware_flops_per_token(const ModelSpec& s, int64_t seq_len, int64_t rec
 
 struct StepPrediction {
   double model_flops_per_token = 0, hardware_flops_per_token = 0;
-  double efficiency = 0;        // the share of the datasheet rate the kernels reach (calibrated)
+  double efficiency = 0;  // the share of the datasheet rate the kernels reach (calibrated)
   double compute_s = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
-  double copies_s = 0;          // max(PCIe time, host gradient landing)
-  double landing_s = 0;         // host gradients: the CPU adding them into the arenas
-  double optimizer_s = 0;       // the whole CPU AdamW pass
-  double overlap_s = 0;         // the part of the step it runs under
+  double copies_s = 0;     // max(PCIe time, host gradient landing)
+  double landing_s = 0;    // host gradients: the CPU adding them into the arenas
+  double optimizer_s = 0;  // the whole CPU AdamW pass
+  double overlap_s = 0;    // the part of the step it runs under
   double optimizer_exposed_s = 0;
   double step_s = 0;
   double tokens_per_s = 0, model_tflops = 0;
-  double gpu_idle = 0;          // 1 - compute / step
-  std::string binding;          // "compute", "copies" or "optimizer"
+  double gpu_idle = 0;  // 1 - compute / step
+  std::string binding;  // "compute", "copies" or "optimizer"
 };
 
 // micro_batch x seq_len tokens per micro-batch, plan.place.micro_batches of

@@ -104,8 +104,8 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(opt_.steps >= 1, "[train] --steps must be >= 1");
   RT_CHECK(data_.seq_len() <= state_.spec().max_positions, "[train] --seq-len ", data_.seq_len(),
            " exceeds the model's max_position_embeddings (", state_.spec().max_positions, ")");
-  if (!backend_) backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false,
-                                                opt_.mlp_chunk_tokens);
+  if (!backend_)
+    backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens);
   inject_nan_ = inject_nan_parse();
   run_.seed = opt_.seed;
   for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));
@@ -157,8 +157,10 @@ SaveReport Trainer::save_checkpoint(bool background) {
 void Trainer::report_save(const SaveReport& r, bool started) {
   auto secs = [](double t) {
     char b[32];
-    if (t < 1) std::snprintf(b, sizeof b, "%.2f ms", t * 1e3);
-    else std::snprintf(b, sizeof b, "%.2f s", t);
+    if (t < 1)
+      std::snprintf(b, sizeof b, "%.2f ms", t * 1e3);
+    else
+      std::snprintf(b, sizeof b, "%.2f s", t);
     return std::string(b);
   };
   if (!r.note.empty()) std::printf("checkpoint note: %s\n", r.note.c_str());
@@ -166,9 +168,9 @@ void Trainer::report_save(const SaveReport& r, bool started) {
     std::printf("checkpoint step %lld: state copied in %s (training paused %s); writing in the background\n",
                 (long long)r.step, secs(r.stall_seconds).c_str(), secs(r.stall_seconds).c_str());
   else
-    std::printf("checkpoint saved: %s (%s written in %s%s; training paused %s)\n", r.path.c_str(),
-                mib(r.bytes).c_str(), secs(r.write_seconds).c_str(),
-                r.background ? " in the background" : " synchronously", secs(r.stall_seconds).c_str());
+    std::printf("checkpoint saved: %s (%s written in %s%s; training paused %s)\n", r.path.c_str(), mib(r.bytes).c_str(),
+                secs(r.write_seconds).c_str(), r.background ? " in the background" : " synchronously",
+                secs(r.stall_seconds).c_str());
   std::fflush(stdout);
 }
 
@@ -204,8 +206,10 @@ StepResult Trainer::step() {
   r.loss = st.loss_sum / static_cast<double>(n_valid_total);
   r.grad_norm = st.grad_norm;
   r.skipped = !st.applied;
-  if (st.applied) ++adam_t_;
-  else ++skipped_;
+  if (st.applied)
+    ++adam_t_;
+  else
+    ++skipped_;
   r.seconds = seconds_since(t0);
   return r;
 }
@@ -230,7 +234,8 @@ double Trainer::evaluate_held_out() {
     opt_.eval_data->set_cursor(DataCursor{});
     const int64_t B = opt_.micro_batch;
     const int64_t whole = static_cast<int64_t>((opt_.eval_data->train_window_count() + B - 1) / B);
-    for (int64_t i = 0; i < std::min(opt_.eval_batches, whole); ++i) eval_batches_.push_back(opt_.eval_data->next_batch(opt_.micro_batch));
+    for (int64_t i = 0; i < std::min(opt_.eval_batches, whole); ++i)
+      eval_batches_.push_back(opt_.eval_data->next_batch(opt_.micro_batch));
     opt_.eval_data->set_cursor(keep);
   }
   double sum = 0;
@@ -266,15 +271,16 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   double last_loss = NAN;
   auto device_bytes = [&] { return backend_->stats().device_peak_bytes; };
   std::printf("backend: %s\n", backend_->describe().c_str());
-  std::printf("training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
-              "%.2f B/param host state, optimizer %s\n",
-              (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(),
-              (long long)opt_.grad_accum, (long long)state_.n_params(), state_.bytes_per_param(),
-              simd_level_name(simd_level_active()));
+  std::printf(
+      "training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
+      "%.2f B/param host state, optimizer %s\n",
+      (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(), (long long)opt_.grad_accum,
+      (long long)state_.n_params(), state_.bytes_per_param(), simd_level_name(simd_level_active()));
   if (opt_.delayed_update)
-    std::printf("delayed update: the update of step t is applied during step t+1 (gradients one step stale, the "
-                "optimizer overlaps the next step); pending updates are applied before checkpoints, the final "
-                "evaluation and the export\n");
+    std::printf(
+        "delayed update: the update of step t is applied during step t+1 (gradients one step stale, the "
+        "optimizer overlaps the next step); pending updates are applied before checkpoints, the final "
+        "evaluation and the export\n");
   if (step_ > 0)
     std::printf("continuing at step %lld of %lld (data cursor %s, %lld skipped steps so far)\n", (long long)step_ + 1,
                 (long long)opt_.steps, data_.cursor().to_string().c_str(), (long long)skipped_);
@@ -310,8 +316,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       log.eval(r.step, evaluate(), evaluate_held_out(), false);
     if (writer_)
       if (auto done = writer_->poll()) report_save(*done, false);
-    if (saving && opt_.save_every > 0 && r.step % opt_.save_every == 0 && r.step != opt_.steps)
-      save_checkpoint(true);
+    if (saving && opt_.save_every > 0 && r.step % opt_.save_every == 0 && r.step != opt_.steps) save_checkpoint(true);
     std::fflush(stdout);
     log.progress(step_, epoch_now(), device_bytes());
   }

@@ -51,22 +51,22 @@ struct TrainOptions {
   // MLP token chunk of the CPU backend the trainer makes (make_cpu_backend).
   int64_t mlp_chunk_tokens = 0;
   LrSchedule lr;
-  int64_t eval_every = 0;    // 0: only at the end
+  int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 8;
   int64_t log_every = 1;
-  int64_t save_every = 0;    // checkpoint every N steps (and at the last step); 0: only on SIGINT/SIGTERM
+  int64_t save_every = 0;        // checkpoint every N steps (and at the last step); 0: only on SIGINT/SIGTERM
   int64_t keep_checkpoints = 3;  // newest checkpoints kept in out_dir (0: all)
   int64_t max_bad_steps = 5;     // abort after this many skipped steps in a row (0: never)
-  std::string metrics_path;  // JSON lines: one per step and per evaluation (engine/run_logger.h; "": none)
-  bool metrics_append = true;  // false: a fresh run truncates the file
+  std::string metrics_path;      // JSON lines: one per step and per evaluation (engine/run_logger.h; "": none)
+  bool metrics_append = true;    // false: a fresh run truncates the file
   // Held-out data (--eval-data): evaluated beside the validation part, on its
   // first eval_batches micro-batches in its seeded order (null: none).
   BatchSource* eval_data = nullptr;
-  std::string out_dir;       // "" : no export, no checkpoints
+  std::string out_dir;  // "" : no export, no checkpoints
   DType export_dtype = DType::bf16;
   std::string tokenizer = "byte";
-  std::string copy_from_dir;            // export also copies these files from this dir
-  std::vector<std::string> copy_files;  // (the model's tokenizer files), see ExportOptions
+  std::string copy_from_dir;                           // export also copies these files from this dir
+  std::vector<std::string> copy_files;                 // (the model's tokenizer files), see ExportOptions
   std::map<std::string, std::string> resolved_config;  // for ramtrain.json and checkpoints
   // Recorded in checkpoints so that a resume can check it runs on the same thing.
   uint64_t seed = 0;
@@ -126,8 +126,8 @@ class Trainer {
   double epoch_now() const;  // fractional epoch of the data cursor
 
   RunIdentity run_;
-  int64_t step_ = 0;       // optimizer steps taken
-  int64_t adam_t_ = 0;     // steps applied (skipped ones do not count)
+  int64_t step_ = 0;    // optimizer steps taken
+  int64_t adam_t_ = 0;  // steps applied (skipped ones do not count)
   int64_t skipped_ = 0;
   int64_t bad_in_a_row_ = 0, bad_since_ = 0;
   int64_t last_saved_step_ = -1;

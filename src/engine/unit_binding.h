@@ -16,21 +16,50 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const T* p = reinterpret_cast<const T*>(base) + u.offsets[k];
     switch (u.entries[k].kind) {
-      case WeightKind::attn_norm: w.attn_norm = p; break;
-      case WeightKind::q_proj: w.q_proj = p; break;
-      case WeightKind::q_bias: w.q_bias = p; break;
-      case WeightKind::k_proj: w.k_proj = p; break;
-      case WeightKind::k_bias: w.k_bias = p; break;
-      case WeightKind::v_proj: w.v_proj = p; break;
-      case WeightKind::v_bias: w.v_bias = p; break;
-      case WeightKind::q_norm: w.q_norm = p; break;
-      case WeightKind::k_norm: w.k_norm = p; break;
-      case WeightKind::o_proj: w.o_proj = p; break;
-      case WeightKind::mlp_norm: w.mlp_norm = p; break;
-      case WeightKind::gate_proj: w.gate_proj = p; break;
-      case WeightKind::up_proj: w.up_proj = p; break;
-      case WeightKind::down_proj: w.down_proj = p; break;
-      default: fail("[engine] unexpected tensor ", u.entries[k].name, " in a decoder layer");
+      case WeightKind::attn_norm:
+        w.attn_norm = p;
+        break;
+      case WeightKind::q_proj:
+        w.q_proj = p;
+        break;
+      case WeightKind::q_bias:
+        w.q_bias = p;
+        break;
+      case WeightKind::k_proj:
+        w.k_proj = p;
+        break;
+      case WeightKind::k_bias:
+        w.k_bias = p;
+        break;
+      case WeightKind::v_proj:
+        w.v_proj = p;
+        break;
+      case WeightKind::v_bias:
+        w.v_bias = p;
+        break;
+      case WeightKind::q_norm:
+        w.q_norm = p;
+        break;
+      case WeightKind::k_norm:
+        w.k_norm = p;
+        break;
+      case WeightKind::o_proj:
+        w.o_proj = p;
+        break;
+      case WeightKind::mlp_norm:
+        w.mlp_norm = p;
+        break;
+      case WeightKind::gate_proj:
+        w.gate_proj = p;
+        break;
+      case WeightKind::up_proj:
+        w.up_proj = p;
+        break;
+      case WeightKind::down_proj:
+        w.down_proj = p;
+        break;
+      default:
+        fail("[engine] unexpected tensor ", u.entries[k].name, " in a decoder layer");
     }
   }
   return w;
@@ -39,9 +68,9 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
 inline BlockGrads bind_grads(const StateUnit& u, float* base) {
   BlockWeightsT<float> v = bind_weights<float>(u, base);
   auto m = [](const float* p) { return const_cast<float*>(p); };
-  return BlockGrads{m(v.attn_norm), m(v.q_proj), m(v.q_bias), m(v.k_proj), m(v.k_bias), m(v.v_proj), m(v.v_bias),
-                    m(v.q_norm),    m(v.k_norm), m(v.o_proj), m(v.mlp_norm), m(v.gate_proj), m(v.up_proj),
-                    m(v.down_proj)};
+  return BlockGrads{m(v.attn_norm), m(v.q_proj),    m(v.q_bias),  m(v.k_proj),   m(v.k_bias),
+                    m(v.v_proj),    m(v.v_bias),    m(v.q_norm),  m(v.k_norm),   m(v.o_proj),
+                    m(v.mlp_norm),  m(v.gate_proj), m(v.up_proj), m(v.down_proj)};
 }
 
 // Element offset of the entry of kind k in unit u, -1 when absent.

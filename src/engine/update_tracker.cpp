@@ -5,7 +5,10 @@
 namespace rt {
 
 UpdateTracker::UpdateTracker(size_t n_units, bool delayed)
-    : delayed_(delayed), updated_(n_units, 0), progress_(n_units, 0), progress_step_(n_units, -1),
+    : delayed_(delayed),
+      updated_(n_units, 0),
+      progress_(n_units, 0),
+      progress_step_(n_units, -1),
       grad_issued_(n_units, 0) {}
 
 void UpdateTracker::push(std::function<void()> job) {

@@ -87,10 +87,10 @@ class UpdateTracker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool failed_ = false;
-  std::vector<int64_t> updated_;                    // per unit: updates applied
-  std::vector<int64_t> progress_, progress_step_;   // per unit: update progress_step_ has reached element progress_
-  std::vector<int64_t> grad_issued_;                // per unit: steps whose gradient copy-out + zeroing is queued
-  Worker worker_;  // last: its thread stops first
+  std::vector<int64_t> updated_;                   // per unit: updates applied
+  std::vector<int64_t> progress_, progress_step_;  // per unit: update progress_step_ has reached element progress_
+  std::vector<int64_t> grad_issued_;               // per unit: steps whose gradient copy-out + zeroing is queued
+  Worker worker_;                                  // last: its thread stops first
 };
 
 }  // namespace rt

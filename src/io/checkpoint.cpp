@@ -95,8 +95,10 @@ class CheckedFile {
       const size_t part = before >= limit ? 0 : static_cast<size_t>(limit - before);
       if (part) file_.write(data, part);
       if (kill_after_ && limit == kill_after_) ::raise(SIGKILL);
-      fail("[file] writing ", file_.path(), " failed: No space left on device (injected by "
-           "RAMTRAIN_INJECT_WRITE_FAIL_AFTER_BYTES=", fail_after_, ", a test hook)");
+      fail("[file] writing ", file_.path(),
+           " failed: No space left on device (injected by "
+           "RAMTRAIN_INJECT_WRITE_FAIL_AFTER_BYTES=",
+           fail_after_, ", a test hook)");
     }
     file_.write(data, n);
     XXH3_64bits_update(state_, data, n);
@@ -120,7 +122,7 @@ struct UnitSnap {
   std::vector<WeightEntry> entries;
   std::vector<int64_t> offsets;
   int64_t numel = 0;
-  const float* arena = nullptr;  // [master | m | v]
+  const float* arena = nullptr;      // [master | m | v]
   const StateUnit* split = nullptr;  // instead of arena: a split master, decoded as it is written
 };
 
@@ -306,7 +308,8 @@ TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::s
   c.run.train_tokens = u64(d, "train_tokens");
   c.run.val_tokens = u64(d, "val_tokens");
   c.run.train_windows = u64(d, "train_windows");
-  if (!hex64_parse(str(d, "fingerprint"), &c.run.data_fingerprint)) bad("field 'data.fingerprint' must be 16 hex digits");
+  if (!hex64_parse(str(d, "fingerprint"), &c.run.data_fingerprint))
+    bad("field 'data.fingerprint' must be 16 hex digits");
   c.run.source_model_dir = str(j, "source_model_dir");
   c.run.tokenizer = str(j, "tokenizer");
   const json& rc = field(j, "run_config");
@@ -361,7 +364,8 @@ CheckpointManifest manifest_parse(const std::string& text, const std::string& so
   zeroed.replace(vpos + 1, 16, hex64(0));
   if (xxh3_64_of(zeroed.data(), zeroed.size()) != self) bad("checksum mismatch: manifest.json was modified or damaged");
   if (!j.contains("format") || j["format"] != kFormat) bad("format is not ramtrain-checkpoint");
-  if (!j.contains("version") || j["version"] != kVersion) bad(cat("unsupported version (this build reads ", kVersion, ")"));
+  if (!j.contains("version") || j["version"] != kVersion)
+    bad(cat("unsupported version (this build reads ", kVersion, ")"));
   CheckpointManifest m;
   if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
     bad("'step' must be a non-negative integer");
@@ -415,7 +419,8 @@ std::string checkpoint_verify(const std::string& dir) {
     const std::string p = path_join(dir, name);
     if (!file_exists(p)) return cat(name, " is missing");
     const uint64_t size = file_size(p);
-    if (size != e.bytes) return cat(name, " has ", size, " bytes, the manifest says ", e.bytes, " (truncated or damaged)");
+    if (size != e.bytes)
+      return cat(name, " has ", size, " bytes, the manifest says ", e.bytes, " (truncated or damaged)");
     uint64_t h;
     try {
       MappedFile f(p);
@@ -423,7 +428,8 @@ std::string checkpoint_verify(const std::string& dir) {
     } catch (const Error& err) {
       return err.what();
     }
-    if (h != e.xxh3_64) return cat(name, ": checksum mismatch (xxh3_64 ", hex64(h), ", manifest ", hex64(e.xxh3_64), ")");
+    if (h != e.xxh3_64)
+      return cat(name, ": checksum mismatch (xxh3_64 ", hex64(h), ", manifest ", hex64(e.xxh3_64), ")");
   }
   // The step three ways: the manifest, trainer.json and the directory's name.
   std::string clean = dir;
@@ -432,7 +438,8 @@ std::string checkpoint_verify(const std::string& dir) {
   try {
     const int64_t trainer_step = checkpoint_read_trainer(dir).step;
     if (trainer_step != m.step)
-      return cat("trainer.json holds step ", trainer_step, " but manifest.json step ", m.step, " (an inconsistent checkpoint)");
+      return cat("trainer.json holds step ", trainer_step, " but manifest.json step ", m.step,
+                 " (an inconsistent checkpoint)");
   } catch (const Error& e) {
     return e.what();
   }
@@ -459,7 +466,8 @@ std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out
     for (auto& de : fs::directory_iterator(out_dir, ec)) {
       const std::string name = de.path().filename().string();
       if (name.rfind(".tmp-ckpt-", 0) == 0 && warnings)
-        warnings->push_back(cat("ignoring ", de.path().string(), ": an incomplete checkpoint (its save did not finish)"));
+        warnings->push_back(
+            cat("ignoring ", de.path().string(), ": an incomplete checkpoint (its save did not finish)"));
     }
   std::vector<CheckpointRef> all = checkpoint_list(out_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
@@ -592,7 +600,8 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
         background = false;
       } else {
         try {
-          for (const StateUnit& u : units) staging_.emplace_back(staged(u), cat("the checkpoint staging copy of ", u.name));
+          for (const StateUnit& u : units)
+            staging_.emplace_back(staged(u), cat("the checkpoint staging copy of ", u.name));
         } catch (const Error& e) {
           staging_.clear();
           job->report.note = cat("cannot allocate the staging copy (", e.what(), "): writing synchronously");
@@ -676,9 +685,9 @@ void job_run(CheckpointWriter::Job& j) {
     std::vector<CheckpointRef> prev = checkpoint_list(j.out_dir);
     std::string prev_msg = prev.empty() ? std::string("There is no earlier checkpoint")
                                         : cat("The previous checkpoint ", prev.back().path, " is intact");
-    j.error = std::make_exception_ptr(Error(cat("[checkpoint] saving step ", step, " into ", j.out_dir, " failed: ",
-                                                e.what(), ". ", prev_msg,
-                                                "; free disk space (or fix the error) and resume with --resume auto")));
+    j.error = std::make_exception_ptr(
+        Error(cat("[checkpoint] saving step ", step, " into ", j.out_dir, " failed: ", e.what(), ". ", prev_msg,
+                  "; free disk space (or fix the error) and resume with --resume auto")));
   }
   j.report.write_seconds = seconds_since(t0);
   j.done.store(true);

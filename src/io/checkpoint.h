@@ -45,9 +45,9 @@ struct RunIdentity {
   uint64_t seed = 0;
   std::vector<std::string> data_paths;  // absolute
   uint64_t train_tokens = 0, val_tokens = 0, train_windows = 0;
-  uint64_t data_fingerprint = 0;        // dataset_fingerprint
-  std::string source_model_dir;         // absolute; "" when started from a preset
-  std::string tokenizer;                // "byte", "hf" or ""
+  uint64_t data_fingerprint = 0;                  // dataset_fingerprint
+  std::string source_model_dir;                   // absolute; "" when started from a preset
+  std::string tokenizer;                          // "byte", "hf" or ""
   std::map<std::string, std::string> run_config;  // ArgParser::resolved()
 };
 
@@ -62,7 +62,8 @@ struct TrainerCheckpoint {
   RunIdentity run;
 };
 std::string trainer_checkpoint_to_json(const TrainerCheckpoint& c);
-TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::string& source);  // throws "[checkpoint] ..."
+TrainerCheckpoint trainer_checkpoint_parse(const std::string& text,
+                                           const std::string& source);  // throws "[checkpoint] ..."
 
 struct ManifestEntry {
   uint64_t bytes = 0;
@@ -115,13 +116,13 @@ ModelSpec checkpoint_read_spec(const std::string& dir);
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments = true);
 
 struct SaveReport {
-  std::string path;            // the final OUT/ckpt-<step>
+  std::string path;  // the final OUT/ckpt-<step>
   int64_t step = 0;
-  uint64_t bytes = 0;          // every file
-  double stall_seconds = 0;    // training stopped this long: waiting for the previous write + the copy
-  double write_seconds = 0;    // writing, fsync and rename (on the background thread when background)
+  uint64_t bytes = 0;        // every file
+  double stall_seconds = 0;  // training stopped this long: waiting for the previous write + the copy
+  double write_seconds = 0;  // writing, fsync and rename (on the background thread when background)
   bool background = false;
-  std::string note;            // why a requested background save ran synchronously ("" otherwise)
+  std::string note;  // why a requested background save ran synchronously ("" otherwise)
 };
 
 // Writes checkpoints into OUT and keeps the newest keep_last of them.

@@ -13,10 +13,11 @@
 namespace rt {
 
 std::vector<std::string> hf_tokenizer_files(const std::string& model_dir) {
-  static const char* const names[] = {"tokenizer.json",      "tokenizer_config.json", "tokenizer.model",
-                                      "special_tokens_map.json", "added_tokens.json", "vocab.json",
-                                      "merges.txt",          "chat_template.jinja",   "chat_template.json",
-                                      "generation_config.json"};
+  static const char* const names[] = {"tokenizer.json",     "tokenizer_config.json",
+                                      "tokenizer.model",    "special_tokens_map.json",
+                                      "added_tokens.json",  "vocab.json",
+                                      "merges.txt",         "chat_template.jinja",
+                                      "chat_template.json", "generation_config.json"};
   std::vector<std::string> out;
   for (const char* n : names)
     if (file_exists(path_join(model_dir, n))) out.push_back(n);

@@ -17,8 +17,8 @@ namespace rt {
 
 struct ExportOptions {
   DType dtype = DType::bf16;
-  uint64_t max_shard_bytes = 0;  // 0: one file
-  std::string tokenizer = "byte";  // "byte": writes ramtrain_tokenizer.json; "": none
+  uint64_t max_shard_bytes = 0;             // 0: one file
+  std::string tokenizer = "byte";           // "byte": writes ramtrain_tokenizer.json; "": none
   std::map<std::string, std::string> info;  // extra fields for ramtrain.json (step, loss, ...)
   // Files copied byte for byte from copy_from_dir into the export (e.g. the
   // source model's tokenizer files); a listed file that is missing throws.

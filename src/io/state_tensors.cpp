@@ -9,8 +9,7 @@ void load_state(HostState& state, const SafetensorsModel& model) {
   std::vector<FoundTensor> found;
   for (const TensorInfo* t : model.all()) found.push_back({t->name, t->shape});
   std::string report = weight_map_check(state.spec(), found);
-  if (!report.empty())
-    fail("[load] ", model.source(), " does not match config.json:\n", report);
+  if (!report.empty()) fail("[load] ", model.source(), " does not match config.json:\n", report);
   std::vector<float> scratch;  // split master storage: each tensor is encoded from fp32
   for (auto& u : state.units())
     for (size_t k = 0; k < u.entries.size(); ++k) {

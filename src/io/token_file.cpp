@@ -43,10 +43,14 @@ inline uint32_t load_id(const uint8_t* data, uint32_t width, uint64_t i) {
 
 const char* token_format_name(TokenFormat f) {
   switch (f) {
-    case TokenFormat::ramtrain: return "ramtrain";
-    case TokenFormat::llmc: return "llm.c";
-    case TokenFormat::nanogpt: return "nanoGPT";
-    case TokenFormat::memory: return "memory";
+    case TokenFormat::ramtrain:
+      return "ramtrain";
+    case TokenFormat::llmc:
+      return "llm.c";
+    case TokenFormat::nanogpt:
+      return "nanoGPT";
+    case TokenFormat::memory:
+      return "memory";
   }
   return "?";
 }
@@ -95,8 +99,9 @@ TokenStream TokenStream::open(const std::string& path) {
     uint64_t count = load_le64(d + 16);
     uint64_t vocab = load_le64(d + 24);
     if (version != ramtrain_version)
-      fail("[tokens] ", path, ": ramtrain token format version ", version, " is not supported (this build reads version ",
-           ramtrain_version, "); regenerate the file with this ramtrain");
+      fail("[tokens] ", path, ": ramtrain token format version ", version,
+           " is not supported (this build reads version ", ramtrain_version,
+           "); regenerate the file with this ramtrain");
     if (width != 2 && width != 4)
       fail("[tokens] ", path, ": header says ", width, " bytes per token; only 2 or 4 are valid (corrupt header?)");
     if (width == 2 && vocab > 65536)
@@ -105,7 +110,8 @@ TokenStream TokenStream::open(const std::string& path) {
     uint64_t payload = size - ramtrain_header_bytes;
     if (count > payload / width || count * width != payload)
       fail("[tokens] ", path, ": header says ", count, " tokens of ", width, " bytes (", count * width,
-           " bytes) but the file has ", payload, " bytes after the header: the file is truncated or corrupt; regenerate it");
+           " bytes) but the file has ", payload,
+           " bytes after the header: the file is truncated or corrupt; regenerate it");
     s.data_ = d + ramtrain_header_bytes;
     s.count_ = count;
     s.width_ = width;
@@ -121,14 +127,16 @@ TokenStream TokenStream::open(const std::string& path) {
     if (magic32 == llmc_magic_gpt2 && version == 1) width = 2;
     if (magic32 == llmc_magic_llama3 && version == 7) width = 4;
     if (width == 0)
-      fail("[tokens] ", path, ": llm.c magic ", magic32, " with version ", version,
-           " is not a layout this build reads (known: magic 20240520 version 1 = uint16 ids, magic 20240801 version 7 = "
-           "uint32 ids)");
+      fail(
+          "[tokens] ", path, ": llm.c magic ", magic32, " with version ", version,
+          " is not a layout this build reads (known: magic 20240520 version 1 = uint16 ids, magic 20240801 version 7 = "
+          "uint32 ids)");
     if (count < 0) fail("[tokens] ", path, ": llm.c header says ", count, " tokens (negative: corrupt header)");
     uint64_t payload = size - llmc_header_bytes;
     if (uint64_t(count) * width != payload)
       fail("[tokens] ", path, ": llm.c header says ", count, " tokens (", uint64_t(count) * width,
-           " bytes) but the file has ", payload, " bytes after the 1024-byte header: the file is truncated or corrupt; "
+           " bytes) but the file has ", payload,
+           " bytes after the 1024-byte header: the file is truncated or corrupt; "
            "regenerate it");
     s.data_ = d + llmc_header_bytes;
     s.count_ = uint64_t(count);
@@ -269,7 +277,8 @@ void TokenFileWriter::append(std::span<const int32_t> ids) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (id < 0 || uint64_t(id) >= vocab_)
-      fail("[tokens] ", path_, ": cannot write id ", id, " at position ", count_ + i, ": it is outside [0, ", vocab_, ")");
+      fail("[tokens] ", path_, ": cannot write id ", id, " at position ", count_ + i, ": it is outside [0, ", vocab_,
+           ")");
     const size_t at = buf_.size();
     buf_.resize(at + width_);
     store_le(buf_.data() + at, uint32_t(id), int(width_));
@@ -365,7 +374,8 @@ TokenSequences token_text_read(const std::string& path) {
     }
   }
   if (out.seqs.empty())
-    fail("[tokens] ", path, ": no sequences: every line is blank; expected one sequence of space-separated ids per line");
+    fail("[tokens] ", path,
+         ": no sequences: every line is blank; expected one sequence of space-separated ids per line");
   return out;
 }
 

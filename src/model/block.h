@@ -94,8 +94,8 @@ struct BlockActs {
   template <class T>
   using Buf = typename Ops::template Buffer<T>;
   Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
-  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;            // statistics
-  BlockDims dims;                                          // what the buffers are sized for
+  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;           // statistics
+  BlockDims dims;                                         // what the buffers are sized for
 
   // Calls act(member, n) for every activation buffer and stat(member, n) for
   // every fp32 statistic, with its element count: the one list the
@@ -144,9 +144,11 @@ struct BlockActs {
 template <class Ops>
 class LayerActs {
  public:
-  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep) : n_layers_(s.n_layers), shared_(ops, s, dm) {
+  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep)
+      : n_layers_(s.n_layers), shared_(ops, s, dm) {
     RT_CHECK(keep >= 0, "[model] the number of layers whose activations are kept must be >= 0, got ", keep);
-    for (int64_t i = 0; i < std::min(keep, n_layers_); ++i) kept_.push_back(std::make_unique<BlockActs<Ops>>(ops, s, dm));
+    for (int64_t i = 0; i < std::min(keep, n_layers_); ++i)
+      kept_.push_back(std::make_unique<BlockActs<Ops>>(ops, s, dm));
   }
   int64_t kept_count() const { return static_cast<int64_t>(kept_.size()); }
   bool kept(int64_t layer) const { return layer >= n_layers_ - kept_count(); }
@@ -232,8 +234,7 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
   ops.linear_forward(t.v.data(), t.xn.data(), w.v_proj, w.v_bias, N, C, KD);
   ops.rope_forward(t.q.data(), pos, N, H, D);
   ops.rope_forward(t.k.data(), pos, N, G, D);
-  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D,
-                        doc_start);
+  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start);
   ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
   ops.add_inplace(t.h.data(), x, N * C);
   ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
@@ -287,17 +288,17 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   ops.add_inplace(d.d_h.data(), dy, N * C);
   // attention: h = x + att Wo^T
   ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d.d_h.data(), t.att.data(), w.o_proj, N, QD, C);
-  ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(),
-                         t.v.data(), t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start);
+  ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(), t.v.data(),
+                         t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start);
   ops.rope_backward(d.d_q.data(), pos, N, H, D);
   ops.rope_backward(d.d_k.data(), pos, N, G, D);
   const auto* dq = d.d_q.data();
   const auto* dk = d.d_k.data();
   if (s.qk_norm) {
-    ops.rms_norm_backward(d.d_tmp_q.data(), gr.q_norm, d.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(),
-                          N * H, D);
-    ops.rms_norm_backward(d.d_tmp_k.data(), gr.k_norm, d.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(),
-                          N * G, D);
+    ops.rms_norm_backward(d.d_tmp_q.data(), gr.q_norm, d.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(), N * H,
+                          D);
+    ops.rms_norm_backward(d.d_tmp_k.data(), gr.k_norm, d.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(), N * G,
+                          D);
     dq = d.d_tmp_q.data();
     dk = d.d_tmp_k.data();
   }

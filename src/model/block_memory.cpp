@@ -44,8 +44,10 @@ uint64_t scratch_bytes(const ModelSpec& s, const BlockDims& dm, uint64_t align) 
 
 void check_args(const BlockDims& dm, int act_elem_bytes, uint64_t align) {
   check_block_dims(dm);
-  RT_CHECK(act_elem_bytes == 2 || act_elem_bytes == 4, "[model] block sizes are known for 2-byte (bf16) and 4-byte "
-           "(fp32) activations, got ", act_elem_bytes, " bytes");
+  RT_CHECK(act_elem_bytes == 2 || act_elem_bytes == 4,
+           "[model] block sizes are known for 2-byte (bf16) and 4-byte "
+           "(fp32) activations, got ",
+           act_elem_bytes, " bytes");
   RT_CHECK(align > 0, "[model] block size alignment must be >= 1 byte");
 }
 

@@ -24,7 +24,7 @@ namespace rt {
 
 template <class W>
 struct ModelWeightsT {
-  const W* embed = nullptr;       // [V, C]
+  const W* embed = nullptr;  // [V, C]
   std::vector<BlockWeightsT<W>> layers;
   const W* final_norm = nullptr;  // [C]
   const W* lm_head = nullptr;     // [V, C]; == embed when tied

@@ -24,29 +24,29 @@ struct RopeConfig {
 struct ModelSpec {
   Family family = Family::llama;
   std::string architecture = "LlamaForCausalLM";  // as written in config.json
-  int64_t hidden = 0;        // d_model
-  int64_t intermediate = 0;  // MLP width
+  int64_t hidden = 0;                             // d_model
+  int64_t intermediate = 0;                       // MLP width
   int64_t n_layers = 0;
   int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;    // GQA: n_heads % n_kv_heads == 0
-  int64_t head_dim = 0;      // may differ from hidden / n_heads (Qwen3)
+  int64_t n_kv_heads = 0;  // GQA: n_heads % n_kv_heads == 0
+  int64_t head_dim = 0;    // may differ from hidden / n_heads (Qwen3)
   int64_t vocab = 0;
   double rms_eps = 1e-6;
   RopeConfig rope;
   bool tie_embeddings = false;
-  bool qkv_bias = false;     // Qwen2
-  bool qk_norm = false;      // Qwen3: RMSNorm over head_dim on q and k before RoPE
+  bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
   int64_t max_positions = 2048;
-  int64_t bos_id = -1;       // -1: none
-  std::vector<int64_t> eos_ids;  // may be several (Llama-3 instruct)
+  int64_t bos_id = -1;            // -1: none
+  std::vector<int64_t> eos_ids;   // may be several (Llama-3 instruct)
   std::string dtype = "float32";  // torch_dtype / dtype of the checkpoint, informational
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   int64_t params_per_layer() const;
-  int64_t params_embedding() const;   // vocab * hidden
-  int64_t params_lm_head() const;     // 0 when tied
-  int64_t params_total() const;       // everything, tied counted once
+  int64_t params_embedding() const;  // vocab * hidden
+  int64_t params_lm_head() const;    // 0 when tied
+  int64_t params_total() const;      // everything, tied counted once
   // Throws rt::Error listing what is inconsistent (heads not dividing, zero dims, ...).
   void validate(const std::string& source) const;
 };

@@ -12,31 +12,31 @@
 namespace rt {
 
 enum class WeightKind {
-  embed,        // model.embed_tokens.weight            [vocab, hidden]
-  attn_norm,    // model.layers.{i}.input_layernorm.weight          [hidden]
-  q_proj,       // model.layers.{i}.self_attn.q_proj.weight         [q_dim, hidden]
-  q_bias,       // model.layers.{i}.self_attn.q_proj.bias           [q_dim]   (qkv_bias)
-  k_proj,       // model.layers.{i}.self_attn.k_proj.weight         [kv_dim, hidden]
-  k_bias,       // model.layers.{i}.self_attn.k_proj.bias           [kv_dim]  (qkv_bias)
-  v_proj,       // model.layers.{i}.self_attn.v_proj.weight         [kv_dim, hidden]
-  v_bias,       // model.layers.{i}.self_attn.v_proj.bias           [kv_dim]  (qkv_bias)
-  q_norm,       // model.layers.{i}.self_attn.q_norm.weight         [head_dim] (qk_norm)
-  k_norm,       // model.layers.{i}.self_attn.k_norm.weight         [head_dim] (qk_norm)
-  o_proj,       // model.layers.{i}.self_attn.o_proj.weight         [hidden, q_dim]
-  mlp_norm,     // model.layers.{i}.post_attention_layernorm.weight [hidden]
-  gate_proj,    // model.layers.{i}.mlp.gate_proj.weight            [intermediate, hidden]
-  up_proj,      // model.layers.{i}.mlp.up_proj.weight              [intermediate, hidden]
-  down_proj,    // model.layers.{i}.mlp.down_proj.weight            [hidden, intermediate]
-  final_norm,   // model.norm.weight                                [hidden]
-  lm_head,      // lm_head.weight                                   [vocab, hidden] (absent when tied)
+  embed,       // model.embed_tokens.weight            [vocab, hidden]
+  attn_norm,   // model.layers.{i}.input_layernorm.weight          [hidden]
+  q_proj,      // model.layers.{i}.self_attn.q_proj.weight         [q_dim, hidden]
+  q_bias,      // model.layers.{i}.self_attn.q_proj.bias           [q_dim]   (qkv_bias)
+  k_proj,      // model.layers.{i}.self_attn.k_proj.weight         [kv_dim, hidden]
+  k_bias,      // model.layers.{i}.self_attn.k_proj.bias           [kv_dim]  (qkv_bias)
+  v_proj,      // model.layers.{i}.self_attn.v_proj.weight         [kv_dim, hidden]
+  v_bias,      // model.layers.{i}.self_attn.v_proj.bias           [kv_dim]  (qkv_bias)
+  q_norm,      // model.layers.{i}.self_attn.q_norm.weight         [head_dim] (qk_norm)
+  k_norm,      // model.layers.{i}.self_attn.k_norm.weight         [head_dim] (qk_norm)
+  o_proj,      // model.layers.{i}.self_attn.o_proj.weight         [hidden, q_dim]
+  mlp_norm,    // model.layers.{i}.post_attention_layernorm.weight [hidden]
+  gate_proj,   // model.layers.{i}.mlp.gate_proj.weight            [intermediate, hidden]
+  up_proj,     // model.layers.{i}.mlp.up_proj.weight              [intermediate, hidden]
+  down_proj,   // model.layers.{i}.mlp.down_proj.weight            [hidden, intermediate]
+  final_norm,  // model.norm.weight                                [hidden]
+  lm_head,     // lm_head.weight                                   [vocab, hidden] (absent when tied)
 };
 
 struct WeightEntry {
-  std::string name;              // HF tensor name
+  std::string name;  // HF tensor name
   WeightKind kind;
-  int64_t layer;                 // -1 for embed, final_norm, lm_head
+  int64_t layer;  // -1 for embed, final_norm, lm_head
   std::vector<int64_t> shape;
-  bool is_norm_or_bias;          // default: no weight decay
+  bool is_norm_or_bias;  // default: no weight decay
   int64_t numel() const;
 };
 

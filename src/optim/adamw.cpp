@@ -87,8 +87,7 @@ inline void adamw_element(float* p, float* m, float* v, const float* g, uint16_t
   if (out) out[i] = f32_to_bf16(pp);
 }
 
-void adamw_block_scalar(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t n,
-                        const AdamWConsts& c) {
+void adamw_block_scalar(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t n, const AdamWConsts& c) {
   for (int64_t i = 0; i < n; ++i) adamw_element(p, m, v, g, out, i, c);
 }
 
@@ -155,8 +154,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m128i pack16_avx2(__
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));  // no saturation
 }
 
-__attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g,
-                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
+__attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g, uint16_t* out,
+                                                          int64_t n, const AdamWConsts& c) {
   const AdamWVec256 k = adamw_vec256(c);
   const bool nt = stream_shadow_ok(out, n), ntm = stream_moments_ok(p, m, v, n);
   int64_t i = 0;
@@ -174,8 +173,10 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
     }
     if (out) {
       const __m128i packed = pack16_avx2(bf16_round_avx2(pp));
-      if (nt) _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), packed);
-      else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
+      if (nt)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), packed);
+      else
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
     }
   }
   if (nt || ntm) _mm_sfence();
@@ -222,8 +223,8 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i bf16_round_avx5
   return _mm512_mask_blend_epi32(is_nan, r, _mm512_or_si512(hi, quiet));
 }
 
-__attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, float* v, const float* g,
-                                                            uint16_t* out, int64_t n, const AdamWConsts& c) {
+__attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, float* v, const float* g, uint16_t* out,
+                                                           int64_t n, const AdamWConsts& c) {
   const AdamWVec512 k = adamw_vec512(c);
   const bool nt = stream_shadow_ok(out, n), ntm = stream_moments_ok(p, m, v, n);
   int64_t i = 0;
@@ -241,8 +242,10 @@ __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, f
     }
     if (out) {
       const __m512i r = bf16_round_avx512(pp);
-      if (nt) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
-      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+      if (nt)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
     }
   }
   if (nt || ntm) _mm_sfence();
@@ -350,10 +353,14 @@ __attribute__((target("avx2,fma"))) void adamw_split_block_avx2(const SplitArgs&
       const int same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(sr, _mm256_srli_epi32(u, 16))));
       out |= static_cast<uint64_t>(~same & 0xff) << j;
       const __m128i s16 = pack16_avx2(sr), r16 = pack16_avx2(_mm256_and_si256(u, low16));
-      if (st.shadow) _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
-      else _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
-      if (st.rem) _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
-      else _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
+      if (st.shadow)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
+      else
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
+      if (st.rem)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
+      else
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
     }
     *w = out;
   }
@@ -396,10 +403,14 @@ __attribute__((target("avx512f"))) void adamw_split_block_avx512(const SplitArgs
       const __m512i u = _mm512_castps_si512(pp);
       out |= static_cast<uint64_t>(_mm512_cmpneq_epi32_mask(sr, _mm512_srli_epi32(u, 16))) << j;
       const __m256i s16 = _mm512_cvtepi32_epi16(sr), r16 = _mm512_cvtepi32_epi16(u);  // truncating: the low halves
-      if (st.shadow) _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
-      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
-      if (st.rem) _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
-      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
+      if (st.shadow)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
+      if (st.rem)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
     }
     *w = out;
   }
@@ -520,9 +531,12 @@ void set_simd_level(SimdLevel level) {
 
 const char* simd_level_name(SimdLevel level) {
   switch (level) {
-    case SimdLevel::scalar: return "scalar";
-    case SimdLevel::avx2: return "avx2";
-    case SimdLevel::avx512: return "avx512";
+    case SimdLevel::scalar:
+      return "scalar";
+    case SimdLevel::avx2:
+      return "avx2";
+    case SimdLevel::avx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -535,16 +549,21 @@ void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g
            "[adamw_update_split] null shadow, remainder, tie, moment or gradient buffer for n = ", n);
   RT_CHECK(p.tie_first >= 0, "[adamw_update_split] tie_first = ", p.tie_first, " is negative");
   RT_CHECK(t >= 1, "[adamw_update_split] step t = ", t, ": steps are 1-based (t = 1 on the first update)");
-  RT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
-           "[adamw_update_split] betas (", h.beta1, ", ", h.beta2, ") must lie in [0, 1); fix the optimizer config");
+  RT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, "[adamw_update_split] betas (", h.beta1, ", ",
+           h.beta2, ") must lie in [0, 1); fix the optimizer config");
   RT_CHECK(h.eps >= 0 && lr >= 0 && wd >= 0, "[adamw_update_split] eps = ", h.eps, ", lr = ", lr,
            ", weight_decay = ", wd, " must be >= 0; fix the optimizer config");
   const AdamWConsts c = adamw_consts(h, t, lr, wd, grad_scale);
   auto* block = adamw_split_block_scalar;
   switch (simd_level_active()) {
-    case SimdLevel::avx512: block = adamw_split_block_avx512; break;
-    case SimdLevel::avx2: block = adamw_split_block_avx2; break;
-    case SimdLevel::scalar: break;
+    case SimdLevel::avx512:
+      block = adamw_split_block_avx512;
+      break;
+    case SimdLevel::avx2:
+      block = adamw_split_block_avx2;
+      break;
+    case SimdLevel::scalar:
+      break;
   }
   const uint16_t* in = shadow_in ? shadow_in : p.shadow;
   split_master_parallel(p, n, [&](int64_t b, int64_t e) {
@@ -552,22 +571,27 @@ void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g
   });
 }
 
-void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t,
-                  double lr, double wd, float grad_scale, uint16_t* bf16_out) {
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t, double lr,
+                  double wd, float grad_scale, uint16_t* bf16_out) {
   RT_CHECK(n >= 0, "[adamw_update] n = ", n, " is negative");
   if (n == 0) return;
   RT_CHECK(p && m && v && g, "[adamw_update] null parameter, moment or gradient buffer for n = ", n);
   RT_CHECK(t >= 1, "[adamw_update] step t = ", t, ": steps are 1-based (t = 1 on the first update)");
-  RT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
-           "[adamw_update] betas (", h.beta1, ", ", h.beta2, ") must lie in [0, 1); fix the optimizer config");
-  RT_CHECK(h.eps >= 0 && lr >= 0 && wd >= 0, "[adamw_update] eps = ", h.eps, ", lr = ", lr,
-           ", weight_decay = ", wd, " must be >= 0; fix the optimizer config");
+  RT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, "[adamw_update] betas (", h.beta1, ", ", h.beta2,
+           ") must lie in [0, 1); fix the optimizer config");
+  RT_CHECK(h.eps >= 0 && lr >= 0 && wd >= 0, "[adamw_update] eps = ", h.eps, ", lr = ", lr, ", weight_decay = ", wd,
+           " must be >= 0; fix the optimizer config");
   const AdamWConsts c = adamw_consts(h, t, lr, wd, grad_scale);
   auto* block = adamw_block_scalar;
   switch (simd_level_active()) {
-    case SimdLevel::avx512: block = adamw_block_avx512; break;
-    case SimdLevel::avx2: block = adamw_block_avx2; break;
-    case SimdLevel::scalar: break;
+    case SimdLevel::avx512:
+      block = adamw_block_avx512;
+      break;
+    case SimdLevel::avx2:
+      block = adamw_block_avx2;
+      break;
+    case SimdLevel::scalar:
+      break;
   }
   parallel_for(n, kOptimBlock, [&](int64_t b, int64_t e) {
     block(p + b, m + b, v + b, g + b, bf16_out ? bf16_out + b : nullptr, e - b, c);
@@ -580,9 +604,14 @@ double sum_squares(const float* g, int64_t n) {
   RT_CHECK(g, "[sum_squares] null buffer for n = ", n);
   auto* block = sum_squares_block_scalar;
   switch (simd_level_active()) {
-    case SimdLevel::avx512: block = sum_squares_block_avx512; break;
-    case SimdLevel::avx2: block = sum_squares_block_avx2; break;
-    case SimdLevel::scalar: break;
+    case SimdLevel::avx512:
+      block = sum_squares_block_avx512;
+      break;
+    case SimdLevel::avx2:
+      block = sum_squares_block_avx2;
+      break;
+    case SimdLevel::scalar:
+      break;
   }
   std::vector<double> partial(static_cast<size_t>((n + kOptimBlock - 1) / kOptimBlock));
   parallel_for(n, kOptimBlock, [&](int64_t b, int64_t e) { partial[b / kOptimBlock] = block(g + b, e - b); });

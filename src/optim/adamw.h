@@ -38,8 +38,8 @@ inline constexpr int64_t kOptimBlock = 16384;
 // One AdamW step over n elements; see the contract above. t: 1-based step count.
 // p, m, v, g: n floats each (g read only); bf16_out: n uint16 (bf16 bits) or nullptr.
 // Buffers must not overlap each other. Throws rt::Error on t < 1 or bad hyperparameters.
-void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t,
-                  double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr);
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t, double lr,
+                  double wd, float grad_scale, uint16_t* bf16_out = nullptr);
 
 struct SplitMaster;  // state/split_master.h
 

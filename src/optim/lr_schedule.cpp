@@ -40,9 +40,12 @@ LrSchedule::Kind lr_schedule_kind_parse(const std::string& name) {
 
 const char* lr_schedule_kind_name(LrSchedule::Kind kind) {
   switch (kind) {
-    case LrSchedule::Kind::constant: return "constant";
-    case LrSchedule::Kind::cosine: return "cosine";
-    case LrSchedule::Kind::linear: return "linear";
+    case LrSchedule::Kind::constant:
+      return "constant";
+    case LrSchedule::Kind::cosine:
+      return "cosine";
+    case LrSchedule::Kind::linear:
+      return "linear";
   }
   return "unknown";
 }

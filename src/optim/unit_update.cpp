@@ -20,8 +20,8 @@ void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, co
     for (int k = 0; k < u.n_shadows; ++k)
       if (bf16_shadow == u.shadow(k)) dst = k;
     RT_CHECK(dst >= 0, "[optim] unit ", u.name, " holds a split master: the shadow written must be one of its own");
-    RT_CHECK(!shadow_prev || (u.n_shadows == 2 && shadow_prev == u.shadow(1 - dst)),
-             "[optim] unit ", u.name, ": the previous shadow must be the unit's other one");
+    RT_CHECK(!shadow_prev || (u.n_shadows == 2 && shadow_prev == u.shadow(1 - dst)), "[optim] unit ", u.name,
+             ": the previous shadow must be the unit's other one");
     RT_CHECK(shadow_prev || dst == u.cur_shadow, "[optim] unit ", u.name,
              ": an in-place update must write the current shadow");
     const SplitMaster p = u.split_master(dst);

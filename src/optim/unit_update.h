@@ -15,7 +15,7 @@ struct OptimStep {
   AdamWHyper hyper;
   double weight_decay = 0;
   bool decay_norms_and_biases = false;
-  double clip = 1.0;  // <= 0: off
+  double clip = 1.0;        // <= 0: off
   bool inject_nan = false;  // test hook: treat this step's loss as NaN (so it is skipped)
 };
 

@@ -52,9 +52,8 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
 
 namespace {
 void zero_parallel(float* p, size_t n) {
-  parallel_for(static_cast<int64_t>(n), 1 << 20, [&](int64_t b, int64_t e) {
-    std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float));
-  });
+  parallel_for(static_cast<int64_t>(n), 1 << 20,
+               [&](int64_t b, int64_t e) { std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float)); });
 }
 }  // namespace
 
@@ -67,7 +66,9 @@ HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with
   for (int64_t i = 0; i < L; ++i) units_[static_cast<size_t>(i + 1)].name = cat("layer.", i);
   units_[static_cast<size_t>(L + 1)].name = "head";
   for (auto& e : all) {
-    size_t u = e.kind == WeightKind::embed ? 0 : e.layer >= 0 ? static_cast<size_t>(e.layer + 1) : static_cast<size_t>(L + 1);
+    size_t u = e.kind == WeightKind::embed ? 0
+               : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
+                                           : static_cast<size_t>(L + 1);
     StateUnit& su = units_[u];
     su.offsets.push_back(su.numel);
     // keep every tensor 16-float aligned inside the arena (64-byte lines)
@@ -107,7 +108,9 @@ uint64_t HostState::bytes_total() const {
   return b;
 }
 
-double HostState::bytes_per_param() const { return static_cast<double>(bytes_total()) / static_cast<double>(n_params()); }
+double HostState::bytes_per_param() const {
+  return static_cast<double>(bytes_total()) / static_cast<double>(n_params());
+}
 
 const char* master_storage_name(MasterStorage s) { return s == MasterStorage::split ? "split" : "fp32"; }
 
@@ -127,14 +130,17 @@ uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, 
   const int64_t L = spec.n_layers;
   numel.assign(static_cast<size_t>(L + 2), 0);
   for (auto& e : weight_map(spec)) {
-    size_t u = e.kind == WeightKind::embed ? 0 : e.layer >= 0 ? static_cast<size_t>(e.layer + 1) : static_cast<size_t>(L + 1);
+    size_t u = e.kind == WeightKind::embed ? 0
+               : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
+                                           : static_cast<size_t>(L + 1);
     numel[u] += (e.numel() + 15) / 16 * 16;
   }
   uint64_t b = 0;
   for (int64_t n : numel) {
     const uint64_t un = static_cast<uint64_t>(n);
     b += buf_bytes(static_cast<size_t>(n) * (storage == MasterStorage::split ? 2 : 3), 64);
-    b += static_cast<uint64_t>(shadows) * (storage == MasterStorage::split ? buf_bytes(shadow_floats(n), kPageAlign) : un * 2);
+    b += static_cast<uint64_t>(shadows) *
+         (storage == MasterStorage::split ? buf_bytes(shadow_floats(n), kPageAlign) : un * 2);
     if (storage == MasterStorage::split) b += buf_bytes(shadow_floats(n), 64) + buf_bytes(tie_floats(n), 64);
     if (host_grads) b += buf_bytes(static_cast<size_t>(n), 64);
   }
@@ -167,8 +173,8 @@ void StateUnit::write_master(int64_t b, int64_t n, const float* in) {
 }
 
 void HostState::set_master_storage(MasterStorage s, int n_shadows) {
-  RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2, "[host] a split master has 1 or 2 shadows, not ",
-           n_shadows);
+  RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2,
+           "[host] a split master has 1 or 2 shadows, not ", n_shadows);
   decoded_.clear();
   for (StateUnit& u : units_) {
     const int want = s == MasterStorage::split ? n_shadows : 0;
@@ -212,7 +218,8 @@ void HostState::set_master_storage(MasterStorage s, int n_shadows) {
 }
 
 const HostState::Loc& HostState::locate(const std::string& name) const {
-  auto it = std::lower_bound(index_.begin(), index_.end(), name, [](auto& a, const std::string& n) { return a.first < n; });
+  auto it =
+      std::lower_bound(index_.begin(), index_.end(), name, [](auto& a, const std::string& n) { return a.first < n; });
   if (it == index_.end() || it->first != name) fail("[host] no tensor named ", name, " in this model");
   return it->second;
 }
@@ -289,8 +296,10 @@ void HostState::init_random(uint64_t seed, float std) {
       const bool is_norm = e.kind == WeightKind::attn_norm || e.kind == WeightKind::mlp_norm ||
                            e.kind == WeightKind::final_norm || e.kind == WeightKind::q_norm ||
                            e.kind == WeightKind::k_norm;
-      if (e.is_norm_or_bias) std::fill(p, p + n, is_norm ? 1.0f : 0.0f);
-      else init_normal(p, n, mix64(seed ^ mix64(tensor_id + 0x1234567ull)), std);
+      if (e.is_norm_or_bias)
+        std::fill(p, p + n, is_norm ? 1.0f : 0.0f);
+      else
+        init_normal(p, n, mix64(seed ^ mix64(tensor_id + 0x1234567ull)), std);
       if (u.split()) u.write_master(u.offsets[k], n, p);  // split storage: encode the tensor once made
     }
   }

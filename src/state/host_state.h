@@ -33,7 +33,10 @@ struct HostBuffer {
   // align: a power of two >= 64 (4096 for memory the CUDA engine pins in place).
   HostBuffer(size_t n_floats, const std::string& what, size_t align = 64);
   ~HostBuffer();
-  HostBuffer(HostBuffer&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; o.n = 0; }
+  HostBuffer(HostBuffer&& o) noexcept : p(o.p), n(o.n) {
+    o.p = nullptr;
+    o.n = 0;
+  }
   HostBuffer& operator=(HostBuffer&& o) noexcept;
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
@@ -51,14 +54,14 @@ struct StateUnit {
   std::vector<WeightEntry> entries;  // canonical order
   std::vector<int64_t> offsets;      // element offset of each entry in the arena
   int64_t numel = 0;
-  HostBuffer arena;                  // fp32: [master | m | v], 3 * numel floats; split: [m | v]
-  HostBuffer grad;                   // numel floats (empty when grads are off)
+  HostBuffer arena;  // fp32: [master | m | v], 3 * numel floats; split: [m | v]
+  HostBuffer grad;   // numel floats (empty when grads are off)
   // split storage only: bf16 shadows (page aligned, [1] only with two), remainder, tie bitmap
   HostBuffer shadow_buf[2], rem_buf, tie_buf;
-  int n_shadows = 0;                 // 0: fp32 storage
-  int cur_shadow = 0;                // the shadow holding the current master (split)
+  int n_shadows = 0;   // 0: fp32 storage
+  int cur_shadow = 0;  // the shadow holding the current master (split)
   bool split() const { return n_shadows > 0; }
-  float* master() const;             // fp32 storage only (throws on split)
+  float* master() const;  // fp32 storage only (throws on split)
   float* m() const { return arena.p + (split() ? 0 : numel); }
   float* v() const { return m() + numel; }
   uint16_t* shadow(int k) const { return reinterpret_cast<uint16_t*>(shadow_buf[k].p); }
@@ -134,7 +137,7 @@ class HostState {
   bool with_grads_;
   std::vector<StateUnit> units_;
   std::vector<std::pair<std::string, Loc>> index_;  // sorted by name
-  mutable std::vector<HostBuffer> decoded_;          // split: weights()' fp32 copy, per unit
+  mutable std::vector<HostBuffer> decoded_;         // split: weights()' fp32 copy, per unit
 };
 
 }  // namespace rt

@@ -30,8 +30,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // GPT-2's byte -> unicode table: printable bytes map to themselves, the other
 // 68 to U+0100.. in byte order.
@@ -236,8 +235,8 @@ void HfBpeTokenizer::parse_model(const json& m) {
     if (e.is_string()) {
       const auto s = e.get<std::string>();
       const size_t sp = s.find(' ');
-      RT_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos, where_, "merge ", rank, " \"",
-               s, "\" is not two tokens separated by one space");
+      RT_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos, where_, "merge ", rank, " \"", s,
+               "\" is not two tokens separated by one space");
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else {
@@ -264,8 +263,8 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
     for (const auto& s : p.at("pretokenizers")) parse_pre_tokenizer(s);
     return;
   }
-  RT_CHECK(steps_.empty() || steps_.back().kind != PreTokenizeStep::Kind::byte_level, where_,
-           "pre-tokenizer ", json_type(p), " after ByteLevel is not supported (ByteLevel must come last)");
+  RT_CHECK(steps_.empty() || steps_.back().kind != PreTokenizeStep::Kind::byte_level, where_, "pre-tokenizer ",
+           json_type(p), " after ByteLevel is not supported (ByteLevel must come last)");
   PreTokenizeStep st;
   if (type == "ByteLevel") {
     st.kind = PreTokenizeStep::Kind::byte_level;
@@ -273,8 +272,8 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
     if (json_bool(p, "use_regex", true)) st.regex = std::make_unique<Pcre2Regex>(kGpt2Regex, false, where_);
   } else if (type == "Digits") {  // HF splits on char::is_numeric (Nd, Nl, No = \p{N}): each digit, or each run
     st.kind = PreTokenizeStep::Kind::split;
-    st.regex = std::make_unique<Pcre2Regex>(json_bool(p, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", false,
-                                            where_);
+    st.regex =
+        std::make_unique<Pcre2Regex>(json_bool(p, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", false, where_);
   } else if (type == "Metaspace") {
     st.kind = PreTokenizeStep::Kind::metaspace;
     st.replacement = p.at("replacement").get<std::string>();
@@ -314,9 +313,9 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p) {
 void HfBpeTokenizer::parse_added_tokens(const json& a) {
   added_.reserve(a.size());  // stable addresses for the matchers
   for (const auto& t : a) {
-    AddedToken tok{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), json_bool(t, "special", false),
-                   json_bool(t, "single_word", false),  json_bool(t, "lstrip", false),
-                   json_bool(t, "rstrip", false),        json_bool(t, "normalized", true)};
+    AddedToken tok{t.at("content").get<std::string>(), t.at("id").get<int32_t>(),     json_bool(t, "special", false),
+                   json_bool(t, "single_word", false), json_bool(t, "lstrip", false), json_bool(t, "rstrip", false),
+                   json_bool(t, "normalized", true)};
     RT_CHECK(tok.id >= 0, where_, "added token \"", tok.content, "\" has negative id");
     added_by_name_[tok.content] = tok.id;
     if (static_cast<size_t>(tok.id) >= decode_bytes_.size()) {
@@ -621,8 +620,9 @@ void HfBpeTokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out
 
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_special) const {
   if (const size_t bad = utf8_find_invalid(text); bad != std::string_view::npos)
-    fail("[tokenizer] input text is not valid UTF-8: byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(text[bad])),
-         std::dec, " at byte offset ", bad, " starts an invalid sequence; convert the data to UTF-8 first");
+    fail("[tokenizer] input text is not valid UTF-8: byte 0x", std::hex,
+         static_cast<int>(static_cast<uint8_t>(text[bad])), std::dec, " at byte offset ", bad,
+         " starts an invalid sequence; convert the data to UTF-8 first");
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 8);
   if (add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());

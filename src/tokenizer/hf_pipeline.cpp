@@ -110,7 +110,8 @@ void Normalizer::parse(const json& n, const std::string& where) {
     parse_pattern(n.at("pattern"), where, st.text, st.regex);
     st.content = n.at("content").get<std::string>();
   } else {
-    fail(where, "normalizer ", type_of(n), " is not supported; supported: null, NFC, Prepend, Replace, Sequence of those");
+    fail(where, "normalizer ", type_of(n),
+         " is not supported; supported: null, NFC, Prepend, Replace, Sequence of those");
   }
   steps_.push_back(std::move(st));
 }
@@ -125,11 +126,15 @@ std::string Normalizer::apply(std::string_view s) const {
   std::string cur(s);
   for (const Step& st : steps_) {
     switch (st.kind) {
-      case Step::Kind::nfc: cur = nfc_normalize(cur); break;
+      case Step::Kind::nfc:
+        cur = nfc_normalize(cur);
+        break;
       case Step::Kind::prepend:
         if (!cur.empty()) cur.insert(0, st.text);
         break;
-      case Step::Kind::replace: cur = replace_all(cur, st.text, st.regex.get(), st.content); break;
+      case Step::Kind::replace:
+        cur = replace_all(cur, st.text, st.regex.get(), st.content);
+        break;
     }
   }
   return cur;

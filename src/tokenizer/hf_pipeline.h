@@ -29,9 +29,9 @@ class Normalizer {
  private:
   struct Step {
     enum class Kind { nfc, prepend, replace } kind;
-    std::string text;                    // prepend: the prefix; replace: the literal pattern
-    std::string content;                 // replace: the replacement
-    std::unique_ptr<Pcre2Regex> regex;   // replace with a Regex pattern
+    std::string text;                   // prepend: the prefix; replace: the literal pattern
+    std::string content;                // replace: the replacement
+    std::unique_ptr<Pcre2Regex> regex;  // replace with a Regex pattern
   };
   std::vector<Step> steps_;
 };

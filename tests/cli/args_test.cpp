@@ -24,8 +24,9 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 ArgParser make() {
-  ArgParser p("demo", "A summary line that is long enough to be wrapped when the help is printed at its width, "
-                      "which is at most one hundred columns.",
+  ArgParser p("demo",
+              "A summary line that is long enough to be wrapped when the help is printed at its width, "
+              "which is at most one hundred columns.",
               "  ramtrain demo --n 3\n");
   p.group("Numbers");
   p.option("n", "N", "a count", "1").integer(1, 10);
@@ -41,8 +42,8 @@ ArgParser make() {
 }
 
 TEST(Args, CommandLineValuesAreChecked) {
-  for (const char* bad : {"--n=0", "--n=11", "--n=2.5", "--x=0", "--x=-1", "--mem=12Q", "--keep=-1", "--mode=c",
-                          "--on=yes"}) {
+  for (const char* bad :
+       {"--n=0", "--n=11", "--n=2.5", "--x=0", "--x=-1", "--mem=12Q", "--keep=-1", "--mode=c", "--on=yes"}) {
     ArgParser p = make();
     const std::string e = error_of([&] { p.parse({bad}); });
     const std::string name = std::string(bad).substr(0, std::string(bad).find('='));
@@ -77,16 +78,15 @@ TEST(Args, TomlTakesTheSameChecksAndRefusesWrongTypes) {
     const char* toml;
     const char* expect;  // "" accepted
   };
-  for (const Case& c : {Case{"n = 3", ""}, Case{"n = 0", "key 'n' must be an integer >= 1 and <= 10, got '0'"},
-                        Case{"n = \"3\"", "key 'n' must be an integer, got a string"},
-                        Case{"x = 2", ""}, Case{"x = -2.0", "key 'x' must be a number > 0"},
-                        Case{"on = \"yes\"", "key 'on' must be true or false"}, Case{"on = true", ""},
-                        Case{"keep = \"auto\"", ""}, Case{"keep = 4", ""},
-                        Case{"keep = \"many\"", "key 'keep' must be an integer >= 0 (or auto)"},
-                        Case{"mode = 1", "key 'mode' must be a string, got an integer"},
-                        Case{"files = [\"a\", \"b\"]", ""}, Case{"files = [\"a\", 2]", "an array of strings"},
-                        Case{"mem = \"4G\"", ""}, Case{"mem = true", "key 'mem' must be a size"},
-                        Case{"nope = 1", "unknown key 'nope'"}}) {
+  for (const Case& c :
+       {Case{"n = 3", ""}, Case{"n = 0", "key 'n' must be an integer >= 1 and <= 10, got '0'"},
+        Case{"n = \"3\"", "key 'n' must be an integer, got a string"}, Case{"x = 2", ""},
+        Case{"x = -2.0", "key 'x' must be a number > 0"}, Case{"on = \"yes\"", "key 'on' must be true or false"},
+        Case{"on = true", ""}, Case{"keep = \"auto\"", ""}, Case{"keep = 4", ""},
+        Case{"keep = \"many\"", "key 'keep' must be an integer >= 0 (or auto)"},
+        Case{"mode = 1", "key 'mode' must be a string, got an integer"}, Case{"files = [\"a\", \"b\"]", ""},
+        Case{"files = [\"a\", 2]", "an array of strings"}, Case{"mem = \"4G\"", ""},
+        Case{"mem = true", "key 'mem' must be a size"}, Case{"nope = 1", "unknown key 'nope'"}}) {
     rt::test::write_bytes(path, std::string(c.toml) + "\n");
     ArgParser p = make();
     ASSERT_TRUE(p.parse({}));

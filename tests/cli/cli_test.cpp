@@ -134,8 +134,8 @@ TEST(Cli, TrainRefusesContradictoryLowMemoryOptions) {
   std::string text;
   for (int i = 0; i < 50; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   rt::test::write_bytes(tmp.file("fox.txt"), text);
-  const std::string common = "train --data " + tmp.file("fox.txt") + " --preset tiny-byte --steps 1 --seq-len 64 --out " +
-                             tmp.file("out") + " --low-memory ";
+  const std::string common = "train --data " + tmp.file("fox.txt") +
+                             " --preset tiny-byte --steps 1 --seq-len 64 --out " + tmp.file("out") + " --low-memory ";
   for (const char* extra : {"--grads device", "--checkpoints device", "--slots 4", "--resident", "--delayed-update",
                             "--keep-activations 2"}) {
     auto r = run_ramtrain(common + extra);

@@ -120,8 +120,7 @@ TEST(CliEval, TextRecordsCountEveryTokenOnceAndChatOnlyTheReplies) {
   // Text records: each is <s> + ids + </s> (data/finetune.h), cut into windows
   // [kT, kT+T+1); the longest needs several windows at T = 16.
   const std::vector<std::string> texts = {
-      "First Citizen: Before we proceed any further, hear me speak.",
-      "All: Speak, speak.",
+      "First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak.",
       "First Citizen: You are all resolved rather to die than to famish? All: Resolved. resolved. "
       "First Citizen: First, you know Caius Marcius is chief enemy to the people.",
       "ok"};
@@ -148,9 +147,8 @@ TEST(CliEval, TextRecordsCountEveryTokenOnceAndChatOnlyTheReplies) {
   // Chat records: only the reply and its end token carry loss, so a longer
   // user turn changes the context but not the count of scored tokens.
   auto chat = [&](const std::string& user) {
-    const nlohmann::json rec = {{"messages",
-                                 {{{"role", "user"}, {"content", user}},
-                                  {{"role", "assistant"}, {"content", "Speak, speak."}}}}};
+    const nlohmann::json rec = {
+        {"messages", {{{"role", "user"}, {"content", user}}, {{"role", "assistant"}, {"content", "Speak, speak."}}}}};
     rt::test::write_bytes(tmp.file("c.jsonl"), rec.dump() + "\n");
     auto rc = run_ramtrain("eval --model " + dir + " --data " + tmp.file("c.jsonl") +
                            " --seq-len 64 --device cpu --json --chat-format chatml");
@@ -169,8 +167,9 @@ TEST(CliEval, ByteLevelTextIsOneStreamOfWindows) {
   rt::test::TempDir tmp;
   const std::string text = rt::read_text_file(rt::test::shared_data_dir() + "/tinyshakespeare.txt").substr(0, 700);
   rt::test::write_bytes(tmp.file("t.txt"), text);
-  auto tr = run_ramtrain("train --preset tiny-byte --data " + tmp.file("t.txt") +
-                         " --steps 1 --seq-len 32 --micro-batch 1 --val-fraction 0 --device cpu --out " + tmp.file("run"));
+  auto tr =
+      run_ramtrain("train --preset tiny-byte --data " + tmp.file("t.txt") +
+                   " --steps 1 --seq-len 32 --micro-batch 1 --val-fraction 0 --device cpu --out " + tmp.file("run"));
   ASSERT_EQ(tr.exit_code, 0) << tr.output;
   const rt::TokenStream ts = rt::load_text_documents({tmp.file("t.txt")});
   std::vector<int32_t> ids(ts.size());
@@ -214,8 +213,7 @@ TEST(CliEval, BadInputsGetClearErrors) {
   rt::token_file_write(tmp.file("big.bin"), big, 0);
   rt::token_file_write(tmp.file("one.bin"), std::vector<int32_t>{5}, 0);
   const std::string m = "eval --model " + dir;
-  for (const Bad& b : {Bad{m + " --data", "--data needs one or more paths"},
-                       Bad{m, "--data is required"},
+  for (const Bad& b : {Bad{m + " --data", "--data needs one or more paths"}, Bad{m, "--data is required"},
                        Bad{"eval --data " + tmp.file("ok.bin"), "--model is required"},
                        Bad{m + " --data " + tmp.file("nope.bin"), tmp.file("nope.bin") + ": no such file"},
                        Bad{m + " --data " + tmp.file("ok.bin") + " --seq-len 0", "--seq-len must be >= 1"},

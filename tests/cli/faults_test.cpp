@@ -54,9 +54,9 @@ struct Fixture {
   // A shell-quoted `train` command line into out.
   std::string train(const std::string& out, const std::string& extra = "", const std::string& data = "",
                     int steps = 10) const {
-    return "train --model " + tmp.file("model") + " --init random --data " + (data.empty() ? tmp.file("data.txt") : data) +
-           " --seq-len 16 --micro-batch 2 --steps " + std::to_string(steps) + " --lr 3e-3 --threads 2 --out " + out +
-           " " + extra;
+    return "train --model " + tmp.file("model") + " --init random --data " +
+           (data.empty() ? tmp.file("data.txt") : data) + " --seq-len 16 --micro-batch 2 --steps " +
+           std::to_string(steps) + " --lr 3e-3 --threads 2 --out " + out + " " + extra;
   }
 };
 
@@ -120,8 +120,8 @@ TEST(Faults, ASecondRunIntoTheSameOutIsRefusedNamingTheFirst) {
 
   auto r = run_ramtrain(fx.train(out));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--out " + out + " is in use by another ramtrain process (pid " +
-                                     std::to_string(a.pid) + ", host "))
+  EXPECT_TRUE(contains(
+      r.output, "--out " + out + " is in use by another ramtrain process (pid " + std::to_string(a.pid) + ", host "))
       << r.output;
   EXPECT_TRUE(contains(r.output, "command " RAMTRAIN_BINARY " train")) << r.output;
   EXPECT_FALSE(contains(r.output, "step ")) << r.output;
@@ -249,9 +249,11 @@ TEST(Faults, ACheckpointWhoseNameDisagreesWithItsContentIsSkippedAlone) {
 TEST(Faults, AnOverflowingJsonNumberIsABadRecordWithItsLine) {
   Fixture fx;
   const std::string tok = rt::test::fixture_dir() + "/tokenizers/qwen2";
-  rt::test::write_bytes(fx.tmp.file("d.jsonl"),
-                        "{\"text\": \"hello there\"}\n{\"text\": \"x\", \"weight\": 1e99999}\n{\"text\": \"bye now\"}\n");
-  auto r = run_ramtrain("tokenize " + fx.tmp.file("d.jsonl") + " --tokenizer " + tok + " --out " + fx.tmp.file("d.bin"));
+  rt::test::write_bytes(
+      fx.tmp.file("d.jsonl"),
+      "{\"text\": \"hello there\"}\n{\"text\": \"x\", \"weight\": 1e99999}\n{\"text\": \"bye now\"}\n");
+  auto r =
+      run_ramtrain("tokenize " + fx.tmp.file("d.jsonl") + " --tokenizer " + tok + " --out " + fx.tmp.file("d.bin"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, fx.tmp.file("d.jsonl") + ":2: a number is out of range")) << r.output;
   EXPECT_TRUE(contains(r.output, "--bad-lines skip")) << r.output;
@@ -270,7 +272,8 @@ TEST(Faults, ATenMegabyteBadLineIsQuotedShort) {
   const std::string tok = rt::test::fixture_dir() + "/tokenizers/qwen2";
   const std::string line = "{\"text\": \"" + std::string(10 << 20, 'a') + "\n";  // no closing quote
   rt::test::write_bytes(fx.tmp.file("long.jsonl"), "{\"text\": \"fine\"}\n" + line);
-  auto r = run_ramtrain("tokenize " + fx.tmp.file("long.jsonl") + " --tokenizer " + tok + " --out " + fx.tmp.file("l.bin"));
+  auto r =
+      run_ramtrain("tokenize " + fx.tmp.file("long.jsonl") + " --tokenizer " + tok + " --out " + fx.tmp.file("l.bin"));
   EXPECT_EQ(r.exit_code, 1) << r.output.substr(0, 2000);
   EXPECT_TRUE(contains(r.output, fx.tmp.file("long.jsonl") + ":2:")) << r.output.substr(0, 2000);
   EXPECT_TRUE(contains(r.output, "bytes in all)")) << r.output.substr(0, 2000);
@@ -282,7 +285,8 @@ TEST(Faults, ATenMegabyteBadLineIsQuotedShort) {
   r = run_ramtrain("train --model " + fx.tmp.file("m") + " --init random --data " + fx.tmp.file("data.txt") +
                    " --out " + fx.tmp.file("o"));
   EXPECT_EQ(r.exit_code, 1) << r.output.substr(0, 2000);
-  EXPECT_TRUE(contains(r.output, "[config] " + fx.tmp.file("m/config.json") + ": not valid JSON")) << r.output.substr(0, 2000);
+  EXPECT_TRUE(contains(r.output, "[config] " + fx.tmp.file("m/config.json") + ": not valid JSON"))
+      << r.output.substr(0, 2000);
   EXPECT_LT(r.output.size(), 800u) << r.output.substr(0, 2000);
   // A 1 MB value in a TOML file, quoted by a message that does not cut it itself: main's backstop cuts it.
   rt::test::write_bytes(fx.tmp.file("c.toml"), "export-dtype = \"" + std::string(1 << 20, 'x') + "\"\n");

@@ -61,12 +61,14 @@ TEST(FinetuneCli, ChatJsonlTrainsExportsAndSamples) {
     data += chat_line({{"user", "What is the capital of France?"}, {"assistant", "Paris."}});
     data += chat_line({{"system", "You are terse."}, {"user", "Name a color."}, {"assistant", "Blue."}});
     data += chat_line({{"user", "Say hello."}, {"assistant", "Hello there, friend!"}});
-    data += R"({"instruction": "Count to", "input": "three", "output": "One, two, three."})" "\n";
+    data += R"({"instruction": "Count to", "input": "three", "output": "One, two, three."})"
+            "\n";
   }
   write_bytes(tmp.file("chat.jsonl"), data);
   auto r = run_ramtrain("train --model " + tmp.file("m") + " --init random --data " + tmp.file("chat.jsonl") +
                         " --steps 40 --seq-len 64 --micro-batch 4 --lr 1e-2 --warmup 2 --val-fraction 0 --threads 2"
-                        " --device cpu --out " + tmp.file("out"));
+                        " --device cpu --out " +
+                        tmp.file("out"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "chat format: chatml")) << r.output;
   EXPECT_TRUE(contains(r.output, "48 records (36 chat, 12 instruction)")) << r.output;
@@ -88,7 +90,8 @@ TEST(FinetuneCli, ChatJsonlTrainsExportsAndSamples) {
   EXPECT_GT(s.output.size(), 1u) << s.output;
   EXPECT_FALSE(contains(s.output, "<|im_")) << s.output;  // special tokens are not printed
   // without --chat: the prompt is continued as plain text
-  auto plain = run_ramtrain("sample --model " + tmp.file("out/final") + " --prompt 'What is' --max-tokens 5 --threads 2");
+  auto plain =
+      run_ramtrain("sample --model " + tmp.file("out/final") + " --prompt 'What is' --max-tokens 5 --threads 2");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_TRUE(contains(plain.output, "What is")) << plain.output;
 }
@@ -107,8 +110,10 @@ TEST(FinetuneCli, PlainTextGoesThroughTheModelTokenizer) {
   // bad lines: abort names file:line, skip counts and goes on
   write_bytes(tmp.file("b.jsonl"), chat_line({{"user", "q"}, {"assistant", "a"}}) + "{oops\n" +
                                        chat_line({{"user", "q"}, {"assistant", "a"}}));
-  const std::string common = " --model " + tmp.file("m") + " --init random --steps 1 --seq-len 32 --micro-batch 1"
-                             " --val-fraction 0 --threads 2 --device cpu --out " + tmp.file("out2");
+  const std::string common = " --model " + tmp.file("m") +
+                             " --init random --steps 1 --seq-len 32 --micro-batch 1"
+                             " --val-fraction 0 --threads 2 --device cpu --out " +
+                             tmp.file("out2");
   r = run_ramtrain("train --data " + tmp.file("b.jsonl") + common);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, tmp.file("b.jsonl") + ":2:2: malformed JSON")) << r.output;

@@ -140,8 +140,7 @@ TEST(Plan, TooBigForHostRamIsRefusedWithTheFix) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex("--host-ram ([0-9]+)G or more"))) << r.output;
   auto ok = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram " + m[1].str() + "G --json");
-  EXPECT_TRUE(contains(ok.output, "\"host\":{") && flag(ok.output, "fits", ok.output.find("\"host\":{")))
-      << ok.output;
+  EXPECT_TRUE(contains(ok.output, "\"host\":{") && flag(ok.output, "fits", ok.output.find("\"host\":{"))) << ok.output;
   // fp32 master: the split master is named as a fix
   auto f = run_ramtrain("plan --preset qwen2.5-72b --gpu h200 --host-ram 128G --master fp32");
   EXPECT_EQ(f.exit_code, 1);

@@ -66,11 +66,37 @@ struct Fixture {
   }
   // The full option list of one run into out (metrics in out/metrics.jsonl).
   std::vector<std::string> args(const std::string& out, const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> a = {"train", "--model", tmp.file("model"), "--init", "random", "--data",
-                                  tmp.file("data.txt"), "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "2",
-                                  "--steps", std::to_string(kSteps), "--lr", "3e-3", "--eval-every", "10",
-                                  "--eval-batches", "2", "--save-every", "5", "--keep-checkpoints", "2", "--threads",
-                                  "2", "--out", out, "--metrics", out + "/metrics.jsonl"};
+    std::vector<std::string> a = {"train",
+                                  "--model",
+                                  tmp.file("model"),
+                                  "--init",
+                                  "random",
+                                  "--data",
+                                  tmp.file("data.txt"),
+                                  "--seq-len",
+                                  "16",
+                                  "--micro-batch",
+                                  "2",
+                                  "--grad-accum",
+                                  "2",
+                                  "--steps",
+                                  std::to_string(kSteps),
+                                  "--lr",
+                                  "3e-3",
+                                  "--eval-every",
+                                  "10",
+                                  "--eval-batches",
+                                  "2",
+                                  "--save-every",
+                                  "5",
+                                  "--keep-checkpoints",
+                                  "2",
+                                  "--threads",
+                                  "2",
+                                  "--out",
+                                  out,
+                                  "--metrics",
+                                  out + "/metrics.jsonl"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -254,13 +280,15 @@ TEST(SlowKillNine, RandomKillsThenResumeGiveTheUninterruptedLosses) {
     }
     ASSERT_EQ(code, 0) << "trial " << trials << " (seed " << seed << "):\n" << rt::read_text_file(log);
     ASSERT_TRUE(same_losses(metrics_read(out + "/metrics.jsonl"), ref.records))
-        << "trial " << trials << " (seed " << seed << "):\n" << rt::read_text_file(log);
+        << "trial " << trials << " (seed " << seed << "):\n"
+        << rt::read_text_file(log);
     std::error_code ec;
     fs::remove_all(out, ec);
   }
-  std::printf("kill -9 trials: %d (seed %llu), kills %d (%d during a checkpoint write, %d before the first "
-              "checkpoint); every trial's losses equal the uninterrupted run's\n",
-              trials, (unsigned long long)seed, kills, during_write, before_first);
+  std::printf(
+      "kill -9 trials: %d (seed %llu), kills %d (%d during a checkpoint write, %d before the first "
+      "checkpoint); every trial's losses equal the uninterrupted run's\n",
+      trials, (unsigned long long)seed, kills, during_write, before_first);
   EXPECT_GE(trials, 5);
 }
 
@@ -290,7 +318,8 @@ TEST(Resume, DelayedUpdateResumesExactly) {
   const std::string ref_out = fx.tmp.file("dref");
   ASSERT_EQ(run_logged(fx.args(ref_out, {"--delayed-update"}), ref_out + ".log"), 0)
       << rt::read_text_file(ref_out + ".log");
-  EXPECT_TRUE(contains(rt::read_text_file(ref_out + ".log"), "delayed update: the update of step t is applied during step t+1"));
+  EXPECT_TRUE(contains(rt::read_text_file(ref_out + ".log"),
+                       "delayed update: the update of step t is applied during step t+1"));
   const Records ref = metrics_read(ref_out + "/metrics.jsonl");
   const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
   const std::string out = fx.tmp.file("d"), log = out + ".log";

@@ -46,7 +46,8 @@ struct Fixture {
 
 TEST(TrainOptions, EveryHelpFitsHundredColumns) {
   std::vector<std::string> cmds = {"--help"};
-  for (const char* c : {"train", "sample", "tokenize", "export", "loss", "plan"}) cmds.push_back(std::string(c) + " --help");
+  for (const char* c : {"train", "sample", "tokenize", "export", "loss", "plan"})
+    cmds.push_back(std::string(c) + " --help");
   for (const std::string& c : cmds) {
     auto r = run_ramtrain(c);
     EXPECT_EQ(r.exit_code, 0) << c;
@@ -98,9 +99,9 @@ TEST(TrainOptions, BadValuesNameTheFlag) {
 // Issue 18 item 10: values accepted silently before are refused, naming the flag.
 TEST(TrainOptions, NegativeCountsAreRefused) {
   Fixture f;
-  for (const char* bad : {"--save-every -1", "--keep-checkpoints -1", "--clip -1", "--eval-every -3",
-                          "--max-bad-steps -1", "--micro-batch 0", "--schedule cosin", "--device gpu",
-                          "--mlp-chunk-tokens -1", "--mlp-chunk-tokens some"}) {
+  for (const char* bad :
+       {"--save-every -1", "--keep-checkpoints -1", "--clip -1", "--eval-every -3", "--max-bad-steps -1",
+        "--micro-batch 0", "--schedule cosin", "--device gpu", "--mlp-chunk-tokens -1", "--mlp-chunk-tokens some"}) {
     auto r = run_ramtrain(f.train("o", bad));
     EXPECT_EQ(r.exit_code, 1) << bad << ": " << r.output;
     const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
@@ -122,16 +123,16 @@ TEST(TrainOptions, ConfigFileValuesTakeTheSamePath) {
     const char* line;
     const char* expect;
   };
-  for (const Case& c : {Case{"delayed_update = \"yes\"", "key 'delayed_update' must be true or false"},
-                        Case{"steps = \"ten\"", "key 'steps' must be an integer"},
-                        Case{"steps = 0", "key 'steps' must be an integer >= 1, got '0'"},
-                        Case{"lr = -1.0", "key 'lr' must be a number > 0"},
-                        Case{"clip = -1", "key 'clip' must be a number >= 0"},
-                        Case{"save-every = -1", "key 'save-every' must be an integer >= 0"},
-                        Case{"keep_checkpoints = -1", "key 'keep_checkpoints' must be an integer >= 0"},
-                        Case{"seq_len = 1.5", "key 'seq_len' must be an integer, got a float"},
-                        Case{"schedule = \"cosin\"", "key 'schedule' must be one of cosine, constant, linear"},
-                        Case{"data = [1, 2]", "key 'data' must be an array of strings"}}) {
+  for (const Case& c :
+       {Case{"delayed_update = \"yes\"", "key 'delayed_update' must be true or false"},
+        Case{"steps = \"ten\"", "key 'steps' must be an integer"},
+        Case{"steps = 0", "key 'steps' must be an integer >= 1, got '0'"},
+        Case{"lr = -1.0", "key 'lr' must be a number > 0"}, Case{"clip = -1", "key 'clip' must be a number >= 0"},
+        Case{"save-every = -1", "key 'save-every' must be an integer >= 0"},
+        Case{"keep_checkpoints = -1", "key 'keep_checkpoints' must be an integer >= 0"},
+        Case{"seq_len = 1.5", "key 'seq_len' must be an integer, got a float"},
+        Case{"schedule = \"cosin\"", "key 'schedule' must be one of cosine, constant, linear"},
+        Case{"data = [1, 2]", "key 'data' must be an array of strings"}}) {
     write_bytes(toml, std::string(c.line) + "\n");
     auto r = run_ramtrain(f.train("o", "--config " + toml));
     EXPECT_EQ(r.exit_code, 1) << c.line << ": " << r.output;
@@ -141,9 +142,10 @@ TEST(TrainOptions, ConfigFileValuesTakeTheSamePath) {
   // Good values of every TOML type are taken; the command line wins.
   write_bytes(toml, "delayed_update = true\nlr = 2e-3\nsteps = 50\nschedule = \"linear\"\ndata = [\"" +
                         f.tmp.file("data.txt") + "\"]\nmax_gpu_memory = \"1G\"\n");
-  auto ok = run_ramtrain("train --model " + f.tmp.file("model") + " --init random --seq-len 16 --micro-batch 2 "
-                         "--threads 1 --eval-batches 1 --device cpu --steps 2 --out " + f.tmp.file("ok") +
-                         " --config " + toml);
+  auto ok = run_ramtrain("train --model " + f.tmp.file("model") +
+                         " --init random --seq-len 16 --micro-batch 2 "
+                         "--threads 1 --eval-batches 1 --device cpu --steps 2 --out " +
+                         f.tmp.file("ok") + " --config " + toml);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_TRUE(contains(ok.output, "training 2 steps")) << ok.output;
   EXPECT_TRUE(contains(ok.output, "delayed update:")) << ok.output;
@@ -181,8 +183,8 @@ TEST(TrainOptions, ModelDirWithOtherWeightFormatsIsNamedFirst) {
     rt::make_dirs(dir);
     write_bytes(dir + "/config.json", rt::read_text_file(f.tmp.file("model/config.json")));
     write_bytes(dir + "/" + file, "not really weights");
-    auto r = run_ramtrain("train --model " + dir + " --data " + f.tmp.file("missing.txt") + " --out " +
-                          f.tmp.file("o"));
+    auto r =
+        run_ramtrain("train --model " + dir + " --data " + f.tmp.file("missing.txt") + " --out " + f.tmp.file("o"));
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_TRUE(contains(r.output, std::string("holds ") + file + " but no *.safetensors")) << r.output;
     EXPECT_TRUE(contains(r.output, "save_pretrained")) << r.output;
@@ -204,9 +206,9 @@ TEST(TrainOptions, ModelIdIsFoundInTheLocalHfCache) {
     fs::copy_file(e.path(), repo + "/snapshots/0123abc/" + e.path().filename().string());
   ::setenv("HF_HOME", f.tmp.file("hf").c_str(), 1);
   auto s = run_ramtrain("sample --model acme/tiny-byte --prompt the --max-tokens 4 --temperature 0");
-  auto tr = run_ramtrain("train --model acme/tiny-byte --data " + f.tmp.file("data.txt") +
-                         " --seq-len 16 --micro-batch 2 --steps 1 --threads 1 --eval-batches 1 --out " +
-                         f.tmp.file("ft"));
+  auto tr =
+      run_ramtrain("train --model acme/tiny-byte --data " + f.tmp.file("data.txt") +
+                   " --seq-len 16 --micro-batch 2 --steps 1 --threads 1 --eval-batches 1 --out " + f.tmp.file("ft"));
   auto missing = run_ramtrain("sample --model acme/absent --prompt the");
   ::unsetenv("HF_HOME");
   EXPECT_EQ(s.exit_code, 0) << s.output;

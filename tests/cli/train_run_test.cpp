@@ -47,7 +47,8 @@ struct Fixture {
                 "\"max_position_embeddings\": 64, \"bos_token_id\": 256, \"eos_token_id\": 257}");
     std::string text, other;
     for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + ". ";
-    for (int i = 0; i < 60; ++i) other += "a slow green turtle walks under the busy cat " + std::to_string(i % 5) + ". ";
+    for (int i = 0; i < 60; ++i)
+      other += "a slow green turtle walks under the busy cat " + std::to_string(i % 5) + ". ";
     write_bytes(tmp.file("data.txt"), text);
     write_bytes(tmp.file("other.txt"), other);
   }
@@ -207,10 +208,29 @@ TEST(TrainRun, SignalDuringTheTrainSampleStopsTheRun) {
               rt::read_text_file(rt::test::fixture_dir() + "/tokenizers/qwen2/tokenizer.json"));
   write_bytes(model + "/tokenizer_config.json", R"({"bos_token": null, "eos_token": null})");
   const std::string log = f.tmp.file("train.log");
-  Child c({"train", "--model", model, "--init", "random", "--data", f.tmp.file("data.txt"), "--seq-len", "16",
-           "--micro-batch", "2", "--threads", "1", "--steps", "5", "--val-fraction", "0", "--out", f.tmp.file("o"),
-           "--sample-prompt", "the",
-           "--sample-tokens", "1000000000"},
+  Child c({"train",
+           "--model",
+           model,
+           "--init",
+           "random",
+           "--data",
+           f.tmp.file("data.txt"),
+           "--seq-len",
+           "16",
+           "--micro-batch",
+           "2",
+           "--threads",
+           "1",
+           "--steps",
+           "5",
+           "--val-fraction",
+           "0",
+           "--out",
+           f.tmp.file("o"),
+           "--sample-prompt",
+           "the",
+           "--sample-tokens",
+           "1000000000"},
           log);
   ASSERT_GT(c.pid, 0);
   // Wait until the run is in the sample (the lines before it are flushed first).
@@ -238,8 +258,9 @@ TEST(TrainRun, EpochsSetTheStepCount) {
   auto r = run_ramtrain(f.train("o", "--epochs 2 --grad-accum 3"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("--epochs 2: ([0-9]+) steps \\(([0-9]+) sequences per epoch, "
-                                                        "6 per step\\)")))
+  ASSERT_TRUE(std::regex_search(r.output, m,
+                                std::regex("--epochs 2: ([0-9]+) steps \\(([0-9]+) sequences per epoch, "
+                                           "6 per step\\)")))
       << r.output;
   const int64_t steps = std::stoll(m[1]), windows = std::stoll(m[2]);
   EXPECT_EQ(steps, (2 * windows + 5) / 6);
@@ -247,8 +268,8 @@ TEST(TrainRun, EpochsSetTheStepCount) {
   for (auto& j : read_jsonl(f.tmp.file("o/metrics.jsonl")))
     if (j.contains("loss")) epochs.push_back(j["epoch"].get<double>());
   ASSERT_EQ(static_cast<int64_t>(epochs.size()), steps);
-  EXPECT_GE(epochs.back(), 2.0);                        // the last step reaches epoch 2
-  EXPECT_LT(epochs[epochs.size() - 2], 2.0);            // the one before does not
+  EXPECT_GE(epochs.back(), 2.0);              // the last step reaches epoch 2
+  EXPECT_LT(epochs[epochs.size() - 2], 2.0);  // the one before does not
   auto both = run_ramtrain(f.train("o2", "--epochs 2 --steps 5"));
   EXPECT_EQ(both.exit_code, 1) << both.output;
   EXPECT_TRUE(contains(both.output, "give one of --steps N or --epochs E")) << both.output;

@@ -36,7 +36,11 @@ TEST(ThreadPool, FixedBlockReductionIsIdenticalForAnyThreadCount) {
 
 TEST(ThreadPool, PropagatesExceptions) {
   rt::ThreadPool pool(3);
-  EXPECT_THROW(pool.run(50, [](int64_t t) { if (t == 17) rt::fail("[test] boom"); }), rt::Error);
+  EXPECT_THROW(pool.run(50,
+                        [](int64_t t) {
+                          if (t == 17) rt::fail("[test] boom");
+                        }),
+               rt::Error);
   // The pool still works afterwards.
   std::atomic<int> n{0};
   pool.run(10, [&](int64_t) { n++; });

@@ -116,9 +116,15 @@ Vec matmul_ref(Mm mode, const Vec& a, const Vec& b, const Vec& out0, int64_t M, 
 
 void matmul_call(Mm mode, Vec& out, const Vec& a, const Vec& b, int64_t M, int64_t N, int64_t K, float beta) {
   switch (mode) {
-    case Mm::nt: rt::cpu::matmul_nt(out.data(), a.data(), b.data(), M, N, K, beta); break;
-    case Mm::nn: rt::cpu::matmul_nn(out.data(), a.data(), b.data(), M, N, K, beta); break;
-    case Mm::tn: rt::cpu::matmul_tn(out.data(), a.data(), b.data(), M, N, K, beta); break;
+    case Mm::nt:
+      rt::cpu::matmul_nt(out.data(), a.data(), b.data(), M, N, K, beta);
+      break;
+    case Mm::nn:
+      rt::cpu::matmul_nn(out.data(), a.data(), b.data(), M, N, K, beta);
+      break;
+    case Mm::tn:
+      rt::cpu::matmul_tn(out.data(), a.data(), b.data(), M, N, K, beta);
+      break;
   }
 }
 
@@ -252,8 +258,8 @@ void linear_case(int64_t N, int64_t I, int64_t O, bool with_bias, uint64_t seed)
   EXPECT_TRUE(expect_near("linear out", out, out_ref, 1e-5, 0));
 
   Vec dx(static_cast<size_t>(N * I), kNaN), dw(static_cast<size_t>(O * I), 0.f), db(O, 0.f);
-  rt::cpu::linear_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, r.data(), x.data(), w.data(), N,
-                           I, O);
+  rt::cpu::linear_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, r.data(), x.data(), w.data(), N, I,
+                           O);
   auto loss = [&] {
     Vec o(static_cast<size_t>(N * O));
     rt::cpu::linear_forward(o.data(), x.data(), w.data(), bp, N, I, O);
@@ -343,7 +349,7 @@ TEST(CpuRope, Llama3InvFreqMatchesDoubleReimplementation) {
   // order reproduced all 64 values bit for bit when this test was written; the
   // check allows 1 ulp because torch's vectorised pow may round differently
   // from this libm's powf on other machines.
-  const std::pair<int, float> hf[] = {{0, 0x1p+0f},           {20, 0x1.0f5386p-6f},  {29, 0x1.1bfa0cp-9f},
+  const std::pair<int, float> hf[] = {{0, 0x1p+0f},          {20, 0x1.0f5386p-6f},  {29, 0x1.1bfa0cp-9f},
                                       {30, 0x1.67a23ap-10f}, {34, 0x1.765ba4p-13f}, {35, 0x1.90d10cp-14f},
                                       {63, 0x1.4985fep-22f}};
   for (auto [i, v] : hf) EXPECT_NEAR(got[i], v, std::fabs(v) * 0x1p-23) << "index " << i;
@@ -521,9 +527,9 @@ TEST(CpuAttention, BadDocStartIsRefused) {
   const std::vector<int32_t> gap = {0, 0, 1, 1};     // position 2 neither starts a document nor continues one
   const std::vector<int32_t> future = {0, 2, 2, 2};  // a start after the position
   for (const auto* d : {&gap, &future})
-    EXPECT_THROW(rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), 1, T, H, G, D,
-                                            d->data()),
-                 rt::Error);
+    EXPECT_THROW(
+        rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), 1, T, H, G, D, d->data()),
+        rt::Error);
 }
 
 // ---------------------------------------------------------------- SwiGLU and add
@@ -616,20 +622,20 @@ TEST(CpuCrossEntropy, LossMatchesDoubleReferenceForEveryChunkSize) {
 TEST(CpuCrossEntropy, GradientsMatchFiniteDifferencesWithIgnoredRows) {
   CeCase c(131);
   const float scale = 1.f / 8.f;  // 1 / n_valid, as a mean loss would use
-  const int64_t chunk = 4;         // does not divide N = 11
+  const int64_t chunk = 4;        // does not divide N = 11
   Vec dh(c.h.size(), kNaN), dw(c.w.size(), 0.f);
   int64_t nv = 0;
   const double loss0 = rt::cpu::lm_head_cross_entropy(dh.data(), dw.data(), c.h.data(), c.w.data(), c.targets.data(),
                                                       c.N, c.C, c.V, scale, chunk, &nv);
   // Gradients do not change the loss value.
-  EXPECT_EQ(loss0, rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), c.targets.data(), c.N,
-                                                  c.C, c.V, scale, chunk, &nv));
+  EXPECT_EQ(loss0, rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), c.targets.data(), c.N, c.C,
+                                                  c.V, scale, chunk, &nv));
   for (int64_t n : {2, 5, 10})
     for (int64_t k = 0; k < c.C; ++k) EXPECT_EQ(dh[n * c.C + k], 0.f) << "ignored row " << n;
   auto loss = [&] {
     int64_t v = 0;
-    return scale * rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), c.targets.data(), c.N,
-                                                  c.C, c.V, scale, chunk, &v);
+    return scale * rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), c.targets.data(), c.N, c.C,
+                                                  c.V, scale, chunk, &v);
   };
   check_grad("cross_entropy dh", c.h, dh, loss, 200);
   check_grad("cross_entropy dw", c.w, dw, loss, 200);
@@ -647,8 +653,8 @@ TEST(CpuCrossEntropy, GradientsMatchFiniteDifferencesWithIgnoredRows) {
   // adds the same per-chunk terms onto a different base: 2x within rounding.
   // dh is rewritten ('='), bit for bit.
   Vec dw_once = dw, dh_once = dh;
-  rt::cpu::lm_head_cross_entropy(dh.data(), dw.data(), c.h.data(), c.w.data(), c.targets.data(), c.N, c.C, c.V,
-                                 scale, chunk, &nv);
+  rt::cpu::lm_head_cross_entropy(dh.data(), dw.data(), c.h.data(), c.w.data(), c.targets.data(), c.N, c.C, c.V, scale,
+                                 chunk, &nv);
   EXPECT_TRUE(expect_near("cross_entropy dw twice (3 chunks)", dw, doubled(dw_once), 1e-7, 1e-5));
   expect_bitwise("cross_entropy dh twice", dh, dh_once);
   // With one chunk there is a single += per call, so dw doubles exactly.
@@ -667,9 +673,9 @@ TEST(CpuCrossEntropy, RejectsOutOfRangeTargets) {
     auto t = c.targets;
     t[7] = bad;
     int64_t nv = 0;
-    EXPECT_THROW(rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), t.data(), c.N, c.C, c.V,
-                                                1.f, 4, &nv),
-                 rt::Error)
+    EXPECT_THROW(
+        rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), t.data(), c.N, c.C, c.V, 1.f, 4, &nv),
+        rt::Error)
         << "target " << bad;
   }
 }
@@ -699,8 +705,8 @@ DeterminismOutputs run_all_ops() {
     Vec dout = random_vec(B * T * H * D, 214);
     Vec out(q.size()), lse(static_cast<size_t>(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size());
     rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D);
-    rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                out.data(), lse.data(), B, T, H, G, D);
+    rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                                lse.data(), B, T, H, G, D);
     for (Vec* t : {&out, &lse, &dq, &dk, &dv}) r.tensors.push_back(*t);
   }
   {  // cross-entropy with gradients
@@ -710,8 +716,8 @@ DeterminismOutputs run_all_ops() {
     for (int64_t n = 0; n < N; ++n) t[n] = n % 9 == 0 ? -100 : static_cast<int32_t>((n * 7) % V);
     Vec dh(h.size()), dw(w.size(), 0.f);
     int64_t nv = 0;
-    r.loss = rt::cpu::lm_head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), t.data(), N, C, V, 0.01f, 37,
-                                            &nv);
+    r.loss =
+        rt::cpu::lm_head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), t.data(), N, C, V, 0.01f, 37, &nv);
     r.tensors.push_back(dh);
     r.tensors.push_back(dw);
   }

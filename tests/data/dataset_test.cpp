@@ -197,7 +197,7 @@ TEST(Dataset, ValidationBatchesAreFixedAndInOrder) {
   std::vector<Batch> v2 = d.val_batches(4, 0);
   EXPECT_TRUE(same_batches(v1, v2));
   EXPECT_TRUE(same_batches(v1, make_dataset(777).val_batches(4, 0)));  // nor the seed
-  ASSERT_EQ(v1.size(), 4u);  // 14 windows: 4 + 4 + 4 + 2
+  ASSERT_EQ(v1.size(), 4u);                                            // 14 windows: 4 + 4 + 4 + 2
   EXPECT_EQ(v1[3].B, 2);
   uint64_t k = 0;
   for (const Batch& b : v1)
@@ -237,7 +237,7 @@ TEST(Dataset, Refusals) {
                 "use a smaller --seq-len or more data"});
   o.seq_len = 7;
   Dataset(TokenStream::open(dir.file("tiny.bin")), o);  // exactly one window fits
-  o.val_fraction = 0.5;  // train part 4 tokens
+  o.val_fraction = 0.5;                                 // train part 4 tokens
   expect_error([&] { Dataset(TokenStream::open(dir.file("tiny.bin")), o); },
                {"has 8 tokens", "train part", "is 4", "needs 8", "--seq-len"});
 
@@ -297,7 +297,11 @@ TEST(TextDocuments, Refusals) {
   expect_error([&] { load_text_documents({dir.file("missing")}); }, {"no such file or directory"});
   write_bytes(dir.file("e1.txt"), "");
   write_bytes(dir.file("e2.txt"), "");
-  expect_error([&] { load_text_documents({dir.file("e1.txt"), dir.file("e2.txt")}); }, {"empty", "no text to train on"});
+  expect_error(
+      [&] {
+        load_text_documents({dir.file("e1.txt"), dir.file("e2.txt")});
+      },
+      {"empty", "no text to train on"});
   expect_error([&] { load_text_documents({}); }, {"no data paths"});
 }
 

@@ -29,7 +29,9 @@ ordered_json load_json(const std::string& name) {
   return ordered_json::parse(s.str());
 }
 
-std::unique_ptr<rt::Tokenizer> qwen_tokenizer() { return rt::tokenizer_load(rt::test::fixture_dir() + "/tokenizers/qwen2"); }
+std::unique_ptr<rt::Tokenizer> qwen_tokenizer() {
+  return rt::tokenizer_load(rt::test::fixture_dir() + "/tokenizers/qwen2");
+}
 
 rt::EncodedPiece encode_line(const rt::ExampleEncoder& enc, const std::string& line) {
   static const std::string path = "data.jsonl";
@@ -76,8 +78,10 @@ TEST(FinetuneFormats, HfTemplateIdsEqualTheRenderedText) {
     for (const auto& m : c["messages"]) {
       const std::string content = m["content"];
       if (content.empty()) continue;
-      if (m["role"] == "assistant") EXPECT_NE(t.find(content.substr(0, 10)), std::string::npos) << name << ": " << t;
-      else EXPECT_EQ(t.find(content), std::string::npos) << name << ": " << m["role"] << " trained: " << t;
+      if (m["role"] == "assistant")
+        EXPECT_NE(t.find(content.substr(0, 10)), std::string::npos) << name << ": " << t;
+      else
+        EXPECT_EQ(t.find(content), std::string::npos) << name << ": " << m["role"] << " trained: " << t;
     }
   }
 }
@@ -113,10 +117,12 @@ TEST(FinetuneFormats, ShareGptEqualsMessagesAndPromptCompletionMasks) {
   auto tok = qwen_tokenizer();
   rt::ChatTemplate chatml(*tok, rt::ChatFormat::chatml);
   rt::ExampleEncoder enc(*tok, &chatml, "", false, true);
-  const auto a = encode_line(enc, R"({"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"},)"
-                                  R"( {"from": "gpt", "value": "A"}]})");
-  const auto b = encode_line(enc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},)"
-                                  R"( {"role": "assistant", "content": "A"}]})");
+  const auto a =
+      encode_line(enc, R"({"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"},)"
+                       R"( {"from": "gpt", "value": "A"}]})");
+  const auto b =
+      encode_line(enc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},)"
+                       R"( {"role": "assistant", "content": "A"}]})");
   ASSERT_TRUE(a.bad_message.empty()) << a.bad_message;
   EXPECT_EQ(a.ids, b.ids);
   EXPECT_EQ(a.trained, b.trained);
@@ -157,7 +163,8 @@ TEST(FinetuneFormats, Qwen3MultiTurnIsOneExamplePerTurnAndRaisesAreBadRecords) {
   const rt::jinja::Template gemma(tpls["gemma2"]["template"].get<std::string>(), "gemma2");
   rt::ExampleEncoder genc(*tok, nullptr, "", false, true);
   genc.use_hf_template(&gemma, specials);
-  const auto bad = encode_line(genc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]})");
+  const auto bad =
+      encode_line(genc, R"({"messages": [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]})");
   EXPECT_NE(bad.bad_message.find("data.jsonl:3: [template] gemma2:1:"), std::string::npos) << bad.bad_message;
   EXPECT_NE(bad.bad_message.find("System role not supported"), std::string::npos) << bad.bad_message;
 }
@@ -172,24 +179,28 @@ TEST(FinetuneFormats, JsonArrayFiles) {
   rt::FinetuneOptions o;
   o.seq_len = 128;
   o.val_fraction = 0;
-  rt::test::write_bytes(d.file("a.json"), "[\n  {\"instruction\": \"Add\", \"input\": \"1, 2\",\n   \"output\": \"3\"},\n"
-                                          "  {\"instruction\": \"Say [hi]\", \"output\": \"hi, \\\"you\\\"\"}\n]\n");
+  rt::test::write_bytes(d.file("a.json"),
+                        "[\n  {\"instruction\": \"Add\", \"input\": \"1, 2\",\n   \"output\": \"3\"},\n"
+                        "  {\"instruction\": \"Say [hi]\", \"output\": \"hi, \\\"you\\\"\"}\n]\n");
   const rt::FinetuneDataset ds({d.file("a.json")}, enc, o);
   EXPECT_EQ(ds.stats().records.records, 2u);
   EXPECT_EQ(ds.stats().records.kinds.at("instruction"), 2u);
   // the same records as .jsonl give the same tokens
-  rt::test::write_bytes(d.file("a.jsonl"), "{\"instruction\": \"Add\", \"input\": \"1, 2\", \"output\": \"3\"}\n"
-                                           "{\"instruction\": \"Say [hi]\", \"output\": \"hi, \\\"you\\\"\"}\n");
+  rt::test::write_bytes(d.file("a.jsonl"),
+                        "{\"instruction\": \"Add\", \"input\": \"1, 2\", \"output\": \"3\"}\n"
+                        "{\"instruction\": \"Say [hi]\", \"output\": \"hi, \\\"you\\\"\"}\n");
   const rt::FinetuneDataset dl({d.file("a.jsonl")}, enc, o);
   ASSERT_EQ(ds.cache().size(), dl.cache().size());
   EXPECT_EQ(0, std::memcmp(ds.cache().data(), dl.cache().data(), ds.cache().size()));
   // a bad element names the line it starts on
-  rt::test::write_bytes(d.file("b.json"), "[\n {\"instruction\": \"x\", \"output\": \"y\"},\n\n {\"instruction\": \"x\"}\n]");
+  rt::test::write_bytes(d.file("b.json"),
+                        "[\n {\"instruction\": \"x\", \"output\": \"y\"},\n\n {\"instruction\": \"x\"}\n]");
   try {
     rt::FinetuneDataset b({d.file("b.json")}, enc, o);
     ADD_FAILURE() << "no error for a record without output";
   } catch (const rt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(d.file("b.json") + ":4: the instruction record has no \"output\""), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(d.file("b.json") + ":4: the instruction record has no \"output\""),
+              std::string::npos)
         << e.what();
   }
   rt::test::write_bytes(d.file("c.json"), "{\"text\": \"not an array\"}\n");
@@ -197,7 +208,8 @@ TEST(FinetuneFormats, JsonArrayFiles) {
     rt::FinetuneDataset c({d.file("c.json")}, enc, o);
     ADD_FAILURE() << "a .json object was accepted";
   } catch (const rt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(d.file("c.json") + ":1: a .json data file must hold a JSON array"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(d.file("c.json") + ":1: a .json data file must hold a JSON array"),
+              std::string::npos)
         << e.what();
   }
 }

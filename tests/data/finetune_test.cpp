@@ -115,11 +115,12 @@ TEST(Records, PiecesEncodeExactlyLikeTheWholeDocument) {
     o.piece_bytes = 512;  // many cuts
     std::vector<int32_t> got;
     int n = 0;
-    rt::records_for_each({d.file("doc.txt")}, o, [&](const rt::RecordPiece& p, rt::EncodedPiece& e) { enc.encode(p, e); },
-                         [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>&) {
-                           got = ids;
-                           ++n;
-                         });
+    rt::records_for_each(
+        {d.file("doc.txt")}, o, [&](const rt::RecordPiece& p, rt::EncodedPiece& e) { enc.encode(p, e); },
+        [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>&) {
+          got = ids;
+          ++n;
+        });
     ASSERT_EQ(n, 1) << name;
     std::vector<int32_t> want = tok->encode(doc, true);
     if (tok->eos_id()) want.push_back(*tok->eos_id());
@@ -263,10 +264,11 @@ TEST(Finetune, ChatMaskOnlyAssistantTokens) {
     }
     return r;
   };
-  auto chat = build({{"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 0},
-                     {"Hello.", 1},
-                     {"<|im_end|>", 1},
-                     {"\n", 0}});
+  auto chat =
+      build({{"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 0},
+             {"Hello.", 1},
+             {"<|im_end|>", 1},
+             {"\n", 0}});
   auto instr = build({{"<|im_start|>user\nAdd\n\n2 and 3<|im_end|>\n<|im_start|>assistant\n", 0},
                       {"5", 1},
                       {"<|im_end|>", 1},
@@ -333,10 +335,13 @@ TEST(Finetune, TruncationPoliciesAreCounted) {
   rt::ChatTemplate tpl(*tok, rt::ChatFormat::chatml);
   std::string question;
   for (int i = 0; i < 12; ++i) question += "what of the king and the queen? ";
-  write_bytes(d.file("c.jsonl"), R"({"messages": [{"role": "user", "content": ")" + question + R"("}, )"
-                                 R"({"role": "assistant", "content": "yes"}]})"
-                                 "\n" R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
-                                 "\n");
+  write_bytes(d.file("c.jsonl"),
+              R"({"messages": [{"role": "user", "content": ")" + question +
+                  R"("}, )"
+                  R"({"role": "assistant", "content": "yes"}]})"
+                  "\n"
+                  R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
+                  "\n");
   rt::ExampleEncoder cenc(*tok, &tpl, "", false, true);
   rt::FinetuneDataset c({d.file("c.jsonl")}, cenc, fopts(32));
   EXPECT_EQ(c.stats().dropped_untrained, 1u);
@@ -364,10 +369,11 @@ TEST(Finetune, BadDataMessages) {
       {R"({"messages": [{"role": "user", "content": "q"}]})", "no assistant message",
        "bad.jsonl:2: the conversation has no assistant message"},
       {"[1, 2]", "not a JSON object", "bad.jsonl:2: expected a JSON object, got array"},
-      {R"({"foo": 1})", "missing field", "bad.jsonl:2: the record has no \"text\", \"messages\", \"conversations\", \"instruction\"/\"output\" or "
+      {R"({"foo": 1})", "missing field",
+       "bad.jsonl:2: the record has no \"text\", \"messages\", \"conversations\", \"instruction\"/\"output\" or "
        "\"prompt\"/\"completion\" field (its fields: \"foo\")"},
-      {R"({"messages": [{"role": "user", "content": null}, {"role": "assistant", "content": "a"}]})", "wrong field type",
-       "bad.jsonl:2: message 1 \"content\" must be a string, got null"},
+      {R"({"messages": [{"role": "user", "content": null}, {"role": "assistant", "content": "a"}]})",
+       "wrong field type", "bad.jsonl:2: message 1 \"content\" must be a string, got null"},
       {R"({"instruction": "x"})", "missing field", "bad.jsonl:2: the instruction record has no \"output\" field"},
   };
   std::string all = good + "\n";
@@ -393,7 +399,9 @@ TEST(Finetune, BadDataMessages) {
     }
   }
   // skip: everything counted, the good records kept, empty texts counted separately
-  all += R"({"text": ""})" "\n" + good + "\n";
+  all += R"({"text": ""})"
+         "\n" +
+         good + "\n";
   write_bytes(d.file("all.jsonl"), all);
   auto o = fopts(32);
   o.records.bad_records = rt::BadRecordPolicy::skip;
@@ -415,7 +423,8 @@ TEST(Finetune, BadDataMessages) {
     rt::FinetuneDataset t({d.file("bad.txt")}, enc, fopts(32));
     ADD_FAILURE() << "no error for invalid UTF-8 text";
   } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), d.file("bad.txt") + ":2:6: invalid UTF-8 (byte 0xFF at file offset 14)")) << e.what();
+    EXPECT_TRUE(contains(e.what(), d.file("bad.txt") + ":2:6: invalid UTF-8 (byte 0xFF at file offset 14)"))
+        << e.what();
   }
   // a chat record without a chat format is a setup error naming the reason
   rt::ExampleEncoder nochat(*tok, nullptr, "no chat format here; pass --chat-format", false, true);
@@ -430,8 +439,9 @@ TEST(Finetune, BadDataMessages) {
   rt::ExampleEncoder text_only(*tok, nullptr, "", true, false);
   rt::RecordOptions ro;
   try {
-    rt::records_for_each({d.file("c.jsonl")}, ro, [&](const rt::RecordPiece& p, rt::EncodedPiece& e) { text_only.encode(p, e); },
-                         [](const char*, std::vector<int32_t>&, std::vector<uint8_t>&) {});
+    rt::records_for_each(
+        {d.file("c.jsonl")}, ro, [&](const rt::RecordPiece& p, rt::EncodedPiece& e) { text_only.encode(p, e); },
+        [](const char*, std::vector<int32_t>&, std::vector<uint8_t>&) {});
     ADD_FAILURE() << "no error for a chat record in tokenize";
   } catch (const rt::Error& e) {
     EXPECT_TRUE(contains(e.what(), "c.jsonl:1: a chat record, but tokenize writes plain token streams")) << e.what();

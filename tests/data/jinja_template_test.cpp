@@ -66,13 +66,15 @@ TEST(JinjaGoldens, RenderEqualsTransformers) {
     const std::string name = c["name"];
     Template tpl(templates[c["template"].get<std::string>()]["template"].get<std::string>(), c["template"]);
     tpl.set_clock([now] { return now; });
-    const Object vars = rt::hf_chat_vars(c["messages"], c["tools"], c["add_generation_prompt"], specials_of(c["kwargs"]));
+    const Object vars =
+        rt::hf_chat_vars(c["messages"], c["tools"], c["add_generation_prompt"], specials_of(c["kwargs"]));
     if (c.contains("error")) {
       try {
         tpl.render(vars);
         ADD_FAILURE() << name << ": rendered, expected the template to raise";
       } catch (const rt::Error& e) {
-        EXPECT_NE(std::string(e.what()).find(c["error"].get<std::string>()), std::string::npos) << name << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find(c["error"].get<std::string>()), std::string::npos)
+            << name << ": " << e.what();
       }
     } else {
       std::string got;
@@ -125,7 +127,8 @@ TEST(JinjaGoldens, TrainedSpansCoverAssistantTurnsOnly) {
       while (!content.empty() && (content.front() == '\n' || content.front() == ' ')) content.erase(0, 1);
       if (content.empty()) continue;
       if (role == "assistant") {
-        EXPECT_NE(trained_all.find(content), std::string::npos) << name << ": assistant content not trained: " << content;
+        EXPECT_NE(trained_all.find(content), std::string::npos)
+            << name << ": assistant content not trained: " << content;
       } else if (role == "user") {
         EXPECT_EQ(trained_all.find(content), std::string::npos) << name << ": user content trained: " << content;
       }
@@ -133,14 +136,15 @@ TEST(JinjaGoldens, TrainedSpansCoverAssistantTurnsOnly) {
     // every span holds the family's end-of-turn marker (Phi-3.5 also appends
     // EOS after the last turn, which then ends that span)
     const std::string fam = c["template"];
-    const std::string eot = fam.rfind("llama", 0) == 0 ? "<|eot_id|>"
-                            : fam.rfind("qwen", 0) == 0 ? "<|im_end|>"
+    const std::string eot = fam.rfind("llama", 0) == 0     ? "<|eot_id|>"
+                            : fam.rfind("qwen", 0) == 0    ? "<|im_end|>"
                             : fam.rfind("mistral", 0) == 0 ? "</s>"
-                            : fam == "gemma2"            ? "<end_of_turn>"
-                                                         : "<|end|>";
+                            : fam == "gemma2"              ? "<end_of_turn>"
+                                                           : "<|end|>";
     for (const auto& ex : examples)
       for (const auto& [b, e] : ex.trained)
-        EXPECT_NE(ex.text.substr(b, e - b).find(eot), std::string::npos) << name << ": span '" << ex.text.substr(b, e - b) << "'";
+        EXPECT_NE(ex.text.substr(b, e - b).find(eot), std::string::npos)
+            << name << ": span '" << ex.text.substr(b, e - b) << "'";
   }
 }
 
@@ -177,21 +181,26 @@ TEST(Jinja, WhitespaceControl) {
   EXPECT_EQ(render("a  {{- 'x' -}}  \n b"), "axb");
   EXPECT_EQ(render("a\n  {%+ if true %}b{% endif %}"), "a\n  b");
   EXPECT_EQ(render("x {# c #}\ny"), "x y");  // trim_blocks after a comment
-  EXPECT_EQ(render("line\n"), "line");        // one trailing newline dropped
+  EXPECT_EQ(render("line\n"), "line");       // one trailing newline dropped
   EXPECT_EQ(render("line\n\n"), "line\n");
 }
 
 TEST(Jinja, ScopesAndValues) {
-  EXPECT_EQ(render("{% for i in range(3) %}{% if i == 0 %}{% set x = 'a' %}{% endif %}[{{ x }}]{% endfor %}"), "[a][][]");
+  EXPECT_EQ(render("{% for i in range(3) %}{% if i == 0 %}{% set x = 'a' %}{% endif %}[{{ x }}]{% endfor %}"),
+            "[a][][]");
   EXPECT_EQ(render("{% set x = 1 %}{% for i in range(2) %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}"), "12121");
-  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in [1,2,3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"), "6");
+  EXPECT_EQ(
+      render("{% set ns = namespace(n=0) %}{% for i in [1,2,3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
+      "6");
   EXPECT_EQ(render("{{ [1,'a',none,true,1.5,{'k':'v'}] }}"), "[1, 'a', None, True, 1.5, {'k': 'v'}]");
   EXPECT_EQ(render("{{ 'abc'[::-1] }}{{ [1,2,3][1:] }}{{ 'a b  c'.split() }}"), "cba[2, 3]['a', 'b', 'c']");
   EXPECT_EQ(render("{{ 1/2 }} {{ 7//2 }} {{ 2**10 }} {{ 'x'*3 }} {{ -7 % 3 }}"), "0.5 3 1024 xxx 2");
   EXPECT_EQ(render("{% macro f(a, b='x') %}<{{ a }}{{ b }}>{% endmacro %}{{ f(1) }}{{ f(1, b=2) }}"), "<1x><12>");
   EXPECT_EQ(render("{{ x|default('d') }} {{ ''|default('d') }} {{ ''|default('d', true) }}"), "d  d");
   EXPECT_EQ(render("{{ 10000000000000000.0 }} {{ 0.0001 }} {{ 1e-5 }} {{ 'é'|length }}"), "1e+16 0.0001 1e-05 1");
-  EXPECT_EQ(render("{% for x in [1,2,3,4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}"), "13");
+  EXPECT_EQ(render("{% for x in [1,2,3,4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif "
+                   "%}{{ x }}{% endfor %}"),
+            "13");
   EXPECT_EQ(render("{% for x in [] %}a{% else %}empty{% endfor %}"), "empty");
   EXPECT_EQ(render("{{ {'b': 1, 'a': [1, 'é']}|tojson }}"), "{\"b\": 1, \"a\": [1, \"é\"]}");
 }

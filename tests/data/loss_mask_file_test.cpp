@@ -22,16 +22,18 @@ bool contains(const std::string& s, const std::string& sub) { return s.find(sub)
 TEST(LossMaskFile, TokenizedChatEqualsTrainingOnTheJsonl) {
   TempDir d;
   const std::string tok_dir = rt::test::fixture_dir() + "/tokenizers/qwen2";
-  write_bytes(d.file("c.jsonl"),
-              R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})"
-              "\n"
-              R"({"instruction": "Add", "input": "1 2", "output": "3"})"
-              "\n"
-              R"({"text": "plain text trains everywhere"})"
-              "\n"
-              R"({"prompt": "Q:", "completion": " A"})"
-              "\n");
-  auto r = rt::test::run_ramtrain("tokenize " + d.file("c.jsonl") + " --tokenizer " + tok_dir + " --out " + d.file("c.tok"));
+  write_bytes(
+      d.file("c.jsonl"),
+      R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})"
+      "\n"
+      R"({"instruction": "Add", "input": "1 2", "output": "3"})"
+      "\n"
+      R"({"text": "plain text trains everywhere"})"
+      "\n"
+      R"({"prompt": "Q:", "completion": " A"})"
+      "\n");
+  auto r =
+      rt::test::run_ramtrain("tokenize " + d.file("c.jsonl") + " --tokenizer " + tok_dir + " --out " + d.file("c.tok"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const rt::TokenStream tokens = rt::TokenStream::open(d.file("c.tok"));
   const rt::LossMaskFile mask(rt::loss_mask_path(d.file("c.tok")), tokens.size());

@@ -34,9 +34,10 @@ Outcome run(const std::string& file, rt::BadRecordPolicy policy) {
   o.bad_records = policy;
   o.max_warnings = 0;
   try {
-    r.stats = rt::records_for_each({file}, o, json_encoder, [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>&) {
-      r.ids.insert(r.ids.end(), ids.begin(), ids.end());
-    });
+    r.stats = rt::records_for_each({file}, o, json_encoder,
+                                   [&](const char*, std::vector<int32_t>& ids, std::vector<uint8_t>&) {
+                                     r.ids.insert(r.ids.end(), ids.begin(), ids.end());
+                                   });
   } catch (const rt::Error& e) {
     r.error = e.what();
   }

@@ -65,7 +65,7 @@ std::vector<std::vector<int32_t>> make_docs() {
 struct Packed {
   std::unique_ptr<rt::FinetuneDataset> ds;
   std::vector<std::vector<uint64_t>> rows;  // example indices per row
-  rt::Batch batch;                           // every row of epoch 0
+  rt::Batch batch;                          // every row of epoch 0
 };
 
 Packed pack(const rt::test::TempDir& d, const std::vector<std::vector<int32_t>>& docs, rt::PackAttention att) {
@@ -157,7 +157,8 @@ TEST(PackedAttention, DocStartFollowsThePackersExampleBoundaries) {
     int64_t t = 0;
     for (uint64_t e : m.rows[r]) {
       const int64_t t0 = t;
-      for (size_t j = 0; j + 1 < docs[e].size(); ++j, ++t) EXPECT_EQ(m.batch.doc_start[r * kT + t], t0) << r << " " << t;
+      for (size_t j = 0; j + 1 < docs[e].size(); ++j, ++t)
+        EXPECT_EQ(m.batch.doc_start[r * kT + t], t0) << r << " " << t;
     }
     for (const int64_t p0 = t; t < kT; ++t) EXPECT_EQ(m.batch.doc_start[r * kT + t], p0) << "padding, row " << r;
   }
@@ -192,8 +193,8 @@ TEST(PackedAttention, MaskedLossPerExampleEqualsUnpacked) {
         } else if (k == 0) {  // the first example of a row sees no other
           EXPECT_NEAR(got, ref, 1e-5 * std::abs(ref)) << "row " << r;
         } else {
-          EXPECT_GT(std::abs(got - ref), 1e-3 * std::abs(ref)) << "cross attention left row " << r << " example " << k
-                                                                << " unchanged: " << got << " vs " << ref;
+          EXPECT_GT(std::abs(got - ref), 1e-3 * std::abs(ref))
+              << "cross attention left row " << r << " example " << k << " unchanged: " << got << " vs " << ref;
         }
         n_later += k > 0;
       }

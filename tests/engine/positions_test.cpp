@@ -34,7 +34,8 @@ rt::Batch make_batch(int64_t T, int64_t first_target, int64_t last_target) {
   b.T = T;
   for (int64_t i = 0; i < T; ++i) {
     b.inputs.push_back(static_cast<int32_t>((i * 7 + 3) % 64));
-    b.targets.push_back(i >= first_target && i < last_target ? static_cast<int32_t>((i * 5 + 1) % 64) : rt::ignore_target);
+    b.targets.push_back(i >= first_target && i < last_target ? static_cast<int32_t>((i * 5 + 1) % 64)
+                                                             : rt::ignore_target);
   }
   return b;
 }

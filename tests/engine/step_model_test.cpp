@@ -49,8 +49,10 @@ TEST(StepModel, PartsAddUpToTheStep) {
       EXPECT_NEAR(p.step_s, core + p.optimizer_exposed_s, kRel * p.step_s);
       EXPECT_NEAR(p.optimizer_exposed_s, std::max(0.0, p.optimizer_s - p.overlap_s), kRel * p.step_s);
       EXPECT_NEAR(p.optimizer_s, static_cast<double>(s.params_total()) / 4e9, kRel * p.optimizer_s);
-      if (delayed) EXPECT_NEAR(p.overlap_s, core, kRel * core);
-      else EXPECT_LT(p.overlap_s, core);  // only the next forward
+      if (delayed)
+        EXPECT_NEAR(p.overlap_s, core, kRel * core);
+      else
+        EXPECT_LT(p.overlap_s, core);  // only the next forward
       const double tokens = static_cast<double>(K * 2 * 512);
       EXPECT_NEAR(p.tokens_per_s, tokens / p.step_s, kRel * p.tokens_per_s);
       EXPECT_NEAR(p.model_tflops, p.tokens_per_s * p.model_flops_per_token / 1e12, kRel * p.model_tflops);

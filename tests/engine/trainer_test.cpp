@@ -249,7 +249,8 @@ TEST(DelayedUpdate, EqualsStaleGradientReference) {
     if (k != nan_step) {
       const rt::OptimStep o = step_of(k, applied);
       const float coef = rt::clip_coefficient(std::sqrt(sq), o.clip);
-      for (size_t u = 0; u < ref.units().size(); ++u) rt::update_unit(ref.units()[u], stale.units()[u].grad.p, o, coef, nullptr);
+      for (size_t u = 0; u < ref.units().size(); ++u)
+        rt::update_unit(ref.units()[u], stale.units()[u].grad.p, o, coef, nullptr);
       ++applied;
     }
     snap.emplace_back();

@@ -165,17 +165,16 @@ struct Fixture {
     const rt::BlockWeightsT<float> hw = st.weights().layers[0];
     const float* base = u.master();
     const bf16* wdp = wd.data();
-    const rt::BlockWeightsT<bf16> w{rebase(hw.attn_norm, base, wdp), rebase(hw.q_proj, base, wdp),
-                                    rebase(hw.q_bias, base, wdp),    rebase(hw.k_proj, base, wdp),
-                                    rebase(hw.k_bias, base, wdp),    rebase(hw.v_proj, base, wdp),
-                                    rebase(hw.v_bias, base, wdp),    rebase(hw.q_norm, base, wdp),
-                                    rebase(hw.k_norm, base, wdp),    rebase(hw.o_proj, base, wdp),
-                                    rebase(hw.mlp_norm, base, wdp),  rebase(hw.gate_proj, base, wdp),
-                                    rebase(hw.up_proj, base, wdp),   rebase(hw.down_proj, base, wdp)};
+    const rt::BlockWeightsT<bf16> w{
+        rebase(hw.attn_norm, base, wdp), rebase(hw.q_proj, base, wdp),   rebase(hw.q_bias, base, wdp),
+        rebase(hw.k_proj, base, wdp),    rebase(hw.k_bias, base, wdp),   rebase(hw.v_proj, base, wdp),
+        rebase(hw.v_bias, base, wdp),    rebase(hw.q_norm, base, wdp),   rebase(hw.k_norm, base, wdp),
+        rebase(hw.o_proj, base, wdp),    rebase(hw.mlp_norm, base, wdp), rebase(hw.gate_proj, base, wdp),
+        rebase(hw.up_proj, base, wdp),   rebase(hw.down_proj, base, wdp)};
     float* g = gd.data();
-    const rt::BlockGrads gr{rebase(hw.attn_norm, base, g), rebase(hw.q_proj, base, g), rebase(hw.q_bias, base, g),
-                            rebase(hw.k_proj, base, g),    rebase(hw.k_bias, base, g), rebase(hw.v_proj, base, g),
-                            rebase(hw.v_bias, base, g),    rebase(hw.q_norm, base, g), rebase(hw.k_norm, base, g),
+    const rt::BlockGrads gr{rebase(hw.attn_norm, base, g), rebase(hw.q_proj, base, g),   rebase(hw.q_bias, base, g),
+                            rebase(hw.k_proj, base, g),    rebase(hw.k_bias, base, g),   rebase(hw.v_proj, base, g),
+                            rebase(hw.v_bias, base, g),    rebase(hw.q_norm, base, g),   rebase(hw.k_norm, base, g),
                             rebase(hw.o_proj, base, g),    rebase(hw.mlp_norm, base, g), rebase(hw.gate_proj, base, g),
                             rebase(hw.up_proj, base, g),   rebase(hw.down_proj, base, g)};
     const std::vector<uint16_t> xh = to_bf16(x.data(), x.size()), dyh = to_bf16(dy.data(), dy.size());
@@ -243,8 +242,8 @@ TEST(CudaBlock, ChunkedMlpMatchesUnchunkedAndTheCpuBlock) {
   const Out cpu = f.run_cpu();
   const Out whole = f.run_cuda(0, false);
   f.expect_close(whole, cpu, 5e-2, "cuda unchunked vs cpu");
-  for (const auto& [chunk, recompute] : {std::pair<int64_t, bool>{64, true}, std::pair<int64_t, bool>{80, false},
-                                         std::pair<int64_t, bool>{80, true}}) {
+  for (const auto& [chunk, recompute] :
+       {std::pair<int64_t, bool>{64, true}, std::pair<int64_t, bool>{80, false}, std::pair<int64_t, bool>{80, true}}) {
     const Out o = f.run_cuda(chunk, recompute);
     const std::string tag = "chunk " + std::to_string(chunk) + (recompute ? " recompute" : "");
     f.expect_close(o, whole, 1e-2, tag + " vs cuda unchunked");
@@ -256,6 +255,8 @@ TEST(CudaBlock, ChunkedMlpMatchesUnchunkedAndTheCpuBlock) {
 
 #else
 
-TEST(CudaBlock, SkippedWithoutCuda) { GTEST_SKIP() << "no CUDA device: built without the CUDA backend (RAMTRAIN_CUDA=OFF)"; }
+TEST(CudaBlock, SkippedWithoutCuda) {
+  GTEST_SKIP() << "no CUDA device: built without the CUDA backend (RAMTRAIN_CUDA=OFF)";
+}
 
 #endif

@@ -111,8 +111,8 @@ std::vector<float> download_f32(const DeviceBuffer& d, int64_t n) {
 }
 
 // rel_l2 and scale-relative max error, both bounded; NaN fails both.
-void expect_close(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
-                  double rel_tol, double max_tol) {
+void expect_close(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref, double rel_tol,
+                  double max_tol) {
   ASSERT_EQ(got.size(), ref.size()) << name;
   const double rel = rel_l2(got.data(), ref.data(), static_cast<int64_t>(got.size()));
   const double mx = max_rel_to_scale(got.data(), ref.data(), static_cast<int64_t>(got.size()));
@@ -189,10 +189,10 @@ TEST_F(CudaOps, LinearForwardBackwardMatchCpu) {
   auto dw = upload(dw0), db = upload(db0);
   rt::cuda::linear_forward(blas, out->as<bf16>(), rt::cuda::DType::bf16, dx_->as<bf16>(), dw_->as<bf16>(),
                            dbias->as<bf16>(), N, I, O, nullptr);
-  rt::cuda::linear_forward(blas, out32->as<float>(), rt::cuda::DType::f32, dx_->as<bf16>(), dw_->as<bf16>(), nullptr,
-                           N, I, O, nullptr);
-  rt::cuda::linear_backward(blas, dx->as<bf16>(), dw->as<float>(), db->as<float>(), ddout->as<bf16>(),
-                            dx_->as<bf16>(), dw_->as<bf16>(), N, I, O, nullptr);
+  rt::cuda::linear_forward(blas, out32->as<float>(), rt::cuda::DType::f32, dx_->as<bf16>(), dw_->as<bf16>(), nullptr, N,
+                           I, O, nullptr);
+  rt::cuda::linear_backward(blas, dx->as<bf16>(), dw->as<float>(), db->as<float>(), ddout->as<bf16>(), dx_->as<bf16>(),
+                            dw_->as<bf16>(), N, I, O, nullptr);
   // bias epilogue: at most two bf16 roundings (the epilogue may round x@w^T
   // before adding the bias), so 2u; atol for results that cancel to near 0.
   EXPECT_TRUE(rt::test::expect_near("linear out (bias, bf16)", download_bf16(*out, N * O), out_ref, 2e-2, 2 * kU));
@@ -226,14 +226,15 @@ TEST_F(CudaOps, EmbeddingForwardBackwardMatchCpuAndAreDeterministic) {
   std::vector<float> first;
   for (int run = 0; run < 2; ++run) {
     auto dt = upload(dt0);
-    rt::cuda::embedding_backward(dt->as<float>(), d_dout->as<bf16>(), d_ids->as<int32_t>(), N, C, V,
-                                 scratch.scratch(), nullptr);
+    rt::cuda::embedding_backward(dt->as<float>(), d_dout->as<bf16>(), d_ids->as<int32_t>(), N, C, V, scratch.scratch(),
+                                 nullptr);
     auto got = download_f32(*dt, V * C);
     expect_close("embedding dtable (+=)", got, dt_ref, 1e-6, 1e-6);  // fp32 sums of the same bf16 values
     if (run == 0) {
       first = got;
     } else {
-      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "embedding backward not bitwise repeatable";
+      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4))
+          << "embedding backward not bitwise repeatable";
     }
   }
 }
@@ -285,7 +286,7 @@ void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
 
 TEST_F(CudaOps, RmsNormMatchesCpu) {
   rms_norm_case(37, 512, false, 30);
-  rms_norm_case(16, 1032, true, 40);     // C not a multiple of 256: partial lane loop
+  rms_norm_case(16, 1032, true, 40);      // C not a multiple of 256: partial lane loop
   rms_norm_case(64 * 8, 128, false, 50);  // per-head q/k norm: rows = N*heads, C = D
   rms_norm_case(2000, 64, true, 60);      // several dw row splits
 }
@@ -323,8 +324,8 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   auto dgate = upload_bf16(gate), dup_in = upload_bf16(up), ddout = upload_bf16(dout);
   auto out = alloc_bf16(n), dg = alloc_bf16(n), du = alloc_bf16(n);
   rt::cuda::swiglu_forward(out->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n, nullptr);
-  rt::cuda::swiglu_backward(dg->as<bf16>(), du->as<bf16>(), ddout->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(),
-                            n, nullptr);
+  rt::cuda::swiglu_backward(dg->as<bf16>(), du->as<bf16>(), ddout->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n,
+                            nullptr);
   // fp32 math (expf vs std::exp ~1 ulp) then one bf16 rounding
   EXPECT_TRUE(rt::test::expect_near("swiglu out", download_bf16(*out, n), out_ref, 1e-6, kU));
   EXPECT_TRUE(rt::test::expect_near("swiglu dgate", download_bf16(*dg, n), dg_ref, 1e-6, kU));
@@ -419,8 +420,8 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
                               dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, nullptr, doc_dev);
   rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
-                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T,
-                               c.H, c.G, c.D, scratch.scratch(), nullptr, doc_dev);
+                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H,
+                               c.G, c.D, scratch.scratch(), nullptr, doc_dev);
   const std::string tag = "attention B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                           " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
                           (doc.empty() ? "" : " packed documents");
@@ -438,8 +439,8 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   dk->poison();
   dv->poison();
   rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
-                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T,
-                               c.H, c.G, c.D, scratch.scratch(), nullptr, doc_dev);
+                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H,
+                               c.G, c.D, scratch.scratch(), nullptr, doc_dev);
   EXPECT_EQ(download_bf16(*dq, nq), dq1) << tag << " dq not repeatable";
   EXPECT_EQ(download_bf16(*dk, nkv), dk1) << tag << " dk not repeatable";
   EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
@@ -469,31 +470,31 @@ void attention_cases(const std::vector<AttnCase>& cases, uint64_t seed) {
 }
 
 TEST_F(CudaOps, AttentionHeadDim64MatchesCpu) {
-  attention_cases({{2, 100, 4, 2, 64},     // partial tiles, GQA group 2
-                   {1, 256, 4, 4, 64}},    // whole tiles, no grouping
+  attention_cases({{2, 100, 4, 2, 64},   // partial tiles, GQA group 2
+                   {1, 256, 4, 4, 64}},  // whole tiles, no grouping
                   100);
 }
 
 TEST_F(CudaOps, AttentionHeadDim128MatchesCpu) {
-  attention_cases({{1, 200, 8, 2, 128},    // GQA group 4, partial tiles
-                   {2, 129, 2, 1, 128},    // one row past a tile, MQA
-                   {1, 600, 4, 2, 128}},   // more key and query tiles than pipeline stages
+  attention_cases({{1, 200, 8, 2, 128},   // GQA group 4, partial tiles
+                   {2, 129, 2, 1, 128},   // one row past a tile, MQA
+                   {1, 600, 4, 2, 128}},  // more key and query tiles than pipeline stages
                   120);
 }
 
 // head_dim 96 (Phi-3): tiles padded to 128 columns in shared memory
 TEST_F(CudaOps, AttentionHeadDim96MatchesCpu) {
-  attention_cases({{2, 100, 4, 2, 96},     // partial tiles, GQA group 2
-                   {1, 300, 6, 2, 96}},    // several key and query tiles, GQA group 3
+  attention_cases({{2, 100, 4, 2, 96},   // partial tiles, GQA group 2
+                   {1, 300, 6, 2, 96}},  // several key and query tiles, GQA group 3
                   140);
 }
 
 // head_dim 256 (Gemma): own tile shapes (32-key forward tiles, 16-row dK/dV and
 // 16-key dQ tiles, dK/dV in two column slices)
 TEST_F(CudaOps, AttentionHeadDim256MatchesCpu) {
-  attention_cases({{2, 100, 4, 2, 256},    // partial tiles, GQA group 2
-                   {1, 300, 4, 1, 256},    // MQA, many more tiles than pipeline stages
-                   {1, 64, 2, 2, 256}},    // exactly one block of each kernel
+  attention_cases({{2, 100, 4, 2, 256},  // partial tiles, GQA group 2
+                   {1, 300, 4, 1, 256},  // MQA, many more tiles than pipeline stages
+                   {1, 64, 2, 2, 256}},  // exactly one block of each kernel
                   160);
 }
 
@@ -545,7 +546,8 @@ TEST_F(CudaOps, AttentionKernelSetsAgree) {
   expect_close("out wgmma vs mma", res[1][0], res[0][0], 1e-2, 3e-2);
   EXPECT_TRUE(rt::test::expect_near("lse wgmma vs mma", res[1][1], res[0][1], 2e-4, 1e-5));
   const char* names[] = {"dq", "dk", "dv"};
-  for (int t = 2; t < 5; ++t) expect_close(std::string(names[t - 2]) + " wgmma vs mma", res[1][t], res[0][t], 1e-2, 5e-2);
+  for (int t = 2; t < 5; ++t)
+    expect_close(std::string(names[t - 2]) + " wgmma vs mma", res[1][t], res[0][t], 1e-2, 5e-2);
 }
 
 TEST_F(CudaOps, ErrorsNameTheCall) {
@@ -566,6 +568,8 @@ TEST_F(CudaOps, ErrorsNameTheCall) {
 
 #else  // !RAMTRAIN_HAVE_CUDA
 
-TEST(CudaOps, SkippedWithoutCuda) { GTEST_SKIP() << "no CUDA device: built without the CUDA backend (RAMTRAIN_CUDA=OFF)"; }
+TEST(CudaOps, SkippedWithoutCuda) {
+  GTEST_SKIP() << "no CUDA device: built without the CUDA backend (RAMTRAIN_CUDA=OFF)";
+}
 
 #endif

@@ -455,9 +455,10 @@ TEST(CudaEngine, HostAndDeviceSumsOfMicroBatchGradients) {
     gmax = std::max(gmax, std::fabs(double(dev[i])));
     differ += dev[i] != host[i];
   }
-  std::printf("[engine] K = %lld micro-batches, host (CPU +=) vs device (on-device accumulation) gradient sums: %s "
-              "(%zu of %zu elements differ, largest difference %.3g of a largest gradient %.3g)\n",
-              (long long)K, differ == 0 ? "bit-identical" : "NOT bit-identical", differ, dev.size(), worst, gmax);
+  std::printf(
+      "[engine] K = %lld micro-batches, host (CPU +=) vs device (on-device accumulation) gradient sums: %s "
+      "(%zu of %zu elements differ, largest difference %.3g of a largest gradient %.3g)\n",
+      (long long)K, differ == 0 ? "bit-identical" : "NOT bit-identical", differ, dev.size(), worst, gmax);
   EXPECT_GT(gmax, 0);
   EXPECT_LE(worst, 1e-5 * gmax);
 }
@@ -615,7 +616,7 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
     cases[2].checkpoints = "device";
     cases[2].keep_activations = 2;
     cases[3].grads = cases[3].checkpoints = "device";  // keep auto
-    for (const char* c : {"device", "host"}) {  // layer-major: K sets, the ring
+    for (const char* c : {"device", "host"}) {         // layer-major: K sets, the ring
       rt::CudaOptions lm;
       lm.layer_major = "on";
       lm.micro_batches = 3;
@@ -697,8 +698,7 @@ TEST(CudaEngine, MlpChunksTrainLikeTheWholeMlp) {
     }
     return train_fixed_steps(s, true, co, batches, nv, B, T, 10);
   };
-  const FixedRun whole = run(0, 0, false), rec = run(128, 0, false), kept = run(128, -1, false),
-                 lm = run(128, 0, true);
+  const FixedRun whole = run(0, 0, false), rec = run(128, 0, false), kept = run(128, -1, false), lm = run(128, 0, true);
   expect_bit_identical(rec, kept, "chunked: recompute all vs keep all");
   expect_bit_identical(rec, lm, "chunked: micro-batch-major vs layer-major");
   EXPECT_LT(rec.peak, whole.peak) << "the chunked block should take less device memory";

@@ -24,12 +24,14 @@ TEST(GpuEval, CudaMatchesCpu) {
   rt::test::TempDir tmp;
   const std::string text = rt::read_text_file(rt::test::shared_data_dir() + "/tinyshakespeare.txt").substr(0, 20000);
   rt::test::write_bytes(tmp.file("t.txt"), text);
-  auto tr = run_ramtrain("train --preset tiny-byte --data " + tmp.file("t.txt") +
-                         " --steps 2 --seq-len 64 --micro-batch 2 --val-fraction 0 --device cpu --out " + tmp.file("run"));
+  auto tr =
+      run_ramtrain("train --preset tiny-byte --data " + tmp.file("t.txt") +
+                   " --steps 2 --seq-len 64 --micro-batch 2 --val-fraction 0 --device cpu --out " + tmp.file("run"));
   ASSERT_EQ(tr.exit_code, 0) << tr.output;
   const std::string model = tmp.file("run") + "/final";
   // 20002 tokens at T = 128: 157 windows, the last partial; B = 4 leaves a short last batch.
-  const std::string args = "eval --model " + model + " --data " + tmp.file("t.txt") + " --seq-len 128 --micro-batch 4 --json";
+  const std::string args =
+      "eval --model " + model + " --data " + tmp.file("t.txt") + " --seq-len 128 --micro-batch 4 --json";
   auto cpu = run_ramtrain(args + " --device cpu");
   auto gpu = run_ramtrain(args + " --device cuda");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.output;

@@ -97,7 +97,8 @@ TEST(CheckpointSplit, ExportTensorsDecode) {
   fill(fp, 9);
   fill(sp, 9);
   sp.set_master_storage(rt::MasterStorage::split, 1);
-  const std::vector<rt::TensorWrite> a = rt::master_tensors(fp, rt::DType::f32), b = rt::master_tensors(sp, rt::DType::f32);
+  const std::vector<rt::TensorWrite> a = rt::master_tensors(fp, rt::DType::f32),
+                                     b = rt::master_tensors(sp, rt::DType::f32);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     int64_t n = 1;

@@ -70,7 +70,8 @@ rt::TrainerCheckpoint meta_at(int64_t step) {
 
 bool arenas_equal(const rt::HostState& a, const rt::HostState& b) {
   for (size_t i = 0; i < a.units().size(); ++i)
-    if (std::memcmp(a.units()[i].arena.p, b.units()[i].arena.p, a.units()[i].arena.n * sizeof(float)) != 0) return false;
+    if (std::memcmp(a.units()[i].arena.p, b.units()[i].arena.p, a.units()[i].arena.n * sizeof(float)) != 0)
+      return false;
   return true;
 }
 
@@ -333,7 +334,8 @@ TEST(Checkpoint, AFullTmpfsKeepsThePreviousCheckpoint) {
   const uint64_t one = rt::checkpoint_write(probe.path(), a, meta_at(1), 0).bytes;
   rt::test::TempDir tmp;
   const uint64_t size = (one * 3 / 2 + 4095) / 4096 * 4096 + 8 * 4096;  // room for one and a half, plus page slack
-  if (::geteuid() != 0 || ::mount("tmpfs", tmp.path().c_str(), "tmpfs", 0, ("size=" + std::to_string(size)).c_str()) != 0)
+  if (::geteuid() != 0 ||
+      ::mount("tmpfs", tmp.path().c_str(), "tmpfs", 0, ("size=" + std::to_string(size)).c_str()) != 0)
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
   std::string msg;
   try {
@@ -343,8 +345,8 @@ TEST(Checkpoint, AFullTmpfsKeepsThePreviousCheckpoint) {
   } catch (const rt::Error& e) {
     msg = e.what();
   }
-  std::printf("tmpfs of %llu bytes, checkpoint of %llu bytes: %s\n", (unsigned long long)size,
-              (unsigned long long)one, msg.c_str());
+  std::printf("tmpfs of %llu bytes, checkpoint of %llu bytes: %s\n", (unsigned long long)size, (unsigned long long)one,
+              msg.c_str());
   expect_failed_save_left_previous(tmp.path(), msg);
   ::umount(tmp.path().c_str());
 }

@@ -100,8 +100,11 @@ TEST(TokenFile, RamtrainWidthChoice) {
 
 TEST(TokenFile, WriterRefusesBadIds) {
   TempDir dir;
-  expect_error([&] { token_file_write(dir.file("x"), std::vector<int32_t>{1, 258}, 258); },
-               {"[tokens] " + dir.file("x"), "id 258", "position 1"});
+  expect_error(
+      [&] {
+        token_file_write(dir.file("x"), std::vector<int32_t>{1, 258}, 258);
+      },
+      {"[tokens] " + dir.file("x"), "id 258", "position 1"});
   expect_error([&] { token_file_write(dir.file("x"), std::vector<int32_t>{-3}, 0); }, {"negative id -3"});
   EXPECT_FALSE(file_exists(dir.file("x")));  // nothing left behind
 }
@@ -155,8 +158,10 @@ TEST(TokenFile, DetectionAndGeneralRefusals) {
   write_bytes(dir.file("empty.bin"), "");
   expect_error([&] { TokenStream::open(dir.file("empty.bin")); }, {"[tokens] " + dir.file("empty.bin"), "empty"});
   write_bytes(dir.file("notes.dat"), "hello world");
-  expect_error([&] { TokenStream::open(dir.file("notes.dat")); }, {"[tokens] " + dir.file("notes.dat"), "not a token file"});
-  expect_error([&] { TokenStream::open(dir.file("missing.bin")); }, {"[tokens] " + dir.file("missing.bin"), "no such file"});
+  expect_error([&] { TokenStream::open(dir.file("notes.dat")); },
+               {"[tokens] " + dir.file("notes.dat"), "not a token file"});
+  expect_error([&] { TokenStream::open(dir.file("missing.bin")); },
+               {"[tokens] " + dir.file("missing.bin"), "no such file"});
   expect_error([&] { TokenStream::open(dir.path()); }, {"is a directory"});
 
   // A ramtrain file under any name is found by its magic; a .bin is not needed.
@@ -224,7 +229,8 @@ TEST(TokenText, ParsesSequencesSkippingBlankLines) {
   EXPECT_EQ(t.seqs[1], (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(t.seqs[2], (std::vector<int32_t>{2147483647}));
   EXPECT_EQ(t.lines, (std::vector<int64_t>{1, 3, 4}));
-  expect_error([&] { t.validate_ids(258); }, {"[tokens] " + p + ":4:", "id 2147483647", "item 1", "258", "do not match"});
+  expect_error([&] { t.validate_ids(258); },
+               {"[tokens] " + p + ":4:", "id 2147483647", "item 1", "258", "do not match"});
   write_bytes(p, "1 2\n3 4 999\n");
   expect_error([&] { token_text_read(p).validate_ids(258); }, {p + ":2:", "id 999", "item 3"});
 }

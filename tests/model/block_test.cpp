@@ -179,8 +179,8 @@ TEST_P(BlockChunks, ChunkedMatchesUnchunkedToFp32Rounding) {
         const int64_t n = u.entries[k].numel(), off = u.offsets[k];
         EXPECT_LT(rt::test::rel_l2(o.grads.data() + off, ref.grads.data() + off, n), 1e-5)
             << tag << " " << u.entries[k].name;
-        EXPECT_TRUE(rt::test::expect_near(tag + " " + u.entries[k].name, o.grads.data() + off,
-                                          ref.grads.data() + off, n, 1e-6, 1e-4));
+        EXPECT_TRUE(rt::test::expect_near(tag + " " + u.entries[k].name, o.grads.data() + off, ref.grads.data() + off,
+                                          n, 1e-6, 1e-4));
       }
     }
   }
@@ -249,8 +249,8 @@ TEST_P(BlockChunks, BuffersSizedForOtherDimsAreRefused) {
   EXPECT_THROW(Acts(ops, c.spec, rt::BlockDims{c.B, c.T, -1}), rt::Error);
   // a chunk >= N is the whole batch: buffers sized for chunk 0 serve it
   Acts t0(ops, c.spec, other);
-  EXPECT_NO_THROW(rt::block_forward(ops, c.spec, w, rt::BlockDims{c.B, c.T, c.N()}, c.x.data(), y.data(),
-                                    c.pos.data(), t0));
+  EXPECT_NO_THROW(
+      rt::block_forward(ops, c.spec, w, rt::BlockDims{c.B, c.T, c.N()}, c.x.data(), y.data(), c.pos.data(), t0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BlockChunks,

@@ -67,8 +67,7 @@ Case make_case(rt::Family f) {
     c.ids.push_back(static_cast<int32_t>(g() % c.spec.vocab));
     c.pos.push_back(static_cast<int32_t>(i % c.T));
   }
-  for (int64_t i = 0; i < c.B * c.T; ++i)
-    c.targets.push_back((i % c.T == c.T - 1) ? -100 : c.ids[i + 1]);
+  for (int64_t i = 0; i < c.B * c.T; ++i) c.targets.push_back((i % c.T == c.T - 1) ? -100 : c.ids[i + 1]);
   return c;
 }
 
@@ -169,9 +168,9 @@ TEST_P(ModelGrad, KeptActivationsEqualRecompute) {
     double loss = 0;
     for (int64_t b = 0; b < c.B; ++b) {
       int64_t nv;
-      loss += r.forward_backward(c.state->weights(), &g,
-                                 rt::BatchView{1, c.T, c.ids.data() + b * c.T, c.targets.data() + b * c.T, c.pos.data()},
-                                 scale, &nv);
+      loss += r.forward_backward(
+          c.state->weights(), &g,
+          rt::BatchView{1, c.T, c.ids.data() + b * c.T, c.targets.data() + b * c.T, c.pos.data()}, scale, &nv);
     }
     std::vector<float> all;
     for (auto& u : c.state->units()) all.insert(all.end(), u.grad.p, u.grad.p + u.numel);
@@ -213,7 +212,8 @@ TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
       EXPECT_NEAR(l, l0, 1e-5 * std::fabs(l0)) << "keep " << keep << " chunk " << chunk;
       EXPECT_LT(rt::test::rel_l2(got.data(), full.data(), static_cast<int64_t>(got.size())), 1e-5)
           << "keep " << keep << " chunk " << chunk;
-      EXPECT_TRUE(rt::test::expect_near("chunked grads", got, full, 1e-6, 1e-4)) << "keep " << keep << " chunk " << chunk;
+      EXPECT_TRUE(rt::test::expect_near("chunked grads", got, full, 1e-6, 1e-4))
+          << "keep " << keep << " chunk " << chunk;
     }
     const std::vector<float> whole = run(keep, c.B * c.T, &l);
     EXPECT_EQ(l, l0);

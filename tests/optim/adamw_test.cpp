@@ -75,9 +75,9 @@ int64_t max_ulp(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << name << ": size " << a.size() << " vs " << b.size();
   for (size_t i = 0; i < a.size(); ++i)
     if (bits_of(a[i]) != bits_of(b[i]))
-      return ::testing::AssertionFailure() << name << ": first difference at [" << i << "]: " << a[i] << " (0x"
-                                           << std::hex << bits_of(a[i]) << ") vs " << b[i] << " (0x" << bits_of(b[i])
-                                           << std::dec << ")";
+      return ::testing::AssertionFailure()
+             << name << ": first difference at [" << i << "]: " << a[i] << " (0x" << std::hex << bits_of(a[i])
+             << ") vs " << b[i] << " (0x" << bits_of(b[i]) << std::dec << ")";
   return ::testing::AssertionSuccess();
 }
 
@@ -92,16 +92,16 @@ void adamw_reference(std::vector<float>& p, std::vector<float>& m, std::vector<f
   const double bc2_sqrt = std::pow(bc2, 0.5);
   const float w = static_cast<float>(1.0 - beta1);
   for (size_t i = 0; i < p.size(); ++i) {
-    float grad = g[i] * grad_scale;                                       // grads.mul_(clip_coef)
-    if (wd != 0) p[i] = p[i] * static_cast<float>(1.0 - lr * wd);        // param.mul_(1 - lr*wd)
-    if (std::fabs(w) < 0.5f)                                              // exp_avg.lerp_(grad, 1 - beta1)
+    float grad = g[i] * grad_scale;                                // grads.mul_(clip_coef)
+    if (wd != 0) p[i] = p[i] * static_cast<float>(1.0 - lr * wd);  // param.mul_(1 - lr*wd)
+    if (std::fabs(w) < 0.5f)                                       // exp_avg.lerp_(grad, 1 - beta1)
       m[i] = std::fma(w, grad - m[i], m[i]);
     else
       m[i] = std::fma(w - 1.0f, grad - m[i], grad);
-    float vb = v[i] * static_cast<float>(beta2);                          // exp_avg_sq.mul_(beta2)
-    v[i] = std::fma(static_cast<float>(1.0 - beta2) * grad, grad, vb);    // .addcmul_(grad, grad, 1 - beta2)
+    float vb = v[i] * static_cast<float>(beta2);                        // exp_avg_sq.mul_(beta2)
+    v[i] = std::fma(static_cast<float>(1.0 - beta2) * grad, grad, vb);  // .addcmul_(grad, grad, 1 - beta2)
     float denom = std::sqrt(v[i]) / static_cast<float>(bc2_sqrt) + static_cast<float>(eps);
-    p[i] = p[i] + (static_cast<float>(-step_size) * m[i]) / denom;         // param.addcdiv_(m, denom, -step_size)
+    p[i] = p[i] + (static_cast<float>(-step_size) * m[i]) / denom;  // param.addcdiv_(m, denom, -step_size)
   }
 }
 
@@ -291,7 +291,8 @@ TEST(AdamW, MatchesReferenceBitwise) {
     double beta1, beta2, wd;
     float grad_scale;
   };
-  const Case cases[] = {{0.9, 0.999, 0.1, 1.0f}, {0.9, 0.95, 0.0, 0.37f}, {0.3, 0.9, 0.05, 1.7f}, {0.0, 0.0, 0.0, 1.0f}};
+  const Case cases[] = {
+      {0.9, 0.999, 0.1, 1.0f}, {0.9, 0.95, 0.0, 0.37f}, {0.3, 0.9, 0.05, 1.7f}, {0.0, 0.0, 0.0, 1.0f}};
   const int64_t n = 2 * kOptimBlock + 1001;  // odd: SIMD tails and a short last block
   for (const Case& cs : cases) {
     const AdamWHyper h{cs.beta1, cs.beta2, 1e-8};
@@ -436,7 +437,7 @@ TEST(ClipCoefficient, TorchSemantics) {
   EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0f);
   EXPECT_EQ(clip_coefficient(1.0, 1.0), static_cast<float>(1.0 / (1.0 + 1e-6)));  // 1e-6 makes it just below 1
   EXPECT_EQ(clip_coefficient(0.0, 1.0), 1.0f);
-  EXPECT_EQ(clip_coefficient(5.0, 0.0), 1.0f);   // max_norm <= 0: clipping off
+  EXPECT_EQ(clip_coefficient(5.0, 0.0), 1.0f);  // max_norm <= 0: clipping off
   EXPECT_EQ(clip_coefficient(5.0, -1.0), 1.0f);
   EXPECT_EQ(clip_coefficient(std::numeric_limits<double>::infinity(), 1.0), 0.0f);
   EXPECT_TRUE(std::isnan(clip_coefficient(std::nan(""), 1.0)));

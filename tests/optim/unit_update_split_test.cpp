@@ -65,7 +65,8 @@ void run_twin(int shadows, int steps, int skipped_step) {
       }
       o.t = applied + 1;
       std::vector<float> g(static_cast<size_t>(a.numel));
-      for (int64_t k = 0; k < a.numel; ++k) g[static_cast<size_t>(k)] = std::sin(0.37 * double(k) + 1.3 * t + double(i));
+      for (int64_t k = 0; k < a.numel; ++k)
+        g[static_cast<size_t>(k)] = std::sin(0.37 * double(k) + 1.3 * t + double(i));
       rt::update_unit(a, g.data(), o, 0.75f, ref_shadow[i].data());
       // uneven chunks: 5 elements, then growing by 77 (never a multiple of 64)
       int64_t lo = 0, len = 5;

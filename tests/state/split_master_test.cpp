@@ -56,11 +56,11 @@ std::vector<SimdLevel> supported_levels() {
 // overflow to inf), carries across an exponent, +-0, denormals, +-inf, signalling and
 // quiet NaNs with payloads in either half, and their negatives.
 std::vector<uint32_t> edge_patterns() {
-  const std::vector<uint32_t> base{
-      0x00000000, 0x00000001, 0x00007fff, 0x00008000, 0x00008001, 0x00018000, 0x0000ffff, 0x007fffff,
-      0x007f8000, 0x00800000, 0x3f7f7fff, 0x3f7f8000, 0x3f7f8001, 0x3f7fffff, 0x3f800000, 0x3f808000,
-      0x3f818000, 0x3f80ffff, 0x7f7f7fff, 0x7f7f8000, 0x7f7fffff, 0x7f7e8000, 0x7f800000, 0x7f800001,
-      0x7f808000, 0x7fbfffff, 0x7fc00000, 0x7fc00001, 0x7fffffff, 0x7fbf0000, 0x7f810000, 0x7f8f8000};
+  const std::vector<uint32_t> base{0x00000000, 0x00000001, 0x00007fff, 0x00008000, 0x00008001, 0x00018000, 0x0000ffff,
+                                   0x007fffff, 0x007f8000, 0x00800000, 0x3f7f7fff, 0x3f7f8000, 0x3f7f8001, 0x3f7fffff,
+                                   0x3f800000, 0x3f808000, 0x3f818000, 0x3f80ffff, 0x7f7f7fff, 0x7f7f8000, 0x7f7fffff,
+                                   0x7f7e8000, 0x7f800000, 0x7f800001, 0x7f808000, 0x7fbfffff, 0x7fc00000, 0x7fc00001,
+                                   0x7fffffff, 0x7fbf0000, 0x7f810000, 0x7f8f8000};
   std::vector<uint32_t> out;
   for (uint32_t u : base) {
     out.push_back(u);
@@ -247,11 +247,11 @@ Twin make_twin(int64_t n, int64_t first, uint64_t seed) {
   split_master_decode(w.split(), n, dec.data());
   for (int64_t i = 0; i < n; ++i) {
     if (bits_of(dec[i]) != bits_of(w.p[i]))
-      return ::testing::AssertionFailure() << where << ": master [" << i << "] 0x" << std::hex << bits_of(dec[i])
-                                           << " vs fp32 0x" << bits_of(w.p[i]);
+      return ::testing::AssertionFailure()
+             << where << ": master [" << i << "] 0x" << std::hex << bits_of(dec[i]) << " vs fp32 0x" << bits_of(w.p[i]);
     if (w.shadow[i] != w.shadow_ref[i])
-      return ::testing::AssertionFailure() << where << ": shadow [" << i << "] 0x" << std::hex << w.shadow[i]
-                                           << " vs 0x" << w.shadow_ref[i];
+      return ::testing::AssertionFailure()
+             << where << ": shadow [" << i << "] 0x" << std::hex << w.shadow[i] << " vs 0x" << w.shadow_ref[i];
     if (bits_of(w.m[i]) != bits_of(w.m2[i]) || bits_of(w.v[i]) != bits_of(w.v2[i]))
       return ::testing::AssertionFailure() << where << ": m or v [" << i << "] differ";
   }

@@ -50,15 +50,15 @@ std::string show_ids(const std::vector<int32_t>& v) {
 std::string first_diff(const std::vector<int32_t>& got, const std::vector<int32_t>& ref) {
   size_t i = 0;
   while (i < got.size() && i < ref.size() && got[i] == ref[i]) ++i;
-  return rt::cat("first difference at index ", i, " (got ", got.size(), " ids, HF ", ref.size(), ")\n  got: ",
-                 show_ids(got), "\n  HF:  ", show_ids(ref));
+  return rt::cat("first difference at index ", i, " (got ", got.size(), " ids, HF ", ref.size(),
+                 ")\n  got: ", show_ids(got), "\n  HF:  ", show_ids(ref));
 }
 
 std::string escaped(const std::string& s) { return json(s).dump().substr(0, 120); }
 
 struct Case {
   const char* name;
-  bool nfc;                // decode(encode(x)) gives NFC(x), not x
+  bool nfc;                 // decode(encode(x)) gives NFC(x), not x
   const char* strip_token;  // an lstrip added token: texts holding it lose the whitespace it eats
   // SentencePiece-style: every piece between added tokens gets a dummy "▁"
   // prefix, so texts holding an added token do not round-trip.
@@ -106,7 +106,8 @@ TEST_P(TokenizerGolden, MatchesReferenceIdsAndDecodes) {
         << c.name << " decode skip_special " << escaped(text);
     const std::string ref_prefix = g["decoded_prefix"].get<std::string>();
     if (!(c.prefix_decode_from_fast && ref_prefix.find("\xEF\xBF\xBD") != std::string::npos)) {
-      EXPECT_EQ(tok->decode(prefix, false), ref_prefix) << c.name << " decode of a prefix (partial UTF-8) " << escaped(text);
+      EXPECT_EQ(tok->decode(prefix, false), ref_prefix)
+          << c.name << " decode of a prefix (partial UTF-8) " << escaped(text);
     }
     // Round trip: exact for byte-level BPE and SentencePiece with identity
     // normalization; NFC tokenizers give back the NFC form.
@@ -152,8 +153,13 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 void write_tokenizer_json(const test::TempDir& d, const json& model) {
-  json j = {{"version", "1.0"}, {"added_tokens", json::array()}, {"normalizer", nullptr},
-            {"pre_tokenizer", nullptr}, {"post_processor", nullptr}, {"decoder", nullptr}, {"model", model}};
+  json j = {{"version", "1.0"},
+            {"added_tokens", json::array()},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", nullptr},
+            {"post_processor", nullptr},
+            {"decoder", nullptr},
+            {"model", model}};
   test::write_bytes(d.file("tokenizer.json"), j.dump());
 }
 
@@ -185,11 +191,12 @@ TEST(TokenizerLoad, RefusesUnsupportedPipelineParts) {
   EXPECT_NE(msg.find("normalizer \"NFKC\" is not supported"), std::string::npos) << msg;
   msg = refused("pre_tokenizer", {{"type", "Whitespace"}});
   EXPECT_NE(msg.find("\"Whitespace\""), std::string::npos) << msg;
-  msg = refused("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Contiguous"},
-                                  {"invert", false}});
+  msg = refused("pre_tokenizer",
+                {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Contiguous"}, {"invert", false}});
   EXPECT_NE(msg.find("Split behavior \"Contiguous\" is not supported"), std::string::npos) << msg;
-  msg = refused("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"},
-                                  {"invert", false}});
+  msg =
+      refused("pre_tokenizer",
+              {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}, {"invert", false}});
   EXPECT_NE(msg.find("cannot compile split regex /(unclosed/"), std::string::npos) << msg;
   msg = refused("decoder", {{"type", "WordPiece"}});
   EXPECT_NE(msg.find("decoder \"WordPiece\" is not supported"), std::string::npos) << msg;
@@ -328,8 +335,8 @@ TEST(TokenizerEncode, InvalidUtf8NamesTheOffset) {
       std::string expect;
     };
     for (const Bad& b : {Bad{"abc\xFF", "byte 0xff at byte offset 3"}, Bad{"\xE6\x97", "byte 0xe6 at byte offset 0"},
-                         Bad{"ok \xC0\xAF", "byte 0xc0 at byte offset 3"},           // overlong '/'
-                         Bad{"x\xED\xA0\x80y", "byte 0xed at byte offset 1"},        // surrogate
+                         Bad{"ok \xC0\xAF", "byte 0xc0 at byte offset 3"},          // overlong '/'
+                         Bad{"x\xED\xA0\x80y", "byte 0xed at byte offset 1"},       // surrogate
                          Bad{"\xF4\x90\x80\x80", "byte 0xf4 at byte offset 0"}}) {  // > U+10FFFF
       const std::string msg = error_of([&] { tok->encode(b.text, false); });
       EXPECT_NE(msg.find("not valid UTF-8"), std::string::npos) << name << ": " << msg;
@@ -360,11 +367,11 @@ TEST(TokenizerEncode, ThreadsAgreeWithOneThread) {
 TEST(Unicode, NfcKnownCases) {
   // Expected strings are the NFC forms given by the Unicode standard
   // (UAX #15 examples and the Hangul composition formula).
-  EXPECT_EQ(nfc_normalize("e\xCC\x81"), "\xC3\xA9");                   // e + U+0301 -> U+00E9
-  EXPECT_EQ(nfc_normalize("\xE2\x84\xAB"), "\xC3\x85");                // U+212B ANGSTROM SIGN -> U+00C5
+  EXPECT_EQ(nfc_normalize("e\xCC\x81"), "\xC3\xA9");                                 // e + U+0301 -> U+00E9
+  EXPECT_EQ(nfc_normalize("\xE2\x84\xAB"), "\xC3\x85");                              // U+212B ANGSTROM SIGN -> U+00C5
   EXPECT_EQ(nfc_normalize("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8"), "\xEA\xB0\x81");  // jamo -> U+AC01
   EXPECT_EQ(nfc_normalize("a\xCC\x87\xCC\xA3"), "\xE1\xBA\xA1\xCC\x87");  // a+dot above+dot below -> U+1EA1 U+0307
-  EXPECT_EQ(nfc_normalize("\xE0\xA5\x98"), "\xE0\xA4\x95\xE0\xA4\xBC");  // U+0958 is a composition exclusion
+  EXPECT_EQ(nfc_normalize("\xE0\xA5\x98"), "\xE0\xA4\x95\xE0\xA4\xBC");   // U+0958 is a composition exclusion
   EXPECT_EQ(nfc_normalize("plain ascii"), "plain ascii");
 }
 
@@ -372,8 +379,8 @@ TEST(Unicode, LossyDecodingReplacesMaximalSubparts) {
   // U+FFFD per maximal invalid subpart, as Rust's String::from_utf8_lossy
   // (and the Unicode standard's recommended practice) does.
   const std::string r = "\xEF\xBF\xBD";
-  EXPECT_EQ(utf8_lossy("a\xF0\x9F\x98"), "a" + r);        // truncated 4-byte sequence: one
-  EXPECT_EQ(utf8_lossy("\xE0\x80z"), r + r + "z");        // E0 80 is never valid: two
+  EXPECT_EQ(utf8_lossy("a\xF0\x9F\x98"), "a" + r);  // truncated 4-byte sequence: one
+  EXPECT_EQ(utf8_lossy("\xE0\x80z"), r + r + "z");  // E0 80 is never valid: two
   EXPECT_EQ(utf8_lossy("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
 }
 

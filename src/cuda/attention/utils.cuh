@@ -44,7 +44,7 @@ struct Frag;
 template <int N>
 struct Frag<float[N][4]> {
   static constexpr int n = N;  // 8-column groups
-  __device__ static float& at(float (&a)[N][4], int j, int e) { return a[j][e]; }
+  __device__ static float& at(float(&a)[N][4], int j, int e) { return a[j][e]; }
 };
 template <int M>
 struct Frag<float[M]> {

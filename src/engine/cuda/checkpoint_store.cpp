@@ -14,10 +14,11 @@ CheckpointStore::CheckpointStore(EngineDevice& dev, int64_t n_layers, int64_t ro
   if (host_) {
     const uint64_t bytes = rows * static_cast<uint64_t>(n_) * 2, avail = host_memory_available();
     if (avail != 0 && bytes > avail)
-      throw HostBudgetError(cat("[cuda] the block checkpoints need ", bytes >> 20, " MiB of pinned host RAM (", sets_,
-           " micro-batch", sets_ == 1 ? "" : "es", " x ", L_ + 1, " block inputs of ", (n_ * 2) >> 20,
-           " MiB) but only ", avail >> 20, " MiB are available. Use fewer tokens per micro-batch or fewer "
-           "micro-batches per step (--grad-accum), --layer-major off, or --checkpoints device if the card has room"));
+      throw HostBudgetError(cat(
+          "[cuda] the block checkpoints need ", bytes >> 20, " MiB of pinned host RAM (", sets_, " micro-batch",
+          sets_ == 1 ? "" : "es", " x ", L_ + 1, " block inputs of ", (n_ * 2) >> 20, " MiB) but only ", avail >> 20,
+          " MiB are available. Use fewer tokens per micro-batch or fewer "
+          "micro-batches per step (--grad-accum), --layer-major off, or --checkpoints device if the card has room"));
     host_buf_ = PinnedBuf(bytes, "block checkpoints");
     for (auto& x : xbuf_) x = DevBuf<bf16>(dev_.alloc, n_, "a block input buffer");
     if (sets_ > 1) {  // layer-major: the ring and one event per row

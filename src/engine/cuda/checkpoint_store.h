@@ -63,7 +63,7 @@ class CheckpointStore {
   EngineDevice& dev_;
   int64_t L_, n_;
   bool host_;
-  DevBuf<bf16> ckpt_;  // device mode: (L+1) x N x C
+  DevBuf<bf16> ckpt_;   // device mode: (L+1) x N x C
   PinnedBuf host_buf_;  // host mode: (L+1) x N x C
   DevBuf<bf16> xbuf_[2];
   Event out_[2], in_[2], used_[2], made_;
@@ -74,9 +74,9 @@ class CheckpointStore {
   int take_free();  // a ring buffer whose last use is queued (host mode)
   std::vector<DevBuf<bf16>> ring_;
   std::vector<Event> ring_used_, ring_out_, ring_in_;
-  std::vector<int> ring_free_;                         // FIFO: the least recently freed first
-  std::vector<std::pair<int64_t, int>> ring_rows_;     // rows in a ring buffer (fetched or being written)
-  std::vector<Event> row_out_;                         // per host row: its copy out is done
+  std::vector<int> ring_free_;                      // FIFO: the least recently freed first
+  std::vector<std::pair<int64_t, int>> ring_rows_;  // rows in a ring buffer (fetched or being written)
+  std::vector<Event> row_out_;                      // per host row: its copy out is done
 };
 
 }  // namespace rt::cuda

@@ -14,8 +14,10 @@ GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& trac
   const int64_t L = st_.spec().n_layers;
   for (size_t u = 0; u < units.size(); ++u) {
     const bool layer = u >= 1 && u <= static_cast<size_t>(L);
-    if ((host_ && layer) || (host_embed_ && u == 0)) grads_.emplace_back();  // layers use the two buffers below
-    else grads_.emplace_back(dev_.alloc, units[u].numel, "gradients of " + units[u].name);
+    if ((host_ && layer) || (host_embed_ && u == 0))
+      grads_.emplace_back();  // layers use the two buffers below
+    else
+      grads_.emplace_back(dev_.alloc, units[u].numel, "gradients of " + units[u].name);
   }
   if (host_)
     for (auto& g : layer_grad_) g = DevBuf<float>(dev_.alloc, units[1].numel, "a layer gradient buffer");
@@ -35,7 +37,8 @@ void GradientSink::make_landing(uint64_t landing_chunk_bytes) {
   } else {  // a pinned ring of chunks the optimizer phase copies gradients through
     const int64_t want = static_cast<int64_t>(landing_chunk_bytes / 4) / kChunkAlign * kChunkAlign;
     chunk_elems_ = want > 0 ? std::min(want, max_unit) : max_unit;
-    for (int r = 0; r < kRing; ++r) ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
+    for (int r = 0; r < kRing; ++r)
+      ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
     ring_done_.resize(kRing);
   }
 }
@@ -102,8 +105,10 @@ void GradientSink::land(size_t u, const float* src, bool first) {
     float* dst = un.grad.p;
     auto span = dev_.tracer.host_begin("land", static_cast<int>(u) - 1);
     parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
-      if (first) std::memcpy(dst + b, g + b, static_cast<size_t>(e - b) * 4);
-      else for (int64_t i = b; i < e; ++i) dst[i] += g[i];
+      if (first)
+        std::memcpy(dst + b, g + b, static_cast<size_t>(e - b) * 4);
+      else
+        for (int64_t i = b; i < e; ++i) dst[i] += g[i];
     });
     dev_.tracer.host_end(span);
     track_.update([&] { slab_free_[r] = 1; });

@@ -76,7 +76,7 @@ class GradientSink {
   bool host_, host_embed_;
   std::vector<DevBuf<float>> grads_;  // per unit (host mode: embedding and head only)
   std::vector<Event> grad_zeroed_;
-  DevBuf<float> layer_grad_[2];       // host mode: layers alternate between two buffers
+  DevBuf<float> layer_grad_[2];  // host mode: layers alternate between two buffers
   Event layer_grad_out_[2], unit_grad_out_, grad_made_;
   bool layer_grad_pending_[2] = {false, false};
   std::vector<PinnedBuf> slabs_;  // host mode: landing slabs of the largest unit

@@ -11,7 +11,11 @@
 namespace rt::cuda {
 
 HostEmbedding::HostEmbedding(HostState& st, EngineDevice& dev, UpdateTracker& track, int64_t n_tokens)
-    : st_(st), dev_(dev), track_(track), N_(n_tokens), C_(st.spec().hidden),
+    : st_(st),
+      dev_(dev),
+      track_(track),
+      N_(n_tokens),
+      C_(st.spec().hidden),
       rows_(static_cast<size_t>(N_ * C_) * 2, "embedding rows of a micro-batch"),
       dx_(static_cast<size_t>(N_ * C_) * 2, "the embedding's output gradient") {}
 
@@ -38,8 +42,8 @@ void HostEmbedding::land(const bf16* dx, const int32_t* ids_now, bool first) {
   CUDA_CHECK(cudaEventRecord(grad_made_.get(), dev_.compute.get()));
   CUDA_CHECK(cudaStreamWaitEvent(dev_.d2h.get(), grad_made_.get(), 0));
   auto span = dev_.tracer.gpu_begin(Lane::d2h, "embed grads", -1, dev_.d2h.get());
-  CUDA_CHECK(cudaMemcpyAsync(dx_.as<uint16_t>(), dx, static_cast<size_t>(N * C) * 2, cudaMemcpyDeviceToHost,
-                             dev_.d2h.get()));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dx_.as<uint16_t>(), dx, static_cast<size_t>(N * C) * 2, cudaMemcpyDeviceToHost, dev_.d2h.get()));
   dev_.tracer.gpu_end(span, dev_.d2h.get());
   CUDA_CHECK(cudaEventRecord(dx_done_.get(), dev_.d2h.get()));
   // the next micro-batch's head writes dx again
@@ -50,9 +54,9 @@ void HostEmbedding::land(const bf16* dx, const int32_t* ids_now, bool first) {
     auto span = dev_.tracer.host_begin("land", -1);
     auto& un = st_.units()[0];
     float* dst = un.grad.p;
-    if (first) parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
-        std::memset(dst + b, 0, static_cast<size_t>(e - b) * 4);
-      });
+    if (first)
+      parallel_for(un.numel, 1 << 16,
+                   [&](int64_t b, int64_t e) { std::memset(dst + b, 0, static_cast<size_t>(e - b) * 4); });
     std::vector<float> dxf(static_cast<size_t>(N * C));  // bf16 -> fp32 is exact
     const uint16_t* src = dx_.as<uint16_t>();
     parallel_for(N * C, 1 << 16, [&](int64_t b, int64_t e) {

@@ -69,8 +69,10 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
     }
     if (c + kRing < chunks.size()) issue(c + kRing);
     if (ch.e == un.numel && weights_.split()) un.cur_shadow = shadow;  // also after a skipped step
-    if (ch.e < un.numel) track_.mark_progress(ch.u, step, ch.e);
-    else track_.mark_updated(ch.u, step);
+    if (ch.e < un.numel)
+      track_.mark_progress(ch.u, step, ch.e);
+    else
+      track_.mark_updated(ch.u, step);
   }
   finished(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), n_params);
 }

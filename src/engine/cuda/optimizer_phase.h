@@ -29,8 +29,12 @@ class OptimizerPhase {
   // still advance).
   void run(const OptimStep& o, float coef, bool apply, int64_t step, cudaEvent_t backward_done);
   // Time and parameter count of the last run.
-  double seconds() const { return track_.read([&] { return seconds_; }); }
-  int64_t params() const { return track_.read([&] { return params_; }); }
+  double seconds() const {
+    return track_.read([&] { return seconds_; });
+  }
+  int64_t params() const {
+    return track_.read([&] { return params_; });
+  }
 
  private:
   void run_host(const OptimStep& o, float coef, bool apply, int64_t step);

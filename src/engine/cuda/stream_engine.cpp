@@ -86,7 +86,13 @@ namespace {
 class StreamEngine final : public Backend {
  public:
   StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOptions& opt)
-      : st_(st), s_(st.spec()), B_(B), T_(T), N_(B * T), opt_(opt), dev_(budget(opt), opt.trace_path),
+      : st_(st),
+        s_(st.spec()),
+        B_(B),
+        T_(T),
+        N_(B * T),
+        opt_(opt),
+        dev_(budget(opt), opt.trace_path),
         track_(st.units().size(), opt.delayed_update) {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
@@ -125,8 +131,8 @@ class StreamEngine final : public Backend {
                                      Scratch{scratch_.data(), sc});
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
     // it: on what is left for the shared block activations and this scratch
-    const uint64_t left = dev_.alloc.budget() - std::min(dev_.alloc.budget(),
-                                                         dev_.alloc.used() + dev_.alloc.budget() / 64);
+    const uint64_t left =
+        dev_.alloc.budget() - std::min(dev_.alloc.budget(), dev_.alloc.used() + dev_.alloc.budget() / 64);
     dm_ = BlockDims{B_, T_, plan_mlp_chunk_tokens(s_, B_, T_, opt_, left)};
     bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, dm_);
     grads_->make_landing(opt_.landing_chunk_bytes);
@@ -145,21 +151,20 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
     if (opt_.verbose) {
       const int S = weights_->count();
-      std::printf("cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
-                  "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
-                  "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
-                  opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
-                  place_.host_grads ? "host (per layer)" : "device", place_.host_ckpt ? "host" : "device",
-                  place_.host_embed ? "host" : "device", (long long)keep, (long long)L,
-                  keep * act_bytes / double(1ull << 30),
-                  place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
-                  dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
-                  dev_.alloc.used() / double(1ull << 30),
-                  dev_.alloc.budget() / double(1ull << 30));
+      std::printf(
+          "cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
+          "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
+          "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
+          opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
+          place_.host_grads ? "host (per layer)" : "device", place_.host_ckpt ? "host" : "device",
+          place_.host_embed ? "host" : "device", (long long)keep, (long long)L, keep * act_bytes / double(1ull << 30),
+          place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
+          dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
+          dev_.alloc.used() / double(1ull << 30), dev_.alloc.budget() / double(1ull << 30));
       const uint64_t host = st_.bytes_total() + weights_->pinned_bytes();
       std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, Adam m, v, pinned bf16 shadows%s)\n",
-                  host / double(1ull << 30), host / double(st_.n_params()),
-                  master_storage_name(st_.master_storage()), place_.host_grads ? ", fp32 gradients" : "");
+                  host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
+                  place_.host_grads ? ", fp32 gradients" : "");
     }
   }
 
@@ -174,8 +179,7 @@ class StreamEngine final : public Backend {
   std::string describe() const override {
     return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
                " slots, bf16 compute, fp32 master (", master_storage_name(st_.master_storage()), ") + AdamW on ",
-               global_pool().size(), " CPU threads",
-               track_.delayed() ? ", delayed update" : "", ")");
+               global_pool().size(), " CPU threads", track_.delayed() ? ", delayed update" : "", ")");
   }
 
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
@@ -188,8 +192,10 @@ class StreamEngine final : public Backend {
     const bool lm = run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
     // global norm: per-unit sums of squares, summed in unit order
     std::vector<double> host_norms;
-    if (place_.host_grads) host_norms = grads_->host_norms();
-    else grads_->queue_norms(norms_.data(), Scratch{scratch_.data(), scratch_.size()});
+    if (place_.host_grads)
+      host_norms = grads_->host_norms();
+    else
+      grads_->queue_norms(norms_.data(), Scratch{scratch_.data(), scratch_.size()});
     auto* tot = host_small_.as<CrossEntropyTotals>();
     double* nrm = reinterpret_cast<double*>(host_small_.as<uint8_t>() + sizeof(CrossEntropyTotals));
     cudaStream_t cs = dev_.compute.get();
@@ -283,7 +289,8 @@ class StreamEngine final : public Backend {
     uint64_t b = free_b > (512ull << 20) ? free_b - (512ull << 20) : free_b;  // leave room for the CUDA context
     if (o.max_gpu_memory) {
       if (o.max_gpu_memory > b)
-        fail("[cuda] --max-gpu-memory ", o.max_gpu_memory >> 20, " MiB is more than the ", b >> 20, " MiB the device has free");
+        fail("[cuda] --max-gpu-memory ", o.max_gpu_memory >> 20, " MiB is more than the ", b >> 20,
+             " MiB the device has free");
       b = o.max_gpu_memory;
     }
     return b;
@@ -291,7 +298,8 @@ class StreamEngine final : public Backend {
 
   void check_shapes() {
     auto mult8 = [&](int64_t v, const char* what) {
-      RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v, " must be a multiple of 8 for the CUDA kernels; use --device cpu");
+      RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v,
+               " must be a multiple of 8 for the CUDA kernels; use --device cpu");
     };
     mult8(s_.hidden, "hidden_size");
     mult8(s_.intermediate, "intermediate_size");
@@ -305,8 +313,8 @@ class StreamEngine final : public Backend {
   // Copies the loss totals out (waits for the compute stream); *n_valid tokens.
   double read_totals(int64_t* n_valid) {
     auto* tot = host_small_.as<CrossEntropyTotals>();
-    CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost,
-                               dev_.compute.get()));
+    CUDA_CHECK(
+        cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, dev_.compute.get()));
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
     *n_valid = tot->n_valid;
     return tot->loss_sum;
@@ -368,8 +376,8 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(pos_.data(), pos_h(0), bytes, cudaMemcpyHostToDevice, cs));
     for (int64_t k = 0; k < count; ++k)
       if (has_doc_[static_cast<size_t>(k)])
-        CUDA_CHECK(cudaMemcpyAsync(doc_.data() + k * N_, doc_h(k), static_cast<size_t>(N_) * 4,
-                                   cudaMemcpyHostToDevice, cs));
+        CUDA_CHECK(
+            cudaMemcpyAsync(doc_.data() + k * N_, doc_h(k), static_cast<size_t>(N_) * 4, cudaMemcpyHostToDevice, cs));
   }
 
   // Layer i's load waits (on this thread) for its update; the layers after
@@ -389,8 +397,10 @@ class StreamEngine final : public Backend {
     const int S = weights_->count();
     auto& units = st_.units();
     cudaStream_t cs = dev_.compute.get();
-    if (host_embed_) track_.wait_updated(0, track_.need_version());
-    else weights_->ensure_embed();
+    if (host_embed_)
+      track_.wait_updated(0, track_.need_version());
+    else
+      weights_->ensure_embed();
     auto span = dev_.tracer.gpu_begin(Lane::compute, "embed", -1, cs);
     for (int64_t k = 0; k < K_; ++k) {
       bf16* x0 = ckpt_->lm_out(k, 0);
@@ -413,9 +423,12 @@ class StreamEngine final : public Backend {
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
       for (int64_t k = 0; k < K_; ++k) {
         const bf16* x = ckpt_->lm_in(k, i);
-        if (k + 1 < K_) ckpt_->lm_prefetch(k + 1, i);
-        else if (i + 1 < L) ckpt_->lm_prefetch(0, i + 1);
-        else ckpt_->lm_prefetch(0, L);  // the first head's input
+        if (k + 1 < K_)
+          ckpt_->lm_prefetch(k + 1, i);
+        else if (i + 1 < L)
+          ckpt_->lm_prefetch(0, i + 1);
+        else
+          ckpt_->lm_prefetch(0, L);  // the first head's input
         bf16* y = ckpt_->lm_out(k, i + 1);
         block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared(), doc(k));
         ckpt_->lm_done(k, i);
@@ -441,8 +454,10 @@ class StreamEngine final : public Backend {
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
       for (int64_t k = 0; k < K_; ++k) {  // in micro-batch order: the gradient sums as micro-batch-major's do
         const bf16* x = ckpt_->lm_in(k, i);
-        if (k + 1 < K_) ckpt_->lm_prefetch(k + 1, i);
-        else if (i > 0) ckpt_->lm_prefetch(0, i - 1);
+        if (k + 1 < K_)
+          ckpt_->lm_prefetch(k + 1, i);
+        else if (i > 0)
+          ckpt_->lm_prefetch(0, i - 1);
         const int32_t* pos = pos_.data() + k * N_;
         block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
         block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
@@ -481,8 +496,10 @@ class StreamEngine final : public Backend {
     }
     auto span = dev_.tracer.gpu_begin(Lane::compute, "embed", -1, cs);
     ckpt_->before_write(0);
-    if (host_embed_) host_embed_->copy_in(ckpt_->at(0));
-    else embedding_forward(ckpt_->at(0), ids_.data(), weights_->embed(), N_, C, cs);
+    if (host_embed_)
+      host_embed_->copy_in(ckpt_->at(0));
+    else
+      embedding_forward(ckpt_->at(0), ids_.data(), weights_->embed(), N_, C, cs);
     dev_.tracer.gpu_end(span, cs);
     if (training) ckpt_->written(0);
     for (int64_t i = 0; i < L; ++i) {
@@ -490,8 +507,8 @@ class StreamEngine final : public Backend {
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_write(i + 1);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
-      block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1),
-                    pos_.data(), training ? acts_->of(i) : acts_->shared(), doc(0));
+      block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1), pos_.data(),
+                    training ? acts_->of(i) : acts_->shared(), doc(0));
       dev_.tracer.gpu_end(sp, cs);
       if (training && i + 1 < L) ckpt_->written(i + 1);
       // the last S layers stay for the backward's turn-around
@@ -542,8 +559,8 @@ class StreamEngine final : public Backend {
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
       if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
         block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared(), doc(0));
-      block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i),
-                     *bscratch_, bind_grads(units[i + 1], g), doc(0));
+      block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i), *bscratch_,
+                     bind_grads(units[i + 1], g), doc(0));
       dev_.tracer.gpu_end(sp, cs);
       ckpt_->after_backward(i);
       grads_->end_layer(i, first_micro_);
@@ -587,7 +604,7 @@ class StreamEngine final : public Backend {
   std::unique_ptr<CudaOps> ops_;
   std::unique_ptr<LayerActs<CudaOps>> acts_;  // shared (recomputed layers) + layers L-K..L-1, forward to backward
   std::unique_ptr<BlockScratch<CudaOps>> bscratch_;
-  BlockDims dm_{0, 0};  // B_ x T_ and the MLP token chunk (0: unchunked), for every block call
+  BlockDims dm_{0, 0};   // B_ x T_ and the MLP token chunk (0: unchunked), for every block call
   UpdateTracker track_;  // last: its worker thread stops first
 };
 

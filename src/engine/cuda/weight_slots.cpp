@@ -37,8 +37,9 @@ WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track,
   // fp32 master: pinned bf16 shadows, exact size, filled from the master (two of each in delayed mode)
   for (int k = 0; k < (split_ ? 0 : delayed ? 2 : 1); ++k)
     for (auto& u : units) {
-      shadow_[k].emplace_back(static_cast<size_t>(u.numel) * 2,
-                              cat(delayed ? "a bf16 shadow (delayed update: two per unit) of " : "the bf16 shadow of ", u.name));
+      shadow_[k].emplace_back(
+          static_cast<size_t>(u.numel) * 2,
+          cat(delayed ? "a bf16 shadow (delayed update: two per unit) of " : "the bf16 shadow of ", u.name));
       uint16_t* sh = shadow_[k].back().as<uint16_t>();
       const float* m = u.master();
       parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {

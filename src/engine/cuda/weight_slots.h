@@ -47,9 +47,7 @@ class WeightSlots {
   // The pinned shadow of unit u at the version this step computes with.
   const uint16_t* shadow_src(size_t u) const;
   // Shadow k (0, or 1 in delayed mode) of unit u: what the optimizer writes.
-  uint16_t* shadow(int k, size_t u) {
-    return split_ ? st_.units()[u].shadow(k) : shadow_[k][u].as<uint16_t>();
-  }
+  uint16_t* shadow(int k, size_t u) { return split_ ? st_.units()[u].shadow(k) : shadow_[k][u].as<uint16_t>(); }
   bool split() const { return split_; }
   // Pinned host bytes this owns (0 with a split master: the state holds its shadows).
   uint64_t pinned_bytes() const {
@@ -79,7 +77,7 @@ class WeightSlots {
   EngineDevice& dev_;
   UpdateTracker& track_;
   int S_;
-  bool split_ = false;                 // the shadows are the split master's (registered below)
+  bool split_ = false;                // the shadows are the split master's (registered below)
   std::vector<PinnedBuf> shadow_[2];  // fp32 master storage: [1] only in delayed mode
   std::vector<HostRegistration> registered_;
   DevBuf<bf16> embed_w_, head_w_;
