@@ -160,7 +160,21 @@ int cmd_plan(const Args& args) {
   co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
   co.verbose = false;
   if (p.on("low-memory")) set_low_memory(co);
-  const DevicePlan dp = fit_device_plan(spec, B, T, co, budget);
+  DevicePlan dp = fit_device_plan(spec, B, T, co, budget);
+  // As the engine does (make_cuda_backend, HostBudgetError): when the host
+  // cannot pin the block inputs of every micro-batch beside the state,
+  // layer-major left at auto falls back to micro-batch-major.
+  bool host_fallback = false;
+  if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
+    const MasterStorage st = co.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split;
+    const uint64_t need = HostState::planned_bytes(spec, st, co.delayed_update ? 2 : 1, dp.place.host_grads) +
+                          host_checkpoint_bytes(spec, B, T, dp.place) + static_cast<uint64_t>(24 * K * B * T);
+    if (need + kHostReserveBytes > host_ram) {
+      co.layer_major = "off";
+      dp = fit_device_plan(spec, B, T, co, budget);
+      host_fallback = true;
+    }
+  }
   const DevicePlacement& pl = dp.place;
 
   // ---- host RAM, per item (HostState::planned_bytes is the total the engine holds)
@@ -316,6 +330,9 @@ int cmd_plan(const Args& args) {
         mode, pl.slots, pl.slots == 1 ? "" : "s", pl.host_grads ? "host" : "device", pl.host_ckpt ? "host" : "device",
         pl.host_embed ? "host" : "device", pl.layer_major ? "layer-major" : "micro-batch-major",
         (long long)dp.kept_layers, (long long)spec.n_layers);
+    if (host_fallback)
+      std::printf("  micro-batch-major: the host cannot pin the block inputs of all %lld micro-batches (layer-major)\n",
+                  (long long)K);
     for (const std::string& c : dp.changes) std::printf("  shrunk to fit: %s\n", c.c_str());
     std::printf("  device memory %s of %s budget%s\n", gib(static_cast<double>(dp.total)).c_str(),
                 gib(static_cast<double>(dp.budget)).c_str(), dp.fits() ? "" : ": DOES NOT FIT");
