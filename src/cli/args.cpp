@@ -340,7 +340,8 @@ void ArgParser::merge_toml(const std::string& path) {
     fail("[config] ", path, ": invalid TOML: ", s.str());
   }
   config_path_ = path;
-  for (auto&& [k, v] : tbl) {
+  for (auto&& [k, node] : tbl) {
+    const auto& v = node;  // a plain reference: lambdas may not capture structured bindings before clang 16
     const std::string key = normalise(std::string(k.str()));
     const OptSpec* o = find(key);
     const std::string where = cat(path, ": key '", k.str(), "'");

@@ -161,9 +161,13 @@ class Interp {
 
   Value make_macro(const Stmt& s) {
     const Stmt* def = &s;
-    std::shared_ptr<Object> top = scopes_.front();
-    std::shared_ptr<Object> module = scopes_.size() > 1 ? scopes_[1] : scopes_.front();
-    return Value::function([this, def, top, module](CallArgs& a) -> Value {
+    // Weak: the macro value is stored in the module scope it captures, and a
+    // shared capture would be a reference cycle (a leak per rendered macro).
+    std::weak_ptr<Object> top_w = scopes_.front();
+    std::weak_ptr<Object> module_w = scopes_.size() > 1 ? scopes_[1] : scopes_.front();
+    return Value::function([this, def, top_w, module_w](CallArgs& a) -> Value {
+      const std::shared_ptr<Object> top = top_w.lock(), module = module_w.lock();
+      if (!top || !module) throw std::runtime_error("macro '" + def->name + "' called after its template finished");
       if (macro_depth_ >= 100) throw std::runtime_error("macro '" + def->name + "' recursed more than 100 levels deep");
       struct DepthGuard {
         int& d;
