@@ -126,6 +126,8 @@ Args parse(int argc, char** argv) {
       a.master = v();
     else if (k == "--low-memory")
       a.low_memory = true;
+    else if (k == "--threads")
+      rt::set_global_threads(static_cast<int>(std::stoll(v())));  // the CPU optimizer's pool (0: all cores)
     else if (k == "--landing-chunk-mib")
       a.landing_mib = std::stoll(v());
     else if (k == "--mlp-chunk-tokens") {
@@ -141,7 +143,7 @@ Args parse(int argc, char** argv) {
           "               [--steps 4] [--warmup 2]\n"
           "               [--layers N (override depth)] [--slots 3]\n"
           "               [--modes streaming,resident (also: delayed, resident-delayed = delayed update)]\n"
-          "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host]\n"
+          "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host|fold] [--threads N]\n"
           "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
           "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
           "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"

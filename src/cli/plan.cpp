@@ -102,7 +102,12 @@ int cmd_plan(const Args& args) {
   p.flag("low-memory", "gradients and checkpoints on the host, 2 slots, 256-row LM-head chunks");
   p.flag("resident", "keep every layer on the device");
   p.option("slots", "N", "device weight slots", "3").integer(2);
-  p.option("grads", "auto|device|host", "where gradients wait for the norm", "auto").choice({"auto", "device", "host"});
+  p.option("grads", "auto|device|host|fold",
+           "where gradients wait for the norm (fold: nowhere, each layer updates as its gradient lands)", "auto")
+      .choice({"auto", "device", "host", "fold"});
+  p.option("clip", "NORM", "the run's --clip (0: off; auto then folds where it would send gradients to the host)",
+           "1.0")
+      .number(0);
   p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
       .choice({"auto", "device", "host"});
   p.option("layer-major", "auto|on|off", "layer-major micro-batches (--grad-accum > 1)", "auto")
@@ -153,6 +158,7 @@ int cmd_plan(const Args& args) {
   co.resident = p.on("resident");
   co.delayed_update = p.on("delayed-update");
   co.grads = p.str("grads");
+  co.clipping = p.number("clip") > 0;
   co.checkpoints = p.str("checkpoints");
   co.layer_major = p.str("layer-major");
   co.master = p.str("master");
@@ -165,9 +171,18 @@ int cmd_plan(const Args& args) {
   // cannot pin the block inputs of every micro-batch beside the state,
   // layer-major left at auto falls back to micro-batch-major.
   bool host_fallback = false;
+  const std::vector<int64_t> unit_numel = unit_numels(spec);
+  // host gradient arenas: every unit's (host), the host embedding's only (fold), none (device)
+  auto host_grad_bytes = [&](const DevicePlacement& q) -> uint64_t {
+    uint64_t n = 0;
+    for (size_t u = 0; u < unit_numel.size(); ++u)
+      if (q.host_grads && (!q.fold || (u == 0 && q.host_embed))) n += static_cast<uint64_t>(unit_numel[u]);
+    return 4 * n;
+  };
   if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
     const MasterStorage st = co.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split;
-    const uint64_t need = HostState::planned_bytes(spec, st, co.delayed_update ? 2 : 1, dp.place.host_grads) +
+    const uint64_t need = HostState::planned_bytes(spec, st, co.delayed_update ? 2 : 1, false) +
+                          host_grad_bytes(dp.place) +
                           host_checkpoint_bytes(spec, B, T, dp.place) + static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
       co.layer_major = "off";
@@ -180,7 +195,6 @@ int cmd_plan(const Args& args) {
   // ---- host RAM, per item (HostState::planned_bytes is the total the engine holds)
   const MasterStorage storage = co.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split;
   const int shadows = co.delayed_update ? 2 : 1;
-  const uint64_t state_total = HostState::planned_bytes(spec, storage, shadows, pl.host_grads);
   const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false);
   const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false);
   uint64_t numel = 0;
@@ -192,7 +206,8 @@ int cmd_plan(const Args& args) {
   host.push_back({"Adam m (fp32)", 4 * numel});
   host.push_back({"Adam v (fp32)", 4 * numel});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
-  host.push_back({"host gradients (fp32)", state_total - no_grads});
+  host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
+                  host_grad_bytes(pl)});
   host.push_back({"pinned block checkpoints", host_checkpoint_bytes(spec, B, T, pl)});
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
@@ -229,7 +244,14 @@ int cmd_plan(const Args& args) {
                     fmt("%.0fG", (static_cast<double>(host_total + kHostReserveBytes)) / GiB + 0.999) + " or more");
     if (storage == MasterStorage::fp32)
       fixes.push_back("--master split saves " + gib(1.875 * static_cast<double>(numel)) + " (bit-identical results)");
-    if (pl.host_grads) {
+    if (pl.host_grads && !pl.fold)
+      fixes.push_back("--grads fold drops the host gradients (" + gib(4.0 * static_cast<double>(numel)) +
+                      "): each layer updates as its gradient lands" +
+                      (K > 1 && !pl.layer_major ? std::string(" (needs --layer-major on with --grad-accum > 1)")
+                                                : std::string("")) +
+                      "; with --clip 0 the results are the same, with clipping each layer is clipped by the norm "
+                      "landed up to it (docs/small_gpu.md)");
+    if (pl.host_grads && !pl.fold) {
       CudaOptions o = co;
       o.grads = "device";
       o.fit = false;
@@ -284,7 +306,7 @@ int cmd_plan(const Args& args) {
     j += ",\"device\":{\"fits\":" + std::string(dp.fits() ? "true" : "false") +
          ",\"total_bytes\":" + std::to_string(dp.total) + ",\"budget_bytes\":" + std::to_string(dp.budget) +
          ",\"mode\":" + json_str(mode) + ",\"slots\":" + std::to_string(pl.slots) +
-         ",\"host_grads\":" + (pl.host_grads ? "true" : "false") +
+         ",\"host_grads\":" + (pl.host_grads ? "true" : "false") + ",\"fold\":" + (pl.fold ? "true" : "false") +
          ",\"host_checkpoints\":" + (pl.host_ckpt ? "true" : "false") +
          ",\"host_embedding\":" + (pl.host_embed ? "true" : "false") +
          ",\"layer_major\":" + (pl.layer_major ? "true" : "false") +
@@ -327,7 +349,11 @@ int cmd_plan(const Args& args) {
     std::printf(
         "\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
         "activations of %lld of %lld layers kept\n",
-        mode, pl.slots, pl.slots == 1 ? "" : "s", pl.host_grads ? "host" : "device", pl.host_ckpt ? "host" : "device",
+        mode, pl.slots, pl.slots == 1 ? "" : "s",
+        pl.fold         ? "host (folded into the update as they land)"
+        : pl.host_grads ? "host"
+                        : "device",
+        pl.host_ckpt ? "host" : "device",
         pl.host_embed ? "host" : "device", pl.layer_major ? "layer-major" : "micro-batch-major",
         (long long)dp.kept_layers, (long long)spec.n_layers);
     if (host_fallback)
@@ -340,7 +366,10 @@ int cmd_plan(const Args& args) {
         "\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "
         "(CPU AdamW %.3f s, %.3f s of it under the %s)\n",
         sp.step_s, sp.compute_s, sp.copies_s, sp.optimizer_exposed_s, sp.optimizer_s,
-        std::min(sp.optimizer_s, sp.overlap_s), co.delayed_update ? "whole step" : "next forward");
+        std::min(sp.optimizer_s, sp.overlap_s),
+        co.delayed_update ? "whole step"
+        : pl.fold         ? "backward and the next forward"
+                          : "next forward");
     if (pl.host_grads && !co.delayed_update)
       std::printf("  (host gradients: the optimizer is modelled as not overlapping, as measured on the H200)\n");
     std::printf("  binding: %s; copies %.1f GB in + %.1f GB out; %.0f tokens/s, %.1f model TFLOP/s, GPU idle %.0f%%\n",

@@ -80,6 +80,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.delayed_update = c.delayed_update;
   o.keep_activations = c.keep_activations;
   o.mlp_chunk_tokens = c.mlp_chunk_tokens;
+  o.fold_grads = c.grads == Placement::fold;
   int64_t warmup = c.warmup;
   if (!c.warmup_given && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
   if (warmup > o.steps)
@@ -164,6 +165,7 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.micro_batches = c.grad_accum;  // the layer-major buffers are planned for this many
   co.keep_activations = c.keep_activations;
   co.mlp_chunk_tokens = c.mlp_chunk_tokens;
+  co.clipping = c.clip > 0;
   if (c.low_memory) set_low_memory(co);
   co.trace_path = c.trace;
   if (c.device == Device::cuda) return make_cuda_backend(state, c.micro_batch, seq_len, co);

@@ -27,6 +27,8 @@ const char* placement_name(Placement p) {
       return "device";
     case Placement::host:
       return "host";
+    case Placement::fold:
+      return "fold";
   }
   return "auto";
 }
@@ -94,11 +96,15 @@ void train_options(ArgParser& p) {
       .integer(0)
       .or_word("auto");
   p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
-  p.option("grads", "auto|device|host",
-           "keep gradients on the device until the step's norm is known, or send "
-           "each layer's to host RAM as it is made (low device memory)",
+  p.option("grads", "auto|device|host|fold",
+           "device: keep gradients on the GPU until the step's norm is known; host: send each layer's to host RAM "
+           "as it is made (low device memory, +4 B/param of host RAM); fold: send them out the same way but update "
+           "each layer as its gradient lands, with no host gradient buffer (least host RAM; needs --grad-accum 1 "
+           "or layer-major; clipping: each layer by the norm of the gradients landed up to it, the same as global "
+           "clipping on every step within --clip, never more on the others; docs/small_gpu.md); auto: device, or "
+           "host when they take much of the card (fold when --clip 0)",
            "auto")
-      .choice({"auto", "device", "host"});
+      .choice({"auto", "device", "host", "fold"});
   p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
       .choice({"auto", "device", "host"});
   p.option("layer-major", "auto|on|off",
@@ -157,7 +163,10 @@ void train_options(ArgParser& p) {
 namespace {
 
 Placement placement_parse(const std::string& s) {
-  return s == "device" ? Placement::device : s == "host" ? Placement::host : Placement::auto_select;
+  return s == "device" ? Placement::device
+         : s == "host"  ? Placement::host
+         : s == "fold"  ? Placement::fold
+                        : Placement::auto_select;
 }
 
 }  // namespace
@@ -213,6 +222,9 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.low_memory = p.on("low-memory");
   c.grads = placement_parse(p.str("grads"));
   c.checkpoints = placement_parse(p.str("checkpoints"));
+  if (c.grads == Placement::fold && c.delayed_update)
+    fail("[train] --grads fold updates each layer in the step that made its gradient; --delayed-update applies it "
+         "one step later: drop one of the two");
   const std::string lm = p.str("layer-major");
   c.layer_major = lm == "on" ? AutoOnOff::on : lm == "off" ? AutoOnOff::off : AutoOnOff::auto_select;
   const std::string mc = p.str("mlp-chunk-tokens");
@@ -221,7 +233,8 @@ TrainConfig train_config_read(const ArgParser& p) {
   if (p.has("trace")) c.trace = p.str("trace");
   for (const char* k :
        {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master", "low-memory", "trace"})
-    if (p.given_explicitly(k) && (p.str(k) != "false")) c.gpu_options_given.push_back(std::string("--") + k);
+    if (p.given_explicitly(k) && (p.str(k) != "false") && !(std::string(k) == "grads" && c.grads == Placement::fold))
+      c.gpu_options_given.push_back(std::string("--") + k);  // --grads fold has a CPU twin
   if (c.low_memory) {  // checked on every machine, so a config is refused the same way everywhere
     for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
       if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");

@@ -17,7 +17,7 @@ namespace rt::cli {
 
 enum class Device { auto_select, cpu, cuda };
 enum class InitFrom { pretrained, random };
-enum class Placement { auto_select, device, host };  // --grads / --checkpoints on the GPU
+enum class Placement { auto_select, device, host, fold };  // --grads / --checkpoints on the GPU (fold: --grads)
 
 const char* placement_name(Placement p);
 enum class AutoOnOff { auto_select, on, off };  // --layer-major

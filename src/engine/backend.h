@@ -83,8 +83,10 @@ class Backend {
 // The CPU backend's layer_major (auto = off: it streams nothing) is the twin.
 // mlp_chunk_tokens (CudaOptions::mlp_chunk_tokens): R > 0 runs the MLP in
 // chunks of R tokens; 0 and -1 (auto: nothing to fit here) run it whole.
+// fold: the CPU twin of --grads fold (engine/fold_clip.h): units update in
+// fold_order with the partial-norm clipping rule; not with delayed_update.
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false, int64_t keep_activations = -1,
-                                          bool layer_major = false, int64_t mlp_chunk_tokens = 0);
+                                          bool layer_major = false, int64_t mlp_chunk_tokens = 0, bool fold = false);
 
 struct CudaOptions {
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
@@ -96,8 +98,15 @@ struct CudaOptions {
   // 1.875 B/param less host RAM, ~6% fewer bytes moved per update); auto: split.
   std::string master = "auto";
   std::string checkpoints = "auto";  // auto | device | host: where block inputs wait for the backward
-  std::string grads = "auto";        // auto | device | host: device keeps every gradient until the norm is
-                                     // known; host sends each layer's out as it is made (O(1) device memory)
+  std::string grads = "auto";        // auto | device | host | fold: device keeps every gradient until the norm
+                                     // is known; host sends each layer's out as it is made (O(1) device
+                                     // memory) into host gradient arenas (4 B/param); fold sends them out the
+                                     // same way but each unit's update runs as its gradient lands, no host
+                                     // gradient arena (engine/fold_clip.h: the clipping rule); auto picks fold
+                                     // where host would be picked when clipping is off (then fold is exact)
+                                     // and one micro-batch or layer-major makes each gradient whole at once
+  bool clipping = true;              // the trainer clips the gradient norm (OptimStep::clip > 0)
+  bool prefer_host_grads = false;    // fit's first step: grads left at auto go to the host (or fold)
   std::string trace_path;            // Chrome trace JSON, "" for none
   // Layer-major micro-batches (see make_cpu_backend above): auto | on | off.
   // auto: on when micro_batches > 1, the weights stream (fewer slots than

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "cpu/cpu_ops.h"
 #include "engine/backend.h"
+#include "engine/fold_clip.h"
 #include "model/model.h"
 #include "state/host_state.h"
 
@@ -100,12 +101,13 @@ class LayerMajorRunner {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk)
+  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk, bool fold)
       : state_(s),
         ops_(s.spec()),
         delayed_(delayed),
         keep_(keep),
         layer_major_(layer_major),
+        fold_(fold),
         mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
     RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", mlp_chunk);
@@ -174,9 +176,21 @@ class CpuBackend final : public Backend {
     StepStats st;
     st.loss_sum = accumulate_grads(batches, 1.0f / static_cast<float>(n_valid_total), &st.n_valid);
     if (o.inject_nan) st.loss_sum = NAN;
+    auto& units = state_.units();
+    std::vector<double> unit_sq(units.size());
     double sq = 0;
-    for (auto& u : state_.units()) sq += sum_squares(u.grad.p, u.numel);
+    for (size_t k = 0; k < units.size(); ++k) sq += unit_sq[k] = sum_squares(units[k].grad.p, units[k].numel);
     st.grad_norm = std::sqrt(sq);
+    if (fold_) {  // the twin of --grads fold (engine/fold_clip.h)
+      const bool apply = std::isfinite(st.loss_sum);
+      FoldClip clip(o.clip);
+      for (size_t k : fold_order(state_.spec().n_layers)) {
+        const float c = clip.next(unit_sq[k]);
+        if (apply && std::isfinite(unit_sq[k])) update_unit(units[k], units[k].grad.p, o, c, nullptr);
+      }
+      st.applied = apply && clip.all_finite();
+      return st;
+    }
     const bool ok = std::isfinite(st.loss_sum) && std::isfinite(st.grad_norm);
     const float coef = ok ? clip_coefficient(st.grad_norm, o.clip) : 0.0f;
     st.applied = ok;
@@ -188,7 +202,6 @@ class CpuBackend final : public Backend {
     // Delayed: the previous step's update goes in now (after this step's
     // gradients were computed on the weights before it); this step's waits.
     apply_pending();
-    auto& units = state_.units();
     pending_.grads.resize(units.size());
     for (size_t k = 0; k < units.size(); ++k)
       pending_.grads[k].assign(units[k].grad.p, units[k].grad.p + units[k].numel);
@@ -223,6 +236,7 @@ class CpuBackend final : public Backend {
   bool delayed_;
   int64_t keep_;  // --keep-activations (-1: auto)
   bool layer_major_;
+  bool fold_;          // --grads fold's twin
   int64_t mlp_chunk_;  // MLP token chunk (0: unchunked; auto is unchunked: no device budget here)
   bool logged_keep_ = false;
   struct {
@@ -238,8 +252,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations,
-                                          bool layer_major, int64_t mlp_chunk_tokens) {
-  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens);
+                                          bool layer_major, int64_t mlp_chunk_tokens, bool fold) {
+  RT_CHECK(!(fold && delayed_update), "[train] --grads fold and --delayed-update cannot be combined (fold updates "
+           "each unit in the step that made its gradient)");
+  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens, fold);
 }
 
 }  // namespace rt

@@ -38,17 +38,24 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
       o.micro_batches > 1 && (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L && !s.tie_embeddings));
   const uint64_t ckpt_bytes = static_cast<uint64_t>(p.sets()) * (L + 1) * N * s.hidden * 2;
   auto pick = [](const std::string& v, bool big, const char* what) {
-    RT_CHECK(v == "auto" || v == "device" || v == "host", "[cuda] --", what, " must be auto, device or host, got '", v,
-             "'");
-    return v == "host" || (v == "auto" && big);
+    RT_CHECK(v == "auto" || v == "device" || v == "host" || (v == "fold" && std::string(what) == "grads"), "[cuda] --",
+             what, " must be auto, device or host", std::string(what) == "grads" ? " or fold" : "", ", got '", v, "'");
+    return v == "host" || v == "fold" || (v == "auto" && big);
   };
-  p.host_grads = pick(o.grads, !o.delayed_update && dev_grad_bytes > budget / 3, "grads");
+  p.host_grads = pick(o.grads, !o.delayed_update && (o.prefer_host_grads || dev_grad_bytes > budget / 3), "grads");
   if (o.delayed_update && p.host_grads)
     fail(
-        "[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads host: with host "
-        "gradients each layer's gradient lands in the host arena the pending update still reads. Drop "
+        "[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads ", o.grads,
+        ": with host gradients each layer's gradient lands in the host arena the pending update still reads. Drop "
         "--delayed-update, or use --grads device if ",
         dev_grad_bytes >> 20, " MiB of fp32 gradients fit");
+  // fold: each unit's gradient must be whole when it leaves (one micro-batch,
+  // or layer-major, which sums all of them on the device first)
+  const bool whole = o.micro_batches == 1 || p.layer_major;
+  if (o.grads == "fold" && !whole)
+    fail("[cuda] --grads fold needs each layer's gradient summed over the step's ", o.micro_batches,
+         " micro-batches on the device before it leaves: use --layer-major on (or auto), or --grad-accum 1");
+  p.fold = o.grads == "fold" || (o.grads == "auto" && p.host_grads && !o.clipping && whole);
   p.host_ckpt = pick(o.checkpoints, ckpt_bytes > budget / 4, "checkpoints");
   p.host_embed = p.host_grads && !s.tie_embeddings;  // a tied table is the LM head too: it stays on the device
   return p;
@@ -66,8 +73,9 @@ int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget) {
 }
 
 bool shrink_plan(CudaOptions& o, std::string* change) {
-  if ((o.grads == "auto" && !o.delayed_update) || o.checkpoints == "auto") {
-    if (o.grads == "auto" && !o.delayed_update) o.grads = "host";
+  const bool grads_auto = o.grads == "auto" && !o.delayed_update && !o.prefer_host_grads;
+  if (grads_auto || o.checkpoints == "auto") {
+    if (grads_auto) o.prefer_host_grads = true;  // host, or fold where auto folds (CudaOptions::grads)
     if (o.checkpoints == "auto") o.checkpoints = "host";
     *change = "gradients and block checkpoints in host RAM";
   } else if (o.slots > 2 && !o.resident && o.fit_slots) {

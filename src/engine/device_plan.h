@@ -23,6 +23,7 @@ namespace rt {
 struct DevicePlacement {
   int slots = 2;            // device weight slots (layer i lives in slot i % slots)
   bool host_grads = false;  // layer gradients leave per layer into host RAM
+  bool fold = false;        // ... and each unit updates as it lands (--grads fold): no host gradient arenas
   bool host_ckpt = false;   // block inputs wait for the backward in pinned host RAM
   bool host_embed = false;  // host gradients + untied embedding: the table stays on the host
   // Layer-major micro-batches (backend.h): K = micro_batches sets of block

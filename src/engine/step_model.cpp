@@ -144,13 +144,28 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   r.copies_s = (r.h2d_bytes + r.d2h_bytes) / (card.pcie_gbs * 1e9);
   // Host gradients also pass through the CPU (kHostGradLandGbs): the copies
   // take the longer of the two pipelines.
-  r.landing_s = p.host_grads ? 4 * layer * L * grad_passes / (kHostGradLandGbs * 1e9) : 0;
+  r.landing_s = p.host_grads && !p.fold ? 4 * layer * L * grad_passes / (kHostGradLandGbs * 1e9) : 0;
   r.copies_s = std::max(r.copies_s, r.landing_s);
   // ---- optimizer
   const double params = static_cast<double>(s.params_total());
   r.optimizer_s = params / (gparams * 1e9);
   const double core = std::max(r.compute_s, r.copies_s);
-  if (plan.options.delayed_update) {
+  // the share of the step's hardware FLOPs in the forward passes
+  const double fwd_share = (r.model_flops_per_token / 3.0) / r.hardware_flops_per_token;
+  if (p.fold) {
+    // Fold (--grads fold): the layers update as their gradients land, under
+    // the backward (its share of the core time); exposed: what of the layers'
+    // updates does not fit under the backward, and the tail after it -- the
+    // embedding's update (its gradient is whole only at the end), the head's
+    // (folded last; the step's norm waits for it) and the S layers the next
+    // forward needs first (0, 1, ...: folded last). Checked against the H200
+    // (7B, 24 and 10 GiB caps, 64k tokens per step, and 32k / 16k-token
+    // sequences: 5.6-7.5 s steps, 0.7-0.9 s of GPU idle; bench/RESULTS.md).
+    const double layers_s = layer * L / (gparams * 1e9);
+    const double tail_s = (embed + head + S * layer) / (gparams * 1e9);
+    const double exposed = std::max(0.0, layers_s - core * (1.0 - fwd_share)) + tail_s;
+    r.overlap_s = std::max(0.0, r.optimizer_s - exposed);
+  } else if (plan.options.delayed_update) {
     r.overlap_s = core;
   } else if (p.host_grads) {
     // Host gradients: measured not to overlap (issue 16, 7B width, 14 layers,
@@ -161,7 +176,6 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   } else {
     // the forward it runs under: one micro-batch's (micro-batch-major) or all
     // K (layer-major), as a share of the step's hardware FLOPs
-    const double fwd_share = (r.model_flops_per_token / 3.0) / r.hardware_flops_per_token;
     r.overlap_s = core * fwd_share * (p.layer_major ? 1.0 : 1.0 / K);
   }
   r.optimizer_exposed_s = std::max(0.0, r.optimizer_s - r.overlap_s);

@@ -105,7 +105,8 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(data_.seq_len() <= state_.spec().max_positions, "[train] --seq-len ", data_.seq_len(),
            " exceeds the model's max_position_embeddings (", state_.spec().max_positions, ")");
   if (!backend_)
-    backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens);
+    backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens,
+                                opt_.fold_grads);
   inject_nan_ = inject_nan_parse();
   run_.seed = opt_.seed;
   for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));

@@ -50,6 +50,9 @@ struct TrainOptions {
   int64_t keep_activations = -1;
   // MLP token chunk of the CPU backend the trainer makes (make_cpu_backend).
   int64_t mlp_chunk_tokens = 0;
+  // --grads fold on the trainer's CPU backend: the twin of the CUDA engine's
+  // folded updates (engine/fold_clip.h: clipping by the partial norm).
+  bool fold_grads = false;
   LrSchedule lr;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 8;

@@ -322,6 +322,17 @@ void HostState::ensure_grads() {
   with_grads_ = true;
 }
 
+void HostState::ensure_unit_grad(size_t u) {
+  StateUnit& un = units_.at(u);
+  if (un.grad.p) return;
+  const uint64_t need = static_cast<uint64_t>(un.numel) * 4, avail = host_memory_available();
+  if (avail && need > avail)
+    fail("[host] the ", un.name, " gradient needs ", need >> 20, " MiB of host RAM but only ", avail >> 20,
+         " MiB are available; use a smaller model");
+  un.grad = HostBuffer(static_cast<size_t>(un.numel), cat("the ", un.name, " gradients"));
+  zero_parallel(un.grad.p, un.grad.n);
+}
+
 void HostState::zero_grads() {
   for (auto& u : units_)
     if (u.grad.p) zero_parallel(u.grad.p, u.grad.n);

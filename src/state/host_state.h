@@ -107,6 +107,8 @@ class HostState {
   void zero_grads();
   // Allocates the fp32 gradient arenas if the state was made without them.
   void ensure_grads();
+  // Only unit u's (--grads fold: the host embedding's), if it has none.
+  void ensure_unit_grad(size_t u);
   bool has_grads() const { return with_grads_; }
   void zero_moments();
 

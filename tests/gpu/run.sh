@@ -15,7 +15,8 @@
 #   bench7b   7B-shape streaming and resident throughput, with a trace and its idle gaps (bench/trace_gaps.py);
 #             then both (and the delayed update) with the same number of kept layers
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
-#             (full depth and 14 layers), and long sequences (32k under 24 GiB, 16k under 10 GiB): issue 16's table
+#             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
+#             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference
@@ -123,22 +124,25 @@ fi
 if has smallcard; then
   # 64k tokens per optimizer step everywhere: 32 x 2048 uncapped, 8 x 2048 x 4 micro-batches under 24 GiB,
   # 2 x 2048 x 16 under 10 GiB. Same call, so the capped rates are compared with the uncapped one measured here.
-  # Layer-major is the default with grad-accum; at full depth its pinned block inputs (13 GB) do not fit beside
-  # host gradients on the 128 GiB host, and auto falls back to micro-batch-major: the 24 GiB case is also run
-  # with the block inputs on the device (--checkpoints device), where they fit.
+  # The capped runs use --grads ${SC_GRADS:-fold} (fold: no host gradient arena, so layer-major's pinned block
+  # inputs fit beside the state on the 128 GiB host; host: 4 B/param more, and at full depth auto falls back to
+  # micro-batch-major). SC_DEVCKPT=1 adds the 24 GiB case with the block inputs on the device.
   sc=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --warmup 1 --modes streaming)
+  g=(--grads "${SC_GRADS:-fold}")
   for L in ${SC_LAYERS:-28 14}; do  # SC_LAYERS / SC_LONG=0: a subset, to fit one device call
     n=2; [ "$L" = 28 ] && n=1
     run "sc_7b_L${L}_uncapped" 400 "${sc[@]}" --steps 2 --layers "$L" --micro-batch 32
-    run "sc_7b_L${L}_24g" 500 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24
-    [ "$L" = 28 ] && run "sc_7b_L${L}_24g_devckpt" 500 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 8 \
-      --grad-accum 4 --max-gpu-memory 24 --checkpoints device
-    run "sc_7b_L${L}_10g" 560 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10
+    run "sc_7b_L${L}_24g" 500 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24 \
+      "${g[@]}"
+    [ "$L" = 28 ] && [ "${SC_DEVCKPT:-0}" = 1 ] && run "sc_7b_L${L}_24g_devckpt" 500 "${sc[@]}" --steps "$n" \
+      --layers "$L" --micro-batch 8 --grad-accum 4 --max-gpu-memory 24 --checkpoints device "${g[@]}"
+    run "sc_7b_L${L}_10g" 560 "${sc[@]}" --steps "$n" --layers "$L" --micro-batch 2 --grad-accum 16 \
+      --max-gpu-memory 10 "${g[@]}"
   done
   [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq32k_24g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 \
-    --micro-batch 1 --steps 2 --warmup 1 --modes streaming --max-gpu-memory 24
+    --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 24 "${g[@]}"
   [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 \
-    --micro-batch 1 --steps 2 --warmup 1 --modes streaming --max-gpu-memory 10
+    --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 10 "${g[@]}"
 fi
 
 if has landing; then

@@ -76,7 +76,10 @@ void GradientSink::end_backward(bool first_micro) {
   if (!host_) return;
   const size_t head = static_cast<size_t>(st_.spec().n_layers + 1);
   for (size_t u : {size_t{0}, head}) {
-    if (host_embed_ && u == 0) continue;
+    if (host_embed_ && u == 0) {  // its rows were scattered into the host arena (HostEmbedding::land)
+      if (fold_) track_.push([this] { fold_(0, st_.units()[0].grad.p); });
+      continue;
+    }
     land(u, grads_[u].data(), first_micro);
     CUDA_CHECK(cudaEventRecord(unit_grad_out_.get(), dev_.d2h.get()));
     CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), unit_grad_out_.get(), 0));
@@ -102,6 +105,11 @@ void GradientSink::land(size_t u, const float* src, bool first) {
     CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
     auto& un = st_.units()[u];
     const float* g = slabs_[r].as<float>();
+    if (fold_) {
+      fold_(u, g);
+      track_.update([&] { slab_free_[r] = 1; });
+      return;
+    }
     float* dst = un.grad.p;
     auto span = dev_.tracer.host_begin("land", static_cast<int>(u) - 1);
     parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
@@ -151,6 +159,7 @@ void GradientSink::zero_after_copy(size_t u) {
 }
 
 void GradientSink::copy_to_host() {
+  RT_CHECK(!fold_, "[engine] compute_grads is not available with --grads fold (no host gradient arenas)");
   auto& units = st_.units();
   for (size_t u = 0; u < units.size(); ++u) {
     RT_CHECK(units[u].grad.p, "[engine] compute_grads needs a HostState with gradients");

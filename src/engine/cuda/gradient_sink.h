@@ -9,8 +9,13 @@
 // as soon as the layer's backward is queued, and the worker adds it into the
 // unit's host arena (= on the first micro-batch of the step, += after); the
 // head's (and a device embedding's) buffers leave at the end of the backward.
+// Fold mode (--grads fold): the same landing, but the worker hands each
+// unit's whole step gradient to the fold hook (the optimizer) instead of
+// adding it to a host arena; only a host embedding keeps its arena (its rows
+// are scattered into it), folded once the backward is done.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/cuda/engine_device.h"
@@ -34,6 +39,12 @@ class GradientSink {
   // the device plan, like the engine always did.
   void make_landing(uint64_t landing_chunk_bytes);
   bool on_host() const { return host_; }
+  // Fold mode: fold(u, g) runs on the worker for unit u's whole step gradient
+  // g (numel floats), in the order the units land (engine/fold_clip.h's
+  // fold_order). Null: host mode adds into the host arenas.
+  using FoldFn = std::function<void(size_t u, const float* g)>;
+  void set_fold(FoldFn fold) { fold_ = std::move(fold); }
+  bool folding() const { return static_cast<bool>(fold_); }
 
   // The device buffer receiving unit u's gradient.
   float* dev_grad(size_t u);
@@ -74,6 +85,7 @@ class GradientSink {
   EngineDevice& dev_;
   UpdateTracker& track_;
   bool host_, host_embed_;
+  FoldFn fold_;
   std::vector<DevBuf<float>> grads_;  // per unit (host mode: embedding and head only)
   std::vector<Event> grad_zeroed_;
   DevBuf<float> layer_grad_[2];  // host mode: layers alternate between two buffers

@@ -1,10 +1,12 @@
 #include "engine/cuda/optimizer_phase.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "engine/update_order.h"
+#include "optim/adamw.h"
 
 namespace rt::cuda {
 
@@ -22,6 +24,60 @@ void OptimizerPhase::run_host(const OptimStep& o, float coef, bool apply, int64_
     track_.mark_updated(u, step);
   }
   finished(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), n_params);
+}
+
+void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version) {
+  track_.wait([&] { return !fold_busy_; });  // the last step's fold jobs are all done
+  fold_o_ = o;
+  fold_apply_ = apply;
+  fold_version_ = version;
+  fold_clip_ = FoldClip(o.clip);
+  fold_order_ = fold_order(st_.spec().n_layers);
+  fold_next_ = 0;
+  fold_seconds_ = 0;
+  fold_params_ = 0;
+  track_.update([&] {
+    fold_sq_.assign(st_.units().size(), 0.0);
+    folded_ = 0;
+    fold_busy_ = true;
+  });
+}
+
+void OptimizerPhase::fold(size_t u, const float* g) {
+  RT_CHECK(fold_next_ < fold_order_.size() && fold_order_[fold_next_] == u, "[engine] unit ", u,
+           " landed out of the fold order");
+  const bool last = ++fold_next_ == fold_order_.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  StateUnit& un = st_.units()[u];
+  auto span = dev_.tracer.host_begin("fold", static_cast<int>(u) - 1);
+  const double sq = rt::sum_squares(g, un.numel);  // the CPU sum (as host mode), not cuda::sum_squares
+  const float coef = fold_clip_.next(sq);
+  track_.update([&] {  // the step's norm is known before its last update is done
+    fold_sq_[u] = sq;
+    ++folded_;
+  });
+  if (fold_apply_ && std::isfinite(sq)) {
+    update_unit(un, g, fold_o_, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
+    fold_params_ += un.numel;
+  }
+  dev_.tracer.host_end(span);
+  fold_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  track_.mark_updated(u, fold_version_);
+  if (last)
+    track_.update([&] {
+      seconds_ = fold_seconds_;
+      params_ = fold_params_;
+      fold_busy_ = false;
+    });
+}
+
+std::vector<double> OptimizerPhase::wait_folded(bool* all_applied) {
+  track_.wait([&] { return folded_ == fold_sq_.size(); });
+  // fold_clip_ saw every unit before the last norm was recorded
+  return track_.read([&] {
+    *all_applied = fold_apply_ && fold_clip_.all_finite();
+    return fold_sq_;
+  });
 }
 
 void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t step, cudaEvent_t backward_done) {

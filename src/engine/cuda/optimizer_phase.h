@@ -8,13 +8,19 @@
 // progress, so the next step's load of unit u waits only on u's update.
 // Delayed update: step t writes shadow t % 2 (a skipped step copies the
 // other shadow, so it still holds the current weights).
+// Fold mode (--grads fold, engine/fold_clip.h): no phase after the backward;
+// the sink hands each unit's whole gradient to fold() on the worker as it
+// lands, which clips it by the partial norm, updates the unit in place and
+// marks it updated.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/gradient_sink.h"
 #include "engine/cuda/weight_slots.h"
+#include "engine/fold_clip.h"
 #include "engine/update_tracker.h"
 #include "state/host_state.h"
 
@@ -28,6 +34,18 @@ class OptimizerPhase {
   // step's last gradient was made. apply = false: a skipped step (versions
   // still advance).
   void run(const OptimStep& o, float coef, bool apply, int64_t step, cudaEvent_t backward_done);
+  // ---- fold mode ----
+  // Compute thread, before the step's gradients land: the step's settings;
+  // apply = false: no unit is updated (its loss is not finite); version: the
+  // update count the units reach.
+  void begin_fold(const OptimStep& o, bool apply, int64_t version);
+  // Worker: unit u's whole step gradient g (GradientSink::FoldFn).
+  void fold(size_t u, const float* g);
+  // Compute thread: waits until every unit has folded; each unit's sum of
+  // squares (non-finite where its update was skipped) and whether all were
+  // finite and applied.
+  std::vector<double> wait_folded(bool* all_applied);
+
   // Time and parameter count of the last run.
   double seconds() const {
     return track_.read([&] { return seconds_; });
@@ -51,6 +69,19 @@ class OptimizerPhase {
   GradientSink& grads_;
   double seconds_ = 0;  // guarded by the tracker's mutex
   int64_t params_ = 0;
+  // fold mode: the step's settings (written before its first fold job is
+  // pushed), the worker's clip state, and what it has folded (under the mutex)
+  OptimStep fold_o_;
+  bool fold_apply_ = false;
+  int64_t fold_version_ = 0;
+  FoldClip fold_clip_{0};
+  std::vector<size_t> fold_order_;
+  size_t fold_next_ = 0;
+  double fold_seconds_ = 0;
+  int64_t fold_params_ = 0;
+  std::vector<double> fold_sq_;  // guarded by the tracker's mutex
+  size_t folded_ = 0;            // guarded by the tracker's mutex: units whose norm is recorded
+  bool fold_busy_ = false;       // guarded by the tracker's mutex: a step's fold jobs are not all done
 };
 
 }  // namespace rt::cuda

@@ -104,9 +104,11 @@ class StreamEngine final : public Backend {
     place_ = place_on_device(s_, B_, T_, opt_, dev_.alloc.budget());
     // device state, in the order of the plan (device_plan.h)
     weights_ = std::make_unique<WeightSlots>(st_, dev_, track_, place_.slots, place_.host_embed);
-    if (place_.host_grads) st_.ensure_grads();
+    if (place_.host_grads && !place_.fold) st_.ensure_grads();
+    if (place_.fold && place_.host_embed) st_.ensure_unit_grad(0);  // the host embedding's rows scatter into it
     if (place_.host_embed) host_embed_ = std::make_unique<HostEmbedding>(st_, dev_, track_, N_);
     grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed);
+    if (place_.fold) grads_->set_fold([this](size_t u, const float* g) { optimizer_->fold(u, g); });
     K_ = place_.sets();
     ckpt_ = std::make_unique<CheckpointStore>(dev_, L, N_ * s_.hidden, place_.host_ckpt, K_);
     hf_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "final hidden states");
@@ -156,7 +158,10 @@ class StreamEngine final : public Backend {
           "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
           "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
           opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
-          place_.host_grads ? "host (per layer)" : "device", place_.host_ckpt ? "host" : "device",
+          place_.fold ? "host (per layer, folded into the update as they land)"
+          : place_.host_grads ? "host (per layer)"
+                              : "device",
+          place_.host_ckpt ? "host" : "device",
           place_.host_embed ? "host" : "device", (long long)keep, (long long)L, keep * act_bytes / double(1ull << 30),
           place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
           dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
@@ -164,7 +169,9 @@ class StreamEngine final : public Backend {
       const uint64_t host = st_.bytes_total() + weights_->pinned_bytes();
       std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, Adam m, v, pinned bf16 shadows%s)\n",
                   host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
-                  place_.host_grads ? ", fp32 gradients" : "");
+                  place_.fold ? (place_.host_embed ? ", the embedding's fp32 gradient" : "")
+                  : place_.host_grads ? ", fp32 gradients"
+                                      : "");
     }
   }
 
@@ -189,10 +196,15 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
     for (const Batch& b : batches)
       RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
+    fold_step_ = place_.fold ? &o : nullptr;
     const bool lm = run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
+    fold_step_ = nullptr;
     // global norm: per-unit sums of squares, summed in unit order
     std::vector<double> host_norms;
-    if (place_.host_grads)
+    bool fold_applied = true;
+    if (place_.fold)
+      host_norms = optimizer_->wait_folded(&fold_applied);  // every unit is updated (or skipped) as it landed
+    else if (place_.host_grads)
       host_norms = grads_->host_norms();
     else
       grads_->queue_norms(norms_.data(), Scratch{scratch_.data(), scratch_.size()});
@@ -203,12 +215,12 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(nrm, norms_.data(), units.size() * sizeof(double), cudaMemcpyDeviceToHost, cs));
     CUDA_CHECK(cudaEventRecord(backward_done_.get(), cs));
     CUDA_CHECK(cudaStreamSynchronize(cs));
-    stats.loss_sum = tot->loss_sum;
+    stats.loss_sum = o.inject_nan ? NAN : tot->loss_sum;  // the test hook, as the CPU backend honours it
     stats.n_valid = tot->n_valid;
     double sq = 0;
     for (size_t u = 0; u < units.size(); ++u) sq += place_.host_grads ? host_norms[u] : nrm[u];
     stats.grad_norm = std::sqrt(sq);
-    const bool ok = std::isfinite(stats.loss_sum) && std::isfinite(stats.grad_norm);
+    const bool ok = std::isfinite(stats.loss_sum) && std::isfinite(stats.grad_norm) && fold_applied;
     const float coef = clip_coefficient(stats.grad_norm, o.clip);
     track_.next_step();
     const int64_t step = track_.step();
@@ -221,10 +233,15 @@ class StreamEngine final : public Backend {
       last_d2h_ += place_.host_embed && u == 0
                        ? static_cast<uint64_t>(N_) * s_.hidden * 2 * batches.size()  // dx of each micro-batch
                        : static_cast<uint64_t>(units[u].numel) * 4 * (place_.host_grads && !lm ? batches.size() : 1);
-    // optimizer phase on the worker
+    // optimizer phase on the worker (fold mode: done as the gradients landed)
     cudaEvent_t done = backward_done_.get();
-    track_.push([this, o, coef, ok, step, done] { optimizer_->run(o, coef, ok, step, done); });
+    if (!place_.fold) track_.push([this, o, coef, ok, step, done] { optimizer_->run(o, coef, ok, step, done); });
     stats.applied = ok;
+    if (place_.fold && !fold_applied && fold_gate_open_)
+      std::printf(
+          "warning: step %lld: a unit's gradient is not finite; it was not updated, the units folded with finite "
+          "gradients were (--grads fold updates each unit as its gradient lands)\n",
+          (long long)step);
     return stats;
   }
 
@@ -250,6 +267,7 @@ class StreamEngine final : public Backend {
   }
 
   double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
+    RT_CHECK(!place_.fold, "[engine] compute_grads needs host gradient arenas, which --grads fold does not keep");
     sync();
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
     run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
@@ -334,6 +352,7 @@ class StreamEngine final : public Backend {
         head(true, grad_scale, xL, targets_.data() + k * N_, dx(k));
         ckpt_->lm_done(k, s_.n_layers);
       }
+      open_fold_gate();
       backward_layer_major();
       return true;
     }
@@ -342,9 +361,22 @@ class StreamEngine final : public Backend {
       upload_batches(&batches[k], 1);
       forward(true);
       head(true, grad_scale, ckpt_->at(s_.n_layers), targets_.data(), dx(0));
+      open_fold_gate();
       backward();
     }
     return false;
+  }
+
+  // Fold mode, between the heads and the backward of a training step: the
+  // units update as their gradients land, so the loss is checked first (one
+  // wait for the compute stream): a non-finite loss (or the inject_nan test
+  // hook) updates no unit, as the other modes skip such a step.
+  void open_fold_gate() {
+    if (!fold_step_) return;
+    int64_t nv = 0;
+    const double loss = read_totals(&nv);
+    fold_gate_open_ = std::isfinite(loss) && !fold_step_->inject_nan;
+    optimizer_->begin_fold(*fold_step_, fold_gate_open_, track_.step() + 1);
   }
 
   bf16* dx(int64_t k) { return dx_.data() + k * N_ * s_.hidden; }
@@ -587,6 +619,8 @@ class StreamEngine final : public Backend {
   EngineDevice dev_;
   DevicePlacement place_;
   bool first_micro_ = true;
+  const OptimStep* fold_step_ = nullptr;  // fold mode: the step being trained (train_step)
+  bool fold_gate_open_ = true;            // fold mode: the step's loss was finite
   Event backward_done_;
   std::unique_ptr<WeightSlots> weights_;
   std::unique_ptr<HostEmbedding> host_embed_;  // only with host gradients and an untied embedding
