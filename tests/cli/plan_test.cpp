@@ -114,7 +114,9 @@ TEST_P(PlanSevenB, OnTenGigabytesIsPlacedAsTheEngineWould) {
   EXPECT_EQ(sum, host);
   EXPECT_TRUE(contains(j, "host gradients (fp32)"));
   // auto: layer-major, and the K sets of block inputs wait in pinned host RAM
-  if (lm == "auto") EXPECT_TRUE(dp.place.layer_major && dp.place.host_ckpt);
+  if (lm == "auto") {
+    EXPECT_TRUE(dp.place.layer_major && dp.place.host_ckpt);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LayerMajor, PlanSevenB, ::testing::Values("auto", "off"),

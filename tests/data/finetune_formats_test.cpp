@@ -137,7 +137,9 @@ TEST(FinetuneFormats, ShareGptEqualsMessagesAndPromptCompletionMasks) {
   const std::vector<int32_t> completion = tok->encode(" Paris.", false);
   ASSERT_GE(pc.ids.size(), n_prompt + completion.size());
   for (size_t k = 0; k < pc.ids.size(); ++k) EXPECT_EQ(pc.trained[k], k >= n_prompt ? 1 : 0) << k;
-  if (tok->eos_id()) EXPECT_EQ(pc.ids.back(), *tok->eos_id());
+  if (tok->eos_id()) {
+    EXPECT_EQ(pc.ids.back(), *tok->eos_id());
+  }
 }
 
 TEST(FinetuneFormats, Qwen3MultiTurnIsOneExamplePerTurnAndRaisesAreBadRecords) {

@@ -105,7 +105,9 @@ TEST(JinjaGoldens, TrainedSpansCoverAssistantTurnsOnly) {
     tpl.set_clock([now] { return now; });
     const auto examples = rt::hf_chat_examples(tpl, c["messages"], c["tools"], specials_of(c["kwargs"]));
     ASSERT_FALSE(examples.empty()) << name;
-    if (examples.size() == 1) EXPECT_EQ(examples[0].text, c["expected"].get<std::string>()) << name;
+    if (examples.size() == 1) {
+      EXPECT_EQ(examples[0].text, c["expected"].get<std::string>()) << name;
+    }
     std::string trained_all, untrained_all;
     for (const auto& ex : examples) {
       size_t pos = 0;
