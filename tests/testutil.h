@@ -1,7 +1,9 @@
 // Test helpers: tolerance checks that report the worst element, temp dirs,
-// running the ramtrain binary, and the paths of fixtures and shared data.
+// running the ramtrain binary (in the foreground or as a background Child),
+// a tiny byte-vocab model directory, and the paths of fixtures and shared data.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -47,6 +49,32 @@ struct RunResult {
 };
 // Runs the ramtrain binary with the given shell-quoted argument string.
 RunResult run_ramtrain(const std::string& args);
+
+// The ramtrain binary (RAMTRAIN_BINARY of the build) running in the
+// background, its stdout and stderr appended to log; env entries "K=V" are
+// added before the inherited environment (so they win). pid is -1 when the
+// spawn failed. The destructor SIGKILLs and reaps a process still running.
+struct Child {
+  pid_t pid = -1;
+  Child(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {});
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Blocks until it exits: its exit code, 128 + the signal that ended it, or -1 (none running).
+  int wait();
+  // The same, or -1 when it is still running after `seconds` (0: just look).
+  int wait_for(double seconds);
+  // Sends sig, then wait().
+  int kill_and_wait(int sig);
+};
+
+// s contains sub.
+inline bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// Creates dir with the config.json of a tiny byte-vocab Llama (258 tokens,
+// BOS 256, EOS 257; 2 layers of the given width, MLP 64, 4 heads and 2 KV
+// heads, 64 positions) for `train --init random`: a run takes well under a second.
+void make_byte_model_dir(const std::string& dir, int hidden = 32);
 
 // Bound on rel_l2 between a parameter gradient of ours and transformers' (both
 // fp32, only the summation order differs): 1e-5, except the key-projection

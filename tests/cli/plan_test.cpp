@@ -18,7 +18,7 @@ namespace {
 
 using rt::test::run_ramtrain;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using rt::test::contains;
 
 // The number after "key": in a JSON text (the first one; keys in plan's output are unique per object).
 double num(const std::string& json, const std::string& key, size_t from = 0) {

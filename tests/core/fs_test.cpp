@@ -46,7 +46,7 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 }  // namespace
 

@@ -26,7 +26,7 @@ std::unique_ptr<rt::Tokenizer> fixture_tokenizer(const std::string& name) {
   return rt::tokenizer_load(rt::test::fixture_dir() + "/tokenizers/" + name);
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 // Records as the raw bytes the encoder saw (one id per byte), with their lines.
 struct RawRecord {

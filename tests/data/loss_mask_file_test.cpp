@@ -17,7 +17,7 @@ namespace {
 using rt::test::TempDir;
 using rt::test::write_bytes;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 TEST(LossMaskFile, TokenizedChatEqualsTrainingOnTheJsonl) {
   TempDir d;

@@ -87,7 +87,7 @@ void flip_byte(const std::string& path, uint64_t pos, uint8_t mask) {
   f.write(&c, 1);
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 TEST(Checkpoint, ManifestRoundTripsAndEveryFlippedByteIsDetected) {
   rt::CheckpointManifest m;
