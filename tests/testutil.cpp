@@ -166,6 +166,20 @@ void make_byte_model_dir(const std::string& dir, int hidden) {
                   "\"max_position_embeddings\": 64, \"bos_token_id\": 256, \"eos_token_id\": 257}");
 }
 
+ModelSpec tiny_spec() {
+  ModelSpec s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden = 16;
+  s.intermediate = 24;
+  s.n_layers = 2;
+  s.n_heads = 2;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  s.vocab = 40;
+  s.max_positions = 32;
+  return s;
+}
+
 std::string fixture_dir() { return RAMTRAIN_FIXTURE_DIR; }
 std::string shared_data_dir() {
   // RAMTRAIN_SHARED_DATA_DIR in the environment overrides the build-time path

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "model/spec.h"
+
 namespace rt::test {
 
 // Checks |got - ref| <= atol + rtol * |ref| elementwise. On failure, the
@@ -87,6 +89,10 @@ void make_byte_model_dir(const std::string& dir, int hidden = 32);
 inline double hf_grad_rel_bound(const std::string& tensor, double base = 1e-5) {
   return tensor.find("k_proj.bias") != std::string::npos ? std::max(base, 1e-4) : base;
 }
+
+// A tiny Llama (width 16, MLP 24, 2 layers, 2 heads of 8, 1 KV head, vocab
+// 40, 32 positions, untied) for tests of state, checkpoints and I/O.
+ModelSpec tiny_spec();
 
 std::string fixture_dir();      // tests/fixtures
 std::string shared_data_dir();  // ../shared/data

@@ -22,19 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-rt::ModelSpec tiny_spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 16;
-  s.intermediate = 24;
-  s.n_layers = 2;
-  s.n_heads = 2;
-  s.n_kv_heads = 1;
-  s.head_dim = 8;
-  s.vocab = 40;
-  s.max_positions = 32;
-  return s;
-}
+using rt::test::tiny_spec;
 
 // A state whose master, m and v all hold distinct random values.
 void fill_state(rt::HostState& st, uint64_t seed) {
