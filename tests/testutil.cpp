@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/error.h"
+
 extern char** environ;
 
 namespace rt::test {
@@ -164,6 +166,25 @@ void make_byte_model_dir(const std::string& dir, int hidden) {
                   ", \"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
                   "\"num_key_value_heads\": 2, \"vocab_size\": 258, \"rms_norm_eps\": 1e-5, "
                   "\"max_position_embeddings\": 64, \"bos_token_id\": 256, \"eos_token_id\": 257}");
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing '" << (parts.empty() ? "" : parts.front()) << "'";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing '" << p << "' in: " << m;
+  }
 }
 
 ModelSpec tiny_spec() {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,11 @@ struct Child {
   // Sends sig, then wait().
   int kill_and_wait(int sig);
 };
+
+// The message of the rt::Error that f throws; "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+// Runs f and expects an rt::Error whose message contains every part (a test failure otherwise).
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
 
 // s contains sub.
 inline bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }

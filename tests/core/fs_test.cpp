@@ -37,16 +37,8 @@ TEST(Fs, MissingFileNamesThePath) {
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 using rt::test::contains;
+using rt::test::error_of;
 
 }  // namespace
 

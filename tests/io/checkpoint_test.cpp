@@ -362,14 +362,7 @@ void rewrite_trainer_json(const std::string& dir, const std::string& text) {
   rt::write_file_atomic(dir + "/manifest.json", rt::manifest_to_json(m));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using rt::test::error_of;
 
 }  // namespace
 
