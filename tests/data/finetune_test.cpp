@@ -388,11 +388,8 @@ TEST(Finetune, BadDataMessages) {
   // the invalid UTF-8 offset: line 2 starts after the good line and its '\n'; the bad byte is column 14
   {
     write_bytes(d.file("bad.jsonl"), good + "\n" + cases[3].line + "\n");
-    try {
-      rt::FinetuneDataset ds({d.file("bad.jsonl")}, enc, fopts(32));
-    } catch (const rt::Error& e) {
-      EXPECT_TRUE(contains(e.what(), "file offset " + std::to_string(good.size() + 1 + 13) + ")")) << e.what();
-    }
+    expect_error([&] { rt::FinetuneDataset ds({d.file("bad.jsonl")}, enc, fopts(32)); },
+                 {"file offset " + std::to_string(good.size() + 1 + 13) + ")"});
   }
   // skip: everything counted, the good records kept, empty texts counted separately
   all += R"({"text": ""})"

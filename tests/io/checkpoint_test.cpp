@@ -119,15 +119,9 @@ TEST(Checkpoint, TrainerStateRoundTripsAndBadFieldsAreNamed) {
   EXPECT_EQ(b.run.source_model_dir, "/models/x");
   EXPECT_EQ(b.run.tokenizer, "hf");
   EXPECT_EQ(b.run.run_config, c.run.run_config);
-  try {
-    std::string t = rt::trainer_checkpoint_to_json(c);
-    t.replace(t.find("\"adam_t\": 8"), 11, "\"adam_t\": \"8\"");
-    rt::trainer_checkpoint_parse(t, "t.json");
-    FAIL() << "accepted a string adam_t";
-  } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "adam_t")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "t.json")) << e.what();
-  }
+  std::string t = rt::trainer_checkpoint_to_json(c);
+  t.replace(t.find("\"adam_t\": 8"), 11, "\"adam_t\": \"8\"");
+  rt::test::expect_error([&] { rt::trainer_checkpoint_parse(t, "t.json"); }, {"adam_t", "t.json"});
   EXPECT_THROW(rt::trainer_checkpoint_parse("{}", "t"), rt::Error);
   EXPECT_THROW(rt::trainer_checkpoint_parse("[1", "t"), rt::Error);
 }
@@ -159,12 +153,7 @@ TEST(Checkpoint, WriteVerifyLoadIsBitExact) {
   rt::ModelSpec other = tiny_spec();
   other.intermediate = 32;
   rt::HostState d(other, false);
-  try {
-    rt::checkpoint_load_state(r.path, d);
-    FAIL() << "loaded another shape";
-  } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "mlp")) << e.what();
-  }
+  rt::test::expect_error([&] { rt::checkpoint_load_state(r.path, d); }, {"mlp"});
 }
 
 TEST(Checkpoint, BackgroundWriteSnapshotsTheStateAtSave) {
