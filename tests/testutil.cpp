@@ -158,6 +158,14 @@ int Child::kill_and_wait(int sig) {
   return wait();
 }
 
+std::string random_words(size_t min_bytes, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "far"};
+  std::string text;
+  while (text.size() < min_bytes) text += std::string(words[g() % 12]) + " ";
+  return text;
+}
+
 void make_byte_model_dir(const std::string& dir, int hidden) {
   std::filesystem::create_directories(dir);
   write_bytes(dir + "/config.json",

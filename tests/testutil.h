@@ -79,6 +79,10 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
 // s contains sub.
 inline bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
+// At least min_bytes of words, each followed by a space, drawn from twelve
+// common English words by std::mt19937_64(seed): text a byte model learns fast.
+std::string random_words(size_t min_bytes, uint64_t seed);
+
 // Creates dir with the config.json of a tiny byte-vocab Llama (258 tokens,
 // BOS 256, EOS 257; 2 layers of the given width, MLP 64, 4 heads and 2 KV
 // heads, 64 positions) for `train --init random`: a run takes well under a second.

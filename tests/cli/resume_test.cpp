@@ -44,10 +44,7 @@ struct Fixture {
   Fixture() {
     rt::test::make_byte_model_dir(tmp.file("model"), 32);
     rt::test::make_byte_model_dir(tmp.file("wide"), 48);
-    std::mt19937_64 g(1);
-    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "far"};
-    std::string text;
-    while (text.size() < 16000) text += std::string(words[g() % 12]) + " ";
+    const std::string text = rt::test::random_words(16000, 1);
     rt::test::write_bytes(tmp.file("data.txt"), text);
     rt::test::write_bytes(tmp.file("other.txt"), text.substr(0, 12000));
   }
