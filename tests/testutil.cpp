@@ -1,14 +1,23 @@
 #include "testutil.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
+
+#include "core/error.h"
+
+extern char** environ;
 
 namespace rt::test {
 
@@ -94,6 +103,110 @@ RunResult run_ramtrain(const std::string& args) {
   int st = pclose(f);
   r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
   return r;
+}
+
+Child::Child(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env) {
+  std::vector<std::string> argv_s = {RAMTRAIN_BINARY};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s(env);
+  for (char** e = environ; *e; ++e) env_s.push_back(*e);
+  std::vector<char*> envp;
+  for (auto& s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  if (posix_spawn(&pid, RAMTRAIN_BINARY, &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+}
+
+Child::~Child() {
+  if (pid > 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+}
+
+int Child::wait() {
+  int st = 0;
+  if (pid < 0 || ::waitpid(pid, &st, 0) != pid) return -1;
+  pid = -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int Child::wait_for(double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    int st = 0;
+    const pid_t w = ::waitpid(pid, &st, WNOHANG);
+    if (w == pid) {
+      pid = -1;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+int Child::kill_and_wait(int sig) {
+  if (pid < 0) return -1;
+  ::kill(pid, sig);
+  return wait();
+}
+
+std::string random_words(size_t min_bytes, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "far"};
+  std::string text;
+  while (text.size() < min_bytes) text += std::string(words[g() % 12]) + " ";
+  return text;
+}
+
+void make_byte_model_dir(const std::string& dir, int hidden) {
+  std::filesystem::create_directories(dir);
+  write_bytes(dir + "/config.json",
+              "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": " +
+                  std::to_string(hidden) +
+                  ", \"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                  "\"num_key_value_heads\": 2, \"vocab_size\": 258, \"rms_norm_eps\": 1e-5, "
+                  "\"max_position_embeddings\": 64, \"bos_token_id\": 256, \"eos_token_id\": 257}");
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing '" << (parts.empty() ? "" : parts.front()) << "'";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing '" << p << "' in: " << m;
+  }
+}
+
+ModelSpec tiny_spec() {
+  ModelSpec s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden = 16;
+  s.intermediate = 24;
+  s.n_layers = 2;
+  s.n_heads = 2;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  s.vocab = 40;
+  s.max_positions = 32;
+  return s;
 }
 
 std::string fixture_dir() { return RAMTRAIN_FIXTURE_DIR; }

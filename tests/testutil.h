@@ -1,12 +1,17 @@
 // Test helpers: tolerance checks that report the worst element, temp dirs,
-// running the ramtrain binary, and the paths of fixtures and shared data.
+// running the ramtrain binary (in the foreground or as a background Child),
+// a tiny byte-vocab model directory, and the paths of fixtures and shared data.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "model/spec.h"
 
 namespace rt::test {
 
@@ -48,6 +53,41 @@ struct RunResult {
 // Runs the ramtrain binary with the given shell-quoted argument string.
 RunResult run_ramtrain(const std::string& args);
 
+// The ramtrain binary (RAMTRAIN_BINARY of the build) running in the
+// background, its stdout and stderr appended to log; env entries "K=V" are
+// added before the inherited environment (so they win). pid is -1 when the
+// spawn failed. The destructor SIGKILLs and reaps a process still running.
+struct Child {
+  pid_t pid = -1;
+  Child(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {});
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Blocks until it exits: its exit code, 128 + the signal that ended it, or -1 (none running).
+  int wait();
+  // The same, or -1 when it is still running after `seconds` (0: just look).
+  int wait_for(double seconds);
+  // Sends sig, then wait().
+  int kill_and_wait(int sig);
+};
+
+// The message of the rt::Error that f throws; "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+// Runs f and expects an rt::Error whose message contains every part (a test failure otherwise).
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
+
+// s contains sub.
+inline bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// At least min_bytes of words, each followed by a space, drawn from twelve
+// common English words by std::mt19937_64(seed): text a byte model learns fast.
+std::string random_words(size_t min_bytes, uint64_t seed);
+
+// Creates dir with the config.json of a tiny byte-vocab Llama (258 tokens,
+// BOS 256, EOS 257; 2 layers of the given width, MLP 64, 4 heads and 2 KV
+// heads, 64 positions) for `train --init random`: a run takes well under a second.
+void make_byte_model_dir(const std::string& dir, int hidden = 32);
+
 // Bound on rel_l2 between a parameter gradient of ours and transformers' (both
 // fp32, only the summation order differs): 1e-5, except the key-projection
 // bias. Softmax ignores a shift of a row's scores, so the exact key-bias
@@ -59,6 +99,10 @@ RunResult run_ramtrain(const std::string& args);
 inline double hf_grad_rel_bound(const std::string& tensor, double base = 1e-5) {
   return tensor.find("k_proj.bias") != std::string::npos ? std::max(base, 1e-4) : base;
 }
+
+// A tiny Llama (width 16, MLP 24, 2 layers, 2 heads of 8, 1 KV head, vocab
+// 40, 32 positions, untied) for tests of state, checkpoints and I/O.
+ModelSpec tiny_spec();
 
 std::string fixture_dir();      // tests/fixtures
 std::string shared_data_dir();  // ../shared/data

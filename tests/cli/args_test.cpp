@@ -14,14 +14,7 @@ namespace {
 
 using rt::cli::ArgParser;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using rt::test::error_of;
 
 ArgParser make() {
   ArgParser p("demo",

@@ -23,7 +23,7 @@ namespace {
 
 using rt::test::run_ramtrain;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 std::string hf_fixture(const std::string& name) { return rt::test::fixture_dir() + "/hf/" + name; }
 

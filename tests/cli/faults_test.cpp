@@ -9,45 +9,31 @@
 // 2-layer, width-32 byte model of resume_test.cpp: a run takes well under a second.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
-#include <random>
 #include <thread>
 
 #include "core/fs.h"
 #include "io/checkpoint.h"
 #include "testutil.h"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
 using rt::test::run_ramtrain;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::Child;
+using rt::test::contains;
 
 struct Fixture {
   rt::test::TempDir tmp;
   Fixture() {
-    fs::create_directories(tmp.file("model"));
-    rt::test::write_bytes(
-        tmp.file("model/config.json"),
-        "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 32, "
-        "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-        "\"vocab_size\": 258, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 64, \"bos_token_id\": 256, "
-        "\"eos_token_id\": 257}");
-    std::mt19937_64 g(1);
-    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "far"};
-    std::string text;
-    while (text.size() < 16000) text += std::string(words[g() % 12]) + " ";
+    rt::test::make_byte_model_dir(tmp.file("model"));
+    const std::string text = rt::test::random_words(16000, 1);
     rt::test::write_bytes(tmp.file("data.txt"), text);
     rt::test::write_bytes(tmp.file("other.txt"), text.substr(0, 12000));
   }
@@ -57,35 +43,6 @@ struct Fixture {
     return "train --model " + tmp.file("model") + " --init random --data " +
            (data.empty() ? tmp.file("data.txt") : data) + " --seq-len 16 --micro-batch 2 --steps " +
            std::to_string(steps) + " --lr 3e-3 --threads 2 --out " + out + " " + extra;
-  }
-};
-
-// A ramtrain process in the background, stdout+stderr into log.
-struct Child {
-  pid_t pid = -1;
-  Child(const std::vector<std::string>& args, const std::string& log) {
-    std::vector<std::string> argv_s = {RAMTRAIN_BINARY};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid, RAMTRAIN_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  int kill_and_wait(int sig) {
-    if (pid < 0) return -1;
-    ::kill(pid, sig);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    pid = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-  ~Child() {
-    if (pid > 0) kill_and_wait(SIGKILL);
   }
 };
 

@@ -20,7 +20,7 @@ using rt::test::run_ramtrain;
 using rt::test::TempDir;
 using rt::test::write_bytes;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 std::string qwen2_tokenizer_dir() { return rt::test::fixture_dir() + "/tokenizers/qwen2"; }
 

@@ -18,7 +18,7 @@ namespace {
 
 using rt::test::run_ramtrain;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using rt::test::contains;
 
 // The number after "key": in a JSON text (the first one; keys in plan's output are unique per object).
 double num(const std::string& json, const std::string& key, size_t from = 0) {
@@ -114,7 +114,9 @@ TEST_P(PlanSevenB, OnTenGigabytesIsPlacedAsTheEngineWould) {
   EXPECT_EQ(sum, host);
   EXPECT_TRUE(contains(j, "host gradients (fp32)"));
   // auto: layer-major, and the K sets of block inputs wait in pinned host RAM
-  if (lm == "auto") EXPECT_TRUE(dp.place.layer_major && dp.place.host_ckpt);
+  if (lm == "auto") {
+    EXPECT_TRUE(dp.place.layer_major && dp.place.host_ckpt);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LayerMajor, PlanSevenB, ::testing::Values("auto", "off"),

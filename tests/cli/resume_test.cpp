@@ -10,8 +10,6 @@
 // hold every double with round-trip precision: bit-for-bit, no tolerance.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,7 +19,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <fcntl.h>
 #include <thread>
 
 #include "core/fs.h"
@@ -30,15 +27,14 @@
 #include "state/host_state.h"
 #include "testutil.h"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
 using rt::test::run_ramtrain;
 using clock_type = std::chrono::steady_clock;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::Child;
+using rt::test::contains;
 
 constexpr int kSteps = 40;
 
@@ -46,23 +42,11 @@ constexpr int kSteps = 40;
 struct Fixture {
   rt::test::TempDir tmp;
   Fixture() {
-    fs::create_directories(tmp.file("model"));
-    rt::test::write_bytes(tmp.file("model/config.json"), config(32));
-    fs::create_directories(tmp.file("wide"));
-    rt::test::write_bytes(tmp.file("wide/config.json"), config(48));
-    std::mt19937_64 g(1);
-    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "far"};
-    std::string text;
-    while (text.size() < 16000) text += std::string(words[g() % 12]) + " ";
+    rt::test::make_byte_model_dir(tmp.file("model"), 32);
+    rt::test::make_byte_model_dir(tmp.file("wide"), 48);
+    const std::string text = rt::test::random_words(16000, 1);
     rt::test::write_bytes(tmp.file("data.txt"), text);
     rt::test::write_bytes(tmp.file("other.txt"), text.substr(0, 12000));
-  }
-  static std::string config(int hidden) {
-    return "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": " +
-           std::to_string(hidden) +
-           ", \"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-           "\"num_key_value_heads\": 2, \"vocab_size\": 258, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 64, "
-           "\"bos_token_id\": 256, \"eos_token_id\": 257}";
   }
   // The full option list of one run into out (metrics in out/metrics.jsonl).
   std::vector<std::string> args(const std::string& out, const std::vector<std::string>& extra = {}) const {
@@ -107,42 +91,6 @@ std::string join(const std::vector<std::string>& a) {
   for (auto& x : a) s += (s.empty() ? "" : " ") + ("'" + x + "'");
   return s;
 }
-
-// Runs ramtrain in the background, stdout+stderr into log; env entries "K=V" added.
-struct Child {
-  pid_t pid = -1;
-  Child(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {}) {
-    std::vector<std::string> argv_s = {RAMTRAIN_BINARY};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_s(env);
-    for (char** e = environ; *e; ++e) env_s.push_back(*e);
-    std::vector<char*> envp;
-    for (auto& s : env_s) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid, RAMTRAIN_BINARY, &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  // Exit code, or 128 + signal.
-  int wait() {
-    int st = 0;
-    if (pid < 0 || ::waitpid(pid, &st, 0) != pid) return -1;
-    pid = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
 
 int run_logged(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {}) {
   Child c(args, log, env);

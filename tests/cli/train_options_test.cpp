@@ -21,18 +21,13 @@ using rt::test::run_ramtrain;
 using rt::test::TempDir;
 using rt::test::write_bytes;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 // A tiny byte-vocab Llama (2 layers, width 32) with random init, and a text file.
 struct Fixture {
   TempDir tmp;
   Fixture() {
-    rt::make_dirs(tmp.file("model"));
-    write_bytes(tmp.file("model/config.json"),
-                "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 32, "
-                "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-                "\"num_key_value_heads\": 2, \"vocab_size\": 258, \"rms_norm_eps\": 1e-5, "
-                "\"max_position_embeddings\": 64, \"bos_token_id\": 256, \"eos_token_id\": 257}");
+    rt::test::make_byte_model_dir(tmp.file("model"));
     std::string text;
     for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + ". ";
     write_bytes(tmp.file("data.txt"), text);

@@ -5,9 +5,6 @@
 // --epochs and --eval-data.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,15 +17,14 @@
 #include "core/fs.h"
 #include "testutil.h"
 
-extern char** environ;
-
 namespace {
 
 using rt::test::run_ramtrain;
 using rt::test::TempDir;
 using rt::test::write_bytes;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::Child;
+using rt::test::contains;
 
 size_t count(const std::string& s, const std::string& sub) {
   size_t n = 0;
@@ -39,12 +35,7 @@ size_t count(const std::string& s, const std::string& sub) {
 struct Fixture {
   TempDir tmp;
   Fixture() {
-    rt::make_dirs(tmp.file("model"));
-    write_bytes(tmp.file("model/config.json"),
-                "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 32, "
-                "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-                "\"num_key_value_heads\": 2, \"vocab_size\": 258, \"rms_norm_eps\": 1e-5, "
-                "\"max_position_embeddings\": 64, \"bos_token_id\": 256, \"eos_token_id\": 257}");
+    rt::test::make_byte_model_dir(tmp.file("model"));
     std::string text, other;
     for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + ". ";
     for (int i = 0; i < 60; ++i)
@@ -126,44 +117,6 @@ TEST(TrainRun, SizesMemoryCannotHoldAreRefusedUpFront) {
     EXPECT_LT(secs, 30) << c.opts;
   }
 }
-
-// Runs ramtrain in the background, stdout+stderr into log.
-struct Child {
-  pid_t pid = -1;
-  Child(const std::vector<std::string>& args, const std::string& log) {
-    std::vector<std::string> argv_s = {RAMTRAIN_BINARY};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid, RAMTRAIN_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  // Exit code (128 + signal when killed), or -1 when it did not end within timeout.
-  int wait_for(double seconds) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) {
-      int st = 0;
-      const pid_t w = ::waitpid(pid, &st, WNOHANG);
-      if (w == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
 
 // Issue 18 item 6: SIGTERM / SIGINT stop generation at the next token; what
 // was generated is printed and the exit code is 128 + the signal. Greedy

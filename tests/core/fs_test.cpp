@@ -27,26 +27,13 @@ TEST(Fs, AtomicWriteReplacesOnlyOnCommit) {
 }
 
 TEST(Fs, MissingFileNamesThePath) {
-  try {
-    rt::read_text_file("/nonexistent/dir/x.json");
-    FAIL() << "no error";
-  } catch (const rt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/x.json"), std::string::npos);
-  }
+  rt::test::expect_error([] { rt::read_text_file("/nonexistent/dir/x.json"); }, {"/nonexistent/dir/x.json"});
 }
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
+using rt::test::error_of;
 
 }  // namespace
 

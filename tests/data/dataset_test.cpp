@@ -23,15 +23,7 @@ namespace {
 using test::TempDir;
 using test::write_bytes;
 
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one containing '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing '" << p << "' in: " << m;
-  }
-}
+using test::expect_error;
 
 TokenStream identity_stream(int32_t n) {
   std::vector<int32_t> ids(static_cast<size_t>(n));

@@ -137,7 +137,9 @@ TEST(FinetuneFormats, ShareGptEqualsMessagesAndPromptCompletionMasks) {
   const std::vector<int32_t> completion = tok->encode(" Paris.", false);
   ASSERT_GE(pc.ids.size(), n_prompt + completion.size());
   for (size_t k = 0; k < pc.ids.size(); ++k) EXPECT_EQ(pc.trained[k], k >= n_prompt ? 1 : 0) << k;
-  if (tok->eos_id()) EXPECT_EQ(pc.ids.back(), *tok->eos_id());
+  if (tok->eos_id()) {
+    EXPECT_EQ(pc.ids.back(), *tok->eos_id());
+  }
 }
 
 TEST(FinetuneFormats, Qwen3MultiTurnIsOneExamplePerTurnAndRaisesAreBadRecords) {
@@ -195,23 +197,11 @@ TEST(FinetuneFormats, JsonArrayFiles) {
   // a bad element names the line it starts on
   rt::test::write_bytes(d.file("b.json"),
                         "[\n {\"instruction\": \"x\", \"output\": \"y\"},\n\n {\"instruction\": \"x\"}\n]");
-  try {
-    rt::FinetuneDataset b({d.file("b.json")}, enc, o);
-    ADD_FAILURE() << "no error for a record without output";
-  } catch (const rt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(d.file("b.json") + ":4: the instruction record has no \"output\""),
-              std::string::npos)
-        << e.what();
-  }
+  rt::test::expect_error([&] { rt::FinetuneDataset b({d.file("b.json")}, enc, o); },
+                         {d.file("b.json") + ":4: the instruction record has no \"output\""});
   rt::test::write_bytes(d.file("c.json"), "{\"text\": \"not an array\"}\n");
-  try {
-    rt::FinetuneDataset c({d.file("c.json")}, enc, o);
-    ADD_FAILURE() << "a .json object was accepted";
-  } catch (const rt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(d.file("c.json") + ":1: a .json data file must hold a JSON array"),
-              std::string::npos)
-        << e.what();
-  }
+  rt::test::expect_error([&] { rt::FinetuneDataset c({d.file("c.json")}, enc, o); },
+                         {d.file("c.json") + ":1: a .json data file must hold a JSON array"});
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ std::unique_ptr<rt::Tokenizer> fixture_tokenizer(const std::string& name) {
   return rt::tokenizer_load(rt::test::fixture_dir() + "/tokenizers/" + name);
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
+using rt::test::expect_error;
 
 // Records as the raw bytes the encoder saw (one id per byte), with their lines.
 struct RawRecord {
@@ -379,24 +380,16 @@ TEST(Finetune, BadDataMessages) {
   std::string all = good + "\n";
   for (const Case& c : cases) {
     write_bytes(d.file("bad.jsonl"), good + "\n" + c.line + "\n" + good + "\n");
-    try {
-      rt::FinetuneDataset ds({d.file("bad.jsonl")}, enc, fopts(32));
-      ADD_FAILURE() << "no error for " << c.line;
-    } catch (const rt::Error& e) {
-      const std::string m = e.what();
-      EXPECT_TRUE(contains(m, d.file(c.message))) << m;
-      EXPECT_TRUE(contains(m, "--bad-lines skip")) << m;
-    }
+    SCOPED_TRACE(c.line);
+    expect_error([&] { rt::FinetuneDataset ds({d.file("bad.jsonl")}, enc, fopts(32)); },
+                 {d.file(c.message), "--bad-lines skip"});
     all += c.line + "\n";
   }
   // the invalid UTF-8 offset: line 2 starts after the good line and its '\n'; the bad byte is column 14
   {
     write_bytes(d.file("bad.jsonl"), good + "\n" + cases[3].line + "\n");
-    try {
-      rt::FinetuneDataset ds({d.file("bad.jsonl")}, enc, fopts(32));
-    } catch (const rt::Error& e) {
-      EXPECT_TRUE(contains(e.what(), "file offset " + std::to_string(good.size() + 1 + 13) + ")")) << e.what();
-    }
+    expect_error([&] { rt::FinetuneDataset ds({d.file("bad.jsonl")}, enc, fopts(32)); },
+                 {"file offset " + std::to_string(good.size() + 1 + 13) + ")"});
   }
   // skip: everything counted, the good records kept, empty texts counted separately
   all += R"({"text": ""})"
@@ -419,42 +412,27 @@ TEST(Finetune, BadDataMessages) {
 
   // text files: invalid UTF-8 names line, column and file offset
   write_bytes(d.file("bad.txt"), "line one\nline \xFF two\n");
-  try {
-    rt::FinetuneDataset t({d.file("bad.txt")}, enc, fopts(32));
-    ADD_FAILURE() << "no error for invalid UTF-8 text";
-  } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), d.file("bad.txt") + ":2:6: invalid UTF-8 (byte 0xFF at file offset 14)"))
-        << e.what();
-  }
+  expect_error([&] { rt::FinetuneDataset t({d.file("bad.txt")}, enc, fopts(32)); },
+               {d.file("bad.txt") + ":2:6: invalid UTF-8 (byte 0xFF at file offset 14)"});
   // a chat record without a chat format is a setup error naming the reason
   rt::ExampleEncoder nochat(*tok, nullptr, "no chat format here; pass --chat-format", false, true);
   write_bytes(d.file("c.jsonl"), good + "\n");
-  try {
-    rt::FinetuneDataset t({d.file("c.jsonl")}, nochat, fopts(32));
-    ADD_FAILURE() << "no error for a chat record without a format";
-  } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "c.jsonl:1: chat records need a chat format, but no chat format here")) << e.what();
-  }
+  expect_error([&] { rt::FinetuneDataset t({d.file("c.jsonl")}, nochat, fopts(32)); },
+               {"c.jsonl:1: chat records need a chat format, but no chat format here"});
   // tokenize (text only): chat records are bad records
   rt::ExampleEncoder text_only(*tok, nullptr, "", true, false);
   rt::RecordOptions ro;
-  try {
-    rt::records_for_each(
-        {d.file("c.jsonl")}, ro, [&](const rt::RecordPiece& p, rt::EncodedPiece& e) { text_only.encode(p, e); },
-        [](const char*, std::vector<int32_t>&, std::vector<uint8_t>&) {});
-    ADD_FAILURE() << "no error for a chat record in tokenize";
-  } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "c.jsonl:1: a chat record, but tokenize writes plain token streams")) << e.what();
-  }
+  expect_error(
+      [&] {
+        rt::records_for_each(
+            {d.file("c.jsonl")}, ro, [&](const rt::RecordPiece& p, rt::EncodedPiece& e) { text_only.encode(p, e); },
+            [](const char*, std::vector<int32_t>&, std::vector<uint8_t>&) {});
+      },
+      {"c.jsonl:1: a chat record, but tokenize writes plain token streams"});
   // nothing to train on
   write_bytes(d.file("e.jsonl"), "{\"text\": \"\"}\n");
-  try {
-    rt::FinetuneDataset t({d.file("e.jsonl")}, enc, fopts(32));
-    ADD_FAILURE() << "no error for no examples";
-  } catch (const rt::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "no training example left")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "1 empty texts")) << e.what();
-  }
+  expect_error([&] { rt::FinetuneDataset t({d.file("e.jsonl")}, enc, fopts(32)); },
+               {"no training example left", "1 empty texts"});
 }
 
 TEST(TokenFileWriter, StreamsAtomically) {

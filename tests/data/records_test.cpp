@@ -15,7 +15,7 @@
 
 namespace {
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using rt::test::contains;
 
 // An encoder that parses each line with nlohmann (throwing what nlohmann throws) and keeps the text's length.
 void json_encoder(const rt::RecordPiece& p, rt::EncodedPiece& e) {

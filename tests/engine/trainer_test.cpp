@@ -32,8 +32,14 @@ rt::ModelSpec small_byte_spec() {
   return s;
 }
 
-rt::TokenStream shakespeare() {
-  return rt::load_text_documents({rt::test::shared_data_dir() + "/tinyshakespeare.txt"});
+// Windows of T tokens of tiny Shakespeare (bytes) in the order of seed;
+// vocab_size > 0 also checks every id against it.
+rt::Dataset shakespeare(int64_t T, uint64_t seed, uint64_t vocab_size = 0) {
+  rt::DatasetOptions d;
+  d.seq_len = T;
+  d.seed = seed;
+  d.vocab_size = vocab_size;
+  return rt::Dataset(rt::load_text_documents({rt::test::shared_data_dir() + "/tinyshakespeare.txt"}), d);
 }
 
 rt::TrainOptions opts(int64_t steps, int64_t B, int64_t accum) {
@@ -58,11 +64,7 @@ TEST(Trainer, LossFallsOnTinyShakespeare) {
   rt::ModelSpec s = small_byte_spec();
   rt::HostState st(s, true);
   st.init_random(1);
-  rt::DatasetOptions d;
-  d.seq_len = 64;
-  d.seed = 1;
-  d.vocab_size = 258;
-  rt::Dataset data(shakespeare(), d);
+  rt::Dataset data = shakespeare(64, 1, 258);
   rt::TrainOptions o = opts(150, 8, 1);
   rt::Trainer tr(st, data, o);
   const double before = tr.evaluate();
@@ -91,10 +93,7 @@ TEST(Trainer, AccumulationEqualsOneLargerBatch) {
   auto run = [&](int64_t B, int64_t K, std::vector<float>* grads) {
     rt::HostState st(s, true);
     st.init_random(2);
-    rt::DatasetOptions d;
-    d.seq_len = 32;
-    d.seed = 5;
-    rt::Dataset data(shakespeare(), d);
+    rt::Dataset data = shakespeare(32, 5);
     rt::Trainer tr(st, data, opts(3, B, K));
     // one step: the gradients left in the arenas are that step's raw ones
     // (a second step would compare weights that Adam's sign-like first update
@@ -118,10 +117,7 @@ TEST(Trainer, RunsAreBitIdenticalForAnyThreadCount) {
     rt::set_global_threads(threads);
     rt::HostState st(s, true);
     st.init_random(3);
-    rt::DatasetOptions d;
-    d.seq_len = 32;
-    d.seed = 9;
-    rt::Dataset data(shakespeare(), d);
+    rt::Dataset data = shakespeare(32, 9);
     rt::Trainer tr(st, data, opts(4, 2, 2));
     std::vector<double> losses;
     for (int i = 0; i < 4; ++i) losses.push_back(tr.step().loss);
@@ -138,10 +134,7 @@ TEST(Trainer, ExportedModelReloadsWithTheSameLoss) {
   rt::ModelSpec s = small_byte_spec();
   rt::HostState st(s, true);
   st.init_random(4);
-  rt::DatasetOptions d;
-  d.seq_len = 32;
-  d.seed = 2;
-  rt::Dataset data(shakespeare(), d);
+  rt::Dataset data = shakespeare(32, 2);
   rt::TrainOptions o = opts(3, 2, 1);
   o.export_dtype = rt::DType::f32;
   rt::Trainer tr(st, data, o);
@@ -155,13 +148,13 @@ TEST(Trainer, ExportedModelReloadsWithTheSameLoss) {
   // fp32 export: the reloaded weights are the same bits, so the same loss.
   rt::cli::LoadedModel m = rt::cli::load_model_dir(dir.file("fp32"), true);
   EXPECT_EQ(m.tokenizer, "byte");
-  rt::Dataset data2(shakespeare(), d);
+  rt::Dataset data2 = shakespeare(32, 2);
   rt::Trainer tr2(*m.state, data2, o);
   EXPECT_EQ(tr2.evaluate(), val);
   // bf16 export: weights rounded to 8 mantissa bits (relative 2^-9); the loss
   // of this small model moves by far less than 1%.
   rt::cli::LoadedModel m16 = rt::cli::load_model_dir(dir.file("bf16"), true);
-  rt::Dataset data3(shakespeare(), d);
+  rt::Dataset data3 = shakespeare(32, 2);
   rt::Trainer tr3(*m16.state, data3, o);
   const double v16 = tr3.evaluate();
   EXPECT_NEAR(v16, val, 1e-2 * val);
@@ -177,9 +170,6 @@ TEST(Trainer, ExportedModelReloadsWithTheSameLoss) {
 // (NaN-injected) step, and must differ from the undelayed run.
 TEST(DelayedUpdate, EqualsStaleGradientReference) {
   rt::ModelSpec s = small_byte_spec();
-  rt::DatasetOptions d;
-  d.seq_len = 32;
-  d.seed = 7;
   const int steps = 6, nan_step = 4;
   rt::AdamWHyper hyper;
   hyper.beta2 = 0.95;
@@ -210,7 +200,7 @@ TEST(DelayedUpdate, EqualsStaleGradientReference) {
   auto run = [&](bool delayed, std::vector<double>* losses) {
     rt::HostState st(s, true);
     st.init_random(11);
-    rt::Dataset data(shakespeare(), d);
+    rt::Dataset data = shakespeare(32, 7);
     auto be = rt::make_cpu_backend(st, delayed);
     int64_t applied = 0;
     for (int k = 1; k <= steps; ++k) {
@@ -231,7 +221,7 @@ TEST(DelayedUpdate, EqualsStaleGradientReference) {
   rt::HostState ref(s, true), stale(s, true);
   ref.init_random(11);
   stale.init_random(11);
-  rt::Dataset data(shakespeare(), d);
+  rt::Dataset data = shakespeare(32, 7);
   auto grads_at = rt::make_cpu_backend(stale);
   std::vector<std::vector<std::vector<float>>> snap{{}};  // snap[j]: masters after j steps, per unit
   for (auto& u : ref.units()) snap[0].emplace_back(u.master(), u.master() + u.numel);
@@ -278,10 +268,7 @@ TEST(DelayedUpdate, TrainerSyncAppliesThePendingUpdate) {
   rt::ModelSpec s = small_byte_spec();
   rt::HostState st(s, true);
   st.init_random(5);
-  rt::DatasetOptions d;
-  d.seq_len = 32;
-  d.seed = 3;
-  rt::Dataset data(shakespeare(), d);
+  rt::Dataset data = shakespeare(32, 3);
   rt::TrainOptions o = opts(2, 2, 1);
   o.delayed_update = true;
   rt::Trainer tr(st, data, o);

@@ -13,19 +13,7 @@
 
 namespace {
 
-rt::ModelSpec spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 16;
-  s.intermediate = 24;
-  s.n_layers = 2;
-  s.n_heads = 2;
-  s.n_kv_heads = 1;
-  s.head_dim = 8;
-  s.vocab = 40;
-  s.max_positions = 32;
-  return s;
-}
+using rt::test::tiny_spec;
 
 void fill(rt::HostState& st, uint64_t seed) {
   for (auto& u : st.units()) {
@@ -61,10 +49,10 @@ rt::TrainerCheckpoint meta_at(int64_t step) {
 TEST(CheckpointSplit, SplitAndFp32LoadEachOthersCheckpointsBitExact) {
   for (bool background : {false, true}) {
     rt::test::TempDir tmp;
-    rt::HostState fp(spec(), false);
+    rt::HostState fp(tiny_spec(), false);
     fill(fp, 1);
     const std::vector<float> want = snapshot(fp);
-    rt::HostState sp(spec(), false);
+    rt::HostState sp(tiny_spec(), false);
     fill(sp, 1);
     sp.set_master_storage(rt::MasterStorage::split, 2);
     for (auto& u : sp.units()) {  // the current master in shadow 1, shadow 0 stale
@@ -78,14 +66,14 @@ TEST(CheckpointSplit, SplitAndFp32LoadEachOthersCheckpointsBitExact) {
     w.wait();
     const std::string dir = tmp.file("split/ckpt-00000003");
     EXPECT_EQ(rt::checkpoint_verify(dir), "");
-    rt::HostState into_fp(spec(), false);
+    rt::HostState into_fp(tiny_spec(), false);
     rt::checkpoint_load_state(dir, into_fp);
     EXPECT_TRUE(same_bits(snapshot(into_fp), want)) << "background " << background;
     // and an fp32 checkpoint into a split state
     rt::CheckpointWriter w2(tmp.file("fp"), 0);
     w2.save(fp, meta_at(4), background);
     w2.wait();
-    rt::HostState into_sp(spec(), false);
+    rt::HostState into_sp(tiny_spec(), false);
     into_sp.set_master_storage(rt::MasterStorage::split, 1);
     rt::checkpoint_load_state(tmp.file("fp/ckpt-00000004"), into_sp);
     EXPECT_TRUE(same_bits(snapshot(into_sp), want)) << "background " << background;
@@ -93,7 +81,7 @@ TEST(CheckpointSplit, SplitAndFp32LoadEachOthersCheckpointsBitExact) {
 }
 
 TEST(CheckpointSplit, ExportTensorsDecode) {
-  rt::HostState fp(spec(), false), sp(spec(), false);
+  rt::HostState fp(tiny_spec(), false), sp(tiny_spec(), false);
   fill(fp, 9);
   fill(sp, 9);
   sp.set_master_storage(rt::MasterStorage::split, 1);

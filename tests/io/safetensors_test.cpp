@@ -48,17 +48,7 @@ uint32_t to_bits(float f) {
   return u;
 }
 
-// Runs f, requires an rt::Error whose message contains every needle.
-template <class F>
-void expect_error(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const rt::Error& e) {
-    std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
+using rt::test::expect_error;
 
 std::vector<std::string> dir_entries(const std::string& dir) {
   std::vector<std::string> v;

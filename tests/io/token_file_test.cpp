@@ -30,16 +30,7 @@ std::string llmc_header(uint32_t magic, uint32_t version, uint32_t count) {
   return h;
 }
 
-// Runs fn, expects an rt::Error whose message contains every part.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one containing '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing '" << p << "' in: " << m;
-  }
-}
+using test::expect_error;
 
 std::vector<int32_t> read_all(const TokenStream& s) {
   std::vector<int32_t> out(s.size());
