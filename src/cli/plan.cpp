@@ -270,6 +270,11 @@ int cmd_plan(const Args& args) {
       fixes.push_back("the pinned checkpoints take " + gib(static_cast<double>(host[5].bytes)) +
                       ": fewer tokens per micro-batch or per step (--micro-batch, --grad-accum)");
   }
+  if (host_fallback && pl.host_grads && !pl.fold)
+    fixes.push_back("layer-major fell back to micro-batch-major for host RAM: --grads fold drops the " +
+                    gib(4.0 * static_cast<double>(numel)) +
+                    " of host gradients, so the pinned block inputs of every micro-batch fit (the clipping rule "
+                    "differs only on clipped steps: docs/small_gpu.md)");
   if (dp.fits() && host_fits) {
     if (sp.binding == std::string("optimizer") && !co.delayed_update && !pl.host_grads)
       fixes.push_back("the CPU optimizer shows for " + fmt("%.2f s", sp.optimizer_exposed_s) +

@@ -149,6 +149,38 @@ TEST(Plan, TooBigForHostRamIsRefusedWithTheFix) {
   EXPECT_TRUE(contains(f.output, "--master split")) << f.output;
 }
 
+TEST(Plan, FoldDropsTheHostGradientsAndIsNamedAsTheFix) {
+  // 7B under 10 GiB at 64k tokens per step: host gradients (4 B/param) do not
+  // leave room for layer-major's pinned block inputs on a 128 GiB host; the
+  // plan names --grads fold, which removes them, and with it the host fits.
+  const std::string base = "plan --preset qwen2.5-7b --gpu-memory 10G --micro-batch 2 --grad-accum 16 --json";
+  auto host = run_ramtrain(base + " --grads host");
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  auto fold = run_ramtrain(base + " --grads fold");
+  ASSERT_EQ(fold.exit_code, 0) << fold.output;
+  EXPECT_TRUE(flag(fold.output, "fold")) << fold.output;
+  EXPECT_FALSE(flag(host.output, "fold")) << host.output;
+  // fold keeps only the host embedding's gradient (4 B per embedding parameter)
+  auto grad_bytes = [](const std::string& j) {
+    const size_t at = j.find("{\"what\":\"host gradients");
+    return at == std::string::npos ? -1.0 : num(j, "bytes", at);
+  };
+  const double params = num(host.output, "params");
+  EXPECT_NEAR(grad_bytes(host.output), 4 * params, 0.01 * params) << host.output;
+  EXPECT_LT(grad_bytes(fold.output), 0.3 * params) << fold.output;
+  EXPECT_GT(grad_bytes(fold.output), 0) << fold.output;
+  // with host gradients layer-major falls back for host RAM; with fold it stays
+  EXPECT_FALSE(flag(host.output, "layer_major")) << host.output;
+  EXPECT_TRUE(flag(fold.output, "layer_major")) << fold.output;
+  // the text output names the fix where host gradients are planned
+  auto text = run_ramtrain("plan --preset qwen2.5-7b --gpu-memory 10G --micro-batch 2 --grad-accum 16 --grads host");
+  EXPECT_TRUE(contains(text.output, "--grads fold")) << text.output;
+  // micro-batch-major accumulation cannot fold
+  auto mbm = run_ramtrain(base + " --grads fold --layer-major off");
+  EXPECT_NE(mbm.exit_code, 0) << mbm.output;
+  EXPECT_TRUE(contains(mbm.output, "--grads fold needs")) << mbm.output;
+}
+
 TEST(Plan, DeviceTooSmallNamesASmallerMicroBatch) {
   auto r = run_ramtrain("plan --preset qwen2.5-7b --gpu-memory 10G --micro-batch 16 --seq-len 4096 --host-ram 1024G");
   EXPECT_EQ(r.exit_code, 1) << r.output;

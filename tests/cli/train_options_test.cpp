@@ -169,6 +169,19 @@ TEST(TrainOptions, GpuOnlyOptionsWarnOnACpuRun) {
   EXPECT_FALSE(contains(quiet.output, "only shape")) << quiet.output;
 }
 
+TEST(TrainOptions, GradsFoldRunsOnTheCpuAndRefusesDelayedUpdate) {
+  // --grads fold has a CPU twin (engine/fold_clip.h): no GPU-only warning
+  Fixture f;
+  auto r = run_ramtrain(f.train("o", "--device cpu --grads fold"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "only shape")) << r.output;
+  auto bad = run_ramtrain(f.train("o2", "--device cpu --grads fold --delayed-update"));
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "--grads fold")) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "--delayed-update")) << bad.output;
+  EXPECT_FALSE(fs::exists(f.tmp.file("o2") + "/final")) << "a refused run wrote its output";
+}
+
 // CLI polish: a model dir with weights in another format is named with what it
 // holds and what to do, before the data is read (here the data does not exist).
 TEST(TrainOptions, ModelDirWithOtherWeightFormatsIsNamedFirst) {
