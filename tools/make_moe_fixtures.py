@@ -6,14 +6,15 @@ Run (from the repository root, CPU only, no network):
 Needs torch + transformers (4.x or 5.x) + safetensors; reuses tools/make_hf_fixtures.py
 (determinism, writers, parameter re-init, tokens). Deterministic like it.
 
-What it writes, for family in qwen3_moe, mixtral, olmoe (tiny configs, 2 layers):
+What it writes, for family in qwen3_moe, qwen2_moe, mixtral, olmoe (tiny configs, 2 layers):
 
 <out>/moe/<family>/
   config.json        what save_pretrained wrote (output_router_logits true, so the
                      load-balancing loss is part of the training loss).
   model.safetensors  fp32 weights under the hub checkpoints' per-expert names
-                     (Qwen3-MoE/OLMoE: model.layers.{i}.mlp.gate.weight,
-                     mlp.experts.{e}.{gate,up,down}_proj.weight; Mixtral:
+                     (Qwen3-MoE/Qwen2-MoE/OLMoE: model.layers.{i}.mlp.gate.weight,
+                     mlp.experts.{e}.{gate,up,down}_proj.weight; Qwen2-MoE also
+                     mlp.shared_expert.{gate,up,down}_proj.weight, mlp.shared_expert_gate.weight; Mixtral:
                      block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.w1/w3/w2),
                      written here (transformers 5.x keeps experts fused in memory);
                      checked by loading the directory back with from_pretrained and
@@ -72,6 +73,13 @@ def model_configs():
             num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
             mlp_only_layers=[], use_sliding_window=False, attention_bias=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+        # q/k/v biases, a gated shared expert, top-2 of 5 without renormalisation
+        "qwen2_moe": ("Qwen2MoeConfig", dict(
+            common, vocab_size=88, hidden_size=32, intermediate_size=64, moe_intermediate_size=20,
+            shared_expert_intermediate_size=28, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            num_experts=5, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+            use_sliding_window=False, qkv_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
         # top-2 of 4, always renormalised
         "mixtral": ("MixtralConfig", dict(
             common, vocab_size=80, hidden_size=32, intermediate_size=24, num_attention_heads=4,
@@ -89,7 +97,7 @@ def model_configs():
 
 def moe_dims(cfg):
     e = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts")
-    f = getattr(cfg, "moe_intermediate_size", None) if cfg.model_type == "qwen3_moe" else cfg.intermediate_size
+    f = cfg.moe_intermediate_size if cfg.model_type in ("qwen3_moe", "qwen2_moe") else cfg.intermediate_size
     return e, cfg.num_experts_per_tok, f, cfg.hidden_size
 
 
@@ -105,6 +113,8 @@ def hub_tensors(family, name, t, E, F, C):
            else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
     if rest == "gate.weight":
         return [(pre + "gate.weight", t)]
+    if rest.startswith("shared_expert.") or rest == "shared_expert_gate.weight":  # Qwen2-MoE, unchanged
+        return [(pre + rest, t)]
     if rest == "experts.gate_up_proj":
         if tuple(t.shape) == (E, 2 * F, C):
             g, u = t[:, :F, :], t[:, F:, :]

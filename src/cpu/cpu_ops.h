@@ -72,6 +72,13 @@ class CpuOps {
     cpu::moe_forward(out, probs, x, router, gate, up, down, N, C, m.n_experts, m.top_k, m.expert_intermediate,
                      m.norm_topk_prob, tokens_per_expert, prob_sum);
   }
+  void moe_shared_gate_forward(float* y, const float* o, const float* z, int64_t N, int64_t C) {
+    cpu::moe_shared_gate_forward(y, o, z, N, C);
+  }
+  void moe_shared_gate_backward(float* d_o, float* dz, const float* dy, const float* o, const float* z, int64_t N,
+                                int64_t C) {
+    cpu::moe_shared_gate_backward(d_o, dz, dy, o, z, N, C);
+  }
   void moe_backward(float* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
                     const float* dout, const float* x, const float* probs, const float* router,
                     const float* const* gate, const float* const* up, const float* const* down, int64_t N, int64_t C,

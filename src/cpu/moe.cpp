@@ -200,4 +200,24 @@ void moe_backward(float* dx, float* drouter, float* const* dgate, float* const* 
   add_inplace(dx, dxr.data(), N * C);
 }
 
+void moe_shared_gate_forward(float* y, const float* o, const float* z, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.f / (1.f + std::exp(-z[n]));
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] += s * o[n * C + c];
+  }
+}
+
+void moe_shared_gate_backward(float* d_o, float* dz, const float* dy, const float* o, const float* z, int64_t N,
+                              int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.f / (1.f + std::exp(-z[n]));
+    float dot = 0.f;
+    for (int64_t c = 0; c < C; ++c) {
+      dot += dy[n * C + c] * o[n * C + c];
+      d_o[n * C + c] = s * dy[n * C + c];
+    }
+    dz[n] = s * (1.f - s) * dot;
+  }
+}
+
 }  // namespace rt::cpu

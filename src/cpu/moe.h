@@ -39,4 +39,10 @@ void moe_backward(float* dx, float* drouter, float* const* dgate, float* const* 
                   const float* const* up, const float* const* down, int64_t N, int64_t C, int64_t E, int64_t K,
                   int64_t F, bool norm_topk, const float* dprob);
 
+// Qwen2-MoE's gated shared expert: y[n, :] += sigmoid(z[n]) * o[n, :] over
+// o [N, C], z [N]; backward: d_o (=) = sigmoid(z) dy, dz (=) = sigmoid'(z) <dy[n], o[n]>.
+void moe_shared_gate_forward(float* y, const float* o, const float* z, int64_t N, int64_t C);
+void moe_shared_gate_backward(float* d_o, float* dz, const float* dy, const float* o, const float* z, int64_t N,
+                              int64_t C);
+
 }  // namespace rt::cpu

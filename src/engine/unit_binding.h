@@ -70,6 +70,9 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
       case WeightKind::expert_down:
         w.expert_down.push_back(p);
         break;
+      case WeightKind::shared_expert_gate:
+        w.shared_expert_gate = p;
+        break;
       default:
         fail("[engine] unexpected tensor ", u.entries[k].name, " in a decoder layer");
     }

@@ -28,6 +28,8 @@
 //   p = softmax(hn Wr^T)                       [N, E] router probabilities
 //   S = the k largest p per row; w = p_S (/ sum p_S when norm_topk_prob)
 //   y = h + sum_{e in S} w_e (silu(hn We_g^T) * hn We_u^T) We_d^T
+//   [Qwen2-MoE] y += sigmoid(hn w_sg^T) (silu(hn Wg^T) * hn Wu^T) Wd^T, the
+//   shared expert in gate/up/down_proj (width Fs = shared_intermediate)
 // through the ops' moe_forward/moe_backward (cpu/moe.h states the contract;
 // a backend without them refuses MoE models). The load-balancing loss couples
 // every MoE layer of a micro-batch (model/moe_aux.h): block_forward adds the
@@ -65,9 +67,11 @@ struct BlockWeightsT {
   const W* gate_proj;  // [F, C]
   const W* up_proj;    // [F, C]
   const W* down_proj;  // [C, F]
-  // MoE layers (gate/up/down_proj null): router [E, C]; expert e's gate and
-  // up [Fe, C], down [C, Fe]; each vector holds E pointers.
+  // MoE layers (gate/up/down_proj null, or Qwen2-MoE's shared expert [Fs, C]
+  // and [C, Fs]): router [E, C]; expert e's gate and up [Fe, C], down
+  // [C, Fe]; each vector holds E pointers; the shared expert's gate [1, C].
   const W* router = nullptr;
+  const W* shared_expert_gate = nullptr;
   std::vector<const W*> expert_gate, expert_up, expert_down;
 };
 
@@ -77,6 +81,7 @@ struct BlockGrads {
       *gate_proj, *up_proj, *down_proj;
   float* router = nullptr;
   std::vector<float*> expert_gate, expert_up, expert_down;
+  float* shared_expert_gate = nullptr;
 };
 
 // Weight views as gradient sinks: the same pointers, writable (the gradient
@@ -92,7 +97,7 @@ inline BlockGrads block_grads_from(const BlockWeightsT<float>& v) {
                     m(v.k_bias),      m(v.v_proj),         m(v.v_bias),       m(v.q_norm),
                     m(v.k_norm),      m(v.o_proj),         m(v.mlp_norm),     m(v.gate_proj),
                     m(v.up_proj),     m(v.down_proj),      m(v.router),       mv(v.expert_gate),
-                    mv(v.expert_up),  mv(v.expert_down)};
+                    mv(v.expert_up),  mv(v.expert_down),   m(v.shared_expert_gate)};
 }
 
 // One MoE layer's share of a micro-batch's routing bookkeeping (the runner's
@@ -137,8 +142,9 @@ struct BlockActs {
   using A = typename Ops::act_t;
   template <class T>
   using Buf = typename Ops::template Buffer<T>;
-  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
-  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs;  // statistics (moe_probs: [N, E] router softmax)
+  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out;  // activations
+  // statistics (moe_probs: [N, E] router softmax; shared_logit: [N] the shared expert's gate logit)
+  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs, shared_logit;
   BlockDims dims;                                         // what the buffers are sized for
 
   // Calls act(member, n) for every activation buffer and stat(member, n) for
@@ -147,7 +153,9 @@ struct BlockActs {
   template <class Act, class Stat>
   static void each_buffer(const ModelSpec& s, const BlockDims& dm, Act&& act, Stat&& stat) {
     const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim();
-    const int64_t F = s.is_moe() ? 0 : s.intermediate;  // MoE: the ops keep each expert's rows themselves
+    // MoE: the ops keep each expert's rows themselves; g, u, a serve the shared expert (if any)
+    const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;
+    const bool shared = s.is_moe() && s.moe.shared_intermediate > 0;
     act(&BlockActs::xn, N * C);
     act(&BlockActs::q_raw, s.qk_norm ? N * QD : 1);
     act(&BlockActs::k_raw, s.qk_norm ? N * KD : 1);
@@ -157,15 +165,18 @@ struct BlockActs {
     act(&BlockActs::att, N * QD);
     act(&BlockActs::h, N * C);
     act(&BlockActs::hn, N * C);
-    act(&BlockActs::g, std::max<int64_t>(dm.mlp_rows() * F, 1));  // one MLP chunk
-    act(&BlockActs::u, std::max<int64_t>(dm.mlp_rows() * F, 1));
-    act(&BlockActs::a, std::max<int64_t>(dm.mlp_rows() * F, 1));
+    const int64_t R = s.is_moe() ? N : dm.mlp_rows();  // the shared expert runs unchunked
+    act(&BlockActs::g, std::max<int64_t>(R * F, 1));  // one MLP chunk
+    act(&BlockActs::u, std::max<int64_t>(R * F, 1));
+    act(&BlockActs::a, std::max<int64_t>(R * F, 1));
+    act(&BlockActs::shared_out, shared ? N * C : 1);
     stat(&BlockActs::rstd1, N);
     stat(&BlockActs::rstd_q, s.qk_norm ? N * s.n_heads : 1);
     stat(&BlockActs::rstd_k, s.qk_norm ? N * s.n_kv_heads : 1);
     stat(&BlockActs::lse, N * s.n_heads);
     stat(&BlockActs::rstd2, N);
     stat(&BlockActs::moe_probs, s.is_moe() ? N * s.moe.n_experts : 1);
+    stat(&BlockActs::shared_logit, shared ? N : 1);
   }
   // Bytes of one BlockActs (what keeping one more layer's activations costs).
   static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
@@ -224,10 +235,11 @@ struct BlockScratch {
   template <class Buf_>
   static void each_buffer(const ModelSpec& s, const BlockDims& dm, Buf_&& buf) {
     const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim();
-    const int64_t F = s.is_moe() ? 0 : s.intermediate;  // MoE: the ops keep each expert's rows themselves
-    buf(&BlockScratch::d_a, std::max<int64_t>(dm.mlp_rows() * F, 1));  // one MLP chunk
-    buf(&BlockScratch::d_g, std::max<int64_t>(dm.mlp_rows() * F, 1));
-    buf(&BlockScratch::d_u, std::max<int64_t>(dm.mlp_rows() * F, 1));
+    const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;  // MoE: the shared expert's
+    const int64_t R = s.is_moe() ? N : dm.mlp_rows();  // the shared expert runs unchunked
+    buf(&BlockScratch::d_a, std::max<int64_t>(R * F, 1));  // one MLP chunk
+    buf(&BlockScratch::d_g, std::max<int64_t>(R * F, 1));
+    buf(&BlockScratch::d_u, std::max<int64_t>(R * F, 1));
     buf(&BlockScratch::d_hn, N * C);
     buf(&BlockScratch::d_tmp, N * C);
     buf(&BlockScratch::d_h, N * C);
@@ -299,6 +311,15 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
       ops.moe_forward(y, t.moe_probs.data(), t.hn.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
                       w.expert_down.data(), N, C, s.moe, moe ? moe->tokens_per_expert : nullptr,
                       moe ? moe->prob_sum : nullptr);
+      if (y && s.moe.shared_intermediate > 0) {  // Qwen2-MoE: y += sigmoid(hn w_sg^T) * shared_expert(hn)
+        const int64_t Fs = s.moe.shared_intermediate;
+        ops.linear_forward(t.g.data(), t.hn.data(), w.gate_proj, nullptr, N, C, Fs);
+        ops.linear_forward(t.u.data(), t.hn.data(), w.up_proj, nullptr, N, C, Fs);
+        ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), N * Fs);
+        ops.linear_forward(t.shared_out.data(), t.a.data(), w.down_proj, nullptr, N, Fs, C);
+        ops.linear_forward(t.shared_logit.data(), t.hn.data(), w.shared_expert_gate, nullptr, N, C, 1);
+        ops.moe_shared_gate_forward(y, t.shared_out.data(), t.shared_logit.data(), N, C);
+      }
       if (y) ops.add_inplace(y, t.h.data(), N * C);
       return;
     } else {
@@ -342,6 +363,27 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
       ops.moe_backward(d.d_hn.data(), gr.router, gr.expert_gate.data(), gr.expert_up.data(), gr.expert_down.data(),
                        dy, t.hn.data(), t.moe_probs.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
                        w.expert_down.data(), N, C, s.moe, moe ? moe->dprob : nullptr);
+      if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE's shared expert, recomputed from hn
+        const int64_t Fs = s.moe.shared_intermediate;
+        const auto* hn = t.hn.data();
+        ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, N, C, Fs);
+        ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, N, C, Fs);
+        ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), N * Fs);
+        ops.linear_forward(t.shared_out.data(), t.a.data(), w.down_proj, nullptr, N, Fs, C);
+        ops.linear_forward(t.shared_logit.data(), hn, w.shared_expert_gate, nullptr, N, C, 1);
+        // d_tmp: d shared_out [N, C]; d_h (written later with '='): d logit [N]
+        ops.moe_shared_gate_backward(d.d_tmp.data(), d.d_h.data(), dy, t.shared_out.data(), t.shared_logit.data(), N,
+                                     C);
+        ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, d.d_tmp.data(), t.a.data(), w.down_proj, N, Fs, C);
+        ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), N * Fs);
+        ops.linear_backward(d.d_tmp.data(), gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, N, C, Fs);
+        ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+        ops.linear_backward(d.d_tmp.data(), gr.up_proj, nullptr, d.d_u.data(), hn, w.up_proj, N, C, Fs);
+        ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+        ops.linear_backward(d.d_tmp.data(), gr.shared_expert_gate, nullptr, d.d_h.data(), hn, w.shared_expert_gate, N,
+                            C, 1);
+        ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+      }
     } else {
       fail("[model] ", s.architecture,
            " is a mixture-of-experts model, which only the CPU backend runs for now; use --device cpu");

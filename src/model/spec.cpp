@@ -41,6 +41,7 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::qwen2, "Qwen2ForCausalLM", "qwen2"},
     {Family::qwen3, "Qwen3ForCausalLM", "qwen3"},
     {Family::qwen3_moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {Family::qwen2_moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
     {Family::mixtral, "MixtralForCausalLM", "mixtral"},
     {Family::olmoe, "OlmoeForCausalLM", "olmoe"},
 };
@@ -169,6 +170,8 @@ FamilyDefaults family_defaults(Family f) {
       return {32768, 32, -1, {}};
     case Family::qwen3_moe:
       return {32768, 4, -1, {}};
+    case Family::qwen2_moe:
+      return {32768, 16, -1, {}};
     case Family::mixtral:
       return {131072, 8, 1, {2}, 1e-5, 1e6};
     case Family::olmoe:
@@ -204,10 +207,16 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
 // The expert count is "num_experts" (Qwen3-MoE, OLMoE) or "num_local_experts"
 // (Mixtral); each config class maps one name to the other, so either is read.
 void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsupported) {
-  if (s.family != Family::qwen3_moe && s.family != Family::mixtral && s.family != Family::olmoe) return;
+  if (s.family != Family::qwen3_moe && s.family != Family::qwen2_moe && s.family != Family::mixtral &&
+      s.family != Family::olmoe)
+    return;
+  const bool qwen_moe = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe;
   MoeConfig& m = s.moe;
-  const int64_t dflt_experts = s.family == Family::qwen3_moe ? 128 : s.family == Family::mixtral ? 8 : 64;
-  const int64_t dflt_topk = s.family == Family::mixtral ? 2 : 8;
+  const int64_t dflt_experts = s.family == Family::qwen3_moe   ? 128
+                               : s.family == Family::qwen2_moe ? 60
+                               : s.family == Family::mixtral   ? 8
+                                                               : 64;
+  const int64_t dflt_topk = s.family == Family::mixtral ? 2 : s.family == Family::qwen2_moe ? 4 : 8;
   const double dflt_coef = s.family == Family::olmoe ? 0.01 : 0.001;
   if (f.has("num_experts") && f.has("num_local_experts") &&
       f.get_int("num_experts") != f.get_int("num_local_experts"))
@@ -215,7 +224,9 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
          f.get_int("num_local_experts"), " disagree; keep one of them");
   m.n_experts = f.has("num_experts") ? f.get_int("num_experts") : f.get_int("num_local_experts", dflt_experts);
   m.top_k = f.get_int("num_experts_per_tok", dflt_topk);
-  m.expert_intermediate = s.family == Family::qwen3_moe ? f.get_int("moe_intermediate_size", 768) : s.intermediate;
+  m.expert_intermediate = qwen_moe ? f.get_int("moe_intermediate_size", s.family == Family::qwen3_moe ? 768 : 1408)
+                                   : s.intermediate;
+  if (s.family == Family::qwen2_moe) m.shared_intermediate = f.get_int("shared_expert_intermediate_size", 5632);
   // Mixtral always renormalises the top-k probabilities (its config has no switch).
   m.norm_topk_prob = s.family == Family::mixtral ? true : f.get_bool("norm_topk_prob", false);
   m.router_aux_loss_coef = f.get_double("router_aux_loss_coef", dflt_coef);
@@ -223,7 +234,7 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
   if (m.n_experts <= 0)
     unsupported->push_back(cat("num_experts ", m.n_experts, " (every layer dense) is not supported for ",
                                s.architecture, "; supported: num_experts >= 1"));
-  if (s.family == Family::qwen3_moe) {
+  if (qwen_moe) {
     const int64_t step = f.get_int("decoder_sparse_step", 1);
     if (step != 1)
       unsupported->push_back(cat("decoder_sparse_step ", step,
@@ -319,7 +330,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   std::string act = f.get_string("hidden_act", "silu");
   if (act != "silu")
     unsupported.push_back(cat("hidden_act \"", act, "\" is not supported; supported: silu (SwiGLU MLP)"));
-  s.qkv_bias = s.family == Family::qwen2;
+  // Qwen2-MoE: q/k/v biases unless qkv_bias is false (Qwen2MoeConfig's default: true)
+  s.qkv_bias = s.family == Family::qwen2 || (s.family == Family::qwen2_moe && f.get_bool("qkv_bias", true));
   s.qk_norm = s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe;
   s.qk_norm_whole = s.family == Family::olmoe;
   moe_parse(f, s, &unsupported);
@@ -377,7 +389,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
                                 s.max_positions,
                                 "); supported: full causal attention: sliding_window null or >= "
                                 "max_position_embeddings"));
-  } else if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe) {
+  } else if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
+             s.family == Family::qwen2_moe) {
     if (f.get_bool("use_sliding_window", false))
       unsupported.push_back(
           "use_sliding_window true is not supported; supported: full causal attention (use_sliding_window false)");
@@ -419,12 +432,14 @@ ojson rope_scaling_json(const RopeConfig& r) {
 const char* family_name(Family f) { return family_info(f).model_type; }
 
 namespace {
-// A layer's attention and norms: what dense and MoE layers share.
+// A layer's attention, norms and (Qwen2-MoE) shared expert: all but its MLP
+// or its routed experts.
 int64_t params_attn_norms(const ModelSpec& s) {
   int64_t attn = s.hidden * s.q_dim() + 2 * s.hidden * s.kv_dim() + s.q_dim() * s.hidden;
   if (s.qkv_bias) attn += s.q_dim() + 2 * s.kv_dim();
   if (s.qk_norm) attn += s.qk_norm_whole ? s.q_dim() + s.kv_dim() : 2 * s.head_dim;
-  return attn + 2 * s.hidden;
+  const int64_t shared = s.moe.shared_intermediate > 0 ? 3 * s.hidden * s.moe.shared_intermediate + s.hidden : 0;
+  return attn + 2 * s.hidden + shared;
 }
 }  // namespace
 
@@ -484,6 +499,8 @@ void ModelSpec::validate(const std::string& source) const {
     if (moe.expert_intermediate <= 0)
       p.push_back(cat("the expert width (moe_intermediate_size or intermediate_size) must be positive, found ",
                       moe.expert_intermediate));
+    if (moe.shared_intermediate < 0)
+      p.push_back(cat("shared_expert_intermediate_size must be >= 0, found ", moe.shared_intermediate));
     if (!(moe.router_aux_loss_coef >= 0.0) || !std::isfinite(moe.router_aux_loss_coef))
       p.push_back(cat("router_aux_loss_coef must be finite and >= 0, found ", moe.router_aux_loss_coef));
   }
@@ -526,8 +543,10 @@ std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
   RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
            s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
-  const bool moe_family = s.family == Family::qwen3_moe || s.family == Family::mixtral || s.family == Family::olmoe;
-  RT_CHECK(s.qkv_bias == (s.family == Family::qwen2), "[config] spec_to_config_json: qkv_bias=", s.qkv_bias,
+  const bool moe_family = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe ||
+                          s.family == Family::mixtral || s.family == Family::olmoe;
+  RT_CHECK(s.family == Family::qwen2_moe || s.qkv_bias == (s.family == Family::qwen2),
+           "[config] spec_to_config_json: qkv_bias=", s.qkv_bias,
            " cannot be expressed for family ", fi.model_type, " (HF: only Qwen2 has q/k/v biases)");
   RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
                s.qk_norm_whole == (s.family == Family::olmoe),
@@ -538,7 +557,11 @@ std::string spec_to_config_json(const ModelSpec& s) {
            " experts cannot be expressed for family ", fi.model_type);
   RT_CHECK(s.family != Family::mixtral || s.moe.norm_topk_prob,
            "[config] spec_to_config_json: Mixtral always renormalises the top-k probabilities");
-  RT_CHECK(s.family == Family::qwen3_moe || !s.is_moe() || s.moe.expert_intermediate == s.intermediate,
+  RT_CHECK((s.moe.shared_intermediate > 0) <= (s.family == Family::qwen2_moe),
+           "[config] spec_to_config_json: a shared expert cannot be expressed for family ", fi.model_type,
+           " (HF: Qwen2-MoE has one)");
+  RT_CHECK(s.family == Family::qwen3_moe || s.family == Family::qwen2_moe || !s.is_moe() ||
+               s.moe.expert_intermediate == s.intermediate,
            "[config] spec_to_config_json: ", fi.model_type, "'s experts are intermediate_size wide");
   s.validate("spec_to_config_json");
 
@@ -569,7 +592,9 @@ std::string spec_to_config_json(const ModelSpec& s) {
   }
   rp["rope_theta"] = s.rope.theta;
   o["rope_parameters"] = rp;
-  if (s.family != Family::qwen2 && s.family != Family::mixtral) o["attention_bias"] = false;
+  if (s.family != Family::qwen2 && s.family != Family::qwen2_moe && s.family != Family::mixtral)
+    o["attention_bias"] = false;
+  if (s.family == Family::qwen2_moe) o["qkv_bias"] = s.qkv_bias;
   if (s.family == Family::llama) o["mlp_bias"] = false;
   if (s.family == Family::mistral || s.family == Family::mixtral) o["sliding_window"] = nullptr;
   if (s.is_moe()) {
@@ -579,7 +604,8 @@ std::string spec_to_config_json(const ModelSpec& s) {
       o["num_experts"] = s.moe.n_experts;
     o["num_experts_per_tok"] = s.moe.top_k;
     if (s.family != Family::mixtral) o["norm_topk_prob"] = s.moe.norm_topk_prob;
-    if (s.family == Family::qwen3_moe) {
+    if (s.family == Family::qwen2_moe) o["shared_expert_intermediate_size"] = s.moe.shared_intermediate;
+    if (s.family == Family::qwen3_moe || s.family == Family::qwen2_moe) {
       o["moe_intermediate_size"] = s.moe.expert_intermediate;
       o["decoder_sparse_step"] = 1;
       o["mlp_only_layers"] = ojson::array();
@@ -589,7 +615,8 @@ std::string spec_to_config_json(const ModelSpec& s) {
     o["router_aux_loss_coef"] = s.moe.router_aux_loss_coef;
     o["output_router_logits"] = s.moe.output_router_logits;
   }
-  if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe) {
+  if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
+      s.family == Family::qwen2_moe) {
     o["use_sliding_window"] = false;
     o["sliding_window"] = nullptr;
     o["max_window_layers"] = s.n_layers;
@@ -679,7 +706,11 @@ const std::map<std::string, ModelSpec>& presets() {
         preset_make(Family::qwen3, 4096, 12288, 36, 32, 8, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645});
     // MoE: (experts, top-k, expert width, norm_topk_prob, router_aux_loss_coef) from the configs.
     auto moe = [](ModelSpec s, int64_t e, int64_t k, int64_t f, bool norm, double coef) {
-      s.moe = MoeConfig{e, k, f, norm, coef, false};
+      s.moe.n_experts = e;
+      s.moe.top_k = k;
+      s.moe.expert_intermediate = f;
+      s.moe.norm_topk_prob = norm;
+      s.moe.router_aux_loss_coef = coef;
       return s;
     };
     // Qwen/Qwen3-30B-A3B: 30,532,122,624 parameters (3,348,855,808 active).

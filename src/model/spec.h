@@ -8,7 +8,7 @@
 
 namespace rt {
 
-enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, olmoe };
+enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe };
 enum class RopeScaling { none, llama3 };
 
 struct RopeConfig {
@@ -21,17 +21,20 @@ struct RopeConfig {
   int64_t original_max_positions = 8192;
 };
 
-// Mixture-of-experts MLP (Qwen3-MoE, Mixtral, OLMoE): every decoder layer's
+// Mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE): every decoder layer's
 // MLP is a router (a bias-free linear, hidden -> n_experts) and n_experts
 // SwiGLU experts of width expert_intermediate; each token goes to the top_k
 // experts by softmax probability (softmax over all experts, then top-k, as
 // all three families do), weighted by those probabilities, renormalised to
 // sum 1 when norm_topk_prob (Mixtral always). n_experts == 0: a dense model.
+// Qwen2-MoE adds a shared expert (a SwiGLU MLP of width shared_intermediate
+// every token uses) scaled by sigmoid(hn . w_shared_expert_gate).
 struct MoeConfig {
   int64_t n_experts = 0;
   int64_t top_k = 0;
   int64_t expert_intermediate = 0;  // moe_intermediate_size (Qwen3-MoE), intermediate_size (Mixtral, OLMoE)
   bool norm_topk_prob = false;
+  int64_t shared_intermediate = 0;  // shared_expert_intermediate_size (Qwen2-MoE); 0: no shared expert
   // The load-balancing loss (HF load_balancing_loss_func over every MoE
   // layer's router) joins the training loss with this coefficient only when
   // output_router_logits is true, as in transformers.

@@ -67,7 +67,9 @@ const char* shape_hint(WeightKind k) {
     case WeightKind::expert_gate:
     case WeightKind::expert_up:
     case WeightKind::expert_down:
-      return "moe_intermediate_size (Qwen3-MoE) or intermediate_size/hidden_size";
+      return "moe_intermediate_size (Qwen3-MoE, Qwen2-MoE) or intermediate_size/hidden_size";
+    case WeightKind::shared_expert_gate:
+      return "hidden_size";
   }
   return "config.json";
 }
@@ -148,6 +150,8 @@ const char* weight_kind_name(WeightKind k) {
       return "expert_up";
     case WeightKind::expert_down:
       return "expert_down";
+    case WeightKind::shared_expert_gate:
+      return "shared_expert_gate";
     case WeightKind::final_norm:
       return "final_norm";
     case WeightKind::lm_head:
@@ -187,6 +191,13 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
       m.push_back(entry(ep + (mixtral ? "w3" : "up_proj") + ".weight", WeightKind::expert_up, layer, {fe, d}));
       m.push_back(entry(ep + (mixtral ? "w2" : "down_proj") + ".weight", WeightKind::expert_down, layer, {d, fe}));
       for (size_t k = m.size() - 3; k < m.size(); ++k) m[k].expert = e;
+    }
+    if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE
+      const int64_t fs = s.moe.shared_intermediate;
+      m.push_back(entry(mp + "shared_expert.gate_proj.weight", WeightKind::gate_proj, layer, {fs, d}));
+      m.push_back(entry(mp + "shared_expert.up_proj.weight", WeightKind::up_proj, layer, {fs, d}));
+      m.push_back(entry(mp + "shared_expert.down_proj.weight", WeightKind::down_proj, layer, {d, fs}));
+      m.push_back(entry(mp + "shared_expert_gate.weight", WeightKind::shared_expert_gate, layer, {1, d}));
     }
     return m;
   }

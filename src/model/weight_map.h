@@ -35,6 +35,9 @@ enum class WeightKind {
   expert_gate,  // model.layers.{i}.mlp.experts.{e}.gate_proj.weight     [Fe, hidden]
   expert_up,    // model.layers.{i}.mlp.experts.{e}.up_proj.weight       [Fe, hidden]
   expert_down,  // model.layers.{i}.mlp.experts.{e}.down_proj.weight     [hidden, Fe]
+  // Qwen2-MoE's shared expert: gate_proj/up_proj/down_proj named
+  // mlp.shared_expert.{gate,up,down}_proj.weight ([Fs, hidden], [hidden, Fs]), and
+  shared_expert_gate,  // model.layers.{i}.mlp.shared_expert_gate.weight  [1, hidden]
   final_norm,  // model.norm.weight                                [hidden]
   lm_head,     // lm_head.weight                                   [vocab, hidden] (absent when tied)
 };

@@ -358,6 +358,10 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
       if (e.kind == WeightKind::expert_gate) w.expert_gate.push_back(get(e.name));
       if (e.kind == WeightKind::expert_up) w.expert_up.push_back(get(e.name));
       if (e.kind == WeightKind::expert_down) w.expert_down.push_back(get(e.name));
+      if (e.kind == WeightKind::gate_proj) w.gate_proj = get(e.name);  // Qwen2-MoE's shared expert
+      if (e.kind == WeightKind::up_proj) w.up_proj = get(e.name);
+      if (e.kind == WeightKind::down_proj) w.down_proj = get(e.name);
+      if (e.kind == WeightKind::shared_expert_gate) w.shared_expert_gate = get(e.name);
     }
     return w;
   }

@@ -41,6 +41,12 @@ const char* kQwen3Moe = R"({"architectures": ["Qwen3MoeForCausalLM"], "model_typ
   "mlp_only_layers": [], "output_router_logits": true, "router_aux_loss_coef": 0.5,
   "rope_theta": 100.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "tie_word_embeddings": false,
   "use_sliding_window": false, "sliding_window": null})";
+const char* kQwen2Moe = R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+  "hidden_size": 16, "intermediate_size": 40, "moe_intermediate_size": 10, "shared_expert_intermediate_size": 14,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 11,
+  "num_experts": 5, "num_experts_per_tok": 2, "norm_topk_prob": false, "decoder_sparse_step": 1,
+  "mlp_only_layers": [], "output_router_logits": true, "router_aux_loss_coef": 0.5,
+  "rope_theta": 100.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 64, "use_sliding_window": false})";
 const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
   "hidden_size": 16, "intermediate_size": 12, "num_hidden_layers": 2, "num_attention_heads": 4,
   "num_key_value_heads": 2, "vocab_size": 11, "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -69,6 +75,17 @@ TEST(MoeSpec, ParsesEachFamily) {
   EXPECT_TRUE(q.moe.aux_loss_on());
   EXPECT_TRUE(q.qk_norm);
   EXPECT_FALSE(q.qk_norm_whole);
+  ModelSpec q2 = rt::spec_from_config_text(kQwen2Moe, "q2");
+  EXPECT_EQ(q2.family, Family::qwen2_moe);
+  EXPECT_TRUE(q2.qkv_bias);  // Qwen2MoeConfig's qkv_bias defaults to true
+  EXPECT_FALSE(q2.qk_norm);
+  EXPECT_EQ(q2.moe.expert_intermediate, 10);
+  EXPECT_EQ(q2.moe.shared_intermediate, 14);
+  EXPECT_FALSE(rt::spec_from_config_text(with(kQwen2Moe, "qkv_bias", "false"), "q2").qkv_bias);
+  // per layer: attention with biases, norms, router, 5 experts, the shared expert and its gate
+  const int64_t attn = 16 * 16 + 2 * 16 * 8 + 16 * 16 + 16 + 2 * 8;
+  EXPECT_EQ(q2.params_per_layer(), attn + 2 * 16 + 5 * 16 + 5 * 3 * 16 * 10 + 3 * 16 * 14 + 16);
+  EXPECT_EQ(q2.active_params_per_layer(), attn + 2 * 16 + 5 * 16 + 2 * 3 * 16 * 10 + 3 * 16 * 14 + 16);
   ModelSpec m = rt::spec_from_config_text(kMixtral, "m");
   EXPECT_EQ(m.family, Family::mixtral);
   EXPECT_EQ(m.moe.n_experts, 4);  // num_local_experts
@@ -98,6 +115,8 @@ TEST(MoeSpec, RefusesWhatItDoesNotCompute) {
   EXPECT_HAS(error_of(with(kQwen3Moe, "decoder_sparse_step", "2")), "decoder_sparse_step 2");
   EXPECT_HAS(error_of(with(kQwen3Moe, "mlp_only_layers", "[0]")), "mlp_only_layers [0]");
   EXPECT_HAS(error_of(with(kQwen3Moe, "num_experts", "0")), "num_experts 0");
+  EXPECT_HAS(error_of(with(kQwen2Moe, "decoder_sparse_step", "2")), "decoder_sparse_step 2");
+  EXPECT_HAS(error_of(with(kQwen2Moe, "use_sliding_window", "true")), "use_sliding_window true");
   EXPECT_HAS(error_of(with(kQwen3Moe, "num_experts_per_tok", "6")), "num_experts_per_tok 6 must be in [1,");
   EXPECT_HAS(error_of(with(kMixtral, "router_jitter_noise", "0.1")), "router_jitter_noise 0.1");
   EXPECT_HAS(error_of(with(kMixtral, "sliding_window", "8")), "sliding_window 8 is active");
@@ -142,6 +161,11 @@ TEST(MoeWeightMap, NamesAndShapesPerFamily) {
   auto lq = rt::layer_weight_map(q, 0);
   EXPECT_EQ(lq.back().name, "model.layers.0.mlp.experts.4.down_proj.weight");
   EXPECT_EQ(lq.back().shape, (std::vector<int64_t>{16, 12}));
+  auto lq2 = rt::layer_weight_map(rt::spec_from_config_text(kQwen2Moe, "q2"), 0);
+  EXPECT_EQ(lq2.back().name, "model.layers.0.mlp.shared_expert_gate.weight");
+  EXPECT_EQ(lq2.back().shape, (std::vector<int64_t>{1, 16}));
+  EXPECT_EQ(lq2[lq2.size() - 2].name, "model.layers.0.mlp.shared_expert.down_proj.weight");
+  EXPECT_EQ(lq2[lq2.size() - 2].shape, (std::vector<int64_t>{16, 14}));
   ModelSpec o = rt::spec_from_config_text(kOlmoe, "o");
   auto lo = rt::layer_weight_map(o, 0);
   bool saw_q_norm = false;
@@ -231,7 +255,7 @@ TEST_P(MoeModelGrad, FiniteDifferencesMatchBackward) {
   EXPECT_GT(used, c.spec.moe.n_experts) << "the case should spread tokens over several experts";
   const float h = 1e-2f;
   std::mt19937_64 g(11);
-  int checked = 0, skipped = 0;
+  int checked = 0, skipped = 0, remeasured = 0;
   for (auto& unit : c.state->units()) {
     for (size_t k = 0; k < unit.entries.size(); ++k) {
       const auto& e = unit.entries[k];
@@ -250,12 +274,28 @@ TEST_P(MoeModelGrad, FiniteDifferencesMatchBackward) {
           continue;
         }
         double fd = (lp - lm) / (2.0 * h);
-        EXPECT_NEAR(fd, analytic, 1e-3 + 2e-2 * std::fabs(analytic)) << e.name << "[" << i << "]";
+        double tol = 1e-3 + 2e-2 * std::fabs(analytic);
+        if (std::fabs(fd - analytic) > tol) {
+          // Two tokens trading experts keeps the counts but kinks the loss
+          // within +-h: measure again with h2 = 1e-3 (fp32 noise ~1.5e-3 over
+          // 2 h2, hence the wider absolute tolerance), routing unchanged.
+          const float h2 = 1e-3f;
+          *p = orig + h2;
+          lp = loss_of(c, false, &tp);
+          *p = orig - h2;
+          lm = loss_of(c, false, &tm);
+          *p = orig;
+          fd = (lp - lm) / (2.0 * h2);
+          tol = 3e-3 + 2e-2 * std::fabs(analytic);
+          ++remeasured;
+        }
+        EXPECT_NEAR(fd, analytic, tol) << e.name << "[" << i << "]";
         ++checked;
       }
     }
   }
   EXPECT_GT(checked, 10 * std::max(skipped, 1)) << skipped << " skipped";
+  EXPECT_LE(remeasured, checked / 20) << "too many samples needed the smaller step";
 }
 
 // The load-balancing loss reaches the routers (and through them the inputs of
@@ -276,8 +316,9 @@ TEST_P(MoeModelGrad, AuxLossGradientReachesTheRouter) {
     for (size_t k = 0; k < u.entries.size(); ++k)
       for (int64_t i = 0; i < u.entries[k].numel(); ++i) {
         const double d = std::fabs(u.grad.p[u.offsets[k] + i] - g0[at + static_cast<size_t>(u.offsets[k] + i)]);
-        if (u.entries[k].kind == rt::WeightKind::expert_down && u.entries[k].layer == c.spec.n_layers - 1)
+        if (u.entries[k].kind == rt::WeightKind::expert_down && u.entries[k].layer == c.spec.n_layers - 1) {
           EXPECT_EQ(d, 0.0) << u.entries[k].name;
+        }
         if (u.entries[k].kind == rt::WeightKind::router) diff = std::max(diff, d);
       }
     at += static_cast<size_t>(u.numel);
@@ -316,9 +357,10 @@ TEST_P(MoeModelGrad, ExportLoadRoundTrip) {
   EXPECT_EQ(loss_of(d, false), l0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MoeModelGrad, ::testing::Values(kQwen3Moe, kMixtral, kOlmoe),
-                         [](const auto& info) {
-                           return std::string(info.index == 0 ? "qwen3_moe" : info.index == 1 ? "mixtral" : "olmoe");
-                         });
+std::string family_of(const ::testing::TestParamInfo<const char*>& info) {
+  return rt::family_name(rt::spec_from_config_text(info.param, "test").family);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MoeModelGrad, ::testing::Values(kQwen3Moe, kMixtral, kOlmoe, kQwen2Moe), family_of);
 
 }  // namespace

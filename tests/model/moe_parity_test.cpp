@@ -111,6 +111,6 @@ TEST_P(MoeParity, LossLogitsRoutingAndEveryGradientMatchTransformers) {
               GetParam().c_str(), loss, ref_loss, loss_rel, aux, aux_rel, n_grads, worst, worst_name.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity, ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity, ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"));
 
 }  // namespace
