@@ -46,6 +46,7 @@ disagree, and the fixture then still holds the intended (4.x) loss; the script s
 """
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -204,6 +205,8 @@ def fixture_write(out_dir, family, cls_name, cfg_kwargs, seed):
     aux = load_balancing(torch.cat(router_logits, dim=0), E, K)
     loss = ce + AUX_COEF * aux
     loss.backward()
+    if abs(ce.item() - math.log(V)) <= 0.5:
+        sys.exit(f"[make_moe_fixtures] {family}: loss within 0.5 of ln(vocab); raise init scales")
 
     hf_aux = getattr(out, "aux_loss", None)
     hf_aux = None if hf_aux is None else float(hf_aux.detach().item())
