@@ -126,6 +126,31 @@ TEST(MoeSpec, RefusesWhatItDoesNotCompute) {
   EXPECT_HAS(error_of(with(kOlmoe, "head_dim", "2")), "OLMoE's q norm spans hidden_size");
 }
 
+TEST(MoeSpec, ConfigJsonRefusesWhatHfCannotExpress) {
+  auto refused = [](const ModelSpec& s) {
+    try {
+      rt::spec_to_config_json(s);
+    } catch (const rt::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("NO ERROR");
+  };
+  ModelSpec dense = rt::spec_preset("qwen3-8b");
+  dense.moe.n_experts = 4;
+  dense.moe.top_k = 2;
+  dense.moe.expert_intermediate = 8;
+  EXPECT_HAS(refused(dense), "4 experts cannot be expressed for family qwen3");
+  ModelSpec m = rt::spec_from_config_text(kMixtral, "m");
+  m.moe.norm_topk_prob = false;
+  EXPECT_HAS(refused(m), "Mixtral always renormalises");
+  ModelSpec q = rt::spec_from_config_text(kQwen3Moe, "q");
+  q.moe.shared_intermediate = 8;
+  EXPECT_HAS(refused(q), "a shared expert cannot be expressed for family qwen3_moe");
+  ModelSpec o = rt::spec_from_config_text(kOlmoe, "o");
+  o.qk_norm_whole = false;
+  EXPECT_HAS(refused(o), "qk_norm_whole=0");
+}
+
 TEST(MoeSpec, PresetTotalsAndActiveParameters) {
   // Published totals (model cards / safetensors metadata); active counts by
   // hand: attention + norms + router + top_k experts per layer.
