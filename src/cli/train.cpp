@@ -154,9 +154,10 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   if (state.spec().is_moe()) {  // the CUDA MoE path (token permutation, grouped GEMMs) is not built yet
     RT_CHECK(c.device != Device::cuda, "[train] --device cuda: ", state.spec().architecture,
              " is a mixture-of-experts model, which the CUDA engine does not run yet; use --device cpu");
-    std::printf("note: %s is a mixture-of-experts model, which the CUDA engine does not run yet; using the CPU "
-                "backend\n",
-                state.spec().architecture.c_str());
+    std::printf(
+        "note: %s is a mixture-of-experts model, which the CUDA engine does not run yet; using the CPU "
+        "backend\n",
+        state.spec().architecture.c_str());
     return nullptr;
   }
   CudaOptions co;

@@ -135,7 +135,8 @@ class CpuBackend final : public Backend {
       views.push_back(BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.back().data(), batch_doc_start(b)});
     }
     *n_valid = 0;
-    for (BatchView& v : views) v.aux_loss_scale = 1.0f / static_cast<float>(views.size());  // MoE: mean over micro-batches
+    for (BatchView& v : views)
+      v.aux_loss_scale = 1.0f / static_cast<float>(views.size());  // MoE: mean over micro-batches
     if (layer_major_ && batches.size() > 1) {
       RT_CHECK(!state_.spec().is_moe(), "[train] --layer-major on is not supported for mixture-of-experts models (",
                state_.spec().architecture,

@@ -93,11 +93,25 @@ inline BlockGrads block_grads_from(const BlockWeightsT<float>& v) {
     for (const float* p : ps) r.push_back(m(p));
     return r;
   };
-  return BlockGrads{m(v.attn_norm),   m(v.q_proj),         m(v.q_bias),       m(v.k_proj),
-                    m(v.k_bias),      m(v.v_proj),         m(v.v_bias),       m(v.q_norm),
-                    m(v.k_norm),      m(v.o_proj),         m(v.mlp_norm),     m(v.gate_proj),
-                    m(v.up_proj),     m(v.down_proj),      m(v.router),       mv(v.expert_gate),
-                    mv(v.expert_up),  mv(v.expert_down),   m(v.shared_expert_gate)};
+  return BlockGrads{m(v.attn_norm),
+                    m(v.q_proj),
+                    m(v.q_bias),
+                    m(v.k_proj),
+                    m(v.k_bias),
+                    m(v.v_proj),
+                    m(v.v_bias),
+                    m(v.q_norm),
+                    m(v.k_norm),
+                    m(v.o_proj),
+                    m(v.mlp_norm),
+                    m(v.gate_proj),
+                    m(v.up_proj),
+                    m(v.down_proj),
+                    m(v.router),
+                    mv(v.expert_gate),
+                    mv(v.expert_up),
+                    mv(v.expert_down),
+                    m(v.shared_expert_gate)};
 }
 
 // One MoE layer's share of a micro-batch's routing bookkeeping (the runner's
@@ -145,7 +159,7 @@ struct BlockActs {
   Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out;  // activations
   // statistics (moe_probs: [N, E] router softmax; shared_logit: [N] the shared expert's gate logit)
   Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs, shared_logit;
-  BlockDims dims;                                         // what the buffers are sized for
+  BlockDims dims;  // what the buffers are sized for
 
   // Calls act(member, n) for every activation buffer and stat(member, n) for
   // every fp32 statistic, with its element count: the one list the
@@ -166,7 +180,7 @@ struct BlockActs {
     act(&BlockActs::h, N * C);
     act(&BlockActs::hn, N * C);
     const int64_t R = s.is_moe() ? N : dm.mlp_rows();  // the shared expert runs unchunked
-    act(&BlockActs::g, std::max<int64_t>(R * F, 1));  // one MLP chunk
+    act(&BlockActs::g, std::max<int64_t>(R * F, 1));   // one MLP chunk
     act(&BlockActs::u, std::max<int64_t>(R * F, 1));
     act(&BlockActs::a, std::max<int64_t>(R * F, 1));
     act(&BlockActs::shared_out, shared ? N * C : 1);
@@ -236,8 +250,8 @@ struct BlockScratch {
   static void each_buffer(const ModelSpec& s, const BlockDims& dm, Buf_&& buf) {
     const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim();
     const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;  // MoE: the shared expert's
-    const int64_t R = s.is_moe() ? N : dm.mlp_rows();  // the shared expert runs unchunked
-    buf(&BlockScratch::d_a, std::max<int64_t>(R * F, 1));  // one MLP chunk
+    const int64_t R = s.is_moe() ? N : dm.mlp_rows();                           // the shared expert runs unchunked
+    buf(&BlockScratch::d_a, std::max<int64_t>(R * F, 1));                       // one MLP chunk
     buf(&BlockScratch::d_g, std::max<int64_t>(R * F, 1));
     buf(&BlockScratch::d_u, std::max<int64_t>(R * F, 1));
     buf(&BlockScratch::d_hn, N * C);
@@ -360,8 +374,8 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   const int64_t R = s.is_moe() ? N : dm.mlp_rows();
   if (s.is_moe()) {
     if constexpr (OpsWithMoe<Ops>) {
-      ops.moe_backward(d.d_hn.data(), gr.router, gr.expert_gate.data(), gr.expert_up.data(), gr.expert_down.data(),
-                       dy, t.hn.data(), t.moe_probs.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
+      ops.moe_backward(d.d_hn.data(), gr.router, gr.expert_gate.data(), gr.expert_up.data(), gr.expert_down.data(), dy,
+                       t.hn.data(), t.moe_probs.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
                        w.expert_down.data(), N, C, s.moe, moe ? moe->dprob : nullptr);
       if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE's shared expert, recomputed from hn
         const int64_t Fs = s.moe.shared_intermediate;

@@ -51,7 +51,9 @@ class MoeAux {
     return MoeLayerRouting{tokens_.data() + i * E_, prob_sum_.data() + i * E_, nullptr};
   }
   // What layer i's backward reads: the load-balancing gradient, or nothing when its weight is 0.
-  MoeLayerRouting backward_routing() const { return MoeLayerRouting{nullptr, nullptr, weight_ ? dprob_.data() : nullptr}; }
+  MoeLayerRouting backward_routing() const {
+    return MoeLayerRouting{nullptr, nullptr, weight_ ? dprob_.data() : nullptr};
+  }
 
   // After the forward of every layer over N tokens: the aux loss, and dprob
   // = weight * d aux / d p. Returns aux (unweighted).

@@ -218,14 +218,13 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
                                                                : 64;
   const int64_t dflt_topk = s.family == Family::mixtral ? 2 : s.family == Family::qwen2_moe ? 4 : 8;
   const double dflt_coef = s.family == Family::olmoe ? 0.01 : 0.001;
-  if (f.has("num_experts") && f.has("num_local_experts") &&
-      f.get_int("num_experts") != f.get_int("num_local_experts"))
+  if (f.has("num_experts") && f.has("num_local_experts") && f.get_int("num_experts") != f.get_int("num_local_experts"))
     fail("[config] ", f.source, ": num_experts ", f.get_int("num_experts"), " and num_local_experts ",
          f.get_int("num_local_experts"), " disagree; keep one of them");
   m.n_experts = f.has("num_experts") ? f.get_int("num_experts") : f.get_int("num_local_experts", dflt_experts);
   m.top_k = f.get_int("num_experts_per_tok", dflt_topk);
-  m.expert_intermediate = qwen_moe ? f.get_int("moe_intermediate_size", s.family == Family::qwen3_moe ? 768 : 1408)
-                                   : s.intermediate;
+  m.expert_intermediate =
+      qwen_moe ? f.get_int("moe_intermediate_size", s.family == Family::qwen3_moe ? 768 : 1408) : s.intermediate;
   if (s.family == Family::qwen2_moe) m.shared_intermediate = f.get_int("shared_expert_intermediate_size", 5632);
   // Mixtral always renormalises the top-k probabilities (its config has no switch).
   m.norm_topk_prob = s.family == Family::mixtral ? true : f.get_bool("norm_topk_prob", false);
@@ -244,8 +243,8 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
       const json& v = f.j.at("mlp_only_layers");
       if (!v.is_array()) f.wrong("mlp_only_layers", "a list of layer indices or null");
       if (!v.empty())
-        unsupported->push_back(cat("mlp_only_layers ", shown(v),
-                                   " (dense MLP layers) is not supported; supported: [] (every layer MoE)"));
+        unsupported->push_back(
+            cat("mlp_only_layers ", shown(v), " (dense MLP layers) is not supported; supported: [] (every layer MoE)"));
     }
   }
   if (s.family == Family::mixtral && f.get_double("router_jitter_noise", 0.0) != 0.0)
@@ -253,8 +252,8 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
                                " (random router input noise in training) is not supported; supported: 0"));
   if (s.family == Family::olmoe) {
     if (f.has("clip_qkv"))
-      unsupported->push_back(cat("clip_qkv ", f.get_double("clip_qkv"),
-                                 " (clamping q, k and v) is not supported; supported: null"));
+      unsupported->push_back(
+          cat("clip_qkv ", f.get_double("clip_qkv"), " (clamping q, k and v) is not supported; supported: null"));
     if (s.n_heads * s.head_dim != s.hidden)
       unsupported->push_back(cat("num_attention_heads x head_dim = ", s.n_heads * s.head_dim,
                                  " differs from hidden_size ", s.hidden,
@@ -546,8 +545,8 @@ std::string spec_to_config_json(const ModelSpec& s) {
   const bool moe_family = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe ||
                           s.family == Family::mixtral || s.family == Family::olmoe;
   RT_CHECK(s.family == Family::qwen2_moe || s.qkv_bias == (s.family == Family::qwen2),
-           "[config] spec_to_config_json: qkv_bias=", s.qkv_bias,
-           " cannot be expressed for family ", fi.model_type, " (HF: only Qwen2 has q/k/v biases)");
+           "[config] spec_to_config_json: qkv_bias=", s.qkv_bias, " cannot be expressed for family ", fi.model_type,
+           " (HF: only Qwen2 has q/k/v biases)");
   RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
                s.qk_norm_whole == (s.family == Family::olmoe),
            "[config] spec_to_config_json: qk_norm=", s.qk_norm, " qk_norm_whole=", s.qk_norm_whole,
@@ -714,17 +713,17 @@ const std::map<std::string, ModelSpec>& presets() {
       return s;
     };
     // Qwen/Qwen3-30B-A3B: 30,532,122,624 parameters (3,348,855,808 active).
-    m["qwen3-30b-a3b"] = moe(preset_make(Family::qwen3_moe, 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, false,
-                                         40960, 151643, {151645}),
-                             128, 8, 768, true, 0.001);
+    m["qwen3-30b-a3b"] = moe(
+        preset_make(Family::qwen3_moe, 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645}),
+        128, 8, 768, true, 0.001);
     // mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters (12,879,921,152 active).
-    m["mixtral-8x7b"] = moe(
-        preset_make(Family::mixtral, 4096, 14336, 32, 32, 8, 128, 32000, 1e6, 1e-5, false, 32768, 1, {2}), 8, 2,
-        14336, true, 0.02);
+    m["mixtral-8x7b"] =
+        moe(preset_make(Family::mixtral, 4096, 14336, 32, 32, 8, 128, 32000, 1e6, 1e-5, false, 32768, 1, {2}), 8, 2,
+            14336, true, 0.02);
     // allenai/OLMoE-1B-7B-0924: 6,919,161,856 parameters (1,281,626,112 active).
-    m["olmoe-1b-7b"] = moe(
-        preset_make(Family::olmoe, 2048, 1024, 16, 16, 16, 128, 50304, 10000.0, 1e-5, false, 4096, -1, {50279}), 64,
-        8, 1024, false, 0.01);
+    m["olmoe-1b-7b"] =
+        moe(preset_make(Family::olmoe, 2048, 1024, 16, 16, 16, 128, 50304, 10000.0, 1e-5, false, 4096, -1, {50279}), 64,
+            8, 1024, false, 0.01);
     return m;
   }();
   return table;
@@ -734,9 +733,8 @@ const std::map<std::string, ModelSpec>& presets() {
 
 std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
-  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",  "qwen2.5-0.5b", "qwen2.5-7b",
-          "qwen2.5-14b", "qwen2.5-32b",  "qwen2.5-72b", "qwen3-8b",     "qwen3-30b-a3b", "mixtral-8x7b",
-          "olmoe-1b-7b"};
+  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b",  "qwen2.5-7b",   "qwen2.5-14b",
+          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",   "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

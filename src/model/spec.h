@@ -74,7 +74,7 @@ struct ModelSpec {
   // Parameters of one layer a token uses (MoE: the router and top_k experts;
   // dense: params_per_layer()).
   int64_t active_params_per_layer() const;
-  int64_t params_active() const;  // embedding + active layers + final norm + head
+  int64_t params_active() const;     // embedding + active layers + final norm + head
   int64_t params_embedding() const;  // vocab * hidden
   int64_t params_lm_head() const;    // 0 when tied
   int64_t params_total() const;      // everything, tied counted once

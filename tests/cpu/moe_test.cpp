@@ -124,10 +124,11 @@ TEST(MoeBackward, FiniteDifferencesMatchForRouterExpertsInputAndDprob) {
     std::vector<int32_t> sel0;
     c.forward(&out, &probs, &sel0);
     std::vector<float> dx(c.x.size()), drouter(c.router.size(), 0.f);
-    std::vector<std::vector<float>> dg(c.E, std::vector<float>(c.F * c.C, 0.f)), du = dg,
-                                    dd(c.E, std::vector<float>(c.C * c.F, 0.f));
+    std::vector<std::vector<float>> dg(c.E, std::vector<float>(c.F * c.C, 0.f)),
+        du = dg, dd(c.E, std::vector<float>(c.C * c.F, 0.f));
     std::vector<float*> pg, pu, pd;
-    for (int64_t e = 0; e < c.E; ++e) pg.push_back(dg[e].data()), pu.push_back(du[e].data()), pd.push_back(dd[e].data());
+    for (int64_t e = 0; e < c.E; ++e)
+      pg.push_back(dg[e].data()), pu.push_back(du[e].data()), pd.push_back(dd[e].data());
     auto g = c.ptrs(c.gate), u = c.ptrs(c.up), d = c.ptrs(c.down);
     rt::cpu::moe_backward(dx.data(), drouter.data(), pg.data(), pu.data(), pd.data(), c.dout.data(), c.x.data(),
                           probs.data(), c.router.data(), g.data(), u.data(), d.data(), c.N, c.C, c.E, c.K, c.F, norm,
@@ -174,13 +175,11 @@ TEST(MoeBackward, WeightGradsAccumulateInputGradIsWritten) {
   std::vector<std::vector<float>> dg(c.E, std::vector<float>(c.F * c.C, 0.f)), du = dg, dd = dg;
   std::vector<float*> pg, pu, pd;
   for (int64_t e = 0; e < c.E; ++e) pg.push_back(dg[e].data()), pu.push_back(du[e].data()), pd.push_back(dd[e].data());
-  rt::cpu::moe_backward(dx1.data(), dr.data(), pg.data(), pu.data(), pd.data(), c.dout.data(), c.x.data(),
-                        probs.data(), c.router.data(), g.data(), u.data(), d.data(), c.N, c.C, c.E, c.K, c.F, true,
-                        nullptr);
+  rt::cpu::moe_backward(dx1.data(), dr.data(), pg.data(), pu.data(), pd.data(), c.dout.data(), c.x.data(), probs.data(),
+                        c.router.data(), g.data(), u.data(), d.data(), c.N, c.C, c.E, c.K, c.F, true, nullptr);
   const std::vector<float> dr1 = dr;
-  rt::cpu::moe_backward(dx2.data(), dr.data(), pg.data(), pu.data(), pd.data(), c.dout.data(), c.x.data(),
-                        probs.data(), c.router.data(), g.data(), u.data(), d.data(), c.N, c.C, c.E, c.K, c.F, true,
-                        nullptr);
+  rt::cpu::moe_backward(dx2.data(), dr.data(), pg.data(), pu.data(), pd.data(), c.dout.data(), c.x.data(), probs.data(),
+                        c.router.data(), g.data(), u.data(), d.data(), c.N, c.C, c.E, c.K, c.F, true, nullptr);
   EXPECT_EQ(dx1, dx2);
   for (size_t i = 0; i < dr.size(); ++i) EXPECT_EQ(dr[i], 2 * dr1[i]);
 }

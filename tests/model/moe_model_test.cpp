@@ -100,8 +100,8 @@ TEST(MoeSpec, ParsesEachFamily) {
   EXPECT_EQ(o.moe.top_k, 3);
   // defaults when the keys are absent (the config classes' values)
   nlohmann::json j = nlohmann::json::parse(kOlmoe);
-  for (const char* k : {"num_experts", "num_experts_per_tok", "norm_topk_prob", "output_router_logits",
-                        "router_aux_loss_coef"})
+  for (const char* k :
+       {"num_experts", "num_experts_per_tok", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
     j.erase(k);
   ModelSpec od = rt::spec_from_config_text(j.dump(), "o");
   EXPECT_EQ(od.moe.n_experts, 64);

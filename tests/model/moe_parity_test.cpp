@@ -107,8 +107,9 @@ TEST_P(MoeParity, LossLogitsRoutingAndEveryGradientMatchTransformers) {
   int n_ref_grads = 0;
   for (const auto& t : refs->tensors()) n_ref_grads += t.name.rfind("grad.", 0) == 0;
   EXPECT_EQ(n_ref_grads, n_grads);
-  std::printf("[moe parity] %s loss %.7f vs %.7f (rel %.3g), aux %.7f (rel %.3g); %d gradients, worst rel_l2 %.3g (%s)\n",
-              GetParam().c_str(), loss, ref_loss, loss_rel, aux, aux_rel, n_grads, worst, worst_name.c_str());
+  std::printf(
+      "[moe parity] %s loss %.7f vs %.7f (rel %.3g), aux %.7f (rel %.3g); %d gradients, worst rel_l2 %.3g (%s)\n",
+      GetParam().c_str(), loss, ref_loss, loss_rel, aux, aux_rel, n_grads, worst, worst_name.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity, ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"));
