@@ -46,6 +46,7 @@ disagree, and the fixture then still holds the intended (4.x) loss; the script s
 """
 
 import argparse
+import json
 import math
 import os
 import re
@@ -261,8 +262,17 @@ def fixture_write(out_dir, family, cls_name, cfg_kwargs, seed):
                      f"(max diff {diff}); hub_tensors is wrong")
         if diff:
             print(f"  note {family}: reloaded logits differ by {diff:.3g} (rounding)")
-    with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
-        f.write(config_text)
+    saved_cfg = json.loads(config_text)
+    if saved_cfg.get("output_router_logits") is not True or saved_cfg.get("router_aux_loss_coef") != AUX_COEF:
+        # ramtrain adds the load-balancing loss only when the file says so, as transformers does
+        print(f"  note {family}: save_pretrained wrote output_router_logits={saved_cfg.get('output_router_logits')!r}"
+              f", router_aux_loss_coef={saved_cfg.get('router_aux_loss_coef')!r}; setting true and {AUX_COEF}")
+        saved_cfg["output_router_logits"] = True
+        saved_cfg["router_aux_loss_coef"] = AUX_COEF
+        hf.json_write(os.path.join(d, "config.json"), saved_cfg)
+    else:
+        with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
+            f.write(config_text)
     hf.safetensors_write(os.path.join(d, "model.safetensors"), weights)
     with open(os.path.join(d, "tokens.txt"), "w", encoding="utf-8") as f:
         for row in ids.tolist():
