@@ -319,7 +319,7 @@ int cmd_plan(const Args& args) {
     if (spec.is_moe())
       std::printf(
           "mixture of experts: %lld experts, top %lld per token; %.3fB parameters active per token. The CUDA engine "
-          "does not run MoE models yet (train with --device cpu); the plan below streams every expert with its "
+          "does not run MoE models yet, use --device cpu to train them; the plan below streams every expert with its "
           "layer and sizes the activations as the CPU reference keeps them\n",
           (long long)spec.moe.n_experts, (long long)spec.moe.top_k, static_cast<double>(spec.params_active()) / 1e9);
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",

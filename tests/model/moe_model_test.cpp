@@ -170,6 +170,15 @@ TEST(MoeSpec, PresetTotalsAndActiveParameters) {
   EXPECT_EQ(dense.params_active(), dense.params_total());
 }
 
+TEST(MoeSpec, PlanReportsActiveParameters) {
+  const rt::test::RunResult r = rt::test::run_ramtrain("plan --preset mixtral-8x7b --seq-len 1024 --json");
+  EXPECT_HAS(r.output, "\"params\":46702792704");
+  EXPECT_HAS(r.output, "\"active_params\":" + std::to_string(rt::spec_preset("mixtral-8x7b").params_active()));
+  const rt::test::RunResult t = rt::test::run_ramtrain("plan --preset olmoe-1b-7b --seq-len 1024");
+  EXPECT_HAS(t.output, "mixture of experts: 64 experts, top 8 per token");
+  EXPECT_HAS(t.output, "use --device cpu");
+}
+
 TEST(MoeWeightMap, NamesAndShapesPerFamily) {
   ModelSpec m = rt::spec_from_config_text(kMixtral, "m");
   auto l = rt::layer_weight_map(m, 1);
