@@ -298,6 +298,8 @@ int cmd_plan(const Args& args) {
          ",\"layers\":" + std::to_string(spec.n_layers) + ",\"seq_len\":" + std::to_string(T) +
          ",\"micro_batch\":" + std::to_string(B) + ",\"grad_accum\":" + std::to_string(K) +
          ",\"tokens_per_step\":" + std::to_string(K * B * T);
+    // MoE: the parameters one token uses (router + top-k experts per layer)
+    j += ",\"active_params\":" + fmt("%.0f", static_cast<double>(spec.params_active()));
     j += ",\"card\":{\"name\":" + json_str(card.name) + ",\"budget_bytes\":" + std::to_string(budget) +
          ",\"bf16_tflops\":" + fmt("%g", card.bf16_tflops) + ",\"pcie_gbs\":" + fmt("%g", card.pcie_gbs) + "}";
     j += ",\"host\":{\"ram_bytes\":" + std::to_string(host_ram) + ",\"usable_bytes\":" + std::to_string(host_usable) +
@@ -341,6 +343,12 @@ int cmd_plan(const Args& args) {
         "per step (%lld tokens)\n",
         model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
         (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
+    if (spec.is_moe())
+      std::printf(
+          "mixture of experts: %lld experts, top %lld per token; %.3fB parameters active per token. The CUDA engine "
+          "does not run MoE models yet, use --device cpu to train them; the plan below streams every expert with its "
+          "layer and sizes the activations as the CPU reference keeps them\n",
+          (long long)spec.moe.n_experts, (long long)spec.moe.top_k, static_cast<double>(spec.params_active()) / 1e9);
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
                 gib(static_cast<double>(host_ram)).c_str(), gparams);

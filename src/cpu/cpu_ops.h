@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/moe.h"
 #include "cpu/ops.h"
 #include "model/spec.h"
 
@@ -16,6 +17,7 @@ class CpuOps {
   using weight_t = float;
   template <class T>
   using Buffer = std::vector<T>;
+  static constexpr bool supports_moe = true;  // moe_forward / moe_backward (cpu/moe.h)
 
   explicit CpuOps(const ModelSpec& s) : inv_freq_(cpu::rope_inv_freq(s.rope, s.head_dim)) {}
 
@@ -64,6 +66,26 @@ class CpuOps {
     cpu::swiglu_backward(dg, du, dout, g, u, n);
   }
   void add_inplace(float* y, const float* x, int64_t n) { cpu::add_inplace(y, x, n); }
+  void moe_forward(float* out, float* probs, const float* x, const float* router, const float* const* gate,
+                   const float* const* up, const float* const* down, int64_t N, int64_t C, const MoeConfig& m,
+                   int64_t* tokens_per_expert, double* prob_sum) {
+    cpu::moe_forward(out, probs, x, router, gate, up, down, N, C, m.n_experts, m.top_k, m.expert_intermediate,
+                     m.norm_topk_prob, tokens_per_expert, prob_sum);
+  }
+  void moe_shared_gate_forward(float* y, const float* o, const float* z, int64_t N, int64_t C) {
+    cpu::moe_shared_gate_forward(y, o, z, N, C);
+  }
+  void moe_shared_gate_backward(float* d_o, float* dz, const float* dy, const float* o, const float* z, int64_t N,
+                                int64_t C) {
+    cpu::moe_shared_gate_backward(d_o, dz, dy, o, z, N, C);
+  }
+  void moe_backward(float* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
+                    const float* dout, const float* x, const float* probs, const float* router,
+                    const float* const* gate, const float* const* up, const float* const* down, int64_t N, int64_t C,
+                    const MoeConfig& m, const float* dprob) {
+    cpu::moe_backward(dx, drouter, dgate, dup, ddown, dout, x, probs, router, gate, up, down, N, C, m.n_experts,
+                      m.top_k, m.expert_intermediate, m.norm_topk_prob, dprob);
+  }
   void copy(float* dst, const float* src, int64_t n) {
     if (dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   }

@@ -29,6 +29,11 @@ struct EngineStats {
   double optimizer_seconds = 0;  // CPU AdamW time of the last optimizer phase
   int64_t optimizer_params = 0;
   double compute_busy_seconds = -1;  // compute-stream busy time (needs --trace), -1 unknown
+  // MoE models (CPU backend): tokens routed to each expert of each layer over
+  // the last step's micro-batches ([layers x experts], layer-major; empty for
+  // dense models), and the mean load-balancing loss (model/moe_aux.h).
+  std::vector<int64_t> moe_tokens_per_expert;
+  double moe_aux_loss = 0;
 };
 
 class Backend {

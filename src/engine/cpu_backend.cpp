@@ -114,6 +114,12 @@ class CpuBackend final : public Backend {
     state_.set_master_storage(MasterStorage::fp32);  // the forward reads the fp32 master (a no-op unless split)
     state_.ensure_grads();
   }
+  EngineStats stats() const override {
+    EngineStats s;
+    s.moe_tokens_per_expert = moe_tokens_;
+    s.moe_aux_loss = moe_aux_;
+    return s;
+  }
   std::string describe() const override {
     return cat("cpu (fp32 reference", delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "", ")");
   }
@@ -131,7 +137,13 @@ class CpuBackend final : public Backend {
       views.push_back(BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.back().data(), batch_doc_start(b)});
     }
     *n_valid = 0;
+    for (BatchView& v : views)
+      v.aux_loss_scale = 1.0f / static_cast<float>(views.size());  // MoE: mean over micro-batches
     if (layer_major_ && batches.size() > 1) {
+      RT_CHECK(!state_.spec().is_moe(), "[train] --layer-major on is not supported for mixture-of-experts models (",
+               state_.spec().architecture,
+               ") on the CPU backend: their load-balancing loss needs each micro-batch's routing through every layer "
+               "first; use --layer-major off");
       const int64_t K = static_cast<int64_t>(batches.size());
       auto& r = lm_runners_[{batches[0].B, batches[0].T, K}];
       if (!r)
@@ -139,10 +151,20 @@ class CpuBackend final : public Backend {
       return r->forward_backward(w, g, views.data(), grad_scale, n_valid);
     }
     double sum = 0;
+    const ModelSpec& sp = state_.spec();
+    moe_tokens_.assign(sp.is_moe() ? static_cast<size_t>(sp.n_layers * sp.moe.n_experts) : 0, 0);
+    moe_aux_ = 0;
     for (const BatchView& v : views) {
       int64_t nv = 0;
-      sum += runner(v.B, v.T).forward_backward(w, &g, v, grad_scale, &nv);
+      ModelRunner<CpuOps>& r = runner(v.B, v.T);
+      sum += r.forward_backward(w, &g, v, grad_scale, &nv);
       *n_valid += nv;
+      if (sp.is_moe()) {  // the stats hook: per-expert token counts of every layer
+        for (int64_t l = 0; l < sp.n_layers; ++l)
+          for (int64_t e = 0; e < sp.moe.n_experts; ++e)
+            moe_tokens_[static_cast<size_t>(l * sp.moe.n_experts + e)] += r.moe_aux().tokens_per_expert(l)[e];
+        moe_aux_ += r.moe_aux().aux_loss() / static_cast<double>(views.size());
+      }
     }
     return sum;
   }
@@ -239,6 +261,8 @@ class CpuBackend final : public Backend {
   bool fold_;          // --grads fold's twin
   int64_t mlp_chunk_;  // MLP token chunk (0: unchunked; auto is unchunked: no device budget here)
   bool logged_keep_ = false;
+  std::vector<int64_t> moe_tokens_;  // EngineStats::moe_tokens_per_expert of the last step
+  double moe_aux_ = 0;
   struct {
     bool has = false, apply = false;
     OptimStep o;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "engine/trainer.h"
 
 #include <unistd.h>
@@ -346,6 +347,14 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   }
   backend_->sync();  // delayed update: the final evaluation sees the last update
   log.eval(step_, evaluate(), evaluate_held_out(), true);
+  if (const EngineStats es = backend_->stats(); !es.moe_tokens_per_expert.empty()) {
+    const auto [lo, hi] = std::minmax_element(es.moe_tokens_per_expert.begin(), es.moe_tokens_per_expert.end());
+    const auto idle = std::count(es.moe_tokens_per_expert.begin(), es.moe_tokens_per_expert.end(), int64_t{0});
+    std::printf(
+        "expert load, last step: %lld to %lld tokens per expert and layer, %lld of %zu idle; "
+        "load-balancing loss %.4f\n",
+        (long long)*lo, (long long)*hi, (long long)idle, es.moe_tokens_per_expert.size(), es.moe_aux_loss);
+  }
   std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
   if (saving) {
     const std::string dir = opt_.out_dir + "/final";

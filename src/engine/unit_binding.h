@@ -58,6 +58,21 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
       case WeightKind::down_proj:
         w.down_proj = p;
         break;
+      case WeightKind::router:
+        w.router = p;
+        break;
+      case WeightKind::expert_gate:  // entries list experts in increasing order
+        w.expert_gate.push_back(p);
+        break;
+      case WeightKind::expert_up:
+        w.expert_up.push_back(p);
+        break;
+      case WeightKind::expert_down:
+        w.expert_down.push_back(p);
+        break;
+      case WeightKind::shared_expert_gate:
+        w.shared_expert_gate = p;
+        break;
       default:
         fail("[engine] unexpected tensor ", u.entries[k].name, " in a decoder layer");
     }
@@ -65,13 +80,7 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
   return w;
 }
 
-inline BlockGrads bind_grads(const StateUnit& u, float* base) {
-  BlockWeightsT<float> v = bind_weights<float>(u, base);
-  auto m = [](const float* p) { return const_cast<float*>(p); };
-  return BlockGrads{m(v.attn_norm), m(v.q_proj),    m(v.q_bias),  m(v.k_proj),   m(v.k_bias),
-                    m(v.v_proj),    m(v.v_bias),    m(v.q_norm),  m(v.k_norm),   m(v.o_proj),
-                    m(v.mlp_norm),  m(v.gate_proj), m(v.up_proj), m(v.down_proj)};
-}
+inline BlockGrads bind_grads(const StateUnit& u, float* base) { return block_grads_from(bind_weights<float>(u, base)); }
 
 // Element offset of the entry of kind k in unit u, -1 when absent.
 inline int64_t entry_offset(const StateUnit& u, WeightKind k) {

@@ -22,6 +22,18 @@
 //   h = x + attn(q, k, v) Wo^T
 //   hn = rms(h)·w_mlp_norm
 //   y = h + (silu(hn Wg^T) * hn Wu^T) Wd^T
+// [OLMoE] q, k = rms(q)·w_q_norm, rms(k)·w_k_norm over the whole projection.
+// MoE layers (spec.is_moe(): Qwen3-MoE, Mixtral, OLMoE; E experts, top k,
+// expert width Fe) replace the MLP line:
+//   p = softmax(hn Wr^T)                       [N, E] router probabilities
+//   S = the k largest p per row; w = p_S (/ sum p_S when norm_topk_prob)
+//   y = h + sum_{e in S} w_e (silu(hn We_g^T) * hn We_u^T) We_d^T
+//   [Qwen2-MoE] y += sigmoid(hn w_sg^T) (silu(hn Wg^T) * hn Wu^T) Wd^T, the
+//   shared expert in gate/up/down_proj (width Fs = shared_intermediate)
+// through the ops' moe_forward/moe_backward (cpu/moe.h states the contract;
+// a backend without them refuses MoE models). The load-balancing loss couples
+// every MoE layer of a micro-batch (model/moe_aux.h): block_forward adds the
+// layer's routing to a MoeAux, block_backward reads its gradient factor.
 //
 // Ops requirements (see CpuOps in cpu/cpu_ops.h for the reference):
 //   using act_t (activation element), weight_t (weight element);
@@ -55,13 +67,64 @@ struct BlockWeightsT {
   const W* gate_proj;  // [F, C]
   const W* up_proj;    // [F, C]
   const W* down_proj;  // [C, F]
+  // MoE layers (gate/up/down_proj null, or Qwen2-MoE's shared expert [Fs, C]
+  // and [C, Fs]): router [E, C]; expert e's gate and up [Fe, C], down
+  // [C, Fe]; each vector holds E pointers; the shared expert's gate [1, C].
+  const W* router = nullptr;
+  const W* shared_expert_gate = nullptr;
+  std::vector<const W*> expert_gate, expert_up, expert_down;
 };
 
 // Weight gradients of one block, fp32, same shapes (nullable entries as above).
 struct BlockGrads {
   float *attn_norm, *q_proj, *q_bias, *k_proj, *k_bias, *v_proj, *v_bias, *q_norm, *k_norm, *o_proj, *mlp_norm,
       *gate_proj, *up_proj, *down_proj;
+  float* router = nullptr;
+  std::vector<float*> expert_gate, expert_up, expert_down;
+  float* shared_expert_gate = nullptr;
 };
+
+// Weight views as gradient sinks: the same pointers, writable (the gradient
+// arenas share the weights' layout).
+inline BlockGrads block_grads_from(const BlockWeightsT<float>& v) {
+  auto m = [](const float* p) { return const_cast<float*>(p); };
+  auto mv = [&](const std::vector<const float*>& ps) {
+    std::vector<float*> r;
+    for (const float* p : ps) r.push_back(m(p));
+    return r;
+  };
+  return BlockGrads{m(v.attn_norm),
+                    m(v.q_proj),
+                    m(v.q_bias),
+                    m(v.k_proj),
+                    m(v.k_bias),
+                    m(v.v_proj),
+                    m(v.v_bias),
+                    m(v.q_norm),
+                    m(v.k_norm),
+                    m(v.o_proj),
+                    m(v.mlp_norm),
+                    m(v.gate_proj),
+                    m(v.up_proj),
+                    m(v.down_proj),
+                    m(v.router),
+                    mv(v.expert_gate),
+                    mv(v.expert_up),
+                    mv(v.expert_down),
+                    m(v.shared_expert_gate)};
+}
+
+// One MoE layer's share of a micro-batch's routing bookkeeping (the runner's
+// MoeAux owns the arrays, model/moe_aux.h). Every pointer may be null.
+struct MoeLayerRouting {
+  int64_t* tokens_per_expert = nullptr;  // [E] forward: += tokens routed to each expert
+  double* prob_sum = nullptr;            // [E] forward: += router probability summed over tokens
+  const float* dprob = nullptr;          // [E] backward: d loss / d p[n, e], the same for every token n
+};
+
+// Backends that implement the MoE MLP (moe_forward / moe_backward) say so.
+template <class Ops>
+concept OpsWithMoe = Ops::supports_moe;
 
 // Shapes of one batch through a block.
 struct BlockDims {
@@ -93,16 +156,20 @@ struct BlockActs {
   using A = typename Ops::act_t;
   template <class T>
   using Buf = typename Ops::template Buffer<T>;
-  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a;  // activations
-  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2;           // statistics
-  BlockDims dims;                                         // what the buffers are sized for
+  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out;  // activations
+  // statistics (moe_probs: [N, E] router softmax; shared_logit: [N] the shared expert's gate logit)
+  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs, shared_logit;
+  BlockDims dims;  // what the buffers are sized for
 
   // Calls act(member, n) for every activation buffer and stat(member, n) for
   // every fp32 statistic, with its element count: the one list the
   // constructor allocates from and bytes() sums.
   template <class Act, class Stat>
   static void each_buffer(const ModelSpec& s, const BlockDims& dm, Act&& act, Stat&& stat) {
-    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
+    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim();
+    // MoE: the ops keep each expert's rows themselves; g, u, a serve the shared expert (if any)
+    const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;
+    const bool shared = s.is_moe() && s.moe.shared_intermediate > 0;
     act(&BlockActs::xn, N * C);
     act(&BlockActs::q_raw, s.qk_norm ? N * QD : 1);
     act(&BlockActs::k_raw, s.qk_norm ? N * KD : 1);
@@ -112,14 +179,18 @@ struct BlockActs {
     act(&BlockActs::att, N * QD);
     act(&BlockActs::h, N * C);
     act(&BlockActs::hn, N * C);
-    act(&BlockActs::g, dm.mlp_rows() * F);  // one MLP chunk
-    act(&BlockActs::u, dm.mlp_rows() * F);
-    act(&BlockActs::a, dm.mlp_rows() * F);
+    const int64_t R = s.is_moe() ? N : dm.mlp_rows();  // the shared expert runs unchunked
+    act(&BlockActs::g, std::max<int64_t>(R * F, 1));   // one MLP chunk
+    act(&BlockActs::u, std::max<int64_t>(R * F, 1));
+    act(&BlockActs::a, std::max<int64_t>(R * F, 1));
+    act(&BlockActs::shared_out, shared ? N * C : 1);
     stat(&BlockActs::rstd1, N);
     stat(&BlockActs::rstd_q, s.qk_norm ? N * s.n_heads : 1);
     stat(&BlockActs::rstd_k, s.qk_norm ? N * s.n_kv_heads : 1);
     stat(&BlockActs::lse, N * s.n_heads);
     stat(&BlockActs::rstd2, N);
+    stat(&BlockActs::moe_probs, s.is_moe() ? N * s.moe.n_experts : 1);
+    stat(&BlockActs::shared_logit, shared ? N : 1);
   }
   // Bytes of one BlockActs (what keeping one more layer's activations costs).
   static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
@@ -177,10 +248,12 @@ struct BlockScratch {
   // list the constructor allocates from and bytes() sums.
   template <class Buf_>
   static void each_buffer(const ModelSpec& s, const BlockDims& dm, Buf_&& buf) {
-    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
-    buf(&BlockScratch::d_a, dm.mlp_rows() * F);  // one MLP chunk
-    buf(&BlockScratch::d_g, dm.mlp_rows() * F);
-    buf(&BlockScratch::d_u, dm.mlp_rows() * F);
+    const int64_t N = dm.N(), C = s.hidden, QD = s.q_dim(), KD = s.kv_dim();
+    const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;  // MoE: the shared expert's
+    const int64_t R = s.is_moe() ? N : dm.mlp_rows();                           // the shared expert runs unchunked
+    buf(&BlockScratch::d_a, std::max<int64_t>(R * F, 1));                       // one MLP chunk
+    buf(&BlockScratch::d_g, std::max<int64_t>(R * F, 1));
+    buf(&BlockScratch::d_u, std::max<int64_t>(R * F, 1));
     buf(&BlockScratch::d_hn, N * C);
     buf(&BlockScratch::d_tmp, N * C);
     buf(&BlockScratch::d_h, N * C);
@@ -209,6 +282,9 @@ struct BlockScratch {
 // the position of its document's first token within its sequence, handed to
 // the attention op (cpu/ops.h attention_forward states the contract); the
 // backward must get the same array.
+// moe (MoE layers, nullable): where the training forward adds the layer's
+// routing counts for the load-balancing loss and the stats; a recompute
+// passes nullptr so nothing is counted twice.
 // y == nullptr: a recompute for block_backward only, which needs no output:
 // the down projection is skipped, and with MLP chunks the whole MLP (the
 // backward recomputes it chunk by chunk). Either way t holds exactly what
@@ -216,7 +292,7 @@ struct BlockScratch {
 template <class Ops>
 void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
                    const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t,
-                   const int32_t* doc_start = nullptr) {
+                   const int32_t* doc_start = nullptr, const MoeLayerRouting* moe = nullptr) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
   const float eps = static_cast<float>(s.rms_eps);
@@ -225,8 +301,13 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
   if (s.qk_norm) {
     ops.linear_forward(t.q_raw.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
     ops.linear_forward(t.k_raw.data(), t.xn.data(), w.k_proj, w.k_bias, N, C, KD);
-    ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N * H, D, eps);
-    ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N * G, D, eps);
+    if (s.qk_norm_whole) {
+      ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N, QD, eps);
+      ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N, KD, eps);
+    } else {
+      ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N * H, D, eps);
+      ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N * G, D, eps);
+    }
   } else {
     ops.linear_forward(t.q.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
     ops.linear_forward(t.k.data(), t.xn.data(), w.k_proj, w.k_bias, N, C, KD);
@@ -238,6 +319,28 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
   ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
   ops.add_inplace(t.h.data(), x, N * C);
   ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
+  if (s.is_moe()) {
+    if constexpr (OpsWithMoe<Ops>) {
+      // y == nullptr: the router only (the backward recomputes the experts)
+      ops.moe_forward(y, t.moe_probs.data(), t.hn.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
+                      w.expert_down.data(), N, C, s.moe, moe ? moe->tokens_per_expert : nullptr,
+                      moe ? moe->prob_sum : nullptr);
+      if (y && s.moe.shared_intermediate > 0) {  // Qwen2-MoE: y += sigmoid(hn w_sg^T) * shared_expert(hn)
+        const int64_t Fs = s.moe.shared_intermediate;
+        ops.linear_forward(t.g.data(), t.hn.data(), w.gate_proj, nullptr, N, C, Fs);
+        ops.linear_forward(t.u.data(), t.hn.data(), w.up_proj, nullptr, N, C, Fs);
+        ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), N * Fs);
+        ops.linear_forward(t.shared_out.data(), t.a.data(), w.down_proj, nullptr, N, Fs, C);
+        ops.linear_forward(t.shared_logit.data(), t.hn.data(), w.shared_expert_gate, nullptr, N, C, 1);
+        ops.moe_shared_gate_forward(y, t.shared_out.data(), t.shared_logit.data(), N, C);
+      }
+      if (y) ops.add_inplace(y, t.h.data(), N * C);
+      return;
+    } else {
+      fail("[model] ", s.architecture,
+           " is a mixture-of-experts model, which only the CPU backend runs for now; use --device cpu");
+    }
+  }
   if (!y && dm.mlp_chunked()) return;
   // MLP over token chunks of R rows (R = N: one pass, the unchunked calls)
   const int64_t R = dm.mlp_rows();
@@ -261,15 +364,46 @@ template <class Ops>
 void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
                     const typename Ops::act_t* x, const typename Ops::act_t* dy, typename Ops::act_t* dx,
                     const int32_t* pos, BlockActs<Ops>& t, BlockScratch<Ops>& d, const BlockGrads& gr,
-                    const int32_t* doc_start = nullptr) {
+                    const int32_t* doc_start = nullptr, const MoeLayerRouting* moe = nullptr) {
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D;
   check_block_buffers("the block activations", t.dims, dm);
   check_block_buffers("the block's backward scratch", d.dims, dm);
   // MLP: y = h + a Wd^T, over token chunks of R rows (R = N: one pass on the
   // forward's g, u, a; chunked: each chunk's g, u, a recomputed from hn first)
-  const int64_t R = dm.mlp_rows();
-  for (int64_t r0 = 0; r0 < N; r0 += R) {
+  const int64_t R = s.is_moe() ? N : dm.mlp_rows();
+  if (s.is_moe()) {
+    if constexpr (OpsWithMoe<Ops>) {
+      ops.moe_backward(d.d_hn.data(), gr.router, gr.expert_gate.data(), gr.expert_up.data(), gr.expert_down.data(), dy,
+                       t.hn.data(), t.moe_probs.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
+                       w.expert_down.data(), N, C, s.moe, moe ? moe->dprob : nullptr);
+      if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE's shared expert, recomputed from hn
+        const int64_t Fs = s.moe.shared_intermediate;
+        const auto* hn = t.hn.data();
+        ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, N, C, Fs);
+        ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, N, C, Fs);
+        ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), N * Fs);
+        ops.linear_forward(t.shared_out.data(), t.a.data(), w.down_proj, nullptr, N, Fs, C);
+        ops.linear_forward(t.shared_logit.data(), hn, w.shared_expert_gate, nullptr, N, C, 1);
+        // d_tmp: d shared_out [N, C]; d_h (written later with '='): d logit [N]
+        ops.moe_shared_gate_backward(d.d_tmp.data(), d.d_h.data(), dy, t.shared_out.data(), t.shared_logit.data(), N,
+                                     C);
+        ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, d.d_tmp.data(), t.a.data(), w.down_proj, N, Fs, C);
+        ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), N * Fs);
+        ops.linear_backward(d.d_tmp.data(), gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, N, C, Fs);
+        ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+        ops.linear_backward(d.d_tmp.data(), gr.up_proj, nullptr, d.d_u.data(), hn, w.up_proj, N, C, Fs);
+        ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+        ops.linear_backward(d.d_tmp.data(), gr.shared_expert_gate, nullptr, d.d_h.data(), hn, w.shared_expert_gate, N,
+                            C, 1);
+        ops.add_inplace(d.d_hn.data(), d.d_tmp.data(), N * C);
+      }
+    } else {
+      fail("[model] ", s.architecture,
+           " is a mixture-of-experts model, which only the CPU backend runs for now; use --device cpu");
+    }
+  }
+  for (int64_t r0 = 0; r0 < N && !s.is_moe(); r0 += R) {
     const int64_t n = std::min(R, N - r0);
     const auto* hn = t.hn.data() + r0 * C;
     if (dm.mlp_chunked()) {
@@ -295,10 +429,11 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   const auto* dq = d.d_q.data();
   const auto* dk = d.d_k.data();
   if (s.qk_norm) {
-    ops.rms_norm_backward(d.d_tmp_q.data(), gr.q_norm, d.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(), N * H,
-                          D);
-    ops.rms_norm_backward(d.d_tmp_k.data(), gr.k_norm, d.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(), N * G,
-                          D);
+    // rows x width of the q/k norms: per head, or the whole projection (OLMoE)
+    const int64_t qr = s.qk_norm_whole ? N : N * H, qw = s.qk_norm_whole ? QD : D;
+    const int64_t kr = s.qk_norm_whole ? N : N * G, kw = s.qk_norm_whole ? KD : D;
+    ops.rms_norm_backward(d.d_tmp_q.data(), gr.q_norm, d.d_q.data(), t.q_raw.data(), w.q_norm, t.rstd_q.data(), qr, qw);
+    ops.rms_norm_backward(d.d_tmp_k.data(), gr.k_norm, d.d_k.data(), t.k_raw.data(), w.k_norm, t.rstd_k.data(), kr, kw);
     dq = d.d_tmp_q.data();
     dk = d.d_tmp_k.data();
   }

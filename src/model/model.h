@@ -12,12 +12,17 @@
 // the id that should follow position n, -100 to ignore) and grad_scale, the
 // factor every gradient is multiplied by (1 / number of predicted tokens in
 // the whole optimizer step for a mean loss). Weight grads accumulate (+=).
+// MoE models: the load-balancing loss (model/moe_aux.h) is not in the
+// returned sum; its gradient joins with weight router_aux_loss_coef x
+// BatchView::aux_loss_scale when the config's output_router_logits is on, and
+// its value and the per-expert token counts stay readable (moe_aux()).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "core/error.h"
 #include "model/block.h"
+#include "model/moe_aux.h"
 #include "model/spec.h"
 
 namespace rt {
@@ -47,6 +52,9 @@ struct BatchView {
   // [B*T] packed documents: the position of each token's document start in
   // its sequence (attention stays inside a document), or nullptr: plain causal.
   const int32_t* doc_start = nullptr;
+  // MoE: this micro-batch's share of the load-balancing loss (1: one
+  // micro-batch per optimizer step; 1/K for K, as a mean over micro-batches).
+  float aux_loss_scale = 1.0f;
 };
 
 template <class Ops>
@@ -63,7 +71,8 @@ class ModelRunner {
         dm_{B, T, mlp_chunk_tokens},
         ce_chunk_(ce_chunk_rows),
         acts_(ops, spec, dm_, keep_layers),
-        scratch_(ops, spec, dm_) {
+        scratch_(ops, spec, dm_),
+        aux_(spec) {
     const int64_t N = dm_.N(), C = s_.hidden;
     ckpt_ = ops.template alloc<A>((s_.n_layers + 1) * N * C);
     hf_ = ops.template alloc<A>(N * C);
@@ -86,25 +95,35 @@ class ModelRunner {
     const int64_t N = dm_.N(), C = s_.hidden, V = s_.vocab, L = s_.n_layers;
     A* x0 = ckpt_.data();
     ops_.embedding_forward(x0, b.ids, w.embed, N, C);
-    for (int64_t i = 0; i < L; ++i)
+    aux_.begin();
+    for (int64_t i = 0; i < L; ++i) {
+      const MoeLayerRouting routing = s_.is_moe() ? aux_.forward_routing(i) : MoeLayerRouting{};
       block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, b.pos,
-                    grads ? acts_.of(i) : acts_.shared(), b.doc_start);
+                    grads ? acts_.of(i) : acts_.shared(), b.doc_start, s_.is_moe() ? &routing : nullptr);
+    }
+    if (s_.is_moe())
+      aux_.finish(N, grads && s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * b.aux_loss_scale : 0.0);
     const A* xL = x0 + L * N * C;
     ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), xL, w.final_norm, N, C, static_cast<float>(s_.rms_eps));
     double loss = ops_.lm_head_cross_entropy(grads ? dhf_.data() : nullptr, grads ? grads->lm_head : nullptr,
                                              hf_.data(), w.lm_head, b.targets, N, C, V, grad_scale, ce_chunk_, n_valid);
     if (!grads) return loss;
     ops_.rms_norm_backward(dx_.data(), grads->final_norm, dhf_.data(), xL, w.final_norm, rstd_f_.data(), N, C);
+    const MoeLayerRouting back_routing = aux_.backward_routing();
     for (int64_t i = L - 1; i >= 0; --i) {
       const A* xi = x0 + i * N * C;
       if (!acts_.kept(i))  // recompute what the backward reads (no block output)
         block_forward(ops_, s_, w.layers[i], dm_, xi, nullptr, b.pos, acts_.shared(), b.doc_start);
       block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
-                     grads->layers[i], b.doc_start);
+                     grads->layers[i], b.doc_start, s_.is_moe() ? &back_routing : nullptr);
     }
     ops_.embedding_backward(grads->embed, dx_.data(), b.ids, N, C);
     return loss;
   }
+
+  // MoE: the last forward_backward's load-balancing loss and per-layer
+  // per-expert token counts (the stats hook); empty for dense models.
+  const MoeAux& moe_aux() const { return aux_; }
 
   // Forward only: final normed hidden states hf[N, C] (for sampling).
   const A* forward_hidden(const ModelWeightsT<W>& w, const int32_t* ids, const int32_t* pos) {
@@ -125,6 +144,7 @@ class ModelRunner {
   int64_t ce_chunk_;
   LayerActs<Ops> acts_;
   BlockScratch<Ops> scratch_;
+  MoeAux aux_;
   typename Ops::template Buffer<A> ckpt_, hf_, dx_, dhf_;
   typename Ops::template Buffer<float> rstd_f_;
 };

@@ -40,6 +40,10 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::mistral, "MistralForCausalLM", "mistral"},
     {Family::qwen2, "Qwen2ForCausalLM", "qwen2"},
     {Family::qwen3, "Qwen3ForCausalLM", "qwen3"},
+    {Family::qwen3_moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {Family::qwen2_moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
+    {Family::mixtral, "MixtralForCausalLM", "mixtral"},
+    {Family::olmoe, "OlmoeForCausalLM", "olmoe"},
 };
 
 const FamilyInfo& family_info(Family f) {
@@ -152,6 +156,8 @@ struct FamilyDefaults {
   int64_t n_kv_heads;  // when the key is absent; -1: num_attention_heads
   int64_t bos_id;
   std::vector<int64_t> eos_ids;
+  double rms_eps = 1e-6;
+  double rope_theta = 10000.0;
 };
 FamilyDefaults family_defaults(Family f) {
   switch (f) {
@@ -162,6 +168,14 @@ FamilyDefaults family_defaults(Family f) {
     case Family::qwen2:
     case Family::qwen3:
       return {32768, 32, -1, {}};
+    case Family::qwen3_moe:
+      return {32768, 4, -1, {}};
+    case Family::qwen2_moe:
+      return {32768, 16, -1, {}};
+    case Family::mixtral:
+      return {131072, 8, 1, {2}, 1e-5, 1e6};
+    case Family::olmoe:
+      return {4096, -1, -1, {50279}, 1e-5};
   }
   return {2048, -1, -1, {}};
 }
@@ -187,6 +201,64 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
   if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)
     unsupported->push_back(cat(name, ".partial_rotary_factor ", f.get_double("partial_rotary_factor"),
                                " is not supported; RoPE must rotate the whole head (1.0)"));
+}
+
+// The MoE fields of the three MoE families, with transformers' defaults.
+// The expert count is "num_experts" (Qwen3-MoE, OLMoE) or "num_local_experts"
+// (Mixtral); each config class maps one name to the other, so either is read.
+void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsupported) {
+  if (s.family != Family::qwen3_moe && s.family != Family::qwen2_moe && s.family != Family::mixtral &&
+      s.family != Family::olmoe)
+    return;
+  const bool qwen_moe = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe;
+  MoeConfig& m = s.moe;
+  const int64_t dflt_experts = s.family == Family::qwen3_moe   ? 128
+                               : s.family == Family::qwen2_moe ? 60
+                               : s.family == Family::mixtral   ? 8
+                                                               : 64;
+  const int64_t dflt_topk = s.family == Family::mixtral ? 2 : s.family == Family::qwen2_moe ? 4 : 8;
+  const double dflt_coef = s.family == Family::olmoe ? 0.01 : 0.001;
+  if (f.has("num_experts") && f.has("num_local_experts") && f.get_int("num_experts") != f.get_int("num_local_experts"))
+    fail("[config] ", f.source, ": num_experts ", f.get_int("num_experts"), " and num_local_experts ",
+         f.get_int("num_local_experts"), " disagree; keep one of them");
+  m.n_experts = f.has("num_experts") ? f.get_int("num_experts") : f.get_int("num_local_experts", dflt_experts);
+  m.top_k = f.get_int("num_experts_per_tok", dflt_topk);
+  m.expert_intermediate =
+      qwen_moe ? f.get_int("moe_intermediate_size", s.family == Family::qwen3_moe ? 768 : 1408) : s.intermediate;
+  if (s.family == Family::qwen2_moe) m.shared_intermediate = f.get_int("shared_expert_intermediate_size", 5632);
+  // Mixtral always renormalises the top-k probabilities (its config has no switch).
+  m.norm_topk_prob = s.family == Family::mixtral ? true : f.get_bool("norm_topk_prob", false);
+  m.router_aux_loss_coef = f.get_double("router_aux_loss_coef", dflt_coef);
+  m.output_router_logits = f.get_bool("output_router_logits", false);
+  if (m.n_experts <= 0)
+    unsupported->push_back(cat("num_experts ", m.n_experts, " (every layer dense) is not supported for ",
+                               s.architecture, "; supported: num_experts >= 1"));
+  if (qwen_moe) {
+    const int64_t step = f.get_int("decoder_sparse_step", 1);
+    if (step != 1)
+      unsupported->push_back(cat("decoder_sparse_step ", step,
+                                 " (dense MLP layers between MoE layers) is not supported; supported: 1 (every "
+                                 "layer MoE)"));
+    if (f.has("mlp_only_layers")) {
+      const json& v = f.j.at("mlp_only_layers");
+      if (!v.is_array()) f.wrong("mlp_only_layers", "a list of layer indices or null");
+      if (!v.empty())
+        unsupported->push_back(
+            cat("mlp_only_layers ", shown(v), " (dense MLP layers) is not supported; supported: [] (every layer MoE)"));
+    }
+  }
+  if (s.family == Family::mixtral && f.get_double("router_jitter_noise", 0.0) != 0.0)
+    unsupported->push_back(cat("router_jitter_noise ", f.get_double("router_jitter_noise", 0.0),
+                               " (random router input noise in training) is not supported; supported: 0"));
+  if (s.family == Family::olmoe) {
+    if (f.has("clip_qkv"))
+      unsupported->push_back(
+          cat("clip_qkv ", f.get_double("clip_qkv"), " (clamping q, k and v) is not supported; supported: null"));
+    if (s.n_heads * s.head_dim != s.hidden)
+      unsupported->push_back(cat("num_attention_heads x head_dim = ", s.n_heads * s.head_dim,
+                                 " differs from hidden_size ", s.hidden,
+                                 "; OLMoE's q norm spans hidden_size, so they must agree"));
+  }
 }
 
 ModelSpec spec_parse(const json& j, const std::string& source) {
@@ -240,7 +312,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
            " and head_dim is not given; set head_dim or fix the head count");
     s.head_dim = s.hidden / s.n_heads;
   }
-  s.rms_eps = f.get_double("rms_norm_eps", 1e-6);  // 1e-6 is the default of all four config classes
+  s.rms_eps = f.get_double("rms_norm_eps", dflt.rms_eps);
   s.tie_embeddings = f.get_bool("tie_word_embeddings", false);
   s.max_positions = f.get_int("max_position_embeddings", dflt.max_positions);
   {
@@ -257,8 +329,11 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   std::string act = f.get_string("hidden_act", "silu");
   if (act != "silu")
     unsupported.push_back(cat("hidden_act \"", act, "\" is not supported; supported: silu (SwiGLU MLP)"));
-  s.qkv_bias = s.family == Family::qwen2;
-  s.qk_norm = s.family == Family::qwen3;
+  // Qwen2-MoE: q/k/v biases unless qkv_bias is false (Qwen2MoeConfig's default: true)
+  s.qkv_bias = s.family == Family::qwen2 || (s.family == Family::qwen2_moe && f.get_bool("qkv_bias", true));
+  s.qk_norm = s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe;
+  s.qk_norm_whole = s.family == Family::olmoe;
+  moe_parse(f, s, &unsupported);
   if (s.family == Family::llama) {
     if (f.get_bool("attention_bias", false))
       unsupported.push_back(
@@ -266,11 +341,12 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
           "(q/k/v biases are supported only as in Qwen2)");
     if (f.get_bool("mlp_bias", false)) unsupported.push_back("mlp_bias true is not supported; supported: false");
   }
-  if (s.family == Family::qwen3 && f.get_bool("attention_bias", false))
-    unsupported.push_back("attention_bias true is not supported for Qwen3; supported: false");
+  if ((s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
+      f.get_bool("attention_bias", false))
+    unsupported.push_back(cat("attention_bias true is not supported for ", s.architecture, "; supported: false"));
 
   // ---- RoPE
-  double top_theta = f.get_double("rope_theta", 10000.0);
+  double top_theta = f.get_double("rope_theta", dflt.rope_theta);
   s.rope.theta = top_theta;
   if (f.has("rope_scaling") && !j.at("rope_scaling").is_object()) f.wrong("rope_scaling", "an object or null");
   if (f.has("rope_scaling") && !j.at("rope_scaling").empty()) {
@@ -299,10 +375,11 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     unsupported.push_back("partial_rotary_factor != 1 is not supported; RoPE must rotate the whole head");
 
   // ---- sliding window
-  if (s.family == Family::mistral) {
-    // MistralConfig's default is 4096 when the key is absent; null disables it.
+  if (s.family == Family::mistral || s.family == Family::mixtral) {
+    // MistralConfig's default is 4096 when the key is absent (MixtralConfig's
+    // is null); null disables it.
     std::optional<int64_t> window;
-    if (!f.present("sliding_window"))
+    if (!f.present("sliding_window") && s.family == Family::mistral)
       window = 4096;
     else if (f.has("sliding_window"))
       window = f.get_int("sliding_window");
@@ -311,7 +388,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
                                 s.max_positions,
                                 "); supported: full causal attention: sliding_window null or >= "
                                 "max_position_embeddings"));
-  } else if (s.family == Family::qwen2 || s.family == Family::qwen3) {
+  } else if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
+             s.family == Family::qwen2_moe) {
     if (f.get_bool("use_sliding_window", false))
       unsupported.push_back(
           "use_sliding_window true is not supported; supported: full causal attention (use_sliding_window false)");
@@ -352,13 +430,30 @@ ojson rope_scaling_json(const RopeConfig& r) {
 
 const char* family_name(Family f) { return family_info(f).model_type; }
 
+namespace {
+// A layer's attention, norms and (Qwen2-MoE) shared expert: all but its MLP
+// or its routed experts.
+int64_t params_attn_norms(const ModelSpec& s) {
+  int64_t attn = s.hidden * s.q_dim() + 2 * s.hidden * s.kv_dim() + s.q_dim() * s.hidden;
+  if (s.qkv_bias) attn += s.q_dim() + 2 * s.kv_dim();
+  if (s.qk_norm) attn += s.qk_norm_whole ? s.q_dim() + s.kv_dim() : 2 * s.head_dim;
+  const int64_t shared = s.moe.shared_intermediate > 0 ? 3 * s.hidden * s.moe.shared_intermediate + s.hidden : 0;
+  return attn + 2 * s.hidden + shared;
+}
+}  // namespace
+
 int64_t ModelSpec::params_per_layer() const {
-  int64_t attn = hidden * q_dim() + 2 * hidden * kv_dim() + q_dim() * hidden;
-  if (qkv_bias) attn += q_dim() + 2 * kv_dim();
-  if (qk_norm) attn += 2 * head_dim;
-  int64_t mlp = 3 * hidden * intermediate;
-  int64_t norms = 2 * hidden;
-  return attn + mlp + norms;
+  if (is_moe()) return params_attn_norms(*this) + moe.n_experts * (hidden + 3 * hidden * moe.expert_intermediate);
+  return params_attn_norms(*this) + 3 * hidden * intermediate;
+}
+
+int64_t ModelSpec::active_params_per_layer() const {
+  if (!is_moe()) return params_per_layer();
+  return params_attn_norms(*this) + moe.n_experts * hidden + moe.top_k * 3 * hidden * moe.expert_intermediate;
+}
+
+int64_t ModelSpec::params_active() const {
+  return params_embedding() + n_layers * active_params_per_layer() + hidden + params_lm_head();
 }
 
 int64_t ModelSpec::params_embedding() const { return vocab * hidden; }
@@ -397,6 +492,18 @@ void ModelSpec::validate(const std::string& source) const {
     if (rope.original_max_positions <= 0)
       p.push_back(cat("llama3 original_max_position_embeddings must be positive, found ", rope.original_max_positions));
   }
+  if (is_moe()) {
+    if (moe.top_k < 1 || moe.top_k > moe.n_experts)
+      p.push_back(cat("num_experts_per_tok ", moe.top_k, " must be in [1, num_experts = ", moe.n_experts, "]"));
+    if (moe.expert_intermediate <= 0)
+      p.push_back(cat("the expert width (moe_intermediate_size or intermediate_size) must be positive, found ",
+                      moe.expert_intermediate));
+    if (moe.shared_intermediate < 0)
+      p.push_back(cat("shared_expert_intermediate_size must be >= 0, found ", moe.shared_intermediate));
+    if (!(moe.router_aux_loss_coef >= 0.0) || !std::isfinite(moe.router_aux_loss_coef))
+      p.push_back(cat("router_aux_loss_coef must be finite and >= 0, found ", moe.router_aux_loss_coef));
+  }
+  if (moe.n_experts < 0) p.push_back(cat("num_experts must be >= 0, found ", moe.n_experts));
   if (bos_id < -1 || (vocab > 0 && bos_id >= vocab))
     p.push_back(cat("bos_token_id ", bos_id, " is outside the vocabulary [0, ", vocab, ")"));
   for (int64_t e : eos_ids)
@@ -435,10 +542,26 @@ std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
   RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
            s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
-  RT_CHECK(s.qkv_bias == (s.family == Family::qwen2), "[config] spec_to_config_json: qkv_bias=", s.qkv_bias,
-           " cannot be expressed for family ", fi.model_type, " (HF: only Qwen2 has q/k/v biases)");
-  RT_CHECK(s.qk_norm == (s.family == Family::qwen3), "[config] spec_to_config_json: qk_norm=", s.qk_norm,
-           " cannot be expressed for family ", fi.model_type, " (HF: only Qwen3 has q/k norms)");
+  const bool moe_family = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe ||
+                          s.family == Family::mixtral || s.family == Family::olmoe;
+  RT_CHECK(s.family == Family::qwen2_moe || s.qkv_bias == (s.family == Family::qwen2),
+           "[config] spec_to_config_json: qkv_bias=", s.qkv_bias, " cannot be expressed for family ", fi.model_type,
+           " (HF: only Qwen2 has q/k/v biases)");
+  RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
+               s.qk_norm_whole == (s.family == Family::olmoe),
+           "[config] spec_to_config_json: qk_norm=", s.qk_norm, " qk_norm_whole=", s.qk_norm_whole,
+           " cannot be expressed for family ", fi.model_type,
+           " (HF: Qwen3 and Qwen3-MoE norm q/k per head, OLMoE over the whole projection)");
+  RT_CHECK(s.is_moe() == moe_family, "[config] spec_to_config_json: ", s.moe.n_experts,
+           " experts cannot be expressed for family ", fi.model_type);
+  RT_CHECK(s.family != Family::mixtral || s.moe.norm_topk_prob,
+           "[config] spec_to_config_json: Mixtral always renormalises the top-k probabilities");
+  RT_CHECK((s.moe.shared_intermediate > 0) <= (s.family == Family::qwen2_moe),
+           "[config] spec_to_config_json: a shared expert cannot be expressed for family ", fi.model_type,
+           " (HF: Qwen2-MoE has one)");
+  RT_CHECK(s.family == Family::qwen3_moe || s.family == Family::qwen2_moe || !s.is_moe() ||
+               s.moe.expert_intermediate == s.intermediate,
+           "[config] spec_to_config_json: ", fi.model_type, "'s experts are intermediate_size wide");
   s.validate("spec_to_config_json");
 
   ojson o;
@@ -468,11 +591,31 @@ std::string spec_to_config_json(const ModelSpec& s) {
   }
   rp["rope_theta"] = s.rope.theta;
   o["rope_parameters"] = rp;
-  if (s.family == Family::llama || s.family == Family::mistral || s.family == Family::qwen3)
+  if (s.family != Family::qwen2 && s.family != Family::qwen2_moe && s.family != Family::mixtral)
     o["attention_bias"] = false;
+  if (s.family == Family::qwen2_moe) o["qkv_bias"] = s.qkv_bias;
   if (s.family == Family::llama) o["mlp_bias"] = false;
-  if (s.family == Family::mistral) o["sliding_window"] = nullptr;
-  if (s.family == Family::qwen2 || s.family == Family::qwen3) {
+  if (s.family == Family::mistral || s.family == Family::mixtral) o["sliding_window"] = nullptr;
+  if (s.is_moe()) {
+    if (s.family == Family::mixtral)
+      o["num_local_experts"] = s.moe.n_experts;
+    else
+      o["num_experts"] = s.moe.n_experts;
+    o["num_experts_per_tok"] = s.moe.top_k;
+    if (s.family != Family::mixtral) o["norm_topk_prob"] = s.moe.norm_topk_prob;
+    if (s.family == Family::qwen2_moe) o["shared_expert_intermediate_size"] = s.moe.shared_intermediate;
+    if (s.family == Family::qwen3_moe || s.family == Family::qwen2_moe) {
+      o["moe_intermediate_size"] = s.moe.expert_intermediate;
+      o["decoder_sparse_step"] = 1;
+      o["mlp_only_layers"] = ojson::array();
+    }
+    if (s.family == Family::mixtral) o["router_jitter_noise"] = 0.0;
+    if (s.family == Family::olmoe) o["clip_qkv"] = nullptr;
+    o["router_aux_loss_coef"] = s.moe.router_aux_loss_coef;
+    o["output_router_logits"] = s.moe.output_router_logits;
+  }
+  if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
+      s.family == Family::qwen2_moe) {
     o["use_sliding_window"] = false;
     o["sliding_window"] = nullptr;
     o["max_window_layers"] = s.n_layers;
@@ -513,7 +656,8 @@ ModelSpec preset_make(Family fam, int64_t hidden, int64_t inter, int64_t layers,
   s.rms_eps = eps;
   s.tie_embeddings = tied;
   s.qkv_bias = fam == Family::qwen2;
-  s.qk_norm = fam == Family::qwen3;
+  s.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::olmoe;
+  s.qk_norm_whole = fam == Family::olmoe;
   s.max_positions = max_pos;
   s.bos_id = bos;
   s.eos_ids = std::move(eos);
@@ -559,6 +703,27 @@ const std::map<std::string, ModelSpec>& presets() {
     // Qwen/Qwen3-8B: eos <|im_end|> 151645; 8,190,735,360 parameters.
     m["qwen3-8b"] =
         preset_make(Family::qwen3, 4096, 12288, 36, 32, 8, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645});
+    // MoE: (experts, top-k, expert width, norm_topk_prob, router_aux_loss_coef) from the configs.
+    auto moe = [](ModelSpec s, int64_t e, int64_t k, int64_t f, bool norm, double coef) {
+      s.moe.n_experts = e;
+      s.moe.top_k = k;
+      s.moe.expert_intermediate = f;
+      s.moe.norm_topk_prob = norm;
+      s.moe.router_aux_loss_coef = coef;
+      return s;
+    };
+    // Qwen/Qwen3-30B-A3B: 30,532,122,624 parameters (3,348,855,808 active).
+    m["qwen3-30b-a3b"] = moe(
+        preset_make(Family::qwen3_moe, 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645}),
+        128, 8, 768, true, 0.001);
+    // mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters (12,879,921,152 active).
+    m["mixtral-8x7b"] =
+        moe(preset_make(Family::mixtral, 4096, 14336, 32, 32, 8, 128, 32000, 1e6, 1e-5, false, 32768, 1, {2}), 8, 2,
+            14336, true, 0.02);
+    // allenai/OLMoE-1B-7B-0924: 6,919,161,856 parameters (1,281,626,112 active).
+    m["olmoe-1b-7b"] =
+        moe(preset_make(Family::olmoe, 2048, 1024, 16, 16, 16, 128, 50304, 10000.0, 1e-5, false, 4096, -1, {50279}), 64,
+            8, 1024, false, 0.01);
     return m;
   }();
   return table;
@@ -568,8 +733,8 @@ const std::map<std::string, ModelSpec>& presets() {
 
 std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
-  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",  "qwen2.5-0.5b", "qwen2.5-7b",
-          "qwen2.5-14b", "qwen2.5-32b",  "qwen2.5-72b", "qwen3-8b"};
+  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b",  "qwen2.5-7b",   "qwen2.5-14b",
+          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",   "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

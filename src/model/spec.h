@@ -8,7 +8,7 @@
 
 namespace rt {
 
-enum class Family { llama, mistral, qwen2, qwen3 };
+enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe };
 enum class RopeScaling { none, llama3 };
 
 struct RopeConfig {
@@ -19,6 +19,28 @@ struct RopeConfig {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_positions = 8192;
+};
+
+// Mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE): every decoder layer's
+// MLP is a router (a bias-free linear, hidden -> n_experts) and n_experts
+// SwiGLU experts of width expert_intermediate; each token goes to the top_k
+// experts by softmax probability (softmax over all experts, then top-k, as
+// all three families do), weighted by those probabilities, renormalised to
+// sum 1 when norm_topk_prob (Mixtral always). n_experts == 0: a dense model.
+// Qwen2-MoE adds a shared expert (a SwiGLU MLP of width shared_intermediate
+// every token uses) scaled by sigmoid(hn . w_shared_expert_gate).
+struct MoeConfig {
+  int64_t n_experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_intermediate = 0;  // moe_intermediate_size (Qwen3-MoE), intermediate_size (Mixtral, OLMoE)
+  bool norm_topk_prob = false;
+  int64_t shared_intermediate = 0;  // shared_expert_intermediate_size (Qwen2-MoE); 0: no shared expert
+  // The load-balancing loss (HF load_balancing_loss_func over every MoE
+  // layer's router) joins the training loss with this coefficient only when
+  // output_router_logits is true, as in transformers.
+  double router_aux_loss_coef = 0.0;
+  bool output_router_logits = false;
+  bool aux_loss_on() const { return n_experts > 0 && output_router_logits && router_aux_loss_coef != 0.0; }
 };
 
 struct ModelSpec {
@@ -36,6 +58,10 @@ struct ModelSpec {
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
   bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
+  // OLMoE (with qk_norm): the q/k RMSNorm spans the whole projection (weights
+  // [q_dim] and [kv_dim]) instead of each head.
+  bool qk_norm_whole = false;
+  MoeConfig moe;  // n_experts 0: dense MLP
   int64_t max_positions = 2048;
   int64_t bos_id = -1;            // -1: none
   std::vector<int64_t> eos_ids;   // may be several (Llama-3 instruct)
@@ -43,7 +69,12 @@ struct ModelSpec {
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  bool is_moe() const { return moe.n_experts > 0; }
   int64_t params_per_layer() const;
+  // Parameters of one layer a token uses (MoE: the router and top_k experts;
+  // dense: params_per_layer()).
+  int64_t active_params_per_layer() const;
+  int64_t params_active() const;     // embedding + active layers + final norm + head
   int64_t params_embedding() const;  // vocab * hidden
   int64_t params_lm_head() const;    // 0 when tied
   int64_t params_total() const;      // everything, tied counted once
@@ -64,7 +95,8 @@ std::string spec_to_config_json(const ModelSpec& spec);
 
 // Built-in presets with the shapes of well-known models (random init only):
 // "tiny-byte" (the default demo model), "llama-3.1-8b", "mistral-7b",
-// "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b".
+// "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b",
+// "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b".
 ModelSpec spec_preset(const std::string& name);  // throws rt::Error listing the names
 std::vector<std::string> preset_names();
 

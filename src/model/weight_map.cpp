@@ -32,7 +32,7 @@ WeightEntry entry(std::string name, WeightKind kind, int64_t layer, std::vector<
   bool nb = kind == WeightKind::attn_norm || kind == WeightKind::mlp_norm || kind == WeightKind::final_norm ||
             kind == WeightKind::q_norm || kind == WeightKind::k_norm || kind == WeightKind::q_bias ||
             kind == WeightKind::k_bias || kind == WeightKind::v_bias;
-  return WeightEntry{std::move(name), kind, layer, std::move(shape), nb};
+  return WeightEntry{std::move(name), kind, layer, std::move(shape), nb, -1};
 }
 
 // Which config fields decide a tensor's shape, for the mismatch hint.
@@ -62,6 +62,14 @@ const char* shape_hint(WeightKind k) {
     case WeightKind::up_proj:
     case WeightKind::down_proj:
       return "intermediate_size/hidden_size";
+    case WeightKind::router:
+      return "num_experts/hidden_size";
+    case WeightKind::expert_gate:
+    case WeightKind::expert_up:
+    case WeightKind::expert_down:
+      return "moe_intermediate_size (Qwen3-MoE, Qwen2-MoE) or intermediate_size/hidden_size";
+    case WeightKind::shared_expert_gate:
+      return "hidden_size";
   }
   return "config.json";
 }
@@ -134,6 +142,16 @@ const char* weight_kind_name(WeightKind k) {
       return "up_proj";
     case WeightKind::down_proj:
       return "down_proj";
+    case WeightKind::router:
+      return "router";
+    case WeightKind::expert_gate:
+      return "expert_gate";
+    case WeightKind::expert_up:
+      return "expert_up";
+    case WeightKind::expert_down:
+      return "expert_down";
+    case WeightKind::shared_expert_gate:
+      return "shared_expert_gate";
     case WeightKind::final_norm:
       return "final_norm";
     case WeightKind::lm_head:
@@ -156,11 +174,33 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
   m.push_back(entry(p + "self_attn.v_proj.weight", WeightKind::v_proj, layer, {kv, d}));
   if (s.qkv_bias) m.push_back(entry(p + "self_attn.v_proj.bias", WeightKind::v_bias, layer, {kv}));
   if (s.qk_norm) {
-    m.push_back(entry(p + "self_attn.q_norm.weight", WeightKind::q_norm, layer, {s.head_dim}));
-    m.push_back(entry(p + "self_attn.k_norm.weight", WeightKind::k_norm, layer, {s.head_dim}));
+    m.push_back(entry(p + "self_attn.q_norm.weight", WeightKind::q_norm, layer, {s.qk_norm_whole ? q : s.head_dim}));
+    m.push_back(entry(p + "self_attn.k_norm.weight", WeightKind::k_norm, layer, {s.qk_norm_whole ? kv : s.head_dim}));
   }
   m.push_back(entry(p + "self_attn.o_proj.weight", WeightKind::o_proj, layer, {d, q}));
   m.push_back(entry(p + "post_attention_layernorm.weight", WeightKind::mlp_norm, layer, {d}));
+  if (s.is_moe()) {
+    // Mixtral's hub names: block_sparse_moe.gate, experts.{e}.w1 (gate), w3 (up), w2 (down).
+    const bool mixtral = s.family == Family::mixtral;
+    const std::string mp = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const int64_t fe = s.moe.expert_intermediate;
+    m.push_back(entry(mp + "gate.weight", WeightKind::router, layer, {s.moe.n_experts, d}));
+    for (int64_t e = 0; e < s.moe.n_experts; ++e) {
+      const std::string ep = mp + "experts." + std::to_string(e) + ".";
+      m.push_back(entry(ep + (mixtral ? "w1" : "gate_proj") + ".weight", WeightKind::expert_gate, layer, {fe, d}));
+      m.push_back(entry(ep + (mixtral ? "w3" : "up_proj") + ".weight", WeightKind::expert_up, layer, {fe, d}));
+      m.push_back(entry(ep + (mixtral ? "w2" : "down_proj") + ".weight", WeightKind::expert_down, layer, {d, fe}));
+      for (size_t k = m.size() - 3; k < m.size(); ++k) m[k].expert = e;
+    }
+    if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE
+      const int64_t fs = s.moe.shared_intermediate;
+      m.push_back(entry(mp + "shared_expert.gate_proj.weight", WeightKind::gate_proj, layer, {fs, d}));
+      m.push_back(entry(mp + "shared_expert.up_proj.weight", WeightKind::up_proj, layer, {fs, d}));
+      m.push_back(entry(mp + "shared_expert.down_proj.weight", WeightKind::down_proj, layer, {d, fs}));
+      m.push_back(entry(mp + "shared_expert_gate.weight", WeightKind::shared_expert_gate, layer, {1, d}));
+    }
+    return m;
+  }
   m.push_back(entry(p + "mlp.gate_proj.weight", WeightKind::gate_proj, layer, {f, d}));
   m.push_back(entry(p + "mlp.up_proj.weight", WeightKind::up_proj, layer, {f, d}));
   m.push_back(entry(p + "mlp.down_proj.weight", WeightKind::down_proj, layer, {d, f}));

@@ -2,6 +2,8 @@
 // The order of entries is the canonical order: global tensors first
 // (embedding), then each layer's tensors in a fixed order, then the final
 // norm and the LM head. HostState lays out its per-layer arenas in this order.
+// An MoE layer lists its router, then expert 0's gate, up and down, expert
+// 1's, ...: each expert's weights are contiguous in the layer's arena.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,6 +29,15 @@ enum class WeightKind {
   gate_proj,   // model.layers.{i}.mlp.gate_proj.weight            [intermediate, hidden]
   up_proj,     // model.layers.{i}.mlp.up_proj.weight              [intermediate, hidden]
   down_proj,   // model.layers.{i}.mlp.down_proj.weight            [hidden, intermediate]
+  // MoE layers (ModelSpec::is_moe) instead of gate/up/down_proj; E = experts,
+  // Fe = expert width; names per family (Mixtral: block_sparse_moe., w1/w3/w2):
+  router,       // model.layers.{i}.mlp.gate.weight                      [E, hidden]
+  expert_gate,  // model.layers.{i}.mlp.experts.{e}.gate_proj.weight     [Fe, hidden]
+  expert_up,    // model.layers.{i}.mlp.experts.{e}.up_proj.weight       [Fe, hidden]
+  expert_down,  // model.layers.{i}.mlp.experts.{e}.down_proj.weight     [hidden, Fe]
+  // Qwen2-MoE's shared expert: gate_proj/up_proj/down_proj named
+  // mlp.shared_expert.{gate,up,down}_proj.weight ([Fs, hidden], [hidden, Fs]), and
+  shared_expert_gate,  // model.layers.{i}.mlp.shared_expert_gate.weight  [1, hidden]
   final_norm,  // model.norm.weight                                [hidden]
   lm_head,     // lm_head.weight                                   [vocab, hidden] (absent when tied)
 };
@@ -37,6 +48,7 @@ struct WeightEntry {
   int64_t layer;  // -1 for embed, final_norm, lm_head
   std::vector<int64_t> shape;
   bool is_norm_or_bias;  // default: no weight decay
+  int64_t expert = -1;   // expert index of expert_gate/up/down, else -1
   int64_t numel() const;
 };
 

@@ -363,6 +363,19 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
   }
   w.o_proj = get(name("self_attn.o_proj.weight"));
   w.mlp_norm = get(name("post_attention_layernorm.weight"));
+  if (s.is_moe()) {  // the names from the weight map (they differ per family)
+    for (const WeightEntry& e : layer_weight_map(s, i)) {
+      if (e.kind == WeightKind::router) w.router = get(e.name);
+      if (e.kind == WeightKind::expert_gate) w.expert_gate.push_back(get(e.name));
+      if (e.kind == WeightKind::expert_up) w.expert_up.push_back(get(e.name));
+      if (e.kind == WeightKind::expert_down) w.expert_down.push_back(get(e.name));
+      if (e.kind == WeightKind::gate_proj) w.gate_proj = get(e.name);  // Qwen2-MoE's shared expert
+      if (e.kind == WeightKind::up_proj) w.up_proj = get(e.name);
+      if (e.kind == WeightKind::down_proj) w.down_proj = get(e.name);
+      if (e.kind == WeightKind::shared_expert_gate) w.shared_expert_gate = get(e.name);
+    }
+    return w;
+  }
   w.gate_proj = get(name("mlp.gate_proj.weight"));
   w.up_proj = get(name("mlp.up_proj.weight"));
   w.down_proj = get(name("mlp.down_proj.weight"));
@@ -396,14 +409,8 @@ ModelWeightsT<float> HostState::weights() const {
 ModelGrads HostState::grads() const {
   ModelGrads g;
   auto get = [&](const std::string& n) -> const float* { return grad(n); };
-  auto mut = [](const float* p) { return const_cast<float*>(p); };
   g.embed = grad("model.embed_tokens.weight");
-  for (int64_t i = 0; i < spec_.n_layers; ++i) {
-    BlockWeightsT<float> v = block_view(spec_, i, get);
-    g.layers.push_back(BlockGrads{mut(v.attn_norm), mut(v.q_proj), mut(v.q_bias), mut(v.k_proj), mut(v.k_bias),
-                                  mut(v.v_proj), mut(v.v_bias), mut(v.q_norm), mut(v.k_norm), mut(v.o_proj),
-                                  mut(v.mlp_norm), mut(v.gate_proj), mut(v.up_proj), mut(v.down_proj)});
-  }
+  for (int64_t i = 0; i < spec_.n_layers; ++i) g.layers.push_back(block_grads_from(block_view(spec_, i, get)));
   g.final_norm = grad("model.norm.weight");
   g.lm_head = spec_.tie_embeddings ? g.embed : grad("lm_head.weight");
   return g;

@@ -59,6 +59,13 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.qk_norm_whole, b.qk_norm_whole);
+  EXPECT_EQ(a.moe.n_experts, b.moe.n_experts);
+  EXPECT_EQ(a.moe.top_k, b.moe.top_k);
+  EXPECT_EQ(a.moe.expert_intermediate, b.moe.expert_intermediate);
+  EXPECT_EQ(a.moe.norm_topk_prob, b.moe.norm_topk_prob);
+  EXPECT_EQ(a.moe.router_aux_loss_coef, b.moe.router_aux_loss_coef);
+  EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
   EXPECT_EQ(a.max_positions, b.max_positions);
   EXPECT_EQ(a.bos_id, b.bos_id);
   EXPECT_EQ(a.eos_ids, b.eos_ids);
@@ -533,7 +540,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 9u);
+  ASSERT_EQ(rt::preset_names().size(), 12u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);
