@@ -74,6 +74,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.adam.beta1 = c.beta1;
   o.adam.beta2 = c.beta2;
   o.adam.eps = c.eps;
+  o.moment_rounding = c.moment_rounding;
   o.weight_decay = c.weight_decay;
   o.decay_norms_and_biases = c.decay_norms_and_biases;
   o.clip = c.clip;
@@ -218,6 +219,8 @@ int cmd_train(const Args& args) {
   }
   std::string tokenizer;
   std::unique_ptr<HostState> state = initial_state(c, resume, spec, &tokenizer);
+  state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
+  if (c.bf16_master) state->set_master_storage(c.master_storage());
   if (td.byte_text)
     tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
   else if (tokenizer == "byte")
