@@ -51,6 +51,10 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
   *tokenizer = "byte";
   if (resume) {
     state = std::make_unique<HostState>(resume->spec, false);
+    // the checkpoint's moment storage loads bit for bit (cmd_train converts to --optimizer after), and a
+    // bf16 master is made before loading, so its values and Kahan compensation load exactly
+    state->set_moment_storage(checkpoint_read_moments(resume->dir, *state));
+    if (c.bf16_master) state->set_master_storage(c.master_storage());
     checkpoint_load_state(resume->dir, *state);
     *tokenizer = resume->meta.run.tokenizer;
   } else if (!c.preset.empty() || c.init == InitFrom::random) {
