@@ -358,8 +358,9 @@ TEST(Resume, LeanModesResumeExactly) {
     const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
     const std::string out = fx.tmp.file("l" + std::to_string(i++)), log = out + ".log";
     fs::create_directories(out);
-    ASSERT_EQ(run_logged(fx.args(out, mode), log, {"RAMTRAIN_INJECT_KILL_AFTER_BYTES=" + std::to_string(bytes * 5 / 2)}),
-              128 + SIGKILL);
+    ASSERT_EQ(
+        run_logged(fx.args(out, mode), log, {"RAMTRAIN_INJECT_KILL_AFTER_BYTES=" + std::to_string(bytes * 5 / 2)}),
+        128 + SIGKILL);
     auto r = run_ramtrain(join(resume_args(fx, out)));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(same_losses(metrics_read(out + "/metrics.jsonl"), ref));
