@@ -71,7 +71,9 @@ void master_store(const Lean& a, int64_t lo, int64_t hi, const float* p) {
     case MasterStorage::bf16_sr: {
       const uint64_t key = quant_mix64(a.key ^ kKeyMaster);
       for (int64_t i = lo; i < hi; ++i)
-        a.out[i] = bf16_round_stochastic(p[i - lo], static_cast<uint32_t>(quant_mix64(key ^ quant_mix64(i)) >> 48));
+        a.out[i] = bf16_round_stochastic(
+            p[i - lo],
+            static_cast<uint32_t>(quant_mix64(key + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) >> 48));
       return;
     }
     case MasterStorage::bf16_kahan: {

@@ -27,13 +27,6 @@ double moment_bytes_per_param(MomentStorage s) {
   return s == MomentStorage::fp32 ? 8.0 : s == MomentStorage::q8 ? 2.0 + scales : 1.0 + scales;
 }
 
-uint64_t quant_mix64(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 namespace {
 
 constexpr uint32_t kPrefixes = 0x3f81;  // bf16 prefixes of [0, 1]: 0 .. 0x3f80 (1.0)
@@ -123,14 +116,16 @@ const QuantCode& quant_code_v4() {
   return c;
 }
 
-int quant_index_nearest(const QuantCode& c, float x) {
+namespace {
+
+inline int index_nearest(const QuantCode& c, float x) {
   x = clamp01(x);
   int k = c.below_mid[f32_bits(x) >> 16];
   if (k < c.n - 1 && x > c.mid[k]) ++k;
   return k;
 }
 
-int quant_index_stochastic(const QuantCode& c, float x, float u) {
+inline int index_stochastic(const QuantCode& c, float x, float u) {
   x = clamp01(x);
   int a = c.at_or_below[f32_bits(x) >> 16];
   if (a < c.n && c.level[a] <= x) ++a;  // a = count of levels <= x
@@ -141,6 +136,11 @@ int quant_index_stochastic(const QuantCode& c, float x, float u) {
   return u < (x - lo) / (hi - lo) ? f + 1 : f;
 }
 
+}  // namespace
+
+int quant_index_nearest(const QuantCode& c, float x) { return index_nearest(c, x); }
+int quant_index_stochastic(const QuantCode& c, float x, float u) { return index_stochastic(c, x, u); }
+
 namespace {
 
 inline const QuantCode& code_of(MomentStorage s, bool signed_code) {
@@ -148,18 +148,18 @@ inline const QuantCode& code_of(MomentStorage s, bool signed_code) {
                                 : (signed_code ? quant_code_m4() : quant_code_v4());
 }
 
-template <bool kStochastic>
-void encode_loop(const QuantCode& c, MomentStorage s, bool signed_code, uint64_t key, const float* x, int64_t k,
-                 uint8_t* codes, int64_t first, float amax) {
+// Specialised on rounding, width and sign so the loop has no mode branches.
+template <bool kStochastic, bool kQ8, bool kSigned>
+void encode_loop(const QuantCode& c, uint64_t key, const float* x, int64_t k, uint8_t* codes, int64_t first,
+                 float amax) {
   const float inv = amax > 0 ? 1.0f / amax : 0.0f;
-  const int sign_shift = s == MomentStorage::q8 ? 7 : 3;
+  constexpr int sign_shift = kQ8 ? 7 : 3;
   for (int64_t i = 0; i < k; ++i) {
     const float a = std::fabs(x[i]);
     const float y = a == amax ? 1.0f : a * inv;
-    int q = kStochastic ? quant_index_stochastic(c, y, quant_uniform(key, static_cast<uint64_t>(i)))
-                        : quant_index_nearest(c, y);
-    if (signed_code && std::signbit(x[i])) q |= 1 << sign_shift;
-    if (s == MomentStorage::q8) {
+    int q = kStochastic ? index_stochastic(c, y, quant_uniform(key, static_cast<uint64_t>(i))) : index_nearest(c, y);
+    if (kSigned && std::signbit(x[i])) q |= 1 << sign_shift;
+    if (kQ8) {
       codes[first + i] = static_cast<uint8_t>(q);
     } else {
       uint8_t& b = codes[(first + i) >> 1];
@@ -181,10 +181,13 @@ void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint
     amax = a > amax ? a : amax;
   }
   *scale = finite ? amax : NAN;
-  if (r == QuantRounding::stochastic)
-    encode_loop<true>(c, s, signed_code, key, x, k, codes, first, amax);
-  else
-    encode_loop<false>(c, s, signed_code, key, x, k, codes, first, amax);
+  const bool sr = r == QuantRounding::stochastic, q8 = s == MomentStorage::q8;
+  using Loop = void (*)(const QuantCode&, uint64_t, const float*, int64_t, uint8_t*, int64_t, float);
+  static constexpr Loop loops[8] = {encode_loop<false, false, false>, encode_loop<false, false, true>,
+                                    encode_loop<false, true, false>,  encode_loop<false, true, true>,
+                                    encode_loop<true, false, false>,  encode_loop<true, false, true>,
+                                    encode_loop<true, true, false>,   encode_loop<true, true, true>};
+  loops[(sr ? 4 : 0) + (q8 ? 2 : 0) + (signed_code ? 1 : 0)](c, key, x, k, codes, first, amax);
 }
 
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,

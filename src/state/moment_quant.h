@@ -75,9 +75,14 @@ int quant_index_nearest(const QuantCode& c, float x);
 int quant_index_stochastic(const QuantCode& c, float x, float u);
 
 // Counter-based uniform in [0, 1) with 24 bits: a pure function of (key, i).
-uint64_t quant_mix64(uint64_t x);
-inline float quant_uniform(uint64_t key, uint64_t i) {
-  return static_cast<float>(quant_mix64(key ^ quant_mix64(i)) >> 40) * 0x1.0p-24f;
+inline uint64_t quant_mix64(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+inline float quant_uniform(uint64_t key, uint64_t i) {  // one splitmix64 step at counter i
+  return static_cast<float>(quant_mix64(key + i * 0x9e3779b97f4a7c15ull) >> 40) * 0x1.0p-24f;
 }
 
 // One moment of one block of k <= kQuantBlock elements: x[k] -> codes + scale.
