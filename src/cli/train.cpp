@@ -50,19 +50,18 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
   std::unique_ptr<HostState> state;
   *tokenizer = "byte";
   if (resume) {
-    state = std::make_unique<HostState>(resume->spec, false);
     // the checkpoint's moment storage loads bit for bit (cmd_train converts to --optimizer after), and a
     // bf16 master is made before loading, so its values and Kahan compensation load exactly
-    state->set_moment_storage(checkpoint_read_moments(resume->dir, *state));
-    if (c.bf16_master) state->set_master_storage(c.master_storage());
+    state = std::make_unique<HostState>(resume->spec, false, checkpoint_read_moments(resume->dir, resume->spec),
+                                        c.master_storage());
     checkpoint_load_state(resume->dir, *state);
     *tokenizer = resume->meta.run.tokenizer;
   } else if (!c.preset.empty() || c.init == InitFrom::random) {
-    state = std::make_unique<HostState>(spec, false);
+    state = std::make_unique<HostState>(spec, false, c.optimizer, c.master_storage());
     state->init_random(c.seed);
     if (c.preset.empty()) *tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
   } else {
-    LoadedModel m = load_model_dir(c.model, false);
+    LoadedModel m = load_model_dir(c.model, false, c.optimizer, c.master_storage());
     state = std::move(m.state);
     *tokenizer = m.tokenizer;
   }

@@ -451,8 +451,8 @@ void checkpoint_load_state(const std::string& dir, HostState& state, bool with_m
   for (StateUnit& u : state.units()) unit_file_load(path_join(dir, unit_file_name(u.name)), u, with_moments);
 }
 
-MomentStorage checkpoint_read_moments(const std::string& dir, const HostState& state) {
-  return unit_file_moments(path_join(dir, unit_file_name(state.units()[0].name)));
+MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& /*spec*/) {
+  return unit_file_moments(path_join(dir, unit_file_name("embed")));  // unit 0 (host_state.h)
 }
 
 // ---- writer ----------------------------------------------------------------------

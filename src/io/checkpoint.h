@@ -121,7 +121,7 @@ ModelSpec checkpoint_read_spec(const std::string& dir);
 // (checkpoint_read_moments); convert after loading.
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments = true);
 // The moment storage (--optimizer) the checkpoint's state was saved with.
-MomentStorage checkpoint_read_moments(const std::string& dir, const HostState& state);
+MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& spec);
 
 struct SaveReport {
   std::string path;  // the final OUT/ckpt-<step>

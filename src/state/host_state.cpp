@@ -58,7 +58,12 @@ void zero_parallel(float* p, size_t n) {
 }
 }  // namespace
 
-HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with_grads_(with_grads) {
+namespace {
+void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv);
+}
+
+HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master)
+    : spec_(spec), with_grads_(with_grads) {
   spec_.validate("model spec");
   std::vector<WeightEntry> all = weight_map(spec_);
   const int64_t L = spec_.n_layers;
@@ -76,17 +81,27 @@ HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with
     su.numel += (e.numel() + 15) / 16 * 16;
     su.entries.push_back(e);
   }
-  uint64_t need = 0;
-  for (auto& u : units_) need += static_cast<uint64_t>(u.numel) * 4 * (3 + (with_grads_ ? 1 : 0));
+  const bool lean = moments != MomentStorage::fp32 || master != MasterStorage::fp32;
+  const uint64_t need = planned_bytes(spec_, master, master == MasterStorage::fp32 ? 0 : 1, with_grads_, moments);
   uint64_t avail = host_memory_available();
   if (avail && need > avail)
-    fail("[host] the training state needs ", need / (1 << 20), " MiB of host RAM (", with_grads_ ? 16 : 12,
-         " B/param) but only ", avail / (1 << 20), " MiB are available. Use a smaller model or free memory.");
+    fail("[host] the training state needs ", need / (1 << 20), " MiB of host RAM (",
+         static_cast<double>(need) / static_cast<double>(spec_.params_total()), " B/param) but only ",
+         avail / (1 << 20),
+         " MiB are available. Use a smaller model, a leaner state (--optimizer adamw8bit|adamw4bit, "
+         "--master bf16-sr) or free memory.");
   for (size_t u = 0; u < units_.size(); ++u) {
     StateUnit& su = units_[u];
     su.index = static_cast<int64_t>(u);
-    su.arena = HostBuffer(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " master weights and Adam moments"));
-    zero_parallel(su.arena.p, su.arena.n);  // first touch on every core: large states fault in faster
+    if (lean) {  // zeros in the asked storages (peak: the state plus one unit's fp32 master and moments)
+      HostBuffer zero(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " initial values"));
+      zero_parallel(zero.p, zero.n);
+      unit_rebuild(su, master, 1, moments, zero.p, zero.p + su.numel);
+    } else {
+      su.arena =
+          HostBuffer(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " master weights and Adam moments"));
+      zero_parallel(su.arena.p, su.arena.n);  // first touch on every core: large states fault in faster
+    }
     if (with_grads_) {
       su.grad = HostBuffer(static_cast<size_t>(su.numel), cat("the ", su.name, " gradients"));
       zero_parallel(su.grad.p, su.grad.n);

@@ -103,7 +103,10 @@ struct StateUnit {
 
 class HostState {
  public:
-  HostState(const ModelSpec& spec, bool with_grads);
+  // Made directly in the given storages (so a model that fits only in a lean
+  // mode is never allocated in fp32 first); a bf16 or split master with one shadow.
+  HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments = MomentStorage::fp32,
+            MasterStorage master = MasterStorage::fp32);
 
   const ModelSpec& spec() const { return spec_; }
   std::vector<StateUnit>& units() { return units_; }
