@@ -12,6 +12,9 @@
 // Last, the roofline: a kernel with AdamW's loads and stores (the same 30 B per
 // parameter, the same kinds of stores) and almost no arithmetic, on the same
 // pool and blocks. AdamW at that figure is bound by memory, not by its maths.
+// --lean: then the lean storages (quantized moments, bf16 masters) through
+// update_unit against fp32 AdamW on the same path (bench/optim_lean_bench.cpp);
+// --lean-only: those alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -63,7 +66,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void usage_exit(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R]\n", argv0);
+  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only]\n", argv0);
   std::exit(2);
 }
 
@@ -105,6 +108,8 @@ __attribute__((target("avx2,fma"))) void traffic_block(float* p, float* m, float
 
 }  // namespace
 
+int optim_lean_bench(int64_t n_target, int max_threads, int reps);  // optim_lean_bench.cpp
+
 int main(int argc, char** argv) {
   int64_t n = 256ll << 20;
   const int64_t avail = mem_available_bytes();
@@ -112,7 +117,12 @@ int main(int argc, char** argv) {
   int max_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (max_threads < 1) max_threads = 1;
   int reps = 5;
+  int lean = 0;  // 1: also the lean storages, 2: only them
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--lean") || !std::strcmp(argv[i], "--lean-only")) {
+      lean = argv[i][6] ? 2 : 1;
+      continue;
+    }
     if (i + 1 >= argc) usage_exit(argv[0]);
     if (!std::strcmp(argv[i], "--params")) {
       n = std::atoll(argv[++i]);
@@ -125,6 +135,8 @@ int main(int argc, char** argv) {
     }
   }
   if (n < 1 || max_threads < 1 || reps < 1) usage_exit(argv[0]);
+  // the lean states hold up to 12 B/param (+ gradients 4 and a shadow 2)
+  if (lean == 2) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps);
 
   std::printf("optim_bench: %lld params (%.2f GB of buffers), reps %d, detected SIMD %s, p/m/v stores %s\n",
               static_cast<long long>(n), n * 20.125 / 1e9, reps, rt::simd_level_name(rt::simd_level_detected()),
@@ -214,5 +226,6 @@ int main(int argc, char** argv) {
                 max_threads, n / best / 1e9, 30.0 * n / best / 1e9);
   }
   std::printf("(best of %d; checksum %.6g, p[0] %.6g, shadow[0] 0x%04x)\n", reps, checksum, p[0], shadow[0]);
+  if (lean) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps);
   return 0;
 }

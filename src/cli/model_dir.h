@@ -16,7 +16,9 @@ struct LoadedModel {
 };
 
 // DIR/config.json + DIR's safetensors; every mismatch reported by name.
-LoadedModel load_model_dir(const std::string& dir, bool with_grads);
+// The state is made in the given storages (HostState's constructor).
+LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments = MomentStorage::fp32,
+                           MasterStorage master = MasterStorage::fp32);
 
 // A --model value that is not a directory but looks like a HF model id
 // ("Qwen/Qwen2.5-0.5B") is looked up in the local HF cache:

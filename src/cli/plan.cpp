@@ -112,8 +112,12 @@ int cmd_plan(const Args& args) {
       .choice({"auto", "device", "host"});
   p.option("layer-major", "auto|on|off", "layer-major micro-batches (--grad-accum > 1)", "auto")
       .choice({"auto", "on", "off"});
-  p.option("master", "auto|fp32|split", "host storage of the fp32 master (auto: split)", "auto")
-      .choice({"auto", "fp32", "split"});
+  p.option("master", "auto|fp32|split|bf16-sr|bf16-kahan",
+           "host storage of the master (auto: split; bf16-*: the bf16 shadow is the master)", "auto")
+      .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit", "Adam moments in fp32, or block-wise quantized to 8 or 4 bits",
+           "adamw")
+      .choice({"adamw", "adamw8bit", "adamw4bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
@@ -171,6 +175,14 @@ int cmd_plan(const Args& args) {
   // cannot pin the block inputs of every micro-batch beside the state,
   // layer-major left at auto falls back to micro-batch-major.
   bool host_fallback = false;
+  const std::string master = co.master, opt = p.str("optimizer");
+  const MasterStorage storage = master == "fp32"         ? MasterStorage::fp32
+                                : master == "bf16-sr"    ? MasterStorage::bf16_sr
+                                : master == "bf16-kahan" ? MasterStorage::bf16_kahan
+                                                         : MasterStorage::split;
+  const MomentStorage moments = opt == "adamw8bit"   ? MomentStorage::q8
+                                : opt == "adamw4bit" ? MomentStorage::q4
+                                                     : MomentStorage::fp32;
   const std::vector<int64_t> unit_numel = unit_numels(spec);
   // host gradient arenas: every unit's (host), the host embedding's only (fold), none (device)
   auto host_grad_bytes = [&](const DevicePlacement& q) -> uint64_t {
@@ -180,10 +192,9 @@ int cmd_plan(const Args& args) {
     return 4 * n;
   };
   if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
-    const MasterStorage st = co.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split;
-    const uint64_t need = HostState::planned_bytes(spec, st, co.delayed_update ? 2 : 1, false) +
-                          host_grad_bytes(dp.place) +
-                          host_checkpoint_bytes(spec, B, T, dp.place) + static_cast<uint64_t>(24 * K * B * T);
+    const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments) +
+                          host_grad_bytes(dp.place) + host_checkpoint_bytes(spec, B, T, dp.place) +
+                          static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
       co.layer_major = "off";
       dp = fit_device_plan(spec, B, T, co, budget);
@@ -193,18 +204,23 @@ int cmd_plan(const Args& args) {
   const DevicePlacement& pl = dp.place;
 
   // ---- host RAM, per item (HostState::planned_bytes is the total the engine holds)
-  const MasterStorage storage = co.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split;
   const int shadows = co.delayed_update ? 2 : 1;
-  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false);
-  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false);
+  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false, moments);
+  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false, moments);
   uint64_t numel = 0;
   for (int64_t n : unit_numels(spec)) numel += static_cast<uint64_t>(n);
+  const uint64_t mom = HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments) - 4 * numel;
+  const std::string mom_kind = moments == MomentStorage::fp32 ? "fp32"
+                               : moments == MomentStorage::q8 ? "8-bit codes + an fp32 absmax per 256"
+                                                              : "4-bit codes + an fp32 absmax per 256";
   std::vector<HostItem> host;
-  host.push_back(
-      {storage == MasterStorage::split ? "master remainder + tie bits (split; upper half = the shadow)" : "fp32 master",
-       bare - 8 * numel});
-  host.push_back({"Adam m (fp32)", 4 * numel});
-  host.push_back({"Adam v (fp32)", 4 * numel});
+  host.push_back({storage == MasterStorage::split ? "master remainder + tie bits (split; upper half = the shadow)"
+                  : storage == MasterStorage::bf16_kahan ? "bf16 Kahan compensation (bf16-kahan; master = the shadow)"
+                  : storage == MasterStorage::bf16_sr    ? "master: the bf16 shadow itself (bf16-sr)"
+                                                         : "fp32 master",
+                  bare - mom});
+  host.push_back({"Adam m (" + mom_kind + ")", mom / 2});
+  host.push_back({"Adam v (" + mom_kind + ")", mom - mom / 2});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
@@ -244,6 +260,13 @@ int cmd_plan(const Args& args) {
                     fmt("%.0fG", (static_cast<double>(host_total + kHostReserveBytes)) / GiB + 0.999) + " or more");
     if (storage == MasterStorage::fp32)
       fixes.push_back("--master split saves " + gib(1.875 * static_cast<double>(numel)) + " (bit-identical results)");
+    if (moments != MomentStorage::q4)
+      fixes.push_back(
+          std::string("--optimizer ") + (moments == MomentStorage::fp32 ? "adamw8bit" : "adamw4bit") + " saves " +
+          gib(static_cast<double>(mom) -
+              moment_bytes_per_param(moments == MomentStorage::fp32 ? MomentStorage::q8 : MomentStorage::q4) *
+                  static_cast<double>(numel)) +
+          " (quantized Adam moments; changes the results slightly, docs/lean_state.md)");
     if (pl.host_grads && !pl.fold)
       fixes.push_back("--grads fold drops the host gradients (" + gib(4.0 * static_cast<double>(numel)) +
                       "): each layer updates as its gradient lands" +

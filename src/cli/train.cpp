@@ -50,15 +50,18 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
   std::unique_ptr<HostState> state;
   *tokenizer = "byte";
   if (resume) {
-    state = std::make_unique<HostState>(resume->spec, false);
+    // the checkpoint's moment storage loads bit for bit (cmd_train converts to --optimizer after), and a
+    // bf16 master is made before loading, so its values and Kahan compensation load exactly
+    state = std::make_unique<HostState>(resume->spec, false, checkpoint_read_moments(resume->dir, resume->spec),
+                                        c.master_storage());
     checkpoint_load_state(resume->dir, *state);
     *tokenizer = resume->meta.run.tokenizer;
   } else if (!c.preset.empty() || c.init == InitFrom::random) {
-    state = std::make_unique<HostState>(spec, false);
+    state = std::make_unique<HostState>(spec, false, c.optimizer, c.master_storage());
     state->init_random(c.seed);
     if (c.preset.empty()) *tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
   } else {
-    LoadedModel m = load_model_dir(c.model, false);
+    LoadedModel m = load_model_dir(c.model, false, c.optimizer, c.master_storage());
     state = std::move(m.state);
     *tokenizer = m.tokenizer;
   }
@@ -74,6 +77,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.adam.beta1 = c.beta1;
   o.adam.beta2 = c.beta2;
   o.adam.eps = c.eps;
+  o.moment_rounding = c.moment_rounding;
   o.weight_decay = c.weight_decay;
   o.decay_norms_and_biases = c.decay_norms_and_biases;
   o.clip = c.clip;
@@ -229,6 +233,8 @@ int cmd_train(const Args& args) {
   }
   std::string tokenizer;
   std::unique_ptr<HostState> state = initial_state(c, resume, spec, &tokenizer);
+  state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
+  if (c.bf16_master) state->set_master_storage(c.master_storage());
   if (td.byte_text)
     tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
   else if (tokenizer == "byte")

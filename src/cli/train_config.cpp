@@ -77,6 +77,17 @@ void train_options(ArgParser& p) {
   p.flag("delayed-update",
          "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
          "step (gradients one step stale; GPU: needs --grads device)");
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit",
+           "AdamW with fp32 moments (8 B/param), or block-wise quantized moments: 8-bit (2.03 B/param) or 4-bit "
+           "(1.03 B/param), blocks of 256 with an fp32 absmax each, dequantized to fp32 for every update "
+           "(docs/lean_state.md)",
+           "adamw")
+      .choice({"adamw", "adamw8bit", "adamw4bit"});
+  p.option("moment-rounding", "nearest|stochastic",
+           "how --optimizer adamw8bit/adamw4bit round the updated moments back to their codes (stochastic: "
+           "unbiased, so small moments do not stall; measured better, docs/lean_state.md)",
+           "stochastic")
+      .choice({"nearest", "stochastic"});
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
 
   p.group("GPU memory (CUDA builds; a CPU run warns that they do nothing)");
@@ -121,12 +132,14 @@ void train_options(ArgParser& p) {
            "auto")
       .integer(0)
       .or_word("auto");
-  p.option("master", "auto|fp32|split",
-           "how host RAM holds the fp32 master weights: fp32, or split into the "
+  p.option("master", "auto|fp32|split|bf16-sr|bf16-kahan",
+           "how host RAM holds the master weights: fp32, or split into the "
            "pinned bf16 copy the GPU loads + a 16-bit remainder + 1 bit (exact, same results, 12.125 instead of 14 "
-           "B/param with Adam; fewer bytes per update); auto: split (the CPU backend always uses fp32)",
+           "B/param with Adam; fewer bytes per update); auto: split (the CPU backend uses fp32 for both). Lossy, "
+           "on both backends: bf16-sr, the master is the bf16 copy itself, updated with stochastic rounding "
+           "(2 B/param); bf16-kahan, the same rounded to nearest plus a bf16 Kahan compensation (4 B/param)",
            "auto")
-      .choice({"auto", "fp32", "split"});
+      .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
   p.flag("low-memory",
          "the least device memory: --grads host --checkpoints host --slots 2, the embedding on "
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
@@ -209,6 +222,13 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.decay_norms_and_biases = p.on("decay-norms-and-biases");
   c.delayed_update = p.on("delayed-update");
   c.max_bad_steps = p.integer("max-bad-steps");
+  const std::string opt = p.str("optimizer");
+  c.optimizer = opt == "adamw8bit" ? MomentStorage::q8 : opt == "adamw4bit" ? MomentStorage::q4 : MomentStorage::fp32;
+  c.moment_rounding = p.str("moment-rounding") == "stochastic" ? QuantRounding::stochastic : QuantRounding::nearest;
+  if (c.optimizer == MomentStorage::fp32 && p.given_explicitly("moment-rounding"))
+    fail(
+        "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit or adamw4bit, "
+        "or drop --moment-rounding");
   c.threads = static_cast<int>(p.integer("threads"));
 
   const std::string dev = p.str("device");
@@ -230,11 +250,13 @@ TrainConfig train_config_read(const ArgParser& p) {
   const std::string mc = p.str("mlp-chunk-tokens");
   c.mlp_chunk_tokens = mc == "auto" ? -1 : p.integer("mlp-chunk-tokens");
   c.master = p.str("master");
+  c.bf16_master = c.master == "bf16-sr" || c.master == "bf16-kahan";
   if (p.has("trace")) c.trace = p.str("trace");
   for (const char* k :
        {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master", "low-memory", "trace"})
-    if (p.given_explicitly(k) && (p.str(k) != "false") && !(std::string(k) == "grads" && c.grads == Placement::fold))
-      c.gpu_options_given.push_back(std::string("--") + k);  // --grads fold has a CPU twin
+    if (p.given_explicitly(k) && (p.str(k) != "false") && !(std::string(k) == "master" && c.bf16_master) &&
+        !(std::string(k) == "grads" && c.grads == Placement::fold))
+      c.gpu_options_given.push_back(std::string("--") + k);  // bf16 masters and --grads fold have CPU twins
   if (c.low_memory) {  // checked on every machine, so a config is refused the same way everywhere
     for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
       if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
@@ -264,6 +286,12 @@ TrainConfig train_config_read(const ArgParser& p) {
   if (p.has("sample-prompt")) c.sample_prompt = p.str("sample-prompt");
   c.sample_tokens = p.integer("sample-tokens");
   return c;
+}
+
+MasterStorage TrainConfig::master_storage() const {
+  return master == "bf16-sr"      ? MasterStorage::bf16_sr
+         : master == "bf16-kahan" ? MasterStorage::bf16_kahan
+                                  : MasterStorage::fp32;
 }
 
 int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64_t micro_batch, int64_t grad_accum) {

@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "io/safetensors.h"
 #include "optim/lr_schedule.h"
+#include "state/host_state.h"
 
 namespace rt::cli {
 
@@ -47,6 +48,8 @@ struct TrainConfig {
   bool decay_norms_and_biases = false;
   bool delayed_update = false;
   int64_t max_bad_steps = 5;
+  MomentStorage optimizer = MomentStorage::fp32;  // --optimizer adamw | adamw8bit | adamw4bit
+  QuantRounding moment_rounding = QuantRounding::stochastic;
   // GPU memory
   Device device = Device::auto_select;
   uint64_t max_gpu_memory = 0;  // 0: what is free
@@ -56,8 +59,11 @@ struct TrainConfig {
   bool resident = false, low_memory = false;
   Placement grads = Placement::auto_select, checkpoints = Placement::auto_select;
   AutoOnOff layer_major = AutoOnOff::auto_select;  // --grad-accum > 1: layer-major micro-batches (backend.h)
-  int64_t mlp_chunk_tokens = -1;  // --mlp-chunk-tokens: -1 auto, 0 off, R tokens (CudaOptions::mlp_chunk_tokens)
-  std::string master = "auto";    // auto | fp32 | split: host storage of the fp32 master (CudaOptions::master)
+  int64_t mlp_chunk_tokens = -1;         // --mlp-chunk-tokens: -1 auto, 0 off, R tokens (CudaOptions::mlp_chunk_tokens)
+  std::string master = "auto";           // auto | fp32 | split: host storage of the fp32 master (CudaOptions::master),
+                                         // or bf16-sr | bf16-kahan (bf16_master below)
+  bool bf16_master = false;              // --master bf16-sr | bf16-kahan: both backends hold a bf16 master
+  MasterStorage master_storage() const;  // bf16 masters; else fp32 (the CPU backend's; the engine picks its own)
   std::string trace;
   std::vector<std::string> gpu_options_given;  // the GPU-only flags given (warned about on a CPU run)
   // checkpoints and output

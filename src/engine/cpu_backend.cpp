@@ -111,7 +111,9 @@ class CpuBackend final : public Backend {
         mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
     RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", mlp_chunk);
-    state_.set_master_storage(MasterStorage::fp32);  // the forward reads the fp32 master (a no-op unless split)
+    // the forward reads the fp32 master: a split one (same values) is converted; a bf16 master (its own
+    // arithmetic) stays, and the forward reads its decoded copy (HostState::weights)
+    if (state_.master_storage() == MasterStorage::split) state_.set_master_storage(MasterStorage::fp32);
     state_.ensure_grads();
   }
   EngineStats stats() const override {
@@ -121,7 +123,11 @@ class CpuBackend final : public Backend {
     return s;
   }
   std::string describe() const override {
-    return cat("cpu (fp32 reference", delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "", ")");
+    const MasterStorage ms = state_.master_storage();
+    return cat(
+        "cpu (fp32 reference", ms != MasterStorage::fp32 ? cat(", ", master_storage_name(ms), " master") : "",
+        state_.moment_storage() != MomentStorage::fp32 ? cat(", ", moment_storage_name(state_.moment_storage())) : "",
+        delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "", ")");
   }
 
   // Forward + backward of every micro-batch into the gradient arenas (zeroed

@@ -203,6 +203,8 @@ StepResult Trainer::step() {
   o.weight_decay = opt_.weight_decay;
   o.decay_norms_and_biases = opt_.decay_norms_and_biases;
   o.clip = opt_.clip;
+  o.moment_rounding = opt_.moment_rounding;
+  o.rounding_seed = opt_.seed;
   for (auto& [a, b] : inject_nan_) o.inject_nan |= step_ >= a && step_ <= b;
   StepStats st = backend_->train_step(batches, n_valid_total, o);
   r.loss = st.loss_sum / static_cast<double>(n_valid_total);
@@ -275,9 +277,14 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   std::printf("backend: %s\n", backend_->describe().c_str());
   std::printf(
       "training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
-      "%.2f B/param host state, optimizer %s\n",
+      "%.2f B/param host state (%s master, %s moments%s), optimizer %s\n",
       (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(), (long long)opt_.grad_accum,
-      (long long)state_.n_params(), state_.bytes_per_param(), simd_level_name(simd_level_active()));
+      (long long)state_.n_params(), state_.bytes_per_param(), master_storage_name(state_.master_storage()),
+      moment_storage_name(state_.moment_storage()),
+      state_.moment_storage() == MomentStorage::fp32
+          ? ""
+          : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding").c_str(),
+      simd_level_name(simd_level_active()));
   if (opt_.delayed_update)
     std::printf(
         "delayed update: the update of step t is applied during step t+1 (gradients one step stale, the "

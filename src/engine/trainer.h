@@ -40,6 +40,7 @@ struct TrainOptions {
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
   AdamWHyper adam;
+  QuantRounding moment_rounding = QuantRounding::stochastic;  // quantized moments (state/moment_quant.h)
   double weight_decay = 0.0;
   bool decay_norms_and_biases = false;  // HF default: no decay on norms and biases
   double clip = 1.0;                    // <= 0: off

@@ -19,6 +19,9 @@ struct GradChunk {
   int64_t b, e;  // elements [b, e) of the unit
 };
 // Every unit's elements in chunks of at most chunk_elems, units in `order`.
+// With quantized moments (state/moment_quant.h) update_unit_range needs every
+// chunk but a unit's last to end on a multiple of kQuantBlock (256; checked
+// there): the CUDA engine's chunks are multiples of 4096 or whole units.
 std::vector<GradChunk> grad_chunks(const std::vector<int64_t>& numel, const std::vector<size_t>& order,
                                    int64_t chunk_elems);
 

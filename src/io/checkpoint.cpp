@@ -24,6 +24,7 @@
 #include "core/fs.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint_internal.h"
+#include "io/checkpoint_unit.h"
 #include "io/safetensors.h"
 
 namespace rt {
@@ -35,8 +36,6 @@ using ordered_json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
 
 using checkpoint_internal::hex64;
-using checkpoint_internal::kFormat;
-const char* const kPrefixes[3] = {"master/", "adam_m/", "adam_v/"};
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -94,55 +93,13 @@ class CheckedFile {
   uint64_t fail_after_ = 0, kill_after_ = 0;
 };
 
-// ---- the snapshot a write works from --------------------------------------
-
-struct UnitSnap {
-  std::string name;
-  std::vector<WeightEntry> entries;
-  std::vector<int64_t> offsets;
-  int64_t numel = 0;
-  const float* arena = nullptr;      // [master | m | v]
-  const StateUnit* split = nullptr;  // instead of arena: a split master, decoded as it is written
-};
+// ---- unit files (io/checkpoint_unit.h) ----------------------------------------
 
 std::string unit_file_name(const std::string& unit) { return "state-" + unit + ".safetensors"; }
 
 ManifestEntry unit_write(const std::string& path, const UnitSnap& u) {
-  ordered_json h = ordered_json::object();
-  h["__metadata__"] = {{"format", kFormat}, {"unit", u.name}};
-  uint64_t off = 0;
-  for (const char* prefix : kPrefixes)
-    for (const WeightEntry& e : u.entries) {
-      const uint64_t nb = static_cast<uint64_t>(e.numel()) * 4;
-      h[prefix + e.name] = {{"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {off, off + nb}}};
-      off += nb;
-    }
-  std::string text = h.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  const uint64_t n = text.size();
   CheckedFile f(path);
-  f.write(&n, 8);
-  f.write(text);
-  std::vector<float> buf;
-  for (int part = 0; part < 3; ++part)
-    for (size_t k = 0; k < u.entries.size(); ++k) {
-      const int64_t n = u.entries[k].numel();
-      if (!u.split) {
-        f.write(u.arena + part * u.numel + u.offsets[k], static_cast<size_t>(n) * 4);
-        continue;
-      }
-      if (part > 0) {
-        f.write(u.split->m() + (part - 1) * u.numel + u.offsets[k], static_cast<size_t>(n) * 4);
-        continue;
-      }
-      constexpr int64_t kChunk = int64_t(1) << 22;  // the master, decoded 16 MiB at a time
-      buf.resize(static_cast<size_t>(std::min(n, kChunk)));
-      for (int64_t b = 0; b < n; b += kChunk) {
-        const int64_t c = std::min(kChunk, n - b);
-        u.split->read_master(u.offsets[k] + b, c, buf.data());
-        f.write(buf.data(), static_cast<size_t>(c) * 4);
-      }
-    }
+  unit_snap_write(u, [&](const void* data, size_t n) { f.write(data, n); });
   return f.commit();
 }
 
@@ -271,11 +228,13 @@ std::string checkpoint_verify(const std::string& dir) {
   return "";
 }
 
-uint64_t checkpoint_bytes_estimate(const ModelSpec& spec) {
+uint64_t checkpoint_bytes_estimate(const ModelSpec& spec, MomentStorage moments, MasterStorage master) {
   // Per unit (embed, layers, head): a safetensors header of at most a few KiB;
   // config.json, trainer.json (the run configuration) and manifest.json: under 64 KiB.
   const uint64_t units = static_cast<uint64_t>(spec.n_layers) + 2;
-  return 12 * static_cast<uint64_t>(spec.params_total()) + units * (uint64_t(16) << 10) + (uint64_t(64) << 10);
+  const double per_param = 4 + moment_bytes_per_param(moments) + (master == MasterStorage::bf16_kahan ? 2 : 0);
+  return static_cast<uint64_t>(per_param * static_cast<double>(spec.params_total())) + units * (uint64_t(16) << 10) +
+         (uint64_t(64) << 10) + units * 64;
 }
 
 std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,
@@ -307,35 +266,11 @@ TrainerCheckpoint checkpoint_read_trainer(const std::string& dir) {
 ModelSpec checkpoint_read_spec(const std::string& dir) { return spec_from_config_file(path_join(dir, "config.json")); }
 
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments) {
-  for (StateUnit& u : state.units()) {
-    const std::string p = path_join(dir, unit_file_name(u.name));
-    if (!file_exists(p))
-      fail("[checkpoint] ", p, " is missing: the checkpoint does not hold unit '", u.name,
-           "' of this model (another model shape?)");
-    std::unique_ptr<SafetensorsFile> f = SafetensorsFile::open(p);
-    if (f->tensors().size() != 3 * u.entries.size())
-      fail("[checkpoint] ", p, " holds ", f->tensors().size(), " tensors; unit '", u.name, "' of this model needs ",
-           3 * u.entries.size(), " (3 per weight): another model shape");
-    for (int part = 0; part < (with_moments ? 3 : 1); ++part)
-      for (size_t k = 0; k < u.entries.size(); ++k) {
-        const WeightEntry& e = u.entries[k];
-        const std::string name = kPrefixes[part] + e.name;
-        const TensorInfo* t = f->find(name);
-        if (!t) fail("[checkpoint] ", p, ": tensor '", name, "' is missing (another model shape?)");
-        if (t->dtype != DType::f32 || t->shape != e.shape)
-          fail("[checkpoint] ", p, ": tensor '", name, "' is ", dtype_name(t->dtype), " of another shape than the ",
-               "model's (another model shape?)");
-        if (!u.split()) {
-          tensor_to_f32(*t, u.arena.p + part * u.numel + u.offsets[k]);
-        } else if (part > 0) {
-          tensor_to_f32(*t, u.m() + (part - 1) * u.numel + u.offsets[k]);
-        } else {  // split master storage: encoded from the fp32 file
-          std::vector<float> buf(static_cast<size_t>(e.numel()));
-          tensor_to_f32(*t, buf.data());
-          u.write_master(u.offsets[k], e.numel(), buf.data());
-        }
-      }
-  }
+  for (StateUnit& u : state.units()) unit_file_load(path_join(dir, unit_file_name(u.name)), u, with_moments);
+}
+
+MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& /*spec*/) {
+  return unit_file_moments(path_join(dir, unit_file_name("embed")));  // unit 0 (host_state.h)
 }
 
 // ---- writer ----------------------------------------------------------------------
@@ -403,8 +338,8 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
   job->report.step = meta.step;
   const auto& units = state.units();
   uint64_t need = 0;
-  // the staging copy is [master | m | v] in fp32 (a split master is decoded into it)
-  auto staged = [](const StateUnit& u) { return static_cast<size_t>(3 * u.numel); };
+  // the staging copy: the master as fp32 (a shadow master decoded), the moments and compensation as they are
+  auto staged = [](const StateUnit& u) { return unit_stage_floats(u); };
   for (const StateUnit& u : units) need += static_cast<uint64_t>(staged(u)) * sizeof(float);
   if (background) {
     bool have = staging_.size() == units.size();
@@ -429,23 +364,8 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
       }
     }
   }
-  for (size_t i = 0; i < units.size(); ++i) {
-    const StateUnit& u = units[i];
-    UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.split() ? nullptr : u.arena.p, u.split() ? &u : nullptr};
-    if (background) {
-      float* dst = staging_[i].p;
-      const int64_t off = u.split() ? u.numel : 0;  // split: the master is decoded, m and v copied
-      if (u.split()) u.read_master(0, u.numel, dst);
-      const float* src = u.arena.p;
-      constexpr int64_t grain = int64_t(1) << 22;
-      parallel_for(static_cast<int64_t>(u.arena.n), grain, [&](int64_t b, int64_t e) {
-        std::memcpy(dst + off + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
-      });
-      s.arena = dst;
-      s.split = nullptr;
-    }
-    job->units.push_back(std::move(s));
-  }
+  for (size_t i = 0; i < units.size(); ++i)
+    job->units.push_back(background ? unit_snap_stage(units[i], staging_[i].p) : unit_snap_live(units[i]));
   job->report.background = background;
   job->report.stall_seconds = seconds_since(t0);
   if (!background) {

@@ -3,7 +3,9 @@
 //   OUT/ckpt-00000120/
 //     state-<unit>.safetensors  per HostState unit (embed, layer.0.., head):
 //                               fp32 "master/<hf name>", "adam_m/<hf name>",
-//                               "adam_v/<hf name>" (canonical weight-map order)
+//                               "adam_v/<hf name>" (canonical weight-map order);
+//                               quantized moments and a Kahan compensation
+//                               bit for bit instead (io/checkpoint_unit.h)
 //     config.json               the model (spec_to_config_json)
 //     trainer.json              step, Adam step count, skipped-step counter,
 //                               bad-step streak, data cursor, seed, the data's
@@ -99,9 +101,11 @@ std::vector<CheckpointRef> checkpoint_list(const std::string& out_dir);
 // and, when DIR is named ckpt-<digits>, whose name says that step too (a copy
 // of another step's directory is not that step); else the reason, naming the file.
 std::string checkpoint_verify(const std::string& dir);
-// An upper bound on the bytes of one checkpoint of this model: master, Adam m
-// and v in fp32 (12 bytes a parameter), the safetensors headers and the small files.
-uint64_t checkpoint_bytes_estimate(const ModelSpec& spec);
+// An upper bound on the bytes of one checkpoint of this model: master in fp32,
+// Adam m and v (fp32: 12 bytes a parameter; quantized less; a Kahan
+// compensation 2 more), the safetensors headers and the small files.
+uint64_t checkpoint_bytes_estimate(const ModelSpec& spec, MomentStorage moments = MomentStorage::fp32,
+                                   MasterStorage master = MasterStorage::fp32);
 // The newest checkpoint in OUT that verifies; each newer one that does not is
 // named with its reason in *warnings. nullopt when none is valid.
 std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,
@@ -113,7 +117,11 @@ TrainerCheckpoint checkpoint_read_trainer(const std::string& dir);
 ModelSpec checkpoint_read_spec(const std::string& dir);
 // Loads master weights (and Adam moments when with_moments) into a state of the
 // same spec; refuses a missing, extra or misshapen tensor by name.
+// With moments, the state's moment storage must be the checkpoint's
+// (checkpoint_read_moments); convert after loading.
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments = true);
+// The moment storage (--optimizer) the checkpoint's state was saved with.
+MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& spec);
 
 struct SaveReport {
   std::string path;  // the final OUT/ckpt-<step>
@@ -155,7 +163,7 @@ class CheckpointWriter {
   void finish(std::optional<SaveReport>* out);
   std::string out_dir_;
   int64_t keep_last_;
-  std::vector<HostBuffer> staging_;  // one per unit, 3 * numel floats
+  std::vector<HostBuffer> staging_;  // one per unit, unit_stage_floats (io/checkpoint_unit.h)
   std::thread thread_;
   std::shared_ptr<Job> job_;
   std::string last_path_;

@@ -57,6 +57,8 @@ bool dtype_parse(const std::string& s, DType* d) {
     *d = DType::bf16;
   else if (s == "F16")
     *d = DType::f16;
+  else if (s == "U8")
+    *d = DType::u8;
   else
     return false;
   return true;
@@ -141,11 +143,13 @@ const char* dtype_name(DType d) {
       return "BF16";
     case DType::f16:
       return "F16";
+    case DType::u8:
+      return "U8";
   }
   return "?";
 }
 
-size_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
+size_t dtype_size(DType d) { return d == DType::f32 ? 4 : d == DType::u8 ? 1 : 2; }
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -357,6 +361,9 @@ void tensor_to_f32(const TensorInfo& t, float* out) {
   if (n == 0) return;  // a zero-size tensor (a dim of 0): nothing to convert, and out may be null
   const uint8_t* src = t.data;
   const DType dt = t.dtype;
+  if (dt == DType::u8)
+    fail("[safetensors] ", t.file ? *t.file : std::string("?"), ": tensor '", t.name,
+         "' holds raw U8 bytes, not weights (a ramtrain checkpoint's quantized moments?)");
   auto convert = [src, dt, out](int64_t b, int64_t e) {
     if (dt == DType::f32) {
       std::memcpy(out + b, src + 4 * b, static_cast<size_t>(e - b) * 4);
@@ -390,6 +397,8 @@ WritePlan write_plan(const std::string& path, const std::vector<TensorWrite>& te
            "' (names must be non-empty and not __metadata__)");
     if (!names.insert(t.name).second)
       fail("[safetensors] writing ", path, ": tensor '", t.name, "' given twice (names must be unique)");
+    if (t.dtype == DType::u8)
+      fail("[safetensors] writing ", path, ": tensor '", t.name, "': U8 cannot be converted from fp32");
     for (int64_t d : t.shape)
       if (d < 0) fail("[safetensors] writing ", path, ": tensor '", t.name, "' has negative dimension ", d);
     int64_t numel, nb;

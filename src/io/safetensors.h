@@ -16,8 +16,8 @@
 
 namespace rt {
 
-enum class DType { f32, bf16, f16 };
-const char* dtype_name(DType d);  // "F32", "BF16", "F16"
+enum class DType { f32, bf16, f16, u8 };  // u8: raw bytes (checkpoints' quantized moments), never converted
+const char* dtype_name(DType d);          // "F32", "BF16", "F16", "U8"
 size_t dtype_size(DType d);
 
 struct TensorInfo {

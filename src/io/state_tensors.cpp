@@ -13,7 +13,7 @@ void load_state(HostState& state, const SafetensorsModel& model) {
   std::vector<float> scratch;  // split master storage: each tensor is encoded from fp32
   for (auto& u : state.units())
     for (size_t k = 0; k < u.entries.size(); ++k) {
-      if (!u.split()) {
+      if (!u.shadow_master()) {
         tensor_to_f32(model.get(u.entries[k].name), u.master() + u.offsets[k]);
         continue;
       }

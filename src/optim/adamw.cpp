@@ -14,6 +14,7 @@
 #endif
 
 #include "optim/adamw.h"
+#include "optim/adamw_math.h"
 
 #include <immintrin.h>
 
@@ -29,53 +30,6 @@
 
 namespace rt {
 namespace {
-
-// Per-call fp32 constants, derived in double exactly as torch does.
-struct AdamWConsts {
-  float grad_scale;
-  float decay;       // 1 - lr*wd (1 when wd == 0: multiplying by 1 is exact)
-  bool lerp_small;   // |1 - b1| < 0.5: torch's lerp uses m + w*(g - m)
-  float lerp_coeff;  // w = 1 - b1, or w - 1 (fp32) for the other branch
-  float beta2;
-  float one_minus_beta2;
-  float bc2_sqrt;
-  float eps;
-  float neg_step_size;  // -lr / (1 - b1^t)
-};
-
-AdamWConsts adamw_consts(const AdamWHyper& h, int64_t t, double lr, double wd, float grad_scale) {
-  AdamWConsts c;
-  c.grad_scale = grad_scale;
-  c.decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
-  float w = static_cast<float>(1.0 - h.beta1);
-  c.lerp_small = std::fabs(w) < 0.5f;
-  c.lerp_coeff = c.lerp_small ? w : w - 1.0f;
-  c.beta2 = static_cast<float>(h.beta2);
-  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  double step = static_cast<double>(t);
-  double bc1 = 1.0 - std::pow(h.beta1, step);
-  double bc2 = 1.0 - std::pow(h.beta2, step);
-  c.bc2_sqrt = static_cast<float>(std::pow(bc2, 0.5));  // Python's bc2 ** 0.5
-  c.eps = static_cast<float>(h.eps);
-  c.neg_step_size = static_cast<float>(-(lr / bc1));
-  return c;
-}
-
-// The specification: one element, every op rounded to fp32 once. Returns the
-// new p; m and v are updated in place. Every path (fp32 or split master) uses it.
-inline float adamw_math(float p, float& m, float& v, float g, const AdamWConsts& c) {
-  float gs = g * c.grad_scale;
-  float pp = p * c.decay;
-  float mm = m;
-  float d = gs - mm;
-  mm = std::fma(c.lerp_coeff, d, c.lerp_small ? mm : gs);
-  float vv = std::fma(c.one_minus_beta2 * gs, gs, v * c.beta2);
-  float denom = std::sqrt(vv) / c.bc2_sqrt + c.eps;
-  pp = pp + (c.neg_step_size * mm) / denom;
-  m = mm;
-  v = vv;
-  return pp;
-}
 
 inline void adamw_element(float* p, float* m, float* v, const float* g, uint16_t* out, int64_t i,
                           const AdamWConsts& c) {
@@ -569,6 +523,17 @@ void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g
   split_master_parallel(p, n, [&](int64_t b, int64_t e) {
     block(SplitArgs{p.at(b), in + b, m + b, v + b, g + b}, e - b, c);
   });
+}
+
+void adamw_span(float* p, float* m, float* v, const float* g, int64_t n, const AdamWConsts& c) {
+  switch (simd_level_active()) {
+    case SimdLevel::avx512:
+      return adamw_block_avx512(p, m, v, g, nullptr, n, c);
+    case SimdLevel::avx2:
+      return adamw_block_avx2(p, m, v, g, nullptr, n, c);
+    case SimdLevel::scalar:
+      return adamw_block_scalar(p, m, v, g, nullptr, n, c);
+  }
 }
 
 void adamw_update(float* p, float* m, float* v, const float* g, int64_t n, const AdamWHyper& h, int64_t t, double lr,

@@ -17,6 +17,9 @@ struct OptimStep {
   bool decay_norms_and_biases = false;
   double clip = 1.0;        // <= 0: off
   bool inject_nan = false;  // test hook: treat this step's loss as NaN (so it is skipped)
+  // quantized moments (optim/adamw_lean.h): how m, v are rounded back to their codes
+  QuantRounding moment_rounding = QuantRounding::stochastic;
+  uint64_t rounding_seed = 0;  // key of stochastic rounding (moments, bf16-sr master)
 };
 
 // The weight decay of one tensor under o's policy.
@@ -30,6 +33,10 @@ inline double weight_decay_for(const WeightEntry& e, const OptimStep& o) {
 // becomes the current one; shadow_prev (nullable: in place) the unit's other
 // shadow, which holds the master before the update (delayed-update mode).
 // Bit-identical to the fp32 storage: masters, moments and shadows.
+// Quantized moments and bf16 masters go through optim/adamw_lean.h (same
+// shadow rules; bf16_shadow nullptr on a shadow master: its current shadow,
+// in place). Quantized moments need b, e at multiples of kQuantBlock (or e at
+// the unit's end): the engine's chunks are 4096-element aligned.
 void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow,
                  const uint16_t* shadow_prev = nullptr);
 // The same over the unit's elements [b, e) only: grad[e - b] holds their

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -57,7 +58,12 @@ void zero_parallel(float* p, size_t n) {
 }
 }  // namespace
 
-HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with_grads_(with_grads) {
+namespace {
+void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv);
+}
+
+HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master)
+    : spec_(spec), with_grads_(with_grads) {
   spec_.validate("model spec");
   std::vector<WeightEntry> all = weight_map(spec_);
   const int64_t L = spec_.n_layers;
@@ -75,16 +81,27 @@ HostState::HostState(const ModelSpec& spec, bool with_grads) : spec_(spec), with
     su.numel += (e.numel() + 15) / 16 * 16;
     su.entries.push_back(e);
   }
-  uint64_t need = 0;
-  for (auto& u : units_) need += static_cast<uint64_t>(u.numel) * 4 * (3 + (with_grads_ ? 1 : 0));
+  const bool lean = moments != MomentStorage::fp32 || master != MasterStorage::fp32;
+  const uint64_t need = planned_bytes(spec_, master, master == MasterStorage::fp32 ? 0 : 1, with_grads_, moments);
   uint64_t avail = host_memory_available();
   if (avail && need > avail)
-    fail("[host] the training state needs ", need / (1 << 20), " MiB of host RAM (", with_grads_ ? 16 : 12,
-         " B/param) but only ", avail / (1 << 20), " MiB are available. Use a smaller model or free memory.");
+    fail("[host] the training state needs ", need / (1 << 20), " MiB of host RAM (",
+         static_cast<double>(need) / static_cast<double>(spec_.params_total()), " B/param) but only ",
+         avail / (1 << 20),
+         " MiB are available. Use a smaller model, a leaner state (--optimizer adamw8bit|adamw4bit, "
+         "--master bf16-sr) or free memory.");
   for (size_t u = 0; u < units_.size(); ++u) {
     StateUnit& su = units_[u];
-    su.arena = HostBuffer(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " master weights and Adam moments"));
-    zero_parallel(su.arena.p, su.arena.n);  // first touch on every core: large states fault in faster
+    su.index = static_cast<int64_t>(u);
+    if (lean) {  // zeros in the asked storages (peak: the state plus one unit's fp32 master and moments)
+      HostBuffer zero(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " initial values"));
+      zero_parallel(zero.p, zero.n);
+      unit_rebuild(su, master, 1, moments, zero.p, zero.p + su.numel);
+    } else {
+      su.arena =
+          HostBuffer(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " master weights and Adam moments"));
+      zero_parallel(su.arena.p, su.arena.n);  // first touch on every core: large states fault in faster
+    }
     if (with_grads_) {
       su.grad = HostBuffer(static_cast<size_t>(su.numel), cat("the ", su.name, " gradients"));
       zero_parallel(su.grad.p, su.grad.n);
@@ -104,7 +121,9 @@ int64_t HostState::n_params() const {
 uint64_t HostState::bytes_total() const {
   uint64_t b = 0;
   for (auto& u : units_)
-    b += (u.arena.n + u.grad.n + u.shadow_buf[0].n + u.shadow_buf[1].n + u.rem_buf.n + u.tie_buf.n) * sizeof(float);
+    b += (u.arena.n + u.grad.n + u.shadow_buf[0].n + u.shadow_buf[1].n + u.rem_buf.n + u.tie_buf.n + u.qm_buf.n +
+          u.qv_buf.n + u.qscale_buf.n) *
+         sizeof(float);
   return b;
 }
 
@@ -112,19 +131,33 @@ double HostState::bytes_per_param() const {
   return static_cast<double>(bytes_total()) / static_cast<double>(n_params());
 }
 
-const char* master_storage_name(MasterStorage s) { return s == MasterStorage::split ? "split" : "fp32"; }
+const char* master_storage_name(MasterStorage s) {
+  switch (s) {
+    case MasterStorage::fp32:
+      return "fp32";
+    case MasterStorage::split:
+      return "split";
+    case MasterStorage::bf16_sr:
+      return "bf16-sr";
+    case MasterStorage::bf16_kahan:
+      return "bf16-kahan";
+  }
+  return "unknown";
+}
 
 namespace {
 // Floats of the buffers of one split unit of n elements.
 size_t shadow_floats(int64_t n) { return static_cast<size_t>(n + 1) / 2; }
 size_t tie_floats(int64_t n) { return static_cast<size_t>(split_master_tie_words(n)) * 2; }
+size_t code_floats(MomentStorage s, int64_t n) { return static_cast<size_t>(quant_code_bytes(s, n) + 3) / 4; }
 // Bytes a HostBuffer of f floats holds (its rounding to the alignment a aside,
 // as bytes_total counts: at most a page per buffer).
 uint64_t buf_bytes(size_t f, uint64_t /*a*/) { return static_cast<uint64_t>(f) * 4; }
 constexpr size_t kPageAlign = 4096;
 }  // namespace
 
-uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads) {
+uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads,
+                                  MomentStorage moments) {
   // the unit layout of the constructor: every tensor padded to 16 floats
   std::vector<int64_t> numel;
   const int64_t L = spec.n_layers;
@@ -135,51 +168,146 @@ uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, 
                                            : static_cast<size_t>(L + 1);
     numel[u] += (e.numel() + 15) / 16 * 16;
   }
+  const bool in_shadow = storage != MasterStorage::fp32;
   uint64_t b = 0;
   for (int64_t n : numel) {
     const uint64_t un = static_cast<uint64_t>(n);
-    b += buf_bytes(static_cast<size_t>(n) * (storage == MasterStorage::split ? 2 : 3), 64);
-    b += static_cast<uint64_t>(shadows) *
-         (storage == MasterStorage::split ? buf_bytes(shadow_floats(n), kPageAlign) : un * 2);
+    const size_t arena = (in_shadow ? 0 : 1) + (moments == MomentStorage::fp32 ? 2 : 0);
+    b += buf_bytes(static_cast<size_t>(n) * arena, 64);
+    if (moments != MomentStorage::fp32)
+      b += 2 * buf_bytes(code_floats(moments, n), 64) + buf_bytes(2 * static_cast<size_t>(quant_blocks(n)), 64);
+    b += static_cast<uint64_t>(shadows) * (in_shadow ? buf_bytes(shadow_floats(n), kPageAlign) : un * 2);
     if (storage == MasterStorage::split) b += buf_bytes(shadow_floats(n), 64) + buf_bytes(tie_floats(n), 64);
+    if (storage == MasterStorage::bf16_kahan) b += buf_bytes(shadow_floats(n), 64);
     if (host_grads) b += buf_bytes(static_cast<size_t>(n), 64);
   }
   return b;
 }
 
 float* StateUnit::master() const {
-  RT_CHECK(!split(), "[host] unit ", name, " holds a split master: no fp32 copy to point into (use read_master)");
+  RT_CHECK(!shadow_master(), "[host] unit ", name, " holds a ", master_storage_name(master_kind),
+           " master: no fp32 copy to point into (use read_master)");
   return arena.p;
+}
+
+float* StateUnit::m() const {
+  RT_CHECK(!quantized(), "[host] unit ", name, " holds ", moment_storage_name(moments),
+           " (quantized) moments: no fp32 m, v to point into");
+  return arena.p + (shadow_master() ? 0 : numel);
 }
 
 void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
   RT_CHECK(0 <= b && n >= 0 && b + n <= numel, "[host] range outside unit ", name);
-  if (!split()) {
+  if (!shadow_master()) {
     std::memcpy(out, arena.p + b, static_cast<size_t>(n) * 4);
     return;
   }
-  split_master_decode(split_master(cur_shadow).at(b), n, out);
+  if (split()) return split_master_decode(split_master(cur_shadow).at(b), n, out);
+  const uint16_t* s = shadow(cur_shadow) + b;
+  parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = bf16_to_f32(s[i]);
+  });
 }
 
 void StateUnit::write_master(int64_t b, int64_t n, const float* in) {
   RT_CHECK(0 <= b && n >= 0 && b + n <= numel, "[host] range outside unit ", name);
-  if (!split()) {
+  if (!shadow_master()) {
     std::memcpy(arena.p + b, in, static_cast<size_t>(n) * 4);
     return;
   }
-  split_master_encode(in, n, split_master(cur_shadow).at(b));
+  if (split()) {
+    split_master_encode(in, n, split_master(cur_shadow).at(b));
+  } else {  // bf16: round to nearest; Kahan: the compensation holds the rounding error (exact sum = shadow - comp)
+    uint16_t* s = shadow(cur_shadow) + b;
+    uint16_t* c = master_kind == MasterStorage::bf16_kahan ? comp() + b : nullptr;
+    parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        s[i] = f32_to_bf16(in[i]);
+        if (c) c[i] = f32_to_bf16(bf16_to_f32(s[i]) - in[i]);
+      }
+    });
+  }
   for (int k = 0; k < n_shadows; ++k)
     if (k != cur_shadow) std::memcpy(shadow(k) + b, shadow(cur_shadow) + b, static_cast<size_t>(n) * 2);
 }
 
+namespace {
+
+// Rebuilds u's buffers for master storage `ms` (shadows: its count) and moment
+// storage `mo`, given its current master x and fp32 moments mv ([m | v], 2n);
+// mv nullptr: the moments are quantized as `mo` already and stay as they are.
+void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv) {
+  const int64_t n = u.numel;
+  const bool in_shadow = ms != MasterStorage::fp32;
+  const size_t arena = (in_shadow ? 0 : 1) + (mo == MomentStorage::fp32 ? 2 : 0);
+  u.arena = HostBuffer(static_cast<size_t>(n) * arena, cat("the ", u.name, " master weights and Adam moments"));
+  for (auto& sb : u.shadow_buf) sb = HostBuffer();
+  u.rem_buf = HostBuffer();
+  u.tie_buf = HostBuffer();
+  u.master_kind = ms;
+  u.moments = mo;
+  u.n_shadows = in_shadow ? shadows : 0;
+  u.cur_shadow = 0;
+  for (int k = 0; k < u.n_shadows; ++k)
+    u.shadow_buf[k] = HostBuffer(shadow_floats(n), cat("a bf16 shadow of ", u.name), kPageAlign);
+  if (ms == MasterStorage::split || ms == MasterStorage::bf16_kahan)
+    u.rem_buf =
+        HostBuffer(shadow_floats(n),
+                   cat("the ", u.name, ms == MasterStorage::split ? " master remainder" : " Kahan compensation"));
+  if (ms == MasterStorage::split) {
+    u.tie_buf = HostBuffer(tie_floats(n), cat("the ", u.name, " master tie bits"));
+    std::memset(u.tie_buf.p, 0, u.tie_buf.n * 4);
+  }
+  u.write_master(0, n, x);
+  if (!mv) return;
+  u.qm_buf = HostBuffer();
+  u.qv_buf = HostBuffer();
+  u.qscale_buf = HostBuffer();
+  if (mo == MomentStorage::fp32) {
+    std::memcpy(u.m(), mv, static_cast<size_t>(2 * n) * 4);
+    return;
+  }
+  u.qm_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam m"));
+  u.qv_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam v"));
+  u.qscale_buf = HostBuffer(2 * static_cast<size_t>(quant_blocks(n)), cat("the ", u.name, " moment scales"));
+  const int64_t nb = quant_blocks(n);
+  parallel_for(nb, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
+      quant_block_encode(mo, true, QuantRounding::nearest, 0, mv + first, k, u.qm(), first, u.scale_m() + blk);
+      quant_block_encode(mo, false, QuantRounding::nearest, 0, mv + n + first, k, u.qv(), first, u.scale_v() + blk);
+    }
+  });
+}
+
+// u's current moments as fp32 [m | v] (quantized: decoded).
+HostBuffer unit_moments(const StateUnit& u) {
+  const int64_t n = u.numel;
+  HostBuffer mv(static_cast<size_t>(2 * n), cat("a copy of the ", u.name, " Adam moments"));
+  if (!u.quantized()) {
+    std::memcpy(mv.p, u.m(), static_cast<size_t>(2 * n) * 4);
+    return mv;
+  }
+  parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
+      quant_block_decode(u.moments, true, u.qm(), first, u.scale_m()[blk], k, mv.p + first);
+      quant_block_decode(u.moments, false, u.qv(), first, u.scale_v()[blk], k, mv.p + n + first);
+    }
+  });
+  return mv;
+}
+
+}  // namespace
+
 void HostState::set_master_storage(MasterStorage s, int n_shadows) {
-  RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2,
-           "[host] a split master has 1 or 2 shadows, not ", n_shadows);
+  RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2, "[host] a ", master_storage_name(s),
+           " master has 1 or 2 shadows, not ", n_shadows);
   decoded_.clear();
   for (StateUnit& u : units_) {
-    const int want = s == MasterStorage::split ? n_shadows : 0;
-    if (!u.split() && want == 0) continue;
-    if (u.split() && want > 0) {  // the current shadow becomes shadow 0, copied to shadow 1
+    const int want = s == MasterStorage::fp32 ? 0 : n_shadows;
+    if (u.master_kind == s && u.n_shadows == want) continue;
+    if (u.master_kind == s) {  // the shadow count changes: the current shadow becomes shadow 0, copied to shadow 1
       if (u.cur_shadow != 0) std::swap(u.shadow_buf[0], u.shadow_buf[u.cur_shadow]);
       u.cur_shadow = 0;
       if (want == 2 && !u.shadow_buf[1].p)
@@ -189,31 +317,26 @@ void HostState::set_master_storage(MasterStorage s, int n_shadows) {
       u.n_shadows = want;
       continue;
     }
-    const int64_t n = u.numel;
-    if (want > 0) {  // fp32 -> split
-      HostBuffer mv(static_cast<size_t>(2 * n), cat("the ", u.name, " Adam moments"));
-      std::memcpy(mv.p, u.arena.p + n, static_cast<size_t>(2 * n) * 4);
-      for (int k = 0; k < want; ++k)
-        u.shadow_buf[k] = HostBuffer(shadow_floats(n), cat("a bf16 shadow of ", u.name), kPageAlign);
-      u.rem_buf = HostBuffer(shadow_floats(n), cat("the ", u.name, " master remainder"));
-      u.tie_buf = HostBuffer(tie_floats(n), cat("the ", u.name, " master tie bits"));
-      std::memset(u.tie_buf.p, 0, u.tie_buf.n * 4);
-      split_master_encode(u.arena.p, n, u.split_master(0));
-      if (want == 2) std::memcpy(u.shadow(1), u.shadow(0), static_cast<size_t>(n) * 2);
-      u.arena = std::move(mv);
-      u.n_shadows = want;
-      u.cur_shadow = 0;
-    } else {  // split -> fp32
-      HostBuffer a(static_cast<size_t>(3 * n), cat("the ", u.name, " master weights and Adam moments"));
-      split_master_decode(u.split_master(u.cur_shadow), n, a.p);
-      std::memcpy(a.p + n, u.arena.p, static_cast<size_t>(2 * n) * 4);
-      u.arena = std::move(a);
-      for (auto& b : u.shadow_buf) b = HostBuffer();
-      u.rem_buf = HostBuffer();
-      u.tie_buf = HostBuffer();
-      u.n_shadows = 0;
-      u.cur_shadow = 0;
-    }
+    HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
+    u.read_master(0, u.numel, x.p);
+    HostBuffer mv;
+    if (!u.quantized()) mv = unit_moments(u);  // quantized moments stay as they are
+    unit_rebuild(u, s, want, u.moments, x.p, mv.p);
+  }
+}
+
+void HostState::set_moment_storage(MomentStorage s) {
+  decoded_.clear();
+  for (StateUnit& u : units_) {
+    if (u.moments == s) continue;
+    HostBuffer mv = unit_moments(u);
+    HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
+    u.read_master(0, u.numel, x.p);
+    HostBuffer comp;  // a Kahan compensation survives the rebuild
+    if (u.master_kind == MasterStorage::bf16_kahan) comp = std::move(u.rem_buf);
+    const int shadows = u.n_shadows;
+    unit_rebuild(u, u.master_kind, shadows, s, x.p, mv.p);
+    if (comp.p) u.rem_buf = std::move(comp);
   }
 }
 
@@ -246,8 +369,8 @@ void HostState::write_master(const std::string& name, const float* in) {
 float* HostState::view(const std::string& name) const {
   const Loc& l = locate(name);
   const StateUnit& u = units_[l.unit];
-  if (!u.split()) return u.master() + l.offset;
-  RT_CHECK(l.unit < decoded_.size() && decoded_[l.unit].p, "[host] ", name, ": the split master was not decoded");
+  if (!u.shadow_master()) return u.master() + l.offset;
+  RT_CHECK(l.unit < decoded_.size() && decoded_[l.unit].p, "[host] ", name, ": the shadow master was not decoded");
   return decoded_[l.unit].p + l.offset;
 }
 
@@ -291,8 +414,8 @@ void HostState::init_random(uint64_t seed, float std) {
     for (size_t k = 0; k < u.entries.size(); ++k, ++tensor_id) {
       const WeightEntry& e = u.entries[k];
       const int64_t n = e.numel();
-      std::vector<float> scratch(u.split() ? static_cast<size_t>(n) : 0);
-      float* p = u.split() ? scratch.data() : u.master() + u.offsets[k];
+      std::vector<float> scratch(u.shadow_master() ? static_cast<size_t>(n) : 0);
+      float* p = u.shadow_master() ? scratch.data() : u.master() + u.offsets[k];
       const bool is_norm = e.kind == WeightKind::attn_norm || e.kind == WeightKind::mlp_norm ||
                            e.kind == WeightKind::final_norm || e.kind == WeightKind::q_norm ||
                            e.kind == WeightKind::k_norm;
@@ -300,7 +423,7 @@ void HostState::init_random(uint64_t seed, float std) {
         std::fill(p, p + n, is_norm ? 1.0f : 0.0f);
       else
         init_normal(p, n, mix64(seed ^ mix64(tensor_id + 0x1234567ull)), std);
-      if (u.split()) u.write_master(u.offsets[k], n, p);  // split storage: encode the tensor once made
+      if (u.shadow_master()) u.write_master(u.offsets[k], n, p);  // shadow storage: encode the tensor once made
     }
   }
 }
@@ -339,7 +462,13 @@ void HostState::zero_grads() {
 }
 
 void HostState::zero_moments() {
-  for (auto& u : units_) std::memset(u.m(), 0, 2 * static_cast<size_t>(u.numel) * sizeof(float));
+  for (auto& u : units_) {
+    if (!u.quantized()) {
+      std::memset(u.m(), 0, 2 * static_cast<size_t>(u.numel) * sizeof(float));
+      continue;
+    }
+    for (HostBuffer* b : {&u.qm_buf, &u.qv_buf, &u.qscale_buf}) std::memset(b->p, 0, b->n * sizeof(float));
+  }
 }
 
 namespace {
@@ -385,7 +514,7 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
 }  // namespace
 
 void HostState::decode_all() const {
-  if (master_storage() != MasterStorage::split) return;
+  if (master_storage() == MasterStorage::fp32) return;
   decoded_.resize(units_.size());
   for (size_t i = 0; i < units_.size(); ++i) {
     const StateUnit& u = units_[i];

@@ -12,6 +12,15 @@
 // engine registers the shadows as pinned memory and loads them as they are; the
 // CPU backend computes on the fp32 master, so it keeps (or converts to) fp32.
 // Readers of a split master decode (read_master, weights(), io/state_tensors.h).
+// bf16 masters (--master bf16-sr | bf16-kahan): the master IS the bf16 shadow
+// (no fp32 copy, no remainder): updates round the new fp32 value to bf16
+// stochastically (bf16-sr), or to nearest with a bf16 Kahan compensation per
+// element (bf16-kahan: the rem buffer holds it; the exact sum is shadow - comp).
+// 2 (+2) B/param. These change the arithmetic (not bit-identical to fp32):
+// the CPU backend keeps them and computes on their decoded copy.
+// Moments: fp32 m, v in the arena, or block-wise quantized (state/moment_quant.h,
+// --optimizer adamw8bit | adamw4bit): codes and scales in their own buffers
+// and the arena holds the fp32 master only (or nothing with a shadow master).
 // Lives below io/ (state <- io): reading and writing it as safetensors is
 // io/state_tensors.h.
 #pragma once
@@ -23,6 +32,7 @@
 #include "model/model.h"
 #include "model/spec.h"
 #include "model/weight_map.h"
+#include "state/moment_quant.h"
 #include "state/split_master.h"
 
 namespace rt {
@@ -46,24 +56,40 @@ struct HostBuffer {
 
 uint64_t host_memory_available();  // MemAvailable from /proc/meminfo, bytes (0 if unknown)
 
-enum class MasterStorage { fp32, split };
-const char* master_storage_name(MasterStorage s);
+enum class MasterStorage { fp32, split, bf16_sr, bf16_kahan };
+const char* master_storage_name(MasterStorage s);  // the --master value: fp32, split, bf16-sr, bf16-kahan
+inline bool master_is_bf16(MasterStorage s) { return s == MasterStorage::bf16_sr || s == MasterStorage::bf16_kahan; }
 
 struct StateUnit {
   std::string name;                  // "embed", "layer.3", "head"
+  int64_t index = 0;                 // position in HostState::units() (a key of stochastic rounding)
   std::vector<WeightEntry> entries;  // canonical order
   std::vector<int64_t> offsets;      // element offset of each entry in the arena
   int64_t numel = 0;
-  HostBuffer arena;  // fp32: [master | m | v], 3 * numel floats; split: [m | v]
-  HostBuffer grad;   // numel floats (empty when grads are off)
-  // split storage only: bf16 shadows (page aligned, [1] only with two), remainder, tie bitmap
+  // [master (fp32 storage) | m | v (fp32 moments)]: 3 * numel floats with fp32
+  // master and moments; split or bf16 master: [m | v]; quantized: [master] or empty
+  HostBuffer arena;
+  HostBuffer grad;  // numel floats (empty when grads are off)
+  // shadow masters (split, bf16) only: bf16 shadows (page aligned, [1] only with
+  // two), remainder (split) or Kahan compensation (bf16-kahan), tie bitmap (split)
   HostBuffer shadow_buf[2], rem_buf, tie_buf;
-  int n_shadows = 0;   // 0: fp32 storage
-  int cur_shadow = 0;  // the shadow holding the current master (split)
-  bool split() const { return n_shadows > 0; }
-  float* master() const;  // fp32 storage only (throws on split)
-  float* m() const { return arena.p + (split() ? 0 : numel); }
+  // quantized moments only: m codes, v codes, scales [m: nb | v: nb] (moment_quant.h)
+  HostBuffer qm_buf, qv_buf, qscale_buf;
+  MasterStorage master_kind = MasterStorage::fp32;
+  MomentStorage moments = MomentStorage::fp32;
+  int n_shadows = 0;                                    // 0: fp32 storage
+  int cur_shadow = 0;                                   // the shadow holding the current master (split, bf16)
+  bool shadow_master() const { return n_shadows > 0; }  // the master lives in the shadow(s)
+  bool split() const { return master_kind == MasterStorage::split; }
+  bool quantized() const { return moments != MomentStorage::fp32; }
+  float* master() const;  // fp32 storage only (throws on a shadow master)
+  float* m() const;       // fp32 moments only (throws on quantized ones)
   float* v() const { return m() + numel; }
+  uint8_t* qm() const { return reinterpret_cast<uint8_t*>(qm_buf.p); }
+  uint8_t* qv() const { return reinterpret_cast<uint8_t*>(qv_buf.p); }
+  float* scale_m() const { return qscale_buf.p; }
+  float* scale_v() const { return qscale_buf.p + quant_blocks(numel); }
+  uint16_t* comp() const { return rem(); }  // bf16-kahan
   uint16_t* shadow(int k) const { return reinterpret_cast<uint16_t*>(shadow_buf[k].p); }
   uint16_t* rem() const { return reinterpret_cast<uint16_t*>(rem_buf.p); }
   uint64_t* tie() const { return reinterpret_cast<uint64_t*>(tie_buf.p); }
@@ -77,14 +103,18 @@ struct StateUnit {
 
 class HostState {
  public:
-  HostState(const ModelSpec& spec, bool with_grads);
+  // Made directly in the given storages (so a model that fits only in a lean
+  // mode is never allocated in fp32 first); a bf16 or split master with one shadow.
+  HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments = MomentStorage::fp32,
+            MasterStorage master = MasterStorage::fp32);
 
   const ModelSpec& spec() const { return spec_; }
   std::vector<StateUnit>& units() { return units_; }
   const std::vector<StateUnit>& units() const { return units_; }
   int64_t n_params() const;
   // Bytes of host memory per parameter held by this state (fp32: 12, split with
-  // one shadow: 12.125, + 2 per extra shadow; + 4 with grads): bytes_total() / n_params().
+  // one shadow: 12.125, + 2 per extra shadow; + 4 with grads; the moments 8,
+  // 2.03 or 1.03 of it, the master 4, 4.125 (split), 2 (bf16-sr) or 4 (bf16-kahan)): bytes_total() / n_params().
   double bytes_per_param() const;
   uint64_t bytes_total() const;
   // Host bytes a plan would hold for spec: state, pinned bf16 shadows (fp32
@@ -92,14 +122,21 @@ class HostState {
   // split: the state's) and fp32 gradients when host_grads; the padding of the
   // tensors to 16 floats included, the buffers' rounding to 64 B / 4 KiB not
   // (as bytes_total).
-  static uint64_t planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads);
+  static uint64_t planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads,
+                                MomentStorage moments = MomentStorage::fp32);
 
   // Master storage. set_master_storage converts unit by unit (peak: the state
   // plus one unit), bit-exact both ways; split with n_shadows 1 or 2 (a change of
   // the count keeps the current master). Afterwards every shadow holds the
   // current master and it is shadow 0. Not while an update runs.
-  MasterStorage master_storage() const { return units_[0].split() ? MasterStorage::split : MasterStorage::fp32; }
+  // Converting to a bf16 master rounds to nearest (Kahan: the compensation
+  // keeps the rounding error); from it, exact.
+  MasterStorage master_storage() const { return units_[0].master_kind; }
   void set_master_storage(MasterStorage s, int n_shadows = 1);
+  // Moment storage: fp32 or quantized (state/moment_quant.h, nearest rounding
+  // when converting); quantized -> fp32 decodes exactly. Unit by unit.
+  MomentStorage moment_storage() const { return units_[0].moments; }
+  void set_moment_storage(MomentStorage s);
 
   // HF-style init: normal(0, std) for matrices and embeddings, 1 for norms, 0
   // for biases; counter-based RNG, so identical for any thread count.

@@ -284,6 +284,37 @@ TEST(Resume, DelayedUpdateResumesExactly) {
   EXPECT_FALSE(same_losses(ref, plain.records));
 }
 
+// The lean modes (--optimizer adamw8bit/adamw4bit, --master bf16-sr/bf16-kahan,
+// docs/lean_state.md) checkpoint their quantized moments, bf16 master and
+// Kahan compensation bit for bit: killed mid-run (in a checkpoint write), the
+// resumed run continues with exactly the uninterrupted run's losses; each
+// mode is also a different run from fp32 AdamW (so the comparison can fail).
+TEST(Resume, LeanModesResumeExactly) {
+  Fixture fx;
+  Reference plain = reference_run(fx);
+  const std::vector<std::vector<std::string>> modes = {{"--optimizer", "adamw8bit"},
+                                                       {"--optimizer", "adamw4bit", "--master", "bf16-kahan"},
+                                                       {"--optimizer", "adamw8bit", "--master", "bf16-sr"},
+                                                       {"--master", "bf16-kahan", "--delayed-update"}};
+  int i = 0;
+  for (const auto& mode : modes) {
+    SCOPED_TRACE(join(mode));
+    const std::string ref_out = fx.tmp.file("lref" + std::to_string(i));
+    ASSERT_EQ(run_logged(fx.args(ref_out, mode), ref_out + ".log"), 0) << rt::read_text_file(ref_out + ".log");
+    const Records ref = metrics_read(ref_out + "/metrics.jsonl");
+    EXPECT_FALSE(same_losses(ref, plain.records));
+    const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
+    const std::string out = fx.tmp.file("l" + std::to_string(i++)), log = out + ".log";
+    fs::create_directories(out);
+    ASSERT_EQ(
+        run_logged(fx.args(out, mode), log, {"RAMTRAIN_INJECT_KILL_AFTER_BYTES=" + std::to_string(bytes * 5 / 2)}),
+        128 + SIGKILL);
+    auto r = run_ramtrain(join(resume_args(fx, out)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(same_losses(metrics_read(out + "/metrics.jsonl"), ref));
+  }
+}
+
 TEST(Resume, AutoSkipsACorruptCheckpointNamingIt) {
   Fixture fx;
   Reference ref = reference_run(fx);

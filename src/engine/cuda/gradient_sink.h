@@ -21,6 +21,7 @@
 #include "engine/cuda/engine_device.h"
 #include "engine/update_tracker.h"
 #include "state/host_state.h"
+#include "state/moment_quant.h"
 
 namespace rt::cuda {
 
@@ -32,6 +33,7 @@ class GradientSink {
   // chunk 64-byte aligned in the arenas (units and tensors are 16-float aligned).
   static constexpr int kRing = 4;
   static constexpr int64_t kChunkAlign = 4096;
+  static_assert(kChunkAlign % kQuantBlock == 0, "gradient chunks must cut units at quantization-block bounds");
   static constexpr int kSlabs = 3;
 
   GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed);

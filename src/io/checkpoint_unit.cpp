@@ -1,0 +1,218 @@
+#include "io/checkpoint_unit.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/thread_pool.h"
+#include "io/checkpoint_internal.h"
+#include "io/safetensors.h"
+
+namespace rt {
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+using checkpoint_internal::kFormat;
+
+size_t floats_of_bytes(int64_t b) { return static_cast<size_t>(b + 3) / 4; }
+
+MomentStorage moments_parse(const std::string& s, const std::string& path) {
+  if (s == "adamw") return MomentStorage::fp32;
+  if (s == "adamw8bit") return MomentStorage::q8;
+  if (s == "adamw4bit") return MomentStorage::q4;
+  fail("[checkpoint] ", path, ": unknown optimizer '", s, "' in the metadata (a newer ramtrain's checkpoint?)");
+}
+
+void copy_parallel(void* dst, const void* src, size_t bytes) {
+  constexpr int64_t grain = int64_t(1) << 24;
+  parallel_for(static_cast<int64_t>(bytes), grain, [&](int64_t b, int64_t e) {
+    std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, static_cast<size_t>(e - b));
+  });
+}
+
+}  // namespace
+
+size_t unit_stage_floats(const StateUnit& u) {
+  const int64_t n = u.numel;
+  size_t f = static_cast<size_t>(n);  // master
+  f += u.quantized() ? 2 * floats_of_bytes(quant_code_bytes(u.moments, n)) + 2 * static_cast<size_t>(quant_blocks(n))
+                     : 2 * static_cast<size_t>(n);
+  if (u.master_kind == MasterStorage::bf16_kahan) f += floats_of_bytes(2 * n);
+  return f;
+}
+
+UnitSnap unit_snap_live(const StateUnit& u) {
+  UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.master_kind, u.moments};
+  s.live = &u;
+  if (!u.shadow_master()) s.master = u.master();
+  if (u.quantized()) {
+    s.qm = u.qm();
+    s.qv = u.qv();
+    s.scales = u.scale_m();
+  } else {
+    s.m = u.m();
+    s.v = u.v();
+  }
+  if (u.master_kind == MasterStorage::bf16_kahan) s.comp = u.comp();
+  return s;
+}
+
+UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
+  const int64_t n = u.numel;
+  UnitSnap s{u.name, u.entries, u.offsets, n, u.master_kind, u.moments};
+  float* q = dst;
+  u.read_master(0, n, q);
+  s.master = q;
+  q += n;
+  if (u.quantized()) {
+    const int64_t cb = quant_code_bytes(u.moments, n), nb = quant_blocks(n);
+    copy_parallel(q, u.qm(), static_cast<size_t>(cb));
+    s.qm = reinterpret_cast<const uint8_t*>(q);
+    q += floats_of_bytes(cb);
+    copy_parallel(q, u.qv(), static_cast<size_t>(cb));
+    s.qv = reinterpret_cast<const uint8_t*>(q);
+    q += floats_of_bytes(cb);
+    copy_parallel(q, u.scale_m(), static_cast<size_t>(2 * nb) * 4);
+    s.scales = q;
+    q += 2 * nb;
+  } else {
+    copy_parallel(q, u.m(), static_cast<size_t>(2 * n) * 4);
+    s.m = q;
+    s.v = q + n;
+    q += 2 * n;
+  }
+  if (u.master_kind == MasterStorage::bf16_kahan) {
+    copy_parallel(q, u.comp(), static_cast<size_t>(n) * 2);
+    s.comp = reinterpret_cast<const uint16_t*>(q);
+  }
+  return s;
+}
+
+void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, size_t)>& write) {
+  const bool quant = u.moments != MomentStorage::fp32;
+  const int64_t cb = quant ? quant_code_bytes(u.moments, u.numel) : 0, nb = quant_blocks(u.numel);
+  ordered_json h = ordered_json::object();
+  h["__metadata__"] = {{"format", kFormat},
+                       {"unit", u.name},
+                       {"optimizer", moment_storage_name(u.moments)},
+                       {"master", master_storage_name(u.master_kind)}};
+  uint64_t off = 0;
+  auto add = [&](const std::string& name, const char* dtype, const std::vector<int64_t>& shape, uint64_t nb_) {
+    h[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {off, off + nb_}}};
+    off += nb_;
+  };
+  for (const char* prefix : {"master/", "adam_m/", "adam_v/"}) {
+    if (quant && std::string(prefix) != "master/") continue;
+    for (const WeightEntry& e : u.entries) add(prefix + e.name, "F32", e.shape, static_cast<uint64_t>(e.numel()) * 4);
+  }
+  if (quant) {
+    add("adam_m_codes", "U8", {cb}, static_cast<uint64_t>(cb));
+    add("adam_v_codes", "U8", {cb}, static_cast<uint64_t>(cb));
+    add("adam_m_absmax", "F32", {nb}, static_cast<uint64_t>(nb) * 4);
+    add("adam_v_absmax", "F32", {nb}, static_cast<uint64_t>(nb) * 4);
+  }
+  if (u.comp) add("master_kahan_comp", "BF16", {u.numel}, static_cast<uint64_t>(u.numel) * 2);
+  std::string text = h.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+  write(&n, 8);
+  write(text.data(), text.size());
+  std::vector<float> buf;
+  for (size_t k = 0; k < u.entries.size(); ++k) {
+    const int64_t ne = u.entries[k].numel();
+    if (u.master) {
+      write(u.master + u.offsets[k], static_cast<size_t>(ne) * 4);
+      continue;
+    }
+    constexpr int64_t kChunk = int64_t(1) << 22;  // a shadow master, decoded 16 MiB at a time
+    buf.resize(static_cast<size_t>(std::min(ne, kChunk)));
+    for (int64_t b = 0; b < ne; b += kChunk) {
+      const int64_t c = std::min(kChunk, ne - b);
+      u.live->read_master(u.offsets[k] + b, c, buf.data());
+      write(buf.data(), static_cast<size_t>(c) * 4);
+    }
+  }
+  if (quant) {
+    write(u.qm, static_cast<size_t>(cb));
+    write(u.qv, static_cast<size_t>(cb));
+    write(u.scales, static_cast<size_t>(2 * nb) * 4);
+  } else {
+    for (const float* part : {u.m, u.v})
+      for (size_t k = 0; k < u.entries.size(); ++k)
+        write(part + u.offsets[k], static_cast<size_t>(u.entries[k].numel()) * 4);
+  }
+  if (u.comp) write(u.comp, static_cast<size_t>(u.numel) * 2);
+}
+
+namespace {
+
+MomentStorage file_moments(const SafetensorsFile& f, const std::string& path) {
+  auto it = f.metadata().find("optimizer");
+  return it == f.metadata().end() ? MomentStorage::fp32 : moments_parse(it->second, path);
+}
+
+}  // namespace
+
+MomentStorage unit_file_moments(const std::string& path) {
+  if (!file_exists(path)) fail("[checkpoint] ", path, " is missing");
+  return file_moments(*SafetensorsFile::open(path), path);
+}
+
+void unit_file_load(const std::string& p, StateUnit& u, bool with_moments) {
+  if (!file_exists(p))
+    fail("[checkpoint] ", p, " is missing: the checkpoint does not hold unit '", u.name,
+         "' of this model (another model shape?)");
+  std::unique_ptr<SafetensorsFile> f = SafetensorsFile::open(p);
+  const MomentStorage mo = file_moments(*f, p);
+  const bool quant = mo != MomentStorage::fp32, has_comp = f->find("master_kahan_comp") != nullptr;
+  const size_t want = u.entries.size() * (quant ? 1 : 3) + (quant ? 4 : 0) + (has_comp ? 1 : 0);
+  if (f->tensors().size() != want)
+    fail("[checkpoint] ", p, " holds ", f->tensors().size(), " tensors; unit '", u.name, "' of this model with ",
+         moment_storage_name(mo), " moments needs ", want, ": another model shape");
+  if (with_moments && mo != u.moments)
+    fail("[checkpoint] ", p, " holds ", moment_storage_name(mo), " moments but the state holds ",
+         moment_storage_name(u.moments), " ones (convert the state first: HostState::set_moment_storage)");
+  auto get = [&](const std::string& name, DType dt, const std::vector<int64_t>& shape) -> const TensorInfo& {
+    const TensorInfo* t = f->find(name);
+    if (!t) fail("[checkpoint] ", p, ": tensor '", name, "' is missing (another model shape?)");
+    if (t->dtype != dt || t->shape != shape)
+      fail("[checkpoint] ", p, ": tensor '", name, "' is ", dtype_name(t->dtype), " of another shape than the ",
+           "model's (another model shape?)");
+    return *t;
+  };
+  std::vector<float> buf;
+  for (size_t k = 0; k < u.entries.size(); ++k) {  // the master: encoded into any storage
+    const WeightEntry& e = u.entries[k];
+    const TensorInfo& t = get("master/" + e.name, DType::f32, e.shape);
+    if (!u.shadow_master()) {
+      tensor_to_f32(t, u.master() + u.offsets[k]);
+      continue;
+    }
+    buf.resize(static_cast<size_t>(e.numel()));
+    tensor_to_f32(t, buf.data());
+    u.write_master(u.offsets[k], e.numel(), buf.data());
+  }
+  if (!with_moments) return;
+  if (!quant) {
+    for (int part = 0; part < 2; ++part)
+      for (size_t k = 0; k < u.entries.size(); ++k) {
+        const WeightEntry& e = u.entries[k];
+        tensor_to_f32(get((part == 0 ? "adam_m/" : "adam_v/") + e.name, DType::f32, e.shape),
+                      u.m() + part * u.numel + u.offsets[k]);
+      }
+  } else {
+    const int64_t cb = quant_code_bytes(mo, u.numel), nb = quant_blocks(u.numel);
+    std::memcpy(u.qm(), get("adam_m_codes", DType::u8, {cb}).data, static_cast<size_t>(cb));
+    std::memcpy(u.qv(), get("adam_v_codes", DType::u8, {cb}).data, static_cast<size_t>(cb));
+    std::memcpy(u.scale_m(), get("adam_m_absmax", DType::f32, {nb}).data, static_cast<size_t>(nb) * 4);
+    std::memcpy(u.scale_v(), get("adam_v_absmax", DType::f32, {nb}).data, static_cast<size_t>(nb) * 4);
+  }
+  if (has_comp && u.master_kind == MasterStorage::bf16_kahan)
+    std::memcpy(u.comp(), get("master_kahan_comp", DType::bf16, {u.numel}).data, static_cast<size_t>(u.numel) * 2);
+}
+
+}  // namespace rt

@@ -1,0 +1,58 @@
+// One unit's checkpoint file, state-<unit>.safetensors (io/checkpoint.h):
+//   "master/<hf name>"   F32 per tensor: the master as fp32 (split and bf16
+//                        masters decoded; a bf16 master's values are bf16)
+//   fp32 moments:        "adam_m/<hf name>", "adam_v/<hf name>" F32 per tensor
+//   quantized moments:   "adam_m_codes", "adam_v_codes" U8 (the unit's code
+//                        bytes, state/moment_quant.h), "adam_m_absmax",
+//                        "adam_v_absmax" F32 (one per block): bit for bit
+//   bf16-kahan master:   "master_kahan_comp" BF16 (numel, the compensation)
+// with __metadata__ {format, unit, optimizer (adamw | adamw8bit | adamw4bit),
+// master (fp32 | split | bf16-sr | bf16-kahan)}. Canonical weight-map order.
+// A file without "optimizer" (older checkpoints) holds fp32 moments.
+// Loading needs the unit's moment storage to be the file's (convert after:
+// HostState::set_moment_storage); the master loads into any storage (a
+// bf16 master of a bf16 file exactly).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "state/host_state.h"
+
+namespace rt {
+
+// What a unit file is written from: the live unit, or a staging copy of it.
+struct UnitSnap {
+  std::string name;
+  std::vector<WeightEntry> entries;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  MasterStorage master_kind = MasterStorage::fp32;
+  MomentStorage moments = MomentStorage::fp32;
+  const float* master = nullptr;    // fp32 master; nullptr: decoded from `live` as it is written
+  const StateUnit* live = nullptr;  // the unit (for decoding a shadow master)
+  const float* m = nullptr;         // fp32 moments (numel each)
+  const float* v = nullptr;
+  const uint8_t* qm = nullptr;  // quantized: code bytes
+  const uint8_t* qv = nullptr;
+  const float* scales = nullptr;   // quantized: [m absmax | v absmax], one per block
+  const uint16_t* comp = nullptr;  // bf16-kahan
+};
+
+// Floats a staging copy of u takes (master fp32 + moments + compensation).
+size_t unit_stage_floats(const StateUnit& u);
+// A snapshot reading the live unit (a synchronous save).
+UnitSnap unit_snap_live(const StateUnit& u);
+// Copies u into dst (unit_stage_floats floats, a shadow master decoded) and
+// returns the snapshot of the copy. Runs on the global thread pool.
+UnitSnap unit_snap_stage(const StateUnit& u, float* dst);
+// The file's bytes, in order, through write (header first).
+void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, size_t)>& write);
+
+// The moment storage a unit file holds (its metadata).
+MomentStorage unit_file_moments(const std::string& path);
+// Loads the file into u (master; moments and compensation when with_moments);
+// every missing, unexpected or misshapen tensor is refused by name.
+void unit_file_load(const std::string& path, StateUnit& u, bool with_moments);
+
+}  // namespace rt

@@ -1,0 +1,99 @@
+// Block-wise quantized Adam moments (--optimizer adamw8bit | adamw4bit), after
+// Dettmers et al., "8-bit Optimizers via Block-wise Quantization" (2021):
+// a unit's moments are cut into blocks of kQuantBlock elements (aligned to the
+// unit's element 0); each block stores one fp32 scale, absmax = max |x| over
+// the block, and per element the index of a level of a fixed code of
+// magnitudes in [0, 1], so x ~ sign * level[q] * absmax.
+//
+// Codes (levels sorted ascending, the top one exactly 1, so the block's
+// largest element is stored exactly):
+//   m8: 1 sign bit + 7-bit dynamic magnitude (128 levels, 0 included)
+//   v8: 8-bit dynamic magnitude (256 levels, no 0: see below)
+//   m4: 1 sign bit + 3-bit dynamic magnitude (8 levels, 0 included)
+//   v4: 4-bit magnitude, powers of two 2^-15 .. 2^0 (16 levels, no 0)
+// "Dynamic" is the paper's dynamic tree code, rebuilt here from its
+// description: for exponent E = 0, 1, ..., the levels of decade E are
+// 10^-E x the midpoints of 2^(F(E)) equal steps over [0.1, 1], F(E) shrinking
+// by one bit per decade (fine steps near the absmax, wide range below), the
+// whole code then divided by its top level. Relative spacing at the top of the
+// code: 1.4% (m8), 0.7% (v8), 50% (m4); smallest nonzero level ~ 1e-6 (m8),
+// ~1e-7 (v8), ~6e-3 (m4), 2^-15 (v4).
+// The second moment has no 0 level: a v rounded to 0 under a nonzero m would
+// turn the step into m / eps. Values below the smallest level round up to it
+// (a smaller step, never a larger one); a block whose v are all 0 has absmax 0
+// and decodes to exact zeros.
+//
+// Rounding (QuantRounding): nearest (ties down), or stochastic: between the
+// levels a <= x < b, b with probability (x - a) / (b - a) (unbiased), drawn
+// from a counter-based hash of (seed, element), so results do not depend on
+// the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
+// x in [0, 1] indexes a table of the levels below it; one compare finishes
+// (tables are checked at build time to hold at most one level or midpoint per
+// prefix).
+// Non-finite moments cannot be stored: a block holding one gets a non-finite
+// absmax and decodes to NaN (the step is poisoned visibly, never silently).
+//
+// Storage per unit of n elements, nb = ceil(n / kQuantBlock) blocks:
+//   8-bit: m codes n bytes, v codes n bytes; 4-bit: n/2 bytes each (element i
+//   in the low nibble of byte i/2 when i is even, high nibble when odd);
+//   scales: nb fp32 for m, nb for v. So 2.03 (8-bit) or 1.03 (4-bit) B/param.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace rt {
+
+enum class MomentStorage { fp32, q8, q4 };
+const char* moment_storage_name(MomentStorage s);  // "adamw", "adamw8bit", "adamw4bit": the --optimizer value
+enum class QuantRounding { nearest, stochastic };
+const char* quant_rounding_name(QuantRounding r);
+
+inline constexpr int64_t kQuantBlock = 256;
+inline int64_t quant_blocks(int64_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
+// Bytes of the codes of one moment of n elements.
+inline int64_t quant_code_bytes(MomentStorage s, int64_t n) { return s == MomentStorage::q8 ? n : (n + 1) / 2; }
+// Host bytes per element of both moments (codes + scales, rounding of the last block aside).
+double moment_bytes_per_param(MomentStorage s);
+
+// A code: n sorted levels in [0, 1] (the last 1) and its lookup tables.
+struct QuantCode {
+  int n = 0;
+  bool has_zero = false;
+  float level[256] = {};
+  float mid[256] = {};                // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
+  std::vector<uint8_t> below_mid;     // [prefix]: count of mids < the prefix's smallest value
+  std::vector<uint16_t> at_or_below;  // [prefix]: count of levels <= the prefix's smallest value
+};
+const QuantCode& quant_code_m8();
+const QuantCode& quant_code_v8();
+const QuantCode& quant_code_m4();
+const QuantCode& quant_code_v4();
+
+// Nearest level index of x in [0, 1] (x is clamped to [0, 1]; no-zero codes: at least level 0).
+int quant_index_nearest(const QuantCode& c, float x);
+// Stochastic rounding with u in [0, 1).
+int quant_index_stochastic(const QuantCode& c, float x, float u);
+
+// Counter-based uniform in [0, 1) with 24 bits: a pure function of (key, i).
+inline uint64_t quant_mix64(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+inline float quant_uniform(uint64_t key, uint64_t i) {  // one splitmix64 step at counter i
+  return static_cast<float>(quant_mix64(key + i * 0x9e3779b97f4a7c15ull) >> 40) * 0x1.0p-24f;
+}
+
+// One moment of one block of k <= kQuantBlock elements: x[k] -> codes + scale.
+// signed_code: m (sign + magnitude), else v (x >= 0 required: a negative v is
+// stored as its magnitude). codes: the moment's code array, the block's element
+// 0 at element index `first` (so 4-bit blocks share no byte with their
+// neighbours: first is a multiple of kQuantBlock). key: the stochastic
+// rounding key of this block's moment (the element index i in [0, k) is the counter).
+void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
+                        uint8_t* codes, int64_t first, float* scale);
+void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
+                        float* x);
+
+}  // namespace rt
