@@ -97,10 +97,18 @@ class StreamEngine final : public Backend {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
     check_shapes();
-    RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split", "[cuda] --master must be ",
-             "fp32, split or auto, got '", opt_.master, "'");
-    st_.set_master_storage(opt_.master == "fp32" ? MasterStorage::fp32 : MasterStorage::split,
-                           opt_.delayed_update ? 2 : 1);
+    RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split" || opt_.master == "bf16-sr" ||
+                 opt_.master == "bf16-kahan",
+             "[cuda] --master must be auto, fp32, split, bf16-sr or bf16-kahan, got '", opt_.master, "'");
+    const MasterStorage master = opt_.master == "fp32"         ? MasterStorage::fp32
+                                 : opt_.master == "bf16-sr"    ? MasterStorage::bf16_sr
+                                 : opt_.master == "bf16-kahan" ? MasterStorage::bf16_kahan
+                                                               : MasterStorage::split;
+    // a bf16 master is the one pinned shadow the update writes in place: no second one for the delayed update
+    RT_CHECK(!(opt_.delayed_update && (master == MasterStorage::bf16_sr || master == MasterStorage::bf16_kahan)),
+             "[cuda] --master ", opt_.master, " keeps one bf16 copy, which --delayed-update would overwrite while the "
+             "step trains on it: use --master split (exact) with --delayed-update");
+    st_.set_master_storage(master, opt_.delayed_update ? 2 : 1);
     place_ = place_on_device(s_, B_, T_, opt_, dev_.alloc.budget());
     // device state, in the order of the plan (device_plan.h)
     weights_ = std::make_unique<WeightSlots>(st_, dev_, track_, place_.slots, place_.host_embed);
@@ -167,8 +175,9 @@ class StreamEngine final : public Backend {
           dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
           dev_.alloc.used() / double(1ull << 30), dev_.alloc.budget() / double(1ull << 30));
       const uint64_t host = st_.bytes_total() + weights_->pinned_bytes();
-      std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, Adam m, v, pinned bf16 shadows%s)\n",
+      std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, Adam m, v %s, pinned bf16 shadows%s)\n",
                   host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
+                  st_.moment_storage() == MomentStorage::fp32 ? "fp32" : moment_storage_name(st_.moment_storage()),
                   place_.fold ? (place_.host_embed ? ", the embedding's fp32 gradient" : "")
                   : place_.host_grads ? ", fp32 gradients"
                                       : "");
@@ -185,7 +194,8 @@ class StreamEngine final : public Backend {
 
   std::string describe() const override {
     return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
-               " slots, bf16 compute, fp32 master (", master_storage_name(st_.master_storage()), ") + AdamW on ",
+               " slots, bf16 compute, ", master_storage_name(st_.master_storage()), " master + ",
+               moment_storage_name(st_.moment_storage()), " on ",
                global_pool().size(), " CPU threads", track_.delayed() ? ", delayed update" : "", ")");
   }
 

@@ -26,9 +26,9 @@ WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track,
   auto& units = st_.units();
   const bool delayed = track_.delayed();
   const int64_t L = st_.spec().n_layers;
-  split_ = st_.master_storage() == MasterStorage::split;
+  split_ = units[0].shadow_master();  // split or bf16: the state's own shadows are what the device loads
   if (split_) {
-    RT_CHECK(units[0].n_shadows == (delayed ? 2 : 1) && units[0].cur_shadow == 0, "[cuda] the split master holds ",
+    RT_CHECK(units[0].n_shadows == (delayed ? 2 : 1) && units[0].cur_shadow == 0, "[cuda] the master holds ",
              units[0].n_shadows, " shadows (current: ", units[0].cur_shadow, "); this engine needs ", delayed ? 2 : 1);
     for (int k = 0; k < (delayed ? 2 : 1); ++k)
       for (auto& u : units)

@@ -77,7 +77,7 @@ class WeightSlots {
   EngineDevice& dev_;
   UpdateTracker& track_;
   int S_;
-  bool split_ = false;                // the shadows are the split master's (registered below)
+  bool split_ = false;                // the shadows are the state's own (split or bf16 master; registered)
   std::vector<PinnedBuf> shadow_[2];  // fp32 master storage: [1] only in delayed mode
   std::vector<HostRegistration> registered_;
   DevBuf<bf16> embed_w_, head_w_;
