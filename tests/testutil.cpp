@@ -209,6 +209,32 @@ ModelSpec tiny_spec() {
   return s;
 }
 
+ModelSpec llama_spec(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim, int64_t vocab, bool qkv_bias) {
+  ModelSpec s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden = hidden;
+  s.intermediate = intermediate;
+  s.n_layers = layers;
+  s.n_heads = heads;
+  s.n_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.vocab = vocab;
+  s.max_positions = 64;
+  s.qkv_bias = qkv_bias;
+  return s;
+}
+
+std::vector<float> all_masters(const HostState& st) {
+  std::vector<float> w;
+  for (auto& u : st.units()) {
+    std::vector<float> x(static_cast<size_t>(u.numel));
+    u.read_master(0, u.numel, x.data());
+    w.insert(w.end(), x.begin(), x.end());
+  }
+  return w;
+}
+
 std::string fixture_dir() { return RAMTRAIN_FIXTURE_DIR; }
 std::string shared_data_dir() {
   // RAMTRAIN_SHARED_DATA_DIR in the environment overrides the build-time path

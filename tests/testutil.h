@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/spec.h"
+#include "state/host_state.h"
 
 namespace rt::test {
 
@@ -103,6 +104,11 @@ inline double hf_grad_rel_bound(const std::string& tensor, double base = 1e-5) {
 // A tiny Llama (width 16, MLP 24, 2 layers, 2 heads of 8, 1 KV head, vocab
 // 40, 32 positions, untied) for tests of state, checkpoints and I/O.
 ModelSpec tiny_spec();
+// A Llama of the given widths (64 positions, untied, the default rms_eps).
+ModelSpec llama_spec(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim, int64_t vocab, bool qkv_bias = false);
+// Every unit's current master as fp32, units in order (split / bf16 masters decoded).
+std::vector<float> all_masters(const HostState& st);
 
 std::string fixture_dir();      // tests/fixtures
 std::string shared_data_dir();  // ../shared/data

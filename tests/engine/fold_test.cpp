@@ -24,17 +24,8 @@
 namespace {
 
 rt::ModelSpec small_spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 32;
-  s.intermediate = 64;
-  s.n_layers = 3;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 8;
-  s.vocab = 258;
+  rt::ModelSpec s = rt::test::llama_spec(32, 64, 3, 4, 2, 8, 258);
   s.rms_eps = 1e-5;
-  s.max_positions = 64;
   return s;
 }
 
@@ -52,15 +43,7 @@ std::vector<rt::Batch> fixed_batches(int64_t k, int64_t* nv) {
   return v;
 }
 
-std::vector<float> masters(const rt::HostState& st) {
-  std::vector<float> w;
-  for (auto& u : st.units()) {
-    std::vector<float> x(static_cast<size_t>(u.numel));
-    u.read_master(0, u.numel, x.data());
-    w.insert(w.end(), x.begin(), x.end());
-  }
-  return w;
-}
+using rt::test::all_masters;
 
 struct FoldRun {
   std::vector<double> loss, norm;
@@ -88,7 +71,7 @@ FoldRun train(bool fold, double clip, bool nan_on_step2 = false) {
     r.applied.push_back(s.applied);
   }
   be->sync();
-  r.w = masters(st);
+  r.w = all_masters(st);
   return r;
 }
 
@@ -164,7 +147,7 @@ TEST(FoldCpu, ClippedStepsFollowThePartialNormRule) {
       rt::update_unit(units[u], units[u].grad.p, o, c, nullptr);
     }
   }
-  EXPECT_TRUE(masters(st) == f.w);
+  EXPECT_TRUE(all_masters(st) == f.w);
   EXPECT_FALSE(g.w == f.w) << "fold clipped exactly like global clipping: the test would not see the rule";
   EXPECT_EQ(f.loss[0], g.loss[0]);  // the first step's forward is on the same weights
 }

@@ -72,16 +72,7 @@ rt::Dataset shakespeare(int64_t T, uint64_t seed) {
   return rt::Dataset(rt::load_text_documents({rt::test::shared_data_dir() + "/tinyshakespeare.txt"}), o);
 }
 
-// Every unit's master as fp32 (decoded when the engine stored it split).
-std::vector<float> all_masters(const rt::HostState& st) {
-  std::vector<float> w;
-  for (auto& u : st.units()) {
-    std::vector<float> x(static_cast<size_t>(u.numel));
-    u.read_master(0, u.numel, x.data());
-    w.insert(w.end(), x.begin(), x.end());
-  }
-  return w;
-}
+using rt::test::all_masters;
 
 std::vector<float> all_grads(rt::HostState& st) {
   std::vector<float> g;
@@ -381,8 +372,8 @@ TEST(CudaEngine, LeanStatesFollowTheirCpuTwins) {
                         Mode{rt::MomentStorage::q4, rt::MasterStorage::bf16_sr, "bf16-sr", "fold"},
                         Mode{rt::MomentStorage::fp32, rt::MasterStorage::bf16_kahan, "bf16-kahan", "device"}}) {
     const double g = last5(m.moments, m.master, m.flag, m.grads, true);
-    const double c = last5(m.moments, m.master == rt::MasterStorage::split ? rt::MasterStorage::fp32 : m.master,
-                           m.flag, m.grads, false);
+    const double c = last5(m.moments, m.master == rt::MasterStorage::split ? rt::MasterStorage::fp32 : m.master, m.flag,
+                           m.grads, false);
     std::printf("[engine] lean %s + %s master, grads %s: last-5 loss cuda %.4f cpu %.4f (fp32 AdamW cuda %.4f)\n",
                 rt::moment_storage_name(m.moments), m.flag, m.grads, g, c, ref);
     EXPECT_NEAR(g, c, 0.02 * c) << m.flag << " " << m.grads;

@@ -14,26 +14,14 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "testutil.h"
 
 namespace {
 
 using rt::MasterStorage;
 using rt::MomentStorage;
 
-rt::ModelSpec spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 64;
-  s.intermediate = 172;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 16;
-  s.vocab = 258;
-  s.max_positions = 64;
-  s.qkv_bias = true;
-  return s;
-}
+rt::ModelSpec spec() { return rt::test::llama_spec(64, 172, 2, 4, 2, 16, 258, /*qkv_bias=*/true); }
 
 std::vector<float> master_of(const rt::StateUnit& u) {
   std::vector<float> x(static_cast<size_t>(u.numel));

@@ -13,33 +13,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "testutil.h"
 
 namespace {
 
-rt::ModelSpec spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 64;
-  s.intermediate = 172;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 16;
-  s.vocab = 258;
-  s.max_positions = 64;
-  s.qkv_bias = true;
-  return s;
-}
+rt::ModelSpec spec() { return rt::test::llama_spec(64, 172, 2, 4, 2, 16, 258, /*qkv_bias=*/true); }
 
-std::vector<float> masters(const rt::HostState& st) {
-  std::vector<float> w;
-  for (auto& u : st.units()) {
-    std::vector<float> x(static_cast<size_t>(u.numel));
-    u.read_master(0, u.numel, x.data());
-    w.insert(w.end(), x.begin(), x.end());
-  }
-  return w;
-}
+using rt::test::all_masters;
 
 bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, static_cast<size_t>(n) * 4) == 0; }
 
@@ -80,7 +60,7 @@ void run_twin(int shadows, int steps, int skipped_step) {
       EXPECT_EQ(b.cur_shadow, dst);
     }
     if (t != skipped_step) ++applied;
-    const std::vector<float> wa = masters(ref), wb = masters(sp);
+    const std::vector<float> wa = all_masters(ref), wb = all_masters(sp);
     ASSERT_TRUE(same_bits(wa.data(), wb.data(), static_cast<int64_t>(wa.size()))) << "masters differ after step " << t;
     for (size_t i = 0; i < ref.units().size(); ++i) {
       const rt::StateUnit& a = ref.units()[i];

@@ -9,22 +9,11 @@
 #include <cstring>
 #include <vector>
 
+#include "testutil.h"
+
 namespace {
 
-rt::ModelSpec spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 40;
-  s.intermediate = 100;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 10;
-  s.vocab = 301;
-  s.max_positions = 64;
-  s.qkv_bias = true;
-  return s;
-}
+rt::ModelSpec spec() { return rt::test::llama_spec(40, 100, 2, 4, 2, 10, 301, /*qkv_bias=*/true); }
 
 TEST(HostStateLean, ByteAccountingMatchesTheAllocationInEveryMode) {
   using MS = rt::MasterStorage;

@@ -188,19 +188,7 @@ TEST(MomentQuant, ZeroBlocksAndNonFiniteValues) {
   EXPECT_TRUE(std::isnan(scale));  // visible, never silently dropped
 }
 
-rt::ModelSpec spec() {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 64;
-  s.intermediate = 172;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 16;
-  s.vocab = 258;
-  s.max_positions = 64;
-  return s;
-}
+rt::ModelSpec spec() { return rt::test::llama_spec(64, 172, 2, 4, 2, 16, 258); }
 
 TEST(MomentQuant, HostStateStorageConversions) {
   rt::HostState st(spec(), false);
