@@ -1,6 +1,16 @@
+// No implicit FP contraction: the scalar and AVX2 paths must round alike (the
+// pragma comes before any include).
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
 #include "state/moment_quant.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -60,8 +70,8 @@ void build_tables(QuantCode& c, const char* what) {
     }
     RT_CHECK(mids_hi - mids_lo <= 1 && lev_lt_hi - lev_le_lo <= 1, "[quant] code ", what,
              ": more than one level in the bf16 prefix ", p, "; the lookup needs a finer table");
-    c.below_mid[p] = static_cast<uint8_t>(mids_lo);
-    c.at_or_below[p] = static_cast<uint16_t>(lev_le_lo);
+    c.below_mid[p] = mids_lo;
+    c.at_or_below[p] = lev_le_lo;
   }
 }
 
@@ -133,7 +143,7 @@ inline int index_stochastic(const QuantCode& c, float x, float u) {
   if (f < 0) return 0;  // below the smallest level of a no-zero code: up
   if (f >= c.n - 1) return c.n - 1;
   const float lo = c.level[f], hi = c.level[f + 1];
-  return u < (x - lo) / (hi - lo) ? f + 1 : f;
+  return u * (hi - lo) < x - lo ? f + 1 : f;  // u < (x - lo) / (hi - lo) without the division
 }
 
 }  // namespace
@@ -148,60 +158,217 @@ inline const QuantCode& code_of(MomentStorage s, bool signed_code) {
                                 : (signed_code ? quant_code_m4() : quant_code_v4());
 }
 
-// Specialised on rounding, width and sign so the loop has no mode branches.
+bool quant_simd_detected() {
+  static const bool v = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return v;
+}
+std::atomic<bool>& quant_simd_slot() {
+  static std::atomic<bool> on{quant_simd_detected()};
+  return on;
+}
+
+// Element i of a block: x -> code (sign included), as the AVX2 lanes below.
 template <bool kStochastic, bool kQ8, bool kSigned>
-void encode_loop(const QuantCode& c, uint64_t key, const float* x, int64_t k, uint8_t* codes, int64_t first,
-                 float amax) {
+inline int encode_one(const QuantCode& c, uint32_t key32, float x, int64_t i, float amax, float inv) {
+  const float a = std::fabs(x);
+  const float y = a == amax ? 1.0f : a * inv;
+  int q = kStochastic ? index_stochastic(c, y,
+                                         static_cast<float>(quant_mix32(key32 + static_cast<uint32_t>(i) *
+                                                                                    kQuantCounterStep) >>
+                                                            8) *
+                                             0x1.0p-24f)
+                      : index_nearest(c, y);
+  if (kSigned && std::signbit(x)) q |= 1 << (kQ8 ? 7 : 3);
+  return q;
+}
+
+inline void store_code(bool q8, uint8_t* codes, int64_t j, int q) {
+  if (q8) {
+    codes[j] = static_cast<uint8_t>(q);
+  } else {
+    uint8_t& b = codes[j >> 1];
+    b = (j & 1) ? static_cast<uint8_t>((b & 0x0f) | (q << 4)) : static_cast<uint8_t>((b & 0xf0) | q);
+  }
+}
+
+// Elements [i0, k) of a block, scalar.
+template <bool kStochastic, bool kQ8, bool kSigned>
+void encode_scalar(const QuantCode& c, uint32_t key32, const float* x, int64_t i0, int64_t k, uint8_t* codes,
+                   int64_t first, float amax) {
   const float inv = amax > 0 ? 1.0f / amax : 0.0f;
-  constexpr int sign_shift = kQ8 ? 7 : 3;
-  for (int64_t i = 0; i < k; ++i) {
-    const float a = std::fabs(x[i]);
-    const float y = a == amax ? 1.0f : a * inv;
-    int q = kStochastic ? index_stochastic(c, y, quant_uniform(key, static_cast<uint64_t>(i))) : index_nearest(c, y);
-    if (kSigned && std::signbit(x[i])) q |= 1 << sign_shift;
-    if (kQ8) {
-      codes[first + i] = static_cast<uint8_t>(q);
+  for (int64_t i = i0; i < k; ++i) store_code(kQ8, codes, first + i, encode_one<kStochastic, kQ8, kSigned>(c, key32, x[i], i, amax, inv));
+}
+
+// Elements [0, 8 * floor(k / 8)) of a block with AVX2; returns how many it did.
+// 4-bit codes: first must be even (whole bytes).
+template <bool kStochastic, bool kQ8, bool kSigned>
+__attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t key32, const float* x, int64_t k,
+                                                    uint8_t* codes, int64_t first, float amax) {
+  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
+  const __m256 vinv = _mm256_set1_ps(inv), vamax = _mm256_set1_ps(amax), one = _mm256_set1_ps(1.0f);
+  const __m256 zero = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i n = _mm256_set1_epi32(c.n), nm1 = _mm256_set1_epi32(c.n - 1), nm2 = _mm256_set1_epi32(c.n - 2);
+  const __m256i izero = _mm256_setzero_si256(), ione = _mm256_set1_epi32(1);
+  const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kQuantCounterStep));
+  __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32)),
+                                 _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                    _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
+  const int* below_mid = c.below_mid.data();
+  const int* at_or_below = c.at_or_below.data();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    const __m256 a = _mm256_and_ps(xv, absmask);
+    __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, vinv), one, _mm256_cmp_ps(a, vamax, _CMP_EQ_OQ));
+    y = _mm256_min_ps(_mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
+    const __m256i prefix = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
+    __m256i q;
+    if (kStochastic) {
+      __m256i h = ctr;  // quant_mix32
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
+      __m256i cnt = _mm256_i32gather_epi32(at_or_below, prefix, 4);
+      const __m256i in_code = _mm256_cmpgt_epi32(n, cnt);
+      const __m256 la = _mm256_i32gather_ps(c.level, _mm256_min_epi32(cnt, nm1), 4);
+      cnt = _mm256_sub_epi32(cnt, _mm256_and_si256(in_code, _mm256_castps_si256(_mm256_cmp_ps(la, y, _CMP_LE_OQ))));
+      const __m256i f = _mm256_sub_epi32(cnt, ione);
+      const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
+      const __m256 lo = _mm256_i32gather_ps(c.level, fc, 4);
+      const __m256 hi = _mm256_i32gather_ps(c.level, _mm256_add_epi32(fc, ione), 4);
+      const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(hi, lo)), _mm256_sub_ps(y, lo), _CMP_LT_OQ);
+      q = _mm256_sub_epi32(fc, _mm256_castps_si256(up));
+      q = _mm256_andnot_si256(_mm256_cmpgt_epi32(izero, f), q);  // below the smallest level: 0
+      q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
+      ctr = _mm256_add_epi32(ctr, step);
     } else {
-      uint8_t& b = codes[(first + i) >> 1];
-      b = ((first + i) & 1) ? static_cast<uint8_t>((b & 0x0f) | (q << 4)) : static_cast<uint8_t>((b & 0xf0) | q);
+      q = _mm256_i32gather_epi32(below_mid, prefix, 4);
+      const __m256 md = _mm256_i32gather_ps(c.mid, q, 4);
+      q = _mm256_sub_epi32(q, _mm256_and_si256(_mm256_cmpgt_epi32(nm1, q),
+                                               _mm256_castps_si256(_mm256_cmp_ps(y, md, _CMP_GT_OQ))));
+    }
+    if (kSigned)
+      q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));
+    if (kQ8) {
+      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + first + i), _mm_packus_epi16(w, w));
+    } else {
+      // each 64-bit lane: low dword q[2j], high q[2j + 1] -> low dword q[2j] | q[2j + 1] << 4
+      const __m256i pairs = _mm256_or_si256(q, _mm256_srli_epi64(q, 28));
+      const __m128i lows = _mm256_castsi256_si128(
+          _mm256_permutevar8x32_epi32(pairs, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+      const __m128i w = _mm_packus_epi32(lows, lows);
+      const int32_t bytes = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+      std::memcpy(codes + ((first + i) >> 1), &bytes, 4);
     }
   }
+  return i;
+}
+
+template <bool kStochastic, bool kQ8, bool kSigned>
+void encode_loop(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes, int64_t first,
+                 float amax, bool simd) {
+  int64_t i = 0;
+  if (simd && (kQ8 || (first & 1) == 0)) i = encode_avx2<kStochastic, kQ8, kSigned>(c, key32, x, k, codes, first, amax);
+  encode_scalar<kStochastic, kQ8, kSigned>(c, key32, x, i, k, codes, first, amax);
+}
+
+// max |x| (NaN ignored, as a > amax ? a : amax from 0) and whether all are finite.
+__attribute__((target("avx2"))) int64_t absmax_avx2(const float* x, int64_t k, float* amax, bool* finite) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  __m256 acc = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+    acc = _mm256_max_ps(a, acc);  // a > acc ? a : acc
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float m = 0;
+  for (float l : lanes) m = l > m ? l : m;
+  *amax = m;
+  *finite = _mm256_movemask_ps(bad) == 0;
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, const QuantCode& c,
+                                                    const uint8_t* codes, int64_t first, float scale, int64_t k,
+                                                    float* x) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i mask = _mm256_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
+  const __m256i sbit = _mm256_set1_epi32(q8 ? 0x80 : 0x8);
+  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), nib = _mm256_set1_epi32(0xf);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256i q;
+    if (q8) {
+      q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + first + i)));
+    } else {
+      int32_t w;
+      std::memcpy(&w, codes + ((first + i) >> 1), 4);
+      q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), nib_shift), nib);
+    }
+    __m256 y = _mm256_mul_ps(_mm256_i32gather_ps(c.level, _mm256_and_si256(q, mask), 4), vs);
+    if (signed_code)
+      y = _mm256_xor_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(q, sbit), q8 ? 24 : 28)));
+    _mm256_storeu_ps(x + i, y);
+  }
+  return i;
 }
 
 }  // namespace
 
+bool quant_simd_active() { return quant_simd_slot().load(std::memory_order_relaxed); }
+bool quant_set_simd(bool on) {
+  quant_simd_slot().store(on && quant_simd_detected(), std::memory_order_relaxed);
+  return quant_simd_active();
+}
+
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
                         uint8_t* codes, int64_t first, float* scale) {
   const QuantCode& c = code_of(s, signed_code);
+  const bool simd = quant_simd_active();
   float amax = 0;
   bool finite = true;
-  for (int64_t i = 0; i < k; ++i) {
+  int64_t i = simd ? absmax_avx2(x, k, &amax, &finite) : 0;
+  for (; i < k; ++i) {
     const float a = std::fabs(x[i]);
     finite &= std::isfinite(a);
     amax = a > amax ? a : amax;
   }
   *scale = finite ? amax : NAN;
   const bool sr = r == QuantRounding::stochastic, q8 = s == MomentStorage::q8;
-  using Loop = void (*)(const QuantCode&, uint64_t, const float*, int64_t, uint8_t*, int64_t, float);
+  using Loop = void (*)(const QuantCode&, uint32_t, const float*, int64_t, uint8_t*, int64_t, float, bool);
   static constexpr Loop loops[8] = {encode_loop<false, false, false>, encode_loop<false, false, true>,
                                     encode_loop<false, true, false>,  encode_loop<false, true, true>,
                                     encode_loop<true, false, false>,  encode_loop<true, false, true>,
                                     encode_loop<true, true, false>,   encode_loop<true, true, true>};
-  loops[(sr ? 4 : 0) + (q8 ? 2 : 0) + (signed_code ? 1 : 0)](c, key, x, k, codes, first, amax);
+  loops[(sr ? 4 : 0) + (q8 ? 2 : 0) + (signed_code ? 1 : 0)](c, quant_key32(key), x, k, codes, first, amax, simd);
 }
 
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
                         float* x) {
   const QuantCode& c = code_of(s, signed_code);
-  if (s == MomentStorage::q8) {
-    for (int64_t i = 0; i < k; ++i) {
+  const bool q8 = s == MomentStorage::q8;
+  int64_t i = 0;
+  if (quant_simd_active() && (q8 || (first & 1) == 0)) i = decode_avx2(q8, signed_code, c, codes, first, scale, k, x);
+  if (q8) {
+    for (; i < k; ++i) {
       const int q = codes[first + i];
       const float y = c.level[q & (signed_code ? 0x7f : 0xff)] * scale;
       x[i] = signed_code && (q & 0x80) ? -y : y;
     }
     return;
   }
-  for (int64_t i = 0; i < k; ++i) {
+  for (; i < k; ++i) {
     const int b = codes[(first + i) >> 1];
     const int q = ((first + i) & 1) ? b >> 4 : b & 0x0f;
     const float y = c.level[q & (signed_code ? 0x7 : 0xf)] * scale;

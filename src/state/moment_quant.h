@@ -29,7 +29,10 @@
 // the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
 // x in [0, 1] indexes a table of the levels below it; one compare finishes
 // (tables are checked at build time to hold at most one level or midpoint per
-// prefix).
+// prefix). Encode and decode run 8 elements at a time with AVX2 (gathers from
+// those tables, the hash's lanes computed together) when the CPU has it, else
+// scalar: the same operations in the same order, so both paths give the same
+// bits (tests/state/moment_quant_test.cpp checks it).
 // Non-finite moments cannot be stored: a block holding one gets a non-finite
 // absmax and decodes to NaN (the step is poisoned visibly, never silently).
 //
@@ -61,8 +64,9 @@ struct QuantCode {
   bool has_zero = false;
   float level[256] = {};
   float mid[256] = {};                // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
-  std::vector<uint8_t> below_mid;     // [prefix]: count of mids < the prefix's smallest value
-  std::vector<uint16_t> at_or_below;  // [prefix]: count of levels <= the prefix's smallest value
+  std::vector<int32_t> below_mid;    // [prefix]: count of mids < the prefix's smallest value
+  std::vector<int32_t> at_or_below;  // [prefix]: count of levels <= the prefix's smallest value
+  // (int32 so the AVX2 path gathers them directly)
 };
 const QuantCode& quant_code_m8();
 const QuantCode& quant_code_v8();
@@ -81,9 +85,28 @@ inline uint64_t quant_mix64(uint64_t x) {  // splitmix64's finaliser
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-inline float quant_uniform(uint64_t key, uint64_t i) {  // one splitmix64 step at counter i
-  return static_cast<float>(quant_mix64(key + i * 0x9e3779b97f4a7c15ull) >> 40) * 0x1.0p-24f;
+// The per-element draw of stochastic rounding: a 32-bit mixer (Wellons'
+// lowbias32) of the key folded to 32 bits plus the counter times the golden
+// ratio, top 24 bits; 32-bit lane maths, so 8 lanes are drawn together.
+inline uint32_t quant_mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
 }
+inline uint32_t quant_key32(uint64_t key) { return static_cast<uint32_t>(key ^ (key >> 32)); }
+inline constexpr uint32_t kQuantCounterStep = 0x9e3779b9u;
+inline float quant_uniform(uint64_t key, uint64_t i) {
+  return static_cast<float>(quant_mix32(quant_key32(key) + static_cast<uint32_t>(i) * kQuantCounterStep) >> 8) *
+         0x1.0p-24f;
+}
+
+// The AVX2 path of encode/decode: on where the CPU has AVX2 (the default);
+// quant_set_simd(false) forces the scalar one (tests, benchmarks; optim's
+// set_simd_level forwards here). Returns whether the AVX2 path is now in use.
+bool quant_simd_active();
+bool quant_set_simd(bool on);
 
 // One moment of one block of k <= kQuantBlock elements: x[k] -> codes + scale.
 // signed_code: m (sign + magnitude), else v (x >= 0 required: a negative v is
