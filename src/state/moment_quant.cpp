@@ -55,8 +55,8 @@ uint32_t f32_bits(float f) {
 // Fills the tables of c (levels set) and checks that one compare finishes a lookup.
 void build_tables(QuantCode& c, const char* what) {
   for (int k = 0; k + 1 < c.n; ++k) c.mid[k] = 0.5f * (c.level[k] + c.level[k + 1]);
-  c.below_mid.resize(kPrefixes);
-  c.at_or_below.resize(kPrefixes);
+  c.nearest_key.resize(kPrefixes);
+  c.floor_key.resize(kPrefixes);
   for (uint32_t p = 0; p < kPrefixes; ++p) {
     const float lo = bits_to_f32(p << 16), hi = p + 1 < kPrefixes ? bits_to_f32((p + 1) << 16) : 1.0f;
     int mids_lo = 0, mids_hi = 0, lev_le_lo = 0, lev_lt_hi = 0;
@@ -70,8 +70,11 @@ void build_tables(QuantCode& c, const char* what) {
     }
     RT_CHECK(mids_hi - mids_lo <= 1 && lev_lt_hi - lev_le_lo <= 1, "[quant] code ", what,
              ": more than one level in the bf16 prefix ", p, "; the lookup needs a finer table");
-    c.below_mid[p] = mids_lo;
-    c.at_or_below[p] = lev_le_lo;
+    // the next mid / level above the prefix's start, when it lies inside the prefix
+    const bool mid_in = mids_lo < c.n - 1 && (f32_bits(c.mid[mids_lo]) >> 16) == p;
+    const bool lev_in = lev_le_lo < c.n && (f32_bits(c.level[lev_le_lo]) >> 16) == p;
+    c.nearest_key[p] = mids_lo << 17 | (mid_in ? static_cast<int32_t>(f32_bits(c.mid[mids_lo]) & 0xffff) + 1 : 0x10000);
+    c.floor_key[p] = lev_le_lo << 17 | (lev_in ? static_cast<int32_t>(f32_bits(c.level[lev_le_lo]) & 0xffff) : 0x10000);
   }
 }
 
@@ -130,16 +133,16 @@ namespace {
 
 inline int index_nearest(const QuantCode& c, float x) {
   x = clamp01(x);
-  int k = c.below_mid[f32_bits(x) >> 16];
-  if (k < c.n - 1 && x > c.mid[k]) ++k;
-  return k;
+  const uint32_t b = f32_bits(x);
+  const int32_t e = c.nearest_key[b >> 16];
+  return (e >> 17) + (static_cast<int32_t>(b & 0xffff) >= (e & 0x1ffff));  // + (x > the next mid)
 }
 
 inline int index_stochastic(const QuantCode& c, float x, float u) {
   x = clamp01(x);
-  int a = c.at_or_below[f32_bits(x) >> 16];
-  if (a < c.n && c.level[a] <= x) ++a;  // a = count of levels <= x
-  const int f = a - 1;
+  const uint32_t b = f32_bits(x);
+  const int32_t e = c.floor_key[b >> 16];
+  const int f = (e >> 17) + (static_cast<int32_t>(b & 0xffff) >= (e & 0x1ffff)) - 1;  // count of levels <= x, - 1
   if (f < 0) return 0;  // below the smallest level of a no-zero code: up
   if (f >= c.n - 1) return c.n - 1;
   const float lo = c.level[f], hi = c.level[f + 1];
@@ -210,21 +213,23 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
   const float inv = amax > 0 ? 1.0f / amax : 0.0f;
   const __m256 vinv = _mm256_set1_ps(inv), vamax = _mm256_set1_ps(amax), one = _mm256_set1_ps(1.0f);
   const __m256 zero = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i n = _mm256_set1_epi32(c.n), nm1 = _mm256_set1_epi32(c.n - 1), nm2 = _mm256_set1_epi32(c.n - 2);
+  const __m256i nm1 = _mm256_set1_epi32(c.n - 1), nm2 = _mm256_set1_epi32(c.n - 2);
   const __m256i izero = _mm256_setzero_si256(), ione = _mm256_set1_epi32(1);
   const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kQuantCounterStep));
   __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32)),
                                  _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                     _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
-  const int* below_mid = c.below_mid.data();
-  const int* at_or_below = c.at_or_below.data();
+  const int* nearest_key = c.nearest_key.data();
+  const int* floor_key = c.floor_key.data();
+  const __m256i low16 = _mm256_set1_epi32(0xffff), low17 = _mm256_set1_epi32(0x1ffff);
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
     const __m256 a = _mm256_and_ps(xv, absmask);
     __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, vinv), one, _mm256_cmp_ps(a, vamax, _CMP_EQ_OQ));
     y = _mm256_min_ps(_mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
-    const __m256i prefix = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
+    const __m256i yb = _mm256_castps_si256(y);
+    const __m256i prefix = _mm256_srli_epi32(yb, 16), ylow = _mm256_and_si256(yb, low16);
     __m256i q;
     if (kStochastic) {
       __m256i h = ctr;  // quant_mix32
@@ -234,11 +239,10 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
       h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
       h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
       const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
-      __m256i cnt = _mm256_i32gather_epi32(at_or_below, prefix, 4);
-      const __m256i in_code = _mm256_cmpgt_epi32(n, cnt);
-      const __m256 la = _mm256_i32gather_ps(c.level, _mm256_min_epi32(cnt, nm1), 4);
-      cnt = _mm256_sub_epi32(cnt, _mm256_and_si256(in_code, _mm256_castps_si256(_mm256_cmp_ps(la, y, _CMP_LE_OQ))));
-      const __m256i f = _mm256_sub_epi32(cnt, ione);
+      const __m256i e = _mm256_i32gather_epi32(floor_key, prefix, 4);
+      // low16 >= t  <=>  !(t > low16)
+      const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
+      const __m256i f = _mm256_add_epi32(_mm256_srli_epi32(e, 17), below);  // count + (low16 >= t) - 1
       const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
       const __m256 lo = _mm256_i32gather_ps(c.level, fc, 4);
       const __m256 hi = _mm256_i32gather_ps(c.level, _mm256_add_epi32(fc, ione), 4);
@@ -248,10 +252,9 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
       q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
       ctr = _mm256_add_epi32(ctr, step);
     } else {
-      q = _mm256_i32gather_epi32(below_mid, prefix, 4);
-      const __m256 md = _mm256_i32gather_ps(c.mid, q, 4);
-      q = _mm256_sub_epi32(q, _mm256_and_si256(_mm256_cmpgt_epi32(nm1, q),
-                                               _mm256_castps_si256(_mm256_cmp_ps(y, md, _CMP_GT_OQ))));
+      const __m256i e = _mm256_i32gather_epi32(nearest_key, prefix, 4);
+      const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
+      q = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(e, 17), ione), below);  // count + (low16 >= t)
     }
     if (kSigned)
       q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));

@@ -27,9 +27,9 @@
 // levels a <= x < b, b with probability (x - a) / (b - a) (unbiased), drawn
 // from a counter-based hash of (seed, element), so results do not depend on
 // the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
-// x in [0, 1] indexes a table of the levels below it; one compare finishes
-// (tables are checked at build time to hold at most one level or midpoint per
-// prefix). Encode and decode run 8 elements at a time with AVX2 (gathers from
+// x in [0, 1] indexes a table of the levels below it; one compare of x's low
+// 16 bits finishes (tables are checked at build time to hold at most one level
+// or midpoint per prefix). Encode and decode run 8 elements at a time with AVX2 (gathers from
 // those tables, the hash's lanes computed together) when the CPU has it, else
 // scalar: the same operations in the same order, so both paths give the same
 // bits (tests/state/moment_quant_test.cpp checks it).
@@ -64,9 +64,13 @@ struct QuantCode {
   bool has_zero = false;
   float level[256] = {};
   float mid[256] = {};                // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
-  std::vector<int32_t> below_mid;    // [prefix]: count of mids < the prefix's smallest value
-  std::vector<int32_t> at_or_below;  // [prefix]: count of levels <= the prefix's smallest value
-  // (int32 so the AVX2 path gathers them directly)
+  // Per bf16 prefix p (x's top 16 bits), packed as count << 17 | t, so one
+  // lookup and one integer compare give the index: count + (low16(x) >= t),
+  // t = the low 16 bits of the one mid (level) inside the prefix that the
+  // compare decides (+1 for "x > mid"), or 0x10000 (never) when none lies in it.
+  // (int32 so the AVX2 path gathers them directly.)
+  std::vector<int32_t> nearest_key;  // count: mids < the prefix's smallest value; t: x > that next mid
+  std::vector<int32_t> floor_key;    // count: levels <= the prefix's smallest value; t: x >= that next level
 };
 const QuantCode& quant_code_m8();
 const QuantCode& quant_code_v8();
