@@ -205,6 +205,14 @@ void encode_scalar(const QuantCode& c, uint32_t key32, const float* x, int64_t i
   for (int64_t i = i0; i < k; ++i) store_code(kQ8, codes, first + i, encode_one<kStochastic, kQ8, kSigned>(c, key32, x[i], i, amax, inv));
 }
 
+// level[idx] of a 4-bit code (8 or 16 levels in t[0], t[1]) by permutes.
+template <int kLevels>
+__attribute__((target("avx2"), always_inline)) inline __m256 level4_avx2(const __m256* t, __m256i idx) {
+  const __m256 a = _mm256_permutevar8x32_ps(t[0], idx);
+  if constexpr (kLevels == 8) return a;
+  return _mm256_blendv_ps(a, _mm256_permutevar8x32_ps(t[1], idx), _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
 // Elements [0, 8 * floor(k / 8)) of a block with AVX2; returns how many it did.
 // 4-bit codes: first must be even (whole bytes).
 template <bool kStochastic, bool kQ8, bool kSigned>
@@ -222,6 +230,20 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
   const int* nearest_key = c.nearest_key.data();
   const int* floor_key = c.floor_key.data();
   const __m256i low16 = _mm256_set1_epi32(0xffff), low17 = _mm256_set1_epi32(0x1ffff);
+  // 4-bit codes: no tables; the levels and mids are compared in registers (a
+  // count of those below y is the index, as the table lookup gives) and the
+  // levels are read back with permutes.
+  constexpr int kLevels4 = kSigned ? 8 : 16;
+  __m256 lev4[kLevels4], mid4[kLevels4], tab4[2];
+  if constexpr (!kQ8) {
+    if (c.n != kLevels4) return 0;  // (the codes are fixed: never; the scalar path would take it)
+    for (int j = 0; j < kLevels4; ++j) {
+      lev4[j] = _mm256_set1_ps(c.level[j]);
+      mid4[j] = _mm256_set1_ps(c.mid[j]);
+    }
+    tab4[0] = _mm256_loadu_ps(c.level);
+    tab4[1] = _mm256_loadu_ps(c.level + 8);
+  }
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
@@ -239,22 +261,37 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
       h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
       h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
       const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
-      const __m256i e = _mm256_i32gather_epi32(floor_key, prefix, 4);
-      // low16 >= t  <=>  !(t > low16)
-      const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
-      const __m256i f = _mm256_add_epi32(_mm256_srli_epi32(e, 17), below);  // count + (low16 >= t) - 1
+      __m256i f;  // count of levels <= y, - 1
+      if constexpr (kQ8) {
+        const __m256i e = _mm256_i32gather_epi32(floor_key, prefix, 4);
+        // low16 >= t  <=>  !(t > low16)
+        const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
+        f = _mm256_add_epi32(_mm256_srli_epi32(e, 17), below);
+      } else {
+        f = _mm256_set1_epi32(-1);
+        for (int j = 0; j < kLevels4; ++j) f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(lev4[j], y, _CMP_LE_OQ)));
+      }
       const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
-      const __m256 lo = _mm256_i32gather_ps(c.level, fc, 4);
-      const __m256 hi = _mm256_i32gather_ps(c.level, _mm256_add_epi32(fc, ione), 4);
+      __m256 lo, hi;
+      if constexpr (kQ8) {
+        lo = _mm256_i32gather_ps(c.level, fc, 4);
+        hi = _mm256_i32gather_ps(c.level, _mm256_add_epi32(fc, ione), 4);
+      } else {
+        lo = level4_avx2<kLevels4>(tab4, fc);
+        hi = level4_avx2<kLevels4>(tab4, _mm256_add_epi32(fc, ione));
+      }
       const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(hi, lo)), _mm256_sub_ps(y, lo), _CMP_LT_OQ);
       q = _mm256_sub_epi32(fc, _mm256_castps_si256(up));
       q = _mm256_andnot_si256(_mm256_cmpgt_epi32(izero, f), q);  // below the smallest level: 0
       q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
       ctr = _mm256_add_epi32(ctr, step);
-    } else {
+    } else if constexpr (kQ8) {
       const __m256i e = _mm256_i32gather_epi32(nearest_key, prefix, 4);
       const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
       q = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(e, 17), ione), below);  // count + (low16 >= t)
+    } else {  // count of mids < y
+      q = izero;
+      for (int j = 0; j + 1 < kLevels4; ++j) q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(y, mid4[j], _CMP_GT_OQ)));
     }
     if (kSigned)
       q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));
@@ -309,6 +346,7 @@ __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, c
   const __m256i mask = _mm256_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
   const __m256i sbit = _mm256_set1_epi32(q8 ? 0x80 : 0x8);
   const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), nib = _mm256_set1_epi32(0xf);
+  const __m256 tab4[2] = {_mm256_loadu_ps(c.level), _mm256_loadu_ps(c.level + 8)};  // 4-bit codes
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     __m256i q;
@@ -319,7 +357,13 @@ __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, c
       std::memcpy(&w, codes + ((first + i) >> 1), 4);
       q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), nib_shift), nib);
     }
-    __m256 y = _mm256_mul_ps(_mm256_i32gather_ps(c.level, _mm256_and_si256(q, mask), 4), vs);
+    const __m256i idx = _mm256_and_si256(q, mask);
+    __m256 lv;
+    if (q8)
+      lv = _mm256_i32gather_ps(c.level, idx, 4);
+    else
+      lv = signed_code ? level4_avx2<8>(tab4, idx) : level4_avx2<16>(tab4, idx);
+    __m256 y = _mm256_mul_ps(lv, vs);
     if (signed_code)
       y = _mm256_xor_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(q, sbit), q8 ? 24 : 28)));
     _mm256_storeu_ps(x + i, y);
