@@ -178,12 +178,13 @@ template <bool kStochastic, bool kQ8, bool kSigned>
 inline int encode_one(const QuantCode& c, uint32_t key32, float x, int64_t i, float amax, float inv) {
   const float a = std::fabs(x);
   const float y = a == amax ? 1.0f : a * inv;
-  int q = kStochastic ? index_stochastic(c, y,
-                                         static_cast<float>(quant_mix32(key32 + static_cast<uint32_t>(i) *
-                                                                                    kQuantCounterStep) >>
-                                                            8) *
-                                             0x1.0p-24f)
-                      : index_nearest(c, y);
+  int q;
+  if (kStochastic) {  // quant_uniform's draw
+    const uint32_t h = quant_mix32(key32 + static_cast<uint32_t>(i) * kQuantCounterStep);
+    q = index_stochastic(c, y, static_cast<float>(h >> 8) * 0x1.0p-24f);
+  } else {
+    q = index_nearest(c, y);
+  }
   if (kSigned && std::signbit(x)) q |= 1 << (kQ8 ? 7 : 3);
   return q;
 }
@@ -202,7 +203,8 @@ template <bool kStochastic, bool kQ8, bool kSigned>
 void encode_scalar(const QuantCode& c, uint32_t key32, const float* x, int64_t i0, int64_t k, uint8_t* codes,
                    int64_t first, float amax) {
   const float inv = amax > 0 ? 1.0f / amax : 0.0f;
-  for (int64_t i = i0; i < k; ++i) store_code(kQ8, codes, first + i, encode_one<kStochastic, kQ8, kSigned>(c, key32, x[i], i, amax, inv));
+  for (int64_t i = i0; i < k; ++i)
+    store_code(kQ8, codes, first + i, encode_one<kStochastic, kQ8, kSigned>(c, key32, x[i], i, amax, inv));
 }
 
 // level[idx] of a 4-bit code (8 or 16 levels in t[0], t[1]) by permutes.
@@ -269,7 +271,8 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
         f = _mm256_add_epi32(_mm256_srli_epi32(e, 17), below);
       } else {
         f = _mm256_set1_epi32(-1);
-        for (int j = 0; j < kLevels4; ++j) f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(lev4[j], y, _CMP_LE_OQ)));
+        for (int j = 0; j < kLevels4; ++j)
+          f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(lev4[j], y, _CMP_LE_OQ)));
       }
       const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
       __m256 lo, hi;
@@ -289,20 +292,20 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
       const __m256i e = _mm256_i32gather_epi32(nearest_key, prefix, 4);
       const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
       q = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(e, 17), ione), below);  // count + (low16 >= t)
-    } else {  // count of mids < y
-      q = izero;
-      for (int j = 0; j + 1 < kLevels4; ++j) q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(y, mid4[j], _CMP_GT_OQ)));
+    } else {
+      q = izero;  // count of mids < y
+      for (int j = 0; j + 1 < kLevels4; ++j)
+        q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(y, mid4[j], _CMP_GT_OQ)));
     }
-    if (kSigned)
-      q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));
+    if (kSigned) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));
     if (kQ8) {
       const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + first + i), _mm_packus_epi16(w, w));
     } else {
       // each 64-bit lane: low dword q[2j], high q[2j + 1] -> low dword q[2j] | q[2j + 1] << 4
       const __m256i pairs = _mm256_or_si256(q, _mm256_srli_epi64(q, 28));
-      const __m128i lows = _mm256_castsi256_si128(
-          _mm256_permutevar8x32_epi32(pairs, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+      const __m128i lows =
+          _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pairs, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
       const __m128i w = _mm_packus_epi32(lows, lows);
       const int32_t bytes = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
       std::memcpy(codes + ((first + i) >> 1), &bytes, 4);
@@ -339,9 +342,8 @@ __attribute__((target("avx2"))) int64_t absmax_avx2(const float* x, int64_t k, f
   return i;
 }
 
-__attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, const QuantCode& c,
-                                                    const uint8_t* codes, int64_t first, float scale, int64_t k,
-                                                    float* x) {
+__attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, const QuantCode& c, const uint8_t* codes,
+                                                    int64_t first, float scale, int64_t k, float* x) {
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256i mask = _mm256_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
   const __m256i sbit = _mm256_set1_epi32(q8 ? 0x80 : 0x8);

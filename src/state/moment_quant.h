@@ -63,7 +63,7 @@ struct QuantCode {
   int n = 0;
   bool has_zero = false;
   float level[256] = {};
-  float mid[256] = {};                // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
+  float mid[256] = {};  // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
   // Per bf16 prefix p (x's top 16 bits), packed as count << 17 | t, so one
   // lookup and one integer compare give the index: count + (low16(x) >= t),
   // t = the low 16 bits of the one mid (level) inside the prefix that the
