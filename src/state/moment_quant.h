@@ -28,11 +28,13 @@
 // from a counter-based hash of (seed, element), so results do not depend on
 // the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
 // x in [0, 1] indexes a table of the levels below it; one compare of x's low
-// 16 bits finishes (tables are checked at build time to hold at most one level
-// or midpoint per prefix). Encode and decode run 8 elements at a time with AVX2 (gathers from
-// those tables, the hash's lanes computed together) when the CPU has it, else
-// scalar: the same operations in the same order, so both paths give the same
-// bits (tests/state/moment_quant_test.cpp checks it).
+// 16 bits finishes (tables are checked at build time to hold at most one
+// level or midpoint per prefix). Encode and decode run 8 elements at a time
+// with AVX2 when the CPU has it (8-bit codes: gathers from those tables; 4-bit
+// codes: the index as the count of mids or levels below x by register
+// compares, which is what the tables give; the hash's lanes computed
+// together), else scalar; both paths give the same bits
+// (tests/state/moment_quant_test.cpp checks it).
 // Non-finite moments cannot be stored: a block holding one gets a non-finite
 // absmax and decodes to NaN (the step is poisoned visibly, never silently).
 //
