@@ -56,6 +56,7 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
       {"adamw8bit", MO::q8, MS::fp32, SR, 18 + scales},
       {"adamw8bit-nearest", MO::q8, MS::fp32, RN, 18 + scales},
       {"adamw4bit", MO::q4, MS::fp32, SR, 16 + scales},
+      {"adamw4bit-nearest", MO::q4, MS::fp32, RN, 16 + scales},
       {"adamw8bit+split", MO::q8, MS::split, SR, 14.25 + scales},
       {"adamw8bit+bf16-sr", MO::q8, MS::bf16_sr, SR, 12 + scales},
       {"adamw4bit+bf16-kahan", MO::q4, MS::bf16_kahan, SR, 14 + scales},

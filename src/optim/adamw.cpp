@@ -26,6 +26,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "state/moment_quant.h"
 #include "state/split_master.h"
 
 namespace rt {
@@ -481,6 +482,7 @@ SimdLevel simd_level_active() { return static_cast<SimdLevel>(simd_level_slot().
 void set_simd_level(SimdLevel level) {
   int want = static_cast<int>(level), have = static_cast<int>(simd_level_detected());
   simd_level_slot().store(want < have ? want : have, std::memory_order_relaxed);
+  quant_set_simd(level != SimdLevel::scalar);  // the quantized moments' codec follows
 }
 
 const char* simd_level_name(SimdLevel level) {
@@ -525,14 +527,14 @@ void adamw_update_split(const SplitMaster& p, float* m, float* v, const float* g
   });
 }
 
-void adamw_span(float* p, float* m, float* v, const float* g, int64_t n, const AdamWConsts& c) {
+void adamw_span(float* p, float* m, float* v, const float* g, int64_t n, const AdamWConsts& c, uint16_t* bf16_out) {
   switch (simd_level_active()) {
     case SimdLevel::avx512:
-      return adamw_block_avx512(p, m, v, g, nullptr, n, c);
+      return adamw_block_avx512(p, m, v, g, bf16_out, n, c);
     case SimdLevel::avx2:
-      return adamw_block_avx2(p, m, v, g, nullptr, n, c);
+      return adamw_block_avx2(p, m, v, g, bf16_out, n, c);
     case SimdLevel::scalar:
-      return adamw_block_scalar(p, m, v, g, nullptr, n, c);
+      return adamw_block_scalar(p, m, v, g, bf16_out, n, c);
   }
 }
 

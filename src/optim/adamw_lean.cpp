@@ -56,10 +56,8 @@ inline void tie_set(uint64_t* tie, int64_t i, bool t) {
 void master_store(const Lean& a, int64_t lo, int64_t hi, const float* p) {
   StateUnit& u = *a.u;
   switch (u.master_kind) {
-    case MasterStorage::fp32:
+    case MasterStorage::fp32:  // the shadow was written by adamw_span
       std::memcpy(u.master() + lo, p, static_cast<size_t>(hi - lo) * 4);
-      if (a.out)
-        for (int64_t i = lo; i < hi; ++i) a.out[i] = f32_to_bf16(p[i - lo]);
       return;
     case MasterStorage::split:  // whole tie words belong to this block (block-aligned ranges)
       for (int64_t i = lo; i < hi; ++i) {
@@ -118,7 +116,8 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
   for (const Seg& sg : a.segs) {
     const int64_t lo = std::max(sg.lo, s), hi = std::min(sg.hi, s + k);
     if (lo >= hi) continue;
-    adamw_span(p + (lo - s), m + (lo - s), v + (lo - s), a.g + (lo - a.b), hi - lo, sg.decays ? a.c_decay : a.c_plain);
+    adamw_span(p + (lo - s), m + (lo - s), v + (lo - s), a.g + (lo - a.b), hi - lo, sg.decays ? a.c_decay : a.c_plain,
+               u.master_kind == MasterStorage::fp32 && a.out ? a.out + lo : nullptr);
     master_store(a, lo, hi, p + (lo - s));
     if (!u.quantized()) {
       std::memcpy(u.m() + lo, m + (lo - s), static_cast<size_t>(hi - lo) * 4);

@@ -62,6 +62,8 @@ inline float adamw_math(float p, float& m, float& v, float g, const AdamWConsts&
 // p, m, v updated in place over n elements with constants c, on the active
 // SIMD path (no streaming stores, single-threaded: for small spans such as a
 // quantization block). Bit-identical to adamw_update's element maths.
-void adamw_span(float* p, float* m, float* v, const float* g, int64_t n, const AdamWConsts& c);
+// bf16_out[n]: when given, also f32_to_bf16 of the new p (as adamw_update).
+void adamw_span(float* p, float* m, float* v, const float* g, int64_t n, const AdamWConsts& c,
+                uint16_t* bf16_out = nullptr);
 
 }  // namespace rt

@@ -1,6 +1,16 @@
+// No implicit FP contraction: the scalar and AVX2 paths must round alike (the
+// pragma comes before any include).
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
 #include "state/moment_quant.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -45,8 +55,8 @@ uint32_t f32_bits(float f) {
 // Fills the tables of c (levels set) and checks that one compare finishes a lookup.
 void build_tables(QuantCode& c, const char* what) {
   for (int k = 0; k + 1 < c.n; ++k) c.mid[k] = 0.5f * (c.level[k] + c.level[k + 1]);
-  c.below_mid.resize(kPrefixes);
-  c.at_or_below.resize(kPrefixes);
+  c.nearest_key.resize(kPrefixes);
+  c.floor_key.resize(kPrefixes);
   for (uint32_t p = 0; p < kPrefixes; ++p) {
     const float lo = bits_to_f32(p << 16), hi = p + 1 < kPrefixes ? bits_to_f32((p + 1) << 16) : 1.0f;
     int mids_lo = 0, mids_hi = 0, lev_le_lo = 0, lev_lt_hi = 0;
@@ -60,8 +70,11 @@ void build_tables(QuantCode& c, const char* what) {
     }
     RT_CHECK(mids_hi - mids_lo <= 1 && lev_lt_hi - lev_le_lo <= 1, "[quant] code ", what,
              ": more than one level in the bf16 prefix ", p, "; the lookup needs a finer table");
-    c.below_mid[p] = static_cast<uint8_t>(mids_lo);
-    c.at_or_below[p] = static_cast<uint16_t>(lev_le_lo);
+    // the next mid / level above the prefix's start, when it lies inside the prefix
+    const bool mid_in = mids_lo < c.n - 1 && (f32_bits(c.mid[mids_lo]) >> 16) == p;
+    const bool lev_in = lev_le_lo < c.n && (f32_bits(c.level[lev_le_lo]) >> 16) == p;
+    c.nearest_key[p] = mids_lo << 17 | (mid_in ? static_cast<int32_t>(f32_bits(c.mid[mids_lo]) & 0xffff) + 1 : 0x10000);
+    c.floor_key[p] = lev_le_lo << 17 | (lev_in ? static_cast<int32_t>(f32_bits(c.level[lev_le_lo]) & 0xffff) : 0x10000);
   }
 }
 
@@ -120,20 +133,20 @@ namespace {
 
 inline int index_nearest(const QuantCode& c, float x) {
   x = clamp01(x);
-  int k = c.below_mid[f32_bits(x) >> 16];
-  if (k < c.n - 1 && x > c.mid[k]) ++k;
-  return k;
+  const uint32_t b = f32_bits(x);
+  const int32_t e = c.nearest_key[b >> 16];
+  return (e >> 17) + (static_cast<int32_t>(b & 0xffff) >= (e & 0x1ffff));  // + (x > the next mid)
 }
 
 inline int index_stochastic(const QuantCode& c, float x, float u) {
   x = clamp01(x);
-  int a = c.at_or_below[f32_bits(x) >> 16];
-  if (a < c.n && c.level[a] <= x) ++a;  // a = count of levels <= x
-  const int f = a - 1;
+  const uint32_t b = f32_bits(x);
+  const int32_t e = c.floor_key[b >> 16];
+  const int f = (e >> 17) + (static_cast<int32_t>(b & 0xffff) >= (e & 0x1ffff)) - 1;  // count of levels <= x, - 1
   if (f < 0) return 0;  // below the smallest level of a no-zero code: up
   if (f >= c.n - 1) return c.n - 1;
   const float lo = c.level[f], hi = c.level[f + 1];
-  return u < (x - lo) / (hi - lo) ? f + 1 : f;
+  return u * (hi - lo) < x - lo ? f + 1 : f;  // u < (x - lo) / (hi - lo) without the division
 }
 
 }  // namespace
@@ -148,60 +161,263 @@ inline const QuantCode& code_of(MomentStorage s, bool signed_code) {
                                 : (signed_code ? quant_code_m4() : quant_code_v4());
 }
 
-// Specialised on rounding, width and sign so the loop has no mode branches.
+bool quant_simd_detected() {
+  static const bool v = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return v;
+}
+std::atomic<bool>& quant_simd_slot() {
+  static std::atomic<bool> on{quant_simd_detected()};
+  return on;
+}
+
+// Element i of a block: x -> code (sign included), as the AVX2 lanes below.
 template <bool kStochastic, bool kQ8, bool kSigned>
-void encode_loop(const QuantCode& c, uint64_t key, const float* x, int64_t k, uint8_t* codes, int64_t first,
-                 float amax) {
+inline int encode_one(const QuantCode& c, uint32_t key32, float x, int64_t i, float amax, float inv) {
+  const float a = std::fabs(x);
+  const float y = a == amax ? 1.0f : a * inv;
+  int q;
+  if (kStochastic) {  // quant_uniform's draw
+    const uint32_t h = quant_mix32(key32 + static_cast<uint32_t>(i) * kQuantCounterStep);
+    q = index_stochastic(c, y, static_cast<float>(h >> 8) * 0x1.0p-24f);
+  } else {
+    q = index_nearest(c, y);
+  }
+  if (kSigned && std::signbit(x)) q |= 1 << (kQ8 ? 7 : 3);
+  return q;
+}
+
+inline void store_code(bool q8, uint8_t* codes, int64_t j, int q) {
+  if (q8) {
+    codes[j] = static_cast<uint8_t>(q);
+  } else {
+    uint8_t& b = codes[j >> 1];
+    b = (j & 1) ? static_cast<uint8_t>((b & 0x0f) | (q << 4)) : static_cast<uint8_t>((b & 0xf0) | q);
+  }
+}
+
+// Elements [i0, k) of a block, scalar.
+template <bool kStochastic, bool kQ8, bool kSigned>
+void encode_scalar(const QuantCode& c, uint32_t key32, const float* x, int64_t i0, int64_t k, uint8_t* codes,
+                   int64_t first, float amax) {
   const float inv = amax > 0 ? 1.0f / amax : 0.0f;
-  constexpr int sign_shift = kQ8 ? 7 : 3;
-  for (int64_t i = 0; i < k; ++i) {
-    const float a = std::fabs(x[i]);
-    const float y = a == amax ? 1.0f : a * inv;
-    int q = kStochastic ? index_stochastic(c, y, quant_uniform(key, static_cast<uint64_t>(i))) : index_nearest(c, y);
-    if (kSigned && std::signbit(x[i])) q |= 1 << sign_shift;
-    if (kQ8) {
-      codes[first + i] = static_cast<uint8_t>(q);
+  for (int64_t i = i0; i < k; ++i)
+    store_code(kQ8, codes, first + i, encode_one<kStochastic, kQ8, kSigned>(c, key32, x[i], i, amax, inv));
+}
+
+// level[idx] of a 4-bit code (8 or 16 levels in t[0], t[1]) by permutes.
+template <int kLevels>
+__attribute__((target("avx2"), always_inline)) inline __m256 level4_avx2(const __m256* t, __m256i idx) {
+  const __m256 a = _mm256_permutevar8x32_ps(t[0], idx);
+  if constexpr (kLevels == 8) return a;
+  return _mm256_blendv_ps(a, _mm256_permutevar8x32_ps(t[1], idx), _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+// Elements [0, 8 * floor(k / 8)) of a block with AVX2; returns how many it did.
+// 4-bit codes: first must be even (whole bytes).
+template <bool kStochastic, bool kQ8, bool kSigned>
+__attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t key32, const float* x, int64_t k,
+                                                    uint8_t* codes, int64_t first, float amax) {
+  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
+  const __m256 vinv = _mm256_set1_ps(inv), vamax = _mm256_set1_ps(amax), one = _mm256_set1_ps(1.0f);
+  const __m256 zero = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i nm1 = _mm256_set1_epi32(c.n - 1), nm2 = _mm256_set1_epi32(c.n - 2);
+  const __m256i izero = _mm256_setzero_si256(), ione = _mm256_set1_epi32(1);
+  const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kQuantCounterStep));
+  __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32)),
+                                 _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                    _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
+  const int* nearest_key = c.nearest_key.data();
+  const int* floor_key = c.floor_key.data();
+  const __m256i low16 = _mm256_set1_epi32(0xffff), low17 = _mm256_set1_epi32(0x1ffff);
+  // 4-bit codes: no tables; the levels and mids are compared in registers (a
+  // count of those below y is the index, as the table lookup gives) and the
+  // levels are read back with permutes.
+  constexpr int kLevels4 = kSigned ? 8 : 16;
+  __m256 lev4[kLevels4], mid4[kLevels4], tab4[2];
+  if constexpr (!kQ8) {
+    if (c.n != kLevels4) return 0;  // (the codes are fixed: never; the scalar path would take it)
+    for (int j = 0; j < kLevels4; ++j) {
+      lev4[j] = _mm256_set1_ps(c.level[j]);
+      mid4[j] = _mm256_set1_ps(c.mid[j]);
+    }
+    tab4[0] = _mm256_loadu_ps(c.level);
+    tab4[1] = _mm256_loadu_ps(c.level + 8);
+  }
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    const __m256 a = _mm256_and_ps(xv, absmask);
+    __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, vinv), one, _mm256_cmp_ps(a, vamax, _CMP_EQ_OQ));
+    y = _mm256_min_ps(_mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
+    const __m256i yb = _mm256_castps_si256(y);
+    const __m256i prefix = _mm256_srli_epi32(yb, 16), ylow = _mm256_and_si256(yb, low16);
+    __m256i q;
+    if (kStochastic) {
+      __m256i h = ctr;  // quant_mix32
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
+      __m256i f;  // count of levels <= y, - 1
+      if constexpr (kQ8) {
+        const __m256i e = _mm256_i32gather_epi32(floor_key, prefix, 4);
+        // low16 >= t  <=>  !(t > low16)
+        const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
+        f = _mm256_add_epi32(_mm256_srli_epi32(e, 17), below);
+      } else {
+        f = _mm256_set1_epi32(-1);
+        for (int j = 0; j < kLevels4; ++j)
+          f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(lev4[j], y, _CMP_LE_OQ)));
+      }
+      const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
+      __m256 lo, hi;
+      if constexpr (kQ8) {
+        lo = _mm256_i32gather_ps(c.level, fc, 4);
+        hi = _mm256_i32gather_ps(c.level, _mm256_add_epi32(fc, ione), 4);
+      } else {
+        lo = level4_avx2<kLevels4>(tab4, fc);
+        hi = level4_avx2<kLevels4>(tab4, _mm256_add_epi32(fc, ione));
+      }
+      const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(hi, lo)), _mm256_sub_ps(y, lo), _CMP_LT_OQ);
+      q = _mm256_sub_epi32(fc, _mm256_castps_si256(up));
+      q = _mm256_andnot_si256(_mm256_cmpgt_epi32(izero, f), q);  // below the smallest level: 0
+      q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
+      ctr = _mm256_add_epi32(ctr, step);
+    } else if constexpr (kQ8) {
+      const __m256i e = _mm256_i32gather_epi32(nearest_key, prefix, 4);
+      const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
+      q = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(e, 17), ione), below);  // count + (low16 >= t)
     } else {
-      uint8_t& b = codes[(first + i) >> 1];
-      b = ((first + i) & 1) ? static_cast<uint8_t>((b & 0x0f) | (q << 4)) : static_cast<uint8_t>((b & 0xf0) | q);
+      q = izero;  // count of mids < y
+      for (int j = 0; j + 1 < kLevels4; ++j)
+        q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(y, mid4[j], _CMP_GT_OQ)));
+    }
+    if (kSigned) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));
+    if (kQ8) {
+      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + first + i), _mm_packus_epi16(w, w));
+    } else {
+      // each 64-bit lane: low dword q[2j], high q[2j + 1] -> low dword q[2j] | q[2j + 1] << 4
+      const __m256i pairs = _mm256_or_si256(q, _mm256_srli_epi64(q, 28));
+      const __m128i lows =
+          _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pairs, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+      const __m128i w = _mm_packus_epi32(lows, lows);
+      const int32_t bytes = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+      std::memcpy(codes + ((first + i) >> 1), &bytes, 4);
     }
   }
+  return i;
+}
+
+template <bool kStochastic, bool kQ8, bool kSigned>
+void encode_loop(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes, int64_t first,
+                 float amax, bool simd) {
+  int64_t i = 0;
+  if (simd && (kQ8 || (first & 1) == 0)) i = encode_avx2<kStochastic, kQ8, kSigned>(c, key32, x, k, codes, first, amax);
+  encode_scalar<kStochastic, kQ8, kSigned>(c, key32, x, i, k, codes, first, amax);
+}
+
+// max |x| (NaN ignored, as a > amax ? a : amax from 0) and whether all are finite.
+__attribute__((target("avx2"))) int64_t absmax_avx2(const float* x, int64_t k, float* amax, bool* finite) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  __m256 acc = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+    acc = _mm256_max_ps(a, acc);  // a > acc ? a : acc
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float m = 0;
+  for (float l : lanes) m = l > m ? l : m;
+  *amax = m;
+  *finite = _mm256_movemask_ps(bad) == 0;
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, const QuantCode& c, const uint8_t* codes,
+                                                    int64_t first, float scale, int64_t k, float* x) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i mask = _mm256_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
+  const __m256i sbit = _mm256_set1_epi32(q8 ? 0x80 : 0x8);
+  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), nib = _mm256_set1_epi32(0xf);
+  const __m256 tab4[2] = {_mm256_loadu_ps(c.level), _mm256_loadu_ps(c.level + 8)};  // 4-bit codes
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256i q;
+    if (q8) {
+      q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + first + i)));
+    } else {
+      int32_t w;
+      std::memcpy(&w, codes + ((first + i) >> 1), 4);
+      q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), nib_shift), nib);
+    }
+    const __m256i idx = _mm256_and_si256(q, mask);
+    __m256 lv;
+    if (q8)
+      lv = _mm256_i32gather_ps(c.level, idx, 4);
+    else
+      lv = signed_code ? level4_avx2<8>(tab4, idx) : level4_avx2<16>(tab4, idx);
+    __m256 y = _mm256_mul_ps(lv, vs);
+    if (signed_code)
+      y = _mm256_xor_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(q, sbit), q8 ? 24 : 28)));
+    _mm256_storeu_ps(x + i, y);
+  }
+  return i;
 }
 
 }  // namespace
 
+bool quant_simd_active() { return quant_simd_slot().load(std::memory_order_relaxed); }
+bool quant_set_simd(bool on) {
+  quant_simd_slot().store(on && quant_simd_detected(), std::memory_order_relaxed);
+  return quant_simd_active();
+}
+
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
                         uint8_t* codes, int64_t first, float* scale) {
   const QuantCode& c = code_of(s, signed_code);
+  const bool simd = quant_simd_active();
   float amax = 0;
   bool finite = true;
-  for (int64_t i = 0; i < k; ++i) {
+  int64_t i = simd ? absmax_avx2(x, k, &amax, &finite) : 0;
+  for (; i < k; ++i) {
     const float a = std::fabs(x[i]);
     finite &= std::isfinite(a);
     amax = a > amax ? a : amax;
   }
   *scale = finite ? amax : NAN;
   const bool sr = r == QuantRounding::stochastic, q8 = s == MomentStorage::q8;
-  using Loop = void (*)(const QuantCode&, uint64_t, const float*, int64_t, uint8_t*, int64_t, float);
+  using Loop = void (*)(const QuantCode&, uint32_t, const float*, int64_t, uint8_t*, int64_t, float, bool);
   static constexpr Loop loops[8] = {encode_loop<false, false, false>, encode_loop<false, false, true>,
                                     encode_loop<false, true, false>,  encode_loop<false, true, true>,
                                     encode_loop<true, false, false>,  encode_loop<true, false, true>,
                                     encode_loop<true, true, false>,   encode_loop<true, true, true>};
-  loops[(sr ? 4 : 0) + (q8 ? 2 : 0) + (signed_code ? 1 : 0)](c, key, x, k, codes, first, amax);
+  loops[(sr ? 4 : 0) + (q8 ? 2 : 0) + (signed_code ? 1 : 0)](c, quant_key32(key), x, k, codes, first, amax, simd);
 }
 
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
                         float* x) {
   const QuantCode& c = code_of(s, signed_code);
-  if (s == MomentStorage::q8) {
-    for (int64_t i = 0; i < k; ++i) {
+  const bool q8 = s == MomentStorage::q8;
+  int64_t i = 0;
+  if (quant_simd_active() && (q8 || (first & 1) == 0)) i = decode_avx2(q8, signed_code, c, codes, first, scale, k, x);
+  if (q8) {
+    for (; i < k; ++i) {
       const int q = codes[first + i];
       const float y = c.level[q & (signed_code ? 0x7f : 0xff)] * scale;
       x[i] = signed_code && (q & 0x80) ? -y : y;
     }
     return;
   }
-  for (int64_t i = 0; i < k; ++i) {
+  for (; i < k; ++i) {
     const int b = codes[(first + i) >> 1];
     const int q = ((first + i) & 1) ? b >> 4 : b & 0x0f;
     const float y = c.level[q & (signed_code ? 0x7 : 0xf)] * scale;

@@ -27,9 +27,14 @@
 // levels a <= x < b, b with probability (x - a) / (b - a) (unbiased), drawn
 // from a counter-based hash of (seed, element), so results do not depend on
 // the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
-// x in [0, 1] indexes a table of the levels below it; one compare finishes
-// (tables are checked at build time to hold at most one level or midpoint per
-// prefix).
+// x in [0, 1] indexes a table of the levels below it; one compare of x's low
+// 16 bits finishes (tables are checked at build time to hold at most one
+// level or midpoint per prefix). Encode and decode run 8 elements at a time
+// with AVX2 when the CPU has it (8-bit codes: gathers from those tables; 4-bit
+// codes: the index as the count of mids or levels below x by register
+// compares, which is what the tables give; the hash's lanes computed
+// together), else scalar; both paths give the same bits
+// (tests/state/moment_quant_test.cpp checks it).
 // Non-finite moments cannot be stored: a block holding one gets a non-finite
 // absmax and decodes to NaN (the step is poisoned visibly, never silently).
 //
@@ -60,9 +65,14 @@ struct QuantCode {
   int n = 0;
   bool has_zero = false;
   float level[256] = {};
-  float mid[256] = {};                // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
-  std::vector<uint8_t> below_mid;     // [prefix]: count of mids < the prefix's smallest value
-  std::vector<uint16_t> at_or_below;  // [prefix]: count of levels <= the prefix's smallest value
+  float mid[256] = {};  // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
+  // Per bf16 prefix p (x's top 16 bits), packed as count << 17 | t, so one
+  // lookup and one integer compare give the index: count + (low16(x) >= t),
+  // t = the low 16 bits of the one mid (level) inside the prefix that the
+  // compare decides (+1 for "x > mid"), or 0x10000 (never) when none lies in it.
+  // (int32 so the AVX2 path gathers them directly.)
+  std::vector<int32_t> nearest_key;  // count: mids < the prefix's smallest value; t: x > that next mid
+  std::vector<int32_t> floor_key;    // count: levels <= the prefix's smallest value; t: x >= that next level
 };
 const QuantCode& quant_code_m8();
 const QuantCode& quant_code_v8();
@@ -81,9 +91,28 @@ inline uint64_t quant_mix64(uint64_t x) {  // splitmix64's finaliser
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-inline float quant_uniform(uint64_t key, uint64_t i) {  // one splitmix64 step at counter i
-  return static_cast<float>(quant_mix64(key + i * 0x9e3779b97f4a7c15ull) >> 40) * 0x1.0p-24f;
+// The per-element draw of stochastic rounding: a 32-bit mixer (Wellons'
+// lowbias32) of the key folded to 32 bits plus the counter times the golden
+// ratio, top 24 bits; 32-bit lane maths, so 8 lanes are drawn together.
+inline uint32_t quant_mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
 }
+inline uint32_t quant_key32(uint64_t key) { return static_cast<uint32_t>(key ^ (key >> 32)); }
+inline constexpr uint32_t kQuantCounterStep = 0x9e3779b9u;
+inline float quant_uniform(uint64_t key, uint64_t i) {
+  return static_cast<float>(quant_mix32(quant_key32(key) + static_cast<uint32_t>(i) * kQuantCounterStep) >> 8) *
+         0x1.0p-24f;
+}
+
+// The AVX2 path of encode/decode: on where the CPU has AVX2 (the default);
+// quant_set_simd(false) forces the scalar one (tests, benchmarks; optim's
+// set_simd_level forwards here). Returns whether the AVX2 path is now in use.
+bool quant_simd_active();
+bool quant_set_simd(bool on);
 
 // One moment of one block of k <= kQuantBlock elements: x[k] -> codes + scale.
 // signed_code: m (sign + magnitude), else v (x >= 0 required: a negative v is

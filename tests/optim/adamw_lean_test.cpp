@@ -14,6 +14,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "optim/adamw.h"
 #include "testutil.h"
 
 namespace {
@@ -53,10 +54,11 @@ bool same_unit(const rt::StateUnit& a, const rt::StateUnit& b, std::string* why)
 }
 
 // Whole-unit updates on `threads_a` threads against range splits on 1 thread:
-// chunks of `chunk` elements (0: growing uneven chunks 5, 82, 159, ...).
-void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t chunk) {
+// chunks of `chunk` elements (0: growing uneven chunks 5, 82, 159, ...);
+// scalar_b: the splits run on the scalar path (AdamW maths and moment codec).
+void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t chunk, bool scalar_b = false) {
   SCOPED_TRACE(std::string(rt::moment_storage_name(mo)) + " / " + rt::master_storage_name(ms) + " / " +
-               rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk));
+               rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk) + (scalar_b ? " / scalar" : ""));
   rt::HostState A(spec(), false), B(spec(), false);
   for (rt::HostState* s : {&A, &B}) {
     s->init_random(11);
@@ -81,6 +83,7 @@ void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t
       rt::set_global_threads(2);
       rt::update_unit(a, g.data(), o, 0.75f, out_a);
       rt::set_global_threads(1);
+      if (scalar_b) rt::set_simd_level(rt::SimdLevel::scalar);
       int64_t lo = 0, len = chunk > 0 ? chunk : 5;
       while (lo < b.numel) {
         const int64_t hi = std::min(b.numel, lo + len);
@@ -89,6 +92,7 @@ void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t
         if (chunk == 0) len += 77;
       }
       rt::set_global_threads(0);
+      rt::set_simd_level(rt::simd_level_detected());
       std::string why;
       ASSERT_TRUE(same_unit(a, b, &why)) << a.name << ": " << why << " differ after step " << t;
       if (!a.shadow_master()) {
@@ -105,6 +109,17 @@ TEST(AdamWLean, QuantizedRangeSplitsEqualWholeUnit) {
          {MasterStorage::fp32, MasterStorage::split, MasterStorage::bf16_sr, MasterStorage::bf16_kahan})
       for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
         for (int64_t chunk : {int64_t(4096), int64_t(768)}) split_twin(mo, ms, r, chunk);
+}
+
+// The SIMD paths (AdamW maths, the AVX2 moment codec) against the scalar
+// specification, bit for bit, through whole updates of every lean storage.
+TEST(AdamWLean, SimdPathsEqualScalar) {
+  if (rt::simd_level_detected() == rt::SimdLevel::scalar) GTEST_SKIP() << "no SIMD on this CPU";
+  for (MomentStorage mo : {MomentStorage::q8, MomentStorage::q4})
+    for (MasterStorage ms :
+         {MasterStorage::fp32, MasterStorage::split, MasterStorage::bf16_sr, MasterStorage::bf16_kahan})
+      for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
+        split_twin(mo, ms, r, 4096, true);
 }
 
 TEST(AdamWLean, Bf16MastersWithFp32MomentsSplitAnywhere) {

@@ -188,6 +188,54 @@ TEST(MomentQuant, ZeroBlocksAndNonFiniteValues) {
   EXPECT_TRUE(std::isnan(scale));  // visible, never silently dropped
 }
 
+// The AVX2 codec against the scalar one, bit for bit: every storage, sign and
+// rounding, full and short blocks (a tail of k % 8 elements runs scalar),
+// values across the codes' range, exact zeros, -0, the absmax itself, levels
+// and midpoints hit exactly, NaN and inf (scale NaN: the codes still agree).
+TEST(MomentQuant, SimdCodecEqualsScalarBitForBit) {
+  if (!rt::quant_set_simd(true)) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u01(0.f, 1.f);
+  int blocks = 0;
+  for (MomentStorage s : {MomentStorage::q8, MomentStorage::q4})
+    for (bool sg : {true, false})
+      for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
+        for (int64_t k : {rt::kQuantBlock, int64_t{203}, int64_t{8}, int64_t{5}})
+          for (int trial = 0; trial < 6; ++trial) {
+            const QuantCode& c = s == MomentStorage::q8 ? (sg ? rt::quant_code_m8() : rt::quant_code_v8())
+                                                        : (sg ? rt::quant_code_m4() : rt::quant_code_v4());
+            std::vector<float> x(static_cast<size_t>(k));
+            for (int64_t i = 0; i < k; ++i) {
+              const float mag = std::pow(10.f, -8.f * u01(rng));  // 1e-8 .. 1
+              const int kind = static_cast<int>(rng() % 8);
+              float a = kind == 0 ? 0.f : kind == 1 ? c.level[rng() % c.n] : kind == 2 ? c.mid[rng() % (c.n - 1)] : mag;
+              x[static_cast<size_t>(i)] = sg && (rng() & 1) ? -a : a;
+            }
+            if (trial == 1) x[0] = -0.0f;
+            if (trial == 2) x[static_cast<size_t>(k / 2)] = NAN;
+            if (trial == 3) x[static_cast<size_t>(k - 1)] = INFINITY;
+            if (trial == 4) std::fill(x.begin(), x.end(), 0.f);
+            const uint64_t key = rng();
+            const int64_t first = rt::kQuantBlock * 3;
+            std::vector<uint8_t> cs(static_cast<size_t>(rt::quant_code_bytes(s, first + k)), 0x5a), cv = cs;
+            std::vector<float> ys(x.size()), yv(x.size());
+            float ss = 0, sv = 0;
+            rt::quant_set_simd(false);
+            rt::quant_block_encode(s, sg, r, key, x.data(), k, cs.data(), first, &ss);
+            rt::quant_block_decode(s, sg, cs.data(), first, ss, k, ys.data());
+            rt::quant_set_simd(true);
+            rt::quant_block_encode(s, sg, r, key, x.data(), k, cv.data(), first, &sv);
+            rt::quant_block_decode(s, sg, cv.data(), first, sv, k, yv.data());
+            SCOPED_TRACE(testing::Message() << rt::moment_storage_name(s) << (sg ? " m " : " v ")
+                                            << rt::quant_rounding_name(r) << " k " << k << " trial " << trial);
+            ASSERT_EQ(std::memcmp(&ss, &sv, 4), 0) << ss << " vs " << sv;
+            ASSERT_EQ(cs, cv);
+            ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * 4), 0);
+            ++blocks;
+          }
+  EXPECT_EQ(blocks, 2 * 2 * 2 * 4 * 6);
+}
+
 rt::ModelSpec spec() { return rt::test::llama_spec(64, 172, 2, 4, 2, 16, 258); }
 
 TEST(MomentQuant, HostStateStorageConversions) {
