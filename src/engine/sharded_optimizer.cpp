@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/weight_map.h"
 #include "optim/adamw.h"
 
 namespace rt {
@@ -20,6 +21,23 @@ ShardRange shard_range(int64_t numel, int world, int rank) {
   const int64_t s = shard_stride(numel, world);
   const int64_t b = std::min(numel, rank * s), e = std::min(numel, (rank + 1) * s);
   return {b, e};
+}
+
+uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes) {
+  std::vector<int64_t> numel(static_cast<size_t>(spec.n_layers + 2), 0);  // HostState's units
+  for (const WeightEntry& e : weight_map(spec)) {
+    const size_t u = e.kind == WeightKind::embed ? 0
+                     : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
+                                                 : static_cast<size_t>(spec.n_layers + 1);
+    numel[u] += (e.numel() + 15) / 16 * 16;
+  }
+  uint64_t b = 0;
+  for (int64_t n : numel) {
+    const ShardRange r = shard_range(n, world, rank);
+    b += static_cast<uint64_t>(r.e - r.b) * 12 + static_cast<uint64_t>(shard_stride(n, world)) * 4 +
+         static_cast<uint64_t>(n) * static_cast<uint64_t>(weight_bytes);
+  }
+  return b;
 }
 
 ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank) : world_(world), rank_(rank) {

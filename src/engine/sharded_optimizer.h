@@ -44,6 +44,15 @@ struct ShardRange {
 };
 ShardRange shard_range(int64_t numel, int world, int rank);
 
+// Host bytes rank `rank` of `world` holds for spec's model (the unit layout of
+// HostState, tensors padded to 16 floats): its slices' master, m and v (12
+// B/element), its reduced gradient slices (4 B per slice element, padding
+// included), and the full weights its forward reads, weight_bytes per element
+// (4: the CPU twin's fp32; 2: a GPU rank's bf16 shadow). The CPU twin's
+// replicas also hold a full gradient arena and unused m/v (see
+// engine/data_parallel_cpu.h); a GPU rank does not.
+uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes);
+
 struct ShardedStepResult {
   double loss_sum = 0;  // over every rank's micro-batches (rank order)
   double grad_norm = 0;

@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/data_parallel_cpu.h"
 #include "engine/sharded_optimizer.h"
+#include "model/spec.h"
 #include "optim/adamw.h"
 #include "testutil.h"
 
@@ -137,6 +138,27 @@ TEST(ShardLayout, AlignedContiguousSlicesPartitionEachUnit) {
       EXPECT_LT(S, (numel + world - 1) / world + rt::kShardAlign + 1);
     }
   EXPECT_THROW(rt::shard_range(10, 2, 2), rt::Error);
+}
+
+// Qwen2.5-7B: per rank, 12/N B/param of state + 4/N of reduced gradient
+// slices + the full weights (2 B/param as bf16), to within the slices'
+// rounding to 16384 elements (30 units x 16384 x 16 B = 7.9 MB, 0.1%).
+TEST(ShardedOptimizer, HostBytesPerRankShrinkWithTheRankCount) {
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
+  const double P = static_cast<double>(rt::HostState::planned_bytes(s, rt::MasterStorage::fp32, 0, false)) / 12;
+  for (int world : {1, 2, 4, 8}) {
+    uint64_t state_sum = 0;
+    for (int r = 0; r < world; ++r) {
+      const double got = static_cast<double>(rt::dp_rank_host_bytes(s, world, r, 2));
+      const double want = P * (16.0 / world + 2);
+      EXPECT_LE(got, want * 1.001) << "world " << world << " rank " << r;
+      if (r == 0) EXPECT_GE(got, want) << "rank 0's slices are full ones";
+      state_sum += rt::dp_rank_host_bytes(s, world, r, 0);
+    }
+    // the state over all ranks: 12 B per element once, plus the padded gradient slices
+    EXPECT_GE(static_cast<double>(state_sum), 16 * P);
+    EXPECT_LE(static_cast<double>(state_sum), 16 * P * 1.001 + world * 30.0 * 16384 * 4);
+  }
 }
 
 // Every rank's replica gets its own random gradients; the sharded step must
