@@ -132,6 +132,13 @@ void train_options(ArgParser& p) {
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
 
+  p.group("Data parallel (CPU twin; docs/multi_gpu.md)");
+  p.option("nproc-per-node", "N",
+           "N ranks (threads, CPU backend only) share each step's --grad-accum micro-batches (a multiple of N), "
+           "each with its slices of the optimizer state; the same results as one process (docs/multi_gpu.md)",
+           "1")
+      .integer(1, 1024);
+
   p.group("Checkpoints and output");
   p.option("out", "DIR",
            "output directory: DIR/ckpt-<step> checkpoints, DIR/final the final HF model, "
@@ -164,9 +171,9 @@ namespace {
 
 Placement placement_parse(const std::string& s) {
   return s == "device" ? Placement::device
-         : s == "host"  ? Placement::host
-         : s == "fold"  ? Placement::fold
-                        : Placement::auto_select;
+         : s == "host" ? Placement::host
+         : s == "fold" ? Placement::fold
+                       : Placement::auto_select;
 }
 
 }  // namespace
@@ -223,8 +230,9 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.grads = placement_parse(p.str("grads"));
   c.checkpoints = placement_parse(p.str("checkpoints"));
   if (c.grads == Placement::fold && c.delayed_update)
-    fail("[train] --grads fold updates each layer in the step that made its gradient; --delayed-update applies it "
-         "one step later: drop one of the two");
+    fail(
+        "[train] --grads fold updates each layer in the step that made its gradient; --delayed-update applies it "
+        "one step later: drop one of the two");
   const std::string lm = p.str("layer-major");
   c.layer_major = lm == "on" ? AutoOnOff::on : lm == "off" ? AutoOnOff::off : AutoOnOff::auto_select;
   const std::string mc = p.str("mlp-chunk-tokens");
@@ -244,6 +252,24 @@ TrainConfig train_config_read(const ArgParser& p) {
       fail(
           "[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the "
           "two");
+  }
+
+  c.nproc_per_node = p.integer("nproc-per-node");
+  if (c.nproc_per_node > 1) {  // checked on every machine, so a config is refused the same way everywhere
+    if (c.grad_accum % c.nproc_per_node != 0)
+      fail("[train] --nproc-per-node ", c.nproc_per_node,
+           " splits each step's --grad-accum micro-batches over the "
+           "ranks: --grad-accum ",
+           c.grad_accum, " is not a multiple of it; use --grad-accum ",
+           c.nproc_per_node * ((c.grad_accum + c.nproc_per_node - 1) / c.nproc_per_node));
+    if (c.device == Device::cuda)
+      fail(
+          "[train] --nproc-per-node runs only the CPU twin for now (N threads on the CPU backend; multi-GPU is "
+          "not built yet, docs/multi_gpu.md): use --device cpu");
+    if (c.delayed_update || c.grads == Placement::fold || c.layer_major == AutoOnOff::on)
+      fail(
+          "[train] --nproc-per-node cannot be combined with --delayed-update, --grads fold or --layer-major on "
+          "(the data-parallel CPU twin does none of them); drop one");
   }
 
   c.out = p.str("out");

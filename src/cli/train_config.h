@@ -47,6 +47,7 @@ struct TrainConfig {
   bool decay_norms_and_biases = false;
   bool delayed_update = false;
   int64_t max_bad_steps = 5;
+  int64_t nproc_per_node = 1;  // > 1: DataParallelCpu (engine/data_parallel_cpu.h), the CPU twin of multi-GPU
   // GPU memory
   Device device = Device::auto_select;
   uint64_t max_gpu_memory = 0;  // 0: what is free

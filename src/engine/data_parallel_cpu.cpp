@@ -19,7 +19,8 @@ DataParallelCpu::DataParallelCpu(HostState& state, int world, int64_t keep_activ
       const StateUnit& u = state.units()[k];
       u.read_master(0, u.numel, rep->units()[k].master());
     }
-    backends_.push_back(make_cpu_backend(*rep, false, keep_activations));
+    // auto (-1) would let every replica keep a quarter of the host RAM: keep none instead
+    backends_.push_back(make_cpu_backend(*rep, false, keep_activations < 0 ? 0 : keep_activations));
     replicas_.push_back(std::move(rep));
   }
 }

@@ -33,6 +33,7 @@ namespace rt {
 class DataParallelCpu final : public Backend {
  public:
   // state: fp32 or split masters; its moments seed the shards (resume).
+  // keep_activations: per replica (backend.h); auto (-1) keeps none.
   DataParallelCpu(HostState& state, int world, int64_t keep_activations = 0);
   std::string describe() const override;
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override;

@@ -130,7 +130,9 @@ TEST(ShardLayout, AlignedContiguousSlicesPartitionEachUnit) {
         const rt::ShardRange x = rt::shard_range(numel, world, r);
         EXPECT_EQ(x.b, next) << numel << " / " << world << " rank " << r;
         EXPECT_LE(x.e - x.b, S);
-        if (x.e > x.b) EXPECT_EQ(x.b % rt::kShardAlign, 0);
+        if (x.e > x.b) {
+          EXPECT_EQ(x.b % rt::kShardAlign, 0);
+        }
         next = x.e;
       }
       EXPECT_EQ(next, numel);
@@ -152,7 +154,9 @@ TEST(ShardedOptimizer, HostBytesPerRankShrinkWithTheRankCount) {
       const double got = static_cast<double>(rt::dp_rank_host_bytes(s, world, r, 2));
       const double want = P * (16.0 / world + 2);
       EXPECT_LE(got, want * 1.001) << "world " << world << " rank " << r;
-      if (r == 0) EXPECT_GE(got, want) << "rank 0's slices are full ones";
+      if (r == 0) {
+        EXPECT_GE(got, want) << "rank 0's slices are full ones";
+      }
       state_sum += rt::dp_rank_host_bytes(s, world, r, 0);
     }
     // the state over all ranks: 12 B per element once, plus the padded gradient slices
@@ -204,7 +208,9 @@ TEST(ShardedOptimizer, StepIsBitIdenticalToTheSerialUpdate) {
       EXPECT_EQ(res[0].grad_norm, std::sqrt(sq));  // one process's norm, bit for bit
       EXPECT_EQ(res[0].loss_sum, world * (world + 1) / 2.0);
       const float coef = rt::clip_coefficient(res[0].grad_norm, clip);
-      if (clip > 0) EXPECT_LT(coef, 1.0f) << "the clipped case must clip";
+      if (clip > 0) {
+        EXPECT_LT(coef, 1.0f) << "the clipped case must clip";
+      }
       for (size_t k = 0; k < ref.units().size(); ++k) rt::update_unit(ref.units()[k], g[k].data(), o, coef, nullptr);
       const std::vector<float> want = all_masters(ref);
       for (int r = 0; r < world; ++r) {
@@ -251,7 +257,9 @@ TEST(DataParallelCpu, MatchesGradientAccumulationBitForBit) {
   for (int world : {2, 4})
     for (double clip : {0.0, 1.0}) {
       const TrainRun one = train(0, 4, clip, 3, world), dp = train(world, 4, clip);
-      if (clip > 0) EXPECT_GT(one.norm[0], clip) << "the clipped case must clip";
+      if (clip > 0) {
+        EXPECT_GT(one.norm[0], clip) << "the clipped case must clip";
+      }
       EXPECT_EQ(dp.loss, one.loss) << "world " << world << " clip " << clip;
       EXPECT_EQ(dp.norm, one.norm) << "world " << world << " clip " << clip;
       EXPECT_TRUE(dp.w == one.w) << "world " << world << " clip " << clip;
