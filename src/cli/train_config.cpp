@@ -171,9 +171,9 @@ namespace {
 
 Placement placement_parse(const std::string& s) {
   return s == "device" ? Placement::device
-         : s == "host" ? Placement::host
-         : s == "fold" ? Placement::fold
-                       : Placement::auto_select;
+         : s == "host"  ? Placement::host
+         : s == "fold"  ? Placement::fold
+                        : Placement::auto_select;
 }
 
 }  // namespace
@@ -230,9 +230,8 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.grads = placement_parse(p.str("grads"));
   c.checkpoints = placement_parse(p.str("checkpoints"));
   if (c.grads == Placement::fold && c.delayed_update)
-    fail(
-        "[train] --grads fold updates each layer in the step that made its gradient; --delayed-update applies it "
-        "one step later: drop one of the two");
+    fail("[train] --grads fold updates each layer in the step that made its gradient; --delayed-update applies it "
+         "one step later: drop one of the two");
   const std::string lm = p.str("layer-major");
   c.layer_major = lm == "on" ? AutoOnOff::on : lm == "off" ? AutoOnOff::off : AutoOnOff::auto_select;
   const std::string mc = p.str("mlp-chunk-tokens");
@@ -257,10 +256,8 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.nproc_per_node = p.integer("nproc-per-node");
   if (c.nproc_per_node > 1) {  // checked on every machine, so a config is refused the same way everywhere
     if (c.grad_accum % c.nproc_per_node != 0)
-      fail("[train] --nproc-per-node ", c.nproc_per_node,
-           " splits each step's --grad-accum micro-batches over the "
-           "ranks: --grad-accum ",
-           c.grad_accum, " is not a multiple of it; use --grad-accum ",
+      fail("[train] --nproc-per-node ", c.nproc_per_node, " splits each step's --grad-accum micro-batches over the ",
+           "ranks: --grad-accum ", c.grad_accum, " is not a multiple of it; use --grad-accum ",
            c.nproc_per_node * ((c.grad_accum + c.nproc_per_node - 1) / c.nproc_per_node));
     if (c.device == Device::cuda)
       fail(
