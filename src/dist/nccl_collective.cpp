@@ -48,8 +48,8 @@ class NcclCollective final : public Collective {
     RT_NCCL_CHECK(ncclAllGather(in, out, static_cast<size_t>(count), ncclFloat32, comm_, stream_));
   }
   void all_gather(const uint16_t* in, uint16_t* out, int64_t count) override {
-    // bf16 bits moved as 16-bit payload: a gather does no arithmetic
-    RT_NCCL_CHECK(ncclAllGather(in, out, static_cast<size_t>(count), ncclBfloat16, comm_, stream_));
+    // bf16 bits moved as bytes: a gather does no arithmetic (and ncclBfloat16 is not in every nccl.h)
+    RT_NCCL_CHECK(ncclAllGather(in, out, 2 * static_cast<size_t>(count), ncclUint8, comm_, stream_));
   }
   void all_reduce_sum(double* data, int64_t count) override {
     const size_t bytes = static_cast<size_t>(count) * sizeof(double);
