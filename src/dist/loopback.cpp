@@ -7,6 +7,14 @@
 
 namespace rt {
 
+namespace {
+const char* op_name(int op) {
+  static const char* const names[] = {
+      "none", "reduce_scatter_sum", "all_gather(fp32)", "all_gather(16-bit)", "all_reduce_sum", "barrier"};
+  return op >= 0 && op <= 5 ? names[op] : "unknown";
+}
+}  // namespace
+
 class LoopbackRank final : public Collective {
  public:
   LoopbackRank(LoopbackWorld& w, int rank) : w_(w), rank_(rank) {}
@@ -55,8 +63,8 @@ class LoopbackRank final : public Collective {
     w_.arrive(rank_);
     for (int r = 0; r < w_.world_; ++r)
       if (w_.slots_[r].op != op || w_.slots_[r].count != count)
-        fail("[dist] collective mismatch: rank ", rank_, " called op ", op, " with ", count, " elements, rank ", r,
-             " op ", w_.slots_[r].op, " with ", w_.slots_[r].count, " (every rank must make the same calls)");
+        fail("[dist] collective mismatch: rank ", rank_, " called ", op_name(op), " with ", count, " elements, rank ",
+             r, " ", op_name(w_.slots_[r].op), " with ", w_.slots_[r].count, " (every rank must make the same calls)");
   }
   LoopbackWorld& w_;
   int rank_;

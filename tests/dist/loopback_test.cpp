@@ -109,7 +109,7 @@ TEST(Loopback, MismatchedCallsAreRefused) {
           c.all_gather(in.data(), out.data(), c.rank() == 0 ? 4 : 3);
         });
       },
-      {"collective mismatch", "every rank must make the same calls"});
+      {"collective mismatch", "all_gather(fp32) with 4 elements", "every rank must make the same calls"});
   EXPECT_THROW(rt::LoopbackWorld(0), rt::Error);
 }
 
