@@ -19,6 +19,10 @@
 // from those shared numbers, so every rank applies or skips together; each
 // rank updates its slices and the updated fp32 masters are all-gathered into
 // every rank's full weights for the next forward.
+// Buffers are host memory: step() runs over LoopbackWorld (the CPU twin). A
+// GPU rank would reduce-scatter its device gradients through NcclCollective
+// and hand the host slices to the same update; that wiring (engine/cuda/) is
+// not built yet (docs/multi_gpu.md).
 // Host bytes per rank: 12/world B/param of state + 4/world of reduced
 // gradient slices + the full weights the forward reads (fp32 on the CPU, 4
 // B/param; the bf16 shadow on a GPU, 2 B/param).
