@@ -2,14 +2,16 @@
 # Layers point one way (STYLE.md rule 15): a folder of src/ may include only
 # the folders listed for it below, never one above it. Fails, naming each
 # offending #include, when a file breaks that. Run by CTest (layering.check).
-#   core <- model, tokenizer <- cpu, cuda, state <- optim, io <- data <- engine <- cli
-# (cpu/ and cuda/ are the op backends; state/ is HostState, the training state
+#   core <- dist, model, tokenizer <- cpu, cuda, state <- optim, io <- data <- engine <- cli
+# (dist/ is the collectives and the launch (core only: it knows no model);
+# cpu/ and cuda/ are the op backends; state/ is HostState, the training state
 # in host memory; engine/cuda/ is the engine's CUDA backend, part of engine/.)
 set -euo pipefail
 src="${1:-$(cd "$(dirname "$0")/../src" && pwd)}"
 
 declare -A allowed=(
   [core]="core"
+  [dist]="core dist"
   [model]="core model"
   [tokenizer]="core tokenizer"
   [cpu]="core model cpu"
@@ -18,8 +20,8 @@ declare -A allowed=(
   [optim]="core model state optim"
   [io]="core model state io"
   [data]="core model state io tokenizer data"
-  [engine]="core model tokenizer cpu cuda state optim io data engine"
-  [cli]="core model tokenizer cpu cuda state optim io data engine cli"
+  [engine]="core dist model tokenizer cpu cuda state optim io data engine"
+  [cli]="core dist model tokenizer cpu cuda state optim io data engine cli"
 )
 
 bad=0

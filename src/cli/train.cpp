@@ -16,6 +16,7 @@
 #include "data/byte_tokenizer.h"
 #include "data/dataset.h"
 #include "engine/backend.h"
+#include "engine/data_parallel_cpu.h"
 #include "engine/sampler.h"
 #include "engine/trainer.h"
 #include "io/hf_export.h"
@@ -212,7 +213,7 @@ int cmd_train(const Args& args) {
   const ModelSpec spec = resume              ? resume->spec
                          : !c.preset.empty() ? spec_preset(c.preset)
                                              : spec_from_config_file(path_join(c.model, "config.json"));
-  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available();
+  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || c.nproc_per_node > 1;
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
@@ -248,7 +249,14 @@ int cmd_train(const Args& args) {
               (long long)spec.n_layers, (long long)spec.hidden, (long long)spec.vocab,
               (unsigned long long)data.train_token_count(), (unsigned long long)data.val_token_count());
   const std::function<void(const char*)> sampler = make_sampler(c, td, *state);
-  std::unique_ptr<Backend> backend = cpu_backend ? nullptr : make_backend(c, *state, data.seq_len());
+  std::unique_ptr<Backend> backend;
+  if (c.nproc_per_node > 1) {  // the data-parallel CPU twin (docs/multi_gpu.md)
+    if (c.device != Device::cpu && cuda_backend_available())
+      std::printf("note: --nproc-per-node runs the CPU twin (N threads on the CPU backend), not the GPU\n");
+    backend = std::make_unique<DataParallelCpu>(*state, static_cast<int>(c.nproc_per_node), c.keep_activations);
+  } else if (!cpu_backend) {
+    backend = make_backend(c, *state, data.seq_len());
+  }
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);

@@ -145,6 +145,13 @@ void train_options(ArgParser& p) {
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
 
+  p.group("Data parallel (CPU twin; docs/multi_gpu.md)");
+  p.option("nproc-per-node", "N",
+           "N ranks (threads, CPU backend only) share each step's --grad-accum micro-batches (a multiple of N), "
+           "each with its slices of the optimizer state; the same results as one process (docs/multi_gpu.md)",
+           "1")
+      .integer(1, 1024);
+
   p.group("Checkpoints and output");
   p.option("out", "DIR",
            "output directory: DIR/ckpt-<step> checkpoints, DIR/final the final HF model, "
@@ -266,6 +273,22 @@ TrainConfig train_config_read(const ArgParser& p) {
       fail(
           "[train] --low-memory sends gradients to the host, which --delayed-update cannot use yet; drop one of the "
           "two");
+  }
+
+  c.nproc_per_node = p.integer("nproc-per-node");
+  if (c.nproc_per_node > 1) {  // checked on every machine, so a config is refused the same way everywhere
+    if (c.grad_accum % c.nproc_per_node != 0)
+      fail("[train] --nproc-per-node ", c.nproc_per_node, " splits each step's --grad-accum micro-batches over the ",
+           "ranks: --grad-accum ", c.grad_accum, " is not a multiple of it; use --grad-accum ",
+           c.nproc_per_node * ((c.grad_accum + c.nproc_per_node - 1) / c.nproc_per_node));
+    if (c.device == Device::cuda)
+      fail(
+          "[train] --nproc-per-node runs only the CPU twin for now (N threads on the CPU backend; multi-GPU is "
+          "not built yet, docs/multi_gpu.md): use --device cpu");
+    if (c.delayed_update || c.grads == Placement::fold || c.layer_major == AutoOnOff::on)
+      fail(
+          "[train] --nproc-per-node cannot be combined with --delayed-update, --grads fold or --layer-major on "
+          "(the data-parallel CPU twin does none of them); drop one");
   }
 
   c.out = p.str("out");

@@ -50,6 +50,7 @@ struct TrainConfig {
   int64_t max_bad_steps = 5;
   MomentStorage optimizer = MomentStorage::fp32;  // --optimizer adamw | adamw8bit | adamw4bit
   QuantRounding moment_rounding = QuantRounding::stochastic;
+  int64_t nproc_per_node = 1;  // > 1: DataParallelCpu (engine/data_parallel_cpu.h), the CPU twin of multi-GPU
   // GPU memory
   Device device = Device::auto_select;
   uint64_t max_gpu_memory = 0;  // 0: what is free

@@ -26,6 +26,7 @@
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
+#   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 set -u -o pipefail
 bin=build/gpu-run
 if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
@@ -52,6 +53,7 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
 has ops && [ -x "$bin/gpu_cuda_block_test" ] && run cuda_block_test 120 "$bin/gpu_cuda_block_test"
 has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
 has engine && run engine_test 300 "$bin/gpu_engine_test"

@@ -1,0 +1,96 @@
+// ShardedOptimizer: one rank's part of a data-parallel optimizer step with the
+// optimizer state sharded over the ranks (ZeRO-1/2 style). Rank r owns, of
+// every unit (state/host_state.h) of numel elements, the elements
+// [r*S, min((r+1)*S, numel)) with S = shard_stride(numel, world): a
+// contiguous slice, 1/world of the unit rounded up to kShardAlign elements
+// (a rank's slice may be short or empty). kShardAlign is sum_squares's block
+// (optim/adamw.h's kOptimBlock, 16384 = 4 x 4096): slices stay 4096-aligned
+// for quantized and chunked updates (optim/unit_update.h,
+// engine/update_order.h), and each rank's block partials are exactly those of
+// one process's sum_squares, so the global norm is bit-identical to it.
+// It keeps the fp32 master, m and v of its slices only (12 B per owned
+// element) as StateUnits of the slice's size, so the existing
+// update_unit_range updates them with each tensor's weight decay.
+// step(): per unit, the rank's full gradient is reduce-scattered (sum over
+// ranks, padded to world*S); the global norm is one process's (the block
+// partials of sum_squares, each from the rank owning the block, all-reduced
+// exactly and combined in one process's order: the same double on every
+// rank, for LoopbackWorld and NCCL alike); clipping and the loss's finiteness are decided
+// from those shared numbers, so every rank applies or skips together; each
+// rank updates its slices and the updated fp32 masters are all-gathered into
+// every rank's full weights for the next forward.
+// Buffers are host memory: step() runs over LoopbackWorld (the CPU twin). A
+// GPU rank would reduce-scatter its device gradients through NcclCollective
+// and hand the host slices to the same update; that wiring (engine/cuda/) is
+// not built yet (docs/multi_gpu.md).
+// Host bytes per rank: 12/world B/param of state + 4/world of reduced
+// gradient slices + the full weights the forward reads (fp32 on the CPU, 4
+// B/param; the bf16 shadow on a GPU, 2 B/param).
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "dist/collective.h"
+#include "optim/adamw.h"
+#include "optim/unit_update.h"
+#include "state/host_state.h"
+
+namespace rt {
+
+inline constexpr int64_t kShardAlign = kOptimBlock;
+static_assert(kShardAlign % 4096 == 0, "slices must stay 4096-aligned");
+
+// Elements per rank's slice of a unit of numel elements (a multiple of kShardAlign).
+int64_t shard_stride(int64_t numel, int world);
+struct ShardRange {
+  int64_t b = 0, e = 0;
+};
+ShardRange shard_range(int64_t numel, int world, int rank);
+
+// Host bytes rank `rank` of `world` holds for spec's model (the unit layout of
+// HostState, tensors padded to 16 floats): its slices' master, m and v (12
+// B/element), its reduced gradient slices (4 B per slice element, padding
+// included), and the full weights its forward reads, weight_bytes per element
+// (4: the CPU twin's fp32; 2: a GPU rank's bf16 shadow). The CPU twin's
+// replicas also hold a full gradient arena and unused m/v (see
+// engine/data_parallel_cpu.h); a GPU rank does not.
+uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes);
+
+struct ShardedStepResult {
+  double loss_sum = 0;  // over every rank's micro-batches (rank order)
+  double grad_norm = 0;
+  bool applied = false;
+};
+
+class ShardedOptimizer {
+ public:
+  // Rank `rank` of `world`: its slices of init's master, m and v (fp32 or split storage).
+  ShardedOptimizer(const HostState& init, int world, int rank);
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  // One step. replica: this rank's full model (fp32 master storage): its
+  // gradient arenas hold the rank's gradients (already scaled by 1/n_valid of
+  // the global batch) and its masters receive the updated weights. loss_sum:
+  // the rank's own. compute: held around CPU work that uses the global thread
+  // pool (not reentrant), never around a collective.
+  ShardedStepResult step(Collective& c, HostState& replica, double loss_sum, const OptimStep& o, std::mutex& compute);
+  // Master, m and v of every slice this rank owns.
+  uint64_t state_bytes() const;
+  // Writes this rank's slices of master, m and v into s (same model).
+  void write_into(HostState& s) const;
+  const std::vector<StateUnit>& shards() const { return shards_; }
+  // The reduced gradient slices of the last step (unit order; slice length each).
+  const std::vector<std::vector<float>>& reduced_grads() const { return reduced_; }
+
+ private:
+  int world_, rank_;
+  std::vector<StateUnit> shards_;   // per unit: the slice as a unit of its own
+  std::vector<ShardRange> ranges_;  // per unit: the slice's elements in the full unit
+  std::vector<int64_t> stride_;     // per unit: S
+  std::vector<std::vector<float>> reduced_;
+  std::vector<float> stage_;  // world * max S floats
+  std::vector<float> send_;   // max S floats: the all-gather's input
+};
+
+}  // namespace rt
