@@ -289,6 +289,9 @@ TrainConfig train_config_read(const ArgParser& p) {
       fail(
           "[train] --nproc-per-node cannot be combined with --delayed-update, --grads fold or --layer-major on "
           "(the data-parallel CPU twin does none of them); drop one");
+    if (c.optimizer != MomentStorage::fp32)
+      fail("[train] --nproc-per-node shards fp32 Adam moments only for now; --optimizer ", p.str("optimizer"),
+           " (quantized moments) is not sharded yet: drop one of the two (docs/multi_gpu.md)");
   }
 
   c.out = p.str("out");

@@ -169,6 +169,14 @@ TEST(TrainOptions, GpuOnlyOptionsWarnOnACpuRun) {
   EXPECT_FALSE(contains(quiet.output, "only shape")) << quiet.output;
 }
 
+TEST(TrainOptions, DataParallelRefusesQuantizedMomentsByName) {
+  Fixture f;
+  auto r = run_ramtrain(f.train("o", "--device cpu --grad-accum 2 --nproc-per-node 2 --optimizer adamw8bit"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--nproc-per-node")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--optimizer adamw8bit")) << r.output;
+}
+
 TEST(TrainOptions, GradsFoldRunsOnTheCpuAndRefusesDelayedUpdate) {
   // --grads fold has a CPU twin (engine/fold_clip.h): no GPU-only warning
   Fixture f;
