@@ -1,5 +1,6 @@
 // ModelSpec: parsing HF config.json (transformers 4.x and 5.x dialects),
-// writing one both load, parameter counts, validation and built-in presets.
+// writing one both load, parameter counts and validation (built-in presets:
+// spec_presets.cpp).
 //
 // Rules:
 // - Missing optional fields take transformers' own per-family defaults, so a
@@ -429,6 +430,7 @@ ojson rope_scaling_json(const RopeConfig& r) {
 }  // namespace
 
 const char* family_name(Family f) { return family_info(f).model_type; }
+const char* family_architecture(Family f) { return family_info(f).architecture; }
 
 namespace {
 // A layer's attention, norms and (Qwen2-MoE) shared expert: all but its MLP
@@ -633,118 +635,6 @@ std::string spec_to_config_json(const ModelSpec& s) {
   o["attention_dropout"] = 0.0;
   o["use_cache"] = true;
   return o.dump(2) + "\n";
-}
-
-// ---- presets -------------------------------------------------------------
-
-namespace {
-
-ModelSpec preset_make(Family fam, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
-                      int64_t head_dim, int64_t vocab, double theta, double eps, bool tied, int64_t max_pos,
-                      int64_t bos, std::vector<int64_t> eos) {
-  ModelSpec s;
-  s.family = fam;
-  s.architecture = family_info(fam).architecture;
-  s.hidden = hidden;
-  s.intermediate = inter;
-  s.n_layers = layers;
-  s.n_heads = heads;
-  s.n_kv_heads = kv;
-  s.head_dim = head_dim;
-  s.vocab = vocab;
-  s.rope.theta = theta;
-  s.rms_eps = eps;
-  s.tie_embeddings = tied;
-  s.qkv_bias = fam == Family::qwen2;
-  s.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::olmoe;
-  s.qk_norm_whole = fam == Family::olmoe;
-  s.max_positions = max_pos;
-  s.bos_id = bos;
-  s.eos_ids = std::move(eos);
-  s.dtype = "bfloat16";
-  return s;
-}
-
-// Shapes from the models' published config.json files. Totals from
-// params_total(), which the tests pin to the published parameter counts.
-const std::map<std::string, ModelSpec>& presets() {
-  static const std::map<std::string, ModelSpec> table = [] {
-    std::map<std::string, ModelSpec> m;
-    // Our demo model: bytes 0..255, BOS 256, EOS 257; ids 258..263 pad the
-    // vocab to 264 so every width is a multiple of 8 and head_dim is 64, as
-    // the CUDA kernels need (the byte tokenizer never produces them and the
-    // sampler masks them). 4,562,176 parameters: 6 layers x 737,792 +
-    // 2 x 264 x 256 (untied embed + head) + 256.
-    ModelSpec tiny = preset_make(Family::llama, 256, 704, 6, 4, 2, 64, 264, 10000.0, 1e-5, false, 1024, 256, {257});
-    tiny.dtype = "float32";
-    m["tiny-byte"] = tiny;
-    // meta-llama/Llama-3.1-8B: 8,030,261,248 parameters.
-    ModelSpec llama = preset_make(Family::llama, 4096, 14336, 32, 32, 8, 128, 128256, 500000.0, 1e-5, false, 131072,
-                                  128000, {128001});
-    llama.rope.scaling = RopeScaling::llama3;
-    llama.rope.factor = 8.0;
-    llama.rope.low_freq_factor = 1.0;
-    llama.rope.high_freq_factor = 4.0;
-    llama.rope.original_max_positions = 8192;
-    m["llama-3.1-8b"] = llama;
-    // mistralai/Mistral-7B-v0.3 (sliding_window null): 7,248,023,552 parameters.
-    m["mistral-7b"] = preset_make(Family::mistral, 4096, 14336, 32, 32, 8, 128, 32768, 1e6, 1e-5, false, 32768, 1, {2});
-    // Qwen/Qwen2.5-*: bos = eos = <|endoftext|> 151643 in the base configs.
-    m["qwen2.5-0.5b"] =  // 494,032,768
-        preset_make(Family::qwen2, 896, 4864, 24, 14, 2, 64, 151936, 1e6, 1e-6, true, 32768, 151643, {151643});
-    m["qwen2.5-7b"] =  // 7,615,616,512
-        preset_make(Family::qwen2, 3584, 18944, 28, 28, 4, 128, 152064, 1e6, 1e-6, false, 131072, 151643, {151643});
-    m["qwen2.5-14b"] =  // 14,770,033,664
-        preset_make(Family::qwen2, 5120, 13824, 48, 40, 8, 128, 152064, 1e6, 1e-5, false, 131072, 151643, {151643});
-    m["qwen2.5-32b"] =  // 32,763,876,352
-        preset_make(Family::qwen2, 5120, 27648, 64, 40, 8, 128, 152064, 1e6, 1e-5, false, 131072, 151643, {151643});
-    m["qwen2.5-72b"] =  // 72,706,203,648
-        preset_make(Family::qwen2, 8192, 29568, 80, 64, 8, 128, 152064, 1e6, 1e-5, false, 131072, 151643, {151643});
-    // Qwen/Qwen3-8B: eos <|im_end|> 151645; 8,190,735,360 parameters.
-    m["qwen3-8b"] =
-        preset_make(Family::qwen3, 4096, 12288, 36, 32, 8, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645});
-    // MoE: (experts, top-k, expert width, norm_topk_prob, router_aux_loss_coef) from the configs.
-    auto moe = [](ModelSpec s, int64_t e, int64_t k, int64_t f, bool norm, double coef) {
-      s.moe.n_experts = e;
-      s.moe.top_k = k;
-      s.moe.expert_intermediate = f;
-      s.moe.norm_topk_prob = norm;
-      s.moe.router_aux_loss_coef = coef;
-      return s;
-    };
-    // Qwen/Qwen3-30B-A3B: 30,532,122,624 parameters (3,348,855,808 active).
-    m["qwen3-30b-a3b"] = moe(
-        preset_make(Family::qwen3_moe, 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, false, 40960, 151643, {151645}),
-        128, 8, 768, true, 0.001);
-    // mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters (12,879,921,152 active).
-    m["mixtral-8x7b"] =
-        moe(preset_make(Family::mixtral, 4096, 14336, 32, 32, 8, 128, 32000, 1e6, 1e-5, false, 32768, 1, {2}), 8, 2,
-            14336, true, 0.02);
-    // allenai/OLMoE-1B-7B-0924: 6,919,161,856 parameters (1,281,626,112 active).
-    m["olmoe-1b-7b"] =
-        moe(preset_make(Family::olmoe, 2048, 1024, 16, 16, 16, 128, 50304, 10000.0, 1e-5, false, 4096, -1, {50279}), 64,
-            8, 1024, false, 0.01);
-    return m;
-  }();
-  return table;
-}
-
-}  // namespace
-
-std::vector<std::string> preset_names() {
-  // Documented order: the demo model first, then by family and size.
-  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b",  "qwen2.5-7b",   "qwen2.5-14b",
-          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",   "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"};
-}
-
-ModelSpec spec_preset(const std::string& name) {
-  auto it = presets().find(name);
-  if (it == presets().end()) {
-    std::string names;
-    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-    fail("[preset] unknown preset \"", name, "\"; available: ", names);
-  }
-  return it->second;
 }
 
 }  // namespace rt

@@ -83,6 +83,7 @@ struct ModelSpec {
 };
 
 const char* family_name(Family f);
+const char* family_architecture(Family f);  // "LlamaForCausalLM", ...
 
 // Parses config.json text. `source` names the file in error messages.
 // Refuses unknown architectures and unsupported settings (active sliding
