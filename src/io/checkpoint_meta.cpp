@@ -24,6 +24,19 @@ using checkpoint_internal::kVersion;
 
 constexpr const char* kSelfKey = "manifest_xxh3_64";
 
+// text as a JSON object; bad(what) (which throws) when it is not one.
+template <class Bad>
+json parse_object(const std::string& text, Bad bad) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(cat("invalid JSON: ", quote_input(e.what())));
+  }
+  if (!j.is_object()) bad("not a JSON object");
+  return j;
+}
+
 }  // namespace
 
 std::string trainer_checkpoint_to_json(const TrainerCheckpoint& c) {
@@ -53,13 +66,7 @@ TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::s
   auto bad = [&](const std::string& what) -> void {
     fail("[checkpoint] ", source, ": ", what, " (the checkpoint is corrupt or from another program; use another one)");
   };
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    bad(cat("invalid JSON: ", quote_input(e.what())));
-  }
-  if (!j.is_object()) bad("not a JSON object");
+  json j = parse_object(text, bad);
   auto field = [&](const json& o, const char* k) -> const json& {
     if (!o.contains(k)) bad(cat("missing field '", k, "'"));
     return o.at(k);
@@ -141,13 +148,7 @@ CheckpointManifest manifest_parse(const std::string& text, const std::string& so
   auto bad = [&](const std::string& what) -> void {
     fail("[checkpoint] ", source, ": ", what, " (the checkpoint is corrupt or incomplete; use an older one)");
   };
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    bad(cat("invalid JSON: ", quote_input(e.what())));
-  }
-  if (!j.is_object()) bad("not a JSON object");
+  json j = parse_object(text, bad);
   if (!j.contains(kSelfKey) || !j[kSelfKey].is_string()) bad(cat("no '", kSelfKey, "' self-checksum"));
   uint64_t self = 0;
   const std::string self_hex = j[kSelfKey].get<std::string>();
