@@ -102,6 +102,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.save_every = c.save_every;
   o.out_dir = c.out;
   o.export_dtype = c.export_dtype;
+  o.export_final = c.export_final;
   o.tokenizer = tokenizer;
   if (!td.tokenizer_dir.empty()) {
     o.copy_from_dir = td.tokenizer_dir;

@@ -164,7 +164,11 @@ void train_options(ArgParser& p) {
       .integer(0);
   p.option("keep-checkpoints", "N", "keep the newest N checkpoints (0: all)", "3").integer(0);
   p.option("resume", "DIR|auto", "continue from a checkpoint (auto: the newest valid one in --out)");
-  p.option("export-dtype", "bf16|fp32", "dtype of the exported safetensors", "bf16").choice({"bf16", "fp32"});
+  p.option("export-dtype", "bf16|fp32|none",
+           "dtype of the final model's safetensors (DIR/final); none: no final export (checkpoints, metrics "
+           "and --save-every still write; for runs whose export would not fit the disk)",
+           "bf16")
+      .choice({"bf16", "fp32", "none"});
 
   p.group("Logging and evaluation");
   p.option("log-every", "N", "print a log line every N steps", "1").integer(1);
@@ -299,6 +303,7 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.save_every = p.integer("save-every");
   c.keep_checkpoints = p.integer("keep-checkpoints");
   c.export_dtype = p.str("export-dtype") == "fp32" ? DType::f32 : DType::bf16;
+  c.export_final = p.str("export-dtype") != "none";
 
   c.log_every = p.integer("log-every");
   c.eval_every = p.integer("eval-every");

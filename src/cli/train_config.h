@@ -72,6 +72,7 @@ struct TrainConfig {
   std::string resume;  // "" none, "auto" or a directory
   int64_t save_every = 0, keep_checkpoints = 3;
   DType export_dtype = DType::bf16;
+  bool export_final = true;  // --export-dtype none: false
   // logging
   int64_t log_every = 1, eval_every = 0, eval_batches = 8;
   std::string metrics;           // "" none

@@ -363,7 +363,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
         (long long)*lo, (long long)*hi, (long long)idle, es.moe_tokens_per_expert.size(), es.moe_aux_loss);
   }
   std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
-  if (saving) {
+  if (saving && opt_.export_final) {
     const std::string dir = opt_.out_dir + "/final";
     export_to(dir, last_loss);
     std::printf("saved %s\n", dir.c_str());

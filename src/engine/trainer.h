@@ -68,6 +68,7 @@ struct TrainOptions {
   BatchSource* eval_data = nullptr;
   std::string out_dir;  // "" : no export, no checkpoints
   DType export_dtype = DType::bf16;
+  bool export_final = true;  // false: no out_dir/final at the end (checkpoints still written)
   std::string tokenizer = "byte";
   std::string copy_from_dir;                           // export also copies these files from this dir
   std::vector<std::string> copy_files;                 // (the model's tokenizer files), see ExportOptions

@@ -103,6 +103,20 @@ TEST(Cli, TrainExportSampleRoundTrip) {
   EXPECT_TRUE(contains(s.output, "the ")) << s.output;
 }
 
+TEST(Cli, ExportDtypeNoneWritesNoFinalModelButKeepsCheckpoints) {
+  rt::test::TempDir tmp;
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  rt::test::write_bytes(tmp.file("fox.txt"), text);
+  auto r = run_ramtrain("train --preset tiny-byte --seq-len 32 --micro-batch 2 --steps 2 --threads 2 --data " +
+                        tmp.file("fox.txt") + " --out " + tmp.file("out") + " --save-every 2 --export-dtype none");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(rt::file_exists(tmp.file("out/final/config.json"))) << r.output;
+  EXPECT_FALSE(contains(r.output, "saved " + tmp.file("out/final"))) << r.output;
+  EXPECT_TRUE(rt::file_exists(tmp.file("out/metrics.jsonl")));
+  EXPECT_TRUE(rt::is_directory(tmp.file("out/ckpt-00000002"))) << r.output;
+}
+
 TEST(Cli, TrainRefusesBadData) {
   rt::test::TempDir tmp;
   const std::string common = " --preset tiny-byte --steps 1 --seq-len 64 --out " + tmp.file("out");
