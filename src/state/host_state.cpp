@@ -392,15 +392,17 @@ inline uint64_t mix64(uint64_t x) {
 
 inline double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
 
-// normal(0, std), Box-Muller on pairs (2j, 2j+1): element i uses counter i/2.
+// normal(0, std), Box-Muller on pairs (2j, 2j+1): element i uses counter i/2
+// (cos for even i, sin for odd), each pair's draws and logarithm made once.
 void init_normal(float* p, int64_t n, uint64_t base, float std) {
-  parallel_for(n, 1 << 16, [&](int64_t b, int64_t end) {
-    for (int64_t i = b; i < end; ++i) {
-      uint64_t c = static_cast<uint64_t>(i >> 1);
-      double u1 = uniform01(mix64(base + 2 * c)), u2 = uniform01(mix64(base + 2 * c + 1));
-      double r = std::sqrt(-2.0 * std::log(u1));
-      double z = (i & 1) ? r * std::sin(2 * M_PI * u2) : r * std::cos(2 * M_PI * u2);
-      p[i] = static_cast<float>(z * std);
+  const int64_t pairs = (n + 1) / 2;
+  parallel_for(pairs, 1 << 15, [&](int64_t b, int64_t end) {
+    for (int64_t c = b; c < end; ++c) {
+      const uint64_t k = static_cast<uint64_t>(c);
+      const double u1 = uniform01(mix64(base + 2 * k)), u2 = uniform01(mix64(base + 2 * k + 1));
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      p[2 * c] = static_cast<float>(r * std::cos(2 * M_PI * u2) * std);
+      if (2 * c + 1 < n) p[2 * c + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2) * std);
     }
   });
 }

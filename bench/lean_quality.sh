@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 20's quality point on the GPU: every lean training-state mode against
+# fp32 AdamW, the same model, seed, data order and learning rate, 1000 steps.
+# Model: bench/lean_quality/config.json (a 76M-parameter Qwen2 shape, vocab 808)
+# with the fixture BPE tokenizer (tests/fixtures/tokenizers/qwen2, 803 ids) on
+# tinyshakespeare (464k tokens; 1000 x 4 x 256 tokens = 2.4 epochs). The modes
+# run side by side on the one GPU, the host's cores split between them
+# (--threads), so the comparison costs one run's time. A bench, not a test:
+# it prints a table (final training loss = mean of the last 50 steps, final
+# validation loss, each against fp32 AdamW's) and leaves each mode's
+# metrics.jsonl in OUT (bench/plot_curves.py draws them).
+#   bench/lean_quality.sh [path/to/ramtrain] [DATA] [STEPS]
+set -uo pipefail
+R=${1:-build/cpu/ramtrain}
+DATA=${2:-../shared/data/tinyshakespeare.txt}
+STEPS=${3:-1000}
+OUT=${OUT:-$(mktemp -d)}
+here=$(cd "$(dirname "$0")/.." && pwd)
+common=(--model "$here/bench/lean_quality" --init random --tokenizer "$here/tests/fixtures/tokenizers/qwen2"
+        --data "$DATA" --text-split file --truncate split --seq-len 256 --micro-batch 4 --steps "$STEPS"
+        --lr 1e-3 --warmup 50 --weight-decay 0.1 --seed 7 --eval-every 100 --eval-batches 16 --log-every 100
+        --export-dtype none)
+# name | options
+modes=(
+  "adamw|"
+  "adamw8bit|--optimizer adamw8bit"
+  "adamw4bit|--optimizer adamw4bit"
+  "bf16-sr|--master bf16-sr"
+  "bf16-kahan|--master bf16-kahan"
+  "adamw8bit+bf16-sr|--optimizer adamw8bit --master bf16-sr"
+  "adamw4bit+bf16-sr|--optimizer adamw4bit --master bf16-sr"
+)
+if "$R" train --help 2>/dev/null | grep -q muon8bit; then
+  modes+=("muon|--optimizer muon" "muon8bit|--optimizer muon8bit")
+fi
+threads=$(( $(nproc) / ${#modes[@]} ))
+(( threads < 1 )) && threads=1
+pids=()
+for row in "${modes[@]}"; do
+  name=${row%%|*}
+  opts=${row#*|}
+  rm -rf "$OUT/run_$name"
+  # shellcheck disable=SC2086
+  "$R" train "${common[@]}" $opts --threads "$threads" --out "$OUT/run_$name" \
+    --metrics "$OUT/lq_$name.jsonl" > "$OUT/lq_$name.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+python3 "$here/bench/plot_curves.py" --table "$OUT"/lq_*.jsonl
+for row in "${modes[@]}"; do
+  name=${row%%|*}
+  grep -q "trained" "$OUT/lq_$name.log" || { echo "$name failed:"; tail -5 "$OUT/lq_$name.log"; }
+done
+exit $rc
