@@ -133,6 +133,8 @@ void check_dims(const MoeDims& d) {
 MoeWork bind(const MoeDims& d, Scratch s) {
   MoeWork w{};
   const size_t need = carve(d, s.ptr, &w);
+  RT_CHECK(need == moe_scratch_bytes(d), "[cuda moe] internal: the scratch layout (", need,
+           " bytes) and moe_scratch_bytes (", moe_scratch_bytes(d), ") disagree");
   RT_CHECK(s.ptr && s.bytes >= need, "[cuda moe] the scratch holds ", s.bytes, " bytes; the MoE ops need ", need,
            " (moe_scratch_bytes)");
   return w;
@@ -415,11 +417,6 @@ void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const st
 }
 
 }  // namespace
-
-size_t moe_scratch_bytes(const MoeDims& d) {
-  MoeWork w{};
-  return carve(d, nullptr, &w);
-}
 
 void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                  const bf16* const* up, const bf16* const* down, const MoeDims& d, int64_t* tokens_per_expert,

@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "cuda/moe_scratch.h"
+
 struct cublasContext;  // cuBLAS's handle type (cublasHandle_t), for MoeBlas
 
 namespace rt::cuda {
@@ -212,13 +214,7 @@ class MoeBlas {
   ::cublasContext* h_ = nullptr;
 };
 
-struct MoeDims {
-  int64_t N, C, E, K, F;
-  bool norm_topk;
-};
-// Scratch of moe_forward and moe_backward (the permuted rows and every
-// expert's activations for all N*K rows: about N*K*(8*C + 12*F) + N*4*C bytes).
-size_t moe_scratch_bytes(const MoeDims& d);
+// MoeDims and moe_scratch_bytes (the scratch of both calls): cuda/moe_scratch.h.
 // probs [N, E] (fp32, =) always; out [N, C] (bf16, =) unless null (null: the
 // router only, plus the routing when tokens_per_expert is given).
 // gate/up/down: host arrays of E device pointers ([F, C], [F, C], [C, F]).
