@@ -30,6 +30,9 @@ MoeBlas::MoeBlas() {
   cublasHandle_t h = nullptr;
   CUBLAS_CHECK(cublasCreate(&h));
   h_ = h;
+  // split-K partial sums in fp32, never in the bf16 output type
+  CUBLAS_CHECK(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
 }
 
 MoeBlas::~MoeBlas() {
