@@ -10,18 +10,19 @@
 //    <= 5e-2) plus what routing on bf16 activations adds: a token whose K-th
 //    and (K+1)-th router probabilities are closer than the bf16 noise of its
 //    logits (~2^-9 of their spread, more after a few layers) picks another
-//    expert on the GPU: about 1% of the slots or less. The counts may then
-//    differ by 2% of the routed slots (L1), the totals not at all; the aux
-//    loss (a product of those counts and fp32 probability sums) within 2%.
-//    Such a token moves an O(1) contribution from one expert's gradient (and
-//    its router row's) to another's, so with a fraction f of an expert's
-//    tokens changed its gradient moves by ~sqrt(f) in rel_l2: 1% of the slots
-//    over E/K = 2..4 times fewer tokens per expert gives up to ~0.2. The
-//    router and expert tensors get that bound (a wrong expert, weight or
-//    permutation is O(1)); the other tensors see a flipped token only through
-//    the (small, at this init) MoE output and keep 5e-2. The exact routing
-//    and the numerics of the MoE ops are cuda_moe_test's, on inputs drawn
-//    without near-ties.
+//    expert on the GPU: about 1% of the tokens per layer. Each such token
+//    moves the L1 distance of the counts by 2: they may differ by 3% of the
+//    routed slots (an expert index off by one is ~100%), the totals not at
+//    all; the aux loss (a product of those counts and fp32 probability sums)
+//    within 2%. Such a token moves an O(1) contribution from one expert's
+//    gradient (and its router row's) to another's, so with a fraction f of an
+//    expert's tokens changed its gradient moves by ~sqrt(f) in rel_l2: ~1-2%
+//    of its tokens gives 0.1-0.14, bounded at 0.2 for the router and expert
+//    tensors (a wrong expert, weight or permutation is O(1)). The other
+//    tensors see a flipped token only through the MoE output, small with the
+//    experts' down projections scaled by 0.1 (init_moe), and keep 5e-2. The
+//    exact routing and the numerics of the MoE ops are cuda_moe_test's, on
+//    inputs drawn without near-ties.
 //  - the load-balancing gradient alone: the gradients with the aux loss on
 //    minus those with it off, CUDA vs CPU, for the routers: rel_l2 <= 1e-1.
 //    Its direct part p_e (dprob_e - sum p dprob) does not depend on a
@@ -101,6 +102,21 @@ bool is_routed(rt::WeightKind k) {
          k == rt::WeightKind::expert_down;
 }
 
+// Weights from init_random(seed, 0.05), the experts' down projections then
+// scaled by 0.1: a token routed to another expert (see the header) then moves
+// its residual stream by a tenth of what it would at the plain init, where
+// the experts' output is as large as the residual, so that the tensors away
+// from the routing keep the dense bound.
+void init_moe(rt::HostState& st, uint64_t seed) {
+  st.init_random(seed, 0.05f);
+  for (auto& u : st.units())
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      if (u.entries[k].kind == rt::WeightKind::expert_down) {
+        float* m = u.master() + u.offsets[k];
+        for (int64_t i = 0; i < u.entries[k].numel(); ++i) m[i] *= 0.1f;
+      }
+}
+
 // Every unit's gradient, in unit order.
 std::vector<std::vector<float>> unit_grads(const rt::HostState& st) {
   std::vector<std::vector<float>> g;
@@ -114,7 +130,7 @@ void compare_with_cpu(const char* config, const char* name) {
   ASSERT_TRUE(s.is_moe()) << name;
   ASSERT_TRUE(s.moe.aux_loss_on()) << name;
   rt::HostState st(s, true);
-  st.init_random(5, 0.05f);
+  init_moe(st, 5);
   rt::Dataset d = shakespeare(T, 1);
   int64_t nv = 0;
   auto batches = batches_from(d, B, 2, &nv);
@@ -144,7 +160,7 @@ void compare_with_cpu(const char* config, const char* name) {
   }
   EXPECT_EQ(total_cpu, 2 * B * T * s.n_layers * s.moe.top_k) << name;  // every slot of both micro-batches
   EXPECT_EQ(total_gpu, total_cpu) << name;
-  EXPECT_LE(static_cast<double>(l1), 0.02 * static_cast<double>(total_cpu)) << name << ": routing differs";
+  EXPECT_LE(static_cast<double>(l1), 0.03 * static_cast<double>(total_cpu)) << name << ": routing differs";
 
   double worst_dense = 0, worst_moe = 0;
   std::string worst_dense_name, worst_moe_name;
@@ -177,7 +193,7 @@ void compare_aux_gradient(const char* config, const char* name) {
   auto batches = batches_from(d, B, 2, &nv);
   auto grads = [&](const rt::ModelSpec& s, bool cuda) {
     rt::HostState st(s, true);
-    st.init_random(9, 0.05f);
+    init_moe(st, 9);
     rt::CudaOptions co;
     co.slots = 2;
     auto be = cuda ? rt::make_cuda_backend(st, B, T, co) : rt::make_cpu_backend(st);
@@ -238,7 +254,7 @@ struct StepRun {
 StepRun train_three(const rt::ModelSpec& s, const rt::CudaOptions& co, const std::vector<rt::Batch>& batches, int64_t nv,
                 int64_t B, int64_t T) {
   rt::HostState st(s, true);
-  st.init_random(7, 0.05f);
+  init_moe(st, 7);
   auto gpu = rt::make_cuda_backend(st, B, T, co);
   StepRun r;
   rt::OptimStep o;
