@@ -29,10 +29,12 @@ namespace rt::cuda {
 MoeBlas::MoeBlas() {
   cublasHandle_t h = nullptr;
   CUBLAS_CHECK(cublasCreate(&h));
-  h_ = h;
   // split-K partial sums in fp32, never in the bf16 output type
-  CUBLAS_CHECK(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  const cublasStatus_t st = cublasSetMathMode(
+      h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  if (st != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);  // the destructor does not run for a throwing constructor
+  CUBLAS_CHECK(st);
+  h_ = h;
 }
 
 MoeBlas::~MoeBlas() {
