@@ -239,9 +239,7 @@ int cmd_eval(const Args& raw_args) {
 
   // The backend: the CUDA engine when asked for or (auto) when a GPU is present and can run the model.
   std::unique_ptr<Backend> backend;
-  RT_CHECK(device != "cuda" || !spec.is_moe(), "[eval] --device cuda: ", spec.architecture,
-           " is a mixture-of-experts model, which the CUDA engine does not run yet; use --device cpu");
-  if (device == "cuda" || (device == "auto" && !spec.is_moe() && cuda_backend_available())) {
+  if (device == "cuda" || (device == "auto" && cuda_backend_available())) {
     CudaOptions co;
     co.verbose = false;
     if (device == "cuda") {

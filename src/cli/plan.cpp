@@ -368,9 +368,8 @@ int cmd_plan(const Args& args) {
         (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
     if (spec.is_moe())
       std::printf(
-          "mixture of experts: %lld experts, top %lld per token; %.3fB parameters active per token. The CUDA engine "
-          "does not run MoE models yet, use --device cpu to train them; the plan below streams every expert with its "
-          "layer and sizes the activations as the CPU reference keeps them\n",
+          "mixture of experts: %lld experts, top %lld per token; %.3fB parameters active per token. The plan "
+          "below streams every expert with its layer; the op scratch holds every expert's rows of a micro-batch\n",
           (long long)spec.moe.n_experts, (long long)spec.moe.top_k, static_cast<double>(spec.params_active()) / 1e9);
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,

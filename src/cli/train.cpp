@@ -158,15 +158,6 @@ std::function<void(const char*)> make_sampler(const TrainConfig& c, const TrainD
 
 // The CUDA engine when it is to be used (null: the trainer's CPU backend).
 std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, int64_t seq_len) {
-  if (state.spec().is_moe()) {  // the CUDA MoE path (token permutation, grouped GEMMs) is not built yet
-    RT_CHECK(c.device != Device::cuda, "[train] --device cuda: ", state.spec().architecture,
-             " is a mixture-of-experts model, which the CUDA engine does not run yet; use --device cpu");
-    std::printf(
-        "note: %s is a mixture-of-experts model, which the CUDA engine does not run yet; using the CPU "
-        "backend\n",
-        state.spec().architecture.c_str());
-    return nullptr;
-  }
   CudaOptions co;
   co.max_gpu_memory = c.max_gpu_memory;
   co.slots = c.slots;

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <memory>
+
 #include "cuda/device_memory.h"
 #include "cuda/ops.h"
 
@@ -13,6 +15,7 @@ class CudaOps {
  public:
   using act_t = bf16;
   using weight_t = bf16;
+  static constexpr bool supports_moe = true;  // moe_forward / moe_backward (cuda/ops.h, cuda/moe.cu)
   template <class T>
   using Buffer = DevBuf<T>;
 
@@ -37,9 +40,21 @@ class CudaOps {
   void linear_forward(bf16* out, const bf16* x, const bf16* w, const bf16* b, int64_t N, int64_t I, int64_t O) {
     cuda::linear_forward(blas_, out, DType::bf16, x, w, b, N, I, O, s_);
   }
+  // fp32 out (the shared expert's gate logit [N, 1]): any O, through MoeBlas.
+  void linear_forward(float* out, const bf16* x, const bf16* w, const bf16* b, int64_t N, int64_t I, int64_t O) {
+    RT_CHECK(!b, "[cuda ops] a linear layer with fp32 output takes no bias");
+    moe_blas().matmul_nt(out, DType::f32, x, w, N, O, I, 0.f, s_);
+  }
   void linear_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
                        int64_t I, int64_t O) {
-    cuda::linear_backward(blas_, dx, dw, db, dout, x, w, N, I, O, s_);
+    if (O % 8 == 0) {
+      cuda::linear_backward(blas_, dx, dw, db, dout, x, w, N, I, O, s_);
+      return;
+    }
+    // widths cuBLASLt's plans refuse (the shared expert's gate, O = 1): cuBLAS
+    RT_CHECK(!db, "[cuda ops] linear_backward with O = ", O, " (not a multiple of 8) takes no bias");
+    if (dx) moe_blas().matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, s_);
+    moe_blas().matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, s_);
   }
   void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
     cuda::rope_forward(x, pos, inv_freq_, N, heads, D, s_);
@@ -61,6 +76,31 @@ class CudaOps {
     cuda::swiglu_backward(dg, du, dout, g, u, n, s_);
   }
   void add_inplace(bf16* y, const bf16* x, int64_t n) { cuda::add_inplace(y, x, n, s_); }
+  // MoE (Moe: ModelSpec::MoeConfig, a template so this header needs no model/
+  // include). The op scratch must hold moe_scratch_bytes; tokens_per_expert,
+  // prob_sum and dprob are host memory (model/moe_aux.h's arrays).
+  template <class Moe>
+  void moe_forward(bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
+                   const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
+                   int64_t* tokens_per_expert, double* prob_sum) {
+    cuda::moe_forward(moe_blas(), out, probs, x, router, gate, up, down, moe_dims(N, C, m), tokens_per_expert,
+                      prob_sum, scratch_, s_);
+  }
+  template <class Moe>
+  void moe_backward(bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
+                    const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
+                    const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
+                    const float* dprob) {
+    cuda::moe_backward(moe_blas(), dx, drouter, dgate, dup, ddown, dout, x, probs, router, gate, up, down,
+                       moe_dims(N, C, m), dprob, scratch_, s_);
+  }
+  void moe_shared_gate_forward(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C) {
+    cuda::moe_shared_gate_forward(y, o, z, N, C, s_);
+  }
+  void moe_shared_gate_backward(bf16* d_o, bf16* dz, const bf16* dy, const bf16* o, const float* z, int64_t N,
+                                int64_t C) {
+    cuda::moe_shared_gate_backward(d_o, dz, dy, o, z, N, C, s_);
+  }
   void copy(bf16* dst, const bf16* src, int64_t n) {
     if (dst != src)
       CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(bf16), cudaMemcpyDeviceToDevice, s_));
@@ -70,8 +110,19 @@ class CudaOps {
   DeviceAllocator& alloc_;
   Blas& blas_;
   cudaStream_t s_;
+  template <class Moe>
+  static MoeDims moe_dims(int64_t N, int64_t C, const Moe& m) {
+    return MoeDims{N, C, m.n_experts, m.top_k, m.expert_intermediate, m.norm_topk_prob};
+  }
+  // Created on first use (dense models never make one).
+  MoeBlas& moe_blas() {
+    if (!moe_blas_) moe_blas_ = std::make_unique<MoeBlas>();
+    return *moe_blas_;
+  }
+
   const float* inv_freq_;
   Scratch scratch_;
+  std::unique_ptr<MoeBlas> moe_blas_;
 };
 
 // Sum of squares of n fp32 values into *out (device double), deterministic

@@ -25,6 +25,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "cuda/moe_scratch.h"
+
+struct cublasContext;  // cuBLAS's handle type (cublasHandle_t), for MoeBlas
+
 namespace rt::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -173,5 +177,64 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                         Scratch scratch, cudaStream_t stream, const int32_t* doc_start = nullptr);
+
+
+// ---- mixture-of-experts MLP (src/cpu/moe.h states the contract; letters
+// there: E experts, K per token, F expert width) ----
+// Router logits x Wr^T in fp32 (bf16 operands), softmax and top-k in fp32
+// (ties: the lower expert), a counting sort of the N*K (token, slot) pairs by
+// expert (stable: increasing token within an expert), each expert's gate/up
+// (bf16), SwiGLU (bf16) and down (fp32) on its gathered rows, then per token
+// the weighted sum over its experts in increasing expert index (fp32, one
+// final bf16 rounding), as the CPU adds them.
+// The per-expert GEMMs run through MoeBlas (cuBLAS, not cuBLASLt): their row
+// counts change every step, and cuBLASLt's per-shape plans (Blas) would grow
+// without bound; cuBLAS needs no plan and takes any size and alignment.
+// One host loop over the experts that got tokens (their counts are read back:
+// moe_forward and moe_backward synchronise the stream once each); experts
+// with no token run nothing, and their weight gradients stay untouched.
+class MoeBlas {
+ public:
+  MoeBlas();
+  ~MoeBlas();
+  MoeBlas(MoeBlas&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
+  MoeBlas& operator=(MoeBlas&&) = delete;
+  MoeBlas(const MoeBlas&) = delete;
+  MoeBlas& operator=(const MoeBlas&) = delete;
+  // As Blas's (row-major, bf16 operands, fp32 accumulation; beta 0 or 1 with
+  // fp32 out), for any positive sizes and 2-byte aligned operands.
+  void matmul_nt(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
+                 cudaStream_t stream);
+  void matmul_nn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
+                 cudaStream_t stream);
+  void matmul_tn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
+                 cudaStream_t stream);
+
+ private:
+  ::cublasContext* h_ = nullptr;
+};
+
+// MoeDims and moe_scratch_bytes (the scratch of both calls): cuda/moe_scratch.h.
+// probs [N, E] (fp32, =) always; out [N, C] (bf16, =) unless null (null: the
+// router only, plus the routing when tokens_per_expert is given).
+// gate/up/down: host arrays of E device pointers ([F, C], [F, C], [C, F]).
+// tokens_per_expert [E] (host, +=, nullable), prob_sum [E] (host, +=,
+// nullable; each expert's sum over tokens in double, in token order).
+void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
+                 const bf16* const* up, const bf16* const* down, const MoeDims& d, int64_t* tokens_per_expert,
+                 double* prob_sum, Scratch scratch, cudaStream_t stream);
+// dx [N, C] (bf16, =); drouter [E, C] and dgate/dup/ddown[e] (fp32, +=; host
+// arrays of E device pointers). probs: the forward's. dprob [E] (host memory,
+// nullable): d loss / d p[n, e] added for every row (the load-balancing loss).
+void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup,
+                  float* const* ddown, const bf16* dout, const bf16* x, const float* probs, const bf16* router,
+                  const bf16* const* gate, const bf16* const* up, const bf16* const* down, const MoeDims& d,
+                  const float* dprob, Scratch scratch, cudaStream_t stream);
+// Qwen2-MoE's gated shared expert: y[n, :] = bf16(y + sigmoid(z[n]) o[n, :]),
+// o [N, C] bf16, z [N] fp32; backward: d_o (=) = sigmoid(z) dy,
+// dz (=, bf16) = sigmoid'(z) <dy[n], o[n]>.
+void moe_shared_gate_forward(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C, cudaStream_t stream);
+void moe_shared_gate_backward(bf16* d_o, bf16* dz, const bf16* dy, const bf16* o, const float* z, int64_t N, int64_t C,
+                              cudaStream_t stream);
 
 }  // namespace rt::cuda

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "cpu/ops.h"
+#include "cuda/moe_scratch.h"
 #include "model/block.h"
 #include "model/block_memory.h"
 #include "model/weight_map.h"
@@ -34,8 +35,9 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   RT_CHECK(o.micro_batches >= 1, "[cuda] the micro-batches per step (--grad-accum) must be >= 1, got ",
            o.micro_batches);
   p.micro_batches = o.micro_batches;
-  p.layer_major =
-      o.micro_batches > 1 && (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L && !s.tie_embeddings));
+  // (never for MoE models: their load-balancing loss needs each micro-batch's routing through every layer first)
+  p.layer_major = o.micro_batches > 1 && !s.is_moe() &&
+                  (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L && !s.tie_embeddings));
   const uint64_t ckpt_bytes = static_cast<uint64_t>(p.sets()) * (L + 1) * N * s.hidden * 2;
   auto pick = [](const std::string& v, bool big, const char* what) {
     RT_CHECK(v == "auto" || v == "device" || v == "host" || (v == "fold" && std::string(what) == "grads"), "[cuda] --",
@@ -112,9 +114,13 @@ int64_t plan_mlp_chunk_tokens(const ModelSpec& s, int64_t B, int64_t T, const Cu
   return mlp_chunk_candidates(B * T).empty() ? 0 : kMinMlpChunkTokens;  // none fits: the smallest, to report
 }
 
-uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t, int64_t, const CudaOptions& o) {
+uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o) {
   const uint64_t r = static_cast<uint64_t>(o.ce_chunk_rows), v = static_cast<uint64_t>(s.vocab);
-  return round256(r * v * 4) + round256(r * v * 2) + 2 * round256(r * 4);
+  const uint64_t lm = round256(r * v * 4) + round256(r * v * 2) + 2 * round256(r * 4);
+  if (!s.is_moe()) return lm;
+  const cuda::MoeDims md{B * T, s.hidden, s.moe.n_experts, s.moe.top_k, s.moe.expert_intermediate,
+                         s.moe.norm_topk_prob};
+  return std::max<uint64_t>(lm, cuda::moe_scratch_bytes(md));
 }
 
 DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o, uint64_t budget,

@@ -73,7 +73,9 @@ struct DevicePlanItem {
 };
 // The op scratch (the largest temporary any op of a step needs) depends on
 // the CUDA kernels; the engine knows it exactly. Default: the LM head's
-// chunk buffers, its largest term, as an estimate.
+// chunk buffers, its largest term, as an estimate; for MoE models at least
+// the MoE MLP's scratch (every expert's rows of a micro-batch, exact:
+// cuda/moe_scratch.h).
 using OpScratchBytes =
     std::function<uint64_t(const ModelSpec&, int64_t micro_batch, int64_t seq_len, const CudaOptions&)>;
 uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o);

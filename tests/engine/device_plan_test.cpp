@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cuda/moe_scratch.h"
 #include "model/block_memory.h"
+#include "model/spec.h"
 #include "state/host_state.h"
 
 namespace {
@@ -379,4 +381,29 @@ TEST(DevicePlan, MlpChunkRefusesABadValue) {
   rt::CudaOptions o;
   o.mlp_chunk_tokens = -2;
   EXPECT_THROW(rt::plan_device(spec(false), 2, 32, o, kHuge), std::exception);
+}
+
+// MoE models: the op scratch holds every expert's rows of a micro-batch
+// (cuda/moe_scratch.h, what the CUDA MoE ops carve), and layer-major is
+// never planned for them (the engine runs them micro-batch-major).
+TEST(DevicePlan, MoeCountsTheExpertScratchAndStaysMicroBatchMajor) {
+  const rt::ModelSpec s = rt::spec_from_config_text(
+      R"({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 128, "intermediate_size": 64,
+          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+          "num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": false, "max_position_embeddings": 64,
+          "eos_token_id": null, "pad_token_id": null})",
+      "olmoe");
+  ASSERT_TRUE(s.is_moe());
+  const int64_t B = 4, T = 64;
+  rt::CudaOptions o = fixed_keep();
+  o.micro_batches = 4;
+  o.slots = 2;  // streaming, untied: a dense model would go layer-major on auto
+  o.ce_chunk_rows = 256;
+  const rt::DevicePlan p = rt::plan_device(s, B, T, o, kHuge);
+  const uint64_t moe = rt::cuda::moe_scratch_bytes(rt::cuda::MoeDims{B * T, 128, 16, 4, 64, false});
+  EXPECT_GT(moe, rt::lm_head_scratch_estimate(spec(false), B, T, o)) << "the test needs the MoE term to dominate";
+  EXPECT_EQ(item(p, "op scratch"), r256(moe));
+  EXPECT_FALSE(p.place.layer_major);
+  o.layer_major = "on";
+  EXPECT_FALSE(rt::plan_device(s, B, T, o, kHuge).place.layer_major);
 }

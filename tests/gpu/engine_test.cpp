@@ -144,8 +144,8 @@ TEST(CudaEngine, GradientsMatchTheCpuReference) {
   // (a wrong index, a missing term) gives O(1).
   double worst = 0;
   std::string worst_name;
-  size_t off = 0;
-  for (auto& u : st.units())
+  size_t off = 0;  // unit u's first gradient in all_grads
+  for (auto& u : st.units()) {
     for (size_t k = 0; k < u.entries.size(); ++k) {
       const int64_t n = u.entries[k].numel();
       const float* a = g_gpu.data() + off + u.offsets[k];
@@ -153,8 +153,9 @@ TEST(CudaEngine, GradientsMatchTheCpuReference) {
       double e = rt::test::rel_l2(a, r, n);
       EXPECT_LE(e, 5e-2) << u.entries[k].name;
       if (e > worst) worst = e, worst_name = u.entries[k].name;
-      (void)off;
     }
+    off += static_cast<size_t>(u.numel);
+  }
   std::printf("[engine] worst gradient rel_l2 cuda vs cpu: %.3e (%s)\n", worst, worst_name.c_str());
 }
 

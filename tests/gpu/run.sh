@@ -6,8 +6,8 @@
 # BIN_DIR holds ramtrain, the test and bench binaries, lib/ (shared libraries
 # the GPU machine may lack) and data/ (tinyshakespeare.txt): tests/gpu/stage.sh
 # makes it. Logs go to $OUT when set. Parts:
-#   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test)
-#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve
+#   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test, gpu_cuda_block_test, gpu_cuda_moe_test)
+#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test)
 #   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
@@ -55,8 +55,10 @@ tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
 has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
 has ops && [ -x "$bin/gpu_cuda_block_test" ] && run cuda_block_test 120 "$bin/gpu_cuda_block_test"
+has ops && [ -x "$bin/gpu_cuda_moe_test" ] && run cuda_moe_test 120 "$bin/gpu_cuda_moe_test"
 has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
 has engine && run engine_test 300 "$bin/gpu_engine_test"
+has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
 
 if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.

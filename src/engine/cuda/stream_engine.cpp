@@ -63,6 +63,7 @@
 #include "engine/unit_binding.h"
 #include "engine/update_tracker.h"
 #include "model/block.h"
+#include "model/moe_aux.h"
 
 namespace rt {
 
@@ -73,7 +74,11 @@ namespace cuda {
 uint64_t op_scratch_bytes(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o) {
   const int64_t N = B * T;
   const std::vector<int64_t> numel = unit_numels(s);
-  return std::max({rms_norm_backward_scratch_bytes(N, s.hidden),
+  // MoE: the permuted rows and every expert's activations (cuda/ops.h)
+  const uint64_t moe = s.is_moe() ? moe_scratch_bytes(MoeDims{N, s.hidden, s.moe.n_experts, s.moe.top_k,
+                                                              s.moe.expert_intermediate, s.moe.norm_topk_prob})
+                                  : 0;
+  return std::max({moe, rms_norm_backward_scratch_bytes(N, s.hidden),
                    rms_norm_backward_scratch_bytes(N * std::max(s.n_heads, s.n_kv_heads), s.head_dim),
                    attention_backward_scratch_bytes(B, T, s.n_heads),
                    lm_head_cross_entropy_scratch_bytes(o.ce_chunk_rows, s.vocab),
@@ -92,6 +97,7 @@ class StreamEngine final : public Backend {
         T_(T),
         N_(B * T),
         opt_(opt),
+        aux_(st.spec()),
         dev_(budget(opt), opt.trace_path),
         track_(st.units().size(), opt.delayed_update) {
     const int64_t L = s_.n_layers;
@@ -306,6 +312,8 @@ class StreamEngine final : public Backend {
     e.optimizer_seconds = optimizer_->seconds();
     e.optimizer_params = optimizer_->params();
     e.compute_busy_seconds = last_busy_;
+    e.moe_tokens_per_expert = moe_tokens_;
+    e.moe_aux_loss = moe_aux_;
     return e;
   }
 
@@ -330,7 +338,11 @@ class StreamEngine final : public Backend {
                " must be a multiple of 8 for the CUDA kernels; use --device cpu");
     };
     mult8(s_.hidden, "hidden_size");
-    mult8(s_.intermediate, "intermediate_size");
+    if (!s_.is_moe()) mult8(s_.intermediate, "intermediate_size");
+    if (s_.is_moe() && s_.moe.shared_intermediate > 0)
+      mult8(s_.moe.shared_intermediate, "shared_expert_intermediate_size");  // the dense GEMMs' widths
+    RT_CHECK(!s_.is_moe() || s_.moe.top_k <= 32, "[cuda] num_experts_per_tok = ", s_.moe.top_k,
+             " is more than the CUDA MoE kernels hold (32); use --device cpu");
     mult8(s_.vocab, "vocab_size");
     mult8(s_.q_dim(), "heads x head_dim");
     mult8(s_.kv_dim(), "kv heads x head_dim");
@@ -352,7 +364,11 @@ class StreamEngine final : public Backend {
   // micro-batch order; layer-major when planned for this many. Returns
   // whether it ran layer-major.
   bool run_micro_batches(const std::vector<Batch>& batches, float grad_scale) {
+    aux_scale_ = 1.0f / static_cast<float>(batches.size());  // MoE: the load-balancing loss, mean over micro-batches
+    moe_tokens_.assign(s_.is_moe() ? static_cast<size_t>(s_.n_layers * s_.moe.n_experts) : 0, 0);
+    moe_aux_ = 0;
     if (place_.layer_major && static_cast<int64_t>(batches.size()) == K_) {
+      RT_CHECK(!s_.is_moe(), "[cuda] internal: layer-major was planned for a mixture-of-experts model");
       upload_batches(batches.data(), K_);
       forward_layer_major();
       for (int64_t k = 0; k < K_; ++k) {
@@ -544,17 +560,27 @@ class StreamEngine final : public Backend {
       embedding_forward(ckpt_->at(0), ids_.data(), weights_->embed(), N_, C, cs);
     dev_.tracer.gpu_end(span, cs);
     if (training) ckpt_->written(0);
+    const bool moe = training && s_.is_moe();  // the training forward counts the routing (model/moe_aux.h)
+    if (moe) aux_.begin();
     for (int64_t i = 0; i < L; ++i) {
       load_for_forward(i);
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_write(i + 1);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
+      const MoeLayerRouting routing = moe ? aux_.forward_routing(i) : MoeLayerRouting{};
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1), pos_.data(),
-                    training ? acts_->of(i) : acts_->shared(), doc(0));
+                    training ? acts_->of(i) : acts_->shared(), doc(0), moe ? &routing : nullptr);
       dev_.tracer.gpu_end(sp, cs);
       if (training && i + 1 < L) ckpt_->written(i + 1);
       // the last S layers stay for the backward's turn-around
       if (i + S < L || !training) weights_->release_layer(i);
+    }
+    if (moe) {  // the load-balancing loss and its gradient factor, as ModelRunner::forward_backward
+      aux_.finish(N_, s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * aux_scale_ : 0.0);
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t e = 0; e < s_.moe.n_experts; ++e)
+          moe_tokens_[static_cast<size_t>(l * s_.moe.n_experts + e)] += aux_.tokens_per_expert(l)[e];
+      moe_aux_ += aux_.aux_loss() * aux_scale_;
     }
   }
 
@@ -591,6 +617,7 @@ class StreamEngine final : public Backend {
     auto& units = st_.units();
     cudaStream_t cs = dev_.compute.get();
     ckpt_->begin_backward();
+    const MoeLayerRouting back_routing = aux_.backward_routing();  // MoE: the load-balancing gradient
     for (int64_t i = L - 1; i >= 0; --i) {
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_backward(i);
@@ -602,7 +629,7 @@ class StreamEngine final : public Backend {
       if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
         block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared(), doc(0));
       block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i), *bscratch_,
-                     bind_grads(units[i + 1], g), doc(0));
+                     bind_grads(units[i + 1], g), doc(0), s_.is_moe() ? &back_routing : nullptr);
       dev_.tracer.gpu_end(sp, cs);
       ckpt_->after_backward(i);
       grads_->end_layer(i, first_micro_);
@@ -626,6 +653,12 @@ class StreamEngine final : public Backend {
   int64_t B_, T_, N_;
   int64_t K_ = 1;  // micro-batches the buffers hold (layer-major: DevicePlacement::sets)
   CudaOptions opt_;
+  // MoE: the routing bookkeeping of the micro-batch in flight (model/moe_aux.h),
+  // its share of the load-balancing loss, and the stats of the last step
+  MoeAux aux_;
+  float aux_scale_ = 1.0f;
+  std::vector<int64_t> moe_tokens_;  // EngineStats::moe_tokens_per_expert
+  double moe_aux_ = 0;
   EngineDevice dev_;
   DevicePlacement place_;
   bool first_micro_ = true;
@@ -659,6 +692,11 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
                                            const CudaOptions& opt) {
   CudaOptions o = opt;
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
+  if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first
+    RT_CHECK(o.layer_major != "on", "[cuda] --layer-major on is not supported for mixture-of-experts models (",
+             state.spec().architecture, "); use --layer-major off");
+    o.layer_major = "off";
+  }
   for (;;) {
     try {
       return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, o);

@@ -1,0 +1,29 @@
+// The shape of one MoE MLP call and the bytes of its scratch (cuda/moe.cu):
+// plain C++, so that the device plan (engine/device_plan.cpp) counts the MoE
+// workspace in CPU-only builds too. moe.cu carves the same pieces in the same
+// order and checks that it lands on this sum.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace rt::cuda {
+
+struct MoeDims {
+  int64_t N, C, E, K, F;  // tokens, hidden, experts, experts per token, expert width
+  bool norm_topk;
+};
+
+// Scratch of moe_forward and moe_backward: the N*K permuted rows and every
+// expert's activations for them, about N*K*(8*C + 12*F) + N*(4*C + 2*E)
+// bytes; each piece rounded up to 256 bytes.
+inline size_t moe_scratch_bytes(const MoeDims& d) {
+  const auto piece = [](int64_t n, size_t elem) { return (static_cast<size_t>(n) * elem + 255) / 256 * 256; };
+  const int64_t NK = d.N * d.K;
+  return 3 * piece(NK, 4) + piece(d.E + 1, 4)                    // idx, perm, row_of, offsets
+         + 2 * piece(NK, 4) + piece(d.E, 4) + piece(d.E, 8)      // w, dw, dprob, psum
+         + piece(NK * d.C, 2) + 3 * piece(NK * d.F, 2)           // xe, g, u, a
+         + piece(NK * d.C, 2) + 3 * piece(NK * d.F, 2)           // d_o, d_a, d_g, d_u
+         + piece(d.N * d.E, 2) + piece(NK * d.C, 4) + piece(d.N * d.C, 4);  // dl, o (dxe), dxr
+}
+
+}  // namespace rt::cuda

@@ -1,0 +1,319 @@
+// The CUDA mixture-of-experts ops (cuda/ops.h, cuda/moe.cu) against the CPU
+// reference (cpu/moe.h) on the same bf16-rounded inputs, for each family's
+// routing: softmax then top-k with norm_topk (Qwen3-MoE, Qwen2-MoE; Mixtral's
+// top-k then softmax is the same function), without it (OLMoE), top-1 with
+// tied router rows, an expert that never gets a token, a router width E that
+// is not a multiple of 8, and the load-balancing gradient dprob; plus the
+// Qwen2-MoE shared-expert gate.
+//
+// Tolerances (u = 2^-8, the bf16 step relative to a value), as in
+// cuda_ops_test.cpp:
+//  - router probabilities and their per-expert sums: fp32 results of exact
+//    bf16 products with fp32 sums on both sides: rel_l2 <= 1e-5.
+//  - tokens per expert: exact (the routing must be the same; the inputs are
+//    drawn so that no row's K-th and (K+1)-th probabilities are within 1e-4
+//    of each other unless they are exactly tied, far above the ~1e-6 that
+//    the summation order changes).
+//  - out, dx and the weight gradients: chains with bf16 intermediates (g, u,
+//    SwiGLU, d_o, d_a, d_g, d_u, the router's dl are bf16 on the GPU, fp32 on
+//    the CPU): rel_l2 <= 1e-2 and max |err| <= 5e-2 * max |ref|, the bound of
+//    cuda_ops_test's attention and cross-entropy chains. A token sent to the
+//    wrong expert, a wrong weight or a dropped norm_topk term is O(1).
+//  - an expert with no token: its weight gradients are untouched (bit-exact).
+// Without a CUDA device every test skips; without CUDA at build time this
+// file holds one test that skips.
+#include <gtest/gtest.h>
+
+#ifdef RAMTRAIN_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "cpu/moe.h"
+#include "cuda/check.h"
+#include "cuda/device_info.h"
+#include "cuda/ops.h"
+#include "testutil.h"
+
+namespace {
+
+using rt::cuda::bf16;
+using rt::test::max_rel_to_scale;
+using rt::test::random_vec;
+using rt::test::rel_l2;
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16)); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  void poison() { CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes_)); }  // NaN in bf16 and fp32
+  rt::cuda::Scratch scratch() const { return {ptr_, bytes_}; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = rt::bf16_to_f32(rt::f32_to_bf16(x));
+  return v;
+}
+std::unique_ptr<DeviceBuffer> upload_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = rt::f32_to_bf16(v[i]);
+  auto d = std::make_unique<DeviceBuffer>(h.size() * 2);
+  CUDA_CHECK(cudaMemcpy(d->as<void>(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+std::unique_ptr<DeviceBuffer> upload_f32(const std::vector<float>& v) {
+  auto d = std::make_unique<DeviceBuffer>(v.size() * 4);
+  CUDA_CHECK(cudaMemcpy(d->as<void>(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+std::vector<float> download_bf16(const DeviceBuffer& d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h.data(), d.as<void>(), h.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = rt::bf16_to_f32(h[i]);
+  return f;
+}
+std::vector<float> download_f32(const DeviceBuffer& d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> f(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(f.data(), d.as<void>(), f.size() * 4, cudaMemcpyDeviceToHost));
+  return f;
+}
+
+void expect_close(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref, double rel_tol,
+                  double max_tol) {
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  const double rel = rel_l2(got.data(), ref.data(), static_cast<int64_t>(got.size()));
+  const double mx = max_rel_to_scale(got.data(), ref.data(), static_cast<int64_t>(got.size()));
+  EXPECT_TRUE(rel <= rel_tol) << name << ": rel_l2 " << rel << " > " << rel_tol;
+  EXPECT_TRUE(mx <= max_tol) << name << ": max |err| / max |ref| " << mx << " > " << max_tol;
+}
+
+constexpr double kChainRel = 1e-2, kChainMax = 5e-2;  // chains with bf16 intermediates (header)
+constexpr double kExactSumRel = 1e-5;                 // fp32 sums of exact products (header)
+
+class CudaMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (rt::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the CUDA MoE ops are tested on a GPU machine";
+  }
+};
+
+struct Case {
+  int64_t N, C, E, K, F;
+  bool norm_topk;
+  int idle_expert;   // router row that no token picks (-1: none)
+  int tie_a, tie_b;  // router rows made identical (-1: none)
+  bool with_dprob;
+  uint64_t seed;
+};
+
+// Sorted probabilities of a row: the K-th and the (K+1)-th are tied exactly
+// or at least `gap` apart (so fp32 summation order cannot flip the routing).
+bool routing_is_robust(const float* p, int64_t E, int64_t K, float gap) {
+  if (K == E) return true;
+  std::vector<float> s(p, p + E);
+  std::sort(s.begin(), s.end(), std::greater<float>());
+  const float d = s[static_cast<size_t>(K - 1)] - s[static_cast<size_t>(K)];
+  return d == 0.f || d >= gap;
+}
+
+void run_case(const Case& k) {
+  const int64_t N = k.N, C = k.C, E = k.E, K = k.K, F = k.F;
+  // router: small random rows; the idle expert's logit is -8 x0 <= -8 (x0 >= 1), far below the others (|l| < 1)
+  std::vector<float> router = round_bf16(random_vec(E * C, k.seed, -0.05f, 0.05f));
+  if (k.idle_expert >= 0) {
+    std::fill(router.begin() + k.idle_expert * C, router.begin() + (k.idle_expert + 1) * C, 0.f);
+    router[static_cast<size_t>(k.idle_expert * C)] = -8.f;
+  }
+  if (k.tie_a >= 0) {  // a strong shared direction, so that the tied pair is often at the top
+    for (int64_t c = 0; c < C; ++c) router[static_cast<size_t>(k.tie_a * C + c)] *= 6.f;
+    router = round_bf16(router);
+    std::copy(router.begin() + k.tie_a * C, router.begin() + (k.tie_a + 1) * C, router.begin() + k.tie_b * C);
+  }
+  // x: rows redrawn until the routing is robust (see routing_is_robust)
+  std::vector<float> x(static_cast<size_t>(N * C)), probs(static_cast<size_t>(N * E));
+  for (int64_t n = 0; n < N; ++n) {
+    for (uint64_t attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 100u) << "no robust routing for row " << n << "; change the seed";
+      std::vector<float> row = round_bf16(random_vec(C, k.seed * 1000003 + n * 131 + attempt, -1.f, 1.f));
+      row[0] = rt::bf16_to_f32(rt::f32_to_bf16(1.f + std::fabs(row[0])));  // x0 >= 1 (idle expert)
+      std::copy(row.begin(), row.end(), x.begin() + n * C);
+      rt::cpu::moe_forward(nullptr, probs.data() + n * E, x.data() + n * C, router.data(), nullptr, nullptr, nullptr, 1,
+                           C, E, K, F, k.norm_topk, nullptr, nullptr);
+      if (routing_is_robust(probs.data() + n * E, E, K, 1e-4f)) break;
+    }
+  }
+  std::vector<std::vector<float>> wg, wu, wd, gg0, gu0, gd0;
+  for (int64_t e = 0; e < E; ++e) {
+    wg.push_back(round_bf16(random_vec(F * C, k.seed + 10 + e, -0.2f, 0.2f)));
+    wu.push_back(round_bf16(random_vec(F * C, k.seed + 100 + e, -0.2f, 0.2f)));
+    wd.push_back(round_bf16(random_vec(C * F, k.seed + 200 + e, -0.2f, 0.2f)));
+    gg0.push_back(random_vec(F * C, k.seed + 300 + e));  // initial gradients: the ops accumulate
+    gu0.push_back(random_vec(F * C, k.seed + 400 + e));
+    gd0.push_back(random_vec(C * F, k.seed + 500 + e));
+  }
+  const std::vector<float> dout = round_bf16(random_vec(N * C, k.seed + 7));
+  const std::vector<float> grouter0 = random_vec(E * C, k.seed + 8);
+  std::vector<float> dprob;
+  if (k.with_dprob) dprob = random_vec(E, k.seed + 9, 0.f, 0.5f);
+
+  // CPU reference
+  auto ptrs = [](std::vector<std::vector<float>>& v) {
+    std::vector<float*> p;
+    for (auto& t : v) p.push_back(t.data());
+    return p;
+  };
+  std::vector<float*> pg = ptrs(wg), pu = ptrs(wu), pd = ptrs(wd);
+  std::vector<const float*> cg(pg.begin(), pg.end()), cu(pu.begin(), pu.end()), cd(pd.begin(), pd.end());
+  std::vector<float> ref_out(static_cast<size_t>(N * C)), ref_probs(probs.size());
+  std::vector<int64_t> ref_tokens(static_cast<size_t>(E), 0);
+  std::vector<double> ref_psum(static_cast<size_t>(E), 0.0);
+  rt::cpu::moe_forward(ref_out.data(), ref_probs.data(), x.data(), router.data(), cg.data(), cu.data(), cd.data(), N, C,
+                       E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data());
+  auto ref_gg = gg0, ref_gu = gu0, ref_gd = gd0;
+  std::vector<float> ref_grouter = grouter0, ref_dx(static_cast<size_t>(N * C));
+  std::vector<float*> rgg = ptrs(ref_gg), rgu = ptrs(ref_gu), rgd = ptrs(ref_gd);
+  rt::cpu::moe_backward(ref_dx.data(), ref_grouter.data(), rgg.data(), rgu.data(), rgd.data(), dout.data(), x.data(),
+                        ref_probs.data(), router.data(), cg.data(), cu.data(), cd.data(), N, C, E, K, F, k.norm_topk,
+                        k.with_dprob ? dprob.data() : nullptr);
+  if (k.idle_expert >= 0) {
+    ASSERT_EQ(ref_tokens[static_cast<size_t>(k.idle_expert)], 0) << "the idle expert got tokens";
+  }
+
+  // GPU
+  rt::cuda::MoeBlas blas;
+  const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk};
+  DeviceBuffer scratch(rt::cuda::moe_scratch_bytes(d));
+  scratch.poison();
+  auto d_x = upload_bf16(x), d_router = upload_bf16(router), d_dout = upload_bf16(dout);
+  std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwu, dwd, dgg, dgu, dgd;
+  std::vector<const bf16*> pwg, pwu, pwd;
+  std::vector<float*> pgg, pgu, pgd;
+  for (int64_t e = 0; e < E; ++e) {
+    dwg.push_back(upload_bf16(wg[e]));
+    dwu.push_back(upload_bf16(wu[e]));
+    dwd.push_back(upload_bf16(wd[e]));
+    dgg.push_back(upload_f32(gg0[e]));
+    dgu.push_back(upload_f32(gu0[e]));
+    dgd.push_back(upload_f32(gd0[e]));
+    pwg.push_back(dwg.back()->as<bf16>());
+    pwu.push_back(dwu.back()->as<bf16>());
+    pwd.push_back(dwd.back()->as<bf16>());
+    pgg.push_back(dgg.back()->as<float>());
+    pgu.push_back(dgu.back()->as<float>());
+    pgd.push_back(dgd.back()->as<float>());
+  }
+  DeviceBuffer out(static_cast<size_t>(N * C) * 2), d_probs(static_cast<size_t>(N * E) * 4),
+      dx(static_cast<size_t>(N * C) * 2);
+  out.poison();
+  d_probs.poison();
+  dx.poison();
+  auto d_grouter = upload_f32(grouter0);
+  std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
+  std::vector<double> psum(static_cast<size_t>(E), 0.0);
+  rt::cuda::moe_forward(blas, out.as<bf16>(), d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
+                        pwu.data(), pwd.data(), d, tokens.data(), psum.data(), scratch.scratch(), nullptr);
+  EXPECT_EQ(tokens, ref_tokens);
+  std::vector<float> psum_f(psum.begin(), psum.end()), ref_psum_f(ref_psum.begin(), ref_psum.end());
+  expect_close("prob_sum", psum_f, ref_psum_f, kExactSumRel, kExactSumRel);
+  expect_close("probs", download_f32(d_probs, N * E), ref_probs, kExactSumRel, kExactSumRel);
+  expect_close("out", download_bf16(out, N * C), ref_out, kChainRel, kChainMax);
+
+  // backward from the GPU's own probabilities (as the block does), after a
+  // router-only forward (the recompute's call) rewrote them
+  rt::cuda::moe_forward(blas, nullptr, d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
+                        pwu.data(), pwd.data(), d, nullptr, nullptr, scratch.scratch(), nullptr);
+  scratch.poison();
+  rt::cuda::moe_backward(blas, dx.as<bf16>(), d_grouter->as<float>(), pgg.data(), pgu.data(), pgd.data(),
+                         d_dout->as<bf16>(), d_x->as<bf16>(), d_probs.as<float>(), d_router->as<bf16>(), pwg.data(),
+                         pwu.data(), pwd.data(), d, k.with_dprob ? dprob.data() : nullptr, scratch.scratch(), nullptr);
+  expect_close("dx", download_bf16(dx, N * C), ref_dx, kChainRel, kChainMax);
+  // the accumulated part of each weight gradient (what the op added)
+  auto added = [](std::vector<float> after, const std::vector<float>& before) {
+    for (size_t i = 0; i < after.size(); ++i) after[i] -= before[i];
+    return after;
+  };
+  expect_close("drouter", added(download_f32(*d_grouter, E * C), grouter0), added(ref_grouter, grouter0), kChainRel,
+               kChainMax);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string en = "expert " + std::to_string(e);
+    const auto got_g = download_f32(*dgg[e], F * C), got_u = download_f32(*dgu[e], F * C),
+               got_d = download_f32(*dgd[e], C * F);
+    if (ref_tokens[static_cast<size_t>(e)] == 0) {  // untouched, bit for bit
+      EXPECT_EQ(got_g, gg0[e]) << en;
+      EXPECT_EQ(got_u, gu0[e]) << en;
+      EXPECT_EQ(got_d, gd0[e]) << en;
+      continue;
+    }
+    expect_close(en + " dgate", added(got_g, gg0[e]), added(ref_gg[e], gg0[e]), kChainRel, kChainMax);
+    expect_close(en + " dup", added(got_u, gu0[e]), added(ref_gu[e], gu0[e]), kChainRel, kChainMax);
+    expect_close(en + " ddown", added(got_d, gd0[e]), added(ref_gd[e], gd0[e]), kChainRel, kChainMax);
+  }
+}
+
+// Qwen3-MoE / Qwen2-MoE / Mixtral routing: softmax, top-k, renormalised;
+// expert 5 never routed to; the load-balancing gradient on.
+TEST_F(CudaMoe, NormTopkMatchesCpu) { run_case({96, 64, 8, 2, 48, true, 5, -1, -1, true, 11}); }
+
+// OLMoE routing: softmax, top-k, not renormalised; E = 6 (not a multiple of 8), K = 3.
+TEST_F(CudaMoe, PlainTopkMatchesCpu) { run_case({80, 32, 6, 3, 24, false, 2, -1, -1, true, 12}); }
+
+// Top-1 with router rows 1 and 4 identical: every tie goes to expert 1
+// (tokens per expert compared exactly), without dprob.
+TEST_F(CudaMoe, TiesGoToTheLowerExpert) {
+  run_case({64, 32, 5, 1, 16, true, -1, 1, 4, false, 13});
+  run_case({64, 32, 5, 2, 16, false, -1, 1, 4, false, 14});
+}
+
+// A token count that is not a multiple of 8 and an expert width that is odd.
+TEST_F(CudaMoe, OddShapesMatchCpu) { run_case({37, 40, 8, 2, 20, true, 7, -1, -1, true, 15}); }
+
+// Qwen2-MoE's shared-expert gate: y += sigmoid(z) o and its backward.
+TEST_F(CudaMoe, SharedGateMatchesCpu) {
+  const int64_t N = 48, C = 64;
+  const auto y0 = round_bf16(random_vec(N * C, 21)), o = round_bf16(random_vec(N * C, 22)),
+             dy = round_bf16(random_vec(N * C, 23));
+  const auto z = random_vec(N, 24, -3.f, 3.f);
+  std::vector<float> ref_y = y0, ref_do(static_cast<size_t>(N * C)), ref_dz(static_cast<size_t>(N));
+  rt::cpu::moe_shared_gate_forward(ref_y.data(), o.data(), z.data(), N, C);
+  rt::cpu::moe_shared_gate_backward(ref_do.data(), ref_dz.data(), dy.data(), o.data(), z.data(), N, C);
+  auto d_y = upload_bf16(y0), d_o = upload_bf16(o), d_dy = upload_bf16(dy), d_z = upload_f32(z);
+  DeviceBuffer d_do(static_cast<size_t>(N * C) * 2), d_dz(static_cast<size_t>(N) * 2);
+  d_do.poison();
+  d_dz.poison();
+  rt::cuda::moe_shared_gate_forward(d_y->as<bf16>(), d_o->as<bf16>(), d_z->as<float>(), N, C, nullptr);
+  rt::cuda::moe_shared_gate_backward(d_do.as<bf16>(), d_dz.as<bf16>(), d_dy->as<bf16>(), d_o->as<bf16>(),
+                                     d_z->as<float>(), N, C, nullptr);
+  // one final bf16 rounding of an fp32 result: |err| <= u |ref| elementwise
+  // (rel_l2 <= 4e-3 as cuda_ops_test's single roundings); dz is a dot product
+  // rounded once, the same bound
+  expect_close("y", download_bf16(*d_y, N * C), ref_y, 4e-3, 8e-3);
+  expect_close("d_o", download_bf16(d_do, N * C), ref_do, 4e-3, 8e-3);
+  expect_close("dz", download_bf16(d_dz, N), ref_dz, 4e-3, 8e-3);
+}
+
+}  // namespace
+
+#else
+
+TEST(CudaMoe, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
