@@ -16,11 +16,12 @@ set -uo pipefail
 R=${1:-build/cpu/ramtrain}
 DATA=${2:-../shared/data/tinyshakespeare.txt}
 STEPS=${3:-1000}
+WARMUP=$(( STEPS / 20 < 50 ? STEPS / 20 : 50 ))
 OUT=${OUT:-$(mktemp -d)}
 here=$(cd "$(dirname "$0")/.." && pwd)
 common=(--model "$here/bench/lean_quality" --init random --tokenizer "$here/tests/fixtures/tokenizers/qwen2"
         --data "$DATA" --text-split file --truncate split --seq-len 256 --micro-batch 4 --steps "$STEPS"
-        --lr 1e-3 --warmup 50 --weight-decay 0.1 --seed 7 --eval-every 100 --eval-batches 16 --log-every 100
+        --lr 1e-3 --warmup "$WARMUP" --weight-decay 0.1 --seed 7 --eval-every 100 --eval-batches 16 --log-every 100
         --export-dtype none)
 # name | options
 modes=(
@@ -52,7 +53,7 @@ for row in "${modes[@]}"; do
 done
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
-python3 "$here/bench/plot_curves.py" --table "$OUT"/lq_*.jsonl
+ls "$OUT"/lq_*.jsonl > /dev/null 2>&1 && python3 "$here/bench/plot_curves.py" --table "$OUT"/lq_*.jsonl
 for row in "${modes[@]}"; do
   name=${row%%|*}
   grep -q "trained" "$OUT/lq_$name.log" || { echo "$name failed:"; tail -5 "$OUT/lq_$name.log"; }
