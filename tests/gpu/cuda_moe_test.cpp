@@ -186,8 +186,12 @@ void run_case(const Case& k) {
   std::vector<float> ref_out(static_cast<size_t>(N * C)), ref_probs(probs.size());
   std::vector<int64_t> ref_tokens(static_cast<size_t>(E), 0);
   std::vector<double> ref_psum(static_cast<size_t>(E), 0.0);
-  rt::cpu::moe_forward(ref_out.data(), ref_probs.data(), x.data(), router.data(), cg.data(), cu.data(), cd.data(), N, C,
-                       E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data());
+  // row by row, as the robustness check above computed the router: the CPU
+  // matmul may order a row's sums differently in a many-row call, which would
+  // break the exact ties of identical router rows that the check accepted
+  for (int64_t n = 0; n < N; ++n)
+    rt::cpu::moe_forward(ref_out.data() + n * C, ref_probs.data() + n * E, x.data() + n * C, router.data(), cg.data(),
+                         cu.data(), cd.data(), 1, C, E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data());
   auto ref_gg = gg0, ref_gu = gu0, ref_gd = gd0;
   std::vector<float> ref_grouter = grouter0, ref_dx(static_cast<size_t>(N * C));
   std::vector<float*> rgg = ptrs(ref_gg), rgu = ptrs(ref_gu), rgd = ptrs(ref_gd);

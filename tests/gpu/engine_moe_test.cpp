@@ -18,7 +18,11 @@
 //    gradient (and its router row's) to another's, so with a fraction f of an
 //    expert's tokens changed its gradient moves by ~sqrt(f) in rel_l2: ~1-2%
 //    of its tokens gives 0.1-0.14, bounded at 0.2 for the router and expert
-//    tensors (a wrong expert, weight or permutation is O(1)). The other
+//    tensors (a wrong expert, weight or permutation is O(1)). An expert with
+//    few tokens can have a large f from one flip (measured: 0.46 for an
+//    expert of the last layer): experts whose CPU and CUDA token counts
+//    differ are bounded through their layer instead, all experts' tensors of
+//    one kind together at 0.2 (the same sqrt(f) over the layer's slots). The other
 //    tensors see a flipped token only through the MoE output, small with the
 //    experts' down projections scaled by 0.1 (init_moe), and keep 5e-2. The
 //    exact routing and the numerics of the MoE ops are cuda_moe_test's, on
@@ -38,6 +42,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -162,8 +167,11 @@ void compare_with_cpu(const char* config, const char* name) {
   EXPECT_EQ(total_gpu, total_cpu) << name;
   EXPECT_LE(static_cast<double>(l1), 0.03 * static_cast<double>(total_cpu)) << name << ": routing differs";
 
-  double worst_dense = 0, worst_moe = 0;
-  std::string worst_dense_name, worst_moe_name;
+  double worst_dense = 0, worst_moe = 0, worst_layer = 0;
+  std::string worst_dense_name, worst_moe_name, worst_layer_name;
+  // per (layer, expert tensor kind): squared error and squared reference over all experts
+  std::map<std::pair<int64_t, int>, std::pair<double, double>> layer_sums;
+  int64_t flipped_experts = 0;
   const auto& units = st.units();
   for (size_t u = 0; u < units.size(); ++u)
     for (size_t k = 0; k < units[u].entries.size(); ++k) {
@@ -172,12 +180,36 @@ void compare_with_cpu(const char* config, const char* name) {
       const float* r = g_cpu[u].data() + units[u].offsets[k];
       const double e = rt::test::rel_l2(a, r, we.numel());
       const bool routed = is_routed(we.kind);
+      if (we.expert >= 0) {
+        auto& [err2, ref2] = layer_sums[{we.layer, static_cast<int>(we.kind)}];
+        for (int64_t i = 0; i < we.numel(); ++i) {
+          err2 += (static_cast<double>(a[i]) - r[i]) * (static_cast<double>(a[i]) - r[i]);
+          ref2 += static_cast<double>(r[i]) * r[i];
+        }
+        const size_t c = static_cast<size_t>(we.layer * s.moe.n_experts + we.expert);
+        if (e_cpu.moe_tokens_per_expert[c] != e_gpu.moe_tokens_per_expert[c]) {
+          // a routing flip touched this expert: with few tokens one flip moves its
+          // gradient by O(1); the layer's sum over experts below bounds it instead
+          if (we.kind == rt::WeightKind::expert_gate) ++flipped_experts;
+          continue;
+        }
+      }
       EXPECT_LE(e, routed ? 0.2 : 5e-2) << name << ": " << we.name;
       double& worst = routed ? worst_moe : worst_dense;
       if (e > worst) worst = e, (routed ? worst_moe_name : worst_dense_name) = we.name;
     }
-  std::printf("[moe engine] %s: worst gradient rel_l2 cuda vs cpu: %.3e (%s); routed tensors %.3e (%s)\n", name,
-              worst_dense, worst_dense_name.c_str(), worst_moe, worst_moe_name.c_str());
+  for (const auto& [key, sums] : layer_sums) {
+    const double e = std::sqrt(sums.first / std::max(sums.second, 1e-300));
+    const std::string what = "layer " + std::to_string(key.first) + " " +
+                             rt::weight_kind_name(static_cast<rt::WeightKind>(key.second)) + " (all experts)";
+    EXPECT_LE(e, 0.2) << name << ": " << what;
+    if (e > worst_layer) worst_layer = e, worst_layer_name = what;
+  }
+  std::printf(
+      "[moe engine] %s: worst gradient rel_l2 cuda vs cpu: %.3e (%s); routed tensors of experts whose token count "
+      "agrees %.3e (%s); %lld experts with a routing flip, their layer's experts together %.3e (%s)\n",
+      name, worst_dense, worst_dense_name.c_str(), worst_moe, worst_moe_name.c_str(), (long long)flipped_experts,
+      worst_layer, worst_layer_name.c_str());
 }
 
 // The gradients of the load-balancing loss alone (aux on minus aux off),
