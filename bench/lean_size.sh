@@ -31,7 +31,7 @@ for w in $which; do
   esac
   echo "== $w: ${opts[*]}"
   t0=$EPOCHREALTIME
-  /usr/bin/time -f "exit %x, wall %e s, max RSS %M KiB" "$R" train "${opts[@]}" "${common[@]}" --out "$OUT/run_$w" 2>&1 |
+  /usr/bin/time -f "exit %x, wall %e s, max RSS %M KiB" stdbuf -oL "$R" train "${opts[@]}" "${common[@]}" --out "$OUT/run_$w" 2>&1 |
     stamp "$t0" | tee "$OUT/size_$w.log" | grep -v "^ *[0-9.]*s  "
   rm -rf "$OUT/run_$w"
 done

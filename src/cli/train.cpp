@@ -1,4 +1,5 @@
 // ramtrain train: train from a built-in preset or fine-tune a HF model directory.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -225,6 +226,7 @@ int cmd_train(const Args& args) {
                 (long long)(c.micro_batch * c.grad_accum));
   }
   std::string tokenizer;
+  const auto t_state = std::chrono::steady_clock::now();
   std::unique_ptr<HostState> state = initial_state(c, resume, spec, &tokenizer);
   state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
   if (c.bf16_master) state->set_master_storage(c.master_storage());
@@ -233,6 +235,7 @@ int cmd_train(const Args& args) {
   else if (tokenizer == "byte")
     tokenizer = "";
   if (resume) resume_check_data(*resume, data);
+  const double state_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_state).count();
 
   TrainOptions o = trainer_options(c, p, td, tokenizer, resume.has_value());
   o.eval_data = eval_td ? eval_td->source.get() : nullptr;
@@ -247,7 +250,10 @@ int cmd_train(const Args& args) {
       std::printf("note: --nproc-per-node runs the CPU twin (N threads on the CPU backend), not the GPU\n");
     backend = std::make_unique<DataParallelCpu>(*state, static_cast<int>(c.nproc_per_node), c.keep_activations);
   } else if (!cpu_backend) {
+    const auto t_engine = std::chrono::steady_clock::now();
     backend = make_backend(c, *state, data.seq_len());
+    std::printf("ready: host state %.1f s, engine set-up %.1f s\n", state_seconds,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_engine).count());
   }
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
