@@ -56,6 +56,15 @@ void zero_parallel(float* p, size_t n) {
   parallel_for(static_cast<int64_t>(n), 1 << 20,
                [&](int64_t b, int64_t e) { std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float)); });
 }
+// memcpy of bytes on every core: a fresh destination faults its pages in on
+// all of them (one thread faults a large state in at a few GB/s).
+void copy_parallel(void* dst, const void* src, size_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  parallel_for(static_cast<int64_t>(bytes), 1 << 22, [&](int64_t b, int64_t e) {
+    std::memcpy(d + b, s + b, static_cast<size_t>(e - b));
+  });
+}
 }  // namespace
 
 namespace {
@@ -256,7 +265,7 @@ void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo,
                    cat("the ", u.name, ms == MasterStorage::split ? " master remainder" : " Kahan compensation"));
   if (ms == MasterStorage::split) {
     u.tie_buf = HostBuffer(tie_floats(n), cat("the ", u.name, " master tie bits"));
-    std::memset(u.tie_buf.p, 0, u.tie_buf.n * 4);
+    zero_parallel(u.tie_buf.p, u.tie_buf.n);
   }
   u.write_master(0, n, x);
   if (!mv) return;
@@ -264,7 +273,7 @@ void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo,
   u.qv_buf = HostBuffer();
   u.qscale_buf = HostBuffer();
   if (mo == MomentStorage::fp32) {
-    std::memcpy(u.m(), mv, static_cast<size_t>(2 * n) * 4);
+    copy_parallel(u.m(), mv, static_cast<size_t>(2 * n) * 4);
     return;
   }
   u.qm_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam m"));
@@ -285,7 +294,7 @@ HostBuffer unit_moments(const StateUnit& u) {
   const int64_t n = u.numel;
   HostBuffer mv(static_cast<size_t>(2 * n), cat("a copy of the ", u.name, " Adam moments"));
   if (!u.quantized()) {
-    std::memcpy(mv.p, u.m(), static_cast<size_t>(2 * n) * 4);
+    copy_parallel(mv.p, u.m(), static_cast<size_t>(2 * n) * 4);
     return mv;
   }
   parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
@@ -313,12 +322,15 @@ void HostState::set_master_storage(MasterStorage s, int n_shadows) {
       if (want == 2 && !u.shadow_buf[1].p)
         u.shadow_buf[1] = HostBuffer(shadow_floats(u.numel), cat("a bf16 shadow of ", u.name), kPageAlign);
       if (want == 1) u.shadow_buf[1] = HostBuffer();
-      if (want == 2) std::memcpy(u.shadow(1), u.shadow(0), static_cast<size_t>(u.numel) * 2);
+      if (want == 2) copy_parallel(u.shadow(1), u.shadow(0), static_cast<size_t>(u.numel) * 2);
       u.n_shadows = want;
       continue;
     }
     HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
-    u.read_master(0, u.numel, x.p);
+    if (u.shadow_master())
+      u.read_master(0, u.numel, x.p);
+    else
+      copy_parallel(x.p, u.master(), static_cast<size_t>(u.numel) * 4);
     HostBuffer mv;
     if (!u.quantized()) mv = unit_moments(u);  // quantized moments stay as they are
     unit_rebuild(u, s, want, u.moments, x.p, mv.p);
@@ -416,13 +428,14 @@ void HostState::init_random(uint64_t seed, float std) {
     for (size_t k = 0; k < u.entries.size(); ++k, ++tensor_id) {
       const WeightEntry& e = u.entries[k];
       const int64_t n = e.numel();
-      std::vector<float> scratch(u.shadow_master() ? static_cast<size_t>(n) : 0);
-      float* p = u.shadow_master() ? scratch.data() : u.master() + u.offsets[k];
+      HostBuffer scratch;  // uninitialised: init_normal / fill write every element (on every core)
+      if (u.shadow_master()) scratch = HostBuffer(static_cast<size_t>(n), cat("a copy of ", e.name));
+      float* p = u.shadow_master() ? scratch.p : u.master() + u.offsets[k];
       const bool is_norm = e.kind == WeightKind::attn_norm || e.kind == WeightKind::mlp_norm ||
                            e.kind == WeightKind::final_norm || e.kind == WeightKind::q_norm ||
                            e.kind == WeightKind::k_norm;
       if (e.is_norm_or_bias)
-        std::fill(p, p + n, is_norm ? 1.0f : 0.0f);
+        std::fill(p, p + n, is_norm ? 1.0f : 0.0f);  // small tensors
       else
         init_normal(p, n, mix64(seed ^ mix64(tensor_id + 0x1234567ull)), std);
       if (u.shadow_master()) u.write_master(u.offsets[k], n, p);  // shadow storage: encode the tensor once made
