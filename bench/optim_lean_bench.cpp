@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "optim/adamw_math.h"
 #include "optim/unit_update.h"
 #include "state/host_state.h"
 
@@ -32,9 +33,68 @@ struct Mode {
   double bytes;  // per parameter and update
 };
 
+// Whether mode `name` is in the comma-separated list (empty: every mode).
+bool mode_selected(const std::string& list, const char* name) {
+  if (list.empty()) return true;
+  size_t b = 0;
+  while (b <= list.size()) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    if (list.compare(b, e - b, name) == 0) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
+// The per-block kernels on one L1-resident block, single thread, ns per
+// element: what the update costs with no memory traffic (the compute ceiling).
+void kernel_times() {
+  constexpr int64_t k = rt::kQuantBlock;
+  alignas(64) float p[k], m[k], v[k], g[k];
+  alignas(64) uint8_t qm[k], qv[k];
+  for (int64_t i = 0; i < k; ++i) {
+    p[i] = 0.01f * static_cast<float>(i % 17);
+    m[i] = 1e-3f * static_cast<float>(i % 13 - 6);
+    v[i] = 1e-6f * static_cast<float>(i % 11 + 1);
+    g[i] = 1e-3f * static_cast<float>((i * 104729) % 1000 - 500);
+  }
+  rt::AdamWHyper h;
+  const rt::AdamWConsts c = rt::adamw_consts(h, 10, 1e-4, 0.01, 1.0f);
+  const int reps = 20000;
+  auto time = [&](const char* what, auto&& fn) {
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int j = 0; j < reps; ++j) fn(j);
+      best = std::min(best, seconds_since(t0));
+    }
+    std::printf("  %-34s %6.3f ns/element\n", what, best / reps / k * 1e9);
+  };
+  std::printf("\nper-block kernels, one L1-resident block of %lld, 1 thread:\n", static_cast<long long>(k));
+  uint16_t sh[k];
+  time("adamw math (adamw_span + shadow)", [&](int) { rt::adamw_span(p, m, v, g, k, c, sh); });
+  float sm = 0, sv = 0;
+  for (auto st : {rt::MomentStorage::q8, rt::MomentStorage::q4}) {
+    const bool q8 = st == rt::MomentStorage::q8;
+    for (auto r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic}) {
+      const std::string what = std::string(q8 ? "q8" : "q4") + " encode m + v, " + rt::quant_rounding_name(r);
+      time(what.c_str(), [&](int j) {
+        rt::quant_block_encode(st, true, r, j, m, k, qm, 0, &sm);
+        rt::quant_block_encode(st, false, r, j, v, k, qv, 0, &sv);
+      });
+    }
+    time(q8 ? "q8 decode m + v" : "q4 decode m + v", [&](int) {
+      rt::quant_block_decode(st, true, qm, 0, sm, k, m);
+      rt::quant_block_decode(st, false, qv, 0, sv, k, v);
+    });
+  }
+}
+
 }  // namespace
 
-int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
+// modes: --lean-modes, a comma-separated subset of the names below and
+// "kernels" (the per-block kernel times); fp32 "adamw" always runs: it is the
+// baseline of the ratios.
+int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* modes_arg) {
   rt::ModelSpec s;
   s.architecture = "LlamaForCausalLM";
   s.hidden = 1024;
@@ -62,6 +122,7 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
       {"adamw4bit+bf16-kahan", MO::q4, MS::bf16_kahan, SR, 14 + scales},
       {"bf16-kahan (fp32 m v)", MO::fp32, MS::bf16_kahan, SR, 28},
   };
+  if (mode_selected(modes_arg, "kernels")) kernel_times();
   std::vector<int> thread_counts;
   for (int t = 1; t < max_threads; t *= 2) thread_counts.push_back(t);
   thread_counts.push_back(max_threads);
@@ -71,6 +132,7 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
   std::printf("%-24s %7s  %10s %8s  %s\n", "mode", "threads", "Gparam/s", "GB/s", "vs adamw");
   std::vector<double> base(thread_counts.size(), 0);
   for (const Mode& m : modes) {
+    if (std::string(m.name) != "adamw" && !mode_selected(modes_arg, m.name)) continue;
     rt::HostState st(s, false);
     st.init_random(1);
     st.set_moment_storage(m.moments);

@@ -66,6 +66,7 @@ struct QuantCode {
   bool has_zero = false;
   float level[256] = {};
   float mid[256] = {};  // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
+  uint64_t pair[256] = {};  // level[k] | level[min(k + 1, n - 1)] << 32 (bits): one 64-bit gather gives both
   // Per bf16 prefix p (x's top 16 bits), packed as count << 17 | t, so one
   // lookup and one integer compare give the index: count + (low16(x) >= t),
   // t = the low 16 bits of the one mid (level) inside the prefix that the
@@ -108,11 +109,14 @@ inline float quant_uniform(uint64_t key, uint64_t i) {
          0x1.0p-24f;
 }
 
-// The AVX2 path of encode/decode: on where the CPU has AVX2 (the default);
-// quant_set_simd(false) forces the scalar one (tests, benchmarks; optim's
-// set_simd_level forwards here). Returns whether the AVX2 path is now in use.
+// The SIMD paths of encode/decode: AVX-512F (16 lanes) where the CPU has it,
+// else AVX2 (8 lanes), else scalar; all give the same bits. quant_set_simd(false)
+// forces the scalar one, quant_set_simd(true, false) at most AVX2 (tests,
+// benchmarks; optim's set_simd_level forwards here). Returns whether a SIMD
+// path is now in use; quant_avx512_active() whether it is the AVX-512 one.
 bool quant_simd_active();
-bool quant_set_simd(bool on);
+bool quant_avx512_active();
+bool quant_set_simd(bool on, bool avx512 = true);
 
 // One moment of one block of k <= kQuantBlock elements: x[k] -> codes + scale.
 // signed_code: m (sign + magnitude), else v (x >= 0 required: a negative v is
