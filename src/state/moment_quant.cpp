@@ -55,8 +55,6 @@ uint32_t f32_bits(float f) {
 // Fills the tables of c (levels set) and checks that one compare finishes a lookup.
 void build_tables(QuantCode& c, const char* what) {
   for (int k = 0; k + 1 < c.n; ++k) c.mid[k] = 0.5f * (c.level[k] + c.level[k + 1]);
-  for (int k = 0; k < c.n; ++k)
-    c.pair[k] = f32_bits(c.level[k]) | static_cast<uint64_t>(f32_bits(c.level[k + 1 < c.n ? k + 1 : k])) << 32;
   c.nearest_key.resize(kPrefixes);
   c.floor_key.resize(kPrefixes);
   for (uint32_t p = 0; p < kPrefixes; ++p) {
@@ -324,8 +322,8 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
 
 // The AVX-512F forms of the AVX2 loops above: 16 lanes, the same ops per lane.
 // 8-bit codes gather from the prefix tables (one gather per moment and 16
-// elements; stochastic rounding fetches each lane's level pair with one 64-bit
-// gather); 4-bit codes search the levels held in one register (permutes).
+// elements) and read levels back by register permutes; 4-bit codes search the
+// levels held in one register (permutes).
 #define RT_AVX512 __attribute__((target("avx512f")))
 
 // Index of each lane's y in the sorted table t (<= 16 entries, padded with +inf):
@@ -340,6 +338,20 @@ RT_AVX512 inline __m512i count_below_avx512(__m512 t, __m512 y) {
     idx = _mm512_mask_add_epi32(idx, go, idx, _mm512_set1_epi32(step));
   }
   return idx;
+}
+
+// level[idx] of an 8-bit code held in kRegs registers of 16 levels (idx < 16 * kRegs):
+// permutes over register pairs (index bits 0-4), then blends by bits 5, 6, 7
+// (register permutes: AVX-512 gathers are slow on some CPUs, e.g. AMD Zen 4).
+template <int kRegs>
+RT_AVX512 inline __m512 level8_avx512(const __m512* t, __m512i idx) {
+  __m512 r[kRegs / 2];
+  for (int j = 0; j < kRegs / 2; ++j) r[j] = _mm512_permutex2var_ps(t[2 * j], idx, t[2 * j + 1]);
+  for (int w = kRegs / 2, bit = 5; w > 1; w /= 2, ++bit) {
+    const __mmask16 sel = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(1 << bit));
+    for (int j = 0; j < w / 2; ++j) r[j] = _mm512_mask_blend_ps(sel, r[2 * j], r[2 * j + 1]);
+  }
+  return r[0];
 }
 
 template <bool kStochastic, bool kQ8, bool kSigned>
@@ -357,6 +369,9 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
                                                     _mm512_set1_epi32(static_cast<int>(kQuantCounterStep))));
   const __m512i low16 = _mm512_set1_epi32(0xffff), low17 = _mm512_set1_epi32(0x1ffff);
   constexpr int kLevels4 = kSigned ? 8 : 16;
+  __m512 tab8[16];  // 8-bit codes, stochastic rounding: the levels in registers
+  if constexpr (kQ8 && kStochastic)
+    for (int j = 0; j < (kSigned ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
   __m512 lev4 = zero, mid4 = zero;
   if constexpr (!kQ8) {
     if (c.n != kLevels4) return 0;
@@ -396,11 +411,8 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
       __m512 lo, hi;
       if constexpr (kQ8) {
-        const __m512i p0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(fc), c.pair, 8);
-        const __m512i p1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(fc, 1), c.pair, 8);
-        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        lo = _mm512_castsi512_ps(_mm512_permutex2var_epi32(p0, even, p1));
-        hi = _mm512_castsi512_ps(_mm512_permutex2var_epi32(p0, _mm512_add_epi32(even, ione), p1));
+        lo = level8_avx512<kSigned ? 8 : 16>(tab8, fc);
+        hi = level8_avx512<kSigned ? 8 : 16>(tab8, _mm512_add_epi32(fc, ione));
       } else {
         lo = _mm512_permutexvar_ps(fc, lev4);
         hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
@@ -456,6 +468,9 @@ RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, c
   const __m512i mask = _mm512_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
   const __m512i sbit = _mm512_set1_epi32(q8 ? 0x80 : 0x8), nib = _mm512_set1_epi64(0xf);
   const __m512 tab4 = _mm512_loadu_ps(c.level);  // 4-bit codes (8 or 16 levels; the index is masked)
+  __m512 tab8[16];                                // 8-bit codes: 128 or 256 levels
+  if (q8)
+    for (int j = 0; j < (signed_code ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
     __m512i q;
@@ -466,7 +481,8 @@ RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, c
       q = _mm512_or_si512(_mm512_and_si512(b, nib), _mm512_slli_epi64(_mm512_srli_epi64(b, 4), 32));
     }
     const __m512i idx = _mm512_and_si512(q, mask);
-    const __m512 lv = q8 ? _mm512_i32gather_ps(idx, c.level, 4) : _mm512_permutexvar_ps(idx, tab4);
+    const __m512 lv = !q8 ? _mm512_permutexvar_ps(idx, tab4)
+                      : signed_code ? level8_avx512<8>(tab8, idx) : level8_avx512<16>(tab8, idx);
     __m512 y = _mm512_mul_ps(lv, vs);
     if (signed_code)
       y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(y),

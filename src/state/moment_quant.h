@@ -30,10 +30,12 @@
 // x in [0, 1] indexes a table of the levels below it; one compare of x's low
 // 16 bits finishes (tables are checked at build time to hold at most one
 // level or midpoint per prefix). Encode and decode run 8 elements at a time
-// with AVX2 when the CPU has it (8-bit codes: gathers from those tables; 4-bit
-// codes: the index as the count of mids or levels below x by register
-// compares, which is what the tables give; the hash's lanes computed
-// together), else scalar; both paths give the same bits
+// 16 at a time with AVX-512F or 8 at a time with AVX2 when the CPU has it
+// (8-bit codes: gathers from the prefix tables, and with AVX-512 the levels
+// read back by register permutes; 4-bit codes: the index as the count of mids
+// or levels below x by register compares or a binary search over one
+// register, which is what the tables give; the hash's lanes computed
+// together), else scalar; all paths give the same bits
 // (tests/state/moment_quant_test.cpp checks it).
 // Non-finite moments cannot be stored: a block holding one gets a non-finite
 // absmax and decodes to NaN (the step is poisoned visibly, never silently).
@@ -66,7 +68,6 @@ struct QuantCode {
   bool has_zero = false;
   float level[256] = {};
   float mid[256] = {};  // mid[k] = (level[k] + level[k + 1]) / 2, in fp32
-  uint64_t pair[256] = {};  // level[k] | level[min(k + 1, n - 1)] << 32 (bits): one 64-bit gather gives both
   // Per bf16 prefix p (x's top 16 bits), packed as count << 17 | t, so one
   // lookup and one integer compare give the index: count + (low16(x) >= t),
   // t = the low 16 bits of the one mid (level) inside the prefix that the
