@@ -29,7 +29,7 @@
 // the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
 // x in [0, 1] indexes a table of the levels below it; one compare of x's low
 // 16 bits finishes (tables are checked at build time to hold at most one
-// level or midpoint per prefix). Encode and decode run 8 elements at a time
+// level or midpoint per prefix). Encode and decode run
 // 16 at a time with AVX-512F or 8 at a time with AVX2 when the CPU has it
 // (8-bit codes: gathers from the prefix tables, and with AVX-512 the levels
 // read back by register permutes; 4-bit codes: the index as the count of mids
