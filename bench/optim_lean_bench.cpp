@@ -6,6 +6,7 @@
 //   adamw (fp32 master, fp32 m v)   30      adamw8bit (fp32 master)  18.06
 //   adamw4bit (fp32 master)          16.06  adamw8bit + bf16-sr       12.06
 //   bf16-kahan + fp32 moments        28     adamw4bit + bf16-kahan    14.06
+//   adamw8bit + split master         14.31  adamw4bit + bf16-sr       10.06
 // (master read + write 8 fp32, 4 bf16 or bf16 + compensation 8, split 8.25;
 // codes 2 or 1 per moment pair each way; scales 2 x 8 / 256 each way.)
 #include <immintrin.h>
@@ -202,6 +203,7 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* mo
       {"adamw8bit+split", MO::q8, MS::split, SR, 14.25 + scales},
       {"adamw8bit+bf16-sr", MO::q8, MS::bf16_sr, SR, 12 + scales},
       {"adamw4bit+bf16-kahan", MO::q4, MS::bf16_kahan, SR, 14 + scales},
+      {"adamw4bit+bf16-sr", MO::q4, MS::bf16_sr, SR, 10 + scales},
       {"bf16-kahan (fp32 m v)", MO::fp32, MS::bf16_kahan, SR, 28},
   };
   if (mode_selected(modes_arg, "kernels")) kernel_times();

@@ -125,7 +125,7 @@ const QuantCode& quant_code_m4() {
   return c;
 }
 const QuantCode& quant_code_v4() {
-  static const QuantCode c = make_pow2(16, "v4");
+  static const QuantCode c = make_pow2(16, "v4");  // exact powers of two: encode_avx512 relies on it
   return c;
 }
 
@@ -405,6 +405,9 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
         const __m512i e = _mm512_i32gather_epi32(prefix, c.floor_key.data(), 4);
         const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, low17), ylow);
         f = _mm512_mask_sub_epi32(_mm512_srli_epi32(e, 17), below, _mm512_srli_epi32(e, 17), ione);
+      } else if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
+        f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
+                             _mm512_set1_epi32(-1));
       } else {
         f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
       }
@@ -413,6 +416,9 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       if constexpr (kQ8) {
         lo = level8_avx512<kSigned ? 8 : 16>(tab8, fc);
         hi = level8_avx512<kSigned ? 8 : 16>(tab8, _mm512_add_epi32(fc, ione));
+      } else if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
+        lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
+        hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
       } else {
         lo = _mm512_permutexvar_ps(fc, lev4);
         hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
@@ -427,6 +433,13 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, low17), ylow);
       const __m512i cnt = _mm512_add_epi32(_mm512_srli_epi32(e, 17), ione);
       q = _mm512_mask_sub_epi32(cnt, below, cnt, ione);  // count + (low16 >= t)
+    } else if constexpr (!kSigned) {
+      // v4: the mids are 1.5 * 2^(k - 15), so the count of mids < y is
+      // exponent(y) + 15, + 1 when y's mantissa is above 1.5, clamped to [0, 15]
+      const __m512i e = _mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127));
+      const __mmask16 above = _mm512_cmpgt_epi32_mask(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffff)),
+                                                      _mm512_set1_epi32(0x400000));
+      q = _mm512_max_epi32(_mm512_min_epi32(_mm512_mask_add_epi32(e, above, e, ione), nm1), izero);
     } else {
       q = count_below_avx512<16, false>(mid4, y);  // count of mids < y
     }
