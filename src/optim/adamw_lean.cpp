@@ -56,9 +56,9 @@ inline void tie_set(uint64_t* tie, int64_t i, bool t) {
 
 // The master of a block in and out, vectorised: whole groups of 16 elements
 // (16-aligned in unit coordinates, so a group's tie bits are one 16-bit quarter
-// of a tie word) run with AVX-512F when optim's SIMD level is avx512, the
-// elements around them through the scalar functions below; both give the same
-// bits. The stochastic rounding draw of element i: quant_mix32(key32 + i *
+// of a tie word) run with AVX-512F when optim's SIMD level is avx512, of 8 with
+// AVX2 when it is avx2, the elements around them through the scalar functions
+// below; all give the same bits. The stochastic rounding draw of element i: quant_mix32(key32 + i *
 // kQuantCounterStep) >> 16 (its top 16 bits), a pure function of (key, i).
 inline uint32_t master_draw(uint32_t key32, int64_t i) {
   return quant_mix32(key32 + static_cast<uint32_t>(i) * kQuantCounterStep) >> 16;
@@ -198,15 +198,101 @@ RT_AVX512 void master_store16(const Lean& a, uint32_t key32, int64_t i, const fl
 #undef RT_AVX512
 #pragma GCC diagnostic pop
 
-// Unit elements [lo, hi) of one block through fn16(i) for its whole 16-groups
-// (on the AVX-512 path) and fn1(i) for the rest.
-template <class Fn16, class Fn1>
-inline void master_walk(bool wide, int64_t lo, int64_t hi, Fn16&& fn16, Fn1&& fn1) {
+// The AVX2 forms (8 lanes, a group's tie bits one byte of a tie word).
+#define RT_AVX2 __attribute__((target("avx2")))
+
+RT_AVX2 inline __m256i widen8(const uint16_t* q) {
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+}
+RT_AVX2 inline void narrow8_store(uint16_t* q, __m256i r) {  // r: 8 lanes < 2^16
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), w);
+}
+RT_AVX2 inline __m256i bf16_rne8(__m256i u) {
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+  return _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, bias), 16),
+                            _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+inline uint8_t tie8_load(const uint64_t* tie, int64_t i) { return static_cast<uint8_t>(tie[i >> 6] >> (i & 63)); }
+inline void tie8_store(uint64_t* tie, int64_t i, uint8_t bits) {
+  const int sh = static_cast<int>(i & 63);
+  tie[i >> 6] = (tie[i >> 6] & ~(uint64_t{0xff} << sh)) | (static_cast<uint64_t>(bits) << sh);
+}
+
+RT_AVX2 void master_load8(const Lean& a, int64_t i, float* p) {
+  const StateUnit& u = *a.u;
+  if (u.master_kind == MasterStorage::split) {
+    const __m256i sh = widen8(a.in + i), rem = widen8(u.rem() + i);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(tie8_load(u.tie(), i)), bit), bit);
+    const __m256i down =
+        _mm256_and_si256(tie, _mm256_blendv_epi8(_mm256_set1_epi32(1), _mm256_set1_epi32(0x40), nan));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(sh, down), 16), rem));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_slli_epi32(widen8(a.in + i), 16));
+  }
+}
+
+RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float* p) {
+  StateUnit& u = *a.u;
+  const __m256 x = _mm256_loadu_ps(p);
+  const __m256i xb = _mm256_castps_si256(x);
+  switch (u.master_kind) {
+    case MasterStorage::fp32:
+      _mm256_storeu_ps(u.master() + i, x);
+      return;
+    case MasterStorage::split: {
+      const __m256i sh = bf16_rne8(xb);
+      narrow8_store(a.out + i, sh);
+      narrow8_store(u.rem() + i, _mm256_and_si256(xb, _mm256_set1_epi32(0xffff)));
+      const __m256i ne = _mm256_xor_si256(_mm256_cmpeq_epi32(sh, _mm256_srli_epi32(xb, 16)), _mm256_set1_epi32(-1));
+      tie8_store(u.tie(), i, static_cast<uint8_t>(_mm256_movemask_ps(_mm256_castsi256_ps(ne))));
+      return;
+    }
+    case MasterStorage::bf16_sr: {
+      __m256i h = _mm256_add_epi32(
+          _mm256_set1_epi32(static_cast<int>(key32 + static_cast<uint32_t>(i) * kQuantCounterStep)),
+          _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                             _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));  // quant_mix32
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+      const __m256i nonfinite = _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)),
+                                                   _mm256_set1_epi32(0x7f7fffff));
+      const __m256i sr = _mm256_srli_epi32(_mm256_add_epi32(xb, _mm256_srli_epi32(h, 16)), 16);
+      narrow8_store(a.out + i, _mm256_blendv_epi8(sr, bf16_rne8(xb), nonfinite));
+      return;
+    }
+    case MasterStorage::bf16_kahan: {
+      uint16_t* comp = u.comp();
+      const __m256 old = _mm256_castsi256_ps(_mm256_slli_epi32(widen8(a.in + i), 16));
+      const __m256 y = _mm256_sub_ps(_mm256_sub_ps(x, old), _mm256_castsi256_ps(_mm256_slli_epi32(widen8(comp + i), 16)));
+      const __m256i t = bf16_rne8(_mm256_castps_si256(_mm256_add_ps(old, y)));
+      const __m256 tf = _mm256_castsi256_ps(_mm256_slli_epi32(t, 16));
+      narrow8_store(comp + i, bf16_rne8(_mm256_castps_si256(_mm256_sub_ps(_mm256_sub_ps(tf, old), y))));
+      narrow8_store(a.out + i, t);
+      return;
+    }
+  }
+}
+#undef RT_AVX2
+
+// Unit elements [lo, hi) of one block through fn(i) for its whole groups of
+// `group` elements (16-aligned: AVX-512; 8: AVX2; 0: none) and fn1(i) for the rest.
+template <class Fn, class Fn1>
+inline void master_walk(int group, int64_t lo, int64_t hi, Fn&& fn, Fn1&& fn1) {
   int64_t i = lo;
-  if (wide) {
-    const int64_t g0 = std::min(hi, (lo + 15) & ~int64_t{15});
+  if (group > 0) {
+    const int64_t g0 = std::min(hi, (lo + group - 1) & ~int64_t{group - 1});
     for (; i < g0; ++i) fn1(i);
-    for (; i + 16 <= hi; i += 16) fn16(i);
+    for (; i + group <= hi; i += group) fn(i);
   }
   for (; i < hi; ++i) fn1(i);
 }
@@ -216,10 +302,12 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
   StateUnit& u = *a.u;
   alignas(64) float pb[kQuantBlock], m[kQuantBlock], v[kQuantBlock];
   const bool fp32 = u.master_kind == MasterStorage::fp32;
-  const bool wide = simd_level_active() == SimdLevel::avx512;
+  const SimdLevel level = simd_level_active();
+  const int group = level == SimdLevel::avx512 ? 16 : level == SimdLevel::avx2 ? 8 : 0;
   float* p = fp32 ? u.master() + s : pb;  // an fp32 master is updated in place
   if (!fp32)
-    master_walk(wide, s, s + k, [&](int64_t i) { master_load16(a, i, pb + (i - s)); },
+    master_walk(group, s, s + k,
+                [&](int64_t i) { group == 16 ? master_load16(a, i, pb + (i - s)) : master_load8(a, i, pb + (i - s)); },
                 [&](int64_t i) { pb[i - s] = master_load_one(a, i); });
   const int64_t blk = s / kQuantBlock;
   if (u.quantized()) {
@@ -236,7 +324,11 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
     adamw_span(p + (lo - s), m + (lo - s), v + (lo - s), a.g + (lo - a.b), hi - lo, sg.decays ? a.c_decay : a.c_plain,
                fp32 && a.out ? a.out + lo : nullptr);
     if (!fp32)
-      master_walk(wide, lo, hi, [&](int64_t i) { master_store16(a, key32, i, pb + (i - s)); },
+      master_walk(
+          group, lo, hi,
+          [&](int64_t i) {
+            group == 16 ? master_store16(a, key32, i, pb + (i - s)) : master_store8(a, key32, i, pb + (i - s));
+          },
                   [&](int64_t i) { master_store_one(a, key32, i, pb[i - s]); });
     if (!u.quantized()) {
       std::memcpy(u.m() + lo, m + (lo - s), static_cast<size_t>(hi - lo) * 4);
