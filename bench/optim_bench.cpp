@@ -66,7 +66,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void usage_exit(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only] [--lean-modes A,B]\n", argv0);
+  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only] [--lean-modes A,B]\n",
+               argv0);
   std::exit(2);
 }
 
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
   int max_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (max_threads < 1) max_threads = 1;
   int reps = 5;
-  int lean = 0;  // 1: also the lean storages, 2: only them
+  int lean = 0;                 // 1: also the lean storages, 2: only them
   const char* lean_modes = "";  // --lean-modes: a comma-separated subset of the lean bench's mode names
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--lean") || !std::strcmp(argv[i], "--lean-only")) {

@@ -55,7 +55,6 @@ bool mode_selected(const std::string& list, const char* name) {
   return false;
 }
 
-
 // A prototype, not a stored code: the cost of an 8-bit code whose index is
 // computed from the fp32 bits (sign + 4-bit exponent + 3-bit mantissa
 // relative to the block's absmax, below 2^-15 flushed to 0), encode (absmax
@@ -66,19 +65,20 @@ bool mode_selected(const std::string& list, const char* name) {
 #pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12 inside AVX-512 intrinsics (GCC bug 105593)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) void proto_encode(const float* x, int64_t k, uint8_t* q, float* scale, bool sr,
-                                                    uint32_t key) {
+                                                     uint32_t key) {
   const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; i += 16)
-    acc = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + i)), absmask)),
-                        acc);
+    acc =
+        _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + i)), absmask)), acc);
   const float amax = _mm512_reduce_max_ps(acc);
   *scale = amax;
   const __m512 inv = _mm512_set1_ps(amax > 0 ? 1.0f / amax : 0.0f);
   const __m512i bias = _mm512_set1_epi32((127 - 15) << 23), half = _mm512_set1_epi32((1 << 19) - 1);
-  __m512i ctr = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key)),
-                                 _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                    _mm512_set1_epi32(static_cast<int>(rt::kQuantCounterStep))));
+  __m512i ctr =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key)),
+                       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(rt::kQuantCounterStep))));
   for (int64_t i = 0; i < k; i += 16) {
     const __m512i xb = _mm512_castps_si512(_mm512_loadu_ps(x + i));
     const __m512i y = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(xb, absmask)), inv));
@@ -97,8 +97,7 @@ __attribute__((target("avx512f"))) void proto_encode(const float* x, int64_t k, 
     }
     const __m512i t = _mm512_sub_epi32(_mm512_add_epi32(y, add), bias);
     __m512i c = _mm512_max_epi32(_mm512_srai_epi32(t, 20), _mm512_setzero_si512());
-    c = _mm512_or_si512(_mm512_min_epi32(c, _mm512_set1_epi32(127)),
-                        _mm512_slli_epi32(_mm512_srli_epi32(xb, 31), 7));
+    c = _mm512_or_si512(_mm512_min_epi32(c, _mm512_set1_epi32(127)), _mm512_slli_epi32(_mm512_srli_epi32(xb, 31), 7));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
   }
 }

@@ -58,8 +58,9 @@ inline void tie_set(uint64_t* tie, int64_t i, bool t) {
 // (16-aligned in unit coordinates, so a group's tie bits are one 16-bit quarter
 // of a tie word) run with AVX-512F when optim's SIMD level is avx512, of 8 with
 // AVX2 when it is avx2, the elements around them through the scalar functions
-// below; all give the same bits. The stochastic rounding draw of element i: quant_mix32(key32 + i *
-// kQuantCounterStep) >> 16 (its top 16 bits), a pure function of (key, i).
+// below; all give the same bits. The stochastic rounding draw of element i:
+// quant_mix32(key32 + i * kQuantCounterStep) >> 16 (its top 16 bits), a pure
+// function of (key, i).
 inline uint32_t master_draw(uint32_t key32, int64_t i) {
   return quant_mix32(key32 + static_cast<uint32_t>(i) * kQuantCounterStep) >> 16;
 }
@@ -115,7 +116,9 @@ inline void master_store_one(const Lean& a, uint32_t key32, int64_t i, float x) 
 RT_AVX512 inline __m512i widen16(const uint16_t* q) {
   return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
 }
-RT_AVX512 inline __m512 bf16x16_load(const uint16_t* q) { return _mm512_castsi512_ps(_mm512_slli_epi32(widen16(q), 16)); }
+RT_AVX512 inline __m512 bf16x16_load(const uint16_t* q) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(widen16(q), 16));
+}
 RT_AVX512 inline void narrow16_store(uint16_t* q, __m512i r) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_cvtepi32_epi16(r));
 }
@@ -129,8 +132,8 @@ RT_AVX512 inline void tie16_store(uint64_t* tie, int64_t i, uint16_t bits) {
 // f32_to_bf16 of 16 lanes (round to nearest even; NaN -> (u >> 16) | 0x40).
 RT_AVX512 inline __m512i bf16_rne16(__m512i u) {
   const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                 _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
   return _mm512_mask_blend_epi32(nan, _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16),
                                  _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
@@ -177,8 +180,8 @@ RT_AVX512 void master_store16(const Lean& a, uint32_t key32, int64_t i, const fl
       h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
       h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
       h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-      const __mmask16 finite = _mm512_cmplt_epi32_mask(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)),
-                                                       _mm512_set1_epi32(0x7f800000));
+      const __mmask16 finite =
+          _mm512_cmplt_epi32_mask(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
       const __m512i sr = _mm512_srli_epi32(_mm512_add_epi32(xb, _mm512_srli_epi32(h, 16)), 16);
       narrow16_store(a.out + i, _mm512_mask_blend_epi32(finite, bf16_rne16(xb), sr));
       return;
@@ -210,8 +213,8 @@ RT_AVX2 inline void narrow8_store(uint16_t* q, __m256i r) {  // r: 8 lanes < 2^1
 }
 RT_AVX2 inline __m256i bf16_rne8(__m256i u) {
   const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
   const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
   return _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, bias), 16),
                             _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
@@ -229,8 +232,7 @@ RT_AVX2 void master_load8(const Lean& a, int64_t i, float* p) {
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(tie8_load(u.tie(), i)), bit), bit);
-    const __m256i down =
-        _mm256_and_si256(tie, _mm256_blendv_epi8(_mm256_set1_epi32(1), _mm256_set1_epi32(0x40), nan));
+    const __m256i down = _mm256_and_si256(tie, _mm256_blendv_epi8(_mm256_set1_epi32(1), _mm256_set1_epi32(0x40), nan));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(sh, down), 16), rem));
   } else {
@@ -255,17 +257,17 @@ RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float
       return;
     }
     case MasterStorage::bf16_sr: {
-      __m256i h = _mm256_add_epi32(
-          _mm256_set1_epi32(static_cast<int>(key32 + static_cast<uint32_t>(i) * kQuantCounterStep)),
-          _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                             _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
+      __m256i h =
+          _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32 + static_cast<uint32_t>(i) * kQuantCounterStep)),
+                           _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
       h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));  // quant_mix32
       h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
       h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
       h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
       h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-      const __m256i nonfinite = _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)),
-                                                   _mm256_set1_epi32(0x7f7fffff));
+      const __m256i nonfinite =
+          _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f7fffff));
       const __m256i sr = _mm256_srli_epi32(_mm256_add_epi32(xb, _mm256_srli_epi32(h, 16)), 16);
       narrow8_store(a.out + i, _mm256_blendv_epi8(sr, bf16_rne8(xb), nonfinite));
       return;
@@ -273,7 +275,8 @@ RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float
     case MasterStorage::bf16_kahan: {
       uint16_t* comp = u.comp();
       const __m256 old = _mm256_castsi256_ps(_mm256_slli_epi32(widen8(a.in + i), 16));
-      const __m256 y = _mm256_sub_ps(_mm256_sub_ps(x, old), _mm256_castsi256_ps(_mm256_slli_epi32(widen8(comp + i), 16)));
+      const __m256 y =
+          _mm256_sub_ps(_mm256_sub_ps(x, old), _mm256_castsi256_ps(_mm256_slli_epi32(widen8(comp + i), 16)));
       const __m256i t = bf16_rne8(_mm256_castps_si256(_mm256_add_ps(old, y)));
       const __m256 tf = _mm256_castsi256_ps(_mm256_slli_epi32(t, 16));
       narrow8_store(comp + i, bf16_rne8(_mm256_castps_si256(_mm256_sub_ps(_mm256_sub_ps(tf, old), y))));
@@ -306,9 +309,10 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
   const int group = level == SimdLevel::avx512 ? 16 : level == SimdLevel::avx2 ? 8 : 0;
   float* p = fp32 ? u.master() + s : pb;  // an fp32 master is updated in place
   if (!fp32)
-    master_walk(group, s, s + k,
-                [&](int64_t i) { group == 16 ? master_load16(a, i, pb + (i - s)) : master_load8(a, i, pb + (i - s)); },
-                [&](int64_t i) { pb[i - s] = master_load_one(a, i); });
+    master_walk(
+        group, s, s + k,
+        [&](int64_t i) { group == 16 ? master_load16(a, i, pb + (i - s)) : master_load8(a, i, pb + (i - s)); },
+        [&](int64_t i) { pb[i - s] = master_load_one(a, i); });
   const int64_t blk = s / kQuantBlock;
   if (u.quantized()) {
     quant_block_decode(u.moments, true, u.qm(), s, u.scale_m()[blk], k, m);
@@ -329,7 +333,7 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
           [&](int64_t i) {
             group == 16 ? master_store16(a, key32, i, pb + (i - s)) : master_store8(a, key32, i, pb + (i - s));
           },
-                  [&](int64_t i) { master_store_one(a, key32, i, pb[i - s]); });
+          [&](int64_t i) { master_store_one(a, key32, i, pb[i - s]); });
     if (!u.quantized()) {
       std::memcpy(u.m() + lo, m + (lo - s), static_cast<size_t>(hi - lo) * 4);
       std::memcpy(u.v() + lo, v + (lo - s), static_cast<size_t>(hi - lo) * 4);

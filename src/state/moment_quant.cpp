@@ -315,7 +315,6 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
   return i;
 }
 
-
 // GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -364,9 +363,10 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
   const __m512i nm1 = _mm512_set1_epi32(c.n - 1), nm2 = _mm512_set1_epi32(c.n - 2);
   const __m512i izero = _mm512_setzero_si512(), ione = _mm512_set1_epi32(1);
   const __m512i step = _mm512_set1_epi32(static_cast<int>(16u * kQuantCounterStep));
-  __m512i ctr = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key32)),
-                                 _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                    _mm512_set1_epi32(static_cast<int>(kQuantCounterStep))));
+  __m512i ctr =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key32)),
+                       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(kQuantCounterStep))));
   const __m512i low16 = _mm512_set1_epi32(0xffff), low17 = _mm512_set1_epi32(0x1ffff);
   constexpr int kLevels4 = kSigned ? 8 : 16;
   __m512 tab8[16];  // 8-bit codes, stochastic rounding: the levels in registers
@@ -414,8 +414,8 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
       __m512 lo, hi;
       if constexpr (kQ8) {
-        lo = level8_avx512<kSigned ? 8 : 16>(tab8, fc);
-        hi = level8_avx512<kSigned ? 8 : 16>(tab8, _mm512_add_epi32(fc, ione));
+        lo = level8_avx512 < kSigned ? 8 : 16 > (tab8, fc);
+        hi = level8_avx512 < kSigned ? 8 : 16 > (tab8, _mm512_add_epi32(fc, ione));
       } else if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
         lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
         hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
@@ -423,7 +423,8 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
         lo = _mm512_permutexvar_ps(fc, lev4);
         hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
       }
-      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
+      const __mmask16 up =
+          _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
       q = _mm512_mask_add_epi32(fc, up, fc, ione);
       q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
       q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
@@ -437,8 +438,8 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       // v4: the mids are 1.5 * 2^(k - 15), so the count of mids < y is
       // exponent(y) + 15, + 1 when y's mantissa is above 1.5, clamped to [0, 15]
       const __m512i e = _mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127));
-      const __mmask16 above = _mm512_cmpgt_epi32_mask(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffff)),
-                                                      _mm512_set1_epi32(0x400000));
+      const __mmask16 above =
+          _mm512_cmpgt_epi32_mask(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
       q = _mm512_max_epi32(_mm512_min_epi32(_mm512_mask_add_epi32(e, above, e, ione), nm1), izero);
     } else {
       q = count_below_avx512<16, false>(mid4, y);  // count of mids < y
@@ -481,7 +482,7 @@ RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, c
   const __m512i mask = _mm512_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
   const __m512i sbit = _mm512_set1_epi32(q8 ? 0x80 : 0x8), nib = _mm512_set1_epi64(0xf);
   const __m512 tab4 = _mm512_loadu_ps(c.level);  // 4-bit codes (8 or 16 levels; the index is masked)
-  __m512 tab8[16];                                // 8-bit codes: 128 or 256 levels
+  __m512 tab8[16];                               // 8-bit codes: 128 or 256 levels
   if (q8)
     for (int j = 0; j < (signed_code ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
   int64_t i = 0;
@@ -490,16 +491,18 @@ RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, c
     if (q8) {
       q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + first + i)));
     } else {
-      const __m512i b = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + ((first + i) >> 1))));
+      const __m512i b =
+          _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + ((first + i) >> 1))));
       q = _mm512_or_si512(_mm512_and_si512(b, nib), _mm512_slli_epi64(_mm512_srli_epi64(b, 4), 32));
     }
     const __m512i idx = _mm512_and_si512(q, mask);
-    const __m512 lv = !q8 ? _mm512_permutexvar_ps(idx, tab4)
-                      : signed_code ? level8_avx512<8>(tab8, idx) : level8_avx512<16>(tab8, idx);
+    const __m512 lv = !q8           ? _mm512_permutexvar_ps(idx, tab4)
+                      : signed_code ? level8_avx512<8>(tab8, idx)
+                                    : level8_avx512<16>(tab8, idx);
     __m512 y = _mm512_mul_ps(lv, vs);
     if (signed_code)
-      y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(y),
-                                               _mm512_slli_epi32(_mm512_and_si512(q, sbit), q8 ? 24 : 28)));
+      y = _mm512_castsi512_ps(
+          _mm512_xor_si512(_mm512_castps_si512(y), _mm512_slli_epi32(_mm512_and_si512(q, sbit), q8 ? 24 : 28)));
     _mm512_storeu_ps(x + i, y);
   }
   return i;

@@ -60,8 +60,8 @@ bool same_unit(const rt::StateUnit& a, const rt::StateUnit& b, std::string* why)
 void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t chunk,
                 rt::SimdLevel level_b = rt::simd_level_detected(), rt::SimdLevel level_a = rt::simd_level_detected()) {
   SCOPED_TRACE(std::string(rt::moment_storage_name(mo)) + " / " + rt::master_storage_name(ms) + " / " +
-               rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk) + " / " +
-               rt::simd_level_name(level_a) + " vs " + rt::simd_level_name(level_b));
+               rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk) + " / " + rt::simd_level_name(level_a) +
+               " vs " + rt::simd_level_name(level_b));
   rt::HostState A(spec(), false), B(spec(), false);
   for (rt::HostState* s : {&A, &B}) {
     s->init_random(11);
