@@ -66,7 +66,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void usage_exit(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only]\n", argv0);
+  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only] [--lean-modes A,B]\n",
+               argv0);
   std::exit(2);
 }
 
@@ -108,7 +109,7 @@ __attribute__((target("avx2,fma"))) void traffic_block(float* p, float* m, float
 
 }  // namespace
 
-int optim_lean_bench(int64_t n_target, int max_threads, int reps);  // optim_lean_bench.cpp
+int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* modes);  // optim_lean_bench.cpp
 
 int main(int argc, char** argv) {
   int64_t n = 256ll << 20;
@@ -117,7 +118,8 @@ int main(int argc, char** argv) {
   int max_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (max_threads < 1) max_threads = 1;
   int reps = 5;
-  int lean = 0;  // 1: also the lean storages, 2: only them
+  int lean = 0;                 // 1: also the lean storages, 2: only them
+  const char* lean_modes = "";  // --lean-modes: a comma-separated subset of the lean bench's mode names
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--lean") || !std::strcmp(argv[i], "--lean-only")) {
       lean = argv[i][6] ? 2 : 1;
@@ -130,13 +132,15 @@ int main(int argc, char** argv) {
       max_threads = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--reps")) {
       reps = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--lean-modes")) {
+      lean_modes = argv[++i];
     } else {
       usage_exit(argv[0]);
     }
   }
   if (n < 1 || max_threads < 1 || reps < 1) usage_exit(argv[0]);
   // the lean states hold up to 12 B/param (+ gradients 4 and a shadow 2)
-  if (lean == 2) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps);
+  if (lean == 2) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps, lean_modes);
 
   std::printf("optim_bench: %lld params (%.2f GB of buffers), reps %d, detected SIMD %s, p/m/v stores %s\n",
               static_cast<long long>(n), n * 20.125 / 1e9, reps, rt::simd_level_name(rt::simd_level_detected()),
@@ -226,6 +230,6 @@ int main(int argc, char** argv) {
                 max_threads, n / best / 1e9, 30.0 * n / best / 1e9);
   }
   std::printf("(best of %d; checksum %.6g, p[0] %.6g, shadow[0] 0x%04x)\n", reps, checksum, p[0], shadow[0]);
-  if (lean) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps);
+  if (lean) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps, lean_modes);
   return 0;
 }

@@ -6,19 +6,30 @@
 //   adamw (fp32 master, fp32 m v)   30      adamw8bit (fp32 master)  18.06
 //   adamw4bit (fp32 master)          16.06  adamw8bit + bf16-sr       12.06
 //   bf16-kahan + fp32 moments        28     adamw4bit + bf16-kahan    14.06
+//   adamw8bit + split master         14.31  adamw4bit + bf16-sr       10.06
 // (master read + write 8 fp32, 4 bf16 or bf16 + compensation 8, split 8.25;
 // codes 2 or 1 per moment pair each way; scales 2 x 8 / 256 each way.)
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "optim/adamw_math.h"
 #include "optim/unit_update.h"
 #include "state/host_state.h"
 
 namespace {
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -32,9 +43,140 @@ struct Mode {
   double bytes;  // per parameter and update
 };
 
+// Whether mode `name` is in the comma-separated list (empty: every mode).
+bool mode_selected(const std::string& list, const char* name) {
+  if (list.empty()) return true;
+  size_t b = 0;
+  while (b <= list.size()) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    if (list.compare(b, e - b, name) == 0) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
+// A prototype, not a stored code: the cost of an 8-bit code whose index is
+// computed from the fp32 bits (sign + 4-bit exponent + 3-bit mantissa
+// relative to the block's absmax, below 2^-15 flushed to 0), encode (absmax
+// pass, then round to nearest by an integer add, or stochastically by adding
+// 20 random bits from the same 32-bit hash as the codec's) and decode, AVX-512.
+// What an arithmetic code would cost against the table codes above.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12 inside AVX-512 intrinsics (GCC bug 105593)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void proto_encode(const float* x, int64_t k, uint8_t* q, float* scale, bool sr,
+                                                     uint32_t key) {
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; i += 16)
+    acc =
+        _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + i)), absmask)), acc);
+  const float amax = _mm512_reduce_max_ps(acc);
+  *scale = amax;
+  const __m512 inv = _mm512_set1_ps(amax > 0 ? 1.0f / amax : 0.0f);
+  const __m512i bias = _mm512_set1_epi32((127 - 15) << 23), half = _mm512_set1_epi32((1 << 19) - 1);
+  __m512i ctr =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key)),
+                       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(rt::kQuantCounterStep))));
+  for (int64_t i = 0; i < k; i += 16) {
+    const __m512i xb = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+    const __m512i y = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(xb, absmask)), inv));
+    __m512i add;
+    if (sr) {
+      __m512i h = ctr;
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+      add = _mm512_srli_epi32(h, 12);
+      ctr = _mm512_add_epi32(ctr, _mm512_set1_epi32(static_cast<int>(16u * rt::kQuantCounterStep)));
+    } else {
+      add = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(y, 20), _mm512_set1_epi32(1)));
+    }
+    const __m512i t = _mm512_sub_epi32(_mm512_add_epi32(y, add), bias);
+    __m512i c = _mm512_max_epi32(_mm512_srai_epi32(t, 20), _mm512_setzero_si512());
+    c = _mm512_or_si512(_mm512_min_epi32(c, _mm512_set1_epi32(127)), _mm512_slli_epi32(_mm512_srli_epi32(xb, 31), 7));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
+  }
+}
+__attribute__((target("avx512f"))) void proto_decode(const uint8_t* q, float scale, int64_t k, float* x) {
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i bias = _mm512_set1_epi32((127 - 15) << 23);
+  for (int64_t i = 0; i < k; i += 16) {
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(127));
+    const __m512i u = _mm512_maskz_add_epi32(_mm512_test_epi32_mask(mag, mag), _mm512_slli_epi32(mag, 20), bias);
+    const __m512 y = _mm512_mul_ps(_mm512_castsi512_ps(u), s);
+    _mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y),
+                                                                _mm512_slli_epi32(_mm512_srli_epi32(c, 7), 31))));
+  }
+}
+#pragma GCC diagnostic pop
+
+// The per-block kernels on one L1-resident block, single thread, ns per
+// element: what the update costs with no memory traffic (the compute ceiling).
+void kernel_times() {
+  constexpr int64_t k = rt::kQuantBlock;
+  alignas(64) float p[k], m[k], v[k], g[k];
+  alignas(64) uint8_t qm[k], qv[k];
+  for (int64_t i = 0; i < k; ++i) {
+    p[i] = 0.01f * static_cast<float>(i % 17);
+    m[i] = 1e-3f * static_cast<float>(i % 13 - 6);
+    v[i] = 1e-6f * static_cast<float>(i % 11 + 1);
+    g[i] = 1e-3f * static_cast<float>((i * 104729) % 1000 - 500);
+  }
+  rt::AdamWHyper h;
+  const rt::AdamWConsts c = rt::adamw_consts(h, 10, 1e-4, 0.01, 1.0f);
+  // short windows (~0.3 ms), best of many: on shared cores a longer window
+  // is rarely left uninterrupted
+  const int reps = 1000;
+  auto time = [&](const char* what, auto&& fn) {
+    double best = 1e30;
+    for (int r = 0; r < 60; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int j = 0; j < reps; ++j) fn(j);
+      best = std::min(best, seconds_since(t0));
+    }
+    std::printf("  %-34s %6.3f ns/element\n", what, best / reps / k * 1e9);
+  };
+  std::printf("\nper-block kernels, one L1-resident block of %lld, 1 thread:\n", static_cast<long long>(k));
+  uint16_t sh[k];
+  time("adamw math (adamw_span + shadow)", [&](int) { rt::adamw_span(p, m, v, g, k, c, sh); });
+  float sm = 0, sv = 0;
+  for (auto st : {rt::MomentStorage::q8, rt::MomentStorage::q4}) {
+    const bool q8 = st == rt::MomentStorage::q8;
+    for (auto r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic}) {
+      const std::string what = std::string(q8 ? "q8" : "q4") + " encode m + v, " + rt::quant_rounding_name(r);
+      time(what.c_str(), [&](int j) {
+        rt::quant_block_encode(st, true, r, j, m, k, qm, 0, &sm);
+        rt::quant_block_encode(st, false, r, j, v, k, qv, 0, &sv);
+      });
+    }
+    time(q8 ? "q8 decode m + v" : "q4 decode m + v", [&](int) {
+      rt::quant_block_decode(st, true, qm, 0, sm, k, m);
+      rt::quant_block_decode(st, false, qv, 0, sv, k, v);
+    });
+  }
+  if (!__builtin_cpu_supports("avx512f")) return;
+  for (bool sr : {false, true})
+    time(sr ? "prototype bit code: encode m + v, SR" : "prototype bit code: encode m + v, nearest", [&](int j) {
+      proto_encode(m, k, qm, &sm, sr, static_cast<uint32_t>(j));
+      proto_encode(v, k, qv, &sv, sr, static_cast<uint32_t>(j) + 1);
+    });
+  time("prototype bit code: decode m + v", [&](int) {
+    proto_decode(qm, sm, k, m);
+    proto_decode(qv, sv, k, v);
+  });
+}
+
 }  // namespace
 
-int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
+// modes: --lean-modes, a comma-separated subset of the names below and
+// "kernels" (the per-block kernel times); fp32 "adamw" always runs: it is the
+// baseline of the ratios.
+int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* modes_arg) {
   rt::ModelSpec s;
   s.architecture = "LlamaForCausalLM";
   s.hidden = 1024;
@@ -60,17 +202,24 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
       {"adamw8bit+split", MO::q8, MS::split, SR, 14.25 + scales},
       {"adamw8bit+bf16-sr", MO::q8, MS::bf16_sr, SR, 12 + scales},
       {"adamw4bit+bf16-kahan", MO::q4, MS::bf16_kahan, SR, 14 + scales},
+      {"adamw4bit+bf16-sr", MO::q4, MS::bf16_sr, SR, 10 + scales},
       {"bf16-kahan (fp32 m v)", MO::fp32, MS::bf16_kahan, SR, 28},
   };
+  if (mode_selected(modes_arg, "kernels")) kernel_times();
   std::vector<int> thread_counts;
   for (int t = 1; t < max_threads; t *= 2) thread_counts.push_back(t);
   thread_counts.push_back(max_threads);
   std::printf("\nlean storages: update_unit over a %lld-layer synthetic Llama (%lld params), SIMD %s\n",
               static_cast<long long>(s.n_layers), static_cast<long long>(s.params_total()),
               rt::simd_level_name(rt::simd_level_active()));
-  std::printf("%-24s %7s  %10s %8s  %s\n", "mode", "threads", "Gparam/s", "GB/s", "vs adamw");
-  std::vector<double> base(thread_counts.size(), 0);
+  // Gparam/cpu-s: parameters per second of CPU time of all threads (robust to
+  // other processes on shared cores; with T threads, T times a thread's rate
+  // when none waits)
+  std::printf("%-24s %7s  %10s %8s  %-8s  %10s  %s\n", "mode", "threads", "Gparam/s", "GB/s", "vs adamw",
+              "Gparam/cpu-s", "vs adamw");
+  std::vector<double> base(thread_counts.size(), 0), base_cpu(thread_counts.size(), 0);
   for (const Mode& m : modes) {
+    if (std::string(m.name) != "adamw" && !mode_selected(modes_arg, m.name)) continue;
     rt::HostState st(s, false);
     st.init_random(1);
     st.set_moment_storage(m.moments);
@@ -90,20 +239,24 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps) {
     const double n = static_cast<double>(st.n_params());
     for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
       rt::set_global_threads(thread_counts[ti]);
-      double best = 1e30;
+      double best = 1e30, best_cpu = 1e30;
       for (int r = 0; r < reps + 1; ++r) {
         o.t = t++;
         const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = process_cpu_seconds();
         for (size_t k = 0; k < st.units().size(); ++k) {
           rt::StateUnit& u = st.units()[k];
           rt::update_unit(u, g[k].data(), o, 1.0f, u.shadow_master() ? u.shadow(u.cur_shadow) : shadow[k].data());
         }
-        if (r > 0) best = std::min(best, seconds_since(t0));  // the first one warms up
+        if (r > 0) {  // the first one warms up
+          best = std::min(best, seconds_since(t0));
+          best_cpu = std::min(best_cpu, process_cpu_seconds() - c0);
+        }
       }
-      const double gps = n / best / 1e9;
-      if (m.moments == MO::fp32 && m.master == MS::fp32) base[ti] = gps;
-      std::printf("%-24s %7d  %10.3f %8.1f  %.2fx\n", m.name, thread_counts[ti], gps, m.bytes * gps,
-                  base[ti] > 0 ? gps / base[ti] : 0.0);
+      const double gps = n / best / 1e9, cpu = n / best_cpu / 1e9;
+      if (m.moments == MO::fp32 && m.master == MS::fp32) base[ti] = gps, base_cpu[ti] = cpu;
+      std::printf("%-24s %7d  %10.3f %8.1f  %.2fx  %10.3f  %.2fx\n", m.name, thread_counts[ti], gps, m.bytes * gps,
+                  base[ti] > 0 ? gps / base[ti] : 0.0, cpu, base_cpu[ti] > 0 ? cpu / base_cpu[ti] : 0.0);
       std::fflush(stdout);
     }
   }

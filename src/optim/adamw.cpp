@@ -482,7 +482,7 @@ SimdLevel simd_level_active() { return static_cast<SimdLevel>(simd_level_slot().
 void set_simd_level(SimdLevel level) {
   int want = static_cast<int>(level), have = static_cast<int>(simd_level_detected());
   simd_level_slot().store(want < have ? want : have, std::memory_order_relaxed);
-  quant_set_simd(level != SimdLevel::scalar);  // the quantized moments' codec follows
+  quant_set_simd(level != SimdLevel::scalar, level == SimdLevel::avx512);  // the quantized moments' codec follows
 }
 
 const char* simd_level_name(SimdLevel level) {

@@ -7,6 +7,8 @@
 
 #include "optim/adamw_lean.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -52,59 +54,265 @@ inline void tie_set(uint64_t* tie, int64_t i, bool t) {
   tie[i >> 6] = t ? (tie[i >> 6] | bit) : (tie[i >> 6] & ~bit);
 }
 
-// Writes the updated master of unit elements [lo, hi) (p: their new fp32 values).
-void master_store(const Lean& a, int64_t lo, int64_t hi, const float* p) {
+// The master of a block in and out, vectorised: whole groups of 16 elements
+// (16-aligned in unit coordinates, so a group's tie bits are one 16-bit quarter
+// of a tie word) run with AVX-512F when optim's SIMD level is avx512, of 8 with
+// AVX2 when it is avx2, the elements around them through the scalar functions
+// below; all give the same bits. The stochastic rounding draw of element i:
+// quant_mix32(key32 + i * kQuantCounterStep) >> 16 (its top 16 bits), a pure
+// function of (key, i).
+inline uint32_t master_draw(uint32_t key32, int64_t i) {
+  return quant_mix32(key32 + static_cast<uint32_t>(i) * kQuantCounterStep) >> 16;
+}
+inline uint32_t master_key32(const Lean& a) { return quant_key32(quant_mix64(a.key ^ kKeyMaster)); }
+
+// Scalar: unit element i's master as fp32.
+inline float master_load_one(const Lean& a, int64_t i) {
+  const StateUnit& u = *a.u;
+  switch (u.master_kind) {
+    case MasterStorage::fp32:
+      return u.master()[i];
+    case MasterStorage::split:
+      return split_master_decode_one(a.in[i], u.rem()[i], tie_bit(u.tie(), i));
+    case MasterStorage::bf16_sr:
+    case MasterStorage::bf16_kahan:
+      return bf16_to_f32(a.in[i]);
+  }
+  return 0;
+}
+
+// Scalar: stores the new fp32 value x of unit element i.
+inline void master_store_one(const Lean& a, uint32_t key32, int64_t i, float x) {
   StateUnit& u = *a.u;
   switch (u.master_kind) {
-    case MasterStorage::fp32:  // the shadow was written by adamw_span
-      std::memcpy(u.master() + lo, p, static_cast<size_t>(hi - lo) * 4);
+    case MasterStorage::fp32:
+      u.master()[i] = x;
       return;
-    case MasterStorage::split:  // whole tie words belong to this block (block-aligned ranges)
-      for (int64_t i = lo; i < hi; ++i) {
-        bool t;
-        a.out[i] = split_master_encode_one(p[i - lo], u.rem() + i, &t);
-        tie_set(u.tie(), i, t);
-      }
-      return;
-    case MasterStorage::bf16_sr: {
-      const uint64_t key = quant_mix64(a.key ^ kKeyMaster);
-      for (int64_t i = lo; i < hi; ++i)
-        a.out[i] = bf16_round_stochastic(
-            p[i - lo],
-            static_cast<uint32_t>(quant_mix64(key + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) >> 48));
+    case MasterStorage::split: {  // whole tie words belong to this block (block-aligned ranges)
+      bool t;
+      a.out[i] = split_master_encode_one(x, u.rem() + i, &t);
+      tie_set(u.tie(), i, t);
       return;
     }
+    case MasterStorage::bf16_sr:
+      a.out[i] = bf16_round_stochastic(x, master_draw(key32, i));
+      return;
     case MasterStorage::bf16_kahan: {
       uint16_t* comp = u.comp();
-      for (int64_t i = lo; i < hi; ++i) {
-        const float old = bf16_to_f32(a.in[i]);
-        const float y = (p[i - lo] - old) - bf16_to_f32(comp[i]);
-        const uint16_t t = f32_to_bf16(old + y);
-        comp[i] = f32_to_bf16((bf16_to_f32(t) - old) - y);
-        a.out[i] = t;
-      }
+      const float old = bf16_to_f32(a.in[i]);
+      const float y = (x - old) - bf16_to_f32(comp[i]);
+      const uint16_t t = f32_to_bf16(old + y);
+      comp[i] = f32_to_bf16((bf16_to_f32(t) - old) - y);
+      a.out[i] = t;
       return;
     }
   }
 }
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 and AVX-512 intrinsics (GCC bug 105593)
+#define RT_AVX512 __attribute__((target("avx512f")))
+
+RT_AVX512 inline __m512i widen16(const uint16_t* q) {
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+}
+RT_AVX512 inline __m512 bf16x16_load(const uint16_t* q) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(widen16(q), 16));
+}
+RT_AVX512 inline void narrow16_store(uint16_t* q, __m512i r) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_cvtepi32_epi16(r));
+}
+RT_AVX512 inline uint16_t tie16_load(const uint64_t* tie, int64_t i) {  // bits [i, i + 16), i % 16 == 0
+  return static_cast<uint16_t>(tie[i >> 6] >> (i & 63));
+}
+RT_AVX512 inline void tie16_store(uint64_t* tie, int64_t i, uint16_t bits) {
+  const int sh = static_cast<int>(i & 63);
+  tie[i >> 6] = (tie[i >> 6] & ~(uint64_t{0xffff} << sh)) | (static_cast<uint64_t>(bits) << sh);
+}
+// f32_to_bf16 of 16 lanes (round to nearest even; NaN -> (u >> 16) | 0x40).
+RT_AVX512 inline __m512i bf16_rne16(__m512i u) {
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+  return _mm512_mask_blend_epi32(nan, _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16),
+                                 _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+
+// Group [i, i + 16) -> p[0, 16).
+RT_AVX512 void master_load16(const Lean& a, int64_t i, float* p) {
+  const StateUnit& u = *a.u;
+  if (u.master_kind == MasterStorage::split) {
+    const __m512i sh = widen16(a.in + i), rem = widen16(u.rem() + i);
+    const __mmask16 nan =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(sh, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
+    const __m512i down = _mm512_maskz_mov_epi32(
+        tie16_load(u.tie(), i), _mm512_mask_blend_epi32(nan, _mm512_set1_epi32(1), _mm512_set1_epi32(0x40)));
+    _mm512_storeu_si512(p, _mm512_or_si512(_mm512_slli_epi32(_mm512_sub_epi32(sh, down), 16), rem));
+  } else {  // bf16 masters (an fp32 master is used in place)
+    _mm512_storeu_ps(p, bf16x16_load(a.in + i));
+  }
+}
+
+// Stores the new values p[0, 16) of group [i, i + 16).
+RT_AVX512 void master_store16(const Lean& a, uint32_t key32, int64_t i, const float* p) {
+  StateUnit& u = *a.u;
+  const __m512 x = _mm512_loadu_ps(p);
+  const __m512i xb = _mm512_castps_si512(x);
+  switch (u.master_kind) {
+    case MasterStorage::fp32:
+      _mm512_storeu_ps(u.master() + i, x);
+      return;
+    case MasterStorage::split: {
+      const __m512i sh = bf16_rne16(xb);
+      narrow16_store(a.out + i, sh);
+      narrow16_store(u.rem() + i, _mm512_and_si512(xb, _mm512_set1_epi32(0xffff)));
+      tie16_store(u.tie(), i, _mm512_cmpneq_epi32_mask(sh, _mm512_srli_epi32(xb, 16)));
+      return;
+    }
+    case MasterStorage::bf16_sr: {
+      const __m512i step = _mm512_set1_epi32(static_cast<int>(kQuantCounterStep));
+      __m512i h = _mm512_add_epi32(
+          _mm512_set1_epi32(static_cast<int>(key32 + static_cast<uint32_t>(i) * kQuantCounterStep)),
+          _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), step));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));  // quant_mix32
+      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+      const __mmask16 finite =
+          _mm512_cmplt_epi32_mask(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+      const __m512i sr = _mm512_srli_epi32(_mm512_add_epi32(xb, _mm512_srli_epi32(h, 16)), 16);
+      narrow16_store(a.out + i, _mm512_mask_blend_epi32(finite, bf16_rne16(xb), sr));
+      return;
+    }
+    case MasterStorage::bf16_kahan: {
+      uint16_t* comp = u.comp();
+      const __m512 old = bf16x16_load(a.in + i);
+      const __m512 y = _mm512_sub_ps(_mm512_sub_ps(x, old), bf16x16_load(comp + i));
+      const __m512i t = bf16_rne16(_mm512_castps_si512(_mm512_add_ps(old, y)));
+      const __m512 tf = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
+      narrow16_store(comp + i, bf16_rne16(_mm512_castps_si512(_mm512_sub_ps(_mm512_sub_ps(tf, old), y))));
+      narrow16_store(a.out + i, t);
+      return;
+    }
+  }
+}
+#undef RT_AVX512
+#pragma GCC diagnostic pop
+
+// The AVX2 forms (8 lanes, a group's tie bits one byte of a tie word).
+#define RT_AVX2 __attribute__((target("avx2")))
+
+RT_AVX2 inline __m256i widen8(const uint16_t* q) {
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+}
+RT_AVX2 inline void narrow8_store(uint16_t* q, __m256i r) {  // r: 8 lanes < 2^16
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), w);
+}
+RT_AVX2 inline __m256i bf16_rne8(__m256i u) {
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+  return _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, bias), 16),
+                            _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+inline uint8_t tie8_load(const uint64_t* tie, int64_t i) { return static_cast<uint8_t>(tie[i >> 6] >> (i & 63)); }
+inline void tie8_store(uint64_t* tie, int64_t i, uint8_t bits) {
+  const int sh = static_cast<int>(i & 63);
+  tie[i >> 6] = (tie[i >> 6] & ~(uint64_t{0xff} << sh)) | (static_cast<uint64_t>(bits) << sh);
+}
+
+RT_AVX2 void master_load8(const Lean& a, int64_t i, float* p) {
+  const StateUnit& u = *a.u;
+  if (u.master_kind == MasterStorage::split) {
+    const __m256i sh = widen8(a.in + i), rem = widen8(u.rem() + i);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(tie8_load(u.tie(), i)), bit), bit);
+    const __m256i down = _mm256_and_si256(tie, _mm256_blendv_epi8(_mm256_set1_epi32(1), _mm256_set1_epi32(0x40), nan));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(sh, down), 16), rem));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_slli_epi32(widen8(a.in + i), 16));
+  }
+}
+
+RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float* p) {
+  StateUnit& u = *a.u;
+  const __m256 x = _mm256_loadu_ps(p);
+  const __m256i xb = _mm256_castps_si256(x);
+  switch (u.master_kind) {
+    case MasterStorage::fp32:
+      _mm256_storeu_ps(u.master() + i, x);
+      return;
+    case MasterStorage::split: {
+      const __m256i sh = bf16_rne8(xb);
+      narrow8_store(a.out + i, sh);
+      narrow8_store(u.rem() + i, _mm256_and_si256(xb, _mm256_set1_epi32(0xffff)));
+      const __m256i ne = _mm256_xor_si256(_mm256_cmpeq_epi32(sh, _mm256_srli_epi32(xb, 16)), _mm256_set1_epi32(-1));
+      tie8_store(u.tie(), i, static_cast<uint8_t>(_mm256_movemask_ps(_mm256_castsi256_ps(ne))));
+      return;
+    }
+    case MasterStorage::bf16_sr: {
+      __m256i h =
+          _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32 + static_cast<uint32_t>(i) * kQuantCounterStep)),
+                           _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));  // quant_mix32
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+      const __m256i nonfinite =
+          _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f7fffff));
+      const __m256i sr = _mm256_srli_epi32(_mm256_add_epi32(xb, _mm256_srli_epi32(h, 16)), 16);
+      narrow8_store(a.out + i, _mm256_blendv_epi8(sr, bf16_rne8(xb), nonfinite));
+      return;
+    }
+    case MasterStorage::bf16_kahan: {
+      uint16_t* comp = u.comp();
+      const __m256 old = _mm256_castsi256_ps(_mm256_slli_epi32(widen8(a.in + i), 16));
+      const __m256 y =
+          _mm256_sub_ps(_mm256_sub_ps(x, old), _mm256_castsi256_ps(_mm256_slli_epi32(widen8(comp + i), 16)));
+      const __m256i t = bf16_rne8(_mm256_castps_si256(_mm256_add_ps(old, y)));
+      const __m256 tf = _mm256_castsi256_ps(_mm256_slli_epi32(t, 16));
+      narrow8_store(comp + i, bf16_rne8(_mm256_castps_si256(_mm256_sub_ps(_mm256_sub_ps(tf, old), y))));
+      narrow8_store(a.out + i, t);
+      return;
+    }
+  }
+}
+#undef RT_AVX2
+
+// Unit elements [lo, hi) of one block through fn(i) for its whole groups of
+// `group` elements (16-aligned: AVX-512; 8: AVX2; 0: none) and fn1(i) for the rest.
+template <class Fn, class Fn1>
+inline void master_walk(int group, int64_t lo, int64_t hi, Fn&& fn, Fn1&& fn1) {
+  int64_t i = lo;
+  if (group > 0) {
+    const int64_t g0 = std::min(hi, (lo + group - 1) & ~int64_t{group - 1});
+    for (; i < g0; ++i) fn1(i);
+    for (; i + group <= hi; i += group) fn(i);
+  }
+  for (; i < hi; ++i) fn1(i);
+}
+
 // Unit elements [s, s + k), inside one quantization block.
 void lean_block(const Lean& a, int64_t s, int64_t k) {
   StateUnit& u = *a.u;
-  alignas(64) float p[kQuantBlock], m[kQuantBlock], v[kQuantBlock];
-  switch (u.master_kind) {
-    case MasterStorage::fp32:
-      std::memcpy(p, u.master() + s, static_cast<size_t>(k) * 4);
-      break;
-    case MasterStorage::split:
-      for (int64_t i = 0; i < k; ++i)
-        p[i] = split_master_decode_one(a.in[s + i], u.rem()[s + i], tie_bit(u.tie(), s + i));
-      break;
-    case MasterStorage::bf16_sr:
-    case MasterStorage::bf16_kahan:
-      for (int64_t i = 0; i < k; ++i) p[i] = bf16_to_f32(a.in[s + i]);
-      break;
-  }
+  alignas(64) float pb[kQuantBlock], m[kQuantBlock], v[kQuantBlock];
+  const bool fp32 = u.master_kind == MasterStorage::fp32;
+  const SimdLevel level = simd_level_active();
+  const int group = level == SimdLevel::avx512 ? 16 : level == SimdLevel::avx2 ? 8 : 0;
+  float* p = fp32 ? u.master() + s : pb;  // an fp32 master is updated in place
+  if (!fp32)
+    master_walk(
+        group, s, s + k,
+        [&](int64_t i) { group == 16 ? master_load16(a, i, pb + (i - s)) : master_load8(a, i, pb + (i - s)); },
+        [&](int64_t i) { pb[i - s] = master_load_one(a, i); });
   const int64_t blk = s / kQuantBlock;
   if (u.quantized()) {
     quant_block_decode(u.moments, true, u.qm(), s, u.scale_m()[blk], k, m);
@@ -113,12 +321,19 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
     std::memcpy(m, u.m() + s, static_cast<size_t>(k) * 4);
     std::memcpy(v, u.v() + s, static_cast<size_t>(k) * 4);
   }
+  const uint32_t key32 = master_key32(a);
   for (const Seg& sg : a.segs) {
     const int64_t lo = std::max(sg.lo, s), hi = std::min(sg.hi, s + k);
     if (lo >= hi) continue;
     adamw_span(p + (lo - s), m + (lo - s), v + (lo - s), a.g + (lo - a.b), hi - lo, sg.decays ? a.c_decay : a.c_plain,
-               u.master_kind == MasterStorage::fp32 && a.out ? a.out + lo : nullptr);
-    master_store(a, lo, hi, p + (lo - s));
+               fp32 && a.out ? a.out + lo : nullptr);
+    if (!fp32)
+      master_walk(
+          group, lo, hi,
+          [&](int64_t i) {
+            group == 16 ? master_store16(a, key32, i, pb + (i - s)) : master_store8(a, key32, i, pb + (i - s));
+          },
+          [&](int64_t i) { master_store_one(a, key32, i, pb[i - s]); });
     if (!u.quantized()) {
       std::memcpy(u.m() + lo, m + (lo - s), static_cast<size_t>(hi - lo) * 4);
       std::memcpy(u.v() + lo, v + (lo - s), static_cast<size_t>(hi - lo) * 4);

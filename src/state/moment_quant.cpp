@@ -125,7 +125,7 @@ const QuantCode& quant_code_m4() {
   return c;
 }
 const QuantCode& quant_code_v4() {
-  static const QuantCode c = make_pow2(16, "v4");
+  static const QuantCode c = make_pow2(16, "v4");  // exact powers of two: encode_avx512 relies on it
   return c;
 }
 
@@ -161,16 +161,17 @@ inline const QuantCode& code_of(MomentStorage s, bool signed_code) {
                                 : (signed_code ? quant_code_m4() : quant_code_v4());
 }
 
-bool quant_simd_detected() {
-  static const bool v = [] {
+// 0 scalar, 1 AVX2, 2 AVX-512F
+int quant_simd_detected() {
+  static const int v = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
+    return __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
   }();
   return v;
 }
-std::atomic<bool>& quant_simd_slot() {
-  static std::atomic<bool> on{quant_simd_detected()};
-  return on;
+std::atomic<int>& quant_simd_slot() {
+  static std::atomic<int> level{quant_simd_detected()};
+  return level;
 }
 
 // Element i of a block: x -> code (sign included), as the AVX2 lanes below.
@@ -314,11 +315,209 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
   return i;
 }
 
+// GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The AVX-512F forms of the AVX2 loops above: 16 lanes, the same ops per lane.
+// 8-bit codes gather from the prefix tables (one gather per moment and 16
+// elements) and read levels back by register permutes; 4-bit codes search the
+// levels held in one register (permutes).
+#define RT_AVX512 __attribute__((target("avx512f")))
+
+// Index of each lane's y in the sorted table t (<= 16 entries, padded with +inf):
+// the count of entries e with cmp(e, y) (e < y, or e <= y), by binary search.
+template <int kEntries, bool kLessEqual>
+RT_AVX512 inline __m512i count_below_avx512(__m512 t, __m512 y) {
+  __m512i idx = _mm512_setzero_si512();
+  for (int step = kEntries / 2; step >= 1; step /= 2) {
+    const __m512i probe = _mm512_add_epi32(idx, _mm512_set1_epi32(step - 1));
+    const __m512 e = _mm512_permutexvar_ps(probe, t);
+    const __mmask16 go = _mm512_cmp_ps_mask(e, y, kLessEqual ? _CMP_LE_OQ : _CMP_LT_OQ);
+    idx = _mm512_mask_add_epi32(idx, go, idx, _mm512_set1_epi32(step));
+  }
+  return idx;
+}
+
+// level[idx] of an 8-bit code held in kRegs registers of 16 levels (idx < 16 * kRegs):
+// permutes over register pairs (index bits 0-4), then blends by bits 5, 6, 7
+// (register permutes: AVX-512 gathers are slow on some CPUs, e.g. AMD Zen 4).
+template <int kRegs>
+RT_AVX512 inline __m512 level8_avx512(const __m512* t, __m512i idx) {
+  __m512 r[kRegs / 2];
+  for (int j = 0; j < kRegs / 2; ++j) r[j] = _mm512_permutex2var_ps(t[2 * j], idx, t[2 * j + 1]);
+  for (int w = kRegs / 2, bit = 5; w > 1; w /= 2, ++bit) {
+    const __mmask16 sel = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(1 << bit));
+    for (int j = 0; j < w / 2; ++j) r[j] = _mm512_mask_blend_ps(sel, r[2 * j], r[2 * j + 1]);
+  }
+  return r[0];
+}
+
+template <bool kStochastic, bool kQ8, bool kSigned>
+RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes,
+                                int64_t first, float amax) {
+  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
+  const __m512 vinv = _mm512_set1_ps(inv), vamax = _mm512_set1_ps(amax), one = _mm512_set1_ps(1.0f);
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i nm1 = _mm512_set1_epi32(c.n - 1), nm2 = _mm512_set1_epi32(c.n - 2);
+  const __m512i izero = _mm512_setzero_si512(), ione = _mm512_set1_epi32(1);
+  const __m512i step = _mm512_set1_epi32(static_cast<int>(16u * kQuantCounterStep));
+  __m512i ctr =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key32)),
+                       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(kQuantCounterStep))));
+  const __m512i low16 = _mm512_set1_epi32(0xffff), low17 = _mm512_set1_epi32(0x1ffff);
+  constexpr int kLevels4 = kSigned ? 8 : 16;
+  __m512 tab8[16];  // 8-bit codes, stochastic rounding: the levels in registers
+  if constexpr (kQ8 && kStochastic)
+    for (int j = 0; j < (kSigned ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
+  __m512 lev4 = zero, mid4 = zero;
+  if constexpr (!kQ8) {
+    if (c.n != kLevels4) return 0;
+    alignas(64) float l[16], m[16];
+    for (int j = 0; j < 16; ++j) {
+      l[j] = j < c.n ? c.level[j] : INFINITY;
+      m[j] = j + 1 < c.n ? c.mid[j] : INFINITY;
+    }
+    lev4 = _mm512_load_ps(l);
+    mid4 = _mm512_load_ps(m);
+  }
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + i);
+    const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(xv), absmask));
+    __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, vamax, _CMP_EQ_OQ), _mm512_mul_ps(a, vinv), one);
+    y = _mm512_min_ps(_mm512_max_ps(y, zero), one);  // as the AVX2 clamp (NaN -> 0)
+    const __m512i yb = _mm512_castps_si512(y);
+    const __m512i prefix = _mm512_srli_epi32(yb, 16), ylow = _mm512_and_si512(yb, low16);
+    __m512i q;
+    if (kStochastic) {
+      __m512i h = ctr;  // quant_mix32
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
+      __m512i f;  // count of levels <= y, - 1
+      if constexpr (kQ8) {
+        const __m512i e = _mm512_i32gather_epi32(prefix, c.floor_key.data(), 4);
+        const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, low17), ylow);
+        f = _mm512_mask_sub_epi32(_mm512_srli_epi32(e, 17), below, _mm512_srli_epi32(e, 17), ione);
+      } else if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
+        f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
+                             _mm512_set1_epi32(-1));
+      } else {
+        f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
+      }
+      const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
+      __m512 lo, hi;
+      if constexpr (kQ8) {
+        lo = level8_avx512 < kSigned ? 8 : 16 > (tab8, fc);
+        hi = level8_avx512 < kSigned ? 8 : 16 > (tab8, _mm512_add_epi32(fc, ione));
+      } else if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
+        lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
+        hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
+      } else {
+        lo = _mm512_permutexvar_ps(fc, lev4);
+        hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
+      }
+      const __mmask16 up =
+          _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
+      q = _mm512_mask_add_epi32(fc, up, fc, ione);
+      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
+      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
+      ctr = _mm512_add_epi32(ctr, step);
+    } else if constexpr (kQ8) {
+      const __m512i e = _mm512_i32gather_epi32(prefix, c.nearest_key.data(), 4);
+      const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, low17), ylow);
+      const __m512i cnt = _mm512_add_epi32(_mm512_srli_epi32(e, 17), ione);
+      q = _mm512_mask_sub_epi32(cnt, below, cnt, ione);  // count + (low16 >= t)
+    } else if constexpr (!kSigned) {
+      // v4: the mids are 1.5 * 2^(k - 15), so the count of mids < y is
+      // exponent(y) + 15, + 1 when y's mantissa is above 1.5, clamped to [0, 15]
+      const __m512i e = _mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127));
+      const __mmask16 above =
+          _mm512_cmpgt_epi32_mask(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
+      q = _mm512_max_epi32(_mm512_min_epi32(_mm512_mask_add_epi32(e, above, e, ione), nm1), izero);
+    } else {
+      q = count_below_avx512<16, false>(mid4, y);  // count of mids < y
+    }
+    if (kSigned) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(xv), 31), kQ8 ? 7 : 3));
+    if (kQ8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + first + i), _mm512_cvtepi32_epi8(q));
+    } else {
+      // each 64-bit lane: low dword q[2j], high q[2j + 1] -> byte q[2j] | q[2j + 1] << 4
+      const __m512i pairs = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + ((first + i) >> 1)), _mm512_cvtepi64_epi8(pairs));
+    }
+  }
+  return i;
+}
+
+RT_AVX512 int64_t absmax_avx512(const float* x, int64_t k, float* amax, bool* finite) {
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  const __m512 inf = _mm512_set1_ps(INFINITY);
+  __m512 acc = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + i)), absmask));
+    acc = _mm512_max_ps(a, acc);  // a > acc ? a : acc
+    bad |= _mm512_cmp_ps_mask(a, inf, _CMP_NLT_UQ);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  float m = 0;
+  for (float l : lanes) m = l > m ? l : m;
+  *amax = m;
+  *finite = bad == 0;
+  return i;
+}
+
+RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, const uint8_t* codes, int64_t first,
+                                float scale, int64_t k, float* x) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  const __m512i mask = _mm512_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
+  const __m512i sbit = _mm512_set1_epi32(q8 ? 0x80 : 0x8), nib = _mm512_set1_epi64(0xf);
+  const __m512 tab4 = _mm512_loadu_ps(c.level);  // 4-bit codes (8 or 16 levels; the index is masked)
+  __m512 tab8[16];                               // 8-bit codes: 128 or 256 levels
+  if (q8)
+    for (int j = 0; j < (signed_code ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m512i q;
+    if (q8) {
+      q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + first + i)));
+    } else {
+      const __m512i b =
+          _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + ((first + i) >> 1))));
+      q = _mm512_or_si512(_mm512_and_si512(b, nib), _mm512_slli_epi64(_mm512_srli_epi64(b, 4), 32));
+    }
+    const __m512i idx = _mm512_and_si512(q, mask);
+    const __m512 lv = !q8           ? _mm512_permutexvar_ps(idx, tab4)
+                      : signed_code ? level8_avx512<8>(tab8, idx)
+                                    : level8_avx512<16>(tab8, idx);
+    __m512 y = _mm512_mul_ps(lv, vs);
+    if (signed_code)
+      y = _mm512_castsi512_ps(
+          _mm512_xor_si512(_mm512_castps_si512(y), _mm512_slli_epi32(_mm512_and_si512(q, sbit), q8 ? 24 : 28)));
+    _mm512_storeu_ps(x + i, y);
+  }
+  return i;
+}
+#undef RT_AVX512
+#pragma GCC diagnostic pop
+
 template <bool kStochastic, bool kQ8, bool kSigned>
 void encode_loop(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes, int64_t first,
-                 float amax, bool simd) {
+                 float amax, int simd) {
   int64_t i = 0;
-  if (simd && (kQ8 || (first & 1) == 0)) i = encode_avx2<kStochastic, kQ8, kSigned>(c, key32, x, k, codes, first, amax);
+  if (simd == 2 && (kQ8 || (first & 1) == 0))
+    i = encode_avx512<kStochastic, kQ8, kSigned>(c, key32, x, k, codes, first, amax);
+  else if (simd == 1 && (kQ8 || (first & 1) == 0))
+    i = encode_avx2<kStochastic, kQ8, kSigned>(c, key32, x, k, codes, first, amax);
   encode_scalar<kStochastic, kQ8, kSigned>(c, key32, x, i, k, codes, first, amax);
 }
 
@@ -375,19 +574,20 @@ __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, c
 
 }  // namespace
 
-bool quant_simd_active() { return quant_simd_slot().load(std::memory_order_relaxed); }
-bool quant_set_simd(bool on) {
-  quant_simd_slot().store(on && quant_simd_detected(), std::memory_order_relaxed);
+bool quant_simd_active() { return quant_simd_slot().load(std::memory_order_relaxed) > 0; }
+bool quant_avx512_active() { return quant_simd_slot().load(std::memory_order_relaxed) == 2; }
+bool quant_set_simd(bool on, bool avx512) {
+  quant_simd_slot().store(on ? std::min(quant_simd_detected(), avx512 ? 2 : 1) : 0, std::memory_order_relaxed);
   return quant_simd_active();
 }
 
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
                         uint8_t* codes, int64_t first, float* scale) {
   const QuantCode& c = code_of(s, signed_code);
-  const bool simd = quant_simd_active();
+  const int simd = quant_simd_slot().load(std::memory_order_relaxed);
   float amax = 0;
   bool finite = true;
-  int64_t i = simd ? absmax_avx2(x, k, &amax, &finite) : 0;
+  int64_t i = simd == 2 ? absmax_avx512(x, k, &amax, &finite) : simd == 1 ? absmax_avx2(x, k, &amax, &finite) : 0;
   for (; i < k; ++i) {
     const float a = std::fabs(x[i]);
     finite &= std::isfinite(a);
@@ -395,7 +595,7 @@ void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint
   }
   *scale = finite ? amax : NAN;
   const bool sr = r == QuantRounding::stochastic, q8 = s == MomentStorage::q8;
-  using Loop = void (*)(const QuantCode&, uint32_t, const float*, int64_t, uint8_t*, int64_t, float, bool);
+  using Loop = void (*)(const QuantCode&, uint32_t, const float*, int64_t, uint8_t*, int64_t, float, int);
   static constexpr Loop loops[8] = {encode_loop<false, false, false>, encode_loop<false, false, true>,
                                     encode_loop<false, true, false>,  encode_loop<false, true, true>,
                                     encode_loop<true, false, false>,  encode_loop<true, false, true>,
@@ -408,7 +608,11 @@ void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes,
   const QuantCode& c = code_of(s, signed_code);
   const bool q8 = s == MomentStorage::q8;
   int64_t i = 0;
-  if (quant_simd_active() && (q8 || (first & 1) == 0)) i = decode_avx2(q8, signed_code, c, codes, first, scale, k, x);
+  const int simd = quant_simd_slot().load(std::memory_order_relaxed);
+  if (simd == 2 && (q8 || (first & 1) == 0))
+    i = decode_avx512(q8, signed_code, c, codes, first, scale, k, x);
+  else if (simd == 1 && (q8 || (first & 1) == 0))
+    i = decode_avx2(q8, signed_code, c, codes, first, scale, k, x);
   if (q8) {
     for (; i < k; ++i) {
       const int q = codes[first + i];

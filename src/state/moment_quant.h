@@ -29,11 +29,13 @@
 // the thread count. Both are table driven: the bf16 prefix (top 16 bits) of
 // x in [0, 1] indexes a table of the levels below it; one compare of x's low
 // 16 bits finishes (tables are checked at build time to hold at most one
-// level or midpoint per prefix). Encode and decode run 8 elements at a time
-// with AVX2 when the CPU has it (8-bit codes: gathers from those tables; 4-bit
-// codes: the index as the count of mids or levels below x by register
-// compares, which is what the tables give; the hash's lanes computed
-// together), else scalar; both paths give the same bits
+// level or midpoint per prefix). Encode and decode run
+// 16 at a time with AVX-512F or 8 at a time with AVX2 when the CPU has it
+// (8-bit codes: gathers from the prefix tables, and with AVX-512 the levels
+// read back by register permutes; 4-bit codes: the index as the count of mids
+// or levels below x by register compares or a binary search over one
+// register, which is what the tables give; the hash's lanes computed
+// together), else scalar; all paths give the same bits
 // (tests/state/moment_quant_test.cpp checks it).
 // Non-finite moments cannot be stored: a block holding one gets a non-finite
 // absmax and decodes to NaN (the step is poisoned visibly, never silently).
@@ -108,11 +110,14 @@ inline float quant_uniform(uint64_t key, uint64_t i) {
          0x1.0p-24f;
 }
 
-// The AVX2 path of encode/decode: on where the CPU has AVX2 (the default);
-// quant_set_simd(false) forces the scalar one (tests, benchmarks; optim's
-// set_simd_level forwards here). Returns whether the AVX2 path is now in use.
+// The SIMD paths of encode/decode: AVX-512F (16 lanes) where the CPU has it,
+// else AVX2 (8 lanes), else scalar; all give the same bits. quant_set_simd(false)
+// forces the scalar one, quant_set_simd(true, false) at most AVX2 (tests,
+// benchmarks; optim's set_simd_level forwards here). Returns whether a SIMD
+// path is now in use; quant_avx512_active() whether it is the AVX-512 one.
 bool quant_simd_active();
-bool quant_set_simd(bool on);
+bool quant_avx512_active();
+bool quant_set_simd(bool on, bool avx512 = true);
 
 // One moment of one block of k <= kQuantBlock elements: x[k] -> codes + scale.
 // signed_code: m (sign + magnitude), else v (x >= 0 required: a negative v is

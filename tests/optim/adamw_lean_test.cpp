@@ -55,10 +55,13 @@ bool same_unit(const rt::StateUnit& a, const rt::StateUnit& b, std::string* why)
 
 // Whole-unit updates on `threads_a` threads against range splits on 1 thread:
 // chunks of `chunk` elements (0: growing uneven chunks 5, 82, 159, ...);
-// scalar_b: the splits run on the scalar path (AdamW maths and moment codec).
-void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t chunk, bool scalar_b = false) {
+// level_a, level_b: the SIMD levels of the whole-unit and of the split updates
+// (AdamW maths, master load/store, moment codec).
+void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t chunk,
+                rt::SimdLevel level_b = rt::simd_level_detected(), rt::SimdLevel level_a = rt::simd_level_detected()) {
   SCOPED_TRACE(std::string(rt::moment_storage_name(mo)) + " / " + rt::master_storage_name(ms) + " / " +
-               rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk) + (scalar_b ? " / scalar" : ""));
+               rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk) + " / " + rt::simd_level_name(level_a) +
+               " vs " + rt::simd_level_name(level_b));
   rt::HostState A(spec(), false), B(spec(), false);
   for (rt::HostState* s : {&A, &B}) {
     s->init_random(11);
@@ -81,9 +84,10 @@ void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t
       uint16_t* out_a = a.shadow_master() ? a.shadow(0) : sa.data();
       uint16_t* out_b = b.shadow_master() ? b.shadow(0) : sb.data();
       rt::set_global_threads(2);
+      rt::set_simd_level(level_a);
       rt::update_unit(a, g.data(), o, 0.75f, out_a);
       rt::set_global_threads(1);
-      if (scalar_b) rt::set_simd_level(rt::SimdLevel::scalar);
+      rt::set_simd_level(level_b);
       int64_t lo = 0, len = chunk > 0 ? chunk : 5;
       while (lo < b.numel) {
         const int64_t hi = std::min(b.numel, lo + len);
@@ -111,15 +115,20 @@ TEST(AdamWLean, QuantizedRangeSplitsEqualWholeUnit) {
         for (int64_t chunk : {int64_t(4096), int64_t(768)}) split_twin(mo, ms, r, chunk);
 }
 
-// The SIMD paths (AdamW maths, the AVX2 moment codec) against the scalar
-// specification, bit for bit, through whole updates of every lean storage.
+// Each SIMD level the CPU has (AVX2; AVX-512: its moment codec and master
+// load/store) against the scalar specification, bit for bit, through whole
+// updates of every lean storage, and the two SIMD levels against each other.
 TEST(AdamWLean, SimdPathsEqualScalar) {
   if (rt::simd_level_detected() == rt::SimdLevel::scalar) GTEST_SKIP() << "no SIMD on this CPU";
   for (MomentStorage mo : {MomentStorage::q8, MomentStorage::q4})
     for (MasterStorage ms :
          {MasterStorage::fp32, MasterStorage::split, MasterStorage::bf16_sr, MasterStorage::bf16_kahan})
-      for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
-        split_twin(mo, ms, r, 4096, true);
+      for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic}) {
+        split_twin(mo, ms, r, 4096, rt::SimdLevel::scalar);
+        split_twin(mo, ms, r, 768, rt::SimdLevel::scalar, rt::SimdLevel::avx2);
+        if (rt::simd_level_detected() == rt::SimdLevel::avx512)
+          split_twin(mo, ms, r, 4096, rt::SimdLevel::avx2, rt::SimdLevel::avx512);
+      }
 }
 
 TEST(AdamWLean, Bf16MastersWithFp32MomentsSplitAnywhere) {

@@ -188,19 +188,19 @@ TEST(MomentQuant, ZeroBlocksAndNonFiniteValues) {
   EXPECT_TRUE(std::isnan(scale));  // visible, never silently dropped
 }
 
-// The AVX2 codec against the scalar one, bit for bit: every storage, sign and
-// rounding, full and short blocks (a tail of k % 8 elements runs scalar),
+// The SIMD codecs (AVX2, and AVX-512 where the CPU has it) against the scalar
+// one, bit for bit: every storage, sign and rounding, full and short blocks (a
+// tail of k % 8 or k % 16 elements runs scalar),
 // values across the codes' range, exact zeros, -0, the absmax itself, levels
 // and midpoints hit exactly, NaN and inf (scale NaN: the codes still agree).
-TEST(MomentQuant, SimdCodecEqualsScalarBitForBit) {
-  if (!rt::quant_set_simd(true)) GTEST_SKIP() << "no AVX2 on this CPU";
+void simd_codec_equals_scalar(bool avx512) {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> u01(0.f, 1.f);
   int blocks = 0;
   for (MomentStorage s : {MomentStorage::q8, MomentStorage::q4})
     for (bool sg : {true, false})
       for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
-        for (int64_t k : {rt::kQuantBlock, int64_t{203}, int64_t{8}, int64_t{5}})
+        for (int64_t k : {rt::kQuantBlock, int64_t{203}, int64_t{16}, int64_t{8}, int64_t{5}})
           for (int trial = 0; trial < 6; ++trial) {
             const QuantCode& c = s == MomentStorage::q8 ? (sg ? rt::quant_code_m8() : rt::quant_code_v8())
                                                         : (sg ? rt::quant_code_m4() : rt::quant_code_v4());
@@ -223,7 +223,7 @@ TEST(MomentQuant, SimdCodecEqualsScalarBitForBit) {
             rt::quant_set_simd(false);
             rt::quant_block_encode(s, sg, r, key, x.data(), k, cs.data(), first, &ss);
             rt::quant_block_decode(s, sg, cs.data(), first, ss, k, ys.data());
-            rt::quant_set_simd(true);
+            rt::quant_set_simd(true, avx512);
             rt::quant_block_encode(s, sg, r, key, x.data(), k, cv.data(), first, &sv);
             rt::quant_block_decode(s, sg, cv.data(), first, sv, k, yv.data());
             SCOPED_TRACE(testing::Message() << rt::moment_storage_name(s) << (sg ? " m " : " v ")
@@ -233,7 +233,18 @@ TEST(MomentQuant, SimdCodecEqualsScalarBitForBit) {
             ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * 4), 0);
             ++blocks;
           }
-  EXPECT_EQ(blocks, 2 * 2 * 2 * 4 * 6);
+  EXPECT_EQ(blocks, 2 * 2 * 2 * 5 * 6);
+  rt::quant_set_simd(true);
+}
+
+TEST(MomentQuant, Avx2CodecEqualsScalarBitForBit) {
+  if (!rt::quant_set_simd(true, false)) GTEST_SKIP() << "no AVX2 on this CPU";
+  simd_codec_equals_scalar(false);
+}
+
+TEST(MomentQuant, Avx512CodecEqualsScalarBitForBit) {
+  if (!rt::quant_set_simd(true) || !rt::quant_avx512_active()) GTEST_SKIP() << "no AVX-512F on this CPU";
+  simd_codec_equals_scalar(true);
 }
 
 rt::ModelSpec spec() { return rt::test::llama_spec(64, 172, 2, 4, 2, 16, 258); }
