@@ -115,9 +115,12 @@ int cmd_plan(const Args& args) {
   p.option("master", "auto|fp32|split|bf16-sr|bf16-kahan",
            "host storage of the master (auto: split; bf16-*: the bf16 shadow is the master)", "auto")
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
-  p.option("optimizer", "adamw|adamw8bit|adamw4bit", "Adam moments in fp32, or block-wise quantized to 8 or 4 bits",
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
+           "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit: Muon for the layers' "
+           "matrices (momentum in their m, fp32 or 8-bit; their v unused), AdamW for the rest: the bytes of "
+           "adamw, adamw8bit (Muon runs on the CPU backend for now: `train` does not take the GPU with it)",
            "adamw")
-      .choice({"adamw", "adamw8bit", "adamw4bit"});
+      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
@@ -176,11 +179,14 @@ int cmd_plan(const Args& args) {
   // layer-major left at auto falls back to micro-batch-major.
   bool host_fallback = false;
   const std::string master = co.master, opt = p.str("optimizer");
-  const MasterStorage storage = master == "fp32"         ? MasterStorage::fp32
+  const bool muon = opt == "muon" || opt == "muon8bit";
+  if (muon && master != "auto" && master != "fp32")
+    fail("[plan] --optimizer ", opt, " needs an fp32 master for now; drop --master ", master, " or use --master fp32");
+  const MasterStorage storage = master == "fp32" || muon ? MasterStorage::fp32
                                 : master == "bf16-sr"    ? MasterStorage::bf16_sr
                                 : master == "bf16-kahan" ? MasterStorage::bf16_kahan
                                                          : MasterStorage::split;
-  const MomentStorage moments = opt == "adamw8bit"   ? MomentStorage::q8
+  const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
                                 : opt == "adamw4bit" ? MomentStorage::q4
                                                      : MomentStorage::fp32;
   const std::vector<int64_t> unit_numel = unit_numels(spec);
@@ -219,8 +225,9 @@ int cmd_plan(const Args& args) {
                   : storage == MasterStorage::bf16_sr    ? "master: the bf16 shadow itself (bf16-sr)"
                                                          : "fp32 master",
                   bare - mom});
-  host.push_back({"Adam m (" + mom_kind + ")", mom / 2});
-  host.push_back({"Adam v (" + mom_kind + ")", mom - mom / 2});
+  host.push_back({(muon ? "Adam m; the matrices' Muon momentum (" : "Adam m (") + mom_kind + ")", mom / 2});
+  host.push_back({(muon ? "Adam v (" + mom_kind + "; unused by the Muon matrices)" : "Adam v (" + mom_kind + ")"),
+                  mom - mom / 2});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});

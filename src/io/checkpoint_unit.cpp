@@ -47,6 +47,7 @@ size_t unit_stage_floats(const StateUnit& u) {
 
 UnitSnap unit_snap_live(const StateUnit& u) {
   UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.master_kind, u.moments};
+  s.muon = u.muon;
   s.live = &u;
   if (!u.shadow_master()) s.master = u.master();
   if (u.quantized()) {
@@ -64,6 +65,7 @@ UnitSnap unit_snap_live(const StateUnit& u) {
 UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
   const int64_t n = u.numel;
   UnitSnap s{u.name, u.entries, u.offsets, n, u.master_kind, u.moments};
+  s.muon = u.muon;
   float* q = dst;
   u.read_master(0, n, q);
   s.master = q;
@@ -99,7 +101,8 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
   h["__metadata__"] = {{"format", kFormat},
                        {"unit", u.name},
                        {"optimizer", moment_storage_name(u.moments)},
-                       {"master", master_storage_name(u.master_kind)}};
+                       {"master", master_storage_name(u.master_kind)},
+                       {"update_rule", update_rule_name(u.muon ? UpdateRule::muon : UpdateRule::adamw)}};
   uint64_t off = 0;
   auto add = [&](const std::string& name, const char* dtype, const std::vector<int64_t>& shape, uint64_t nb_) {
     h[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {off, off + nb_}}};
@@ -155,7 +158,19 @@ MomentStorage file_moments(const SafetensorsFile& f, const std::string& path) {
   return it == f.metadata().end() ? MomentStorage::fp32 : moments_parse(it->second, path);
 }
 
+UpdateRule file_update_rule(const SafetensorsFile& f, const std::string& path) {
+  auto it = f.metadata().find("update_rule");
+  if (it == f.metadata().end() || it->second == "adamw") return UpdateRule::adamw;
+  if (it->second == "muon") return UpdateRule::muon;
+  fail("[checkpoint] ", path, ": unknown update_rule '", it->second, "' (adamw or muon; a newer ramtrain's file?)");
+}
+
 }  // namespace
+
+UpdateRule unit_file_update_rule(const std::string& path) {
+  if (!file_exists(path)) fail("[checkpoint] ", path, " is missing");
+  return file_update_rule(*SafetensorsFile::open(path), path);
+}
 
 MomentStorage unit_file_moments(const std::string& path) {
   if (!file_exists(path)) fail("[checkpoint] ", path, " is missing");
@@ -176,6 +191,11 @@ void unit_file_load(const std::string& p, StateUnit& u, bool with_moments) {
   if (with_moments && mo != u.moments)
     fail("[checkpoint] ", p, " holds ", moment_storage_name(mo), " moments but the state holds ",
          moment_storage_name(u.moments), " ones (convert the state first: HostState::set_moment_storage)");
+  const UpdateRule rule = file_update_rule(*f, p);
+  if (with_moments && (rule == UpdateRule::muon) != u.muon)
+    fail("[checkpoint] ", p, " holds the optimizer state of ", update_rule_name(rule),
+         " but the state is set up for ", u.muon ? "muon" : "adamw",
+         " (Muon momentum and Adam moments do not convert: resume with the checkpoint's --optimizer)");
   auto get = [&](const std::string& name, DType dt, const std::vector<int64_t>& shape) -> const TensorInfo& {
     const TensorInfo* t = f->find(name);
     if (!t) fail("[checkpoint] ", p, ": tensor '", name, "' is missing (another model shape?)");

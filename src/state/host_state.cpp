@@ -60,6 +60,8 @@ void zero_parallel(float* p, size_t n) {
 
 namespace {
 void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv);
+void moments_store(StateUnit& u, const float* mv);
+HostBuffer unit_moments(const StateUnit& u);
 }
 
 HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master)
@@ -263,13 +265,22 @@ void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo,
   u.qm_buf = HostBuffer();
   u.qv_buf = HostBuffer();
   u.qscale_buf = HostBuffer();
+  if (mo != MomentStorage::fp32) {
+    u.qm_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam m"));
+    u.qv_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam v"));
+    u.qscale_buf = HostBuffer(2 * static_cast<size_t>(quant_blocks(n)), cat("the ", u.name, " moment scales"));
+  }
+  moments_store(u, mv);
+}
+
+// Stores fp32 moments mv ([m | v], 2 numel) into u's moment storage (quantized: nearest).
+void moments_store(StateUnit& u, const float* mv) {
+  const int64_t n = u.numel;
+  const MomentStorage mo = u.moments;
   if (mo == MomentStorage::fp32) {
     std::memcpy(u.m(), mv, static_cast<size_t>(2 * n) * 4);
     return;
   }
-  u.qm_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam m"));
-  u.qv_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam v"));
-  u.qscale_buf = HostBuffer(2 * static_cast<size_t>(quant_blocks(n)), cat("the ", u.name, " moment scales"));
   const int64_t nb = quant_blocks(n);
   parallel_for(nb, 64, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
@@ -459,6 +470,50 @@ void HostState::ensure_unit_grad(size_t u) {
 void HostState::zero_grads() {
   for (auto& u : units_)
     if (u.grad.p) zero_parallel(u.grad.p, u.grad.n);
+}
+
+bool muon_matrix(const WeightEntry& e) {
+  switch (e.kind) {
+    case WeightKind::q_proj:
+    case WeightKind::k_proj:
+    case WeightKind::v_proj:
+    case WeightKind::o_proj:
+    case WeightKind::gate_proj:
+    case WeightKind::up_proj:
+    case WeightKind::down_proj:
+    case WeightKind::expert_gate:
+    case WeightKind::expert_up:
+    case WeightKind::expert_down:
+      return e.shape.size() == 2;
+    default:
+      return false;
+  }
+}
+
+const char* update_rule_name(UpdateRule r) { return r == UpdateRule::muon ? "muon" : "adamw"; }
+
+const char* optimizer_name(UpdateRule r, MomentStorage m) {
+  if (r == UpdateRule::adamw) return moment_storage_name(m);
+  return m == MomentStorage::fp32 ? "muon" : m == MomentStorage::q8 ? "muon8bit" : "muon4bit";
+}
+
+void HostState::set_update_rule(UpdateRule r) {
+  const bool muon = r == UpdateRule::muon;
+  for (StateUnit& u : units_) {
+    if (u.muon == muon) continue;
+    u.muon = muon;
+    bool any = false;
+    for (auto& e : u.entries) any |= muon_matrix(e);
+    if (!any) continue;
+    HostBuffer mv = unit_moments(u);  // [m | v] as fp32; the matrices' zeroed, the unit re-stored
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      if (muon_matrix(u.entries[k])) {
+        const size_t n = static_cast<size_t>(u.entries[k].numel());
+        std::memset(mv.p + u.offsets[k], 0, n * 4);
+        std::memset(mv.p + u.numel + u.offsets[k], 0, n * 4);
+      }
+    moments_store(u, mv.p);
+  }
 }
 
 void HostState::zero_moments() {

@@ -21,6 +21,11 @@
 // Moments: fp32 m, v in the arena, or block-wise quantized (state/moment_quant.h,
 // --optimizer adamw8bit | adamw4bit): codes and scales in their own buffers
 // and the arena holds the fp32 master only (or nothing with a shadow master).
+// Update rule (--optimizer muon | muon8bit, optim/muon.h): Muon for the 2-D
+// matrices of the layers, AdamW for the rest. The layout does not change:
+// a Muon matrix's momentum lives in its m (fp32, or the m8 codes of muon8bit)
+// and its v stays 0 (allocated but unused: muon costs what adamw does, muon8bit
+// what adamw8bit does; a compact layout is future work, docs/lean_state.md).
 // Lives below io/ (state <- io): reading and writing it as safetensors is
 // io/state_tensors.h.
 #pragma once
@@ -57,6 +62,14 @@ struct HostBuffer {
 uint64_t host_memory_available();  // MemAvailable from /proc/meminfo, bytes (0 if unknown)
 
 enum class MasterStorage { fp32, split, bf16_sr, bf16_kahan };
+enum class UpdateRule { adamw, muon };
+const char* update_rule_name(UpdateRule r);  // "adamw", "muon"
+// The --optimizer value of a rule and moment storage: adamw, adamw8bit, adamw4bit, muon, muon8bit.
+const char* optimizer_name(UpdateRule r, MomentStorage m);
+// Whether Muon updates e: the q, k, v, o, gate, up, down projections (dense,
+// MoE experts, a shared expert). Not the embedding, the LM head, norms,
+// biases, the router or the shared-expert gate.
+bool muon_matrix(const WeightEntry& e);
 const char* master_storage_name(MasterStorage s);  // the --master value: fp32, split, bf16-sr, bf16-kahan
 inline bool master_is_bf16(MasterStorage s) { return s == MasterStorage::bf16_sr || s == MasterStorage::bf16_kahan; }
 
@@ -77,6 +90,7 @@ struct StateUnit {
   HostBuffer qm_buf, qv_buf, qscale_buf;
   MasterStorage master_kind = MasterStorage::fp32;
   MomentStorage moments = MomentStorage::fp32;
+  bool muon = false;  // UpdateRule::muon: the unit's Muon matrices (optim/muon.h) keep their momentum in m
   int n_shadows = 0;                                    // 0: fp32 storage
   int cur_shadow = 0;                                   // the shadow holding the current master (split, bf16)
   bool shadow_master() const { return n_shadows > 0; }  // the master lives in the shadow(s)
@@ -137,6 +151,12 @@ class HostState {
   // when converting); quantized -> fp32 decodes exactly. Unit by unit.
   MomentStorage moment_storage() const { return units_[0].moments; }
   void set_moment_storage(MomentStorage s);
+
+  // Update rule of every unit. A change zeroes the m and v of the Muon
+  // matrices (Adam moments and Muon momentum do not convert); the other
+  // tensors keep theirs. Not while an update runs.
+  UpdateRule update_rule() const { return units_[0].muon ? UpdateRule::muon : UpdateRule::adamw; }
+  void set_update_rule(UpdateRule r);
 
   // HF-style init: normal(0, std) for matrices and embeddings, 1 for norms, 0
   // for biases; counter-based RNG, so identical for any thread count.
