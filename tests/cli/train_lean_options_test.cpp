@@ -49,7 +49,7 @@ TEST(TrainLeanOptions, BadValuesAndCombinationsAreRefusedNamingTheFlag) {
     const char* extra;
     const char* expect;
   };
-  for (const Case& c : {Case{"--optimizer muon", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
+  for (const Case& c : {Case{"--optimizer muon4bit", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
                         Case{"--master bf16", "--master"}, Case{"--moment-rounding up", "--moment-rounding"},
                         Case{"--moment-rounding nearest",
                              "--moment-rounding applies to quantized moments only; add --optimizer adamw8bit"}}) {
@@ -88,7 +88,9 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
        {Mode{"", rt::MasterStorage::fp32, rt::MomentStorage::fp32},
         Mode{"--optimizer adamw8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8},
         Mode{"--optimizer adamw4bit --master bf16-kahan", rt::MasterStorage::bf16_kahan, rt::MomentStorage::q4},
-        Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32}}) {
+        Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32},
+        Mode{"--optimizer muon", rt::MasterStorage::fp32, rt::MomentStorage::fp32},
+        Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8}}) {
     SCOPED_TRACE(m.flags);
     auto r = run_ramtrain(f.train("m" + std::to_string(i++), m.flags));
     ASSERT_EQ(r.exit_code, 0) << r.output;
