@@ -225,9 +225,8 @@ int cmd_plan(const Args& args) {
                   : storage == MasterStorage::bf16_sr    ? "master: the bf16 shadow itself (bf16-sr)"
                                                          : "fp32 master",
                   bare - mom});
-  host.push_back({(muon ? "Adam m; the matrices' Muon momentum (" : "Adam m (") + mom_kind + ")", mom / 2});
-  host.push_back({(muon ? "Adam v (" + mom_kind + "; unused by the Muon matrices)" : "Adam v (" + mom_kind + ")"),
-                  mom - mom / 2});
+  host.push_back({(muon ? "Adam m / Muon momentum (" : "Adam m (") + mom_kind + ")", mom / 2});
+  host.push_back({(muon ? "Adam v, unused by Muon (" : "Adam v (") + mom_kind + ")", mom - mom / 2});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
@@ -373,6 +372,11 @@ int cmd_plan(const Args& args) {
         "per step (%lld tokens)\n",
         model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
         (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
+    if (muon)
+      std::printf(
+          "--optimizer %s: Muon runs on the CPU backend for now (train refuses it on the GPU); the host state "
+          "below is what it holds, the device plan what the CUDA engine would need\n",
+          opt.c_str());
     if (spec.is_moe())
       std::printf(
           "mixture of experts: %lld experts, top %lld per token; %.3fB parameters active per token. The CUDA engine "

@@ -281,7 +281,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       "%.2f B/param host state (%s master, %s moments%s), optimizer %s\n",
       (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(), (long long)opt_.grad_accum,
       (long long)state_.n_params(), state_.bytes_per_param(), master_storage_name(state_.master_storage()),
-      moment_storage_name(state_.moment_storage()),
+      optimizer_name(state_.update_rule(), state_.moment_storage()),
       state_.moment_storage() == MomentStorage::fp32
           ? ""
           : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding").c_str(),
