@@ -180,6 +180,7 @@ int cmd_plan(const Args& args) {
   bool host_fallback = false;
   const std::string master = co.master, opt = p.str("optimizer");
   const bool muon = opt == "muon" || opt == "muon8bit";
+  const UpdateRule rule = muon ? UpdateRule::muon : UpdateRule::adamw;
   if (muon && master != "auto" && master != "fp32")
     fail("[plan] --optimizer ", opt, " needs an fp32 master for now; drop --master ", master, " or use --master fp32");
   const MasterStorage storage = master == "fp32" || muon ? MasterStorage::fp32
@@ -198,7 +199,7 @@ int cmd_plan(const Args& args) {
     return 4 * n;
   };
   if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
-    const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments) +
+    const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments, rule) +
                           host_grad_bytes(dp.place) + host_checkpoint_bytes(spec, B, T, dp.place) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
@@ -211,11 +212,13 @@ int cmd_plan(const Args& args) {
 
   // ---- host RAM, per item (HostState::planned_bytes is the total the engine holds)
   const int shadows = co.delayed_update ? 2 : 1;
-  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false, moments);
-  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false, moments);
+  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false, moments, rule);
+  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false, moments, rule);
   uint64_t numel = 0;
   for (int64_t n : unit_numels(spec)) numel += static_cast<uint64_t>(n);
-  const uint64_t mom = HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments) - 4 * numel;
+  const uint64_t mom = HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments, rule) - 4 * numel;
+  // m covers every element; v (Muon: the non-matrix tensors' only) the rest
+  const uint64_t mom_m = (HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments) - 4 * numel) / 2;
   const std::string mom_kind = moments == MomentStorage::fp32 ? "fp32"
                                : moments == MomentStorage::q8 ? "8-bit codes + an fp32 absmax per 256"
                                                               : "4-bit codes + an fp32 absmax per 256";
@@ -225,8 +228,8 @@ int cmd_plan(const Args& args) {
                   : storage == MasterStorage::bf16_sr    ? "master: the bf16 shadow itself (bf16-sr)"
                                                          : "fp32 master",
                   bare - mom});
-  host.push_back({(muon ? "Adam m / Muon momentum (" : "Adam m (") + mom_kind + ")", mom / 2});
-  host.push_back({(muon ? "Adam v, unused by Muon (" : "Adam v (") + mom_kind + ")", mom - mom / 2});
+  host.push_back({(muon ? "Adam m / Muon momentum (" : "Adam m (") + mom_kind + ")", mom_m});
+  host.push_back({(muon ? "Adam v, none for Muon matrices (" : "Adam v (") + mom_kind + ")", mom - mom_m});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});

@@ -9,8 +9,9 @@
 // with __metadata__ {format, unit, optimizer (adamw | adamw8bit | adamw4bit),
 // master (fp32 | split | bf16-sr | bf16-kahan), update_rule (adamw | muon)}.
 // Canonical weight-map order. Under update_rule muon (--optimizer muon |
-// muon8bit) a Muon matrix's "adam_m" (or m codes) is its Muon momentum, its
-// "adam_v" zeros (state/host_state.h). A file without "optimizer" (older
+// muon8bit) a Muon matrix's "adam_m" (or m codes) is its Muon momentum and it
+// has no "adam_v"; quantized, "adam_v_codes"/"adam_v_absmax" cover the packed
+// v (StateUnit::v_len elements, state/host_state.h). A file without "optimizer" (older
 // checkpoints) holds fp32 moments; without "update_rule", AdamW's.
 // Loading moments needs the unit's update rule to be the file's.
 // Loading needs the unit's moment storage to be the file's (convert after:
@@ -42,6 +43,8 @@ struct UnitSnap {
   const float* scales = nullptr;   // quantized: [m absmax | v absmax], one per block
   const uint16_t* comp = nullptr;  // bf16-kahan
   bool muon = false;               // StateUnit::muon: the update rule is Muon
+  std::vector<int64_t> v_off;      // entry k's v in v (StateUnit::v_at: -1 none)
+  int64_t nv = 0;                  // v's elements (StateUnit::v_len)
 };
 
 // Floats a staging copy of u takes (master fp32 + moments + compensation).

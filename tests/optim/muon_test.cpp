@@ -333,7 +333,7 @@ TEST(Muon, AStepOfATinyModelMatchesTheFormulas) {
       SCOPED_TRACE(e.name + " step " + std::to_string(t));
       // momentum: a few fp32 roundings of O(1) values per step
       EXPECT_TRUE(rt::test::expect_near("m", u.m() + off, to_f32(r.m).data(), n, 1e-6, 1e-5));
-      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(u.v()[off + j], 0.0f) << "a Muon matrix's v stays 0";
+      EXPECT_EQ(u.v_at(r.entry), -1) << "a Muon matrix has no v";
     }
     // weights: the update is lr*scale*O (~4e-3 per element); O agrees to 2e-4 of
     // its scale (the NS5 test), the weights' own fp32 rounding is ~1e-8: 1e-3 of
@@ -353,7 +353,7 @@ TEST(Muon, AStepOfATinyModelMatchesTheFormulas) {
         const int64_t off = a.offsets[k], n = a.entries[k].numel();
         EXPECT_TRUE(same_bits(a.master() + off, b.master() + off, n)) << a.entries[k].name;
         EXPECT_TRUE(same_bits(a.m() + off, b.m() + off, n)) << a.entries[k].name;
-        EXPECT_TRUE(same_bits(a.v() + off, b.v() + off, n)) << a.entries[k].name;
+        EXPECT_TRUE(same_bits(a.v() + a.v_at(k), b.v() + b.v_at(k), n)) << a.entries[k].name;
       }
     }
   }
@@ -420,10 +420,34 @@ TEST(Muon, ChangingTheRuleZeroesOnlyTheMatricesState) {
   }
   std::vector<std::vector<float>> before;
   for (auto& u : st.units()) before.emplace_back(u.m(), u.m() + 2 * u.numel);
+  const uint64_t adamw_bytes = st.bytes_total();
   st.set_update_rule(rt::UpdateRule::muon);
   for (size_t i = 0; i < st.units().size(); ++i) {
     const rt::StateUnit& u = st.units()[i];
     EXPECT_TRUE(u.muon);
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const int64_t off = u.offsets[k], n = u.entries[k].numel();
+      const float* m = u.m() + off;
+      if (rt::muon_matrix(u.entries[k])) {
+        for (int64_t j = 0; j < n; ++j) ASSERT_EQ(m[j], 0.0f) << u.entries[k].name;
+        EXPECT_EQ(u.v_at(k), -1) << u.entries[k].name;
+      } else {
+        EXPECT_TRUE(same_bits(m, before[i].data() + off, n)) << u.entries[k].name;
+        ASSERT_GE(u.v_at(k), 0) << u.entries[k].name;
+        EXPECT_TRUE(same_bits(u.v() + u.v_at(k), before[i].data() + u.numel + off, n)) << u.entries[k].name;
+      }
+    }
+  }
+  // the matrices' v is gone: 4 B per matrix element fewer
+  uint64_t matrix_floats = 0;
+  for (const auto& u : st.units())
+    for (const auto& e : u.entries)
+      if (rt::muon_matrix(e)) matrix_floats += static_cast<uint64_t>((e.numel() + 15) / 16 * 16);
+  EXPECT_EQ(st.bytes_total(), adamw_bytes - 4 * matrix_floats);
+  // and back: the non-matrix moments survive the round trip, the matrices' are 0
+  st.set_update_rule(rt::UpdateRule::adamw);
+  for (size_t i = 0; i < st.units().size(); ++i) {
+    const rt::StateUnit& u = st.units()[i];
     for (size_t k = 0; k < u.entries.size(); ++k) {
       const int64_t off = u.offsets[k], n = u.entries[k].numel();
       for (int part = 0; part < 2; ++part) {
@@ -436,12 +460,27 @@ TEST(Muon, ChangingTheRuleZeroesOnlyTheMatricesState) {
       }
     }
   }
+  EXPECT_EQ(st.bytes_total(), adamw_bytes);
+  st.set_update_rule(rt::UpdateRule::muon);
   // Muon updates whole units in place: a range, or a previous shadow, is refused
   rt::StateUnit& u = st.units()[1];
   const std::vector<float> g = unit_grad(u, 2);
   o.t = 2;
   rt::test::expect_error([&] { rt::update_unit_range(u, 0, 256, g.data(), o, 1.0f, nullptr); },
                          {"Muon orthogonalises whole matrices", u.name});
+}
+
+// planned_bytes knows the packed v: equal to what a Muon state holds, fp32
+// and 8-bit, with and without gradients.
+TEST(Muon, PlannedBytesEqualTheState) {
+  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8})
+    for (bool grads : {false, true}) {
+      rt::HostState st(spec(), grads, mo);
+      st.set_update_rule(rt::UpdateRule::muon);
+      EXPECT_EQ(st.bytes_total(),
+                rt::HostState::planned_bytes(spec(), rt::MasterStorage::fp32, 0, grads, mo, rt::UpdateRule::muon));
+      EXPECT_LT(st.bytes_total(), rt::HostState::planned_bytes(spec(), rt::MasterStorage::fp32, 0, grads, mo));
+    }
 }
 
 }  // namespace
