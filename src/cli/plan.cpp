@@ -117,8 +117,8 @@ int cmd_plan(const Args& args) {
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
   p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
            "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit: Muon for the layers' "
-           "matrices (momentum in their m, fp32 or 8-bit; their v unused), AdamW for the rest: the bytes of "
-           "adamw, adamw8bit (Muon runs on the CPU backend for now: `train` does not take the GPU with it)",
+           "matrices (a momentum, fp32 or 8-bit, and no second moment), AdamW for the rest (Muon runs on the CPU "
+           "backend for now: `train` does not take the GPU with it)",
            "adamw")
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")

@@ -83,7 +83,8 @@ void train_options(ArgParser& p) {
            "muon: Muon (Newton-Schulz orthogonalised momentum) for the layers' 2-D matrices and AdamW for the "
            "embedding, head, norms, biases and routers; its update is scaled by 0.2*sqrt(max(rows, cols)) "
            "(Moonshot's RMS matching), so it shares --lr with AdamW; muon8bit: the same with 8-bit moments "
-           "(state as adamw / adamw8bit; CPU backend only for now; docs/lean_state.md)",
+           "(the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with muon8bit; "
+           "CPU backend only for now; docs/lean_state.md)",
            "adamw")
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
   p.option("muon-momentum", "MU", "Muon's (Nesterov) momentum (default: --beta1)").number(0, 0.999999);
