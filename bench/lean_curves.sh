@@ -25,7 +25,18 @@ modes=(
   "bf16-kahan master|--master bf16-kahan"
   "adamw8bit + bf16-sr|--optimizer adamw8bit --master bf16-sr"
   "adamw4bit + bf16-kahan|--optimizer adamw4bit --master bf16-kahan"
+  "muon|--optimizer muon"
+  "muon8bit|--optimizer muon8bit"
 )
+# MODES="name1,name2": only those rows (the first listed is the reference of "vs"; default: all)
+if [[ -n "${MODES:-}" ]]; then
+  keep=()
+  IFS=',' read -ra want <<< "$MODES"
+  for w in "${want[@]}"; do
+    for row in "${modes[@]}"; do [[ "${row%%|*}" == "$w" ]] && keep+=("$row"); done
+  done
+  modes=("${keep[@]}")
+fi
 marks=()
 for f in 4 2 1; do marks+=($((STEPS / f))); done
 printf "%-24s %9s" "mode" "B/param"

@@ -115,9 +115,12 @@ int cmd_plan(const Args& args) {
   p.option("master", "auto|fp32|split|bf16-sr|bf16-kahan",
            "host storage of the master (auto: split; bf16-*: the bf16 shadow is the master)", "auto")
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
-  p.option("optimizer", "adamw|adamw8bit|adamw4bit", "Adam moments in fp32, or block-wise quantized to 8 or 4 bits",
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
+           "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit: Muon for the layers' "
+           "matrices (a momentum, fp32 or 8-bit, and no second moment), AdamW for the rest (Muon runs on the CPU "
+           "backend for now: `train` does not take the GPU with it)",
            "adamw")
-      .choice({"adamw", "adamw8bit", "adamw4bit"});
+      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
@@ -176,11 +179,15 @@ int cmd_plan(const Args& args) {
   // layer-major left at auto falls back to micro-batch-major.
   bool host_fallback = false;
   const std::string master = co.master, opt = p.str("optimizer");
-  const MasterStorage storage = master == "fp32"         ? MasterStorage::fp32
+  const bool muon = opt == "muon" || opt == "muon8bit";
+  const UpdateRule rule = muon ? UpdateRule::muon : UpdateRule::adamw;
+  if (muon && master != "auto" && master != "fp32")
+    fail("[plan] --optimizer ", opt, " needs an fp32 master for now; drop --master ", master, " or use --master fp32");
+  const MasterStorage storage = master == "fp32" || muon ? MasterStorage::fp32
                                 : master == "bf16-sr"    ? MasterStorage::bf16_sr
                                 : master == "bf16-kahan" ? MasterStorage::bf16_kahan
                                                          : MasterStorage::split;
-  const MomentStorage moments = opt == "adamw8bit"   ? MomentStorage::q8
+  const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
                                 : opt == "adamw4bit" ? MomentStorage::q4
                                                      : MomentStorage::fp32;
   const std::vector<int64_t> unit_numel = unit_numels(spec);
@@ -192,7 +199,7 @@ int cmd_plan(const Args& args) {
     return 4 * n;
   };
   if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
-    const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments) +
+    const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments, rule) +
                           host_grad_bytes(dp.place) + host_checkpoint_bytes(spec, B, T, dp.place) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
@@ -205,11 +212,13 @@ int cmd_plan(const Args& args) {
 
   // ---- host RAM, per item (HostState::planned_bytes is the total the engine holds)
   const int shadows = co.delayed_update ? 2 : 1;
-  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false, moments);
-  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false, moments);
+  const uint64_t no_grads = HostState::planned_bytes(spec, storage, shadows, false, moments, rule);
+  const uint64_t bare = HostState::planned_bytes(spec, storage, 0, false, moments, rule);
   uint64_t numel = 0;
   for (int64_t n : unit_numels(spec)) numel += static_cast<uint64_t>(n);
-  const uint64_t mom = HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments) - 4 * numel;
+  const uint64_t mom = HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments, rule) - 4 * numel;
+  // m covers every element; v (Muon: the non-matrix tensors' only) the rest
+  const uint64_t mom_m = (HostState::planned_bytes(spec, MasterStorage::fp32, 0, false, moments) - 4 * numel) / 2;
   const std::string mom_kind = moments == MomentStorage::fp32 ? "fp32"
                                : moments == MomentStorage::q8 ? "8-bit codes + an fp32 absmax per 256"
                                                               : "4-bit codes + an fp32 absmax per 256";
@@ -219,8 +228,8 @@ int cmd_plan(const Args& args) {
                   : storage == MasterStorage::bf16_sr    ? "master: the bf16 shadow itself (bf16-sr)"
                                                          : "fp32 master",
                   bare - mom});
-  host.push_back({"Adam m (" + mom_kind + ")", mom / 2});
-  host.push_back({"Adam v (" + mom_kind + ")", mom - mom / 2});
+  host.push_back({(muon ? "Adam m / Muon momentum (" : "Adam m (") + mom_kind + ")", mom_m});
+  host.push_back({(muon ? "Adam v, none for Muon matrices (" : "Adam v (") + mom_kind + ")", mom - mom_m});
   host.push_back({shadows == 2 ? "pinned bf16 shadows (2: delayed update)" : "pinned bf16 shadow", no_grads - bare});
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
@@ -366,6 +375,11 @@ int cmd_plan(const Args& args) {
         "per step (%lld tokens)\n",
         model_name.c_str(), (params >= 1e9 ? fmt("%.3fB", params / 1e9) : fmt("%.2fM", params / 1e6)).c_str(),
         (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
+    if (muon)
+      std::printf(
+          "--optimizer %s: Muon runs on the CPU backend for now (train refuses it on the GPU); the host state "
+          "below is what it holds, the device plan what the CUDA engine would need\n",
+          opt.c_str());
     if (spec.is_moe())
       std::printf(
           "mixture of experts: %lld experts, top %lld per token; %.3fB parameters active per token. The plan "

@@ -56,6 +56,7 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
     // bf16 master is made before loading, so its values and Kahan compensation load exactly
     state = std::make_unique<HostState>(resume->spec, false, checkpoint_read_moments(resume->dir, resume->spec),
                                         c.master_storage());
+    state->set_update_rule(checkpoint_read_update_rule(resume->dir));  // its Muon momentum or Adam moments
     checkpoint_load_state(resume->dir, *state);
     *tokenizer = resume->meta.run.tokenizer;
   } else if (!c.preset.empty() || c.init == InitFrom::random) {
@@ -67,6 +68,7 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
     state = std::move(m.state);
     *tokenizer = m.tokenizer;
   }
+  if (!resume) state->set_update_rule(c.update_rule);
   return state;
 }
 
@@ -80,6 +82,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.adam.beta2 = c.beta2;
   o.adam.eps = c.eps;
   o.moment_rounding = c.moment_rounding;
+  o.muon.momentum = c.muon_momentum;
   o.weight_decay = c.weight_decay;
   o.decay_norms_and_biases = c.decay_norms_and_biases;
   o.clip = c.clip;
@@ -206,7 +209,11 @@ int cmd_train(const Args& args) {
   const ModelSpec spec = resume              ? resume->spec
                          : !c.preset.empty() ? spec_preset(c.preset)
                                              : spec_from_config_file(path_join(c.model, "config.json"));
-  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || c.nproc_per_node > 1;
+  const bool muon = c.update_rule == UpdateRule::muon;
+  if (muon && c.device != Device::cpu && cuda_backend_available())
+    std::printf("note: --optimizer %s runs on the CPU backend (its CUDA path is not built yet)\n",
+                p.str("optimizer").c_str());
+  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || c.nproc_per_node > 1 || muon;
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
@@ -228,6 +235,11 @@ int cmd_train(const Args& args) {
   std::string tokenizer;
   const auto t_state = std::chrono::steady_clock::now();
   std::unique_ptr<HostState> state = initial_state(c, resume, spec, &tokenizer);
+  if (state->update_rule() != c.update_rule)
+    fail("[train] --resume: the checkpoint was trained with --optimizer ",
+         optimizer_name(state->update_rule(), state->moment_storage()), " and this run asks for --optimizer ",
+         p.str("optimizer"), "; Muon momentum and Adam moments do not convert: resume with --optimizer ",
+         state->update_rule() == UpdateRule::muon ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit");
   state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
   if (c.bf16_master) state->set_master_storage(c.master_storage());
   if (td.byte_text)

@@ -77,12 +77,17 @@ void train_options(ArgParser& p) {
   p.flag("delayed-update",
          "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
          "step (gradients one step stale; GPU: needs --grads device)");
-  p.option("optimizer", "adamw|adamw8bit|adamw4bit",
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
            "AdamW with fp32 moments (8 B/param), or block-wise quantized moments: 8-bit (2.03 B/param) or 4-bit "
-           "(1.03 B/param), blocks of 256 with an fp32 absmax each, dequantized to fp32 for every update "
-           "(docs/lean_state.md)",
+           "(1.03 B/param), blocks of 256 with an fp32 absmax each, dequantized to fp32 for every update; "
+           "muon: Muon (Newton-Schulz orthogonalised momentum) for the layers' 2-D matrices and AdamW for the "
+           "embedding, head, norms, biases and routers; its update is scaled by 0.2*sqrt(max(rows, cols)) "
+           "(Moonshot's RMS matching), so it shares --lr with AdamW; muon8bit: the same with 8-bit moments "
+           "(the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with muon8bit; "
+           "CPU backend only for now; docs/lean_state.md)",
            "adamw")
-      .choice({"adamw", "adamw8bit", "adamw4bit"});
+      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
+  p.option("muon-momentum", "MU", "Muon's (Nesterov) momentum (default: --beta1)").number(0, 0.999999);
   p.option("moment-rounding", "nearest|stochastic",
            "how --optimizer adamw8bit/adamw4bit round the updated moments back to their codes (stochastic: "
            "unbiased, so small moments do not stall; measured better, docs/lean_state.md)",
@@ -234,12 +239,20 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.delayed_update = p.on("delayed-update");
   c.max_bad_steps = p.integer("max-bad-steps");
   const std::string opt = p.str("optimizer");
-  c.optimizer = opt == "adamw8bit" ? MomentStorage::q8 : opt == "adamw4bit" ? MomentStorage::q4 : MomentStorage::fp32;
+  c.optimizer = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
+                : opt == "adamw4bit"                      ? MomentStorage::q4
+                                                          : MomentStorage::fp32;
+  c.update_rule = opt == "muon" || opt == "muon8bit" ? UpdateRule::muon : UpdateRule::adamw;
+  if (p.has("muon-momentum")) {
+    if (c.update_rule != UpdateRule::muon)
+      fail("[train] --muon-momentum applies to --optimizer muon | muon8bit only; add one or drop --muon-momentum");
+    c.muon_momentum = p.number("muon-momentum");
+  }
   c.moment_rounding = p.str("moment-rounding") == "stochastic" ? QuantRounding::stochastic : QuantRounding::nearest;
   if (c.optimizer == MomentStorage::fp32 && p.given_explicitly("moment-rounding"))
     fail(
-        "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit or adamw4bit, "
-        "or drop --moment-rounding");
+        "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit, adamw4bit or "
+        "muon8bit, or drop --moment-rounding");
   c.threads = static_cast<int>(p.integer("threads"));
 
   const std::string dev = p.str("device");
@@ -263,6 +276,13 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.master = p.str("master");
   c.bf16_master = c.master == "bf16-sr" || c.master == "bf16-kahan";
   if (p.has("trace")) c.trace = p.str("trace");
+  if (c.update_rule == UpdateRule::muon) {  // checked on every machine, so a config is refused the same way everywhere
+    if (c.device == Device::cuda)
+      fail("[train] --optimizer ", opt, ": CUDA path not built yet, use --device cpu");
+    if (c.master != "auto" && c.master != "fp32")
+      fail("[train] --optimizer ", opt, " needs an fp32 master for now; --master ", c.master,
+           " is not supported with it: drop --master or use --master fp32");
+  }
   for (const char* k :
        {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master", "low-memory", "trace"})
     if (p.given_explicitly(k) && (p.str(k) != "false") && !(std::string(k) == "master" && c.bf16_master) &&
@@ -293,6 +313,9 @@ TrainConfig train_config_read(const ArgParser& p) {
       fail(
           "[train] --nproc-per-node cannot be combined with --delayed-update, --grads fold or --layer-major on "
           "(the data-parallel CPU twin does none of them); drop one");
+    if (c.update_rule == UpdateRule::muon)
+      fail("[train] --nproc-per-node shards AdamW state only; --optimizer ", p.str("optimizer"),
+           " (Muon orthogonalises whole matrices) is not sharded yet: drop one of the two");
     if (c.optimizer != MomentStorage::fp32)
       fail("[train] --nproc-per-node shards fp32 Adam moments only for now; --optimizer ", p.str("optimizer"),
            " (quantized moments) is not sharded yet: drop one of the two (docs/multi_gpu.md)");

@@ -48,7 +48,9 @@ struct TrainConfig {
   bool decay_norms_and_biases = false;
   bool delayed_update = false;
   int64_t max_bad_steps = 5;
-  MomentStorage optimizer = MomentStorage::fp32;  // --optimizer adamw | adamw8bit | adamw4bit
+  MomentStorage optimizer = MomentStorage::fp32;  // --optimizer adamw | adamw8bit | adamw4bit (muon: fp32, muon8bit: q8)
+  UpdateRule update_rule = UpdateRule::adamw;     // --optimizer muon | muon8bit: UpdateRule::muon
+  double muon_momentum = -1;                      // --muon-momentum (< 0: --beta1)
   QuantRounding moment_rounding = QuantRounding::stochastic;
   int64_t nproc_per_node = 1;  // > 1: DataParallelCpu (engine/data_parallel_cpu.h), the CPU twin of multi-GPU
   // GPU memory

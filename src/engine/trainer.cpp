@@ -204,6 +204,7 @@ StepResult Trainer::step() {
   o.decay_norms_and_biases = opt_.decay_norms_and_biases;
   o.clip = opt_.clip;
   o.moment_rounding = opt_.moment_rounding;
+  o.muon = opt_.muon;
   o.rounding_seed = opt_.seed;
   for (auto& [a, b] : inject_nan_) o.inject_nan |= step_ >= a && step_ <= b;
   StepStats st = backend_->train_step(batches, n_valid_total, o);
@@ -280,11 +281,18 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       "%.2f B/param host state (%s master, %s moments%s), optimizer %s\n",
       (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(), (long long)opt_.grad_accum,
       (long long)state_.n_params(), state_.bytes_per_param(), master_storage_name(state_.master_storage()),
-      moment_storage_name(state_.moment_storage()),
+      optimizer_name(state_.update_rule(), state_.moment_storage()),
       state_.moment_storage() == MomentStorage::fp32
           ? ""
           : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding").c_str(),
       simd_level_name(simd_level_active()));
+  if (state_.update_rule() == UpdateRule::muon)
+    std::printf(
+        "optimizer %s: Muon (momentum %g, Nesterov, 5 Newton-Schulz steps, update scaled by 0.2*sqrt(max(rows, "
+        "cols)) to share AdamW's lr) for the layers' 2-D matrices; AdamW for the embedding, head, norms, biases "
+        "and routers\n",
+        optimizer_name(state_.update_rule(), state_.moment_storage()),
+        opt_.muon.momentum >= 0 ? opt_.muon.momentum : opt_.adam.beta1);
   if (opt_.delayed_update)
     std::printf(
         "delayed update: the update of step t is applied during step t+1 (gradients one step stale, the "

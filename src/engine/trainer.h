@@ -31,6 +31,7 @@
 #include "io/safetensors.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "optim/muon.h"
 #include "state/host_state.h"
 
 namespace rt {
@@ -41,6 +42,7 @@ struct TrainOptions {
   int64_t grad_accum = 1;
   AdamWHyper adam;
   QuantRounding moment_rounding = QuantRounding::stochastic;  // quantized moments (state/moment_quant.h)
+  MuonHyper muon;  // a state with UpdateRule::muon (optim/muon.h)
   double weight_decay = 0.0;
   bool decay_norms_and_biases = false;  // HF default: no decay on norms and biases
   double clip = 1.0;                    // <= 0: off

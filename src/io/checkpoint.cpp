@@ -269,6 +269,10 @@ void checkpoint_load_state(const std::string& dir, HostState& state, bool with_m
   for (StateUnit& u : state.units()) unit_file_load(path_join(dir, unit_file_name(u.name)), u, with_moments);
 }
 
+UpdateRule checkpoint_read_update_rule(const std::string& dir) {
+  return unit_file_update_rule(path_join(dir, unit_file_name("embed")));  // unit 0 (host_state.h)
+}
+
 MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& /*spec*/) {
   return unit_file_moments(path_join(dir, unit_file_name("embed")));  // unit 0 (host_state.h)
 }

@@ -118,10 +118,13 @@ ModelSpec checkpoint_read_spec(const std::string& dir);
 // Loads master weights (and Adam moments when with_moments) into a state of the
 // same spec; refuses a missing, extra or misshapen tensor by name.
 // With moments, the state's moment storage must be the checkpoint's
-// (checkpoint_read_moments); convert after loading.
+// (checkpoint_read_moments) and its update rule the checkpoint's
+// (checkpoint_read_update_rule); convert the moments after loading.
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments = true);
 // The moment storage (--optimizer) the checkpoint's state was saved with.
 MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& spec);
+// The update rule (adamw, or muon for --optimizer muon | muon8bit) its state was saved with.
+UpdateRule checkpoint_read_update_rule(const std::string& dir);
 
 struct SaveReport {
   std::string path;  // the final OUT/ckpt-<step>

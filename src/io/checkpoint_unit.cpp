@@ -37,16 +37,20 @@ void copy_parallel(void* dst, const void* src, size_t bytes) {
 }  // namespace
 
 size_t unit_stage_floats(const StateUnit& u) {
-  const int64_t n = u.numel;
+  const int64_t n = u.numel, nv = u.v_len();
   size_t f = static_cast<size_t>(n);  // master
-  f += u.quantized() ? 2 * floats_of_bytes(quant_code_bytes(u.moments, n)) + 2 * static_cast<size_t>(quant_blocks(n))
-                     : 2 * static_cast<size_t>(n);
+  f += u.quantized() ? floats_of_bytes(quant_code_bytes(u.moments, n)) + floats_of_bytes(quant_code_bytes(u.moments, nv)) +
+                           static_cast<size_t>(quant_blocks(n) + quant_blocks(nv))
+                     : static_cast<size_t>(n + nv);
   if (u.master_kind == MasterStorage::bf16_kahan) f += floats_of_bytes(2 * n);
   return f;
 }
 
 UnitSnap unit_snap_live(const StateUnit& u) {
   UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.master_kind, u.moments};
+  s.muon = u.muon;
+  for (size_t k = 0; k < u.entries.size(); ++k) s.v_off.push_back(u.v_at(k));
+  s.nv = u.v_len();
   s.live = &u;
   if (!u.shadow_master()) s.master = u.master();
   if (u.quantized()) {
@@ -64,26 +68,31 @@ UnitSnap unit_snap_live(const StateUnit& u) {
 UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
   const int64_t n = u.numel;
   UnitSnap s{u.name, u.entries, u.offsets, n, u.master_kind, u.moments};
+  s.muon = u.muon;
+  for (size_t k = 0; k < u.entries.size(); ++k) s.v_off.push_back(u.v_at(k));
+  s.nv = u.v_len();
+  const int64_t nv = s.nv;
   float* q = dst;
   u.read_master(0, n, q);
   s.master = q;
   q += n;
   if (u.quantized()) {
-    const int64_t cb = quant_code_bytes(u.moments, n), nb = quant_blocks(n);
+    const int64_t cb = quant_code_bytes(u.moments, n), cbv = quant_code_bytes(u.moments, nv),
+                  nb = quant_blocks(n) + quant_blocks(nv);
     copy_parallel(q, u.qm(), static_cast<size_t>(cb));
     s.qm = reinterpret_cast<const uint8_t*>(q);
     q += floats_of_bytes(cb);
-    copy_parallel(q, u.qv(), static_cast<size_t>(cb));
+    copy_parallel(q, u.qv(), static_cast<size_t>(cbv));
     s.qv = reinterpret_cast<const uint8_t*>(q);
-    q += floats_of_bytes(cb);
-    copy_parallel(q, u.scale_m(), static_cast<size_t>(2 * nb) * 4);
+    q += floats_of_bytes(cbv);
+    copy_parallel(q, u.scale_m(), static_cast<size_t>(nb) * 4);
     s.scales = q;
-    q += 2 * nb;
+    q += nb;
   } else {
-    copy_parallel(q, u.m(), static_cast<size_t>(2 * n) * 4);
+    copy_parallel(q, u.m(), static_cast<size_t>(n + nv) * 4);
     s.m = q;
     s.v = q + n;
-    q += 2 * n;
+    q += n + nv;
   }
   if (u.master_kind == MasterStorage::bf16_kahan) {
     copy_parallel(q, u.comp(), static_cast<size_t>(n) * 2);
@@ -95,11 +104,13 @@ UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
 void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, size_t)>& write) {
   const bool quant = u.moments != MomentStorage::fp32;
   const int64_t cb = quant ? quant_code_bytes(u.moments, u.numel) : 0, nb = quant_blocks(u.numel);
+  const int64_t cbv = quant ? quant_code_bytes(u.moments, u.nv) : 0, nbv = quant_blocks(u.nv);
   ordered_json h = ordered_json::object();
   h["__metadata__"] = {{"format", kFormat},
                        {"unit", u.name},
                        {"optimizer", moment_storage_name(u.moments)},
-                       {"master", master_storage_name(u.master_kind)}};
+                       {"master", master_storage_name(u.master_kind)},
+                       {"update_rule", update_rule_name(u.muon ? UpdateRule::muon : UpdateRule::adamw)}};
   uint64_t off = 0;
   auto add = [&](const std::string& name, const char* dtype, const std::vector<int64_t>& shape, uint64_t nb_) {
     h[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {off, off + nb_}}};
@@ -107,13 +118,17 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
   };
   for (const char* prefix : {"master/", "adam_m/", "adam_v/"}) {
     if (quant && std::string(prefix) != "master/") continue;
-    for (const WeightEntry& e : u.entries) add(prefix + e.name, "F32", e.shape, static_cast<uint64_t>(e.numel()) * 4);
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const WeightEntry& e = u.entries[k];
+      if (std::string(prefix) == "adam_v/" && u.v_off[k] < 0) continue;  // a Muon matrix: no v
+      add(prefix + e.name, "F32", e.shape, static_cast<uint64_t>(e.numel()) * 4);
+    }
   }
   if (quant) {
     add("adam_m_codes", "U8", {cb}, static_cast<uint64_t>(cb));
-    add("adam_v_codes", "U8", {cb}, static_cast<uint64_t>(cb));
+    add("adam_v_codes", "U8", {cbv}, static_cast<uint64_t>(cbv));
     add("adam_m_absmax", "F32", {nb}, static_cast<uint64_t>(nb) * 4);
-    add("adam_v_absmax", "F32", {nb}, static_cast<uint64_t>(nb) * 4);
+    add("adam_v_absmax", "F32", {nbv}, static_cast<uint64_t>(nbv) * 4);
   }
   if (u.comp) add("master_kahan_comp", "BF16", {u.numel}, static_cast<uint64_t>(u.numel) * 2);
   std::string text = h.dump();
@@ -138,12 +153,13 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
   }
   if (quant) {
     write(u.qm, static_cast<size_t>(cb));
-    write(u.qv, static_cast<size_t>(cb));
-    write(u.scales, static_cast<size_t>(2 * nb) * 4);
+    write(u.qv, static_cast<size_t>(cbv));
+    write(u.scales, static_cast<size_t>(nb + nbv) * 4);
   } else {
-    for (const float* part : {u.m, u.v})
-      for (size_t k = 0; k < u.entries.size(); ++k)
-        write(part + u.offsets[k], static_cast<size_t>(u.entries[k].numel()) * 4);
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      write(u.m + u.offsets[k], static_cast<size_t>(u.entries[k].numel()) * 4);
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      if (u.v_off[k] >= 0) write(u.v + u.v_off[k], static_cast<size_t>(u.entries[k].numel()) * 4);
   }
   if (u.comp) write(u.comp, static_cast<size_t>(u.numel) * 2);
 }
@@ -155,7 +171,19 @@ MomentStorage file_moments(const SafetensorsFile& f, const std::string& path) {
   return it == f.metadata().end() ? MomentStorage::fp32 : moments_parse(it->second, path);
 }
 
+UpdateRule file_update_rule(const SafetensorsFile& f, const std::string& path) {
+  auto it = f.metadata().find("update_rule");
+  if (it == f.metadata().end() || it->second == "adamw") return UpdateRule::adamw;
+  if (it->second == "muon") return UpdateRule::muon;
+  fail("[checkpoint] ", path, ": unknown update_rule '", it->second, "' (adamw or muon; a newer ramtrain's file?)");
+}
+
 }  // namespace
+
+UpdateRule unit_file_update_rule(const std::string& path) {
+  if (!file_exists(path)) fail("[checkpoint] ", path, " is missing");
+  return file_update_rule(*SafetensorsFile::open(path), path);
+}
 
 MomentStorage unit_file_moments(const std::string& path) {
   if (!file_exists(path)) fail("[checkpoint] ", path, " is missing");
@@ -169,13 +197,20 @@ void unit_file_load(const std::string& p, StateUnit& u, bool with_moments) {
   std::unique_ptr<SafetensorsFile> f = SafetensorsFile::open(p);
   const MomentStorage mo = file_moments(*f, p);
   const bool quant = mo != MomentStorage::fp32, has_comp = f->find("master_kahan_comp") != nullptr;
-  const size_t want = u.entries.size() * (quant ? 1 : 3) + (quant ? 4 : 0) + (has_comp ? 1 : 0);
+  const UpdateRule rule = file_update_rule(*f, p);
+  size_t with_v = 0;  // entries with a v in the file (Muon matrices have none)
+  for (const WeightEntry& e : u.entries) with_v += rule == UpdateRule::adamw || !muon_matrix(e);
+  const size_t want = u.entries.size() * (quant ? 1 : 2) + (quant ? 4 : with_v) + (has_comp ? 1 : 0);
   if (f->tensors().size() != want)
     fail("[checkpoint] ", p, " holds ", f->tensors().size(), " tensors; unit '", u.name, "' of this model with ",
          moment_storage_name(mo), " moments needs ", want, ": another model shape");
   if (with_moments && mo != u.moments)
     fail("[checkpoint] ", p, " holds ", moment_storage_name(mo), " moments but the state holds ",
          moment_storage_name(u.moments), " ones (convert the state first: HostState::set_moment_storage)");
+  if (with_moments && (rule == UpdateRule::muon) != u.muon)
+    fail("[checkpoint] ", p, " holds the optimizer state of ", update_rule_name(rule),
+         " but the state is set up for ", u.muon ? "muon" : "adamw",
+         " (Muon momentum and Adam moments do not convert: resume with the checkpoint's --optimizer)");
   auto get = [&](const std::string& name, DType dt, const std::vector<int64_t>& shape) -> const TensorInfo& {
     const TensorInfo* t = f->find(name);
     if (!t) fail("[checkpoint] ", p, ": tensor '", name, "' is missing (another model shape?)");
@@ -198,18 +233,18 @@ void unit_file_load(const std::string& p, StateUnit& u, bool with_moments) {
   }
   if (!with_moments) return;
   if (!quant) {
-    for (int part = 0; part < 2; ++part)
-      for (size_t k = 0; k < u.entries.size(); ++k) {
-        const WeightEntry& e = u.entries[k];
-        tensor_to_f32(get((part == 0 ? "adam_m/" : "adam_v/") + e.name, DType::f32, e.shape),
-                      u.m() + part * u.numel + u.offsets[k]);
-      }
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const WeightEntry& e = u.entries[k];
+      tensor_to_f32(get("adam_m/" + e.name, DType::f32, e.shape), u.m() + u.offsets[k]);
+      if (u.v_at(k) >= 0) tensor_to_f32(get("adam_v/" + e.name, DType::f32, e.shape), u.v() + u.v_at(k));
+    }
   } else {
     const int64_t cb = quant_code_bytes(mo, u.numel), nb = quant_blocks(u.numel);
+    const int64_t cbv = quant_code_bytes(mo, u.v_len()), nbv = quant_blocks(u.v_len());
     std::memcpy(u.qm(), get("adam_m_codes", DType::u8, {cb}).data, static_cast<size_t>(cb));
-    std::memcpy(u.qv(), get("adam_v_codes", DType::u8, {cb}).data, static_cast<size_t>(cb));
+    std::memcpy(u.qv(), get("adam_v_codes", DType::u8, {cbv}).data, static_cast<size_t>(cbv));
     std::memcpy(u.scale_m(), get("adam_m_absmax", DType::f32, {nb}).data, static_cast<size_t>(nb) * 4);
-    std::memcpy(u.scale_v(), get("adam_v_absmax", DType::f32, {nb}).data, static_cast<size_t>(nb) * 4);
+    std::memcpy(u.scale_v(), get("adam_v_absmax", DType::f32, {nbv}).data, static_cast<size_t>(nbv) * 4);
   }
   if (has_comp && u.master_kind == MasterStorage::bf16_kahan)
     std::memcpy(u.comp(), get("master_kahan_comp", DType::bf16, {u.numel}).data, static_cast<size_t>(u.numel) * 2);

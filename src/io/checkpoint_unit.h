@@ -7,8 +7,13 @@
 //                        "adam_v_absmax" F32 (one per block): bit for bit
 //   bf16-kahan master:   "master_kahan_comp" BF16 (numel, the compensation)
 // with __metadata__ {format, unit, optimizer (adamw | adamw8bit | adamw4bit),
-// master (fp32 | split | bf16-sr | bf16-kahan)}. Canonical weight-map order.
-// A file without "optimizer" (older checkpoints) holds fp32 moments.
+// master (fp32 | split | bf16-sr | bf16-kahan), update_rule (adamw | muon)}.
+// Canonical weight-map order. Under update_rule muon (--optimizer muon |
+// muon8bit) a Muon matrix's "adam_m" (or m codes) is its Muon momentum and it
+// has no "adam_v"; quantized, "adam_v_codes"/"adam_v_absmax" cover the packed
+// v (StateUnit::v_len elements, state/host_state.h). A file without "optimizer" (older
+// checkpoints) holds fp32 moments; without "update_rule", AdamW's.
+// Loading moments needs the unit's update rule to be the file's.
 // Loading needs the unit's moment storage to be the file's (convert after:
 // HostState::set_moment_storage); the master loads into any storage (a
 // bf16 master of a bf16 file exactly).
@@ -37,6 +42,9 @@ struct UnitSnap {
   const uint8_t* qv = nullptr;
   const float* scales = nullptr;   // quantized: [m absmax | v absmax], one per block
   const uint16_t* comp = nullptr;  // bf16-kahan
+  bool muon = false;               // StateUnit::muon: the update rule is Muon
+  std::vector<int64_t> v_off;      // entry k's v in v (StateUnit::v_at: -1 none)
+  int64_t nv = 0;                  // v's elements (StateUnit::v_len)
 };
 
 // Floats a staging copy of u takes (master fp32 + moments + compensation).
@@ -51,6 +59,8 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
 
 // The moment storage a unit file holds (its metadata).
 MomentStorage unit_file_moments(const std::string& path);
+// The update rule a unit file's moments belong to (its metadata).
+UpdateRule unit_file_update_rule(const std::string& path);
 // Loads the file into u (master; moments and compensation when with_moments);
 // every missing, unexpected or misshapen tensor is refused by name.
 void unit_file_load(const std::string& path, StateUnit& u, bool with_moments);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "optim/adamw_lean.h"
+#include "optim/muon_unit.h"
 
 namespace rt {
 
@@ -16,6 +17,12 @@ void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, co
                        uint16_t* bf16_shadow, const uint16_t* shadow_prev) {
   RT_CHECK(0 <= b && b <= e && e <= u.numel, "[optim] range [", b, ", ", e, ") outside unit ", u.name, " of ", u.numel,
            " elements");
+  if (u.muon) {
+    RT_CHECK(b == 0 && e == u.numel && !shadow_prev, "[optim] unit ", u.name,
+             ": Muon orthogonalises whole matrices, so it updates whole units in place; this caller updates "
+             "ranges or from a previous shadow (chunked or delayed updates), which --optimizer muon does not support");
+    return muon_unit_update(u, grad, o, clip_coef, bf16_shadow);
+  }
   if (u.quantized())
     RT_CHECK(b % kQuantBlock == 0 && (e % kQuantBlock == 0 || e == u.numel), "[optim] unit ", u.name, ": range [", b,
              ", ", e, ") cuts a quantization block of the ", moment_storage_name(u.moments), " moments; ranges must ",

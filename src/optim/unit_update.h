@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "optim/adamw.h"
+#include "optim/muon.h"
 #include "state/host_state.h"
 
 namespace rt {
@@ -20,6 +21,7 @@ struct OptimStep {
   // quantized moments (optim/adamw_lean.h): how m, v are rounded back to their codes
   QuantRounding moment_rounding = QuantRounding::stochastic;
   uint64_t rounding_seed = 0;  // key of stochastic rounding (moments, bf16-sr master)
+  MuonHyper muon;              // units with muon set (--optimizer muon | muon8bit, optim/muon_unit.h)
 };
 
 // The weight decay of one tensor under o's policy.
@@ -42,6 +44,8 @@ void update_unit(StateUnit& u, const float* grad, const OptimStep& o, float clip
 // The same over the unit's elements [b, e) only: grad[e - b] holds their
 // gradients (grad[0] is element b); bf16_shadow (nullable) is the whole unit's.
 // Elementwise, so any split of a unit gives the same values as update_unit.
+// Muon units (StateUnit::muon, optim/muon_unit.h) update whole matrices: only
+// the whole unit [0, numel), in place, is accepted.
 void update_unit_range(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
                        uint16_t* bf16_shadow, const uint16_t* shadow_prev = nullptr);
 

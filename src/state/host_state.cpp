@@ -69,6 +69,9 @@ void copy_parallel(void* dst, const void* src, size_t bytes) {
 
 namespace {
 void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv);
+void moments_store(StateUnit& u, const float* mv);
+HostBuffer unit_moments(const StateUnit& u);
+void decode_all(MomentStorage mo, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x);
 }
 
 HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master)
@@ -166,25 +169,29 @@ constexpr size_t kPageAlign = 4096;
 }  // namespace
 
 uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads,
-                                  MomentStorage moments) {
-  // the unit layout of the constructor: every tensor padded to 16 floats
-  std::vector<int64_t> numel;
+                                  MomentStorage moments, UpdateRule rule) {
+  // the unit layout of the constructor: every tensor padded to 16 floats; v packed under Muon
+  std::vector<int64_t> numel, vlen;
   const int64_t L = spec.n_layers;
   numel.assign(static_cast<size_t>(L + 2), 0);
+  vlen.assign(static_cast<size_t>(L + 2), 0);
   for (auto& e : weight_map(spec)) {
     size_t u = e.kind == WeightKind::embed ? 0
                : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
                                            : static_cast<size_t>(L + 1);
     numel[u] += (e.numel() + 15) / 16 * 16;
+    if (rule == UpdateRule::adamw || !muon_matrix(e)) vlen[u] += (e.numel() + 15) / 16 * 16;
   }
   const bool in_shadow = storage != MasterStorage::fp32;
   uint64_t b = 0;
-  for (int64_t n : numel) {
+  for (size_t i = 0; i < numel.size(); ++i) {
+    const int64_t n = numel[i], nv = vlen[i];
     const uint64_t un = static_cast<uint64_t>(n);
-    const size_t arena = (in_shadow ? 0 : 1) + (moments == MomentStorage::fp32 ? 2 : 0);
-    b += buf_bytes(static_cast<size_t>(n) * arena, 64);
+    const size_t arena = static_cast<size_t>((in_shadow ? 0 : n) + (moments == MomentStorage::fp32 ? n + nv : 0));
+    b += buf_bytes(arena, 64);
     if (moments != MomentStorage::fp32)
-      b += 2 * buf_bytes(code_floats(moments, n), 64) + buf_bytes(2 * static_cast<size_t>(quant_blocks(n)), 64);
+      b += buf_bytes(code_floats(moments, n), 64) + buf_bytes(code_floats(moments, nv), 64) +
+           buf_bytes(static_cast<size_t>(quant_blocks(n) + quant_blocks(nv)), 64);
     b += static_cast<uint64_t>(shadows) * (in_shadow ? buf_bytes(shadow_floats(n), kPageAlign) : un * 2);
     if (storage == MasterStorage::split) b += buf_bytes(shadow_floats(n), 64) + buf_bytes(tie_floats(n), 64);
     if (storage == MasterStorage::bf16_kahan) b += buf_bytes(shadow_floats(n), 64);
@@ -248,8 +255,8 @@ namespace {
 void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv) {
   const int64_t n = u.numel;
   const bool in_shadow = ms != MasterStorage::fp32;
-  const size_t arena = (in_shadow ? 0 : 1) + (mo == MomentStorage::fp32 ? 2 : 0);
-  u.arena = HostBuffer(static_cast<size_t>(n) * arena, cat("the ", u.name, " master weights and Adam moments"));
+  const size_t arena = static_cast<size_t>((in_shadow ? 0 : n) + (mo == MomentStorage::fp32 ? n + u.v_len() : 0));
+  u.arena = HostBuffer(arena, cat("the ", u.name, " master weights and Adam moments"));
   for (auto& sb : u.shadow_buf) sb = HostBuffer();
   u.rem_buf = HostBuffer();
   u.tie_buf = HostBuffer();
@@ -272,38 +279,80 @@ void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo,
   u.qm_buf = HostBuffer();
   u.qv_buf = HostBuffer();
   u.qscale_buf = HostBuffer();
-  if (mo == MomentStorage::fp32) {
-    copy_parallel(u.m(), mv, static_cast<size_t>(2 * n) * 4);
-    return;
+  if (mo != MomentStorage::fp32) {
+    u.qm_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam m"));
+    u.qv_buf = HostBuffer(code_floats(mo, u.v_len()), cat("the ", u.name, " quantized Adam v"));
+    u.qscale_buf = HostBuffer(static_cast<size_t>(quant_blocks(n) + quant_blocks(u.v_len())),
+                              cat("the ", u.name, " moment scales"));
   }
-  u.qm_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam m"));
-  u.qv_buf = HostBuffer(code_floats(mo, n), cat("the ", u.name, " quantized Adam v"));
-  u.qscale_buf = HostBuffer(2 * static_cast<size_t>(quant_blocks(n)), cat("the ", u.name, " moment scales"));
-  const int64_t nb = quant_blocks(n);
-  parallel_for(nb, 64, [&](int64_t b0, int64_t b1) {
+  moments_store(u, mv);
+}
+
+// u's v packed (Muon units) from / into the unit layout (numel floats; a Muon matrix's v reads as 0).
+void v_pack(const StateUnit& u, const float* full, float* packed) {
+  std::memset(packed, 0, static_cast<size_t>(u.v_len()) * 4);
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (u.v_at(k) >= 0)
+      std::memcpy(packed + u.v_at(k), full + u.offsets[k], static_cast<size_t>(u.entries[k].numel()) * 4);
+}
+void v_unpack(const StateUnit& u, const float* packed, float* full) {
+  std::memset(full, 0, static_cast<size_t>(u.numel) * 4);
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (u.v_at(k) >= 0)
+      std::memcpy(full + u.offsets[k], packed + u.v_at(k), static_cast<size_t>(u.entries[k].numel()) * 4);
+}
+
+void encode_all(MomentStorage mo, bool signed_code, const float* x, int64_t n, uint8_t* codes, float* scales) {
+  parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
-      quant_block_encode(mo, true, QuantRounding::nearest, 0, mv + first, k, u.qm(), first, u.scale_m() + blk);
-      quant_block_encode(mo, false, QuantRounding::nearest, 0, mv + n + first, k, u.qv(), first, u.scale_v() + blk);
+      quant_block_encode(mo, signed_code, QuantRounding::nearest, 0, x + first, k, codes, first, scales + blk);
+    }
+  });
+}
+void decode_all(MomentStorage mo, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x) {
+  parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
+      quant_block_decode(mo, signed_code, codes, first, scales[blk], k, x + first);
     }
   });
 }
 
+// Stores fp32 moments mv ([m | v], 2 numel, the unit layout) into u's moment storage (quantized: nearest).
+void moments_store(StateUnit& u, const float* mv) {
+  const int64_t n = u.numel, nv = u.v_len();
+  const MomentStorage mo = u.moments;
+  std::vector<float> packed;
+  const float* v = mv + n;
+  if (u.muon) {
+    packed.resize(static_cast<size_t>(nv));
+    v_pack(u, mv + n, packed.data());
+    v = packed.data();
+  }
+  if (mo == MomentStorage::fp32) {
+    copy_parallel(u.m(), mv, static_cast<size_t>(n) * 4);
+    copy_parallel(u.v(), v, static_cast<size_t>(nv) * 4);
+    return;
+  }
+  encode_all(mo, true, mv, n, u.qm(), u.scale_m());
+  encode_all(mo, false, v, nv, u.qv(), u.scale_v());
+}
+
 // u's current moments as fp32 [m | v] (quantized: decoded).
 HostBuffer unit_moments(const StateUnit& u) {
-  const int64_t n = u.numel;
+  const int64_t n = u.numel, nv = u.v_len();
   HostBuffer mv(static_cast<size_t>(2 * n), cat("a copy of the ", u.name, " Adam moments"));
+  std::vector<float> packed(u.muon ? static_cast<size_t>(nv) : 0);
+  float* v = u.muon ? packed.data() : mv.p + n;
   if (!u.quantized()) {
-    copy_parallel(mv.p, u.m(), static_cast<size_t>(2 * n) * 4);
-    return mv;
+    copy_parallel(mv.p, u.m(), static_cast<size_t>(n) * 4);
+    copy_parallel(v, u.v(), static_cast<size_t>(nv) * 4);
+  } else {
+    decode_all(u.moments, true, u.qm(), u.scale_m(), n, mv.p);
+    decode_all(u.moments, false, u.qv(), u.scale_v(), nv, v);
   }
-  parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
-      quant_block_decode(u.moments, true, u.qm(), first, u.scale_m()[blk], k, mv.p + first);
-      quant_block_decode(u.moments, false, u.qv(), first, u.scale_v()[blk], k, mv.p + n + first);
-    }
-  });
+  if (u.muon) v_unpack(u, packed.data(), mv.p + n);
   return mv;
 }
 
@@ -476,10 +525,66 @@ void HostState::zero_grads() {
     if (u.grad.p) zero_parallel(u.grad.p, u.grad.n);
 }
 
+bool muon_matrix(const WeightEntry& e) {
+  switch (e.kind) {
+    case WeightKind::q_proj:
+    case WeightKind::k_proj:
+    case WeightKind::v_proj:
+    case WeightKind::o_proj:
+    case WeightKind::gate_proj:
+    case WeightKind::up_proj:
+    case WeightKind::down_proj:
+    case WeightKind::expert_gate:
+    case WeightKind::expert_up:
+    case WeightKind::expert_down:
+      return e.shape.size() == 2;
+    default:
+      return false;
+  }
+}
+
+const char* update_rule_name(UpdateRule r) { return r == UpdateRule::muon ? "muon" : "adamw"; }
+
+const char* optimizer_name(UpdateRule r, MomentStorage m) {
+  if (r == UpdateRule::adamw) return moment_storage_name(m);
+  return m == MomentStorage::fp32 ? "muon" : m == MomentStorage::q8 ? "muon8bit" : "muon4bit";
+}
+
+void HostState::set_update_rule(UpdateRule r) {
+  const bool muon = r == UpdateRule::muon;
+  decoded_.clear();
+  for (StateUnit& u : units_) {
+    if (u.muon == muon) continue;
+    HostBuffer mv = unit_moments(u);  // [m | v] in the unit layout; the matrices' zeroed
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      if (muon_matrix(u.entries[k])) {
+        const size_t n = static_cast<size_t>(u.entries[k].numel());
+        std::memset(mv.p + u.offsets[k], 0, n * 4);
+        std::memset(mv.p + u.numel + u.offsets[k], 0, n * 4);
+      }
+    u.muon = muon;
+    u.v_off.assign(u.entries.size(), -1);
+    u.nv = 0;
+    if (muon)
+      for (size_t k = 0; k < u.entries.size(); ++k)
+        if (!muon_matrix(u.entries[k])) {
+          u.v_off[k] = u.nv;
+          u.nv += (u.entries[k].numel() + 15) / 16 * 16;  // 16-float aligned, as in the arena
+        }
+    HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
+    u.read_master(0, u.numel, x.p);
+    HostBuffer comp;  // a Kahan compensation survives the rebuild
+    if (u.master_kind == MasterStorage::bf16_kahan) comp = std::move(u.rem_buf);
+    const int shadows = u.n_shadows;
+    unit_rebuild(u, u.master_kind, shadows, u.moments, x.p, mv.p);
+    if (comp.p) u.rem_buf = std::move(comp);
+  }
+}
+
 void HostState::zero_moments() {
   for (auto& u : units_) {
     if (!u.quantized()) {
-      std::memset(u.m(), 0, 2 * static_cast<size_t>(u.numel) * sizeof(float));
+      std::memset(u.m(), 0, static_cast<size_t>(u.numel + u.v_len()) * sizeof(float));
       continue;
     }
     for (HostBuffer* b : {&u.qm_buf, &u.qv_buf, &u.qscale_buf}) std::memset(b->p, 0, b->n * sizeof(float));

@@ -21,6 +21,13 @@
 // Moments: fp32 m, v in the arena, or block-wise quantized (state/moment_quant.h,
 // --optimizer adamw8bit | adamw4bit): codes and scales in their own buffers
 // and the arena holds the fp32 master only (or nothing with a shadow master).
+// Update rule (--optimizer muon | muon8bit, optim/muon.h): Muon for the 2-D
+// matrices of the layers, AdamW for the rest. A Muon matrix's momentum lives
+// in its m (fp32, or the m8 codes of muon8bit); it has no v: a Muon unit's v
+// is packed, holding only its other tensors' (v_off, nv), so fp32 matrices
+// cost 4 (master) + 4 (momentum) B/param. The arena is then [master | m | v]
+// with m numel and v nv floats; quantized: v codes of nv elements, scales
+// [m: quant_blocks(numel) | v: quant_blocks(nv)].
 // Lives below io/ (state <- io): reading and writing it as safetensors is
 // io/state_tensors.h.
 #pragma once
@@ -57,6 +64,14 @@ struct HostBuffer {
 uint64_t host_memory_available();  // MemAvailable from /proc/meminfo, bytes (0 if unknown)
 
 enum class MasterStorage { fp32, split, bf16_sr, bf16_kahan };
+enum class UpdateRule { adamw, muon };
+const char* update_rule_name(UpdateRule r);  // "adamw", "muon"
+// The --optimizer value of a rule and moment storage: adamw, adamw8bit, adamw4bit, muon, muon8bit.
+const char* optimizer_name(UpdateRule r, MomentStorage m);
+// Whether Muon updates e: the q, k, v, o, gate, up, down projections (dense,
+// MoE experts, a shared expert). Not the embedding, the LM head, norms,
+// biases, the router or the shared-expert gate.
+bool muon_matrix(const WeightEntry& e);
 const char* master_storage_name(MasterStorage s);  // the --master value: fp32, split, bf16-sr, bf16-kahan
 inline bool master_is_bf16(MasterStorage s) { return s == MasterStorage::bf16_sr || s == MasterStorage::bf16_kahan; }
 
@@ -77,6 +92,12 @@ struct StateUnit {
   HostBuffer qm_buf, qv_buf, qscale_buf;
   MasterStorage master_kind = MasterStorage::fp32;
   MomentStorage moments = MomentStorage::fp32;
+  bool muon = false;  // UpdateRule::muon: the unit's Muon matrices (optim/muon.h) keep their momentum in m
+  // Muon units: entry k's v at v_off[k] of the packed v (-1: a Muon matrix, no v), nv its length
+  std::vector<int64_t> v_off;
+  int64_t nv = 0;
+  int64_t v_len() const { return muon ? nv : numel; }                            // elements of v
+  int64_t v_at(size_t k) const { return muon ? v_off[k] : offsets[k]; }          // entry k's v offset (-1: none)
   int n_shadows = 0;                                    // 0: fp32 storage
   int cur_shadow = 0;                                   // the shadow holding the current master (split, bf16)
   bool shadow_master() const { return n_shadows > 0; }  // the master lives in the shadow(s)
@@ -84,11 +105,11 @@ struct StateUnit {
   bool quantized() const { return moments != MomentStorage::fp32; }
   float* master() const;  // fp32 storage only (throws on a shadow master)
   float* m() const;       // fp32 moments only (throws on quantized ones)
-  float* v() const { return m() + numel; }
+  float* v() const { return m() + numel; }  // v_len() floats
   uint8_t* qm() const { return reinterpret_cast<uint8_t*>(qm_buf.p); }
   uint8_t* qv() const { return reinterpret_cast<uint8_t*>(qv_buf.p); }
   float* scale_m() const { return qscale_buf.p; }
-  float* scale_v() const { return qscale_buf.p + quant_blocks(numel); }
+  float* scale_v() const { return qscale_buf.p + quant_blocks(numel); }  // quant_blocks(v_len())
   uint16_t* comp() const { return rem(); }  // bf16-kahan
   uint16_t* shadow(int k) const { return reinterpret_cast<uint16_t*>(shadow_buf[k].p); }
   uint16_t* rem() const { return reinterpret_cast<uint16_t*>(rem_buf.p); }
@@ -123,7 +144,7 @@ class HostState {
   // tensors to 16 floats included, the buffers' rounding to 64 B / 4 KiB not
   // (as bytes_total).
   static uint64_t planned_bytes(const ModelSpec& spec, MasterStorage storage, int shadows, bool host_grads,
-                                MomentStorage moments = MomentStorage::fp32);
+                                MomentStorage moments = MomentStorage::fp32, UpdateRule rule = UpdateRule::adamw);
 
   // Master storage. set_master_storage converts unit by unit (peak: the state
   // plus one unit), bit-exact both ways; split with n_shadows 1 or 2 (a change of
@@ -137,6 +158,12 @@ class HostState {
   // when converting); quantized -> fp32 decodes exactly. Unit by unit.
   MomentStorage moment_storage() const { return units_[0].moments; }
   void set_moment_storage(MomentStorage s);
+
+  // Update rule of every unit. A change zeroes the m (and drops or adds the v)
+  // of the Muon matrices (Adam moments and Muon momentum do not convert);
+  // the other tensors keep theirs. Unit by unit. Not while an update runs.
+  UpdateRule update_rule() const { return units_[0].muon ? UpdateRule::muon : UpdateRule::adamw; }
+  void set_update_rule(UpdateRule r);
 
   // HF-style init: normal(0, std) for matrices and embeddings, 1 for norms, 0
   // for biases; counter-based RNG, so identical for any thread count.

@@ -49,7 +49,7 @@ TEST(TrainLeanOptions, BadValuesAndCombinationsAreRefusedNamingTheFlag) {
     const char* extra;
     const char* expect;
   };
-  for (const Case& c : {Case{"--optimizer muon", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
+  for (const Case& c : {Case{"--optimizer muon4bit", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
                         Case{"--master bf16", "--master"}, Case{"--moment-rounding up", "--moment-rounding"},
                         Case{"--moment-rounding nearest",
                              "--moment-rounding applies to quantized moments only; add --optimizer adamw8bit"}}) {
@@ -82,19 +82,22 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     const char* flags;
     rt::MasterStorage master;
     rt::MomentStorage moments;
+    rt::UpdateRule rule = rt::UpdateRule::adamw;
   };
   int i = 0;
   for (const Mode& m :
        {Mode{"", rt::MasterStorage::fp32, rt::MomentStorage::fp32},
         Mode{"--optimizer adamw8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8},
         Mode{"--optimizer adamw4bit --master bf16-kahan", rt::MasterStorage::bf16_kahan, rt::MomentStorage::q4},
-        Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32}}) {
+        Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32},
+        Mode{"--optimizer muon", rt::MasterStorage::fp32, rt::MomentStorage::fp32, rt::UpdateRule::muon},
+        Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon}}) {
     SCOPED_TRACE(m.flags);
     auto r = run_ramtrain(f.train("m" + std::to_string(i++), m.flags));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // the CPU backend: host gradients, no pinned shadow of an fp32 master; a bf16 master is its one shadow
     const int shadows = m.master == rt::MasterStorage::fp32 ? 0 : 1;
-    const double bpp = static_cast<double>(rt::HostState::planned_bytes(spec, m.master, shadows, true, m.moments)) /
+    const double bpp = static_cast<double>(rt::HostState::planned_bytes(spec, m.master, shadows, true, m.moments, m.rule)) /
                        static_cast<double>(spec.params_total());
     char want[64];
     std::snprintf(want, sizeof want, "%.2f B/param host state", bpp);
@@ -104,7 +107,7 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
                           (m.master == rt::MasterStorage::fp32 ? " --master fp32" : ""));
     ASSERT_EQ(p.exit_code, 0) << p.output;
     const bool host_grads = contains(p.output, "\"host_grads\":true");
-    const uint64_t state = rt::HostState::planned_bytes(spec, m.master, 1, host_grads, m.moments);
+    const uint64_t state = rt::HostState::planned_bytes(spec, m.master, 1, host_grads, m.moments, m.rule);
     const size_t at = p.output.find("\"needed_bytes\":");
     ASSERT_NE(at, std::string::npos) << p.output;
     const double needed = std::strtod(p.output.c_str() + at + 15, nullptr);

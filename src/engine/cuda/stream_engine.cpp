@@ -690,6 +690,10 @@ class StreamEngine final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt) {
+  // Muon needs whole matrices (the device-mode optimizer updates chunks) and
+  // its GPU orthogonalisation is not built: the CPU backend runs it
+  RT_CHECK(state.update_rule() != UpdateRule::muon,
+           "[cuda] --optimizer muon: CUDA path not built yet, use --device cpu");
   CudaOptions o = opt;
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
   if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first

@@ -1,0 +1,95 @@
+// See muon.h. No implicit FP contraction: every op below is rounded once, as
+// written (the tests' reference computes the same formulas).
+#pragma GCC optimize("fp-contract=off")
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
+#include "optim/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "cpu/ops.h"
+#include "optim/adamw.h"
+
+namespace rt {
+
+namespace {
+constexpr int64_t kGrain = 1 << 16;  // elements per thread-pool task of the elementwise loops
+}
+
+double muon_scale(int64_t rows, int64_t cols) {
+  return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+}
+
+void newton_schulz5(float* x, int64_t r, int64_t c) {
+  RT_CHECK(r >= 1 && r <= c, "[muon] newton_schulz5 needs 1 <= rows <= cols, got ", r, " x ", c);
+  const float a = static_cast<float>(kMuonNsA), b = static_cast<float>(kMuonNsB), cc = static_cast<float>(kMuonNsC);
+  std::vector<float> A(static_cast<size_t>(r * r)), AA(static_cast<size_t>(r * r)), BX(static_cast<size_t>(r * c));
+  for (int s = 0; s < kMuonNsSteps; ++s) {
+    cpu::matmul_nt(A.data(), x, x, r, r, c);                // A[r,r] = X X^T
+    cpu::matmul_nn(AA.data(), A.data(), A.data(), r, r, r);  // AA[r,r] = A A
+    for (int64_t i = 0; i < r * r; ++i) A[i] = b * A[i] + cc * AA[i];  // B
+    cpu::matmul_nn(BX.data(), A.data(), x, r, c, r);  // BX[r,c] = B X
+    parallel_for(r * c, kGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) x[i] = a * x[i] + BX[i];
+    });
+  }
+}
+
+void muon_orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) {
+  RT_CHECK(rows >= 1 && cols >= 1, "[muon] empty matrix ", rows, " x ", cols);
+  const int64_t n = rows * cols;
+  const float d = static_cast<float>(std::sqrt(sum_squares(u, n)) + kMuonNormEps);
+  if (rows <= cols) {
+    parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) o[i] = u[i] / d;
+    });
+    return newton_schulz5(o, rows, cols);
+  }
+  std::vector<float> xt(static_cast<size_t>(n));  // [cols, rows]
+  parallel_for(cols, 64, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t i = 0; i < rows; ++i) xt[static_cast<size_t>(j * rows + i)] = u[i * cols + j] / d;
+  });
+  newton_schulz5(xt.data(), cols, rows);
+  parallel_for(rows, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = 0; j < cols; ++j) o[i * cols + j] = xt[static_cast<size_t>(j * rows + i)];
+  });
+}
+
+void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
+                        double lr, double wd, float grad_scale, uint16_t* bf16_out) {
+  RT_CHECK(mu >= 0 && mu < 1, "[muon] momentum ", mu, " must lie in [0, 1); fix --muon-momentum (or --beta1)");
+  RT_CHECK(lr >= 0 && wd >= 0, "[muon] lr = ", lr, ", weight_decay = ", wd, " must be >= 0");
+  const int64_t n = rows * cols;
+  const float muf = static_cast<float>(mu);
+  std::vector<float> u(static_cast<size_t>(n)), o(static_cast<size_t>(n));
+  parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float gi = g[i] * grad_scale;
+      m[i] = muf * m[i] + gi;
+      u[static_cast<size_t>(i)] = nesterov ? gi + muf * m[i] : m[i];
+    }
+  });
+  muon_orthogonalize(u.data(), o.data(), rows, cols);
+  const float decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+  const float step = static_cast<float>(lr * muon_scale(rows, cols));
+  parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float w = p[i];
+      if (wd != 0) w = w * decay;
+      w = w - step * o[static_cast<size_t>(i)];
+      p[i] = w;
+      if (bf16_out) bf16_out[i] = f32_to_bf16(w);
+    }
+  });
+}
+
+}  // namespace rt

@@ -1,0 +1,54 @@
+// Muon (Keller Jordan 2024, "Muon: an optimizer for hidden layers") for the
+// 2-D weight matrices of the decoder layers; AdamW (optim/adamw.h) for every
+// other tensor (embedding, LM head, norms, biases, routers), exactly as the
+// AdamW modes run it. --optimizer muon | muon8bit (docs/lean_state.md).
+//
+// Per matrix W [R, C] (R = rows = the HF tensor's shape[0]) with gradient g,
+// after global-norm clipping (grad_scale = the clip coefficient, as AdamW):
+//   G  = g * grad_scale                        (fp32)
+//   M  = mu * M + G                            (fp32, mu = momentum)
+//   U  = G + mu * M     (nesterov, default)    or U = M
+//   X  = U / (||U||_F + 1e-7)                  (norm in double, rounded to fp32)
+//        transposed to [min(R,C), max(R,C)] so rows <= cols
+//   5 x:  A = X X^T,  B = b A + c A A,  X = a X + B X
+//        (a, b, c) = (3.4445, -4.7750, 2.0315), fp32 GEMMs (cpu/ops.h)
+//   O  = X transposed back to [R, C]
+//   W  = W * (1 - lr*wd)                       (skipped when wd == 0; AdamW's decoupled decay)
+//   W  = W - (lr * scale) * O,   scale = 0.2 * sqrt(max(R, C))
+// The scale is Moonshot's RMS matching ("Muon is scalable for LLM training",
+// 2025): an orthogonalised update has RMS ~ 1/sqrt(max(R, C)), so 0.2 sqrt(max)
+// brings it to AdamW's typical update RMS (~0.2) and Muon shares AdamW's lr.
+// Constants lr*wd, lr*scale are computed in double and rounded to fp32 once.
+// No bias correction (Muon has none). The output's singular values lie in
+// ~[0.68, 1.2] (the quintic's oscillation band), not exactly 1.
+#pragma once
+#include <cstdint>
+
+
+namespace rt {
+
+struct MuonHyper {
+  double momentum = -1;  // mu; < 0: the run's AdamW beta1 (--muon-momentum)
+  bool nesterov = true;
+};
+
+inline constexpr double kMuonNsA = 3.4445, kMuonNsB = -4.7750, kMuonNsC = 2.0315;
+inline constexpr int kMuonNsSteps = 5;
+inline constexpr double kMuonNormEps = 1e-7;
+
+// Which tensors Muon updates: muon_matrix (state/host_state.h).
+// 0.2 * sqrt(max(rows, cols)) (see above).
+double muon_scale(int64_t rows, int64_t cols);
+
+// o[R, C] = NS5(u / (||u||_F + 1e-7)) as above (u, o: R*C floats, row-major,
+// may not overlap). The CPU specification, fp32 throughout.
+void muon_orthogonalize(const float* u, float* o, int64_t rows, int64_t cols);
+// The five quintic steps on x [r, c] in place; r <= c (x already normalised).
+void newton_schulz5(float* x, int64_t r, int64_t c);
+
+// One Muon step of one matrix: p, m, g: rows*cols floats; mu the momentum
+// (resolved, in [0, 1)); bf16_out (nullable) receives the new weights.
+void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
+                        double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr);
+
+}  // namespace rt

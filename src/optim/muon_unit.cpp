@@ -1,0 +1,76 @@
+#include "optim/muon_unit.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "optim/adamw.h"
+#include "optim/muon.h"
+
+namespace rt {
+
+namespace {
+
+// The tensors of u: Muon matrices with muon_update_matrix, others with adamw_update
+// (m in the unit layout, v packed: u.v_at).
+void update_tensors(StateUnit& u, float* m, float* v, const float* grad, const OptimStep& o, float clip_coef,
+                    uint16_t* bf16_shadow) {
+  const double mu = muon_momentum(o);
+  for (size_t k = 0; k < u.entries.size(); ++k) {
+    const WeightEntry& e = u.entries[k];
+    const int64_t off = u.offsets[k];
+    uint16_t* out = bf16_shadow ? bf16_shadow + off : nullptr;
+    if (muon_matrix(e))
+      muon_update_matrix(u.master() + off, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr,
+                         weight_decay_for(e, o), clip_coef, out);
+    else
+      adamw_update(u.master() + off, m + off, v + u.v_at(k), grad + off, e.numel(), o.hyper, o.t, o.lr,
+                   weight_decay_for(e, o), clip_coef, out);
+  }
+}
+
+constexpr uint64_t kKeyMuonM = 0x6d756f6e6d000001ull, kKeyMuonV = 0x6d756f6e76000002ull;
+
+}  // namespace
+
+void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow) {
+  RT_CHECK(u.muon, "[muon] unit ", u.name, " is not a Muon unit");
+  RT_CHECK(grad, "[muon] null gradient for unit ", u.name);
+  RT_CHECK(u.master_kind == MasterStorage::fp32, "[muon] unit ", u.name, " holds a ",
+           master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 for now");
+  RT_CHECK(u.moments == MomentStorage::fp32 || u.moments == MomentStorage::q8, "[muon] unit ", u.name, " holds ",
+           moment_storage_name(u.moments), " moments; Muon keeps fp32 (muon) or 8-bit (muon8bit) ones");
+  if (!u.quantized()) return update_tensors(u, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
+  const int64_t n = u.numel, nv = u.v_len();
+  HostBuffer mv(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
+  float* m = mv.p;
+  float* v = mv.p + n;
+  auto blocks = [&](int64_t len, const std::function<void(int64_t blk, int64_t first, int64_t k)>& f) {
+    parallel_for(quant_blocks(len), 64, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) f(blk, blk * kQuantBlock, std::min(kQuantBlock, len - blk * kQuantBlock));
+    });
+  };
+  blocks(n, [&](int64_t blk, int64_t first, int64_t k) {
+    quant_block_decode(u.moments, true, u.qm(), first, u.scale_m()[blk], k, m + first);
+  });
+  blocks(nv, [&](int64_t blk, int64_t first, int64_t k) {
+    quant_block_decode(u.moments, false, u.qv(), first, u.scale_v()[blk], k, v + first);
+  });
+  update_tensors(u, m, v, grad, o, clip_coef, bf16_shadow);
+  const uint64_t key = quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
+                                                                 quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));
+  blocks(n, [&](int64_t blk, int64_t first, int64_t k) {
+    const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
+    quant_block_encode(u.moments, true, o.moment_rounding, kb ^ kKeyMuonM, m + first, k, u.qm(), first,
+                       u.scale_m() + blk);
+  });
+  blocks(nv, [&](int64_t blk, int64_t first, int64_t k) {
+    const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
+    quant_block_encode(u.moments, false, o.moment_rounding, kb ^ kKeyMuonV, v + first, k, u.qv(), first,
+                       u.scale_v() + blk);
+  });
+}
+
+}  // namespace rt

@@ -1,0 +1,28 @@
+// Muon over one HostState unit (--optimizer muon | muon8bit): Muon
+// (optim/muon.h) for the unit's Muon matrices (muon_matrix), AdamW for its
+// other tensors. update_unit_range dispatches here when the unit's `muon` is set.
+// Storage (state/host_state.h): a matrix's momentum is its m; it has no v
+// (the unit's v is packed: the other tensors' only).
+//   fp32 moments (muon): each other tensor runs adamw_update exactly as the
+//     AdamW mode does (bit-identical), each matrix muon_update_matrix on its m.
+//   8-bit moments (muon8bit): the unit's m, v are decoded (fp32 copies, 4
+//     B per element of m and of v, transient), the tensors updated as above, and m,
+//     v re-encoded block by block with o.moment_rounding (stochastic: keyed by
+//     (o.rounding_seed, o.t, unit index, block), so independent of threads).
+// Muon updates whole matrices: the range is the whole unit, the master fp32.
+#pragma once
+#include <cstdint>
+
+#include "optim/unit_update.h"
+
+namespace rt {
+
+// u.muon must be set; grad[u.numel]; bf16_shadow (nullable) as update_unit's.
+void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
+
+// The momentum mu a step uses: o.muon.momentum, or AdamW's beta1 when that is < 0.
+inline double muon_momentum(const OptimStep& o) {
+  return o.muon.momentum >= 0 ? o.muon.momentum : o.hyper.beta1;
+}
+
+}  // namespace rt

@@ -1,0 +1,125 @@
+// --optimizer muon | muon8bit through the binary (CPU backend): a run resumed
+// from a mid-run checkpoint ends with the uninterrupted run's state files byte
+// for byte (masters, Muon momentum, Adam moments); bad combinations refused
+// naming the flag, nothing written; the start line names Muon and its momentum.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "core/fs.h"
+#include "testutil.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using rt::test::contains;
+using rt::test::run_ramtrain;
+using rt::test::TempDir;
+using rt::test::write_bytes;
+
+struct Fixture {
+  TempDir tmp;
+  Fixture() {
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + ". ";
+    write_bytes(tmp.file("data.txt"), text);
+  }
+  std::string train(const std::string& out, const std::string& extra) const {
+    return "train --preset tiny-byte --data " + tmp.file("data.txt") +
+           " --seq-len 16 --micro-batch 2 --threads 1 --eval-batches 1 --device cpu --lr 3e-3 --out " +
+           tmp.file(out) + " " + extra;
+  }
+};
+
+std::string state_file(const std::string& ckpt, const std::string& unit) {
+  return ckpt + "/state-" + unit + ".safetensors";
+}
+
+TEST(MuonCli, ResumeEqualsTheUninterruptedRunBitForBit) {
+  Fixture f;
+  const std::vector<std::string> units = {"embed", "layer.0", "layer.5", "head"};
+  for (const char* opt : {"muon", "muon8bit"}) {
+    SCOPED_TRACE(opt);
+    const std::string mode = std::string("--optimizer ") + opt + " --steps 6 --save-every 3";
+    auto r = run_ramtrain(f.train(std::string("a-") + opt, mode));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, std::string("optimizer ") + opt + ": Muon (momentum 0.9")) << r.output;
+    const std::string a = f.tmp.file(std::string("a-") + opt);
+    r = run_ramtrain("train --resume " + a + "/ckpt-00000003 --out " + f.tmp.file(std::string("b-") + opt));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string b = f.tmp.file(std::string("b-") + opt);
+    for (const std::string& u : units) {
+      const std::string want = rt::read_text_file(state_file(a + "/ckpt-00000006", u));
+      EXPECT_TRUE(rt::read_text_file(state_file(b + "/ckpt-00000006", u)) == want) << u << " differs";
+      EXPECT_TRUE(contains(want, "\"update_rule\":\"muon\"")) << u;
+      // and the state moved from step 3 (so equal files are no accident)
+      EXPECT_FALSE(rt::read_text_file(state_file(a + "/ckpt-00000003", u)) == want) << u;
+    }
+  }
+}
+
+TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
+  Fixture f;
+  struct Case {
+    std::string extra;
+    std::string expect;
+  };
+  for (const Case& c :
+       {Case{"--optimizer muon --device cuda", "--optimizer muon: CUDA path not built yet, use --device cpu"},
+        Case{"--optimizer muon8bit --master bf16-sr", "--optimizer muon8bit needs an fp32 master"},
+        Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit only"},
+        Case{"--optimizer muon --muon-momentum 1.5", "--muon-momentum"},
+        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node shards AdamW state only"}}) {
+    SCOPED_TRACE(c.extra);
+    auto r = run_ramtrain(f.train("bad", c.extra + " --steps 2"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, c.expect)) << r.output;
+    EXPECT_FALSE(fs::exists(f.tmp.file("bad/final")));
+  }
+  // a checkpoint's Muon momentum does not turn into Adam moments, nor back
+  auto r = run_ramtrain(f.train("mu", "--optimizer muon --steps 2 --save-every 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ramtrain(f.train("ad", "--steps 2 --save-every 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer adamw --steps 4 --out " +
+                   f.tmp.file("mu2"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "trained with --optimizer muon")) << r.output;
+  EXPECT_TRUE(contains(r.output, "resume with --optimizer muon or muon8bit")) << r.output;
+  r = run_ramtrain("train --resume " + f.tmp.file("ad/ckpt-00000002") + " --optimizer muon8bit --steps 4 --out " +
+                   f.tmp.file("ad2"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "trained with --optimizer adamw and this run asks for --optimizer muon8bit"))
+      << r.output;
+  EXPECT_FALSE(fs::exists(f.tmp.file("mu2/final")));
+  EXPECT_FALSE(fs::exists(f.tmp.file("ad2/final")));
+  // but muon -> muon8bit converts the momentum (like adamw -> adamw8bit)
+  r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer muon8bit --steps 3 --out " +
+                   f.tmp.file("mu3"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // plan refuses what train refuses
+  r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --master split");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--optimizer muon needs an fp32 master")) << r.output;
+}
+
+// --muon-momentum reaches the update (a different run from the default), and
+// the CPU twins of --delayed-update and --grads fold, which update whole
+// units, run with Muon.
+TEST(MuonCli, MomentumFlagAndWholeUnitModesRun) {
+  Fixture f;
+  auto a = run_ramtrain(f.train("d", "--optimizer muon --steps 3"));
+  auto b = run_ramtrain(f.train("m", "--optimizer muon --steps 3 --muon-momentum 0.5"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "Muon (momentum 0.5")) << b.output;
+  EXPECT_FALSE(rt::read_text_file(f.tmp.file("d/final/model.safetensors")) ==
+               rt::read_text_file(f.tmp.file("m/final/model.safetensors")));
+  for (const char* extra : {"--delayed-update", "--grads fold"}) {
+    auto r = run_ramtrain(f.train(std::string("w") + extra[2], std::string("--optimizer muon --steps 3 ") + extra));
+    EXPECT_EQ(r.exit_code, 0) << extra << ": " << r.output;
+  }
+}
+
+}  // namespace
