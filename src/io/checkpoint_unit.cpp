@@ -47,7 +47,13 @@ size_t unit_stage_floats(const StateUnit& u) {
 }
 
 UnitSnap unit_snap_live(const StateUnit& u) {
-  UnitSnap s{u.name, u.entries, u.offsets, u.numel, u.master_kind, u.moments};
+  UnitSnap s;
+  s.name = u.name;
+  s.entries = u.entries;
+  s.offsets = u.offsets;
+  s.numel = u.numel;
+  s.master_kind = u.master_kind;
+  s.moments = u.moments;
   s.muon = u.muon;
   for (size_t k = 0; k < u.entries.size(); ++k) s.v_off.push_back(u.v_at(k));
   s.nv = u.v_len();
@@ -67,7 +73,13 @@ UnitSnap unit_snap_live(const StateUnit& u) {
 
 UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
   const int64_t n = u.numel;
-  UnitSnap s{u.name, u.entries, u.offsets, n, u.master_kind, u.moments};
+  UnitSnap s;
+  s.name = u.name;
+  s.entries = u.entries;
+  s.offsets = u.offsets;
+  s.numel = n;
+  s.master_kind = u.master_kind;
+  s.moments = u.moments;
   s.muon = u.muon;
   for (size_t k = 0; k < u.entries.size(); ++k) s.v_off.push_back(u.v_at(k));
   s.nv = u.v_len();
