@@ -8,10 +8,10 @@
 # (--threads), so the comparison costs one run's time. A bench, not a test:
 # it prints a table (final training loss = mean of the last 50 steps, final
 # validation loss, each against fp32 AdamW's) and leaves each mode's
-# metrics.jsonl in OUT (bench/plot_curves.py draws them). fp32 AdamW and
-# Muon also run at half and twice the learning rate (later flags win), so
-# each is compared at its best of three. LQ_MUON=1 adds the Muon modes
-# (CPU backend only for now: the CUDA engine refuses them).
+# metrics.jsonl in OUT (bench/plot_curves.py draws them). LQ_MUON=1 adds
+# the Muon modes (CPU backend only for now: the CUDA engine refuses them),
+# with Muon and fp32 AdamW also at half and twice the learning rate (later
+# flags win), so that each is compared at its best of three.
 #   bench/lean_quality.sh [path/to/ramtrain] [DATA] [STEPS]
 set -uo pipefail
 R=${1:-build/cpu/ramtrain}
@@ -27,8 +27,6 @@ common=(--model "$here/bench/lean_quality" --init random --tokenizer "$here/test
 # name | options
 modes=(
   "adamw|"
-  "adamw_lr5e-4|--lr 5e-4"
-  "adamw_lr2e-3|--lr 2e-3"
   "adamw8bit|--optimizer adamw8bit"
   "adamw4bit|--optimizer adamw4bit"
   "bf16-sr|--master bf16-sr"
@@ -37,7 +35,7 @@ modes=(
   "adamw4bit+bf16-sr|--optimizer adamw4bit --master bf16-sr"
 )
 if [ "${LQ_MUON:-0}" = 1 ]; then  # Muon runs on the CPU backend only for now (the CUDA engine refuses it)
-  modes+=("muon|--optimizer muon" "muon_lr5e-4|--optimizer muon --lr 5e-4" "muon_lr2e-3|--optimizer muon --lr 2e-3"
+  modes+=("adamw_lr5e-4|--lr 5e-4" "adamw_lr2e-3|--lr 2e-3" "muon|--optimizer muon" "muon_lr5e-4|--optimizer muon --lr 5e-4" "muon_lr2e-3|--optimizer muon --lr 2e-3"
           "muon8bit|--optimizer muon8bit")
 fi
 threads=$(( $(nproc) / ${#modes[@]} ))
