@@ -72,6 +72,28 @@ TEST(StepModel, FlopsFollowTheFormula) {
   EXPECT_NEAR(rt::hardware_flops_per_token(s, 512, 3), hw, kRel * hw);
 }
 
+// MoE: a token runs the router and its top-k experts, not all of them. A
+// model of E experts of width F with top-k costs what the dense model of
+// width k F costs, plus the router (E x C per layer).
+TEST(StepModel, MoeFlopsCountTheActiveExperts) {
+  rt::ModelSpec dense = spec();
+  dense.intermediate = 2 * 48;
+  rt::ModelSpec moe = spec();
+  moe.architecture = "MixtralForCausalLM";
+  moe.moe.n_experts = 8;
+  moe.moe.top_k = 2;
+  moe.moe.expert_intermediate = 48;
+  ASSERT_TRUE(moe.is_moe());
+  const double router = 6.0 * 6 * 8 * static_cast<double>(moe.hidden);
+  for (int64_t T : {512, 4096}) {
+    const double want = rt::model_flops_per_token(dense, T) + router;
+    EXPECT_NEAR(rt::model_flops_per_token(moe, T), want, kRel * want) << T;
+    // a recomputed MoE layer repeats the active layer's forward: 2 N_active + 2 H D T
+    const double hw_want = rt::hardware_flops_per_token(dense, T, 2) + router + 2 * 2.0 * 8 * moe.hidden;
+    EXPECT_NEAR(rt::hardware_flops_per_token(moe, T, 2), hw_want, kRel * hw_want) << T;
+  }
+}
+
 TEST(StepModel, LayerMajorMovesTheWeightsOncePerStep) {
   const rt::ModelSpec s = spec();
   const int64_t K = 8;
