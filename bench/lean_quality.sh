@@ -31,8 +31,8 @@ modes=(
   "adamw4bit|--optimizer adamw4bit"
   "bf16-sr|--master bf16-sr"
   "bf16-kahan|--master bf16-kahan"
-  "adamw8bit+bf16-sr|--optimizer adamw8bit --master bf16-sr"
-  "adamw4bit+bf16-sr|--optimizer adamw4bit --master bf16-sr"
+  "adamw8bit_bf16-sr|--optimizer adamw8bit --master bf16-sr"
+  "adamw4bit_bf16-sr|--optimizer adamw4bit --master bf16-sr"
 )
 if [ "${LQ_MUON:-0}" = 1 ]; then  # Muon runs on the CPU backend only for now (the CUDA engine refuses it)
   modes+=("adamw_lr5e-4|--lr 5e-4" "adamw_lr2e-3|--lr 2e-3" "muon|--optimizer muon" "muon_lr5e-4|--optimizer muon --lr 5e-4" "muon_lr2e-3|--optimizer muon --lr 2e-3"

@@ -315,6 +315,41 @@ TEST(Resume, LeanModesResumeExactly) {
   }
 }
 
+// A mixture-of-experts model (Mixtral shape, byte vocabulary, the
+// load-balancing loss on) killed during a checkpoint write resumes to the
+// uninterrupted run's losses: routers, experts and their moments round-trip.
+TEST(Resume, MoeModelsResumeExactly) {
+  Fixture fx;
+  const std::string dir = fx.tmp.file("moe");
+  fs::create_directories(dir);
+  rt::test::write_bytes(dir + "/config.json",
+                        R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 32,
+  "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "vocab_size": 258, "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true,
+  "router_aux_loss_coef": 0.1, "router_jitter_noise": 0.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
+  "sliding_window": null, "bos_token_id": 256, "eos_token_id": 257})");
+  auto args = [&](const std::string& out) {
+    std::vector<std::string> a = fx.args(out);
+    for (size_t i = 0; i + 1 < a.size(); ++i)
+      if (a[i] == "--model") a[i + 1] = dir;
+    return a;
+  };
+  const std::string ref_out = fx.tmp.file("moe_ref");
+  ASSERT_EQ(run_logged(args(ref_out), ref_out + ".log"), 0) << rt::read_text_file(ref_out + ".log");
+  EXPECT_TRUE(contains(rt::read_text_file(ref_out + ".log"), "expert load"));
+  const Records ref = metrics_read(ref_out + "/metrics.jsonl");
+  ASSERT_EQ(ref.size(), size_t(kSteps + kSteps / 10));
+  const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
+  const std::string out = fx.tmp.file("moe_run"), log = out + ".log";
+  fs::create_directories(out);
+  ASSERT_EQ(run_logged(args(out), log, {"RAMTRAIN_INJECT_KILL_AFTER_BYTES=" + std::to_string(bytes * 5 / 2)}),
+            128 + SIGKILL);
+  auto r = run_ramtrain(join(resume_args(fx, out)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "resuming from")) << r.output;
+  EXPECT_TRUE(same_losses(metrics_read(out + "/metrics.jsonl"), ref));
+}
+
 TEST(Resume, AutoSkipsACorruptCheckpointNamingIt) {
   Fixture fx;
   Reference ref = reference_run(fx);
