@@ -39,6 +39,7 @@
 #include "cuda/check.h"
 #include "cuda/device_info.h"
 #include "cuda/ops.h"
+#include "device_buffer.h"
 #include "testutil.h"
 
 namespace {
@@ -47,64 +48,7 @@ using rt::cuda::bf16;
 using rt::test::max_rel_to_scale;
 using rt::test::random_vec;
 using rt::test::rel_l2;
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16)); }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  void poison() { CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes_)); }  // NaN in bf16 and fp32
-  rt::cuda::Scratch scratch() const { return {ptr_, bytes_}; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
-
-std::vector<float> round_bf16(std::vector<float> v) {
-  for (float& x : v) x = rt::bf16_to_f32(rt::f32_to_bf16(x));
-  return v;
-}
-std::unique_ptr<DeviceBuffer> upload_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = rt::f32_to_bf16(v[i]);
-  auto d = std::make_unique<DeviceBuffer>(h.size() * 2);
-  CUDA_CHECK(cudaMemcpy(d->as<void>(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-  return d;
-}
-std::unique_ptr<DeviceBuffer> upload_f32(const std::vector<float>& v) {
-  auto d = std::make_unique<DeviceBuffer>(v.size() * 4);
-  CUDA_CHECK(cudaMemcpy(d->as<void>(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-std::vector<float> download_bf16(const DeviceBuffer& d, int64_t n) {
-  CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> h(static_cast<size_t>(n));
-  CUDA_CHECK(cudaMemcpy(h.data(), d.as<void>(), h.size() * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> f(h.size());
-  for (size_t i = 0; i < h.size(); ++i) f[i] = rt::bf16_to_f32(h[i]);
-  return f;
-}
-std::vector<float> download_f32(const DeviceBuffer& d, int64_t n) {
-  CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> f(static_cast<size_t>(n));
-  CUDA_CHECK(cudaMemcpy(f.data(), d.as<void>(), f.size() * 4, cudaMemcpyDeviceToHost));
-  return f;
-}
-
-void expect_close(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref, double rel_tol,
-                  double max_tol) {
-  ASSERT_EQ(got.size(), ref.size()) << name;
-  const double rel = rel_l2(got.data(), ref.data(), static_cast<int64_t>(got.size()));
-  const double mx = max_rel_to_scale(got.data(), ref.data(), static_cast<int64_t>(got.size()));
-  EXPECT_TRUE(rel <= rel_tol) << name << ": rel_l2 " << rel << " > " << rel_tol;
-  EXPECT_TRUE(mx <= max_tol) << name << ": max |err| / max |ref| " << mx << " > " << max_tol;
-}
+using namespace rt::gputest;
 
 constexpr double kChainRel = 1e-2, kChainMax = 5e-2;  // chains with bf16 intermediates (header)
 constexpr double kExactSumRel = 1e-5;                 // fp32 sums of exact products (header)
