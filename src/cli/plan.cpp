@@ -3,6 +3,7 @@
 // CUDA engine would choose (engine/device_plan.h: the engine's own planner),
 // the predicted step time (engine/step_model.h) and, when it does not fit,
 // which flag to change and by how much. Exits 1 when the run would be refused.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "core/fs.h"
 #include "engine/backend.h"
 #include "engine/device_plan.h"
+#include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
 #include "state/host_state.h"
 
@@ -124,6 +126,13 @@ int cmd_plan(const Args& args) {
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
+  p.option("nproc-per-node", "N",
+           "ranks (GPUs) on this host in data parallel: also print each rank's host RAM with the optimizer "
+           "state sharded over the ranks (1/N of the fp32 master, Adam moments and reduced gradients each, the whole "
+           "bf16 weights; docs/multi_gpu.md). The GPU data-parallel engine is not built yet: train's "
+           "--nproc-per-node runs the CPU twin",
+           "1")
+      .integer(1, 1024);
   p.group("Output");
   p.flag("json", "print one JSON object instead of the report");
   if (!p.parse(args)) return 0;
@@ -190,6 +199,11 @@ int cmd_plan(const Args& args) {
   const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
                                 : opt == "adamw4bit" ? MomentStorage::q4
                                                      : MomentStorage::fp32;
+  const int ranks = static_cast<int>(p.integer("nproc-per-node"));
+  if (ranks > 1 && (opt != "adamw" || (master != "auto" && master != "fp32" && master != "split")))
+    fail("[plan] --nproc-per-node ", ranks, " plans the sharded fp32 state (fp32 master + AdamW moments), as train's "
+         "--nproc-per-node runs it; drop --optimizer ", opt, master == "auto" ? "" : " / --master " + master,
+         " or plan one rank");
   const std::vector<int64_t> unit_numel = unit_numels(spec);
   // host gradient arenas: every unit's (host), the host embedding's only (fold), none (device)
   auto host_grad_bytes = [&](const DevicePlacement& q) -> uint64_t {
@@ -243,6 +257,14 @@ int cmd_plan(const Args& args) {
   const double params = static_cast<double>(spec.params_total());
 
   const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams);
+  // data parallel (issue 22's layout): each rank's host bytes, and the host's ranks together
+  uint64_t dp_rank_max = 0, dp_host = 0;
+  for (int r = 0; r < ranks && ranks > 1; ++r) {
+    const uint64_t b = dp_rank_host_bytes(spec, ranks, r, 2);
+    dp_rank_max = std::max(dp_rank_max, b);
+    dp_host += b;
+  }
+  const bool dp_fits = dp_host <= host_usable;
 
   // ---- what to change
   std::vector<std::string> fixes;
@@ -342,6 +364,10 @@ int cmd_plan(const Args& args) {
       j += std::string(i ? "," : "") + "{\"what\":" + json_str(host[i].what) +
            ",\"bytes\":" + std::to_string(host[i].bytes) + "}";
     j += "]}";
+    if (ranks > 1)
+      j += ",\"data_parallel\":{\"ranks\":" + std::to_string(ranks) +
+           ",\"rank_bytes_max\":" + std::to_string(dp_rank_max) + ",\"host_bytes\":" + std::to_string(dp_host) +
+           ",\"fits\":" + (dp_fits ? "true" : "false") + "}";
     j += ",\"device\":{\"fits\":" + std::string(dp.fits() ? "true" : "false") +
          ",\"total_bytes\":" + std::to_string(dp.total) + ",\"budget_bytes\":" + std::to_string(dp.budget) +
          ",\"mode\":" + json_str(mode) + ",\"slots\":" + std::to_string(pl.slots) +
@@ -395,6 +421,13 @@ int cmd_plan(const Args& args) {
       if (h.bytes)
         std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
                     static_cast<double>(h.bytes) / params);
+    if (ranks > 1)
+      std::printf(
+          "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md; the GPU "
+          "engine for it is not built yet): up to %s per rank, %.3f B/param (fp32 master + Adam 12/N, reduced "
+          "gradient slices 4/N, the whole bf16 weights 2); the %d ranks together %s%s\n",
+          ranks, gib(static_cast<double>(dp_rank_max)).c_str(), static_cast<double>(dp_rank_max) / params, ranks,
+          gib(static_cast<double>(dp_host)).c_str(), dp_fits ? "" : ": DOES NOT FIT");
     std::printf(
         "\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
         "activations of %lld of %lld layers kept\n",

@@ -3,12 +3,14 @@
 // for --host-ram is refused with the fix named; bad options are refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "engine/device_plan.h"
+#include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
 #include "model/spec.h"
 #include "state/host_state.h"
@@ -198,6 +200,37 @@ TEST(Plan, BadOptionsAreRefused) {
     EXPECT_NE(r.exit_code, 0) << a << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, "error")) << a << "\n" << r.output;
   }
+}
+
+// --nproc-per-node N: each rank's host bytes with the state sharded (issue
+// 22's layout, engine/sharded_optimizer.h), the largest rank and the host's sum.
+TEST(Plan, DataParallelRanksShareTheState) {
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-7b");
+  auto one = run_ramtrain("plan --preset qwen2.5-7b --micro-batch 16 --json");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_FALSE(contains(one.output, "data_parallel")) << one.output;
+  for (int n : {2, 4}) {
+    auto r = run_ramtrain("plan --preset qwen2.5-7b --micro-batch 16 --json --nproc-per-node " + std::to_string(n));
+    const size_t at = r.output.find("\"data_parallel\":{");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    uint64_t max = 0, sum = 0;
+    for (int k = 0; k < n; ++k) {
+      const uint64_t b = rt::dp_rank_host_bytes(s, n, k, 2);
+      max = std::max(max, b);
+      sum += b;
+    }
+    EXPECT_EQ(num(r.output, "rank_bytes_max", at), static_cast<double>(max)) << n;
+    EXPECT_EQ(num(r.output, "host_bytes", at), static_cast<double>(sum)) << n;
+    // per rank: 16/N of fp32 state and gradient slices + the 2 B bf16 weights
+    const double bpp = static_cast<double>(max) / static_cast<double>(s.params_total());
+    EXPECT_NEAR(bpp, 16.0 / n + 2, 0.02) << n;
+  }
+  auto t = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2");
+  EXPECT_TRUE(contains(t.output, "data parallel, 2 ranks on this host")) << t.output;
+  auto bad = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2 --optimizer adamw8bit");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(contains(bad.output, "--nproc-per-node 2")) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "adamw8bit")) << bad.output;
 }
 
 }  // namespace
