@@ -72,7 +72,7 @@ struct BlockWeightsT {
   // [C, Fe]; each vector holds E pointers; the shared expert's gate [1, C].
   const W* router = nullptr;
   const W* shared_expert_gate = nullptr;
-  std::vector<const W*> expert_gate, expert_up, expert_down;
+  std::vector<const W*> expert_gate{}, expert_up{}, expert_down{};
 };
 
 // Weight gradients of one block, fp32, same shapes (nullable entries as above).
@@ -80,7 +80,7 @@ struct BlockGrads {
   float *attn_norm, *q_proj, *q_bias, *k_proj, *k_bias, *v_proj, *v_bias, *q_norm, *k_norm, *o_proj, *mlp_norm,
       *gate_proj, *up_proj, *down_proj;
   float* router = nullptr;
-  std::vector<float*> expert_gate, expert_up, expert_down;
+  std::vector<float*> expert_gate{}, expert_up{}, expert_down{};
   float* shared_expert_gate = nullptr;
 };
 
