@@ -53,6 +53,8 @@ done
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 ls "$OUT"/lq_*.jsonl > /dev/null 2>&1 && python3 "$here/bench/plot_curves.py" --table "$OUT"/lq_*.jsonl
+# one archive of every run's metrics and log (the GPU machine returns a few files only)
+(cd "$OUT" && tar cf lean_quality.tar lq_*.jsonl lq_*.log 2> /dev/null)
 for row in "${modes[@]}"; do
   name=${row%%|*}
   grep -q "trained" "$OUT/lq_$name.log" || { echo "$name failed:"; tail -5 "$OUT/lq_$name.log"; }
