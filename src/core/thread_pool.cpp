@@ -1,6 +1,7 @@
 #include "core/thread_pool.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 namespace rt {
@@ -110,6 +111,13 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
     int64_t b = t * grain;
     int64_t e = b + grain < n ? b + grain : n;
     fn(b, e);
+  });
+}
+
+void copy_parallel(void* dst, const void* src, size_t bytes) {
+  constexpr int64_t grain = int64_t(1) << 24;
+  parallel_for(static_cast<int64_t>(bytes), grain, [&](int64_t b, int64_t e) {
+    std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, static_cast<size_t>(e - b));
   });
 }
 

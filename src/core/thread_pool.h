@@ -47,4 +47,8 @@ void set_global_threads(int n);
 // fn(begin, end) for each on the global pool.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// memcpy of `bytes` in 16 MiB pieces on the global pool: large copies into
+// fresh memory fault their pages in on every core (one thread does a few GB/s).
+void copy_parallel(void* dst, const void* src, size_t bytes);
+
 }  // namespace rt

@@ -27,13 +27,6 @@ MomentStorage moments_parse(const std::string& s, const std::string& path) {
   fail("[checkpoint] ", path, ": unknown optimizer '", s, "' in the metadata (a newer ramtrain's checkpoint?)");
 }
 
-void copy_parallel(void* dst, const void* src, size_t bytes) {
-  constexpr int64_t grain = int64_t(1) << 24;
-  parallel_for(static_cast<int64_t>(bytes), grain, [&](int64_t b, int64_t e) {
-    std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, static_cast<size_t>(e - b));
-  });
-}
-
 }  // namespace
 
 size_t unit_stage_floats(const StateUnit& u) {

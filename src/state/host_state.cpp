@@ -56,15 +56,6 @@ void zero_parallel(float* p, size_t n) {
   parallel_for(static_cast<int64_t>(n), 1 << 20,
                [&](int64_t b, int64_t e) { std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float)); });
 }
-// memcpy of bytes on every core: a fresh destination faults its pages in on
-// all of them (one thread faults a large state in at a few GB/s).
-void copy_parallel(void* dst, const void* src, size_t bytes) {
-  char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
-  parallel_for(static_cast<int64_t>(bytes), 1 << 22, [&](int64_t b, int64_t e) {
-    std::memcpy(d + b, s + b, static_cast<size_t>(e - b));
-  });
-}
 }  // namespace
 
 namespace {
