@@ -273,22 +273,28 @@ __device__ __forceinline__ int nth_by_expert(const int32_t* idx_row, int K, int 
   return best;
 }
 
+// sum over token n's experts in increasing index (the CPU's order) of
+// w[slot] * rows[row, c] (w null: of rows[row, c]), in fp32.
+__device__ __forceinline__ float sum_by_expert(const float* rows, const float* w, const int32_t* row_of,
+                                               const int32_t* idx, int64_t n, int64_t c, int64_t C, int K) {
+  const int32_t* ir = idx + n * K;
+  float acc = 0.f;
+  int prev = -1;
+  for (int t = 0; t < K; ++t) {
+    const int j = nth_by_expert(ir, K, prev);
+    prev = ir[j];
+    const float v = rows[static_cast<int64_t>(row_of[n * K + j]) * C + c];
+    acc = w ? fmaf(v, w[n * K + j], acc) : acc + v;  // fmaf: what `acc += v * w` contracted to
+  }
+  return acc;
+}
+
 // out[n, c] = bf16(sum over n's experts in increasing index of w * o[row, c]).
 __global__ void combine_out_kernel(bf16* out, const float* o, const int32_t* row_of, const int32_t* idx,
                                    const float* w, int64_t N, int64_t C, int K) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / C, c = i % C;
-    const int32_t* ir = idx + n * K;
-    float acc = 0.f;
-    int prev = -1;
-    for (int t = 0; t < K; ++t) {
-      const int j = nth_by_expert(ir, K, prev);
-      prev = ir[j];
-      acc += o[static_cast<int64_t>(row_of[n * K + j]) * C + c] * w[n * K + j];
-    }
-    out[i] = __float2bfloat16(acc);
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(sum_by_expert(o, w, row_of, idx, i / C, i % C, C, K));
 }
 
 // Per permuted row r (slot s = perm[r], token n = s / K), one warp:
@@ -342,18 +348,8 @@ __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx,
 __global__ void combine_dx_kernel(bf16* dx, const float* dxe, const float* dxr, const int32_t* row_of,
                                   const int32_t* idx, int64_t N, int64_t C, int K) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / C, c = i % C;
-    const int32_t* ir = idx + n * K;
-    float acc = 0.f;
-    int prev = -1;
-    for (int t = 0; t < K; ++t) {
-      const int j = nth_by_expert(ir, K, prev);
-      prev = ir[j];
-      acc += dxe[static_cast<int64_t>(row_of[n * K + j]) * C + c];
-    }
-    dx[i] = __float2bfloat16(acc + dxr[i]);
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dx[i] = __float2bfloat16(sum_by_expert(dxe, nullptr, row_of, idx, i / C, i % C, C, K) + dxr[i]);
 }
 
 __global__ void shared_gate_forward_kernel(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C) {
