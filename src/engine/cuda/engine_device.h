@@ -25,5 +25,11 @@ struct EngineDevice {
 // Bytes of the scratch every op of a step shares (the largest any needs):
 // what the engine allocates, and plan_device's exact OpScratchBytes on CUDA.
 uint64_t op_scratch_bytes(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o);
+// The device memory the engine may take: what is free less room for the CUDA
+// context, or --max-gpu-memory (refused when more than is free).
+uint64_t device_budget(const CudaOptions& o);
+// Refuses, naming the config key and --device cpu, the shapes the CUDA kernels
+// do not take (widths not multiples of 8, head_dim, top-k > 32).
+void check_cuda_shapes(const ModelSpec& s);
 
 }  // namespace rt::cuda

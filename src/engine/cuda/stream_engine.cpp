@@ -67,24 +67,7 @@
 
 namespace rt {
 
-bool cuda_backend_available() { return cuda::device_count() > 0; }
-
 namespace cuda {
-
-uint64_t op_scratch_bytes(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o) {
-  const int64_t N = B * T;
-  const std::vector<int64_t> numel = unit_numels(s);
-  // MoE: the permuted rows and every expert's activations (cuda/ops.h)
-  const uint64_t moe = s.is_moe() ? moe_scratch_bytes(MoeDims{N, s.hidden, s.moe.n_experts, s.moe.top_k,
-                                                              s.moe.expert_intermediate, s.moe.norm_topk_prob})
-                                  : 0;
-  return std::max({moe, rms_norm_backward_scratch_bytes(N, s.hidden),
-                   rms_norm_backward_scratch_bytes(N * std::max(s.n_heads, s.n_kv_heads), s.head_dim),
-                   attention_backward_scratch_bytes(B, T, s.n_heads),
-                   lm_head_cross_entropy_scratch_bytes(o.ce_chunk_rows, s.vocab),
-                   embedding_backward_scratch_bytes(N, s.vocab), sum_squares_scratch_bytes(numel[0]),
-                   sum_squares_scratch_bytes(numel[s.n_layers + 1]), sum_squares_scratch_bytes(numel[1])});
-}
 
 namespace {
 
@@ -98,11 +81,11 @@ class StreamEngine final : public Backend {
         N_(B * T),
         opt_(opt),
         aux_(st.spec()),
-        dev_(budget(opt), opt.trace_path),
+        dev_(device_budget(opt), opt.trace_path),
         track_(st.units().size(), opt.delayed_update) {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
-    check_shapes();
+    check_cuda_shapes(s_);
     RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split" || opt_.master == "bf16-sr" ||
                  opt_.master == "bf16-kahan",
              "[cuda] --master must be auto, fp32, split, bf16-sr or bf16-kahan, got '", opt_.master, "'");
@@ -318,38 +301,6 @@ class StreamEngine final : public Backend {
   }
 
  private:
-  static uint64_t budget(const CudaOptions& o) {
-    RT_CHECK(device_count() > 0, "[cuda] no CUDA device is visible; use --device cpu");
-    size_t free_b = 0, total_b = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    uint64_t b = free_b > (512ull << 20) ? free_b - (512ull << 20) : free_b;  // leave room for the CUDA context
-    if (o.max_gpu_memory) {
-      if (o.max_gpu_memory > b)
-        fail("[cuda] --max-gpu-memory ", o.max_gpu_memory >> 20, " MiB is more than the ", b >> 20,
-             " MiB the device has free");
-      b = o.max_gpu_memory;
-    }
-    return b;
-  }
-
-  void check_shapes() {
-    auto mult8 = [&](int64_t v, const char* what) {
-      RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v,
-               " must be a multiple of 8 for the CUDA kernels; use --device cpu");
-    };
-    mult8(s_.hidden, "hidden_size");
-    if (!s_.is_moe()) mult8(s_.intermediate, "intermediate_size");
-    if (s_.is_moe() && s_.moe.shared_intermediate > 0)
-      mult8(s_.moe.shared_intermediate, "shared_expert_intermediate_size");  // the dense GEMMs' widths
-    RT_CHECK(!s_.is_moe() || s_.moe.top_k <= 32, "[cuda] num_experts_per_tok = ", s_.moe.top_k,
-             " is more than the CUDA MoE kernels hold (32); use --device cpu");
-    mult8(s_.vocab, "vocab_size");
-    mult8(s_.q_dim(), "heads x head_dim");
-    mult8(s_.kv_dim(), "kv heads x head_dim");
-    RT_CHECK(s_.head_dim == 64 || s_.head_dim == 96 || s_.head_dim == 128 || s_.head_dim == 256, "[cuda] head_dim ",
-             s_.head_dim, " is not supported by the CUDA attention kernels (64, 96, 128 or 256); use --device cpu");
-  }
-
   // Copies the loss totals out (waits for the compute stream); *n_valid tokens.
   double read_totals(int64_t* n_valid) {
     auto* tot = host_small_.as<CrossEntropyTotals>();
