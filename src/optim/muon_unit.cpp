@@ -52,12 +52,8 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
       for (int64_t blk = b0; blk < b1; ++blk) f(blk, blk * kQuantBlock, std::min(kQuantBlock, len - blk * kQuantBlock));
     });
   };
-  blocks(n, [&](int64_t blk, int64_t first, int64_t k) {
-    quant_block_decode(u.moments, true, u.qm(), first, u.scale_m()[blk], k, m + first);
-  });
-  blocks(nv, [&](int64_t blk, int64_t first, int64_t k) {
-    quant_block_decode(u.moments, false, u.qv(), first, u.scale_v()[blk], k, v + first);
-  });
+  quant_decode(u.moments, true, u.qm(), u.scale_m(), n, m);
+  quant_decode(u.moments, false, u.qv(), u.scale_v(), nv, v);
   update_tensors(u, m, v, grad, o, clip_coef, bf16_shadow);
   const uint64_t key = quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
                                                                  quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));

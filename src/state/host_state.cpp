@@ -62,7 +62,6 @@ namespace {
 void unit_rebuild(StateUnit& u, MasterStorage ms, int shadows, MomentStorage mo, const float* x, const float* mv);
 void moments_store(StateUnit& u, const float* mv);
 HostBuffer unit_moments(const StateUnit& u);
-void decode_all(MomentStorage mo, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x);
 }
 
 HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master)
@@ -301,14 +300,6 @@ void encode_all(MomentStorage mo, bool signed_code, const float* x, int64_t n, u
     }
   });
 }
-void decode_all(MomentStorage mo, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x) {
-  parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
-      quant_block_decode(mo, signed_code, codes, first, scales[blk], k, x + first);
-    }
-  });
-}
 
 // Stores fp32 moments mv ([m | v], 2 numel, the unit layout) into u's moment storage (quantized: nearest).
 void moments_store(StateUnit& u, const float* mv) {
@@ -340,8 +331,8 @@ HostBuffer unit_moments(const StateUnit& u) {
     copy_parallel(mv.p, u.m(), static_cast<size_t>(n) * 4);
     copy_parallel(v, u.v(), static_cast<size_t>(nv) * 4);
   } else {
-    decode_all(u.moments, true, u.qm(), u.scale_m(), n, mv.p);
-    decode_all(u.moments, false, u.qv(), u.scale_v(), nv, v);
+    quant_decode(u.moments, true, u.qm(), u.scale_m(), n, mv.p);
+    quant_decode(u.moments, false, u.qv(), u.scale_v(), nv, v);
   }
   if (u.muon) v_unpack(u, packed.data(), mv.p + n);
   return mv;

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace rt {
 
@@ -627,6 +628,15 @@ void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes,
     const float y = c.level[q & (signed_code ? 0x7 : 0xf)] * scale;
     x[i] = signed_code && (q & 0x8) ? -y : y;
   }
+}
+
+void quant_decode(MomentStorage s, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x) {
+  parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
+      quant_block_decode(s, signed_code, codes, first, scales[blk], k, x + first);
+    }
+  });
 }
 
 }  // namespace rt

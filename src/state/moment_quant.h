@@ -129,5 +129,8 @@ void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint
                         uint8_t* codes, int64_t first, float* scale);
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
                         float* x);
+// Every block of one moment of n elements (codes from element 0, one scale per
+// block) decoded into x[n], blocks in parallel on the global pool.
+void quant_decode(MomentStorage s, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x);
 
 }  // namespace rt
