@@ -267,6 +267,7 @@ int cmd_train(const Args& args) {
     std::printf("ready: host state %.1f s, engine set-up %.1f s\n", state_seconds,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_engine).count());
   }
+  if (!backend) std::printf("ready: host state %.1f s\n", state_seconds);
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);

@@ -433,19 +433,27 @@ inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-inline double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
-
-// normal(0, std), Box-Muller on pairs (2j, 2j+1): element i uses counter i/2
-// (cos for even i, sin for odd), each pair's draws and logarithm made once.
+// normal(0, std) in pairs (2c, 2c+1), Marsaglia's polar method (no sine or
+// cosine: one logarithm per pair): points (a, b) uniform in [-1, 1)^2 drawn
+// from the counter stream of pair c until one lies inside the unit circle
+// (s = a^2 + b^2 in (0, 1); 1.27 draws on average), then a*f, b*f with
+// f = sqrt(-2 ln s / s) are two independent standard normals. Counter-based:
+// element i depends only on (base, i), never on the thread count.
 void init_normal(float* p, int64_t n, uint64_t base, float std) {
   const int64_t pairs = (n + 1) / 2;
   parallel_for(pairs, 1 << 15, [&](int64_t b, int64_t end) {
     for (int64_t c = b; c < end; ++c) {
-      const uint64_t k = static_cast<uint64_t>(c);
-      const double u1 = uniform01(mix64(base + 2 * k)), u2 = uniform01(mix64(base + 2 * k + 1));
-      const double r = std::sqrt(-2.0 * std::log(u1));
-      p[2 * c] = static_cast<float>(r * std::cos(2 * M_PI * u2) * std);
-      if (2 * c + 1 < n) p[2 * c + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2) * std);
+      const uint64_t key = mix64(base ^ mix64(static_cast<uint64_t>(c)));
+      double x = 0, y = 0, s = 0;
+      for (uint64_t j = 0;; j += 2) {
+        x = static_cast<double>(static_cast<int64_t>(mix64(key + j)) >> 11) * 0x1.0p-52;  // [-1, 1)
+        y = static_cast<double>(static_cast<int64_t>(mix64(key + j + 1)) >> 11) * 0x1.0p-52;
+        s = x * x + y * y;
+        if (s < 1.0 && s > 0.0) break;
+      }
+      const double f = std::sqrt(-2.0 * std::log(s) / s) * std;
+      p[2 * c] = static_cast<float>(x * f);
+      if (2 * c + 1 < n) p[2 * c + 1] = static_cast<float>(y * f);
     }
   });
 }
@@ -454,13 +462,20 @@ void init_normal(float* p, int64_t n, uint64_t base, float std) {
 
 void HostState::init_random(uint64_t seed, float std) {
   decoded_.clear();
+  // Shadow storage (split, bf16) draws each tensor in fp32 first: one scratch
+  // of the largest such tensor serves them all (a buffer per tensor would
+  // fault in and zero 4 B/param of fresh pages again for every tensor).
+  int64_t scratch_n = 0;
+  for (const auto& u : units_)
+    if (u.shadow_master())
+      for (const auto& e : u.entries) scratch_n = std::max(scratch_n, e.numel());
+  HostBuffer scratch;  // uninitialised: init_normal / fill write every element (on every core)
+  if (scratch_n) scratch = HostBuffer(static_cast<size_t>(scratch_n), "the fp32 copy of one tensor at init");
   uint64_t tensor_id = 0;
   for (auto& u : units_) {
     for (size_t k = 0; k < u.entries.size(); ++k, ++tensor_id) {
       const WeightEntry& e = u.entries[k];
       const int64_t n = e.numel();
-      HostBuffer scratch;  // uninitialised: init_normal / fill write every element (on every core)
-      if (u.shadow_master()) scratch = HostBuffer(static_cast<size_t>(n), cat("a copy of ", e.name));
       float* p = u.shadow_master() ? scratch.p : u.master() + u.offsets[k];
       const bool is_norm = e.kind == WeightKind::attn_norm || e.kind == WeightKind::mlp_norm ||
                            e.kind == WeightKind::final_norm || e.kind == WeightKind::q_norm ||
