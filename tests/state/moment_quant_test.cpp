@@ -245,8 +245,8 @@ TEST(MomentQuant, ZeroBlocksAndNonFiniteValues) {
 // The SIMD codecs (AVX2, and AVX-512 where the CPU has it) against the scalar
 // one, bit for bit: every storage, sign and rounding, full and short blocks (a
 // tail of k % 8 or k % 16 elements runs scalar),
-// values across the codes' range, exact zeros, -0, the absmax itself, levels
-// and midpoints hit exactly, NaN and inf (scale NaN: the codes still agree).
+// values across the codes' range, exact zeros, -0, the absmax itself, levels,
+// midpoints and their fp32 neighbours hit exactly (absmax 1), NaN and inf (scale NaN: the codes still agree).
 void simd_codec_equals_scalar(bool avx512) {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> u01(0.f, 1.f);
@@ -262,9 +262,16 @@ void simd_codec_equals_scalar(bool avx512) {
             for (int64_t i = 0; i < k; ++i) {
               const float mag = std::pow(10.f, -8.f * u01(rng));  // 1e-8 .. 1
               const int kind = static_cast<int>(rng() % 8);
-              float a = kind == 0 ? 0.f : kind == 1 ? c.level[rng() % c.n] : kind == 2 ? c.mid[rng() % (c.n - 1)] : mag;
+              const float mid = c.mid[rng() % (c.n - 1)];
+              float a = kind == 0   ? 0.f
+                        : kind == 1 ? c.level[rng() % c.n]
+                        : kind == 2 ? mid
+                        : kind == 3 ? std::nextafter(mid, 0.f)
+                        : kind == 4 ? std::nextafter(mid, 2.f)
+                                    : mag;
               x[static_cast<size_t>(i)] = sg && (rng() & 1) ? -a : a;
             }
+            if (trial == 0 || trial == 5) x[1] = (rng() & 1) && sg ? -1.f : 1.f;  // absmax 1: levels, mids exact
             if (trial == 1) x[0] = -0.0f;
             if (trial == 2) x[static_cast<size_t>(k / 2)] = NAN;
             if (trial == 3) x[static_cast<size_t>(k - 1)] = INFINITY;
