@@ -100,10 +100,54 @@ void kernel_times() {
   }
 }
 
+// The whole update (update_unit) of one small unit that stays in L2, one
+// thread, ns per element and mode: the compute per element and core with
+// little memory traffic. cores / (this) bounds a mode's Gparam/s on a host
+// whose cores match this one's.
+void cached_update_times(const std::vector<Mode>& modes, const std::string& modes_arg) {
+  rt::ModelSpec s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.n_heads = 4;
+  s.n_kv_heads = 4;
+  s.head_dim = 16;
+  s.vocab = 64;
+  s.max_positions = 64;
+  s.n_layers = 1;
+  rt::set_global_threads(1);
+  std::printf("\nwhole update of one L2-resident unit, 1 thread (ns/element):\n");
+  for (const Mode& m : modes) {
+    if (std::string(m.name) != "adamw" && !mode_selected(modes_arg, m.name)) continue;
+    rt::HostState st(s, false);
+    st.init_random(1);
+    st.set_moment_storage(m.moments);
+    st.set_master_storage(m.master);
+    rt::StateUnit& u = st.units()[1];
+    std::vector<float> g(static_cast<size_t>(u.numel));
+    for (int64_t i = 0; i < u.numel; ++i) g[i] = 1e-3f * static_cast<float>((i * 104729) % 1000 - 500);
+    std::vector<uint16_t> shadow(u.shadow_master() ? 0 : static_cast<size_t>(u.numel));
+    rt::OptimStep o;
+    o.lr = 1e-4;
+    o.weight_decay = 0.01;
+    o.moment_rounding = m.rounding;
+    double best = 1e30;
+    for (int r = 0; r < 200; ++r) {
+      o.t = r + 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      rt::update_unit(u, g.data(), o, 1.0f, u.shadow_master() ? u.shadow(u.cur_shadow) : shadow.data());
+      if (r > 0) best = std::min(best, seconds_since(t0));
+    }
+    std::printf("  %-24s %6.3f ns/element (%lld elements)\n", m.name, best / static_cast<double>(u.numel) * 1e9,
+                static_cast<long long>(u.numel));
+  }
+}
+
 }  // namespace
 
 // modes: --lean-modes, a comma-separated subset of the names below and
-// "kernels" (the per-block kernel times); fp32 "adamw" always runs: it is the
+// "kernels" (the per-block kernel times and the whole update of an
+// L2-resident unit per selected mode); fp32 "adamw" always runs: it is the
 // baseline of the ratios.
 int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* modes_arg) {
   rt::ModelSpec s;
@@ -134,7 +178,10 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* mo
       {"adamw4bit+bf16-sr", MO::q4, MS::bf16_sr, SR, 10 + scales},
       {"bf16-kahan (fp32 m v)", MO::fp32, MS::bf16_kahan, SR, 28},
   };
-  if (mode_selected(modes_arg, "kernels")) kernel_times();
+  if (mode_selected(modes_arg, "kernels")) {
+    kernel_times();
+    cached_update_times(modes, modes_arg);
+  }
   std::vector<int> thread_counts;
   for (int t = 1; t < max_threads; t *= 2) thread_counts.push_back(t);
   thread_counts.push_back(max_threads);
