@@ -114,7 +114,8 @@ QuantCode make_minifloat(int n, bool with_zero, int mant) {
   const int win = n - (with_zero ? 1 : 0);
   c.base = (127 << mant) - (win - 1);
   for (int k = 0; k < n; ++k)
-    c.level[k] = with_zero && k == 0 ? 0.0f : bits_to_f32(static_cast<uint32_t>(c.base + k - (with_zero ? 1 : 0)) << c.shift);
+    c.level[k] =
+        with_zero && k == 0 ? 0.0f : bits_to_f32(static_cast<uint32_t>(c.base + k - (with_zero ? 1 : 0)) << c.shift);
   for (int k = 0; k + 1 < n; ++k) c.mid[k] = 0.5f * (c.level[k] + c.level[k + 1]);
   return c;
 }
@@ -288,7 +289,7 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
   // minifloat codes (8-bit): the integer maths of mf_nearest, mf_stochastic
   const __m128i mf_sh = _mm_cvtsi32_si128(c.shift), mf_draw_sh = _mm_cvtsi32_si128(32 - c.shift);
   const __m256i mf_base = _mm256_set1_epi32(c.base), mf_half = _mm256_set1_epi32(c.shift ? 1 << (c.shift - 1) : 0);
-  const __m256i mf_win = _mm256_set1_epi32((c.base << c.shift) - 1);                // b > win - 1: b >= window start
+  const __m256i mf_win = _mm256_set1_epi32((c.base << c.shift) - 1);                  // b > win - 1: b >= window start
   const __m256i mf_halfmin = _mm256_set1_epi32((c.base << c.shift) - (1 << 23) - 1);  // b >= smallest level / 2
   const __m256 mf_lmin = _mm256_set1_ps(c.level[1]);
   // 4-bit codes: no tables; the levels and mids are compared in registers (a
@@ -326,8 +327,8 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
             _mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, _mm256_srl_epi32(h, mf_draw_sh)), mf_sh), mf_base),
             izero);
         if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
-          const __m256i bottom = _mm256_and_si256(
-              _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(u, mf_lmin), y, _CMP_LT_OQ)), ione);
+          const __m256i bottom =
+              _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(u, mf_lmin), y, _CMP_LT_OQ)), ione);
           q = _mm256_blendv_epi8(bottom, _mm256_add_epi32(j, ione), _mm256_cmpgt_epi32(yb, mf_win));
         } else {
           q = j;
@@ -455,7 +456,7 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
           q = j;
         }
       } else {
-        __m512i f;  // count of levels <= y, - 1
+        __m512i f;                 // count of levels <= y, - 1
         if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
           f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
                                _mm512_set1_epi32(-1));
@@ -616,8 +617,8 @@ __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, c
     __m256 lv;
     if (q8) {
       const __m256i lb = _mm256_sll_epi32(_mm256_add_epi32(idx, mf_off), mf_sh);
-      lv = _mm256_castsi256_ps(
-          signed_code ? _mm256_andnot_si256(_mm256_cmpeq_epi32(idx, _mm256_setzero_si256()), lb) : lb);
+      lv = _mm256_castsi256_ps(signed_code ? _mm256_andnot_si256(_mm256_cmpeq_epi32(idx, _mm256_setzero_si256()), lb)
+                                           : lb);
     } else
       lv = signed_code ? level4_avx2<8>(tab4, idx) : level4_avx2<16>(tab4, idx);
     __m256 y = _mm256_mul_ps(lv, vs);

@@ -63,7 +63,8 @@ std::vector<float> old_decode(bool sgn, const uint8_t* codes, const float* scale
 
 std::string file_bytes(const rt::StateUnit& u) {
   std::string out;
-  rt::unit_snap_write(rt::unit_snap_live(u), [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
+  rt::unit_snap_write(rt::unit_snap_live(u),
+                      [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
   return out;
 }
 
@@ -129,10 +130,10 @@ TEST(CheckpointMomentCode, AnOldDynamicCodeFileLoadsIntoTheCurrentCode) {
       std::vector<float> sm(static_cast<size_t>(nb)), sv(static_cast<size_t>(nb));
       for (int64_t blk = 0; blk < nb; ++blk) {
         const int64_t f = blk * rt::kQuantBlock, kk = std::min(rt::kQuantBlock, n - f);
-        rt::quant_block_encode(MomentStorage::q8, true, rt::QuantRounding::nearest, 0, old_m.data() + f, kk,
-                               cm.data(), f, &sm[blk]);
-        rt::quant_block_encode(MomentStorage::q8, false, rt::QuantRounding::nearest, 0, old_v.data() + f, kk,
-                               cv.data(), f, &sv[blk]);
+        rt::quant_block_encode(MomentStorage::q8, true, rt::QuantRounding::nearest, 0, old_m.data() + f, kk, cm.data(),
+                               f, &sm[blk]);
+        rt::quant_block_encode(MomentStorage::q8, false, rt::QuantRounding::nearest, 0, old_v.data() + f, kk, cv.data(),
+                               f, &sv[blk]);
       }
       ASSERT_EQ(0, std::memcmp(cm.data(), w.qm(), static_cast<size_t>(n)));
       ASSERT_EQ(0, std::memcmp(cv.data(), w.qv(), static_cast<size_t>(n)));

@@ -151,7 +151,8 @@ TEST(MomentQuant, StochasticRoundingIsUnbiased) {
     std::vector<float> x(rt::kQuantBlock);
     const double lo = sgn ? c.level[1] : c.level[0];  // the smallest nonzero level
     for (size_t i = 0; i < x.size(); ++i) {
-      const double mag = i < 32 ? lo * (0.03 + i / 32.0) : std::pow(lo, (i % 97) / 97.0);  // lo^0 = 1 .. lo, and below lo
+      const double mag =
+          i < 32 ? lo * (0.03 + i / 32.0) : std::pow(lo, (i % 97) / 97.0);  // lo^0 = 1 .. lo, and below lo
       x[i] = static_cast<float>((sgn && (i & 1) ? -1 : 1) * mag * (0.9 + 0.1 * std::sin(0.7 * double(i))));
     }
     x[40] = 1.0f;  // the absmax, so y = x
@@ -331,8 +332,8 @@ TEST(MomentQuant, HostStateStorageConversions) {
     const auto& u = st.units()[k];
     // m8, v8: nearest is within 1/17 relative (MinifloatRelativeErrorMatchesTheSpacing)
     // from the smallest nonzero level up; below it, within that level times the absmax (<= 1 for m, 7e-3 for v)
-    EXPECT_TRUE(rt::test::expect_near(u.name + " m", u.m(), before[k].data(), u.numel, rt::quant_code_m8().level[1],
-                                      1.0 / 16));
+    EXPECT_TRUE(
+        rt::test::expect_near(u.name + " m", u.m(), before[k].data(), u.numel, rt::quant_code_m8().level[1], 1.0 / 16));
     EXPECT_TRUE(rt::test::expect_near(u.name + " v", u.v(), before[k].data() + u.numel, u.numel,
                                       rt::quant_code_v8().level[0] * 7e-3, 1.0 / 16));
   }
