@@ -54,11 +54,10 @@
 // draw's top 20 bits and truncates, which is exact: within a step the fp32
 // values are evenly spaced, so the carry happens with probability
 // (y - a) / (b - a) exactly. 4-bit codes (ties down) are table driven: the
-// bf16 prefix (top 16 bits) of
-// x in [0, 1] indexes a table of the levels below it; one compare of x's low
-// 16 bits finishes (tables are checked at build time to hold at most one
-// level or midpoint per prefix). Encode and decode run
-// 16 at a time with AVX-512F or 8 at a time with AVX2 when the CPU has it
+// bf16 prefix (top 16 bits) of x in [0, 1] indexes a table of the levels
+// below it; one compare of x's low 16 bits finishes (tables are checked at
+// build time to hold at most one level or midpoint per prefix). Encode and
+// decode run 16 at a time with AVX-512F or 8 at a time with AVX2 when the CPU has it
 // (8-bit codes: the same integer maths per lane; 4-bit codes: the index as
 // the count of mids or levels below x by register compares or a binary
 // search over one register, which is what the tables give; the hash's lanes
