@@ -9,7 +9,6 @@
 //   adamw8bit + split master         14.31  adamw4bit + bf16-sr       10.06
 // (master read + write 8 fp32, 4 bf16 or bf16 + compensation 8, split 8.25;
 // codes 2 or 1 per moment pair each way; scales 2 x 8 / 256 each way.)
-#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -55,66 +54,6 @@ bool mode_selected(const std::string& list, const char* name) {
   return false;
 }
 
-// A prototype, not a stored code: the cost of an 8-bit code whose index is
-// computed from the fp32 bits (sign + 4-bit exponent + 3-bit mantissa
-// relative to the block's absmax, below 2^-15 flushed to 0), encode (absmax
-// pass, then round to nearest by an integer add, or stochastically by adding
-// 20 random bits from the same 32-bit hash as the codec's) and decode, AVX-512.
-// What an arithmetic code would cost against the table codes above.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12 inside AVX-512 intrinsics (GCC bug 105593)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) void proto_encode(const float* x, int64_t k, uint8_t* q, float* scale, bool sr,
-                                                     uint32_t key) {
-  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; i += 16)
-    acc =
-        _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + i)), absmask)), acc);
-  const float amax = _mm512_reduce_max_ps(acc);
-  *scale = amax;
-  const __m512 inv = _mm512_set1_ps(amax > 0 ? 1.0f / amax : 0.0f);
-  const __m512i bias = _mm512_set1_epi32((127 - 15) << 23), half = _mm512_set1_epi32((1 << 19) - 1);
-  __m512i ctr =
-      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key)),
-                       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(rt::kQuantCounterStep))));
-  for (int64_t i = 0; i < k; i += 16) {
-    const __m512i xb = _mm512_castps_si512(_mm512_loadu_ps(x + i));
-    const __m512i y = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(xb, absmask)), inv));
-    __m512i add;
-    if (sr) {
-      __m512i h = ctr;
-      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
-      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
-      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
-      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-      add = _mm512_srli_epi32(h, 12);
-      ctr = _mm512_add_epi32(ctr, _mm512_set1_epi32(static_cast<int>(16u * rt::kQuantCounterStep)));
-    } else {
-      add = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(y, 20), _mm512_set1_epi32(1)));
-    }
-    const __m512i t = _mm512_sub_epi32(_mm512_add_epi32(y, add), bias);
-    __m512i c = _mm512_max_epi32(_mm512_srai_epi32(t, 20), _mm512_setzero_si512());
-    c = _mm512_or_si512(_mm512_min_epi32(c, _mm512_set1_epi32(127)), _mm512_slli_epi32(_mm512_srli_epi32(xb, 31), 7));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
-  }
-}
-__attribute__((target("avx512f"))) void proto_decode(const uint8_t* q, float scale, int64_t k, float* x) {
-  const __m512 s = _mm512_set1_ps(scale);
-  const __m512i bias = _mm512_set1_epi32((127 - 15) << 23);
-  for (int64_t i = 0; i < k; i += 16) {
-    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
-    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(127));
-    const __m512i u = _mm512_maskz_add_epi32(_mm512_test_epi32_mask(mag, mag), _mm512_slli_epi32(mag, 20), bias);
-    const __m512 y = _mm512_mul_ps(_mm512_castsi512_ps(u), s);
-    _mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y),
-                                                                _mm512_slli_epi32(_mm512_srli_epi32(c, 7), 31))));
-  }
-}
-#pragma GCC diagnostic pop
-
 // The per-block kernels on one L1-resident block, single thread, ns per
 // element: what the update costs with no memory traffic (the compute ceiling).
 void kernel_times() {
@@ -159,22 +98,56 @@ void kernel_times() {
       rt::quant_block_decode(st, false, qv, 0, sv, k, v);
     });
   }
-  if (!__builtin_cpu_supports("avx512f")) return;
-  for (bool sr : {false, true})
-    time(sr ? "prototype bit code: encode m + v, SR" : "prototype bit code: encode m + v, nearest", [&](int j) {
-      proto_encode(m, k, qm, &sm, sr, static_cast<uint32_t>(j));
-      proto_encode(v, k, qv, &sv, sr, static_cast<uint32_t>(j) + 1);
-    });
-  time("prototype bit code: decode m + v", [&](int) {
-    proto_decode(qm, sm, k, m);
-    proto_decode(qv, sv, k, v);
-  });
+}
+
+// The whole update (update_unit) of one small unit that stays in L2, one
+// thread, ns per element and mode: the compute per element and core with
+// little memory traffic. cores / (this) bounds a mode's Gparam/s on a host
+// whose cores match this one's.
+void cached_update_times(const std::vector<Mode>& modes, const std::string& modes_arg) {
+  rt::ModelSpec s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.n_heads = 4;
+  s.n_kv_heads = 4;
+  s.head_dim = 16;
+  s.vocab = 64;
+  s.max_positions = 64;
+  s.n_layers = 1;
+  rt::set_global_threads(1);
+  std::printf("\nwhole update of one L2-resident unit, 1 thread (ns/element):\n");
+  for (const Mode& m : modes) {
+    if (std::string(m.name) != "adamw" && !mode_selected(modes_arg, m.name)) continue;
+    rt::HostState st(s, false);
+    st.init_random(1);
+    st.set_moment_storage(m.moments);
+    st.set_master_storage(m.master);
+    rt::StateUnit& u = st.units()[1];
+    std::vector<float> g(static_cast<size_t>(u.numel));
+    for (int64_t i = 0; i < u.numel; ++i) g[i] = 1e-3f * static_cast<float>((i * 104729) % 1000 - 500);
+    std::vector<uint16_t> shadow(u.shadow_master() ? 0 : static_cast<size_t>(u.numel));
+    rt::OptimStep o;
+    o.lr = 1e-4;
+    o.weight_decay = 0.01;
+    o.moment_rounding = m.rounding;
+    double best = 1e30;
+    for (int r = 0; r < 200; ++r) {
+      o.t = r + 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      rt::update_unit(u, g.data(), o, 1.0f, u.shadow_master() ? u.shadow(u.cur_shadow) : shadow.data());
+      if (r > 0) best = std::min(best, seconds_since(t0));
+    }
+    std::printf("  %-24s %6.3f ns/element (%lld elements)\n", m.name, best / static_cast<double>(u.numel) * 1e9,
+                static_cast<long long>(u.numel));
+  }
 }
 
 }  // namespace
 
 // modes: --lean-modes, a comma-separated subset of the names below and
-// "kernels" (the per-block kernel times); fp32 "adamw" always runs: it is the
+// "kernels" (the per-block kernel times and the whole update of an
+// L2-resident unit per selected mode); fp32 "adamw" always runs: it is the
 // baseline of the ratios.
 int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* modes_arg) {
   rt::ModelSpec s;
@@ -205,7 +178,10 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* mo
       {"adamw4bit+bf16-sr", MO::q4, MS::bf16_sr, SR, 10 + scales},
       {"bf16-kahan (fp32 m v)", MO::fp32, MS::bf16_kahan, SR, 28},
   };
-  if (mode_selected(modes_arg, "kernels")) kernel_times();
+  if (mode_selected(modes_arg, "kernels")) {
+    kernel_times();
+    cached_update_times(modes, modes_arg);
+  }
   std::vector<int> thread_counts;
   for (int t = 1; t < max_threads; t *= 2) thread_counts.push_back(t);
   thread_counts.push_back(max_threads);

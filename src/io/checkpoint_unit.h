@@ -7,7 +7,11 @@
 //                        "adam_v_absmax" F32 (one per block): bit for bit
 //   bf16-kahan master:   "master_kahan_comp" BF16 (numel, the compensation)
 // with __metadata__ {format, unit, optimizer (adamw | adamw8bit | adamw4bit),
-// master (fp32 | split | bf16-sr | bf16-kahan), update_rule (adamw | muon)}.
+// master (fp32 | split | bf16-sr | bf16-kahan), update_rule (adamw | muon),
+// moment_code (quantized moments: state/moment_quant.h quant_code_id)}.
+// An 8-bit file without moment_code holds the dynamic tree codes of earlier
+// ramtrains: loading decodes them and re-encodes into the current codes
+// (nearest; within both codes' error, not bit for bit).
 // Canonical weight-map order. Under update_rule muon (--optimizer muon |
 // muon8bit) a Muon matrix's "adam_m" (or m codes) is its Muon momentum and it
 // has no "adam_v"; quantized, "adam_v_codes"/"adam_v_absmax" cover the packed

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -19,120 +20,39 @@
 
 namespace rt {
 
-const char* moment_storage_name(MomentStorage s) {
-  switch (s) {
-    case MomentStorage::fp32:
-      return "adamw";
-    case MomentStorage::q8:
-      return "adamw8bit";
-    case MomentStorage::q4:
-      return "adamw4bit";
-  }
-  return "unknown";
-}
-
-const char* quant_rounding_name(QuantRounding r) { return r == QuantRounding::nearest ? "nearest" : "stochastic"; }
-
-double moment_bytes_per_param(MomentStorage s) {
-  const double scales = 2.0 * 4.0 / static_cast<double>(kQuantBlock);
-  return s == MomentStorage::fp32 ? 8.0 : s == MomentStorage::q8 ? 2.0 + scales : 1.0 + scales;
-}
-
 namespace {
 
-constexpr uint32_t kPrefixes = 0x3f81;  // bf16 prefixes of [0, 1]: 0 .. 0x3f80 (1.0)
-
-float bits_to_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// Fills the tables of c (levels set) and checks that one compare finishes a lookup.
-void build_tables(QuantCode& c, const char* what) {
-  for (int k = 0; k + 1 < c.n; ++k) c.mid[k] = 0.5f * (c.level[k] + c.level[k + 1]);
-  c.nearest_key.resize(kPrefixes);
-  c.floor_key.resize(kPrefixes);
-  for (uint32_t p = 0; p < kPrefixes; ++p) {
-    const float lo = bits_to_f32(p << 16), hi = p + 1 < kPrefixes ? bits_to_f32((p + 1) << 16) : 1.0f;
-    int mids_lo = 0, mids_hi = 0, lev_le_lo = 0, lev_lt_hi = 0;
-    for (int k = 0; k + 1 < c.n; ++k) {
-      mids_lo += c.mid[k] < lo;
-      mids_hi += c.mid[k] < hi;
-    }
-    for (int k = 0; k < c.n; ++k) {
-      lev_le_lo += c.level[k] <= lo;
-      lev_lt_hi += c.level[k] < hi;
-    }
-    RT_CHECK(mids_hi - mids_lo <= 1 && lev_lt_hi - lev_le_lo <= 1, "[quant] code ", what,
-             ": more than one level in the bf16 prefix ", p, "; the lookup needs a finer table");
-    // the next mid / level above the prefix's start, when it lies inside the prefix
-    const bool mid_in = mids_lo < c.n - 1 && (f32_bits(c.mid[mids_lo]) >> 16) == p;
-    const bool lev_in = lev_le_lo < c.n && (f32_bits(c.level[lev_le_lo]) >> 16) == p;
-    c.nearest_key[p] = mids_lo << 17 | (mid_in ? static_cast<int32_t>(f32_bits(c.mid[mids_lo]) & 0xffff) + 1 : 0x10000);
-    c.floor_key[p] = lev_le_lo << 17 | (lev_in ? static_cast<int32_t>(f32_bits(c.level[lev_le_lo]) & 0xffff) : 0x10000);
-  }
-}
-
-// The dynamic code of `bits` bits (see the header): decades E = 0, 1, ... with
-// 2^(bits-1-E) levels each; with_zero adds 0, else one more level a decade lower.
-QuantCode make_dynamic(int bits, bool with_zero, const char* what) {
-  std::vector<double> v;
-  for (int e = 0; e < bits; ++e) {
-    const int f = 1 << (bits - 1 - e);
-    for (int j = 0; j < f; ++j) v.push_back(std::pow(10.0, -e) * (0.1 + 0.9 * (j + 0.5) / f));
-  }
-  if (with_zero)
-    v.push_back(0.0);
-  else
-    v.push_back(std::pow(10.0, -bits) * 0.55);
-  std::sort(v.begin(), v.end());
-  QuantCode c;
-  c.n = static_cast<int>(v.size());
-  c.has_zero = with_zero;
-  for (int k = 0; k < c.n; ++k) c.level[k] = static_cast<float>(v[k] / v.back());
-  c.level[c.n - 1] = 1.0f;
-  build_tables(c, what);
-  return c;
-}
-
-QuantCode make_pow2(int levels, const char* what) {
-  QuantCode c;
-  c.n = levels;
-  for (int k = 0; k < levels; ++k) c.level[k] = std::ldexp(1.0f, k - (levels - 1));
-  build_tables(c, what);
-  return c;
-}
-
+float bits_to_f32(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t f32_bits(float f) { return std::bit_cast<uint32_t>(f); }
 inline float clamp01(float x) { return x > 0 ? (x < 1 ? x : 1.0f) : 0.0f; }  // NaN -> 0
 
 }  // namespace
 
-const QuantCode& quant_code_m8() {
-  static const QuantCode c = make_dynamic(7, true, "m8");
-  return c;
-}
-const QuantCode& quant_code_v8() {
-  static const QuantCode c = make_dynamic(8, false, "v8");
-  return c;
-}
-const QuantCode& quant_code_m4() {
-  static const QuantCode c = make_dynamic(3, true, "m4");
-  return c;
-}
-const QuantCode& quant_code_v4() {
-  static const QuantCode c = make_pow2(16, "v4");  // exact powers of two: encode_avx512 relies on it
-  return c;
-}
-
 namespace {
 
+// Minifloat codes: the index from y's bits (see the header). draw: the 32-bit
+// hash of stochastic rounding (its top `shift` bits are added; its top 24 bits
+// are u of the bottom step of a code with 0).
+inline int mf_nearest(const QuantCode& c, float x) {
+  x = clamp01(x);
+  const int32_t b = static_cast<int32_t>(f32_bits(x));
+  const int32_t j = std::max(((b + (1 << (c.shift - 1))) >> c.shift) - c.base, 0);
+  if (!c.has_zero) return j;
+  return b >= (c.base << c.shift) - (1 << 23) ? j + 1 : 0;  // y >= smallest level / 2
+}
+inline int mf_stochastic(const QuantCode& c, float x, uint32_t draw) {
+  x = clamp01(x);
+  const int32_t b = static_cast<int32_t>(f32_bits(x));
+  const int32_t j = std::max(((b + static_cast<int32_t>(draw >> (32 - c.shift))) >> c.shift) - c.base, 0);
+  if (!c.has_zero) return j;
+  if (b >= c.base << c.shift) return j + 1;
+  const float u = static_cast<float>(draw >> 8) * 0x1.0p-24f;
+  return u * c.level[1] < x ? 1 : 0;  // up to the smallest level with probability y / level
+}
+inline uint32_t draw_of(float u) { return static_cast<uint32_t>(u * 0x1.0p24f) << 8; }
+
 inline int index_nearest(const QuantCode& c, float x) {
+  if (c.shift) return mf_nearest(c, x);
   x = clamp01(x);
   const uint32_t b = f32_bits(x);
   const int32_t e = c.nearest_key[b >> 16];
@@ -140,6 +60,7 @@ inline int index_nearest(const QuantCode& c, float x) {
 }
 
 inline int index_stochastic(const QuantCode& c, float x, float u) {
+  if (c.shift) return mf_stochastic(c, x, draw_of(u));
   x = clamp01(x);
   const uint32_t b = f32_bits(x);
   const int32_t e = c.floor_key[b >> 16];
@@ -183,7 +104,9 @@ inline int encode_one(const QuantCode& c, uint32_t key32, float x, int64_t i, fl
   int q;
   if (kStochastic) {  // quant_uniform's draw
     const uint32_t h = quant_mix32(key32 + static_cast<uint32_t>(i) * kQuantCounterStep);
-    q = index_stochastic(c, y, static_cast<float>(h >> 8) * 0x1.0p-24f);
+    q = kQ8 ? mf_stochastic(c, y, h) : index_stochastic(c, y, static_cast<float>(h >> 8) * 0x1.0p-24f);
+  } else if (kQ8) {
+    q = mf_nearest(c, y);
   } else {
     q = index_nearest(c, y);
   }
@@ -231,9 +154,12 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
   __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32)),
                                  _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                     _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
-  const int* nearest_key = c.nearest_key.data();
-  const int* floor_key = c.floor_key.data();
-  const __m256i low16 = _mm256_set1_epi32(0xffff), low17 = _mm256_set1_epi32(0x1ffff);
+  // minifloat codes (8-bit): the integer maths of mf_nearest, mf_stochastic
+  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift), mf_draw_sh = _mm_cvtsi32_si128(32 - c.shift);
+  const __m256i mf_base = _mm256_set1_epi32(c.base), mf_half = _mm256_set1_epi32(c.shift ? 1 << (c.shift - 1) : 0);
+  const __m256i mf_win = _mm256_set1_epi32((c.base << c.shift) - 1);                  // b > win - 1: b >= window start
+  const __m256i mf_halfmin = _mm256_set1_epi32((c.base << c.shift) - (1 << 23) - 1);  // b >= smallest level / 2
+  const __m256 mf_lmin = _mm256_set1_ps(c.level[1]);
   // 4-bit codes: no tables; the levels and mids are compared in registers (a
   // count of those below y is the index, as the table lookup gives) and the
   // levels are read back with permutes.
@@ -255,7 +181,6 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
     __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, vinv), one, _mm256_cmp_ps(a, vamax, _CMP_EQ_OQ));
     y = _mm256_min_ps(_mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
     const __m256i yb = _mm256_castps_si256(y);
-    const __m256i prefix = _mm256_srli_epi32(yb, 16), ylow = _mm256_and_si256(yb, low16);
     __m256i q;
     if (kStochastic) {
       __m256i h = ctr;  // quant_mix32
@@ -265,35 +190,34 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
       h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
       h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
       const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
-      __m256i f;  // count of levels <= y, - 1
       if constexpr (kQ8) {
-        const __m256i e = _mm256_i32gather_epi32(floor_key, prefix, 4);
-        // low16 >= t  <=>  !(t > low16)
-        const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
-        f = _mm256_add_epi32(_mm256_srli_epi32(e, 17), below);
+        const __m256i j = _mm256_max_epi32(
+            _mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, _mm256_srl_epi32(h, mf_draw_sh)), mf_sh), mf_base),
+            izero);
+        if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
+          const __m256i bottom =
+              _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(u, mf_lmin), y, _CMP_LT_OQ)), ione);
+          q = _mm256_blendv_epi8(bottom, _mm256_add_epi32(j, ione), _mm256_cmpgt_epi32(yb, mf_win));
+        } else {
+          q = j;
+        }
       } else {
-        f = _mm256_set1_epi32(-1);
+        __m256i f = _mm256_set1_epi32(-1);  // count of levels <= y, - 1
         for (int j = 0; j < kLevels4; ++j)
           f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(lev4[j], y, _CMP_LE_OQ)));
+        const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
+        const __m256 lo = level4_avx2<kLevels4>(tab4, fc);
+        const __m256 hi = level4_avx2<kLevels4>(tab4, _mm256_add_epi32(fc, ione));
+        const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(hi, lo)), _mm256_sub_ps(y, lo), _CMP_LT_OQ);
+        q = _mm256_sub_epi32(fc, _mm256_castps_si256(up));
+        q = _mm256_andnot_si256(_mm256_cmpgt_epi32(izero, f), q);  // below the smallest level: 0
+        q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
       }
-      const __m256i fc = _mm256_max_epi32(_mm256_min_epi32(f, nm2), izero);
-      __m256 lo, hi;
-      if constexpr (kQ8) {
-        lo = _mm256_i32gather_ps(c.level, fc, 4);
-        hi = _mm256_i32gather_ps(c.level, _mm256_add_epi32(fc, ione), 4);
-      } else {
-        lo = level4_avx2<kLevels4>(tab4, fc);
-        hi = level4_avx2<kLevels4>(tab4, _mm256_add_epi32(fc, ione));
-      }
-      const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(hi, lo)), _mm256_sub_ps(y, lo), _CMP_LT_OQ);
-      q = _mm256_sub_epi32(fc, _mm256_castps_si256(up));
-      q = _mm256_andnot_si256(_mm256_cmpgt_epi32(izero, f), q);  // below the smallest level: 0
-      q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
       ctr = _mm256_add_epi32(ctr, step);
     } else if constexpr (kQ8) {
-      const __m256i e = _mm256_i32gather_epi32(nearest_key, prefix, 4);
-      const __m256i below = _mm256_cmpgt_epi32(_mm256_and_si256(e, low17), ylow);
-      q = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(e, 17), ione), below);  // count + (low16 >= t)
+      const __m256i j =
+          _mm256_max_epi32(_mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, mf_half), mf_sh), mf_base), izero);
+      q = kSigned ? _mm256_and_si256(_mm256_add_epi32(j, ione), _mm256_cmpgt_epi32(yb, mf_halfmin)) : j;
     } else {
       q = izero;  // count of mids < y
       for (int j = 0; j + 1 < kLevels4; ++j)
@@ -340,20 +264,6 @@ RT_AVX512 inline __m512i count_below_avx512(__m512 t, __m512 y) {
   return idx;
 }
 
-// level[idx] of an 8-bit code held in kRegs registers of 16 levels (idx < 16 * kRegs):
-// permutes over register pairs (index bits 0-4), then blends by bits 5, 6, 7
-// (register permutes: AVX-512 gathers are slow on some CPUs, e.g. AMD Zen 4).
-template <int kRegs>
-RT_AVX512 inline __m512 level8_avx512(const __m512* t, __m512i idx) {
-  __m512 r[kRegs / 2];
-  for (int j = 0; j < kRegs / 2; ++j) r[j] = _mm512_permutex2var_ps(t[2 * j], idx, t[2 * j + 1]);
-  for (int w = kRegs / 2, bit = 5; w > 1; w /= 2, ++bit) {
-    const __mmask16 sel = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(1 << bit));
-    for (int j = 0; j < w / 2; ++j) r[j] = _mm512_mask_blend_ps(sel, r[2 * j], r[2 * j + 1]);
-  }
-  return r[0];
-}
-
 template <bool kStochastic, bool kQ8, bool kSigned>
 RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes,
                                 int64_t first, float amax) {
@@ -368,11 +278,13 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key32)),
                        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(static_cast<int>(kQuantCounterStep))));
-  const __m512i low16 = _mm512_set1_epi32(0xffff), low17 = _mm512_set1_epi32(0x1ffff);
+  // minifloat codes (8-bit): the integer maths of mf_nearest, mf_stochastic
+  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift), mf_draw_sh = _mm_cvtsi32_si128(32 - c.shift);
+  const __m512i mf_base = _mm512_set1_epi32(c.base), mf_half = _mm512_set1_epi32(c.shift ? 1 << (c.shift - 1) : 0);
+  const __m512i mf_win = _mm512_set1_epi32(c.base << c.shift);
+  const __m512i mf_halfmin = _mm512_set1_epi32((c.base << c.shift) - (1 << 23));
+  const __m512 mf_lmin = _mm512_set1_ps(c.level[1]);
   constexpr int kLevels4 = kSigned ? 8 : 16;
-  __m512 tab8[16];  // 8-bit codes, stochastic rounding: the levels in registers
-  if constexpr (kQ8 && kStochastic)
-    for (int j = 0; j < (kSigned ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
   __m512 lev4 = zero, mid4 = zero;
   if constexpr (!kQ8) {
     if (c.n != kLevels4) return 0;
@@ -391,7 +303,6 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
     __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, vamax, _CMP_EQ_OQ), _mm512_mul_ps(a, vinv), one);
     y = _mm512_min_ps(_mm512_max_ps(y, zero), one);  // as the AVX2 clamp (NaN -> 0)
     const __m512i yb = _mm512_castps_si512(y);
-    const __m512i prefix = _mm512_srli_epi32(yb, 16), ylow = _mm512_and_si512(yb, low16);
     __m512i q;
     if (kStochastic) {
       __m512i h = ctr;  // quant_mix32
@@ -401,40 +312,45 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
       h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
       const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
-      __m512i f;  // count of levels <= y, - 1
       if constexpr (kQ8) {
-        const __m512i e = _mm512_i32gather_epi32(prefix, c.floor_key.data(), 4);
-        const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, low17), ylow);
-        f = _mm512_mask_sub_epi32(_mm512_srli_epi32(e, 17), below, _mm512_srli_epi32(e, 17), ione);
-      } else if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
-        f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
-                             _mm512_set1_epi32(-1));
+        const __m512i j = _mm512_max_epi32(
+            _mm512_sub_epi32(_mm512_srl_epi32(_mm512_add_epi32(yb, _mm512_srl_epi32(h, mf_draw_sh)), mf_sh), mf_base),
+            izero);
+        if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
+          const __mmask16 bottom = _mm512_cmp_ps_mask(_mm512_mul_ps(u, mf_lmin), y, _CMP_LT_OQ);
+          q = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(yb, mf_win), _mm512_maskz_mov_epi32(bottom, ione),
+                                      _mm512_add_epi32(j, ione));
+        } else {
+          q = j;
+        }
       } else {
-        f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
+        __m512i f;                 // count of levels <= y, - 1
+        if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
+          f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
+                               _mm512_set1_epi32(-1));
+        } else {
+          f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
+        }
+        const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
+        __m512 lo, hi;
+        if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
+          lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
+          hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
+        } else {
+          lo = _mm512_permutexvar_ps(fc, lev4);
+          hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
+        }
+        const __mmask16 up =
+            _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
+        q = _mm512_mask_add_epi32(fc, up, fc, ione);
+        q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
+        q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
       }
-      const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
-      __m512 lo, hi;
-      if constexpr (kQ8) {
-        lo = level8_avx512 < kSigned ? 8 : 16 > (tab8, fc);
-        hi = level8_avx512 < kSigned ? 8 : 16 > (tab8, _mm512_add_epi32(fc, ione));
-      } else if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
-        lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
-        hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
-      } else {
-        lo = _mm512_permutexvar_ps(fc, lev4);
-        hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
-      }
-      const __mmask16 up =
-          _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
-      q = _mm512_mask_add_epi32(fc, up, fc, ione);
-      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
-      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
       ctr = _mm512_add_epi32(ctr, step);
     } else if constexpr (kQ8) {
-      const __m512i e = _mm512_i32gather_epi32(prefix, c.nearest_key.data(), 4);
-      const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, low17), ylow);
-      const __m512i cnt = _mm512_add_epi32(_mm512_srli_epi32(e, 17), ione);
-      q = _mm512_mask_sub_epi32(cnt, below, cnt, ione);  // count + (low16 >= t)
+      const __m512i j =
+          _mm512_max_epi32(_mm512_sub_epi32(_mm512_srl_epi32(_mm512_add_epi32(yb, mf_half), mf_sh), mf_base), izero);
+      q = kSigned ? _mm512_maskz_add_epi32(_mm512_cmpge_epi32_mask(yb, mf_halfmin), j, ione) : j;
     } else if constexpr (!kSigned) {
       // v4: the mids are 1.5 * 2^(k - 15), so the count of mids < y is
       // exponent(y) + 15, + 1 when y's mantissa is above 1.5, clamped to [0, 15]
@@ -483,9 +399,9 @@ RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, c
   const __m512i mask = _mm512_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
   const __m512i sbit = _mm512_set1_epi32(q8 ? 0x80 : 0x8), nib = _mm512_set1_epi64(0xf);
   const __m512 tab4 = _mm512_loadu_ps(c.level);  // 4-bit codes (8 or 16 levels; the index is masked)
-  __m512 tab8[16];                               // 8-bit codes: 128 or 256 levels
-  if (q8)
-    for (int j = 0; j < (signed_code ? 8 : 16); ++j) tab8[j] = _mm512_loadu_ps(c.level + 16 * j);
+  // 8-bit minifloat codes: the level's bits (index + base - has_zero) << shift, 0 for index 0 of m
+  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift);
+  const __m512i mf_off = _mm512_set1_epi32(c.base - (c.has_zero ? 1 : 0));
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
     __m512i q;
@@ -497,9 +413,13 @@ RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, c
       q = _mm512_or_si512(_mm512_and_si512(b, nib), _mm512_slli_epi64(_mm512_srli_epi64(b, 4), 32));
     }
     const __m512i idx = _mm512_and_si512(q, mask);
-    const __m512 lv = !q8           ? _mm512_permutexvar_ps(idx, tab4)
-                      : signed_code ? level8_avx512<8>(tab8, idx)
-                                    : level8_avx512<16>(tab8, idx);
+    __m512 lv;
+    if (!q8) {
+      lv = _mm512_permutexvar_ps(idx, tab4);
+    } else {
+      const __m512i lb = _mm512_sll_epi32(_mm512_add_epi32(idx, mf_off), mf_sh);
+      lv = _mm512_castsi512_ps(signed_code ? _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(idx, idx), lb) : lb);
+    }
     __m512 y = _mm512_mul_ps(lv, vs);
     if (signed_code)
       y = _mm512_castsi512_ps(
@@ -549,6 +469,8 @@ __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, c
   const __m256i sbit = _mm256_set1_epi32(q8 ? 0x80 : 0x8);
   const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), nib = _mm256_set1_epi32(0xf);
   const __m256 tab4[2] = {_mm256_loadu_ps(c.level), _mm256_loadu_ps(c.level + 8)};  // 4-bit codes
+  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift);  // 8-bit minifloat codes, as decode_avx512
+  const __m256i mf_off = _mm256_set1_epi32(c.base - (c.has_zero ? 1 : 0));
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     __m256i q;
@@ -561,9 +483,11 @@ __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, c
     }
     const __m256i idx = _mm256_and_si256(q, mask);
     __m256 lv;
-    if (q8)
-      lv = _mm256_i32gather_ps(c.level, idx, 4);
-    else
+    if (q8) {
+      const __m256i lb = _mm256_sll_epi32(_mm256_add_epi32(idx, mf_off), mf_sh);
+      lv = _mm256_castsi256_ps(signed_code ? _mm256_andnot_si256(_mm256_cmpeq_epi32(idx, _mm256_setzero_si256()), lb)
+                                           : lb);
+    } else
       lv = signed_code ? level4_avx2<8>(tab4, idx) : level4_avx2<16>(tab4, idx);
     __m256 y = _mm256_mul_ps(lv, vs);
     if (signed_code)
@@ -614,10 +538,12 @@ void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes,
     i = decode_avx512(q8, signed_code, c, codes, first, scale, k, x);
   else if (simd == 1 && (q8 || (first & 1) == 0))
     i = decode_avx2(q8, signed_code, c, codes, first, scale, k, x);
-  if (q8) {
+  if (q8) {  // minifloat: the level from its bits
+    const int32_t off = c.base - (signed_code ? 1 : 0);
     for (; i < k; ++i) {
-      const int q = codes[first + i];
-      const float y = c.level[q & (signed_code ? 0x7f : 0xff)] * scale;
+      const int q = codes[first + i], idx = q & (signed_code ? 0x7f : 0xff);
+      const float lv = signed_code && idx == 0 ? 0.0f : bits_to_f32(static_cast<uint32_t>(idx + off) << c.shift);
+      const float y = lv * scale;
       x[i] = signed_code && (q & 0x80) ? -y : y;
     }
     return;

@@ -234,7 +234,7 @@ double quadratic_run(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, in
 // The bounds are measured, not derived (the loss at the end sits on a noise
 // floor that quantization error moves in ways no simple bound captures): fp32
 // ends at f ~ 12 from f_0 ~ 5.8e4. Measured (this seed): stochastic rounding, the
-// default: 8-bit +3.8%, 4-bit +55%; nearest: 8-bit +67%, 4-bit +171% -- moments
+// default: 8-bit +1.4%, 4-bit +55%; nearest: 8-bit +19%, 4-bit +171% -- moments
 // of small elements stall when their increment (1 - beta) * (g - m) is below
 // half a level gap, which is why the default rounds stochastically. Limits:
 // 8-bit within 10% of fp32, 4-bit within 75%; nearest within 3x. A wrong
