@@ -64,8 +64,35 @@ void muon_orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) {
   });
 }
 
+namespace {
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+}  // namespace
+
+void muon_orthogonalize_bf16(const float* u, float* o, int64_t rows, int64_t cols) {
+  RT_CHECK(rows >= 1 && cols >= 1, "[muon] empty matrix ", rows, " x ", cols);
+  const int64_t n = rows * cols, r = std::min(rows, cols), c = std::max(rows, cols);
+  const float d = static_cast<float>(std::sqrt(sum_squares(u, n)) + kMuonNormEps);
+  std::vector<float> x(static_cast<size_t>(n));  // [r, c]: u / d, transposed when rows > cols
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      x[static_cast<size_t>(rows <= cols ? i * cols + j : j * rows + i)] = round_bf16(u[i * cols + j] / d);
+  const float a = static_cast<float>(kMuonNsA), b = static_cast<float>(kMuonNsB), cc = static_cast<float>(kMuonNsC);
+  std::vector<float> A(static_cast<size_t>(r * r)), AA(static_cast<size_t>(r * r)), BX(static_cast<size_t>(n));
+  for (int s = 0; s < kMuonNsSteps; ++s) {
+    cpu::matmul_nt(A.data(), x.data(), x.data(), r, r, c);  // A = X X^T
+    for (float& v : A) v = round_bf16(v);
+    cpu::matmul_nn(AA.data(), A.data(), A.data(), r, r, r);
+    for (int64_t i = 0; i < r * r; ++i) A[i] = round_bf16(cc * AA[i] + b * A[i]);  // B
+    cpu::matmul_nn(BX.data(), A.data(), x.data(), r, c, r);
+    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(BX[i] + a * x[i]);
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      o[i * cols + j] = x[static_cast<size_t>(rows <= cols ? i * cols + j : j * rows + i)];
+}
+
 void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
-                        double lr, double wd, float grad_scale, uint16_t* bf16_out) {
+                        double lr, double wd, float grad_scale, uint16_t* bf16_out, Orthogonalizer* orth) {
   RT_CHECK(mu >= 0 && mu < 1, "[muon] momentum ", mu, " must lie in [0, 1); fix --muon-momentum (or --beta1)");
   RT_CHECK(lr >= 0 && wd >= 0, "[muon] lr = ", lr, ", weight_decay = ", wd, " must be >= 0");
   const int64_t n = rows * cols;
@@ -78,7 +105,10 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
       u[static_cast<size_t>(i)] = nesterov ? gi + muf * m[i] : m[i];
     }
   });
-  muon_orthogonalize(u.data(), o.data(), rows, cols);
+  if (orth)
+    orth->orthogonalize(u.data(), o.data(), rows, cols);
+  else
+    muon_orthogonalize(u.data(), o.data(), rows, cols);
   const float decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   const float step = static_cast<float>(lr * muon_scale(rows, cols));
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {

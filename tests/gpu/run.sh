@@ -8,6 +8,8 @@
 # makes it. Logs go to $OUT when set. Parts:
 #   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test, gpu_cuda_block_test, gpu_cuda_moe_test)
 #   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test)
+#   muon      Muon's NS5 on the GPU vs the CPU spec, the engine with --optimizer muon vs the CPU backend
+#             (gpu_muon_gpu_test), and NS5 timings on Qwen2.5-7B's matrices (ramtrain_muon_bench)
 #   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
@@ -30,7 +32,7 @@
 set -u -o pipefail
 bin=build/gpu-run
 if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
-parts=${*:-ops engine resume optim memory bench7b delayed attention stall hf demo}
+parts=${*:-ops engine muon resume optim memory bench7b delayed attention stall hf demo}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 logs=${OUT:-/tmp/ramtrain_gpu_logs}
 mkdir -p "$logs"
@@ -59,6 +61,8 @@ has ops && [ -x "$bin/gpu_cuda_moe_test" ] && run cuda_moe_test 120 "$bin/gpu_cu
 has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
 has engine && run engine_test 300 "$bin/gpu_engine_test"
 has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
+has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
+has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
 
 if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
