@@ -30,26 +30,6 @@
 
 namespace {
 
-bool have_gpu() { return rt::cuda_backend_available(); }
-
-std::vector<float> gaussian(int64_t n, uint64_t seed, double scale) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd;
-  std::vector<float> x(static_cast<size_t>(n));
-  for (float& v : x) v = static_cast<float>(scale * nd(rng));
-  return x;
-}
-
-// column j of a gaussian scaled by 10^(-decades * j / (C - 1))
-std::vector<float> column_scaled(int64_t R, int64_t C, uint64_t seed, double decades) {
-  std::vector<float> x = gaussian(R * C, seed, 1e-3);
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t j = 0; j < C; ++j)
-      x[static_cast<size_t>(i * C + j)] *=
-          static_cast<float>(std::pow(10.0, -decades * static_cast<double>(j) / static_cast<double>(C - 1)));
-  return x;
-}
-
 // Singular values of m [R, C]: square roots of the eigenvalues of the smaller
 // Gram matrix (double), by cyclic Jacobi; ascending.
 std::vector<double> singular_values(const std::vector<float>& m, int64_t R, int64_t C) {
@@ -94,6 +74,26 @@ std::vector<double> singular_values(const std::vector<float>& m, int64_t R, int6
 }
 
 #ifdef RAMTRAIN_HAVE_CUDA
+
+bool have_gpu() { return rt::cuda_backend_available(); }
+
+std::vector<float> gaussian(int64_t n, uint64_t seed, double scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = static_cast<float>(scale * nd(rng));
+  return x;
+}
+
+// column j of a gaussian scaled by 10^(-decades * j / (C - 1))
+std::vector<float> column_scaled(int64_t R, int64_t C, uint64_t seed, double decades) {
+  std::vector<float> x = gaussian(R * C, seed, 1e-3);
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j)
+      x[static_cast<size_t>(i * C + j)] *=
+          static_cast<float>(std::pow(10.0, -decades * static_cast<double>(j) / static_cast<double>(C - 1)));
+  return x;
+}
 
 TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build): the CPU twin is tests/optim/muon_*";
