@@ -120,7 +120,7 @@ void train_options(ArgParser& p) {
            "each layer as its gradient lands, with no host gradient buffer (least host RAM; needs --grad-accum 1 "
            "or layer-major; clipping: each layer by the norm of the gradients landed up to it, the same as global "
            "clipping on every step within --clip, never more on the others; docs/small_gpu.md); auto: device, or "
-           "host when they take much of the card (fold when --clip 0)",
+           "host when they take much of the card (fold when --clip 0); --optimizer muon: host or fold only",
            "auto")
       .choice({"auto", "device", "host", "fold"});
   p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")

@@ -205,7 +205,8 @@ class StreamEngine final : public Backend {
     return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
                " slots, bf16 compute, ", master_storage_name(st_.master_storage()), " master + ",
                moment_storage_name(st_.moment_storage()), " on ",
-               global_pool().size(), " CPU threads", track_.delayed() ? ", delayed update" : "", ")");
+               global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
+               track_.delayed() ? ", delayed update" : "", ")");
   }
 
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
