@@ -17,6 +17,7 @@
 #include "engine/device_plan.h"
 #include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
+#include "model/weight_map.h"
 #include "state/host_state.h"
 
 namespace rt::cli {
@@ -460,6 +461,18 @@ int cmd_plan(const Args& args) {
       std::printf("  of which the Muon Newton-Schulz workspace %s (X and a copy of %lld elements, A and B of %lld^2, "
                   "bf16)\n",
                   gib(static_cast<double>(ws)).c_str(), (long long)md.max_numel, (long long)md.max_small);
+      // NS5 per matrix (m = smaller side, n = larger): 5 x (4 m^2 n + 2 m^3) FLOP, not in the prediction below
+      double ns_flop = 0, ns_bytes = 0;
+      for (const WeightEntry& e : weight_map(spec))
+        if (muon_matrix(e)) {
+          const double m = static_cast<double>(std::min(e.shape[0], e.shape[1]));
+          const double n = static_cast<double>(std::max(e.shape[0], e.shape[1]));
+          ns_flop += 5 * (4 * m * m * n + 2 * m * m * m);
+          ns_bytes += 4 * m * n;  // bf16 in and out
+        }
+      std::printf("  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s at the datasheet rate; "
+                  "ramtrain_muon_bench measures it) + %.2f GB of bf16 copies; not in the step prediction below\n",
+                  ns_flop / 1e12, ns_flop / (card.bf16_tflops * 1e12), ns_bytes / 1e9);
     }
     std::printf(
         "\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "

@@ -74,7 +74,8 @@ bool shrink_plan(CudaOptions& o, std::string* change);
 // ---- the whole plan, byte by byte ----
 // Every device allocation of the engine, in the engine's order, each rounded
 // up to 256 bytes like the allocator (cuda/device_memory.h). Not counted:
-// the CUDA context and cuBLASLt's workspace (outside the budget).
+// the CUDA context and cuBLASLt's workspace (outside the budget), nor the
+// default workspace cuBLAS keeps for the Muon Newton-Schulz handle.
 struct DevicePlanItem {
   std::string what;
   uint64_t bytes = 0;  // all `count` allocations together
