@@ -9,7 +9,11 @@
 //     B per element of m and of v, transient), the tensors updated as above, and m,
 //     v re-encoded block by block with o.moment_rounding (stochastic: keyed by
 //     (o.rounding_seed, o.t, unit index, block), so independent of threads).
-// Muon updates whole matrices: the range is the whole unit, the master fp32.
+// Muon updates whole matrices: the range is the whole unit, in place. The
+// master: fp32, or split (the CUDA engine's default, one shadow): decoded to a
+// transient fp32 copy (4 B per element), updated as fp32 storage is and
+// encoded back (which writes the shadow), so bit-identical to fp32 storage.
+// NS5 runs where o.orthogonalizer says (optim/muon.h; nullptr: the CPU spec).
 #pragma once
 #include <cstdint>
 

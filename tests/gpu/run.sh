@@ -63,6 +63,14 @@ has engine && run engine_test 300 "$bin/gpu_engine_test"
 has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
 has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
 has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
+if has muon; then
+  # the CLI on the GPU: tiny-byte, 60 steps, muon (grads auto: host) and muon8bit with --grads fold, against AdamW
+  for mode in "adamw" "muon" "muon8bit --grads fold"; do
+    name=muon_cli_${mode%% *}
+    run $name 200 "$bin/ramtrain" train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 60 \
+      --device cuda --eval-every 0 --val-fraction 0.05 --lr 3e-3 --optimizer $mode --out $tmp/$name
+  done
+fi
 
 if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
