@@ -441,8 +441,10 @@ int cmd_plan(const Args& args) {
         "\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
         "activations of %lld of %lld layers kept\n",
         mode, pl.slots, pl.slots == 1 ? "" : "s",
-        pl.fold         ? "host (folded into the update as they land)"
-        : pl.host_grads ? "host"
+        pl.fold         ? (muon && co.grads == "auto" ? "host (folded into the update as they land: Muon needs whole "
+                                                         "gradients)"
+                                                       : "host (folded into the update as they land)")
+        : pl.host_grads ? (muon && co.grads == "auto" ? "host (Muon needs whole gradients)" : "host")
                         : "device",
         pl.host_ckpt ? "host" : "device",
         pl.host_embed ? "host" : "device", pl.layer_major ? "layer-major" : "micro-batch-major",
