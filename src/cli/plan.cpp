@@ -18,6 +18,7 @@
 #include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
 #include "model/weight_map.h"
+#include "optim/muon.h"
 #include "state/host_state.h"
 
 namespace rt::cli {
@@ -252,9 +253,13 @@ int cmd_plan(const Args& args) {
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
   host.push_back({"pinned block checkpoints", host_checkpoint_bytes(spec, B, T, pl)});
-  if (muon)  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
-    host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)",
-                    static_cast<uint64_t>(muon_matrix_dims(spec).max_numel) * 2});
+  if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
+    const int64_t mx = muon_matrix_dims(spec).max_numel;
+    host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
+    host.push_back({storage == MasterStorage::split ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
+                                                    : "Muon update scratch (fp32 U, O; largest matrix)",
+                    muon_scratch_bytes(mx, storage == MasterStorage::split)});
+  }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
   uint64_t host_total = 0;

@@ -16,11 +16,29 @@
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
 #include "optim/adamw.h"
+#include "state/host_state.h"
 
 namespace rt {
 
 namespace {
 constexpr int64_t kGrain = 1 << 16;  // elements per thread-pool task of the elementwise loops
+constexpr int kScratchSlots = 3;
+uint64_t scratch_buffer_bytes(int64_t n) { return (static_cast<uint64_t>(n) * 4 + 63) / 64 * 64; }  // HostBuffer's
+}  // namespace
+
+float* muon_scratch(int slot, int64_t n) {
+  RT_CHECK(slot >= 0 && slot < kScratchSlots && n >= 0, "[muon] bad scratch request: slot ", slot, ", ", n, " floats");
+  thread_local HostBuffer buf[kScratchSlots];
+  HostBuffer& b = buf[slot];
+  if (b.n < static_cast<size_t>(n)) {
+    b = HostBuffer();  // the old one goes first: the peak is the new size
+    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O or a decoded matrix)");
+  }
+  return b.p;
+}
+
+uint64_t muon_scratch_bytes(int64_t max_numel, bool split) {
+  return (split ? 3 : 2) * scratch_buffer_bytes(max_numel);
 }
 
 double muon_scale(int64_t rows, int64_t cols) {
@@ -97,25 +115,26 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
   RT_CHECK(lr >= 0 && wd >= 0, "[muon] lr = ", lr, ", weight_decay = ", wd, " must be >= 0");
   const int64_t n = rows * cols;
   const float muf = static_cast<float>(mu);
-  std::vector<float> u(static_cast<size_t>(n)), o(static_cast<size_t>(n));
+  float* u = muon_scratch(0, n);
+  float* o = muon_scratch(1, n);
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float gi = g[i] * grad_scale;
       m[i] = muf * m[i] + gi;
-      u[static_cast<size_t>(i)] = nesterov ? gi + muf * m[i] : m[i];
+      u[i] = nesterov ? gi + muf * m[i] : m[i];
     }
   });
   if (orth)
-    orth->orthogonalize(u.data(), o.data(), rows, cols);
+    orth->orthogonalize(u, o, rows, cols);
   else
-    muon_orthogonalize(u.data(), o.data(), rows, cols);
+    muon_orthogonalize(u, o, rows, cols);
   const float decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   const float step = static_cast<float>(lr * muon_scale(rows, cols));
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float w = p[i];
       if (wd != 0) w = w * decay;
-      w = w - step * o[static_cast<size_t>(i)];
+      w = w - step * o[i];
       p[i] = w;
       if (bf16_out) bf16_out[i] = f32_to_bf16(w);
     }

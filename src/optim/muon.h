@@ -69,9 +69,21 @@ class Orthogonalizer {
 
 // One Muon step of one matrix: p, m, g: rows*cols floats; mu the momentum
 // (resolved, in [0, 1)); bf16_out (nullable) receives the new weights;
-// orth (nullable): where NS5 runs (nullptr: muon_orthogonalize).
+// orth (nullable): where NS5 runs (nullptr: muon_orthogonalize). U and O live
+// in muon_scratch slots 0 and 1 (below).
 void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
                         double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr,
                         Orthogonalizer* orth = nullptr);
+
+// Scratch of the calling thread, slot 0..2, at least n floats, uninitialised,
+// kept at the largest size asked until the thread ends: the optimizer updates
+// one matrix after another, and fresh allocations of U and O cost page faults
+// (~0.2 s per 68M-element matrix) on every call. Slots: 0 U, 1 O (here),
+// 2 a split master's decoded matrix (optim/muon_unit.cpp). What a thread keeps:
+// muon_scratch_bytes.
+float* muon_scratch(int slot, int64_t n);
+// Bytes one thread's scratch holds after updating matrices of up to
+// max_numel elements (split: with the decoded master's slot).
+uint64_t muon_scratch_bytes(int64_t max_numel, bool split);
 
 }  // namespace rt

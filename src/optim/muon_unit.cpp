@@ -14,20 +14,36 @@ namespace rt {
 namespace {
 
 // The tensors of u: Muon matrices with muon_update_matrix, others with adamw_update
-// (master w and m in the unit layout, v packed: u.v_at).
-void update_tensors(StateUnit& u, float* w, float* m, float* v, const float* grad, const OptimStep& o,
-                    float clip_coef, uint16_t* bf16_shadow) {
+// (m in the unit layout, v packed: u.v_at). Split master: each Muon matrix
+// decoded into scratch slot 2, updated and encoded back (which writes the
+// shadow); the other tensors updated in place by adamw_update_split (adamw_update
+// bit for bit).
+void update_tensors(StateUnit& u, float* m, float* v, const float* grad, const OptimStep& o, float clip_coef,
+                    uint16_t* bf16_shadow) {
   const double mu = muon_momentum(o);
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const WeightEntry& e = u.entries[k];
-    const int64_t off = u.offsets[k];
+    const int64_t off = u.offsets[k], n = e.numel();
+    const double wd = weight_decay_for(e, o);
+    if (u.split()) {
+      if (muon_matrix(e)) {
+        float* w = muon_scratch(2, n);
+        u.read_master(off, n, w);
+        muon_update_matrix(w, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd, clip_coef,
+                           nullptr, o.orthogonalizer);
+        u.write_master(off, n, w);
+      } else {
+        adamw_update_split(u.split_master(u.cur_shadow).at(off), m + off, v + u.v_at(k), grad + off, n, o.hyper, o.t,
+                           o.lr, wd, clip_coef);
+      }
+      continue;
+    }
     uint16_t* out = bf16_shadow ? bf16_shadow + off : nullptr;
     if (muon_matrix(e))
-      muon_update_matrix(w + off, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr,
-                         weight_decay_for(e, o), clip_coef, out, o.orthogonalizer);
+      muon_update_matrix(u.master() + off, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd,
+                         clip_coef, out, o.orthogonalizer);
     else
-      adamw_update(w + off, m + off, v + u.v_at(k), grad + off, e.numel(), o.hyper, o.t, o.lr,
-                   weight_decay_for(e, o), clip_coef, out);
+      adamw_update(u.master() + off, m + off, v + u.v_at(k), grad + off, n, o.hyper, o.t, o.lr, wd, clip_coef, out);
   }
 }
 
@@ -42,28 +58,11 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
            master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 (or split on the GPU)");
   RT_CHECK(u.moments == MomentStorage::fp32 || u.moments == MomentStorage::q8, "[muon] unit ", u.name, " holds ",
            moment_storage_name(u.moments), " moments; Muon keeps fp32 (muon) or 8-bit (muon8bit) ones");
-  // split master: the exact fp32 master decoded into a transient copy (4 B
-  // per element), updated as fp32 storage is, and encoded back (which writes
-  // the shadow): bit-identical to fp32 storage
-  HostBuffer decoded;
-  float* w = nullptr;
-  if (u.split()) {
+  // split master (the CUDA engine's default): updated in place, its one shadow written by the update
+  if (u.split())
     RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name,
              ": a split master is updated in place (one shadow, which the update writes)");
-    decoded = HostBuffer(static_cast<size_t>(u.numel), cat("the decoded master of ", u.name));
-    w = decoded.p;
-    u.read_master(0, u.numel, w);
-    bf16_shadow = nullptr;
-  } else {
-    w = u.master();
-  }
-  auto finish = [&] {
-    if (u.split()) u.write_master(0, u.numel, w);
-  };
-  if (!u.quantized()) {
-    update_tensors(u, w, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
-    return finish();
-  }
+  if (!u.quantized()) return update_tensors(u, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
   const int64_t n = u.numel, nv = u.v_len();
   HostBuffer mv(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
   float* m = mv.p;
@@ -75,8 +74,7 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
   };
   quant_decode(u.moments, true, u.qm(), u.scale_m(), n, m);
   quant_decode(u.moments, false, u.qv(), u.scale_v(), nv, v);
-  update_tensors(u, w, m, v, grad, o, clip_coef, bf16_shadow);
-  finish();
+  update_tensors(u, m, v, grad, o, clip_coef, bf16_shadow);
   const uint64_t key = quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
                                                                  quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));
   blocks(n, [&](int64_t blk, int64_t first, int64_t k) {

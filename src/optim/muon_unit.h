@@ -10,9 +10,10 @@
 //     v re-encoded block by block with o.moment_rounding (stochastic: keyed by
 //     (o.rounding_seed, o.t, unit index, block), so independent of threads).
 // Muon updates whole matrices: the range is the whole unit, in place. The
-// master: fp32, or split (the CUDA engine's default, one shadow): decoded to a
-// transient fp32 copy (4 B per element), updated as fp32 storage is and
-// encoded back (which writes the shadow), so bit-identical to fp32 storage.
+// master: fp32, or split (the CUDA engine's default, one shadow): each Muon
+// matrix decoded to fp32 (muon_scratch slot 2), updated as on fp32 storage
+// and encoded back (which writes the shadow); the other tensors through
+// adamw_update_split: bit-identical to fp32 storage.
 // NS5 runs where o.orthogonalizer says (optim/muon.h; nullptr: the CPU spec).
 #pragma once
 #include <cstdint>

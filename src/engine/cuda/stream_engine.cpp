@@ -182,7 +182,10 @@ class StreamEngine final : public Backend {
             "muon: Newton-Schulz on the GPU in bf16 (fp32 sums), one matrix at a time from the optimizer thread: "
             "%.1f MiB device workspace, %.1f MiB pinned staging (2 B/element each way)\n",
             muon_workspace_bytes(s_) / double(1 << 20), muon_->pinned_bytes() / double(1 << 20));
-      const uint64_t host = st_.bytes_total() + weights_->pinned_bytes() + (muon_ ? muon_->pinned_bytes() : 0);
+      const uint64_t host =
+          st_.bytes_total() + weights_->pinned_bytes() +
+          (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(muon_matrix_dims(s_).max_numel, st_.units()[0].split())
+                 : 0);
       std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
                   host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
                   muon_ ? "Muon momentum + Adam m, v of the other tensors" : "Adam m, v",
