@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "cuda/newton_schulz_workspace.h"
 #include "optim/adamw.h"
 
 namespace rt::cuda {
@@ -19,6 +21,16 @@ GpuOrthogonalizer::GpuOrthogonalizer(DeviceAllocator& alloc, int64_t max_numel, 
     : ns_(alloc, max_numel, max_small, static_cast<float>(kMuonNsA), static_cast<float>(kMuonNsB),
           static_cast<float>(kMuonNsC), kMuonNsSteps),
       staging_(static_cast<size_t>(max_numel) * 2, "the Muon Newton-Schulz staging (bf16)") {}
+
+std::string GpuOrthogonalizer::describe() const {
+  char b[256];
+  std::snprintf(b, sizeof b,
+                "muon: Newton-Schulz on the GPU in bf16 (fp32 sums), one matrix at a time from the optimizer thread: "
+                "%.1f MiB device workspace, %.1f MiB pinned staging (2 B/element each way)",
+                newton_schulz_workspace_bytes(ns_.max_numel(), ns_.max_small()) / double(1 << 20),
+                pinned_bytes() / double(1 << 20));
+  return b;
+}
 
 void GpuOrthogonalizer::orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) {
   RT_CHECK(rows >= 1 && cols >= 1, "[muon] empty matrix ", rows, " x ", cols);

@@ -12,6 +12,7 @@
 // in the device plan; pinned host staging: 2 B per element of that matrix.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "cuda/device_memory.h"
 #include "cuda/newton_schulz.h"
@@ -25,6 +26,7 @@ class GpuOrthogonalizer final : public Orthogonalizer {
   GpuOrthogonalizer(DeviceAllocator& alloc, int64_t max_numel, int64_t max_small);
   void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) override;
   uint64_t pinned_bytes() const { return staging_.bytes(); }
+  std::string describe() const;  // one line: where NS5 runs, the workspace and staging bytes
 
  private:
   NewtonSchulz ns_;

@@ -166,22 +166,16 @@ class StreamEngine final : public Backend {
           "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
           "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
           opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
-          place_.fold ? (opt_.muon && opt_.grads == "auto"
-                             ? "host (per layer, folded into the update as they land: Muon needs whole gradients)"
-                             : "host (per layer, folded into the update as they land)")
-          : place_.host_grads ? (opt_.muon && opt_.grads == "auto" ? "host (per layer: Muon needs whole gradients)"
-                                                                   : "host (per layer)")
-                              : "device",
+          cat(place_.fold ? "host (per layer, folded into the update as they land" : place_.host_grads ? "host (per layer"
+                                                                                            : "device",
+              place_.host_grads ? (opt_.muon && opt_.grads == "auto" ? ": Muon needs whole gradients)" : ")") : "")
+              .c_str(),
           place_.host_ckpt ? "host" : "device",
           place_.host_embed ? "host" : "device", (long long)keep, (long long)L, keep * act_bytes / double(1ull << 30),
           place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
           dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
           dev_.alloc.used() / double(1ull << 30), dev_.alloc.budget() / double(1ull << 30));
-      if (muon_)
-        std::printf(
-            "muon: Newton-Schulz on the GPU in bf16 (fp32 sums), one matrix at a time from the optimizer thread: "
-            "%.1f MiB device workspace, %.1f MiB pinned staging (2 B/element each way)\n",
-            muon_workspace_bytes(s_) / double(1 << 20), muon_->pinned_bytes() / double(1 << 20));
+      if (muon_) std::printf("%s\n", muon_->describe().c_str());
       const uint64_t host =
           st_.bytes_total() + weights_->pinned_bytes() +
           (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(muon_matrix_dims(s_).max_numel, st_.units()[0].split())
