@@ -8,7 +8,7 @@
 // The result differs from the fp32 spec by bf16 rounding (measured in
 // tests/gpu/muon_gpu_test.cpp); the CPU twin of this rounding is
 // muon_orthogonalize_bf16 (optim/muon.h). Device workspace: NewtonSchulz's,
-// sized for the model's largest Muon matrix (muon_workspace_dims) and counted
+// sized for the model's largest Muon matrix (muon_matrix_dims) and counted
 // in the device plan; pinned host staging: 2 B per element of that matrix.
 #pragma once
 #include <cstdint>
