@@ -256,9 +256,10 @@ int cmd_plan(const Args& args) {
   if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
     const int64_t mx = muon_matrix_dims(spec).max_numel;
     host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
-    host.push_back({storage == MasterStorage::split ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
-                                                    : "Muon update scratch (fp32 U, O; largest matrix)",
-                    muon_scratch_bytes(mx, storage == MasterStorage::split)});
+    host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v of a layer)"
+                    : storage == MasterStorage::split ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
+                                                      : "Muon update scratch (fp32 U, O; largest matrix)",
+                    muon_scratch_bytes(spec, storage == MasterStorage::split, moments != MomentStorage::fp32)});
   }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
+#include "model/weight_map.h"
 #include "optim/adamw.h"
 #include "state/host_state.h"
 
@@ -22,23 +23,46 @@ namespace rt {
 
 namespace {
 constexpr int64_t kGrain = 1 << 16;  // elements per thread-pool task of the elementwise loops
-constexpr int kScratchSlots = 3;
+constexpr int kScratchSlots = 4;
 uint64_t scratch_buffer_bytes(int64_t n) { return (static_cast<uint64_t>(n) * 4 + 63) / 64 * 64; }  // HostBuffer's
+
+HostBuffer* thread_scratch() {
+  thread_local HostBuffer buf[kScratchSlots];
+  return buf;
+}
+
 }  // namespace
+
+uint64_t muon_scratch_held() {
+  uint64_t b = 0;
+  for (int k = 0; k < kScratchSlots; ++k) b += thread_scratch()[k].n ? scratch_buffer_bytes(thread_scratch()[k].n) : 0;
+  return b;
+}
 
 float* muon_scratch(int slot, int64_t n) {
   RT_CHECK(slot >= 0 && slot < kScratchSlots && n >= 0, "[muon] bad scratch request: slot ", slot, ", ", n, " floats");
-  thread_local HostBuffer buf[kScratchSlots];
-  HostBuffer& b = buf[slot];
+  HostBuffer& b = thread_scratch()[slot];
   if (b.n < static_cast<size_t>(n)) {
     b = HostBuffer();  // the old one goes first: the peak is the new size
-    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O or a decoded matrix)");
+    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O, a decoded matrix or a layer's decoded moments)");
   }
   return b.p;
 }
 
-uint64_t muon_scratch_bytes(int64_t max_numel, bool split) {
-  return (split ? 3 : 2) * scratch_buffer_bytes(max_numel);
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized) {
+  // per layer: its arena's numel and packed v (HostState's layout: tensors padded to 16 floats)
+  std::vector<int64_t> n(static_cast<size_t>(s.n_layers), 0), nv(n.size(), 0);
+  int64_t max_matrix = 0;
+  for (const WeightEntry& e : weight_map(s)) {
+    if (muon_matrix(e)) max_matrix = std::max(max_matrix, e.numel());
+    if (e.layer < 0) continue;
+    const int64_t padded = (e.numel() + 15) / 16 * 16;
+    n[static_cast<size_t>(e.layer)] += padded;
+    if (!muon_matrix(e)) nv[static_cast<size_t>(e.layer)] += padded;
+  }
+  int64_t max_unit = 0;
+  for (size_t l = 0; l < n.size(); ++l) max_unit = std::max(max_unit, n[l] + nv[l]);
+  return (split ? 3 : 2) * scratch_buffer_bytes(max_matrix) + (quantized ? scratch_buffer_bytes(max_unit) : 0);
 }
 
 double muon_scale(int64_t rows, int64_t cols) {

@@ -29,6 +29,8 @@
 #pragma once
 #include <cstdint>
 
+#include "model/spec.h"
+
 
 namespace rt {
 
@@ -75,15 +77,18 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
                         double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr,
                         Orthogonalizer* orth = nullptr);
 
-// Scratch of the calling thread, slot 0..2, at least n floats, uninitialised,
+// Scratch of the calling thread, slot 0..3, at least n floats, uninitialised,
 // kept at the largest size asked until the thread ends: the optimizer updates
-// one matrix after another, and fresh allocations of U and O cost page faults
-// (~0.2 s per 68M-element matrix) on every call. Slots: 0 U, 1 O (here),
-// 2 a split master's decoded matrix (optim/muon_unit.cpp). What a thread keeps:
-// muon_scratch_bytes.
+// one matrix after another, and fresh allocations cost page faults on every
+// call (~0.2 s for U and O of a 68M-element matrix). Slots: 0 U, 1 O (here),
+// 2 a split master's decoded matrix, 3 a layer unit's decoded muon8bit m and
+// v (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
 float* muon_scratch(int slot, int64_t n);
-// Bytes one thread's scratch holds after updating matrices of up to
-// max_numel elements (split: with the decoded master's slot).
-uint64_t muon_scratch_bytes(int64_t max_numel, bool split);
+// Bytes one thread's scratch holds after a Muon step of a model of spec s:
+// U and O of its largest matrix, + the decoded matrix (split master), + the
+// decoded m and v of its largest layer unit (8-bit moments).
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized);
+// Bytes the calling thread's scratch holds now.
+uint64_t muon_scratch_held();
 
 }  // namespace rt

@@ -63,10 +63,14 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
     RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name,
              ": a split master is updated in place (one shadow, which the update writes)");
   if (!u.quantized()) return update_tensors(u, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
+  // the decoded m and v: a layer's in the thread's scratch (slot 3, kept), the
+  // embedding's and head's (no Muon matrix; the largest units) in a buffer of their own
   const int64_t n = u.numel, nv = u.v_len();
-  HostBuffer mv(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
-  float* m = mv.p;
-  float* v = mv.p + n;
+  const bool layer = std::any_of(u.entries.begin(), u.entries.end(), [](const WeightEntry& e) { return e.layer >= 0; });
+  HostBuffer own;
+  if (!layer) own = HostBuffer(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
+  float* m = layer ? muon_scratch(3, n + nv) : own.p;
+  float* v = m + n;
   auto blocks = [&](int64_t len, const std::function<void(int64_t blk, int64_t first, int64_t k)>& f) {
     parallel_for(quant_blocks(len), 64, [&](int64_t b0, int64_t b1) {
       for (int64_t blk = b0; blk < b1; ++blk) f(blk, blk * kQuantBlock, std::min(kQuantBlock, len - blk * kQuantBlock));

@@ -116,7 +116,8 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     double extra = 24.0 * 2 * 16;  // the token batches and staging (no host checkpoints at this size)
     if (m.rule == rt::UpdateRule::muon) {  // the pinned bf16 staging of the GPU Newton-Schulz, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
-      extra += 2.0 * static_cast<double>(mx) + static_cast<double>(rt::muon_scratch_bytes(mx, false));
+      extra += 2.0 * static_cast<double>(mx) +
+               static_cast<double>(rt::muon_scratch_bytes(spec, false, m.moments != rt::MomentStorage::fp32));
     }
     EXPECT_EQ(needed, static_cast<double>(state) + extra) << p.output;
   }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/bf16.h"
@@ -276,6 +277,34 @@ TEST(MuonOrthogonalizer, ASplitMasterUpdatesLikeFp32Storage) {
       }
     }
   }
+}
+
+TEST(MuonOrthogonalizer, TheScratchAThreadKeepsIsWhatThePlanCounts) {
+  // muon_scratch_bytes (the plan's and the engine's host line) against what a
+  // fresh thread holds after one Muon step of every unit: fp32 and split
+  // masters, fp32 and 8-bit moments
+  for (rt::MasterStorage ma : {rt::MasterStorage::fp32, rt::MasterStorage::split})
+    for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8}) {
+      rt::HostState st(spec(), false, mo);
+      st.set_update_rule(rt::UpdateRule::muon);
+      st.init_random(4);
+      if (ma == rt::MasterStorage::split) st.set_master_storage(ma, 1);
+      uint64_t held = 0;
+      std::thread t([&] {
+        rt::OptimStep o;
+        o.t = 1;
+        o.lr = 1e-3;
+        for (rt::StateUnit& u : st.units()) {
+          const std::vector<float> g = unit_grad(u, 1);
+          rt::update_unit(u, g.data(), o, 1.0f, nullptr);
+        }
+        held = rt::muon_scratch_held();
+      });
+      t.join();
+      EXPECT_EQ(held, rt::muon_scratch_bytes(spec(), ma == rt::MasterStorage::split, mo != rt::MomentStorage::fp32))
+          << rt::master_storage_name(ma) << " " << rt::moment_storage_name(mo);
+      EXPECT_GT(held, 0u);
+    }
 }
 
 }  // namespace

@@ -178,7 +178,7 @@ class StreamEngine final : public Backend {
       if (muon_) std::printf("%s\n", muon_->describe().c_str());
       const uint64_t host =
           st_.bytes_total() + weights_->pinned_bytes() +
-          (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(muon_matrix_dims(s_).max_numel, st_.units()[0].split())
+          (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(s_, st_.units()[0].split(), st_.units()[0].quantized())
                  : 0);
       std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
                   host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
