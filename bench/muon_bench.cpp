@@ -91,17 +91,18 @@ int main(int argc, char** argv) {
       }
       std::sort(call.begin(), call.end());
       const double c = call[call.size() / 2];
-      std::printf("  %-20s %6lld x %-6lld %8.2f GFLOP  device %8.3f ms  %7.1f TFLOP/s   whole call %8.3f ms  %7.1f TFLOP/s\n",
-                  s.what, (long long)s.R, (long long)s.C, flop / 1e9, d * 1e3, flop / d / 1e12, c * 1e3,
-                  flop / c / 1e12);
+      std::printf(
+          "  %-20s %6lld x %-6lld %8.2f GFLOP  device %8.3f ms  %7.1f TFLOP/s   whole call %8.3f ms  %7.1f TFLOP/s\n",
+          s.what, (long long)s.R, (long long)s.C, flop / 1e9, d * 1e3, flop / d / 1e12, c * 1e3, flop / c / 1e12);
       layer_flop += s.count * flop;
       layer_dev_s += s.count * d;
       layer_call_s += s.count * c;
     }
-    std::printf("one Qwen2.5-7B layer (7 matrices): %.1f GFLOP, device %.1f ms (%.1f TFLOP/s), whole calls %.1f ms "
-                "(%.1f TFLOP/s); 28 layers: %.2f s of optimizer time per step\n",
-                layer_flop / 1e9, layer_dev_s * 1e3, layer_flop / layer_dev_s / 1e12, layer_call_s * 1e3,
-                layer_flop / layer_call_s / 1e12, 28 * layer_call_s);
+    std::printf(
+        "one Qwen2.5-7B layer (7 matrices): %.1f GFLOP, device %.1f ms (%.1f TFLOP/s), whole calls %.1f ms "
+        "(%.1f TFLOP/s); 28 layers: %.2f s of optimizer time per step\n",
+        layer_flop / 1e9, layer_dev_s * 1e3, layer_flop / layer_dev_s / 1e12, layer_call_s * 1e3,
+        layer_flop / layer_call_s / 1e12, 28 * layer_call_s);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -37,8 +37,8 @@ NewtonSchulz::NewtonSchulz(DeviceAllocator& alloc, int64_t max_numel, int64_t ma
       a_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (A)"),
       b_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (B)") {
   RT_CHECK(max_numel >= 1 && max_small >= 1 && max_small * max_small <= max_numel * max_numel && steps >= 1,
-           "[cuda muon] bad Newton-Schulz workspace: ", max_numel, " elements, smaller side ", max_small, ", ",
-           steps, " steps");
+           "[cuda muon] bad Newton-Schulz workspace: ", max_numel, " elements, smaller side ", max_small, ", ", steps,
+           " steps");
   cublasHandle_t h = nullptr;
   CUBLAS_CHECK(cublasCreate(&h));
   // split-K partial sums in fp32, never in the bf16 output type

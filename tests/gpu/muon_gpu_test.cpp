@@ -110,10 +110,10 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
   rt::cuda::DeviceAllocator alloc(1ull << 32);
   rt::cuda::GpuOrthogonalizer gpu(alloc, 1024 * 1024, 1024);
   double worst = 0;
-  for (const Case& k : {Case{"gaussian", 64, 256, 0}, Case{"gaussian", 256, 64, 0}, Case{"gaussian", 300, 1000, 0},
-                        Case{"gaussian", 1000, 300, 0}, Case{"gaussian", 1024, 1024, 0},
-                        Case{"2 decades", 64, 256, 2}, Case{"2 decades", 256, 64, 2},
-                        Case{"ill, 4 decades", 300, 1000, 4}, Case{"ill, 4 decades", 1024, 1024, 4}}) {
+  for (const Case& k :
+       {Case{"gaussian", 64, 256, 0}, Case{"gaussian", 256, 64, 0}, Case{"gaussian", 300, 1000, 0},
+        Case{"gaussian", 1000, 300, 0}, Case{"gaussian", 1024, 1024, 0}, Case{"2 decades", 64, 256, 2},
+        Case{"2 decades", 256, 64, 2}, Case{"ill, 4 decades", 300, 1000, 4}, Case{"ill, 4 decades", 1024, 1024, 4}}) {
     SCOPED_TRACE(std::string(k.what) + " " + std::to_string(k.R) + " x " + std::to_string(k.C));
     const int64_t n = k.R * k.C;
     const std::vector<float> u = k.decades > 0 ? column_scaled(k.R, k.C, 3, k.decades) : gaussian(n, 5, 1e-3);
@@ -125,8 +125,9 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
     const double e = rt::test::rel_l2(got.data(), spec.data(), n);
     const double et = rt::test::rel_l2(twin.data(), spec.data(), n);
     const double eg = rt::test::rel_l2(got.data(), twin.data(), n);
-    std::printf("[muon gpu] %-15s %5lld x %-5lld rel_l2 vs fp32 spec %.3e (bf16 CPU twin vs spec %.3e, gpu vs twin %.3e)\n",
-                k.what, (long long)k.R, (long long)k.C, e, et, eg);
+    std::printf(
+        "[muon gpu] %-15s %5lld x %-5lld rel_l2 vs fp32 spec %.3e (bf16 CPU twin vs spec %.3e, gpu vs twin %.3e)\n",
+        k.what, (long long)k.R, (long long)k.C, e, et, eg);
     EXPECT_LE(e, 3e-2);
     worst = std::max(worst, e);
     EXPECT_TRUE(got == again) << "a second call on the same input must give the same bits";
@@ -202,7 +203,7 @@ struct TrainRun {
 // cuda: the engine with grads "host" or "fold" and the given master; else the
 // CPU backend (its fold twin for "fold").
 TrainRun train3(const rt::ModelSpec& s, rt::MomentStorage mom, rt::UpdateRule rule, bool cuda, const char* grads,
-           const char* master, const std::vector<rt::Batch>& batches, int64_t nv, int64_t B, int64_t T) {
+                const char* master, const std::vector<rt::Batch>& batches, int64_t nv, int64_t B, int64_t T) {
   rt::HostState st(s, !cuda, mom);
   st.set_update_rule(rule);
   st.init_random(21, 0.05f);
@@ -264,7 +265,8 @@ TEST(MuonGpu, TheEngineFollowsTheCpuBackend) {
   rt::HostState layout(s, false);
   layout.init_random(21, 0.05f);
   const std::vector<float> w0 = rt::test::all_masters(layout);
-  const TrainRun adamw = train3(s, rt::MomentStorage::fp32, rt::UpdateRule::adamw, false, "host", "fp32", batches, nv, B, T);
+  const TrainRun adamw =
+      train3(s, rt::MomentStorage::fp32, rt::UpdateRule::adamw, false, "host", "fp32", batches, nv, B, T);
   const std::vector<float> d_adamw = muon_deltas(layout, adamw.w, w0);
   for (rt::MomentStorage mom : {rt::MomentStorage::fp32, rt::MomentStorage::q8})
     for (const char* grads : {"host", "fold"}) {
@@ -276,9 +278,10 @@ TEST(MuonGpu, TheEngineFollowsTheCpuBackend) {
       const std::vector<float> dc = muon_deltas(layout, cpu.w, w0), dg = muon_deltas(layout, gpu.w, w0);
       const double e = rt::test::rel_l2(dg.data(), dc.data(), static_cast<int64_t>(dc.size()));
       const double ea = rt::test::rel_l2(d_adamw.data(), dc.data(), static_cast<int64_t>(dc.size()));
-      std::printf("[muon gpu] %s: losses cuda %.5f %.5f %.5f cpu %.5f %.5f %.5f; Muon weight change rel_l2 %.3e "
-                  "(AdamW's %.3e)\n",
-                  what.c_str(), gpu.loss[0], gpu.loss[1], gpu.loss[2], cpu.loss[0], cpu.loss[1], cpu.loss[2], e, ea);
+      std::printf(
+          "[muon gpu] %s: losses cuda %.5f %.5f %.5f cpu %.5f %.5f %.5f; Muon weight change rel_l2 %.3e "
+          "(AdamW's %.3e)\n",
+          what.c_str(), gpu.loss[0], gpu.loss[1], gpu.loss[2], cpu.loss[0], cpu.loss[1], cpu.loss[2], e, ea);
       EXPECT_LE(e, 1e-1);
       EXPECT_GT(ea, 0.5);
       EXPECT_LT(gpu.loss.back(), gpu.loss.front());
