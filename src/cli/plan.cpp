@@ -17,6 +17,8 @@
 #include "engine/device_plan.h"
 #include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
+#include "model/weight_map.h"
+#include "optim/muon.h"
 #include "state/host_state.h"
 
 namespace rt::cli {
@@ -119,8 +121,9 @@ int cmd_plan(const Args& args) {
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
   p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
            "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit: Muon for the layers' "
-           "matrices (a momentum, fp32 or 8-bit, and no second moment), AdamW for the rest (Muon runs on the CPU "
-           "backend for now: `train` does not take the GPU with it)",
+           "matrices (a momentum, fp32 or 8-bit, and no second moment), AdamW for the rest; Newton-Schulz runs on "
+           "the GPU (its workspace is in the device plan) and gradients reach the optimizer whole (--grads host "
+           "or fold)",
            "adamw")
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
@@ -178,6 +181,7 @@ int cmd_plan(const Args& args) {
   co.checkpoints = p.str("checkpoints");
   co.layer_major = p.str("layer-major");
   co.master = p.str("master");
+  co.muon = p.str("optimizer") == "muon" || p.str("optimizer") == "muon8bit";  // whole-unit updates, NS5 workspace
   co.micro_batches = K;
   co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
   co.verbose = false;
@@ -190,9 +194,10 @@ int cmd_plan(const Args& args) {
   const std::string master = co.master, opt = p.str("optimizer");
   const bool muon = opt == "muon" || opt == "muon8bit";
   const UpdateRule rule = muon ? UpdateRule::muon : UpdateRule::adamw;
-  if (muon && master != "auto" && master != "fp32")
-    fail("[plan] --optimizer ", opt, " needs an fp32 master for now; drop --master ", master, " or use --master fp32");
-  const MasterStorage storage = master == "fp32" || muon ? MasterStorage::fp32
+  if (muon && master != "auto" && master != "fp32" && master != "split")
+    fail("[plan] --optimizer ", opt, " needs an exact master (fp32 or split); drop --master ", master,
+         " or use --master fp32 or split");
+  const MasterStorage storage = master == "fp32" ? MasterStorage::fp32
                                 : master == "bf16-sr"    ? MasterStorage::bf16_sr
                                 : master == "bf16-kahan" ? MasterStorage::bf16_kahan
                                                          : MasterStorage::split;
@@ -248,6 +253,14 @@ int cmd_plan(const Args& args) {
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
   host.push_back({"pinned block checkpoints", host_checkpoint_bytes(spec, B, T, pl)});
+  if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
+    const int64_t mx = muon_matrix_dims(spec).max_numel;
+    host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
+    host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v of a layer)"
+                    : storage == MasterStorage::split ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
+                                                      : "Muon update scratch (fp32 U, O; largest matrix)",
+                    muon_scratch_bytes(spec, storage == MasterStorage::split, moments != MomentStorage::fp32)});
+  }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
   uint64_t host_total = 0;
@@ -403,8 +416,10 @@ int cmd_plan(const Args& args) {
         (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
     if (muon)
       std::printf(
-          "--optimizer %s: Muon runs on the CPU backend for now (train refuses it on the GPU); the host state "
-          "below is what it holds, the device plan what the CUDA engine would need\n",
+          "--optimizer %s: Muon's Newton-Schulz runs on the GPU, one matrix at a time from the CPU optimizer "
+          "(bf16 in and out, 2 B/element each way; its workspace is in the device plan); gradients reach the "
+          "optimizer whole (--grads host or fold). The step prediction counts AdamW's rate for every parameter "
+          "(NS5 of a 7B model is ~530 TFLOP per step, ~1 s of H200 bf16)\n",
           opt.c_str());
     if (spec.is_moe())
       std::printf(
@@ -432,8 +447,10 @@ int cmd_plan(const Args& args) {
         "\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
         "activations of %lld of %lld layers kept\n",
         mode, pl.slots, pl.slots == 1 ? "" : "s",
-        pl.fold         ? "host (folded into the update as they land)"
-        : pl.host_grads ? "host"
+        pl.fold         ? (muon && co.grads == "auto" ? "host (folded into the update as they land: Muon needs whole "
+                                                         "gradients)"
+                                                       : "host (folded into the update as they land)")
+        : pl.host_grads ? (muon && co.grads == "auto" ? "host (Muon needs whole gradients)" : "host")
                         : "device",
         pl.host_ckpt ? "host" : "device",
         pl.host_embed ? "host" : "device", pl.layer_major ? "layer-major" : "micro-batch-major",
@@ -444,6 +461,27 @@ int cmd_plan(const Args& args) {
     for (const std::string& c : dp.changes) std::printf("  shrunk to fit: %s\n", c.c_str());
     std::printf("  device memory %s of %s budget%s\n", gib(static_cast<double>(dp.total)).c_str(),
                 gib(static_cast<double>(dp.budget)).c_str(), dp.fits() ? "" : ": DOES NOT FIT");
+    if (muon) {  // one of the items above (engine/cuda/muon_gpu.h)
+      uint64_t ws = 0;
+      for (const DevicePlanItem& it : dp.items)
+        if (it.what.rfind("Muon Newton-Schulz", 0) == 0) ws += it.bytes;
+      const MuonMatrixDims md = muon_matrix_dims(spec);
+      std::printf("  of which the Muon Newton-Schulz workspace %s (X and a copy of %lld elements, A and B of %lld^2, "
+                  "bf16)\n",
+                  gib(static_cast<double>(ws)).c_str(), (long long)md.max_numel, (long long)md.max_small);
+      // NS5 per matrix (m = smaller side, n = larger): 5 x (4 m^2 n + 2 m^3) FLOP, not in the prediction below
+      double ns_flop = 0, ns_bytes = 0;
+      for (const WeightEntry& e : weight_map(spec))
+        if (muon_matrix(e)) {
+          const double m = static_cast<double>(std::min(e.shape[0], e.shape[1]));
+          const double n = static_cast<double>(std::max(e.shape[0], e.shape[1]));
+          ns_flop += 5 * (4 * m * m * n + 2 * m * m * m);
+          ns_bytes += 4 * m * n;  // bf16 in and out
+        }
+      std::printf("  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s at the datasheet rate; "
+                  "ramtrain_muon_bench measures it) + %.2f GB of bf16 copies; not in the step prediction below\n",
+                  ns_flop / 1e12, ns_flop / (card.bf16_tflops * 1e12), ns_bytes / 1e9);
+    }
     std::printf(
         "\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "
         "(CPU AdamW %.3f s, %.3f s of it under the %s)\n",

@@ -209,11 +209,7 @@ int cmd_train(const Args& args) {
   const ModelSpec spec = resume              ? resume->spec
                          : !c.preset.empty() ? spec_preset(c.preset)
                                              : spec_from_config_file(path_join(c.model, "config.json"));
-  const bool muon = c.update_rule == UpdateRule::muon;
-  if (muon && c.device != Device::cpu && cuda_backend_available())
-    std::printf("note: --optimizer %s runs on the CPU backend (its CUDA path is not built yet)\n",
-                p.str("optimizer").c_str());
-  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || c.nproc_per_node > 1 || muon;
+  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || c.nproc_per_node > 1;
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training

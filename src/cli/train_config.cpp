@@ -83,8 +83,10 @@ void train_options(ArgParser& p) {
            "muon: Muon (Newton-Schulz orthogonalised momentum) for the layers' 2-D matrices and AdamW for the "
            "embedding, head, norms, biases and routers; its update is scaled by 0.2*sqrt(max(rows, cols)) "
            "(Moonshot's RMS matching), so it shares --lr with AdamW; muon8bit: the same with 8-bit moments "
-           "(the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with muon8bit; "
-           "CPU backend only for now; docs/lean_state.md)",
+           "(the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with muon8bit). "
+           "On the GPU, Newton-Schulz runs there in bf16 (fp32 sums), one matrix at a time from the CPU "
+           "optimizer, and each layer's gradient reaches the optimizer whole: --grads host or fold (auto picks "
+           "one; device and --delayed-update are refused); docs/lean_state.md",
            "adamw")
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
   p.option("muon-momentum", "MU", "Muon's (Nesterov) momentum (default: --beta1)").number(0, 0.999999);
@@ -118,7 +120,7 @@ void train_options(ArgParser& p) {
            "each layer as its gradient lands, with no host gradient buffer (least host RAM; needs --grad-accum 1 "
            "or layer-major; clipping: each layer by the norm of the gradients landed up to it, the same as global "
            "clipping on every step within --clip, never more on the others; docs/small_gpu.md); auto: device, or "
-           "host when they take much of the card (fold when --clip 0)",
+           "host when they take much of the card (fold when --clip 0); --optimizer muon: host or fold only",
            "auto")
       .choice({"auto", "device", "host", "fold"});
   p.option("checkpoints", "auto|device|host", "where block inputs wait for the backward", "auto")
@@ -277,11 +279,13 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.bf16_master = c.master == "bf16-sr" || c.master == "bf16-kahan";
   if (p.has("trace")) c.trace = p.str("trace");
   if (c.update_rule == UpdateRule::muon) {  // checked on every machine, so a config is refused the same way everywhere
-    if (c.device == Device::cuda)
-      fail("[train] --optimizer ", opt, ": CUDA path not built yet, use --device cpu");
-    if (c.master != "auto" && c.master != "fp32")
-      fail("[train] --optimizer ", opt, " needs an fp32 master for now; --master ", c.master,
-           " is not supported with it: drop --master or use --master fp32");
+    if (c.master != "auto" && c.master != "fp32" && c.master != "split")
+      fail("[train] --optimizer ", opt, " needs an exact master (Muon updates whole fp32 matrices); --master ",
+           c.master, " is not supported with it: drop --master or use --master fp32 (or split on the GPU)");
+    // the GPU engine orthogonalises each unit's whole gradient: it must reach the optimizer whole
+    if (c.grads == Placement::device)
+      fail("[train] --optimizer ", opt, " orthogonalises whole matrices, but --grads device updates each layer in "
+           "chunks as its gradient lands: use --grads host or --grads fold (or drop --grads: auto picks one)");
   }
   for (const char* k :
        {"max-gpu-memory", "slots", "resident", "grads", "checkpoints", "layer-major", "master", "low-memory", "trace"})

@@ -111,6 +111,11 @@ struct CudaOptions {
                                      // where host would be picked when clipping is off (then fold is exact)
                                      // and one micro-batch or layer-major makes each gradient whole at once
   bool clipping = true;              // the trainer clips the gradient norm (OptimStep::clip > 0)
+  // The state's update rule is Muon (--optimizer muon | muon8bit): NS5 runs on
+  // the GPU (engine/cuda/muon_gpu.h, its workspace in the plan) and each
+  // unit's whole gradient must reach the optimizer at once, so grads auto picks
+  // host (or fold) and device is refused. make_cuda_backend sets it from the state.
+  bool muon = false;
   bool prefer_host_grads = false;    // fit's first step: grads left at auto go to the host (or fold)
   std::string trace_path;            // Chrome trace JSON, "" for none
   // Layer-major micro-batches (see make_cpu_backend above): auto | on | off.

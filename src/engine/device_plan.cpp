@@ -5,9 +5,11 @@
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "cuda/moe_scratch.h"
+#include "cuda/newton_schulz_workspace.h"
 #include "model/block.h"
 #include "model/block_memory.h"
 #include "model/weight_map.h"
+#include "state/host_state.h"
 
 namespace rt {
 
@@ -20,6 +22,21 @@ std::vector<int64_t> unit_numels(const ModelSpec& s) {
     n[u] += (e.numel() + 15) / 16 * 16;  // HostState's arena layout: every tensor 16-float aligned
   }
   return n;
+}
+
+MuonMatrixDims muon_matrix_dims(const ModelSpec& s) {
+  MuonMatrixDims d;
+  for (const WeightEntry& e : weight_map(s))
+    if (muon_matrix(e)) {
+      d.max_numel = std::max(d.max_numel, e.shape[0] * e.shape[1]);
+      d.max_small = std::max(d.max_small, std::min(e.shape[0], e.shape[1]));
+    }
+  return d;
+}
+
+uint64_t muon_workspace_bytes(const ModelSpec& s) {
+  const MuonMatrixDims d = muon_matrix_dims(s);
+  return d.max_numel > 0 ? cuda::newton_schulz_workspace_bytes(d.max_numel, d.max_small) : 0;
 }
 
 DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o, uint64_t budget) {
@@ -44,7 +61,16 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
              what, " must be auto, device or host", std::string(what) == "grads" ? " or fold" : "", ", got '", v, "'");
     return v == "host" || v == "fold" || (v == "auto" && big);
   };
-  p.host_grads = pick(o.grads, !o.delayed_update && (o.prefer_host_grads || dev_grad_bytes > budget / 3), "grads");
+  // Muon orthogonalises whole matrices: the device mode's optimizer updates
+  // chunks as they land, so each unit's gradient must reach the host whole
+  if (o.muon && o.grads == "device")
+    fail("[cuda] --optimizer muon orthogonalises whole matrices, but --grads device updates each unit in chunks as "
+         "they land: use --grads host or --grads fold (or auto, which picks one of them)");
+  if (o.muon && o.delayed_update)
+    fail("[cuda] --optimizer muon needs each unit's whole gradient on the host (--grads host or fold), which "
+         "--delayed-update cannot use: drop --delayed-update");
+  p.host_grads = pick(o.grads, o.muon || (!o.delayed_update && (o.prefer_host_grads || dev_grad_bytes > budget / 3)),
+                      "grads");
   if (o.delayed_update && p.host_grads)
     fail(
         "[cuda] --delayed-update needs the gradients on the device (--grads device), not --grads ", o.grads,
@@ -167,6 +193,12 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   add("gradient norms", u64(static_cast<int64_t>(U)) * 8);
   add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);
   add("op scratch", op_scratch(s, B, T, o));
+  if (o.muon) {  // cuda/newton_schulz.h: X, its copy, A, B (each rounded like the rest)
+    const MuonMatrixDims d = muon_matrix_dims(s);
+    const uint64_t x = u64(d.max_numel) * 2, a = u64(d.max_small) * u64(d.max_small) * 2;
+    add("Muon Newton-Schulz workspace (X, X copy)", x, 2);
+    add("Muon Newton-Schulz workspace (A, B)", a, 2);
+  }
   // the MLP token chunk: on auto, the largest that lets the shared activation
   // set and the backward scratch fit in what is left (1/64 held back)
   p.mlp_chunk_tokens = plan_mlp_chunk_tokens(s, B, T, o, budget - std::min(budget, p.total + budget / 64));

@@ -48,6 +48,15 @@ uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t micro_batch, int64_t 
 // 1..L the layers, L+1 the head; every tensor padded to 16 floats).
 std::vector<int64_t> unit_numels(const ModelSpec& s);
 
+// Muon (CudaOptions::muon): the largest element count and the largest
+// smaller side among the model's Muon matrices (state/host_state.h's
+// muon_matrix), which size the GPU Newton-Schulz workspace; and its bytes.
+struct MuonMatrixDims {
+  int64_t max_numel = 0, max_small = 0;
+};
+MuonMatrixDims muon_matrix_dims(const ModelSpec& s);
+uint64_t muon_workspace_bytes(const ModelSpec& s);
+
 // Resolves the auto settings of o against the budget (bytes of device memory
 // the engine may use); fails with the flag to change on a bad combination.
 DevicePlacement place_on_device(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const CudaOptions& o,
@@ -65,7 +74,8 @@ bool shrink_plan(CudaOptions& o, std::string* change);
 // ---- the whole plan, byte by byte ----
 // Every device allocation of the engine, in the engine's order, each rounded
 // up to 256 bytes like the allocator (cuda/device_memory.h). Not counted:
-// the CUDA context and cuBLASLt's workspace (outside the budget).
+// the CUDA context and cuBLASLt's workspace (outside the budget), nor the
+// default workspace cuBLAS keeps for the Muon Newton-Schulz handle.
 struct DevicePlanItem {
   std::string what;
   uint64_t bytes = 0;  // all `count` allocations together

@@ -15,12 +15,54 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
+#include "model/weight_map.h"
 #include "optim/adamw.h"
+#include "state/host_state.h"
 
 namespace rt {
 
 namespace {
 constexpr int64_t kGrain = 1 << 16;  // elements per thread-pool task of the elementwise loops
+constexpr int kScratchSlots = 4;
+uint64_t scratch_buffer_bytes(int64_t n) { return (static_cast<uint64_t>(n) * 4 + 63) / 64 * 64; }  // HostBuffer's
+
+HostBuffer* thread_scratch() {
+  thread_local HostBuffer buf[kScratchSlots];
+  return buf;
+}
+
+}  // namespace
+
+uint64_t muon_scratch_held() {
+  uint64_t b = 0;
+  for (int k = 0; k < kScratchSlots; ++k) b += thread_scratch()[k].n ? scratch_buffer_bytes(thread_scratch()[k].n) : 0;
+  return b;
+}
+
+float* muon_scratch(int slot, int64_t n) {
+  RT_CHECK(slot >= 0 && slot < kScratchSlots && n >= 0, "[muon] bad scratch request: slot ", slot, ", ", n, " floats");
+  HostBuffer& b = thread_scratch()[slot];
+  if (b.n < static_cast<size_t>(n)) {
+    b = HostBuffer();  // the old one goes first: the peak is the new size
+    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O, a decoded matrix or a layer's decoded moments)");
+  }
+  return b.p;
+}
+
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized) {
+  // per layer: its arena's numel and packed v (HostState's layout: tensors padded to 16 floats)
+  std::vector<int64_t> n(static_cast<size_t>(s.n_layers), 0), nv(n.size(), 0);
+  int64_t max_matrix = 0;
+  for (const WeightEntry& e : weight_map(s)) {
+    if (muon_matrix(e)) max_matrix = std::max(max_matrix, e.numel());
+    if (e.layer < 0) continue;
+    const int64_t padded = (e.numel() + 15) / 16 * 16;
+    n[static_cast<size_t>(e.layer)] += padded;
+    if (!muon_matrix(e)) nv[static_cast<size_t>(e.layer)] += padded;
+  }
+  int64_t max_unit = 0;
+  for (size_t l = 0; l < n.size(); ++l) max_unit = std::max(max_unit, n[l] + nv[l]);
+  return (split ? 3 : 2) * scratch_buffer_bytes(max_matrix) + (quantized ? scratch_buffer_bytes(max_unit) : 0);
 }
 
 double muon_scale(int64_t rows, int64_t cols) {
@@ -64,28 +106,59 @@ void muon_orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) {
   });
 }
 
+namespace {
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+}  // namespace
+
+void muon_orthogonalize_bf16(const float* u, float* o, int64_t rows, int64_t cols) {
+  RT_CHECK(rows >= 1 && cols >= 1, "[muon] empty matrix ", rows, " x ", cols);
+  const int64_t n = rows * cols, r = std::min(rows, cols), c = std::max(rows, cols);
+  const float d = static_cast<float>(std::sqrt(sum_squares(u, n)) + kMuonNormEps);
+  std::vector<float> x(static_cast<size_t>(n));  // [r, c]: u / d, transposed when rows > cols
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      x[static_cast<size_t>(rows <= cols ? i * cols + j : j * rows + i)] = round_bf16(u[i * cols + j] / d);
+  const float a = static_cast<float>(kMuonNsA), b = static_cast<float>(kMuonNsB), cc = static_cast<float>(kMuonNsC);
+  std::vector<float> A(static_cast<size_t>(r * r)), AA(static_cast<size_t>(r * r)), BX(static_cast<size_t>(n));
+  for (int s = 0; s < kMuonNsSteps; ++s) {
+    cpu::matmul_nt(A.data(), x.data(), x.data(), r, r, c);  // A = X X^T
+    for (float& v : A) v = round_bf16(v);
+    cpu::matmul_nn(AA.data(), A.data(), A.data(), r, r, r);
+    for (int64_t i = 0; i < r * r; ++i) A[i] = round_bf16(cc * AA[i] + b * A[i]);  // B
+    cpu::matmul_nn(BX.data(), A.data(), x.data(), r, c, r);
+    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(BX[i] + a * x[i]);
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      o[i * cols + j] = x[static_cast<size_t>(rows <= cols ? i * cols + j : j * rows + i)];
+}
+
 void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
-                        double lr, double wd, float grad_scale, uint16_t* bf16_out) {
+                        double lr, double wd, float grad_scale, uint16_t* bf16_out, Orthogonalizer* orth) {
   RT_CHECK(mu >= 0 && mu < 1, "[muon] momentum ", mu, " must lie in [0, 1); fix --muon-momentum (or --beta1)");
   RT_CHECK(lr >= 0 && wd >= 0, "[muon] lr = ", lr, ", weight_decay = ", wd, " must be >= 0");
   const int64_t n = rows * cols;
   const float muf = static_cast<float>(mu);
-  std::vector<float> u(static_cast<size_t>(n)), o(static_cast<size_t>(n));
+  float* u = muon_scratch(0, n);
+  float* o = muon_scratch(1, n);
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float gi = g[i] * grad_scale;
       m[i] = muf * m[i] + gi;
-      u[static_cast<size_t>(i)] = nesterov ? gi + muf * m[i] : m[i];
+      u[i] = nesterov ? gi + muf * m[i] : m[i];
     }
   });
-  muon_orthogonalize(u.data(), o.data(), rows, cols);
+  if (orth)
+    orth->orthogonalize(u, o, rows, cols);
+  else
+    muon_orthogonalize(u, o, rows, cols);
   const float decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   const float step = static_cast<float>(lr * muon_scale(rows, cols));
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float w = p[i];
       if (wd != 0) w = w * decay;
-      w = w - step * o[static_cast<size_t>(i)];
+      w = w - step * o[i];
       p[i] = w;
       if (bf16_out) bf16_out[i] = f32_to_bf16(w);
     }

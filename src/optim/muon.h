@@ -21,8 +21,15 @@
 // Constants lr*wd, lr*scale are computed in double and rounded to fp32 once.
 // No bias correction (Muon has none). The output's singular values lie in
 // ~[0.68, 1.2] (the quintic's oscillation band), not exactly 1.
+//
+// Where NS5 runs: an Orthogonalizer (below). None (nullptr): muon_orthogonalize
+// on the CPU, the specification. The CUDA engine passes its GPU one
+// (engine/cuda/muon_gpu.h: bf16 operands, fp32 accumulation) through
+// OptimStep::orthogonalizer; everything else of the update stays on the CPU.
 #pragma once
 #include <cstdint>
+
+#include "model/spec.h"
 
 
 namespace rt {
@@ -45,10 +52,43 @@ double muon_scale(int64_t rows, int64_t cols);
 void muon_orthogonalize(const float* u, float* o, int64_t rows, int64_t cols);
 // The five quintic steps on x [r, c] in place; r <= c (x already normalised).
 void newton_schulz5(float* x, int64_t r, int64_t c);
+// The CPU twin of the GPU orthogonaliser's numerics (engine/cuda/muon_gpu.h):
+// muon_orthogonalize with every value the GPU holds in bf16 rounded to bf16
+// (round to nearest even): X = bf16(u / d), then per step A = bf16(X X^T),
+// B = bf16(c (A A) + b A), X = bf16(B X + a X), sums in fp32. Not bit-
+// identical to the GPU (its GEMMs sum in another order); for the CI tests.
+void muon_orthogonalize_bf16(const float* u, float* o, int64_t rows, int64_t cols);
+
+// Runs o[R, C] = NS5(u / (||u||_F + 1e-7)) somewhere: the contract of
+// muon_orthogonalize, with the implementation's own rounding. Called for one
+// matrix at a time from one thread (the optimizer's); u, o: R*C floats,
+// row-major, not overlapping.
+class Orthogonalizer {
+ public:
+  virtual ~Orthogonalizer() = default;
+  virtual void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) = 0;
+};
 
 // One Muon step of one matrix: p, m, g: rows*cols floats; mu the momentum
-// (resolved, in [0, 1)); bf16_out (nullable) receives the new weights.
+// (resolved, in [0, 1)); bf16_out (nullable) receives the new weights;
+// orth (nullable): where NS5 runs (nullptr: muon_orthogonalize). U and O live
+// in muon_scratch slots 0 and 1 (below).
 void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
-                        double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr);
+                        double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr,
+                        Orthogonalizer* orth = nullptr);
+
+// Scratch of the calling thread, slot 0..3, at least n floats, uninitialised,
+// kept at the largest size asked until the thread ends: the optimizer updates
+// one matrix after another, and fresh allocations cost page faults on every
+// call (~0.2 s for U and O of a 68M-element matrix). Slots: 0 U, 1 O (here),
+// 2 a split master's decoded matrix, 3 a layer unit's decoded muon8bit m and
+// v (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
+float* muon_scratch(int slot, int64_t n);
+// Bytes one thread's scratch holds after a Muon step of a model of spec s:
+// U and O of its largest matrix, + the decoded matrix (split master), + the
+// decoded m and v of its largest layer unit (8-bit moments).
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized);
+// Bytes the calling thread's scratch holds now.
+uint64_t muon_scratch_held();
 
 }  // namespace rt

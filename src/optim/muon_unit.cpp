@@ -14,20 +14,36 @@ namespace rt {
 namespace {
 
 // The tensors of u: Muon matrices with muon_update_matrix, others with adamw_update
-// (m in the unit layout, v packed: u.v_at).
+// (m in the unit layout, v packed: u.v_at). Split master: each Muon matrix
+// decoded into scratch slot 2, updated and encoded back (which writes the
+// shadow); the other tensors updated in place by adamw_update_split (adamw_update
+// bit for bit).
 void update_tensors(StateUnit& u, float* m, float* v, const float* grad, const OptimStep& o, float clip_coef,
                     uint16_t* bf16_shadow) {
   const double mu = muon_momentum(o);
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const WeightEntry& e = u.entries[k];
-    const int64_t off = u.offsets[k];
+    const int64_t off = u.offsets[k], n = e.numel();
+    const double wd = weight_decay_for(e, o);
+    if (u.split()) {
+      if (muon_matrix(e)) {
+        float* w = muon_scratch(2, n);
+        u.read_master(off, n, w);
+        muon_update_matrix(w, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd, clip_coef,
+                           nullptr, o.orthogonalizer);
+        u.write_master(off, n, w);
+      } else {
+        adamw_update_split(u.split_master(u.cur_shadow).at(off), m + off, v + u.v_at(k), grad + off, n, o.hyper, o.t,
+                           o.lr, wd, clip_coef);
+      }
+      continue;
+    }
     uint16_t* out = bf16_shadow ? bf16_shadow + off : nullptr;
     if (muon_matrix(e))
-      muon_update_matrix(u.master() + off, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr,
-                         weight_decay_for(e, o), clip_coef, out);
+      muon_update_matrix(u.master() + off, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd,
+                         clip_coef, out, o.orthogonalizer);
     else
-      adamw_update(u.master() + off, m + off, v + u.v_at(k), grad + off, e.numel(), o.hyper, o.t, o.lr,
-                   weight_decay_for(e, o), clip_coef, out);
+      adamw_update(u.master() + off, m + off, v + u.v_at(k), grad + off, n, o.hyper, o.t, o.lr, wd, clip_coef, out);
   }
 }
 
@@ -38,15 +54,23 @@ constexpr uint64_t kKeyMuonM = 0x6d756f6e6d000001ull, kKeyMuonV = 0x6d756f6e7600
 void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow) {
   RT_CHECK(u.muon, "[muon] unit ", u.name, " is not a Muon unit");
   RT_CHECK(grad, "[muon] null gradient for unit ", u.name);
-  RT_CHECK(u.master_kind == MasterStorage::fp32, "[muon] unit ", u.name, " holds a ",
-           master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 for now");
+  RT_CHECK(u.master_kind == MasterStorage::fp32 || u.split(), "[muon] unit ", u.name, " holds a ",
+           master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 (or split on the GPU)");
   RT_CHECK(u.moments == MomentStorage::fp32 || u.moments == MomentStorage::q8, "[muon] unit ", u.name, " holds ",
            moment_storage_name(u.moments), " moments; Muon keeps fp32 (muon) or 8-bit (muon8bit) ones");
+  // split master (the CUDA engine's default): updated in place, its one shadow written by the update
+  if (u.split())
+    RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name,
+             ": a split master is updated in place (one shadow, which the update writes)");
   if (!u.quantized()) return update_tensors(u, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
+  // the decoded m and v: a layer's in the thread's scratch (slot 3, kept), the
+  // embedding's and head's (no Muon matrix; the largest units) in a buffer of their own
   const int64_t n = u.numel, nv = u.v_len();
-  HostBuffer mv(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
-  float* m = mv.p;
-  float* v = mv.p + n;
+  const bool layer = std::any_of(u.entries.begin(), u.entries.end(), [](const WeightEntry& e) { return e.layer >= 0; });
+  HostBuffer own;
+  if (!layer) own = HostBuffer(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
+  float* m = layer ? muon_scratch(3, n + nv) : own.p;
+  float* v = m + n;
   auto blocks = [&](int64_t len, const std::function<void(int64_t blk, int64_t first, int64_t k)>& f) {
     parallel_for(quant_blocks(len), 64, [&](int64_t b0, int64_t b1) {
       for (int64_t blk = b0; blk < b1; ++blk) f(blk, blk * kQuantBlock, std::min(kQuantBlock, len - blk * kQuantBlock));

@@ -9,7 +9,12 @@
 //     B per element of m and of v, transient), the tensors updated as above, and m,
 //     v re-encoded block by block with o.moment_rounding (stochastic: keyed by
 //     (o.rounding_seed, o.t, unit index, block), so independent of threads).
-// Muon updates whole matrices: the range is the whole unit, the master fp32.
+// Muon updates whole matrices: the range is the whole unit, in place. The
+// master: fp32, or split (the CUDA engine's default, one shadow): each Muon
+// matrix decoded to fp32 (muon_scratch slot 2), updated as on fp32 storage
+// and encoded back (which writes the shadow); the other tensors through
+// adamw_update_split: bit-identical to fp32 storage.
+// NS5 runs where o.orthogonalizer says (optim/muon.h; nullptr: the CPU spec).
 #pragma once
 #include <cstdint>
 

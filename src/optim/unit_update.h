@@ -22,6 +22,9 @@ struct OptimStep {
   QuantRounding moment_rounding = QuantRounding::stochastic;
   uint64_t rounding_seed = 0;  // key of stochastic rounding (moments, bf16-sr master)
   MuonHyper muon;              // units with muon set (--optimizer muon | muon8bit, optim/muon_unit.h)
+  // where Muon's NS5 runs (optim/muon.h); nullptr: on the CPU (the spec).
+  // Set by the engine that owns it (the CUDA engine: its GPU one), not by the trainer.
+  Orthogonalizer* orthogonalizer = nullptr;
 };
 
 // The weight decay of one tensor under o's policy.

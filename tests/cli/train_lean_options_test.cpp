@@ -10,7 +10,9 @@
 #include <filesystem>
 
 #include "core/fs.h"
+#include "engine/device_plan.h"
 #include "model/spec.h"
+#include "optim/muon.h"
 #include "state/host_state.h"
 #include "testutil.h"
 
@@ -111,7 +113,12 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     const size_t at = p.output.find("\"needed_bytes\":");
     ASSERT_NE(at, std::string::npos) << p.output;
     const double needed = std::strtod(p.output.c_str() + at + 15, nullptr);
-    const double extra = 24.0 * 2 * 16;  // the token batches and staging (no host checkpoints at this size)
+    double extra = 24.0 * 2 * 16;  // the token batches and staging (no host checkpoints at this size)
+    if (m.rule == rt::UpdateRule::muon) {  // the pinned bf16 staging of the GPU Newton-Schulz, the fp32 scratch
+      const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
+      extra += 2.0 * static_cast<double>(mx) +
+               static_cast<double>(rt::muon_scratch_bytes(spec, false, m.moments != rt::MomentStorage::fp32));
+    }
     EXPECT_EQ(needed, static_cast<double>(state) + extra) << p.output;
   }
 }

@@ -8,7 +8,10 @@
 # makes it. Logs go to $OUT when set. Parts:
 #   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test, gpu_cuda_block_test, gpu_cuda_moe_test)
 #   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test)
-#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory)
+#   muon      Muon's NS5 on the GPU vs the CPU spec, the engine with --optimizer muon vs the CPU backend
+#             (gpu_muon_gpu_test), and NS5 timings on Qwen2.5-7B's matrices (ramtrain_muon_bench)
+#   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory,
+#             --optimizer muon8bit)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
 #   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap, and --low-memory at micro-batch 1, 2, 4
@@ -30,7 +33,7 @@
 set -u -o pipefail
 bin=build/gpu-run
 if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
-parts=${*:-ops engine resume optim memory bench7b delayed attention stall hf demo}
+parts=${*:-ops engine muon resume optim memory bench7b delayed attention stall hf demo}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 logs=${OUT:-/tmp/ramtrain_gpu_logs}
 mkdir -p "$logs"
@@ -59,13 +62,24 @@ has ops && [ -x "$bin/gpu_cuda_moe_test" ] && run cuda_moe_test 120 "$bin/gpu_cu
 has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
 has engine && run engine_test 300 "$bin/gpu_engine_test"
 has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
+has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
+has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
+if has muon; then
+  # the CLI on the GPU: tiny-byte, 60 steps, muon (grads auto: host) and muon8bit with --grads fold, against AdamW
+  for mode in "adamw" "muon" "muon8bit --grads fold"; do
+    name=muon_cli_${mode%% *}
+    run $name 200 "$bin/ramtrain" train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 60 \
+      --device cuda --eval-every 0 --val-fraction 0.05 --lr 3e-3 --optimizer $mode --out $tmp/$name
+  done
+fi
 
 if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
   common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
           --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0)
-  for mode in default delayed lowmem; do
+  for mode in default delayed lowmem muon8bit; do
   extra=; [ $mode = delayed ] && extra=--delayed-update; [ $mode = lowmem ] && extra=--low-memory
+  [ $mode = muon8bit ] && extra="--optimizer muon8bit"  # Muon on the GPU: host gradients, split master, 8-bit momentum
   run resume_$mode 200 bash -c "
     set -e
     '$bin/ramtrain' ${common[*]} $extra --save-every 6 --out $tmp/a$mode --metrics $tmp/a$mode.jsonl

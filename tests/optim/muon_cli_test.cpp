@@ -66,8 +66,8 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
     std::string expect;
   };
   for (const Case& c :
-       {Case{"--optimizer muon --device cuda", "--optimizer muon: CUDA path not built yet, use --device cpu"},
-        Case{"--optimizer muon8bit --master bf16-sr", "--optimizer muon8bit needs an fp32 master"},
+       {Case{"--optimizer muon --grads device", "--optimizer muon orthogonalises whole matrices"},
+        Case{"--optimizer muon8bit --master bf16-sr", "--optimizer muon8bit needs an exact master"},
         Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit only"},
         Case{"--optimizer muon --muon-momentum 1.5", "--muon-momentum"},
         Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node shards AdamW state only"}}) {
@@ -99,9 +99,17 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
                    f.tmp.file("mu3"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // plan refuses what train refuses
-  r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --master split");
+  r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --master bf16-sr");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--optimizer muon needs an fp32 master")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--optimizer muon needs an exact master")) << r.output;
+  r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --grads device");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--optimizer muon orthogonalises whole matrices")) << r.output;
+  // the plan counts the GPU Newton-Schulz workspace and the pinned staging
+  r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "Muon Newton-Schulz workspace")) << r.output;
+  EXPECT_TRUE(contains(r.output, "pinned Muon Newton-Schulz staging")) << r.output;
 }
 
 // --muon-momentum reaches the update (a different run from the default), and

@@ -10,13 +10,15 @@
 
 namespace rt::cuda {
 
-void OptimizerPhase::run_host(const OptimStep& o, float coef, bool apply, int64_t step) {
+void OptimizerPhase::run_host(const OptimStep& step_o, float coef, bool apply, int64_t step) {
+  OptimStep o = step_o;
+  o.orthogonalizer = orth_;
   auto& units = st_.units();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t n_params = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     if (apply) {
-      auto span = dev_.tracer.host_begin("adamw", static_cast<int>(u) - 1);
+      auto span = dev_.tracer.host_begin(units[u].muon ? "muon" : "adamw", static_cast<int>(u) - 1);
       update_unit(units[u], units[u].grad.p, o, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
       dev_.tracer.host_end(span);
       n_params += units[u].numel;
@@ -29,6 +31,7 @@ void OptimizerPhase::run_host(const OptimStep& o, float coef, bool apply, int64_
 void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version) {
   track_.wait([&] { return !fold_busy_; });  // the last step's fold jobs are all done
   fold_o_ = o;
+  fold_o_.orthogonalizer = orth_;
   fold_apply_ = apply;
   fold_version_ = version;
   fold_clip_ = FoldClip(o.clip);
@@ -82,6 +85,8 @@ std::vector<double> OptimizerPhase::wait_folded(bool* all_applied) {
 
 void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t step, cudaEvent_t backward_done) {
   if (grads_.on_host()) return run_host(o, coef, apply, step);
+  RT_CHECK(!st_.units()[0].muon, "[engine] Muon updates whole units: device gradients cannot reach it (the plan "
+                                 "picks host or fold gradients for --optimizer muon)");
   auto& units = st_.units();
   const size_t U = units.size();
   const bool delayed = track_.delayed();

@@ -12,6 +12,10 @@
 // the sink hands each unit's whole gradient to fold() on the worker as it
 // lands, which clips it by the partial norm, updates the unit in place and
 // marks it updated.
+// Muon (--optimizer muon | muon8bit): host or fold gradients only (whole
+// units; device_plan.cpp refuses --grads device); each unit's update runs
+// as AdamW's does, with the engine's GPU orthogonaliser (muon_gpu.h) in the
+// OptimStep, so each matrix's NS5 runs on the GPU, called from this thread.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,8 +32,10 @@ namespace rt::cuda {
 
 class OptimizerPhase {
  public:
-  OptimizerPhase(HostState& st, EngineDevice& dev, UpdateTracker& track, WeightSlots& weights, GradientSink& grads)
-      : st_(st), dev_(dev), track_(track), weights_(weights), grads_(grads) {}
+  // orth (nullable): where Muon's NS5 runs (the engine's GPU orthogonaliser)
+  OptimizerPhase(HostState& st, EngineDevice& dev, UpdateTracker& track, WeightSlots& weights, GradientSink& grads,
+                 Orthogonalizer* orth = nullptr)
+      : st_(st), dev_(dev), track_(track), weights_(weights), grads_(grads), orth_(orth) {}
   // Worker thread. backward_done: recorded on the compute stream after the
   // step's last gradient was made. apply = false: a skipped step (versions
   // still advance).
@@ -67,6 +73,7 @@ class OptimizerPhase {
   UpdateTracker& track_;
   WeightSlots& weights_;
   GradientSink& grads_;
+  Orthogonalizer* orth_;
   double seconds_ = 0;  // guarded by the tracker's mutex
   int64_t params_ = 0;
   // fold mode: the step's settings (written before its first fold job is

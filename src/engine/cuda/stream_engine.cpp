@@ -5,7 +5,8 @@
 //   GradientSink (gradient_sink.h): device gradient buffers + landing ring, or
 //     per-layer host slabs;
 //   HostEmbedding (host_embedding.h): the --low-memory embedding on the host;
-//   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW;
+//   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW (and
+//     Muon, whose NS5 runs on the GPU: GpuOrthogonalizer, muon_gpu.h);
 //   UpdateTracker (engine/update_tracker.h): the worker and what it has done;
 //   the plan (engine/device_plan.h): placement, auto kept layers, fit.
 // This file owns the activations and the order of work.
@@ -57,6 +58,7 @@
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/gradient_sink.h"
 #include "engine/cuda/host_embedding.h"
+#include "engine/cuda/muon_gpu.h"
 #include "engine/cuda/optimizer_phase.h"
 #include "engine/cuda/weight_slots.h"
 #include "engine/device_plan.h"
@@ -89,6 +91,10 @@ class StreamEngine final : public Backend {
     RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split" || opt_.master == "bf16-sr" ||
                  opt_.master == "bf16-kahan",
              "[cuda] --master must be auto, fp32, split, bf16-sr or bf16-kahan, got '", opt_.master, "'");
+    // Muon updates whole matrices of an fp32 or split master (optim/muon_unit.h)
+    RT_CHECK(!opt_.muon || opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split",
+             "[cuda] --optimizer muon needs an exact master (--master fp32 or split, or auto), not --master ",
+             opt_.master);
     const MasterStorage master = opt_.master == "fp32"         ? MasterStorage::fp32
                                  : opt_.master == "bf16-sr"    ? MasterStorage::bf16_sr
                                  : opt_.master == "bf16-kahan" ? MasterStorage::bf16_kahan
@@ -126,6 +132,11 @@ class StreamEngine final : public Backend {
     CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
     const size_t sc = op_scratch_bytes(s_, B_, T_, opt_);
     scratch_ = DevBuf<uint8_t>(dev_.alloc, static_cast<int64_t>(sc), "op scratch");
+    if (opt_.muon) {  // the plan's next item: NS5's workspace for the largest Muon matrix
+      const MuonMatrixDims md = muon_matrix_dims(s_);
+      RT_CHECK(md.max_numel > 0, "[cuda] --optimizer muon: the model has no Muon matrices");
+      muon_ = std::make_unique<GpuOrthogonalizer>(dev_.alloc, md.max_numel, md.max_small);
+    }
     ops_ = std::make_unique<CudaOps>(dev_.alloc, dev_.blas, dev_.compute.get(), inv_freq_.data(),
                                      Scratch{scratch_.data(), sc});
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
@@ -135,7 +146,7 @@ class StreamEngine final : public Backend {
     dm_ = BlockDims{B_, T_, plan_mlp_chunk_tokens(s_, B_, T_, opt_, left)};
     bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, dm_);
     grads_->make_landing(opt_.landing_chunk_bytes);
-    optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_);
+    optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_, muon_.get());
     // Last: the block activations, the shared set and those of the last K
     // layers, which stay from forward to backward (their recompute is
     // skipped); K as asked or, on auto, as many as fit in what the plan leaves
@@ -155,17 +166,23 @@ class StreamEngine final : public Backend {
           "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
           "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
           opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
-          place_.fold ? "host (per layer, folded into the update as they land)"
-          : place_.host_grads ? "host (per layer)"
-                              : "device",
+          cat(place_.fold ? "host (per layer, folded into the update as they land" : place_.host_grads ? "host (per layer"
+                                                                                            : "device",
+              place_.host_grads ? (opt_.muon && opt_.grads == "auto" ? ": Muon needs whole gradients)" : ")") : "")
+              .c_str(),
           place_.host_ckpt ? "host" : "device",
           place_.host_embed ? "host" : "device", (long long)keep, (long long)L, keep * act_bytes / double(1ull << 30),
           place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
           dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
           dev_.alloc.used() / double(1ull << 30), dev_.alloc.budget() / double(1ull << 30));
-      const uint64_t host = st_.bytes_total() + weights_->pinned_bytes();
-      std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, Adam m, v %s, pinned bf16 shadows%s)\n",
+      if (muon_) std::printf("%s\n", muon_->describe().c_str());
+      const uint64_t host =
+          st_.bytes_total() + weights_->pinned_bytes() +
+          (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(s_, st_.units()[0].split(), st_.units()[0].quantized())
+                 : 0);
+      std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
                   host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
+                  muon_ ? "Muon momentum + Adam m, v of the other tensors" : "Adam m, v",
                   st_.moment_storage() == MomentStorage::fp32 ? "fp32" : moment_storage_name(st_.moment_storage()),
                   place_.fold ? (place_.host_embed ? ", the embedding's fp32 gradient" : "")
                   : place_.host_grads ? ", fp32 gradients"
@@ -185,7 +202,8 @@ class StreamEngine final : public Backend {
     return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
                " slots, bf16 compute, ", master_storage_name(st_.master_storage()), " master + ",
                moment_storage_name(st_.moment_storage()), " on ",
-               global_pool().size(), " CPU threads", track_.delayed() ? ", delayed update" : "", ")");
+               global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
+               track_.delayed() ? ", delayed update" : "", ")");
   }
 
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
@@ -620,6 +638,7 @@ class StreamEngine final : public Backend {
   std::unique_ptr<HostEmbedding> host_embed_;  // only with host gradients and an untied embedding
   std::unique_ptr<GradientSink> grads_;
   std::unique_ptr<CheckpointStore> ckpt_;
+  std::unique_ptr<GpuOrthogonalizer> muon_;  // --optimizer muon: NS5 on the GPU (before optimizer_, which uses it)
   std::unique_ptr<OptimizerPhase> optimizer_;
   DevBuf<bf16> hf_, dx_, dhf_;
   DevBuf<float> rstd_f_, inv_freq_;
@@ -641,11 +660,8 @@ class StreamEngine final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt) {
-  // Muon needs whole matrices (the device-mode optimizer updates chunks) and
-  // its GPU orthogonalisation is not built: the CPU backend runs it
-  RT_CHECK(state.update_rule() != UpdateRule::muon,
-           "[cuda] --optimizer muon: CUDA path not built yet, use --device cpu");
   CudaOptions o = opt;
+  o.muon = state.update_rule() == UpdateRule::muon;  // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
   if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first
     RT_CHECK(o.layer_major != "on", "[cuda] --layer-major on is not supported for mixture-of-experts models (",
