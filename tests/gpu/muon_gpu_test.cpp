@@ -257,7 +257,12 @@ TEST(MuonGpu, TheEngineFollowsTheCpuBackend) {
   // (tests/optim/muon_orthogonalizer_test), and the bf16 gradients (~1e-2 per
   // tensor, GradientsMatchTheCpuReference) add to it; an AdamW run's changes
   // are O(1) away (2.4 on the CPU twin), so > 0.5 is asked of it: a wrong
-  // rule or a lost update cannot pass.
+  // rule or a lost update cannot pass. muon8bit: 2e-1. Its momentum is
+  // re-rounded to the 8-bit code every step (stochastic, steps of 1/16..1/8
+  // of the value), and the two runs round slightly different momenta with
+  // the same draws, so every element whose momenta straddle a draw's
+  // threshold moves by a whole code step in one run only; the first H200 run
+  // measured 1.004e-1 (with the dynamic 8-bit code), fp32 momenta 4.2e-2.
   const int64_t B = 2, T = 128;
   const rt::ModelSpec s = gpu_spec(3);
   int64_t nv = 0;
@@ -282,7 +287,7 @@ TEST(MuonGpu, TheEngineFollowsTheCpuBackend) {
           "[muon gpu] %s: losses cuda %.5f %.5f %.5f cpu %.5f %.5f %.5f; Muon weight change rel_l2 %.3e "
           "(AdamW's %.3e)\n",
           what.c_str(), gpu.loss[0], gpu.loss[1], gpu.loss[2], cpu.loss[0], cpu.loss[1], cpu.loss[2], e, ea);
-      EXPECT_LE(e, 1e-1);
+      EXPECT_LE(e, mom == rt::MomentStorage::fp32 ? 1e-1 : 2e-1);
       EXPECT_GT(ea, 0.5);
       EXPECT_LT(gpu.loss.back(), gpu.loss.front());
       // (c) determinism: a second engine run, bit for bit; and the split
