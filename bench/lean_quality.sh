@@ -9,9 +9,9 @@
 # it prints a table (final training loss = mean of the last 50 steps, final
 # validation loss, each against fp32 AdamW's) and leaves each mode's
 # metrics.jsonl in OUT (bench/plot_curves.py draws them). LQ_MUON=1 adds
-# the Muon modes (CPU backend only for now: the CUDA engine refuses them),
-# with Muon and fp32 AdamW also at half and twice the learning rate (later
-# flags win), so that each is compared at its best of three.
+# the Muon modes, with Muon and fp32 AdamW also at half and twice the learning rate (later
+# flags win), so that each is compared at its best of three. LQ_ONLY="names"
+# runs only those modes (e.g. after a change to one code).
 #   bench/lean_quality.sh [path/to/ramtrain] [DATA] [STEPS]
 set -uo pipefail
 R=${1:-build/cpu/ramtrain}
@@ -19,6 +19,7 @@ DATA=${2:-../shared/data/tinyshakespeare.txt}
 STEPS=${3:-1000}
 WARMUP=$(( STEPS / 20 < 50 ? STEPS / 20 : 50 ))
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")/.." && pwd)
 common=(--model "$here/bench/lean_quality" --init random --tokenizer "$here/tests/fixtures/tokenizers/qwen2"
         --data "$DATA" --text-split file --truncate split --seq-len 256 --micro-batch 4 --steps "$STEPS"
@@ -34,9 +35,14 @@ modes=(
   "adamw8bit_bf16-sr|--optimizer adamw8bit --master bf16-sr"
   "adamw4bit_bf16-sr|--optimizer adamw4bit --master bf16-sr"
 )
-if [ "${LQ_MUON:-0}" = 1 ]; then  # Muon runs on the CPU backend only for now (the CUDA engine refuses it)
+if [ "${LQ_MUON:-0}" = 1 ]; then
   modes+=("adamw_lr5e-4|--lr 5e-4" "adamw_lr2e-3|--lr 2e-3" "muon|--optimizer muon" "muon_lr5e-4|--optimizer muon --lr 5e-4" "muon_lr2e-3|--optimizer muon --lr 2e-3"
           "muon8bit|--optimizer muon8bit")
+fi
+if [ -n "${LQ_ONLY:-}" ]; then  # LQ_ONLY="adamw adamw8bit ...": only these modes (names as above)
+  keep=()
+  for row in "${modes[@]}"; do [[ " $LQ_ONLY " == *" ${row%%|*} "* ]] && keep+=("$row"); done
+  modes=("${keep[@]}")
 fi
 threads=$(( $(nproc) / ${#modes[@]} ))
 (( threads < 1 )) && threads=1
