@@ -85,12 +85,13 @@ std::string resolve_model_dir(const std::string& value) {
   return value;
 }
 
-LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments, MasterStorage master) {
+LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments, MasterStorage master,
+                           UpdateRule rule) {
   model_dir_check(dir, true, "[model]");
   LoadedModel m;
   m.spec = spec_from_config_file(path_join(dir, "config.json"));
   SafetensorsModel st = SafetensorsModel::open(dir);
-  m.state = std::make_unique<HostState>(m.spec, with_grads, moments, master);
+  m.state = std::make_unique<HostState>(m.spec, with_grads, moments, master, rule);
   load_state(*m.state, st);
   if (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")))
     m.tokenizer = "hf";

@@ -18,7 +18,7 @@ struct LoadedModel {
 // DIR/config.json + DIR's safetensors; every mismatch reported by name.
 // The state is made in the given storages (HostState's constructor).
 LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments = MomentStorage::fp32,
-                           MasterStorage master = MasterStorage::fp32);
+                           MasterStorage master = MasterStorage::fp32, UpdateRule rule = UpdateRule::adamw);
 
 // A --model value that is not a directory but looks like a HF model id
 // ("Qwen/Qwen2.5-0.5B") is looked up in the local HF cache:

@@ -60,11 +60,11 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
     checkpoint_load_state(resume->dir, *state);
     *tokenizer = resume->meta.run.tokenizer;
   } else if (!c.preset.empty() || c.init == InitFrom::random) {
-    state = std::make_unique<HostState>(spec, false, c.optimizer, c.master_storage());
+    state = std::make_unique<HostState>(spec, false, c.optimizer, c.master_storage(), c.update_rule);
     state->init_random(c.seed);
     if (c.preset.empty()) *tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
   } else {
-    LoadedModel m = load_model_dir(c.model, false, c.optimizer, c.master_storage());
+    LoadedModel m = load_model_dir(c.model, false, c.optimizer, c.master_storage(), c.update_rule);
     state = std::move(m.state);
     *tokenizer = m.tokenizer;
   }

@@ -64,7 +64,23 @@ void moments_store(StateUnit& u, const float* mv);
 HostBuffer unit_moments(const StateUnit& u);
 }
 
-HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master)
+namespace {
+// Lays out u for rule: Muon units pack v with the other tensors' only (v_off, nv).
+void unit_set_rule(StateUnit& u, UpdateRule rule) {
+  u.muon = rule == UpdateRule::muon;
+  u.v_off.assign(u.entries.size(), -1);
+  u.nv = 0;
+  if (u.muon)
+    for (size_t k = 0; k < u.entries.size(); ++k)
+      if (!muon_matrix(u.entries[k])) {
+        u.v_off[k] = u.nv;
+        u.nv += (u.entries[k].numel() + 15) / 16 * 16;  // 16-float aligned, as in the arena
+      }
+}
+}  // namespace
+
+HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments, MasterStorage master,
+                     UpdateRule rule)
     : spec_(spec), with_grads_(with_grads) {
   spec_.validate("model spec");
   std::vector<WeightEntry> all = weight_map(spec_);
@@ -83,7 +99,7 @@ HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage momen
     su.numel += (e.numel() + 15) / 16 * 16;
     su.entries.push_back(e);
   }
-  const bool lean = moments != MomentStorage::fp32 || master != MasterStorage::fp32;
+  const bool lean = moments != MomentStorage::fp32 || master != MasterStorage::fp32 || rule == UpdateRule::muon;
   const uint64_t need = planned_bytes(spec_, master, master == MasterStorage::fp32 ? 0 : 1, with_grads_, moments);
   uint64_t avail = host_memory_available();
   if (avail && need > avail)
@@ -95,6 +111,7 @@ HostState::HostState(const ModelSpec& spec, bool with_grads, MomentStorage momen
   for (size_t u = 0; u < units_.size(); ++u) {
     StateUnit& su = units_[u];
     su.index = static_cast<int64_t>(u);
+    unit_set_rule(su, rule);
     if (lean) {  // zeros in the asked storages (peak: the state plus one unit's fp32 master and moments)
       HostBuffer zero(static_cast<size_t>(3 * su.numel), cat("the ", su.name, " initial values"));
       zero_parallel(zero.p, zero.n);
@@ -556,18 +573,10 @@ void HostState::set_update_rule(UpdateRule r) {
     for (size_t k = 0; k < u.entries.size(); ++k)
       if (muon_matrix(u.entries[k])) {
         const size_t n = static_cast<size_t>(u.entries[k].numel());
-        std::memset(mv.p + u.offsets[k], 0, n * 4);
-        std::memset(mv.p + u.numel + u.offsets[k], 0, n * 4);
+        zero_parallel(mv.p + u.offsets[k], n);
+        zero_parallel(mv.p + u.numel + u.offsets[k], n);
       }
-    u.muon = muon;
-    u.v_off.assign(u.entries.size(), -1);
-    u.nv = 0;
-    if (muon)
-      for (size_t k = 0; k < u.entries.size(); ++k)
-        if (!muon_matrix(u.entries[k])) {
-          u.v_off[k] = u.nv;
-          u.nv += (u.entries[k].numel() + 15) / 16 * 16;  // 16-float aligned, as in the arena
-        }
+    unit_set_rule(u, r);
     HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
     u.read_master(0, u.numel, x.p);
     HostBuffer comp;  // a Kahan compensation survives the rebuild

@@ -125,9 +125,11 @@ struct StateUnit {
 class HostState {
  public:
   // Made directly in the given storages (so a model that fits only in a lean
-  // mode is never allocated in fp32 first); a bf16 or split master with one shadow.
+  // mode is never allocated in fp32 first); a bf16 or split master with one
+  // shadow; rule muon: laid out for Muon from the start (set_update_rule on a
+  // made state rebuilds every unit).
   HostState(const ModelSpec& spec, bool with_grads, MomentStorage moments = MomentStorage::fp32,
-            MasterStorage master = MasterStorage::fp32);
+            MasterStorage master = MasterStorage::fp32, UpdateRule rule = UpdateRule::adamw);
 
   const ModelSpec& spec() const { return spec_; }
   std::vector<StateUnit>& units() { return units_; }

@@ -118,4 +118,27 @@ TEST(HostStateInit, ShadowStoragesDrawTheSameValues) {
   EXPECT_EQ(0, std::memcmp(wf.data(), ws.data(), wf.size() * 4));
 }
 
+// A state made for Muon has the layout (packed v) and the init of one made
+// for AdamW and then switched with set_update_rule, without the rebuild.
+TEST(HostStateInit, MuonFromTheConstructorEqualsTheSwitch) {
+  for (rt::MasterStorage ms : {rt::MasterStorage::fp32, rt::MasterStorage::split})
+    for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8}) {
+      rt::HostState a(spec(), false, mo, ms, rt::UpdateRule::muon), b(spec(), false, mo, ms);
+      b.set_update_rule(rt::UpdateRule::muon);
+      a.init_random(5);
+      b.init_random(5);
+      ASSERT_EQ(a.update_rule(), rt::UpdateRule::muon);
+      EXPECT_EQ(a.bytes_total(), b.bytes_total());
+      for (size_t u = 0; u < a.units().size(); ++u) {
+        const rt::StateUnit &ua = a.units()[u], &ub = b.units()[u];
+        EXPECT_TRUE(ua.muon && ub.muon);
+        EXPECT_EQ(ua.v_off, ub.v_off) << ua.name;
+        EXPECT_EQ(ua.nv, ub.nv) << ua.name;
+        if (ua.name.rfind("layer.", 0) == 0) EXPECT_LT(ua.v_len(), ua.numel) << ua.name << ": its matrices keep no v";
+      }
+      const std::vector<float> wa = masters(a), wb = masters(b);
+      EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * 4));
+    }
+}
+
 }  // namespace
