@@ -103,7 +103,8 @@ TEST(ResumeOldCodes, An8bitCheckpointOfTheDynamicCodesResumes) {
   auto r = rt::test::run_ramtrain(args(tmp, ref));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // the step-6 checkpoint, its moments rewritten in the old code
-  const std::string ck6 = "/" + rt::checkpoint_dir_name(6), ck12 = "/" + rt::checkpoint_dir_name(12);
+  const std::string ck6 = std::string("/").append(rt::checkpoint_dir_name(6)),
+                    ck12 = std::string("/").append(rt::checkpoint_dir_name(12));  // "/" + s: GCC 12's false -Wrestrict
   fs::create_directories(old);
   fs::copy(ref + ck6, old + ck6, fs::copy_options::recursive);
   rt::CheckpointManifest man =

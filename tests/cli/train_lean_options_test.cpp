@@ -95,7 +95,7 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
         Mode{"--optimizer muon", rt::MasterStorage::fp32, rt::MomentStorage::fp32, rt::UpdateRule::muon},
         Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon}}) {
     SCOPED_TRACE(m.flags);
-    auto r = run_ramtrain(f.train("m" + std::to_string(i++), m.flags));
+    auto r = run_ramtrain(f.train(std::string("m").append(std::to_string(i++)), m.flags));  // "m" + s: GCC 12's false -Wrestrict
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // the CPU backend: host gradients, no pinned shadow of an fp32 master; a bf16 master is its one shadow
     const int shadows = m.master == rt::MasterStorage::fp32 ? 0 : 1;

@@ -134,7 +134,9 @@ TEST(HostStateInit, MuonFromTheConstructorEqualsTheSwitch) {
         EXPECT_TRUE(ua.muon && ub.muon);
         EXPECT_EQ(ua.v_off, ub.v_off) << ua.name;
         EXPECT_EQ(ua.nv, ub.nv) << ua.name;
-        if (ua.name.rfind("layer.", 0) == 0) EXPECT_LT(ua.v_len(), ua.numel) << ua.name << ": its matrices keep no v";
+        if (ua.name.rfind("layer.", 0) == 0) {
+          EXPECT_LT(ua.v_len(), ua.numel) << ua.name << ": its matrices keep no v";
+        }
       }
       const std::vector<float> wa = masters(a), wb = masters(b);
       EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * 4));
