@@ -88,7 +88,10 @@ struct Fixture {
 
 std::string join(const std::vector<std::string>& a) {
   std::string s;
-  for (auto& x : a) s += (s.empty() ? "" : " ") + ("'" + x + "'");
+  for (auto& x : a) {
+    if (!s.empty()) s += ' ';
+    s.append(1, '\'').append(x).append(1, '\'');
+  }
   return s;
 }
 
@@ -304,7 +307,7 @@ TEST(Resume, LeanModesResumeExactly) {
     const Records ref = metrics_read(ref_out + "/metrics.jsonl");
     EXPECT_FALSE(same_losses(ref, plain.records));
     const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
-    const std::string out = fx.tmp.file("l" + std::to_string(i++)), log = out + ".log";
+    const std::string out = fx.tmp.file(std::string("l").append(std::to_string(i++))), log = out + ".log";
     fs::create_directories(out);
     ASSERT_EQ(
         run_logged(fx.args(out, mode), log, {"RAMTRAIN_INJECT_KILL_AFTER_BYTES=" + std::to_string(bytes * 5 / 2)}),
