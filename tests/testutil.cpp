@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "state/moment_quant.h"
 
 extern char** environ;
 
@@ -246,6 +247,27 @@ std::string shared_data_dir() {
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+void encode_dynamic8(bool sgn, const float* x, int64_t n, uint8_t* codes, float* scales) {
+  const QuantCode& c = sgn ? quant_code_m8_dynamic() : quant_code_v8_dynamic();
+  auto nearest = [&](float y) {
+    int best = 0;
+    for (int k = 1; k < c.n; ++k)
+      if (y > 0.5f * (c.level[k - 1] + c.level[k])) best = k;
+    return best;
+  };
+  for (int64_t b = 0; b < quant_blocks(n); ++b) {
+    const int64_t f = b * kQuantBlock, k = std::min(kQuantBlock, n - f);
+    float amax = 0;
+    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[f + i]));
+    scales[b] = amax;
+    for (int64_t i = 0; i < k; ++i) {
+      const float a = std::fabs(x[f + i]);
+      const int q = nearest(a == amax ? 1.0f : amax > 0 ? a / amax : 0.0f);
+      codes[f + i] = static_cast<uint8_t>(q | (sgn && std::signbit(x[f + i]) ? 0x80 : 0));
+    }
+  }
 }
 
 }  // namespace rt::test

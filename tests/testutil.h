@@ -115,4 +115,10 @@ std::string shared_data_dir();  // ../shared/data
 
 void write_bytes(const std::string& path, const std::string& bytes);
 
+// One 8-bit moment of n elements (m: sgn) in the dynamic tree code that
+// ramtrain stored before the minifloat codes (state/moment_quant.h): absmax per
+// block, each element's nearest level by brute force (ties down), as the old
+// table lookup gave. For tests of loading such checkpoints.
+void encode_dynamic8(bool sgn, const float* x, int64_t n, uint8_t* codes, float* scales);
+
 }  // namespace rt::test

@@ -31,30 +31,11 @@ std::string args(const rt::test::TempDir& tmp, const std::string& out) {
          out + "'";
 }
 
-// The dynamic code's nearest level (ties down), by brute force.
-int old_nearest(const rt::QuantCode& c, float y) {
-  int best = 0;
-  for (int k = 1; k < c.n; ++k)
-    if (y > 0.5f * (c.level[k - 1] + c.level[k])) best = k;
-  return best;
-}
-
 // n moments of codes + absmax (current code) rewritten in the old code, in place.
 void to_old_code(bool sgn, uint8_t* codes, float* scales, int64_t n) {
   std::vector<float> x(static_cast<size_t>(n));
   rt::quant_decode(rt::MomentStorage::q8, sgn, codes, scales, n, x.data());
-  const rt::QuantCode& c = sgn ? rt::quant_code_m8_dynamic() : rt::quant_code_v8_dynamic();
-  for (int64_t b = 0; b < rt::quant_blocks(n); ++b) {
-    const int64_t f = b * rt::kQuantBlock, k = std::min(rt::kQuantBlock, n - f);
-    float amax = 0;
-    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[f + i]));
-    scales[b] = amax;
-    for (int64_t i = 0; i < k; ++i) {
-      const float a = std::fabs(x[f + i]);
-      const int q = old_nearest(c, a == amax ? 1.0f : amax > 0 ? a / amax : 0.0f);
-      codes[f + i] = static_cast<uint8_t>(q | (sgn && std::signbit(x[f + i]) ? 0x80 : 0));
-    }
-  }
+  rt::test::encode_dynamic8(sgn, x.data(), n, codes, scales);
 }
 
 // Rewrites one unit file as an earlier ramtrain wrote it; returns its new bytes.

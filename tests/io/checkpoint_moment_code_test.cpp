@@ -26,31 +26,6 @@ using rt::QuantCode;
 
 rt::ModelSpec spec() { return rt::test::llama_spec(64, 172, 1, 4, 2, 16, 258); }
 
-// The dynamic code's nearest level (ties down), by brute force: what the
-// earlier ramtrain's table lookup gave.
-int old_nearest(const QuantCode& c, float y) {
-  int best = 0;
-  for (int k = 1; k < c.n; ++k)
-    if (y > 0.5f * (c.level[k - 1] + c.level[k])) best = k;
-  return best;
-}
-
-// One moment of n elements in the old 8-bit format: codes and absmax per block.
-void old_encode(bool sgn, const float* x, int64_t n, uint8_t* codes, float* scales) {
-  const QuantCode& c = sgn ? rt::quant_code_m8_dynamic() : rt::quant_code_v8_dynamic();
-  for (int64_t b = 0; b < rt::quant_blocks(n); ++b) {
-    const int64_t f = b * rt::kQuantBlock, k = std::min(rt::kQuantBlock, n - f);
-    float amax = 0;
-    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[f + i]));
-    scales[b] = amax;
-    for (int64_t i = 0; i < k; ++i) {
-      const float a = std::fabs(x[f + i]);
-      const int q = old_nearest(c, a == amax ? 1.0f : amax > 0 ? a / amax : 0.0f);
-      codes[f + i] = static_cast<uint8_t>(q | (sgn && std::signbit(x[f + i]) ? 0x80 : 0));
-    }
-  }
-}
-
 std::vector<float> old_decode(bool sgn, const uint8_t* codes, const float* scales, int64_t n) {
   const QuantCode& c = sgn ? rt::quant_code_m8_dynamic() : rt::quant_code_v8_dynamic();
   std::vector<float> x(static_cast<size_t>(n));
@@ -117,8 +92,8 @@ TEST(CheckpointMomentCode, AnOldDynamicCodeFileLoadsIntoTheCurrentCode) {
       SCOPED_TRACE(u.name + (explicit_name ? " (moment_code dynamic)" : " (no moment_code)"));
       const int64_t n = u.numel, nb = rt::quant_blocks(n);
       // the old bytes, as an earlier ramtrain stored these moments
-      old_encode(true, ref[k].data(), n, u.qm(), u.scale_m());
-      old_encode(false, ref[k].data() + n, n, u.qv(), u.scale_v());
+      rt::test::encode_dynamic8(true, ref[k].data(), n, u.qm(), u.scale_m());
+      rt::test::encode_dynamic8(false, ref[k].data() + n, n, u.qv(), u.scale_v());
       const std::vector<float> old_m = old_decode(true, u.qm(), u.scale_m(), n);
       const std::vector<float> old_v = old_decode(false, u.qv(), u.scale_v(), n);
       const std::string path = dir.file(u.name + ".safetensors");
