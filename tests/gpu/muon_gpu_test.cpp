@@ -156,15 +156,7 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
 
 // GPU-friendly small shape: widths multiples of 8, head_dim 64, vocab 264.
 rt::ModelSpec gpu_spec(int64_t layers) {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 256;
-  s.intermediate = 512;
-  s.n_layers = layers;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 64;
-  s.vocab = 264;
+  rt::ModelSpec s = rt::test::llama_spec(256, 512, layers, 4, 2, 64, 264);
   s.rms_eps = 1e-5;
   s.max_positions = 512;
   return s;
