@@ -23,7 +23,7 @@ ShardRange shard_range(int64_t numel, int world, int rank) {
   return {b, e};
 }
 
-uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes) {
+uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes, bool grad_slices) {
   std::vector<int64_t> numel(static_cast<size_t>(spec.n_layers + 2), 0);  // HostState's units
   for (const WeightEntry& e : weight_map(spec)) {
     const size_t u = e.kind == WeightKind::embed ? 0
@@ -34,16 +34,25 @@ uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weig
   uint64_t b = 0;
   for (int64_t n : numel) {
     const ShardRange r = shard_range(n, world, rank);
-    b += static_cast<uint64_t>(r.e - r.b) * 12 + static_cast<uint64_t>(shard_stride(n, world)) * 4 +
+    b += static_cast<uint64_t>(r.e - r.b) * 12 + (grad_slices ? static_cast<uint64_t>(shard_stride(n, world)) * 4 : 0) +
          static_cast<uint64_t>(n) * static_cast<uint64_t>(weight_bytes);
   }
   return b;
 }
 
-ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank) : world_(world), rank_(rank) {
+ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank)
+    : ShardedOptimizer(init, world, rank, nullptr) {}
+
+ShardedOptimizer::ShardedOptimizer(HostState& init, int world, int rank, WeightsOnly)
+    : ShardedOptimizer(init, world, rank, &init) {}
+
+ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank, HostState* consume)
+    : world_(world), rank_(rank) {
+  const bool weights_only = consume != nullptr;
   RT_CHECK(world >= 1 && rank >= 0 && rank < world, "[dp] rank ", rank, " outside a world of ", world);
   int64_t max_s = 0;
-  for (const StateUnit& u : init.units()) {
+  for (size_t ui = 0; ui < init.units().size(); ++ui) {
+    const StateUnit& u = init.units()[ui];
     const ShardRange r = shard_range(u.numel, world, rank);
     const int64_t n = r.e - r.b;
     ranges_.push_back(r);
@@ -65,9 +74,11 @@ ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank) :
       std::memcpy(s.m(), u.m() + r.b, static_cast<size_t>(n) * sizeof(float));
       std::memcpy(s.v(), u.v() + r.b, static_cast<size_t>(n) * sizeof(float));
     }
-    reduced_.emplace_back(static_cast<size_t>(stride_.back()));
+    if (!weights_only) reduced_.emplace_back(static_cast<size_t>(stride_.back()));
     shards_.push_back(std::move(s));
+    if (consume) consume->keep_weights_only(ui);  // its slice is taken: 2 B/param remain
   }
+  if (weights_only) return;  // a GPU rank: its engine stages and reduces on the device
   stage_.resize(static_cast<size_t>(world * max_s));
   send_.resize(static_cast<size_t>(max_s));
 }
@@ -91,10 +102,44 @@ void ShardedOptimizer::write_into(HostState& st) const {
   }
 }
 
+void ShardedOptimizer::update_piece(size_t k, int64_t b, int64_t e, const float* g, const OptimStep& o, float coef,
+                                    uint16_t* unit_shadow) {
+  const ShardRange r = ranges_[k];
+  RT_CHECK(r.b <= b && b <= e && e <= r.e, "[dp] elements [", b, ", ", e, ") of unit ", k, " are outside rank ", rank_,
+           "'s slice [", r.b, ", ", r.e, ")");
+  if (e > b) update_unit_range(shards_[k], b - r.b, e - r.b, g, o, coef, unit_shadow ? unit_shadow + r.b : nullptr);
+}
+
+DpTotals dp_all_reduce_totals(Collective& c, const std::vector<double>& unit_sq, double loss_sum, int64_t n_valid,
+                              bool stop) {
+  const size_t U = unit_sq.size(), N = static_cast<size_t>(c.world()), r = static_cast<size_t>(c.rank());
+  std::vector<double> v((U + 2) * N + 1, 0.0);
+  for (size_t u = 0; u < U; ++u) v[u * N + r] = unit_sq[u];
+  v[U * N + r] = loss_sum;
+  v[(U + 1) * N + r] = static_cast<double>(n_valid);
+  v[(U + 2) * N] = stop ? 1.0 : 0.0;  // the one shared slot: a count of the ranks asking
+  c.all_reduce_sum(v.data(), static_cast<int64_t>(v.size()));
+  DpTotals t;
+  for (size_t u = 0; u < U; ++u) {
+    double unit = 0;
+    for (size_t k = 0; k < N; ++k) unit += v[u * N + k];
+    t.sq += unit;
+  }
+  double nv = 0;
+  for (size_t k = 0; k < N; ++k) {
+    t.loss_sum += v[U * N + k];
+    nv += v[(U + 1) * N + k];
+  }
+  t.n_valid = static_cast<int64_t>(nv);
+  t.stop = v[(U + 2) * N] > 0;
+  return t;
+}
+
 ShardedStepResult ShardedOptimizer::step(Collective& c, HostState& replica, double loss_sum, const OptimStep& o,
                                          std::mutex& compute) {
   RT_CHECK(c.world() == world_ && c.rank() == rank_, "[dp] shard of rank ", rank_, "/", world_,
            " stepped by collective rank ", c.rank(), "/", c.world());
+  RT_CHECK(stage_.size() > 0, "[dp] a GPU rank's shards are stepped by its engine, not by ShardedOptimizer::step");
   auto& units = replica.units();
   RT_CHECK(units.size() == shards_.size() && replica.master_storage() == MasterStorage::fp32 && replica.has_grads(),
            "[dp] the replica must be the same model with fp32 masters and gradient arenas");

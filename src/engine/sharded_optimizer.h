@@ -20,9 +20,10 @@
 // rank updates its slices and the updated fp32 masters are all-gathered into
 // every rank's full weights for the next forward.
 // Buffers are host memory: step() runs over LoopbackWorld (the CPU twin). A
-// GPU rank would reduce-scatter its device gradients through NcclCollective
-// and hand the host slices to the same update; that wiring (engine/cuda/) is
-// not built yet (docs/multi_gpu.md).
+// GPU rank (engine/cuda/, CudaOptions::dp) keeps only the shards here: its
+// engine reduce-scatters the device gradients through NcclCollective, forms
+// the norm the same way, and updates these slices with the same
+// update_unit_range (docs/multi_gpu.md).
 // Host bytes per rank: 12/world B/param of state + 4/world of reduced
 // gradient slices + the full weights the forward reads (fp32 on the CPU, 4
 // B/param; the bf16 shadow on a GPU, 2 B/param).
@@ -55,7 +56,9 @@ ShardRange shard_range(int64_t numel, int world, int rank);
 // (4: the CPU twin's fp32; 2: a GPU rank's bf16 shadow). The CPU twin's
 // replicas also hold a full gradient arena and unused m/v (see
 // engine/data_parallel_cpu.h); a GPU rank does not.
-uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes);
+// grad_slices false: a GPU rank, whose reduced slices land through the
+// engine's small pinned ring instead (CudaOptions::dp).
+uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weight_bytes, bool grad_slices = true);
 
 struct ShardedStepResult {
   double loss_sum = 0;  // over every rank's micro-batches (rank order)
@@ -63,10 +66,31 @@ struct ShardedStepResult {
   bool applied = false;
 };
 
+// A GPU rank's step totals (engine/cuda/, CudaOptions::dp), formed the same
+// way on every rank: each rank's per-unit sums of squares of its slices, its
+// loss, token count and stop request go into slots of their own (one nonzero
+// per slot, so the all-reduce is exact in any order, NCCL's too), then every
+// rank combines them in one order (units in order, each the sum of its slices
+// in rank order; losses and counts in rank order): the same doubles on every
+// rank, so all clip, skip and stop alike.
+struct DpTotals {
+  double sq = 0;  // the squared global norm
+  double loss_sum = 0;
+  int64_t n_valid = 0;
+  bool stop = false;  // some rank asked to stop after this step
+};
+DpTotals dp_all_reduce_totals(Collective& c, const std::vector<double>& unit_sq, double loss_sum, int64_t n_valid,
+                              bool stop);
+
 class ShardedOptimizer {
  public:
   // Rank `rank` of `world`: its slices of init's master, m and v (fp32 or split storage).
   ShardedOptimizer(const HostState& init, int world, int rank);
+  // The same, and init keeps weights only, unit by unit as its slice is taken
+  // (HostState::keep_weights_only: the peak is the state plus one unit): a GPU
+  // rank's state, whose bf16 weights the engine streams and all-gathers.
+  struct WeightsOnly {};
+  ShardedOptimizer(HostState& init, int world, int rank, WeightsOnly);
   int rank() const { return rank_; }
   int world() const { return world_; }
   // One step. replica: this rank's full model (fp32 master storage): its
@@ -79,11 +103,21 @@ class ShardedOptimizer {
   uint64_t state_bytes() const;
   // Writes this rank's slices of master, m and v into s (same model).
   void write_into(HostState& s) const;
+  // A GPU rank's update of unit k's elements [b, e) (unit coordinates, inside
+  // the rank's slice): g[0] is element b's reduced gradient; the new weights'
+  // bf16 go to unit_shadow[b..e) (the whole unit's shadow; nullable).
+  void update_piece(size_t k, int64_t b, int64_t e, const float* g, const OptimStep& o, float coef,
+                    uint16_t* unit_shadow);
   const std::vector<StateUnit>& shards() const { return shards_; }
+  std::vector<StateUnit>& shards() { return shards_; }
+  // Unit k's slice [b, e) in the full unit, and S (the slice stride).
+  ShardRange range(size_t k) const { return ranges_[k]; }
+  int64_t stride(size_t k) const { return stride_[k]; }
   // The reduced gradient slices of the last step (unit order; slice length each).
   const std::vector<std::vector<float>>& reduced_grads() const { return reduced_; }
 
  private:
+  ShardedOptimizer(const HostState& init, int world, int rank, HostState* consume);
   int world_, rank_;
   std::vector<StateUnit> shards_;   // per unit: the slice as a unit of its own
   std::vector<ShardRange> ranges_;  // per unit: the slice's elements in the full unit

@@ -214,6 +214,8 @@ float* StateUnit::master() const {
 }
 
 float* StateUnit::m() const {
+  RT_CHECK(!weights_only, "[host] unit ", name,
+           " holds weights only (a data-parallel rank's: its moments are in the rank's shards)");
   RT_CHECK(!quantized(), "[host] unit ", name, " holds ", moment_storage_name(moments),
            " (quantized) moments: no fp32 m, v to point into");
   return arena.p + (shadow_master() ? 0 : numel);
@@ -398,6 +400,34 @@ void HostState::set_moment_storage(MomentStorage s) {
     unit_rebuild(u, u.master_kind, shadows, s, x.p, mv.p);
     if (comp.p) u.rem_buf = std::move(comp);
   }
+}
+
+void HostState::keep_weights_only(size_t k) {
+  RT_CHECK(k < units_.size(), "[host] no unit ", k);
+  StateUnit& u = units_[k];
+  if (u.weights_only) return;
+  decoded_.clear();
+  HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
+  u.read_master(0, u.numel, x.p);
+  HostBuffer sh(shadow_floats(u.numel), cat("the bf16 weights of ", u.name), kPageAlign);
+  uint16_t* d = reinterpret_cast<uint16_t*>(sh.p);
+  const float* xs = x.p;
+  parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) d[i] = f32_to_bf16(xs[i]);
+  });
+  u.arena = HostBuffer();
+  u.grad = HostBuffer();
+  u.shadow_buf[1] = HostBuffer();
+  u.rem_buf = HostBuffer();
+  u.tie_buf = HostBuffer();
+  u.qm_buf = HostBuffer();
+  u.qv_buf = HostBuffer();
+  u.qscale_buf = HostBuffer();
+  u.shadow_buf[0] = std::move(sh);
+  u.master_kind = MasterStorage::bf16_sr;
+  u.n_shadows = 1;
+  u.cur_shadow = 0;
+  u.weights_only = true;
 }
 
 const HostState::Loc& HostState::locate(const std::string& name) const {

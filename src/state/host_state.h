@@ -93,6 +93,10 @@ struct StateUnit {
   MasterStorage master_kind = MasterStorage::fp32;
   MomentStorage moments = MomentStorage::fp32;
   bool muon = false;  // UpdateRule::muon: the unit's Muon matrices (optim/muon.h) keep their momentum in m
+  // Weights only (HostState::keep_weights_only): the bf16 shadow and nothing
+  // else; the optimizer state lives elsewhere (a GPU data-parallel rank's
+  // shards, engine/sharded_optimizer.h). m(), v() and the update refuse it.
+  bool weights_only = false;
   // Muon units: entry k's v at v_off[k] of the packed v (-1: a Muon matrix, no v), nv its length
   std::vector<int64_t> v_off;
   int64_t nv = 0;
@@ -177,6 +181,12 @@ class HostState {
   void ensure_unit_grad(size_t u);
   bool has_grads() const { return with_grads_; }
   void zero_moments();
+  // Unit u becomes weights only (StateUnit::weights_only): its current master
+  // rounded to nearest bf16 in one page-aligned shadow (a bf16-sr master's
+  // layout), every other buffer freed. For a data-parallel GPU rank, whose
+  // fp32 master and moments live in its shards: 2 B/param remain. One way.
+  void keep_weights_only(size_t u);
+  bool weights_only() const { return units_[0].weights_only; }
 
   float* master(const std::string& name) const;  // fp32 storage only; throws when absent
   // One tensor's current master as fp32 (numel floats), and back.

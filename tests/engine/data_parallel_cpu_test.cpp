@@ -8,12 +8,16 @@
 //    micro-batch N*B (rows in rank order): equal up to fp32 summation order
 //    (bounds below), and bit-identical run to run;
 //  - host bytes: the slices hold 12 B per element once over all ranks;
-//  - a non-finite loss skips the update on every rank; bad splits refused.
+//  - a non-finite loss skips the update on every rank; bad splits refused;
+//  - a GPU rank's pieces (CudaOptions::dp): its weights-only state, its
+//    chunked slice updates and its step totals, against the same references.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
+#include "core/bf16.h"
 #include "data/dataset.h"
 #include "dist/loopback.h"
 #include "engine/backend.h"
@@ -364,3 +368,143 @@ TEST(DataParallelCpu, RefusesSplitsAndModelsItCannotRun) {
 }
 
 }  // namespace
+
+namespace {
+
+// Units of ~100k elements: several kShardAlign blocks per rank's slice.
+rt::ModelSpec mid_spec() {
+  rt::ModelSpec s = small_spec();
+  s.hidden = 128;
+  s.intermediate = 256;
+  s.n_heads = 8;
+  s.n_kv_heads = 4;
+  s.head_dim = 16;
+  return s;
+}
+
+void random_moments(rt::HostState& st) {
+  for (auto& u : st.units()) {
+    const auto m = rt::test::random_vec(u.numel, 7 + u.index, 0.f, 1e-3f),
+               v = rt::test::random_vec(u.numel, 8 + u.index, 0.f, 1e-6f);
+    std::memcpy(u.m(), m.data(), m.size() * 4);
+    std::memcpy(u.v(), v.data(), v.size() * 4);
+  }
+}
+
+}  // namespace
+
+// A GPU rank (CudaOptions::dp) takes its slices and leaves its state weights
+// only, unit by unit: the slices are those the CPU twin takes, the state keeps
+// the master's bf16 (rounded to nearest) in one shadow per unit, ~2 B/param,
+// and refuses to hand out moments.
+TEST(ShardedOptimizer, AGpuRankKeepsItsSlicesAndBf16WeightsOnly) {
+  for (rt::MasterStorage ms : {rt::MasterStorage::fp32, rt::MasterStorage::split})
+    for (int world : {2, 3}) {
+      rt::HostState ref(mid_spec(), false);
+      ref.init_random(4, 0.05f);
+      random_moments(ref);
+      ref.set_master_storage(ms);
+      for (int r = 0; r < world; ++r) {
+        rt::HostState st(mid_spec(), false);
+        st.init_random(4, 0.05f);
+        random_moments(st);
+        st.set_master_storage(ms);
+        const rt::ShardedOptimizer want(ref, world, r);
+        rt::ShardedOptimizer got(st, world, r, rt::ShardedOptimizer::WeightsOnly{});
+        ASSERT_TRUE(st.weights_only());
+        uint64_t shadow_bytes = 0;
+        for (size_t k = 0; k < st.units().size(); ++k) {
+          const auto& a = got.shards()[k];
+          const auto& b = want.shards()[k];
+          ASSERT_EQ(a.numel, b.numel);
+          EXPECT_EQ(std::memcmp(a.arena.p, b.arena.p, static_cast<size_t>(3 * a.numel) * 4), 0) << b.name;
+          const auto& u = st.units()[k];
+          std::vector<float> x(u.numel), y(u.numel);
+          u.read_master(0, u.numel, x.data());
+          ref.units()[k].read_master(0, u.numel, y.data());
+          for (int64_t i = 0; i < u.numel; ++i)
+            ASSERT_EQ(x[i], rt::bf16_to_f32(rt::f32_to_bf16(y[i]))) << u.name << " element " << i;
+          EXPECT_THROW(u.m(), rt::Error);
+          shadow_bytes += (static_cast<uint64_t>(u.numel) * 2 + 4095) / 4096 * 4096;
+        }
+        EXPECT_LE(st.bytes_total(), shadow_bytes) << "only the bf16 weights remain";
+        EXPECT_GE(st.bytes_total(), 2 * static_cast<uint64_t>(st.n_params()));
+      }
+    }
+}
+
+// The GPU rank's update (engine/cuda/optimizer_phase.cpp): each unit's slice
+// in the engine's chunks, each chunk's reduced gradient from a ring buffer,
+// through update_piece. Against update_unit over whole units with the sum of
+// the ranks' gradients: the same masters, moments and bf16 weights, bit for bit.
+TEST(ShardedOptimizer, GpuRankPiecesEqualTheWholeUnitUpdate) {
+  const int world = 3;
+  rt::HostState ref(mid_spec(), false);
+  ref.init_random(6, 0.05f);
+  random_moments(ref);
+  std::vector<std::vector<float>> g;
+  for (auto& u : ref.units()) g.push_back(rt::test::random_vec(u.numel, 50 + u.index, -1e-2f, 1e-2f));
+  const rt::OptimStep o = step_opts(3, 0.0);
+  const float coef = 0.75f;  // a clipped step
+  std::vector<std::unique_ptr<rt::ShardedOptimizer>> shards;
+  std::vector<std::vector<uint16_t>> shadow;
+  for (int r = 0; r < world; ++r) shards.push_back(std::make_unique<rt::ShardedOptimizer>(ref, world, r));
+  for (auto& u : ref.units()) shadow.emplace_back(static_cast<size_t>(u.numel), uint16_t{0});
+  const int64_t chunk = 4096 * 3;  // the engine's chunks: 4096-aligned, smaller than a slice
+  for (int r = 0; r < world; ++r)
+    for (size_t k = 0; k < ref.units().size(); ++k) {
+      const rt::ShardRange sr = shards[r]->range(k);
+      for (int64_t b = sr.b; b < sr.e; b += chunk) {
+        const int64_t e = std::min(sr.e, b + chunk);
+        const std::vector<float> ring(g[k].begin() + b, g[k].begin() + e);  // the landed chunk
+        shards[r]->update_piece(k, b, e, ring.data(), o, coef, shadow[k].data());
+      }
+      EXPECT_THROW(shards[r]->update_piece(k, sr.b, sr.e + 1, g[k].data(), o, coef, nullptr), rt::Error);
+    }
+  std::vector<std::vector<uint16_t>> want_shadow;
+  for (size_t k = 0; k < ref.units().size(); ++k) {
+    want_shadow.emplace_back(static_cast<size_t>(ref.units()[k].numel), uint16_t{0});
+    rt::update_unit(ref.units()[k], g[k].data(), o, coef, want_shadow[k].data());
+  }
+  rt::HostState back(mid_spec(), false);
+  for (auto& s : shards) s->write_into(back);
+  EXPECT_TRUE(all_masters(back) == all_masters(ref));
+  for (size_t k = 0; k < ref.units().size(); ++k) {
+    const auto& a = back.units()[k];
+    const auto& b = ref.units()[k];
+    EXPECT_EQ(std::memcmp(a.m(), b.m(), b.numel * 4), 0) << "m of " << b.name;
+    EXPECT_EQ(std::memcmp(a.v(), b.v(), b.numel * 4), 0) << "v of " << b.name;
+    EXPECT_TRUE(shadow[k] == want_shadow[k]) << "bf16 weights of " << b.name;
+  }
+}
+
+// The GPU ranks' norm, loss and token totals (dp_all_reduce_totals): every
+// rank gets the same doubles, each unit's sum of its slices in rank order,
+// and a stop asked by one rank reaches all.
+TEST(ShardedOptimizer, GpuRankTotalsAreTheSameDoublesOnEveryRank) {
+  const int world = 3;
+  const size_t U = 5;
+  std::vector<std::vector<double>> sq(world, std::vector<double>(U));
+  for (int r = 0; r < world; ++r)
+    for (size_t u = 0; u < U; ++u) sq[r][u] = 0.1 * (u + 1) + 1e-3 * r + 1.0 / (7.0 + r * U + u);
+  double want_sq = 0;
+  for (size_t u = 0; u < U; ++u) {
+    double unit = 0;
+    for (int r = 0; r < world; ++r) unit += sq[r][u];
+    want_sq += unit;
+  }
+  for (int stopper : {-1, 1}) {
+    std::vector<rt::DpTotals> t(world);
+    rt::LoopbackWorld lw(world);
+    lw.run([&](rt::Collective& c) {
+      const int r = c.rank();
+      t[r] = rt::dp_all_reduce_totals(c, sq[r], 2.5 * (r + 1), 100 + r, r == stopper);
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(t[r].sq, want_sq);
+      EXPECT_EQ(t[r].loss_sum, 2.5 + 5.0 + 7.5);
+      EXPECT_EQ(t[r].n_valid, 303);
+      EXPECT_EQ(t[r].stop, stopper >= 0);
+    }
+  }
+}
