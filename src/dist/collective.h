@@ -17,8 +17,15 @@
 //  - all_reduce_sum of doubles: every rank receives the same values (rank
 //    order in LoopbackWorld, so every rank holds the same bits);
 //  - all_gather: out receives world() chunks of `count`, chunk r from rank r.
+//  - device_stream(): NCCL's stream (a cudaStream_t; null for host
+//    implementations): callers order device work against it with events;
+//  - split(): a second communicator over the same ranks, with its own order
+//    of operations (NCCL: ncclCommSplit), for collectives issued
+//    independently of this one's (a GPU rank's weight all-gathers beside its
+//    gradient reduce-scatters).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 namespace rt {
 
@@ -32,6 +39,8 @@ class Collective {
   virtual void all_gather(const uint16_t* in, uint16_t* out, int64_t count) = 0;  // bf16 bits
   virtual void all_reduce_sum(double* data, int64_t count) = 0;                   // in place
   virtual void barrier() = 0;
+  virtual void* device_stream() const { return nullptr; }
+  virtual std::unique_ptr<Collective> split() = 0;
 };
 
 }  // namespace rt

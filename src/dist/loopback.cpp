@@ -49,6 +49,9 @@ class LoopbackRank final : public Collective {
     publish(5, 0, nullptr, nullptr);
     w_.arrive(rank_);  // the slots stay put until every rank has checked them
   }
+  std::unique_ptr<Collective> split() override {
+    fail("[dp] LoopbackWorld has one order of operations per world: no split communicators");
+  }
 
  private:
   void gather(int op, const void* in, void* out, int64_t count, size_t elem) {

@@ -34,6 +34,10 @@ class NcclCollective final : public Collective {
     RT_CUDART_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     RT_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_));
   }
+  NcclCollective(ncclComm_t parent, int rank, int world) : rank_(rank), world_(world) {
+    RT_CUDART_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    RT_NCCL_CHECK(ncclCommSplit(parent, 0, rank_, &comm_, nullptr));
+  }
   ~NcclCollective() override {
     if (comm_) ncclCommDestroy(comm_);
     if (scratch_) cudaFree(scratch_);
@@ -67,6 +71,8 @@ class NcclCollective final : public Collective {
     double x = 0;
     all_reduce_sum(&x, 1);
   }
+  void* device_stream() const override { return stream_; }
+  std::unique_ptr<Collective> split() override { return std::make_unique<NcclCollective>(comm_, rank_, world_); }
 
  private:
   int rank_, world_;
