@@ -4,6 +4,7 @@
 // from the same HostState. The trainer owns data, schedule and logs and only
 // talks to this interface.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,9 @@
 #include "state/host_state.h"
 
 namespace rt {
+
+class Collective;
+class ShardedOptimizer;
 
 struct StepStats {
   double loss_sum = 0;   // sum of token losses over every micro-batch
@@ -49,8 +53,14 @@ class Backend {
   // Forward only: the sum of token losses of one batch, *n_valid tokens.
   virtual double loss_sum(const Batch& b, int64_t* n_valid) = 0;
   // Makes HostState's master weights current: waits for updates in flight
-  // and, in delayed-update mode, applies the pending one (see below).
+  // and, in delayed-update mode, applies the pending one (see below). A
+  // data-parallel GPU rank gathers the bf16 weights of every rank's slices
+  // into its weights-only state (a collective: every rank calls it at the
+  // same points; it is a no-op when nothing changed since the last call).
   virtual void sync() {}
+  // Whether the trainer can write a checkpoint of HostState (false: a
+  // data-parallel GPU rank, whose optimizer state is in its shards).
+  virtual bool can_checkpoint() const { return true; }
   // Test hook: forward + backward only, the fp32 gradients written into
   // HostState's gradient arenas (which must exist); no update. Returns the loss sum.
   virtual double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) = 0;
@@ -93,7 +103,31 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false, int64_t keep_activations = -1,
                                           bool layer_major = false, int64_t mlp_chunk_tokens = 0, bool fold = false);
 
+// Data parallelism over GPUs (docs/multi_gpu.md): this process is one rank of
+// a world, one GPU each. The state is weights only (HostState::keep_weights_only);
+// the rank's fp32 master, m and v are the shard's slices. Per step the rank
+// trains on its share of the micro-batches (rank r: the r-th of world equal
+// groups; the count must divide), then each unit's device gradient is
+// reduce-scattered in place (grads: one NCCL communicator), the norm is
+// formed from every rank's slice sums (exact all-reduce of one nonzero per
+// slot, summed in one order on every rank), each rank updates its slices on
+// its CPU, and every load of a unit's weights copies the rank's own slice
+// in and all-gathers the others' on the device (weights: a second
+// communicator, so the two orders of operations are independent).
+// Gradients stay on the device until reduced (--grads device); no delayed
+// update, Muon or quantized moments (refused by name).
+struct GpuDataParallel {
+  Collective* grads = nullptr;
+  Collective* weights = nullptr;
+  ShardedOptimizer* shard = nullptr;
+  // Set on every rank after the step in which any rank had it set (the
+  // trainer's SIGINT/SIGTERM flag): all ranks stop after the same step.
+  std::atomic<bool>* stop = nullptr;
+  bool on() const { return shard != nullptr; }
+};
+
 struct CudaOptions {
+  GpuDataParallel dp;           // on(): this process is a data-parallel rank
   uint64_t max_gpu_memory = 0;  // bytes; 0: what the device has free
   int slots = 3;                // device weight slots (>= 2)
   bool resident = false;        // keep every layer on the device (baseline mode)
@@ -170,6 +204,7 @@ inline void set_low_memory(CudaOptions& o) {
 }
 
 bool cuda_backend_available();  // built with CUDA and a device present
+int cuda_device_count();        // 0 without CUDA
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt);
 

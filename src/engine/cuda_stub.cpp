@@ -6,6 +6,7 @@
 namespace rt {
 
 bool cuda_backend_available() { return false; }
+int cuda_device_count() { return 0; }
 
 std::unique_ptr<Backend> make_cuda_backend(HostState&, int64_t, int64_t, const CudaOptions&) {
   fail(

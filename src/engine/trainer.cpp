@@ -351,10 +351,15 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
     if (auto done = writer_->wait()) report_save(*done, false);
   const bool finished = code == 0;
   // Save before the final evaluation: a second signal must not lose the work.
-  if (saving && last_saved_step_ != step_ && step_ > first_step && (!finished || opt_.save_every > 0))
-    save_checkpoint(false);
+  if (saving && last_saved_step_ != step_ && step_ > first_step && (!finished || opt_.save_every > 0)) {
+    if (backend_->can_checkpoint())
+      save_checkpoint(false);
+    else
+      std::printf("no checkpoint written: %s keeps its optimizer state in per-rank shards, which checkpoints "
+                  "do not hold yet (docs/multi_gpu.md)\n", backend_->describe().c_str());
+  }
   if (!finished) {
-    if (saving && step_ > first_step)
+    if (saving && step_ > first_step && backend_->can_checkpoint())
       std::printf("resume with: ramtrain train --resume auto --out %s   (export with: ramtrain export %s --out DIR)\n",
                   opt_.out_dir.c_str(), writer_ ? writer_->last_path().c_str() : opt_.out_dir.c_str());
     std::fflush(stdout);

@@ -12,6 +12,7 @@
 namespace rt {
 
 bool cuda_backend_available() { return cuda::device_count() > 0; }
+int cuda_device_count() { return cuda::device_count(); }
 
 namespace cuda {
 

@@ -8,8 +8,11 @@
 
 namespace rt::cuda {
 
-GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed)
+GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed,
+                           const std::vector<int64_t>& dev_numel)
     : st_(st), dev_(dev), track_(track), host_(host_grads), host_embed_(host_embed) {
+  RT_CHECK(dev_numel.empty() || (!host_ && dev_numel.size() == st_.units().size()),
+           "[cuda] internal: padded gradient buffers are for device gradients");
   auto& units = st_.units();
   const int64_t L = st_.spec().n_layers;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -17,7 +20,8 @@ GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& trac
     if ((host_ && layer) || (host_embed_ && u == 0))
       grads_.emplace_back();  // layers use the two buffers below
     else
-      grads_.emplace_back(dev_.alloc, units[u].numel, "gradients of " + units[u].name);
+      grads_.emplace_back(dev_.alloc, dev_numel.empty() ? units[u].numel : dev_numel[u],
+                          "gradients of " + units[u].name);
   }
   if (host_)
     for (auto& g : layer_grad_) g = DevBuf<float>(dev_.alloc, units[1].numel, "a layer gradient buffer");
@@ -163,7 +167,8 @@ void GradientSink::copy_to_host() {
   auto& units = st_.units();
   for (size_t u = 0; u < units.size(); ++u) {
     RT_CHECK(units[u].grad.p, "[engine] compute_grads needs a HostState with gradients");
-    CUDA_CHECK(cudaMemcpy(units[u].grad.p, grads_[u].data(), grads_[u].bytes(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(units[u].grad.p, grads_[u].data(), static_cast<size_t>(units[u].numel) * 4,
+                          cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemset(grads_[u].data(), 0, grads_[u].bytes()));
   }
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/sharded_optimizer.h"
 #include "engine/update_order.h"
 #include "optim/adamw.h"
 
@@ -83,8 +84,54 @@ std::vector<double> OptimizerPhase::wait_folded(bool* all_applied) {
   });
 }
 
+// Data parallel: the chunks of each unit's own slice [r.b, r.e) (an empty
+// slice is one empty chunk: its buffer is still zeroed and the unit marked).
+void OptimizerPhase::run_sharded(const OptimStep& o, float coef, bool apply, int64_t step) {
+  auto& units = st_.units();
+  struct Piece {
+    size_t u;
+    int64_t b, e;
+    bool last;
+  };
+  std::vector<Piece> pieces;
+  const int64_t ce = grads_.chunk_elems();
+  for (size_t u : update_order(units.size(), false)) {
+    const ShardRange r = dp_.shard->range(u);
+    if (r.e == r.b) pieces.push_back({u, r.b, r.b, true});
+    for (int64_t b = r.b; b < r.e; b += ce) pieces.push_back({u, b, std::min(r.e, b + ce), b + ce >= r.e});
+  }
+  constexpr int kRing = GradientSink::kRing;
+  auto issue = [&](size_t c) {
+    const Piece& p = pieces[c];
+    if (p.e > p.b) grads_.copy_chunk(static_cast<int>(c % kRing), p.u, p.b, p.e);
+    if (!p.last) return;
+    grads_.zero_after_copy(p.u);  // the whole padded buffer
+    track_.mark_grad_issued(p.u, step);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t n_params = 0;
+  for (size_t c = 0; c < std::min<size_t>(kRing, pieces.size()); ++c) issue(c);
+  for (size_t c = 0; c < pieces.size(); ++c) {
+    const Piece& p = pieces[c];
+    if (p.e > p.b) {
+      const float* g = grads_.wait_chunk(static_cast<int>(c % kRing));
+      if (apply) {
+        dp_.shard->update_piece(p.u, p.b, p.e, g, o, coef, weights_.shadow(0, p.u));
+        n_params += p.e - p.b;
+      }
+    }
+    if (c + kRing < pieces.size()) issue(c + kRing);
+    if (p.last) track_.mark_updated(p.u, step);
+  }
+  finished(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), n_params);
+}
+
 void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t step, cudaEvent_t backward_done) {
   if (grads_.on_host()) return run_host(o, coef, apply, step);
+  if (dp_.on()) {
+    CUDA_CHECK(cudaStreamWaitEvent(dev_.d2h.get(), backward_done, 0));  // after the reduce-scatters
+    return run_sharded(o, coef, apply, step);
+  }
   RT_CHECK(!st_.units()[0].muon, "[engine] Muon updates whole units: device gradients cannot reach it (the plan "
                                  "picks host or fold gradients for --optimizer muon)");
   auto& units = st_.units();

@@ -33,9 +33,13 @@ namespace rt::cuda {
 class OptimizerPhase {
  public:
   // orth (nullable): where Muon's NS5 runs (the engine's GPU orthogonaliser)
+  // dp (data parallel, backend.h): device gradients already reduce-scattered;
+  // each unit's own slice goes device -> host in chunks and updates the
+  // shard's fp32 master, m and v, writing the bf16 of the slice into the
+  // weights-only state's shadow (the loads all-gather the rest).
   OptimizerPhase(HostState& st, EngineDevice& dev, UpdateTracker& track, WeightSlots& weights, GradientSink& grads,
-                 Orthogonalizer* orth = nullptr)
-      : st_(st), dev_(dev), track_(track), weights_(weights), grads_(grads), orth_(orth) {}
+                 Orthogonalizer* orth = nullptr, const GpuDataParallel& dp = {})
+      : st_(st), dev_(dev), track_(track), weights_(weights), grads_(grads), orth_(orth), dp_(dp) {}
   // Worker thread. backward_done: recorded on the compute stream after the
   // step's last gradient was made. apply = false: a skipped step (versions
   // still advance).
@@ -62,6 +66,7 @@ class OptimizerPhase {
 
  private:
   void run_host(const OptimStep& o, float coef, bool apply, int64_t step);
+  void run_sharded(const OptimStep& o, float coef, bool apply, int64_t step);
   void finished(double seconds, int64_t params) {
     track_.update([&] {
       seconds_ = seconds;
@@ -74,6 +79,7 @@ class OptimizerPhase {
   WeightSlots& weights_;
   GradientSink& grads_;
   Orthogonalizer* orth_;
+  GpuDataParallel dp_;
   double seconds_ = 0;  // guarded by the tracker's mutex
   int64_t params_ = 0;
   // fold mode: the step's settings (written before its first fold job is

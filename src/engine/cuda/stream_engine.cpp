@@ -51,6 +51,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
+#include "dist/collective.h"
+#include "engine/sharded_optimizer.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/device_info.h"
 #include "engine/backend.h"
@@ -83,6 +85,7 @@ class StreamEngine final : public Backend {
         N_(B * T),
         opt_(opt),
         aux_(st.spec()),
+        dp_(opt.dp),
         dev_(device_budget(opt), opt.trace_path),
         track_(st.units().size(), opt.delayed_update) {
     const int64_t L = s_.n_layers;
@@ -103,14 +106,31 @@ class StreamEngine final : public Backend {
     RT_CHECK(!(opt_.delayed_update && (master == MasterStorage::bf16_sr || master == MasterStorage::bf16_kahan)),
              "[cuda] --master ", opt_.master, " keeps one bf16 copy, which --delayed-update would overwrite while the "
              "step trains on it: use --master split (exact) with --delayed-update");
-    st_.set_master_storage(master, opt_.delayed_update ? 2 : 1);
+    if (dp_.on()) {  // GpuDataParallel (backend.h): the state is weights only, the master is in the shards
+      RT_CHECK(st_.weights_only(), "[cuda] internal: a data-parallel rank's state must be weights only");
+      RT_CHECK(!s_.is_moe(), "[dp] data parallelism does not support mixture-of-experts models (",
+               s_.architecture, ") yet: their load-balancing loss is a mean over each process's micro-batches; "
+               "train them on one GPU");
+      RT_CHECK(!opt_.delayed_update && !opt_.muon && st_.moment_storage() == MomentStorage::fp32 &&
+                   !dp_.shard->shards().empty() && dp_.grads && dp_.weights,
+               "[cuda] data parallelism runs AdamW with fp32 moments, without --delayed-update");
+    } else {
+      st_.set_master_storage(master, opt_.delayed_update ? 2 : 1);
+    }
     place_ = place_on_device(s_, B_, T_, opt_, dev_.alloc.budget());
+    RT_CHECK(!dp_.on() || (!place_.host_grads && !place_.fold && !place_.host_embed),
+             "[cuda] data parallelism keeps each step's gradients on the device until they are reduce-scattered, "
+             "and this plan sends them to the host (device memory ",
+             dev_.alloc.budget() >> 20, " MiB): use a smaller --micro-batch or a larger --max-gpu-memory");
     // device state, in the order of the plan (device_plan.h)
-    weights_ = std::make_unique<WeightSlots>(st_, dev_, track_, place_.slots, place_.host_embed);
+    weights_ = std::make_unique<WeightSlots>(st_, dev_, track_, place_.slots, place_.host_embed, dp_);
     if (place_.host_grads && !place_.fold) st_.ensure_grads();
     if (place_.fold && place_.host_embed) st_.ensure_unit_grad(0);  // the host embedding's rows scatter into it
     if (place_.host_embed) host_embed_ = std::make_unique<HostEmbedding>(st_, dev_, track_, N_);
-    grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed);
+    std::vector<int64_t> grad_numel;  // data parallel: the reduce-scatter's padded length
+    if (dp_.on())
+      for (size_t u = 0; u < units.size(); ++u) grad_numel.push_back(dp_.shard->stride(u) * dp_.grads->world());
+    grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed, grad_numel);
     if (place_.fold) grads_->set_fold([this](size_t u, const float* g) { optimizer_->fold(u, g); });
     K_ = place_.sets();
     ckpt_ = std::make_unique<CheckpointStore>(dev_, L, N_ * s_.hidden, place_.host_ckpt, K_);
@@ -146,7 +166,7 @@ class StreamEngine final : public Backend {
     dm_ = BlockDims{B_, T_, plan_mlp_chunk_tokens(s_, B_, T_, opt_, left)};
     bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, dm_);
     grads_->make_landing(opt_.landing_chunk_bytes);
-    optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_, muon_.get());
+    optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_, muon_.get(), dp_);
     // Last: the block activations, the shared set and those of the last K
     // layers, which stay from forward to backward (their recompute is
     // skipped); K as asked or, on auto, as many as fit in what the plan leaves
@@ -159,6 +179,7 @@ class StreamEngine final : public Backend {
     keep = place_.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
     acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep);
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
+    dp_version_ = track_.need_version();  // data parallel: the host shadows hold the whole weights now
     if (opt_.verbose) {
       const int S = weights_->count();
       std::printf(
@@ -180,6 +201,14 @@ class StreamEngine final : public Backend {
           st_.bytes_total() + weights_->pinned_bytes() +
           (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(s_, st_.units()[0].split(), st_.units()[0].quantized())
                  : 0);
+      if (dp_.on()) {
+        const uint64_t hb = st_.bytes_total() + dp_.shard->state_bytes();
+        std::printf(
+            "host RAM (this rank): %.2f GiB, %.3f B/param (bf16 weights, pinned; fp32 master + Adam m, v of its "
+            "1/%d slices: %.2f GiB)\n",
+            hb / double(1ull << 30), hb / double(st_.n_params()), dp_.grads->world(),
+            dp_.shard->state_bytes() / double(1ull << 30));
+      } else
       std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
                   host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
                   muon_ ? "Muon momentum + Adam m, v of the other tensors" : "Adam m, v",
@@ -203,7 +232,11 @@ class StreamEngine final : public Backend {
                " slots, bf16 compute, ", master_storage_name(st_.master_storage()), " master + ",
                moment_storage_name(st_.moment_storage()), " on ",
                global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
-               track_.delayed() ? ", delayed update" : "", ")");
+               track_.delayed() ? ", delayed update" : "",
+               dp_.on() ? cat(", data-parallel rank ", dp_.grads->rank(), " of ", dp_.grads->world(),
+                              ": fp32 master + Adam m, v of its slices, NCCL reduce-scatter and all-gather")
+                        : std::string(),
+               ")");
   }
 
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
@@ -214,7 +247,8 @@ class StreamEngine final : public Backend {
     for (const Batch& b : batches)
       RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
     fold_step_ = place_.fold ? &o : nullptr;
-    const bool lm = run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
+    const std::vector<Batch> mine = dp_.on() ? rank_batches(batches) : std::vector<Batch>{};
+    const bool lm = run_micro_batches(dp_.on() ? mine : batches, 1.0f / static_cast<float>(n_valid_total));
     fold_step_ = nullptr;
     // global norm: per-unit sums of squares, summed in unit order
     std::vector<double> host_norms;
@@ -223,6 +257,8 @@ class StreamEngine final : public Backend {
       host_norms = optimizer_->wait_folded(&fold_applied);  // every unit is updated (or skipped) as it landed
     else if (place_.host_grads)
       host_norms = grads_->host_norms();
+    else if (dp_.on())
+      reduce_scatter_grads();  // and the norms of this rank's slices
     else
       grads_->queue_norms(norms_.data(), Scratch{scratch_.data(), scratch_.size()});
     auto* tot = host_small_.as<CrossEntropyTotals>();
@@ -235,7 +271,10 @@ class StreamEngine final : public Backend {
     stats.loss_sum = o.inject_nan ? NAN : tot->loss_sum;  // the test hook, as the CPU backend honours it
     stats.n_valid = tot->n_valid;
     double sq = 0;
-    for (size_t u = 0; u < units.size(); ++u) sq += place_.host_grads ? host_norms[u] : nrm[u];
+    if (dp_.on())
+      sq = all_reduce_stats(nrm, &stats);
+    else
+      for (size_t u = 0; u < units.size(); ++u) sq += place_.host_grads ? host_norms[u] : nrm[u];
     stats.grad_norm = std::sqrt(sq);
     const bool ok = std::isfinite(stats.loss_sum) && std::isfinite(stats.grad_norm) && fold_applied;
     const float coef = clip_coefficient(stats.grad_norm, o.clip);
@@ -285,6 +324,7 @@ class StreamEngine final : public Backend {
 
   double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) override {
     RT_CHECK(!place_.fold, "[engine] compute_grads needs host gradient arenas, which --grads fold does not keep");
+    RT_CHECK(!dp_.on(), "[engine] compute_grads is not available on a data-parallel rank (weights-only state)");
     sync();
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
     run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
@@ -303,7 +343,13 @@ class StreamEngine final : public Backend {
     track_.drain();
     CUDA_CHECK(cudaDeviceSynchronize());
     track_.synced();  // delayed update: the pending update is in; the next step trains on it
+    if (dp_.on() && dp_version_ != track_.need_version()) {  // every rank's slices into the host shadows
+      weights_->gather_into_host();
+      dp_version_ = track_.need_version();
+    }
   }
+
+  bool can_checkpoint() const override { return !dp_.on(); }
 
   EngineStats stats() const override {
     EngineStats e;
@@ -319,6 +365,57 @@ class StreamEngine final : public Backend {
   }
 
  private:
+  // Data parallel: rank r's share of the step's micro-batches, the r-th of world equal groups.
+  std::vector<Batch> rank_batches(const std::vector<Batch>& batches) const {
+    const size_t K = batches.size(), N = static_cast<size_t>(dp_.grads->world()),
+                 r = static_cast<size_t>(dp_.grads->rank());
+    RT_CHECK(K > 0 && K % N == 0, "[dp] ", K, " micro-batches per step cannot be split over ", N,
+             " ranks: use a --grad-accum that is a multiple of the rank count");
+    return {batches.begin() + static_cast<std::ptrdiff_t>(r * (K / N)),
+            batches.begin() + static_cast<std::ptrdiff_t>((r + 1) * (K / N))};
+  }
+
+  // Data parallel, after the step's backward is queued: every unit's
+  // gradient summed over the ranks in place (this rank's slice lands at
+  // rank * S of its padded buffer), then the sums of squares of this rank's
+  // slices into norms_ (compute stream, which waits for the reductions).
+  void reduce_scatter_grads() {
+    auto& units = st_.units();
+    cudaStream_t cs = dev_.compute.get();
+    auto gs = static_cast<cudaStream_t>(dp_.grads->device_stream());
+    const int64_t rank = dp_.grads->rank();
+    CUDA_CHECK(cudaEventRecord(dp_grads_made_.get(), cs));
+    CUDA_CHECK(cudaStreamWaitEvent(gs, dp_grads_made_.get(), 0));
+    auto span = dev_.tracer.gpu_begin(Lane::d2h, "reduce-scatter", -1, gs);
+    for (size_t u = 0; u < units.size(); ++u) {
+      const int64_t S = dp_.shard->stride(u);
+      float* g = grads_->dev_grad(u);
+      dp_.grads->reduce_scatter_sum(g, g + rank * S, S);
+    }
+    dev_.tracer.gpu_end(span, gs);
+    CUDA_CHECK(cudaEventRecord(dp_reduced_.get(), gs));
+    CUDA_CHECK(cudaStreamWaitEvent(cs, dp_reduced_.get(), 0));
+    CUDA_CHECK(cudaMemsetAsync(norms_.data(), 0, units.size() * sizeof(double), cs));
+    Scratch sc{scratch_.data(), scratch_.size()};
+    for (size_t u = 0; u < units.size(); ++u) {
+      const ShardRange r = dp_.shard->range(u);
+      if (r.e > r.b) sum_squares(norms_.data() + u, grads_->dev_grad(u) + r.b, r.e - r.b, sc, cs);
+    }
+  }
+
+  // Data parallel: the step's norm, loss and tokens over every rank
+  // (dp_all_reduce_totals: the same doubles on every rank). Returns the
+  // squared norm; stats gets the whole step's loss and tokens.
+  double all_reduce_stats(const double* nrm, StepStats* stats) {
+    const std::vector<double> sq(nrm, nrm + st_.units().size());
+    const DpTotals t = dp_all_reduce_totals(*dp_.grads, sq, stats->loss_sum, stats->n_valid,
+                                            dp_.stop && dp_.stop->load());
+    if (t.stop && dp_.stop) dp_.stop->store(true);  // a rank was signalled: every rank stops after this step
+    stats->loss_sum = t.loss_sum;
+    stats->n_valid = t.n_valid;
+    return t.sq;
+  }
+
   // Copies the loss totals out (waits for the compute stream); *n_valid tokens.
   double read_totals(int64_t* n_valid) {
     auto* tot = host_small_.as<CrossEntropyTotals>();
@@ -625,6 +722,9 @@ class StreamEngine final : public Backend {
   // MoE: the routing bookkeeping of the micro-batch in flight (model/moe_aux.h),
   // its share of the load-balancing loss, and the stats of the last step
   MoeAux aux_;
+  GpuDataParallel dp_;  // on(): a data-parallel rank (backend.h)
+  Event dp_grads_made_, dp_reduced_;
+  int64_t dp_version_ = -1;  // data parallel: the host shadows hold every rank's slices as of this version
   float aux_scale_ = 1.0f;
   std::vector<int64_t> moe_tokens_;  // EngineStats::moe_tokens_per_expert
   double moe_aux_ = 0;

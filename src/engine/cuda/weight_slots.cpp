@@ -3,6 +3,8 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "dist/collective.h"
+#include "engine/sharded_optimizer.h"
 
 namespace rt::cuda {
 
@@ -21,8 +23,9 @@ HostRegistration::~HostRegistration() {
   if (p_) cudaHostUnregister(p_);
 }
 
-WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed)
-    : st_(st), dev_(dev), track_(track), S_(slots) {
+WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed,
+                         const GpuDataParallel& dp)
+    : st_(st), dev_(dev), track_(track), S_(slots), dp_(dp) {
   auto& units = st_.units();
   const bool delayed = track_.delayed();
   const int64_t L = st_.spec().n_layers;
@@ -46,13 +49,56 @@ WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track,
         for (int64_t i = b; i < e; ++i) sh[i] = f32_to_bf16(m[i]);
       });
     }
-  if (!host_embed) embed_w_ = DevBuf<bf16>(dev_.alloc, units[0].numel, "the embedding");
-  head_w_ = DevBuf<bf16>(dev_.alloc, units[L + 1].numel, "the final norm and LM head");
-  for (int s = 0; s < S_; ++s) slots_.emplace_back(dev_.alloc, units[1].numel, "a layer weight slot");
+  if (!host_embed) embed_w_ = DevBuf<bf16>(dev_.alloc, dev_numel(0), "the embedding");
+  head_w_ = DevBuf<bf16>(dev_.alloc, dev_numel(static_cast<size_t>(L + 1)), "the final norm and LM head");
+  for (int s = 0; s < S_; ++s) slots_.emplace_back(dev_.alloc, dev_numel(1), "a layer weight slot");
   slot_layer_.assign(S_, -1);
   slot_version_.assign(S_, -1);
   slot_loaded_.resize(S_);
   slot_free_.resize(S_);
+}
+
+int64_t WeightSlots::dev_numel(size_t u) const {
+  return dp_.on() ? dp_.shard->stride(u) * dp_.weights->world() : st_.units()[u].numel;
+}
+
+// Data parallel: unit u's own slice in (once this rank's update of it is
+// done), then the others' by an in-place all-gather (NCCL: the send buffer is
+// the receive buffer + rank * count). The padding past numel is never read.
+void WeightSlots::copy_in_gathered(size_t u, bf16* dst, const char* what, int layer) {
+  track_.wait_updated(u, track_.need_version());
+  const ShardRange r = dp_.shard->range(u);
+  const int64_t S = dp_.shard->stride(u);
+  auto span = dev_.tracer.gpu_begin(Lane::h2d, what, layer, dev_.h2d.get());
+  if (r.e > r.b)
+    CUDA_CHECK(cudaMemcpyAsync(dst + r.b, shadow_src(u) + r.b, static_cast<size_t>(r.e - r.b) * 2,
+                               cudaMemcpyHostToDevice, dev_.h2d.get()));
+  auto ws = static_cast<cudaStream_t>(dp_.weights->device_stream());
+  CUDA_CHECK(cudaEventRecord(dp_slice_in_.get(), dev_.h2d.get()));
+  CUDA_CHECK(cudaStreamWaitEvent(ws, dp_slice_in_.get(), 0));
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+  dp_.weights->all_gather(d + static_cast<int64_t>(dp_.weights->rank()) * S, d, S);
+  CUDA_CHECK(cudaEventRecord(dp_gathered_.get(), ws));
+  CUDA_CHECK(cudaStreamWaitEvent(dev_.h2d.get(), dp_gathered_.get(), 0));
+  dev_.tracer.gpu_end(span, dev_.h2d.get());
+}
+
+void WeightSlots::gather_into_host() {
+  RT_CHECK(dp_.on(), "[cuda] internal: gather_into_host without data parallelism");
+  auto& units = st_.units();
+  const int64_t L = st_.spec().n_layers;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  for (size_t u = 0; u < units.size(); ++u) {
+    // the embedding's and head's own buffers, or slot 0 for the layers (reloaded on next use)
+    RT_CHECK(embed_w_.data(), "[cuda] internal: a data-parallel rank keeps its embedding on the device");
+    bf16* dst = u == 0 ? embed_w_.data() : u == static_cast<size_t>(L + 1) ? head_w_.data() : slots_[0].data();
+    if (u >= 1 && u <= static_cast<size_t>(L)) slot_layer_[0] = -1;
+    copy_in_gathered(u, dst, "gather", static_cast<int>(u) - 1);
+    CUDA_CHECK(cudaMemcpyAsync(shadow(0, u), dst, static_cast<size_t>(units[u].numel) * 2, cudaMemcpyDeviceToHost,
+                               dev_.h2d.get()));
+    CUDA_CHECK(cudaStreamSynchronize(dev_.h2d.get()));
+  }
+  embed_version_ = head_version_ = -1;  // their buffers hold the current weights, but reload to keep it simple
 }
 
 const uint16_t* WeightSlots::shadow_src(size_t u) const {
@@ -63,6 +109,7 @@ const uint16_t* WeightSlots::shadow_src(size_t u) const {
 // Queues on h2d the copy of unit u's current shadow into dst, piece by piece
 // as the optimizer's chunks of that unit finish.
 void WeightSlots::copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer) {
+  if (dp_.on()) return copy_in_gathered(u, dst, what, layer);
   const int64_t need = track_.need_version(), n = st_.units()[u].numel;
   const uint16_t* src = shadow_src(u);
   int64_t issued = 0;
@@ -80,7 +127,7 @@ void WeightSlots::copy_in_as_updated(size_t u, bf16* dst, const char* what, int 
 void WeightSlots::ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
   if (have_version == track_.need_version()) return;
   copy_in_as_updated(u, dst.data(), u == 0 ? "load embed" : "load head", -1);
-  dev_.h2d_bytes += dst.bytes();
+  dev_.h2d_bytes += static_cast<uint64_t>(st_.units()[u].numel) * 2 / (dp_.on() ? dp_.weights->world() : 1);
   CUDA_CHECK(cudaEventRecord(loaded.get(), dev_.h2d.get()));
   CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), loaded.get(), 0));
   have_version = track_.need_version();
@@ -95,7 +142,7 @@ void WeightSlots::load_layer(int64_t i) {
   if (slot_layer_[s] == i && slot_version_[s] == track_.need_version()) return;
   if (slot_layer_[s] >= 0) CUDA_CHECK(cudaStreamWaitEvent(dev_.h2d.get(), slot_free_[s].get(), 0));
   copy_in_as_updated(static_cast<size_t>(i + 1), slots_[s].data(), "load", static_cast<int>(i));
-  dev_.h2d_bytes += slots_[s].bytes();
+  dev_.h2d_bytes += static_cast<uint64_t>(st_.units()[i + 1].numel) * 2 / (dp_.on() ? dp_.weights->world() : 1);
   CUDA_CHECK(cudaEventRecord(slot_loaded_[s].get(), dev_.h2d.get()));
   slot_layer_[s] = i;
   slot_version_[s] = track_.need_version();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/cuda/engine_device.h"
 #include "engine/update_tracker.h"
 #include "state/host_state.h"
@@ -36,9 +37,20 @@ class HostRegistration {
   void* p_ = nullptr;
 };
 
+// Data parallel (GpuDataParallel, backend.h): every device buffer holds
+// world * S elements of its unit (S: the shard stride), and a load copies the
+// rank's own slice of the shadow (the only part its optimizer writes) to its
+// place, then all-gathers the other ranks' slices in place on the weights
+// communicator's stream, ordered against h2d and compute with events.
+// gather_into_host() brings every unit's whole current weights back into
+// the host shadows (sync(): sampling, export).
 class WeightSlots {
  public:
-  WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed);
+  WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed,
+              const GpuDataParallel& dp = {});
+  // Data parallel: the whole current weights of every unit into the host
+  // shadows (a collective; the device buffers reload afterwards).
+  void gather_into_host();
 
   int count() const { return S_; }
   // Layers loaded ahead of the one computing (bounded by the free slots).
@@ -72,6 +84,8 @@ class WeightSlots {
 
  private:
   void copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer);
+  void copy_in_gathered(size_t u, bf16* dst, const char* what, int layer);  // data parallel
+  int64_t dev_numel(size_t u) const;  // device elements of unit u's buffers
   void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded);
   HostState& st_;
   EngineDevice& dev_;
@@ -86,6 +100,8 @@ class WeightSlots {
   std::vector<DevBuf<bf16>> slots_;
   std::vector<int64_t> slot_layer_, slot_version_;
   std::vector<Event> slot_loaded_, slot_free_;
+  GpuDataParallel dp_;
+  Event dp_slice_in_, dp_gathered_;
 };
 
 }  // namespace rt::cuda
