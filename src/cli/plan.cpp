@@ -131,9 +131,8 @@ int cmd_plan(const Args& args) {
       .or_word("auto");
   p.option("nproc-per-node", "N",
            "ranks (GPUs) on this host in data parallel: also print each rank's host RAM with the optimizer "
-           "state sharded over the ranks (1/N of the fp32 master, Adam moments and reduced gradients each, the whole "
-           "bf16 weights; docs/multi_gpu.md). The GPU data-parallel engine is not built yet: train's "
-           "--nproc-per-node runs the CPU twin",
+           "state sharded over the ranks (1/N of the fp32 master and Adam moments, the whole bf16 weights; "
+           "docs/multi_gpu.md), as train --nproc-per-node N runs it on N GPUs",
            "1")
       .integer(1, 1024);
   p.group("Output");
@@ -273,7 +272,7 @@ int cmd_plan(const Args& args) {
   // data parallel (issue 22's layout): each rank's host bytes, and the host's ranks together
   uint64_t dp_rank_max = 0, dp_host = 0;
   for (int r = 0; r < ranks && ranks > 1; ++r) {
-    const uint64_t b = dp_rank_host_bytes(spec, ranks, r, 2);
+    const uint64_t b = dp_rank_host_bytes(spec, ranks, r, 2, /*grad_slices=*/false);  // a GPU rank (CudaOptions::dp)
     dp_rank_max = std::max(dp_rank_max, b);
     dp_host += b;
   }
@@ -438,9 +437,9 @@ int cmd_plan(const Args& args) {
                     static_cast<double>(h.bytes) / params);
     if (ranks > 1)
       std::printf(
-          "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md; the GPU "
-          "engine for it is not built yet): up to %s per rank, %.3f B/param (fp32 master + Adam 12/N, reduced "
-          "gradient slices 4/N, the whole bf16 weights 2); the %d ranks together %s%s\n",
+          "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md): up to "
+          "%s per rank, %.3f B/param (fp32 master + Adam 12/N, the whole bf16 weights 2; at start-up a rank first "
+          "builds the whole state, then keeps its slices unit by unit); the %d ranks together %s%s\n",
           ranks, gib(static_cast<double>(dp_rank_max)).c_str(), static_cast<double>(dp_rank_max) / params, ranks,
           gib(static_cast<double>(dp_host)).c_str(), dp_fits ? "" : ": DOES NOT FIT");
     std::printf(

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -11,16 +12,22 @@
 #include "cli/train_config.h"
 #include "cli/train_data.h"
 #include "cli/resume.h"
+#include "cli/spawn_ranks.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/thread_pool.h"
 #include "data/byte_tokenizer.h"
 #include "data/dataset.h"
+#include "dist/launch.h"
 #include "engine/backend.h"
 #include "engine/data_parallel_cpu.h"
+#include "engine/sharded_optimizer.h"
 #include "engine/sampler.h"
 #include "engine/trainer.h"
 #include "io/hf_export.h"
+#ifdef RAMTRAIN_HAVE_NCCL
+#include "dist/nccl_collective.h"
+#endif
 
 namespace rt::cli {
 
@@ -161,8 +168,10 @@ std::function<void(const char*)> make_sampler(const TrainConfig& c, const TrainD
 }
 
 // The CUDA engine when it is to be used (null: the trainer's CPU backend).
-std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, int64_t seq_len) {
+std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, int64_t seq_len,
+                                      const GpuDataParallel& dp = {}) {
   CudaOptions co;
+  co.dp = dp;
   co.max_gpu_memory = c.max_gpu_memory;
   co.slots = c.slots;
   co.fit_slots = !c.slots_given;  // the engine may shrink the plan to fit (CudaOptions::fit)
@@ -173,12 +182,13 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.layer_major = auto_on_off_name(c.layer_major);
   co.master = c.master;
   co.micro_batches = c.grad_accum;  // the layer-major buffers are planned for this many
+  if (dp.on()) co.micro_batches = c.grad_accum / dp.grads->world();  // a rank's share
   co.keep_activations = c.keep_activations;
   co.mlp_chunk_tokens = c.mlp_chunk_tokens;
   co.clipping = c.clip > 0;
   if (c.low_memory) set_low_memory(co);
   co.trace_path = c.trace;
-  if (c.device == Device::cuda) return make_cuda_backend(state, c.micro_batch, seq_len, co);
+  if (c.device == Device::cuda || dp.on()) return make_cuda_backend(state, c.micro_batch, seq_len, co);
   try {
     return make_cuda_backend(state, c.micro_batch, seq_len, co);
   } catch (const Error& e) {
@@ -209,7 +219,51 @@ int cmd_train(const Args& args) {
   const ModelSpec spec = resume              ? resume->spec
                          : !c.preset.empty() ? spec_preset(c.preset)
                                              : spec_from_config_file(path_join(c.model, "config.json"));
-  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || c.nproc_per_node > 1;
+  // Data parallel on GPUs (docs/multi_gpu.md): under a launcher (torchrun,
+  // mpirun, srun or our own) this process is one rank; --nproc-per-node N
+  // with N GPUs here (and not --device cpu) starts the N ranks itself.
+  const LaunchConfig launch = launch_config_from_env();
+  const int gpus = c.device == Device::cpu ? 0 : cuda_device_count();
+  if (launch.world == 1 && c.nproc_per_node > 1) {
+    if (c.device == Device::cuda && gpus < c.nproc_per_node)
+      fail("[train] --nproc-per-node ", c.nproc_per_node, " --device cuda needs ", c.nproc_per_node,
+           " GPUs, this machine has ", gpus, ": use --nproc-per-node ", gpus > 1 ? gpus : 1,
+           " or --device cpu (the CPU twin)");
+    if (gpus >= c.nproc_per_node) {
+      data_parallel_check(c, p, c.nproc_per_node, true);
+      std::printf("starting %lld ranks, one per GPU (rank 0's output follows)\n", (long long)c.nproc_per_node);
+      Args child{"train"};
+      child.insert(child.end(), args.begin(), args.end());
+      return spawn_local_ranks(static_cast<int>(c.nproc_per_node), child);
+    }
+  }
+  const bool gpu_dp = launch.world > 1;
+  if (gpu_dp) {
+    if (c.nproc_per_node > 1 && c.nproc_per_node != launch.world)
+      fail("[train] --nproc-per-node ", c.nproc_per_node, " but the launcher (", launch.launcher, ") started ",
+           launch.world, " ranks: drop --nproc-per-node under a launcher, or make them equal");
+    if (c.device == Device::cpu)
+      fail("[train] the launcher (", launch.launcher, ") started ", launch.world,
+           " processes, but --device cpu: the CPU twin runs its ranks as threads of one process "
+           "(--nproc-per-node N without a launcher)");
+    data_parallel_check(c, p, launch.world, true);  // the configuration's refusals first, the same on every machine
+    if (gpus == 0)
+      fail("[train] rank ", launch.rank, " of ", launch.world, " found no GPU: data parallelism runs one process per GPU");
+    if (c.threads <= 0) {  // the ranks of this host share its cores
+      const int per = static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, std::min(launch.world, gpus));
+      set_global_threads(std::max(1, per));
+    }
+    if (launch.rank > 0) {  // rank 0 speaks and writes; the others train in silence
+      if (!std::freopen("/dev/null", "w", stdout)) fail("[train] rank ", launch.rank, ": cannot silence stdout");
+      c.out.clear();
+      c.metrics.clear();
+    }
+  }
+  if (gpu_dp && spec.is_moe())
+    fail("[train] data parallelism does not support mixture-of-experts models (", spec.architecture,
+         ") yet: their load-balancing loss is a mean over each process's micro-batches; train them on one GPU");
+  const bool cpu_backend =
+      c.device == Device::cpu || !cuda_backend_available() || (c.nproc_per_node > 1 && !gpu_dp);
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
@@ -251,9 +305,35 @@ int cmd_train(const Args& args) {
               !c.preset.empty() ? c.preset.c_str() : c.model.c_str(), family_name(spec.family),
               (long long)spec.n_layers, (long long)spec.hidden, (long long)spec.vocab,
               (unsigned long long)data.train_token_count(), (unsigned long long)data.val_token_count());
+  if (gpu_dp && !c.sample_prompt.empty()) {
+    std::printf("note: --sample-prompt is not run on data-parallel GPU ranks (each holds its slice of the weights "
+                "between steps); sample the exported model with `ramtrain sample`\n");
+    c.sample_prompt.clear();
+  }
   const std::function<void(const char*)> sampler = make_sampler(c, td, *state);
   std::unique_ptr<Backend> backend;
-  if (c.nproc_per_node > 1) {  // the data-parallel CPU twin (docs/multi_gpu.md)
+  std::unique_ptr<Collective> dp_grads, dp_weights;  // data parallel on GPUs: before the backend that uses them
+  std::unique_ptr<ShardedOptimizer> dp_shard;
+  if (gpu_dp) {
+#ifdef RAMTRAIN_HAVE_NCCL
+    const auto t_engine = std::chrono::steady_clock::now();
+    dp_grads = make_nccl_collective(launch);
+    dp_weights = dp_grads->split();
+    // the rank keeps its slices (fp32 master, m, v) and the state keeps bf16 weights only, unit by unit
+    dp_shard = std::make_unique<ShardedOptimizer>(*state, launch.world, launch.rank, ShardedOptimizer::WeightsOnly{});
+    GpuDataParallel dp;
+    dp.grads = dp_grads.get();
+    dp.weights = dp_weights.get();
+    dp.shard = dp_shard.get();
+    dp.stop = &Trainer::stop_flag();
+    backend = make_backend(c, *state, data.seq_len(), dp);
+    std::printf("ready: host state %.1f s, NCCL world of %d and engine set-up %.1f s\n", state_seconds, launch.world,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_engine).count());
+#else
+    fail("[train] this ramtrain was built without NCCL, which data parallelism on GPUs needs: rebuild on a machine "
+         "where the CUDA toolkit has NCCL (nccl.h, libnccl.so)");
+#endif
+  } else if (c.nproc_per_node > 1) {  // the data-parallel CPU twin (docs/multi_gpu.md)
     if (c.device != Device::cpu && cuda_backend_available())
       std::printf("note: --nproc-per-node runs the CPU twin (N threads on the CPU backend), not the GPU\n");
     backend = std::make_unique<DataParallelCpu>(*state, static_cast<int>(c.nproc_per_node), c.keep_activations);
@@ -267,7 +347,7 @@ int cmd_train(const Args& args) {
   install_stop_handler();
   Trainer trainer(*state, data, o, std::move(backend));
   if (resume) trainer.restore(resume->meta);
-  resume_commit(p, resume);  // every check passed: now newer checkpoints may be moved aside
+  if (launch.rank == 0) resume_commit(p, resume);  // every check passed: now newer checkpoints may be moved aside
   return trainer.run(sampler);
 }
 

@@ -202,6 +202,34 @@ Placement placement_parse(const std::string& s) {
 
 }  // namespace
 
+void data_parallel_check(const TrainConfig& c, const ArgParser& p, int64_t world, bool gpu) {
+  if (c.grad_accum % world != 0)
+    fail("[train] ", world, " data-parallel ranks (--nproc-per-node or a launcher) split each step's --grad-accum micro-batches: --grad-accum ",
+         c.grad_accum, " is not a multiple of ", world, "; use --grad-accum ", world * ((c.grad_accum + world - 1) / world));
+  if (c.delayed_update || c.grads == Placement::fold || (!gpu && c.layer_major == AutoOnOff::on))
+    fail("[train] data parallelism (--nproc-per-node or a launcher) cannot be combined with --delayed-update, --grads fold",
+         gpu ? "" : " or --layer-major on (the CPU twin does none of them)", "; drop one");
+  if (c.update_rule == UpdateRule::muon)
+    fail("[train] data parallelism (--nproc-per-node or a launcher) shards AdamW state only; --optimizer ", p.str("optimizer"),
+         " (Muon orthogonalises whole matrices) is not sharded yet: drop one of the two");
+  if (c.optimizer != MomentStorage::fp32)
+    fail("[train] data parallelism (--nproc-per-node or a launcher) shards fp32 Adam moments only for now; --optimizer ", p.str("optimizer"),
+         " (quantized moments) is not sharded yet: drop one of the two (docs/multi_gpu.md)");
+  if (!gpu) return;
+  if (c.bf16_master)
+    fail("[train] data-parallel GPU ranks keep an fp32 master of their slices; --master ", c.master,
+         " is not sharded: drop it");
+  if (c.grads == Placement::host)
+    fail("[train] data-parallel GPU ranks reduce-scatter gradients on the device: --grads host is not available "
+         "(use --grads auto or device)");
+  if (c.save_every > 0)
+    fail("[train] data-parallel GPU ranks cannot write checkpoints yet (each holds 1/", world,
+         " of the optimizer state; per-rank checkpoints are not built, docs/multi_gpu.md): drop --save-every");
+  if (c.export_dtype == DType::f32)
+    fail("[train] data-parallel GPU ranks export the bf16 weights they gather; --export-dtype fp32 needs the fp32 "
+         "master, which per-rank shards do not export yet: use --export-dtype bf16");
+}
+
 TrainConfig train_config_read(const ArgParser& p) {
   TrainConfig c;
   if (p.has("preset") == p.has("model")) fail("[train] give exactly one of --preset NAME or --model DIR");
@@ -304,26 +332,7 @@ TrainConfig train_config_read(const ArgParser& p) {
   }
 
   c.nproc_per_node = p.integer("nproc-per-node");
-  if (c.nproc_per_node > 1) {  // checked on every machine, so a config is refused the same way everywhere
-    if (c.grad_accum % c.nproc_per_node != 0)
-      fail("[train] --nproc-per-node ", c.nproc_per_node, " splits each step's --grad-accum micro-batches over the ",
-           "ranks: --grad-accum ", c.grad_accum, " is not a multiple of it; use --grad-accum ",
-           c.nproc_per_node * ((c.grad_accum + c.nproc_per_node - 1) / c.nproc_per_node));
-    if (c.device == Device::cuda)
-      fail(
-          "[train] --nproc-per-node runs only the CPU twin for now (N threads on the CPU backend; multi-GPU is "
-          "not built yet, docs/multi_gpu.md): use --device cpu");
-    if (c.delayed_update || c.grads == Placement::fold || c.layer_major == AutoOnOff::on)
-      fail(
-          "[train] --nproc-per-node cannot be combined with --delayed-update, --grads fold or --layer-major on "
-          "(the data-parallel CPU twin does none of them); drop one");
-    if (c.update_rule == UpdateRule::muon)
-      fail("[train] --nproc-per-node shards AdamW state only; --optimizer ", p.str("optimizer"),
-           " (Muon orthogonalises whole matrices) is not sharded yet: drop one of the two");
-    if (c.optimizer != MomentStorage::fp32)
-      fail("[train] --nproc-per-node shards fp32 Adam moments only for now; --optimizer ", p.str("optimizer"),
-           " (quantized moments) is not sharded yet: drop one of the two (docs/multi_gpu.md)");
-  }
+  if (c.nproc_per_node > 1) data_parallel_check(c, p, c.nproc_per_node, false);  // the same refusals on every machine
 
   c.out = p.str("out");
   if (p.has("resume")) c.resume = p.str("resume");

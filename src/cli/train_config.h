@@ -90,6 +90,9 @@ void train_options(ArgParser& p);
 // Reads the typed configuration. Call after parse, merge_toml and the resume
 // base are in; throws rt::Error naming the option on a bad combination.
 TrainConfig train_config_read(const ArgParser& p);
+// The refusals of data parallelism over `world` ranks (the CPU twin's, and
+// with gpu also those of GPU ranks: docs/multi_gpu.md), named with the fix.
+void data_parallel_check(const TrainConfig& c, const ArgParser& p, int64_t world, bool gpu);
 
 // --epochs E: the optimizer steps that read E epochs of windows (rounded up).
 int64_t train_steps_for_epochs(int64_t epochs, uint64_t windows_per_epoch, int64_t micro_batch, int64_t grad_accum);

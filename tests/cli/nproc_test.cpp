@@ -113,10 +113,56 @@ TEST(NprocPerNode, BadCombinationsAreRefusedByName) {
   EXPECT_TRUE(contains(r.output, "use --grad-accum 4")) << r.output;
   r = run_ramtrain(f.train("b", "--grad-accum 2 --nproc-per-node 2 --delayed-update"));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.output, "--nproc-per-node cannot be combined")) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot be combined with --delayed-update")) << r.output;
   r = run_ramtrain(f.train("c", "--nproc-per-node 0"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "--nproc-per-node")) << r.output;
 }
 
 }  // namespace
+
+namespace {
+
+// The launcher's variables for rank 0 of 2 (torchrun's), set while this lives.
+struct LauncherEnv {
+  LauncherEnv() {
+    ::setenv("RANK", "0", 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("LOCAL_RANK", "0", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", "29533", 1);
+  }
+  ~LauncherEnv() {
+    for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(k);
+  }
+};
+
+}  // namespace
+
+// Data parallel over GPUs (docs/multi_gpu.md) where this machine cannot run
+// it: every refusal names the cause and the fix, before any state is made.
+TEST(NprocPerNode, GpuRanksAreRefusedWhereTheyCannotRun) {
+  Fixture f;
+  // asking for more GPUs than there are (none here, or fewer)
+  auto r = run_ramtrain(f.train("a", "--grad-accum 2 --nproc-per-node 2 --device cuda"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--nproc-per-node 2 --device cuda needs 2 GPUs")) << r.output;
+  {
+    const LauncherEnv launched;  // under torchrun: one rank of two
+    r = run_ramtrain(f.train("b", "--grad-accum 2"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(contains(r.output, "started 2 processes, but --device cpu")) << r.output;
+    r = run_ramtrain(f.train("c", "--grad-accum 4 --nproc-per-node 4 --device auto"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(contains(r.output, "--nproc-per-node 4 but the launcher (torchrun) started 2 ranks")) << r.output;
+    r = run_ramtrain(f.train("d", "--grad-accum 3 --device auto"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(contains(r.output, "use --grad-accum 4")) << r.output;
+    r = run_ramtrain(f.train("e", "--grad-accum 2 --device auto --save-every 2"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(contains(r.output, "drop --save-every")) << r.output;
+    r = run_ramtrain(f.train("g", "--grad-accum 2 --device auto"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(contains(r.output, "rank 0 of 2 found no GPU")) << r.output;
+  }
+}

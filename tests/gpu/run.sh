@@ -30,6 +30,9 @@
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
+#   dp        data parallel over every visible GPU (2+; not in the default): tiny-byte, the same global batch on one
+#             GPU and on N ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at
+#             16 x 2048 per GPU (DP_STEPS steps) on one GPU and on N, tokens/s and host RSS per rank
 set -u -o pipefail
 bin=build/gpu-run
 if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
@@ -57,6 +60,27 @@ tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
 has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
+if has dp; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  export NCCL_NVLS_ENABLE=0
+  dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
+       --grad-accum "$ngpu" --seq-len 256 --seed 3 --device cuda --lr 1e-3)
+  run dp_tiny_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "${dpc[@]}" --out "$tmp/dp1"
+  run dp_tiny_${ngpu}gpu 200 "${dpc[@]}" --nproc-per-node "$ngpu" --out "$tmp/dpn"
+  run dp_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpn/metrics.jsonl" \
+    --tol "${DP_TOL:-1e-3}"
+  d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$data" --steps ${DP_STEPS:-5} --micro-batch 16
+      --seq-len 2048 --device cuda --eval-batches 1 --export-dtype none --lr 1e-5)
+  if [ "${DP_7B:-1}" = 1 ]; then
+    run dp_7b_1gpu 590 env CUDA_VISIBLE_DEVICES=0 "${d7[@]}" --threads 16 --grad-accum 1 --out "$tmp/d71"
+    ( while sleep 20; do ps -o pid=,rss=,args= -C ramtrain | awk '{printf "rss %s %.1f GiB\n", $1, $2/1048576}'; done ) \
+      > "$logs/dp_7b_rss.log" 2>&1 & rssmon=$!
+    run dp_7b_${ngpu}gpu 590 "${d7[@]}" --grad-accum "$ngpu" --nproc-per-node "$ngpu" --out "$tmp/d7n"
+    kill $rssmon 2>/dev/null
+    run dp_7b_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/d71/metrics.jsonl" "$tmp/d7n/metrics.jsonl"
+    sort -t' ' -k3 -n "$logs/dp_7b_rss.log" | tail -4
+  fi
+fi
 has ops && [ -x "$bin/gpu_cuda_block_test" ] && run cuda_block_test 120 "$bin/gpu_cuda_block_test"
 has ops && [ -x "$bin/gpu_cuda_moe_test" ] && run cuda_moe_test 120 "$bin/gpu_cuda_moe_test"
 has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
