@@ -152,10 +152,13 @@ void train_options(ArgParser& p) {
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
 
-  p.group("Data parallel (CPU twin; docs/multi_gpu.md)");
+  p.group("Data parallel (docs/multi_gpu.md)");
   p.option("nproc-per-node", "N",
-           "N ranks (threads, CPU backend only) share each step's --grad-accum micro-batches (a multiple of N), "
-           "each with its slices of the optimizer state; the same results as one process (docs/multi_gpu.md)",
+           "N ranks share each step's --grad-accum micro-batches (a multiple of N), each with 1/N of the optimizer "
+           "state; the same results as one process up to fp32 summation order. With N GPUs here: one process per "
+           "GPU (NCCL; torchrun's RANK, WORLD_SIZE, ... set for each; rank 0 prints and writes). Under a launcher "
+           "(torchrun --no-python, mpirun, srun) leave it out: each process is one rank. --device cpu (or fewer "
+           "GPUs than N): the CPU twin, N threads of one process",
            "1")
       .integer(1, 1024);
 
