@@ -91,6 +91,12 @@ class StreamEngine final : public Backend {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
     check_cuda_shapes(s_);
+    // the worker thread issues copies, memsets and (Muon) kernels on this
+    // device's streams: its current device is this thread's (a data-parallel
+    // rank's is not device 0)
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    track_.push([device] { CUDA_CHECK(cudaSetDevice(device)); });
     RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split" || opt_.master == "bf16-sr" ||
                  opt_.master == "bf16-kahan",
              "[cuda] --master must be auto, fp32, split, bf16-sr or bf16-kahan, got '", opt_.master, "'");
