@@ -237,7 +237,12 @@ int cmd_train(const Args& args) {
       return spawn_local_ranks(static_cast<int>(c.nproc_per_node), child);
     }
   }
-  const bool gpu_dp = launch.world > 1;
+  // Test hook: RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 runs one process as a
+  // data-parallel world of one GPU (every collective a copy), so a machine
+  // with one GPU checks the rank's engine against the plain one, bit for bit
+  // (tests/gpu/run.sh dp).
+  const char* world_of_one = std::getenv("RAMTRAIN_TEST_DP_WORLD_OF_ONE");
+  const bool gpu_dp = launch.world > 1 || (world_of_one && std::string(world_of_one) == "1" && gpus > 0);
   if (gpu_dp) {
     if (c.nproc_per_node > 1 && c.nproc_per_node != launch.world)
       fail("[train] --nproc-per-node ", c.nproc_per_node, " but the launcher (", launch.launcher, ") started ",

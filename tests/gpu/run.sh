@@ -30,9 +30,10 @@
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
-#   dp        data parallel over every visible GPU (2+; not in the default): tiny-byte, the same global batch on one
-#             GPU and on N ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at
-#             16 x 2048 per GPU (DP_STEPS steps) on one GPU and on N, tokens/s and host RSS per rank
+#   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
+#             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
+#             (DP_STEPS steps) on one GPU and on N, tokens/s and host RSS per rank. One GPU: the rank's engine as
+#             a world of one (RAMTRAIN_TEST_DP_WORLD_OF_ONE=1) against the plain engine, losses bit for bit
 set -u -o pipefail
 bin=build/gpu-run
 if [ $# -gt 0 ] && [ -d "$1" ]; then bin=$1; shift; fi
@@ -60,7 +61,23 @@ tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
 has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
-if has dp; then
+if has dp && [ "$(nvidia-smi -L | wc -l)" = 1 ]; then
+  # one GPU: the rank's engine as a world of one (every collective a copy) against the plain engine, bit for bit
+  export NCCL_NVLS_ENABLE=0
+  dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
+       --grad-accum 2 --seq-len 256 --seed 3 --device cuda --lr 1e-3 --eval-every 20)
+  run dp1_tiny_plain 200 "${dpc[@]}" --out "$tmp/dp1"
+  run dp1_tiny_rank 200 env RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 "${dpc[@]}" --out "$tmp/dpr"
+  run dp1_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpr/metrics.jsonl" --tol 0
+  d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$data" --steps ${DP_STEPS:-5} --micro-batch 16
+      --seq-len 2048 --device cuda --eval-batches 1 --export-dtype none --lr 1e-5)
+  if [ "${DP_7B:-1}" = 1 ]; then
+    run dp1_7b_plain 400 "${d7[@]}" --out "$tmp/d71"
+    run dp1_7b_rank 400 env RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 "${d7[@]}" --out "$tmp/d7r"
+    run dp1_7b_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/d71/metrics.jsonl" "$tmp/d7r/metrics.jsonl"
+  fi
+fi
+if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   ngpu=$(nvidia-smi -L | wc -l)
   export NCCL_NVLS_ENABLE=0
   dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
