@@ -280,8 +280,10 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       "training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
       "%.2f B/param host state (%s master, %s moments%s), optimizer %s\n",
       (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(), (long long)opt_.grad_accum,
-      (long long)state_.n_params(), state_.bytes_per_param(), master_storage_name(state_.master_storage()),
-      optimizer_name(state_.update_rule(), state_.moment_storage()),
+      (long long)state_.n_params(), state_.bytes_per_param(),
+      state_.weights_only() ? "bf16 weights only: the fp32" : master_storage_name(state_.master_storage()),
+      state_.weights_only() ? "and Adam m, v in this rank's shards (the engine's line above);"
+                            : optimizer_name(state_.update_rule(), state_.moment_storage()),
       state_.moment_storage() == MomentStorage::fp32
           ? ""
           : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding").c_str(),

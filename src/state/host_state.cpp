@@ -407,14 +407,21 @@ void HostState::keep_weights_only(size_t k) {
   StateUnit& u = units_[k];
   if (u.weights_only) return;
   decoded_.clear();
-  HostBuffer x(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
-  u.read_master(0, u.numel, x.p);
   HostBuffer sh(shadow_floats(u.numel), cat("the bf16 weights of ", u.name), kPageAlign);
   uint16_t* d = reinterpret_cast<uint16_t*>(sh.p);
-  const float* xs = x.p;
-  parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) d[i] = f32_to_bf16(xs[i]);
-  });
+  if (u.shadow_master() && u.n_shadows > 0 && u.master_kind != MasterStorage::bf16_kahan) {
+    // split or bf16-sr: the current shadow is the master rounded to nearest (split) or the master itself
+    copy_parallel(d, u.shadow(u.cur_shadow), static_cast<size_t>(u.numel) * 2);
+  } else {
+    parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
+      float x[1 << 12];
+      for (int64_t c = b; c < e; c += 1 << 12) {
+        const int64_t k = std::min<int64_t>(1 << 12, e - c);
+        u.read_master(c, k, x);
+        for (int64_t i = 0; i < k; ++i) d[c + i] = f32_to_bf16(x[i]);
+      }
+    });
+  }
   u.arena = HostBuffer();
   u.grad = HostBuffer();
   u.shadow_buf[1] = HostBuffer();

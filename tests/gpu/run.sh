@@ -69,7 +69,10 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" = 1 ]; then
   run dp1_tiny_plain 200 "${dpc[@]}" --out "$tmp/dp1"
   run dp1_tiny_rank 200 env RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 "${dpc[@]}" --out "$tmp/dpr"
   run dp1_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpr/metrics.jsonl" --tol 0
-  d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$data" --steps ${DP_STEPS:-5} --micro-batch 16
+  # the text's bytes as token ids (a headerless uint16 file, nanoGPT's format): a preset has no tokenizer
+  python3 -c "import numpy as np, sys; np.fromfile(sys.argv[1], dtype=np.uint8).astype(np.uint16).tofile(sys.argv[2])" \
+    "$data" "$tmp/bytes.bin"
+  d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$tmp/bytes.bin" --steps ${DP_STEPS:-5} --micro-batch 16
       --seq-len 2048 --device cuda --eval-batches 1 --export-dtype none --lr 1e-5)
   if [ "${DP_7B:-1}" = 1 ]; then
     run dp1_7b_plain 400 "${d7[@]}" --out "$tmp/d71"
@@ -86,7 +89,10 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   run dp_tiny_${ngpu}gpu 200 "${dpc[@]}" --nproc-per-node "$ngpu" --out "$tmp/dpn"
   run dp_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpn/metrics.jsonl" \
     --tol "${DP_TOL:-1e-3}"
-  d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$data" --steps ${DP_STEPS:-5} --micro-batch 16
+  # the text's bytes as token ids (a headerless uint16 file, nanoGPT's format): a preset has no tokenizer
+  python3 -c "import numpy as np, sys; np.fromfile(sys.argv[1], dtype=np.uint8).astype(np.uint16).tofile(sys.argv[2])" \
+    "$data" "$tmp/bytes.bin"
+  d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$tmp/bytes.bin" --steps ${DP_STEPS:-5} --micro-batch 16
       --seq-len 2048 --device cuda --eval-batches 1 --export-dtype none --lr 1e-5)
   if [ "${DP_7B:-1}" = 1 ]; then
     run dp_7b_1gpu 590 env CUDA_VISIBLE_DEVICES=0 "${d7[@]}" --threads 16 --grad-accum 1 --out "$tmp/d71"
