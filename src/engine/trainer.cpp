@@ -276,18 +276,19 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   double last_loss = NAN;
   auto device_bytes = [&] { return backend_->stats().device_peak_bytes; };
   std::printf("backend: %s\n", backend_->describe().c_str());
+  const std::string held =
+      state_.weights_only()
+          ? std::string("bf16 weights only; the fp32 master and Adam m, v are in this rank's shards")
+          : cat(master_storage_name(state_.master_storage()), " master, ",
+                optimizer_name(state_.update_rule(), state_.moment_storage()), " moments",
+                state_.moment_storage() == MomentStorage::fp32
+                    ? ""
+                    : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding"));
   std::printf(
       "training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
-      "%.2f B/param host state (%s master, %s moments%s), optimizer %s\n",
+      "%.2f B/param host state (%s), optimizer %s\n",
       (long long)opt_.steps, (long long)opt_.micro_batch, (long long)data_.seq_len(), (long long)opt_.grad_accum,
-      (long long)state_.n_params(), state_.bytes_per_param(),
-      state_.weights_only() ? "bf16 weights only: the fp32" : master_storage_name(state_.master_storage()),
-      state_.weights_only() ? "and Adam m, v in this rank's shards (the engine's line above);"
-                            : optimizer_name(state_.update_rule(), state_.moment_storage()),
-      state_.moment_storage() == MomentStorage::fp32
-          ? ""
-          : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding").c_str(),
-      simd_level_name(simd_level_active()));
+      (long long)state_.n_params(), state_.bytes_per_param(), held.c_str(), simd_level_name(simd_level_active()));
   if (state_.update_rule() == UpdateRule::muon)
     std::printf(
         "optimizer %s: Muon (momentum %g, Nesterov, 5 Newton-Schulz steps, update scaled by 0.2*sqrt(max(rows, "

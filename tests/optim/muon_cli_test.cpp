@@ -70,7 +70,7 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
         Case{"--optimizer muon8bit --master bf16-sr", "--optimizer muon8bit needs an exact master"},
         Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit only"},
         Case{"--optimizer muon --muon-momentum 1.5", "--muon-momentum"},
-        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node shards AdamW state only"}}) {
+        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node or a launcher) shards AdamW state only"}}) {
     SCOPED_TRACE(c.extra);
     auto r = run_ramtrain(f.train("bad", c.extra + " --steps 2"));
     EXPECT_EQ(r.exit_code, 1) << r.output;
