@@ -243,6 +243,7 @@ int cmd_train(const Args& args) {
   // (tests/gpu/run.sh dp).
   const char* world_of_one = std::getenv("RAMTRAIN_TEST_DP_WORLD_OF_ONE");
   const bool gpu_dp = launch.world > 1 || (world_of_one && std::string(world_of_one) == "1" && gpus > 0);
+  bool dp_follow_saves = false;
   if (gpu_dp) {
     if (c.nproc_per_node > 1 && c.nproc_per_node != launch.world)
       fail("[train] --nproc-per-node ", c.nproc_per_node, " but the launcher (", launch.launcher, ") started ",
@@ -260,6 +261,7 @@ int cmd_train(const Args& args) {
     }
     if (launch.rank > 0) {  // rank 0 speaks and writes; the others train in silence
       if (!std::freopen("/dev/null", "w", stdout)) fail("[train] rank ", launch.rank, ": cannot silence stdout");
+      dp_follow_saves = !c.out.empty();  // they take part in rank 0's checkpoint gathers
       c.out.clear();
       c.metrics.clear();
     }
@@ -306,6 +308,7 @@ int cmd_train(const Args& args) {
 
   TrainOptions o = trainer_options(c, p, td, tokenizer, resume.has_value());
   o.eval_data = eval_td ? eval_td->source.get() : nullptr;
+  o.follow_saves = dp_follow_saves;
   std::printf("model: %s (%s), %lld layers, hidden %lld, vocab %lld; data: %llu train / %llu validation tokens\n",
               !c.preset.empty() ? c.preset.c_str() : c.model.c_str(), family_name(spec.family),
               (long long)spec.n_layers, (long long)spec.hidden, (long long)spec.vocab,

@@ -225,9 +225,6 @@ void data_parallel_check(const TrainConfig& c, const ArgParser& p, int64_t world
   if (c.grads == Placement::host)
     fail("[train] data-parallel GPU ranks reduce-scatter gradients on the device: --grads host is not available "
          "(use --grads auto or device)");
-  if (c.save_every > 0)
-    fail("[train] data-parallel GPU ranks cannot write checkpoints yet (each holds 1/", world,
-         " of the optimizer state; per-rank checkpoints are not built, docs/multi_gpu.md): drop --save-every");
   if (c.export_dtype == DType::f32)
     fail("[train] data-parallel GPU ranks export the bf16 weights they gather; --export-dtype fp32 needs the fp32 "
          "master, which per-rank shards do not export yet: use --export-dtype bf16");

@@ -58,9 +58,21 @@ class Backend {
   // into its weights-only state (a collective: every rank calls it at the
   // same points; it is a no-op when nothing changed since the last call).
   virtual void sync() {}
-  // Whether the trainer can write a checkpoint of HostState (false: a
-  // data-parallel GPU rank, whose optimizer state is in its shards).
-  virtual bool can_checkpoint() const { return true; }
+  // Data-parallel GPU ranks: HostState holds bf16 weights only, so a
+  // checkpoint gathers each unit's whole fp32 master and Adam m, v from every
+  // rank's slices instead. A collective: after sync(), every rank calls
+  // gather_unit for every unit in unit order; rank 0 passes staging (3 x
+  // numel floats: master | m | v), the others nullptr.
+  virtual bool gathers_checkpoints() const { return false; }
+  // -1: the trainer stops on its own signal flag. 0 or 1: a data-parallel
+  // GPU rank's decision, the same on every rank after each step (any rank
+  // signalled before that step's totals were reduced: GpuDataParallel::stop),
+  // so that all ranks stop after the same step.
+  virtual int stop_agreement() const { return -1; }
+  virtual void gather_unit(size_t u, float* staging) {
+    (void)u;
+    (void)staging;
+  }
   // Test hook: forward + backward only, the fp32 gradients written into
   // HostState's gradient arenas (which must exist); no update. Returns the loss sum.
   virtual double compute_grads(const std::vector<Batch>& batches, int64_t n_valid_total) = 0;
@@ -120,8 +132,8 @@ struct GpuDataParallel {
   Collective* grads = nullptr;
   Collective* weights = nullptr;
   ShardedOptimizer* shard = nullptr;
-  // Set on every rank after the step in which any rank had it set (the
-  // trainer's SIGINT/SIGTERM flag): all ranks stop after the same step.
+  // The trainer's SIGINT/SIGTERM flag, read when each step's totals are
+  // reduced: set on any rank, every rank's stop_agreement() becomes 1.
   std::atomic<bool>* stop = nullptr;
   bool on() const { return shard != nullptr; }
 };

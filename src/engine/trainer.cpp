@@ -146,11 +146,30 @@ TrainerCheckpoint Trainer::checkpoint_meta() const {
 }
 
 SaveReport Trainer::save_checkpoint(bool background) {
+  const size_t U = state_.units().size();
+  if (opt_.out_dir.empty() && opt_.follow_saves) {  // a data-parallel rank > 0: its part of rank 0's gathers
+    backend_->sync();
+    for (size_t u = 0; u < U; ++u) backend_->gather_unit(u, nullptr);
+    last_saved_step_ = step_;
+    return {};
+  }
   RT_CHECK(!opt_.out_dir.empty(), "[train] no output directory to save a checkpoint into");
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(opt_.out_dir, opt_.keep_checkpoints);
   if (auto done = writer_->wait()) report_save(*done, false);
   backend_->sync();
-  SaveReport r = writer_->save(state_, checkpoint_meta(), background);
+  SaveReport r;
+  if (backend_->gathers_checkpoints()) {  // unit by unit from every rank's slices, written as they arrive
+    std::vector<float> staging;
+    r = writer_->save_gathered(state_.spec(), U, checkpoint_meta(), [&](size_t u) {
+      const StateUnit& layout = state_.units()[u];
+      staging.resize(static_cast<size_t>(3 * layout.numel));
+      backend_->gather_unit(u, staging.data());
+      const float* p = staging.data();
+      return unit_snap_fp32(layout, p, p + layout.numel, p + 2 * layout.numel);
+    });
+  } else {
+    r = writer_->save(state_, checkpoint_meta(), background);
+  }
   last_saved_step_ = step_;
   report_save(r, r.background);
   return r;
@@ -308,10 +327,16 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   std::fflush(stdout);
   if (on_sample) on_sample("before training");
   std::fflush(stdout);
-  const bool saving = !opt_.out_dir.empty();
+  const bool saving = !opt_.out_dir.empty() || opt_.follow_saves;
   const int64_t first_step = step_;
   int code = 0;
-  while (step_ < opt_.steps && !stop_flag().load()) {
+  // A signal stops the run at the next step boundary; data-parallel GPU ranks
+  // stop at the step their engine agreed on (Backend::stop_agreement).
+  auto stopping = [&] {
+    const int agreed = backend_->stop_agreement();
+    return agreed < 0 ? stop_flag().load() : agreed == 1;
+  };
+  while (step_ < opt_.steps && !stopping()) {
     StepResult r = step();
     tokens_seen += r.tokens;
     if (!r.skipped) last_loss = r.loss;
@@ -340,7 +365,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
     std::fflush(stdout);
     log.progress(step_, epoch_now(), device_bytes());
   }
-  if (stop_flag().load() && step_ < opt_.steps) {
+  if (stopping() && step_ < opt_.steps) {
     const int sig = stop_signal() ? stop_signal() : SIGINT;
     log.clear_progress();
     std::printf("interrupted by %s after step %lld: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)step_,
@@ -354,15 +379,10 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
     if (auto done = writer_->wait()) report_save(*done, false);
   const bool finished = code == 0;
   // Save before the final evaluation: a second signal must not lose the work.
-  if (saving && last_saved_step_ != step_ && step_ > first_step && (!finished || opt_.save_every > 0)) {
-    if (backend_->can_checkpoint())
-      save_checkpoint(false);
-    else
-      std::printf("no checkpoint written: %s keeps its optimizer state in per-rank shards, which checkpoints "
-                  "do not hold yet (docs/multi_gpu.md)\n", backend_->describe().c_str());
-  }
+  if (saving && last_saved_step_ != step_ && step_ > first_step && (!finished || opt_.save_every > 0))
+    save_checkpoint(false);
   if (!finished) {
-    if (saving && step_ > first_step && backend_->can_checkpoint())
+    if (saving && step_ > first_step)
       std::printf("resume with: ramtrain train --resume auto --out %s   (export with: ramtrain export %s --out DIR)\n",
                   opt_.out_dir.c_str(), writer_ ? writer_->last_path().c_str() : opt_.out_dir.c_str());
     std::fflush(stdout);
@@ -379,7 +399,7 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
         (long long)*lo, (long long)*hi, (long long)idle, es.moe_tokens_per_expert.size(), es.moe_aux_loss);
   }
   std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
-  if (saving && opt_.export_final) {
+  if (!opt_.out_dir.empty() && opt_.export_final) {
     const std::string dir = opt_.out_dir + "/final";
     export_to(dir, last_loss);
     std::printf("saved %s\n", dir.c_str());

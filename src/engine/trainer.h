@@ -69,6 +69,9 @@ struct TrainOptions {
   // first eval_batches micro-batches in its seeded order (null: none).
   BatchSource* eval_data = nullptr;
   std::string out_dir;  // "" : no export, no checkpoints
+  // A data-parallel GPU rank > 0 (no out_dir): it takes part in rank 0's
+  // checkpoint gathers (Backend::gather_unit) at the same steps.
+  bool follow_saves = false;
   DType export_dtype = DType::bf16;
   bool export_final = true;  // false: no out_dir/final at the end (checkpoints still written)
   std::string tokenizer = "byte";

@@ -284,6 +284,8 @@ struct CheckpointWriter::Job {
   int64_t keep_last = 0;
   ModelSpec spec;
   std::vector<UnitSnap> units;
+  size_t n_fetched = 0;                       // save_gathered: units fetched one by one
+  std::function<UnitSnap(size_t)> fetch;
   TrainerCheckpoint meta;
   SaveReport report;
   std::exception_ptr error;
@@ -385,6 +387,25 @@ SaveReport CheckpointWriter::save(const HostState& state, const TrainerCheckpoin
   return early;
 }
 
+SaveReport CheckpointWriter::save_gathered(const ModelSpec& spec, size_t n_units, const TrainerCheckpoint& meta,
+                                           const std::function<UnitSnap(size_t)>& fetch) {
+  const auto t0 = clock_type::now();
+  wait();
+  auto job = std::make_shared<Job>();
+  job->out_dir = out_dir_;
+  job->keep_last = keep_last_;
+  job->spec = spec;
+  job->meta = meta;
+  job->report.step = meta.step;
+  job->n_fetched = n_units;
+  job->fetch = fetch;
+  job_run(*job);
+  if (job->error) std::rethrow_exception(job->error);
+  job->report.stall_seconds = seconds_since(t0);
+  last_path_ = job->report.path;
+  return job->report;
+}
+
 namespace {
 
 void job_run(CheckpointWriter::Job& j) {
@@ -402,6 +423,11 @@ void job_run(CheckpointWriter::Job& j) {
     CheckpointManifest m;
     m.step = step;
     for (const UnitSnap& u : j.units) {
+      const std::string f = unit_file_name(u.name);
+      m.files[f] = unit_write(path_join(tmp, f), u);
+    }
+    for (size_t k = 0; k < j.n_fetched; ++k) {
+      const UnitSnap u = j.fetch(k);
       const std::string f = unit_file_name(u.name);
       m.files[f] = unit_write(path_join(tmp, f), u);
     }

@@ -28,6 +28,7 @@
 #pragma once
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/checkpoint_unit.h"
 #include "io/data_cursor.h"
 #include "io/token_file.h"
 #include "model/spec.h"
@@ -153,6 +155,12 @@ class CheckpointWriter {
   // Synchronous saves return the finished report; background ones a report
   // with stall_seconds filled and write_seconds 0 (the final one comes from poll/wait).
   SaveReport save(const HostState& state, const TrainerCheckpoint& meta, bool background);
+  // Synchronous, one unit at a time: fetch(u) returns unit u's snapshot (its
+  // buffers valid until the next call), for u in unit order. For states whose
+  // units are gathered as they are written (a data-parallel GPU rank's:
+  // Backend::gather_unit); the files are those of save().
+  SaveReport save_gathered(const ModelSpec& spec, size_t n_units, const TrainerCheckpoint& meta,
+                           const std::function<UnitSnap(size_t)>& fetch);
   std::optional<SaveReport> poll();  // the finished background write, once; never blocks
   std::optional<SaveReport> wait();  // blocks until no write is in flight
   bool busy() const { return thread_.joinable(); }

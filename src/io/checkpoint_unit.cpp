@@ -39,6 +39,23 @@ size_t unit_stage_floats(const StateUnit& u) {
   return f;
 }
 
+UnitSnap unit_snap_fp32(const StateUnit& layout, const float* master, const float* m, const float* v) {
+  RT_CHECK(!layout.muon, "[checkpoint] internal: a gathered unit is AdamW's");
+  UnitSnap s;
+  s.name = layout.name;
+  s.entries = layout.entries;
+  s.offsets = layout.offsets;
+  s.numel = layout.numel;
+  s.master_kind = MasterStorage::fp32;
+  s.moments = MomentStorage::fp32;
+  s.master = master;
+  s.m = m;
+  s.v = v;
+  s.v_off = layout.offsets;
+  s.nv = layout.numel;
+  return s;
+}
+
 UnitSnap unit_snap_live(const StateUnit& u) {
   UnitSnap s;
   s.name = u.name;

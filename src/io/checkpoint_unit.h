@@ -55,6 +55,9 @@ struct UnitSnap {
 size_t unit_stage_floats(const StateUnit& u);
 // A snapshot reading the live unit (a synchronous save).
 UnitSnap unit_snap_live(const StateUnit& u);
+// A snapshot of fp32 master, m and v (numel each) laid out as `layout`
+// (AdamW): a data-parallel rank's unit gathered from every rank's slices.
+UnitSnap unit_snap_fp32(const StateUnit& layout, const float* master, const float* m, const float* v);
 // Copies u into dst (unit_stage_floats floats, a shadow master decoded) and
 // returns the snapshot of the copy. Runs on the global thread pool.
 UnitSnap unit_snap_stage(const StateUnit& u, float* dst);

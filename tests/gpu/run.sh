@@ -67,8 +67,16 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" = 1 ]; then
   dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
        --grad-accum 2 --seq-len 256 --seed 3 --device cuda --lr 1e-3 --eval-every 20)
   run dp1_tiny_plain 200 "${dpc[@]}" --out "$tmp/dp1"
-  run dp1_tiny_rank 200 env RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 "${dpc[@]}" --out "$tmp/dpr"
+  run dp1_tiny_rank 200 env RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 "${dpc[@]}" --out "$tmp/dpr" --save-every 20
   run dp1_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpr/metrics.jsonl" --tol 0
+  # the rank's gathered checkpoint resumes the plain engine and the rank's, both as if never stopped
+  run dp1_resume_plain 200 "$bin/ramtrain" train --resume "$tmp/dpr/ckpt-00000020" --out "$tmp/dprp" --device cuda
+  run dp1_resume_plain_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dpr/metrics.jsonl" \
+    "$tmp/dprp/metrics.jsonl" --tol 0
+  run dp1_resume_rank 200 env RAMTRAIN_TEST_DP_WORLD_OF_ONE=1 "$bin/ramtrain" train --resume \
+    "$tmp/dpr/ckpt-00000020" --out "$tmp/dprr" --device cuda
+  run dp1_resume_rank_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dpr/metrics.jsonl" \
+    "$tmp/dprr/metrics.jsonl" --tol 0
   # the text's bytes as token ids (a headerless uint16 file, nanoGPT's format): a preset has no tokenizer
   python3 -c "import numpy as np, sys; np.fromfile(sys.argv[1], dtype=np.uint8).astype(np.uint16).tofile(sys.argv[2])" \
     "$data" "$tmp/bytes.bin"
@@ -86,9 +94,18 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
        --grad-accum "$ngpu" --seq-len 256 --seed 3 --device cuda --lr 1e-3)
   run dp_tiny_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "${dpc[@]}" --out "$tmp/dp1"
-  run dp_tiny_${ngpu}gpu 200 "${dpc[@]}" --nproc-per-node "$ngpu" --out "$tmp/dpn"
+  run dp_tiny_${ngpu}gpu 200 "${dpc[@]}" --nproc-per-node "$ngpu" --out "$tmp/dpn" --save-every 20
   run dp_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpn/metrics.jsonl" \
     --tol "${DP_TOL:-1e-3}"
+  # the N ranks' gathered checkpoint resumes on one GPU and on N ranks
+  run dp_resume_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "$bin/ramtrain" train --resume "$tmp/dpn/ckpt-00000020" \
+    --out "$tmp/dpn1" --device cuda --nproc-per-node 1
+  run dp_resume_1gpu_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dpn/metrics.jsonl" \
+    "$tmp/dpn1/metrics.jsonl" --tol "${DP_TOL:-1e-3}"
+  run dp_resume_${ngpu}gpu 200 "$bin/ramtrain" train --resume "$tmp/dpn/ckpt-00000020" --out "$tmp/dpnn" \
+    --device cuda --nproc-per-node "$ngpu"
+  run dp_resume_${ngpu}gpu_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dpn/metrics.jsonl" \
+    "$tmp/dpnn/metrics.jsonl" --tol "${DP_TOL:-1e-3}"
   # the text's bytes as token ids (a headerless uint16 file, nanoGPT's format): a preset has no tokenizer
   python3 -c "import numpy as np, sys; np.fromfile(sys.argv[1], dtype=np.uint8).astype(np.uint16).tofile(sys.argv[2])" \
     "$data" "$tmp/bytes.bin"

@@ -414,3 +414,46 @@ TEST(Checkpoint, TheSizeEstimateBoundsARealCheckpoint) {
   EXPECT_GE(est, bytes);
   EXPECT_GE(bytes, 12 * static_cast<uint64_t>(spec.params_total()));
 }
+
+// A data-parallel GPU rank's checkpoint (CheckpointWriter::save_gathered):
+// units fetched one at a time as fp32 master, m and v (unit_snap_fp32, the
+// fetch's buffer reused for every unit). The files are those save() writes
+// for the same fp32 state, byte for byte, and a failing fetch leaves no
+// checkpoint behind.
+TEST(Checkpoint, GatheredUnitsWriteTheSameFilesAsTheState) {
+  rt::test::TempDir tmp;
+  rt::HostState a(tiny_spec(), false);
+  fill_state(a, 3);
+  const std::string want = rt::checkpoint_write(tmp.file("whole"), a, meta_at(4), 0).path;
+  rt::CheckpointWriter w(tmp.file("gathered"), 0);
+  std::vector<float> buf;
+  size_t calls = 0;
+  const rt::SaveReport r = w.save_gathered(a.spec(), a.units().size(), meta_at(4), [&](size_t u) {
+    EXPECT_EQ(u, calls++) << "units are fetched in order";
+    const rt::StateUnit& x = a.units()[u];
+    buf.assign(static_cast<size_t>(3 * x.numel), -1.0f);
+    std::memcpy(buf.data(), x.arena.p, buf.size() * 4);  // [master | m | v], as gather_unit stages them
+    return rt::unit_snap_fp32(x, buf.data(), buf.data() + x.numel, buf.data() + 2 * x.numel);
+  });
+  EXPECT_EQ(calls, a.units().size());
+  EXPECT_EQ(rt::checkpoint_verify(r.path), "");
+  size_t files = 0;
+  for (auto& de : fs::directory_iterator(want)) {
+    ++files;
+    EXPECT_EQ(read_all(de.path().string()), read_all(r.path + "/" + de.path().filename().string()))
+        << de.path().filename();
+  }
+  EXPECT_EQ(files, a.units().size() + 3);
+  // a fetch that fails (a rank lost) writes nothing and names the step
+  rt::CheckpointWriter bad(tmp.file("bad"), 0);
+  rt::test::expect_error(
+      [&] {
+        bad.save_gathered(a.spec(), a.units().size(), meta_at(6), [&](size_t u) -> rt::UnitSnap {
+          if (u == 1) rt::fail("[dp] rank 1 is gone");
+          const rt::StateUnit& x = a.units()[u];
+          return rt::unit_snap_fp32(x, x.arena.p, x.arena.p + x.numel, x.arena.p + 2 * x.numel);
+        });
+      },
+      {"saving step 6", "rank 1 is gone"});
+  EXPECT_TRUE(rt::checkpoint_list(tmp.file("bad")).empty());
+}

@@ -355,7 +355,34 @@ class StreamEngine final : public Backend {
     }
   }
 
-  bool can_checkpoint() const override { return !dp_.on(); }
+  bool gathers_checkpoints() const override { return dp_.on(); }
+  int stop_agreement() const override { return dp_.on() ? (dp_stop_agreed_ ? 1 : 0) : -1; }
+
+  // Data parallel: unit u's fp32 master, m and v, each all-gathered in place
+  // through the unit's padded gradient buffer (idle and zero between steps;
+  // zeroed again after), to rank 0's staging.
+  void gather_unit(size_t u, float* staging) override {
+    RT_CHECK(dp_.on(), "[engine] gather_unit is for data-parallel ranks");
+    track_.drain();
+    const StateUnit& sh = dp_.shard->shards()[u];
+    const ShardRange r = dp_.shard->range(u);
+    const int64_t S = dp_.shard->stride(u), n = st_.units()[u].numel, rank = dp_.grads->rank();
+    auto gs = static_cast<cudaStream_t>(dp_.grads->device_stream());
+    float* buf = grads_->dev_grad(u);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const float* parts[3] = {sh.numel > 0 ? sh.master() : nullptr, sh.numel > 0 ? sh.m() : nullptr,
+                             sh.numel > 0 ? sh.v() : nullptr};
+    for (int k = 0; k < 3; ++k) {
+      if (r.e > r.b)
+        CUDA_CHECK(cudaMemcpy(buf + rank * S, parts[k], static_cast<size_t>(r.e - r.b) * 4, cudaMemcpyHostToDevice));
+      dp_.grads->all_gather(buf + rank * S, buf, S);
+      CUDA_CHECK(cudaStreamSynchronize(gs));
+      if (staging)
+        CUDA_CHECK(cudaMemcpy(staging + k * n, buf, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+    }
+    CUDA_CHECK(cudaMemset(buf, 0, static_cast<size_t>(S * dp_.grads->world()) * 4));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
   EngineStats stats() const override {
     EngineStats e;
@@ -416,7 +443,7 @@ class StreamEngine final : public Backend {
     const std::vector<double> sq(nrm, nrm + st_.units().size());
     const DpTotals t = dp_all_reduce_totals(*dp_.grads, sq, stats->loss_sum, stats->n_valid,
                                             dp_.stop && dp_.stop->load());
-    if (t.stop && dp_.stop) dp_.stop->store(true);  // a rank was signalled: every rank stops after this step
+    dp_stop_agreed_ = t.stop;  // a rank was signalled: every rank stops after this step
     stats->loss_sum = t.loss_sum;
     stats->n_valid = t.n_valid;
     return t.sq;
@@ -730,6 +757,7 @@ class StreamEngine final : public Backend {
   MoeAux aux_;
   GpuDataParallel dp_;  // on(): a data-parallel rank (backend.h)
   Event dp_grads_made_, dp_reduced_;
+  bool dp_stop_agreed_ = false;  // data parallel: some rank asked to stop (stop_agreement)
   int64_t dp_version_ = -1;  // data parallel: the host shadows hold every rank's slices as of this version
   float aux_scale_ = 1.0f;
   std::vector<int64_t> moe_tokens_;  // EngineStats::moe_tokens_per_expert
