@@ -438,8 +438,9 @@ int cmd_plan(const Args& args) {
     if (ranks > 1)
       std::printf(
           "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md): up to "
-          "%s per rank, %.3f B/param (fp32 master + Adam 12/N, the whole bf16 weights 2; at start-up a rank first "
-          "builds the whole state, then keeps its slices unit by unit); the %d ranks together %s%s\n",
+          "%s per rank, %.3f B/param (fp32 master + Adam 12/N, the whole bf16 weights 2; a fresh run starts from "
+          "5.2 B/param and keeps its slices unit by unit, a resume loads the checkpoint's 12 first); the %d ranks "
+          "together %s%s\n",
           ranks, gib(static_cast<double>(dp_rank_max)).c_str(), static_cast<double>(dp_rank_max) / params, ranks,
           gib(static_cast<double>(dp_host)).c_str(), dp_fits ? "" : ": DOES NOT FIT");
     std::printf(

@@ -42,12 +42,12 @@ uint64_t dp_rank_host_bytes(const ModelSpec& spec, int world, int rank, int weig
 }
 
 ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank)
-    : ShardedOptimizer(init, world, rank, nullptr) {}
+    : ShardedOptimizer(init, world, rank, nullptr, false) {}
 
-ShardedOptimizer::ShardedOptimizer(HostState& init, int world, int rank, WeightsOnly)
-    : ShardedOptimizer(init, world, rank, &init) {}
+ShardedOptimizer::ShardedOptimizer(HostState& init, int world, int rank, WeightsOnly w)
+    : ShardedOptimizer(init, world, rank, &init, w.fresh) {}
 
-ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank, HostState* consume)
+ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank, HostState* consume, bool fresh)
     : world_(world), rank_(rank) {
   const bool weights_only = consume != nullptr;
   RT_CHECK(world >= 1 && rank >= 0 && rank < world, "[dp] rank ", rank, " outside a world of ", world);
@@ -73,8 +73,15 @@ ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank, H
                            cat("rank ", rank, "'s slice of the ", u.name, " master weights and Adam moments"));
       float* master = s.master();  // on the pool: a 7B rank copies ~90 GB at start-up
       parallel_for(n, 1 << 18, [&](int64_t b, int64_t e) { u.read_master(r.b + b, e - b, master + b); });
-      copy_parallel(s.m(), u.m() + r.b, static_cast<size_t>(n) * sizeof(float));
-      copy_parallel(s.v(), u.v() + r.b, static_cast<size_t>(n) * sizeof(float));
+      if (fresh) {  // zero moments, whatever init's storage holds
+        float* mv = s.m();
+        parallel_for(2 * n, 1 << 18, [&](int64_t b, int64_t e) {
+          std::memset(mv + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+        });
+      } else {
+        copy_parallel(s.m(), u.m() + r.b, static_cast<size_t>(n) * sizeof(float));
+        copy_parallel(s.v(), u.v() + r.b, static_cast<size_t>(n) * sizeof(float));
+      }
     }
     if (!weights_only) reduced_.emplace_back(static_cast<size_t>(stride_.back()));
     shards_.push_back(std::move(s));

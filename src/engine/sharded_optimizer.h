@@ -89,8 +89,13 @@ class ShardedOptimizer {
   // The same, and init keeps weights only, unit by unit as its slice is taken
   // (HostState::keep_weights_only: the peak is the state plus one unit): a GPU
   // rank's state, whose bf16 weights the engine streams and all-gathers.
-  struct WeightsOnly {};
-  ShardedOptimizer(HostState& init, int world, int rank, WeightsOnly);
+  // fresh: a run that starts here (not a resume), whose moments are zero: the
+  // slices start with zero m, v and init's moments are not read (so init may
+  // hold the smallest moment storage: a rank's start-up state, cli/train.cpp).
+  struct WeightsOnly {
+    bool fresh = false;
+  };
+  ShardedOptimizer(HostState& init, int world, int rank, WeightsOnly w);
   int rank() const { return rank_; }
   int world() const { return world_; }
   // One step. replica: this rank's full model (fp32 master storage): its
@@ -117,7 +122,7 @@ class ShardedOptimizer {
   const std::vector<std::vector<float>>& reduced_grads() const { return reduced_; }
 
  private:
-  ShardedOptimizer(const HostState& init, int world, int rank, HostState* consume);
+  ShardedOptimizer(const HostState& init, int world, int rank, HostState* consume, bool fresh);
   int world_, rank_;
   std::vector<StateUnit> shards_;   // per unit: the slice as a unit of its own
   std::vector<ShardRange> ranges_;  // per unit: the slice's elements in the full unit

@@ -508,3 +508,24 @@ TEST(ShardedOptimizer, GpuRankTotalsAreTheSameDoublesOnEveryRank) {
     }
   }
 }
+
+// A fresh GPU rank (not a resume) starts from a state with a split master and
+// 4-bit moments it never reads (cli/train.cpp): its slices hold the fp32
+// init exactly and zero moments, as a full fp32 state's would.
+TEST(ShardedOptimizer, AFreshGpuRankStartsFromTheSplitInitWithZeroMoments) {
+  rt::HostState ref(mid_spec(), false);
+  ref.init_random(9, 0.05f);
+  for (int r = 0; r < 2; ++r) {
+    rt::HostState lean(mid_spec(), false, rt::MomentStorage::q4, rt::MasterStorage::split);
+    lean.init_random(9, 0.05f);
+    const rt::ShardedOptimizer want(ref, 2, r);
+    rt::ShardedOptimizer got(lean, 2, r, rt::ShardedOptimizer::WeightsOnly{true});
+    EXPECT_TRUE(lean.weights_only());
+    for (size_t k = 0; k < ref.units().size(); ++k) {
+      const auto& a = got.shards()[k];
+      const auto& b = want.shards()[k];
+      ASSERT_EQ(a.numel, b.numel);
+      EXPECT_EQ(std::memcmp(a.arena.p, b.arena.p, static_cast<size_t>(3 * a.numel) * 4), 0) << b.name;
+    }
+  }
+}
