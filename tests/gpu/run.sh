@@ -32,7 +32,8 @@
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
-#             (DP_STEPS steps) on one GPU and on N, tokens/s and host RSS per rank. One GPU: the rank's engine as
+#             (DP_STEPS steps) on one GPU and on N, tokens/s and host RSS per rank; DP_14B=1: Qwen2.5-14B on N
+#             ranks, host RSS per rank; DP_TINY=0, DP_7B=0 skip parts. One GPU: the rank's engine as
 #             a world of one (RAMTRAIN_TEST_DP_WORLD_OF_ONE=1) against the plain engine, losses bit for bit
 set -u -o pipefail
 bin=build/gpu-run
@@ -93,6 +94,7 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   export NCCL_NVLS_ENABLE=0
   dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
        --grad-accum "$ngpu" --seq-len 256 --seed 3 --device cuda --lr 1e-3)
+  [ "${DP_TINY:-1}" = 1 ] && {
   run dp_tiny_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "${dpc[@]}" --out "$tmp/dp1"
   run dp_tiny_${ngpu}gpu 200 "${dpc[@]}" --nproc-per-node "$ngpu" --out "$tmp/dpn" --save-every 20
   run dp_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpn/metrics.jsonl" \
@@ -106,6 +108,7 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
     --device cuda --nproc-per-node "$ngpu"
   run dp_resume_${ngpu}gpu_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dpn/metrics.jsonl" \
     "$tmp/dpnn/metrics.jsonl" --tol "${DP_TOL:-1e-3}"
+  }
   # the text's bytes as token ids (a headerless uint16 file, nanoGPT's format): a preset has no tokenizer
   python3 -c "import numpy as np, sys; np.fromfile(sys.argv[1], dtype=np.uint8).astype(np.uint16).tofile(sys.argv[2])" \
     "$data" "$tmp/bytes.bin"
@@ -119,6 +122,16 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
     kill $rssmon 2>/dev/null
     run dp_7b_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/d71/metrics.jsonl" "$tmp/d7n/metrics.jsonl"
     sort -t' ' -k3 -n "$logs/dp_7b_rss.log" | tail -4
+  fi
+  # Qwen2.5-14B at full precision, one rank per GPU: each rank's host RSS (DP_14B=1; ~8 B/param a rank at N = 2)
+  if [ "${DP_14B:-0}" = 1 ]; then
+    ( while sleep 15; do ps -o pid=,rss=,args= -C ramtrain | awk '{printf "rss %s %.1f GiB\n", $1, $2/1048576}'; done ) \
+      > "$logs/dp_14b_rss.log" 2>&1 & rssmon=$!
+    run dp_14b_${ngpu}gpu 590 "$bin/ramtrain" train --preset qwen2.5-14b --data "$tmp/bytes.bin" --steps 3 \
+      --micro-batch 8 --seq-len 2048 --grad-accum "$ngpu" --nproc-per-node "$ngpu" --device cuda --eval-batches 1 \
+      --export-dtype none --lr 1e-5 --out "$tmp/d14"
+    kill $rssmon 2>/dev/null
+    sort -t' ' -k3 -n "$logs/dp_14b_rss.log" | tail -4
   fi
 fi
 has ops && [ -x "$bin/gpu_cuda_block_test" ] && run cuda_block_test 120 "$bin/gpu_cuda_block_test"
