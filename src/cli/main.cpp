@@ -1,5 +1,6 @@
 // ramtrain: train and fine-tune transformer LLMs larger than GPU memory.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -74,6 +75,10 @@ int main(int argc, char** argv) {
   }
   std::string cmd = args[0];
   rt::cli::Args rest(args.begin() + 1, args.end());
+  // one rank of several (a launcher's, or train --nproc-per-node's): its errors say which
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  const std::string who = rank && world && std::string(world) != "1" ? cmd + " (rank " + rank + " of " + world + ")" : cmd;
   try {
     if (const Command* c = find_command(cmd)) return c->run(rest);
     std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
@@ -81,15 +86,15 @@ int main(int argc, char** argv) {
   } catch (const rt::Error& e) {
     std::fflush(stdout);
     // A backstop: a message that quotes huge input somewhere quote_input was not used is cut too.
-    std::fprintf(stderr, "ramtrain %s: error: %s\n", cmd.c_str(), rt::quote_input(e.what(), 4000).c_str());
+    std::fprintf(stderr, "ramtrain %s: error: %s\n", who.c_str(), rt::quote_input(e.what(), 4000).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ramtrain %s: error: out of host memory\n", cmd.c_str());
+    std::fprintf(stderr, "ramtrain %s: error: out of host memory\n", who.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ramtrain %s: internal error: %s\n", cmd.c_str(), rt::quote_input(e.what(), 4000).c_str());
+    std::fprintf(stderr, "ramtrain %s: internal error: %s\n", who.c_str(), rt::quote_input(e.what(), 4000).c_str());
     return 3;
   }
 }

@@ -152,6 +152,7 @@ TEST(NprocPerNode, GpuRanksAreRefusedWhereTheyCannotRun) {
     r = run_ramtrain(f.train("b", "--grad-accum 2"));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_TRUE(contains(r.output, "started 2 processes, but --device cpu")) << r.output;
+    EXPECT_TRUE(contains(r.output, "ramtrain train (rank 0 of 2): error:")) << r.output;
     r = run_ramtrain(f.train("c", "--grad-accum 4 --nproc-per-node 4 --device auto"));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_TRUE(contains(r.output, "--nproc-per-node 4 but the launcher (torchrun) started 2 ranks")) << r.output;

@@ -294,7 +294,8 @@ class StreamEngine final : public Backend {
     for (size_t u = 0; u < units.size(); ++u)
       last_d2h_ += place_.host_embed && u == 0
                        ? static_cast<uint64_t>(N_) * s_.hidden * 2 * batches.size()  // dx of each micro-batch
-                       : static_cast<uint64_t>(units[u].numel) * 4 * (place_.host_grads && !lm ? batches.size() : 1);
+                   : dp_.on() ? static_cast<uint64_t>(dp_.shard->range(u).e - dp_.shard->range(u).b) * 4  // the slice
+                              : static_cast<uint64_t>(units[u].numel) * 4 * (place_.host_grads && !lm ? batches.size() : 1);
     // optimizer phase on the worker (fold mode: done as the gradients landed)
     cudaEvent_t done = backward_done_.get();
     if (!place_.fold) track_.push([this, o, coef, ok, step, done] { optimizer_->run(o, coef, ok, step, done); });
