@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   // one rank of several (a launcher's, or train --nproc-per-node's): its errors say which
   const char* rank = std::getenv("RANK");
   const char* world = std::getenv("WORLD_SIZE");
-  const std::string who = rank && world && std::string(world) != "1" ? cmd + " (rank " + rank + " of " + world + ")" : cmd;
+  const std::string who =
+      rank && world && std::string(world) != "1" ? cmd + " (rank " + rank + " of " + world + ")" : cmd;
   try {
     if (const Command* c = find_command(cmd)) return c->run(rest);
     std::fprintf(stderr, "ramtrain: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);

@@ -74,7 +74,8 @@ int spawn_local_ranks(int n, const std::vector<std::string>& args) {
     }
     pids.push_back(pid);
   }
-  struct sigaction sa{}, old_int{}, old_term{};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = on_signal;
   ::sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, &old_int);

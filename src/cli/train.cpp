@@ -260,7 +260,8 @@ int cmd_train(const Args& args) {
            "(--nproc-per-node N without a launcher)");
     data_parallel_check(c, p, launch.world, true);  // the configuration's refusals first, the same on every machine
     if (gpus == 0)
-      fail("[train] rank ", launch.rank, " of ", launch.world, " found no GPU: data parallelism runs one process per GPU");
+      fail("[train] rank ", launch.rank, " of ", launch.world,
+           " found no GPU: data parallelism runs one process per GPU");
     if (c.threads <= 0) {  // the ranks of this host share its cores
       const int per = static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, std::min(launch.world, gpus));
       set_global_threads(std::max(1, per));
@@ -275,8 +276,7 @@ int cmd_train(const Args& args) {
   if (gpu_dp && spec.is_moe())
     fail("[train] data parallelism does not support mixture-of-experts models (", spec.architecture,
          ") yet: their load-balancing loss is a mean over each process's micro-batches; train them on one GPU");
-  const bool cpu_backend =
-      c.device == Device::cpu || !cuda_backend_available() || (c.nproc_per_node > 1 && !gpu_dp);
+  const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || (c.nproc_per_node > 1 && !gpu_dp);
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
@@ -303,7 +303,8 @@ int cmd_train(const Args& args) {
          optimizer_name(state->update_rule(), state->moment_storage()), " and this run asks for --optimizer ",
          p.str("optimizer"), "; Muon momentum and Adam moments do not convert: resume with --optimizer ",
          state->update_rule() == UpdateRule::muon ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit");
-  if (!gpu_dp || resume) state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
+  if (!gpu_dp || resume)
+    state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
   if (c.bf16_master) state->set_master_storage(c.master_storage());
   if (td.byte_text)
     tokenizer = "byte";  // byte-level text trains a byte-level model, whatever the directory held
@@ -320,8 +321,9 @@ int cmd_train(const Args& args) {
               (long long)spec.n_layers, (long long)spec.hidden, (long long)spec.vocab,
               (unsigned long long)data.train_token_count(), (unsigned long long)data.val_token_count());
   if (gpu_dp && !c.sample_prompt.empty()) {
-    std::printf("note: --sample-prompt is not run on data-parallel GPU ranks (each holds its slice of the weights "
-                "between steps); sample the exported model with `ramtrain sample`\n");
+    std::printf(
+        "note: --sample-prompt is not run on data-parallel GPU ranks (each holds its slice of the weights "
+        "between steps); sample the exported model with `ramtrain sample`\n");
     c.sample_prompt.clear();
   }
   const std::function<void(const char*)> sampler = make_sampler(c, td, *state);
@@ -345,8 +347,9 @@ int cmd_train(const Args& args) {
     std::printf("ready: host state %.1f s, NCCL world of %d and engine set-up %.1f s\n", state_seconds, launch.world,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_engine).count());
 #else
-    fail("[train] this ramtrain was built without NCCL, which data parallelism on GPUs needs: rebuild on a machine "
-         "where the CUDA toolkit has NCCL (nccl.h, libnccl.so)");
+    fail(
+        "[train] this ramtrain was built without NCCL, which data parallelism on GPUs needs: rebuild on a machine "
+        "where the CUDA toolkit has NCCL (nccl.h, libnccl.so)");
 #endif
   } else if (c.nproc_per_node > 1) {  // the data-parallel CPU twin (docs/multi_gpu.md)
     if (c.device != Device::cpu && cuda_backend_available())

@@ -75,9 +75,8 @@ ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank, H
       parallel_for(n, 1 << 18, [&](int64_t b, int64_t e) { u.read_master(r.b + b, e - b, master + b); });
       if (fresh) {  // zero moments, whatever init's storage holds
         float* mv = s.m();
-        parallel_for(2 * n, 1 << 18, [&](int64_t b, int64_t e) {
-          std::memset(mv + b, 0, static_cast<size_t>(e - b) * sizeof(float));
-        });
+        parallel_for(2 * n, 1 << 18,
+                     [&](int64_t b, int64_t e) { std::memset(mv + b, 0, static_cast<size_t>(e - b) * sizeof(float)); });
       } else {
         copy_parallel(s.m(), u.m() + r.b, static_cast<size_t>(n) * sizeof(float));
         copy_parallel(s.v(), u.v() + r.b, static_cast<size_t>(n) * sizeof(float));

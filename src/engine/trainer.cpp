@@ -296,13 +296,12 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   auto device_bytes = [&] { return backend_->stats().device_peak_bytes; };
   std::printf("backend: %s\n", backend_->describe().c_str());
   const std::string held =
-      state_.weights_only()
-          ? std::string("bf16 weights only; the fp32 master and Adam m, v are in this rank's shards")
-          : cat(master_storage_name(state_.master_storage()), " master, ",
-                optimizer_name(state_.update_rule(), state_.moment_storage()), " moments",
-                state_.moment_storage() == MomentStorage::fp32
-                    ? ""
-                    : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding"));
+      state_.weights_only() ? std::string("bf16 weights only; the fp32 master and Adam m, v are in this rank's shards")
+                            : cat(master_storage_name(state_.master_storage()), " master, ",
+                                  optimizer_name(state_.update_rule(), state_.moment_storage()), " moments",
+                                  state_.moment_storage() == MomentStorage::fp32
+                                      ? ""
+                                      : cat(", ", quant_rounding_name(opt_.moment_rounding), " rounding"));
   std::printf(
       "training %lld steps: micro-batch %lld x %lld tokens, accumulation %lld, %lld params, "
       "%.2f B/param host state (%s), optimizer %s\n",

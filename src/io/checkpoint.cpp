@@ -284,7 +284,7 @@ struct CheckpointWriter::Job {
   int64_t keep_last = 0;
   ModelSpec spec;
   std::vector<UnitSnap> units;
-  size_t n_fetched = 0;                       // save_gathered: units fetched one by one
+  size_t n_fetched = 0;  // save_gathered: units fetched one by one
   std::function<UnitSnap(size_t)> fetch;
   TrainerCheckpoint meta;
   SaveReport report;

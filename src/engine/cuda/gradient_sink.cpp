@@ -167,8 +167,8 @@ void GradientSink::copy_to_host() {
   auto& units = st_.units();
   for (size_t u = 0; u < units.size(); ++u) {
     RT_CHECK(units[u].grad.p, "[engine] compute_grads needs a HostState with gradients");
-    CUDA_CHECK(cudaMemcpy(units[u].grad.p, grads_[u].data(), static_cast<size_t>(units[u].numel) * 4,
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(units[u].grad.p, grads_[u].data(), static_cast<size_t>(units[u].numel) * 4, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemset(grads_[u].data(), 0, grads_[u].bytes()));
   }
 }

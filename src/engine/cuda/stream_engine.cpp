@@ -193,12 +193,13 @@ class StreamEngine final : public Backend {
           "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
           "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
           opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
-          cat(place_.fold ? "host (per layer, folded into the update as they land" : place_.host_grads ? "host (per layer"
-                                                                                            : "device",
+          cat(place_.fold         ? "host (per layer, folded into the update as they land"
+              : place_.host_grads ? "host (per layer"
+                                  : "device",
               place_.host_grads ? (opt_.muon && opt_.grads == "auto" ? ": Muon needs whole gradients)" : ")") : "")
               .c_str(),
-          place_.host_ckpt ? "host" : "device",
-          place_.host_embed ? "host" : "device", (long long)keep, (long long)L, keep * act_bytes / double(1ull << 30),
+          place_.host_ckpt ? "host" : "device", place_.host_embed ? "host" : "device", (long long)keep, (long long)L,
+          keep * act_bytes / double(1ull << 30),
           place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
           dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
           dev_.alloc.used() / double(1ull << 30), dev_.alloc.budget() / double(1ull << 30));
@@ -214,14 +215,15 @@ class StreamEngine final : public Backend {
             "1/%d slices: %.2f GiB)\n",
             hb / double(1ull << 30), hb / double(st_.n_params()), dp_.grads->world(),
             dp_.shard->state_bytes() / double(1ull << 30));
-      } else
-      std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
-                  host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
-                  muon_ ? "Muon momentum + Adam m, v of the other tensors" : "Adam m, v",
-                  st_.moment_storage() == MomentStorage::fp32 ? "fp32" : moment_storage_name(st_.moment_storage()),
-                  place_.fold ? (place_.host_embed ? ", the embedding's fp32 gradient" : "")
-                  : place_.host_grads ? ", fp32 gradients"
-                                      : "");
+      } else {
+        std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
+                    host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
+                    muon_ ? "Muon momentum + Adam m, v of the other tensors" : "Adam m, v",
+                    st_.moment_storage() == MomentStorage::fp32 ? "fp32" : moment_storage_name(st_.moment_storage()),
+                    place_.fold         ? (place_.host_embed ? ", the embedding's fp32 gradient" : "")
+                    : place_.host_grads ? ", fp32 gradients"
+                                        : "");
+      }
     }
   }
 

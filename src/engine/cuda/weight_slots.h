@@ -85,7 +85,7 @@ class WeightSlots {
  private:
   void copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer);
   void copy_in_gathered(size_t u, bf16* dst, const char* what, int layer);  // data parallel
-  int64_t dev_numel(size_t u) const;  // device elements of unit u's buffers
+  int64_t dev_numel(size_t u) const;                                        // device elements of unit u's buffers
   void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded);
   HostState& st_;
   EngineDevice& dev_;
