@@ -71,8 +71,12 @@ ShardedOptimizer::ShardedOptimizer(const HostState& init, int world, int rank, H
     if (n > 0) {
       s.arena = HostBuffer(static_cast<size_t>(3 * n),
                            cat("rank ", rank, "'s slice of the ", u.name, " master weights and Adam moments"));
-      float* master = s.master();  // on the pool: a 7B rank copies ~90 GB at start-up
-      parallel_for(n, 1 << 18, [&](int64_t b, int64_t e) { u.read_master(r.b + b, e - b, master + b); });
+      // on the pool (a 7B rank copies ~90 GB at start-up): a copy, or read_master's own parallel decode (one
+      // call: the pool is not reentrant)
+      if (u.shadow_master())
+        u.read_master(r.b, n, s.master());
+      else
+        copy_parallel(s.master(), u.master() + r.b, static_cast<size_t>(n) * sizeof(float));
       if (fresh) {  // zero moments, whatever init's storage holds
         float* mv = s.m();
         parallel_for(2 * n, 1 << 18,

@@ -412,14 +412,16 @@ void HostState::keep_weights_only(size_t k) {
   if (u.shadow_master() && u.n_shadows > 0 && u.master_kind != MasterStorage::bf16_kahan) {
     // split or bf16-sr: the current shadow is the master rounded to nearest (split) or the master itself
     copy_parallel(d, u.shadow(u.cur_shadow), static_cast<size_t>(u.numel) * 2);
-  } else {
+  } else {  // fp32, or bf16-kahan (decoded first: read_master is parallel itself, and the pool is not reentrant)
+    HostBuffer x;
+    const float* xs = u.shadow_master() ? nullptr : u.master();
+    if (!xs) {
+      x = HostBuffer(static_cast<size_t>(u.numel), cat("a copy of the ", u.name, " master"));
+      u.read_master(0, u.numel, x.p);
+      xs = x.p;
+    }
     parallel_for(u.numel, 1 << 16, [&](int64_t b, int64_t e) {
-      float x[1 << 12];
-      for (int64_t c = b; c < e; c += 1 << 12) {
-        const int64_t k = std::min<int64_t>(1 << 12, e - c);
-        u.read_master(c, k, x);
-        for (int64_t i = 0; i < k; ++i) d[c + i] = f32_to_bf16(x[i]);
-      }
+      for (int64_t i = b; i < e; ++i) d[i] = f32_to_bf16(xs[i]);
     });
   }
   u.arena = HostBuffer();

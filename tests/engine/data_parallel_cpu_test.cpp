@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "core/bf16.h"
+#include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "dist/loopback.h"
 #include "engine/backend.h"
@@ -527,5 +528,32 @@ TEST(ShardedOptimizer, AFreshGpuRankStartsFromTheSplitInitWithZeroMoments) {
       ASSERT_EQ(a.numel, b.numel);
       EXPECT_EQ(std::memcmp(a.arena.p, b.arena.p, static_cast<size_t>(3 * a.numel) * 4), 0) << b.name;
     }
+  }
+}
+
+// Units of ~1M elements on a pool of 4 threads: a rank's start-up copies run
+// on the pool, and a split or bf16 master's decode runs on the pool itself
+// (it is not reentrant): taking the slices must not nest the two (it hung
+// the first time: a 7B rank never started).
+TEST(ShardedOptimizer, LargeUnitsOfEveryMasterStorageTakeTheirSlicesOnThePool) {
+  rt::set_global_threads(4);
+  rt::ModelSpec s = mid_spec();
+  s.hidden = 256;
+  s.intermediate = 1024;
+  s.head_dim = 32;
+  for (rt::MasterStorage ms : {rt::MasterStorage::fp32, rt::MasterStorage::split, rt::MasterStorage::bf16_sr,
+                               rt::MasterStorage::bf16_kahan}) {
+    rt::HostState ref(s, false, rt::MomentStorage::fp32, ms);
+    ref.init_random(2, 0.05f);
+    rt::HostState st(s, false, rt::MomentStorage::fp32, ms);
+    st.init_random(2, 0.05f);
+    ASSERT_GT(st.units()[1].numel, int64_t{1} << 19);
+    const rt::ShardedOptimizer want(ref, 2, 0);
+    rt::ShardedOptimizer got(st, 2, 0, rt::ShardedOptimizer::WeightsOnly{});
+    for (size_t k = 0; k < st.units().size(); ++k)
+      EXPECT_EQ(std::memcmp(got.shards()[k].arena.p, want.shards()[k].arena.p,
+                            static_cast<size_t>(3 * want.shards()[k].numel) * 4),
+                0)
+          << rt::master_storage_name(ms) << " " << want.shards()[k].name;
   }
 }
