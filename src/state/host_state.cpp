@@ -434,6 +434,7 @@ void HostState::keep_weights_only(size_t k) {
   u.qscale_buf = HostBuffer();
   u.shadow_buf[0] = std::move(sh);
   u.master_kind = MasterStorage::bf16_sr;
+  u.moments = MomentStorage::fp32;  // none held here (the shards' are fp32); no quantized buffers to point into
   u.n_shadows = 1;
   u.cur_shadow = 0;
   u.weights_only = true;

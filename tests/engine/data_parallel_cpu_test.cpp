@@ -522,6 +522,12 @@ TEST(ShardedOptimizer, AFreshGpuRankStartsFromTheSplitInitWithZeroMoments) {
     const rt::ShardedOptimizer want(ref, 2, r);
     rt::ShardedOptimizer got(lean, 2, r, rt::ShardedOptimizer::WeightsOnly{true});
     EXPECT_TRUE(lean.weights_only());
+    EXPECT_EQ(lean.moment_storage(), rt::MomentStorage::fp32) << "the 4-bit start-up moments are gone";
+    EXPECT_EQ(lean.bytes_total(), [&] {
+      uint64_t b = 0;
+      for (auto& u : lean.units()) b += (static_cast<uint64_t>(u.numel) + 1) / 2 * 4;  // bf16 pairs, as counted
+      return b;
+    }()) << "only the bf16 weights remain";
     for (size_t k = 0; k < ref.units().size(); ++k) {
       const auto& a = got.shards()[k];
       const auto& b = want.shards()[k];

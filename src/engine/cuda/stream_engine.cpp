@@ -117,9 +117,8 @@ class StreamEngine final : public Backend {
       RT_CHECK(!s_.is_moe(), "[dp] data parallelism does not support mixture-of-experts models (",
                s_.architecture, ") yet: their load-balancing loss is a mean over each process's micro-batches; "
                "train them on one GPU");
-      RT_CHECK(!opt_.delayed_update && !opt_.muon && st_.moment_storage() == MomentStorage::fp32 &&
-                   !dp_.shard->shards().empty() && dp_.grads && dp_.weights,
-               "[cuda] data parallelism runs AdamW with fp32 moments, without --delayed-update");
+      RT_CHECK(!opt_.delayed_update && !opt_.muon && !dp_.shard->shards().empty() && dp_.grads && dp_.weights,
+               "[cuda] data parallelism runs AdamW (its shards' fp32 moments), without --delayed-update");
     } else {
       st_.set_master_storage(master, opt_.delayed_update ? 2 : 1);
     }
