@@ -29,21 +29,13 @@ std::string DataParallelCpu::describe() const {
   return cat("cpu data parallel (", world_, " loopback ranks, optimizer state sharded; fp32 reference per rank)");
 }
 
-std::vector<Batch> DataParallelCpu::rank_batches(const std::vector<Batch>& batches, int r) const {
-  const size_t K = batches.size(), N = static_cast<size_t>(world_);
-  RT_CHECK(K > 0 && K % N == 0, "[dp] ", K, " micro-batches per step cannot be split over ", world_,
-           " ranks: use a --grad-accum that is a multiple of the rank count");
-  const size_t per = K / N;
-  return {batches.begin() + static_cast<std::ptrdiff_t>(r * per),
-          batches.begin() + static_cast<std::ptrdiff_t>((r + 1) * per)};
-}
-
 StepStats DataParallelCpu::train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) {
   std::vector<StepStats> st(static_cast<size_t>(world_));
-  for (int r = 0; r < world_; ++r) (void)rank_batches(batches, r);  // refuse a bad split before any thread starts
+  for (int r = 0; r < world_; ++r)
+    (void)rank_micro_batches(batches, world_, r);  // refuse a bad split before any thread starts
   loop_.run([&](Collective& c) {
     const int r = c.rank();
-    const std::vector<Batch> mine = rank_batches(batches, r);
+    const std::vector<Batch> mine = rank_micro_batches(batches, world_, r);
     int64_t nv = 0;
     for (const Batch& b : mine)
       for (int32_t t : b.targets) nv += t != ignore_target;
@@ -79,7 +71,7 @@ double DataParallelCpu::compute_grads(const std::vector<Batch>& batches, int64_t
   state_.zero_grads();
   double loss = 0;
   for (int r = 0; r < world_; ++r) {
-    loss += backends_[static_cast<size_t>(r)]->compute_grads(rank_batches(batches, r), n_valid_total);
+    loss += backends_[static_cast<size_t>(r)]->compute_grads(rank_micro_batches(batches, world_, r), n_valid_total);
     for (size_t k = 0; k < state_.units().size(); ++k) {
       float* g = state_.units()[k].grad.p;
       const float* x = replicas_[static_cast<size_t>(r)]->units()[k].grad.p;

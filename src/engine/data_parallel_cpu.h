@@ -47,7 +47,6 @@ class DataParallelCpu final : public Backend {
   const HostState& replica(int r) const { return *replicas_[static_cast<size_t>(r)]; }
 
  private:
-  std::vector<Batch> rank_batches(const std::vector<Batch>& batches, int r) const;
   HostState& state_;
   int world_;
   LoopbackWorld loop_;

@@ -122,6 +122,15 @@ void ShardedOptimizer::update_piece(size_t k, int64_t b, int64_t e, const float*
   if (e > b) update_unit_range(shards_[k], b - r.b, e - r.b, g, o, coef, unit_shadow ? unit_shadow + r.b : nullptr);
 }
 
+std::vector<Batch> rank_micro_batches(const std::vector<Batch>& batches, int world, int rank) {
+  const size_t K = batches.size(), N = static_cast<size_t>(world), r = static_cast<size_t>(rank);
+  RT_CHECK(K > 0 && K % N == 0, "[dp] ", K, " micro-batches per step cannot be split over ", world,
+           " ranks: use a --grad-accum that is a multiple of the rank count");
+  const size_t per = K / N;
+  return {batches.begin() + static_cast<std::ptrdiff_t>(r * per),
+          batches.begin() + static_cast<std::ptrdiff_t>((r + 1) * per)};
+}
+
 DpTotals dp_all_reduce_totals(Collective& c, const std::vector<double>& unit_sq, double loss_sum, int64_t n_valid,
                               bool stop) {
   const size_t U = unit_sq.size(), N = static_cast<size_t>(c.world()), r = static_cast<size_t>(c.rank());

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <vector>
 
+#include "data/dataset.h"
 #include "dist/collective.h"
 #include "optim/adamw.h"
 #include "optim/unit_update.h"
@@ -65,6 +66,11 @@ struct ShardedStepResult {
   double grad_norm = 0;
   bool applied = false;
 };
+
+// Rank `rank`'s share of a step's micro-batches: the rank-th of `world` equal
+// contiguous groups (the count must be a multiple of world: refused by name).
+// The CPU twin (engine/data_parallel_cpu.h) and a GPU rank split alike.
+std::vector<Batch> rank_micro_batches(const std::vector<Batch>& batches, int world, int rank);
 
 // A GPU rank's step totals (engine/cuda/, CudaOptions::dp), formed the same
 // way on every rank: each rank's per-unit sums of squares of its slices, its
