@@ -8,6 +8,9 @@
 //   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW (and
 //     Muon, whose NS5 runs on the GPU: GpuOrthogonalizer, muon_gpu.h);
 //   UpdateTracker (engine/update_tracker.h): the worker and what it has done;
+//   dp_rank.h: a data-parallel rank's reduce-scatter, step totals and
+//     checkpoint gathers (GpuDataParallel, backend.h);
+//   make_backend.cpp: make_cuda_backend, the largest plan that fits;
 //   the plan (engine/device_plan.h): placement, auto kept layers, fit.
 // This file owns the activations and the order of work.
 //
@@ -57,11 +60,13 @@
 #include "cuda/device_info.h"
 #include "engine/backend.h"
 #include "engine/cuda/checkpoint_store.h"
+#include "engine/cuda/dp_rank.h"
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/gradient_sink.h"
 #include "engine/cuda/host_embedding.h"
 #include "engine/cuda/muon_gpu.h"
 #include "engine/cuda/optimizer_phase.h"
+#include "engine/cuda/stream_engine.h"
 #include "engine/cuda/weight_slots.h"
 #include "engine/device_plan.h"
 #include "engine/unit_binding.h"
@@ -254,7 +259,8 @@ class StreamEngine final : public Backend {
     for (const Batch& b : batches)
       RT_CHECK(b.B == B_ && b.T == T_, "[engine] batch ", b.B, "x", b.T, " does not match the engine's ", B_, "x", T_);
     fold_step_ = place_.fold ? &o : nullptr;
-    const std::vector<Batch> mine = dp_.on() ? rank_batches(batches) : std::vector<Batch>{};
+    const std::vector<Batch> mine =
+        dp_.on() ? rank_micro_batches(batches, dp_.grads->world(), dp_.grads->rank()) : std::vector<Batch>{};
     const bool lm = run_micro_batches(dp_.on() ? mine : batches, 1.0f / static_cast<float>(n_valid_total));
     fold_step_ = nullptr;
     // global norm: per-unit sums of squares, summed in unit order
@@ -265,7 +271,8 @@ class StreamEngine final : public Backend {
     else if (place_.host_grads)
       host_norms = grads_->host_norms();
     else if (dp_.on())
-      reduce_scatter_grads();  // and the norms of this rank's slices
+      dp_reduce_scatter(dp_, *grads_, dev_, units.size(), norms_.data(), Scratch{scratch_.data(), scratch_.size()},
+                        dp_grads_made_, dp_reduced_);  // and the norms of this rank's slices
     else
       grads_->queue_norms(norms_.data(), Scratch{scratch_.data(), scratch_.size()});
     auto* tot = host_small_.as<CrossEntropyTotals>();
@@ -279,7 +286,7 @@ class StreamEngine final : public Backend {
     stats.n_valid = tot->n_valid;
     double sq = 0;
     if (dp_.on())
-      sq = all_reduce_stats(nrm, &stats);
+      sq = dp_step_totals(dp_, nrm, units.size(), &stats, &dp_stop_agreed_);
     else
       for (size_t u = 0; u < units.size(); ++u) sq += place_.host_grads ? host_norms[u] : nrm[u];
     stats.grad_norm = std::sqrt(sq);
@@ -360,30 +367,11 @@ class StreamEngine final : public Backend {
   bool gathers_checkpoints() const override { return dp_.on(); }
   int stop_agreement() const override { return dp_.on() ? (dp_stop_agreed_ ? 1 : 0) : -1; }
 
-  // Data parallel: unit u's fp32 master, m and v, each all-gathered in place
-  // through the unit's padded gradient buffer (idle and zero between steps;
-  // zeroed again after), to rank 0's staging.
+  // Data parallel: a checkpoint's gather of unit u (dp_rank.h).
   void gather_unit(size_t u, float* staging) override {
     RT_CHECK(dp_.on(), "[engine] gather_unit is for data-parallel ranks");
     track_.drain();
-    const StateUnit& sh = dp_.shard->shards()[u];
-    const ShardRange r = dp_.shard->range(u);
-    const int64_t S = dp_.shard->stride(u), n = st_.units()[u].numel, rank = dp_.grads->rank();
-    auto gs = static_cast<cudaStream_t>(dp_.grads->device_stream());
-    float* buf = grads_->dev_grad(u);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const float* parts[3] = {sh.numel > 0 ? sh.master() : nullptr, sh.numel > 0 ? sh.m() : nullptr,
-                             sh.numel > 0 ? sh.v() : nullptr};
-    for (int k = 0; k < 3; ++k) {
-      if (r.e > r.b)
-        CUDA_CHECK(cudaMemcpy(buf + rank * S, parts[k], static_cast<size_t>(r.e - r.b) * 4, cudaMemcpyHostToDevice));
-      dp_.grads->all_gather(buf + rank * S, buf, S);
-      CUDA_CHECK(cudaStreamSynchronize(gs));
-      if (staging)
-        CUDA_CHECK(cudaMemcpy(staging + k * n, buf, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
-    }
-    CUDA_CHECK(cudaMemset(buf, 0, static_cast<size_t>(S * dp_.grads->world()) * 4));
-    CUDA_CHECK(cudaDeviceSynchronize());
+    dp_gather_unit(dp_, *grads_, st_.units()[u].numel, u, staging);
   }
 
   EngineStats stats() const override {
@@ -400,57 +388,6 @@ class StreamEngine final : public Backend {
   }
 
  private:
-  // Data parallel: rank r's share of the step's micro-batches, the r-th of world equal groups.
-  std::vector<Batch> rank_batches(const std::vector<Batch>& batches) const {
-    const size_t K = batches.size(), N = static_cast<size_t>(dp_.grads->world()),
-                 r = static_cast<size_t>(dp_.grads->rank());
-    RT_CHECK(K > 0 && K % N == 0, "[dp] ", K, " micro-batches per step cannot be split over ", N,
-             " ranks: use a --grad-accum that is a multiple of the rank count");
-    return {batches.begin() + static_cast<std::ptrdiff_t>(r * (K / N)),
-            batches.begin() + static_cast<std::ptrdiff_t>((r + 1) * (K / N))};
-  }
-
-  // Data parallel, after the step's backward is queued: every unit's
-  // gradient summed over the ranks in place (this rank's slice lands at
-  // rank * S of its padded buffer), then the sums of squares of this rank's
-  // slices into norms_ (compute stream, which waits for the reductions).
-  void reduce_scatter_grads() {
-    auto& units = st_.units();
-    cudaStream_t cs = dev_.compute.get();
-    auto gs = static_cast<cudaStream_t>(dp_.grads->device_stream());
-    const int64_t rank = dp_.grads->rank();
-    CUDA_CHECK(cudaEventRecord(dp_grads_made_.get(), cs));
-    CUDA_CHECK(cudaStreamWaitEvent(gs, dp_grads_made_.get(), 0));
-    auto span = dev_.tracer.gpu_begin(Lane::d2h, "reduce-scatter", -1, gs);
-    for (size_t u = 0; u < units.size(); ++u) {
-      const int64_t S = dp_.shard->stride(u);
-      float* g = grads_->dev_grad(u);
-      dp_.grads->reduce_scatter_sum(g, g + rank * S, S);
-    }
-    dev_.tracer.gpu_end(span, gs);
-    CUDA_CHECK(cudaEventRecord(dp_reduced_.get(), gs));
-    CUDA_CHECK(cudaStreamWaitEvent(cs, dp_reduced_.get(), 0));
-    CUDA_CHECK(cudaMemsetAsync(norms_.data(), 0, units.size() * sizeof(double), cs));
-    Scratch sc{scratch_.data(), scratch_.size()};
-    for (size_t u = 0; u < units.size(); ++u) {
-      const ShardRange r = dp_.shard->range(u);
-      if (r.e > r.b) sum_squares(norms_.data() + u, grads_->dev_grad(u) + r.b, r.e - r.b, sc, cs);
-    }
-  }
-
-  // Data parallel: the step's norm, loss and tokens over every rank
-  // (dp_all_reduce_totals: the same doubles on every rank). Returns the
-  // squared norm; stats gets the whole step's loss and tokens.
-  double all_reduce_stats(const double* nrm, StepStats* stats) {
-    const std::vector<double> sq(nrm, nrm + st_.units().size());
-    const DpTotals t = dp_all_reduce_totals(*dp_.grads, sq, stats->loss_sum, stats->n_valid,
-                                            dp_.stop && dp_.stop->load());
-    dp_stop_agreed_ = t.stop;  // a rank was signalled: every rank stops after this step
-    stats->loss_sum = t.loss_sum;
-    stats->n_valid = t.n_valid;
-    return t.sq;
-  }
-
   // Copies the loss totals out (waits for the compute stream); *n_valid tokens.
   double read_totals(int64_t* n_valid) {
     auto* tot = host_small_.as<CrossEntropyTotals>();
@@ -792,39 +729,11 @@ class StreamEngine final : public Backend {
 };
 
 }  // namespace
-}  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
-                                           const CudaOptions& opt) {
-  CudaOptions o = opt;
-  o.muon = state.update_rule() == UpdateRule::muon;  // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
-  o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
-  if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first
-    RT_CHECK(o.layer_major != "on", "[cuda] --layer-major on is not supported for mixture-of-experts models (",
-             state.spec().architecture, "); use --layer-major off");
-    o.layer_major = "off";
-  }
-  for (;;) {
-    try {
-      return std::make_unique<cuda::StreamEngine>(state, micro_batch, seq_len, o);
-    } catch (const cuda::DeviceBudgetError& e) {
-      if (!o.fit) throw;
-      // The next smaller plan, one change at a time (CudaOptions::fit).
-      std::string change;
-      if (!shrink_plan(o, &change))
-        throw cuda::DeviceBudgetError(cat(e.what(), " (this is already the smallest plan the engine has for ",
-                                          micro_batch, " x ", seq_len, " tokens per micro-batch)"));
-      if (o.verbose) std::printf("cuda engine: the plan does not fit (%s); trying %s\n", e.what(), change.c_str());
-    } catch (const cuda::HostBudgetError& e) {
-      // Layer-major keeps the block inputs of every micro-batch; when the host
-      // cannot pin them, auto falls back to micro-batch-major (one set).
-      if (!(o.fit && o.layer_major == "auto" && o.micro_batches > 1)) throw;
-      o.layer_major = "off";
-      if (o.verbose)
-        std::printf("cuda engine: %s; falling back to micro-batch-major (weights stream once per micro-batch)\n",
-                    e.what());
-    }
-  }
+std::unique_ptr<Backend> make_stream_engine(HostState& state, int64_t micro_batch, int64_t seq_len,
+                                            const CudaOptions& opt) {
+  return std::make_unique<StreamEngine>(state, micro_batch, seq_len, opt);
 }
 
+}  // namespace cuda
 }  // namespace rt

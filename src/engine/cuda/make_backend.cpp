@@ -1,0 +1,47 @@
+// make_cuda_backend (engine/backend.h): the stream engine with the largest
+// plan that fits, shrinking it one change at a time (CudaOptions::fit).
+#include <cstdio>
+#include <string>
+
+#include "core/error.h"
+#include "engine/backend.h"
+#include "engine/cuda/engine_device.h"
+#include "engine/cuda/stream_engine.h"
+#include "engine/device_plan.h"
+
+namespace rt {
+
+std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
+                                           const CudaOptions& opt) {
+  CudaOptions o = opt;
+  o.muon = state.update_rule() == UpdateRule::muon;      // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
+  o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
+  if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first
+    RT_CHECK(o.layer_major != "on", "[cuda] --layer-major on is not supported for mixture-of-experts models (",
+             state.spec().architecture, "); use --layer-major off");
+    o.layer_major = "off";
+  }
+  for (;;) {
+    try {
+      return cuda::make_stream_engine(state, micro_batch, seq_len, o);
+    } catch (const cuda::DeviceBudgetError& e) {
+      if (!o.fit) throw;
+      // The next smaller plan, one change at a time (CudaOptions::fit).
+      std::string change;
+      if (!shrink_plan(o, &change))
+        throw cuda::DeviceBudgetError(cat(e.what(), " (this is already the smallest plan the engine has for ",
+                                          micro_batch, " x ", seq_len, " tokens per micro-batch)"));
+      if (o.verbose) std::printf("cuda engine: the plan does not fit (%s); trying %s\n", e.what(), change.c_str());
+    } catch (const cuda::HostBudgetError& e) {
+      // Layer-major keeps the block inputs of every micro-batch; when the host
+      // cannot pin them, auto falls back to micro-batch-major (one set).
+      if (!(o.fit && o.layer_major == "auto" && o.micro_batches > 1)) throw;
+      o.layer_major = "off";
+      if (o.verbose)
+        std::printf("cuda engine: %s; falling back to micro-batch-major (weights stream once per micro-batch)\n",
+                    e.what());
+    }
+  }
+}
+
+}  // namespace rt
