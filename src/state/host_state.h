@@ -172,7 +172,8 @@ class HostState {
   void set_update_rule(UpdateRule r);
 
   // HF-style init: normal(0, std) for matrices and embeddings, 1 for norms, 0
-  // for biases; counter-based RNG, so identical for any thread count.
+  // for biases; counter-based RNG, so identical for any thread count
+  // (state/host_state_init.cpp).
   void init_random(uint64_t seed, float std = 0.02f);
   void zero_grads();
   // Allocates the fp32 gradient arenas if the state was made without them.
