@@ -2,11 +2,18 @@
 
 #include <vector>
 
+#include "core/error.h"
 #include "cuda/cuda_ops.h"
 #include "dist/collective.h"
 #include "engine/sharded_optimizer.h"
 
 namespace rt::cuda {
+
+std::string dp_describe(const GpuDataParallel& dp) {
+  if (!dp.on()) return "";
+  return cat(", data-parallel rank ", dp.grads->rank(), " of ", dp.grads->world(),
+             ": fp32 master + Adam m, v of its slices, NCCL reduce-scatter and all-gather");
+}
 
 void dp_reduce_scatter(const GpuDataParallel& dp, GradientSink& grads, EngineDevice& dev, size_t n_units, double* norms,
                        Scratch sc, Event& made, Event& reduced) {

@@ -6,12 +6,16 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/backend.h"
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/gradient_sink.h"
 
 namespace rt::cuda {
+
+// ", data-parallel rank r of N: ..." for the engine's describe(); "" when off.
+std::string dp_describe(const GpuDataParallel& dp);
 
 // After the step's backward is queued on the compute stream: every unit's
 // device gradient (padded to world * S) summed over the ranks in place on the

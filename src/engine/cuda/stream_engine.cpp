@@ -8,9 +8,9 @@
 //   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW (and
 //     Muon, whose NS5 runs on the GPU: GpuOrthogonalizer, muon_gpu.h);
 //   UpdateTracker (engine/update_tracker.h): the worker and what it has done;
-//   dp_rank.h: a data-parallel rank's reduce-scatter, step totals and
-//     checkpoint gathers (GpuDataParallel, backend.h);
+//   dp_rank.h: a data-parallel rank's reduce-scatter, totals, checkpoint gathers;
 //   make_backend.cpp: make_cuda_backend, the largest plan that fits;
+//   engine_report.h: the start-up report of the plan and the host RAM;
 //   the plan (engine/device_plan.h): placement, auto kept layers, fit.
 // This file owns the activations and the order of work.
 //
@@ -61,6 +61,7 @@
 #include "engine/backend.h"
 #include "engine/cuda/checkpoint_store.h"
 #include "engine/cuda/dp_rank.h"
+#include "engine/cuda/engine_report.h"
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/gradient_sink.h"
 #include "engine/cuda/host_embedding.h"
@@ -190,45 +191,9 @@ class StreamEngine final : public Backend {
     acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep);
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
     dp_version_ = track_.need_version();  // data parallel: the host shadows hold the whole weights now
-    if (opt_.verbose) {
-      const int S = weights_->count();
-      std::printf(
-          "cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
-          "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
-          "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
-          opt_.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", units[1].numel * 2.0 / (1 << 20),
-          cat(place_.fold         ? "host (per layer, folded into the update as they land"
-              : place_.host_grads ? "host (per layer"
-                                  : "device",
-              place_.host_grads ? (opt_.muon && opt_.grads == "auto" ? ": Muon needs whole gradients)" : ")") : "")
-              .c_str(),
-          place_.host_ckpt ? "host" : "device", place_.host_embed ? "host" : "device", (long long)keep, (long long)L,
-          keep * act_bytes / double(1ull << 30),
-          place_.layer_major ? cat("layer-major over ", K_, " micro-batches").c_str() : "micro-batch-major",
-          dm_.mlp_chunked() ? cat("MLP in chunks of ", dm_.mlp_rows(), " tokens").c_str() : "MLP unchunked",
-          dev_.alloc.used() / double(1ull << 30), dev_.alloc.budget() / double(1ull << 30));
-      if (muon_) std::printf("%s\n", muon_->describe().c_str());
-      const uint64_t host =
-          st_.bytes_total() + weights_->pinned_bytes() +
-          (muon_ ? muon_->pinned_bytes() + muon_scratch_bytes(s_, st_.units()[0].split(), st_.units()[0].quantized())
-                 : 0);
-      if (dp_.on()) {
-        const uint64_t hb = st_.bytes_total() + dp_.shard->state_bytes();
-        std::printf(
-            "host RAM (this rank): %.2f GiB, %.3f B/param (bf16 weights, pinned; fp32 master + Adam m, v of its "
-            "1/%d slices: %.2f GiB)\n",
-            hb / double(1ull << 30), hb / double(st_.n_params()), dp_.grads->world(),
-            dp_.shard->state_bytes() / double(1ull << 30));
-      } else {
-        std::printf("host RAM: %.2f GiB, %.3f B/param (%s master, %s %s, pinned bf16 shadows%s)\n",
-                    host / double(1ull << 30), host / double(st_.n_params()), master_storage_name(st_.master_storage()),
-                    muon_ ? "Muon momentum + Adam m, v of the other tensors" : "Adam m, v",
-                    st_.moment_storage() == MomentStorage::fp32 ? "fp32" : moment_storage_name(st_.moment_storage()),
-                    place_.fold         ? (place_.host_embed ? ", the embedding's fp32 gradient" : "")
-                    : place_.host_grads ? ", fp32 gradients"
-                                        : "");
-      }
-    }
+    if (opt_.verbose)
+      print_engine_setup(EngineSetup{opt_, place_, st_, weights_->count(), weights_->pinned_bytes(), keep, act_bytes,
+                                     K_, dm_, dev_.alloc, muon_.get(), dp_});
   }
 
   ~StreamEngine() override {
@@ -240,15 +205,10 @@ class StreamEngine final : public Backend {
   }
 
   std::string describe() const override {
-    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(),
-               " slots, bf16 compute, ", master_storage_name(st_.master_storage()), " master + ",
-               moment_storage_name(st_.moment_storage()), " on ",
-               global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
-               track_.delayed() ? ", delayed update" : "",
-               dp_.on() ? cat(", data-parallel rank ", dp_.grads->rank(), " of ", dp_.grads->world(),
-                              ": fp32 master + Adam m, v of its slices, NCCL reduce-scatter and all-gather")
-                        : std::string(),
-               ")");
+    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(), " slots, bf16 compute, ",
+               master_storage_name(st_.master_storage()), " master + ", moment_storage_name(st_.moment_storage()),
+               " on ", global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
+               track_.delayed() ? ", delayed update" : "", dp_describe(dp_), ")");
   }
 
   StepStats train_step(const std::vector<Batch>& batches, int64_t n_valid_total, const OptimStep& o) override {
