@@ -66,7 +66,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void usage_exit(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only] [--lean-modes A,B]\n",
+  std::fprintf(stderr, "usage: %s [--params N] [--threads T] [--reps R] [--lean | --lean-only] [--lean-modes A,B]\n"
+               "       [--lean-simd avx512|avx2|scalar]\n",
                argv0);
   std::exit(2);
 }
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   int lean = 0;                 // 1: also the lean storages, 2: only them
   const char* lean_modes = "";  // --lean-modes: a comma-separated subset of the lean bench's mode names
+  rt::SimdLevel lean_simd = rt::simd_level_detected();
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--lean") || !std::strcmp(argv[i], "--lean-only")) {
       lean = argv[i][6] ? 2 : 1;
@@ -134,12 +136,20 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--lean-modes")) {
       lean_modes = argv[++i];
+    } else if (!std::strcmp(argv[i], "--lean-simd")) {  // the lean bench's SIMD level, at most the detected one
+      const std::string l = argv[++i];
+      const rt::SimdLevel want = l == "avx512" ? rt::SimdLevel::avx512
+                                 : l == "avx2" ? rt::SimdLevel::avx2
+                                 : l == "scalar" ? rt::SimdLevel::scalar
+                                                 : (usage_exit(argv[0]), rt::SimdLevel::scalar);
+      lean_simd = std::min(want, rt::simd_level_detected());
     } else {
       usage_exit(argv[0]);
     }
   }
   if (n < 1 || max_threads < 1 || reps < 1) usage_exit(argv[0]);
   // the lean states hold up to 12 B/param (+ gradients 4 and a shadow 2)
+  if (lean == 2) rt::set_simd_level(lean_simd);
   if (lean == 2) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps, lean_modes);
 
   std::printf("optim_bench: %lld params (%.2f GB of buffers), reps %d, detected SIMD %s, p/m/v stores %s\n",
@@ -230,6 +240,7 @@ int main(int argc, char** argv) {
                 max_threads, n / best / 1e9, 30.0 * n / best / 1e9);
   }
   std::printf("(best of %d; checksum %.6g, p[0] %.6g, shadow[0] 0x%04x)\n", reps, checksum, p[0], shadow[0]);
+  if (lean) rt::set_simd_level(lean_simd);
   if (lean) return optim_lean_bench(avail > 0 ? std::min(n, avail / 4 / 18) : n, max_threads, reps, lean_modes);
   return 0;
 }

@@ -15,6 +15,7 @@
 
 #include "optim/adamw.h"
 #include "optim/adamw_math.h"
+#include "optim/adamw_math_avx512.h"
 
 #include <immintrin.h>
 
@@ -141,43 +142,6 @@ __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, fl
 // GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-struct AdamWVec512 {
-  __m512 grad_scale, decay, coeff, beta2, omb2, bc2s, eps, nss;
-  bool lerp_small;
-};
-
-__attribute__((target("avx512f"), always_inline)) inline AdamWVec512 adamw_vec512(const AdamWConsts& c) {
-  return {_mm512_set1_ps(c.grad_scale), _mm512_set1_ps(c.decay),           _mm512_set1_ps(c.lerp_coeff),
-          _mm512_set1_ps(c.beta2),      _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.bc2_sqrt),
-          _mm512_set1_ps(c.eps),        _mm512_set1_ps(c.neg_step_size),   c.lerp_small};
-}
-
-__attribute__((target("avx512f"), always_inline)) inline __m512 adamw_math_avx512(__m512 p, __m512& m, __m512& v,
-                                                                                  __m512 g, const AdamWVec512& k) {
-  __m512 gs = _mm512_mul_ps(g, k.grad_scale);
-  __m512 pp = _mm512_mul_ps(p, k.decay);
-  __m512 mm = m;
-  __m512 d = _mm512_sub_ps(gs, mm);
-  mm = _mm512_fmadd_ps(k.coeff, d, k.lerp_small ? mm : gs);
-  __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(k.omb2, gs), gs, _mm512_mul_ps(v, k.beta2));
-  __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), k.bc2s), k.eps);
-  m = mm;
-  v = vv;
-  return _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(k.nss, mm), denom));
-}
-
-__attribute__((target("avx512f"), always_inline)) inline __m512i bf16_round_avx512(__m512 x) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
-  const __m512i one = _mm512_set1_epi32(1), round_bias = _mm512_set1_epi32(0x7fff);
-  const __m512i quiet = _mm512_set1_epi32(0x40);
-  __m512i u = _mm512_castps_si512(x);
-  __m512i hi = _mm512_srli_epi32(u, 16);
-  __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-  __m512i bias = _mm512_add_epi32(round_bias, _mm512_and_si512(hi, one));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  return _mm512_mask_blend_epi32(is_nan, r, _mm512_or_si512(hi, quiet));
-}
-
 __attribute__((target("avx512f"))) void adamw_block_avx512(float* p, float* m, float* v, const float* g, uint16_t* out,
                                                            int64_t n, const AdamWConsts& c) {
   const AdamWVec512 k = adamw_vec512(c);

@@ -6,6 +6,7 @@
 #endif
 
 #include "state/moment_quant.h"
+#include "state/moment_quant_avx512.h"
 
 #include <immintrin.h>
 
@@ -267,36 +268,34 @@ RT_AVX512 inline __m512i count_below_avx512(__m512 t, __m512 y) {
 template <bool kStochastic, bool kQ8, bool kSigned>
 RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes,
                                 int64_t first, float amax) {
+  const __m512i step = quant_counter_step16();
+  __m512i ctr = quant_counters16(key32);
+  int64_t i = 0;
+  if constexpr (kQ8) {  // minifloat codes: moment_quant_avx512.h
+    const Q8Encode512 e = q8_encode_consts512(c, amax);
+    for (; i + 16 <= k; i += 16) {
+      const __m512i h = kStochastic ? quant_mix32x16(ctr) : _mm512_setzero_si512();
+      const __m512i q = q8_encode16<kStochastic, kSigned>(e, _mm512_loadu_ps(x + i), h);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + first + i), _mm512_cvtepi32_epi8(q));
+      ctr = _mm512_add_epi32(ctr, step);
+    }
+    return i;
+  }
+  // 4-bit codes
   const float inv = amax > 0 ? 1.0f / amax : 0.0f;
   const __m512 vinv = _mm512_set1_ps(inv), vamax = _mm512_set1_ps(amax), one = _mm512_set1_ps(1.0f);
   const __m512 zero = _mm512_setzero_ps();
   const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
   const __m512i nm1 = _mm512_set1_epi32(c.n - 1), nm2 = _mm512_set1_epi32(c.n - 2);
   const __m512i izero = _mm512_setzero_si512(), ione = _mm512_set1_epi32(1);
-  const __m512i step = _mm512_set1_epi32(static_cast<int>(16u * kQuantCounterStep));
-  __m512i ctr =
-      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key32)),
-                       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(kQuantCounterStep))));
-  // minifloat codes (8-bit): the integer maths of mf_nearest, mf_stochastic
-  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift), mf_draw_sh = _mm_cvtsi32_si128(32 - c.shift);
-  const __m512i mf_base = _mm512_set1_epi32(c.base), mf_half = _mm512_set1_epi32(c.shift ? 1 << (c.shift - 1) : 0);
-  const __m512i mf_win = _mm512_set1_epi32(c.base << c.shift);
-  const __m512i mf_halfmin = _mm512_set1_epi32((c.base << c.shift) - (1 << 23));
-  const __m512 mf_lmin = _mm512_set1_ps(c.level[1]);
   constexpr int kLevels4 = kSigned ? 8 : 16;
-  __m512 lev4 = zero, mid4 = zero;
-  if constexpr (!kQ8) {
-    if (c.n != kLevels4) return 0;
-    alignas(64) float l[16], m[16];
-    for (int j = 0; j < 16; ++j) {
-      l[j] = j < c.n ? c.level[j] : INFINITY;
-      m[j] = j + 1 < c.n ? c.mid[j] : INFINITY;
-    }
-    lev4 = _mm512_load_ps(l);
-    mid4 = _mm512_load_ps(m);
+  if (c.n != kLevels4) return 0;
+  alignas(64) float l[16], m[16];
+  for (int j = 0; j < 16; ++j) {
+    l[j] = j < c.n ? c.level[j] : INFINITY;
+    m[j] = j + 1 < c.n ? c.mid[j] : INFINITY;
   }
-  int64_t i = 0;
+  const __m512 lev4 = _mm512_load_ps(l), mid4 = _mm512_load_ps(m);
   for (; i + 16 <= k; i += 16) {
     const __m512 xv = _mm512_loadu_ps(x + i);
     const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(xv), absmask));
@@ -305,52 +304,29 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
     const __m512i yb = _mm512_castps_si512(y);
     __m512i q;
     if (kStochastic) {
-      __m512i h = ctr;  // quant_mix32
-      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(0x7feb352d));
-      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
-      h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
-      h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+      const __m512i h = quant_mix32x16(ctr);
       const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
-      if constexpr (kQ8) {
-        const __m512i j = _mm512_max_epi32(
-            _mm512_sub_epi32(_mm512_srl_epi32(_mm512_add_epi32(yb, _mm512_srl_epi32(h, mf_draw_sh)), mf_sh), mf_base),
-            izero);
-        if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
-          const __mmask16 bottom = _mm512_cmp_ps_mask(_mm512_mul_ps(u, mf_lmin), y, _CMP_LT_OQ);
-          q = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(yb, mf_win), _mm512_maskz_mov_epi32(bottom, ione),
-                                      _mm512_add_epi32(j, ione));
-        } else {
-          q = j;
-        }
+      __m512i f;                 // count of levels <= y, - 1
+      if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
+        f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
+                             _mm512_set1_epi32(-1));
       } else {
-        __m512i f;                 // count of levels <= y, - 1
-        if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
-          f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
-                               _mm512_set1_epi32(-1));
-        } else {
-          f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
-        }
-        const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
-        __m512 lo, hi;
-        if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
-          lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
-          hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
-        } else {
-          lo = _mm512_permutexvar_ps(fc, lev4);
-          hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
-        }
-        const __mmask16 up =
-            _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
-        q = _mm512_mask_add_epi32(fc, up, fc, ione);
-        q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
-        q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
+        f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
       }
+      const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
+      __m512 lo, hi;
+      if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
+        lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
+        hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
+      } else {
+        lo = _mm512_permutexvar_ps(fc, lev4);
+        hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
+      }
+      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
+      q = _mm512_mask_add_epi32(fc, up, fc, ione);
+      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
+      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
       ctr = _mm512_add_epi32(ctr, step);
-    } else if constexpr (kQ8) {
-      const __m512i j =
-          _mm512_max_epi32(_mm512_sub_epi32(_mm512_srl_epi32(_mm512_add_epi32(yb, mf_half), mf_sh), mf_base), izero);
-      q = kSigned ? _mm512_maskz_add_epi32(_mm512_cmpge_epi32_mask(yb, mf_halfmin), j, ione) : j;
     } else if constexpr (!kSigned) {
       // v4: the mids are 1.5 * 2^(k - 15), so the count of mids < y is
       // exponent(y) + 15, + 1 when y's mantissa is above 1.5, clamped to [0, 15]
@@ -361,14 +337,10 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
     } else {
       q = count_below_avx512<16, false>(mid4, y);  // count of mids < y
     }
-    if (kSigned) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(xv), 31), kQ8 ? 7 : 3));
-    if (kQ8) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + first + i), _mm512_cvtepi32_epi8(q));
-    } else {
-      // each 64-bit lane: low dword q[2j], high q[2j + 1] -> byte q[2j] | q[2j + 1] << 4
-      const __m512i pairs = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + ((first + i) >> 1)), _mm512_cvtepi64_epi8(pairs));
-    }
+    if (kSigned) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(xv), 31), 3));
+    // each 64-bit lane: low dword q[2j], high q[2j + 1] -> byte q[2j] | q[2j + 1] << 4
+    const __m512i pairs = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + ((first + i) >> 1)), _mm512_cvtepi64_epi8(pairs));
   }
   return i;
 }
@@ -508,7 +480,6 @@ bool quant_set_simd(bool on, bool avx512) {
 
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
                         uint8_t* codes, int64_t first, float* scale) {
-  const QuantCode& c = code_of(s, signed_code);
   const int simd = quant_simd_slot().load(std::memory_order_relaxed);
   float amax = 0;
   bool finite = true;
@@ -518,6 +489,13 @@ void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint
     finite &= std::isfinite(a);
     amax = a > amax ? a : amax;
   }
+  quant_block_encode_absmax(s, signed_code, r, key, x, k, codes, first, scale, amax, finite);
+}
+
+void quant_block_encode_absmax(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x,
+                               int64_t k, uint8_t* codes, int64_t first, float* scale, float amax, bool finite) {
+  const QuantCode& c = code_of(s, signed_code);
+  const int simd = quant_simd_slot().load(std::memory_order_relaxed);
   *scale = finite ? amax : NAN;
   const bool sr = r == QuantRounding::stochastic, q8 = s == MomentStorage::q8;
   using Loop = void (*)(const QuantCode&, uint32_t, const float*, int64_t, uint8_t*, int64_t, float, int);

@@ -172,6 +172,11 @@ bool quant_set_simd(bool on, bool avx512 = true);
 // rounding key of this block's moment (the element index i in [0, k) is the counter).
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
                         uint8_t* codes, int64_t first, float* scale);
+// quant_block_encode with the block's absmax known: amax = max |x| over the
+// block with NaN ignored (from 0), finite = whether every |x| is finite, as
+// quant_block_encode computes them; then the same codes and scale.
+void quant_block_encode_absmax(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x,
+                               int64_t k, uint8_t* codes, int64_t first, float* scale, float amax, bool finite);
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
                         float* x);
 // Every block of one moment of n elements (codes from element 0, one scale per

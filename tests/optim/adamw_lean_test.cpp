@@ -57,12 +57,14 @@ bool same_unit(const rt::StateUnit& a, const rt::StateUnit& b, std::string* why)
 // chunks of `chunk` elements (0: growing uneven chunks 5, 82, 159, ...);
 // level_a, level_b: the SIMD levels of the whole-unit and of the split updates
 // (AdamW maths, master load/store, moment codec).
+// sp: the model; poison: element 300 of every unit's gradient is NaN at step 2.
 void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t chunk,
-                rt::SimdLevel level_b = rt::simd_level_detected(), rt::SimdLevel level_a = rt::simd_level_detected()) {
+                rt::SimdLevel level_b = rt::simd_level_detected(), rt::SimdLevel level_a = rt::simd_level_detected(),
+                const rt::ModelSpec& sp = spec(), bool poison = false) {
   SCOPED_TRACE(std::string(rt::moment_storage_name(mo)) + " / " + rt::master_storage_name(ms) + " / " +
                rt::quant_rounding_name(r) + " / chunk " + std::to_string(chunk) + " / " + rt::simd_level_name(level_a) +
                " vs " + rt::simd_level_name(level_b));
-  rt::HostState A(spec(), false), B(spec(), false);
+  rt::HostState A(sp, false), B(sp, false);
   for (rt::HostState* s : {&A, &B}) {
     s->init_random(11);
     s->set_moment_storage(mo);
@@ -80,6 +82,7 @@ void split_twin(MomentStorage mo, MasterStorage ms, rt::QuantRounding r, int64_t
       rt::StateUnit& b = B.units()[i];
       std::vector<float> g(static_cast<size_t>(a.numel));
       for (int64_t k = 0; k < a.numel; ++k) g[static_cast<size_t>(k)] = std::sin(0.37 * double(k) + 1.3 * t + i);
+      if (poison && t == 2 && a.numel > 300) g[300] = NAN;
       std::vector<uint16_t> sa(static_cast<size_t>(a.numel)), sb(sa.size());
       uint16_t* out_a = a.shadow_master() ? a.shadow(0) : sa.data();
       uint16_t* out_b = b.shadow_master() ? b.shadow(0) : sb.data();
@@ -128,6 +131,23 @@ TEST(AdamWLean, SimdPathsEqualScalar) {
         split_twin(mo, ms, r, 768, rt::SimdLevel::scalar, rt::SimdLevel::avx2);
         if (rt::simd_level_detected() == rt::SimdLevel::avx512)
           split_twin(mo, ms, r, 4096, rt::SimdLevel::avx2, rt::SimdLevel::avx512);
+      }
+}
+
+// The fused 8-bit AVX-512 block (split and bf16-sr masters) against the scalar
+// specification where it hands blocks back: tensors whose sizes are not
+// multiples of 16 (padding inside a group: the block goes through the
+// unfused path) and a NaN gradient (non-finite moments: the block codec finds
+// the absmax). NaNs compare by their bits: both paths run the same ops.
+TEST(AdamWLean, FusedBlocksEqualScalarOnOddShapesAndNaN) {
+  if (rt::simd_level_detected() != rt::SimdLevel::avx512) GTEST_SKIP() << "no AVX-512F on this CPU";
+  const rt::ModelSpec odd = rt::test::llama_spec(24, 50, 2, 3, 1, 8, 37, /*qkv_bias=*/true);
+  for (MasterStorage ms : {MasterStorage::split, MasterStorage::bf16_sr})
+    for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
+      for (bool poison : {false, true}) {
+        SCOPED_TRACE(poison ? "NaN gradient" : "finite");
+        split_twin(MomentStorage::q8, ms, r, 4096, rt::SimdLevel::scalar, rt::SimdLevel::avx512, odd, poison);
+        split_twin(MomentStorage::q8, ms, r, 256, rt::SimdLevel::scalar, rt::SimdLevel::avx512, spec(), poison);
       }
 }
 
