@@ -142,10 +142,11 @@ RT_AVX512 inline __m512i bf16_rne16(__m512i u) {
                                  _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
 }
 
-// Group [i, i + 16) of a split or bf16 master as fp32 (an fp32 master is used in place).
+// Group [i, i + 16) of a split (kSplit) or bf16 master as fp32 (an fp32 master is used in place).
+template <bool kSplit>
 RT_AVX512 inline __m512 master_load16v(const Lean& a, int64_t i) {
   const StateUnit& u = *a.u;
-  if (u.master_kind == MasterStorage::split) {
+  if constexpr (kSplit) {
     const __m512i sh = widen16(a.in + i), rem = widen16(u.rem() + i);
     const __mmask16 nan =
         _mm512_cmpgt_epi32_mask(_mm512_and_si512(sh, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
@@ -185,7 +186,7 @@ RT_AVX512 inline void master_store16v(const Lean& a, uint32_t key32, int64_t i, 
       const __mmask16 finite =
           _mm512_cmplt_epi32_mask(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
       const __m512i sr = _mm512_srli_epi32(_mm512_add_epi32(xb, _mm512_srli_epi32(h, 16)), 16);
-      narrow16_store(a.out + i, _mm512_mask_blend_epi32(finite, bf16_rne16(xb), sr));
+      narrow16_store(a.out + i, finite == 0xffff ? sr : _mm512_mask_blend_epi32(finite, bf16_rne16(xb), sr));
       return;
     }
     case MasterStorage::bf16_kahan: {
@@ -202,7 +203,10 @@ RT_AVX512 inline void master_store16v(const Lean& a, uint32_t key32, int64_t i, 
 }
 
 // Group [i, i + 16) -> p[0, 16), and back.
-RT_AVX512 void master_load16(const Lean& a, int64_t i, float* p) { _mm512_storeu_ps(p, master_load16v(a, i)); }
+RT_AVX512 void master_load16(const Lean& a, int64_t i, float* p) {
+  _mm512_storeu_ps(p, a.u->master_kind == MasterStorage::split ? master_load16v<true>(a, i)
+                                                               : master_load16v<false>(a, i));
+}
 RT_AVX512 void master_store16(const Lean& a, uint32_t key32, int64_t i, const float* p) {
   const __m512 x = _mm512_loadu_ps(p);
   switch (a.u->master_kind) {
@@ -420,7 +424,7 @@ RT_AVX512 void q8_block_avx512(const Lean& a, int64_t s, const AdamWVec512* cons
     const __m512i qv = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qv8 + i)));
     __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(qv, v_off), 20)), sv);
     if (const AdamWVec512* k = group[j / 16]) {
-      const __m512 p = master_load16v(a, i);
+      const __m512 p = master_load16v<kM == MasterStorage::split>(a, i);
       _mm512_store_ps(pb + j, adamw_math_avx512(p, m, v, _mm512_loadu_ps(a.g + (i - a.b)), *k));
     }
     _mm512_store_ps(mb + j, m);
@@ -442,9 +446,9 @@ RT_AVX512 void q8_block_avx512(const Lean& a, int64_t s, const AdamWVec512* cons
     const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
     const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qm8 + i),
-                     _mm512_cvtepi32_epi8(q8_encode16<kSR, true>(em, _mm512_load_ps(mb + j), hm)));
+                     _mm512_cvtepi32_epi8(q8_encode16<kSR, true, true>(em, _mm512_load_ps(mb + j), hm)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qv8 + i),
-                     _mm512_cvtepi32_epi8(q8_encode16<kSR, false>(ev, _mm512_load_ps(vb + j), hv)));
+                     _mm512_cvtepi32_epi8(q8_encode16<kSR, false, true>(ev, _mm512_load_ps(vb + j), hv)));
     ctr_m = _mm512_add_epi32(ctr_m, step);
     ctr_v = _mm512_add_epi32(ctr_v, step);
   }
@@ -469,6 +473,12 @@ RT_AVX512 void q8_range_avx512(const Lean& a, int64_t s, int64_t e) {
   size_t seg = 0;  // the first segment that ends after the group at hand
   for (; s < e; s += kQuantBlock) {
     bool whole = s + kQuantBlock <= e;
+    while (seg < a.segs.size() && a.segs[seg].hi <= s) ++seg;
+    if (whole && seg < a.segs.size() && a.segs[seg].lo <= s && s + kQuantBlock <= a.segs[seg].hi) {  // one tensor
+      std::fill(group, group + kQuantBlock / 16, a.segs[seg].decays ? &kd : &kp);
+      q8_block_avx512<kM, kSR>(a, s, group, key32);
+      continue;
+    }
     for (int j = 0; whole && j < kQuantBlock / 16; ++j) {
       const int64_t g0 = s + 16 * j;
       while (seg < a.segs.size() && a.segs[seg].hi <= g0) ++seg;

@@ -56,24 +56,28 @@ RT_AVX512_INLINE __m512i quant_counters16(uint32_t key32) {
 RT_AVX512_INLINE __m512i quant_counter_step16() { return _mm512_set1_epi32(static_cast<int>(16u * kQuantCounterStep)); }
 
 // The codes (one per int32 lane, sign bit 7 for m) of x; h: the lanes' hash
-// (quant_mix32 of their counters; unused with nearest rounding).
-template <bool kStochastic, bool kSigned>
+// (quant_mix32 of their counters; unused with nearest rounding). kFinite: the
+// caller knows every x is finite (then y >= 0 needs no clamp from below).
+template <bool kStochastic, bool kSigned, bool kFinite = false>
 RT_AVX512_INLINE __m512i q8_encode16(const Q8Encode512& e, __m512 xv, __m512i h) {
   const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
   const __m512i izero = _mm512_setzero_si512(), ione = _mm512_set1_epi32(1);
   const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(xv), _mm512_set1_epi32(0x7fffffff)));
   __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, e.vamax, _CMP_EQ_OQ), _mm512_mul_ps(a, e.vinv), one);
-  y = _mm512_min_ps(_mm512_max_ps(y, zero), one);  // clamp01 (NaN -> 0)
+  y = _mm512_min_ps(kFinite ? y : _mm512_max_ps(y, zero), one);  // clamp01 (NaN -> 0)
   const __m512i yb = _mm512_castps_si512(y);
   __m512i q;
   if constexpr (kStochastic) {
     const __m512i j = _mm512_max_epi32(
         _mm512_sub_epi32(_mm512_srl_epi32(_mm512_add_epi32(yb, _mm512_srl_epi32(h, e.draw_sh)), e.sh), e.base), izero);
     if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
-      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
-      const __mmask16 bottom = _mm512_cmp_ps_mask(_mm512_mul_ps(u, e.lmin), y, _CMP_LT_OQ);
-      q = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(yb, e.win), _mm512_maskz_mov_epi32(bottom, ione),
-                                  _mm512_add_epi32(j, ione));
+      const __mmask16 in_window = _mm512_cmpge_epi32_mask(yb, e.win);
+      q = _mm512_add_epi32(j, ione);
+      if (in_window != 0xffff) {  // rare: a lane below the window
+        const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
+        const __mmask16 bottom = _mm512_cmp_ps_mask(_mm512_mul_ps(u, e.lmin), y, _CMP_LT_OQ);
+        q = _mm512_mask_blend_epi32(in_window, _mm512_maskz_mov_epi32(bottom, ione), q);
+      }
     } else {
       q = j;
     }
