@@ -372,9 +372,9 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
 constexpr int64_t kLeanTask = 64 * kQuantBlock;  // elements per thread-pool task
 
 // Whether q8_block_avx512 serves u's whole blocks: 8-bit moments under a split
-// or bf16-sr master. (With an fp32 master lean_block's passes were as fast:
-// on a Zen 4 core, 1.34 ns per element against the fused 1.41; split 1.77 ->
-// 1.39, bf16-sr 1.72 -> 1.45, bench/RESULTS.md.)
+// or bf16-sr master. (An fp32 master keeps lean_block's passes: fused it took
+// 1.45 ns per element against 1.30 on a Zen 4 core, while split went 1.77 ->
+// 1.10-1.19 and bf16-sr 1.72 -> 1.04-1.13; bench/RESULTS.md "2026-12-04 (night)".)
 bool q8_fused_ok(const StateUnit& u) {
   return u.moments == MomentStorage::q8 &&
          (u.master_kind == MasterStorage::split || u.master_kind == MasterStorage::bf16_sr) &&
