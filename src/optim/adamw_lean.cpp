@@ -371,58 +371,50 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
 
 constexpr int64_t kLeanTask = 64 * kQuantBlock;  // elements per thread-pool task
 
-// Whether q8_block_avx512 serves u's whole blocks: 8-bit moments under a split
-// or bf16-sr master. (An fp32 master keeps lean_block's passes: fused it took
-// 1.45 ns per element against 1.30 on a Zen 4 core, while split went 1.77 ->
-// 1.10-1.19 and bf16-sr 1.72 -> 1.04-1.13; bench/RESULTS.md "2026-12-04 (night)".)
-bool q8_fused_ok(const StateUnit& u) {
-  return u.moments == MomentStorage::q8 &&
-         (u.master_kind == MasterStorage::split || u.master_kind == MasterStorage::bf16_sr) &&
-         simd_level_active() == SimdLevel::avx512 && quant_avx512_active() && quant_code_m8().shift == 20 &&
-         quant_code_v8().shift == 20;
+// Whether fused_block_avx512 serves u's whole blocks: quantized moments under a
+// split or bf16-sr master. (An fp32 master keeps lean_block's passes: fused it
+// took 1.45 ns per element against 1.30 on a Zen 4 core with 8-bit moments,
+// while split went 1.77 -> 1.10-1.19 and bf16-sr 1.72 -> 1.04-1.13;
+// bench/RESULTS.md "2026-12-04 (night)".)
+bool fused_ok(const StateUnit& u) {
+  return u.quantized() && (u.master_kind == MasterStorage::split || u.master_kind == MasterStorage::bf16_sr) &&
+         simd_level_active() == SimdLevel::avx512 && quant_avx512_active() && quant_code_m4().n == 8 &&
+         quant_code_v4().n == 16;
 }
 
-// The fused 8-bit path (AVX-512F): a whole block [s, s + kQuantBlock) in two
-// loops over its 16 groups, with no call between them. The first decodes m
-// and v, loads the master and runs the element maths, keeping the new values
-// and the absmax of m and v (a short body, so many groups' square roots and
-// divisions are in flight at once); the second stores the master (split or
-// bf16-sr) and encodes m and v. The same ops per lane as lean_block
-// (decode_avx512, adamw_math_avx512, master_store16v, q8_encode16; the absmax
-// as quant_block_encode's: over finite values the largest |x| is the largest
-// as integer bits), so the same bits.
+// The fused path (AVX-512F): a whole block [s, s + kQuantBlock) in two loops
+// over its 16 groups, with no call between them. The first decodes m and v,
+// loads the master and runs the element maths, keeping the new values and the
+// absmax of m and v (a short body, so many groups' square roots and divisions
+// are in flight at once); the second stores the master (split or bf16-sr) and
+// encodes m and v. The same ops per lane as lean_block (quant_decode16,
+// adamw_math_avx512, master_store16v, q8_encode16 / q4_encode16; the absmax as
+// quant_block_encode's: over finite values the largest |x| is the largest as
+// integer bits), so the same bits.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
-#pragma GCC diagnostic ignored "-Wuninitialized"        // the same bug, through q8_encode16's inlining
+#pragma GCC diagnostic ignored "-Wuninitialized"        // the same bug, through the lane codecs' inlining
 #define RT_AVX512 __attribute__((target("avx512f")))
 
 // group[j]: the constants of elements [s + 16j, s + 16j + 16), all of one
 // tensor (tensors start 16-aligned), or nullptr for padding (m and v carried,
 // the master untouched). A block holding a non-finite moment is encoded by
-// quant_block_encode (its absmax ignores NaN).
-template <MasterStorage kM, bool kSR>
-RT_AVX512 void q8_block_avx512(const Lean& a, int64_t s, const AdamWVec512* const* group, uint32_t key32) {
+// quant_block_encode (its absmax ignores NaN). kQ8: 8-bit moments, else 4-bit.
+template <bool kQ8, MasterStorage kM, bool kSR>
+RT_AVX512 void fused_block_avx512(const Lean& a, int64_t s, const AdamWVec512* const* group, uint32_t key32) {
   StateUnit& u = *a.u;
+  constexpr MomentStorage kMo = kQ8 ? MomentStorage::q8 : MomentStorage::q4;
+  const QuantCode& cm = kQ8 ? quant_code_m8() : quant_code_m4();
+  const QuantCode& cv = kQ8 ? quant_code_v8() : quant_code_v4();
   const int64_t blk = s / kQuantBlock;
   alignas(64) float pb[kQuantBlock], mb[kQuantBlock], vb[kQuantBlock];
-  const __m512 sm = _mm512_set1_ps(u.scale_m()[blk]), sv = _mm512_set1_ps(u.scale_v()[blk]);
-  const __m512i m_off = _mm512_set1_epi32(quant_code_m8().base - 1), v_off = _mm512_set1_epi32(quant_code_v8().base);
-  const __m512i absmask = _mm512_set1_epi32(0x7fffffff), m_idx = _mm512_set1_epi32(0x7f);
-  const __m512i m_sign = _mm512_set1_epi32(0x80);
-  uint8_t *const qm8 = u.qm(), *const qv8 = u.qv();
+  const QDecode512 dm = quant_decode_consts512(cm, u.scale_m()[blk]), dv = quant_decode_consts512(cv, u.scale_v()[blk]);
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  uint8_t *const qm = u.qm(), *const qv = u.qv();
   __m512i am = _mm512_setzero_si512(), av = _mm512_setzero_si512();
   for (int64_t j = 0; j < kQuantBlock; j += 16) {
     const int64_t i = s + j;
-    const __m512i qm = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qm8 + i)));
-    const __m512i im = _mm512_and_si512(qm, m_idx);
-    __m512 m = _mm512_mul_ps(
-        _mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_test_epi32_mask(im, im),
-                                                   _mm512_slli_epi32(_mm512_add_epi32(im, m_off), 20))),
-        sm);
-    m = _mm512_castsi512_ps(
-        _mm512_xor_si512(_mm512_castps_si512(m), _mm512_slli_epi32(_mm512_and_si512(qm, m_sign), 24)));
-    const __m512i qv = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qv8 + i)));
-    __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(qv, v_off), 20)), sv);
+    __m512 m = quant_decode16<kQ8, true>(dm, qm, i), v = quant_decode16<kQ8, false>(dv, qv, i);
     if (const AdamWVec512* k = group[j / 16]) {
       const __m512 p = master_load16v<kM == MasterStorage::split>(a, i);
       _mm512_store_ps(pb + j, adamw_math_avx512(p, m, v, _mm512_loadu_ps(a.g + (i - a.b)), *k));
@@ -435,38 +427,53 @@ RT_AVX512 void q8_block_avx512(const Lean& a, int64_t s, const AdamWVec512* cons
   const uint64_t kb = quant_mix64(a.key ^ quant_mix64(static_cast<uint64_t>(blk)));
   const uint32_t amax_m = _mm512_reduce_max_epu32(am), amax_v = _mm512_reduce_max_epu32(av);
   const bool finite = amax_m < 0x7f800000u && amax_v < 0x7f800000u;
-  const Q8Encode512 em = q8_encode_consts512(quant_code_m8(), std::bit_cast<float>(amax_m));
-  const Q8Encode512 ev = q8_encode_consts512(quant_code_v8(), std::bit_cast<float>(amax_v));
+  const float fm = std::bit_cast<float>(amax_m), fv = std::bit_cast<float>(amax_v);
   const __m512i step = quant_counter_step16();
   __m512i ctr_m = quant_counters16(quant_key32(kb ^ kKeyM)), ctr_v = quant_counters16(quant_key32(kb ^ kKeyV));
-  for (int64_t j = 0; j < kQuantBlock; j += 16) {
-    const int64_t i = s + j;
-    if (group[j / 16]) master_store16v<kM>(a, key32, i, _mm512_load_ps(pb + j));
-    if (!finite) continue;
-    const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
-    const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qm8 + i),
-                     _mm512_cvtepi32_epi8(q8_encode16<kSR, true, true>(em, _mm512_load_ps(mb + j), hm)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qv8 + i),
-                     _mm512_cvtepi32_epi8(q8_encode16<kSR, false, true>(ev, _mm512_load_ps(vb + j), hv)));
-    ctr_m = _mm512_add_epi32(ctr_m, step);
-    ctr_v = _mm512_add_epi32(ctr_v, step);
+  if constexpr (kQ8) {
+    const Q8Encode512 em = q8_encode_consts512(cm, fm), ev = q8_encode_consts512(cv, fv);
+    for (int64_t j = 0; j < kQuantBlock; j += 16) {
+      const int64_t i = s + j;
+      if (group[j / 16]) master_store16v<kM>(a, key32, i, _mm512_load_ps(pb + j));
+      if (!finite) continue;
+      const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
+      const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + i),
+                       _mm512_cvtepi32_epi8(q8_encode16<kSR, true, true>(em, _mm512_load_ps(mb + j), hm)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + i),
+                       _mm512_cvtepi32_epi8(q8_encode16<kSR, false, true>(ev, _mm512_load_ps(vb + j), hv)));
+      ctr_m = _mm512_add_epi32(ctr_m, step);
+      ctr_v = _mm512_add_epi32(ctr_v, step);
+    }
+  } else {
+    const Q4Encode512 em = q4_encode_consts512(cm, fm), ev = q4_encode_consts512(cv, fv);
+    for (int64_t j = 0; j < kQuantBlock; j += 16) {
+      const int64_t i = s + j;
+      if (group[j / 16]) master_store16v<kM>(a, key32, i, _mm512_load_ps(pb + j));
+      if (!finite) continue;
+      const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
+      const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
+      q4_store16(qm + (i >> 1), q4_encode16<kSR, true>(em, _mm512_load_ps(mb + j), hm));
+      q4_store16(qv + (i >> 1), q4_encode16<kSR, false>(ev, _mm512_load_ps(vb + j), hv));
+      ctr_m = _mm512_add_epi32(ctr_m, step);
+      ctr_v = _mm512_add_epi32(ctr_v, step);
+    }
   }
   if (finite) {
-    u.scale_m()[blk] = std::bit_cast<float>(amax_m);
-    u.scale_v()[blk] = std::bit_cast<float>(amax_v);
+    u.scale_m()[blk] = fm;
+    u.scale_v()[blk] = fv;
   } else {
-    quant_block_encode(MomentStorage::q8, true, a.rounding, kb ^ kKeyM, mb, kQuantBlock, qm8, s, u.scale_m() + blk);
-    quant_block_encode(MomentStorage::q8, false, a.rounding, kb ^ kKeyV, vb, kQuantBlock, qv8, s, u.scale_v() + blk);
+    quant_block_encode(kMo, true, a.rounding, kb ^ kKeyM, mb, kQuantBlock, qm, s, u.scale_m() + blk);
+    quant_block_encode(kMo, false, a.rounding, kb ^ kKeyV, vb, kQuantBlock, qv, s, u.scale_v() + blk);
   }
 }
 
-// Unit elements [s, e) (s a multiple of kQuantBlock) of a q8_fused_ok unit:
+// Unit elements [s, e) (s a multiple of kQuantBlock) of a fused_ok unit:
 // whole blocks whose 16-element groups each lie in one tensor or in padding
-// through q8_block_avx512, the others (a tensor ending inside a group, the
+// through fused_block_avx512, the others (a tensor ending inside a group, the
 // unit's last partial block) through lean_block.
-template <MasterStorage kM, bool kSR>
-RT_AVX512 void q8_range_avx512(const Lean& a, int64_t s, int64_t e) {
+template <bool kQ8, MasterStorage kM, bool kSR>
+RT_AVX512 void fused_range_avx512(const Lean& a, int64_t s, int64_t e) {
   const AdamWVec512 kd = adamw_vec512(a.c_decay), kp = adamw_vec512(a.c_plain);
   const uint32_t key32 = master_key32(a);
   const AdamWVec512* group[kQuantBlock / 16];
@@ -476,7 +483,7 @@ RT_AVX512 void q8_range_avx512(const Lean& a, int64_t s, int64_t e) {
     while (seg < a.segs.size() && a.segs[seg].hi <= s) ++seg;
     if (whole && seg < a.segs.size() && a.segs[seg].lo <= s && s + kQuantBlock <= a.segs[seg].hi) {  // one tensor
       std::fill(group, group + kQuantBlock / 16, a.segs[seg].decays ? &kd : &kp);
-      q8_block_avx512<kM, kSR>(a, s, group, key32);
+      fused_block_avx512<kQ8, kM, kSR>(a, s, group, key32);
       continue;
     }
     for (int j = 0; whole && j < kQuantBlock / 16; ++j) {
@@ -487,18 +494,27 @@ RT_AVX512 void q8_range_avx512(const Lean& a, int64_t s, int64_t e) {
       group[j] = padding ? nullptr : a.segs[seg].decays ? &kd : &kp;
     }
     if (whole)
-      q8_block_avx512<kM, kSR>(a, s, group, key32);
+      fused_block_avx512<kQ8, kM, kSR>(a, s, group, key32);
     else
       lean_block(a, s, std::min(s + kQuantBlock, e) - s);
   }
 }
 
-template <MasterStorage kM>
-void q8_range(const Lean& a, int64_t s, int64_t e) {
+template <bool kQ8, MasterStorage kM>
+void fused_range_rounding(const Lean& a, int64_t s, int64_t e) {
   if (a.rounding == QuantRounding::stochastic)
-    q8_range_avx512<kM, true>(a, s, e);
+    fused_range_avx512<kQ8, kM, true>(a, s, e);
   else
-    q8_range_avx512<kM, false>(a, s, e);
+    fused_range_avx512<kQ8, kM, false>(a, s, e);
+}
+
+void fused_range(const Lean& a, int64_t s, int64_t e) {
+  const bool q8 = a.u->moments == MomentStorage::q8, split = a.u->master_kind == MasterStorage::split;
+  if (q8)
+    return split ? fused_range_rounding<true, MasterStorage::split>(a, s, e)
+                 : fused_range_rounding<true, MasterStorage::bf16_sr>(a, s, e);
+  return split ? fused_range_rounding<false, MasterStorage::split>(a, s, e)
+               : fused_range_rounding<false, MasterStorage::bf16_sr>(a, s, e);
 }
 #undef RT_AVX512
 #pragma GCC diagnostic pop
@@ -533,13 +549,9 @@ void adamw_lean_update(StateUnit& u, int64_t b, int64_t e, const float* grad, co
                                                     quant_mix64(static_cast<uint64_t>(u.index) + 0x756e6974ull)));
   for (size_t k = 0; k < u.entries.size(); ++k)
     a.segs.push_back({u.offsets[k], u.offsets[k] + u.entries[k].numel(), weight_decay_for(u.entries[k], o) != 0});
-  const bool fused = q8_fused_ok(u) && b % kQuantBlock == 0;
+  const bool fused = fused_ok(u) && b % kQuantBlock == 0;
   parallel_for(e - b, kLeanTask, [&](int64_t tb, int64_t te) {
-    if (fused) {
-      const int64_t s = b + tb, end = std::min(b + te, e);
-      if (u.master_kind == MasterStorage::split) return q8_range<MasterStorage::split>(a, s, end);
-      return q8_range<MasterStorage::bf16_sr>(a, s, end);
-    }
+    if (fused) return fused_range(a, b + tb, std::min(b + te, e));
     for (int64_t s = b + tb; s < b + te;) {
       const int64_t end = std::min({(s / kQuantBlock + 1) * kQuantBlock, b + te, e});
       lean_block(a, s, end - s);

@@ -11,9 +11,9 @@
 // bf16 p with a bf16 compensation c: y = u - c, t = bf16(p + y),
 // c = bf16((t - p) - y), p = t) and requantize m, v with o.moment_rounding.
 // Elements between tensors (padding) are carried, never updated.
-// With AVX-512F, 8-bit moments under a split or bf16-sr master take a fused
+// With AVX-512F, quantized moments under a split or bf16-sr master take a fused
 // form of the same per-block steps (two loops per block, no calls between;
-// the same ops per lane, so the same bits): adamw_lean.cpp q8_block_avx512.
+// the same ops per lane, so the same bits): adamw_lean.cpp fused_block_avx512.
 // Randomness (stochastic rounding) is counter-based: a pure function of
 // (o.rounding_seed, o.t, unit index, element or block index), so results do
 // not depend on the thread count or on how [b, e) is cut.

@@ -245,25 +245,9 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The AVX-512F forms of the AVX2 loops above: 16 lanes, the same ops per lane.
-// 8-bit codes gather from the prefix tables (one gather per moment and 16
-// elements) and read levels back by register permutes; 4-bit codes search the
-// levels held in one register (permutes).
+// The AVX-512F forms of the AVX2 loops above: 16 lanes, the same ops per lane,
+// through the lane codecs of state/moment_quant_avx512.h.
 #define RT_AVX512 __attribute__((target("avx512f")))
-
-// Index of each lane's y in the sorted table t (<= 16 entries, padded with +inf):
-// the count of entries e with cmp(e, y) (e < y, or e <= y), by binary search.
-template <int kEntries, bool kLessEqual>
-RT_AVX512 inline __m512i count_below_avx512(__m512 t, __m512 y) {
-  __m512i idx = _mm512_setzero_si512();
-  for (int step = kEntries / 2; step >= 1; step /= 2) {
-    const __m512i probe = _mm512_add_epi32(idx, _mm512_set1_epi32(step - 1));
-    const __m512 e = _mm512_permutexvar_ps(probe, t);
-    const __mmask16 go = _mm512_cmp_ps_mask(e, y, kLessEqual ? _CMP_LE_OQ : _CMP_LT_OQ);
-    idx = _mm512_mask_add_epi32(idx, go, idx, _mm512_set1_epi32(step));
-  }
-  return idx;
-}
 
 template <bool kStochastic, bool kQ8, bool kSigned>
 RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float* x, int64_t k, uint8_t* codes,
@@ -279,68 +263,14 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + first + i), _mm512_cvtepi32_epi8(q));
       ctr = _mm512_add_epi32(ctr, step);
     }
-    return i;
-  }
-  // 4-bit codes
-  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
-  const __m512 vinv = _mm512_set1_ps(inv), vamax = _mm512_set1_ps(amax), one = _mm512_set1_ps(1.0f);
-  const __m512 zero = _mm512_setzero_ps();
-  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i nm1 = _mm512_set1_epi32(c.n - 1), nm2 = _mm512_set1_epi32(c.n - 2);
-  const __m512i izero = _mm512_setzero_si512(), ione = _mm512_set1_epi32(1);
-  constexpr int kLevels4 = kSigned ? 8 : 16;
-  if (c.n != kLevels4) return 0;
-  alignas(64) float l[16], m[16];
-  for (int j = 0; j < 16; ++j) {
-    l[j] = j < c.n ? c.level[j] : INFINITY;
-    m[j] = j + 1 < c.n ? c.mid[j] : INFINITY;
-  }
-  const __m512 lev4 = _mm512_load_ps(l), mid4 = _mm512_load_ps(m);
-  for (; i + 16 <= k; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(xv), absmask));
-    __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, vamax, _CMP_EQ_OQ), _mm512_mul_ps(a, vinv), one);
-    y = _mm512_min_ps(_mm512_max_ps(y, zero), one);  // as the AVX2 clamp (NaN -> 0)
-    const __m512i yb = _mm512_castps_si512(y);
-    __m512i q;
-    if (kStochastic) {
-      const __m512i h = quant_mix32x16(ctr);
-      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
-      __m512i f;                 // count of levels <= y, - 1
-      if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
-        f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
-                             _mm512_set1_epi32(-1));
-      } else {
-        f = _mm512_sub_epi32(count_below_avx512<16, true>(lev4, y), ione);
-      }
-      const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, nm2), izero);
-      __m512 lo, hi;
-      if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
-        lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
-        hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
-      } else {
-        lo = _mm512_permutexvar_ps(fc, lev4);
-        hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), lev4);
-      }
-      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
-      q = _mm512_mask_add_epi32(fc, up, fc, ione);
-      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
-      q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, nm2), nm1);
+  } else {  // 4-bit codes
+    if (c.n != (kSigned ? 8 : 16)) return 0;
+    const Q4Encode512 e = q4_encode_consts512(c, amax);
+    for (; i + 16 <= k; i += 16) {
+      const __m512i h = kStochastic ? quant_mix32x16(ctr) : _mm512_setzero_si512();
+      q4_store16(codes + ((first + i) >> 1), q4_encode16<kStochastic, kSigned>(e, _mm512_loadu_ps(x + i), h));
       ctr = _mm512_add_epi32(ctr, step);
-    } else if constexpr (!kSigned) {
-      // v4: the mids are 1.5 * 2^(k - 15), so the count of mids < y is
-      // exponent(y) + 15, + 1 when y's mantissa is above 1.5, clamped to [0, 15]
-      const __m512i e = _mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127));
-      const __mmask16 above =
-          _mm512_cmpgt_epi32_mask(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
-      q = _mm512_max_epi32(_mm512_min_epi32(_mm512_mask_add_epi32(e, above, e, ione), nm1), izero);
-    } else {
-      q = count_below_avx512<16, false>(mid4, y);  // count of mids < y
     }
-    if (kSigned) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(xv), 31), 3));
-    // each 64-bit lane: low dword q[2j], high q[2j + 1] -> byte q[2j] | q[2j + 1] << 4
-    const __m512i pairs = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + ((first + i) >> 1)), _mm512_cvtepi64_epi8(pairs));
   }
   return i;
 }
@@ -365,40 +295,22 @@ RT_AVX512 int64_t absmax_avx512(const float* x, int64_t k, float* amax, bool* fi
   return i;
 }
 
+template <bool kQ8, bool kSigned>
+RT_AVX512 int64_t decode_loop_avx512(const QuantCode& c, const uint8_t* codes, int64_t first, float scale, int64_t k,
+                                     float* x) {
+  const QDecode512 d = quant_decode_consts512(c, scale);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) _mm512_storeu_ps(x + i, quant_decode16<kQ8, kSigned>(d, codes, first + i));
+  return i;
+}
+
 RT_AVX512 int64_t decode_avx512(bool q8, bool signed_code, const QuantCode& c, const uint8_t* codes, int64_t first,
                                 float scale, int64_t k, float* x) {
-  const __m512 vs = _mm512_set1_ps(scale);
-  const __m512i mask = _mm512_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
-  const __m512i sbit = _mm512_set1_epi32(q8 ? 0x80 : 0x8), nib = _mm512_set1_epi64(0xf);
-  const __m512 tab4 = _mm512_loadu_ps(c.level);  // 4-bit codes (8 or 16 levels; the index is masked)
-  // 8-bit minifloat codes: the level's bits (index + base - has_zero) << shift, 0 for index 0 of m
-  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift);
-  const __m512i mf_off = _mm512_set1_epi32(c.base - (c.has_zero ? 1 : 0));
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    __m512i q;
-    if (q8) {
-      q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + first + i)));
-    } else {
-      const __m512i b =
-          _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + ((first + i) >> 1))));
-      q = _mm512_or_si512(_mm512_and_si512(b, nib), _mm512_slli_epi64(_mm512_srli_epi64(b, 4), 32));
-    }
-    const __m512i idx = _mm512_and_si512(q, mask);
-    __m512 lv;
-    if (!q8) {
-      lv = _mm512_permutexvar_ps(idx, tab4);
-    } else {
-      const __m512i lb = _mm512_sll_epi32(_mm512_add_epi32(idx, mf_off), mf_sh);
-      lv = _mm512_castsi512_ps(signed_code ? _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(idx, idx), lb) : lb);
-    }
-    __m512 y = _mm512_mul_ps(lv, vs);
-    if (signed_code)
-      y = _mm512_castsi512_ps(
-          _mm512_xor_si512(_mm512_castps_si512(y), _mm512_slli_epi32(_mm512_and_si512(q, sbit), q8 ? 24 : 28)));
-    _mm512_storeu_ps(x + i, y);
-  }
-  return i;
+  if (q8)
+    return signed_code ? decode_loop_avx512<true, true>(c, codes, first, scale, k, x)
+                       : decode_loop_avx512<true, false>(c, codes, first, scale, k, x);
+  return signed_code ? decode_loop_avx512<false, true>(c, codes, first, scale, k, x)
+                     : decode_loop_avx512<false, false>(c, codes, first, scale, k, x);
 }
 #undef RT_AVX512
 #pragma GCC diagnostic pop

@@ -1,12 +1,14 @@
-// The 8-bit minifloat encode of 16 lanes with AVX-512F (state/moment_quant.h's
-// codes m8, v8; the integer maths of mf_nearest and mf_stochastic lane by
-// lane), shared by the block encoder (moment_quant.cpp) and the fused 8-bit
-// AdamW block (optim/adamw_lean.cpp), which interleaves it with the next
-// block's update. Include it only after turning implicit FP contraction off,
-// and call it only where the CPU has AVX-512F.
+// The moment codecs of state/moment_quant.h, 16 lanes with AVX-512F: the
+// 8-bit minifloat encode (the integer maths of mf_nearest and mf_stochastic
+// lane by lane), the 4-bit encode, and the decode of both. Shared by the
+// block codec (moment_quant.cpp) and the fused AdamW block
+// (optim/adamw_lean.cpp), so both give the same bits. Include it only after
+// turning implicit FP contraction off, and call it only where the CPU has
+// AVX-512F.
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "state/moment_quant.h"
@@ -88,6 +90,131 @@ RT_AVX512_INLINE __m512i q8_encode16(const Q8Encode512& e, __m512 xv, __m512i h)
   }
   if constexpr (kSigned) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(xv), 31), 7));
   return q;
+}
+
+// Index of each lane's y in the sorted table t (<= 16 entries, padded with +inf):
+// the count of entries e with cmp(e, y) (e < y, or e <= y), by binary search.
+template <int kEntries, bool kLessEqual>
+RT_AVX512_INLINE __m512i count_below_avx512(__m512 t, __m512 y) {
+  __m512i idx = _mm512_setzero_si512();
+  for (int step = kEntries / 2; step >= 1; step /= 2) {
+    const __m512i probe = _mm512_add_epi32(idx, _mm512_set1_epi32(step - 1));
+    const __m512 e = _mm512_permutexvar_ps(probe, t);
+    const __mmask16 go = _mm512_cmp_ps_mask(e, y, kLessEqual ? _CMP_LE_OQ : _CMP_LT_OQ);
+    idx = _mm512_mask_add_epi32(idx, go, idx, _mm512_set1_epi32(step));
+  }
+  return idx;
+}
+
+// The 4-bit codes (m4: 8 levels and a sign bit; v4: 16 powers of two): one
+// block's constants, its levels and mids held in registers (padded with +inf).
+struct Q4Encode512 {
+  __m512 vinv, vamax, lev, mid;
+  __m512i nm1, nm2;
+};
+
+RT_AVX512_INLINE Q4Encode512 q4_encode_consts512(const QuantCode& c, float amax) {
+  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
+  alignas(64) float l[16], m[16];
+  for (int j = 0; j < 16; ++j) {
+    l[j] = j < c.n ? c.level[j] : INFINITY;
+    m[j] = j + 1 < c.n ? c.mid[j] : INFINITY;
+  }
+  return {_mm512_set1_ps(inv),         _mm512_set1_ps(amax),         _mm512_load_ps(l), _mm512_load_ps(m),
+          _mm512_set1_epi32(c.n - 1), _mm512_set1_epi32(c.n - 2)};
+}
+
+// The codes (one per int32 lane, sign bit 3 for m) of x: the index as the
+// count of levels or mids below y, by register compares (m4) or from y's
+// exponent (v4: levels 2^(k - 15), mids 1.5 x 2^(k - 15)).
+template <bool kStochastic, bool kSigned>
+RT_AVX512_INLINE __m512i q4_encode16(const Q4Encode512& e, __m512 xv, __m512i h) {
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  const __m512i izero = _mm512_setzero_si512(), ione = _mm512_set1_epi32(1);
+  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(xv), _mm512_set1_epi32(0x7fffffff)));
+  __m512 y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, e.vamax, _CMP_EQ_OQ), _mm512_mul_ps(a, e.vinv), one);
+  y = _mm512_min_ps(_mm512_max_ps(y, zero), one);  // clamp01 (NaN -> 0)
+  const __m512i yb = _mm512_castps_si512(y);
+  __m512i q;
+  if constexpr (kStochastic) {
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(0x1.0p-24f));
+    __m512i f;                 // count of levels <= y, - 1
+    if constexpr (!kSigned) {  // v4: levels 2^(k - 15), so f = exponent(y) + 15
+      f = _mm512_max_epi32(_mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127)),
+                           _mm512_set1_epi32(-1));
+    } else {
+      f = _mm512_sub_epi32(count_below_avx512<16, true>(e.lev, y), ione);
+    }
+    const __m512i fc = _mm512_max_epi32(_mm512_min_epi32(f, e.nm2), izero);
+    __m512 lo, hi;
+    if constexpr (!kSigned) {  // 2^(fc - 15), 2^(fc - 14) by their bits
+      lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 15)), 23));
+      hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(fc, _mm512_set1_epi32(127 - 14)), 23));
+    } else {
+      lo = _mm512_permutexvar_ps(fc, e.lev);
+      hi = _mm512_permutexvar_ps(_mm512_add_epi32(fc, ione), e.lev);
+    }
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_mul_ps(u, _mm512_sub_ps(hi, lo)), _mm512_sub_ps(y, lo), _CMP_LT_OQ);
+    q = _mm512_mask_add_epi32(fc, up, fc, ione);
+    q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(izero, f), izero);  // below the smallest level: 0
+    q = _mm512_mask_mov_epi32(q, _mm512_cmpgt_epi32_mask(f, e.nm2), e.nm1);
+  } else if constexpr (!kSigned) {
+    // v4: the count of mids < y is exponent(y) + 15, + 1 when y's mantissa is
+    // above 1.5, clamped to [0, 15]
+    const __m512i x = _mm512_add_epi32(_mm512_srli_epi32(yb, 23), _mm512_set1_epi32(15 - 127));
+    const __mmask16 above =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffff)), _mm512_set1_epi32(0x400000));
+    q = _mm512_max_epi32(_mm512_min_epi32(_mm512_mask_add_epi32(x, above, x, ione), e.nm1), izero);
+  } else {
+    q = count_below_avx512<16, false>(e.mid, y);  // count of mids < y
+  }
+  if constexpr (kSigned) q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(xv), 31), 3));
+  return q;
+}
+
+// 16 4-bit codes (int32 lanes) into 8 bytes: element 2j in the low nibble of byte j.
+RT_AVX512_INLINE void q4_store16(uint8_t* bytes, __m512i q) {
+  // each 64-bit lane: low dword q[2j], high q[2j + 1] -> byte q[2j] | q[2j + 1] << 4
+  const __m512i pairs = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(bytes), _mm512_cvtepi64_epi8(pairs));
+}
+
+// Decode: one block's constants (its code and scale).
+struct QDecode512 {
+  __m512 scale, tab4;  // tab4: a 4-bit code's levels
+  __m512i mf_off;      // 8-bit codes: level bits (index + base - has_zero) << shift
+  __m128i mf_sh;
+};
+
+RT_AVX512_INLINE QDecode512 quant_decode_consts512(const QuantCode& c, float scale) {
+  return {_mm512_set1_ps(scale), _mm512_loadu_ps(c.level), _mm512_set1_epi32(c.base - (c.has_zero ? 1 : 0)),
+          _mm_cvtsi32_si128(c.shift)};
+}
+
+// Elements [e, e + 16) of a moment (codes from element 0; 4-bit: e even) as x = level * scale, signed for m.
+template <bool kQ8, bool kSigned>
+RT_AVX512_INLINE __m512 quant_decode16(const QDecode512& d, const uint8_t* codes, int64_t e) {
+  __m512i q;
+  if constexpr (kQ8) {
+    q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + e)));
+  } else {
+    const __m512i b = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + (e >> 1))));
+    q = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi64(0xf)), _mm512_slli_epi64(_mm512_srli_epi64(b, 4), 32));
+  }
+  const __m512i idx = _mm512_and_si512(q, _mm512_set1_epi32(kQ8 ? (kSigned ? 0x7f : 0xff) : (kSigned ? 0x7 : 0xf)));
+  __m512 lv;
+  if constexpr (!kQ8) {
+    lv = _mm512_permutexvar_ps(idx, d.tab4);
+  } else {  // 0 for index 0 of m
+    const __m512i lb = _mm512_sll_epi32(_mm512_add_epi32(idx, d.mf_off), d.mf_sh);
+    lv = _mm512_castsi512_ps(kSigned ? _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(idx, idx), lb) : lb);
+  }
+  __m512 y = _mm512_mul_ps(lv, d.scale);
+  if constexpr (kSigned)
+    y = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(y),
+        _mm512_slli_epi32(_mm512_and_si512(q, _mm512_set1_epi32(kQ8 ? 0x80 : 0x8)), kQ8 ? 24 : 28)));
+  return y;
 }
 
 #undef RT_AVX512_INLINE
