@@ -15,7 +15,7 @@
 
 #include "optim/adamw.h"
 #include "optim/adamw_math.h"
-#include "optim/adamw_math_avx512.h"
+#include "optim/adamw_math_simd.h"
 
 #include <immintrin.h>
 
@@ -67,31 +67,6 @@ inline bool stream_moments_ok(const float* p, const float* m, const float* v, in
 // The vector forms of adamw_math (same ops, same order) and of f32_to_bf16
 // (round to nearest even, NaN -> (u >> 16) | 0x40), shared by the fp32 and the
 // split-master kernels.
-struct AdamWVec256 {
-  __m256 grad_scale, decay, coeff, beta2, omb2, bc2s, eps, nss;
-  bool lerp_small;
-};
-
-__attribute__((target("avx2,fma"), always_inline)) inline AdamWVec256 adamw_vec256(const AdamWConsts& c) {
-  return {_mm256_set1_ps(c.grad_scale), _mm256_set1_ps(c.decay),           _mm256_set1_ps(c.lerp_coeff),
-          _mm256_set1_ps(c.beta2),      _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.bc2_sqrt),
-          _mm256_set1_ps(c.eps),        _mm256_set1_ps(c.neg_step_size),   c.lerp_small};
-}
-
-__attribute__((target("avx2,fma"), always_inline)) inline __m256 adamw_math_avx2(__m256 p, __m256& m, __m256& v,
-                                                                                 __m256 g, const AdamWVec256& k) {
-  __m256 gs = _mm256_mul_ps(g, k.grad_scale);
-  __m256 pp = _mm256_mul_ps(p, k.decay);
-  __m256 mm = m;
-  __m256 d = _mm256_sub_ps(gs, mm);
-  mm = _mm256_fmadd_ps(k.coeff, d, k.lerp_small ? mm : gs);
-  __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(k.omb2, gs), gs, _mm256_mul_ps(v, k.beta2));
-  __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), k.bc2s), k.eps);
-  m = mm;
-  v = vv;
-  return _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(k.nss, mm), denom));
-}
-
 // f32_to_bf16 of 8 lanes, the bf16 in the low half of each 32-bit lane.
 __attribute__((target("avx2,fma"), always_inline)) inline __m256i bf16_round_avx2(__m256 x) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);

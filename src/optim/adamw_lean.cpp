@@ -18,8 +18,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "optim/adamw_math.h"
-#include "optim/adamw_math_avx512.h"
-#include "state/moment_quant_avx512.h"
+#include "optim/adamw_math_simd.h"
+#include "state/moment_quant_simd.h"
 
 namespace rt {
 
@@ -248,26 +248,27 @@ inline void tie8_store(uint64_t* tie, int64_t i, uint8_t bits) {
   tie[i >> 6] = (tie[i >> 6] & ~(uint64_t{0xff} << sh)) | (static_cast<uint64_t>(bits) << sh);
 }
 
-RT_AVX2 void master_load8(const Lean& a, int64_t i, float* p) {
+// Group [i, i + 8) of a split (kSplit) or bf16 master as fp32.
+template <bool kSplit>
+RT_AVX2 inline __m256 master_load8v(const Lean& a, int64_t i) {
   const StateUnit& u = *a.u;
-  if (u.master_kind == MasterStorage::split) {
+  if constexpr (kSplit) {
     const __m256i sh = widen8(a.in + i), rem = widen8(u.rem() + i);
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(tie8_load(u.tie(), i)), bit), bit);
     const __m256i down = _mm256_and_si256(tie, _mm256_blendv_epi8(_mm256_set1_epi32(1), _mm256_set1_epi32(0x40), nan));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(sh, down), 16), rem));
-  } else {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_slli_epi32(widen8(a.in + i), 16));
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(sh, down), 16), rem));
   }
+  return _mm256_castsi256_ps(_mm256_slli_epi32(widen8(a.in + i), 16));
 }
 
-RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float* p) {
+// Stores the new values x of group [i, i + 8) of a master of kind kM (fp32: the master only).
+template <MasterStorage kM>
+RT_AVX2 inline void master_store8v(const Lean& a, uint32_t key32, int64_t i, __m256 x) {
   StateUnit& u = *a.u;
-  const __m256 x = _mm256_loadu_ps(p);
   const __m256i xb = _mm256_castps_si256(x);
-  switch (u.master_kind) {
+  switch (kM) {
     case MasterStorage::fp32:
       _mm256_storeu_ps(u.master() + i, x);
       return;
@@ -280,19 +281,15 @@ RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float
       return;
     }
     case MasterStorage::bf16_sr: {
-      __m256i h =
+      const __m256i h = quant_mix32x8(
           _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32 + static_cast<uint32_t>(i) * kQuantCounterStep)),
                            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                              _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
-      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));  // quant_mix32
-      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
-      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
-      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
-      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+                                              _mm256_set1_epi32(static_cast<int>(kQuantCounterStep)))));
       const __m256i nonfinite =
           _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f7fffff));
       const __m256i sr = _mm256_srli_epi32(_mm256_add_epi32(xb, _mm256_srli_epi32(h, 16)), 16);
-      narrow8_store(a.out + i, _mm256_blendv_epi8(sr, bf16_rne8(xb), nonfinite));
+      narrow8_store(a.out + i, _mm256_testz_si256(nonfinite, nonfinite) ? sr
+                                                                         : _mm256_blendv_epi8(sr, bf16_rne8(xb), nonfinite));
       return;
     }
     case MasterStorage::bf16_kahan: {
@@ -306,6 +303,23 @@ RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float
       narrow8_store(a.out + i, t);
       return;
     }
+  }
+}
+
+RT_AVX2 void master_load8(const Lean& a, int64_t i, float* p) {
+  _mm256_storeu_ps(p, a.u->master_kind == MasterStorage::split ? master_load8v<true>(a, i) : master_load8v<false>(a, i));
+}
+RT_AVX2 void master_store8(const Lean& a, uint32_t key32, int64_t i, const float* p) {
+  const __m256 x = _mm256_loadu_ps(p);
+  switch (a.u->master_kind) {
+    case MasterStorage::fp32:
+      return master_store8v<MasterStorage::fp32>(a, key32, i, x);
+    case MasterStorage::split:
+      return master_store8v<MasterStorage::split>(a, key32, i, x);
+    case MasterStorage::bf16_sr:
+      return master_store8v<MasterStorage::bf16_sr>(a, key32, i, x);
+    case MasterStorage::bf16_kahan:
+      return master_store8v<MasterStorage::bf16_kahan>(a, key32, i, x);
   }
 }
 #undef RT_AVX2
@@ -371,15 +385,18 @@ void lean_block(const Lean& a, int64_t s, int64_t k) {
 
 constexpr int64_t kLeanTask = 64 * kQuantBlock;  // elements per thread-pool task
 
-// Whether fused_block_avx512 serves u's whole blocks: quantized moments under a
-// split or bf16-sr master. (An fp32 master keeps lean_block's passes: fused it
+// Whether the fused path serves u's whole blocks: quantized moments under a
+// split or bf16-sr master, with AVX-512F (fused_block_avx512), or 8-bit ones
+// with AVX2 (fused_block_avx2). (An fp32 master keeps lean_block's passes: fused it
 // took 1.45 ns per element against 1.30 on a Zen 4 core with 8-bit moments,
 // while split went 1.77 -> 1.10-1.19 and bf16-sr 1.72 -> 1.04-1.13;
 // bench/RESULTS.md "2026-12-04 (night)".)
 bool fused_ok(const StateUnit& u) {
-  return u.quantized() && (u.master_kind == MasterStorage::split || u.master_kind == MasterStorage::bf16_sr) &&
-         simd_level_active() == SimdLevel::avx512 && quant_avx512_active() && quant_code_m4().n == 8 &&
-         quant_code_v4().n == 16;
+  if (!u.quantized() || (u.master_kind != MasterStorage::split && u.master_kind != MasterStorage::bf16_sr)) return false;
+  if (simd_level_active() == SimdLevel::avx512)
+    return quant_avx512_active() && quant_code_m4().n == 8 && quant_code_v4().n == 16;
+  // AVX2 (with FMA: adamw_span's AVX2 path needs it too): 8-bit moments
+  return simd_level_active() == SimdLevel::avx2 && quant_simd_active() && u.moments == MomentStorage::q8;
 }
 
 // The fused path (AVX-512F): a whole block [s, s + kQuantBlock) in two loops
@@ -500,9 +517,91 @@ RT_AVX512 void fused_range_avx512(const Lean& a, int64_t s, int64_t e) {
   }
 }
 
+// The AVX2 form (8-bit moments): the same two loops over 32 groups of 8.
+#define RT_AVX2_FMA __attribute__((target("avx2,fma")))
+template <MasterStorage kM, bool kSR>
+RT_AVX2_FMA void fused_block_avx2(const Lean& a, int64_t s, const AdamWVec256* const* group, uint32_t key32) {
+  StateUnit& u = *a.u;
+  const int64_t blk = s / kQuantBlock;
+  alignas(32) float pb[kQuantBlock], mb[kQuantBlock], vb[kQuantBlock];
+  const Q8Decode256 dm = q8_decode_consts256(quant_code_m8(), u.scale_m()[blk]);
+  const Q8Decode256 dv = q8_decode_consts256(quant_code_v8(), u.scale_v()[blk]);
+  const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+  uint8_t *const qm = u.qm(), *const qv = u.qv();
+  __m256i am = _mm256_setzero_si256(), av = _mm256_setzero_si256();
+  for (int64_t j = 0; j < kQuantBlock; j += 8) {
+    const int64_t i = s + j;
+    __m256 m = q8_decode8<true>(dm, qm, i), v = q8_decode8<false>(dv, qv, i);
+    if (const AdamWVec256* k = group[j / 8]) {
+      const __m256 p = master_load8v<kM == MasterStorage::split>(a, i);
+      _mm256_store_ps(pb + j, adamw_math_avx2(p, m, v, _mm256_loadu_ps(a.g + (i - a.b)), *k));
+    }
+    _mm256_store_ps(mb + j, m);
+    _mm256_store_ps(vb + j, v);
+    am = _mm256_max_epu32(am, _mm256_and_si256(_mm256_castps_si256(m), absmask));
+    av = _mm256_max_epu32(av, _mm256_and_si256(_mm256_castps_si256(v), absmask));
+  }
+  alignas(32) uint32_t lanes[2][8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), am);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), av);
+  uint32_t amax_m = 0, amax_v = 0;
+  for (int l = 0; l < 8; ++l) amax_m = std::max(amax_m, lanes[0][l]), amax_v = std::max(amax_v, lanes[1][l]);
+  const uint64_t kb = quant_mix64(a.key ^ quant_mix64(static_cast<uint64_t>(blk)));
+  const bool finite = amax_m < 0x7f800000u && amax_v < 0x7f800000u;
+  const float fm = std::bit_cast<float>(amax_m), fv = std::bit_cast<float>(amax_v);
+  const Q8Encode256 em = q8_encode_consts256(quant_code_m8(), fm), ev = q8_encode_consts256(quant_code_v8(), fv);
+  const __m256i step = quant_counter_step8();
+  __m256i ctr_m = quant_counters8(quant_key32(kb ^ kKeyM)), ctr_v = quant_counters8(quant_key32(kb ^ kKeyV));
+  for (int64_t j = 0; j < kQuantBlock; j += 8) {
+    const int64_t i = s + j;
+    if (group[j / 8]) master_store8v<kM>(a, key32, i, _mm256_load_ps(pb + j));
+    if (!finite) continue;
+    const __m256i hm = kSR ? quant_mix32x8(ctr_m) : _mm256_setzero_si256();
+    const __m256i hv = kSR ? quant_mix32x8(ctr_v) : _mm256_setzero_si256();
+    q8_store8(qm + i, q8_encode8<kSR, true, true>(em, _mm256_load_ps(mb + j), hm));
+    q8_store8(qv + i, q8_encode8<kSR, false, true>(ev, _mm256_load_ps(vb + j), hv));
+    ctr_m = _mm256_add_epi32(ctr_m, step);
+    ctr_v = _mm256_add_epi32(ctr_v, step);
+  }
+  if (finite) {
+    u.scale_m()[blk] = fm;
+    u.scale_v()[blk] = fv;
+  } else {
+    quant_block_encode(MomentStorage::q8, true, a.rounding, kb ^ kKeyM, mb, kQuantBlock, qm, s, u.scale_m() + blk);
+    quant_block_encode(MomentStorage::q8, false, a.rounding, kb ^ kKeyV, vb, kQuantBlock, qv, s, u.scale_v() + blk);
+  }
+}
+
+template <MasterStorage kM, bool kSR>
+RT_AVX2_FMA void fused_range_avx2(const Lean& a, int64_t s, int64_t e) {
+  const AdamWVec256 kd = adamw_vec256(a.c_decay), kp = adamw_vec256(a.c_plain);
+  const uint32_t key32 = master_key32(a);
+  const AdamWVec256* group[kQuantBlock / 8];
+  size_t seg = 0;  // the first segment that ends after the group at hand
+  for (; s < e; s += kQuantBlock) {
+    bool whole = s + kQuantBlock <= e;
+    for (int j = 0; whole && j < kQuantBlock / 8; ++j) {
+      const int64_t g0 = s + 8 * j;
+      while (seg < a.segs.size() && a.segs[seg].hi <= g0) ++seg;
+      const bool padding = seg == a.segs.size() || a.segs[seg].lo >= g0 + 8;
+      whole = padding || (a.segs[seg].lo <= g0 && g0 + 8 <= a.segs[seg].hi);
+      group[j] = padding ? nullptr : a.segs[seg].decays ? &kd : &kp;
+    }
+    if (whole)
+      fused_block_avx2<kM, kSR>(a, s, group, key32);
+    else
+      lean_block(a, s, std::min(s + kQuantBlock, e) - s);
+  }
+}
+#undef RT_AVX2_FMA
+
 template <bool kQ8, MasterStorage kM>
 void fused_range_rounding(const Lean& a, int64_t s, int64_t e) {
-  if (a.rounding == QuantRounding::stochastic)
+  const bool sr = a.rounding == QuantRounding::stochastic;
+  if (simd_level_active() != SimdLevel::avx512) {  // AVX2: 8-bit moments only (fused_ok)
+    if constexpr (kQ8) return sr ? fused_range_avx2<kM, true>(a, s, e) : fused_range_avx2<kM, false>(a, s, e);
+  }
+  if (sr)
     fused_range_avx512<kQ8, kM, true>(a, s, e);
   else
     fused_range_avx512<kQ8, kM, false>(a, s, e);

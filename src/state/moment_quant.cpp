@@ -6,7 +6,7 @@
 #endif
 
 #include "state/moment_quant.h"
-#include "state/moment_quant_avx512.h"
+#include "state/moment_quant_simd.h"
 
 #include <immintrin.h>
 
@@ -146,63 +146,44 @@ __attribute__((target("avx2"), always_inline)) inline __m256 level4_avx2(const _
 template <bool kStochastic, bool kQ8, bool kSigned>
 __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t key32, const float* x, int64_t k,
                                                     uint8_t* codes, int64_t first, float amax) {
-  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
-  const __m256 vinv = _mm256_set1_ps(inv), vamax = _mm256_set1_ps(amax), one = _mm256_set1_ps(1.0f);
-  const __m256 zero = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i nm1 = _mm256_set1_epi32(c.n - 1), nm2 = _mm256_set1_epi32(c.n - 2);
-  const __m256i izero = _mm256_setzero_si256(), ione = _mm256_set1_epi32(1);
-  const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kQuantCounterStep));
-  __m256i ctr = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32)),
-                                 _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                    _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
-  // minifloat codes (8-bit): the integer maths of mf_nearest, mf_stochastic
-  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift), mf_draw_sh = _mm_cvtsi32_si128(32 - c.shift);
-  const __m256i mf_base = _mm256_set1_epi32(c.base), mf_half = _mm256_set1_epi32(c.shift ? 1 << (c.shift - 1) : 0);
-  const __m256i mf_win = _mm256_set1_epi32((c.base << c.shift) - 1);                  // b > win - 1: b >= window start
-  const __m256i mf_halfmin = _mm256_set1_epi32((c.base << c.shift) - (1 << 23) - 1);  // b >= smallest level / 2
-  const __m256 mf_lmin = _mm256_set1_ps(c.level[1]);
-  // 4-bit codes: no tables; the levels and mids are compared in registers (a
-  // count of those below y is the index, as the table lookup gives) and the
-  // levels are read back with permutes.
-  constexpr int kLevels4 = kSigned ? 8 : 16;
-  __m256 lev4[kLevels4], mid4[kLevels4], tab4[2];
-  if constexpr (!kQ8) {
+  const __m256i step = quant_counter_step8();
+  __m256i ctr = quant_counters8(key32);
+  int64_t i = 0;
+  if constexpr (kQ8) {  // minifloat codes: moment_quant_simd.h
+    const Q8Encode256 e = q8_encode_consts256(c, amax);
+    for (; i + 8 <= k; i += 8) {
+      const __m256i h = kStochastic ? quant_mix32x8(ctr) : _mm256_setzero_si256();
+      q8_store8(codes + first + i, q8_encode8<kStochastic, kSigned>(e, _mm256_loadu_ps(x + i), h));
+      ctr = _mm256_add_epi32(ctr, step);
+    }
+    return i;
+  } else {
+    // 4-bit codes: no tables; the levels and mids are compared in registers (a
+    // count of those below y is the index, as the table lookup gives) and the
+    // levels are read back with permutes.
+    const float inv = amax > 0 ? 1.0f / amax : 0.0f;
+    const __m256 vinv = _mm256_set1_ps(inv), vamax = _mm256_set1_ps(amax), one = _mm256_set1_ps(1.0f);
+    const __m256 zero = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i nm1 = _mm256_set1_epi32(c.n - 1), nm2 = _mm256_set1_epi32(c.n - 2);
+    const __m256i izero = _mm256_setzero_si256(), ione = _mm256_set1_epi32(1);
+    constexpr int kLevels4 = kSigned ? 8 : 16;
     if (c.n != kLevels4) return 0;  // (the codes are fixed: never; the scalar path would take it)
+    __m256 lev4[kLevels4], mid4[kLevels4], tab4[2];
     for (int j = 0; j < kLevels4; ++j) {
       lev4[j] = _mm256_set1_ps(c.level[j]);
       mid4[j] = _mm256_set1_ps(c.mid[j]);
     }
     tab4[0] = _mm256_loadu_ps(c.level);
     tab4[1] = _mm256_loadu_ps(c.level + 8);
-  }
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + i);
-    const __m256 a = _mm256_and_ps(xv, absmask);
-    __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, vinv), one, _mm256_cmp_ps(a, vamax, _CMP_EQ_OQ));
-    y = _mm256_min_ps(_mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
-    const __m256i yb = _mm256_castps_si256(y);
-    __m256i q;
-    if (kStochastic) {
-      __m256i h = ctr;  // quant_mix32
-      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
-      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
-      h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
-      h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
-      if constexpr (kQ8) {
-        const __m256i j = _mm256_max_epi32(
-            _mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, _mm256_srl_epi32(h, mf_draw_sh)), mf_sh), mf_base),
-            izero);
-        if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
-          const __m256i bottom =
-              _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(u, mf_lmin), y, _CMP_LT_OQ)), ione);
-          q = _mm256_blendv_epi8(bottom, _mm256_add_epi32(j, ione), _mm256_cmpgt_epi32(yb, mf_win));
-        } else {
-          q = j;
-        }
-      } else {
+    for (; i + 8 <= k; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      const __m256 a = _mm256_and_ps(xv, absmask);
+      __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, vinv), one, _mm256_cmp_ps(a, vamax, _CMP_EQ_OQ));
+      y = _mm256_min_ps(_mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
+      __m256i q;
+      if (kStochastic) {
+        const __m256i h = quant_mix32x8(ctr);
+        const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
         __m256i f = _mm256_set1_epi32(-1);  // count of levels <= y, - 1
         for (int j = 0; j < kLevels4; ++j)
           f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(lev4[j], y, _CMP_LE_OQ)));
@@ -213,22 +194,13 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
         q = _mm256_sub_epi32(fc, _mm256_castps_si256(up));
         q = _mm256_andnot_si256(_mm256_cmpgt_epi32(izero, f), q);  // below the smallest level: 0
         q = _mm256_blendv_epi8(q, nm1, _mm256_cmpgt_epi32(f, nm2));
+        ctr = _mm256_add_epi32(ctr, step);
+      } else {
+        q = izero;  // count of mids < y
+        for (int j = 0; j + 1 < kLevels4; ++j)
+          q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(y, mid4[j], _CMP_GT_OQ)));
       }
-      ctr = _mm256_add_epi32(ctr, step);
-    } else if constexpr (kQ8) {
-      const __m256i j =
-          _mm256_max_epi32(_mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, mf_half), mf_sh), mf_base), izero);
-      q = kSigned ? _mm256_and_si256(_mm256_add_epi32(j, ione), _mm256_cmpgt_epi32(yb, mf_halfmin)) : j;
-    } else {
-      q = izero;  // count of mids < y
-      for (int j = 0; j + 1 < kLevels4; ++j)
-        q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(y, mid4[j], _CMP_GT_OQ)));
-    }
-    if (kSigned) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), kQ8 ? 7 : 3));
-    if (kQ8) {
-      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + first + i), _mm_packus_epi16(w, w));
-    } else {
+      if (kSigned) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), 3));
       // each 64-bit lane: low dword q[2j], high q[2j + 1] -> low dword q[2j] | q[2j + 1] << 4
       const __m256i pairs = _mm256_or_si256(q, _mm256_srli_epi64(q, 28));
       const __m128i lows =
@@ -246,7 +218,7 @@ __attribute__((target("avx2"))) int64_t encode_avx2(const QuantCode& c, uint32_t
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // The AVX-512F forms of the AVX2 loops above: 16 lanes, the same ops per lane,
-// through the lane codecs of state/moment_quant_avx512.h.
+// through the lane codecs of state/moment_quant_simd.h.
 #define RT_AVX512 __attribute__((target("avx512f")))
 
 template <bool kStochastic, bool kQ8, bool kSigned>
@@ -255,7 +227,7 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
   const __m512i step = quant_counter_step16();
   __m512i ctr = quant_counters16(key32);
   int64_t i = 0;
-  if constexpr (kQ8) {  // minifloat codes: moment_quant_avx512.h
+  if constexpr (kQ8) {  // minifloat codes: moment_quant_simd.h
     const Q8Encode512 e = q8_encode_consts512(c, amax);
     for (; i + 16 <= k; i += 16) {
       const __m512i h = kStochastic ? quant_mix32x16(ctr) : _mm512_setzero_si512();
@@ -348,34 +320,25 @@ __attribute__((target("avx2"))) int64_t absmax_avx2(const float* x, int64_t k, f
 
 __attribute__((target("avx2"))) int64_t decode_avx2(bool q8, bool signed_code, const QuantCode& c, const uint8_t* codes,
                                                     int64_t first, float scale, int64_t k, float* x) {
-  const __m256 vs = _mm256_set1_ps(scale);
-  const __m256i mask = _mm256_set1_epi32(q8 ? (signed_code ? 0x7f : 0xff) : (signed_code ? 0x7 : 0xf));
-  const __m256i sbit = _mm256_set1_epi32(q8 ? 0x80 : 0x8);
-  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), nib = _mm256_set1_epi32(0xf);
-  const __m256 tab4[2] = {_mm256_loadu_ps(c.level), _mm256_loadu_ps(c.level + 8)};  // 4-bit codes
-  const __m128i mf_sh = _mm_cvtsi32_si128(c.shift);  // 8-bit minifloat codes, as decode_avx512
-  const __m256i mf_off = _mm256_set1_epi32(c.base - (c.has_zero ? 1 : 0));
   int64_t i = 0;
+  if (q8) {  // minifloat codes: moment_quant_simd.h
+    const Q8Decode256 d = q8_decode_consts256(c, scale);
+    for (; i + 8 <= k; i += 8)
+      _mm256_storeu_ps(x + i, signed_code ? q8_decode8<true>(d, codes, first + i) : q8_decode8<false>(d, codes, first + i));
+    return i;
+  }
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i mask = _mm256_set1_epi32(signed_code ? 0x7 : 0xf), sbit = _mm256_set1_epi32(0x8);
+  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), nib = _mm256_set1_epi32(0xf);
+  const __m256 tab4[2] = {_mm256_loadu_ps(c.level), _mm256_loadu_ps(c.level + 8)};
   for (; i + 8 <= k; i += 8) {
-    __m256i q;
-    if (q8) {
-      q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + first + i)));
-    } else {
-      int32_t w;
-      std::memcpy(&w, codes + ((first + i) >> 1), 4);
-      q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), nib_shift), nib);
-    }
+    int32_t w;
+    std::memcpy(&w, codes + ((first + i) >> 1), 4);
+    const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), nib_shift), nib);
     const __m256i idx = _mm256_and_si256(q, mask);
-    __m256 lv;
-    if (q8) {
-      const __m256i lb = _mm256_sll_epi32(_mm256_add_epi32(idx, mf_off), mf_sh);
-      lv = _mm256_castsi256_ps(signed_code ? _mm256_andnot_si256(_mm256_cmpeq_epi32(idx, _mm256_setzero_si256()), lb)
-                                           : lb);
-    } else
-      lv = signed_code ? level4_avx2<8>(tab4, idx) : level4_avx2<16>(tab4, idx);
+    const __m256 lv = signed_code ? level4_avx2<8>(tab4, idx) : level4_avx2<16>(tab4, idx);
     __m256 y = _mm256_mul_ps(lv, vs);
-    if (signed_code)
-      y = _mm256_xor_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(q, sbit), q8 ? 24 : 28)));
+    if (signed_code) y = _mm256_xor_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(q, sbit), 28)));
     _mm256_storeu_ps(x + i, y);
   }
   return i;

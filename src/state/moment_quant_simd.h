@@ -1,10 +1,10 @@
-// The moment codecs of state/moment_quant.h, 16 lanes with AVX-512F: the
-// 8-bit minifloat encode (the integer maths of mf_nearest and mf_stochastic
-// lane by lane), the 4-bit encode, and the decode of both. Shared by the
-// block codec (moment_quant.cpp) and the fused AdamW block
-// (optim/adamw_lean.cpp), so both give the same bits. Include it only after
-// turning implicit FP contraction off, and call it only where the CPU has
-// AVX-512F.
+// The moment codecs of state/moment_quant.h by SIMD lanes: with AVX-512F (16
+// lanes) the 8-bit minifloat encode (the integer maths of mf_nearest and
+// mf_stochastic lane by lane), the 4-bit encode, and the decode of both; with
+// AVX2 (8 lanes) the 8-bit encode and decode. Shared by the block codec
+// (moment_quant.cpp) and the fused AdamW blocks (optim/adamw_lean.cpp), so both
+// give the same bits. Include it only after turning implicit FP contraction
+// off, and call it only where the CPU has the instructions.
 #pragma once
 #include <immintrin.h>
 
@@ -219,5 +219,108 @@ RT_AVX512_INLINE __m512 quant_decode16(const QDecode512& d, const uint8_t* codes
 
 #undef RT_AVX512_INLINE
 #pragma GCC diagnostic pop
+
+// ---- AVX2: the 8-bit codes, 8 lanes (the same integer maths per lane) ----
+#define RT_AVX2_INLINE __attribute__((target("avx2"), always_inline)) inline
+
+struct Q8Encode256 {
+  __m256 vinv, vamax, lmin;
+  __m256i base, half, win_m1, halfmin_m1;  // win_m1, halfmin_m1: the thresholds - 1 (compared with >)
+  __m128i sh, draw_sh;
+};
+
+RT_AVX2_INLINE Q8Encode256 q8_encode_consts256(const QuantCode& c, float amax) {
+  const float inv = amax > 0 ? 1.0f / amax : 0.0f;
+  return {_mm256_set1_ps(inv),
+          _mm256_set1_ps(amax),
+          _mm256_set1_ps(c.level[1]),
+          _mm256_set1_epi32(c.base),
+          _mm256_set1_epi32(c.shift ? 1 << (c.shift - 1) : 0),
+          _mm256_set1_epi32((c.base << c.shift) - 1),
+          _mm256_set1_epi32((c.base << c.shift) - (1 << 23) - 1),
+          _mm_cvtsi32_si128(c.shift),
+          _mm_cvtsi32_si128(32 - c.shift)};
+}
+
+// quant_mix32 of 8 lanes.
+RT_AVX2_INLINE __m256i quant_mix32x8(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7feb352d));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+RT_AVX2_INLINE __m256i quant_counters8(uint32_t key32) {
+  return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(key32)),
+                          _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                             _mm256_set1_epi32(static_cast<int>(kQuantCounterStep))));
+}
+RT_AVX2_INLINE __m256i quant_counter_step8() { return _mm256_set1_epi32(static_cast<int>(8u * kQuantCounterStep)); }
+
+// The codes (one per int32 lane, sign bit 7 for m) of x; h: the lanes' hash.
+// kFinite: every x is finite (y >= 0 needs no clamp from below).
+template <bool kStochastic, bool kSigned, bool kFinite = false>
+RT_AVX2_INLINE __m256i q8_encode8(const Q8Encode256& e, __m256 xv, __m256i h) {
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  const __m256i izero = _mm256_setzero_si256(), ione = _mm256_set1_epi32(1);
+  const __m256 a = _mm256_and_ps(xv, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  __m256 y = _mm256_blendv_ps(_mm256_mul_ps(a, e.vinv), one, _mm256_cmp_ps(a, e.vamax, _CMP_EQ_OQ));
+  y = _mm256_min_ps(kFinite ? y : _mm256_max_ps(y, zero), one);  // clamp01: max(y, 0) is y > 0 ? y : 0 (NaN -> 0)
+  const __m256i yb = _mm256_castps_si256(y);
+  __m256i q;
+  if constexpr (kStochastic) {
+    const __m256i j = _mm256_max_epi32(
+        _mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, _mm256_srl_epi32(h, e.draw_sh)), e.sh), e.base), izero);
+    if constexpr (kSigned) {  // below the window: the smallest level with probability y / level
+      const __m256i in_window = _mm256_cmpgt_epi32(yb, e.win_m1);
+      q = _mm256_add_epi32(j, ione);
+      if (_mm256_movemask_ps(_mm256_castsi256_ps(in_window)) != 0xff) {  // rare: a lane below the window
+        const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(0x1.0p-24f));
+        const __m256i bottom =
+            _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(u, e.lmin), y, _CMP_LT_OQ)), ione);
+        q = _mm256_blendv_epi8(bottom, q, in_window);
+      }
+    } else {
+      q = j;
+    }
+  } else {
+    const __m256i j =
+        _mm256_max_epi32(_mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(yb, e.half), e.sh), e.base), izero);
+    q = kSigned ? _mm256_and_si256(_mm256_add_epi32(j, ione), _mm256_cmpgt_epi32(yb, e.halfmin_m1)) : j;
+  }
+  if constexpr (kSigned) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), 7));
+  return q;
+}
+
+// 8 codes (int32 lanes < 256) into 8 bytes.
+RT_AVX2_INLINE void q8_store8(uint8_t* codes, __m256i q) {
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(w, w));
+}
+
+struct Q8Decode256 {
+  __m256 scale;
+  __m256i mf_off;
+  __m128i mf_sh;
+};
+RT_AVX2_INLINE Q8Decode256 q8_decode_consts256(const QuantCode& c, float scale) {
+  return {_mm256_set1_ps(scale), _mm256_set1_epi32(c.base - (c.has_zero ? 1 : 0)), _mm_cvtsi32_si128(c.shift)};
+}
+
+// Elements [e, e + 8) of an 8-bit moment as level * scale, signed for m.
+template <bool kSigned>
+RT_AVX2_INLINE __m256 q8_decode8(const Q8Decode256& d, const uint8_t* codes, int64_t e) {
+  const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + e)));
+  const __m256i idx = _mm256_and_si256(q, _mm256_set1_epi32(kSigned ? 0x7f : 0xff));
+  const __m256i lb = _mm256_sll_epi32(_mm256_add_epi32(idx, d.mf_off), d.mf_sh);
+  const __m256 lv =
+      _mm256_castsi256_ps(kSigned ? _mm256_andnot_si256(_mm256_cmpeq_epi32(idx, _mm256_setzero_si256()), lb) : lb);
+  __m256 y = _mm256_mul_ps(lv, d.scale);
+  if constexpr (kSigned)
+    y = _mm256_xor_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(0x80)), 24)));
+  return y;
+}
+
+#undef RT_AVX2_INLINE
 
 }  // namespace rt

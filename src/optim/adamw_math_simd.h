@@ -1,15 +1,40 @@
-// The AVX-512F form of the AdamW element maths (optim/adamw_math.h's
-// adamw_math, lane for lane) and of f32_to_bf16, shared by the fp32 and split
-// kernels (optim/adamw.cpp) and the fused 8-bit block (optim/adamw_lean.cpp), so
-// they cannot drift apart. Include it only after turning implicit FP
-// contraction off (adamw_math.h's rule) and only from files whose callers check
-// the CPU's AVX-512F first.
+// The AVX2+FMA and AVX-512F forms of the AdamW element maths
+// (optim/adamw_math.h's adamw_math, lane for lane; AVX-512F also f32_to_bf16),
+// shared by the fp32 and split kernels (optim/adamw.cpp) and the fused
+// quantized blocks (optim/adamw_lean.cpp), so they cannot drift apart. Include
+// it only after turning implicit FP contraction off (adamw_math.h's rule) and
+// call it only where the CPU has the instructions.
 #pragma once
 #include <immintrin.h>
 
 #include "optim/adamw_math.h"
 
 namespace rt {
+
+struct AdamWVec256 {
+  __m256 grad_scale, decay, coeff, beta2, omb2, bc2s, eps, nss;
+  bool lerp_small;
+};
+
+__attribute__((target("avx2,fma"), always_inline)) inline AdamWVec256 adamw_vec256(const AdamWConsts& c) {
+  return {_mm256_set1_ps(c.grad_scale), _mm256_set1_ps(c.decay),           _mm256_set1_ps(c.lerp_coeff),
+          _mm256_set1_ps(c.beta2),      _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.bc2_sqrt),
+          _mm256_set1_ps(c.eps),        _mm256_set1_ps(c.neg_step_size),   c.lerp_small};
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 adamw_math_avx2(__m256 p, __m256& m, __m256& v,
+                                                                                 __m256 g, const AdamWVec256& k) {
+  __m256 gs = _mm256_mul_ps(g, k.grad_scale);
+  __m256 pp = _mm256_mul_ps(p, k.decay);
+  __m256 mm = m;
+  __m256 d = _mm256_sub_ps(gs, mm);
+  mm = _mm256_fmadd_ps(k.coeff, d, k.lerp_small ? mm : gs);
+  __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(k.omb2, gs), gs, _mm256_mul_ps(v, k.beta2));
+  __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), k.bc2s), k.eps);
+  m = mm;
+  v = vv;
+  return _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(k.nss, mm), denom));
+}
 
 // GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic push
