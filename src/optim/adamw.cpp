@@ -67,19 +67,6 @@ inline bool stream_moments_ok(const float* p, const float* m, const float* v, in
 // The vector forms of adamw_math (same ops, same order) and of f32_to_bf16
 // (round to nearest even, NaN -> (u >> 16) | 0x40), shared by the fp32 and the
 // split-master kernels.
-// f32_to_bf16 of 8 lanes, the bf16 in the low half of each 32-bit lane.
-__attribute__((target("avx2,fma"), always_inline)) inline __m256i bf16_round_avx2(__m256 x) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);
-  const __m256i one = _mm256_set1_epi32(1), round_bias = _mm256_set1_epi32(0x7fff);
-  const __m256i quiet = _mm256_set1_epi32(0x40);
-  __m256i u = _mm256_castps_si256(x);
-  __m256i hi = _mm256_srli_epi32(u, 16);
-  __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf_bits);
-  __m256i bias = _mm256_add_epi32(round_bias, _mm256_and_si256(hi, one));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  return _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), is_nan);
-}
-
 // The low 16 bits of 8 lanes (each <= 0xffff), packed into 128 bits.
 __attribute__((target("avx2,fma"), always_inline)) inline __m128i pack16_avx2(__m256i r) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));  // no saturation

@@ -132,15 +132,6 @@ RT_AVX512 inline void tie16_store(uint64_t* tie, int64_t i, uint16_t bits) {
   const int sh = static_cast<int>(i & 63);
   tie[i >> 6] = (tie[i >> 6] & ~(uint64_t{0xffff} << sh)) | (static_cast<uint64_t>(bits) << sh);
 }
-// f32_to_bf16 of 16 lanes (round to nearest even; NaN -> (u >> 16) | 0x40).
-RT_AVX512 inline __m512i bf16_rne16(__m512i u) {
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
-  return _mm512_mask_blend_epi32(nan, _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16),
-                                 _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-}
 
 // Group [i, i + 16) of a split (kSplit) or bf16 master as fp32 (an fp32 master is used in place).
 template <bool kSplit>
@@ -167,7 +158,7 @@ RT_AVX512 inline void master_store16v(const Lean& a, uint32_t key32, int64_t i, 
       _mm512_storeu_ps(u.master() + i, x);
       return;
     case MasterStorage::split: {
-      const __m512i sh = bf16_rne16(xb);
+      const __m512i sh = bf16_round_avx512(x);
       narrow16_store(a.out + i, sh);
       narrow16_store(u.rem() + i, _mm512_and_si512(xb, _mm512_set1_epi32(0xffff)));
       tie16_store(u.tie(), i, _mm512_cmpneq_epi32_mask(sh, _mm512_srli_epi32(xb, 16)));
@@ -186,16 +177,16 @@ RT_AVX512 inline void master_store16v(const Lean& a, uint32_t key32, int64_t i, 
       const __mmask16 finite =
           _mm512_cmplt_epi32_mask(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
       const __m512i sr = _mm512_srli_epi32(_mm512_add_epi32(xb, _mm512_srli_epi32(h, 16)), 16);
-      narrow16_store(a.out + i, finite == 0xffff ? sr : _mm512_mask_blend_epi32(finite, bf16_rne16(xb), sr));
+      narrow16_store(a.out + i, finite == 0xffff ? sr : _mm512_mask_blend_epi32(finite, bf16_round_avx512(x), sr));
       return;
     }
     case MasterStorage::bf16_kahan: {
       uint16_t* comp = u.comp();
       const __m512 old = bf16x16_load(a.in + i);
       const __m512 y = _mm512_sub_ps(_mm512_sub_ps(x, old), bf16x16_load(comp + i));
-      const __m512i t = bf16_rne16(_mm512_castps_si512(_mm512_add_ps(old, y)));
+      const __m512i t = bf16_round_avx512(_mm512_add_ps(old, y));
       const __m512 tf = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
-      narrow16_store(comp + i, bf16_rne16(_mm512_castps_si512(_mm512_sub_ps(_mm512_sub_ps(tf, old), y))));
+      narrow16_store(comp + i, bf16_round_avx512(_mm512_sub_ps(_mm512_sub_ps(tf, old), y)));
       narrow16_store(a.out + i, t);
       return;
     }
@@ -234,14 +225,6 @@ RT_AVX2 inline void narrow8_store(uint16_t* q, __m256i r) {  // r: 8 lanes < 2^1
   const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), w);
 }
-RT_AVX2 inline __m256i bf16_rne8(__m256i u) {
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
-  return _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, bias), 16),
-                            _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-}
 inline uint8_t tie8_load(const uint64_t* tie, int64_t i) { return static_cast<uint8_t>(tie[i >> 6] >> (i & 63)); }
 inline void tie8_store(uint64_t* tie, int64_t i, uint8_t bits) {
   const int sh = static_cast<int>(i & 63);
@@ -273,7 +256,7 @@ RT_AVX2 inline void master_store8v(const Lean& a, uint32_t key32, int64_t i, __m
       _mm256_storeu_ps(u.master() + i, x);
       return;
     case MasterStorage::split: {
-      const __m256i sh = bf16_rne8(xb);
+      const __m256i sh = bf16_round_avx2(x);
       narrow8_store(a.out + i, sh);
       narrow8_store(u.rem() + i, _mm256_and_si256(xb, _mm256_set1_epi32(0xffff)));
       const __m256i ne = _mm256_xor_si256(_mm256_cmpeq_epi32(sh, _mm256_srli_epi32(xb, 16)), _mm256_set1_epi32(-1));
@@ -289,7 +272,7 @@ RT_AVX2 inline void master_store8v(const Lean& a, uint32_t key32, int64_t i, __m
           _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f7fffff));
       const __m256i sr = _mm256_srli_epi32(_mm256_add_epi32(xb, _mm256_srli_epi32(h, 16)), 16);
       narrow8_store(a.out + i, _mm256_testz_si256(nonfinite, nonfinite) ? sr
-                                                                         : _mm256_blendv_epi8(sr, bf16_rne8(xb), nonfinite));
+                                                                         : _mm256_blendv_epi8(sr, bf16_round_avx2(x), nonfinite));
       return;
     }
     case MasterStorage::bf16_kahan: {
@@ -297,9 +280,9 @@ RT_AVX2 inline void master_store8v(const Lean& a, uint32_t key32, int64_t i, __m
       const __m256 old = _mm256_castsi256_ps(_mm256_slli_epi32(widen8(a.in + i), 16));
       const __m256 y =
           _mm256_sub_ps(_mm256_sub_ps(x, old), _mm256_castsi256_ps(_mm256_slli_epi32(widen8(comp + i), 16)));
-      const __m256i t = bf16_rne8(_mm256_castps_si256(_mm256_add_ps(old, y)));
+      const __m256i t = bf16_round_avx2(_mm256_add_ps(old, y));
       const __m256 tf = _mm256_castsi256_ps(_mm256_slli_epi32(t, 16));
-      narrow8_store(comp + i, bf16_rne8(_mm256_castps_si256(_mm256_sub_ps(_mm256_sub_ps(tf, old), y))));
+      narrow8_store(comp + i, bf16_round_avx2(_mm256_sub_ps(_mm256_sub_ps(tf, old), y)));
       narrow8_store(a.out + i, t);
       return;
     }

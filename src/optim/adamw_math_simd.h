@@ -1,5 +1,5 @@
 // The AVX2+FMA and AVX-512F forms of the AdamW element maths
-// (optim/adamw_math.h's adamw_math, lane for lane; AVX-512F also f32_to_bf16),
+// (optim/adamw_math.h's adamw_math, lane for lane) and of f32_to_bf16,
 // shared by the fp32 and split kernels (optim/adamw.cpp) and the fused
 // quantized blocks (optim/adamw_lean.cpp), so they cannot drift apart. Include
 // it only after turning implicit FP contraction off (adamw_math.h's rule) and
@@ -34,6 +34,19 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 adamw_math_avx2
   m = mm;
   v = vv;
   return _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(k.nss, mm), denom));
+}
+
+// f32_to_bf16 of 8 lanes, the bf16 in the low half of each 32-bit lane.
+__attribute__((target("avx2"), always_inline)) inline __m256i bf16_round_avx2(__m256 x) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32(0x7f800000);
+  const __m256i one = _mm256_set1_epi32(1), round_bias = _mm256_set1_epi32(0x7fff);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  __m256i u = _mm256_castps_si256(x);
+  __m256i hi = _mm256_srli_epi32(u, 16);
+  __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf_bits);
+  __m256i bias = _mm256_add_epi32(round_bias, _mm256_and_si256(hi, one));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  return _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), is_nan);
 }
 
 // GCC 12 warns falsely inside AVX-512 intrinsics (_mm512_undefined_*, GCC bug 105593).
