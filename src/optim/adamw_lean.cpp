@@ -430,34 +430,17 @@ RT_AVX512 void fused_block_avx512(const Lean& a, int64_t s, const AdamWVec512* c
   const float fm = std::bit_cast<float>(amax_m), fv = std::bit_cast<float>(amax_v);
   const __m512i step = quant_counter_step16();
   __m512i ctr_m = quant_counters16(quant_key32(kb ^ kKeyM)), ctr_v = quant_counters16(quant_key32(kb ^ kKeyV));
-  if constexpr (kQ8) {
-    const Q8Encode512 em = q8_encode_consts512(cm, fm), ev = q8_encode_consts512(cv, fv);
-    for (int64_t j = 0; j < kQuantBlock; j += 16) {
-      const int64_t i = s + j;
-      if (group[j / 16]) master_store16v<kM>(a, key32, i, _mm512_load_ps(pb + j));
-      if (!finite) continue;
-      const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
-      const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + i),
-                       _mm512_cvtepi32_epi8(q8_encode16<kSR, true, true>(em, _mm512_load_ps(mb + j), hm)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + i),
-                       _mm512_cvtepi32_epi8(q8_encode16<kSR, false, true>(ev, _mm512_load_ps(vb + j), hv)));
-      ctr_m = _mm512_add_epi32(ctr_m, step);
-      ctr_v = _mm512_add_epi32(ctr_v, step);
-    }
-  } else {
-    const Q4Encode512 em = q4_encode_consts512(cm, fm), ev = q4_encode_consts512(cv, fv);
-    for (int64_t j = 0; j < kQuantBlock; j += 16) {
-      const int64_t i = s + j;
-      if (group[j / 16]) master_store16v<kM>(a, key32, i, _mm512_load_ps(pb + j));
-      if (!finite) continue;
-      const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
-      const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
-      q4_store16(qm + (i >> 1), q4_encode16<kSR, true>(em, _mm512_load_ps(mb + j), hm));
-      q4_store16(qv + (i >> 1), q4_encode16<kSR, false>(ev, _mm512_load_ps(vb + j), hv));
-      ctr_m = _mm512_add_epi32(ctr_m, step);
-      ctr_v = _mm512_add_epi32(ctr_v, step);
-    }
+  const auto em = quant_encode_consts512<kQ8>(cm, fm), ev = quant_encode_consts512<kQ8>(cv, fv);
+  for (int64_t j = 0; j < kQuantBlock; j += 16) {
+    const int64_t i = s + j;
+    if (group[j / 16]) master_store16v<kM>(a, key32, i, _mm512_load_ps(pb + j));
+    if (!finite) continue;
+    const __m512i hm = kSR ? quant_mix32x16(ctr_m) : _mm512_setzero_si512();
+    const __m512i hv = kSR ? quant_mix32x16(ctr_v) : _mm512_setzero_si512();
+    quant_store16<kQ8>(qm, i, quant_encode16<kQ8, kSR, true, true>(em, _mm512_load_ps(mb + j), hm));
+    quant_store16<kQ8>(qv, i, quant_encode16<kQ8, kSR, false, true>(ev, _mm512_load_ps(vb + j), hv));
+    ctr_m = _mm512_add_epi32(ctr_m, step);
+    ctr_v = _mm512_add_epi32(ctr_v, step);
   }
   if (finite) {
     u.scale_m()[blk] = fm;
@@ -466,6 +449,28 @@ RT_AVX512 void fused_block_avx512(const Lean& a, int64_t s, const AdamWVec512* c
     quant_block_encode(kMo, true, a.rounding, kb ^ kKeyM, mb, kQuantBlock, qm, s, u.scale_m() + blk);
     quant_block_encode(kMo, false, a.rounding, kb ^ kKeyV, vb, kQuantBlock, qv, s, u.scale_v() + blk);
   }
+}
+
+// The constants of each group of kWidth elements of the whole block
+// [s, s + kQuantBlock) into group[]: its tensor's (kd with weight decay, else
+// kp), or nullptr for padding. False when a tensor ends inside a group (the
+// block then takes lean_block). seg: the first segment that ends after the
+// groups already seen; advanced.
+template <int kWidth, class K>
+bool block_groups(const Lean& a, size_t& seg, int64_t s, const K* kd, const K* kp, const K** group) {
+  while (seg < a.segs.size() && a.segs[seg].hi <= s) ++seg;
+  if (seg < a.segs.size() && a.segs[seg].lo <= s && s + kQuantBlock <= a.segs[seg].hi) {  // one tensor
+    std::fill(group, group + kQuantBlock / kWidth, a.segs[seg].decays ? kd : kp);
+    return true;
+  }
+  for (int j = 0; j < kQuantBlock / kWidth; ++j) {
+    const int64_t g0 = s + int64_t{kWidth} * j;
+    while (seg < a.segs.size() && a.segs[seg].hi <= g0) ++seg;
+    const bool padding = seg == a.segs.size() || a.segs[seg].lo >= g0 + kWidth;
+    if (!padding && (a.segs[seg].lo > g0 || g0 + kWidth > a.segs[seg].hi)) return false;
+    group[j] = padding ? nullptr : a.segs[seg].decays ? kd : kp;
+  }
+  return true;
 }
 
 // Unit elements [s, e) (s a multiple of kQuantBlock) of a fused_ok unit:
@@ -477,23 +482,9 @@ RT_AVX512 void fused_range_avx512(const Lean& a, int64_t s, int64_t e) {
   const AdamWVec512 kd = adamw_vec512(a.c_decay), kp = adamw_vec512(a.c_plain);
   const uint32_t key32 = master_key32(a);
   const AdamWVec512* group[kQuantBlock / 16];
-  size_t seg = 0;  // the first segment that ends after the group at hand
+  size_t seg = 0;
   for (; s < e; s += kQuantBlock) {
-    bool whole = s + kQuantBlock <= e;
-    while (seg < a.segs.size() && a.segs[seg].hi <= s) ++seg;
-    if (whole && seg < a.segs.size() && a.segs[seg].lo <= s && s + kQuantBlock <= a.segs[seg].hi) {  // one tensor
-      std::fill(group, group + kQuantBlock / 16, a.segs[seg].decays ? &kd : &kp);
-      fused_block_avx512<kQ8, kM, kSR>(a, s, group, key32);
-      continue;
-    }
-    for (int j = 0; whole && j < kQuantBlock / 16; ++j) {
-      const int64_t g0 = s + 16 * j;
-      while (seg < a.segs.size() && a.segs[seg].hi <= g0) ++seg;
-      const bool padding = seg == a.segs.size() || a.segs[seg].lo >= g0 + 16;
-      whole = padding || (a.segs[seg].lo <= g0 && g0 + 16 <= a.segs[seg].hi);
-      group[j] = padding ? nullptr : a.segs[seg].decays ? &kd : &kp;
-    }
-    if (whole)
+    if (s + kQuantBlock <= e && block_groups<16>(a, seg, s, &kd, &kp, group))
       fused_block_avx512<kQ8, kM, kSR>(a, s, group, key32);
     else
       lean_block(a, s, std::min(s + kQuantBlock, e) - s);
@@ -560,17 +551,9 @@ RT_AVX2_FMA void fused_range_avx2(const Lean& a, int64_t s, int64_t e) {
   const AdamWVec256 kd = adamw_vec256(a.c_decay), kp = adamw_vec256(a.c_plain);
   const uint32_t key32 = master_key32(a);
   const AdamWVec256* group[kQuantBlock / 8];
-  size_t seg = 0;  // the first segment that ends after the group at hand
+  size_t seg = 0;
   for (; s < e; s += kQuantBlock) {
-    bool whole = s + kQuantBlock <= e;
-    for (int j = 0; whole && j < kQuantBlock / 8; ++j) {
-      const int64_t g0 = s + 8 * j;
-      while (seg < a.segs.size() && a.segs[seg].hi <= g0) ++seg;
-      const bool padding = seg == a.segs.size() || a.segs[seg].lo >= g0 + 8;
-      whole = padding || (a.segs[seg].lo <= g0 && g0 + 8 <= a.segs[seg].hi);
-      group[j] = padding ? nullptr : a.segs[seg].decays ? &kd : &kp;
-    }
-    if (whole)
+    if (s + kQuantBlock <= e && block_groups<8>(a, seg, s, &kd, &kp, group))
       fused_block_avx2<kM, kSR>(a, s, group, key32);
     else
       lean_block(a, s, std::min(s + kQuantBlock, e) - s);

@@ -227,22 +227,14 @@ RT_AVX512 int64_t encode_avx512(const QuantCode& c, uint32_t key32, const float*
   const __m512i step = quant_counter_step16();
   __m512i ctr = quant_counters16(key32);
   int64_t i = 0;
-  if constexpr (kQ8) {  // minifloat codes: moment_quant_simd.h
-    const Q8Encode512 e = q8_encode_consts512(c, amax);
-    for (; i + 16 <= k; i += 16) {
-      const __m512i h = kStochastic ? quant_mix32x16(ctr) : _mm512_setzero_si512();
-      const __m512i q = q8_encode16<kStochastic, kSigned>(e, _mm512_loadu_ps(x + i), h);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + first + i), _mm512_cvtepi32_epi8(q));
-      ctr = _mm512_add_epi32(ctr, step);
-    }
-  } else {  // 4-bit codes
-    if (c.n != (kSigned ? 8 : 16)) return 0;
-    const Q4Encode512 e = q4_encode_consts512(c, amax);
-    for (; i + 16 <= k; i += 16) {
-      const __m512i h = kStochastic ? quant_mix32x16(ctr) : _mm512_setzero_si512();
-      q4_store16(codes + ((first + i) >> 1), q4_encode16<kStochastic, kSigned>(e, _mm512_loadu_ps(x + i), h));
-      ctr = _mm512_add_epi32(ctr, step);
-    }
+  if constexpr (!kQ8) {
+    if (c.n != (kSigned ? 8 : 16)) return 0;  // (the codes are fixed: never; the scalar path would take it)
+  }
+  const auto e = quant_encode_consts512<kQ8>(c, amax);  // moment_quant_simd.h
+  for (; i + 16 <= k; i += 16) {
+    const __m512i h = kStochastic ? quant_mix32x16(ctr) : _mm512_setzero_si512();
+    quant_store16<kQ8>(codes, first + i, quant_encode16<kQ8, kStochastic, kSigned>(e, _mm512_loadu_ps(x + i), h));
+    ctr = _mm512_add_epi32(ctr, step);
   }
   return i;
 }

@@ -179,6 +179,31 @@ RT_AVX512_INLINE void q4_store16(uint8_t* bytes, __m512i q) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(bytes), _mm512_cvtepi64_epi8(pairs));
 }
 
+// Width-generic forms for code templated on kQ8 (8-bit minifloat codes, else 4-bit).
+template <bool kQ8>
+RT_AVX512_INLINE auto quant_encode_consts512(const QuantCode& c, float amax) {
+  if constexpr (kQ8)
+    return q8_encode_consts512(c, amax);
+  else
+    return q4_encode_consts512(c, amax);
+}
+// kFinite: as q8_encode16's (the 4-bit encode clamps either way).
+template <bool kQ8, bool kStochastic, bool kSigned, bool kFinite = false, class E>
+RT_AVX512_INLINE __m512i quant_encode16(const E& e, __m512 xv, __m512i h) {
+  if constexpr (kQ8)
+    return q8_encode16<kStochastic, kSigned, kFinite>(e, xv, h);
+  else
+    return q4_encode16<kStochastic, kSigned>(e, xv, h);
+}
+// The codes q of elements [i, i + 16) of a moment (codes from element 0; 4-bit: i even).
+template <bool kQ8>
+RT_AVX512_INLINE void quant_store16(uint8_t* codes, int64_t i, __m512i q) {
+  if constexpr (kQ8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
+  else
+    q4_store16(codes + (i >> 1), q);
+}
+
 // Decode: one block's constants (its code and scale).
 struct QDecode512 {
   __m512 scale, tab4;  // tab4: a 4-bit code's levels
