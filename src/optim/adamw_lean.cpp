@@ -370,9 +370,9 @@ constexpr int64_t kLeanTask = 64 * kQuantBlock;  // elements per thread-pool tas
 
 // Whether the fused path serves u's whole blocks: quantized moments under a
 // split or bf16-sr master, with AVX-512F (fused_block_avx512), or 8-bit ones
-// with AVX2 (fused_block_avx2). (An fp32 master keeps lean_block's passes: fused it
-// took 1.45 ns per element against 1.30 on a Zen 4 core with 8-bit moments,
-// while split went 1.77 -> 1.10-1.19 and bf16-sr 1.72 -> 1.04-1.13;
+// with AVX2 (fused_block_avx2). (An fp32 master keeps lean_block's passes: fused
+// it took 1.45 ns per element against 1.30 on a Zen 4 core with 8-bit moments,
+// while split went 1.77 -> 1.19 and bf16-sr 1.71 -> 1.12 with AVX-512;
 // bench/RESULTS.md "2026-12-04 (night)".)
 bool fused_ok(const StateUnit& u) {
   if (!u.quantized() || (u.master_kind != MasterStorage::split && u.master_kind != MasterStorage::bf16_sr)) return false;
@@ -388,7 +388,7 @@ bool fused_ok(const StateUnit& u) {
 // absmax of m and v (a short body, so many groups' square roots and divisions
 // are in flight at once); the second stores the master (split or bf16-sr) and
 // encodes m and v. The same ops per lane as lean_block (quant_decode16,
-// adamw_math_avx512, master_store16v, q8_encode16 / q4_encode16; the absmax as
+// adamw_math_avx512, master_store16v, quant_encode16; the absmax as
 // quant_block_encode's: over finite values the largest |x| is the largest as
 // integer bits), so the same bits.
 #pragma GCC diagnostic push
