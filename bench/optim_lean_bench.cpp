@@ -194,6 +194,11 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* mo
   std::printf("%-24s %7s  %10s %8s  %-8s  %10s  %s\n", "mode", "threads", "Gparam/s", "GB/s", "vs adamw",
               "Gparam/cpu-s", "vs adamw");
   std::vector<double> base(thread_counts.size(), 0), base_cpu(thread_counts.size(), 0);
+  struct Last {
+    const Mode* mode;
+    double cpu_ns;  // CPU time of all threads per element at the most threads
+  };
+  std::vector<Last> last;
   for (const Mode& m : modes) {
     if (std::string(m.name) != "adamw" && !mode_selected(modes_arg, m.name)) continue;
     rt::HostState st(s, false);
@@ -234,7 +239,22 @@ int optim_lean_bench(int64_t n_target, int max_threads, int reps, const char* mo
       std::printf("%-24s %7d  %10.3f %8.1f  %.2fx  %10.3f  %.2fx\n", m.name, thread_counts[ti], gps, m.bytes * gps,
                   base[ti] > 0 ? gps / base[ti] : 0.0, cpu, base_cpu[ti] > 0 ? cpu / base_cpu[ti] : 0.0);
       std::fflush(stdout);
+      if (ti + 1 == thread_counts.size()) last.push_back({&m, 1.0 / cpu});
     }
+  }
+  // The issue-20 bound: 2x fp32 AdamW's Gparam/s at T threads leaves each
+  // thread T / (2 x fp32's Gparam/s) ns per element. A mode that spends more
+  // CPU time per element than that cannot reach 2x on these cores, and none
+  // can beat fp32's bytes / its bytes where fp32 AdamW is memory-bound.
+  const int tmax = thread_counts.back();
+  const double fp32_gps = base.back();
+  if (fp32_gps > 0) {
+    const double budget = tmax / (2.0 * fp32_gps);
+    std::printf("\n2x fp32 AdamW at %d threads (%.3f Gparam/s) needs <= %.2f ns of a thread per element:\n", tmax,
+                fp32_gps, budget);
+    std::printf("%-24s %14s %10s %22s\n", "mode", "CPU ns/element", "vs budget", "traffic bound vs fp32");
+    for (const Last& l : last)
+      std::printf("%-24s %14.2f %9.2fx %21.2fx\n", l.mode->name, l.cpu_ns, l.cpu_ns / budget, 30.0 / l.mode->bytes);
   }
   return 0;
 }
