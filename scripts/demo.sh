@@ -24,4 +24,4 @@ exec "$bin" train --preset tiny-byte \
   --seq-len 128 --micro-batch 8 --steps "$steps" --lr 2e-3 --warmup 20 \
   --log-every 10 --eval-every 100 --eval-batches 4 \
   --sample-prompt "// Training state lives " --sample-tokens 160 \
-  --out runs/demo
+  --out runs/demo --overwrite

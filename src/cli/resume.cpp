@@ -19,7 +19,8 @@ namespace {
 // Options that define the run: a different value is refused.
 const std::set<std::string> kDefining = {"seq-len", "micro-batch", "grad-accum", "seed", "val-fraction"};
 // Options whose saved value is not compared (handled apart or irrelevant after a resume).
-const std::set<std::string> kNotCompared = {"resume", "config", "data", "preset", "model", "init", "out", "threads"};
+const std::set<std::string> kNotCompared = {"resume", "config",  "data",    "preset",
+                                            "model",  "init",    "out",     "threads", "overwrite"};
 // Options that change nothing numerically when overridden.
 const std::set<std::string> kHarmless = {"eval-every",       "eval-batches",    "log-every",     "save-every",
                                          "keep-checkpoints", "metrics",         "export-dtype",  "sample-prompt",
@@ -77,13 +78,7 @@ std::string spec_differences(const ModelSpec& saved, const ModelSpec& now) {
 
 std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string>& data_paths) {
   const std::string out = p.str("out");
-  if (!p.has("resume")) {
-    std::vector<CheckpointRef> existing = checkpoint_list(out);
-    if (!existing.empty())
-      fail("[train] ", out, " already holds checkpoints of a run (newest ", existing.back().path,
-           "). Continue it with --resume auto, or pick another --out, or remove them.");
-    return std::nullopt;
-  }
+  if (!p.has("resume")) return std::nullopt;  // a fresh run: fresh_out_check looks at --out
   const std::string r = p.str("resume");
   ResumeSource src;
   if (r == "auto") {
@@ -137,7 +132,7 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
 
   std::map<std::string, std::string> base;
   for (auto& [k, v] : saved) {
-    if (k == "resume" || k == "config" || k == "data") continue;
+    if (k == "resume" || k == "config" || k == "data" || k == "overwrite") continue;
     if (model_given && (k == "preset" || k == "model" || k == "init")) continue;
     base[k] = v;
   }
@@ -153,6 +148,30 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
   return src;
 }
 
+void fresh_out_check(const ArgParser& p, bool resumed) {
+  if (resumed || p.has("overwrite")) return;
+  const std::string out = p.str("out"), final_dir = path_join(out, "final");
+  const bool has_final = file_exists(final_dir) || is_directory(final_dir);
+  if (p.has("resume")) {  // auto found no valid checkpoint
+    if (has_final)
+      fail("[train] --resume auto: no valid checkpoint in ", out, ", but ", final_dir,
+           " holds the final model of a finished run. Pick another --out, or pass --overwrite to train again "
+           "from step 0 and replace it.");
+    return;
+  }
+  std::vector<CheckpointRef> existing = checkpoint_list(out);
+  std::string held;
+  auto add = [&](const std::string& what) { held += (held.empty() ? "" : ", ") + what; };
+  if (!existing.empty()) add(cat("checkpoints (newest ", existing.back().path, ")"));
+  if (has_final) add(cat("a final model (", final_dir, ")"));
+  const std::string metrics = path_join(out, "metrics.jsonl");
+  if (!p.has("metrics") && file_exists(metrics) && file_size(metrics) > 0) add(cat("metrics (", metrics, ")"));
+  if (!held.empty())
+    fail("[train] ", out, " already holds a run: ", held, ". ",
+         existing.empty() ? "Pick another --out" : "Continue it with --resume auto, or pick another --out",
+         ", or pass --overwrite to replace it with this run.");
+}
+
 RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec) {
   if (out_dir.empty()) return RunLock();
   RunLock lock = RunLock::acquire(out_dir, "[train]", "--out");
@@ -162,7 +181,16 @@ RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec) {
 }
 
 void resume_commit(const ArgParser& p, const std::optional<ResumeSource>& r) {
-  if (!p.has("resume")) return;  // a fresh run was refused when --out held checkpoints
+  if (!p.has("resume")) {  // a fresh run: --out held no earlier run, or --overwrite replaces it
+    if (!p.has("overwrite")) return;
+    for (const CheckpointRef& c : checkpoint_list(p.str("out"))) {
+      std::error_code ec;
+      std::filesystem::remove_all(c.path, ec);
+      if (ec) fail("[train] --overwrite: cannot remove the earlier run's checkpoint ", c.path, ": ", ec.message());
+      std::printf("--overwrite: removed the earlier run's checkpoint %s\n", c.path.c_str());
+    }
+    return;
+  }
   if (r)
     std::printf("resuming from %s: step %lld, data cursor %s\n", r->dir.c_str(), (long long)r->meta.step,
                 r->meta.cursor.to_string().c_str());

@@ -31,6 +31,12 @@ struct ResumeSource {
 // refused resume changes nothing on disk.
 std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string>& data_paths);
 
+// A fresh run (no --resume, or auto finding no valid checkpoint) into an
+// --out that holds an earlier run is refused unless --overwrite: checkpoints,
+// a final model or the default metrics file (auto: a final model) would be
+// replaced or mixed with this run's. Called holding the --out lock.
+void fresh_out_check(const ArgParser& p, bool resumed);
+
 // Called once the run has passed every check and is about to train (holding
 // the --out lock): says where it continues from, and renames the checkpoints
 // in --out newer than that step (every one, when --resume auto found none

@@ -280,6 +280,7 @@ int cmd_train(const Args& args) {
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
+  if (!c.out.empty()) fresh_out_check(p, resume.has_value());
 
   // The data next: its errors come before gigabytes of model state are allocated.
   TrainData td = train_data_open(p, c.data, spec, c.model, c.seed);

@@ -174,6 +174,9 @@ void train_options(ArgParser& p) {
       .integer(0);
   p.option("keep-checkpoints", "N", "keep the newest N checkpoints (0: all)", "3").integer(0);
   p.option("resume", "DIR|auto", "continue from a checkpoint (auto: the newest valid one in --out)");
+  p.flag("overwrite",
+         "start a fresh run in an --out that holds an earlier one (its checkpoints are deleted when this run "
+         "starts, its final model and metrics replaced); without it such an --out is refused");
   p.option("export-dtype", "bf16|fp32|none",
            "dtype of the final model's safetensors (DIR/final); none: no final export (checkpoints, metrics "
            "and --save-every still write; for runs whose export would not fit the disk)",

@@ -99,7 +99,10 @@ TEST(Faults, ASecondRunIntoTheSameOutIsRefusedNamingTheFirst) {
   // Killed, the first run leaves its lock file behind, naming a dead process: it does not block.
   EXPECT_EQ(a.kill_and_wait(SIGKILL), 128 + SIGKILL);
   ASSERT_TRUE(contains(read_or_empty(lock), mark));
-  r = run_ramtrain(fx.train(out));
+  r = run_ramtrain(fx.train(out));  // its metrics are there: a fresh run needs --overwrite
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, out + " already holds a run: metrics (" + out + "/metrics.jsonl)")) << r.output;
+  r = run_ramtrain(fx.train(out, "--overwrite"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out + "/final/config.json")) << r.output;
   EXPECT_FALSE(fs::exists(lock));  // let go when the run ended

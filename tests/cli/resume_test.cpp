@@ -457,7 +457,8 @@ TEST(Resume, AnIncompatibleRunIsRefusedNamingTheDifference) {
   // A fresh run into a directory with checkpoints is refused too.
   r = run_ramtrain(join(fx.args(out, {"--steps", "10"})));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "already holds checkpoints")) << r.output;
+  EXPECT_TRUE(contains(r.output, "already holds a run: checkpoints (newest " + out + "/ckpt-")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Continue it with --resume auto")) << r.output;
   // Overridable: a warning, then it trains on.
   r = run_ramtrain(base + " --lr 1e-3 --steps 12");
   EXPECT_EQ(r.exit_code, 0) << r.output;

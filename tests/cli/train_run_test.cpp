@@ -90,8 +90,15 @@ TEST(TrainRun, MetricsDefaultToTheOutputDirWithWallClockTime) {
   EXPECT_TRUE(std::regex_search(r.output, std::regex("step +1/4 \\| loss [0-9.]+ .*\\| epoch [0-9.]+ \\| rss [0-9.]+ "
                                                      "[MG]iB")))
       << r.output;
-  std::filesystem::remove_all(f.tmp.file("o/final"));  // a fresh run into the same dir (no checkpoints there)
-  auto again = run_ramtrain(f.train("o", "--steps 2"));
+  // A fresh run into the same dir (no checkpoints there) would replace its
+  // final model and metrics: refused, naming both; with --overwrite it runs.
+  auto refused = run_ramtrain(f.train("o", "--steps 2"));
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "already holds a run: a final model (" + f.tmp.file("o/final") +
+                                           "), metrics (" + f.tmp.file("o/metrics.jsonl") + ")"))
+      << refused.output;
+  EXPECT_EQ(read_jsonl(f.tmp.file("o/metrics.jsonl")).size(), 6u);  // untouched
+  auto again = run_ramtrain(f.train("o", "--steps 2 --overwrite"));
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(read_jsonl(f.tmp.file("o/metrics.jsonl")).size(), 3u);
 }

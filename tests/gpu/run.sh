@@ -95,9 +95,9 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   dpc=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps ${DP_TINY_STEPS:-40} --micro-batch 8
        --grad-accum "$ngpu" --seq-len 256 --seed 3 --device cuda --lr 1e-3)
   [ "${DP_TINY:-1}" = 1 ] && {
-  run dp_tiny_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "${dpc[@]}" --out "$tmp/dp1"
+  run dp_tiny_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "${dpc[@]}" --out "$tmp/dpg1"
   run dp_tiny_${ngpu}gpu 200 "${dpc[@]}" --nproc-per-node "$ngpu" --out "$tmp/dpn" --save-every 20
-  run dp_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dp1/metrics.jsonl" "$tmp/dpn/metrics.jsonl" \
+  run dp_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/dpg1/metrics.jsonl" "$tmp/dpn/metrics.jsonl" \
     --tol "${DP_TOL:-1e-3}"
   # the N ranks' gathered checkpoint resumes on one GPU and on N ranks
   run dp_resume_1gpu 200 env CUDA_VISIBLE_DEVICES=0 "$bin/ramtrain" train --resume "$tmp/dpn/ckpt-00000020" \
@@ -115,12 +115,12 @@ if has dp && [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   d7=("$bin/ramtrain" train --preset qwen2.5-7b --data "$tmp/bytes.bin" --steps ${DP_STEPS:-5} --micro-batch 16
       --seq-len 2048 --device cuda --eval-batches 1 --export-dtype none --lr 1e-5)
   if [ "${DP_7B:-1}" = 1 ]; then
-    run dp_7b_1gpu 590 env CUDA_VISIBLE_DEVICES=0 "${d7[@]}" --threads 16 --grad-accum 1 --out "$tmp/d71"
+    run dp_7b_1gpu 590 env CUDA_VISIBLE_DEVICES=0 "${d7[@]}" --threads 16 --grad-accum 1 --out "$tmp/d7g1"
     ( while sleep 20; do ps -o pid=,rss=,args= -C ramtrain | awk '{printf "rss %s %.1f GiB\n", $1, $2/1048576}'; done ) \
       > "$logs/dp_7b_rss.log" 2>&1 & rssmon=$!
     run dp_7b_${ngpu}gpu 590 "${d7[@]}" --grad-accum "$ngpu" --nproc-per-node "$ngpu" --out "$tmp/d7n"
     kill $rssmon 2>/dev/null
-    run dp_7b_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/d71/metrics.jsonl" "$tmp/d7n/metrics.jsonl"
+    run dp_7b_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/d7g1/metrics.jsonl" "$tmp/d7n/metrics.jsonl"
     sort -t' ' -k3 -n "$logs/dp_7b_rss.log" | tail -4
   fi
   # Qwen2.5-14B at full precision, one rank per GPU: each rank's host RSS (DP_14B=1; ~8 B/param a rank at N = 2)
