@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "core/quote.h"
 
 namespace rt::cli {
 
@@ -255,6 +257,14 @@ void ArgParser::set_value(std::map<std::string, std::string>& into, const OptSpe
 
 bool ArgParser::parse(const std::vector<std::string>& args) {
   size_t next_positional = 0;
+  // An option given both as an argument and as --name with another value is
+  // ambiguous (a repeated --name is not: the last one wins, as usual).
+  std::map<std::string, std::string> as_argument, as_option;
+  auto clash = [&](const std::string& name) {
+    if (!as_argument.count(name) || !as_option.count(name) || as_argument[name] == as_option[name]) return;
+    fail("[", command_, "] ", quote_input(as_argument[name]), " (an argument) and --", name, " ",
+         quote_input(as_option[name]), " both give --", name, ": give it once");
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -277,6 +287,7 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
       if (target->type != OptType::list) ++next_positional;
       check(*target, a, "argument " + target->metavar);
       set_value(values_, *target, a);
+      if (target->type != OptType::list) as_argument[target->name] = a, clash(target->name);
       continue;
     }
     std::string name = a.substr(2), value;
@@ -320,6 +331,7 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
       for (auto& v : split(value, ',')) set_value(values_, *o, v);
     } else {
       values_[name] = value;
+      if (o->positional) as_option[name] = value, clash(name);
     }
   }
   return true;

@@ -66,12 +66,25 @@ int cmd_export(const Args& args) {
     if (!checkpoint_list(clean).empty())
       fail("[export] --out ", out, " holds training checkpoints (", checkpoint_list(clean).back().path,
            "), which the export would replace: pick another --out, e.g. ", path_join(clean, "hf"));
+    if (file_exists(clean)) fail("[export] --out ", out, " is a file: give a directory for the HF model");
   }
   // final/ of a run directory is the trainer's to write while it runs.
   RunLock run_lock;
   if (std::filesystem::path(clean).filename() == "final" && is_directory(path_dirname(clean)))
     run_lock = RunLock::acquire(path_dirname(clean), "[export]", "run directory");
   RunLock out_lock = RunLock::acquire(clean, "[export]", "--out");
+  // The export replaces --out as a whole: only an earlier export (its
+  // ramtrain.json) or an empty directory (our lock file aside) may be replaced.
+  if (is_directory(clean) && !file_exists(path_join(clean, "ramtrain.json"))) {
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(clean, ec); !ec && it != std::filesystem::directory_iterator();
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name == ".ramtrain.lock") continue;
+      fail("[export] --out ", out, " is a directory holding other files (", name,
+           "), which the export would delete: pick another --out, e.g. ", path_join(clean, "hf"), ", or empty it");
+    }
+  }
   TrainerCheckpoint meta = checkpoint_read_trainer(dir);
   HostState state(checkpoint_read_spec(dir), false);
   checkpoint_load_state(dir, state, false);

@@ -11,6 +11,7 @@
 // `train --data OUT` reads with it.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -60,7 +61,7 @@ int cmd_tokenize(const Args& raw_args) {
   p.option("text-split", "file|blank-lines", "text documents: one per file, or split at blank lines", "file");
   p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count",
            "abort");
-  p.option("threads", "N", "encoding threads (0: all cores)", "0");
+  p.option("threads", "N", "encoding threads (0: all cores)", "0").integer(0);
   if (!p.parse(args)) return 0;
   if (inputs.empty()) fail("[tokenize] give one or more input files or directories");
   const std::string out = p.require("out");
@@ -74,6 +75,19 @@ int cmd_tokenize(const Args& raw_args) {
     } else {
       require_regular_file(in, "[tokenize]", /*dir_ok=*/true);
       files.push_back(in);
+    }
+  }
+  {  // the output must not replace an input
+    namespace fs = std::filesystem;
+    std::error_code e1, e2, e3;
+    const fs::path o = fs::weakly_canonical(out, e1), om = fs::weakly_canonical(loss_mask_path(out), e2);
+    for (const std::string& f : files) {
+      const fs::path c = fs::weakly_canonical(f, e3);
+      if (!e1 && !e3 && c == o)
+        fail("[tokenize] --out ", out, " is also an input: the token file would replace it. Pick another --out");
+      if (!e2 && !e3 && c == om)
+        fail("[tokenize] --out ", out, ": its loss-mask file ", loss_mask_path(out),
+             " is an input, which writing it would replace. Pick another --out");
     }
   }
   const auto tok = tokenizer_load(tok_dir);

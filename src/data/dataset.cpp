@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 
@@ -173,6 +174,21 @@ bool is_text_name(const std::filesystem::path& p) {
   return std::any_of(std::begin(exts), std::end(exts), [&](const char* x) { return e == x; });
 }
 
+// A directory ramtrain wrote: a run's --out (its lock file or checkpoints),
+// a checkpoint, or an exported model (ramtrain.json). Its JSON and text files
+// are not training data.
+bool is_ramtrain_output(const std::filesystem::path& d) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto has = [&](const char* f) { return fs::exists(d / f, ec); };
+  if (has(".ramtrain.lock") || has("ramtrain.json") || (has("manifest.json") && has("trainer.json"))) return true;
+  for (auto it = fs::directory_iterator(d, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("ckpt-", 0) == 0 && fs::exists(it->path() / "manifest.json", ec)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<std::string> text_document_paths(const std::vector<std::string>& paths) {
@@ -186,11 +202,17 @@ std::vector<std::string> text_document_paths(const std::vector<std::string>& pat
     }
     if (!is_directory(p)) fail("[data] ", p, ": no such file or directory");
     std::vector<std::string> found;
+    int outputs = 0;
     try {
       for (auto it = fs::recursive_directory_iterator(p); it != fs::recursive_directory_iterator(); ++it) {
         const std::string name = it->path().filename().string();
         if (!name.empty() && name[0] == '.') {
           if (it->is_directory()) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_directory() && is_ramtrain_output(it->path())) {  // e.g. an --out inside the data
+          it.disable_recursion_pending();
+          ++outputs;
           continue;
         }
         if (it->is_regular_file() && is_text_name(it->path())) found.push_back(it->path().string());
@@ -202,6 +224,9 @@ std::vector<std::string> text_document_paths(const std::vector<std::string>& pat
       fail("[data] ", p,
            ": no text files found (looked for *.md *.txt *.cpp *.h *.hpp *.cc *.cu *.py *.sh *.toml *.json *.cmake "
            "CMakeLists.txt, hidden entries skipped)");
+    if (outputs > 0)
+      std::printf("note: --data %s: skipped %d ramtrain output director%s inside it (runs, checkpoints, exports)\n",
+                  p.c_str(), outputs, outputs == 1 ? "y" : "ies");
     std::sort(found.begin(), found.end());
     out.insert(out.end(), found.begin(), found.end());
   }

@@ -62,6 +62,16 @@ TEST(Args, PositionalAnywhereAndLists) {
   ArgParser r = make();
   ASSERT_TRUE(r.parse({"--files=x,y"}));
   EXPECT_EQ(r.list("files"), (std::vector<std::string>{"x", "y"}));
+  // A positional and its --option with different values: which one was meant?
+  ArgParser c = make();
+  const std::string both = error_of([&] { c.parse({"a.txt", "--input", "b.txt"}); });
+  EXPECT_NE(both.find("a.txt (an argument) and --input b.txt both give --input: give it once"), std::string::npos)
+      << both;
+  ArgParser same = make();
+  ASSERT_TRUE(same.parse({"a.txt", "--input", "a.txt"}));  // the same value twice is no conflict
+  ArgParser last = make();
+  ASSERT_TRUE(last.parse({"--n", "2", "--n", "3"}));  // a repeated option: the last one wins
+  EXPECT_EQ(last.integer("n"), 3);
 }
 
 TEST(Args, TomlTakesTheSameChecksAndRefusesWrongTypes) {

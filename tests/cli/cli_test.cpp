@@ -103,6 +103,41 @@ TEST(Cli, TrainExportSampleRoundTrip) {
   EXPECT_TRUE(contains(s.output, "the ")) << s.output;
 }
 
+// export replaces --out as a whole: a directory of other files is refused
+// (it used to be deleted), an earlier export is replaced; a checkpoint given
+// both as the argument and as --checkpoint must agree; tokenize never writes
+// over one of its inputs.
+TEST(Cli, OutputsNeverReplaceOtherFiles) {
+  rt::test::TempDir tmp;
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  rt::test::write_bytes(tmp.file("fox.txt"), text);
+  auto r = run_ramtrain("train --preset tiny-byte --seq-len 32 --micro-batch 2 --steps 2 --threads 2 --data " +
+                        tmp.file("fox.txt") + " --out " + tmp.file("run") + " --save-every 2 --export-dtype none");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string ckpt = tmp.file("run/ckpt-00000002");
+  rt::make_dirs(tmp.file("mine"));
+  rt::test::write_bytes(tmp.file("mine/notes.txt"), "precious");
+  r = run_ramtrain("export " + ckpt + " --out " + tmp.file("mine"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a directory holding other files (notes.txt), which the export would delete"))
+      << r.output;
+  EXPECT_TRUE(rt::file_exists(tmp.file("mine/notes.txt")));
+  r = run_ramtrain("export " + ckpt + " --out " + tmp.file("hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ramtrain("export " + ckpt + " --out " + tmp.file("hf") + " --dtype fp32");  // an earlier export: replaced
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ramtrain("export " + ckpt + " --checkpoint " + tmp.file("run") + " --out " + tmp.file("hf2"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "both give --checkpoint: give it once")) << r.output;
+  EXPECT_FALSE(rt::is_directory(tmp.file("hf2")));
+  r = run_ramtrain("tokenize " + tmp.file("fox.txt") + " --tokenizer " + tmp.file("hf") + " --out " +
+                   tmp.file("fox.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is also an input: the token file would replace it")) << r.output;
+  EXPECT_EQ(rt::read_text_file(tmp.file("fox.txt")), text);
+}
+
 TEST(Cli, ExportDtypeNoneWritesNoFinalModelButKeepsCheckpoints) {
   rt::test::TempDir tmp;
   std::string text;

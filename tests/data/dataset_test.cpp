@@ -265,6 +265,19 @@ TEST(TextDocuments, PathsSortedFilteredAndHiddenSkipped) {
   // Sorted by path string: "a.md" < "a/b.txt" since '.' (0x2E) < '/' (0x2F).
   std::vector<std::string> want = {d + "/a.md", d + "/a/b.txt", d + "/sub/CMakeLists.txt", d + "/sub/x.py"};
   EXPECT_EQ(text_document_paths({d}), want);
+  // What ramtrain wrote inside the data (an --out there) is not training text:
+  // a run with a checkpoint, a checkpoint or an export on its own, a live run.
+  make_dirs(d + "/run/ckpt-00000002");
+  write_bytes(d + "/run/ckpt-00000002/manifest.json", "{}");
+  write_bytes(d + "/run/ckpt-00000002/config.json", "{}");
+  write_bytes(d + "/run/notes.txt", "skip");
+  make_dirs(d + "/hf");
+  write_bytes(d + "/hf/ramtrain.json", "{}");
+  write_bytes(d + "/hf/config.json", "{}");
+  make_dirs(d + "/live");
+  write_bytes(d + "/live/.ramtrain.lock", "pid 1\n");
+  write_bytes(d + "/live/log.txt", "skip");
+  EXPECT_EQ(text_document_paths({d}), want);
 
   // A file named directly is read whatever its extension, in argument order.
   TokenStream s = load_text_documents({dir.file("direct.dat"), d});
