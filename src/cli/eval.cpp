@@ -163,11 +163,11 @@ int cmd_eval(const Args& raw_args) {
 
   LoadedModel m = load_model_dir(model_dir, false);
   const ModelSpec& spec = m.spec;
-  const int64_t T = p.given("seq-len") ? p.integer("seq-len") : std::min<int64_t>(spec.max_positions, 1024);
+  const int64_t T = p.given("seq-len") ? p.integer("seq-len") : std::min<int64_t>(spec.max_sequence(), 1024);
   if (T < 1) fail("[eval] --seq-len must be >= 1, got ", T);
-  if (T > spec.max_positions)
-    fail("[eval] --seq-len ", T, " is longer than the model's max_position_embeddings (", spec.max_positions,
-         "); pass --seq-len ", spec.max_positions, " or less");
+  if (T > spec.max_sequence())
+    fail("[eval] --seq-len ", T, " is longer than the model's ", spec.max_sequence_why(), "; pass --seq-len ",
+         spec.max_sequence(), " or less");
 
   // The data, as rows.
   std::unique_ptr<EvalRows> rows;

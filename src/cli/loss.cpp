@@ -60,9 +60,9 @@ int cmd_loss(const Args& args) {
   int64_t n_pred_total = 0;
   for (size_t i = 0; i < seqs.seqs.size(); ++i) {
     const auto& s = seqs.seqs[i];
-    if (static_cast<int64_t>(s.size()) > m.spec.max_positions)
-      fail("[loss] ", tokens_path, ":", seqs.lines[i], ": sequence of ", s.size(),
-           " tokens is longer than the model's max_position_embeddings (", m.spec.max_positions, ")");
+    if (static_cast<int64_t>(s.size()) > m.spec.max_sequence())
+      fail("[loss] ", tokens_path, ":", seqs.lines[i], ": sequence of ", s.size(), " tokens is longer than the model's ",
+           m.spec.max_sequence_why());
     if (s.size() >= 2) n_pred_total += static_cast<int64_t>(s.size()) - 1;
   }
   if (n_pred_total == 0)

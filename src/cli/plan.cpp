@@ -153,9 +153,8 @@ int cmd_plan(const Args& args) {
   }
   if (p.has("layers")) spec.n_layers = p.integer("layers");
   const int64_t T = p.integer("seq-len"), B = p.integer("micro-batch"), K = p.integer("grad-accum");
-  if (T > spec.max_positions)
-    fail("[plan] --seq-len ", T, " exceeds the model's max_position_embeddings (", spec.max_positions,
-         "); lower --seq-len");
+  if (T > spec.max_sequence())
+    fail("[plan] --seq-len ", T, " exceeds the model's ", spec.max_sequence_why(), "; lower --seq-len");
 
   // ---- the machine
   CardSpec card;

@@ -39,9 +39,8 @@ uint64_t host_memory_available() {
 }
 
 void preflight(const TrainConfig& c, const ModelSpec& spec, bool cpu_backend) {
-  if (c.seq_len > spec.max_positions)
-    fail("[train] --seq-len ", c.seq_len, " exceeds the model's max_position_embeddings (", spec.max_positions,
-         "); lower --seq-len");
+  if (c.seq_len > spec.max_sequence())
+    fail("[train] --seq-len ", c.seq_len, " exceeds the model's ", spec.max_sequence_why(), "; lower --seq-len");
   // Memory that the options alone decide, checked before anything is allocated.
   const double B = static_cast<double>(c.micro_batch), T = static_cast<double>(c.seq_len),
                K = static_cast<double>(c.grad_accum);

@@ -27,10 +27,10 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
   const int64_t V = opt.vocab_limit > 0 ? std::min<int64_t>(opt.vocab_limit, s.vocab) : s.vocab;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     if (opt.stop && opt.stop->load()) break;
-    // keep the most recent max_positions tokens
-    const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ctx.size()), s.max_positions);
+    // keep the most recent max_sequence() tokens (max_positions, or a sliding window)
+    const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ctx.size()), s.max_sequence());
     const int64_t start = static_cast<int64_t>(ctx.size()) - keep;
-    const int64_t T = std::min<int64_t>((keep + 63) / 64 * 64, std::max<int64_t>(s.max_positions, keep));
+    const int64_t T = std::min<int64_t>((keep + 63) / 64 * 64, std::max<int64_t>(s.max_sequence(), keep));
     auto& r = runners[T];
     if (!r) r = std::make_unique<ModelRunner<CpuOps>>(ops, s, 1, T);
     std::vector<int32_t> ids(static_cast<size_t>(T), 0), pos(static_cast<size_t>(T));

@@ -103,8 +103,8 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(opt_.micro_batch >= 1, "[train] --micro-batch must be >= 1");
   RT_CHECK(opt_.grad_accum >= 1, "[train] --grad-accum must be >= 1");
   RT_CHECK(opt_.steps >= 1, "[train] --steps must be >= 1");
-  RT_CHECK(data_.seq_len() <= state_.spec().max_positions, "[train] --seq-len ", data_.seq_len(),
-           " exceeds the model's max_position_embeddings (", state_.spec().max_positions, ")");
+  RT_CHECK(data_.seq_len() <= state_.spec().max_sequence(), "[train] --seq-len ", data_.seq_len(),
+           " exceeds the model's ", state_.spec().max_sequence_why());
   if (!backend_)
     backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens,
                                 opt_.fold_grads);

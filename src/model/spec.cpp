@@ -384,11 +384,10 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
       window = 4096;
     else if (f.has("sliding_window"))
       window = f.get_int("sliding_window");
-    if (window && *window < s.max_positions)
-      unsupported.push_back(cat("sliding_window ", *window, " is active (below max_position_embeddings ",
-                                s.max_positions,
-                                "); supported: full causal attention: sliding_window null or >= "
-                                "max_position_embeddings"));
+    if (window && *window <= 0)
+      unsupported.push_back(cat("sliding_window ", *window, " is not a window; give a positive size or null"));
+    else if (window && *window < s.max_positions)
+      s.sliding_window = *window;  // sequences up to the window: exactly full causal attention
   } else if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
              s.family == Family::qwen2_moe) {
     if (f.get_bool("use_sliding_window", false))
@@ -443,6 +442,13 @@ int64_t params_attn_norms(const ModelSpec& s) {
   return attn + 2 * s.hidden + shared;
 }
 }  // namespace
+
+std::string ModelSpec::max_sequence_why() const {
+  if (max_sequence() < max_positions)
+    return cat("sliding_window (", sliding_window,
+               "; longer sequences would need windowed attention, which ramtrain does not implement)");
+  return cat("max_position_embeddings (", max_positions, ")");
+}
 
 int64_t ModelSpec::params_per_layer() const {
   if (is_moe()) return params_attn_norms(*this) + moe.n_experts * (hidden + 3 * hidden * moe.expert_intermediate);
@@ -597,7 +603,8 @@ std::string spec_to_config_json(const ModelSpec& s) {
     o["attention_bias"] = false;
   if (s.family == Family::qwen2_moe) o["qkv_bias"] = s.qkv_bias;
   if (s.family == Family::llama) o["mlp_bias"] = false;
-  if (s.family == Family::mistral || s.family == Family::mixtral) o["sliding_window"] = nullptr;
+  if (s.family == Family::mistral || s.family == Family::mixtral)
+    o["sliding_window"] = s.sliding_window > 0 ? ojson(s.sliding_window) : ojson(nullptr);
   if (s.is_moe()) {
     if (s.family == Family::mixtral)
       o["num_local_experts"] = s.moe.n_experts;

@@ -63,10 +63,19 @@ struct ModelSpec {
   bool qk_norm_whole = false;
   MoeConfig moe;  // n_experts 0: dense MLP
   int64_t max_positions = 2048;
+  // Mistral/Mixtral's sliding_window when below max_positions (0: none). Runs
+  // take sequences of at most this many tokens, where windowed attention is
+  // exactly full causal attention (longer ones would need the window).
+  int64_t sliding_window = 0;
   int64_t bos_id = -1;            // -1: none
   std::vector<int64_t> eos_ids;   // may be several (Llama-3 instruct)
   std::string dtype = "float32";  // torch_dtype / dtype of the checkpoint, informational
 
+  // The longest sequence a run may take: max_positions, or the sliding window.
+  int64_t max_sequence() const { return sliding_window > 0 && sliding_window < max_positions ? sliding_window : max_positions; }
+  // What sets max_sequence(), for messages: "max_position_embeddings (N)" or
+  // "sliding_window (W; longer sequences need windowed attention, ...)".
+  std::string max_sequence_why() const;
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   bool is_moe() const { return moe.n_experts > 0; }

@@ -86,6 +86,8 @@ TEST(MoeSpec, ParsesEachFamily) {
   const int64_t attn = 16 * 16 + 2 * 16 * 8 + 16 * 16 + 16 + 2 * 8;
   EXPECT_EQ(q2.params_per_layer(), attn + 2 * 16 + 5 * 16 + 5 * 3 * 16 * 10 + 3 * 16 * 14 + 16);
   EXPECT_EQ(q2.active_params_per_layer(), attn + 2 * 16 + 5 * 16 + 2 * 3 * 16 * 10 + 3 * 16 * 14 + 16);
+  // An active window is accepted: runs are held to sequences within it.
+  EXPECT_EQ(rt::spec_from_config_text(with(kMixtral, "sliding_window", "8"), "m").max_sequence(), 8);
   ModelSpec m = rt::spec_from_config_text(kMixtral, "m");
   EXPECT_EQ(m.family, Family::mixtral);
   EXPECT_EQ(m.moe.n_experts, 4);  // num_local_experts
@@ -119,7 +121,7 @@ TEST(MoeSpec, RefusesWhatItDoesNotCompute) {
   EXPECT_HAS(error_of(with(kQwen2Moe, "use_sliding_window", "true")), "use_sliding_window true");
   EXPECT_HAS(error_of(with(kQwen3Moe, "num_experts_per_tok", "6")), "num_experts_per_tok 6 must be in [1,");
   EXPECT_HAS(error_of(with(kMixtral, "router_jitter_noise", "0.1")), "router_jitter_noise 0.1");
-  EXPECT_HAS(error_of(with(kMixtral, "sliding_window", "8")), "sliding_window 8 is active");
+  EXPECT_HAS(error_of(with(kMixtral, "sliding_window", "-8")), "sliding_window -8 is not a window");
   EXPECT_HAS(error_of(with(kMixtral, "num_experts", "5")), "num_experts 5 and num_local_experts 4 disagree");
   EXPECT_HAS(error_of(with(kOlmoe, "clip_qkv", "8.0")), "clip_qkv 8");
   EXPECT_HAS(error_of(with(kOlmoe, "attention_bias", "true")), "attention_bias true");
@@ -140,6 +142,8 @@ TEST(MoeSpec, ConfigJsonRefusesWhatHfCannotExpress) {
   dense.moe.top_k = 2;
   dense.moe.expert_intermediate = 8;
   EXPECT_HAS(refused(dense), "4 experts cannot be expressed for family qwen3");
+  // An active window is accepted: runs are held to sequences within it.
+  EXPECT_EQ(rt::spec_from_config_text(with(kMixtral, "sliding_window", "8"), "m").max_sequence(), 8);
   ModelSpec m = rt::spec_from_config_text(kMixtral, "m");
   m.moe.norm_topk_prob = false;
   EXPECT_HAS(refused(m), "Mixtral always renormalises");
@@ -180,6 +184,8 @@ TEST(MoeSpec, PlanReportsActiveParameters) {
 }
 
 TEST(MoeWeightMap, NamesAndShapesPerFamily) {
+  // An active window is accepted: runs are held to sequences within it.
+  EXPECT_EQ(rt::spec_from_config_text(with(kMixtral, "sliding_window", "8"), "m").max_sequence(), 8);
   ModelSpec m = rt::spec_from_config_text(kMixtral, "m");
   auto l = rt::layer_weight_map(m, 1);
   // norms, q k v o (no q/k norms), router, 4 experts x 3

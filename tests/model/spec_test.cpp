@@ -67,6 +67,7 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.moe.router_aux_loss_coef, b.moe.router_aux_loss_coef);
   EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
   EXPECT_EQ(a.max_positions, b.max_positions);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
   EXPECT_EQ(a.bos_id, b.bos_id);
   EXPECT_EQ(a.eos_ids, b.eos_ids);
   EXPECT_EQ(a.dtype, b.dtype);
@@ -312,16 +313,25 @@ TEST(Spec, MistralBothDialectsAndSlidingWindow) {
   expect_same_spec(a, rt::spec_from_config_text(kMistral_5x, "m5.json"), "4.x vs 5.x dialect");
   expect_same_spec(a, rt::spec_preset("mistral-7b"), "config vs preset");
 
-  // Mistral-7B-v0.1 style: a 4096 window below 32768 positions is active -> refused.
-  std::string msg = parse_error(with_field(kMistral_4x, "sliding_window", "4096"), "v01/config.json");
-  EXPECT_HAS(msg, "[config] v01/config.json");
-  EXPECT_HAS(msg, "sliding_window 4096");
-  EXPECT_HAS(msg, "supported: full causal attention");
-  // A window that covers every position never triggers -> accepted.
-  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "32768"), "x").max_positions, 32768);
-  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "65536"), "x").max_positions, 32768);
-  // Absent means MistralConfig's default of 4096 -> active -> refused.
-  EXPECT_HAS(parse_error(with_field(kMistral_4x, "sliding_window", "")), "sliding_window 4096");
+  // Mistral-7B-v0.1 style: a 4096 window below 32768 positions. Accepted, and
+  // runs take sequences of at most 4096 tokens, where the window is exactly
+  // full causal attention; the window survives the config round trip.
+  const ModelSpec v01 = rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "4096"), "v01/config.json");
+  EXPECT_EQ(v01.max_positions, 32768);
+  EXPECT_EQ(v01.sliding_window, 4096);
+  EXPECT_EQ(v01.max_sequence(), 4096);
+  EXPECT_HAS(v01.max_sequence_why(), "sliding_window (4096; longer sequences would need windowed attention");
+  const ModelSpec back = rt::spec_from_config_text(rt::spec_to_config_json(v01), "back.json");
+  EXPECT_EQ(back.sliding_window, 4096);
+  expect_same_spec(v01, back, "round trip");
+  EXPECT_EQ(a.max_sequence(), 32768);  // null: no window
+  EXPECT_HAS(a.max_sequence_why(), "max_position_embeddings (32768)");
+  // A window that covers every position never triggers.
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "32768"), "x").max_sequence(), 32768);
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "65536"), "x").max_sequence(), 32768);
+  // Absent means MistralConfig's default of 4096.
+  EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", ""), "x").max_sequence(), 4096);
+  EXPECT_HAS(parse_error(with_field(kMistral_4x, "sliding_window", "0")), "sliding_window 0 is not a window");
 }
 
 TEST(Spec, Qwen25BothDialects) {
