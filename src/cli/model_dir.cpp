@@ -91,6 +91,7 @@ LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorag
   LoadedModel m;
   m.spec = spec_from_config_file(path_join(dir, "config.json"));
   SafetensorsModel st = SafetensorsModel::open(dir);
+  load_state_check(m.spec, st);  // before allocating: a config.json that asks for more than the files hold
   m.state = std::make_unique<HostState>(m.spec, with_grads, moments, master, rule);
   load_state(*m.state, st);
   if (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")))

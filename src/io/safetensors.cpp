@@ -309,6 +309,10 @@ SafetensorsModel SafetensorsModel::open(const std::string& dir_or_file) {
         file_fail(index, cat("weight_map entry '", name, "' is a JSON ", shard.type_name(), ", not a file name"),
                   "expected {\"weight_map\": {tensor: shard file}}");
       const std::string sname = shard.get<std::string>();
+      if (sname.empty() || sname.find('/') != std::string::npos || sname.find('\\') != std::string::npos ||
+          sname == "." || sname == "..")
+        file_fail(index, cat("weight_map entry '", name, "' names the shard '", sname, "', not a file of this directory"),
+                  "shards are files beside the index (e.g. model-00001-of-00002.safetensors)");
       auto it = shards.find(sname);
       if (it == shards.end()) {
         std::string sp = path_join(dir, sname);

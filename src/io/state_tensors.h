@@ -12,6 +12,9 @@ namespace rt {
 // Loads master weights from a HF checkpoint; every missing, unexpected or
 // misshapen tensor is reported by name (model/weight_map.h).
 void load_state(HostState& state, const SafetensorsModel& model);
+// The same check of names and shapes against spec alone, from the files'
+// headers: call it before allocating a HostState for them.
+void load_state_check(const ModelSpec& spec, const SafetensorsModel& model);
 // fp32 master weights as tensors to write, stored as dtype (split master
 // storage: views of the state's decoded copy, host_state.h decode_all).
 std::vector<TensorWrite> master_tensors(const HostState& state, DType dtype);

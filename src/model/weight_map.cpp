@@ -220,6 +220,23 @@ std::vector<WeightEntry> weight_map(const ModelSpec& s) {
 }
 
 std::string weight_map_check(const ModelSpec& spec, const std::vector<FoundTensor>& found) {
+  // The layer count first, from the names alone: a config.json asking for
+  // far more layers than the files hold is told at once (listing every
+  // missing tensor of 10^7 layers would take minutes and gigabytes).
+  int64_t layers = 0;
+  for (const auto& t : found) {
+    const size_t at = t.name.find("layers.");
+    if (at == std::string::npos || (at > 0 && t.name[at - 1] != '.')) continue;
+    int64_t idx = 0;
+    size_t k = at + 7, digits = 0;
+    while (k < t.name.size() && std::isdigit(static_cast<unsigned char>(t.name[k])) && digits < 12)
+      idx = idx * 10 + (t.name[k++] - '0'), ++digits;
+    if (digits > 0 && k < t.name.size() && t.name[k] == '.') layers = std::max(layers, idx + 1);
+  }
+  if ((spec.n_layers > layers + 64 && spec.n_layers > 1024) || layers > spec.n_layers + 64)
+    return cat("config.json has num_hidden_layers ", spec.n_layers, ", the weights hold ",
+               layers == 0 ? std::string("no layer tensors") : cat(layers, " (model.layers.0 .. ", layers - 1, ")"),
+               ": fix num_hidden_layers or use the matching weights\n");
   std::vector<WeightEntry> expected = weight_map(spec);
   std::map<std::string, const FoundTensor*> by_name;
   std::vector<std::string> duplicated;

@@ -491,6 +491,8 @@ TEST(SafetensorsModel, BrokenModelDirectories) {
   expect_error([&] { rt::SafetensorsModel::open(dir.path()); }, {idx, "weight_map"});
   rt::write_file_atomic(idx, R"({"weight_map":{"a":1}})");
   expect_error([&] { rt::SafetensorsModel::open(dir.path()); }, {idx, "'a'"});
+  rt::write_file_atomic(idx, R"({"weight_map":{"a":"../outside.safetensors"}})");
+  expect_error([&] { rt::SafetensorsModel::open(dir.path()); }, {idx, "'../outside.safetensors', not a file of this directory"});
   rt::write_file_atomic(idx, "{oops");
   expect_error([&] { rt::SafetensorsModel::open(dir.path()); }, {idx, "not valid JSON"});
 

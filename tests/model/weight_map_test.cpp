@@ -229,6 +229,16 @@ TEST(WeightMapCheck, DuplicatesAndCap) {
   EXPECT_HAS(r, "1203 missing, 0 unexpected, 0 with the wrong shape (expected 1203 tensors");
   EXPECT_HAS(r, "\n  ... and 1163 more");
   EXPECT_EQ(count_lines(r), 41);
+  // A config.json asking for far more (or fewer) layers than the files hold
+  // is told in one line, without listing millions of tensors.
+  s.n_layers = 10000000;
+  EXPECT_EQ(rt::weight_map_check(s, found_from(small_qwen2())),
+            "config.json has num_hidden_layers 10000000, the weights hold 2 (model.layers.0 .. 1): fix "
+            "num_hidden_layers or use the matching weights\n");
+  s.n_layers = 1;
+  ModelSpec wide = small_qwen2();
+  wide.n_layers = 100;
+  EXPECT_HAS(rt::weight_map_check(s, found_from(wide)), "num_hidden_layers 1, the weights hold 100");
 }
 
 }  // namespace
