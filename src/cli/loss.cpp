@@ -1,6 +1,7 @@
 // ramtrain loss: the loss (and optionally every gradient) of a HF model on
 // token sequences, computed by the CPU reference. This is how users check
 // that an imported model computes what transformers computes.
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -95,6 +96,12 @@ int cmd_loss(const Args& args) {
   }
   const double loss = loss_sum / static_cast<double>(n_pred_total);
   if (p.has("dump-grads")) safetensors_write(p.str("dump-grads"), grad_tensors(*m.state), {{"format", "pt"}});
+  if (!std::isfinite(loss)) {  // JSON has no NaN: null, and a failure (as eval)
+    if (p.on("json"))
+      std::printf("{\"loss\": null, \"tokens\": %lld, \"sequences\": %zu}\n", static_cast<long long>(n_pred_total),
+                  seqs.seqs.size());
+    fail("[loss] the loss is not finite (", loss, "): the model's activations overflow fp32 on these tokens");
+  }
   if (p.on("json"))
     std::printf("{\"loss\": %.9g, \"tokens\": %lld, \"sequences\": %zu}\n", loss, static_cast<long long>(n_pred_total),
                 seqs.seqs.size());

@@ -323,6 +323,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     s.bos_id = bos.empty() ? -1 : bos[0];
   }
   s.eos_ids = f.get_id_list("eos_token_id", dflt.eos_ids);
+  if (j.contains("pad_token_id") && j.at("pad_token_id").is_number_integer())
+    s.pad_id = j.at("pad_token_id").get<int64_t>();
   s.dtype = f.has("dtype") ? f.get_string("dtype", "float32") : f.get_string("torch_dtype", "float32");
 
   // ---- family features and refusals
@@ -630,6 +632,7 @@ std::string spec_to_config_json(const ModelSpec& s) {
     o["max_window_layers"] = s.n_layers;
   }
   o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
+  if (s.pad_id) o["pad_token_id"] = *s.pad_id;
   if (s.eos_ids.empty())
     o["eos_token_id"] = nullptr;
   else if (s.eos_ids.size() == 1)

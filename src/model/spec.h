@@ -3,6 +3,7 @@
 // a built-in preset. Family differences are fields here, never subclasses.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,7 @@ struct ModelSpec {
   int64_t sliding_window = 0;
   int64_t bos_id = -1;            // -1: none
   std::vector<int64_t> eos_ids;   // may be several (Llama-3 instruct)
+  std::optional<int64_t> pad_id;  // config.json's pad_token_id, kept for export (ramtrain does not pad)
   std::string dtype = "float32";  // torch_dtype / dtype of the checkpoint, informational
 
   // The longest sequence a run may take: max_positions, or the sliding window.

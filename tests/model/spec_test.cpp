@@ -68,6 +68,7 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
   EXPECT_EQ(a.max_positions, b.max_positions);
   EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.pad_id, b.pad_id);
   EXPECT_EQ(a.bos_id, b.bos_id);
   EXPECT_EQ(a.eos_ids, b.eos_ids);
   EXPECT_EQ(a.dtype, b.dtype);
@@ -325,6 +326,11 @@ TEST(Spec, MistralBothDialectsAndSlidingWindow) {
   EXPECT_EQ(back.sliding_window, 4096);
   expect_same_spec(v01, back, "round trip");
   EXPECT_EQ(a.max_sequence(), 32768);  // null: no window
+  // pad_token_id is kept for the exported config (HF's generate reads it).
+  const ModelSpec padded = rt::spec_from_config_text(with_field(kMistral_4x, "pad_token_id", "11"), "p.json");
+  EXPECT_EQ(padded.pad_id, 11);
+  expect_same_spec(padded, rt::spec_from_config_text(rt::spec_to_config_json(padded), "pb.json"), "pad round trip");
+  EXPECT_FALSE(a.pad_id.has_value());
   EXPECT_HAS(a.max_sequence_why(), "max_position_embeddings (32768)");
   // A window that covers every position never triggers.
   EXPECT_EQ(rt::spec_from_config_text(with_field(kMistral_4x, "sliding_window", "32768"), "x").max_sequence(), 32768);
