@@ -127,14 +127,19 @@ int cmd_eval(const Args& raw_args) {
   p.option("micro-batch", "B", "rows per forward pass", "4");
   p.option("tokenizer", "DIR", "tokenizer for text/.jsonl data (default: the --model dir's tokenizer.json/.model)");
   p.option("data-format", "auto|text|jsonl", "format of non-token data files (auto: *.jsonl is jsonl, the rest text)",
-           "auto");
+           "auto")
+      .choice({"auto", "text", "jsonl"});
   p.option("text-split", "blank-lines|file", "text data: one example per blank-line-separated block, or per file",
-           "blank-lines");
+           "blank-lines")
+      .choice({"blank-lines", "file"});
   p.option("chat-format", "chatml|llama3|mistral",
-           "chat format for chat/instruction records (default: from the tokenizer)");
-  p.option("bad-lines", "abort|skip", "bad records: stop, or skip and count", "abort");
-  p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto");
-  p.option("threads", "N", "CPU threads (default: all cores)", "0");
+           "chat format for chat/instruction records (default: from the tokenizer)")
+      .choice({"chatml", "llama3", "mistral"});
+  p.option("bad-lines", "abort|skip", "bad records: stop, or skip and count", "abort")
+      .choice({"abort", "skip"});
+  p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto")
+      .choice({"auto", "cpu", "cuda"});
+  p.option("threads", "N", "CPU threads (default: all cores)", "0").integer(0);
   p.flag("json", "print one JSON line: loss, perplexity, tokens, rows, seq_len, backend");
 
   // --data takes several paths: collect the words after it that are not options.
@@ -155,8 +160,6 @@ int cmd_eval(const Args& raw_args) {
   for (const std::string& path : data_paths)
     if (!file_exists(path) && !is_directory(path)) fail("[eval] --data ", path, ": no such file or directory");
   const std::string device = p.str("device");
-  if (device != "auto" && device != "cpu" && device != "cuda")
-    fail("[eval] --device must be auto, cpu or cuda, got '", device, "'");
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
   const int64_t B = p.integer("micro-batch");
   if (B < 1) fail("[eval] --micro-batch must be >= 1, got ", B);
@@ -239,6 +242,9 @@ int cmd_eval(const Args& raw_args) {
 
   // The backend: the CUDA engine when asked for or (auto) when a GPU is present and can run the model.
   std::unique_ptr<Backend> backend;
+  if (device == "cuda" && !cuda_backend_available())
+    fail("[eval] --device cuda: no CUDA GPU can be used here (this build has no CUDA backend, or no GPU is visible); "
+         "use --device cpu or auto");
   if (device == "cuda" || (device == "auto" && cuda_backend_available())) {
     CudaOptions co;
     co.verbose = false;

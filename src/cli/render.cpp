@@ -46,9 +46,11 @@ int cmd_render(const Args& raw_args) {
               "  ramtrain render chat.jsonl --model ./Qwen2.5-0.5B-Instruct\n"
               "  ramtrain render alpaca.json --model ./Llama-3.2-1B-Instruct --limit 3 --plain\n");
   p.option("model", "DIR", "model directory with the tokenizer files (and its chat_template)");
-  p.option("chat-format", "chatml|llama3|mistral", "built-in chat format instead of the model's chat_template");
+  p.option("chat-format", "chatml|llama3|mistral", "built-in chat format instead of the model's chat_template")
+      .choice({"chatml", "llama3", "mistral"});
   p.option("data-format", "auto|text|jsonl", "input format (auto: *.jsonl jsonl, *.json a JSON array, the rest text)",
-           "auto");
+           "auto")
+      .choice({"auto", "text", "jsonl"});
   p.option("limit", "N", "examples to print (0: all)", "5");
   p.flag("plain", "mark trained tokens with [[ ]] instead of colour");
   if (!p.parse(args)) return 0;

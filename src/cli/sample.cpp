@@ -40,7 +40,8 @@ int cmd_sample(const Args& args) {
   p.option("prompt", "TEXT", "text to continue (with --chat: the user's message)", "");
   p.flag("chat", "wrap the prompt as a user turn in the chat format and stop at the end of the reply");
   p.option("chat-format", "chatml|llama3|mistral",
-           "built-in chat format for --chat (default: the model's chat_template, else from the tokenizer)");
+           "built-in chat format for --chat (default: the model's chat_template, else from the tokenizer)")
+      .choice({"chatml", "llama3", "mistral"});
   p.group("Sampling");
   p.option("max-tokens", "N", "new tokens to generate (SIGINT/SIGTERM stop at the next one)", "200").integer(0);
   p.option("temperature", "T", "softmax temperature (0: greedy)", "0.8").number(0);

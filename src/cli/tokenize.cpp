@@ -54,13 +54,17 @@ int cmd_tokenize(const Args& raw_args) {
   p.option("tokenizer", "DIR", "model directory with tokenizer.json or tokenizer.model");
   p.option("out", "OUT", "output token file (written atomically)");
   p.option("format", "auto|text|jsonl", "input format (auto: *.jsonl jsonl, *.json a JSON array, the rest text)",
-           "auto");
+           "auto")
+      .choice({"auto", "text", "jsonl"});
   p.option(
       "chat-format", "chatml|llama3|mistral",
-      "built-in chat format for chat records (default: the tokenizer dir's chat_template, else from the tokenizer)");
-  p.option("text-split", "file|blank-lines", "text documents: one per file, or split at blank lines", "file");
+      "built-in chat format for chat records (default: the tokenizer dir's chat_template, else from the tokenizer)")
+      .choice({"chatml", "llama3", "mistral"});
+  p.option("text-split", "file|blank-lines", "text documents: one per file, or split at blank lines", "file")
+      .choice({"file", "blank-lines"});
   p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count",
-           "abort");
+           "abort")
+      .choice({"abort", "skip"});
   p.option("threads", "N", "encoding threads (0: all cores)", "0").integer(0);
   if (!p.parse(args)) return 0;
   if (inputs.empty()) fail("[tokenize] give one or more input files or directories");

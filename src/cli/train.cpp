@@ -276,6 +276,9 @@ int cmd_train(const Args& args) {
   if (gpu_dp && spec.is_moe())
     fail("[train] data parallelism does not support mixture-of-experts models (", spec.architecture,
          ") yet: their load-balancing loss is a mean over each process's micro-batches; train them on one GPU");
+  if (c.device == Device::cuda && !cuda_backend_available())
+    fail("[train] --device cuda: no CUDA GPU can be used here (this build has no CUDA backend, or no GPU is visible); "
+         "use --device cpu, or auto to take a GPU when there is one");
   const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || (c.nproc_per_node > 1 && !gpu_dp);
   preflight(c, spec, cpu_backend);
   RunLock out_lock =

@@ -15,21 +15,28 @@ namespace rt::cli {
 void train_data_options(ArgParser& p) {
   p.option("tokenizer", "DIR", "tokenizer for text/.jsonl data (default: the --model dir's tokenizer.json/.model)");
   p.option("data-format", "auto|text|jsonl", "format of non-token data files (auto: *.jsonl is jsonl, the rest text)",
-           "auto");
+           "auto")
+      .choice({"auto", "text", "jsonl"});
   p.option("text-split", "blank-lines|file", "text data: one example per blank-line-separated block, or per file",
-           "blank-lines");
+           "blank-lines")
+      .choice({"blank-lines", "file"});
   p.option("chat-format", "chatml|llama3|mistral",
            "built-in chat format for chat/instruction records (default: the model's chat_template, else from the "
-           "tokenizer)");
+           "tokenizer)")
+      .choice({"chatml", "llama3", "mistral"});
   p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
-           "keep-start");
+           "keep-start")
+      .choice({"keep-start", "drop", "split"});
   p.option("bad-lines", "abort|skip",
-           "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count", "abort");
-  p.option("pack", "yes|no", "pack several short examples into each sequence (positions restart per example)", "yes");
+           "bad records (malformed JSON, invalid UTF-8, unknown role, ...): stop, or skip and count", "abort")
+      .choice({"abort", "skip"});
+  p.option("pack", "yes|no", "pack several short examples into each sequence (positions restart per example)", "yes")
+      .choice({"yes", "no"});
   p.option("pack-attention", "masked|cross",
            "packed examples: attention stays inside each example (masked), or also sees the earlier examples of its "
            "sequence (cross)",
-           "masked");
+           "masked")
+      .choice({"masked", "cross"});
 }
 
 namespace {

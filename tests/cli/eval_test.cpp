@@ -219,7 +219,7 @@ TEST(CliEval, BadInputsGetClearErrors) {
                        Bad{m + " --data " + tmp.file("ok.bin") + " --seq-len 0", "--seq-len must be >= 1"},
                        Bad{m + " --data " + tmp.file("ok.bin") + " --seq-len 65", "max_position_embeddings (64)"},
                        Bad{m + " --data " + tmp.file("ok.bin") + " --micro-batch 0", "--micro-batch must be >= 1"},
-                       Bad{m + " --data " + tmp.file("ok.bin") + " --device tpu", "--device must be auto, cpu or cuda"},
+                       Bad{m + " --data " + tmp.file("ok.bin") + " --device tpu", "--device must be one of auto, cpu, cuda; got 'tpu'"},
                        Bad{m + " --data " + tmp.file("big.bin"), "big.bin"},
                        Bad{m + " --data " + tmp.file("one.bin"), "no token to predict"},
                        Bad{m + " --data " + tmp.file("ok.bin") + " " + tmp.file("ok.bin"), "is a token file"}}) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/fs.h"
+#include "engine/backend.h"
 #include "testutil.h"
 
 namespace {
@@ -167,6 +168,24 @@ TEST(TrainOptions, GpuOnlyOptionsWarnOnACpuRun) {
   auto quiet = run_ramtrain(f.train("o2", "--device cpu"));
   EXPECT_EQ(quiet.exit_code, 0) << quiet.output;
   EXPECT_FALSE(contains(quiet.output, "only shape")) << quiet.output;
+}
+
+// Values of options the data at hand does not use are checked all the same
+// (a typo in a script must not wait for the day it meets .jsonl data), and an
+// explicit --device cuda without a usable GPU is refused, not run on the CPU.
+TEST(TrainOptions, UnusedOptionValuesAreCheckedAndCudaIsNotFakedOnTheCpu) {
+  Fixture f;
+  for (const char* bad : {"--truncate foo", "--bad-lines foo", "--pack foo", "--pack-attention foo",
+                          "--chat-format foo", "--text-split foo", "--data-format foo"}) {
+    auto r = run_ramtrain(f.train("o", bad));
+    EXPECT_EQ(r.exit_code, 1) << bad << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "must be one of")) << bad << "\n" << r.output;
+  }
+  if (rt::cuda_backend_available()) GTEST_SKIP() << "a GPU is usable here";
+  auto r = run_ramtrain(f.train("o", "--device cuda"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--device cuda: no CUDA GPU can be used here")) << r.output;
+  EXPECT_FALSE(contains(r.output, "step ")) << r.output;
 }
 
 TEST(TrainOptions, DataParallelRefusesQuantizedMomentsByName) {
