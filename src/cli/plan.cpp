@@ -203,6 +203,10 @@ int cmd_plan(const Args& args) {
                                 : opt == "adamw4bit" ? MomentStorage::q4
                                                      : MomentStorage::fp32;
   const int ranks = static_cast<int>(p.integer("nproc-per-node"));
+  if (ranks > 1 && K % ranks != 0)
+    fail("[plan] --grad-accum ", K, " is not a multiple of --nproc-per-node ", ranks,
+         ": the ranks share the step's micro-batches, as train runs them (and refuses this); use --grad-accum ",
+         ranks * ((K + ranks - 1) / ranks));
   if (ranks > 1 && (opt != "adamw" || (master != "auto" && master != "fp32" && master != "split")))
     fail("[plan] --nproc-per-node ", ranks, " plans the sharded fp32 state (fp32 master + AdamW moments), as train's "
          "--nproc-per-node runs it; drop --optimizer ", opt, master == "auto" ? "" : " / --master " + master,
@@ -280,11 +284,24 @@ int cmd_plan(const Args& args) {
   // ---- what to change
   std::vector<std::string> fixes;
   if (!dp.fits()) {
-    int64_t fit_b = 0;
-    for (int64_t b = B - 1; b >= 1 && !fit_b; --b) {
+    // The largest micro-batch that fits, by bisection (the device plan grows
+    // with the micro-batch; a linear search took minutes at --micro-batch 10^5).
+    auto fits_at = [&](int64_t b) {
       CudaOptions o = co;
       o.micro_batches = (K * B + b - 1) / b;
-      if (fit_device_plan(spec, b, T, o, budget).fits()) fit_b = b;
+      return fit_device_plan(spec, b, T, o, budget).fits();
+    };
+    int64_t fit_b = 0;
+    if (B > 1 && fits_at(1)) {
+      int64_t lo = 1, hi = B - 1;  // fits_at(lo); the answer is in [lo, hi]
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits_at(mid))
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      fit_b = lo;
     }
     std::string f = "the device plan needs " + gib(static_cast<double>(dp.total)) + " of the " +
                     gib(static_cast<double>(budget)) + " budget even at its smallest: ";

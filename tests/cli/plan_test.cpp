@@ -210,7 +210,8 @@ TEST(Plan, DataParallelRanksShareTheState) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_FALSE(contains(one.output, "data_parallel")) << one.output;
   for (int n : {2, 4}) {
-    auto r = run_ramtrain("plan --preset qwen2.5-7b --micro-batch 16 --json --nproc-per-node " + std::to_string(n));
+    auto r = run_ramtrain("plan --preset qwen2.5-7b --micro-batch 16 --json --nproc-per-node " + std::to_string(n) +
+                          " --grad-accum " + std::to_string(n));
     const size_t at = r.output.find("\"data_parallel\":{");
     ASSERT_NE(at, std::string::npos) << r.output;
     uint64_t max = 0, sum = 0;
@@ -226,9 +227,12 @@ TEST(Plan, DataParallelRanksShareTheState) {
     const double bpp = static_cast<double>(max) / static_cast<double>(s.params_total());
     EXPECT_NEAR(bpp, 12.0 / n + 2, 0.02) << n;
   }
-  auto t = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2");
+  auto t = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2 --grad-accum 2");
   EXPECT_TRUE(contains(t.output, "data parallel, 2 ranks on this host")) << t.output;
-  auto bad = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2 --optimizer adamw8bit");
+  auto odd = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2 --grad-accum 3");  // as train refuses it
+  EXPECT_EQ(odd.exit_code, 1) << odd.output;
+  EXPECT_TRUE(contains(odd.output, "--grad-accum 3 is not a multiple of --nproc-per-node 2")) << odd.output;
+  auto bad = run_ramtrain("plan --preset qwen2.5-7b --nproc-per-node 2 --grad-accum 2 --optimizer adamw8bit");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_TRUE(contains(bad.output, "--nproc-per-node 2")) << bad.output;
   EXPECT_TRUE(contains(bad.output, "adamw8bit")) << bad.output;
