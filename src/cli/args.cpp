@@ -146,6 +146,12 @@ OptSpec& OptSpec::number(double min, double max) {
   hi = max;
   return *this;
 }
+OptSpec& OptSpec::below(double max) {
+  hi = max;
+  hi_open = true;
+  return *this;
+}
+
 OptSpec& OptSpec::above(double min) {
   type = OptType::number;
   lo = min;
@@ -210,10 +216,10 @@ void ArgParser::check(const OptSpec& o, const std::string& value, const std::str
   auto bounds = [&]() {
     std::string b;
     if (std::isfinite(o.lo)) b += cat(o.lo_open ? " > " : " >= ", fmt_bound(o.lo));
-    if (std::isfinite(o.hi)) b += cat(b.empty() ? " " : " and ", "<= ", fmt_bound(o.hi));
+    if (std::isfinite(o.hi)) b += cat(b.empty() ? " " : " and ", o.hi_open ? "< " : "<= ", fmt_bound(o.hi));
     return b;
   };
-  auto in_bounds = [&](double x) { return (o.lo_open ? x > o.lo : x >= o.lo) && x <= o.hi; };
+  auto in_bounds = [&](double x) { return (o.lo_open ? x > o.lo : x >= o.lo) && (o.hi_open ? x < o.hi : x <= o.hi); };
   switch (o.type) {
     case OptType::integer: {
       int64_t v;

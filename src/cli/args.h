@@ -27,6 +27,7 @@ struct OptSpec {
   OptType type = OptType::text;
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
   bool lo_open = false;               // lo itself is refused (x > lo)
+  bool hi_open = false;               // hi itself is refused (x < hi)
   std::vector<std::string> choices;   // OptType::choice
   std::vector<std::string> specials;  // words accepted besides the type (e.g. "auto" for an integer)
   bool positional = false;            // bare words bind to it (in declaration order)
@@ -37,6 +38,7 @@ struct OptSpec {
   OptSpec& number(double min = -std::numeric_limits<double>::infinity(),
                   double max = std::numeric_limits<double>::infinity());
   OptSpec& above(double min);  // number > min
+  OptSpec& below(double max);  // and < max
   OptSpec& size();
   OptSpec& choice(std::vector<std::string> values);
   OptSpec& list();                         // several words after the option (an array or comma list in TOML)

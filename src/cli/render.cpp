@@ -51,6 +51,9 @@ int cmd_render(const Args& raw_args) {
   p.option("data-format", "auto|text|jsonl", "input format (auto: *.jsonl jsonl, *.json a JSON array, the rest text)",
            "auto")
       .choice({"auto", "text", "jsonl"});
+  p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count",
+           "abort")
+      .choice({"abort", "skip"});
   p.option("limit", "N", "examples to print (0: all)", "5");
   p.flag("plain", "mark trained tokens with [[ ]] instead of colour");
   if (!p.parse(args)) return 0;
@@ -85,6 +88,7 @@ int cmd_render(const Args& raw_args) {
 
   RecordOptions ro;
   ro.format = data_format_parse(p.str("data-format"));
+  ro.bad_records = bad_record_policy_parse(p.str("bad-lines"));
   int64_t shown = 0;
   const char* on = ansi ? "\x1b[1;32m" : "[[";
   const char* off = ansi ? "\x1b[0m" : "]]";

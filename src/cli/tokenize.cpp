@@ -133,7 +133,9 @@ int cmd_tokenize(const Args& raw_args) {
         }
         for (uint8_t f : trained) masked |= !(f & 1);
       });
-  if (writer.count() == 0) fail("[tokenize] no tokens: ", st.summary());
+  if (writer.count() == 0)
+    fail("[tokenize] no tokens in ", files.size() == 1 ? files[0] : cat(files.size(), " files"), ": ", st.summary(),
+         "; give files that hold text or records");
   if (masked) masks.commit();  // before the token file: a crash in between leaves a count mismatch, which is refused
   writer.commit();
   const std::string mask_path = loss_mask_path(out);

@@ -291,7 +291,7 @@ int cmd_train(const Args& args) {
   std::unique_ptr<TrainData> eval_td;
   if (!c.eval_data.empty()) {
     std::printf("eval data: %s\n", c.eval_data.c_str());
-    eval_td = std::make_unique<TrainData>(train_data_open(p, {c.eval_data}, spec, c.model, c.seed, 0.0));
+    eval_td = std::make_unique<TrainData>(train_data_open(p, {c.eval_data}, spec, c.model, c.seed, 0.0, "--eval-data"));
   }
   if (c.epochs > 0) {
     c.steps = train_steps_for_epochs(c.epochs, data.train_window_count(), c.micro_batch, c.grad_accum);

@@ -68,8 +68,8 @@ void train_options(ArgParser& p) {
   p.option("grad-accum", "K", "micro-batches per optimizer step", "1").integer(1);
   p.option("weight-decay", "WD", "decoupled AdamW weight decay", "0.0").number(0);
   p.flag("decay-norms-and-biases", "also apply weight decay to norm weights and biases (HF default: no)");
-  p.option("beta1", "B1", "AdamW beta1", "0.9").number(0, 0.999999);
-  p.option("beta2", "B2", "AdamW beta2", "0.95").number(0, 0.999999999);
+  p.option("beta1", "B1", "AdamW beta1", "0.9").number(0).below(1);
+  p.option("beta2", "B2", "AdamW beta2", "0.95").number(0).below(1);
   p.option("eps", "EPS", "AdamW epsilon", "1e-8").above(0);
   p.option("clip", "NORM", "clip the global gradient norm to NORM (0: off)", "1.0").number(0);
   p.option("max-bad-steps", "N", "abort after N steps in a row with a non-finite loss or gradient norm (0: never)", "5")

@@ -62,11 +62,11 @@ bool has_tokenizer_files(const std::string& dir) {
 }  // namespace
 
 TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& paths, const ModelSpec& spec,
-                          const std::string& model_dir, uint64_t seed, double val_fraction) {
+                          const std::string& model_dir, uint64_t seed, double val_fraction, const char* flag) {
   TrainData td;
   RT_CHECK(!paths.empty(), "[train] --data is required: text/.jsonl files, directories, or one token file");
   // Data is memory-mapped: a FIFO or a device is refused by what it is, before anything is read.
-  for (const std::string& path : paths) require_regular_file(path, "[data] --data", /*dir_ok=*/true);
+  for (const std::string& path : paths) require_regular_file(path, cat("[data] ", flag), /*dir_ok=*/true);
   std::string tok_dir = p.has("tokenizer") ? p.str("tokenizer") : std::string();
   if (tok_dir.empty() && has_tokenizer_files(model_dir)) tok_dir = model_dir;
   if (p.has("tokenizer") && !has_tokenizer_files(tok_dir))
@@ -114,6 +114,10 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
       td.source = std::make_unique<Dataset>(load_text_documents(paths), dopt);
       return td;
     }
+    if (is_byte_vocab(spec.vocab))  // a byte-level model: plain text only
+      fail("[train] the data is .jsonl records (", any_jsonl ? "a *.jsonl file" : "--data-format jsonl",
+           "), which need a tokenizer with a chat format; a byte-level model trains on plain text. Give it text files "
+           "(or --data-format text), or train a model with a tokenizer (--model DIR, or --tokenizer DIR)");
     fail("[train] the data is text/.jsonl, which needs the model's tokenizer, but ",
          model_dir.empty() ? std::string("a preset has none") : model_dir + " has no tokenizer.json or tokenizer.model",
          ". Pass --tokenizer DIR (a model directory with the tokenizer files), pre-tokenize with `ramtrain tokenize`, "

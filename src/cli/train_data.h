@@ -37,7 +37,9 @@ struct TrainData {
 
 // model_dir: the --model directory ("" with --preset). val_fraction >= 0
 // overrides --val-fraction (0 for --eval-data, which is all held out).
+// flag: the option that named the paths, for messages.
 TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& paths, const ModelSpec& spec,
-                          const std::string& model_dir, uint64_t seed, double val_fraction = -1);
+                          const std::string& model_dir, uint64_t seed, double val_fraction = -1,
+                          const char* flag = "--data");
 
 }  // namespace rt::cli
