@@ -215,6 +215,9 @@ int cmd_train(const Args& args) {
   std::optional<ResumeSource> resume =
       resume_prepare(p, data_paths);  // --resume: the checkpoint's options are the base
   TrainConfig c = train_config_read(p);
+  if (resume && c.steps < resume->meta.step)
+    fail("[train] --steps ", c.steps, " is before the checkpoint's step ", resume->meta.step, " (", resume->dir,
+         "): a resumed run continues to --steps; give --steps ", resume->meta.step + 1, " or more");
   c.data = data_paths;
   if (c.data.empty()) fail("[train] --data is required: text files/directories or token files");
   if (c.threads > 0) set_global_threads(c.threads);

@@ -450,6 +450,9 @@ TEST(Resume, AnIncompatibleRunIsRefusedNamingTheDifference) {
   r = run_ramtrain(base + " --model " + fx.tmp.file("wide"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "hidden_size: checkpoint 32, this run 48")) << r.output;
+  r = run_ramtrain(base + " --steps 5");  // it said "continuing at step 11 of 5" and appended a record
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--steps 5 is before the checkpoint's step 10")) << r.output;
   r = run_ramtrain(base + " --data " + fx.tmp.file("other.txt"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "the data differs")) << r.output;
