@@ -155,7 +155,7 @@ int cmd_eval(const Args& raw_args) {
   }
   if (!p.parse(args)) return 0;
   if (data_paths.empty() && p.given("data")) data_paths.push_back(p.str("data"));  // --data=PATH
-  const std::string model_dir = p.require("model");
+  const std::string model_dir = resolve_model_dir(p.require("model"));
   if (data_paths.empty()) fail("[eval] --data is required: one token file, or text/.jsonl files and directories");
   for (const std::string& path : data_paths)
     if (!file_exists(path) && !is_directory(path)) fail("[eval] --data ", path, ": no such file or directory");

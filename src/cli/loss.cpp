@@ -51,7 +51,7 @@ int cmd_loss(const Args& args) {
   p.option("dump-grads", "OUT.safetensors", "write every parameter's fp32 gradient under its HF name");
   p.option("threads", "N", "CPU threads (default: all cores)", "0");
   if (!p.parse(args)) return 0;
-  const std::string model_dir = p.require("model"), tokens_path = p.require("tokens");
+  const std::string model_dir = resolve_model_dir(p.require("model")), tokens_path = p.require("tokens");
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
 
   LoadedModel m = load_model_dir(model_dir, p.has("dump-grads"));

@@ -16,7 +16,7 @@ void model_dir_check(const std::string& dir, bool weights, const std::string& wh
   if (!is_directory(dir))
     fail(where, " ", dir, " is not a directory. Pass a HF model directory holding config.json and *.safetensors",
          dir.find('/') != std::string::npos && dir[0] != '/' && dir[0] != '.'
-             ? " (a model id ORG/NAME is looked up in the local HF cache, $HF_HOME/hub, where it is not downloaded)"
+             ? " (a model id ORG/NAME is looked up in the local HF cache, $HF_HUB_CACHE or $HF_HOME/hub, where it is not downloaded)"
              : "",
          ".");
   bool safetensors = false;
@@ -58,14 +58,16 @@ std::string resolve_model_dir(const std::string& value) {
   if (slash == std::string::npos || slash == 0 || value.find('/', slash + 1) != std::string::npos || value[0] == '.' ||
       slash + 1 == value.size())
     return value;
-  std::string home;
-  if (const char* h = std::getenv("HF_HOME"); h && *h)
-    home = h;
+  std::string hub;  // as huggingface_hub: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub
+  if (const char* c = std::getenv("HF_HUB_CACHE"); c && *c)
+    hub = c;
+  else if (const char* h = std::getenv("HF_HOME"); h && *h)
+    hub = std::string(h) + "/hub";
   else if (const char* u = std::getenv("HOME"); u && *u)
-    home = std::string(u) + "/.cache/huggingface";
+    hub = std::string(u) + "/.cache/huggingface/hub";
   else
     return value;
-  const std::string repo = cat(home, "/hub/models--", value.substr(0, slash), "--", value.substr(slash + 1));
+  const std::string repo = cat(hub, "/models--", value.substr(0, slash), "--", value.substr(slash + 1));
   const std::string snaps = repo + "/snapshots";
   if (!fs::is_directory(snaps, ec)) return value;
   std::string rev;

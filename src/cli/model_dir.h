@@ -22,8 +22,9 @@ LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorag
 
 // A --model value that is not a directory but looks like a HF model id
 // ("Qwen/Qwen2.5-0.5B") is looked up in the local HF cache:
-// $HF_HOME/hub/models--Qwen--Qwen2.5-0.5B/snapshots/<rev>/ (HF_HOME defaults to
-// ~/.cache/huggingface; the revision refs/main names, else the only one).
+// <hub>/models--Qwen--Qwen2.5-0.5B/snapshots/<rev>/, hub = $HF_HUB_CACHE, else
+// $HF_HOME/hub, else ~/.cache/huggingface/hub (the revision refs/main names,
+// else the only one). loss, eval, render, sample, plan and train take it.
 // Returns the directory to use, or the value unchanged when nothing matches.
 std::string resolve_model_dir(const std::string& value);
 

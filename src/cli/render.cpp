@@ -10,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_dir.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/dataset.h"
@@ -58,7 +59,7 @@ int cmd_render(const Args& raw_args) {
   p.flag("plain", "mark trained tokens with [[ ]] instead of colour");
   if (!p.parse(args)) return 0;
   if (inputs.empty()) fail("[render] give one or more data files");
-  const std::string dir = p.require("model");
+  const std::string dir = resolve_model_dir(p.require("model"));
   const int64_t limit = p.integer("limit");
   if (limit < 0) fail("[render] --limit must be >= 0, got ", limit);
   const bool ansi = !p.on("plain") && ::isatty(STDOUT_FILENO);

@@ -41,7 +41,7 @@ void train_options(ArgParser& p) {
            "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
   p.option("model", "DIR|ORG/NAME",
            "start from a HF model directory (config.json + safetensors), or a model id "
-           "found in the local HF cache ($HF_HOME/hub, default ~/.cache/huggingface)");
+           "found in the local HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, default ~/.cache/huggingface/hub)");
   p.option("init", "random|pretrained",
            "weights to start from (default: pretrained with --model, random with --preset)")
       .choice({"random", "pretrained"});

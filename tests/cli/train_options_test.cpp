@@ -227,7 +227,8 @@ TEST(TrainOptions, ModelDirWithOtherWeightFormatsIsNamedFirst) {
   }
 }
 
-// CLI polish: ORG/NAME is found in $HF_HOME/hub/models--ORG--NAME/snapshots/<refs/main>/.
+// CLI polish: ORG/NAME is found in $HF_HOME/hub/models--ORG--NAME/snapshots/<refs/main>/
+// (or $HF_HUB_CACHE/models--...), by every command that takes --model.
 TEST(TrainOptions, ModelIdIsFoundInTheLocalHfCache) {
   Fixture f;
   auto t = run_ramtrain(f.train("run"));
@@ -246,6 +247,11 @@ TEST(TrainOptions, ModelIdIsFoundInTheLocalHfCache) {
                    " --seq-len 16 --micro-batch 2 --steps 1 --threads 1 --eval-batches 1 --out " + f.tmp.file("ft"));
   auto missing = run_ramtrain("sample --model acme/absent --prompt the");
   ::unsetenv("HF_HOME");
+  // eval takes model ids too, and HF_HUB_CACHE names the hub directory itself
+  ::setenv("HF_HUB_CACHE", f.tmp.file("hf/hub").c_str(), 1);
+  auto ev = run_ramtrain("eval --model acme/tiny-byte --data " + f.tmp.file("data.txt") + " --seq-len 16 --device cpu");
+  ::unsetenv("HF_HUB_CACHE");
+  EXPECT_EQ(ev.exit_code, 0) << ev.output;
   EXPECT_EQ(s.exit_code, 0) << s.output;
   EXPECT_EQ(tr.exit_code, 0) << tr.output;
   EXPECT_TRUE(contains(tr.output, "snapshots/0123abc")) << tr.output;
