@@ -32,7 +32,12 @@ double seconds_since(clock_type::time_point t0) {
 std::atomic<int> g_stop_signal{0};
 
 void signal_handler(int sig) {
-  if (Trainer::stop_flag().exchange(true)) {
+  if (Trainer::stop_flag().exchange(true)) {  // a second signal: quit now (write(2) is async-signal-safe)
+    static const char msg[] =
+        "\nramtrain: second interrupt: quitting at once, without a checkpoint; the steps since the last one are "
+        "lost (continue with --resume auto; a half-written checkpoint is skipped)\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }
