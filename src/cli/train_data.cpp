@@ -79,8 +79,25 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
 
   if (paths.size() == 1 && TokenStream::looks_like_token_file(paths[0])) {
     td.tokenizer_dir = tok_dir;
+    // The header's vocabulary: every id must lie below it (else the file is
+    // damaged), and one that differs from the model's tokenizer suggests the
+    // file was made with another tokenizer (the ids would mean other text).
+    auto check_header = [&](const TokenStream& t) {
+      const uint64_t hv = t.vocab_size();
+      if (hv == 0) return;
+      t.validate_ids(hv, /*header=*/true);
+      if (!tok_dir.empty()) {
+        const uint64_t mv = static_cast<uint64_t>(tokenizer_load(tok_dir)->vocab_size());
+        if (mv != hv)
+          std::printf("warning: %s was tokenized for a vocabulary of %llu tokens, the model's tokenizer (%s) has %llu: "
+                      "was it made with another tokenizer? (ramtrain tokenize --tokenizer %s makes a matching one)\n",
+                      paths[0].c_str(), (unsigned long long)hv, tok_dir.c_str(), (unsigned long long)mv,
+                      tok_dir.c_str());
+      }
+    };
     if (file_exists(loss_mask_path(paths[0]))) {  // tokenized chat data: documents with loss masks
       TokenStream tokens = TokenStream::open(paths[0]);
+      check_header(tokens);
       tokens.validate_ids(static_cast<uint64_t>(spec.vocab));
       const LossMaskFile mask(loss_mask_path(paths[0]), tokens.size());
       FinetuneOptions fo;
@@ -96,7 +113,9 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
       td.source = std::move(ds);
       return td;
     }
-    td.source = std::make_unique<Dataset>(TokenStream::open(paths[0]), dopt);
+    TokenStream tokens = TokenStream::open(paths[0]);
+    check_header(tokens);
+    td.source = std::make_unique<Dataset>(std::move(tokens), dopt);
     return td;
   }
   for (const std::string& path : paths)

@@ -192,7 +192,7 @@ void TokenStream::read(uint64_t begin, uint64_t n, int32_t* out) const {
   }
 }
 
-void TokenStream::validate_ids(uint64_t vocab) const {
+void TokenStream::validate_ids(uint64_t vocab, bool header) const {
   RT_CHECK(vocab > 0, "[tokens] ", path_, ": validate_ids needs a vocab size > 0");
   if (width_ == 2 && vocab >= 65536) return;  // every uint16 id fits
   // Chunked max so the common (valid) case is one fast pass; locate only on failure.
@@ -204,6 +204,10 @@ void TokenStream::validate_ids(uint64_t vocab) const {
     if (mx < vocab) continue;
     for (uint64_t i = b; i < e; ++i) {
       uint32_t id = load_id(data_, width_, i);
+      if (id >= vocab && header)
+        fail("[tokens] ", path_, ": token id ", id, " at position ", i, " (0-based, of ", count_,
+             " tokens) is >= the vocab size ", vocab, " its own header gives: the file is damaged or was written "
+             "wrongly; tokenize the data again (ramtrain tokenize)");
       if (id >= vocab)
         fail("[tokens] ", path_, ": token id ", id, " at position ", i, " (0-based, of ", count_,
              " tokens) is >= the model's vocab size ", vocab,

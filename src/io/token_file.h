@@ -40,7 +40,8 @@ class TokenStream {
   // validate_ids against the model vocab first). Throws when out of range.
   void read(uint64_t begin, uint64_t n, int32_t* out) const;
   // Refuses any id >= vocab, naming the file, the position and the vocab size.
-  void validate_ids(uint64_t vocab) const;
+  // header: vocab is the file's own header's (a failure means a damaged file).
+  void validate_ids(uint64_t vocab, bool header = false) const;
 
   TokenFormat format() const { return format_; }
   uint32_t bytes_per_token() const { return width_; }

@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
 #include "core/fs.h"
 #include "engine/backend.h"
+#include "io/token_file.h"
 #include "testutil.h"
 
 namespace {
@@ -186,6 +188,24 @@ TEST(TrainOptions, UnusedOptionValuesAreCheckedAndCudaIsNotFakedOnTheCpu) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--device cuda: no CUDA GPU can be used here")) << r.output;
   EXPECT_FALSE(contains(r.output, "step ")) << r.output;
+}
+
+// A token file whose ids exceed its own header's vocabulary is damaged: refused.
+TEST(TrainOptions, TokenFileIdsBeyondItsHeaderAreRefused) {
+  Fixture f;
+  std::vector<int32_t> ids(400);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 200);
+  rt::token_file_write(f.tmp.file("t.tok"), ids, 258);
+  std::string bytes = rt::read_text_file(f.tmp.file("t.tok"));
+  const uint64_t v = 100;  // the header's vocab (offset 24), now below ids up to 199
+  std::memcpy(bytes.data() + 24, &v, 8);
+  write_bytes(f.tmp.file("bad.tok"), bytes);
+  auto r = run_ramtrain("train --model " + f.tmp.file("model") + " --init random --data " + f.tmp.file("bad.tok") +
+                        " --seq-len 16 --micro-batch 2 --steps 1 --threads 1 --out " + f.tmp.file("o"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "token id 100 at position 100 (0-based, of 400 tokens) is >= the vocab size 100 its "
+                                 "own header gives: the file is damaged"))
+      << r.output;
 }
 
 TEST(TrainOptions, DataParallelRefusesQuantizedMomentsByName) {
