@@ -164,7 +164,7 @@ int cmd_eval(const Args& raw_args) {
   const int64_t B = p.integer("micro-batch");
   if (B < 1) fail("[eval] --micro-batch must be >= 1, got ", B);
 
-  LoadedModel m = load_model_dir(model_dir, false);
+  LoadedModel m = load_model_for_inference(model_dir, false, "[eval]");
   const ModelSpec& spec = m.spec;
   const int64_t T = p.given("seq-len") ? p.integer("seq-len") : std::min<int64_t>(spec.max_sequence(), 1024);
   if (T < 1) fail("[eval] --seq-len must be >= 1, got ", T);

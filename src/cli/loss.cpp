@@ -54,7 +54,7 @@ int cmd_loss(const Args& args) {
   const std::string model_dir = resolve_model_dir(p.require("model")), tokens_path = p.require("tokens");
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
 
-  LoadedModel m = load_model_dir(model_dir, p.has("dump-grads"));
+  LoadedModel m = load_model_for_inference(model_dir, p.has("dump-grads"), "[loss]");
   TokenSequences seqs = read_sequences(tokens_path);
   seqs.validate_ids(static_cast<uint64_t>(m.spec.vocab));
 

@@ -103,4 +103,18 @@ LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorag
   return m;
 }
 
+LoadedModel load_model_for_inference(const std::string& dir, bool with_grads, const std::string& where) {
+  model_dir_check(dir, true, where);
+  const ModelSpec spec = spec_from_config_file(path_join(dir, "config.json"));
+  const uint64_t need = HostState::planned_bytes(spec, MasterStorage::fp32, 0, with_grads, MomentStorage::q4);
+  const uint64_t avail = host_memory_available();
+  if (avail && need > avail)
+    fail(where, " ", path_join(dir, "config.json"), " describes a model of ", spec.params_total(),
+         " parameters (hidden_size ", spec.hidden, ", intermediate_size ", spec.intermediate, ", num_hidden_layers ",
+         spec.n_layers, ", vocab_size ", spec.vocab, "): its fp32 weights", with_grads ? " and gradients" : "",
+         " need ", need >> 20, " MiB of host RAM, ", avail >> 20,
+         " MiB are available. Check those values, or use a machine with more memory.");
+  return load_model_dir(dir, with_grads, MomentStorage::q4);
+}
+
 }  // namespace rt::cli

@@ -19,6 +19,10 @@ struct LoadedModel {
 // The state is made in the given storages (HostState's constructor).
 LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments = MomentStorage::fp32,
                            MasterStorage master = MasterStorage::fp32, UpdateRule rule = UpdateRule::adamw);
+// For commands that do not train (loss, eval, sample): fp32 weights with the
+// smallest moment storage (never used; ~5 B/param instead of 12), and a host
+// RAM check whose message names the model, not training options. where: "[loss]".
+LoadedModel load_model_for_inference(const std::string& dir, bool with_grads, const std::string& where);
 
 // A --model value that is not a directory but looks like a HF model id
 // ("Qwen/Qwen2.5-0.5B") is looked up in the local HF cache:

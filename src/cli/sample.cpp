@@ -59,7 +59,7 @@ int cmd_sample(const Args& args) {
     std::fprintf(stderr, "interrupted by %s: generation stopped\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     return 128 + sig;
   };
-  LoadedModel m = load_model_dir(dir, false);
+  LoadedModel m = load_model_for_inference(dir, false, "[sample]");
   SampleOptions so;
   so.max_new_tokens = p.integer("max-tokens");
   so.temperature = p.number("temperature");

@@ -514,6 +514,20 @@ void ModelSpec::validate(const std::string& source) const {
       p.push_back(cat("router_aux_loss_coef must be finite and >= 0, found ", moe.router_aux_loss_coef));
   }
   if (moe.n_experts < 0) p.push_back(cat("num_experts must be >= 0, found ", moe.n_experts));
+  // Sizes beyond any model (and beyond int64 products): the parameter count
+  // in double, before params_total's integer maths could overflow.
+  if (p.empty()) {
+    const double h = static_cast<double>(hidden), q = static_cast<double>(n_heads) * static_cast<double>(head_dim),
+                 kv = static_cast<double>(n_kv_heads) * static_cast<double>(head_dim);
+    const double mlp = is_moe() ? static_cast<double>(moe.n_experts) * 3.0 * h * static_cast<double>(moe.expert_intermediate) +
+                                      3.0 * h * static_cast<double>(std::max<int64_t>(moe.shared_intermediate, 0))
+                                : 3.0 * h * static_cast<double>(intermediate);
+    const double total = static_cast<double>(n_layers) * (h * (2.0 * q + 2.0 * kv) + mlp) + 2.0 * static_cast<double>(vocab) * h;
+    if (!(total < 1e14))
+      p.push_back(cat("the sizes give about ", total, " parameters (hidden_size ", hidden, ", intermediate_size ",
+                      intermediate, ", num_hidden_layers ", n_layers, ", vocab_size ", vocab,
+                      "): beyond any model; check these values"));
+  }
   if (bos_id < -1 || (vocab > 0 && bos_id >= vocab))
     p.push_back(cat("bos_token_id ", bos_id, " is outside the vocabulary [0, ", vocab, ")"));
   for (int64_t e : eos_ids)

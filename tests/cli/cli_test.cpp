@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/fs.h"
@@ -79,6 +80,23 @@ TEST(Cli, LossRefusesBadTokens) {
   r = run_ramtrain("loss --model " + tmp.file("nope") + " --tokens " + tmp.file("nan.txt"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "nope")) << r.output;
+  // A config.json whose sizes no host holds: named as the model's, not as training options.
+  std::filesystem::copy(dir, tmp.file("huge"));
+  auto cfg = nlohmann::json::parse(rt::read_text_file(tmp.file("huge/config.json")));
+  cfg["intermediate_size"] = int64_t{1} << 36;
+  rt::test::write_bytes(tmp.file("huge/config.json"), cfg.dump());
+  rt::test::write_bytes(tmp.file("ok.txt"), "1 2 3\n");
+  r = run_ramtrain("loss --model " + tmp.file("huge") + " --tokens " + tmp.file("ok.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "[loss] " + tmp.file("huge/config.json") + " describes a model of")) << r.output;
+  EXPECT_TRUE(contains(r.output, "intermediate_size 68719476736")) << r.output;
+  EXPECT_FALSE(contains(r.output, "--optimizer")) << r.output;
+  cfg["hidden_size"] = int64_t{1} << 40;  // beyond any model: refused while reading the config
+  rt::test::write_bytes(tmp.file("huge/config.json"), cfg.dump());
+  r = run_ramtrain("loss --model " + tmp.file("huge") + " --tokens " + tmp.file("ok.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "parameters (hidden_size 1099511627776")) << r.output;
+  EXPECT_TRUE(contains(r.output, "beyond any model")) << r.output;
 }
 
 TEST(Cli, TrainExportSampleRoundTrip) {
