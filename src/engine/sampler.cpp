@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/ops.h"
+#include "engine/kv_decode.h"
 
 namespace rt {
 
@@ -20,24 +21,30 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
     RT_CHECK(id >= 0 && id < s.vocab, "[sample] prompt id ", id, " is outside the vocab (", s.vocab, ")");
   CpuOps ops(s);
   ModelWeightsT<float> w = state.weights();
-  std::map<int64_t, std::unique_ptr<ModelRunner<CpuOps>>> runners;
   std::mt19937_64 rng(opt.seed);
   std::vector<int32_t> ctx = prompt, out;
   std::vector<float> logits(static_cast<size_t>(s.vocab));
   const int64_t V = opt.vocab_limit > 0 ? std::min<int64_t>(opt.vocab_limit, s.vocab) : s.vocab;
+  KvDecoder dec(ops, s, w, s.max_sequence());
+  // The cache holds positions 0 .. max_sequence() - 1 (max_positions, or a
+  // sliding window). When it is full, the newest three quarters of the
+  // context are fed again from position 0 (RoPE is relative, so the model
+  // sees the same recent text), which keeps a long generation linear.
+  const float* hf = nullptr;
+  auto refeed = [&](int64_t keep) {
+    dec.reset();
+    for (size_t t = ctx.size() - static_cast<size_t>(keep); t < ctx.size(); ++t) hf = dec.step(ctx[t]);
+  };
+  refeed(std::min<int64_t>(static_cast<int64_t>(ctx.size()), dec.capacity()));
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     if (opt.stop && opt.stop->load()) break;
-    // keep the most recent max_sequence() tokens (max_positions, or a sliding window)
-    const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ctx.size()), s.max_sequence());
-    const int64_t start = static_cast<int64_t>(ctx.size()) - keep;
-    const int64_t T = std::min<int64_t>((keep + 63) / 64 * 64, std::max<int64_t>(s.max_sequence(), keep));
-    auto& r = runners[T];
-    if (!r) r = std::make_unique<ModelRunner<CpuOps>>(ops, s, 1, T);
-    std::vector<int32_t> ids(static_cast<size_t>(T), 0), pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
-    std::copy(ctx.begin() + start, ctx.end(), ids.begin());
-    const float* hf = r->forward_hidden(w, ids.data(), pos.data());
-    cpu::linear_forward(logits.data(), hf + (keep - 1) * s.hidden, w.lm_head, nullptr, 1, s.hidden, s.vocab);
+    if (step > 0) {  // the token chosen last feeds the cache
+      if (dec.size() == dec.capacity())
+        refeed(std::max<int64_t>(dec.capacity() * 3 / 4, 1));  // ends with that token
+      else
+        hf = dec.step(ctx.back());
+    }
+    cpu::linear_forward(logits.data(), hf, w.lm_head, nullptr, 1, s.hidden, s.vocab);
     int32_t next;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());

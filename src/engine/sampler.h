@@ -1,7 +1,8 @@
 // Text generation from the CPU reference: temperature + top-k sampling with a
-// seeded generator (the same seed gives the same text). The model is rerun over
-// the whole context for each new token in a window padded to a multiple of 64
-// (causal attention makes the padding invisible); fine for small models.
+// seeded generator (the same seed gives the same text). Tokens are decoded one
+// at a time with a key/value cache (engine/kv_decode.h): a new token costs one
+// token's forward. Past the model's max_sequence() positions the newest three
+// quarters of the context are fed again from position 0.
 #pragma once
 #include <atomic>
 #include <cstdint>
