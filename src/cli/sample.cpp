@@ -24,6 +24,21 @@
 
 namespace rt::cli {
 
+namespace {
+
+// sample_tokens, telling first when the text will outgrow the model's positions.
+std::vector<int32_t> sample_with_note(const HostState& st, const std::vector<int32_t>& ids, const SampleOptions& so) {
+  const ModelSpec& s = st.spec();
+  if (static_cast<int64_t>(ids.size()) + so.max_new_tokens > s.max_sequence())
+    std::fprintf(stderr,
+                 "note: the prompt (%zu tokens) and --max-tokens %lld reach past the model's %s; from there on "
+                 "the newest three quarters of the text are its context\n",
+                 ids.size(), static_cast<long long>(so.max_new_tokens), s.max_sequence_why().c_str());
+  return sample_tokens(st, ids, so);
+}
+
+}  // namespace
+
 int cmd_sample(const Args& args) {
   ArgParser p("sample",
               "Generates text from a model directory (a HF model, or one written by 'ramtrain train'), with the\n"
@@ -78,7 +93,7 @@ int cmd_sample(const Args& args) {
     so.vocab_limit = ByteTokenizer::vocab_size;  // the vocab may be padded past the 258 byte ids
     std::vector<int32_t> ids = tok.encode(prompt);
     ids.insert(ids.begin(), ByteTokenizer::bos_id);
-    std::vector<int32_t> out = sample_tokens(*m.state, ids, so);
+    std::vector<int32_t> out = sample_with_note(*m.state, ids, so);
     std::printf("%s%s\n", prompt.c_str(), tok.decode(out).c_str());
     return stopped();
   }
@@ -120,7 +135,7 @@ int cmd_sample(const Args& args) {
     ids = tok->encode(prompt, true);
     if (ids.empty()) fail("[sample] the prompt is empty and the tokenizer adds no BOS: give --prompt TEXT (or --chat)");
   }
-  std::vector<int32_t> out = sample_tokens(*m.state, ids, so);
+  std::vector<int32_t> out = sample_with_note(*m.state, ids, so);
   const std::string text = tok->decode(out, /*skip_special=*/true);
   if (chat)
     std::printf("%s\n", text.c_str());
