@@ -13,6 +13,9 @@ namespace rt::cli {
 
 void model_dir_check(const std::string& dir, bool weights, const std::string& where) {
   namespace fs = std::filesystem;
+  if (file_exists(dir))
+    fail(where, " ", dir, " is a file; pass the model's directory (", path_dirname(dir),
+         ", holding config.json and the weights)");
   if (!is_directory(dir))
     fail(where, " ", dir, " is not a directory. Pass a HF model directory holding config.json and *.safetensors",
          dir.find('/') != std::string::npos && dir[0] != '/' && dir[0] != '.'

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -281,9 +282,29 @@ SafetensorsModel SafetensorsModel::open(const std::string& dir_or_file) {
       single = s;
     else if (file_exists(i))
       index = i;
-    else
+    else {
+      namespace fs = std::filesystem;
+      std::error_code ec;
+      for (const std::string& f : {s, i}) {  // there, but not a readable file
+        const fs::file_status st = fs::symlink_status(f, ec);
+        if (ec || !fs::exists(st)) continue;
+        if (fs::is_symlink(st) && !fs::exists(f, ec))
+          fail("[safetensors] ", f, " is a symbolic link to a missing file (", fs::read_symlink(f, ec).string(),
+               "): an incomplete download; fetch the model again");
+        fail("[safetensors] ", f, " is ", fs::is_directory(fs::status(f, ec)) ? "a directory" : "not a regular file",
+             ", not a weights file");
+      }
+      std::string others;  // weights under another name
+      for (auto it = fs::directory_iterator(dir_or_file, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+        if (it->path().extension() == ".safetensors")
+          others += (others.empty() ? "" : ", ") + it->path().filename().string();
+      if (!others.empty())
+        fail("[safetensors] ", dir_or_file, " holds ", others, " but neither model.safetensors nor ",
+             "model.safetensors.index.json, the names transformers writes: rename a single weights file to "
+             "model.safetensors, or write the index that maps tensors to the shards");
       fail("[safetensors] no weights in ", dir_or_file, ": looked for ", s, " and ", i,
-           " (point to a Hugging Face model directory or a .safetensors file)");
+           " (a Hugging Face model directory holds model.safetensors, or model.safetensors.index.json and its shards)");
+    }
   } else if (file_exists(dir_or_file)) {
     const std::string suffix = ".index.json";
     bool is_index = dir_or_file.size() >= suffix.size() &&

@@ -468,6 +468,20 @@ TEST(SafetensorsModel, BrokenModelDirectories) {
   expect_error([&] { rt::SafetensorsModel::open(dir.path()); },
                {dir.path(), "model.safetensors", "model.safetensors.index.json"});
   expect_error([&] { rt::SafetensorsModel::open(dir.file("absent")); }, {dir.file("absent"), "does not exist"});
+  // Weights under another name, a dangling link (an incomplete HF download), a directory.
+  {
+    TempDir other;
+    rt::safetensors_write(other.file("weights.safetensors"), {{"a", {4}, x.data(), rt::DType::f32}});
+    expect_error([&] { rt::SafetensorsModel::open(other.path()); },
+                 {other.path(), "holds weights.safetensors but neither model.safetensors nor"});
+    std::filesystem::create_symlink(other.file("blobs/abc123"), other.file("model.safetensors"));
+    expect_error([&] { rt::SafetensorsModel::open(other.path()); },
+                 {other.file("model.safetensors"), "symbolic link to a missing file", "incomplete download"});
+    std::filesystem::remove(other.file("model.safetensors"));
+    std::filesystem::create_directory(other.file("model.safetensors"));
+    expect_error([&] { rt::SafetensorsModel::open(other.path()); },
+                 {other.file("model.safetensors"), "is a directory, not a weights file"});
+  }
 
   const std::string idx = dir.file("model.safetensors.index.json");
   // Index naming a missing shard.
