@@ -17,6 +17,7 @@
 #include "data/finetune.h"
 #include "data/hf_chat_template.h"
 #include "data/records.h"
+#include "io/token_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rt::cli {
@@ -59,6 +60,10 @@ int cmd_render(const Args& raw_args) {
   p.flag("plain", "mark trained tokens with [[ ]] instead of colour");
   if (!p.parse(args)) return 0;
   if (inputs.empty()) fail("[render] give one or more data files");
+  for (const std::string& in : inputs)
+    if (TokenStream::looks_like_token_file(in) || TokenStream::looks_like_damaged_token_file(in))
+      fail("[render] ", in, ": is ", TokenStream::looks_like_token_file(in) ? "" : "named or begins like ",
+           "a token file; render shows text and .jsonl records as they are tokenized");
   const std::string dir = resolve_model_dir(p.require("model"));
   const int64_t limit = p.integer("limit");
   if (limit < 0) fail("[render] --limit must be >= 0, got ", limit);

@@ -118,10 +118,15 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
     td.source = std::make_unique<Dataset>(std::move(tokens), dopt);
     return td;
   }
-  for (const std::string& path : paths)
+  for (const std::string& path : paths) {
     if (TokenStream::looks_like_token_file(path))
       fail("[data] ", path,
            ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
+    if (TokenStream::looks_like_damaged_token_file(path))
+      fail("[data] ", path,
+           ": is named or begins like a ramtrain token file but has no valid RTTOKENS header: the file is damaged "
+           "(tokenize the data again with ramtrain tokenize), or rename it if it is text");
+  }
   const DataFormat format = data_format_parse(p.str("data-format"));
   bool any_jsonl = false;
   for (const std::string& path : paths)

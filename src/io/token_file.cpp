@@ -71,6 +71,17 @@ bool TokenStream::looks_like_token_file(const std::string& path) {
   return false;
 }
 
+bool TokenStream::looks_like_damaged_token_file(const std::string& path) {
+  if (!file_exists(path) || looks_like_token_file(path)) return false;
+  if (ends_with(path, ".tok")) return true;
+  try {
+    MappedFile m(path);
+    return m.size() >= 7 && std::memcmp(m.data(), ramtrain_magic, 7) == 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 TokenStream TokenStream::open(const std::string& path) {
   TokenStream s;
   s.path_ = path;

@@ -206,6 +206,15 @@ TEST(TrainOptions, TokenFileIdsBeyondItsHeaderAreRefused) {
   EXPECT_TRUE(contains(r.output, "token id 100 at position 100 (0-based, of 400 tokens) is >= the vocab size 100 its "
                                  "own header gives: the file is damaged"))
       << r.output;
+  // A damaged magic is not read as text (it was: "invalid UTF-8 ... pass --bad-lines skip").
+  bytes[7] = 'Z';
+  write_bytes(f.tmp.file("magic.tok"), bytes);
+  r = run_ramtrain("train --model " + f.tmp.file("model") + " --init random --data " + f.tmp.file("magic.tok") +
+                   " --seq-len 16 --micro-batch 2 --steps 1 --threads 1 --out " + f.tmp.file("o2"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "magic.tok: is named or begins like a ramtrain token file but has no valid RTTOKENS "
+                                 "header"))
+      << r.output;
 }
 
 TEST(TrainOptions, DataParallelRefusesQuantizedMomentsByName) {
