@@ -47,6 +47,10 @@ int cmd_export(const Args& args) {
     std::vector<std::string> warnings;
     std::optional<CheckpointRef> ref = checkpoint_find_latest_valid(ckpt, &warnings);
     for (auto& w : warnings) std::printf("warning: %s\n", w.c_str());
+    if (!ref && (file_exists(path_join(ckpt, "trainer.json")) ||
+                 std::filesystem::path(ckpt).filename().string().rfind("ckpt-", 0) == 0))
+      fail("[export] ", ckpt, " looks like a checkpoint but has no ", path_join(ckpt, "manifest.json"),
+           " (written last, when a checkpoint is complete): it is incomplete or damaged; export another checkpoint");
     if (!ref) fail("[export] ", ckpt, " is neither a checkpoint nor a run directory holding a valid one");
     dir = ref->path;
     std::printf("exporting the newest valid checkpoint %s\n", dir.c_str());

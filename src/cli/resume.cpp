@@ -109,7 +109,11 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     const std::string old = saved.count(k) ? saved.at(k) : "(unset)", now = p.str(k);
     if (same_value(old, now)) continue;
     const std::string what = cat("--", k, " ", quote_input(now), " (the checkpoint ran with ", quote_input(old), ")");
-    if (kDefining.count(k))
+    auto muon = [](const std::string& o) { return o.rfind("muon", 0) == 0; };
+    if (k == "optimizer" && muon(old) != muon(now))  // Muon momentum and Adam moments do not convert
+      refused.push_back(what + ": Muon momentum and Adam moments do not convert; resume with --optimizer " +
+                        (muon(old) ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit"));
+    else if (kDefining.count(k))
       refused.push_back(what);
     else if (!kHarmless.count(k))
       warned.push_back(what);

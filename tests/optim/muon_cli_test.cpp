@@ -85,12 +85,15 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer adamw --steps 4 --out " +
                    f.tmp.file("mu2"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "trained with --optimizer muon")) << r.output;
-  EXPECT_TRUE(contains(r.output, "resume with --optimizer muon or muon8bit")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--optimizer adamw (the checkpoint ran with muon): Muon momentum and Adam moments do "
+                                 "not convert; resume with --optimizer muon or muon8bit"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "allowed")) << r.output;  // refused before any "allowed" warning
   r = run_ramtrain("train --resume " + f.tmp.file("ad/ckpt-00000002") + " --optimizer muon8bit --steps 4 --out " +
                    f.tmp.file("ad2"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "trained with --optimizer adamw and this run asks for --optimizer muon8bit"))
+  EXPECT_TRUE(contains(r.output, "--optimizer muon8bit (the checkpoint ran with adamw): Muon momentum and Adam moments "
+                                 "do not convert; resume with --optimizer adamw, adamw8bit or adamw4bit"))
       << r.output;
   EXPECT_FALSE(fs::exists(f.tmp.file("mu2/final")));
   EXPECT_FALSE(fs::exists(f.tmp.file("ad2/final")));
