@@ -40,14 +40,17 @@ LossMaskFile::LossMaskFile(const std::string& path, uint64_t expected_tokens) : 
   uint64_t n = 0;
   for (int k = 0; k < 8; ++k) n |= uint64_t(d[size - 8 + uint64_t(k)]) << (8 * k);
   if (n != size - 16)
-    fail("[tokens] ", path, ": truncated or corrupt (its count says ", n, " tokens, its size holds ", size - 16, ")");
+    fail("[tokens] ", path, ": truncated or corrupt (its count says ", n, " tokens, its size holds ", size - 16,
+         "); re-run ramtrain tokenize to write the token file and its masks again");
   if (n != expected_tokens)
     fail("[tokens] ", path, ": has ", n, " flags but its token file has ", expected_tokens,
          " tokens: they were not written together; re-run ramtrain tokenize");
-  if (n > 0 && !(d[8] & mask_doc_start)) fail("[tokens] ", path, ": the first token does not start a document");
+  if (n > 0 && !(d[8] & mask_doc_start))
+    fail("[tokens] ", path, ": the first token does not start a document (a damaged file); re-run ramtrain tokenize");
   for (uint64_t i = 0; i < n; ++i)
     if (d[8 + i] & ~(mask_trained | mask_doc_start))
-      fail("[tokens] ", path, ": flag byte ", i, " is ", int(d[8 + i]), " (only bits 0 and 1 may be set)");
+      fail("[tokens] ", path, ": flag byte ", i, " is ", int(d[8 + i]),
+           " (only bits 0 and 1 may be set: a damaged file); re-run ramtrain tokenize");
   count_ = n;
 }
 
