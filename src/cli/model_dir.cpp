@@ -11,6 +11,7 @@
 
 namespace rt::cli {
 
+
 void model_dir_check(const std::string& dir, bool weights, const std::string& where) {
   namespace fs = std::filesystem;
   if (file_exists(dir))
@@ -90,11 +91,13 @@ std::string resolve_model_dir(const std::string& value) {
   return value;
 }
 
-LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments, MasterStorage master,
-                           UpdateRule rule) {
-  model_dir_check(dir, true, "[model]");
+namespace {
+
+// load_model_dir after model_dir_check, with config.json already parsed.
+LoadedModel load_checked_model_dir(const std::string& dir, const ModelSpec& spec, bool with_grads,
+                                   MomentStorage moments, MasterStorage master, UpdateRule rule) {
   LoadedModel m;
-  m.spec = spec_from_config_file(path_join(dir, "config.json"));
+  m.spec = spec;
   SafetensorsModel st = SafetensorsModel::open(dir);
   load_state_check(m.spec, st);  // before allocating: a config.json that asks for more than the files hold
   m.state = std::make_unique<HostState>(m.spec, with_grads, moments, master, rule);
@@ -104,6 +107,15 @@ LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorag
   else if (file_exists(path_join(dir, "ramtrain_tokenizer.json")))
     m.tokenizer = "byte";
   return m;
+}
+
+}  // namespace
+
+LoadedModel load_model_dir(const std::string& dir, bool with_grads, MomentStorage moments, MasterStorage master,
+                           UpdateRule rule) {
+  model_dir_check(dir, true, "[model]");
+  return load_checked_model_dir(dir, spec_from_config_file(path_join(dir, "config.json")), with_grads, moments,
+                                master, rule);
 }
 
 LoadedModel load_model_for_inference(const std::string& dir, bool with_grads, const std::string& where) {
@@ -117,7 +129,7 @@ LoadedModel load_model_for_inference(const std::string& dir, bool with_grads, co
          spec.n_layers, ", vocab_size ", spec.vocab, "): its fp32 weights", with_grads ? " and gradients" : "",
          " need ", need >> 20, " MiB of host RAM, ", avail >> 20,
          " MiB are available. Check those values, or use a machine with more memory.");
-  return load_model_dir(dir, with_grads, MomentStorage::q4);
+  return load_checked_model_dir(dir, spec, with_grads, MomentStorage::q4, MasterStorage::fp32, UpdateRule::adamw);
 }
 
 }  // namespace rt::cli

@@ -61,8 +61,8 @@ int cmd_render(const Args& raw_args) {
   if (!p.parse(args)) return 0;
   if (inputs.empty()) fail("[render] give one or more data files");
   for (const std::string& in : inputs)
-    if (TokenStream::looks_like_token_file(in) || TokenStream::looks_like_damaged_token_file(in))
-      fail("[render] ", in, ": is ", TokenStream::looks_like_token_file(in) ? "" : "named or begins like ",
+    if (const TokenStream::Look look = TokenStream::look(in); look != TokenStream::Look::none)
+      fail("[render] ", in, ": is ", look == TokenStream::Look::token ? "" : "named or begins like ",
            "a token file; render shows text and .jsonl records as they are tokenized");
   const std::string dir = resolve_model_dir(p.require("model"));
   const int64_t limit = p.integer("limit");

@@ -78,8 +78,8 @@ int cmd_tokenize(const Args& raw_args) {
       for (auto& f : text_document_paths({in})) files.push_back(f);
     } else {
       require_regular_file(in, "[tokenize]", /*dir_ok=*/true);
-      if (TokenStream::looks_like_token_file(in) || TokenStream::looks_like_damaged_token_file(in))
-        fail("[tokenize] ", in, ": is ", TokenStream::looks_like_token_file(in) ? "" : "named or begins like ",
+      if (const TokenStream::Look look = TokenStream::look(in); look != TokenStream::Look::none)
+        fail("[tokenize] ", in, ": is ", look == TokenStream::Look::token ? "" : "named or begins like ",
              "a token file already; tokenize takes text and .jsonl files (train takes the token file directly)");
       files.push_back(in);
     }

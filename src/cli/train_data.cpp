@@ -119,10 +119,11 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
     return td;
   }
   for (const std::string& path : paths) {
-    if (TokenStream::looks_like_token_file(path))
+    const TokenStream::Look look = TokenStream::look(path);
+    if (look == TokenStream::Look::token)
       fail("[data] ", path,
            ": is a token file; give one token file on its own, or only text/.jsonl files and directories");
-    if (TokenStream::looks_like_damaged_token_file(path))
+    if (look == TokenStream::Look::damaged)
       fail("[data] ", path,
            ": is named or begins like a ramtrain token file but has no valid RTTOKENS header: the file is damaged "
            "(tokenize the data again with ramtrain tokenize), or rename it if it is text");

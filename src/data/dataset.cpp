@@ -181,12 +181,8 @@ bool is_ramtrain_output(const std::filesystem::path& d) {
   namespace fs = std::filesystem;
   std::error_code ec;
   auto has = [&](const char* f) { return fs::exists(d / f, ec); };
-  if (has(".ramtrain.lock") || has("ramtrain.json") || (has("manifest.json") && has("trainer.json"))) return true;
-  for (auto it = fs::directory_iterator(d, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string n = it->path().filename().string();
-    if (n.rfind("ckpt-", 0) == 0 && fs::exists(it->path() / "manifest.json", ec)) return true;
-  }
-  return false;
+  return has(".ramtrain.lock") || has("ramtrain.json") || (has("manifest.json") && has("trainer.json")) ||
+         !checkpoint_list(d.string()).empty();
 }
 
 }  // namespace

@@ -55,31 +55,22 @@ const char* token_format_name(TokenFormat f) {
   return "?";
 }
 
-bool TokenStream::looks_like_token_file(const std::string& path) {
-  if (!file_exists(path)) return false;
-  if (ends_with(path, ".bin")) return true;
+TokenStream::Look TokenStream::look(const std::string& path) {
+  if (!file_exists(path)) return Look::none;
+  if (ends_with(path, ".bin")) return Look::token;
   try {
     MappedFile m(path);
-    if (m.size() >= 8 && std::memcmp(m.data(), ramtrain_magic, 8) == 0) return true;
+    if (m.size() >= 8 && std::memcmp(m.data(), ramtrain_magic, 8) == 0) return Look::token;
     if (m.size() >= 4) {
       uint32_t magic = load_le32(m.data());
-      if (magic == llmc_magic_gpt2 || magic == llmc_magic_llama3) return true;
+      if (magic == llmc_magic_gpt2 || magic == llmc_magic_llama3) return Look::token;
     }
+    if (ends_with(path, ".tok") || (m.size() >= 7 && std::memcmp(m.data(), ramtrain_magic, 7) == 0))
+      return Look::damaged;
   } catch (const Error&) {
-    return false;
+    return ends_with(path, ".tok") ? Look::damaged : Look::none;
   }
-  return false;
-}
-
-bool TokenStream::looks_like_damaged_token_file(const std::string& path) {
-  if (!file_exists(path) || looks_like_token_file(path)) return false;
-  if (ends_with(path, ".tok")) return true;
-  try {
-    MappedFile m(path);
-    return m.size() >= 7 && std::memcmp(m.data(), ramtrain_magic, 7) == 0;
-  } catch (const Error&) {
-    return false;
-  }
+  return Look::none;
 }
 
 TokenStream TokenStream::open(const std::string& path) {

@@ -32,11 +32,13 @@ class TokenStream {
   // the path in messages; vocab_size 0 = unknown. Negative ids throw.
   static TokenStream from_ids(std::span<const int32_t> ids, const std::string& name, uint64_t vocab_size);
   // True when path starts with the ramtrain or llm.c magic, or ends in ".bin".
-  static bool looks_like_token_file(const std::string& path);
-  // A file that is not a token file but was meant to be one: named *.tok, or
-  // starting "RTTOKEN" with another eighth byte (a damaged header). Text data
-  // readers refuse it instead of reading binary ids as text.
-  static bool looks_like_damaged_token_file(const std::string& path);
+  static bool looks_like_token_file(const std::string& path) { return look(path) == Look::token; }
+  // What a path looks like, from its name and first bytes (one mapping):
+  // token: a token file as above; damaged: not one but meant to be (named
+  // *.tok, or starting "RTTOKEN" with another eighth byte), which text readers
+  // refuse instead of reading binary ids as text; none: anything else.
+  enum class Look { none, token, damaged };
+  static Look look(const std::string& path);
 
   uint64_t size() const { return count_; }
   uint32_t at(uint64_t i) const;  // bounds-checked
