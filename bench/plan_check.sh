@@ -12,7 +12,8 @@
 # rows assume the engine's auto kept layers and split master (not recorded).
 set -euo pipefail
 R=${1:-build/cpu/ramtrain}
-q="--preset qwen2.5-7b --gpu h200"
+# every row was measured before selective recompute existed: --keep-attention 0
+q="--preset qwen2.5-7b --gpu h200 --keep-attention 0"
 # name | plan options | measured step s (or "tflops:X" for model TFLOP/s)
 cases=(
   "7B 32x2048 default, device grads, none kept|$q --micro-batch 32 --keep-activations 0 --master fp32|7.10"

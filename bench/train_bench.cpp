@@ -83,6 +83,7 @@ struct Args {
   bool low_memory = false;
   int64_t landing_mib = -1;  // -1: the engine's default
   int64_t keep = -1;         // --keep-activations: -1 auto
+  int64_t keep_attn = -1;    // --keep-attention: -1 auto
   int64_t mlp_chunk = -1;    // --mlp-chunk-tokens: -1 auto, 0 off, N tokens
 };
 
@@ -137,6 +138,9 @@ Args parse(int argc, char** argv) {
     } else if (k == "--keep-activations") {
       const std::string x = v();
       a.keep = x == "auto" ? -1 : std::stoll(x);
+    } else if (k == "--keep-attention") {
+      const std::string x = v();
+      a.keep_attn = x == "auto" ? -1 : std::stoll(x);
     } else if (k == "--help") {
       std::puts(
           "ramtrain_bench [--preset qwen2.5-7b] [--seq-len 2048] [--micro-batch 4] [--grad-accum 1]\n"
@@ -148,6 +152,7 @@ Args parse(int argc, char** argv) {
           "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
           "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
           "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
+          "               [--keep-attention auto|N (layers keeping their attention half: selective recompute)]\n"
           "               [--mlp-chunk-tokens auto|0|N (MLP over chunks of N tokens; auto: the fit's last step)]\n"
           "               [--layer-major auto|on|off (grad-accum > 1: each layer's weights once per step for\n"
           "                every micro-batch; auto: on when the weights stream and the embedding is untied)]\n"
@@ -237,6 +242,7 @@ int main(int argc, char** argv) try {
     co.micro_batches = a.accum;
     co.master = a.master;
     co.keep_activations = a.keep;
+    co.keep_attention = a.keep_attn;
     co.mlp_chunk_tokens = a.mlp_chunk;
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)

@@ -129,6 +129,12 @@ int cmd_plan(const Args& args) {
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
+  p.option("keep-attention", "N|auto",
+           "layers (before the kept ones) that keep only their attention half: q/k/v, the attention output and the "
+           "residual h; their backward recomputes the norms and the MLP's gate/up alone (selective recompute)",
+           "auto")
+      .integer(0)
+      .or_word("auto");
   p.option("nproc-per-node", "N",
            "ranks (GPUs) on this host in data parallel: also print each rank's host RAM with the optimizer "
            "state sharded over the ranks (1/N of the fp32 master and Adam moments, the whole bf16 weights; "
@@ -182,6 +188,7 @@ int cmd_plan(const Args& args) {
   co.muon = p.str("optimizer") == "muon" || p.str("optimizer") == "muon8bit";  // whole-unit updates, NS5 workspace
   co.micro_batches = K;
   co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
+  co.keep_attention = p.str("keep-attention") == "auto" ? -1 : p.integer("keep-attention");
   co.verbose = false;
   if (p.on("low-memory")) set_low_memory(co);
   DevicePlan dp = fit_device_plan(spec, B, T, co, budget);
@@ -403,7 +410,8 @@ int cmd_plan(const Args& args) {
          ",\"host_checkpoints\":" + (pl.host_ckpt ? "true" : "false") +
          ",\"host_embedding\":" + (pl.host_embed ? "true" : "false") +
          ",\"layer_major\":" + (pl.layer_major ? "true" : "false") +
-         ",\"kept_layers\":" + std::to_string(dp.kept_layers) + ",\"changes\":[";
+         ",\"kept_layers\":" + std::to_string(dp.kept_layers) +
+         ",\"attn_kept_layers\":" + std::to_string(dp.attn_kept_layers) + ",\"changes\":[";
     for (size_t i = 0; i < dp.changes.size(); ++i) j += std::string(i ? "," : "") + json_str(dp.changes[i]);
     j += "],\"items\":[";
     for (size_t i = 0; i < dp.items.size(); ++i)
@@ -461,7 +469,7 @@ int cmd_plan(const Args& args) {
           gib(static_cast<double>(dp_host)).c_str(), dp_fits ? "" : ": DOES NOT FIT");
     std::printf(
         "\ndevice plan: %s, %d weight slot%s, gradients on %s, checkpoints on %s, embedding on %s, %s, "
-        "activations of %lld of %lld layers kept\n",
+        "activations of %lld of %lld layers kept, the attention half of %lld more (selective recompute)\n",
         mode, pl.slots, pl.slots == 1 ? "" : "s",
         pl.fold         ? (muon && co.grads == "auto" ? "host (folded into the update as they land: Muon needs whole "
                                                          "gradients)"
@@ -470,7 +478,7 @@ int cmd_plan(const Args& args) {
                         : "device",
         pl.host_ckpt ? "host" : "device",
         pl.host_embed ? "host" : "device", pl.layer_major ? "layer-major" : "micro-batch-major",
-        (long long)dp.kept_layers, (long long)spec.n_layers);
+        (long long)dp.kept_layers, (long long)spec.n_layers, (long long)dp.attn_kept_layers);
     if (host_fallback)
       std::printf("  micro-batch-major: the host cannot pin the block inputs of all %lld micro-batches (layer-major)\n",
                   (long long)K);

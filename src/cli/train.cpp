@@ -101,6 +101,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.clip = c.clip;
   o.delayed_update = c.delayed_update;
   o.keep_activations = c.keep_activations;
+  o.keep_attention = c.keep_attention;
   o.mlp_chunk_tokens = c.mlp_chunk_tokens;
   o.fold_grads = c.grads == Placement::fold;
   int64_t warmup = c.warmup;
@@ -190,6 +191,7 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.micro_batches = c.grad_accum;  // the layer-major buffers are planned for this many
   if (dp.on()) co.micro_batches = c.grad_accum / dp.grads->world();  // a rank's share
   co.keep_activations = c.keep_activations;
+  co.keep_attention = c.keep_attention;
   co.mlp_chunk_tokens = c.mlp_chunk_tokens;
   co.clipping = c.clip > 0;
   if (c.low_memory) set_low_memory(co);

@@ -113,6 +113,14 @@ void train_options(ArgParser& p) {
            "auto")
       .integer(0)
       .or_word("auto");
+  p.option("keep-attention", "auto|N",
+           "selective recompute: N more layers (before the kept ones) keep only their attention half (q/k/v, the "
+           "attention output and the residual h), so their backward recomputes the two norms and the MLP's gate/up "
+           "alone, skipping the q/k/v/o projections and the attention forward (same results); auto: as the memory "
+           "left allows, by recompute FLOPs saved per byte (the start line prints hardware/model FLOPs); 0: off",
+           "auto")
+      .integer(0)
+      .or_word("auto");
   p.flag("resident", "keep every layer on the GPU (when it fits): the baseline for the streaming overhead");
   p.option("grads", "auto|device|host|fold",
            "device: keep gradients on the GPU until the step's norm is known; host: send each layer's to host RAM "
@@ -295,6 +303,7 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.slots_given = p.given_explicitly("slots");
   const std::string ka = p.str("keep-activations");
   c.keep_activations = ka == "auto" ? -1 : p.integer("keep-activations");
+  c.keep_attention = p.str("keep-attention") == "auto" ? -1 : p.integer("keep-attention");
   c.resident = p.on("resident");
   c.low_memory = p.on("low-memory");
   c.grads = placement_parse(p.str("grads"));
@@ -324,7 +333,7 @@ TrainConfig train_config_read(const ArgParser& p) {
         !(std::string(k) == "grads" && c.grads == Placement::fold))
       c.gpu_options_given.push_back(std::string("--") + k);  // bf16 masters and --grads fold have CPU twins
   if (c.low_memory) {  // checked on every machine, so a config is refused the same way everywhere
-    for (const char* k : {"grads", "checkpoints", "slots", "keep-activations"})
+    for (const char* k : {"grads", "checkpoints", "slots", "keep-activations", "keep-attention"})
       if (p.given_explicitly(k)) fail("[train] --low-memory sets --", k, " itself; drop one of the two");
     if (c.resident)
       fail("[train] --low-memory and --resident contradict each other (resident keeps every layer on the GPU)");

@@ -59,6 +59,7 @@ struct TrainConfig {
   int slots = 3;
   bool slots_given = false;
   int64_t keep_activations = -1;  // -1: auto
+  int64_t keep_attention = -1;    // -1: auto
   bool resident = false, low_memory = false;
   Placement grads = Placement::auto_select, checkpoints = Placement::auto_select;
   AutoOnOff layer_major = AutoOnOff::auto_select;  // --grad-accum > 1: layer-major micro-batches (backend.h)

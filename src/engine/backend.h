@@ -112,8 +112,13 @@ class Backend {
 // chunks of R tokens; 0 and -1 (auto: nothing to fit here) run it whole.
 // fold: the CPU twin of --grads fold (engine/fold_clip.h): units update in
 // fold_order with the partial-norm clipping rule; not with delayed_update.
+// keep_attention: the layers before the kept ones that keep only their
+// attention half (selective recompute, model/block.h AttnActs; bit-identical
+// results); -1 (auto): as many as fit in what keep_activations left of that
+// quarter of the host RAM.
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false, int64_t keep_activations = -1,
-                                          bool layer_major = false, int64_t mlp_chunk_tokens = 0, bool fold = false);
+                                          bool layer_major = false, int64_t mlp_chunk_tokens = 0, bool fold = false,
+                                          int64_t keep_attention = -1);
 
 // Data parallelism over GPUs (docs/multi_gpu.md): this process is one rank of
 // a world, one GPU each. The state is weights only (HostState::keep_weights_only);
@@ -175,6 +180,11 @@ struct CudaOptions {
   // backward, skipping their recompute (bit-identical results); -1 (auto):
   // as many as fit in the device memory left once the rest of the plan is in.
   int64_t keep_activations = -1;
+  // Layers before those that keep only their attention half (q/k/v, the
+  // attention output and h: selective recompute, model/block.h AttnActs),
+  // so their backward recomputes the norms and the MLP's gate/up alone
+  // (bit-identical); -1 (auto): model/block_memory.h plan_kept_layers.
+  int64_t keep_attention = -1;
   int64_t ce_chunk_rows = 1024;
   // MLP token chunks (model/block.h, docs/long_sequences.md): 0 off, R > 0
   // chunks of R tokens, -1 (auto): the plan picks (model/block_memory.h's
@@ -213,6 +223,7 @@ inline void set_low_memory(CudaOptions& o) {
   o.slots = 2;
   o.ce_chunk_rows = 256;
   o.keep_activations = 0;
+  o.keep_attention = 0;
 }
 
 bool cuda_backend_available();  // built with CUDA and a device present

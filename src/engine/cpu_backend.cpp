@@ -14,6 +14,7 @@
 #include "cpu/cpu_ops.h"
 #include "engine/backend.h"
 #include "engine/fold_clip.h"
+#include "model/block_memory.h"
 #include "model/model.h"
 #include "state/host_state.h"
 
@@ -101,15 +102,18 @@ class LayerMajorRunner {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk, bool fold)
+  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk, bool fold,
+             int64_t keep_attn)
       : state_(s),
         ops_(s.spec()),
         delayed_(delayed),
         keep_(keep),
+        keep_attn_(keep_attn),
         layer_major_(layer_major),
         fold_(fold),
         mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
+    RT_CHECK(keep_attn >= -1, "[train] --keep-attention must be auto or a layer count >= 0, got ", keep_attn);
     RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", mlp_chunk);
     // the forward reads the fp32 master: a split one (same values) is converted; a bf16 master (its own
     // arithmetic) stays, and the forward reads its decoded copy (HostState::weights)
@@ -179,16 +183,26 @@ class CpuBackend final : public Backend {
     auto& r = runners_[{B, T}];
     if (!r) {
       const ModelSpec& sp = state_.spec();
-      const uint64_t per_layer = BlockActs<CpuOps>::bytes(sp, BlockDims{B, T, mlp_chunk_});
+      const BlockDims dm{B, T, mlp_chunk_};
+      const uint64_t per_layer = BlockActs<CpuOps>::bytes(sp, dm);
+      // auto: what fits in a quarter of the host RAM available now, whole
+      // layers first, then attention halves (the CPU keeps whole layers by
+      // default: plenty of RAM, and it is the reference schedule)
+      const uint64_t quarter = host_memory_available() / 4;
       int64_t keep = keep_;
-      if (keep < 0) keep = static_cast<int64_t>(host_memory_available() / 4 / std::max<uint64_t>(per_layer, 1));
+      if (keep < 0) keep = static_cast<int64_t>(quarter / std::max<uint64_t>(per_layer, 1));
       keep = std::min(keep, sp.n_layers);
-      r = std::make_unique<ModelRunner<CpuOps>>(ops_, sp, B, T, 256, keep, mlp_chunk_);
+      const uint64_t left = quarter - std::min(quarter, static_cast<uint64_t>(keep) * per_layer);
+      const KeptLayers k = plan_kept_layers(sp, dm, left, 4, 1, 0, keep_attn_);
+      r = std::make_unique<ModelRunner<CpuOps>>(ops_, sp, B, T, 256, keep, mlp_chunk_,
+                                                std::min(k.attention, sp.n_layers - keep));
       if (!logged_keep_) {
         std::printf(
-            "cpu backend: activations of %lld of %lld layers kept from forward to backward (%.1f MiB; the "
-            "others are recomputed; --keep-activations)\n",
-            (long long)keep, (long long)sp.n_layers, keep * per_layer / double(1 << 20));
+            "cpu backend: activations of %lld of %lld layers kept from forward to backward (%.1f MiB), the attention "
+            "half of %lld more (%.1f MiB); the others are recomputed (--keep-activations, --keep-attention)\n",
+            (long long)keep, (long long)sp.n_layers, keep * per_layer / double(1 << 20),
+            (long long)r->attn_kept_layers(),
+            r->attn_kept_layers() * AttnActs<CpuOps>::bytes(sp, dm) / double(1 << 20));
         logged_keep_ = true;
       }
     }
@@ -262,7 +276,8 @@ class CpuBackend final : public Backend {
   HostState& state_;
   CpuOps ops_;
   bool delayed_;
-  int64_t keep_;  // --keep-activations (-1: auto)
+  int64_t keep_;       // --keep-activations (-1: auto)
+  int64_t keep_attn_;  // --keep-attention (-1: auto)
   bool layer_major_;
   bool fold_;          // --grads fold's twin
   int64_t mlp_chunk_;  // MLP token chunk (0: unchunked; auto is unchunked: no device budget here)
@@ -282,10 +297,12 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations,
-                                          bool layer_major, int64_t mlp_chunk_tokens, bool fold) {
+                                          bool layer_major, int64_t mlp_chunk_tokens, bool fold,
+                                          int64_t keep_attention) {
   RT_CHECK(!(fold && delayed_update), "[train] --grads fold and --delayed-update cannot be combined (fold updates "
            "each unit in the step that made its gradient)");
-  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens, fold);
+  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens, fold,
+                                      keep_attention);
 }
 
 }  // namespace rt

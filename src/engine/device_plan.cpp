@@ -100,6 +100,12 @@ int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget) {
   return static_cast<int64_t>((budget - std::min(budget, planned)) / act_bytes);
 }
 
+KeptLayers engine_kept_layers(const ModelSpec& s, const BlockDims& dm, const CudaOptions& o, uint64_t used,
+                              uint64_t budget) {
+  const uint64_t planned = used + block_acts_bytes(s, dm, 2) + budget / 64;
+  return plan_kept_layers(s, dm, budget - std::min(budget, planned), 2, 1, o.keep_activations, o.keep_attention);
+}
+
 bool shrink_plan(CudaOptions& o, std::string* change) {
   const bool grads_auto = o.grads == "auto" && !o.delayed_update && !o.prefer_host_grads;
   if (grads_auto || o.checkpoints == "auto") {
@@ -206,12 +212,20 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   add("backward scratch", block_scratch_bytes(s, dm, 2, 256));
   // the activations: the shared set, then the kept layers (engine: auto_kept_layers on what is in so far)
   p.layer_act_bytes = block_acts_bytes(s, dm, 2);  // bf16 activations, unrounded, as the engine counts
-  int64_t keep = o.keep_activations;
-  if (keep < 0) keep = auto_kept_layers(p.total, p.layer_act_bytes, budget);
-  p.kept_layers = p.place.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
+  p.layer_attn_bytes = block_attn_acts_bytes(s, dm, 2);
+  if (!p.place.layer_major) {  // layer-major recomputes every block
+    const KeptLayers k = engine_kept_layers(s, dm, o, p.total, budget);
+    p.kept_layers = std::min(k.all, L);
+    p.attn_kept_layers = k.attention;
+  }
   const uint64_t acts = block_acts_bytes(s, dm, 2, 256);
   p.items.push_back({"block activations (shared + kept layers)", acts * u64(1 + p.kept_layers), 1 + p.kept_layers});
   p.total += p.items.back().bytes;
+  if (p.attn_kept_layers > 0) {
+    p.items.push_back({"kept attention halves (selective recompute)",
+                       block_attn_acts_bytes(s, dm, 2, 256) * u64(p.attn_kept_layers), p.attn_kept_layers});
+    p.total += p.items.back().bytes;
+  }
   return p;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "model/block_memory.h"
 #include "model/spec.h"
 
 namespace rt {
@@ -67,6 +68,16 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t micro_batch, int64_t
 // the shared activation set) are in, 1/64 of the budget held back.
 int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget);
 
+// The layers that keep all their activations and those that keep their
+// attention half (selective recompute), as the engine sizes them once `used`
+// bytes are allocated and before the shared activation set: o's
+// --keep-activations / --keep-attention, auto filling what is left of the
+// budget after the shared set and 1/64 of the budget held back
+// (model/block_memory.h plan_kept_layers). Micro-batch-major only: the
+// caller keeps none under layer-major.
+KeptLayers engine_kept_layers(const ModelSpec& s, const BlockDims& dm, const CudaOptions& o, uint64_t used,
+                              uint64_t budget);
+
 // The next smaller plan: changes o one step and says what changed in *change;
 // false when o is already the smallest plan.
 bool shrink_plan(CudaOptions& o, std::string* change);
@@ -95,7 +106,9 @@ struct DevicePlan {
   DevicePlacement place;
   int64_t mlp_chunk_tokens = 0;  // the MLP token chunk the blocks run with (0: unchunked)
   int64_t kept_layers = 0;       // layers whose activations stay forward to backward
+  int64_t attn_kept_layers = 0;  // layers before those keeping their attention half (selective recompute)
   uint64_t layer_act_bytes = 0;  // what keeping one more layer costs
+  uint64_t layer_attn_bytes = 0;  // what keeping one more layer's attention half costs
   std::vector<DevicePlanItem> items;
   uint64_t total = 0;  // sum of items
   uint64_t budget = 0;

@@ -41,9 +41,12 @@ constexpr uint64_t kContextBytes = 640ull << 20;
 // whole step (GEMMs, attention, norms, element-wise ops), on hardware FLOPs
 // as counted here. Calibrated on the compute-bound step: Qwen2.5-7B, 32 x
 // 2048, --delayed-update, every layer recomputed: 6.651 s at 1.1% GPU idle
-// (2026-12-03 night) -> 6.58 s of compute for 65536 x 57.1 GFLOP = 569
-// TFLOP/s of 989 = 0.575. (The cuBLASLt GEMM peak measured 830-848.)
-constexpr double kComputeEfficiency = 0.575;
+// (2026-12-03 night) -> 6.58 s of compute for 65536 x 53.3 GFLOP (model
+// 43.66 + 28 recomputes of 0.345 without the down projection) = 531
+// TFLOP/s of 989 = 0.537. (The cuBLASLt GEMM peak measured 830-848. Until
+// 2026-12-05 a recompute was counted as a whole block forward, 57.1 GFLOP
+// a token, and the constant was 0.575: the same predictions for that case.)
+constexpr double kComputeEfficiency = 0.537;
 
 // Host gradients (--grads host): the engine's worker adds (=, then +=) every
 // layer gradient landed in a pinned slab into the unit's host arena
@@ -95,6 +98,16 @@ double hardware_flops_per_token(const ModelSpec& s, int64_t T, int64_t recompute
   return model_flops_per_token(s, T) + static_cast<double>(recomputed) * per_layer;
 }
 
+double hardware_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t kept, int64_t attn_kept) {
+  const int64_t L = s.n_layers;
+  kept = std::clamp<int64_t>(kept, 0, L);
+  attn_kept = std::clamp<int64_t>(attn_kept, 0, L - kept);
+  return model_flops_per_token(s, dm.T) +
+         static_cast<double>(L - kept - attn_kept) * layer_recompute_flops(s, dm, KeptPart::none) +
+         static_cast<double>(attn_kept) * layer_recompute_flops(s, dm, KeptPart::attention) +
+         static_cast<double>(kept) * layer_recompute_flops(s, dm, KeptPart::all);
+}
+
 StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const DevicePlan& plan, const CardSpec& card,
                             double gparams) {
   StepPrediction r;
@@ -104,7 +117,8 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   const double tokens = K * N;
   // ---- compute
   r.model_flops_per_token = model_flops_per_token(s, T);
-  r.hardware_flops_per_token = hardware_flops_per_token(s, T, s.n_layers - plan.kept_layers);
+  r.hardware_flops_per_token =
+      hardware_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers, plan.attn_kept_layers);
   r.efficiency = kComputeEfficiency;
   r.compute_s = tokens * r.hardware_flops_per_token / (card.bf16_tflops * 1e12 * r.efficiency);
   // ---- copies (bytes per step)

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "engine/device_plan.h"
+#include "model/block_memory.h"
 #include "model/spec.h"
 
 namespace rt {
@@ -48,6 +49,12 @@ uint64_t card_engine_budget(uint64_t memory);
 // Hardware FLOPs per token the step runs: model FLOPs + recomputed forwards.
 double model_flops_per_token(const ModelSpec& s, int64_t seq_len);
 double hardware_flops_per_token(const ModelSpec& s, int64_t seq_len, int64_t recomputed_layers);
+// What the engine runs: model FLOPs + each layer's recompute by what it kept
+// (model/block_memory.h layer_recompute_flops: no down projection, only the
+// MLP half for attention-kept layers, the MLP chunks' gate/up for kept
+// layers whose MLP runs in chunks).
+double hardware_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t kept_layers,
+                                int64_t attn_kept_layers);
 
 struct StepPrediction {
   double model_flops_per_token = 0, hardware_flops_per_token = 0;

@@ -51,6 +51,8 @@ struct TrainOptions {
   // Layers whose activations stay from forward to backward (no recompute there;
   // bit-identical results); -1: as many as fit (backend.h, keep_activations).
   int64_t keep_activations = -1;
+  // Layers keeping their attention half only (backend.h, keep_attention); -1: auto.
+  int64_t keep_attention = -1;
   // MLP token chunk of the CPU backend the trainer makes (make_cpu_backend).
   int64_t mlp_chunk_tokens = 0;
   // --grads fold on the trainer's CPU backend: the twin of the CUDA engine's

@@ -43,7 +43,9 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -209,30 +211,120 @@ struct BlockActs {
   }
 };
 
+// Selective recompute: the attention half of one block's activations, kept
+// from its forward to its backward while the rest is recomputed. It holds
+// what is dear to recompute and cheap to store: the q/k/v projections (after
+// the q/k norms and RoPE, and before the norms when there are q/k norms), the
+// attention output and its log-sum-exp, and h = x + att Wo^T. The backward
+// then recomputes only the two RMSNorms (xn from x, hn from h) and the MLP's
+// gate/up/SwiGLU (block_recompute_mlp_half), skipping the q/k/v and o
+// projections and the attention forward: per token and layer it stores
+// 2 (QD + 2 KD + QD + C) bytes (bf16) to save 2 C (QD + 2 KD) + 2 QD C
+// FLOPs of GEMMs plus the attention forward (2 QD T causal).
+// The buffers move by swapping with the shared BlockActs (no copies): the
+// forward of such a layer runs in the shared set and swaps its attention
+// buffers into the store; the backward swaps them back. Every value is the
+// one the forward computed, and the recomputed ones come from the same ops
+// on the same inputs, so the gradients are bit-identical to a full
+// recompute (tests/model/selective_recompute_test.cpp).
+template <class Ops>
+struct AttnActs {
+  using A = typename Ops::act_t;
+  template <class T>
+  using Buf = typename Ops::template Buffer<T>;
+  // The BlockActs members this store holds.
+  static constexpr Buf<A> BlockActs<Ops>::* kActs[] = {&BlockActs<Ops>::q_raw, &BlockActs<Ops>::k_raw,
+                                                      &BlockActs<Ops>::q,     &BlockActs<Ops>::k,
+                                                      &BlockActs<Ops>::v,     &BlockActs<Ops>::att,
+                                                      &BlockActs<Ops>::h};
+  static constexpr Buf<float> BlockActs<Ops>::* kStats[] = {&BlockActs<Ops>::rstd_q, &BlockActs<Ops>::rstd_k,
+                                                           &BlockActs<Ops>::lse};
+  using ActMember = Buf<A> BlockActs<Ops>::*;
+  using StatMember = Buf<float> BlockActs<Ops>::*;
+  // Index of m in kActs (kStats), or -1.
+  template <class M>
+  static int act_index(M m) {
+    if constexpr (std::is_same_v<M, ActMember>)
+      for (size_t i = 0; i < std::size(kActs); ++i)
+        if (kActs[i] == m) return static_cast<int>(i);
+    return -1;
+  }
+  template <class M>
+  static int stat_index(M m) {
+    if constexpr (std::is_same_v<M, StatMember>)
+      for (size_t i = 0; i < std::size(kStats); ++i)
+        if (kStats[i] == m) return static_cast<int>(i);
+    return -1;
+  }
+  // Bytes of one store (what keeping one more layer's attention half costs).
+  static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
+    uint64_t b = 0;
+    BlockActs<Ops>::each_buffer(
+        s, dm, [&](auto m, int64_t n) { b += act_index(m) >= 0 ? static_cast<uint64_t>(n) * sizeof(A) : 0; },
+        [&](auto m, int64_t n) { b += stat_index(m) >= 0 ? static_cast<uint64_t>(n) * sizeof(float) : 0; });
+    return b;
+  }
+  AttnActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) : dims(dm) {
+    BlockActs<Ops>::each_buffer(
+        s, dm,
+        [&](auto m, int64_t n) {
+          if (const int i = act_index(m); i >= 0) acts[i] = ops.template alloc<A>(n);
+        },
+        [&](auto m, int64_t n) {
+          if (const int i = stat_index(m); i >= 0) stats[i] = ops.template alloc<float>(n);
+        });
+  }
+  // Exchanges the attention half with t's (same shapes: both sized for dims).
+  void swap_with(BlockActs<Ops>& t) {
+    check_block_buffers("the kept attention activations", dims, t.dims);
+    for (size_t i = 0; i < std::size(kActs); ++i) std::swap(acts[i], t.*kActs[i]);
+    for (size_t i = 0; i < std::size(kStats); ++i) std::swap(stats[i], t.*kStats[i]);
+  }
+  Buf<A> acts[std::size(kActs)];
+  Buf<float> stats[std::size(kStats)];
+  BlockDims dims;
+};
+
 // The activations of a whole-model pass: one shared BlockActs for every layer
-// that is recomputed in the backward, and one of its own for each of the last
-// `keep` layers, whose forward activations stay for their backward.
+// that is recomputed in the backward, one of its own for each of the last
+// `keep` layers, whose forward activations stay for their backward, and an
+// AttnActs for each of the `keep_attn` layers before those, whose backward
+// recomputes only the cheap half (selective recompute).
 template <class Ops>
 class LayerActs {
  public:
-  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep)
+  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep, int64_t keep_attn = 0)
       : n_layers_(s.n_layers), shared_(ops, s, dm) {
     RT_CHECK(keep >= 0, "[model] the number of layers whose activations are kept must be >= 0, got ", keep);
+    RT_CHECK(keep_attn >= 0, "[model] the number of layers whose attention activations are kept must be >= 0, got ",
+             keep_attn);
     for (int64_t i = 0; i < std::min(keep, n_layers_); ++i)
       kept_.push_back(std::make_unique<BlockActs<Ops>>(ops, s, dm));
+    for (int64_t i = 0; i < std::min(keep_attn, n_layers_ - kept_count()); ++i)
+      attn_.push_back(std::make_unique<AttnActs<Ops>>(ops, s, dm));
   }
   int64_t kept_count() const { return static_cast<int64_t>(kept_.size()); }
+  int64_t attn_kept_count() const { return static_cast<int64_t>(attn_.size()); }
   bool kept(int64_t layer) const { return layer >= n_layers_ - kept_count(); }
+  // True when layer keeps its attention half (and is not fully kept).
+  bool attn_kept(int64_t layer) const {
+    return !kept(layer) && layer >= n_layers_ - kept_count() - attn_kept_count();
+  }
   BlockActs<Ops>& shared() { return shared_; }
   // Where layer's training forward leaves its activations (and its backward finds them).
   BlockActs<Ops>& of(int64_t layer) {
     return kept(layer) ? *kept_[static_cast<size_t>(layer - (n_layers_ - kept_count()))] : shared_;
+  }
+  AttnActs<Ops>& attn_of(int64_t layer) {
+    RT_CHECK(attn_kept(layer), "[model] internal: layer ", layer, " keeps no attention activations");
+    return *attn_[static_cast<size_t>(layer - (n_layers_ - kept_count() - attn_kept_count()))];
   }
 
  private:
   int64_t n_layers_;
   BlockActs<Ops> shared_;
   std::vector<std::unique_ptr<BlockActs<Ops>>> kept_;
+  std::vector<std::unique_ptr<AttnActs<Ops>>> attn_;
 };
 
 // Scratch of one block's backward (one per engine, shared by every layer).
@@ -289,14 +381,14 @@ struct BlockScratch {
 // the down projection is skipped, and with MLP chunks the whole MLP (the
 // backward recomputes it chunk by chunk). Either way t holds exactly what
 // block_backward reads, with the values of a full forward.
+// The attention half of block_forward: xn, q, k, v, att, lse and h = x + att Wo^T.
 template <class Ops>
-void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
-                   const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t,
-                   const int32_t* doc_start = nullptr, const MoeLayerRouting* moe = nullptr) {
-  const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
+void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w,
+                                  const BlockDims& dm, const typename Ops::act_t* x, const int32_t* pos,
+                                  BlockActs<Ops>& t, const int32_t* doc_start) {
+  const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim;
   const int64_t QD = H * D, KD = G * D;
   const float eps = static_cast<float>(s.rms_eps);
-  check_block_buffers("the block activations", t.dims, dm);
   ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
   if (s.qk_norm) {
     ops.linear_forward(t.q_raw.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
@@ -318,6 +410,16 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
   ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start);
   ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
   ops.add_inplace(t.h.data(), x, N * C);
+}
+
+// The MLP half of block_forward, from t.h: hn, the MLP (or the MoE layer) and,
+// when y is not null, y = h + mlp(hn). y == nullptr: what the backward reads only.
+template <class Ops>
+void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w,
+                            const BlockDims& dm, typename Ops::act_t* y, BlockActs<Ops>& t,
+                            const MoeLayerRouting* moe) {
+  const int64_t N = dm.N(), C = s.hidden, F = s.intermediate;
+  const float eps = static_cast<float>(s.rms_eps);
   ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
   if (s.is_moe()) {
     if constexpr (OpsWithMoe<Ops>) {
@@ -354,6 +456,29 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
     ops.linear_forward(y + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
     ops.add_inplace(y + r0 * C, t.h.data() + r0 * C, n * C);
   }
+}
+
+template <class Ops>
+void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
+                   const typename Ops::act_t* x, typename Ops::act_t* y, const int32_t* pos, BlockActs<Ops>& t,
+                   const int32_t* doc_start = nullptr, const MoeLayerRouting* moe = nullptr) {
+  check_block_buffers("the block activations", t.dims, dm);
+  block_forward_attention_half(ops, s, w, dm, x, pos, t, doc_start);
+  block_forward_mlp_half(ops, s, w, dm, y, t, moe);
+}
+
+// Selective recompute of a layer whose attention half was kept (AttnActs): t
+// gets the kept values back and the rest of what block_backward reads is
+// recomputed (xn from x, then the MLP half without output), bit for bit what
+// block_forward(x, y == nullptr) leaves in t.
+template <class Ops>
+void block_recompute_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w,
+                              const BlockDims& dm, const typename Ops::act_t* x, AttnActs<Ops>& kept,
+                              BlockActs<Ops>& t) {
+  check_block_buffers("the block activations", t.dims, dm);
+  kept.swap_with(t);
+  ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, dm.N(), s.hidden, static_cast<float>(s.rms_eps));
+  block_forward_mlp_half(ops, s, w, dm, nullptr, t, nullptr);
 }
 
 // dx[N,C] (=) from dy[N,C]; weight grads accumulate (+=) into gr.

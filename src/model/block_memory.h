@@ -36,6 +36,37 @@ namespace rt {
 uint64_t block_acts_bytes(const ModelSpec& s, const BlockDims& dm, int act_elem_bytes, uint64_t align = 1);
 uint64_t block_scratch_bytes(const ModelSpec& s, const BlockDims& dm, int act_elem_bytes, uint64_t align = 1);
 
+// Bytes of one AttnActs (the attention half a selectively recomputed layer
+// keeps, model/block.h), in the same units as block_acts_bytes.
+uint64_t block_attn_acts_bytes(const ModelSpec& s, const BlockDims& dm, int act_elem_bytes, uint64_t align = 1);
+
+// Recompute FLOPs per token of one layer's backward (a forward's GEMMs and
+// attention; norms, RoPE and SwiGLU are not counted), by what the layer kept:
+//   none:      the block forward without the down projection (y == nullptr)
+//              = 2 C (QD + 2 KD) + 2 QD C + 2 QD T (causal attention) + mlp
+//   attention: mlp only
+//   all:       mlp when the MLP runs in token chunks (the backward recomputes
+//              each chunk's gate/up), else 0
+// where mlp = 4 C F for a dense layer (gate and up), the router 2 C E for an
+// MoE layer (the experts recompute inside moe_backward either way: counted
+// by neither). T: the sequence length.
+enum class KeptPart { none, attention, all };
+double layer_recompute_flops(const ModelSpec& s, const BlockDims& dm, KeptPart kept);
+
+// How many layers keep all their activations (`all`, the last ones) and how
+// many before those keep their attention half (`attention`) in `available`
+// bytes. keep / keep_attn: a count, or -1 (auto). Auto fills the memory by
+// recompute FLOPs saved per byte: attention halves first where they save
+// more per byte than a whole layer's activations (always, once the MLP runs
+// in chunks or the layer is an MoE layer), then whole layers replace
+// attention halves while memory is left; explicit counts are taken as given
+// (clamped to the layers) and auto fills what they leave.
+struct KeptLayers {
+  int64_t all = 0, attention = 0;
+};
+KeptLayers plan_kept_layers(const ModelSpec& s, const BlockDims& dm, uint64_t available, int act_elem_bytes,
+                            uint64_t align, int64_t keep, int64_t keep_attn);
+
 // The MLP token chunks a planner tries, largest first: the powers of two
 // below N, down to kMinMlpChunkTokens (GEMMs of fewer rows lose efficiency
 // and the N x C buffers dominate by then). Empty when N <= kMinMlpChunkTokens.

@@ -1,10 +1,12 @@
 // Whole-model forward and backward over the layer templates (model/block.h).
 // The schedule is the one the streaming engine uses: the forward keeps each
 // block's input x_i (the checkpoint) and, for the last keep_layers layers,
-// all of the block's activations; the backward back-propagates through those
-// directly and recomputes every other block once from x_i first. Recompute
-// and kept activations give bit-identical results (the same deterministic
-// ops on the same inputs); keeping trades memory for a forward per layer.
+// all of the block's activations; for the keep_attn layers before those, the
+// attention half (AttnActs, model/block.h: selective recompute); the backward
+// back-propagates through kept layers directly, recomputes only the MLP half
+// of attention-kept ones, and every other block once from x_i first.
+// Recompute and kept activations give bit-identical results (the same
+// deterministic ops on the same inputs); keeping trades memory for FLOPs.
 // The LM head and the cross-entropy run in token chunks so [N, V] logits
 // never exist.
 //
@@ -65,12 +67,12 @@ class ModelRunner {
 
   // mlp_chunk_tokens: BlockDims::mlp_chunk_tokens (0: the MLP over the whole batch at once).
   ModelRunner(Ops& ops, const ModelSpec& spec, int64_t B, int64_t T, int64_t ce_chunk_rows = 256,
-              int64_t keep_layers = 0, int64_t mlp_chunk_tokens = 0)
+              int64_t keep_layers = 0, int64_t mlp_chunk_tokens = 0, int64_t keep_attn = 0)
       : ops_(ops),
         s_(spec),
         dm_{B, T, mlp_chunk_tokens},
         ce_chunk_(ce_chunk_rows),
-        acts_(ops, spec, dm_, keep_layers),
+        acts_(ops, spec, dm_, keep_layers, keep_attn),
         scratch_(ops, spec, dm_),
         aux_(spec) {
     const int64_t N = dm_.N(), C = s_.hidden;
@@ -84,6 +86,7 @@ class ModelRunner {
   int64_t batch() const { return dm_.B; }
   int64_t seq_len() const { return dm_.T; }
   int64_t kept_layers() const { return acts_.kept_count(); }
+  int64_t attn_kept_layers() const { return acts_.attn_kept_count(); }
 
   // Forward + backward of one micro-batch. Returns the SUM of token losses;
   // *n_valid gets the number of predicted tokens. With grads == nullptr only
@@ -100,6 +103,7 @@ class ModelRunner {
       const MoeLayerRouting routing = s_.is_moe() ? aux_.forward_routing(i) : MoeLayerRouting{};
       block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, b.pos,
                     grads ? acts_.of(i) : acts_.shared(), b.doc_start, s_.is_moe() ? &routing : nullptr);
+      if (grads && acts_.attn_kept(i)) acts_.attn_of(i).swap_with(acts_.shared());
     }
     if (s_.is_moe())
       aux_.finish(N, grads && s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * b.aux_loss_scale : 0.0);
@@ -112,7 +116,9 @@ class ModelRunner {
     const MoeLayerRouting back_routing = aux_.backward_routing();
     for (int64_t i = L - 1; i >= 0; --i) {
       const A* xi = x0 + i * N * C;
-      if (!acts_.kept(i))  // recompute what the backward reads (no block output)
+      if (acts_.attn_kept(i))  // selective recompute: the MLP half only
+        block_recompute_mlp_half(ops_, s_, w.layers[i], dm_, xi, acts_.attn_of(i), acts_.shared());
+      else if (!acts_.kept(i))  // recompute what the backward reads (no block output)
         block_forward(ops_, s_, w.layers[i], dm_, xi, nullptr, b.pos, acts_.shared(), b.doc_start);
       block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
                      grads->layers[i], b.doc_start, s_.is_moe() ? &back_routing : nullptr);

@@ -42,6 +42,7 @@ uint64_t item(const rt::DevicePlan& p, const std::string& what) {
 rt::CudaOptions fixed_keep() {
   rt::CudaOptions o;
   o.keep_activations = 0;  // a total that does not depend on the budget
+  o.keep_attention = 0;
   return o;
 }
 
@@ -95,7 +96,8 @@ TEST(DevicePlan, ByteCountsAddUp) {
 
 TEST(DevicePlan, AutoKeepsWhatFitsInTheRest) {
   const rt::ModelSpec s = spec(true);
-  rt::CudaOptions o;  // keep_activations auto
+  rt::CudaOptions o;  // keep_activations auto, whole layers only
+  o.keep_attention = 0;
   o.grads = o.checkpoints = "device";
   const uint64_t base = rt::plan_device(s, 2, 32, fixed_keep(), kHuge).total;
   const rt::DevicePlan small = rt::plan_device(s, 2, 32, o, base + base / 8);
@@ -105,6 +107,16 @@ TEST(DevicePlan, AutoKeepsWhatFitsInTheRest) {
   EXPECT_TRUE(small.fits());
   // one more kept layer would not have fit with 1/64 of the budget held back
   EXPECT_GT(small.total + small.budget / 64 + small.layer_act_bytes, small.budget);
+  // with attention halves on auto too (selective recompute): the halves are
+  // in the plan, and neither one more half nor one more whole layer fits
+  o.keep_attention = -1;
+  const rt::DevicePlan mixed = rt::plan_device(s, 2, 32, o, base + base / 8);
+  EXPECT_TRUE(mixed.fits());
+  EXPECT_GT(mixed.attn_kept_layers, 0);
+  EXPECT_LE(mixed.kept_layers + mixed.attn_kept_layers, s.n_layers);
+  EXPECT_GT(mixed.total + mixed.budget / 64 + mixed.layer_attn_bytes, mixed.budget);
+  EXPECT_GT(item(mixed, "kept attention halves (selective recompute)"),
+            static_cast<uint64_t>(mixed.attn_kept_layers) * mixed.layer_attn_bytes - 1);
 }
 
 TEST(DevicePlan, FitShrinksInTheDocumentedOrder) {

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "dist/collective.h"
 #include "engine/sharded_optimizer.h"
+#include "engine/step_model.h"
 #include "optim/muon.h"
 
 namespace rt::cuda {
@@ -13,7 +14,8 @@ void print_engine_setup(const EngineSetup& e) {
   const int S = e.slots;
   std::printf(
       "cuda engine: %s, %d weight slot%s of %.1f MiB, gradients on %s, checkpoints on %s, "
-      "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB; the others are recomputed), "
+      "embedding on %s, activations of %lld of %lld layers kept (%.2f GiB), the attention half of %lld more "
+      "(%.2f GiB; the others are recomputed whole: hardware/model FLOPs %.3f), "
       "%s, %s, device memory %.2f GiB planned of %.2f GiB budget\n",
       e.opt.resident ? "resident" : "streaming", S, S == 1 ? "" : "s", e.st.units()[1].numel * 2.0 / (1 << 20),
       cat(e.place.fold         ? "host (per layer, folded into the update as they land"
@@ -22,7 +24,9 @@ void print_engine_setup(const EngineSetup& e) {
           e.place.host_grads ? (e.opt.muon && e.opt.grads == "auto" ? ": Muon needs whole gradients)" : ")") : "")
           .c_str(),
       e.place.host_ckpt ? "host" : "device", e.place.host_embed ? "host" : "device", (long long)e.keep,
-      (long long)e.st.spec().n_layers, e.keep * e.act_bytes / double(1ull << 30),
+      (long long)e.st.spec().n_layers, e.keep * e.act_bytes / double(1ull << 30), (long long)e.attn_keep,
+      e.attn_keep * e.attn_bytes / double(1ull << 30),
+      hardware_flops_per_token(e.st.spec(), e.dm, e.keep, e.attn_keep) / model_flops_per_token(e.st.spec(), e.dm.T),
       e.place.layer_major ? cat("layer-major over ", e.K, " micro-batches").c_str() : "micro-batch-major",
       e.dm.mlp_chunked() ? cat("MLP in chunks of ", e.dm.mlp_rows(), " tokens").c_str() : "MLP unchunked",
       e.alloc.used() / double(1ull << 30), e.alloc.budget() / double(1ull << 30));

@@ -26,6 +26,8 @@ struct EngineSetup {
   const DeviceAllocator& alloc;
   const GpuOrthogonalizer* muon;  // null: no Muon
   const GpuDataParallel& dp;
+  int64_t attn_keep = 0;     // layers keeping their attention half (selective recompute)
+  uint64_t attn_bytes = 0;   // one such half
 };
 
 void print_engine_setup(const EngineSetup& e);

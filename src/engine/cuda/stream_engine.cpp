@@ -185,15 +185,19 @@ class StreamEngine final : public Backend {
     const uint64_t act_bytes = BlockActs<CudaOps>::bytes(s_, dm_);
     RT_CHECK(opt_.keep_activations >= -1, "[cuda] --keep-activations must be auto or a layer count >= 0, got ",
              opt_.keep_activations);
-    int64_t keep = opt_.keep_activations;
-    if (keep < 0) keep = auto_kept_layers(dev_.alloc.used(), act_bytes, dev_.alloc.budget());
-    keep = place_.layer_major ? 0 : std::min(keep, L);  // layer-major recomputes every block
-    acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep);
+    RT_CHECK(opt_.keep_attention >= -1, "[cuda] --keep-attention must be auto or a layer count >= 0, got ",
+             opt_.keep_attention);
+    const KeptLayers kept = place_.layer_major ? KeptLayers{}  // layer-major recomputes every block
+                                               : engine_kept_layers(s_, dm_, opt_, dev_.alloc.used(),
+                                                                    dev_.alloc.budget());
+    const int64_t keep = std::min(kept.all, L);
+    acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep, kept.attention);
     CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
     dp_version_ = track_.need_version();  // data parallel: the host shadows hold the whole weights now
     if (opt_.verbose)
       print_engine_setup(EngineSetup{opt_, place_, st_, weights_->count(), weights_->pinned_bytes(), keep, act_bytes,
-                                     K_, dm_, dev_.alloc, muon_.get(), dp_});
+                                     K_, dm_, dev_.alloc, muon_.get(), dp_, acts_->attn_kept_count(),
+                                     AttnActs<CudaOps>::bytes(s_, dm_)});
   }
 
   ~StreamEngine() override {
@@ -568,6 +572,7 @@ class StreamEngine final : public Backend {
       const MoeLayerRouting routing = moe ? aux_.forward_routing(i) : MoeLayerRouting{};
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1), pos_.data(),
                     training ? acts_->of(i) : acts_->shared(), doc(0), moe ? &routing : nullptr);
+      if (training && acts_->attn_kept(i)) acts_->attn_of(i).swap_with(acts_->shared());
       dev_.tracer.gpu_end(sp, cs);
       if (training && i + 1 < L) ckpt_->written(i + 1);
       // the last S layers stay for the backward's turn-around
@@ -624,7 +629,9 @@ class StreamEngine final : public Backend {
       grads_->begin_layer(i);
       BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
-      if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
+      if (acts_->attn_kept(i))  // selective recompute: the attention half was kept
+        block_recompute_mlp_half(*ops_, s_, bw, dm_, ckpt_->at(i), acts_->attn_of(i), acts_->shared());
+      else if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
         block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared(), doc(0));
       block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i), *bscratch_,
                      bind_grads(units[i + 1], g), doc(0), s_.is_moe() ? &back_routing : nullptr);
