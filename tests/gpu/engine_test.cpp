@@ -202,6 +202,38 @@ TEST(CudaEngine, KeptActivationsGiveTheSameWeights) {
   EXPECT_GT(c.peak, a.peak) << "keeping activations should take device memory";
 }
 
+TEST(CudaEngine, KeptAttentionHalvesGiveTheSameWeights) {
+  // Selective recompute (model/block.h AttnActs): layers keeping their
+  // attention half recompute only the norms and the MLP half; the weights
+  // after 10 steps of two micro-batches must be bit-identical to recomputing
+  // every block, beside whole kept layers, with block inputs on the host,
+  // and with the MLP in token chunks.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 2, T = 256;
+  rt::ModelSpec s = gpu_spec(5);
+  rt::Dataset d = shakespeare(T, 2);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 2, &nv);
+  auto run = [&](int64_t keep, int64_t attn, const char* ckpt, int64_t chunk) {
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.keep_activations = keep;
+    co.keep_attention = attn;
+    co.checkpoints = ckpt;
+    co.mlp_chunk_tokens = chunk;
+    return train_fixed_steps(s, true, co, batches, nv, B, T, 10);
+  };
+  const FixedRun a = run(0, 0, "device", 0), b = run(0, 3, "device", 0), c = run(2, 2, "device", 0),
+                 e = run(0, 5, "host", 0), f = run(0, -1, "device", 0);
+  expect_bit_identical(a, b, "recompute all vs 3 attention halves");
+  expect_bit_identical(a, c, "recompute all vs 2 kept + 2 attention halves");
+  expect_bit_identical(a, e, "recompute all vs every attention half, host checkpoints");
+  expect_bit_identical(a, f, "recompute all vs auto");
+  EXPECT_GT(b.peak, a.peak) << "keeping attention halves should take device memory";
+  const FixedRun g = run(0, 0, "device", 128), h = run(1, 3, "device", 128);
+  expect_bit_identical(g, h, "MLP chunks of 128: recompute all vs 1 kept + 3 attention halves");
+}
+
 TEST(CudaEngine, GradientLandingChunksDoNotChangeTheWeights) {
   // The optimizer copies device gradients out through a pinned ring in chunks
   // and updates each chunk as it lands: whole units (0), the default, and
@@ -732,6 +764,8 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
     cases[2].checkpoints = "device";
     cases[2].keep_activations = 2;
     cases[3].grads = cases[3].checkpoints = "device";  // keep auto
+    cases[0].keep_attention = 0;
+    cases[2].keep_attention = 3;  // selective recompute: 2 kept, 2 attention halves (of 4 layers)
     for (const char* c : {"device", "host"}) {         // layer-major: K sets, the ring
       rt::CudaOptions lm;
       lm.layer_major = "on";

@@ -20,6 +20,7 @@
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
 #             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
+#   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference
@@ -238,6 +239,21 @@ if has smallcard; then
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 24 "${g[@]}"
   [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 \
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 10 "${g[@]}"
+fi
+
+if has recompute; then
+  # Selective recompute (issue 31): attention halves kept (--keep-attention auto, the default) against none (0),
+  # in one call: 7B 32 x 2048 uncapped (exact default) and one 32k-token sequence under 24 GiB. The engine's start
+  # line prints the kept layers and hardware/model FLOPs; the bench prints model TFLOP/s and MFU.
+  rc7=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --micro-batch 32 --steps ${RC_STEPS:-2} --warmup 1
+       --modes streaming)
+  for a in 0 auto; do run "recompute_7b_32x2048_attn_$a" 400 "${rc7[@]}" --keep-attention "$a"; done
+  if [ "${RC_LONG:-1}" = 1 ]; then
+    for a in 0 auto; do
+      run "recompute_7b_seq32k_24g_attn_$a" 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 32768 \
+        --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 24 --grads fold --keep-attention "$a"
+    done
+  fi
 fi
 
 if has landing; then

@@ -16,6 +16,8 @@ for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b";
   grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf|xxhash' | xargs -r -I{} cp -L {} "$out/lib/"
 strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test
 cp ../shared/data/tinyshakespeare.txt "$out/data/"
-bash bench/attention_variants.sh "$out/attn" "${RAMTRAIN_ATTN_BASE:-HEAD}" >/dev/null  # RAMTRAIN_ATTN_BASE: the revision attnvar compares against
-strip "$out"/attn/*
+if [ "${RAMTRAIN_STAGE_ATTN:-1}" != 0 ]; then  # RAMTRAIN_STAGE_ATTN=0: no attnvar binaries (a shorter build)
+  bash bench/attention_variants.sh "$out/attn" "${RAMTRAIN_ATTN_BASE:-HEAD}" >/dev/null  # RAMTRAIN_ATTN_BASE: the revision attnvar compares against
+  strip "$out"/attn/*
+fi
 du -sh "$out"
