@@ -5,11 +5,15 @@
 // time, peak device memory, host bytes per parameter and the CPU optimizer's
 // rate.
 //
-// Model FLOPs per token (stated in the output): 6 * N_matmul + 6 * L * H * D * T
-// where N_matmul = every parameter that takes part in a matrix product (the
-// decoder layers and the LM head; the embedding lookup is not counted) and the
-// attention term is the causal half of 12 * L * H * D * T. Recompute is not
-// counted (model FLOPs, not hardware FLOPs). Only real tokens are counted.
+// Model FLOPs per token (stated in the output; engine/step_model.h
+// model_flops_per_token, the one count plan and the bench share): 6 * N_matmul
+// + 6 * L * H * D * T where N_matmul = every parameter that takes part in a
+// token's matrix products (the decoder layers -- for MoE models the router and
+// the top-k experts a token uses, the active parameters -- and the LM head;
+// the embedding lookup is not counted) and the attention term is the causal
+// half of 12 * L * H * D * T. Recompute is not counted (model FLOPs, not
+// hardware FLOPs: the engine's start line prints their ratio). Only real
+// tokens are counted.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +31,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/ops.h"
 #include "engine/backend.h"
+#include "engine/step_model.h"
 #include "model/spec.h"
 #include "state/host_state.h"
 
@@ -175,10 +180,10 @@ int main(int argc, char** argv) try {
   const double peak = gemm_peak_tflops();
   std::printf("bf16 GEMM peak (8192^3, cuBLASLt, this run): %.1f TFLOP/s\n", peak);
   const int64_t L = spec.n_layers, Tq = a.seq;
-  const double n_matmul = static_cast<double>(spec.params_per_layer() * L + spec.vocab * spec.hidden);
-  const double flops_tok = 6.0 * n_matmul + 6.0 * L * spec.n_heads * spec.head_dim * Tq;
+  const double n_matmul = static_cast<double>(spec.active_params_per_layer() * L + spec.vocab * spec.hidden);
+  const double flops_tok = rt::model_flops_per_token(spec, Tq);
   std::printf(
-      "model %s%s: %.3fB params (%.3fB in matmuls), %lld layers; %lld micro-batch%s of %lld x %lld tokens "
+      "model %s%s: %.3fB params (%.3fB in a token's matmuls), %lld layers; %lld micro-batch%s of %lld x %lld tokens "
       "per step\n",
       a.preset.c_str(), a.layers ? " (depth overridden)" : "", spec.params_total() / 1e9, n_matmul / 1e9, (long long)L,
       (long long)a.accum, a.accum == 1 ? "" : "es", (long long)a.batch, (long long)a.seq);

@@ -82,7 +82,15 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   const bool whole = o.micro_batches == 1 || p.layer_major;
   if (o.grads == "fold" && !whole)
     fail("[cuda] --grads fold needs each layer's gradient summed over the step's ", o.micro_batches,
-         " micro-batches on the device before it leaves: use --layer-major on (or auto), or --grad-accum 1");
+         " micro-batches on the device before it leaves: ",
+         s.is_moe() ? "that takes layer-major order, which MoE models do not run (the load-balancing loss needs each "
+                      "micro-batch's routing through every layer first): use --grad-accum 1 with a larger "
+                      "--micro-batch, or --grads host"
+         : o.layer_major == "off" ? "use --layer-major on (or auto), or --grad-accum 1"
+         : s.tie_embeddings       ? "layer-major auto stays off for tied embeddings (equal only up to rounding): "
+                                    "use --layer-major on, or --grad-accum 1"
+                                  : "layer-major auto stays off when every layer is resident: use --layer-major on, "
+                                    "or --grad-accum 1");
   p.fold = o.grads == "fold" || (o.grads == "auto" && p.host_grads && !o.clipping && whole);
   p.host_ckpt = pick(o.checkpoints, ckpt_bytes > budget / 4, "checkpoints");
   p.host_embed = p.host_grads && !s.tie_embeddings;  // a tied table is the LM head too: it stays on the device
