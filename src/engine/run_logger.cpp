@@ -97,9 +97,20 @@ void RunLogger::write_record(const std::string& body) {
 void RunLogger::step(const StepLog& s, int64_t skipped_total, int64_t bad_in_a_row, uint64_t device_bytes) {
   tokens_since_log_ += static_cast<double>(s.tokens);
   secs_since_log_ += s.seconds;
+  std::string moe;
+  if (!s.expert_tokens.empty() && s.n_experts > 0) {
+    moe = cat(", \"moe_aux_loss\": ", json_number(s.moe_aux_loss), ", \"expert_tokens\": [");
+    for (size_t i = 0; i < s.expert_tokens.size(); ++i) {
+      const bool first = i % static_cast<size_t>(s.n_experts) == 0;
+      if (first) moe += i ? "], [" : "[";
+      else moe += ", ";
+      moe += std::to_string(s.expert_tokens[i]);
+    }
+    moe += "]]";
+  }
   write_record(cat("\"step\": ", s.step, ", \"loss\": ", json_number(s.loss), ", \"grad_norm\": ",
                    json_number(s.grad_norm), ", \"lr\": ", json_number(s.lr), ", \"tokens\": ", s.tokens,
-                   ", \"skipped\": ", s.skipped ? "true" : "false", ", \"epoch\": ", json_number(s.epoch)));
+                   ", \"skipped\": ", s.skipped ? "true" : "false", ", \"epoch\": ", json_number(s.epoch), moe));
   clear_progress();
   if (s.skipped) {
     std::printf("step %lld: skipped (loss %g, grad norm %g are not finite); %lld skipped so far, %lld in a row\n",

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace rt {
 
@@ -25,6 +26,13 @@ struct StepLog {
   double seconds = 0;
   bool skipped = false;
   double epoch = 0;  // fractional epoch reached after the step (0: unknown)
+  // MoE models: tokens routed to each expert of each layer over the step's
+  // micro-batches ([layers x experts], layer-major; empty: dense) and the
+  // step's mean load-balancing loss; the metrics record gets them as
+  // "expert_tokens" (one list per layer) and "moe_aux_loss".
+  std::vector<int64_t> expert_tokens;
+  int64_t n_experts = 0;
+  double moe_aux_loss = 0;
 };
 
 class RunLogger {

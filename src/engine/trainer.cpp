@@ -350,7 +350,14 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       bad_in_a_row_ = 0;
       bad_since_ = 0;
     }
-    log.step(StepLog{r.step, r.loss, r.grad_norm, r.lr, r.tokens, r.seconds, r.skipped, epoch_now()}, skipped_,
+    StepLog sl{r.step, r.loss, r.grad_norm, r.lr, r.tokens, r.seconds, r.skipped, epoch_now()};
+    if (state_.spec().is_moe()) {  // the step's expert load (issue 32)
+      EngineStats es = backend_->stats();
+      sl.expert_tokens = std::move(es.moe_tokens_per_expert);
+      sl.n_experts = state_.spec().moe.n_experts;
+      sl.moe_aux_loss = es.moe_aux_loss;
+    }
+    log.step(sl, skipped_,
              bad_in_a_row_, device_bytes());
     if (r.skipped && opt_.max_bad_steps > 0 && bad_in_a_row_ >= opt_.max_bad_steps) {
       std::fflush(stdout);

@@ -37,6 +37,7 @@ using rt::test::Child;
 using rt::test::contains;
 
 constexpr int kSteps = 40;
+constexpr int64_t kTokensPerStep = 16 * 2 * 2;  // --seq-len x --micro-batch x --grad-accum below
 
 // A model dir, a data file and the common options, in one temp dir.
 struct Fixture {
@@ -342,6 +343,21 @@ TEST(Resume, MoeModelsResumeExactly) {
   EXPECT_TRUE(contains(rt::read_text_file(ref_out + ".log"), "expert load"));
   const Records ref = metrics_read(ref_out + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), size_t(kSteps + kSteps / 10));
+  // every step record carries the step's expert load (issue 32): one list per layer of the tokens routed to
+  // each of the 4 experts, each layer routing every token of the step to its top 2, and the balance loss
+  for (const auto& [key, rec] : ref) {
+    if (key.second != "loss") continue;
+    ASSERT_TRUE(rec.contains("expert_tokens") && rec.contains("moe_aux_loss")) << rec.dump();
+    const auto& et = rec["expert_tokens"];
+    ASSERT_EQ(et.size(), 2u) << rec.dump();
+    for (const auto& layer : et) {
+      ASSERT_EQ(layer.size(), 4u) << rec.dump();
+      int64_t sum = 0;
+      for (const auto& n : layer) sum += n.get<int64_t>();
+      EXPECT_EQ(sum, 2 * kTokensPerStep) << rec.dump();
+    }
+    EXPECT_GT(rec["moe_aux_loss"].get<double>(), 0.0) << rec.dump();
+  }
   const uint64_t bytes = dir_bytes(ref_out + "/" + rt::checkpoint_dir_name(kSteps));
   const std::string out = fx.tmp.file("moe_run"), log = out + ".log";
   fs::create_directories(out);
