@@ -101,7 +101,8 @@ class LayerMajorRunner {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk, bool fold)
+  CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk, bool fold,
+             MatmulMode matmul)
       : state_(s),
         ops_(s.spec()),
         delayed_(delayed),
@@ -110,6 +111,7 @@ class CpuBackend final : public Backend {
         fold_(fold),
         mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
+    ops_.set_matmul(matmul);
     RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", mlp_chunk);
     // the forward reads the fp32 master: a split one (same values) is converted; a bf16 master (its own
     // arithmetic) stays, and the forward reads its decoded copy (HostState::weights)
@@ -127,7 +129,8 @@ class CpuBackend final : public Backend {
     return cat(
         "cpu (fp32 reference", ms != MasterStorage::fp32 ? cat(", ", master_storage_name(ms), " master") : "",
         state_.moment_storage() != MomentStorage::fp32 ? cat(", ", moment_storage_name(state_.moment_storage())) : "",
-        delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "", ")");
+        delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "",
+        ops_.matmul() == MatmulMode::fp8 ? ", fp8 projections (twin)" : "", ")");
   }
 
   // Forward + backward of every micro-batch into the gradient arenas (zeroed
@@ -282,10 +285,11 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations,
-                                          bool layer_major, int64_t mlp_chunk_tokens, bool fold) {
+                                          bool layer_major, int64_t mlp_chunk_tokens, bool fold, MatmulMode matmul) {
   RT_CHECK(!(fold && delayed_update), "[train] --grads fold and --delayed-update cannot be combined (fold updates "
            "each unit in the step that made its gradient)");
-  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens, fold);
+  return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens, fold,
+                                      matmul);
 }
 
 }  // namespace rt
