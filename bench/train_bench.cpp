@@ -90,6 +90,7 @@ struct Args {
   int64_t keep = -1;         // --keep-activations: -1 auto
   int64_t keep_attn = -1;    // --keep-attention: -1 auto
   int64_t mlp_chunk = -1;    // --mlp-chunk-tokens: -1 auto, 0 off, N tokens
+  rt::MatmulMode matmul = rt::MatmulMode::bf16;  // --matmul bf16|fp8 (as ramtrain train)
 };
 
 Args parse(int argc, char** argv) {
@@ -132,6 +133,11 @@ Args parse(int argc, char** argv) {
       a.master = v();
     else if (k == "--low-memory")
       a.low_memory = true;
+    else if (k == "--matmul") {
+      const std::string x = v();
+      if (x != "bf16" && x != "fp8") rt::fail("[bench] --matmul must be bf16 or fp8, got ", x);
+      a.matmul = x == "fp8" ? rt::MatmulMode::fp8 : rt::MatmulMode::bf16;
+    }
     else if (k == "--threads")
       rt::set_global_threads(static_cast<int>(std::stoll(v())));  // the CPU optimizer's pool (0: all cores)
     else if (k == "--landing-chunk-mib")
@@ -155,6 +161,7 @@ Args parse(int argc, char** argv) {
           "               [--max-gpu-memory GiB] [--trace FILE.json] [--grads auto|device|host|fold] [--threads N]\n"
           "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
           "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
+          "               [--matmul bf16|fp8 (the projections' GEMMs, as ramtrain train; fp8: sm_90)]\n"
           "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
           "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
           "               [--keep-attention auto|N (layers keeping their attention half: selective recompute)]\n"
@@ -249,6 +256,7 @@ int main(int argc, char** argv) try {
     co.keep_activations = a.keep;
     co.keep_attention = a.keep_attn;
     co.mlp_chunk_tokens = a.mlp_chunk;
+    co.matmul = a.matmul;
     if (a.low_memory) rt::set_low_memory(co);
     co.fit = !co.resident;  // the resident baseline is that plan or nothing (skipped below)
     co.verbose = true;

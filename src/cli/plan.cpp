@@ -97,6 +97,15 @@ int cmd_plan(const Args& args) {
       .size();
   p.option("gpu-tflops", "X", "dense bf16 TFLOP/s with fp32 accumulate (default: the card's)").above(0);
   p.option("pcie-gbs", "Y", "practical host<->device GB/s (default: the card's: gen4 x16 25, gen5 x16 50)").above(0);
+  p.option("matmul", "bf16|fp8",
+           "the projections' GEMMs, as train's --matmul: fp8 counts their FLOPs at the card's FP8 rate (Hopper: "
+           "h100, h200; other cards are refused as train refuses them)",
+           "bf16")
+      .choice({"bf16", "fp8"});
+  p.option("gpu-fp8-tflops", "X",
+           "dense FP8 TFLOP/s with fp32 accumulate for --matmul fp8 (default: the card's; with --gpu-tflops, "
+           "the card's FP8/bf16 ratio applied to it)")
+      .above(0);
   p.group("Host");
   p.option("host-ram", "SIZE", "the host's RAM (about 4 GiB of it is kept for the OS and the process)", "128G").size();
   p.option("cpu-adamw-gparams", "X", "CPU AdamW rate in Gparam/s (measured ~4 on the 16-core H200 host)", "4.0")
@@ -167,9 +176,21 @@ int cmd_plan(const Args& args) {
   card_lookup(p.str("gpu"), &card);  // a choice: always known
   uint64_t budget = card_engine_budget(card.memory_bytes);
   if (p.has("gpu-memory")) budget = p.size_bytes("gpu-memory");
-  if (p.has("gpu-tflops")) card.bf16_tflops = p.number("gpu-tflops");
+  if (p.has("gpu-tflops")) {
+    if (card.bf16_tflops > 0) card.fp8_tflops *= p.number("gpu-tflops") / card.bf16_tflops;
+    card.bf16_tflops = p.number("gpu-tflops");
+  }
+  const MatmulMode matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
+  if (p.has("gpu-fp8-tflops")) card.fp8_tflops = p.number("gpu-fp8-tflops");
+  if (matmul == MatmulMode::fp8 && !card.fp8_path)
+    fail("[plan] --matmul fp8: ramtrain runs its FP8 projections on Hopper only (--gpu h100 or h200: cuBLASLt's "
+         "1x128/128x128 block scaling), and `train --matmul fp8` refuses ", card.name,
+         card.fp8_tflops > 0 ? " (it has FP8 tensor cores, but cuBLASLt gives it per-tensor scales only)"
+                             : " (no FP8 tensor cores)",
+         "; plan with --matmul bf16");
   if (p.has("pcie-gbs")) card.pcie_gbs = p.number("pcie-gbs");
-  if (p.given("gpu-memory") || p.given("gpu-tflops") || p.given("pcie-gbs")) card.name += " (adjusted)";
+  if (p.given("gpu-memory") || p.given("gpu-tflops") || p.given("pcie-gbs") || p.given("gpu-fp8-tflops"))
+    card.name += " (adjusted)";
   const uint64_t host_ram = p.size_bytes("host-ram");
   const double gparams = p.number("cpu-adamw-gparams");
 
@@ -278,7 +299,7 @@ int cmd_plan(const Args& args) {
   const bool host_fits = host_total <= host_usable;
   const double params = static_cast<double>(spec.params_total());
 
-  const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams);
+  const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams, matmul);
   // data parallel (issue 22's layout): each rank's host bytes, and the host's ranks together
   uint64_t dp_rank_max = 0, dp_host = 0;
   for (int r = 0; r < ranks && ranks > 1; ++r) {
@@ -390,7 +411,10 @@ int cmd_plan(const Args& args) {
     // MoE: the parameters one token uses (router + top-k experts per layer)
     j += ",\"active_params\":" + fmt("%.0f", static_cast<double>(spec.params_active()));
     j += ",\"card\":{\"name\":" + json_str(card.name) + ",\"budget_bytes\":" + std::to_string(budget) +
-         ",\"bf16_tflops\":" + fmt("%g", card.bf16_tflops) + ",\"pcie_gbs\":" + fmt("%g", card.pcie_gbs) + "}";
+         ",\"bf16_tflops\":" + fmt("%g", card.bf16_tflops) + ",\"fp8_tflops\":" + fmt("%g", card.fp8_tflops) +
+         ",\"pcie_gbs\":" + fmt("%g", card.pcie_gbs) + "}";
+    j += ",\"matmul\":" + json_str(p.str("matmul")) +
+         ",\"fp8_flops_per_token\":" + fmt("%.6g", sp.fp8_flops_per_token);
     j += ",\"host\":{\"ram_bytes\":" + std::to_string(host_ram) + ",\"usable_bytes\":" + std::to_string(host_usable) +
          ",\"needed_bytes\":" + std::to_string(host_total) +
          ",\"bytes_per_param\":" + fmt("%.4f", static_cast<double>(host_total) / params) +
@@ -452,6 +476,10 @@ int cmd_plan(const Args& args) {
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
                 gib(static_cast<double>(host_ram)).c_str(), gparams);
+    if (matmul == MatmulMode::fp8)
+      std::printf("matmul fp8: the projections' %.0f%% of the step's FLOPs at %.0f FP8 TFLOP/s (the same efficiency "
+                  "as bf16, not measured yet; the quantizers' time and workspace are not counted)\n",
+                  100.0 * sp.fp8_flops_per_token / sp.hardware_flops_per_token, card.fp8_tflops);
     std::printf("\nhost RAM: %s, %.3f B/param (~%s usable)%s\n", gib(static_cast<double>(host_total)).c_str(),
                 static_cast<double>(host_total) / params, gib(static_cast<double>(host_usable)).c_str(),
                 host_fits ? "" : ": DOES NOT FIT");

@@ -104,6 +104,7 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.keep_attention = c.keep_attention;
   o.mlp_chunk_tokens = c.mlp_chunk_tokens;
   o.fold_grads = c.grads == Placement::fold;
+  o.matmul = c.matmul;
   int64_t warmup = c.warmup;
   if (!c.warmup_given && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
   if (warmup > o.steps)
@@ -194,6 +195,7 @@ std::unique_ptr<Backend> make_backend(const TrainConfig& c, HostState& state, in
   co.keep_attention = c.keep_attention;
   co.mlp_chunk_tokens = c.mlp_chunk_tokens;
   co.clipping = c.clip > 0;
+  co.matmul = c.matmul;
   if (c.low_memory) set_low_memory(co);
   co.trace_path = c.trace;
   if (c.device == Device::cuda || dp.on()) return make_cuda_backend(state, c.micro_batch, seq_len, co);
@@ -285,6 +287,11 @@ int cmd_train(const Args& args) {
     fail("[train] --device cuda: no CUDA GPU can be used here (this build has no CUDA backend, or no GPU is visible); "
          "use --device cpu, or auto to take a GPU when there is one");
   const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || (c.nproc_per_node > 1 && !gpu_dp);
+  if (!cpu_backend && c.matmul == MatmulMode::fp8) {  // before any work, and never a silent fall-back to the CPU
+    std::string why;
+    if (!cuda_fp8_supported(&why))
+      fail("[train] --matmul fp8: ", why, " (--device cpu runs the FP8 twin, slowly: for tests)");
+  }
   preflight(c, spec, cpu_backend);
   RunLock out_lock =
       out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training

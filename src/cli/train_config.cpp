@@ -96,6 +96,14 @@ void train_options(ArgParser& p) {
            "stochastic")
       .choice({"nearest", "stochastic"});
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
+  p.option("matmul", "bf16|fp8",
+           "what the transformer layers' projections (q/k/v/o, gate/up/down; not MoE experts, embedding, LM head, "
+           "router) multiply in: bf16 (fp32 on the CPU), or fp8: e4m3 operands with power-of-two scales per 1x128 "
+           "tile of activations and gradients and per 128x128 block of weights, fp32 accumulation (DeepSeek-V3's "
+           "recipe; about 1.8x the GEMM rate). GPU: Hopper (sm_90) only; --device cpu runs its bit-exact "
+           "quantization twin (docs/fp8.md)",
+           "bf16")
+      .choice({"bf16", "fp8"});
 
   p.group("GPU memory (CUDA builds; a CPU run warns that they do nothing)");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto")
@@ -223,6 +231,9 @@ void data_parallel_check(const TrainConfig& c, const ArgParser& p, int64_t world
   if (c.delayed_update || c.grads == Placement::fold || (!gpu && c.layer_major == AutoOnOff::on))
     fail("[train] data parallelism (--nproc-per-node or a launcher) cannot be combined with --delayed-update, --grads fold",
          gpu ? "" : " or --layer-major on (the CPU twin does none of them)", "; drop one");
+  if (c.matmul == MatmulMode::fp8)
+    fail("[train] data parallelism (--nproc-per-node or a launcher) does not run --matmul fp8 yet: drop one of the "
+         "two");
   if (c.update_rule == UpdateRule::muon)
     fail("[train] data parallelism (--nproc-per-node or a launcher) shards AdamW state only; --optimizer ", p.str("optimizer"),
          " (Muon orthogonalises whole matrices) is not sharded yet: drop one of the two");
@@ -295,6 +306,7 @@ TrainConfig train_config_read(const ArgParser& p) {
         "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit, adamw4bit or "
         "muon8bit, or drop --moment-rounding");
   c.threads = static_cast<int>(p.integer("threads"));
+  c.matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
 
   const std::string dev = p.str("device");
   c.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : Device::auto_select;

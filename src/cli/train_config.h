@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "core/fp8.h"
 #include "io/safetensors.h"
 #include "optim/lr_schedule.h"
 #include "state/host_state.h"
@@ -83,6 +84,7 @@ struct TrainConfig {
   std::string sample_prompt;     // "" none
   int64_t sample_tokens = 200;
   int threads = 0;
+  MatmulMode matmul = MatmulMode::bf16;  // --matmul: the projections' GEMMs in bf16 or FP8 (core/fp8.h)
 };
 
 // Declares every train option (with the data options of cli/train_data.h), grouped for --help.

@@ -1,10 +1,15 @@
 // CpuOps: the CPU backend bound to the layer templates (model/block.h,
 // model/model.h). fp32 activations and weights; every method forwards to
-// the reference functions of cpu/ops.h.
+// the reference functions of cpu/ops.h. With MatmulMode::fp8 the linear
+// layers (in block.h: the projections and the shared expert; the embedding,
+// LM head and router have ops of their own) run the FP8 twin (cpu/fp8.h)
+// wherever fp8_linear_eligible holds, as the CUDA backend does.
 #pragma once
 #include <cstring>
 #include <vector>
 
+#include "core/fp8.h"
+#include "cpu/fp8.h"
 #include "cpu/moe.h"
 #include "cpu/ops.h"
 #include "model/spec.h"
@@ -39,12 +44,20 @@ class CpuOps {
                          int64_t N, int64_t C) {
     cpu::rms_norm_backward(dx, dw, dout, x, w, rstd, N, C);
   }
+  void set_matmul(MatmulMode m) { matmul_ = m; }
+  MatmulMode matmul() const { return matmul_; }
   void linear_forward(float* out, const float* x, const float* w, const float* b, int64_t N, int64_t I, int64_t O) {
-    cpu::linear_forward(out, x, w, b, N, I, O);
+    if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))
+      cpu::fp8_linear_forward(out, x, w, b, N, I, O);
+    else
+      cpu::linear_forward(out, x, w, b, N, I, O);
   }
   void linear_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w, int64_t N,
                        int64_t I, int64_t O) {
-    cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
+    if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))
+      cpu::fp8_linear_backward(dx, dw, db, dout, x, w, N, I, O);
+    else
+      cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
   }
   void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
     cpu::rope_forward(x, pos, inv_freq_.data(), N, heads, D);
@@ -96,6 +109,7 @@ class CpuOps {
 
  private:
   std::vector<float> inv_freq_;
+  MatmulMode matmul_ = MatmulMode::bf16;
 };
 
 }  // namespace rt

@@ -1,12 +1,17 @@
 // CudaOps: the CUDA backend bound to the layer templates (model/block.h).
 // bf16 activations and weights, fp32 weight gradients and statistics; every
-// call is queued on one compute stream. Mirrors CpuOps (cpu/cpu_ops.h).
+// call is queued on one compute stream. Mirrors CpuOps (cpu/cpu_ops.h),
+// MatmulMode::fp8 included (bf16-output linears through cuda/fp8.h's
+// Fp8Linear wherever fp8_linear_eligible holds; the fp32-output linear and
+// the narrow widths stay bf16).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <memory>
 
+#include "core/fp8.h"
 #include "cuda/device_memory.h"
+#include "cuda/fp8.h"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
@@ -37,7 +42,14 @@ class CudaOps {
                          int64_t N, int64_t C) {
     cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_);
   }
+  // fp8 needs a Hopper GPU (cuda/fp8.h fp8_supported; make_cuda_backend checks).
+  void set_matmul(MatmulMode m) { matmul_ = m; }
+  MatmulMode matmul() const { return matmul_; }
   void linear_forward(bf16* out, const bf16* x, const bf16* w, const bf16* b, int64_t N, int64_t I, int64_t O) {
+    if (fp8_for(N, I, O)) {
+      fp8().forward(out, x, w, b, N, I, O, s_);
+      return;
+    }
     cuda::linear_forward(blas_, out, DType::bf16, x, w, b, N, I, O, s_);
   }
   // fp32 out (the shared expert's gate logit [N, 1]): any O, through MoeBlas.
@@ -47,6 +59,10 @@ class CudaOps {
   }
   void linear_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
                        int64_t I, int64_t O) {
+    if (fp8_for(N, I, O)) {
+      fp8().backward(dx, dw, db, dout, x, w, N, I, O, s_);
+      return;
+    }
     if (O % 8 == 0) {
       cuda::linear_backward(blas_, dx, dw, db, dout, x, w, N, I, O, s_);
       return;
@@ -123,6 +139,15 @@ class CudaOps {
   const float* inv_freq_;
   Scratch scratch_;
   std::unique_ptr<MoeBlas> moe_blas_;
+  MatmulMode matmul_ = MatmulMode::bf16;
+  std::unique_ptr<Fp8Linear> fp8_;  // created on the first FP8 linear
+  bool fp8_for(int64_t N, int64_t I, int64_t O) const {
+    return matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O);
+  }
+  Fp8Linear& fp8() {
+    if (!fp8_) fp8_ = std::make_unique<Fp8Linear>();
+    return *fp8_;
+  }
 };
 
 // Sum of squares of n fp32 values into *out (device double), deterministic

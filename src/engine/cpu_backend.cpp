@@ -103,7 +103,7 @@ class LayerMajorRunner {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(HostState& s, bool delayed, int64_t keep, bool layer_major, int64_t mlp_chunk, bool fold,
-             int64_t keep_attn)
+             int64_t keep_attn, MatmulMode matmul)
       : state_(s),
         ops_(s.spec()),
         delayed_(delayed),
@@ -114,6 +114,7 @@ class CpuBackend final : public Backend {
         mlp_chunk_(std::max<int64_t>(mlp_chunk, 0)) {
     RT_CHECK(keep >= -1, "[train] --keep-activations must be auto or a layer count >= 0, got ", keep);
     RT_CHECK(keep_attn >= -1, "[train] --keep-attention must be auto or a layer count >= 0, got ", keep_attn);
+    ops_.set_matmul(matmul);
     RT_CHECK(mlp_chunk >= -1, "[train] --mlp-chunk-tokens must be auto, 0 (off) or a token count > 0, got ", mlp_chunk);
     // the forward reads the fp32 master: a split one (same values) is converted; a bf16 master (its own
     // arithmetic) stays, and the forward reads its decoded copy (HostState::weights)
@@ -131,7 +132,8 @@ class CpuBackend final : public Backend {
     return cat(
         "cpu (fp32 reference", ms != MasterStorage::fp32 ? cat(", ", master_storage_name(ms), " master") : "",
         state_.moment_storage() != MomentStorage::fp32 ? cat(", ", moment_storage_name(state_.moment_storage())) : "",
-        delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "", ")");
+        delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "",
+        ops_.matmul() == MatmulMode::fp8 ? ", fp8 projections (twin)" : "", ")");
   }
 
   // Forward + backward of every micro-batch into the gradient arenas (zeroed
@@ -298,11 +300,11 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update, int64_t keep_activations,
                                           bool layer_major, int64_t mlp_chunk_tokens, bool fold,
-                                          int64_t keep_attention) {
+                                          int64_t keep_attention, MatmulMode matmul) {
   RT_CHECK(!(fold && delayed_update), "[train] --grads fold and --delayed-update cannot be combined (fold updates "
            "each unit in the step that made its gradient)");
   return std::make_unique<CpuBackend>(state, delayed_update, keep_activations, layer_major, mlp_chunk_tokens, fold,
-                                      keep_attention);
+                                      keep_attention, matmul);
 }
 
 }  // namespace rt

@@ -7,6 +7,10 @@ namespace rt {
 
 bool cuda_backend_available() { return false; }
 int cuda_device_count() { return 0; }
+bool cuda_fp8_supported(std::string* why) {
+  if (why) *why = "this ramtrain was built without the CUDA backend";
+  return false;
+}
 
 std::unique_ptr<Backend> make_cuda_backend(HostState&, int64_t, int64_t, const CudaOptions&) {
   fail(

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/error.h"
+
 namespace rt {
 
 namespace {
@@ -24,11 +26,20 @@ struct CardRow {
   double memory_gib;
   double tflops;
   double pcie;
+  double fp8_tflops;  // dense e4m3 with fp32 accumulate; 0: no FP8 tensor cores (Ampere)
+  bool fp8_path;      // ramtrain's --matmul fp8 runs there: cuBLASLt's block scaling is Hopper's (docs/fp8.md)
 };
+// FP8: RTX 4090 330 (Ada whitepaper, fp32 accumulate; 660 with fp16
+// accumulate), RTX 5090 419 (Blackwell GeForce datasheet, fp32 accumulate),
+// H100 SXM / H200 1979 (dense, without sparsity).
 constexpr CardRow kCards[] = {
-    {"rtx3080", 10, 59.5, kPcieGen4Gbs},      {"rtx3090", 24, 71, kPcieGen4Gbs},   {"rtx4090", 24, 165, kPcieGen4Gbs},
-    {"rtx5090", 32, 209, kPcieGen5Gbs},       {"a100-40g", 40, 312, kPcieGen4Gbs}, {"h100", 80, 989, kPcieGen5Gbs},
-    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs},  // 141 GB (139 GiB as the driver reports it)
+    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false},
+    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false},
+    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false},
+    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false},
+    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false},
+    {"h100", 80, 989, kPcieGen5Gbs, 1979, true},
+    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true},  // 141 GB (139 GiB as the driver reports it)
 };
 
 // The CUDA context, cuBLAS(Lt) handles and workspace, outside the engine's
@@ -73,6 +84,8 @@ bool card_lookup(const std::string& name, CardSpec* out) {
       out->memory_bytes = static_cast<uint64_t>(c.memory_gib * GiB);
       out->bf16_tflops = c.tflops;
       out->pcie_gbs = c.pcie;
+      out->fp8_tflops = c.fp8_tflops;
+      out->fp8_path = c.fp8_path;
       return true;
     }
   return false;
@@ -108,8 +121,28 @@ double hardware_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t
          static_cast<double>(kept) * layer_recompute_flops(s, dm, KeptPart::all);
 }
 
+double projection_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t kept, int64_t attn_kept) {
+  // the projections' GEMMs a token runs: 3 passes (forward, dgrad, wgrad) of
+  // 2 FLOPs per weight, and what each layer's recompute runs of them
+  // (layer_recompute_flops: q/k/v/o and gate/up without the down projection
+  // for a whole recompute, gate/up alone for an attention-kept layer, gate/up
+  // for a kept layer whose MLP runs in chunks). MoE layers: the attention
+  // projections and the shared expert (routed experts stay bf16).
+  const int64_t L = s.n_layers;
+  kept = std::clamp<int64_t>(kept, 0, L);
+  attn_kept = std::clamp<int64_t>(attn_kept, 0, L - kept);
+  const double C = static_cast<double>(s.hidden), QD = static_cast<double>(s.q_dim()),
+               KD = static_cast<double>(s.kv_dim());
+  const double F = static_cast<double>(s.is_moe() ? s.moe.shared_intermediate : s.intermediate);
+  const double attn = 2 * C * QD + 2 * C * KD, mlp = 3 * C * F;  // q, o; k, v; gate, up, down (weights)
+  const double gate_up = s.is_moe() ? 0.0 : 2 * 2 * C * F;
+  const double none = 2 * attn + gate_up, attention = gate_up, all = !s.is_moe() && dm.mlp_chunked() ? gate_up : 0.0;
+  return 6.0 * (attn + mlp) * static_cast<double>(L) + static_cast<double>(L - kept - attn_kept) * none +
+         static_cast<double>(attn_kept) * attention + static_cast<double>(kept) * all;
+}
+
 StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const DevicePlan& plan, const CardSpec& card,
-                            double gparams) {
+                            double gparams, MatmulMode matmul) {
   StepPrediction r;
   const DevicePlacement& p = plan.place;
   const double L = static_cast<double>(s.n_layers), K = static_cast<double>(p.micro_batches);
@@ -120,7 +153,14 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   r.hardware_flops_per_token =
       hardware_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers, plan.attn_kept_layers);
   r.efficiency = kComputeEfficiency;
-  r.compute_s = tokens * r.hardware_flops_per_token / (card.bf16_tflops * 1e12 * r.efficiency);
+  if (matmul == MatmulMode::fp8) {
+    RT_CHECK(card.fp8_tflops > 0, "[plan] --matmul fp8 needs the card's FP8 rate");
+    r.fp8_flops_per_token = projection_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers,
+                                                       plan.attn_kept_layers);
+  }
+  r.compute_s = tokens * ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
+                          (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (card.fp8_tflops * 1e12) : 0.0)) /
+                r.efficiency;
   // ---- copies (bytes per step)
   const std::vector<int64_t> numel = unit_numels(s);
   const double layer = static_cast<double>(numel[1]), embed = static_cast<double>(numel[0]),

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/fp8.h"
 #include "engine/device_plan.h"
 #include "model/block_memory.h"
 #include "model/spec.h"
@@ -34,6 +35,8 @@ struct CardSpec {
   std::string name;           // "h200", or "custom"
   uint64_t memory_bytes = 0;  // what the card has
   double bf16_tflops = 0;     // dense bf16 with fp32 accumulate, datasheet
+  double fp8_tflops = 0;      // dense FP8 (e4m3) with fp32 accumulate, datasheet; 0: no FP8 tensor cores
+  bool fp8_path = false;      // ramtrain's --matmul fp8 runs on it (cuda/fp8.h: Hopper only)
   double pcie_gbs = 0;        // practical host<->device GB/s (1e9 B/s)
 };
 
@@ -59,6 +62,7 @@ double hardware_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t
 struct StepPrediction {
   double model_flops_per_token = 0, hardware_flops_per_token = 0;
   double efficiency = 0;  // the share of the datasheet rate the kernels reach (calibrated)
+  double fp8_flops_per_token = 0;  // --matmul fp8: the projections' share of hardware FLOPs, at the FP8 rate
   double compute_s = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
   double copies_s = 0;     // max(PCIe time, host gradient landing)
@@ -72,9 +76,18 @@ struct StepPrediction {
   std::string binding;  // "compute", "copies" or "optimizer"
 };
 
+// Hardware FLOPs per token of the layers' projections (q/k/v/o, gate/up/down,
+// a shared expert's; not MoE experts, router or LM head): what --matmul fp8
+// moves to the FP8 rate, forward, backward and the recomputed forwards.
+double projection_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t kept_layers,
+                                  int64_t attn_kept_layers);
+
 // micro_batch x seq_len tokens per micro-batch, plan.place.micro_batches of
-// them per step (the plan's CudaOptions::micro_batches).
+// them per step (the plan's CudaOptions::micro_batches). matmul fp8: the
+// projection FLOPs run at card.fp8_tflops with the same calibrated efficiency
+// as bf16 (not measured yet: bench/fp8_gemm_bench.cu gives the GEMM rates;
+// the quantizers' memory passes are not counted).
 StepPrediction predict_step(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const DevicePlan& plan,
-                            const CardSpec& card, double cpu_adamw_gparams);
+                            const CardSpec& card, double cpu_adamw_gparams, MatmulMode matmul = MatmulMode::bf16);
 
 }  // namespace rt

@@ -112,7 +112,7 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
            " exceeds the model's ", state_.spec().max_sequence_why());
   if (!backend_)
     backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens,
-                                opt_.fold_grads, opt_.keep_attention);
+                                opt_.fold_grads, opt_.keep_attention, opt_.matmul);
   inject_nan_ = inject_nan_parse();
   run_.seed = opt_.seed;
   for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));

@@ -58,6 +58,8 @@ struct TrainOptions {
   // --grads fold on the trainer's CPU backend: the twin of the CUDA engine's
   // folded updates (engine/fold_clip.h: clipping by the partial norm).
   bool fold_grads = false;
+  // --matmul of the CPU backend the trainer makes (a given backend has its own).
+  MatmulMode matmul = MatmulMode::bf16;
   LrSchedule lr;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 8;

@@ -243,4 +243,26 @@ TEST(Plan, DataParallelRanksShareTheState) {
   EXPECT_TRUE(contains(bad.output, "adamw8bit")) << bad.output;
 }
 
+// --matmul fp8 (issue 31): on Hopper the compute part shrinks and the JSON
+// says how many FLOPs moved; cards where train refuses it are refused here.
+TEST(Plan, MatmulFp8OnHopperOnly) {
+  const std::string base = "plan --preset qwen2.5-7b --gpu h100 --micro-batch 16 --seq-len 2048 --json";
+  auto b = run_ramtrain(base);
+  auto f = run_ramtrain(base + " --matmul fp8");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  const double cb = num(b.output, "compute_s", b.output.find("\"step\":{")),
+               cf = num(f.output, "compute_s", f.output.find("\"step\":{"));
+  EXPECT_LT(cf, cb);
+  EXPECT_GT(cf, cb / 2);  // attention and the LM head stay bf16
+  EXPECT_GT(num(f.output, "fp8_flops_per_token"), 0);
+  EXPECT_EQ(num(b.output, "fp8_flops_per_token"), 0);
+  auto ada = run_ramtrain("plan --preset qwen2.5-7b --gpu rtx4090 --matmul fp8");
+  EXPECT_NE(ada.exit_code, 0);
+  EXPECT_TRUE(contains(ada.output, "per-tensor")) << ada.output;
+  auto amp = run_ramtrain("plan --preset qwen2.5-7b --gpu rtx3090 --matmul fp8");
+  EXPECT_NE(amp.exit_code, 0);
+  EXPECT_TRUE(contains(amp.output, "no FP8 tensor cores")) << amp.output;
+}
+
 }  // namespace

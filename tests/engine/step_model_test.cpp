@@ -135,3 +135,34 @@ TEST(StepModel, CardsAreKnownByName) {
 }
 
 }  // namespace
+
+// --matmul fp8: the projections' FLOPs (6 per parameter per token, + 2 per
+// recomputed layer) move to the FP8 rate, the rest stays at bf16's.
+TEST(StepModel, Fp8MovesTheProjectionsToTheFp8Rate) {
+  const rt::ModelSpec s = spec();
+  rt::CardSpec h100;
+  ASSERT_TRUE(rt::card_lookup("h100", &h100));
+  EXPECT_TRUE(h100.fp8_path);
+  EXPECT_GT(h100.fp8_tflops, h100.bf16_tflops);
+  rt::CudaOptions o;
+  o.grads = "device";
+  const rt::DevicePlan dp = rt::fit_device_plan(s, 2, 512, o, 1ull << 34);
+  const rt::StepPrediction b = rt::predict_step(s, 2, 512, dp, h100, 4.0);
+  const rt::StepPrediction f = rt::predict_step(s, 2, 512, dp, h100, 4.0, rt::MatmulMode::fp8);
+  const int64_t recomputed = s.n_layers - dp.kept_layers;
+  const double C = s.hidden, QD = s.q_dim(), KD = s.kv_dim(), F = s.intermediate;
+  const double proj = (2 * C * QD + 2 * C * KD + 3 * C * F) * (6.0 * s.n_layers + 2.0 * recomputed);
+  EXPECT_NEAR(f.fp8_flops_per_token, proj, kRel * proj);
+  EXPECT_EQ(b.fp8_flops_per_token, 0);
+  const double tokens = 2.0 * 512;
+  const double want = tokens *
+                      ((f.hardware_flops_per_token - proj) / (h100.bf16_tflops * 1e12) +
+                       proj / (h100.fp8_tflops * 1e12)) /
+                      f.efficiency;
+  EXPECT_NEAR(f.compute_s, want, kRel * want);
+  EXPECT_LT(f.compute_s, b.compute_s);
+  rt::CardSpec a100;
+  ASSERT_TRUE(rt::card_lookup("a100-40g", &a100));
+  EXPECT_EQ(a100.fp8_tflops, 0);
+  EXPECT_FALSE(a100.fp8_path);
+}

@@ -30,6 +30,9 @@
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
+#   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
+#             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
+#             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
@@ -62,6 +65,16 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+if has fp8; then
+  run fp8_test 300 "$bin/gpu_fp8_test"
+  run fp8_gemm_bench 400 "$bin/fp8_gemm_bench" 8192 16384
+  f8=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps 200 --micro-batch 8 --seq-len 256 --seed 3
+      --device cuda --lr 1e-3 --eval-every 100 --export-dtype none)
+  run fp8_tiny_bf16 300 "${f8[@]}" --out "$tmp/f8b"
+  run fp8_tiny_fp8 300 "${f8[@]}" --out "$tmp/f8f" --matmul fp8
+  run fp8_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8b/metrics.jsonl" "$tmp/f8f/metrics.jsonl" \
+    --tol "${FP8_TOL:-0.05}"
+fi
 has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
 if has dp && [ "$(nvidia-smi -L | wc -l)" = 1 ]; then
   # one GPU: the rank's engine as a world of one (every collective a copy) against the plain engine, bit for bit

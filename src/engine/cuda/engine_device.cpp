@@ -7,12 +7,20 @@
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/device_info.h"
+#include "cuda/fp8.h"
 #include "engine/device_plan.h"
 
 namespace rt {
 
 bool cuda_backend_available() { return cuda::device_count() > 0; }
 int cuda_device_count() { return cuda::device_count(); }
+bool cuda_fp8_supported(std::string* why) {
+  if (cuda::device_count() == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return cuda::fp8_supported(0, why);
+}
 
 namespace cuda {
 
@@ -42,7 +50,9 @@ uint64_t device_budget(const CudaOptions& o) {
            " MiB the device has free");
     b = o.max_gpu_memory;
   }
-  return b;
+  RT_CHECK(b > o.fp8_reserve, "[cuda] --matmul fp8 needs ", o.fp8_reserve >> 20,
+           " MiB of device memory for its quantized operands, more than the ", b >> 20, " MiB budget");
+  return b - o.fp8_reserve;
 }
 
 void check_cuda_shapes(const ModelSpec& s) {

@@ -1,9 +1,12 @@
 // make_cuda_backend (engine/backend.h): the stream engine with the largest
 // plan that fits, shrinking it one change at a time (CudaOptions::fit).
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
+#include "cuda/fp8.h"
 #include "engine/backend.h"
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/stream_engine.h"
@@ -14,6 +17,19 @@ namespace rt {
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt) {
   CudaOptions o = opt;
+  if (o.matmul == MatmulMode::fp8) {
+    std::string why;
+    RT_CHECK(cuda_fp8_supported(&why), "[cuda] --matmul fp8: ", why);
+    // the FP8 linears' workspace (cuda/fp8.h), for the largest projection at a
+    // micro-batch's tokens (an MLP chunk needs less): outside the plan, held back
+    const ModelSpec& s = state.spec();
+    const int64_t N = micro_batch * seq_len, C = s.hidden;
+    const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;
+    uint64_t ws = 0;
+    for (auto [I, O] : {std::pair<int64_t, int64_t>{C, s.q_dim()}, {C, s.kv_dim()}, {s.q_dim(), C}, {C, F}, {F, C}})
+      if (I > 0 && O > 0) ws = std::max<uint64_t>(ws, cuda::fp8_linear_workspace_bytes(N, I, O));
+    o.fp8_reserve = ws + cuda::kFp8GemmWorkspace;
+  }
   o.muon = state.update_rule() == UpdateRule::muon;      // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
   if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first

@@ -170,6 +170,7 @@ class StreamEngine final : public Backend {
     }
     ops_ = std::make_unique<CudaOps>(dev_.alloc, dev_.blas, dev_.compute.get(), inv_freq_.data(),
                                      Scratch{scratch_.data(), sc});
+    ops_->set_matmul(opt_.matmul);
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
     // it: on what is left for the shared block activations and this scratch
     const uint64_t left =
@@ -209,7 +210,7 @@ class StreamEngine final : public Backend {
   }
 
   std::string describe() const override {
-    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(), " slots, bf16 compute, ",
+    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(), " slots, ", opt_.matmul == MatmulMode::fp8 ? "fp8 projections + bf16" : "bf16", " compute, ",
                master_storage_name(st_.master_storage()), " master + ", moment_storage_name(st_.moment_storage()),
                " on ", global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
                track_.delayed() ? ", delayed update" : "", dp_describe(dp_), ")");

@@ -1,0 +1,168 @@
+// FP8 vs bf16 GEMM throughput on Qwen2.5-7B's projection shapes (issue 31):
+// for each projection (q, k, v, o, gate, up, down) and N tokens, the forward,
+// input-gradient (dgrad) and weight-gradient (wgrad) GEMMs in
+//   bf16     cuda::Blas (what --matmul bf16 runs),
+//   fp8      cuda::Fp8Gemm on operands already quantized (the GEMM alone),
+//   fp8+q    cuda::Fp8Linear: the quantizers (incl. the transposed copies and
+//            the weight's blocks, redone every call as training does) + GEMM,
+// as TFLOP/s of the 2*N*I*O model FLOPs, then the whole layer's sum.
+//   fp8_gemm_bench [N ...]     (default: 8192 16384; N a multiple of 16)
+// Not a test: timings only. Needs sm_90 (block-scaled FP8 in cuBLASLt).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/fp8.h"
+#include "cuda/ops.h"
+
+using rt::cuda::bf16;
+using rt::cuda::DType;
+using rt::cuda::Fp8Scaling;
+
+namespace {
+
+__global__ void fill_kernel(bf16* p, int64_t n, uint32_t seed, float amp) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  p[i] = __float2bfloat16(amp * (static_cast<float>(h & 0xFFFFFF) / 8388608.f - 1.f));
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+void fill(const Dev& d, int64_t n, uint32_t seed, float amp) {
+  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d.as<bf16>(), n, seed, amp);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Median-free simple timing: 3 warm-up calls, then the mean of `iters`.
+template <class F>
+double time_ms(F&& f, int iters = 10) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) f();
+  CUDA_CHECK(cudaEventRecord(b));
+  CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iters;
+}
+
+struct Proj {
+  const char* name;
+  int64_t I, O;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string why;
+    if (!rt::cuda::fp8_supported(0, &why)) {
+      std::fprintf(stderr, "fp8_gemm_bench: %s\n", why.c_str());
+      return 1;
+    }
+    std::vector<int64_t> Ns;
+    for (int i = 1; i < argc; ++i) Ns.push_back(std::atoll(argv[i]));
+    if (Ns.empty()) Ns = {8192, 16384};
+    const int64_t C = 3584, QD = 3584, KD = 512, F = 18944;
+    const Proj projs[] = {{"q", C, QD}, {"k", C, KD}, {"v", C, KD}, {"o", QD, C},
+                          {"gate", C, F}, {"up", C, F}, {"down", F, C}};
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("fp8_gemm_bench on %s (Qwen2.5-7B projections; TFLOP/s of 2*N*I*O)\n", prop.name);
+    std::printf("%6s %5s %6s | %8s %8s %8s | %6s %6s\n", "N", "proj", "pass", "bf16", "fp8", "fp8+q", "x gemm",
+                "x +q");
+    rt::cuda::Blas blas(32u << 20);
+    rt::cuda::Fp8Linear lin;
+    rt::cuda::Fp8Gemm gemm;
+    for (int64_t N : Ns) {
+      double tot[3] = {0, 0, 0};  // bf16, fp8, fp8+q over all passes and projections (ms)
+      double flops_total = 0;
+      for (const Proj& p : projs) {
+        const int64_t I = p.I, O = p.O;
+        Dev x(N * I * 2), w(O * I * 2), dy(N * O * 2), y(N * O * 2), dx(N * I * 2), dw(O * I * 4);
+        fill(x, N * I, 1, 1.f);
+        fill(w, O * I, 2, 0.02f);
+        fill(dy, N * O, 3, 1e-3f);
+        CUDA_CHECK(cudaMemset(dw.p, 0, O * I * 4));
+        // pre-quantized operands for the GEMM-only timings
+        Dev qx(N * I), sx(rt::cuda::fp8_scales_1x128(N, I) * 4), qw(O * I), sw(rt::cuda::fp8_scales_128x128(O, I) * 4),
+            qwt(O * I), swt(rt::cuda::fp8_scales_128x128(I, O) * 4), qdy(N * O),
+            sdy(rt::cuda::fp8_scales_1x128(N, O) * 4), qdyt(N * O), sdyt(rt::cuda::fp8_scales_1x128(O, N) * 4),
+            qxt(N * I), sxt(rt::cuda::fp8_scales_1x128(I, N) * 4);
+        rt::cuda::fp8_quantize_1x128(qx.as<uint8_t>(), sx.as<float>(), x.as<bf16>(), N, I, false, nullptr);
+        rt::cuda::fp8_quantize_128x128(qw.as<uint8_t>(), sw.as<float>(), qwt.as<uint8_t>(), swt.as<float>(),
+                                       w.as<bf16>(), O, I, nullptr);
+        rt::cuda::fp8_quantize_1x128(qdy.as<uint8_t>(), sdy.as<float>(), dy.as<bf16>(), N, O, false, nullptr);
+        rt::cuda::fp8_quantize_1x128(qdyt.as<uint8_t>(), sdyt.as<float>(), dy.as<bf16>(), O, N, true, nullptr);
+        rt::cuda::fp8_quantize_1x128(qxt.as<uint8_t>(), sxt.as<float>(), x.as<bf16>(), I, N, true, nullptr);
+        const double flops = 2.0 * N * I * O;
+        const char* passes[] = {"fwd", "dgrad", "wgrad"};
+        for (int pass = 0; pass < 3; ++pass) {
+          double t[3];
+          if (pass == 0) {
+            t[0] = time_ms([&] { blas.matmul_nt(y.p, DType::bf16, x.as<bf16>(), w.as<bf16>(), N, O, I, 0.f, nullptr); });
+            t[1] = time_ms([&] {
+              gemm.matmul(y.p, DType::bf16, qx.as<uint8_t>(), sx.as<float>(), Fp8Scaling::vec128, qw.as<uint8_t>(),
+                          sw.as<float>(), Fp8Scaling::blk128x128, N, O, I, 0.f, nullptr);
+            });
+            t[2] = time_ms([&] { lin.forward(y.as<bf16>(), x.as<bf16>(), w.as<bf16>(), nullptr, N, I, O, nullptr); });
+          } else if (pass == 1) {
+            t[0] = time_ms([&] { blas.matmul_nn(dx.p, DType::bf16, dy.as<bf16>(), w.as<bf16>(), N, I, O, 0.f, nullptr); });
+            t[1] = time_ms([&] {
+              gemm.matmul(dx.p, DType::bf16, qdy.as<uint8_t>(), sdy.as<float>(), Fp8Scaling::vec128, qwt.as<uint8_t>(),
+                          swt.as<float>(), Fp8Scaling::blk128x128, N, I, O, 0.f, nullptr);
+            });
+            t[2] = time_ms([&] {
+              lin.backward(dx.as<bf16>(), nullptr, nullptr, dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), N, I, O, nullptr);
+            });
+          } else {
+            t[0] = time_ms([&] { blas.matmul_tn(dw.p, DType::f32, dy.as<bf16>(), x.as<bf16>(), O, I, N, 1.f, nullptr); });
+            t[1] = time_ms([&] {
+              gemm.matmul(dw.p, DType::f32, qdyt.as<uint8_t>(), sdyt.as<float>(), Fp8Scaling::vec128, qxt.as<uint8_t>(),
+                          sxt.as<float>(), Fp8Scaling::vec128, O, I, N, 1.f, nullptr);
+            });
+            t[2] = time_ms([&] {
+              lin.backward(nullptr, dw.as<float>(), nullptr, dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), N, I, O, nullptr);
+            });
+          }
+          for (int i = 0; i < 3; ++i) tot[i] += t[i];
+          flops_total += flops;
+          std::printf("%6lld %5s %6s | %8.0f %8.0f %8.0f | %6.2f %6.2f\n", static_cast<long long>(N), p.name,
+                      passes[pass], flops / t[0] * 1e-9, flops / t[1] * 1e-9, flops / t[2] * 1e-9, t[0] / t[1],
+                      t[0] / t[2]);
+        }
+      }
+      std::printf("%6lld %5s %6s | %8.0f %8.0f %8.0f | %6.2f %6.2f   (layer: %.2f / %.2f / %.2f ms)\n",
+                  static_cast<long long>(N), "all", "sum", flops_total / tot[0] * 1e-9, flops_total / tot[1] * 1e-9,
+                  flops_total / tot[2] * 1e-9, tot[0] / tot[1], tot[0] / tot[2], tot[0], tot[1], tot[2]);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp8_gemm_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,421 @@
+// FP8 quantizers, the block-scaled cuBLASLt FP8 GEMM and the FP8 linear layer
+// (declared in cuda/fp8.h; cpu/fp8.h is the specification they match bit for
+// bit up to the GEMM's fp32 summation order). Encoding is CUDA's own
+// __nv_cvt_float_to_fp8(satfinite, e4m3) on x * 2^-k (exact); the scale is
+// core/fp8.h's fp8_block_scale; a block with Inf/NaN is all NaN codes (0x7F).
+// Each quantizer zeroes its scale array first (the layouts' padding is 0).
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "core/fp8.h"
+#include "cuda/check.h"
+#include "cuda/fp8.h"
+#include "cuda/kernel_util.cuh"
+
+namespace rt::cuda {
+
+bool fp8_supported(int device, std::string* why) {
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  if (p.major == 9) return true;
+  if (why) {
+    *why = cat("GPU ", device, " (", p.name, ") is sm_", p.major, p.minor, ": --matmul fp8 runs cuBLASLt's FP8 GEMM ",
+               "with 1x128/128x128 block scales, which cuBLASLt implements on Hopper (sm_90: H100, H200) only; ",
+               p.major < 8 || (p.major == 8 && p.minor < 9) ? "this card has no FP8 tensor cores"
+               : p.major == 8 ? "on Ada (sm_89) cuBLASLt's FP8 takes only per-tensor scales"
+                              : "Blackwell's block-scaled FP8 is MXFP8 (32-element e8m0 scales), not wired here",
+               "; use --matmul bf16 (the default)");
+  }
+  return false;
+}
+
+namespace {
+
+__device__ __forceinline__ uint8_t fp8_encode_dev(float v, float inv, bool nonfinite) {
+  if (nonfinite) return kFp8E4m3NaN;
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ bool nonfinite_abs(float a) { return !(a <= 3.4028235e38f); }
+
+// x[R, K] row-major -> q[R, K], 1x128 scales [KB][Rp]. One warp per (row,
+// tile); lane l holds the 4 elements k0 + 4l .. k0 + 4l + 3. K % 4 == 0.
+__global__ void quantize_1x128_rows_kernel(uint8_t* q, float* scale, const bf16* x, int64_t R, int64_t K, int64_t Rp) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
+  const int64_t kb = blockIdx.x, k = kb * 128 + lane * 4;
+  if (r >= R) return;
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  const bool in = k < K;
+  if (in) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + r * K + k);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+  }
+  float amax = 0.f;
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float a = fabsf(v[i]);
+    if (nonfinite_abs(a)) bad = true;
+    else amax = fmaxf(amax, a);
+  }
+  amax = detail::warp_max(amax);
+  bad = __any_sync(0xffffffffu, bad);
+  const Fp8Scale s = fp8_block_scale(amax, bad);
+  if (lane == 0) scale[kb * Rp + r] = s.scale;
+  if (in) {
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) packed |= static_cast<uint32_t>(fp8_encode_dev(v[i], s.inv, bad)) << (8 * i);
+    *reinterpret_cast<uint32_t*>(q + r * K + k) = packed;
+  }
+}
+
+// x[K, R] row-major read as its transpose: q[R, K] along K, scales [KB][Rp].
+// A block covers 128 k x 32 r through shared memory (loads coalesced along r);
+// warp w quantizes rows r0 + w, r0 + w + 8, ...; lane l the k = k0 + l + 32j.
+__global__ void quantize_1x128_cols_kernel(uint8_t* q, float* scale, const bf16* x, int64_t R, int64_t K, int64_t Rp) {
+  __shared__ float tile[128][33];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32, kb = blockIdx.y, k0 = kb * 128;
+  for (int i = threadIdx.x; i < 128 * 32; i += blockDim.x) {
+    const int kk = i / 32, rr = i % 32;
+    const int64_t k = k0 + kk, r = r0 + rr;
+    tile[kk][rr] = (k < K && r < R) ? __bfloat162float(x[k * R + r]) : 0.f;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int rr = warp; rr < 32; rr += blockDim.x >> 5) {
+    const int64_t r = r0 + rr;
+    if (r >= R) break;
+    float amax = 0.f;
+    bool bad = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = fabsf(tile[lane + 32 * j][rr]);
+      if (nonfinite_abs(a)) bad = true;
+      else amax = fmaxf(amax, a);
+    }
+    amax = detail::warp_max(amax);
+    bad = __any_sync(0xffffffffu, bad);
+    const Fp8Scale s = fp8_block_scale(amax, bad);
+    if (lane == 0) scale[kb * Rp + r] = s.scale;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = k0 + lane + 32 * j;
+      if (k < K) q[r * K + k] = fp8_encode_dev(tile[lane + 32 * j][rr], s.inv, bad);
+    }
+  }
+}
+
+// w[R, K] -> q[R, K], scale [RB][KBp]; qt[K, R], scale_t [KB][RBp] (qt may be
+// null). One 256-thread block per 128x128 block.
+__global__ void quantize_128x128_kernel(uint8_t* q, float* scale, uint8_t* qt, float* scale_t, const bf16* w,
+                                        int64_t R, int64_t K, int64_t KBp, int64_t RBp) {
+  __shared__ uint8_t codes[128][132];
+  __shared__ float red[32];
+  const int64_t kb = blockIdx.x, rb = blockIdx.y, r0 = rb * 128, k0 = kb * 128;
+  float amax = 0.f;
+  int bad = 0;
+  for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
+    const int rr = i / 128, kk = i % 128;
+    const int64_t r = r0 + rr, k = k0 + kk;
+    if (r < R && k < K) {
+      const float a = fabsf(__bfloat162float(w[r * K + k]));
+      if (nonfinite_abs(a)) bad = 1;
+      else amax = fmaxf(amax, a);
+    }
+  }
+  amax = detail::warp_max(amax);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  if (lane == 0) red[warp] = amax;
+  bad = __syncthreads_or(bad);
+  float m = lane < nwarps ? red[lane] : 0.f;
+  m = detail::warp_max(m);
+  const Fp8Scale s = fp8_block_scale(m, bad != 0);
+  if (threadIdx.x == 0) {
+    scale[rb * KBp + kb] = s.scale;
+    if (scale_t) scale_t[kb * RBp + rb] = s.scale;
+  }
+  for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
+    const int rr = i / 128, kk = i % 128;
+    const int64_t r = r0 + rr, k = k0 + kk;
+    if (r < R && k < K) {
+      const uint8_t c = fp8_encode_dev(__bfloat162float(w[r * K + k]), s.inv, bad != 0);
+      q[r * K + k] = c;
+      codes[rr][kk] = c;
+    }
+  }
+  if (!qt) return;
+  __syncthreads();
+  for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
+    const int kk = i / 128, rr = i % 128;
+    const int64_t r = r0 + rr, k = k0 + kk;
+    if (r < R && k < K) qt[k * R + r] = codes[rr][kk];
+  }
+}
+
+// out[n, o] += bias[o] in fp32, rounded to bf16 once more.
+__global__ void add_bias_kernel(bf16* out, const bf16* bias, int64_t N, int64_t O) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * O) return;
+  out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(bias[i % O]));
+}
+
+// dbias[o] += sum_n dout[n, o], one thread per column, rows in order.
+__global__ void bias_grad_rows_kernel(float* dbias, const bf16* dout, int64_t N, int64_t O) {
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= O) return;
+  float s = 0.f;
+  for (int64_t n = 0; n < N; ++n) s += __bfloat162float(dout[n * O + o]);
+  dbias[o] += s;
+}
+
+}  // namespace
+
+void fp8_quantize_1x128(uint8_t* q, float* scale, const bf16* x, int64_t R, int64_t K, bool transposed,
+                        cudaStream_t stream) {
+  RT_CHECK(R > 0 && K > 0 && K % 4 == 0, "[cuda fp8_quantize_1x128] bad shape ", R, " x ", K,
+           " (both > 0, K a multiple of 4)");
+  const int64_t Rp = fp8_round4(R), KB = fp8_blocks(K);
+  CUDA_CHECK(cudaMemsetAsync(scale, 0, static_cast<size_t>(KB * Rp) * sizeof(float), stream));
+  if (!transposed) {
+    const dim3 grid(static_cast<unsigned>(KB), static_cast<unsigned>(detail::ceil_div(R, 8)));
+    quantize_1x128_rows_kernel<<<grid, 256, 0, stream>>>(q, scale, x, R, K, Rp);
+  } else {
+    const dim3 grid(static_cast<unsigned>(detail::ceil_div(R, 32)), static_cast<unsigned>(KB));
+    quantize_1x128_cols_kernel<<<grid, 256, 0, stream>>>(q, scale, x, R, K, Rp);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_quantize_128x128(uint8_t* q, float* scale, uint8_t* qt, float* scale_t, const bf16* w, int64_t R, int64_t K,
+                          cudaStream_t stream) {
+  RT_CHECK(R > 0 && K > 0, "[cuda fp8_quantize_128x128] bad shape ", R, " x ", K);
+  const int64_t RB = fp8_blocks(R), KB = fp8_blocks(K);
+  CUDA_CHECK(cudaMemsetAsync(scale, 0, static_cast<size_t>(fp8_scales_128x128(R, K)) * sizeof(float), stream));
+  if (scale_t)
+    CUDA_CHECK(cudaMemsetAsync(scale_t, 0, static_cast<size_t>(fp8_scales_128x128(K, R)) * sizeof(float), stream));
+  const dim3 grid(static_cast<unsigned>(KB), static_cast<unsigned>(RB));
+  quantize_128x128_kernel<<<grid, 256, 0, stream>>>(q, scale, qt, scale_t, w, R, K, fp8_round4(KB), fp8_round4(RB));
+  CUDA_CHECK_LAUNCH();
+}
+
+// ---- the GEMM ----
+
+namespace {
+
+using Fp8PlanKey = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int>;
+
+struct Fp8Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Fp8Plan() = default;
+  Fp8Plan(const Fp8Plan&) = delete;
+  Fp8Plan& operator=(const Fp8Plan&) = delete;
+  ~Fp8Plan() {
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+int32_t scale_mode(Fp8Scaling s) {
+  return s == Fp8Scaling::vec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+}  // namespace
+
+struct Fp8Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<Fp8PlanKey, std::unique_ptr<Fp8Plan>> plans;
+
+  ~Impl() {
+    plans.clear();
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  // Row-major out[M,N] = a[M,K] b[N,K]^T is column-major out^T[N,M] =
+  // op(A) B with cuBLAS A := b (stored K x N, TRANSA = T) and B := a (stored
+  // K x M, TRANSB = N): the "TN" layout FP8 needs.
+  Fp8Plan& plan_get(int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, Fp8Scaling a_mode,
+                    Fp8Scaling b_mode) {
+    Fp8PlanKey key{M, N, K, static_cast<int>(out_type), accumulate, static_cast<int>(a_mode),
+                   static_cast<int>(b_mode)};
+    auto it = plans.find(key);
+    if (it != plans.end()) return *it->second;
+    auto p = std::make_unique<Fp8Plan>();
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    const int32_t mode_a = scale_mode(b_mode), mode_b = scale_mode(a_mode);  // cuBLAS A is our b
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+    const int8_t fast_accum = 0;  // keep the periodic promotion to fp32 (DeepSeek-V3's point about Hopper)
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, K, N, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, K, M, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, out_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, N));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace_bytes, sizeof(workspace_bytes));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "[cuda fp8 gemm] cuBLASLt has no FP8 algorithm for M=", M,
+             " N=", N, " K=", K, " out=", out_type == DType::bf16 ? "bf16" : "fp32", " beta=", accumulate ? 1 : 0,
+             " scales a=", a_mode == Fp8Scaling::vec128 ? "1x128" : "128x128",
+             " b=", b_mode == Fp8Scaling::vec128 ? "1x128" : "128x128", " (status ", cublasLtGetStatusString(st),
+             "); block-scaled FP8 needs sm_90 and dimensions that are multiples of 16; use --matmul bf16");
+    p->algo = result.algo;
+    auto& ref = *p;
+    plans.emplace(key, std::move(p));
+    return ref;
+  }
+};
+
+Fp8Gemm::Fp8Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  impl_->workspace_bytes = workspace_bytes;
+  if (workspace_bytes) CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
+}
+Fp8Gemm::~Fp8Gemm() = default;
+size_t Fp8Gemm::plans_cached() const { return impl_->plans.size(); }
+
+void Fp8Gemm::matmul(void* out, DType out_type, const uint8_t* a, const float* a_scale, Fp8Scaling a_mode,
+                     const uint8_t* b, const float* b_scale, Fp8Scaling b_mode, int64_t M, int64_t N, int64_t K,
+                     float beta, cudaStream_t stream) {
+  RT_CHECK(beta == 0.f || beta == 1.f, "[cuda fp8 gemm] beta must be 0 or 1, got ", beta);
+  RT_CHECK(beta == 0.f || out_type == DType::f32, "[cuda fp8 gemm] accumulation (beta=1) needs an fp32 output");
+  RT_CHECK(!(a_mode == Fp8Scaling::blk128x128 && b_mode == Fp8Scaling::blk128x128),
+           "[cuda fp8 gemm] cuBLASLt takes 128x128 block scales on one operand at most");
+  RT_CHECK(M > 0 && N > 0 && K > 0 && M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "[cuda fp8 gemm] bad shape M=", M,
+           " N=", N, " K=", K, " (all > 0 and multiples of 16)");
+  detail::check_aligned(out, "fp8 gemm out");
+  detail::check_aligned(a, "fp8 gemm a");
+  detail::check_aligned(b, "fp8 gemm b");
+  detail::check_aligned(a_scale, "fp8 gemm a scales");
+  detail::check_aligned(b_scale, "fp8 gemm b scales");
+  Fp8Plan& p = impl_->plan_get(M, N, K, out_type, beta != 0.f, a_mode, b_mode);
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  const float alpha = 1.f;
+  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &p.algo,
+                              impl_->workspace, impl_->workspace_bytes, stream));
+}
+
+// ---- the linear layer ----
+
+struct Fp8Linear::Impl {
+  Fp8Gemm gemm;
+  void* buf = nullptr;
+  size_t bytes = 0;
+  ~Impl() {
+    if (buf) cudaFree(buf);
+  }
+  // Carves regions of the given byte sizes (each 256-byte aligned) out of
+  // one buffer that grows to the largest request (synchronising the stream
+  // first: the old buffer may still be read by queued work).
+  template <size_t Nr>
+  void carve(const size_t (&sizes)[Nr], void* (&out)[Nr], cudaStream_t stream) {
+    size_t total = 0;
+    for (size_t s : sizes) total += fp8_region(s);
+    if (total > bytes) {
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (buf) CUDA_CHECK(cudaFree(buf));
+      buf = nullptr;
+      CUDA_CHECK(cudaMalloc(&buf, total));
+      bytes = total;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < Nr; ++i) {
+      out[i] = static_cast<char*>(buf) + off;
+      off += fp8_region(sizes[i]);
+    }
+  }
+};
+
+Fp8Linear::Fp8Linear() : impl_(std::make_unique<Impl>()) {}
+Fp8Linear::~Fp8Linear() = default;
+Fp8Gemm& Fp8Linear::gemm() { return impl_->gemm; }
+
+namespace {
+size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+size_t u8_bytes(int64_t n) { return static_cast<size_t>(n); }
+void check_linear_shape(const char* what, int64_t N, int64_t I, int64_t O) {
+  RT_CHECK(fp8_linear_eligible(N, I, O), "[cuda ", what, "] FP8 linear needs N, I, O multiples of 16, got N=", N,
+           " I=", I, " O=", O);
+}
+}  // namespace
+
+void Fp8Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int64_t N, int64_t I, int64_t O,
+                        cudaStream_t stream) {
+  check_linear_shape("fp8 linear_forward", N, I, O);
+  void* r[4];
+  impl_->carve({u8_bytes(N * I), f32_bytes(fp8_scales_1x128(N, I)), u8_bytes(O * I), f32_bytes(fp8_scales_128x128(O, I))},
+               r, stream);
+  auto* qx = static_cast<uint8_t*>(r[0]);
+  auto* sx = static_cast<float*>(r[1]);
+  auto* qw = static_cast<uint8_t*>(r[2]);
+  auto* sw = static_cast<float*>(r[3]);
+  fp8_quantize_1x128(qx, sx, x, N, I, false, stream);
+  fp8_quantize_128x128(qw, sw, nullptr, nullptr, w, O, I, stream);
+  impl_->gemm.matmul(out, DType::bf16, qx, sx, Fp8Scaling::vec128, qw, sw, Fp8Scaling::blk128x128, N, O, I, 0.f,
+                     stream);
+  if (bias) {
+    add_bias_kernel<<<static_cast<unsigned>(detail::ceil_div(N * O, 256)), 256, 0, stream>>>(out, bias, N, O);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+void Fp8Linear::backward(bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
+                         int64_t I, int64_t O, cudaStream_t stream) {
+  check_linear_shape("fp8 linear_backward", N, I, O);
+  if (dx) {  // dx[N, I] = dq(dout)[N, O] @ dq(w^T)[I, O]^T
+    void* r[6];
+    impl_->carve({u8_bytes(N * O), f32_bytes(fp8_scales_1x128(N, O)), u8_bytes(O * I),
+                  f32_bytes(fp8_scales_128x128(O, I)), u8_bytes(I * O), f32_bytes(fp8_scales_128x128(I, O))},
+                 r, stream);
+    auto* qdy = static_cast<uint8_t*>(r[0]);
+    auto* sdy = static_cast<float*>(r[1]);
+    fp8_quantize_1x128(qdy, sdy, dout, N, O, false, stream);
+    fp8_quantize_128x128(static_cast<uint8_t*>(r[2]), static_cast<float*>(r[3]), static_cast<uint8_t*>(r[4]),
+                         static_cast<float*>(r[5]), w, O, I, stream);
+    impl_->gemm.matmul(dx, DType::bf16, qdy, sdy, Fp8Scaling::vec128, static_cast<uint8_t*>(r[4]),
+                       static_cast<float*>(r[5]), Fp8Scaling::blk128x128, N, I, O, 0.f, stream);
+  }
+  if (dw) {  // dw[O, I] += dq(dout^T)[O, N] @ dq(x^T)[I, N]^T, both along tokens
+    void* r[4];
+    impl_->carve({u8_bytes(O * N), f32_bytes(fp8_scales_1x128(O, N)), u8_bytes(I * N), f32_bytes(fp8_scales_1x128(I, N))},
+                 r, stream);
+    auto* qdyt = static_cast<uint8_t*>(r[0]);
+    auto* sdyt = static_cast<float*>(r[1]);
+    auto* qxt = static_cast<uint8_t*>(r[2]);
+    auto* sxt = static_cast<float*>(r[3]);
+    fp8_quantize_1x128(qdyt, sdyt, dout, O, N, true, stream);
+    fp8_quantize_1x128(qxt, sxt, x, I, N, true, stream);
+    impl_->gemm.matmul(dw, DType::f32, qdyt, sdyt, Fp8Scaling::vec128, qxt, sxt, Fp8Scaling::vec128, O, I, N, 1.f,
+                       stream);
+  }
+  if (dbias) {
+    bias_grad_rows_kernel<<<static_cast<unsigned>(detail::ceil_div(O, 128)), 128, 0, stream>>>(dbias, dout, N, O);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace rt::cuda

@@ -1,0 +1,109 @@
+// FP8 projections on the GPU (`--matmul fp8`): bf16 -> e4m3 quantizers with
+// power-of-two block scales (bit for bit cpu/fp8.h's, core/fp8.h's rule), a
+// cuBLASLt FP8 GEMM with block scales (Hopper, sm_90: 1x128 "VEC128" and
+// 128x128 "BLK128x128" fp32 scales, fp32 accumulation with the periodic
+// promotion cuBLASLt applies when fast accumulation is off), and the linear
+// layer built on them. cpu/fp8.h states the formulas and granularity.
+//
+// Layouts (cuBLASLt's FP8 kernels want both operands K-major, "TN"):
+//  - codes q[R, K] row-major (K contiguous), R x K quantized along K;
+//  - 1x128 scales: [KB][Rp] (Rp = R rounded up to 4; the row index fastest);
+//  - 128x128 scales: [RB][KBp] (KBp = KB rounded up to 4; the column block fastest);
+// where KB = ceil(K/128), RB = ceil(R/128). Entries in the padding are 0.
+// The weight's transposed codes (for dgrad) reuse the same blocks' scales.
+//
+// Ada (sm_89) has FP8 tensor cores but cuBLASLt runs block scaling on Hopper
+// only (per-tensor scales on Ada); Fp8Gemm refuses below sm_90 (see
+// fp8_supported), and `train --matmul fp8` says so before any work starts.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuda/ops.h"
+
+namespace rt::cuda {
+
+// Whether this device runs the block-scaled FP8 GEMM; why not in *why.
+bool fp8_supported(int device, std::string* why);
+
+inline int64_t fp8_blocks(int64_t n) { return (n + 127) / 128; }
+inline int64_t fp8_round4(int64_t n) { return (n + 3) / 4 * 4; }
+// Floats of each scale layout.
+inline int64_t fp8_scales_1x128(int64_t R, int64_t K) { return fp8_blocks(K) * fp8_round4(R); }
+inline int64_t fp8_scales_128x128(int64_t R, int64_t K) { return fp8_blocks(R) * fp8_round4(fp8_blocks(K)); }
+
+// x[R, K] row-major (transposed = false) or x[K, R] row-major read as its
+// transpose (transposed = true) -> q[R, K], 1x128 scales [KB][Rp].
+// Needs K % 4 == 0 (rows of q stored 4 codes at a time).
+void fp8_quantize_1x128(uint8_t* q, float* scale, const bf16* x, int64_t R, int64_t K, bool transposed,
+                        cudaStream_t stream);
+// w[R, K] row-major -> q[R, K] with 128x128 scales [RB][KBp], and (qt != null)
+// the transposed codes qt[K, R] with their scales [KB][RBp].
+void fp8_quantize_128x128(uint8_t* q, float* scale, uint8_t* qt, float* scale_t, const bf16* w, int64_t R, int64_t K,
+                          cudaStream_t stream);
+
+// Device bytes Fp8Linear's workspace grows to for one linear [N, I, O] (the
+// largest of its forward, dgrad and wgrad sets of codes and scales, each
+// region rounded up to 256 bytes as it carves them), plus what one Fp8Gemm
+// keeps (kFp8GemmWorkspace): what the engine holds back from its plan.
+inline size_t fp8_region(size_t b) { return (b + 255) / 256 * 256; }
+inline size_t fp8_linear_workspace_bytes(int64_t N, int64_t I, int64_t O) {
+  auto u8 = [](int64_t n) { return fp8_region(static_cast<size_t>(n)); };
+  auto f32 = [](int64_t n) { return fp8_region(static_cast<size_t>(n) * 4); };
+  const size_t fwd = u8(N * I) + f32(fp8_scales_1x128(N, I)) + u8(O * I) + f32(fp8_scales_128x128(O, I));
+  const size_t dgrad = u8(N * O) + f32(fp8_scales_1x128(N, O)) + u8(O * I) + f32(fp8_scales_128x128(O, I)) +
+                       u8(I * O) + f32(fp8_scales_128x128(I, O));
+  const size_t wgrad = u8(O * N) + f32(fp8_scales_1x128(O, N)) + u8(I * N) + f32(fp8_scales_1x128(I, N));
+  return std::max({fwd, dgrad, wgrad});
+}
+inline constexpr size_t kFp8GemmWorkspace = 32u << 20;
+
+enum class Fp8Scaling { vec128, blk128x128 };
+
+// out[M, N] (row-major; bf16, or fp32 with beta 0 or 1) = beta*out +
+// dq(a)[M, K] @ dq(b)[N, K]^T; a, b codes K-major with their scales as above.
+// Plans cached per shape; one cuBLASLt handle and workspace. 2D x 2D scaling
+// is not supported by cuBLASLt (one operand must be vec128).
+class Fp8Gemm {
+ public:
+  explicit Fp8Gemm(size_t workspace_bytes = kFp8GemmWorkspace);
+  ~Fp8Gemm();
+  Fp8Gemm(const Fp8Gemm&) = delete;
+  Fp8Gemm& operator=(const Fp8Gemm&) = delete;
+  void matmul(void* out, DType out_type, const uint8_t* a, const float* a_scale, Fp8Scaling a_mode, const uint8_t* b,
+              const float* b_scale, Fp8Scaling b_mode, int64_t M, int64_t N, int64_t K, float beta,
+              cudaStream_t stream);
+  size_t plans_cached() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The FP8 linear layer: cuda::linear_forward / linear_backward's contract
+// (out, dx bf16 written; dw, db fp32 accumulated), every dimension a multiple
+// of 16 (fp8_linear_eligible). Owns its GEMM and a device workspace for the
+// codes and scales that grows to the largest shape seen (cudaMalloc outside
+// the device plan: N*(I+O)*2 + O*I*2 bytes and their scales at most).
+class Fp8Linear {
+ public:
+  Fp8Linear();
+  ~Fp8Linear();
+  Fp8Linear(const Fp8Linear&) = delete;
+  Fp8Linear& operator=(const Fp8Linear&) = delete;
+  void forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int64_t N, int64_t I, int64_t O,
+               cudaStream_t stream);
+  void backward(bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w, int64_t N, int64_t I,
+                int64_t O, cudaStream_t stream);
+  Fp8Gemm& gemm();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rt::cuda

@@ -1,0 +1,279 @@
+// The CUDA FP8 path (cuda/fp8.h) against its CPU twin (cpu/fp8.h):
+// - quantizers bit for bit: codes and scales of the 1x128 (row-major and
+//   transposed reads) and 128x128 (with the transposed copy) quantizers, on
+//   shapes with tails in every dimension and data holding every finite bf16
+//   value (so CUDA's e4m3 conversion is checked against the twin's encoder on
+//   each of them, times many power-of-two scales), plus a tile with an Inf;
+//   the layouts' padding is zero.
+// - the FP8 linear (forward, dgrad, wgrad, dbias) against the twin's, which
+//   quantizes the same bits and sums exact products in fp32. What may differ:
+//   the GPU's summation order and the precision of its FP8 accumulator
+//   (Hopper's FP8 MMA keeps fewer than fp32's bits inside one K chunk;
+//   cuBLASLt promotes to fp32 between chunks when fast accumulation is off),
+//   bounded here by 2^-12 * sum_k |qa_k qb_k| per element (DeepSeek-V3
+//   measured about 14 retained bits; 2^-12 leaves a factor 4), plus the bf16
+//   rounding of bf16 outputs (<= 2^-9 |ref|, two roundings with a bias), plus
+//   2^-22 |ref| for the fp32 add into a prefilled dw.
+// Skips without a CUDA device; the GEMM tests skip below sm_90 (fp8_supported).
+#include <gtest/gtest.h>
+
+#ifdef RAMTRAIN_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/fp8.h"
+#include "cpu/fp8.h"
+#include "cpu/ops.h"
+#include "cuda/device_info.h"
+#include "cuda/fp8.h"
+#include "device_buffer.h"
+#include "testutil.h"
+
+namespace {
+
+using namespace rt::gputest;
+using rt::cuda::bf16;
+using Vec = std::vector<float>;
+
+void require_device() {
+  if (rt::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the FP8 path is tested on a GPU machine";
+}
+
+// Every finite bf16 value (sign, exponent, mantissa) once, shuffled, then
+// random values with a wide spread of magnitudes, all bf16; n values.
+Vec bf16_values(int64_t n, uint64_t seed) {
+  Vec v;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = rt::bf16_to_f32(static_cast<uint16_t>(b));
+    if (std::isfinite(f)) v.push_back(f);
+  }
+  std::mt19937_64 rng(seed);
+  std::shuffle(v.begin(), v.end(), rng);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::uniform_int_distribution<int> e(-20, 20);
+  while (static_cast<int64_t>(v.size()) < n) v.push_back(std::ldexp(u(rng), e(rng)));
+  v.resize(static_cast<size_t>(n));
+  return round_bf16(v);
+}
+
+std::vector<uint8_t> download_u8(const DeviceBuffer& d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h.data(), d.data(), h.size(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// First index where two code arrays differ, as a message (empty: equal).
+std::string first_diff(const std::vector<uint8_t>& got, const std::vector<uint8_t>& ref, const Vec& src) {
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (got[i] != ref[i])
+      return "code " + std::to_string(i) + ": cuda " + std::to_string(got[i]) + " vs cpu " + std::to_string(ref[i]) +
+             (i < src.size() ? " (source value " + std::to_string(src[i]) + ")" : "");
+  return "";
+}
+
+// GPU 1x128 scales [KB][Rp] == CPU [R][KB], padding zero (bitwise compare: NaN scales too).
+void expect_scales_1x128(const Vec& gpu, const Vec& cpu, int64_t R, int64_t K) {
+  const int64_t KB = rt::cuda::fp8_blocks(K), Rp = rt::cuda::fp8_round4(R);
+  for (int64_t kb = 0; kb < KB; ++kb)
+    for (int64_t r = 0; r < Rp; ++r) {
+      const float want = r < R ? cpu[r * KB + kb] : 0.f;
+      ASSERT_EQ(std::memcmp(&gpu[kb * Rp + r], &want, 4), 0)
+          << "scale row " << r << " tile " << kb << ": " << gpu[kb * Rp + r] << " vs " << want;
+    }
+}
+
+void check_1x128(int64_t R, int64_t K, bool transposed) {
+  // source: x[R, K] row-major, or x[K, R] read as its transpose
+  Vec x = bf16_values(R * K, 100 + R + K);
+  x[5] = std::numeric_limits<float>::infinity();  // one tile of NaN codes
+  auto dx = upload_bf16(x);
+  DeviceBuffer q(R * K), s(rt::cuda::fp8_scales_1x128(R, K) * 4);
+  q.poison();
+  s.poison();
+  rt::cuda::fp8_quantize_1x128(q.as<uint8_t>(), s.as<float>(), dx->as<bf16>(), R, K, transposed, nullptr);
+  std::vector<uint8_t> q_ref(R * K);
+  Vec s_ref(R * rt::cuda::fp8_blocks(K));
+  rt::cpu::fp8_quantize_1x128(q_ref.data(), s_ref.data(), x.data(), R, K, transposed ? 1 : K, transposed ? R : 1);
+  const auto q_got = download_u8(q, R * K);
+  const std::string d = first_diff(q_got, q_ref, {});
+  EXPECT_TRUE(d.empty()) << (transposed ? "transposed " : "") << R << "x" << K << ": " << d;
+  expect_scales_1x128(download_f32(s, rt::cuda::fp8_scales_1x128(R, K)), s_ref, R, K);
+}
+
+TEST(CudaFp8, Quantize1x128MatchesTheTwinBitForBit) {
+  require_device();
+  check_1x128(1027, 400, false);  // every finite bf16 value; rows not a multiple of 4, K tail of 16
+  check_1x128(37, 132, false);
+  check_1x128(1027, 400, true);
+  check_1x128(45, 260, true);
+}
+
+TEST(CudaFp8, Quantize128x128MatchesTheTwinBitForBit) {
+  require_device();
+  for (auto [R, K] : {std::pair<int64_t, int64_t>{200, 336}, {640, 128}, {272, 520}}) {
+    Vec w = bf16_values(R * K, 7 + R);
+    w[R * K - 1] = -std::numeric_limits<float>::infinity();
+    auto dw = upload_bf16(w);
+    DeviceBuffer q(R * K), qt(R * K), s(rt::cuda::fp8_scales_128x128(R, K) * 4),
+        st(rt::cuda::fp8_scales_128x128(K, R) * 4);
+    q.poison();
+    qt.poison();
+    rt::cuda::fp8_quantize_128x128(q.as<uint8_t>(), s.as<float>(), qt.as<uint8_t>(), st.as<float>(), dw->as<bf16>(),
+                                   R, K, nullptr);
+    const int64_t RB = rt::cuda::fp8_blocks(R), KB = rt::cuda::fp8_blocks(K);
+    std::vector<uint8_t> q_ref(R * K);
+    Vec s_ref(RB * KB);
+    rt::cpu::fp8_quantize_128x128(q_ref.data(), s_ref.data(), w.data(), R, K);
+    const auto q_got = download_u8(q, R * K), qt_got = download_u8(qt, R * K);
+    EXPECT_TRUE(first_diff(q_got, q_ref, w).empty()) << R << "x" << K << ": " << first_diff(q_got, q_ref, w);
+    std::vector<uint8_t> qt_ref(R * K);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) qt_ref[k * R + r] = q_ref[r * K + k];
+    EXPECT_TRUE(first_diff(qt_got, qt_ref, {}).empty()) << "transposed codes: " << first_diff(qt_got, qt_ref, {});
+    const Vec sg = download_f32(s, rt::cuda::fp8_scales_128x128(R, K)),
+              stg = download_f32(st, rt::cuda::fp8_scales_128x128(K, R));
+    const int64_t KBp = rt::cuda::fp8_round4(KB), RBp = rt::cuda::fp8_round4(RB);
+    for (int64_t rb = 0; rb < RB; ++rb)
+      for (int64_t kb = 0; kb < KBp; ++kb) {
+        const float want = kb < KB ? s_ref[rb * KB + kb] : 0.f;
+        ASSERT_EQ(std::memcmp(&sg[rb * KBp + kb], &want, 4), 0) << "block " << rb << "," << kb;
+      }
+    for (int64_t kb = 0; kb < KB; ++kb)
+      for (int64_t rb = 0; rb < RBp; ++rb) {
+        const float want = rb < RB ? s_ref[rb * KB + kb] : 0.f;
+        ASSERT_EQ(std::memcmp(&stg[kb * RBp + rb], &want, 4), 0) << "transposed block " << kb << "," << rb;
+      }
+  }
+}
+
+// Quantize-dequantize on the CPU (the twin's) for the abs-sum of the bound.
+Vec qdq_1x128(const Vec& x, int64_t R, int64_t K, int64_t rs, int64_t cs) {
+  std::vector<uint8_t> q(R * K);
+  Vec s(R * rt::cuda::fp8_blocks(K)), out(R * K);
+  rt::cpu::fp8_quantize_1x128(q.data(), s.data(), x.data(), R, K, rs, cs);
+  rt::cpu::fp8_dequantize_1x128(out.data(), q.data(), s.data(), R, K);
+  return out;
+}
+Vec qdq_128x128(const Vec& x, int64_t R, int64_t K) {
+  std::vector<uint8_t> q(R * K);
+  Vec s(rt::cuda::fp8_blocks(R) * rt::cuda::fp8_blocks(K)), out(R * K);
+  rt::cpu::fp8_quantize_128x128(q.data(), s.data(), x.data(), R, K);
+  rt::cpu::fp8_dequantize_128x128(out.data(), q.data(), s.data(), R, K);
+  return out;
+}
+Vec abs_of(Vec v) {
+  for (float& x : v) x = std::fabs(x);
+  return v;
+}
+
+// |got - ref| <= 2^-12 * abs_sum + rel * (|ref| + extra) elementwise.
+void expect_gemm_bound(const std::string& name, const Vec& got, const Vec& ref, const Vec& abs_sum, double rel,
+                       const Vec& extra = {}) {
+  ASSERT_EQ(got.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double bound =
+        std::ldexp(abs_sum[i], -12) + rel * (std::fabs(ref[i]) + (extra.empty() ? 0.0 : extra[i])) + 1e-30;
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    ASSERT_TRUE(err <= bound) << name << " element " << i << ": cuda " << got[i] << " vs twin " << ref[i]
+                              << " (bound " << bound << ")";
+    worst = std::max(worst, err / bound);
+  }
+  std::printf("%s: worst |cuda - twin| / bound = %.3f\n", name.c_str(), worst);
+}
+
+void check_linear(int64_t N, int64_t I, int64_t O) {
+  {
+    const std::string shape = std::to_string(N) + "x" + std::to_string(I) + "x" + std::to_string(O);
+    const Vec x = round_bf16(rt::test::random_vec(N * I, 1)), w = round_bf16(rt::test::random_vec(O * I, 2, -.1f, .1f));
+    const Vec b = round_bf16(rt::test::random_vec(O, 3)), dy = round_bf16(rt::test::random_vec(N * O, 4));
+    auto d_x = upload_bf16(x), d_w = upload_bf16(w), d_b = upload_bf16(b), d_dy = upload_bf16(dy);
+    DeviceBuffer d_y(N * O * 2), d_dx(N * I * 2);
+    const Vec dw0 = rt::test::random_vec(O * I, 5), db0 = rt::test::random_vec(O, 6);
+    auto d_dw = upload_f32(dw0), d_db = upload_f32(db0);
+    rt::cuda::Fp8Linear lin;
+    lin.forward(d_y.as<bf16>(), d_x->as<bf16>(), d_w->as<bf16>(), d_b->as<bf16>(), N, I, O, nullptr);
+    lin.backward(d_dx.as<bf16>(), d_dw->as<float>(), d_db->as<float>(), d_dy->as<bf16>(), d_x->as<bf16>(),
+                 d_w->as<bf16>(), N, I, O, nullptr);
+    Vec y(N * O), dx(N * I), dw(dw0), db(db0);
+    rt::cpu::fp8_linear_forward(y.data(), x.data(), w.data(), b.data(), N, I, O);
+    rt::cpu::fp8_linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, I, O);
+
+    const Vec xq = abs_of(qdq_1x128(x, N, I, I, 1)), wq = abs_of(qdq_128x128(w, O, I));
+    const Vec dyq = abs_of(qdq_1x128(dy, N, O, O, 1));
+    const Vec dytq = abs_of(qdq_1x128(dy, O, N, 1, O)), xtq = abs_of(qdq_1x128(x, I, N, 1, I));
+    Vec sy(N * O), sdx(N * I), sdw(O * I);
+    rt::cpu::matmul_nt(sy.data(), xq.data(), wq.data(), N, O, I);
+    rt::cpu::matmul_nn(sdx.data(), dyq.data(), wq.data(), N, I, O);
+    rt::cpu::matmul_nt(sdw.data(), dytq.data(), xtq.data(), O, I, N);
+    // y: two bf16 roundings, of the GEMM's value (|ref - b| at most |ref| + |b|
+    // away) and of the sum with the bias; dx: one; dw: the fp32 add into dw0
+    Vec yb(N * O);
+    for (int64_t i = 0; i < N * O; ++i) yb[i] = std::fabs(y[i]) + 2 * std::fabs(b[i % O]);
+    expect_gemm_bound("y " + shape, download_bf16(d_y, N * O), y, sy, std::ldexp(1.0, -9), yb);
+    expect_gemm_bound("dx " + shape, download_bf16(d_dx, N * I), dx, sdx, std::ldexp(1.0, -9));
+    expect_gemm_bound("dw " + shape, download_f32(*d_dw, O * I), dw, sdw, std::ldexp(1.0, -22));
+    // db: an fp32 running sum of the same N bf16 values (error <= N 2^-24 sum |dy|)
+    // vs the twin's double sum, each added into db0 (one more rounding each)
+    const Vec db_got = download_f32(*d_db, O);
+    for (int64_t o = 0; o < O; ++o) {
+      double abs_sum = 0;
+      for (int64_t n = 0; n < N; ++n) abs_sum += std::fabs(dy[n * O + o]);
+      EXPECT_NEAR(db_got[o], db[o], std::ldexp(N * abs_sum + 2 * std::fabs(db[o]) + 2 * abs_sum, -24)) << "db " << o;
+    }
+  }
+}
+
+// Every dimension a multiple of 128 (Qwen2.5-7B's projections are).
+TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
+  require_device();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  check_linear(256, 384, 512);
+  check_linear(384, 128, 256);
+}
+
+// Dimensions that are multiples of 16 but not of 128 (tiny-byte's F = 704):
+// tails in each GEMM's reduction dim. Should this fail with "no FP8
+// algorithm", cuBLASLt wants multiples of 128 and fp8_linear_eligible must say so.
+TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
+  require_device();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  check_linear(256, 384, 320);
+  check_linear(272, 208, 704);
+}
+
+TEST(CudaFp8, GemmCachesPlansAndRefusesBadShapes) {
+  require_device();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  rt::cuda::Fp8Gemm g;
+  EXPECT_THROW(g.matmul(nullptr, rt::cuda::DType::bf16, nullptr, nullptr, rt::cuda::Fp8Scaling::vec128, nullptr,
+                        nullptr, rt::cuda::Fp8Scaling::vec128, 16, 24, 16, 0.f, nullptr),
+               rt::Error);  // N = 24 is not a multiple of 16
+  EXPECT_THROW(g.matmul(nullptr, rt::cuda::DType::bf16, nullptr, nullptr, rt::cuda::Fp8Scaling::blk128x128, nullptr,
+                        nullptr, rt::cuda::Fp8Scaling::blk128x128, 16, 16, 16, 0.f, nullptr),
+               rt::Error);  // 2D x 2D
+  EXPECT_EQ(g.plans_cached(), 0u);
+}
+
+}  // namespace
+
+#else  // !RAMTRAIN_HAVE_CUDA
+
+TEST(CudaFp8, SkippedWithoutCuda) { GTEST_SKIP() << "no CUDA device: built without the CUDA backend (RAMTRAIN_CUDA=OFF)"; }
+
+#endif
