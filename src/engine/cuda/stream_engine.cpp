@@ -138,9 +138,11 @@ class StreamEngine final : public Backend {
     if (place_.host_grads && !place_.fold) st_.ensure_grads();
     if (place_.fold && place_.host_embed) st_.ensure_unit_grad(0);  // the host embedding's rows scatter into it
     if (place_.host_embed) host_embed_ = std::make_unique<HostEmbedding>(st_, dev_, track_, N_);
-    std::vector<int64_t> grad_numel;  // data parallel: the reduce-scatter's padded length
+    // the LM head's padding rows; data parallel: at least the reduce-scatter's padded length
+    std::vector<int64_t> grad_numel = device_unit_numels(s_);
     if (dp_.on())
-      for (size_t u = 0; u < units.size(); ++u) grad_numel.push_back(dp_.shard->stride(u) * dp_.grads->world());
+      for (size_t u = 0; u < units.size(); ++u)
+        grad_numel[u] = std::max(grad_numel[u], dp_.shard->stride(u) * dp_.grads->world());
     grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed, grad_numel);
     if (place_.fold) grads_->set_fold([this](size_t u, const float* g) { optimizer_->fold(u, g); });
     K_ = place_.sets();
