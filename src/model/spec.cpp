@@ -45,6 +45,7 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::qwen2_moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
     {Family::mixtral, "MixtralForCausalLM", "mixtral"},
     {Family::olmoe, "OlmoeForCausalLM", "olmoe"},
+    {Family::olmo2, "Olmo2ForCausalLM", "olmo2"},
 };
 
 const FamilyInfo& family_info(Family f) {
@@ -177,6 +178,8 @@ FamilyDefaults family_defaults(Family f) {
       return {131072, 8, 1, {2}, 1e-5, 1e6};
     case Family::olmoe:
       return {4096, -1, -1, {50279}, 1e-5};
+    case Family::olmo2:
+      return {2048, -1, -1, {50279}, 1e-5};
   }
   return {2048, -1, -1, {}};
 }
@@ -334,8 +337,10 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     unsupported.push_back(cat("hidden_act \"", act, "\" is not supported; supported: silu (SwiGLU MLP)"));
   // Qwen2-MoE: q/k/v biases unless qkv_bias is false (Qwen2MoeConfig's default: true)
   s.qkv_bias = s.family == Family::qwen2 || (s.family == Family::qwen2_moe && f.get_bool("qkv_bias", true));
-  s.qk_norm = s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe;
-  s.qk_norm_whole = s.family == Family::olmoe;
+  s.qk_norm = s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
+              s.family == Family::olmo2;
+  s.qk_norm_whole = s.family == Family::olmoe || s.family == Family::olmo2;  // OLMo2: q_norm [H*D], k_norm [G*D]
+  s.post_norms = s.family == Family::olmo2;
   moe_parse(f, s, &unsupported);
   if (s.family == Family::llama) {
     if (f.get_bool("attention_bias", false))
@@ -344,7 +349,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
           "(q/k/v biases are supported only as in Qwen2)");
     if (f.get_bool("mlp_bias", false)) unsupported.push_back("mlp_bias true is not supported; supported: false");
   }
-  if ((s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
+  if ((s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
+       s.family == Family::olmo2) &&
       f.get_bool("attention_bias", false))
     unsupported.push_back(cat("attention_bias true is not supported for ", s.architecture, "; supported: false"));
 
@@ -514,6 +520,8 @@ void ModelSpec::validate(const std::string& source) const {
       p.push_back(cat("router_aux_loss_coef must be finite and >= 0, found ", moe.router_aux_loss_coef));
   }
   if (moe.n_experts < 0) p.push_back(cat("num_experts must be >= 0, found ", moe.n_experts));
+  if (post_norms && is_moe())
+    p.push_back("post-branch norms (OLMo2) with mixture-of-experts layers are not supported; use a dense MLP");
   // Sizes beyond any model (and beyond int64 products): the parameter count
   // in double, before params_total's integer maths could overflow.
   if (p.empty()) {
@@ -571,11 +579,14 @@ std::string spec_to_config_json(const ModelSpec& s) {
   RT_CHECK(s.family == Family::qwen2_moe || s.qkv_bias == (s.family == Family::qwen2),
            "[config] spec_to_config_json: qkv_bias=", s.qkv_bias, " cannot be expressed for family ", fi.model_type,
            " (HF: only Qwen2 has q/k/v biases)");
-  RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
-               s.qk_norm_whole == (s.family == Family::olmoe),
+  RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
+                          s.family == Family::olmo2) &&
+               s.qk_norm_whole == (s.family == Family::olmoe || s.family == Family::olmo2),
            "[config] spec_to_config_json: qk_norm=", s.qk_norm, " qk_norm_whole=", s.qk_norm_whole,
            " cannot be expressed for family ", fi.model_type,
-           " (HF: Qwen3 and Qwen3-MoE norm q/k per head, OLMoE over the whole projection)");
+           " (HF: Qwen3 and Qwen3-MoE norm q/k per head, OLMoE and OLMo2 over the whole projection)");
+  RT_CHECK(s.post_norms == (s.family == Family::olmo2), "[config] spec_to_config_json: post_norms=", s.post_norms,
+           " cannot be expressed for family ", fi.model_type, " (HF: only OLMo2 norms each branch's output)");
   RT_CHECK(s.is_moe() == moe_family, "[config] spec_to_config_json: ", s.moe.n_experts,
            " experts cannot be expressed for family ", fi.model_type);
   RT_CHECK(s.family != Family::mixtral || s.moe.norm_topk_prob,

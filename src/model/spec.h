@@ -9,7 +9,7 @@
 
 namespace rt {
 
-enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe };
+enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, olmo2 };
 enum class RopeScaling { none, llama3 };
 
 struct RopeConfig {
@@ -62,6 +62,10 @@ struct ModelSpec {
   // OLMoE (with qk_norm): the q/k RMSNorm spans the whole projection (weights
   // [q_dim] and [kv_dim]) instead of each head.
   bool qk_norm_whole = false;
+  // OLMo2: no RMSNorm before attention or the MLP; each branch's output is
+  // normed (post_attention_layernorm, post_feedforward_layernorm) before its
+  // residual add. Dense models only.
+  bool post_norms = false;
   MoeConfig moe;  // n_experts 0: dense MLP
   int64_t max_positions = 2048;
   // Mistral/Mixtral's sliding_window when below max_positions (0: none). Runs
@@ -108,7 +112,7 @@ std::string spec_to_config_json(const ModelSpec& spec);
 // Built-in presets with the shapes of well-known models (random init only):
 // "tiny-byte" (the default demo model), "llama-3.1-8b", "mistral-7b",
 // "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b",
-// "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b".
+// "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "olmo-2-1b", "olmo-2-7b".
 ModelSpec spec_preset(const std::string& name);  // throws rt::Error listing the names
 std::vector<std::string> preset_names();
 

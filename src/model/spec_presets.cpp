@@ -30,8 +30,9 @@ ModelSpec preset_make(Family fam, int64_t hidden, int64_t inter, int64_t layers,
   s.rms_eps = eps;
   s.tie_embeddings = tied;
   s.qkv_bias = fam == Family::qwen2;
-  s.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::olmoe;
-  s.qk_norm_whole = fam == Family::olmoe;
+  s.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::olmoe || fam == Family::olmo2;
+  s.qk_norm_whole = fam == Family::olmoe || fam == Family::olmo2;
+  s.post_norms = fam == Family::olmo2;
   s.max_positions = max_pos;
   s.bos_id = bos;
   s.eos_ids = std::move(eos);
@@ -98,6 +99,13 @@ const std::map<std::string, ModelSpec>& presets() {
     m["olmoe-1b-7b"] =
         moe(preset_make(Family::olmoe, 2048, 1024, 16, 16, 16, 128, 50304, 10000.0, 1e-5, false, 4096, -1, {50279}), 64,
             8, 1024, false, 0.01);
+    // OLMo 2 (post-branch norms, q/k norms over the whole projection): eos
+    // <|endoftext|> 100257, no bos. allenai/OLMo-2-0425-1B: 1,484,916,736
+    // parameters; allenai/OLMo-2-1124-7B: 7,298,617,344.
+    m["olmo-2-1b"] =
+        preset_make(Family::olmo2, 2048, 8192, 16, 16, 16, 128, 100352, 500000.0, 1e-6, false, 4096, -1, {100257});
+    m["olmo-2-7b"] =
+        preset_make(Family::olmo2, 4096, 11008, 32, 32, 32, 128, 100352, 500000.0, 1e-6, false, 4096, -1, {100257});
     return m;
   }();
   return table;
@@ -108,7 +116,8 @@ const std::map<std::string, ModelSpec>& presets() {
 std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
   return {"tiny-byte",   "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b",  "qwen2.5-7b",   "qwen2.5-14b",
-          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",   "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"};
+          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",   "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b",
+          "olmo-2-1b",   "olmo-2-7b"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

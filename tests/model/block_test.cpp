@@ -47,6 +47,10 @@ rt::ModelSpec tiny_spec(rt::Family f) {
     s.qk_norm = true;
     s.head_dim = 6;
   }
+  if (f == rt::Family::olmo2) {  // post-branch norms, q/k norms over the whole projection
+    s.architecture = "Olmo2ForCausalLM";
+    s.qk_norm = s.qk_norm_whole = s.post_norms = true;
+  }
   return s;
 }
 
@@ -254,7 +258,8 @@ TEST_P(BlockChunks, BuffersSizedForOtherDimsAreRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BlockChunks,
-                         ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3),
+                         ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3,
+                                           rt::Family::olmo2),
                          [](const auto& info) { return std::string(rt::family_name(info.param)); });
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Whole-model finite-difference gradient check through the layer templates
 // and the CPU backend, for each family variant (GQA llama, Qwen2 bias + tied
-// embeddings, Qwen3 q/k norm with head_dim != hidden/heads).
+// embeddings, Qwen3 q/k norm with head_dim != hidden/heads, OLMo2 post-branch
+// norms with q/k norms over the whole projection).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,6 +36,10 @@ rt::ModelSpec tiny_spec(rt::Family f) {
     s.architecture = "Qwen3ForCausalLM";
     s.qk_norm = true;
     s.head_dim = 6;
+  }
+  if (f == rt::Family::olmo2) {  // post-branch norms, q/k norms over the whole projection
+    s.architecture = "Olmo2ForCausalLM";
+    s.qk_norm = s.qk_norm_whole = s.post_norms = true;
   }
   if (f == rt::Family::llama) {
     s.rope.scaling = rt::RopeScaling::llama3;
@@ -222,7 +227,8 @@ TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
-                         ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3),
+                         ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3,
+                                           rt::Family::olmo2),
                          [](const auto& info) { return std::string(rt::family_name(info.param)); });
 
 }  // namespace

@@ -60,6 +60,7 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
   EXPECT_EQ(a.qk_norm_whole, b.qk_norm_whole);
+  EXPECT_EQ(a.post_norms, b.post_norms);
   EXPECT_EQ(a.moe.n_experts, b.moe.n_experts);
   EXPECT_EQ(a.moe.top_k, b.moe.top_k);
   EXPECT_EQ(a.moe.expert_intermediate, b.moe.expert_intermediate);
@@ -542,6 +543,9 @@ TEST(Spec, PresetParameterTotals) {
   EXPECT_EQ(rt::spec_preset("qwen2.5-32b").params_total(), 32763876352);
   EXPECT_EQ(rt::spec_preset("qwen2.5-72b").params_total(), 72706203648);
   EXPECT_EQ(rt::spec_preset("qwen3-8b").params_total(), 8190735360);
+  // OLMo 2 (the model cards say 1.48B and 7.30B; these are the shapes' exact sums)
+  EXPECT_EQ(rt::spec_preset("olmo-2-1b").params_total(), 1484916736);
+  EXPECT_EQ(rt::spec_preset("olmo-2-7b").params_total(), 7298617344);
   // tiny-byte by hand: per layer 256*256 (q) + 2*128*256 (k, v) + 256*256 (o) + 3*256*704 (MLP) + 2*256 (norms)
   // = 737,792; 6 layers + 2*264*256 (untied embed, head) + 256 (final norm).
   ModelSpec t = rt::spec_preset("tiny-byte");
@@ -556,7 +560,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 12u);
+  ASSERT_EQ(rt::preset_names().size(), 14u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);
@@ -591,11 +595,71 @@ TEST(Spec, UnknownPresetListsNames) {
              "qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, qwen3-8b");
 }
 
+// allenai/OLMo-2-1124-7B's config.json fields (transformers 4.x dialect):
+// no head_dim (hidden / heads), no bos, eos 100257, pad 100277.
+const char* kOlmo2_4x = R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "olmo2",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "pad_token_id": 100277,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 500000, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.47.0", "use_cache": true, "vocab_size": 100352
+})";
+// The same in the 5.x dialect.
+const char* kOlmo2_5x = R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "dtype": "bfloat16",
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
+  "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "tie_word_embeddings": false,
+  "vocab_size": 100352
+})";
+
+TEST(Spec, Olmo2BothDialectsPostNormsAndWholeQkNorms) {
+  ModelSpec a = rt::spec_from_config_text(kOlmo2_4x, "olmo2.json");
+  EXPECT_EQ(a.family, Family::olmo2);
+  EXPECT_EQ(a.architecture, "Olmo2ForCausalLM");
+  EXPECT_TRUE(a.post_norms && a.qk_norm && a.qk_norm_whole);
+  EXPECT_FALSE(a.qkv_bias || a.is_moe());
+  EXPECT_EQ(a.head_dim, 128);
+  EXPECT_EQ(a.rope.theta, 500000.0);
+  EXPECT_EQ(a.bos_id, -1);
+  EXPECT_EQ(a.eos_ids, std::vector<int64_t>{100257});
+  EXPECT_EQ(a.pad_id, std::optional<int64_t>{100277});
+  ModelSpec b = rt::spec_from_config_text(kOlmo2_5x, "olmo2_5x.json");
+  expect_same_spec(a, b, "4.x vs 5.x dialect");
+  ModelSpec p = rt::spec_preset("olmo-2-7b");
+  p.pad_id = 100277;  // presets carry no pad id
+  expect_same_spec(a, p, "config vs preset");
+  // q_norm [H*D], k_norm [G*D]: 2 x 4096 per layer besides the two branch norms
+  EXPECT_EQ(a.params_per_layer(), 4 * 4096LL * 4096 + 3 * 4096LL * 11008 + 4 * 4096);
+  // OLMo2Config's defaults when fields are absent: eos 50279, eps 1e-5, 2048 positions, kv heads = heads
+  ModelSpec d = rt::spec_from_config_text(R"({"architectures": ["Olmo2ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 50304})",
+                                          "olmo2_min.json");
+  EXPECT_EQ(d.eos_ids, std::vector<int64_t>{50279});
+  EXPECT_EQ(d.rms_eps, 1e-5);
+  EXPECT_EQ(d.max_positions, 2048);
+  EXPECT_EQ(d.n_kv_heads, 4);
+  EXPECT_EQ(d.bos_id, -1);
+  EXPECT_HAS(parse_error(with_field(kOlmo2_4x, "attention_bias", "true")), "attention_bias true is not supported");
+  // HF cannot express the OLMo2 layer under another family, nor other families' layers under OLMo2
+  ModelSpec q = rt::spec_preset("qwen3-8b");
+  q.post_norms = true;
+  EXPECT_HAS(error_of([&] { rt::spec_to_config_json(q); }), "post_norms");
+  // post-branch norms with experts are refused
+  ModelSpec m = rt::spec_preset("olmoe-1b-7b");
+  m.post_norms = true;
+  EXPECT_HAS(error_of([&] { m.validate("x"); }), "post-branch norms (OLMo2) with mixture-of-experts");
+}
+
 TEST(Spec, FamilyNames) {
   EXPECT_STREQ(rt::family_name(Family::llama), "llama");
   EXPECT_STREQ(rt::family_name(Family::mistral), "mistral");
   EXPECT_STREQ(rt::family_name(Family::qwen2), "qwen2");
   EXPECT_STREQ(rt::family_name(Family::qwen3), "qwen3");
+  EXPECT_STREQ(rt::family_name(Family::olmo2), "olmo2");
+  EXPECT_STREQ(rt::family_architecture(Family::olmo2), "Olmo2ForCausalLM");
 }
 
 }  // namespace
