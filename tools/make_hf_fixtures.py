@@ -13,7 +13,7 @@ torch/transformers versions or CPUs may differ in the last bits (the versions ar
 What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
 
 <out>/hf/<name>/   for name in llama_gqa_rope3, mistral, qwen2_bias_tied, qwen3_qknorm_hd,
-                   olmo2_postnorm
+                   olmo2_postnorm, granite_mult, smollm3_nope
   config.json        exactly what transformers' save_pretrained wrote (5.x dialect:
                      "rope_parameters" = {"rope_type", "rope_theta", ...}).
   model.safetensors  exactly what save_pretrained(safe_serialization=True) wrote: HF tensor
@@ -148,6 +148,23 @@ def model_configs():
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
             tie_word_embeddings=False, attention_bias=False,
             rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+        # Granite: embedding_multiplier, residual_multiplier (each branch's output before its
+        # residual add), attention_multiplier (the softmax scale instead of 1/sqrt(head_dim)),
+        # logits_scaling (logits divided by it); a vocabulary that is not a multiple of 8.
+        "granite_mult": ("GraniteConfig", dict(
+            common, vocab_size=101, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+            embedding_multiplier=2.5, residual_multiplier=0.6, attention_multiplier=0.2,
+            logits_scaling=1.7,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        # SmolLM3: layer 1 has no RoPE (no_rope_layers [1, 0]: 1 = RoPE), tied embeddings.
+        "smollm3_nope": ("SmolLM3Config", dict(
+            common, vocab_size=96, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+            no_rope_layers=[1, 0], use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
     }
 
 

@@ -123,6 +123,8 @@ void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
 
 // ---- elementwise ----
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);  // y = bf16(y + x)
+// y = bf16(alpha * x) in fp32 (y may be x); its own backward.
+void scale(bf16* y, const bf16* x, float alpha, int64_t n, cudaStream_t stream);
 
 // ---- LM head + cross-entropy in token chunks; [N, V] logits never exist ----
 // Per chunk of <= chunk_rows rows: fp32 logits = h_chunk @ w^T (cuBLASLt), one

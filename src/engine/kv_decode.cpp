@@ -29,9 +29,11 @@ const float* KvDecoder::step(int32_t id) {
   const ModelSpec& s = s_;
   const int64_t C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim, F = s.intermediate;
   const int64_t QD = H * D, KD = G * D, pos = n_;
-  const float eps = static_cast<float>(s.rms_eps), scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float eps = static_cast<float>(s.rms_eps), scale = static_cast<float>(s.attention_softmax_scale());
+  const float r = static_cast<float>(s.residual_multiplier);  // Granite's multipliers (model/block.h)
   const int32_t p32 = static_cast<int32_t>(pos);
   ops_.embedding_forward(x_.data(), &id, w_.embed, 1, C);
+  if (s.embedding_multiplier != 1.0) ops_.scale(x_.data(), x_.data(), static_cast<float>(s.embedding_multiplier), C);
   for (int64_t l = 0; l < s.n_layers; ++l) {
     const BlockWeightsT<float>& w = w_.layers[static_cast<size_t>(l)];
     float* kc = k_.data() + l * cap_ * KD;
@@ -55,8 +57,10 @@ const float* KvDecoder::step(int32_t id) {
       ops_.linear_forward(k, xn, w.k_proj, w.k_bias, 1, C, KD);
     }
     ops_.linear_forward(vc + pos * KD, xn, w.v_proj, w.v_bias, 1, C, KD);
-    ops_.rope_forward(q_.data(), &p32, 1, H, D);
-    ops_.rope_forward(k, &p32, 1, G, D);
+    if (s.layer_uses_rope(l)) {  // SmolLM3's NoPE layers do not rotate
+      ops_.rope_forward(q_.data(), &p32, 1, H, D);
+      ops_.rope_forward(k, &p32, 1, G, D);
+    }
     // one query row against the cached keys 0..pos (causal), heads in groups of H / G
     for (int64_t hd = 0; hd < H; ++hd) {
       const int64_t g = hd / (H / G);
@@ -84,6 +88,7 @@ const float* KvDecoder::step(int32_t id) {
       ops_.rms_norm_forward(h_.data(), rstd_.data(), xn_.data(), w.attn_norm, 1, C, eps);
     } else {
       ops_.linear_forward(h_.data(), att_.data(), w.o_proj, nullptr, 1, QD, C);
+      if (r != 1.f) ops_.scale(h_.data(), h_.data(), r, C);
     }
     ops_.add_inplace(h_.data(), x_.data(), C);
     const float* hn = s.post_norms ? h_.data() : hn_.data();  // the MLP's input
@@ -109,12 +114,15 @@ const float* KvDecoder::step(int32_t id) {
         ops_.rms_norm_forward(y_.data(), rstd_.data(), so_.data(), w.mlp_norm, 1, C, eps);
       } else {
         ops_.linear_forward(y_.data(), a_.data(), w.down_proj, nullptr, 1, F, C);
+        if (r != 1.f) ops_.scale(y_.data(), y_.data(), r, C);
       }
     }
     ops_.add_inplace(y_.data(), h_.data(), C);
     std::swap(x_, y_);
   }
   ops_.rms_norm_forward(xn_.data(), rstd_.data(), x_.data(), w_.final_norm, 1, C, eps);
+  if (s.logits_scaling != 1.0)  // Granite: the logits hf W^T come out divided by logits_scaling
+    ops_.scale(xn_.data(), xn_.data(), static_cast<float>(1.0 / s.logits_scaling), C);
   ++n_;
   return xn_.data();
 }

@@ -23,6 +23,12 @@
 //   hn = rms(h)·w_mlp_norm
 //   y = h + (silu(hn Wg^T) * hn Wu^T) Wd^T
 // [OLMoE] q, k = rms(q)·w_q_norm, rms(k)·w_k_norm over the whole projection.
+// [Granite] x0 = embed * embedding_multiplier (model.h); each branch's output
+// (attn(...) Wo^T, the MLP's) is multiplied by residual_multiplier r before
+// its residual add; the softmax scale is attention_scale (q is multiplied by
+// attention_scale * sqrt(D) after RoPE, the attention op scaling by
+// 1/sqrt(D)); the logits are divided by logits_scaling (model.h).
+// [SmolLM3] layers with spec.layer_uses_rope(w.layer) false skip RoPE.
 // [OLMo2] (spec.post_norms; with OLMoE's whole-projection q/k norms) no norm
 // before either branch; each branch's output is normed before its residual add:
 //   q, k, v from x;  h = x + rms(attn(q, k, v) Wo^T)·w_attn_norm
@@ -47,6 +53,7 @@
 //   '=' and accumulates weight grads '+=' (weight grads are fp32 always).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -78,6 +85,7 @@ struct BlockWeightsT {
   const W* router = nullptr;
   const W* shared_expert_gate = nullptr;
   std::vector<const W*> expert_gate{}, expert_up{}, expert_down{};
+  int64_t layer = -1;  // the decoder layer these are (SmolLM3: whether it applies RoPE)
 };
 
 // Weight gradients of one block, fp32, same shapes (nullable entries as above).
@@ -321,14 +329,22 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
     ops.linear_forward(t.k.data(), xn, w.k_proj, w.k_bias, N, C, KD);
   }
   ops.linear_forward(t.v.data(), xn, w.v_proj, w.v_bias, N, C, KD);
-  ops.rope_forward(t.q.data(), pos, N, H, D);
-  ops.rope_forward(t.k.data(), pos, N, G, D);
+  if (s.layer_uses_rope(w.layer)) {
+    ops.rope_forward(t.q.data(), pos, N, H, D);
+    ops.rope_forward(t.k.data(), pos, N, G, D);
+  }
+  // Granite: the softmax scale attention_scale, through q (the op scales by 1/sqrt(D))
+  const float qscale =
+      s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
+  if (qscale != 1.f) ops.scale(t.q.data(), t.q.data(), qscale, N * QD);
+  const float r = static_cast<float>(s.residual_multiplier);  // Granite: branch outputs times r
   ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start);
   if (post) {  // h = x + rms(att Wo^T)·w_attn_norm, the branch output kept in xn
     ops.linear_forward(t.xn.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
     ops.rms_norm_forward(t.h.data(), t.rstd1.data(), t.xn.data(), w.attn_norm, N, C, eps);
   } else {
     ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    if (r != 1.f) ops.scale(t.h.data(), t.h.data(), r, N * C);
   }
   ops.add_inplace(t.h.data(), x, N * C);
   if (!post) ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
@@ -371,6 +387,7 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
     }
     if (!y) continue;
     ops.linear_forward(y + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
+    if (r != 1.f) ops.scale(y + r0 * C, y + r0 * C, r, n * C);
     ops.add_inplace(y + r0 * C, t.h.data() + r0 * C, n * C);
   }
   if (post) {  // y = h + rms(mlp_out)·w_mlp_norm; a recompute needs only the statistics (hn is free: scratch)
@@ -404,6 +421,11 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   auto* d_mlp_in = post ? d.d_h.data() : d.d_hn.data();
   if (post) {
     ops.rms_norm_backward(d.d_xn.data(), gr.mlp_norm, dy, t.mlp_out.data(), w.mlp_norm, t.rstd2.data(), N, C);
+    d_mlp_out = d.d_xn.data();
+  }
+  const float r = static_cast<float>(s.residual_multiplier);  // Granite: y = h + r * mlp(...)
+  if (r != 1.f && !s.is_moe()) {
+    ops.scale(d.d_xn.data(), dy, r, N * C);
     d_mlp_out = d.d_xn.data();
   }
   if (s.is_moe()) {
@@ -460,12 +482,20 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   if (post) {
     ops.rms_norm_backward(d.d_hn.data(), gr.attn_norm, d.d_h.data(), t.xn.data(), w.attn_norm, t.rstd1.data(), N, C);
     d_ao = d.d_hn.data();
+  } else if (r != 1.f) {  // Granite: h = x + r * att Wo^T
+    ops.scale(d.d_hn.data(), d.d_h.data(), r, N * C);
+    d_ao = d.d_hn.data();
   }
   ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d_ao, t.att.data(), w.o_proj, N, QD, C);
   ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(), t.v.data(),
                          t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start);
-  ops.rope_backward(d.d_q.data(), pos, N, H, D);
-  ops.rope_backward(d.d_k.data(), pos, N, G, D);
+  const float qscale =
+      s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
+  if (qscale != 1.f) ops.scale(d.d_q.data(), d.d_q.data(), qscale, N * QD);
+  if (s.layer_uses_rope(w.layer)) {
+    ops.rope_backward(d.d_q.data(), pos, N, H, D);
+    ops.rope_backward(d.d_k.data(), pos, N, G, D);
+  }
   const auto* dq = d.d_q.data();
   const auto* dk = d.d_k.data();
   if (s.qk_norm) {

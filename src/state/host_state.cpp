@@ -577,6 +577,7 @@ template <class P>
 BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
   auto name = [&](const char* suffix) { return cat("model.layers.", i, ".", suffix); };
   BlockWeightsT<float> w{};
+  w.layer = i;
   // OLMo2 (post_norms) names each norm after the branch it follows (model/weight_map.h)
   w.attn_norm = get(name(s.post_norms ? "post_attention_layernorm.weight" : "input_layernorm.weight"));
   w.q_proj = get(name("self_attn.q_proj.weight"));

@@ -276,6 +276,15 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   rt::cpu::add_inplace(sum_ref.data(), dout.data(), n);
   rt::cuda::add_inplace(dup_in->as<bf16>(), ddout->as<bf16>(), n, nullptr);
   EXPECT_EQ(download_bf16(*dup_in, n), round_bf16(sum_ref));  // one rounding of an exact fp32 sum
+
+  // scale (Granite's multipliers): the fp32 product alpha * x, rounded once to
+  // bf16, as the CPU's fp32 product rounded to bf16; in place and out of place
+  std::vector<float> scaled_ref(n);
+  rt::cpu::scale(scaled_ref.data(), gate.data(), 0.22f, n);
+  rt::cuda::scale(out->as<bf16>(), dgate->as<bf16>(), 0.22f, n, nullptr);
+  EXPECT_EQ(download_bf16(*out, n), round_bf16(scaled_ref));
+  rt::cuda::scale(dgate->as<bf16>(), dgate->as<bf16>(), 0.22f, n, nullptr);
+  EXPECT_EQ(download_bf16(*dgate, n), round_bf16(scaled_ref));
 }
 
 // ---------------------------------------------------------------- LM head + cross-entropy
@@ -297,7 +306,7 @@ TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
     std::vector<int32_t> targets(N);
     std::mt19937 rng(92);
     for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
-    targets[3] = static_cast<int32_t>(V - 1);  // the last real id
+    targets[3] = static_cast<int32_t>(V - 1);            // the last real id
     for (int i = 0; i < 10; ++i) targets[i * 7] = -100;  // ignored rows
     auto dw0 = random_vec(Vr * C, 93);
     for (int64_t i = V * C; i < Vr * C; ++i) dw0[i] = 0.f;

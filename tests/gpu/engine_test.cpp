@@ -246,6 +246,35 @@ TEST(CudaEngine, Olmo2MatchesTheCpuReference) {
   }
 }
 
+TEST(CudaEngine, GraniteAndSmolLM3MatchTheCpuReference) {
+  // Granite: the embedding, residual and logits multipliers and the
+  // attention scale (through q), with a vocabulary of 262 (Granite 3.3's is
+  // 49,159); SmolLM3: layers 1 and 3 without RoPE, tied.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  rt::ModelSpec g = gpu_spec(4);
+  g.family = rt::Family::granite;
+  g.architecture = "GraniteForCausalLM";
+  g.vocab = 262;
+  g.embedding_multiplier = 3.0;
+  g.residual_multiplier = 0.5;
+  g.logits_scaling = 2.0;
+  g.attention_scale = 0.09;
+  for (const char* grads : {"device", "host"}) {
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.grads = grads;
+    expect_gradients_match_cpu(g, co, (std::string("granite, ") + grads + " gradients").c_str());
+  }
+  rt::ModelSpec m = gpu_spec(4);
+  m.family = rt::Family::smollm3;
+  m.architecture = "SmolLM3ForCausalLM";
+  m.rope_layers = {1, 0, 1, 0};
+  m.tie_embeddings = true;
+  rt::CudaOptions co;
+  co.slots = 2;
+  expect_gradients_match_cpu(m, co, "smollm3");
+}
+
 TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 2, T = 256;
@@ -808,8 +837,9 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
   // host and mixed placements, fixed and auto kept activations.
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 4, T = 128;
-  for (bool tied : {false, true})
-  for (int64_t vocab : {int64_t{264}, int64_t{262}}) {  // 262: the LM head's padding rows are counted
+  // vocab 262: the LM head's padding rows (cuda/lm_head_rows.h) are counted too
+  for (const auto& [tied, vocab] : {std::pair<bool, int64_t>{false, 264}, std::pair<bool, int64_t>{true, 264},
+                                    std::pair<bool, int64_t>{false, 262}, std::pair<bool, int64_t>{true, 262}}) {
     rt::ModelSpec s = gpu_spec(4);
     s.tie_embeddings = tied;
     s.vocab = vocab;
@@ -845,8 +875,9 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
       auto gpu = rt::make_cuda_backend(st, B, T, co);
       const rt::DevicePlan p = rt::plan_device(s, B, T, co, co.max_gpu_memory, rt::cuda::op_scratch_bytes);
       EXPECT_EQ(p.total, gpu->stats().device_peak_bytes)
-          << "tied " << tied << " vocab " << vocab << " grads " << co.grads << " checkpoints " << co.checkpoints << " keep "
-          << co.keep_activations << " (plan keeps " << p.kept_layers << ", MLP chunk " << p.mlp_chunk_tokens << ")";
+          << "tied " << tied << " vocab " << vocab << " grads " << co.grads << " checkpoints " << co.checkpoints
+          << " keep " << co.keep_activations << " (plan keeps " << p.kept_layers << ", MLP chunk " << p.mlp_chunk_tokens
+          << ")";
     }
     // auto on a budget the unchunked block does not fit: the smallest budget
     // (in 64 KiB steps) on which the plan fits only by picking a chunk
@@ -869,7 +900,8 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
     rt::HostState st(s, false);
     st.init_random(3);
     auto gpu = rt::make_cuda_backend(st, B, T, co);
-    EXPECT_EQ(p.total, gpu->stats().device_peak_bytes) << "tied " << tied << " vocab " << vocab << " auto MLP chunk " << p.mlp_chunk_tokens;
+    EXPECT_EQ(p.total, gpu->stats().device_peak_bytes)
+        << "tied " << tied << " vocab " << vocab << " auto MLP chunk " << p.mlp_chunk_tokens;
   }
 }
 

@@ -147,11 +147,11 @@ void WeightSlots::zero_lm_head_padding(size_t u, bf16* dst) {
   if (u != lm_unit || Vr == V) return;
   const StateUnit& un = st_.units()[u];
   const WeightKind k = un.entries.back().kind;
-  RT_CHECK(k == WeightKind::lm_head || k == WeightKind::embed, "[cuda] internal: the LM head is not the last tensor of ",
-           un.name);
+  RT_CHECK(k == WeightKind::lm_head || k == WeightKind::embed,
+           "[cuda] internal: the LM head is not the last tensor of ", un.name);
   RT_CHECK(un.offsets.back() + Vr * C <= dev_numel(u), "[cuda] internal: no room for the LM head's padding rows");
-  CUDA_CHECK(cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2,
-                             dev_.h2d.get()));
+  CUDA_CHECK(
+      cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2, dev_.h2d.get()));
 }
 
 void WeightSlots::ensure_head() {
