@@ -3,6 +3,7 @@
 
 Run (from the repository root, CPU only, no network):
     python3 tools/make_hf_fixtures.py --out tests/fixtures
+    python3 tools/make_hf_fixtures.py --only olmo2_postnorm   # one model fixture, nothing else
 Needs torch + transformers 5.x + safetensors (`pip install torch transformers safetensors`).
 Deterministic: fixed seeds, torch.use_deterministic_algorithms(True), one CPU thread, fp32
 defaults, safetensors written with a fixed metadata dict, JSON with sort_keys and Python's
@@ -11,7 +12,8 @@ torch/transformers versions or CPUs may differ in the last bits (the versions ar
 
 What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
 
-<out>/hf/<name>/   for name in llama_gqa_rope3, mistral, qwen2_bias_tied, qwen3_qknorm_hd
+<out>/hf/<name>/   for name in llama_gqa_rope3, mistral, qwen2_bias_tied, qwen3_qknorm_hd,
+                   olmo2_postnorm, granite_mult, smollm3_nope
   config.json        exactly what transformers' save_pretrained wrote (5.x dialect:
                      "rope_parameters" = {"rope_type", "rope_theta", ...}).
   model.safetensors  exactly what save_pretrained(safe_serialization=True) wrote: HF tensor
@@ -138,6 +140,31 @@ def model_configs():
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
             tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+        # OLMo2: no pre-norms, RMSNorm on each branch's output before its residual add
+        # (post_attention_layernorm, post_feedforward_layernorm), q/k RMSNorm over the whole
+        # projection ([H*D] and [G*D] weights), GQA 4/2.
+        "olmo2_postnorm": ("Olmo2Config", dict(
+            common, vocab_size=104, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, attention_bias=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+        # Granite: embedding_multiplier, residual_multiplier (each branch's output before its
+        # residual add), attention_multiplier (the softmax scale instead of 1/sqrt(head_dim)),
+        # logits_scaling (logits divided by it); a vocabulary that is not a multiple of 8.
+        "granite_mult": ("GraniteConfig", dict(
+            common, vocab_size=101, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+            embedding_multiplier=2.5, residual_multiplier=0.6, attention_multiplier=0.2,
+            logits_scaling=1.7,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        # SmolLM3: layer 1 has no RoPE (no_rope_layers [1, 0]: 1 = RoPE), tied embeddings.
+        "smollm3_nope": ("SmolLM3Config", dict(
+            common, vocab_size=96, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+            no_rope_layers=[1, 0], use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
     }
 
 
@@ -379,16 +406,27 @@ def adamw_write(out_dir, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures", help="fixture root (default tests/fixtures)")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="write only these model fixtures (repeatable; seeds as in a full run), "
+                         "not the config variants or the AdamW fixture")
     args = ap.parse_args()
+    unknown = sorted(set(args.only) - set(model_configs()))
+    if unknown:
+        sys.exit(f"[make_hf_fixtures] --only {', '.join(unknown)}: no such fixture; "
+                 f"choose from {', '.join(model_configs())}")
     setup_determinism()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     llama_cfg, llama_inv = None, None
     for i, (name, (cls_name, kw)) in enumerate(model_configs().items()):
+        if args.only and name not in args.only:
+            continue
         saved_cfg, inv = hf_fixture_write(args.out, name, cls_name, kw, SEED + i)
         if name == "llama_gqa_rope3":
             llama_cfg, llama_inv = saved_cfg, inv
+    if args.only:
+        return
     configs_write(args.out, llama_cfg, llama_inv)
     adamw_write(args.out, SEED + 100)
 

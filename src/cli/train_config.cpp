@@ -38,7 +38,8 @@ void train_options(ArgParser& p) {
 
   p.group("Model");
   p.option("preset", "NAME",
-           "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, ... (random init)");
+           "start from a built-in model shape: tiny-byte, llama-3.1-8b, qwen2.5-7b, olmo-2-7b, granite-3.3-8b, "
+           "smollm3-3b, ... (random init; a wrong name lists them all)");
   p.option("model", "DIR|ORG/NAME",
            "start from a HF model directory (config.json + safetensors), or a model id "
            "found in the local HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, default ~/.cache/huggingface/hub)");

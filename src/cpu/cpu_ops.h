@@ -79,6 +79,7 @@ class CpuOps {
     cpu::swiglu_backward(dg, du, dout, g, u, n);
   }
   void add_inplace(float* y, const float* x, int64_t n) { cpu::add_inplace(y, x, n); }
+  void scale(float* y, const float* x, float alpha, int64_t n) { cpu::scale(y, x, alpha, n); }
   void moe_forward(float* out, float* probs, const float* x, const float* router, const float* const* gate,
                    const float* const* up, const float* const* down, int64_t N, int64_t C, const MoeConfig& m,
                    int64_t* tokens_per_expert, double* prob_sum) {

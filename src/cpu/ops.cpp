@@ -254,4 +254,10 @@ void add_inplace(float* y, const float* x, int64_t n) {
   });
 }
 
+void scale(float* y, const float* x, float alpha, int64_t n) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) y[i] = alpha * x[i];
+  });
+}
+
 }  // namespace rt::cpu

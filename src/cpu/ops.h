@@ -76,6 +76,9 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 
 // ---- elementwise ----
 void add_inplace(float* y, const float* x, int64_t n);  // y += x
+// y = alpha * x (y may be x). Its own backward: dx = alpha * dy (Granite's
+// multipliers, attention scale and logits scaling).
+void scale(float* y, const float* x, float alpha, int64_t n);
 
 // ---- LM head + cross-entropy, in token chunks so [N, V] logits never exist ----
 // logits for a chunk: h[rows, C] @ w[V, C]^T. Loss per valid row: logsumexp - logit[target].

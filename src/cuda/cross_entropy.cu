@@ -2,10 +2,15 @@
 // logits by cuBLASLt, one block per row for the fused softmax / loss /
 // dlogits kernel, then the dh and dw GEMMs, then a one-block fixed-order
 // reduction of the chunk's per-row losses into the device totals (fp64).
+// A vocabulary V that is not a multiple of 8 runs on Vr = V rounded up to 8
+// rows of w and dw (the GEMMs' row widths): the row kernel excludes logits
+// V..Vr-1 from the softmax and gives them zero gradients, so dh is exact and
+// dw's extra rows only ever receive zeros.
 #include <algorithm>
 
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
+#include "cuda/lm_head_rows.h"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
@@ -20,19 +25,33 @@ __device__ __forceinline__ void softmax_combine(float& m, float& s, float m2, fl
   m = mn;
 }
 
-// Row r of the chunk: loss[r] = lse - logit[target] (0 when ignored),
-// valid[r] = 0/1, dlogits[r, :] = grad_scale * (softmax - onehot) or 0.
+// Logits c..c+3 of a row, those at or past the vocabulary V as -inf.
+__device__ __forceinline__ float4 row_logits(const float* x, int64_t c, int64_t V) {
+  float4 v = *reinterpret_cast<const float4*>(x + c);
+  if (c + 4 > V) {
+    if (c >= V) v.x = -INFINITY;
+    if (c + 1 >= V) v.y = -INFINITY;
+    if (c + 2 >= V) v.z = -INFINITY;
+    v.w = -INFINITY;
+  }
+  return v;
+}
+
+// Row r of the chunk (Vr logits, the first V real): loss[r] = lse -
+// logit[target] (0 when ignored), valid[r] = 0/1, dlogits[r, :V] = grad_scale
+// * (softmax - onehot) or 0, dlogits[r, V:Vr] = 0.
 __global__ void __launch_bounds__(kRowThreads)
     cross_entropy_row_kernel(bf16* dlogits, float* loss, int* valid, const float* logits, const int32_t* targets,
-                             int64_t V, float grad_scale, bool want_grad) {
+                             int64_t V, int64_t Vr, float grad_scale, bool want_grad) {
   __shared__ float sm_m[32], sm_s[32];
   const int64_t r = blockIdx.x;
-  const float* x = logits + r * V;
+  const float* x = logits + r * Vr;
   const int32_t t = targets[r];
   float m = -INFINITY, s = 0.f;
-  for (int64_t c = threadIdx.x * 4; c < V; c += kRowThreads * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(x + c);
+  for (int64_t c = threadIdx.x * 4; c < Vr; c += kRowThreads * 4) {
+    const float4 v = row_logits(x, c, V);
     const float mx = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+    if (mx == -INFINITY) continue;  // four padding columns (V < Vr)
     const float mn = fmaxf(m, mx);
     s = s * expf(m - mn) + expf(v.x - mn) + expf(v.y - mn) + expf(v.z - mn) + expf(v.w - mn);
     m = mn;
@@ -59,9 +78,9 @@ __global__ void __launch_bounds__(kRowThreads)
     valid[r] = ok ? 1 : 0;
   }
   if (!want_grad) return;
-  bf16* d = dlogits + r * V;
-  for (int64_t c = threadIdx.x * 4; c < V; c += kRowThreads * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(x + c);
+  bf16* d = dlogits + r * Vr;
+  for (int64_t c = threadIdx.x * 4; c < Vr; c += kRowThreads * 4) {
+    const float4 v = row_logits(x, c, V);  // expf(-inf - lse) = 0: padding columns get no gradient
     float g[4] = {0.f, 0.f, 0.f, 0.f};
     if (ok) {
       g[0] = grad_scale * (expf(v.x - lse) - (c == t ? 1.f : 0.f));
@@ -108,7 +127,7 @@ size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 }  // namespace
 
 size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V) {
-  const size_t r = static_cast<size_t>(chunk_rows), v = static_cast<size_t>(V);
+  const size_t r = static_cast<size_t>(chunk_rows), v = static_cast<size_t>(lm_head_rows(V));
   return round256(r * v * 4) + round256(r * v * 2) + 2 * round256(r * 4);
 }
 
@@ -119,12 +138,13 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
            "[cuda lm_head_cross_entropy] chunk_rows must be a positive "
            "multiple of 8, got ",
            chunk_rows);
-  RT_CHECK(C % 8 == 0 && V % 8 == 0, "[cuda lm_head_cross_entropy] C and V must be multiples of 8, got C=", C,
+  RT_CHECK(C % 8 == 0 && V > 0, "[cuda lm_head_cross_entropy] C must be a multiple of 8 and V positive, got C=", C,
            " V=", V);
+  const int64_t Vr = lm_head_rows(V);
   const size_t need = lm_head_cross_entropy_scratch_bytes(chunk_rows, V);
   RT_CHECK(scratch.bytes >= need, "[cuda lm_head_cross_entropy] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (lm_head_cross_entropy_scratch_bytes)");
-  const size_t r = static_cast<size_t>(chunk_rows), v = static_cast<size_t>(V);
+  const size_t r = static_cast<size_t>(chunk_rows), v = static_cast<size_t>(Vr);
   char* p = static_cast<char*>(scratch.ptr);
   float* logits = reinterpret_cast<float*>(p);
   bf16* dlogits = reinterpret_cast<bf16*>(p + round256(r * v * 4));
@@ -133,12 +153,12 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
   const bool want_grad = dh || dw;
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, N - r0);
-    blas.matmul_nt(logits, DType::f32, h + r0 * C, w, rows, V, C, 0.f, stream);  // [rows,V] = h @ w^T
+    blas.matmul_nt(logits, DType::f32, h + r0 * C, w, rows, Vr, C, 0.f, stream);  // [rows,Vr] = h @ w^T
     cross_entropy_row_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        dlogits, loss, valid, logits, targets + r0, V, grad_scale, want_grad);
+        dlogits, loss, valid, logits, targets + r0, V, Vr, grad_scale, want_grad);
     CUDA_CHECK_LAUNCH();
-    if (dh) blas.matmul_nn(dh + r0 * C, DType::bf16, dlogits, w, rows, C, V, 0.f, stream);  // [rows,C]
-    if (dw) blas.matmul_tn(dw, DType::f32, dlogits, h + r0 * C, V, C, rows, 1.f, stream);   // [V,C] +=
+    if (dh) blas.matmul_nn(dh + r0 * C, DType::bf16, dlogits, w, rows, C, Vr, 0.f, stream);  // [rows,C]
+    if (dw) blas.matmul_tn(dw, DType::f32, dlogits, h + r0 * C, Vr, C, rows, 1.f, stream);   // [Vr,C] +=
     cross_entropy_totals_kernel<<<1, 256, 0, stream>>>(totals, loss, valid, rows);
     CUDA_CHECK_LAUNCH();
   }

@@ -92,6 +92,7 @@ class CudaOps {
     cuda::swiglu_backward(dg, du, dout, g, u, n, s_);
   }
   void add_inplace(bf16* y, const bf16* x, int64_t n) { cuda::add_inplace(y, x, n, s_); }
+  void scale(bf16* y, const bf16* x, float alpha, int64_t n) { cuda::scale(y, x, alpha, n, s_); }
   // MoE (Moe: ModelSpec::MoeConfig, a template so this header needs no model/
   // include). The op scratch must hold moe_scratch_bytes; tokens_per_expert,
   // prob_sum and dprob are host memory (model/moe_aux.h's arrays).

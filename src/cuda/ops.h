@@ -16,7 +16,8 @@
 // Ops that need temporaries take a caller-owned Scratch of at least the bytes
 // their *_scratch_bytes() function returns; it may be reused once the op's
 // stream work has finished. All pointers must be 16-byte aligned and row
-// widths (C, I, O, D, V) multiples of 8 (checked).
+// widths (C, I, O, D) multiples of 8 (checked); V may be any
+// size: the LM head runs on lm_head_rows(V) rows (lm_head_cross_entropy).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
 
 struct cublasContext;  // cuBLAS's handle type (cublasHandle_t), for MoeBlas
@@ -121,6 +123,8 @@ void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
 
 // ---- elementwise ----
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);  // y = bf16(y + x)
+// y = bf16(alpha * x) in fp32 (y may be x); its own backward.
+void scale(bf16* y, const bf16* x, float alpha, int64_t n, cudaStream_t stream);
 
 // ---- LM head + cross-entropy in token chunks; [N, V] logits never exist ----
 // Per chunk of <= chunk_rows rows: fp32 logits = h_chunk @ w^T (cuBLASLt), one
@@ -130,6 +134,10 @@ void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);  // y 
 // == -100 (any negative value) is ignored. The loss SUM and the count of valid
 // rows are ADDED to *totals (device memory; read it back when needed).
 // dh and dw may each be null (forward only when both are).
+// w and dw hold Vr = lm_head_rows(V) rows (cuda/lm_head_rows.h; Vr = V when V
+// is a multiple of 8): w's rows V..Vr-1 must be finite (the engine keeps them
+// zero); their logits are left out of the softmax and the loss, and dw's rows
+// V..Vr-1 receive only zeros.
 struct CrossEntropyTotals {
   double loss_sum;
   long long n_valid;

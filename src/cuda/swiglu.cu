@@ -38,6 +38,12 @@ __global__ void add_inplace_kernel(bf16* y, const bf16* x, int64_t n) {
     y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
 
+__global__ void scale_kernel(bf16* y, const bf16* x, float alpha, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16(alpha * __bfloat162float(x[i]));
+}
+
 }  // namespace
 
 void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream) {
@@ -56,6 +62,12 @@ void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_inplace_kernel<<<grid_for(n), 256, 0, stream>>>(y, x, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void scale(bf16* y, const bf16* x, float alpha, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n), 256, 0, stream>>>(y, x, alpha, n);
   CUDA_CHECK_LAUNCH();
 }
 

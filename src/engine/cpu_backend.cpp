@@ -61,10 +61,13 @@ class LayerMajorRunner {
     const int64_t N = dm_.N(), C = s_.hidden, V = s_.vocab, L = s_.n_layers;
     auto x = [&](int64_t k, int64_t i) { return ckpt_.data() + (k * (L + 1) + i) * N * C; };
     auto dx = [&](int64_t k) { return dx_.data() + k * N * C; };
+    // Granite's embedding multiplier and logits scaling, as ModelRunner
+    const float em = static_cast<float>(s_.embedding_multiplier), ls = static_cast<float>(1.0 / s_.logits_scaling);
     for (int64_t k = 0; k < K_; ++k) {
       RT_CHECK(b[k].B == dm_.B && b[k].T == dm_.T, "[model] batch shape ", b[k].B, "x", b[k].T,
                " does not match the runner's ", dm_.B, "x", dm_.T);
       ops_.embedding_forward(x(k, 0), b[k].ids, w.embed, N, C);
+      if (em != 1.f) ops_.scale(x(k, 0), x(k, 0), em, N * C);
     }
     for (int64_t i = 0; i < L; ++i)
       for (int64_t k = 0; k < K_; ++k)
@@ -74,8 +77,10 @@ class LayerMajorRunner {
     for (int64_t k = 0; k < K_; ++k) {
       int64_t nv = 0;
       ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), x(k, L), w.final_norm, N, C, static_cast<float>(s_.rms_eps));
+      if (ls != 1.f) ops_.scale(hf_.data(), hf_.data(), ls, N * C);
       loss += ops_.lm_head_cross_entropy(dhf_.data(), g.lm_head, hf_.data(), w.lm_head, b[k].targets, N, C, V,
                                          grad_scale, ce_chunk_, &nv);
+      if (ls != 1.f) ops_.scale(dhf_.data(), dhf_.data(), ls, N * C);
       *n_valid += nv;
       ops_.rms_norm_backward(dx(k), g.final_norm, dhf_.data(), x(k, L), w.final_norm, rstd_f_.data(), N, C);
     }
@@ -86,7 +91,10 @@ class LayerMajorRunner {
         block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i],
                        b[k].doc_start);
       }
-    for (int64_t k = 0; k < K_; ++k) ops_.embedding_backward(g.embed, dx(k), b[k].ids, N, C);
+    for (int64_t k = 0; k < K_; ++k) {
+      if (em != 1.f) ops_.scale(dx(k), dx(k), em, N * C);
+      ops_.embedding_backward(g.embed, dx(k), b[k].ids, N, C);
+    }
     return loss;
   }
 

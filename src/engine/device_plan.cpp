@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "cpu/ops.h"
+#include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
 #include "cuda/newton_schulz_workspace.h"
 #include "model/block.h"
@@ -21,6 +22,16 @@ std::vector<int64_t> unit_numels(const ModelSpec& s) {
                                                  : static_cast<size_t>(s.n_layers + 1);
     n[u] += (e.numel() + 15) / 16 * 16;  // HostState's arena layout: every tensor 16-float aligned
   }
+  return n;
+}
+
+std::vector<int64_t> device_unit_numels(const ModelSpec& s) {
+  std::vector<int64_t> n = unit_numels(s);
+  // the LM head is its unit's last tensor (weight_map order): the embedding's
+  // only one, or the head's after the final norm
+  const size_t u = s.tie_embeddings ? 0 : static_cast<size_t>(s.n_layers + 1);
+  const int64_t head = (s.vocab * s.hidden + 15) / 16 * 16, padded = cuda::lm_head_rows(s.vocab) * s.hidden;
+  n[u] = std::max(n[u], n[u] - head + padded);
   return n;
 }
 
@@ -155,7 +166,7 @@ int64_t plan_mlp_chunk_tokens(const ModelSpec& s, int64_t B, int64_t T, const Cu
 }
 
 uint64_t lm_head_scratch_estimate(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o) {
-  const uint64_t r = static_cast<uint64_t>(o.ce_chunk_rows), v = static_cast<uint64_t>(s.vocab);
+  const uint64_t r = static_cast<uint64_t>(o.ce_chunk_rows), v = static_cast<uint64_t>(cuda::lm_head_rows(s.vocab));
   const uint64_t lm = round256(r * v * 4) + round256(r * v * 2) + 2 * round256(r * 4);
   if (!s.is_moe()) return lm;
   const cuda::MoeDims md{B * T, s.hidden, s.moe.n_experts, s.moe.top_k, s.moe.expert_intermediate,
@@ -169,7 +180,7 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   p.options = o;
   p.budget = budget;
   p.place = place_on_device(s, B, T, o, budget);
-  const std::vector<int64_t> numel = unit_numels(s);
+  const std::vector<int64_t> numel = device_unit_numels(s);
   const int64_t L = s.n_layers, N = B * T, C = s.hidden;
   const size_t U = numel.size();
   auto add = [&](std::string what, uint64_t bytes_each, int64_t count = 1) {

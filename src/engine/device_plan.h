@@ -49,6 +49,13 @@ uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t micro_batch, int64_t 
 // 1..L the layers, L+1 the head; every tensor padded to 16 floats).
 std::vector<int64_t> unit_numels(const ModelSpec& s);
 
+// Elements of each unit's device weight and gradient buffers: unit_numels,
+// except that the unit whose last tensor the LM head reads (the head, or the
+// embedding when tied) holds cuda::lm_head_rows(vocab) rows of it
+// (cuda/lm_head_rows.h): a vocabulary that is not a multiple of 8 gets zero
+// rows on the device only.
+std::vector<int64_t> device_unit_numels(const ModelSpec& s);
+
 // Muon (CudaOptions::muon): the largest element count and the largest
 // smaller side among the model's Muon matrices (state/host_state.h's
 // muon_matrix), which size the GPU Newton-Schulz workspace; and its bytes.

@@ -13,6 +13,7 @@ namespace rt {
 template <class T, class P>
 BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
   BlockWeightsT<T> w{};
+  w.layer = u.entries.empty() ? -1 : u.entries[0].layer;
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const T* p = reinterpret_cast<const T*>(base) + u.offsets[k];
     switch (u.entries[k].kind) {

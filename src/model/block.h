@@ -23,6 +23,17 @@
 //   hn = rms(h)·w_mlp_norm
 //   y = h + (silu(hn Wg^T) * hn Wu^T) Wd^T
 // [OLMoE] q, k = rms(q)·w_q_norm, rms(k)·w_k_norm over the whole projection.
+// [Granite] x0 = embed * embedding_multiplier (model.h); each branch's output
+// (attn(...) Wo^T, the MLP's) is multiplied by residual_multiplier r before
+// its residual add; the softmax scale is attention_scale (q is multiplied by
+// attention_scale * sqrt(D) after RoPE, the attention op scaling by
+// 1/sqrt(D)); the logits are divided by logits_scaling (model.h).
+// [SmolLM3] layers with spec.layer_uses_rope(w.layer) false skip RoPE.
+// [OLMo2] (spec.post_norms; with OLMoE's whole-projection q/k norms) no norm
+// before either branch; each branch's output is normed before its residual add:
+//   q, k, v from x;  h = x + rms(attn(q, k, v) Wo^T)·w_attn_norm
+//   y = h + rms((silu(h Wg^T) * h Wu^T) Wd^T)·w_mlp_norm
+//   (xn then holds the attention branch's output before its norm, mlp_out the MLP's)
 // MoE layers (spec.is_moe(): Qwen3-MoE, Mixtral, OLMoE; E experts, top k,
 // expert width Fe) replace the MLP line:
 //   p = softmax(hn Wr^T)                       [N, E] router probabilities
@@ -42,6 +53,7 @@
 //   '=' and accumulates weight grads '+=' (weight grads are fp32 always).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -75,6 +87,7 @@ struct BlockWeightsT {
   const W* router = nullptr;
   const W* shared_expert_gate = nullptr;
   std::vector<const W*> expert_gate{}, expert_up{}, expert_down{};
+  int64_t layer = -1;  // the decoder layer these are (SmolLM3: whether it applies RoPE)
 };
 
 // Weight gradients of one block, fp32, same shapes (nullable entries as above).
@@ -158,7 +171,7 @@ struct BlockActs {
   using A = typename Ops::act_t;
   template <class T>
   using Buf = typename Ops::template Buffer<T>;
-  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out;  // activations
+  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out, mlp_out;  // activations
   // statistics (moe_probs: [N, E] router softmax; shared_logit: [N] the shared expert's gate logit)
   Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs, shared_logit;
   BlockDims dims;  // what the buffers are sized for
@@ -186,6 +199,7 @@ struct BlockActs {
     act(&BlockActs::u, std::max<int64_t>(R * F, 1));
     act(&BlockActs::a, std::max<int64_t>(R * F, 1));
     act(&BlockActs::shared_out, shared ? N * C : 1);
+    act(&BlockActs::mlp_out, s.post_norms ? N * C : 1);  // OLMo2: the MLP's output before its norm
     stat(&BlockActs::rstd1, N);
     stat(&BlockActs::rstd_q, s.qk_norm ? N * s.n_heads : 1);
     stat(&BlockActs::rstd_k, s.qk_norm ? N * s.n_kv_heads : 1);
@@ -236,53 +250,59 @@ struct AttnActs {
   static constexpr Buf<A> BlockActs<Ops>::* kActs[] = {&BlockActs<Ops>::q_raw, &BlockActs<Ops>::k_raw,
                                                       &BlockActs<Ops>::q,     &BlockActs<Ops>::k,
                                                       &BlockActs<Ops>::v,     &BlockActs<Ops>::att,
-                                                      &BlockActs<Ops>::h};
+                                                      &BlockActs<Ops>::h,     &BlockActs<Ops>::xn};
   static constexpr Buf<float> BlockActs<Ops>::* kStats[] = {&BlockActs<Ops>::rstd_q, &BlockActs<Ops>::rstd_k,
-                                                           &BlockActs<Ops>::lse};
+                                                           &BlockActs<Ops>::lse, &BlockActs<Ops>::rstd1};
+  // xn and rstd1 (the last of each list) belong to the half only with
+  // post-norms (OLMo2: xn is the attention branch output, rstd1 its norm's
+  // statistics); otherwise the recompute makes them from x, a cheap norm.
+  static bool held(size_t i, size_t n, const ModelSpec& s) { return i + 1 < n || s.post_norms; }
   using ActMember = Buf<A> BlockActs<Ops>::*;
   using StatMember = Buf<float> BlockActs<Ops>::*;
-  // Index of m in kActs (kStats), or -1.
+  // Index of m in kActs (kStats) when the half of a block of s holds it, or -1.
   template <class M>
-  static int act_index(M m) {
+  static int act_index(M m, const ModelSpec& s) {
     if constexpr (std::is_same_v<M, ActMember>)
       for (size_t i = 0; i < std::size(kActs); ++i)
-        if (kActs[i] == m) return static_cast<int>(i);
+        if (kActs[i] == m && held(i, std::size(kActs), s)) return static_cast<int>(i);
     return -1;
   }
   template <class M>
-  static int stat_index(M m) {
+  static int stat_index(M m, const ModelSpec& s) {
     if constexpr (std::is_same_v<M, StatMember>)
       for (size_t i = 0; i < std::size(kStats); ++i)
-        if (kStats[i] == m) return static_cast<int>(i);
+        if (kStats[i] == m && held(i, std::size(kStats), s)) return static_cast<int>(i);
     return -1;
   }
   // Bytes of one store (what keeping one more layer's attention half costs).
   static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
     uint64_t b = 0;
     BlockActs<Ops>::each_buffer(
-        s, dm, [&](auto m, int64_t n) { b += act_index(m) >= 0 ? static_cast<uint64_t>(n) * sizeof(A) : 0; },
-        [&](auto m, int64_t n) { b += stat_index(m) >= 0 ? static_cast<uint64_t>(n) * sizeof(float) : 0; });
+        s, dm, [&](auto m, int64_t n) { b += act_index(m, s) >= 0 ? static_cast<uint64_t>(n) * sizeof(A) : 0; },
+        [&](auto m, int64_t n) { b += stat_index(m, s) >= 0 ? static_cast<uint64_t>(n) * sizeof(float) : 0; });
     return b;
   }
-  AttnActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) : dims(dm) {
+  AttnActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) : dims(dm), post_norms(s.post_norms) {
     BlockActs<Ops>::each_buffer(
         s, dm,
         [&](auto m, int64_t n) {
-          if (const int i = act_index(m); i >= 0) acts[i] = ops.template alloc<A>(n);
+          if (const int i = act_index(m, s); i >= 0) acts[i] = ops.template alloc<A>(n);
         },
         [&](auto m, int64_t n) {
-          if (const int i = stat_index(m); i >= 0) stats[i] = ops.template alloc<float>(n);
+          if (const int i = stat_index(m, s); i >= 0) stats[i] = ops.template alloc<float>(n);
         });
   }
   // Exchanges the attention half with t's (same shapes: both sized for dims).
   void swap_with(BlockActs<Ops>& t) {
     check_block_buffers("the kept attention activations", dims, t.dims);
-    for (size_t i = 0; i < std::size(kActs); ++i) std::swap(acts[i], t.*kActs[i]);
-    for (size_t i = 0; i < std::size(kStats); ++i) std::swap(stats[i], t.*kStats[i]);
+    const size_t na = std::size(kActs) - (post_norms ? 0 : 1), ns = std::size(kStats) - (post_norms ? 0 : 1);
+    for (size_t i = 0; i < na; ++i) std::swap(acts[i], t.*kActs[i]);
+    for (size_t i = 0; i < ns; ++i) std::swap(stats[i], t.*kStats[i]);
   }
   Buf<A> acts[std::size(kActs)];
   Buf<float> stats[std::size(kStats)];
   BlockDims dims;
+  bool post_norms = false;
 };
 
 // The activations of a whole-model pass: one shared BlockActs for every layer
@@ -381,7 +401,8 @@ struct BlockScratch {
 // the down projection is skipped, and with MLP chunks the whole MLP (the
 // backward recomputes it chunk by chunk). Either way t holds exactly what
 // block_backward reads, with the values of a full forward.
-// The attention half of block_forward: xn, q, k, v, att, lse and h = x + att Wo^T.
+// The attention half of block_forward: xn, q, k, v, att, lse and h = x + att Wo^T
+// (OLMo2's post-norms: xn holds the branch output att Wo^T, h = x + rms(xn)).
 template <class Ops>
 void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w,
                                   const BlockDims& dm, const typename Ops::act_t* x, const int32_t* pos,
@@ -389,10 +410,12 @@ void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeigh
   const int64_t N = dm.N(), C = s.hidden, H = s.n_heads, G = s.n_kv_heads, D = s.head_dim;
   const int64_t QD = H * D, KD = G * D;
   const float eps = static_cast<float>(s.rms_eps);
-  ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
+  const bool post = s.post_norms;  // OLMo2: q/k/v read x itself
+  const typename Ops::act_t* xn = post ? x : t.xn.data();
+  if (!post) ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
   if (s.qk_norm) {
-    ops.linear_forward(t.q_raw.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
-    ops.linear_forward(t.k_raw.data(), t.xn.data(), w.k_proj, w.k_bias, N, C, KD);
+    ops.linear_forward(t.q_raw.data(), xn, w.q_proj, w.q_bias, N, C, QD);
+    ops.linear_forward(t.k_raw.data(), xn, w.k_proj, w.k_bias, N, C, KD);
     if (s.qk_norm_whole) {
       ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N, QD, eps);
       ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N, KD, eps);
@@ -401,14 +424,27 @@ void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeigh
       ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N * G, D, eps);
     }
   } else {
-    ops.linear_forward(t.q.data(), t.xn.data(), w.q_proj, w.q_bias, N, C, QD);
-    ops.linear_forward(t.k.data(), t.xn.data(), w.k_proj, w.k_bias, N, C, KD);
+    ops.linear_forward(t.q.data(), xn, w.q_proj, w.q_bias, N, C, QD);
+    ops.linear_forward(t.k.data(), xn, w.k_proj, w.k_bias, N, C, KD);
   }
-  ops.linear_forward(t.v.data(), t.xn.data(), w.v_proj, w.v_bias, N, C, KD);
-  ops.rope_forward(t.q.data(), pos, N, H, D);
-  ops.rope_forward(t.k.data(), pos, N, G, D);
+  ops.linear_forward(t.v.data(), xn, w.v_proj, w.v_bias, N, C, KD);
+  if (s.layer_uses_rope(w.layer)) {
+    ops.rope_forward(t.q.data(), pos, N, H, D);
+    ops.rope_forward(t.k.data(), pos, N, G, D);
+  }
+  // Granite: the softmax scale attention_scale, through q (the op scales by 1/sqrt(D))
+  const float qscale =
+      s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
+  if (qscale != 1.f) ops.scale(t.q.data(), t.q.data(), qscale, N * QD);
+  const float r = static_cast<float>(s.residual_multiplier);  // Granite: branch outputs times r
   ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start);
-  ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+  if (post) {  // h = x + rms(att Wo^T)·w_attn_norm, the branch output kept in xn
+    ops.linear_forward(t.xn.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    ops.rms_norm_forward(t.h.data(), t.rstd1.data(), t.xn.data(), w.attn_norm, N, C, eps);
+  } else {
+    ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    if (r != 1.f) ops.scale(t.h.data(), t.h.data(), r, N * C);
+  }
   ops.add_inplace(t.h.data(), x, N * C);
 }
 
@@ -420,7 +456,9 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
                             const MoeLayerRouting* moe) {
   const int64_t N = dm.N(), C = s.hidden, F = s.intermediate;
   const float eps = static_cast<float>(s.rms_eps);
-  ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
+  const bool post = s.post_norms;
+  const float r = static_cast<float>(s.residual_multiplier);  // Granite: branch outputs times r
+  if (!post) ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
   if (s.is_moe()) {
     if constexpr (OpsWithMoe<Ops>) {
       // y == nullptr: the router only (the backward recomputes the experts)
@@ -443,18 +481,29 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
            " is a mixture-of-experts model, which only the CPU backend runs for now; use --device cpu");
     }
   }
-  if (!y && dm.mlp_chunked()) return;
+  // OLMo2's recompute needs the MLP's output (its norm's input and statistics)
+  if (!y && dm.mlp_chunked() && !post) return;
   // MLP over token chunks of R rows (R = N: one pass, the unchunked calls)
   const int64_t R = dm.mlp_rows();
+  const auto* mlp_in = post ? t.h.data() : t.hn.data();
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t n = std::min(R, N - r0);
-    const auto* hn = t.hn.data() + r0 * C;
+    const auto* hn = mlp_in + r0 * C;
     ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
     ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
     ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), n * F);
+    if (post) {
+      ops.linear_forward(t.mlp_out.data() + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
+      continue;
+    }
     if (!y) continue;
     ops.linear_forward(y + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
+    if (r != 1.f) ops.scale(y + r0 * C, y + r0 * C, r, n * C);
     ops.add_inplace(y + r0 * C, t.h.data() + r0 * C, n * C);
+  }
+  if (post) {  // y = h + rms(mlp_out)·w_mlp_norm; a recompute needs only the statistics (hn is free: scratch)
+    ops.rms_norm_forward(y ? y : t.hn.data(), t.rstd2.data(), t.mlp_out.data(), w.mlp_norm, N, C, eps);
+    if (y) ops.add_inplace(y, t.h.data(), N * C);
   }
 }
 
@@ -470,14 +519,17 @@ void block_forward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Op
 // Selective recompute of a layer whose attention half was kept (AttnActs): t
 // gets the kept values back and the rest of what block_backward reads is
 // recomputed (xn from x, then the MLP half without output), bit for bit what
-// block_forward(x, y == nullptr) leaves in t.
+// block_forward(x, y == nullptr) leaves in t. Post-norm blocks (OLMo2) kept
+// xn (the attention branch output) and its statistics with the half.
 template <class Ops>
 void block_recompute_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w,
                               const BlockDims& dm, const typename Ops::act_t* x, AttnActs<Ops>& kept,
                               BlockActs<Ops>& t) {
   check_block_buffers("the block activations", t.dims, dm);
   kept.swap_with(t);
-  ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, dm.N(), s.hidden, static_cast<float>(s.rms_eps));
+  if (!s.post_norms)
+    ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, dm.N(), s.hidden,
+                         static_cast<float>(s.rms_eps));
   block_forward_mlp_half(ops, s, w, dm, nullptr, t, nullptr);
 }
 
@@ -497,6 +549,22 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   // MLP: y = h + a Wd^T, over token chunks of R rows (R = N: one pass on the
   // forward's g, u, a; chunked: each chunk's g, u, a recomputed from hn first)
   const int64_t R = s.is_moe() ? N : dm.mlp_rows();
+  // OLMo2 (post_norms): the MLP reads h and its output is normed first: the
+  // gradient at the MLP's output goes into d_xn (free until the q/k/v
+  // backward), the MLP's input gradient straight into d_h
+  const bool post = s.post_norms;
+  const auto* mlp_in = post ? t.h.data() : t.hn.data();
+  const auto* d_mlp_out = dy;
+  auto* d_mlp_in = post ? d.d_h.data() : d.d_hn.data();
+  if (post) {
+    ops.rms_norm_backward(d.d_xn.data(), gr.mlp_norm, dy, t.mlp_out.data(), w.mlp_norm, t.rstd2.data(), N, C);
+    d_mlp_out = d.d_xn.data();
+  }
+  const float r = static_cast<float>(s.residual_multiplier);  // Granite: y = h + r * mlp(...)
+  if (r != 1.f && !s.is_moe()) {
+    ops.scale(d.d_xn.data(), dy, r, N * C);
+    d_mlp_out = d.d_xn.data();
+  }
   if (s.is_moe()) {
     if constexpr (OpsWithMoe<Ops>) {
       ops.moe_backward(d.d_hn.data(), gr.router, gr.expert_gate.data(), gr.expert_up.data(), gr.expert_down.data(), dy,
@@ -530,27 +598,41 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   }
   for (int64_t r0 = 0; r0 < N && !s.is_moe(); r0 += R) {
     const int64_t n = std::min(R, N - r0);
-    const auto* hn = t.hn.data() + r0 * C;
+    const auto* hn = mlp_in + r0 * C;
     if (dm.mlp_chunked()) {
       ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
       ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
       ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), n * F);
     }
-    ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, dy + r0 * C, t.a.data(), w.down_proj, n, F, C);
+    ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, d_mlp_out + r0 * C, t.a.data(), w.down_proj, n, F, C);
     ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), n * F);
-    ops.linear_backward(d.d_hn.data() + r0 * C, gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, n, C, F);
+    ops.linear_backward(d_mlp_in + r0 * C, gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, n, C, F);
     ops.linear_backward(d.d_tmp.data() + r0 * C, gr.up_proj, nullptr, d.d_u.data(), hn, w.up_proj, n, C, F);
-    ops.add_inplace(d.d_hn.data() + r0 * C, d.d_tmp.data() + r0 * C, n * C);
+    ops.add_inplace(d_mlp_in + r0 * C, d.d_tmp.data() + r0 * C, n * C);
   }
-  // dh = dy + rms_backward(d_hn)
-  ops.rms_norm_backward(d.d_h.data(), gr.mlp_norm, d.d_hn.data(), t.h.data(), w.mlp_norm, t.rstd2.data(), N, C);
+  // dh = dy + rms_backward(d_hn) (OLMo2: dy + the MLP's input gradient, already in d_h)
+  if (!post)
+    ops.rms_norm_backward(d.d_h.data(), gr.mlp_norm, d.d_hn.data(), t.h.data(), w.mlp_norm, t.rstd2.data(), N, C);
   ops.add_inplace(d.d_h.data(), dy, N * C);
-  // attention: h = x + att Wo^T
-  ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d.d_h.data(), t.att.data(), w.o_proj, N, QD, C);
+  // attention: h = x + att Wo^T (OLMo2: h = x + rms(att Wo^T)·w_attn_norm, the branch output in xn)
+  const auto* d_ao = d.d_h.data();
+  if (post) {
+    ops.rms_norm_backward(d.d_hn.data(), gr.attn_norm, d.d_h.data(), t.xn.data(), w.attn_norm, t.rstd1.data(), N, C);
+    d_ao = d.d_hn.data();
+  } else if (r != 1.f) {  // Granite: h = x + r * att Wo^T
+    ops.scale(d.d_hn.data(), d.d_h.data(), r, N * C);
+    d_ao = d.d_hn.data();
+  }
+  ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d_ao, t.att.data(), w.o_proj, N, QD, C);
   ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(), t.v.data(),
                          t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start);
-  ops.rope_backward(d.d_q.data(), pos, N, H, D);
-  ops.rope_backward(d.d_k.data(), pos, N, G, D);
+  const float qscale =
+      s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
+  if (qscale != 1.f) ops.scale(d.d_q.data(), d.d_q.data(), qscale, N * QD);
+  if (s.layer_uses_rope(w.layer)) {
+    ops.rope_backward(d.d_q.data(), pos, N, H, D);
+    ops.rope_backward(d.d_k.data(), pos, N, G, D);
+  }
   const auto* dq = d.d_q.data();
   const auto* dk = d.d_k.data();
   if (s.qk_norm) {
@@ -562,11 +644,17 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     dq = d.d_tmp_q.data();
     dk = d.d_tmp_k.data();
   }
-  ops.linear_backward(d.d_xn.data(), gr.q_proj, gr.q_bias, dq, t.xn.data(), w.q_proj, N, C, QD);
-  ops.linear_backward(d.d_tmp.data(), gr.k_proj, gr.k_bias, dk, t.xn.data(), w.k_proj, N, C, KD);
+  const auto* xn = post ? x : t.xn.data();  // the q/k/v projections' input
+  ops.linear_backward(d.d_xn.data(), gr.q_proj, gr.q_bias, dq, xn, w.q_proj, N, C, QD);
+  ops.linear_backward(d.d_tmp.data(), gr.k_proj, gr.k_bias, dk, xn, w.k_proj, N, C, KD);
   ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
-  ops.linear_backward(d.d_tmp.data(), gr.v_proj, gr.v_bias, d.d_v.data(), t.xn.data(), w.v_proj, N, C, KD);
+  ops.linear_backward(d.d_tmp.data(), gr.v_proj, gr.v_bias, d.d_v.data(), xn, w.v_proj, N, C, KD);
   ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
+  if (post) {  // dx = dh + d_xn
+    ops.add_inplace(d.d_xn.data(), d.d_h.data(), N * C);
+    ops.copy(dx, d.d_xn.data(), N * C);
+    return;
+  }
   // dx = dh + rms_backward(d_xn); write into d_tmp first since dx may alias dy
   ops.rms_norm_backward(d.d_tmp.data(), gr.attn_norm, d.d_xn.data(), x, w.attn_norm, t.rstd1.data(), N, C);
   ops.add_inplace(d.d_tmp.data(), d.d_h.data(), N * C);

@@ -42,8 +42,8 @@ uint64_t attn_acts_bytes(const ModelSpec& s, const BlockDims& dm, uint64_t align
   using Store = AttnActs<SizeOps<E>>;
   uint64_t b = 0;
   BlockActs<SizeOps<E>>::each_buffer(
-      s, dm, [&](auto m, int64_t n) { b += Store::act_index(m) >= 0 ? rounded(n, sizeof(E), align) : 0; },
-      [&](auto m, int64_t n) { b += Store::stat_index(m) >= 0 ? rounded(n, sizeof(float), align) : 0; });
+      s, dm, [&](auto m, int64_t n) { b += Store::act_index(m, s) >= 0 ? rounded(n, sizeof(E), align) : 0; },
+      [&](auto m, int64_t n) { b += Store::stat_index(m, s) >= 0 ? rounded(n, sizeof(float), align) : 0; });
   return b;
 }
 

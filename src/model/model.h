@@ -98,6 +98,8 @@ class ModelRunner {
     const int64_t N = dm_.N(), C = s_.hidden, V = s_.vocab, L = s_.n_layers;
     A* x0 = ckpt_.data();
     ops_.embedding_forward(x0, b.ids, w.embed, N, C);
+    const float em = static_cast<float>(s_.embedding_multiplier), ls = static_cast<float>(1.0 / s_.logits_scaling);
+    if (em != 1.f) ops_.scale(x0, x0, em, N * C);  // Granite
     aux_.begin();
     for (int64_t i = 0; i < L; ++i) {
       const MoeLayerRouting routing = s_.is_moe() ? aux_.forward_routing(i) : MoeLayerRouting{};
@@ -109,9 +111,12 @@ class ModelRunner {
       aux_.finish(N, grads && s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * b.aux_loss_scale : 0.0);
     const A* xL = x0 + L * N * C;
     ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), xL, w.final_norm, N, C, static_cast<float>(s_.rms_eps));
+    // Granite: logits / logits_scaling = (hf / logits_scaling) W^T
+    if (ls != 1.f) ops_.scale(hf_.data(), hf_.data(), ls, N * C);
     double loss = ops_.lm_head_cross_entropy(grads ? dhf_.data() : nullptr, grads ? grads->lm_head : nullptr,
                                              hf_.data(), w.lm_head, b.targets, N, C, V, grad_scale, ce_chunk_, n_valid);
     if (!grads) return loss;
+    if (ls != 1.f) ops_.scale(dhf_.data(), dhf_.data(), ls, N * C);
     ops_.rms_norm_backward(dx_.data(), grads->final_norm, dhf_.data(), xL, w.final_norm, rstd_f_.data(), N, C);
     const MoeLayerRouting back_routing = aux_.backward_routing();
     for (int64_t i = L - 1; i >= 0; --i) {
@@ -123,6 +128,7 @@ class ModelRunner {
       block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
                      grads->layers[i], b.doc_start, s_.is_moe() ? &back_routing : nullptr);
     }
+    if (em != 1.f) ops_.scale(dx_.data(), dx_.data(), em, N * C);
     ops_.embedding_backward(grads->embed, dx_.data(), b.ids, N, C);
     return loss;
   }
@@ -131,15 +137,19 @@ class ModelRunner {
   // per-expert token counts (the stats hook); empty for dense models.
   const MoeAux& moe_aux() const { return aux_; }
 
-  // Forward only: final normed hidden states hf[N, C] (for sampling).
+  // Forward only: final normed hidden states hf[N, C] (for sampling; Granite:
+  // divided by logits_scaling, so that hf W^T are the logits).
   const A* forward_hidden(const ModelWeightsT<W>& w, const int32_t* ids, const int32_t* pos) {
     const int64_t N = dm_.N(), C = s_.hidden, L = s_.n_layers;
     A* x0 = ckpt_.data();
     ops_.embedding_forward(x0, ids, w.embed, N, C);
+    if (s_.embedding_multiplier != 1.0) ops_.scale(x0, x0, static_cast<float>(s_.embedding_multiplier), N * C);
     for (int64_t i = 0; i < L; ++i)
       block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, pos, acts_.shared());
     ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), x0 + L * N * C, w.final_norm, N, C,
                           static_cast<float>(s_.rms_eps));
+    if (s_.logits_scaling != 1.0)
+      ops_.scale(hf_.data(), hf_.data(), static_cast<float>(1.0 / s_.logits_scaling), N * C);
     return hf_.data();
   }
 

@@ -45,6 +45,9 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::qwen2_moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
     {Family::mixtral, "MixtralForCausalLM", "mixtral"},
     {Family::olmoe, "OlmoeForCausalLM", "olmoe"},
+    {Family::olmo2, "Olmo2ForCausalLM", "olmo2"},
+    {Family::granite, "GraniteForCausalLM", "granite"},
+    {Family::smollm3, "SmolLM3ForCausalLM", "smollm3"},
 };
 
 const FamilyInfo& family_info(Family f) {
@@ -177,6 +180,12 @@ FamilyDefaults family_defaults(Family f) {
       return {131072, 8, 1, {2}, 1e-5, 1e6};
     case Family::olmoe:
       return {4096, -1, -1, {50279}, 1e-5};
+    case Family::olmo2:
+      return {2048, -1, -1, {50279}, 1e-5};
+    case Family::granite:
+      return {2048, -1, 1, {2}, 1e-6};
+    case Family::smollm3:  // SmolLM3Config's default_theta
+      return {32768, 4, 128000, {128001}, 1e-6, 2000000.0};
   }
   return {2048, -1, -1, {}};
 }
@@ -314,7 +323,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     s.head_dim = s.hidden / s.n_heads;
   }
   s.rms_eps = f.get_double("rms_norm_eps", dflt.rms_eps);
-  s.tie_embeddings = f.get_bool("tie_word_embeddings", false);
+  s.tie_embeddings = f.get_bool("tie_word_embeddings", s.family == Family::smollm3);  // SmolLM3Config: tied
   s.max_positions = f.get_int("max_position_embeddings", dflt.max_positions);
   {
     std::vector<int64_t> bos =
@@ -334,8 +343,10 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     unsupported.push_back(cat("hidden_act \"", act, "\" is not supported; supported: silu (SwiGLU MLP)"));
   // Qwen2-MoE: q/k/v biases unless qkv_bias is false (Qwen2MoeConfig's default: true)
   s.qkv_bias = s.family == Family::qwen2 || (s.family == Family::qwen2_moe && f.get_bool("qkv_bias", true));
-  s.qk_norm = s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe;
-  s.qk_norm_whole = s.family == Family::olmoe;
+  s.qk_norm = s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
+              s.family == Family::olmo2;
+  s.qk_norm_whole = s.family == Family::olmoe || s.family == Family::olmo2;  // OLMo2: q_norm [H*D], k_norm [G*D]
+  s.post_norms = s.family == Family::olmo2;
   moe_parse(f, s, &unsupported);
   if (s.family == Family::llama) {
     if (f.get_bool("attention_bias", false))
@@ -344,7 +355,41 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
           "(q/k/v biases are supported only as in Qwen2)");
     if (f.get_bool("mlp_bias", false)) unsupported.push_back("mlp_bias true is not supported; supported: false");
   }
-  if ((s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
+  if (s.family == Family::granite || s.family == Family::smollm3) {
+    if (f.get_bool("attention_bias", false))
+      unsupported.push_back(cat("attention_bias true is not supported for ", s.architecture, "; supported: false"));
+    if (f.get_bool("mlp_bias", false)) unsupported.push_back("mlp_bias true is not supported; supported: false");
+  }
+  if (s.family == Family::granite) {  // GraniteConfig's defaults: 1.0 each (attention_multiplier too)
+    s.embedding_multiplier = f.get_double("embedding_multiplier", 1.0);
+    s.residual_multiplier = f.get_double("residual_multiplier", 1.0);
+    s.logits_scaling = f.get_double("logits_scaling", 1.0);
+    s.attention_scale = f.get_double("attention_multiplier", 1.0);
+    if (!(s.attention_scale > 0.0))
+      unsupported.push_back(
+          cat("attention_multiplier ", s.attention_scale, " is not a softmax scale; give a positive one"));
+  }
+  if (s.family == Family::smollm3) {
+    // no_rope_layers: per layer, 1 = RoPE, 0 = none; absent or null: a NoPE
+    // layer every no_rope_layer_interval layers (the (k * interval)-th, 1-based)
+    if (f.has("no_rope_layers")) {
+      const json& v = j.at("no_rope_layers");
+      if (!v.is_array()) f.wrong("no_rope_layers", "a list of 0 or 1 per layer");
+      for (const auto& e : v) {
+        if (!e.is_number() || (f.to_int("no_rope_layers", e) != 0 && f.to_int("no_rope_layers", e) != 1))
+          f.wrong("no_rope_layers", "a list of 0 or 1 per layer");
+        s.rope_layers.push_back(static_cast<uint8_t>(f.to_int("no_rope_layers", e)));
+      }
+    } else {
+      const int64_t every = f.get_int("no_rope_layer_interval", 4);
+      if (every <= 0)
+        unsupported.push_back(cat("no_rope_layer_interval ", every, " must be positive"));
+      else
+        for (int64_t i = 0; i < s.n_layers; ++i) s.rope_layers.push_back((i + 1) % every != 0 ? 1 : 0);
+    }
+  }
+  if ((s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
+       s.family == Family::olmo2) &&
       f.get_bool("attention_bias", false))
     unsupported.push_back(cat("attention_bias true is not supported for ", s.architecture, "; supported: false"));
 
@@ -391,7 +436,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     else if (window && *window < s.max_positions)
       s.sliding_window = *window;  // sequences up to the window: exactly full causal attention
   } else if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
-             s.family == Family::qwen2_moe) {
+             s.family == Family::qwen2_moe || s.family == Family::smollm3) {
     if (f.get_bool("use_sliding_window", false))
       unsupported.push_back(
           "use_sliding_window true is not supported; supported: full causal attention (use_sliding_window false)");
@@ -444,6 +489,17 @@ int64_t params_attn_norms(const ModelSpec& s) {
   return attn + 2 * s.hidden + shared;
 }
 }  // namespace
+
+bool ModelSpec::layer_uses_rope(int64_t layer) const {
+  if (rope_layers.empty()) return true;
+  RT_CHECK(layer >= 0 && layer < static_cast<int64_t>(rope_layers.size()), "[model] internal: layer ", layer,
+           " has no RoPE setting (the model has ", rope_layers.size(), " layers)");
+  return rope_layers[static_cast<size_t>(layer)] != 0;
+}
+
+double ModelSpec::attention_softmax_scale() const {
+  return attention_scale > 0.0 ? attention_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
 
 std::string ModelSpec::max_sequence_why() const {
   if (max_sequence() < max_positions)
@@ -514,6 +570,22 @@ void ModelSpec::validate(const std::string& source) const {
       p.push_back(cat("router_aux_loss_coef must be finite and >= 0, found ", moe.router_aux_loss_coef));
   }
   if (moe.n_experts < 0) p.push_back(cat("num_experts must be >= 0, found ", moe.n_experts));
+  for (const auto& [name, v] : {std::pair<const char*, double>{"embedding_multiplier", embedding_multiplier},
+                                {"residual_multiplier", residual_multiplier},
+                                {"logits_scaling", logits_scaling}})
+    if (!(v > 0.0) || !std::isfinite(v)) p.push_back(cat(name, " must be positive and finite, found ", v));
+  if (!(attention_scale >= 0.0) || !std::isfinite(attention_scale))
+    p.push_back(cat("attention_multiplier must be positive and finite, found ", attention_scale));
+  if (is_moe() &&
+      (embedding_multiplier != 1.0 || residual_multiplier != 1.0 || logits_scaling != 1.0 || attention_scale != 0.0))
+    p.push_back("Granite's multipliers with mixture-of-experts layers are not supported");
+  if (!rope_layers.empty() && static_cast<int64_t>(rope_layers.size()) != n_layers)
+    p.push_back(cat("no_rope_layers has ", rope_layers.size(), " entries for ", n_layers,
+                    " layers; give one 0 or 1 per layer"));
+  for (uint8_t r : rope_layers)
+    if (r > 1) p.push_back(cat("no_rope_layers holds ", int(r), "; each entry is 0 (no RoPE) or 1 (RoPE)"));
+  if (post_norms && is_moe())
+    p.push_back("post-branch norms (OLMo2) with mixture-of-experts layers are not supported; use a dense MLP");
   // Sizes beyond any model (and beyond int64 products): the parameter count
   // in double, before params_total's integer maths could overflow.
   if (p.empty()) {
@@ -571,11 +643,21 @@ std::string spec_to_config_json(const ModelSpec& s) {
   RT_CHECK(s.family == Family::qwen2_moe || s.qkv_bias == (s.family == Family::qwen2),
            "[config] spec_to_config_json: qkv_bias=", s.qkv_bias, " cannot be expressed for family ", fi.model_type,
            " (HF: only Qwen2 has q/k/v biases)");
-  RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe) &&
-               s.qk_norm_whole == (s.family == Family::olmoe),
+  RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
+                         s.family == Family::olmo2) &&
+               s.qk_norm_whole == (s.family == Family::olmoe || s.family == Family::olmo2),
            "[config] spec_to_config_json: qk_norm=", s.qk_norm, " qk_norm_whole=", s.qk_norm_whole,
            " cannot be expressed for family ", fi.model_type,
-           " (HF: Qwen3 and Qwen3-MoE norm q/k per head, OLMoE over the whole projection)");
+           " (HF: Qwen3 and Qwen3-MoE norm q/k per head, OLMoE and OLMo2 over the whole projection)");
+  RT_CHECK(s.family == Family::granite || (s.embedding_multiplier == 1.0 && s.residual_multiplier == 1.0 &&
+                                           s.logits_scaling == 1.0 && s.attention_scale == 0.0),
+           "[config] spec_to_config_json: multipliers (embedding ", s.embedding_multiplier, ", residual ",
+           s.residual_multiplier, ", logits ", s.logits_scaling, ", attention ", s.attention_scale,
+           ") cannot be expressed for family ", fi.model_type, " (HF: only Granite has them)");
+  RT_CHECK(s.family == Family::smollm3 || s.rope_layers.empty(), "[config] spec_to_config_json: layers without RoPE ",
+           "cannot be expressed for family ", fi.model_type, " (HF: only SmolLM3 has them)");
+  RT_CHECK(s.post_norms == (s.family == Family::olmo2), "[config] spec_to_config_json: post_norms=", s.post_norms,
+           " cannot be expressed for family ", fi.model_type, " (HF: only OLMo2 norms each branch's output)");
   RT_CHECK(s.is_moe() == moe_family, "[config] spec_to_config_json: ", s.moe.n_experts,
            " experts cannot be expressed for family ", fi.model_type);
   RT_CHECK(s.family != Family::mixtral || s.moe.norm_topk_prob,
@@ -618,7 +700,19 @@ std::string spec_to_config_json(const ModelSpec& s) {
   if (s.family != Family::qwen2 && s.family != Family::qwen2_moe && s.family != Family::mixtral)
     o["attention_bias"] = false;
   if (s.family == Family::qwen2_moe) o["qkv_bias"] = s.qkv_bias;
-  if (s.family == Family::llama) o["mlp_bias"] = false;
+  if (s.family == Family::llama || s.family == Family::granite || s.family == Family::smollm3) o["mlp_bias"] = false;
+  if (s.family == Family::granite) {
+    o["embedding_multiplier"] = s.embedding_multiplier;
+    o["residual_multiplier"] = s.residual_multiplier;
+    o["logits_scaling"] = s.logits_scaling;
+    o["attention_multiplier"] = s.attention_softmax_scale();
+  }
+  if (s.family == Family::smollm3) {
+    std::vector<int> layers(static_cast<size_t>(s.n_layers), 1);
+    for (size_t i = 0; i < s.rope_layers.size() && i < layers.size(); ++i) layers[i] = s.rope_layers[i];
+    o["no_rope_layers"] = layers;
+    o["no_rope_layer_interval"] = 4;  // unread: the list is given
+  }
   if (s.family == Family::mistral || s.family == Family::mixtral)
     o["sliding_window"] = s.sliding_window > 0 ? ojson(s.sliding_window) : ojson(nullptr);
   if (s.is_moe()) {
@@ -640,13 +734,14 @@ std::string spec_to_config_json(const ModelSpec& s) {
     o["output_router_logits"] = s.moe.output_router_logits;
   }
   if (s.family == Family::qwen2 || s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
-      s.family == Family::qwen2_moe) {
+      s.family == Family::qwen2_moe || s.family == Family::smollm3) {
     o["use_sliding_window"] = false;
     o["sliding_window"] = nullptr;
     o["max_window_layers"] = s.n_layers;
   }
   o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
-  if (s.pad_id) o["pad_token_id"] = *s.pad_id;
+  // null rather than absent: some config classes default to an id (SmolLM3 128004, OLMo2 1)
+  o["pad_token_id"] = s.pad_id ? ojson(*s.pad_id) : ojson(nullptr);
   if (s.eos_ids.empty())
     o["eos_token_id"] = nullptr;
   else if (s.eos_ids.size() == 1)

@@ -9,7 +9,7 @@
 
 namespace rt {
 
-enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe };
+enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, olmo2, granite, smollm3 };
 enum class RopeScaling { none, llama3 };
 
 struct RopeConfig {
@@ -62,6 +62,22 @@ struct ModelSpec {
   // OLMoE (with qk_norm): the q/k RMSNorm spans the whole projection (weights
   // [q_dim] and [kv_dim]) instead of each head.
   bool qk_norm_whole = false;
+  // OLMo2: no RMSNorm before attention or the MLP; each branch's output is
+  // normed (post_attention_layernorm, post_feedforward_layernorm) before its
+  // residual add. Dense models only.
+  bool post_norms = false;
+  // Granite: the embedding's output is multiplied by embedding_multiplier,
+  // each branch's output by residual_multiplier before its residual add, the
+  // logits divided by logits_scaling; attention_scale > 0 (Granite's
+  // attention_multiplier) replaces 1/sqrt(head_dim) as the softmax scale.
+  // Dense models only; 1, 1, 1 and 0 elsewhere.
+  double embedding_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double logits_scaling = 1.0;
+  double attention_scale = 0.0;
+  // SmolLM3: rope_layers[i] == 0: layer i has no RoPE (NoPE); 1: RoPE.
+  // Empty: every layer rotates.
+  std::vector<uint8_t> rope_layers;
   MoeConfig moe;  // n_experts 0: dense MLP
   int64_t max_positions = 2048;
   // Mistral/Mixtral's sliding_window when below max_positions (0: none). Runs
@@ -79,6 +95,10 @@ struct ModelSpec {
   // "sliding_window (W; longer sequences need windowed attention, ...)".
   std::string max_sequence_why() const;
   int64_t q_dim() const { return n_heads * head_dim; }
+  // Whether layer `layer` applies RoPE (SmolLM3's NoPE layers do not).
+  bool layer_uses_rope(int64_t layer) const;
+  // The attention's softmax scale: attention_scale, or 1/sqrt(head_dim).
+  double attention_softmax_scale() const;
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   bool is_moe() const { return moe.n_experts > 0; }
   int64_t params_per_layer() const;
@@ -108,7 +128,8 @@ std::string spec_to_config_json(const ModelSpec& spec);
 // Built-in presets with the shapes of well-known models (random init only):
 // "tiny-byte" (the default demo model), "llama-3.1-8b", "mistral-7b",
 // "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b",
-// "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b".
+// "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "olmo-2-1b", "olmo-2-7b", "granite-3.3-2b",
+// "granite-3.3-8b", "smollm3-3b".
 ModelSpec spec_preset(const std::string& name);  // throws rt::Error listing the names
 std::vector<std::string> preset_names();
 

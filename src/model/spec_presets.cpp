@@ -30,8 +30,11 @@ ModelSpec preset_make(Family fam, int64_t hidden, int64_t inter, int64_t layers,
   s.rms_eps = eps;
   s.tie_embeddings = tied;
   s.qkv_bias = fam == Family::qwen2;
-  s.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::olmoe;
-  s.qk_norm_whole = fam == Family::olmoe;
+  s.qk_norm = fam == Family::qwen3 || fam == Family::qwen3_moe || fam == Family::olmoe || fam == Family::olmo2;
+  s.qk_norm_whole = fam == Family::olmoe || fam == Family::olmo2;
+  s.post_norms = fam == Family::olmo2;
+  if (fam == Family::smollm3)  // SmolLM3Config's default: no RoPE in every 4th layer
+    for (int64_t i = 0; i < layers; ++i) s.rope_layers.push_back((i + 1) % 4 != 0 ? 1 : 0);
   s.max_positions = max_pos;
   s.bos_id = bos;
   s.eos_ids = std::move(eos);
@@ -98,6 +101,34 @@ const std::map<std::string, ModelSpec>& presets() {
     m["olmoe-1b-7b"] =
         moe(preset_make(Family::olmoe, 2048, 1024, 16, 16, 16, 128, 50304, 10000.0, 1e-5, false, 4096, -1, {50279}), 64,
             8, 1024, false, 0.01);
+    // OLMo 2 (post-branch norms, q/k norms over the whole projection): eos
+    // <|endoftext|> 100257, no bos. allenai/OLMo-2-0425-1B: 1,484,916,736
+    // parameters; allenai/OLMo-2-1124-7B: 7,298,617,344.
+    m["olmo-2-1b"] =
+        preset_make(Family::olmo2, 2048, 8192, 16, 16, 16, 128, 100352, 500000.0, 1e-6, false, 4096, -1, {100257});
+    m["olmo-2-7b"] =
+        preset_make(Family::olmo2, 4096, 11008, 32, 32, 32, 128, 100352, 500000.0, 1e-6, false, 4096, -1, {100257});
+    // Granite 3.3 (tied; vocab 49,159, which the CUDA LM head pads to 49,160):
+    // bos = eos = <|end_of_text|> 0. (embedding, residual, logits, attention).
+    auto granite = [](ModelSpec s, double logits, double attn) {
+      s.embedding_multiplier = 12.0;
+      s.residual_multiplier = 0.22;
+      s.logits_scaling = logits;
+      s.attention_scale = attn;
+      return s;
+    };
+    // ibm-granite/granite-3.3-2b-instruct: 2,533,539,840 parameters (unverified
+    // for 3.3: rope_theta and the vocabulary, taken from the 8B).
+    m["granite-3.3-2b"] = granite(
+        preset_make(Family::granite, 2048, 8192, 40, 32, 8, 64, 49159, 1e7, 1e-5, true, 131072, 0, {0}), 8.0, 0.015625);
+    // ibm-granite/granite-3.3-8b-instruct: 8,170,864,640 parameters.
+    m["granite-3.3-8b"] =
+        granite(preset_make(Family::granite, 4096, 12800, 40, 32, 8, 128, 49159, 1e7, 1e-5, true, 131072, 0, {0}), 16.0,
+                0.0078125);
+    // HuggingFaceTB/SmolLM3-3B (tied; no RoPE in layers 4, 8, ..., 36): eos <|im_end|> 128012;
+    // 3,075,098,624 parameters (unverified: rope_theta 5e6, 65,536 positions, the eos id).
+    m["smollm3-3b"] =
+        preset_make(Family::smollm3, 2048, 11008, 36, 16, 4, 128, 128256, 5e6, 1e-6, true, 65536, 128000, {128012});
     return m;
   }();
   return table;
@@ -107,8 +138,9 @@ const std::map<std::string, ModelSpec>& presets() {
 
 std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
-  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b",  "qwen2.5-7b",   "qwen2.5-14b",
-          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",   "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"};
+  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",   "qwen2.5-14b",
+          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b", "olmoe-1b-7b",
+          "olmo-2-1b",   "olmo-2-7b",    "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

@@ -166,7 +166,9 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const int64_t d = s.hidden, q = s.q_dim(), kv = s.kv_dim(), f = s.intermediate;
   std::vector<WeightEntry> m;
-  m.push_back(entry(p + "input_layernorm.weight", WeightKind::attn_norm, layer, {d}));
+  // OLMo2 (post_norms): the attention branch's norm follows it, the MLP's is post_feedforward_layernorm
+  m.push_back(entry(p + (s.post_norms ? "post_attention_layernorm.weight" : "input_layernorm.weight"),
+                    WeightKind::attn_norm, layer, {d}));
   m.push_back(entry(p + "self_attn.q_proj.weight", WeightKind::q_proj, layer, {q, d}));
   if (s.qkv_bias) m.push_back(entry(p + "self_attn.q_proj.bias", WeightKind::q_bias, layer, {q}));
   m.push_back(entry(p + "self_attn.k_proj.weight", WeightKind::k_proj, layer, {kv, d}));
@@ -178,7 +180,8 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
     m.push_back(entry(p + "self_attn.k_norm.weight", WeightKind::k_norm, layer, {s.qk_norm_whole ? kv : s.head_dim}));
   }
   m.push_back(entry(p + "self_attn.o_proj.weight", WeightKind::o_proj, layer, {d, q}));
-  m.push_back(entry(p + "post_attention_layernorm.weight", WeightKind::mlp_norm, layer, {d}));
+  m.push_back(entry(p + (s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+                    WeightKind::mlp_norm, layer, {d}));
   if (s.is_moe()) {
     // Mixtral's hub names: block_sparse_moe.gate, experts.{e}.w1 (gate), w3 (up), w2 (down).
     const bool mixtral = s.family == Family::mixtral;

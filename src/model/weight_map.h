@@ -15,7 +15,7 @@ namespace rt {
 
 enum class WeightKind {
   embed,       // model.embed_tokens.weight            [vocab, hidden]
-  attn_norm,   // model.layers.{i}.input_layernorm.weight          [hidden]
+  attn_norm,   // model.layers.{i}.input_layernorm.weight          [hidden] (OLMo2: post_attention_layernorm)
   q_proj,      // model.layers.{i}.self_attn.q_proj.weight         [q_dim, hidden]
   q_bias,      // model.layers.{i}.self_attn.q_proj.bias           [q_dim]   (qkv_bias)
   k_proj,      // model.layers.{i}.self_attn.k_proj.weight         [kv_dim, hidden]
@@ -25,7 +25,7 @@ enum class WeightKind {
   q_norm,      // model.layers.{i}.self_attn.q_norm.weight         [head_dim] (qk_norm)
   k_norm,      // model.layers.{i}.self_attn.k_norm.weight         [head_dim] (qk_norm)
   o_proj,      // model.layers.{i}.self_attn.o_proj.weight         [hidden, q_dim]
-  mlp_norm,    // model.layers.{i}.post_attention_layernorm.weight [hidden]
+  mlp_norm,    // model.layers.{i}.post_attention_layernorm.weight [hidden] (OLMo2: post_feedforward_layernorm)
   gate_proj,   // model.layers.{i}.mlp.gate_proj.weight            [intermediate, hidden]
   up_proj,     // model.layers.{i}.mlp.up_proj.weight              [intermediate, hidden]
   down_proj,   // model.layers.{i}.mlp.down_proj.weight            [hidden, intermediate]

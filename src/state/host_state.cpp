@@ -577,7 +577,9 @@ template <class P>
 BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
   auto name = [&](const char* suffix) { return cat("model.layers.", i, ".", suffix); };
   BlockWeightsT<float> w{};
-  w.attn_norm = get(name("input_layernorm.weight"));
+  w.layer = i;
+  // OLMo2 (post_norms) names each norm after the branch it follows (model/weight_map.h)
+  w.attn_norm = get(name(s.post_norms ? "post_attention_layernorm.weight" : "input_layernorm.weight"));
   w.q_proj = get(name("self_attn.q_proj.weight"));
   w.k_proj = get(name("self_attn.k_proj.weight"));
   w.v_proj = get(name("self_attn.v_proj.weight"));
@@ -591,7 +593,7 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
     w.k_norm = get(name("self_attn.k_norm.weight"));
   }
   w.o_proj = get(name("self_attn.o_proj.weight"));
-  w.mlp_norm = get(name("post_attention_layernorm.weight"));
+  w.mlp_norm = get(name(s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
   if (s.is_moe()) {  // the names from the weight map (they differ per family)
     for (const WeightEntry& e : layer_weight_map(s, i)) {
       if (e.kind == WeightKind::router) w.router = get(e.name);

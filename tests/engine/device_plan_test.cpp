@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
 #include "model/block_memory.h"
 #include "model/spec.h"
@@ -57,6 +58,46 @@ TEST(DevicePlan, UnitLayoutIsHostStates) {
     ASSERT_EQ(n.size(), st.units().size());
     for (size_t u = 0; u < n.size(); ++u) EXPECT_EQ(n[u], st.units()[u].numel) << "unit " << u << " tied " << tied;
   }
+}
+
+TEST(DevicePlan, TheLmHeadGetsPaddingRowsOnTheDeviceOnly) {
+  // cuda::lm_head_rows rounds the vocabulary up to 8; the unit whose last
+  // tensor is the LM head (the head, or the embedding when tied) grows by
+  // the padding rows on the device, every other unit keeps HostState's size.
+  EXPECT_EQ(rt::cuda::lm_head_rows(256), 256);
+  EXPECT_EQ(rt::cuda::lm_head_rows(257), 264);
+  EXPECT_EQ(rt::cuda::lm_head_rows(262), 264);
+  EXPECT_EQ(rt::cuda::lm_head_rows(32002), 32008);
+  EXPECT_EQ(rt::cuda::lm_head_rows(1), 8);
+  for (bool tied : {false, true})
+    for (int64_t V : {int64_t{256}, int64_t{262}, int64_t{257}}) {
+      rt::ModelSpec s = spec(tied);
+      s.vocab = V;
+      rt::HostState st(s, false);
+      const std::vector<int64_t> host = rt::unit_numels(s), dev = rt::device_unit_numels(s);
+      ASSERT_EQ(dev.size(), host.size());
+      const size_t lm = tied ? 0 : host.size() - 1;
+      for (size_t u = 0; u < host.size(); ++u) {
+        const rt::StateUnit& un = st.units()[u];
+        if (u != lm) {
+          EXPECT_EQ(dev[u], host[u]) << "unit " << u << " tied " << tied << " V " << V;
+          continue;
+        }
+        // the LM head is the unit's last tensor, and its padded rows end the device buffer (or fit in the
+        // host layout's 16-float alignment)
+        EXPECT_EQ(un.entries.back().name, tied ? "model.embed_tokens.weight" : "lm_head.weight");
+        EXPECT_EQ(dev[u], std::max(host[u], un.offsets.back() + rt::cuda::lm_head_rows(V) * s.hidden))
+            << "tied " << tied << " V " << V;
+      }
+      // the plan counts the padded buffers: head weights and its gradients (embedding's when tied)
+      rt::CudaOptions o = fixed_keep();
+      o.grads = o.checkpoints = "device";
+      const rt::DevicePlan p = rt::plan_device(s, 2, 32, o, kHuge);
+      EXPECT_EQ(item(p, "the final norm and LM head"), r256(static_cast<uint64_t>(dev.back()) * 2));
+      EXPECT_EQ(item(p, "the embedding"), r256(static_cast<uint64_t>(dev[0]) * 2));
+      EXPECT_EQ(item(p, "gradients of head"), r256(static_cast<uint64_t>(dev.back()) * 4));
+      EXPECT_EQ(item(p, "gradients of embed"), r256(static_cast<uint64_t>(dev[0]) * 4));
+    }
 }
 
 TEST(DevicePlan, ByteCountsAddUp) {

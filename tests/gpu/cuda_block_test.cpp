@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"
@@ -61,6 +62,16 @@ rt::ModelSpec gpu_spec() {
   return s;
 }
 
+// OLMo2 on the same widths: post-branch norms, q/k norms over the whole projection.
+rt::ModelSpec olmo2_spec() {
+  rt::ModelSpec s = gpu_spec();
+  s.family = rt::Family::olmo2;
+  s.architecture = "Olmo2ForCausalLM";
+  s.qkv_bias = false;
+  s.qk_norm = s.qk_norm_whole = s.post_norms = true;
+  return s;
+}
+
 float bf16_round(float v) { return rt::bf16_to_f32(rt::f32_to_bf16(v)); }
 
 std::vector<uint16_t> to_bf16(const float* v, size_t n) {
@@ -87,7 +98,7 @@ struct Out {
 };
 
 struct Fixture {
-  rt::ModelSpec s = gpu_spec();
+  rt::ModelSpec s;
   rt::HostState st{s, true};
   int64_t B = 2, T = 96;
   std::vector<float> x, dy;
@@ -95,7 +106,7 @@ struct Fixture {
   int64_t N() const { return B * T; }
   rt::StateUnit& unit() { return st.units()[1]; }
 
-  Fixture() {
+  explicit Fixture(rt::ModelSpec spec = gpu_spec()) : s(std::move(spec)) {
     st.init_random(5, 0.05f);
     std::mt19937_64 g(3);
     std::uniform_real_distribution<float> u(-0.5f, 0.5f);
@@ -249,6 +260,24 @@ TEST(CudaBlock, ChunkedMlpMatchesUnchunkedAndTheCpuBlock) {
     f.expect_close(o, whole, 1e-2, tag + " vs cuda unchunked");
     f.expect_close(o, cpu, 5e-2, tag + " vs cpu");
   }
+}
+
+TEST(CudaBlock, Olmo2PostNormsMatchTheCpuBlock) {
+  // The OLMo2 block (no pre-norms; each branch's output normed before its
+  // residual add; the recompute runs the MLP's down projection for its norm):
+  // the same bounds as the Qwen2 block above, and the recompute equals the
+  // training forward bit for bit.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the CPU twin is tests/model/block_test.cpp";
+  Fixture f(olmo2_spec());
+  const Out cpu = f.run_cpu();
+  const Out whole = f.run_cuda(0, false);
+  f.expect_close(whole, cpu, 5e-2, "olmo2 cuda unchunked vs cpu");
+  const Out again = f.run_cuda(0, true);
+  EXPECT_TRUE(whole.dx == again.dx);
+  EXPECT_TRUE(whole.grads == again.grads);
+  const Out chunked = f.run_cuda(64, true);
+  f.expect_close(chunked, whole, 1e-2, "olmo2 chunk 64 recompute vs cuda unchunked");
+  f.expect_close(chunked, cpu, 5e-2, "olmo2 chunk 64 recompute vs cpu");
 }
 
 }  // namespace

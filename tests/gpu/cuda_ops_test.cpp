@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/bf16.h"
@@ -275,45 +276,69 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   rt::cpu::add_inplace(sum_ref.data(), dout.data(), n);
   rt::cuda::add_inplace(dup_in->as<bf16>(), ddout->as<bf16>(), n, nullptr);
   EXPECT_EQ(download_bf16(*dup_in, n), round_bf16(sum_ref));  // one rounding of an exact fp32 sum
+
+  // scale (Granite's multipliers): the fp32 product alpha * x, rounded once to
+  // bf16, as the CPU's fp32 product rounded to bf16; in place and out of place
+  std::vector<float> scaled_ref(n);
+  rt::cpu::scale(scaled_ref.data(), gate.data(), 0.22f, n);
+  rt::cuda::scale(out->as<bf16>(), dgate->as<bf16>(), 0.22f, n, nullptr);
+  EXPECT_EQ(download_bf16(*out, n), round_bf16(scaled_ref));
+  rt::cuda::scale(dgate->as<bf16>(), dgate->as<bf16>(), 0.22f, n, nullptr);
+  EXPECT_EQ(download_bf16(*dgate, n), round_bf16(scaled_ref));
 }
 
 // ---------------------------------------------------------------- LM head + cross-entropy
 
 TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
-  rt::cuda::Blas blas;
-  const int64_t N = 100, C = 64, V = 1000, chunk = 32;  // 4 chunks, the last one partial
-  const float grad_scale = 1.f / 90.f;
-  auto h = random_bf16(N * C, 90), w = random_bf16(V * C, 91, -0.5f, 0.5f);
-  std::vector<int32_t> targets(N);
-  std::mt19937 rng(92);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
-  for (int i = 0; i < 10; ++i) targets[i * 7] = -100;  // ignored rows
-  auto dw0 = random_vec(V * C, 93);
-  std::vector<float> dh_ref(N * C), dw_ref = dw0;
-  int64_t n_valid_ref = 0;
-  const double loss_ref = rt::cpu::lm_head_cross_entropy(dh_ref.data(), dw_ref.data(), h.data(), w.data(),
-                                                         targets.data(), N, C, V, grad_scale, 16, &n_valid_ref);
-  auto dh_ = upload_bf16(h), dw_ = upload_bf16(w), dt = upload(targets);
-  auto dh = alloc_bf16(N * C);
-  auto dw = upload(dw0);
-  rt::cuda::CrossEntropyTotals zero{0.0, 0};
-  auto totals = upload(std::vector<rt::cuda::CrossEntropyTotals>{zero});
-  DeviceBuffer scratch(rt::cuda::lm_head_cross_entropy_scratch_bytes(chunk, V));
-  rt::cuda::lm_head_cross_entropy(blas, dh->as<bf16>(), dw->as<float>(), totals->as<rt::cuda::CrossEntropyTotals>(),
-                                  dh_->as<bf16>(), dw_->as<bf16>(), dt->as<int32_t>(), N, C, V, grad_scale, chunk,
-                                  scratch.scratch(), nullptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  rt::cuda::CrossEntropyTotals got{};
-  CUDA_CHECK(cudaMemcpy(&got, totals->data(), sizeof(got), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(got.n_valid, n_valid_ref);
-  // fp32 logits from the same bf16 operands, fp32 softmax: loss agrees to fp32 rounding
-  EXPECT_NEAR(got.loss_sum, loss_ref, 1e-5 * std::fabs(loss_ref)) << "loss sum";
-  // dlogits are rounded to bf16 before the dh / dw GEMMs (and dh is bf16)
-  expect_close("ce dh", download_bf16(*dh, N * C), dh_ref, 1e-2, 2e-2);
-  std::vector<float> dw_got = download_f32(*dw, V * C), ddw_got(V * C), ddw_ref(V * C);
-  for (int64_t i = 0; i < V * C; ++i) ddw_got[i] = dw_got[i] - dw0[i], ddw_ref[i] = dw_ref[i] - dw0[i];
-  expect_close("ce dw increment", ddw_got, ddw_ref, 1e-2, 2e-2);
-  expect_close("ce dw (+=)", dw_got, dw_ref, 1e-5, 1e-4);
+  // V = 1000: a multiple of 8. V = 1002 and 997: the op runs on Vr =
+  // lm_head_rows(V) = 1008 / 1000 rows; the padding rows of w hold random
+  // (finite) values here, which must change nothing (their logits are left
+  // out by index, not by value), and dw's padding rows must stay exactly 0.
+  for (const int64_t V : {int64_t{1000}, int64_t{1002}, int64_t{997}}) {
+    SCOPED_TRACE("V = " + std::to_string(V));
+    rt::cuda::Blas blas;
+    const int64_t N = 100, C = 64, chunk = 32;  // 4 chunks, the last one partial
+    const int64_t Vr = rt::cuda::lm_head_rows(V);
+    ASSERT_EQ(Vr % 8, 0);
+    ASSERT_TRUE(Vr >= V && Vr < V + 8);
+    const float grad_scale = 1.f / 90.f;
+    auto h = random_bf16(N * C, 90), w = random_bf16(Vr * C, 91, -0.5f, 0.5f);  // rows V..Vr-1: padding
+    std::vector<int32_t> targets(N);
+    std::mt19937 rng(92);
+    for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+    targets[3] = static_cast<int32_t>(V - 1);            // the last real id
+    for (int i = 0; i < 10; ++i) targets[i * 7] = -100;  // ignored rows
+    auto dw0 = random_vec(Vr * C, 93);
+    for (int64_t i = V * C; i < Vr * C; ++i) dw0[i] = 0.f;
+    std::vector<float> dh_ref(N * C), dw_ref = dw0;
+    int64_t n_valid_ref = 0;
+    const double loss_ref = rt::cpu::lm_head_cross_entropy(dh_ref.data(), dw_ref.data(), h.data(), w.data(),
+                                                           targets.data(), N, C, V, grad_scale, 16, &n_valid_ref);
+    auto dh_ = upload_bf16(h), dw_ = upload_bf16(w), dt = upload(targets);
+    auto dh = alloc_bf16(N * C);
+    auto dw = upload(dw0);
+    rt::cuda::CrossEntropyTotals zero{0.0, 0};
+    auto totals = upload(std::vector<rt::cuda::CrossEntropyTotals>{zero});
+    DeviceBuffer scratch(rt::cuda::lm_head_cross_entropy_scratch_bytes(chunk, V));
+    rt::cuda::lm_head_cross_entropy(blas, dh->as<bf16>(), dw->as<float>(), totals->as<rt::cuda::CrossEntropyTotals>(),
+                                    dh_->as<bf16>(), dw_->as<bf16>(), dt->as<int32_t>(), N, C, V, grad_scale, chunk,
+                                    scratch.scratch(), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    rt::cuda::CrossEntropyTotals got{};
+    CUDA_CHECK(cudaMemcpy(&got, totals->data(), sizeof(got), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got.n_valid, n_valid_ref);
+    // fp32 logits from the same bf16 operands, fp32 softmax: loss agrees to fp32 rounding
+    EXPECT_NEAR(got.loss_sum, loss_ref, 1e-5 * std::fabs(loss_ref)) << "loss sum";
+    // dlogits are rounded to bf16 before the dh / dw GEMMs (and dh is bf16)
+    expect_close("ce dh", download_bf16(*dh, N * C), dh_ref, 1e-2, 2e-2);
+    std::vector<float> dw_all = download_f32(*dw, Vr * C);
+    for (int64_t i = V * C; i < Vr * C; ++i) ASSERT_EQ(dw_all[i], 0.f) << "dw padding element " << i;
+    std::vector<float> dw_got(dw_all.begin(), dw_all.begin() + V * C), ddw_got(V * C), ddw_ref(V * C);
+    dw_ref.resize(V * C);
+    for (int64_t i = 0; i < V * C; ++i) ddw_got[i] = dw_got[i] - dw0[i], ddw_ref[i] = dw_ref[i] - dw0[i];
+    expect_close("ce dw increment", ddw_got, ddw_ref, 1e-2, 2e-2);
+    expect_close("ce dw (+=)", dw_got, dw_ref, 1e-5, 1e-4);
+  }
 }
 
 // ---------------------------------------------------------------- attention

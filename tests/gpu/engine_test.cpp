@@ -17,6 +17,8 @@
 //  - folded updates (--grads fold) equal host gradients bit for bit where
 //    they do not clip, one micro-batch and layer-major.
 //  - lean states (quantized moments, bf16 masters) follow their CPU twins.
+//  - a vocabulary that is not a multiple of 8 (device padding rows) matches
+//    the CPU reference, tied and untied, device and host gradients.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,10 +120,10 @@ void expect_bit_identical(const FixedRun& a, const FixedRun& b, const char* what
   EXPECT_TRUE(a.w == b.w) << what;
 }
 
-TEST(CudaEngine, GradientsMatchTheCpuReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build): the CPU twin is tests/model/*";
+// Loss and every gradient of spec, CPU (fp32) vs CUDA with options co, on
+// two fixed micro-batches of tinyshakespeare (B = 4, T = 128).
+void expect_gradients_match_cpu(const rt::ModelSpec& s, const rt::CudaOptions& co, const char* label) {
   const int64_t B = 4, T = 128;
-  rt::ModelSpec s = gpu_spec(4);
   rt::HostState st(s, true);
   st.init_random(5, 0.05f);
   rt::Dataset d = shakespeare(T, 1);
@@ -130,14 +132,13 @@ TEST(CudaEngine, GradientsMatchTheCpuReference) {
   auto cpu = rt::make_cpu_backend(st);
   const double l_cpu = cpu->compute_grads(batches, nv) / nv;
   std::vector<float> g_cpu = all_grads(st);
-  rt::CudaOptions co;
-  co.slots = 2;
   auto gpu = rt::make_cuda_backend(st, B, T, co);
   const double l_gpu = gpu->compute_grads(batches, nv) / nv;
   std::vector<float> g_gpu = all_grads(st);
-  std::printf("[engine] loss cpu %.6f cuda %.6f (rel %.2e)\n", l_cpu, l_gpu, std::fabs(l_gpu - l_cpu) / l_cpu);
+  std::printf("[engine] %s: loss cpu %.6f cuda %.6f (rel %.2e)\n", label, l_cpu, l_gpu,
+              std::fabs(l_gpu - l_cpu) / l_cpu);
   // bf16 operands (relative rounding 2^-9) through 4 layers: loss within 1e-2 relative.
-  EXPECT_NEAR(l_gpu, l_cpu, 1e-2 * l_cpu);
+  EXPECT_NEAR(l_gpu, l_cpu, 1e-2 * l_cpu) << label;
   // Per tensor: rel_l2 <= 5e-2. bf16 rounding of activations and of the
   // activation gradients at every op (~2^-9 each, over ~20 chained ops per
   // layer, partly averaging out) puts the expected error near 1e-2; garbage
@@ -151,12 +152,127 @@ TEST(CudaEngine, GradientsMatchTheCpuReference) {
       const float* a = g_gpu.data() + off + u.offsets[k];
       const float* r = g_cpu.data() + off + u.offsets[k];
       double e = rt::test::rel_l2(a, r, n);
-      EXPECT_LE(e, 5e-2) << u.entries[k].name;
+      EXPECT_LE(e, 5e-2) << label << " " << u.entries[k].name;
       if (e > worst) worst = e, worst_name = u.entries[k].name;
     }
     off += static_cast<size_t>(u.numel);
   }
-  std::printf("[engine] worst gradient rel_l2 cuda vs cpu: %.3e (%s)\n", worst, worst_name.c_str());
+  std::printf("[engine] %s: worst gradient rel_l2 cuda vs cpu: %.3e (%s)\n", label, worst, worst_name.c_str());
+}
+
+TEST(CudaEngine, GradientsMatchTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build): the CPU twin is tests/model/*";
+  rt::CudaOptions co;
+  co.slots = 2;
+  expect_gradients_match_cpu(gpu_spec(4), co, "vocab 264");
+}
+
+TEST(CudaEngine, AVocabularyNotAMultipleOf8MatchesTheCpuReference) {
+  // vocab 262 (byte ids < 258): the LM head runs on 264 device rows
+  // (cuda/lm_head_rows.h), two of them padding that must not count anywhere.
+  // Untied and tied (the padding then sits in the embedding's device buffer),
+  // device and host gradients (host: the embedding stays on the host, the
+  // head's gradient lands through a slab of its unpadded size); then three
+  // training steps whose losses and weights follow the CPU backend's.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  for (bool tied : {false, true})
+    for (const char* grads : {"device", "host"}) {
+      rt::ModelSpec s = gpu_spec(4);
+      s.vocab = 262;
+      s.tie_embeddings = tied;
+      rt::CudaOptions co;
+      co.slots = 2;
+      co.grads = grads;
+      const std::string label = std::string("vocab 262, ") + (tied ? "tied, " : "untied, ") + grads + " gradients";
+      expect_gradients_match_cpu(s, co, label.c_str());
+    }
+  const int64_t B = 4, T = 128;
+  rt::ModelSpec s = gpu_spec(4);
+  s.vocab = 262;
+  rt::Dataset d = shakespeare(T, 2);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 1, &nv);
+  rt::CudaOptions co;
+  co.slots = 2;
+  const FixedRun gpu = train_fixed_steps(s, false, co, batches, nv, B, T, 11);
+  rt::HostState st(s, true);
+  st.init_random(11, 0.05f);
+  auto cpu = rt::make_cpu_backend(st);
+  rt::OptimStep o;
+  o.lr = 1e-3;
+  o.clip = 1.0;
+  std::vector<double> loss_cpu;
+  for (int i = 0; i < 3; ++i) {
+    o.t = i + 1;
+    loss_cpu.push_back(cpu->train_step(batches, nv, o).loss_sum);
+  }
+  const std::vector<float> w_cpu = all_masters(st), w0 = [&] {
+    rt::HostState s0(s, false);
+    s0.init_random(11, 0.05f);
+    return all_masters(s0);
+  }();
+  ASSERT_EQ(gpu.w.size(), w_cpu.size());
+  // losses: the bf16 bound of the gradient test (1e-2 relative)
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(gpu.loss[i], loss_cpu[i], 1e-2 * loss_cpu[i]) << "step " << i + 1;
+  // weights: the update (w - w0) of CUDA vs CPU within 5e-2 of its norm, the
+  // bound MlpChunksTrainLikeTheWholeMlp uses for reordered sums (Adam's first
+  // steps move every weight by about lr, whatever the gradient's size, so a
+  // wrong row moves the update by O(1) of its norm)
+  double diff = 0, upd = 0;
+  for (size_t i = 0; i < w_cpu.size(); ++i) {
+    const double a = double(gpu.w[i]) - w0[i], b = double(w_cpu[i]) - w0[i];
+    diff += (a - b) * (a - b), upd += b * b;
+  }
+  std::printf("[engine] vocab 262, 3 steps: losses cpu %.4f %.4f %.4f cuda %.4f %.4f %.4f, update rel_l2 %.3e\n",
+              loss_cpu[0], loss_cpu[1], loss_cpu[2], gpu.loss[0], gpu.loss[1], gpu.loss[2], std::sqrt(diff / upd));
+  EXPECT_GT(upd, 0);
+  EXPECT_LE(std::sqrt(diff / upd), 5e-2);
+}
+
+TEST(CudaEngine, Olmo2MatchesTheCpuReference) {
+  // OLMo2's post-branch norms and whole-projection q/k norms through the
+  // streaming engine (recomputed and kept layers), tied and untied.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  for (bool tied : {false, true}) {
+    rt::ModelSpec s = gpu_spec(4);
+    s.family = rt::Family::olmo2;
+    s.architecture = "Olmo2ForCausalLM";
+    s.qk_norm = s.qk_norm_whole = s.post_norms = true;
+    s.tie_embeddings = tied;
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.keep_activations = 2;
+    expect_gradients_match_cpu(s, co, tied ? "olmo2, tied" : "olmo2");
+  }
+}
+
+TEST(CudaEngine, GraniteAndSmolLM3MatchTheCpuReference) {
+  // Granite: the embedding, residual and logits multipliers and the
+  // attention scale (through q), with a vocabulary of 262 (Granite 3.3's is
+  // 49,159); SmolLM3: layers 1 and 3 without RoPE, tied.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  rt::ModelSpec g = gpu_spec(4);
+  g.family = rt::Family::granite;
+  g.architecture = "GraniteForCausalLM";
+  g.vocab = 262;
+  g.embedding_multiplier = 3.0;
+  g.residual_multiplier = 0.5;
+  g.logits_scaling = 2.0;
+  g.attention_scale = 0.09;
+  for (const char* grads : {"device", "host"}) {
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.grads = grads;
+    expect_gradients_match_cpu(g, co, (std::string("granite, ") + grads + " gradients").c_str());
+  }
+  rt::ModelSpec m = gpu_spec(4);
+  m.family = rt::Family::smollm3;
+  m.architecture = "SmolLM3ForCausalLM";
+  m.rope_layers = {1, 0, 1, 0};
+  m.tie_embeddings = true;
+  rt::CudaOptions co;
+  co.slots = 2;
+  expect_gradients_match_cpu(m, co, "smollm3");
 }
 
 TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
@@ -753,9 +869,12 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
   // host and mixed placements, fixed and auto kept activations.
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 4, T = 128;
-  for (bool tied : {false, true}) {
+  // vocab 262: the LM head's padding rows (cuda/lm_head_rows.h) are counted too
+  for (const auto& [tied, vocab] : {std::pair<bool, int64_t>{false, 264}, std::pair<bool, int64_t>{true, 264},
+                                    std::pair<bool, int64_t>{false, 262}, std::pair<bool, int64_t>{true, 262}}) {
     rt::ModelSpec s = gpu_spec(4);
     s.tie_embeddings = tied;
+    s.vocab = vocab;
     std::vector<rt::CudaOptions> cases(4);
     cases[0].grads = cases[0].checkpoints = "device";
     cases[0].keep_activations = 0;
@@ -790,8 +909,9 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
       auto gpu = rt::make_cuda_backend(st, B, T, co);
       const rt::DevicePlan p = rt::plan_device(s, B, T, co, co.max_gpu_memory, rt::cuda::op_scratch_bytes);
       EXPECT_EQ(p.total, gpu->stats().device_peak_bytes)
-          << "tied " << tied << " grads " << co.grads << " checkpoints " << co.checkpoints << " keep "
-          << co.keep_activations << " (plan keeps " << p.kept_layers << ", MLP chunk " << p.mlp_chunk_tokens << ")";
+          << "tied " << tied << " vocab " << vocab << " grads " << co.grads << " checkpoints " << co.checkpoints
+          << " keep " << co.keep_activations << " (plan keeps " << p.kept_layers << ", MLP chunk " << p.mlp_chunk_tokens
+          << ")";
     }
     // auto on a budget the unchunked block does not fit: the smallest budget
     // (in 64 KiB steps) on which the plan fits only by picking a chunk
@@ -808,13 +928,14 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
       budget += 64 << 10;
       p = rt::plan_device(s, B, T, co, budget, rt::cuda::op_scratch_bytes);
     }
-    ASSERT_TRUE(p.fits()) << "tied " << tied;
-    ASSERT_GT(p.mlp_chunk_tokens, 0) << "tied " << tied;
+    ASSERT_TRUE(p.fits()) << "tied " << tied << " vocab " << vocab;
+    ASSERT_GT(p.mlp_chunk_tokens, 0) << "tied " << tied << " vocab " << vocab;
     co.max_gpu_memory = budget;
     rt::HostState st(s, false);
     st.init_random(3);
     auto gpu = rt::make_cuda_backend(st, B, T, co);
-    EXPECT_EQ(p.total, gpu->stats().device_peak_bytes) << "tied " << tied << " auto MLP chunk " << p.mlp_chunk_tokens;
+    EXPECT_EQ(p.total, gpu->stats().device_peak_bytes)
+        << "tied " << tied << " vocab " << vocab << " auto MLP chunk " << p.mlp_chunk_tokens;
   }
 }
 

@@ -105,6 +105,7 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
-                         ::testing::Values("llama_gqa_rope3", "mistral", "qwen2_bias_tied", "qwen3_qknorm_hd"));
+                         ::testing::Values("llama_gqa_rope3", "mistral", "qwen2_bias_tied", "qwen3_qknorm_hd",
+                                           "olmo2_postnorm", "granite_mult", "smollm3_nope"));
 
 }  // namespace

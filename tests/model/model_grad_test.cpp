@@ -1,6 +1,8 @@
 // Whole-model finite-difference gradient check through the layer templates
 // and the CPU backend, for each family variant (GQA llama, Qwen2 bias + tied
-// embeddings, Qwen3 q/k norm with head_dim != hidden/heads).
+// embeddings, Qwen3 q/k norm with head_dim != hidden/heads, OLMo2 post-branch
+// norms with q/k norms over the whole projection, Granite's multipliers,
+// SmolLM3's layer without RoPE).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,6 +37,22 @@ rt::ModelSpec tiny_spec(rt::Family f) {
     s.architecture = "Qwen3ForCausalLM";
     s.qk_norm = true;
     s.head_dim = 6;
+  }
+  if (f == rt::Family::olmo2) {  // post-branch norms, q/k norms over the whole projection
+    s.architecture = "Olmo2ForCausalLM";
+    s.qk_norm = s.qk_norm_whole = s.post_norms = true;
+  }
+  if (f == rt::Family::granite) {  // multipliers away from 1 (and from each other)
+    s.architecture = "GraniteForCausalLM";
+    s.embedding_multiplier = 1.7;
+    s.residual_multiplier = 0.6;
+    s.logits_scaling = 1.9;
+    s.attention_scale = 0.3;
+  }
+  if (f == rt::Family::smollm3) {  // layer 1 without RoPE, tied
+    s.architecture = "SmolLM3ForCausalLM";
+    s.rope_layers = {1, 0};
+    s.tie_embeddings = true;
   }
   if (f == rt::Family::llama) {
     s.rope.scaling = rt::RopeScaling::llama3;
@@ -222,7 +240,8 @@ TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
-                         ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3),
+                         ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3, rt::Family::olmo2,
+                                           rt::Family::granite, rt::Family::smollm3),
                          [](const auto& info) { return std::string(rt::family_name(info.param)); });
 
 }  // namespace

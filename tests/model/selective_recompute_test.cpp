@@ -4,7 +4,8 @@
 // same ops on the same inputs, so the loss and every gradient must be
 // bit-identical to recomputing every block whole -- for every family shape
 // (GQA llama, Qwen2 bias + tied, Qwen3 q/k norms, Qwen2-MoE with its shared
-// expert, OLMoE's whole-projection q/k norms), with MLP token chunks, with
+// expert, OLMoE's whole-projection q/k norms, OLMo2's post-norms, Granite's
+// multipliers, SmolLM3's layers without RoPE), with MLP token chunks, with
 // whole kept layers beside, and over two micro-batches through one runner
 // (the stores are swapped with the shared set, so reuse must not leak).
 // Also the planner's pure parts (model/block_memory.h): the bytes of one
@@ -45,6 +46,20 @@ const char* kConfigs[] = {
         "num_experts": 6, "num_experts_per_tok": 3, "norm_topk_prob": false, "output_router_logits": true,
         "router_aux_loss_coef": 0.5, "clip_qkv": null, "rope_theta": 100.0, "max_position_embeddings": 64,
         "eos_token_id": null, "pad_token_id": null})",
+    R"({"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 16, "intermediate_size": 24,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 11,
+        "rms_norm_eps": 1e-6, "rope_theta": 100.0, "max_position_embeddings": 64, "tie_word_embeddings": false,
+        "eos_token_id": 1, "pad_token_id": null})",
+    R"({"architectures": ["GraniteForCausalLM"], "model_type": "granite", "hidden_size": 16, "intermediate_size": 24,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 11,
+        "attention_multiplier": 0.3, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+        "logits_scaling": 3.0, "rms_norm_eps": 1e-5, "rope_theta": 100.0, "max_position_embeddings": 64,
+        "tie_word_embeddings": true})",
+    R"({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "hidden_size": 16, "intermediate_size": 24,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 11,
+        "no_rope_layer_interval": 2, "rms_norm_eps": 1e-6, "rope_theta": 100.0, "max_position_embeddings": 64,
+        "tie_word_embeddings": true, "use_sliding_window": false, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": null})",
 };
 
 struct Result {
@@ -114,10 +129,11 @@ TEST_P(SelectiveRecompute, AttentionKeptLayersAreBitIdenticalToRecompute) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<int>& info) {
-  static const char* const kNames[] = {"llama", "qwen2_tied", "qwen3_qknorm", "qwen2_moe", "olmoe"};
+  static const char* const kNames[] = {"llama", "qwen2_tied", "qwen3_qknorm", "qwen2_moe",
+                                       "olmoe", "olmo2_post_norms", "granite", "smollm3_no_rope"};
   return kNames[info.param];
 }
-INSTANTIATE_TEST_SUITE_P(Families, SelectiveRecompute, ::testing::Range(0, 5), case_name);
+INSTANTIATE_TEST_SUITE_P(Families, SelectiveRecompute, ::testing::Range(0, 8), case_name);
 
 rt::ModelSpec seven_b() { return rt::spec_preset("qwen2.5-7b"); }
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -60,6 +61,12 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
   EXPECT_EQ(a.qk_norm_whole, b.qk_norm_whole);
+  EXPECT_EQ(a.post_norms, b.post_norms);
+  EXPECT_EQ(a.embedding_multiplier, b.embedding_multiplier);
+  EXPECT_EQ(a.residual_multiplier, b.residual_multiplier);
+  EXPECT_EQ(a.logits_scaling, b.logits_scaling);
+  EXPECT_EQ(a.attention_scale, b.attention_scale);
+  EXPECT_EQ(a.rope_layers, b.rope_layers);
   EXPECT_EQ(a.moe.n_experts, b.moe.n_experts);
   EXPECT_EQ(a.moe.top_k, b.moe.top_k);
   EXPECT_EQ(a.moe.expert_intermediate, b.moe.expert_intermediate);
@@ -542,6 +549,13 @@ TEST(Spec, PresetParameterTotals) {
   EXPECT_EQ(rt::spec_preset("qwen2.5-32b").params_total(), 32763876352);
   EXPECT_EQ(rt::spec_preset("qwen2.5-72b").params_total(), 72706203648);
   EXPECT_EQ(rt::spec_preset("qwen3-8b").params_total(), 8190735360);
+  // OLMo 2 (the model cards say 1.48B and 7.30B; these are the shapes' exact sums)
+  EXPECT_EQ(rt::spec_preset("olmo-2-1b").params_total(), 1484916736);
+  EXPECT_EQ(rt::spec_preset("olmo-2-7b").params_total(), 7298617344);
+  // Granite 3.3 (model cards: 2.53B, 8.17B; tied) and SmolLM3 (3.08B, tied): the shapes' sums
+  EXPECT_EQ(rt::spec_preset("granite-3.3-2b").params_total(), 2533539840);
+  EXPECT_EQ(rt::spec_preset("granite-3.3-8b").params_total(), 8170864640);
+  EXPECT_EQ(rt::spec_preset("smollm3-3b").params_total(), 3075098624);
   // tiny-byte by hand: per layer 256*256 (q) + 2*128*256 (k, v) + 256*256 (o) + 3*256*704 (MLP) + 2*256 (norms)
   // = 737,792; 6 layers + 2*264*256 (untied embed, head) + 256 (final norm).
   ModelSpec t = rt::spec_preset("tiny-byte");
@@ -556,7 +570,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 12u);
+  ASSERT_EQ(rt::preset_names().size(), 17u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);
@@ -591,11 +605,153 @@ TEST(Spec, UnknownPresetListsNames) {
              "qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, qwen3-8b");
 }
 
+// allenai/OLMo-2-1124-7B's config.json fields (transformers 4.x dialect):
+// no head_dim (hidden / heads), no bos, eos 100257, pad 100277.
+const char* kOlmo2_4x = R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "olmo2",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "pad_token_id": 100277,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 500000, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.47.0", "use_cache": true, "vocab_size": 100352
+})";
+// The same in the 5.x dialect.
+const char* kOlmo2_5x = R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "dtype": "bfloat16",
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
+  "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "tie_word_embeddings": false,
+  "vocab_size": 100352
+})";
+
+TEST(Spec, Olmo2BothDialectsPostNormsAndWholeQkNorms) {
+  ModelSpec a = rt::spec_from_config_text(kOlmo2_4x, "olmo2.json");
+  EXPECT_EQ(a.family, Family::olmo2);
+  EXPECT_EQ(a.architecture, "Olmo2ForCausalLM");
+  EXPECT_TRUE(a.post_norms && a.qk_norm && a.qk_norm_whole);
+  EXPECT_FALSE(a.qkv_bias || a.is_moe());
+  EXPECT_EQ(a.head_dim, 128);
+  EXPECT_EQ(a.rope.theta, 500000.0);
+  EXPECT_EQ(a.bos_id, -1);
+  EXPECT_EQ(a.eos_ids, std::vector<int64_t>{100257});
+  EXPECT_EQ(a.pad_id, std::optional<int64_t>{100277});
+  ModelSpec b = rt::spec_from_config_text(kOlmo2_5x, "olmo2_5x.json");
+  expect_same_spec(a, b, "4.x vs 5.x dialect");
+  ModelSpec p = rt::spec_preset("olmo-2-7b");
+  p.pad_id = 100277;  // presets carry no pad id
+  expect_same_spec(a, p, "config vs preset");
+  // q_norm [H*D], k_norm [G*D]: 2 x 4096 per layer besides the two branch norms
+  EXPECT_EQ(a.params_per_layer(), 4 * 4096LL * 4096 + 3 * 4096LL * 11008 + 4 * 4096);
+  // OLMo2Config's defaults when fields are absent: eos 50279, eps 1e-5, 2048 positions, kv heads = heads
+  ModelSpec d = rt::spec_from_config_text(R"({"architectures": ["Olmo2ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 50304})",
+                                          "olmo2_min.json");
+  EXPECT_EQ(d.eos_ids, std::vector<int64_t>{50279});
+  EXPECT_EQ(d.rms_eps, 1e-5);
+  EXPECT_EQ(d.max_positions, 2048);
+  EXPECT_EQ(d.n_kv_heads, 4);
+  EXPECT_EQ(d.bos_id, -1);
+  EXPECT_HAS(parse_error(with_field(kOlmo2_4x, "attention_bias", "true")), "attention_bias true is not supported");
+  // HF cannot express the OLMo2 layer under another family, nor other families' layers under OLMo2
+  ModelSpec q = rt::spec_preset("qwen3-8b");
+  q.post_norms = true;
+  EXPECT_HAS(error_of([&] { rt::spec_to_config_json(q); }), "post_norms");
+  // post-branch norms with experts are refused
+  ModelSpec m = rt::spec_preset("olmoe-1b-7b");
+  m.post_norms = true;
+  EXPECT_HAS(error_of([&] { m.validate("x"); }), "post-branch norms (OLMo2) with mixture-of-experts");
+}
+
+// A Granite 3.x 8B config.json (transformers 4.49): tied, vocab 49,159.
+const char* kGranite_4x = R"({
+  "architectures": ["GraniteForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attention_multiplier": 0.0078125, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12800,
+  "logits_scaling": 16.0, "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "granite",
+  "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0,
+  "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000000.0,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.49.0", "use_cache": true,
+  "vocab_size": 49159
+})";
+
+TEST(Spec, GraniteMultipliersBothDialects) {
+  ModelSpec a = rt::spec_from_config_text(kGranite_4x, "granite.json");
+  EXPECT_EQ(a.family, Family::granite);
+  EXPECT_EQ(a.embedding_multiplier, 12.0);
+  EXPECT_EQ(a.residual_multiplier, 0.22);
+  EXPECT_EQ(a.logits_scaling, 16.0);
+  EXPECT_EQ(a.attention_scale, 0.0078125);
+  EXPECT_EQ(a.attention_softmax_scale(), 0.0078125);
+  EXPECT_TRUE(a.tie_embeddings);
+  std::string t5 = with_field(with_field(kGranite_4x, "rope_theta", ""), "rope_scaling", "");
+  t5 = with_field(t5, "rope_parameters", R"({"rope_type": "default", "rope_theta": 10000000.0})");
+  expect_same_spec(a, rt::spec_from_config_text(t5, "granite5.json"), "4.x vs 5.x dialect");
+  ModelSpec p = rt::spec_preset("granite-3.3-8b");
+  p.pad_id = 0;
+  expect_same_spec(a, p, "config vs preset");
+  // GraniteConfig's defaults: every multiplier 1 (the softmax scale too, not 1/sqrt(head_dim))
+  ModelSpec d = rt::spec_from_config_text(R"({"architectures": ["GraniteForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})",
+                                          "granite_min.json");
+  EXPECT_EQ(d.embedding_multiplier, 1.0);
+  EXPECT_EQ(d.attention_softmax_scale(), 1.0);
+  EXPECT_FALSE(d.tie_embeddings);
+  EXPECT_HAS(parse_error(with_field(kGranite_4x, "logits_scaling", "0")), "logits_scaling must be positive");
+  EXPECT_HAS(parse_error(with_field(kGranite_4x, "mlp_bias", "true")), "mlp_bias true is not supported");
+  // other families carry no multipliers into config.json
+  ModelSpec q = rt::spec_preset("qwen3-8b");
+  q.residual_multiplier = 0.5;
+  EXPECT_HAS(error_of([&] { rt::spec_to_config_json(q); }), "only Granite");
+  // the default softmax scale stays 1/sqrt(head_dim) elsewhere
+  EXPECT_EQ(rt::spec_preset("qwen3-8b").attention_softmax_scale(), 1.0 / std::sqrt(128.0));
+}
+
+// A SmolLM3-3B-style config.json (5.x dialect): a NoPE layer every 4th layer.
+const char* kSmolLM3_5x = R"({
+  "architectures": ["SmolLM3ForCausalLM"], "attention_bias": false, "bos_token_id": 128000, "dtype": "bfloat16",
+  "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 11008,
+  "max_position_embeddings": 65536, "mlp_bias": false, "model_type": "smollm3", "no_rope_layer_interval": 4,
+  "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 4, "pad_token_id": 128004,
+  "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 5000000.0, "rope_type": "default"},
+  "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 128256
+})";
+
+TEST(Spec, SmolLM3NoRopeLayers) {
+  ModelSpec a = rt::spec_from_config_text(kSmolLM3_5x, "smol.json");
+  EXPECT_EQ(a.family, Family::smollm3);
+  ASSERT_EQ(a.rope_layers.size(), 36u);
+  for (int64_t i = 0; i < 36; ++i) EXPECT_EQ(a.layer_uses_rope(i), (i + 1) % 4 != 0) << "layer " << i;
+  ModelSpec p = rt::spec_preset("smollm3-3b");
+  p.pad_id = 128004;
+  expect_same_spec(a, p, "config vs preset");
+  // the same as an explicit list (4.x dialect: rope_theta at the top)
+  std::string list = "[";
+  for (int i = 0; i < 36; ++i) list += std::string(i ? ", " : "") + ((i + 1) % 4 != 0 ? "1" : "0");
+  std::string t4 = with_field(with_field(kSmolLM3_5x, "rope_parameters", ""), "rope_theta", "5000000.0");
+  t4 = with_field(with_field(t4, "no_rope_layer_interval", ""), "no_rope_layers", list + "]");
+  expect_same_spec(a, rt::spec_from_config_text(t4, "smol4.json"), "interval vs list, 5.x vs 4.x");
+  // another interval; tied by default (SmolLM3Config); refusals
+  ModelSpec b = rt::spec_from_config_text(
+      with_field(with_field(kSmolLM3_5x, "no_rope_layer_interval", "3"), "tie_word_embeddings", ""), "s3.json");
+  EXPECT_FALSE(b.layer_uses_rope(2));
+  EXPECT_TRUE(b.layer_uses_rope(3));
+  EXPECT_TRUE(b.tie_embeddings);
+  EXPECT_HAS(parse_error(with_field(kSmolLM3_5x, "no_rope_layers", "[1, 0]")), "no_rope_layers has 2 entries for 36");
+  EXPECT_HAS(parse_error(with_field(kSmolLM3_5x, "no_rope_layers", "[2]")), "no_rope_layers");
+  EXPECT_HAS(parse_error(with_field(kSmolLM3_5x, "use_sliding_window", "true")), "use_sliding_window true");
+  ModelSpec q = rt::spec_preset("qwen3-8b");
+  q.rope_layers.assign(36, 1);
+  EXPECT_HAS(error_of([&] { rt::spec_to_config_json(q); }), "only SmolLM3");
+}
+
 TEST(Spec, FamilyNames) {
   EXPECT_STREQ(rt::family_name(Family::llama), "llama");
   EXPECT_STREQ(rt::family_name(Family::mistral), "mistral");
   EXPECT_STREQ(rt::family_name(Family::qwen2), "qwen2");
   EXPECT_STREQ(rt::family_name(Family::qwen3), "qwen3");
+  EXPECT_STREQ(rt::family_name(Family::olmo2), "olmo2");
+  EXPECT_STREQ(rt::family_architecture(Family::olmo2), "Olmo2ForCausalLM");
 }
 
 }  // namespace

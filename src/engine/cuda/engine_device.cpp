@@ -55,6 +55,8 @@ uint64_t device_budget(const CudaOptions& o) {
   return b - o.fp8_reserve;
 }
 
+// The vocabulary may be any size: the LM head runs on cuda::lm_head_rows(V)
+// device rows (engine/device_plan.h device_unit_numels).
 void check_cuda_shapes(const ModelSpec& s) {
   auto mult8 = [&](int64_t v, const char* what) {
     RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v, " must be a multiple of 8 for the CUDA kernels; use --device cpu");
@@ -65,7 +67,6 @@ void check_cuda_shapes(const ModelSpec& s) {
     mult8(s.moe.shared_intermediate, "shared_expert_intermediate_size");  // the dense GEMMs' widths
   RT_CHECK(!s.is_moe() || s.moe.top_k <= 32, "[cuda] num_experts_per_tok = ", s.moe.top_k,
            " is more than the CUDA MoE kernels hold (32); use --device cpu");
-  mult8(s.vocab, "vocab_size");
   mult8(s.q_dim(), "heads x head_dim");
   mult8(s.kv_dim(), "kv heads x head_dim");
   RT_CHECK(s.head_dim == 64 || s.head_dim == 96 || s.head_dim == 128 || s.head_dim == 256, "[cuda] head_dim ",

@@ -11,8 +11,8 @@ namespace rt::cuda {
 GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed,
                            const std::vector<int64_t>& dev_numel)
     : st_(st), dev_(dev), track_(track), host_(host_grads), host_embed_(host_embed) {
-  RT_CHECK(dev_numel.empty() || (!host_ && dev_numel.size() == st_.units().size()),
-           "[cuda] internal: padded gradient buffers are for device gradients");
+  RT_CHECK(dev_numel.empty() || dev_numel.size() == st_.units().size(),
+           "[cuda] internal: one device gradient length per unit");
   auto& units = st_.units();
   const int64_t L = st_.spec().n_layers;
   for (size_t u = 0; u < units.size(); ++u) {

@@ -36,9 +36,10 @@ class GradientSink {
   static_assert(kChunkAlign % kQuantBlock == 0, "gradient chunks must cut units at quantization-block bounds");
   static constexpr int kSlabs = 3;
 
-  // dev_numel (device mode): elements of each unit's device buffer, numel or
-  // more (data parallel: world * S, the reduce-scatter's padded length; the
-  // padding stays zero); empty: numel.
+  // dev_numel: elements of each unit's device buffer, numel or more (the LM
+  // head's padding rows, engine/device_plan.h device_unit_numels; data
+  // parallel: world * S, the reduce-scatter's padded length; the padding
+  // stays zero); empty: numel.
   GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed,
                const std::vector<int64_t>& dev_numel = {});
   // The pinned slabs (host mode) or ring (device mode): made after the rest of

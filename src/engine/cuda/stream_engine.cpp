@@ -138,9 +138,11 @@ class StreamEngine final : public Backend {
     if (place_.host_grads && !place_.fold) st_.ensure_grads();
     if (place_.fold && place_.host_embed) st_.ensure_unit_grad(0);  // the host embedding's rows scatter into it
     if (place_.host_embed) host_embed_ = std::make_unique<HostEmbedding>(st_, dev_, track_, N_);
-    std::vector<int64_t> grad_numel;  // data parallel: the reduce-scatter's padded length
+    // the LM head's padding rows; data parallel: at least the reduce-scatter's padded length
+    std::vector<int64_t> grad_numel = device_unit_numels(s_);
     if (dp_.on())
-      for (size_t u = 0; u < units.size(); ++u) grad_numel.push_back(dp_.shard->stride(u) * dp_.grads->world());
+      for (size_t u = 0; u < units.size(); ++u)
+        grad_numel[u] = std::max(grad_numel[u], dp_.shard->stride(u) * dp_.grads->world());
     grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed, grad_numel);
     if (place_.fold) grads_->set_fold([this](size_t u, const float* g) { optimizer_->fold(u, g); });
     K_ = place_.sets();
@@ -473,6 +475,8 @@ class StreamEngine final : public Backend {
       } else {
         embedding_forward(x0, ids_.data() + k * N_, weights_->embed(), N_, C, cs);
       }
+      if (s_.embedding_multiplier != 1.0)  // Granite
+        scale(x0, x0, static_cast<float>(s_.embedding_multiplier), N_ * C, cs);
       ckpt_->lm_written(k, 0);
     }
     dev_.tracer.gpu_end(span, cs);
@@ -530,6 +534,8 @@ class StreamEngine final : public Backend {
       if (i - S >= 0) weights_->load_layer(i - S);
     }
     for (int64_t k = 0; k < K_; ++k) {
+      if (s_.embedding_multiplier != 1.0)  // Granite: x0 = embed * m
+        scale(dx(k), dx(k), static_cast<float>(s_.embedding_multiplier), N_ * C, cs);
       if (host_embed_) {
         host_embed_->land(dx(k), ids_h(k), k == 0);
       } else {
@@ -561,6 +567,8 @@ class StreamEngine final : public Backend {
       host_embed_->copy_in(ckpt_->at(0));
     else
       embedding_forward(ckpt_->at(0), ids_.data(), weights_->embed(), N_, C, cs);
+    if (s_.embedding_multiplier != 1.0)  // Granite
+      scale(ckpt_->at(0), ckpt_->at(0), static_cast<float>(s_.embedding_multiplier), N_ * C, cs);
     dev_.tracer.gpu_end(span, cs);
     if (training) ckpt_->written(0);
     const bool moe = training && s_.is_moe();  // the training forward counts the routing (model/moe_aux.h)
@@ -607,9 +615,12 @@ class StreamEngine final : public Backend {
     }
     auto span = dev_.tracer.gpu_begin(Lane::compute, "head", -1, cs);
     rms_norm_forward(hf_.data(), rstd_f_.data(), xL, final_norm, N_, C, static_cast<float>(s_.rms_eps), cs);
+    const float ls = static_cast<float>(1.0 / s_.logits_scaling);  // Granite: logits / logits_scaling
+    if (ls != 1.f) scale(hf_.data(), hf_.data(), ls, N_ * C, cs);
     Scratch sc{scratch_.data(), scratch_.size()};
     lm_head_cross_entropy(dev_.blas, training ? dhf_.data() : nullptr, training ? g_lm : nullptr, totals_.data(),
                           hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
+    if (training && ls != 1.f) scale(dhf_.data(), dhf_.data(), ls, N_ * C, cs);
     if (training)
       rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs);
     dev_.tracer.gpu_end(span, cs);
@@ -642,6 +653,8 @@ class StreamEngine final : public Backend {
       weights_->release_layer(i);
       if (i - S >= 0) weights_->load_layer(i - S);
     }
+    if (s_.embedding_multiplier != 1.0)  // Granite: x0 = embed * m
+      scale(dx_.data(), dx_.data(), static_cast<float>(s_.embedding_multiplier), N_ * C, cs);
     if (host_embed_) {
       host_embed_->land(dx_.data(), host_io_.as<int32_t>(), first_micro_);
     } else {

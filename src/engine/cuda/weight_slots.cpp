@@ -3,7 +3,9 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "cuda/lm_head_rows.h"
 #include "dist/collective.h"
+#include "engine/device_plan.h"
 #include "engine/sharded_optimizer.h"
 
 namespace rt::cuda {
@@ -25,7 +27,7 @@ HostRegistration::~HostRegistration() {
 
 WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed,
                          const GpuDataParallel& dp)
-    : st_(st), dev_(dev), track_(track), S_(slots), dp_(dp) {
+    : st_(st), dev_(dev), track_(track), S_(slots), dev_numels_(device_unit_numels(st.spec())), dp_(dp) {
   auto& units = st_.units();
   const bool delayed = track_.delayed();
   const int64_t L = st_.spec().n_layers;
@@ -59,7 +61,8 @@ WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track,
 }
 
 int64_t WeightSlots::dev_numel(size_t u) const {
-  return dp_.on() ? dp_.shard->stride(u) * dp_.weights->world() : st_.units()[u].numel;
+  const int64_t own = dev_numels_[u];  // numel, or more for the LM head's padding rows
+  return dp_.on() ? std::max(own, dp_.shard->stride(u) * dp_.weights->world()) : own;
 }
 
 // Data parallel: unit u's own slice in (once this rank's update of it is
@@ -127,10 +130,28 @@ void WeightSlots::copy_in_as_updated(size_t u, bf16* dst, const char* what, int 
 void WeightSlots::ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
   if (have_version == track_.need_version()) return;
   copy_in_as_updated(u, dst.data(), u == 0 ? "load embed" : "load head", -1);
+  zero_lm_head_padding(u, dst.data());
   dev_.h2d_bytes += static_cast<uint64_t>(st_.units()[u].numel) * 2 / (dp_.on() ? dp_.weights->world() : 1);
   CUDA_CHECK(cudaEventRecord(loaded.get(), dev_.h2d.get()));
   CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), loaded.get(), 0));
   have_version = track_.need_version();
+}
+
+// The LM head's rows past the vocabulary (cuda/lm_head_rows.h) are zero on
+// the device, whatever the load or the all-gather left there: the LM head is
+// the unit's last tensor (the embedding when tied, else the head's).
+void WeightSlots::zero_lm_head_padding(size_t u, bf16* dst) {
+  const ModelSpec& s = st_.spec();
+  const size_t lm_unit = s.tie_embeddings ? 0 : static_cast<size_t>(s.n_layers + 1);
+  const int64_t V = s.vocab, C = s.hidden, Vr = lm_head_rows(V);
+  if (u != lm_unit || Vr == V) return;
+  const StateUnit& un = st_.units()[u];
+  const WeightKind k = un.entries.back().kind;
+  RT_CHECK(k == WeightKind::lm_head || k == WeightKind::embed,
+           "[cuda] internal: the LM head is not the last tensor of ", un.name);
+  RT_CHECK(un.offsets.back() + Vr * C <= dev_numel(u), "[cuda] internal: no room for the LM head's padding rows");
+  CUDA_CHECK(
+      cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2, dev_.h2d.get()));
 }
 
 void WeightSlots::ensure_head() {

@@ -86,11 +86,13 @@ class WeightSlots {
   void copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer);
   void copy_in_gathered(size_t u, bf16* dst, const char* what, int layer);  // data parallel
   int64_t dev_numel(size_t u) const;                                        // device elements of unit u's buffers
+  void zero_lm_head_padding(size_t u, bf16* dst);
   void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded);
   HostState& st_;
   EngineDevice& dev_;
   UpdateTracker& track_;
   int S_;
+  std::vector<int64_t> dev_numels_;   // device_unit_numels (engine/device_plan.h)
   bool split_ = false;                // the shadows are the state's own (split or bf16 master; registered)
   std::vector<PinnedBuf> shadow_[2];  // fp32 master storage: [1] only in delayed mode
   std::vector<HostRegistration> registered_;
