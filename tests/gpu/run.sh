@@ -20,6 +20,7 @@
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
 #             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
+#   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
@@ -252,6 +253,18 @@ if has smallcard; then
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 24 "${g[@]}"
   [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 \
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 10 "${g[@]}"
+fi
+
+if has fp8_7b; then
+  # FP8 against bf16 end to end (issue 31), same call: Qwen2.5-7B 32 x 2048 uncapped, then 64k tokens per step
+  # under a 10 GiB cap (2 x 2048 x 16, --grads fold, layer-major)
+  f7=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps ${F7_STEPS:-2} --warmup 1 --modes streaming)
+  for m in bf16 fp8; do run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 --matmul "$m"; done
+  if [ "${F7_CAP:-1}" = 1 ]; then
+    for m in bf16 fp8; do
+      run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold --matmul "$m"
+    done
+  fi
 fi
 
 if has recompute; then
