@@ -15,6 +15,7 @@
 #include "cuda/check.h"
 #include "cuda/fp8.h"
 #include "cuda/kernel_util.cuh"
+#include "cuda/lt_plan.h"
 
 namespace rt::cuda {
 
@@ -211,21 +212,6 @@ namespace {
 
 using Fp8PlanKey = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int>;
 
-struct Fp8Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  Fp8Plan() = default;
-  Fp8Plan(const Fp8Plan&) = delete;
-  Fp8Plan& operator=(const Fp8Plan&) = delete;
-  ~Fp8Plan() {
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
-
 int32_t scale_mode(Fp8Scaling s) {
   return s == Fp8Scaling::vec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
 }
@@ -236,7 +222,7 @@ struct Fp8Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::map<Fp8PlanKey, std::unique_ptr<Fp8Plan>> plans;
+  std::map<Fp8PlanKey, std::unique_ptr<LtPlan>> plans;
 
   ~Impl() {
     plans.clear();
@@ -247,13 +233,13 @@ struct Fp8Gemm::Impl {
   // Row-major out[M,N] = a[M,K] b[N,K]^T is column-major out^T[N,M] =
   // op(A) B with cuBLAS A := b (stored K x N, TRANSA = T) and B := a (stored
   // K x M, TRANSB = N): the "TN" layout FP8 needs.
-  Fp8Plan& plan_get(int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, Fp8Scaling a_mode,
+  LtPlan& plan_get(int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, Fp8Scaling a_mode,
                     Fp8Scaling b_mode) {
     Fp8PlanKey key{M, N, K, static_cast<int>(out_type), accumulate, static_cast<int>(a_mode),
                    static_cast<int>(b_mode)};
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
-    auto p = std::make_unique<Fp8Plan>();
+    auto p = std::make_unique<LtPlan>();
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
@@ -311,7 +297,7 @@ void Fp8Gemm::matmul(void* out, DType out_type, const uint8_t* a, const float* a
   detail::check_aligned(b, "fp8 gemm b");
   detail::check_aligned(a_scale, "fp8 gemm a scales");
   detail::check_aligned(b_scale, "fp8 gemm b scales");
-  Fp8Plan& p = impl_->plan_get(M, N, K, out_type, beta != 0.f, a_mode, b_mode);
+  LtPlan& p = impl_->plan_get(M, N, K, out_type, beta != 0.f, a_mode, b_mode);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
   const float alpha = 1.f;

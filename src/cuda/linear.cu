@@ -11,6 +11,7 @@
 
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
+#include "cuda/lt_plan.h"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
@@ -20,29 +21,13 @@ enum class Layout { nt, nn, tn };
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, bool, bool>;
 
-// Owns the cuBLASLt objects of one shape. Move-free (held by unique_ptr).
-struct MatmulPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  MatmulPlan() = default;
-  MatmulPlan(const MatmulPlan&) = delete;
-  MatmulPlan& operator=(const MatmulPlan&) = delete;
-  ~MatmulPlan() {
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
-
 }  // namespace
 
 struct Blas::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans;
+  std::map<PlanKey, std::unique_ptr<LtPlan>> plans;
 
   ~Impl() {
     plans.clear();
@@ -50,12 +35,12 @@ struct Blas::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  MatmulPlan& plan_get(Layout layout, int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, bool bias) {
+  LtPlan& plan_get(Layout layout, int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, bool bias) {
     PlanKey key{static_cast<int>(layout), M, N, K, static_cast<int>(out_type), accumulate, bias};
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
 
-    auto p = std::make_unique<MatmulPlan>();
+    auto p = std::make_unique<LtPlan>();
     // cuBLAS operands: A := b (m x k after op), B := a (k x n after op), m = N, n = M.
     cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
     uint64_t a_rows = 0, a_cols = 0, a_ld = 0, b_rows = 0, b_cols = 0, b_ld = 0;  // stored (column-major) shapes
@@ -124,7 +109,7 @@ struct Blas::Impl {
     detail::check_aligned(out, "gemm out");
     detail::check_aligned(a, "gemm a");
     detail::check_aligned(b, "gemm b");
-    MatmulPlan& p = plan_get(layout, M, N, K, out_type, beta != 0.f, bias != nullptr);
+    LtPlan& p = plan_get(layout, M, N, K, out_type, beta != 0.f, bias != nullptr);
     if (bias) {
       detail::check_aligned(bias, "gemm bias");
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
