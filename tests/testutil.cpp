@@ -49,6 +49,102 @@ namespace rt::test {
   return ::testing::AssertionFailure() << s.str();
 }
 
+::testing::AssertionResult expect_regrouped(const std::string& name, const float* got, const float* ref,
+                                            const double* twin, int64_t n, int64_t terms, double c) {
+  // the smallest normal float: below it, the rounding of the products is absolute
+  const double floor = c * terms * 1.1754943508222875e-38;
+  int64_t worst = -1, n_bad = 0;
+  double worst_excess = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = got[i], r = ref[i];
+    const double tol = c * static_cast<double>(terms) * kFp32Unit * twin[i] + floor;
+    const double err = std::fabs(g - r);
+    if (!(err <= tol) || (std::isfinite(r) && !std::isfinite(g))) {
+      ++n_bad;
+      const double excess = std::isfinite(err) ? err / tol : INFINITY;
+      if (worst < 0 || excess > worst_excess) {
+        worst = i;
+        worst_excess = excess;
+      }
+    }
+  }
+  static const bool report = [] {
+    const char* r = getenv("RAMTRAIN_TEST_REGROUP_REPORT");
+    return r && *r && std::string(r) != "0";
+  }();
+  if (report) {
+    double mx = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double tol = c * static_cast<double>(terms) * kFp32Unit * twin[i] + floor;
+      mx = std::max(mx, std::fabs(static_cast<double>(got[i]) - ref[i]) / tol);
+    }
+    std::fprintf(stderr, "[regroup] %s: max |err|/tol %.3g\n", name.c_str(), mx);
+  }
+  if (n_bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream s;
+  s << name << ": " << n_bad << " of " << n << " elements beyond " << c << " * " << terms
+    << " * u * twin (fp32 regrouping of " << terms << "-term sums); worst at [" << worst << "]: got " << got[worst]
+    << " ref " << ref[worst] << " twin " << twin[worst] << " (|err|/tol = " << worst_excess
+    << "); rel_l2=" << rel_l2(got, ref, n);
+  return ::testing::AssertionFailure() << s.str();
+}
+
+::testing::AssertionResult expect_regrouped_norm(const std::string& name, const float* got, const float* ref,
+                                                 int64_t n, double bound) {
+  const double e = rel_l2(got, ref, n);
+  bool finite = true;
+  int64_t worst = 0;
+  double worst_err = -1, ref_max = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(ref[i]) && !std::isfinite(got[i])) finite = false;
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(err <= worst_err)) {
+      worst = i;
+      worst_err = err;
+    }
+    ref_max = std::max(ref_max, std::fabs(static_cast<double>(ref[i])));
+  }
+  static const bool report = [] {
+    const char* r = getenv("RAMTRAIN_TEST_REGROUP_REPORT");
+    return r && *r && std::string(r) != "0";
+  }();
+  if (report) std::fprintf(stderr, "[regroup] %s: rel_l2 %.3g (bound %.3g)\n", name.c_str(), e, bound);
+  if (finite && e <= bound) return ::testing::AssertionSuccess();
+  std::ostringstream s;
+  s << name << ": rel_l2 " << e << " > " << bound << " (norm-wise bound on fp32 regrouping)"
+    << (finite ? "" : "; non-finite values where the reference is finite") << "; worst at [" << worst << "]: got "
+    << got[worst] << " ref " << ref[worst] << " (max |ref| " << ref_max << ")";
+  return ::testing::AssertionFailure() << s.str();
+}
+
+::testing::AssertionResult expect_grads_regrouped(const std::string& name, const HostState& st,
+                                                  const std::vector<float>& got, const std::vector<float>& ref,
+                                                  double bound) {
+  int64_t total = 0;
+  for (const auto& u : st.units()) total += u.numel;
+  if (static_cast<int64_t>(got.size()) != total || static_cast<int64_t>(ref.size()) != total)
+    return ::testing::AssertionFailure() << name << ": sizes " << got.size() << ", " << ref.size() << " vs the "
+                                         << total << " gradient elements of the state";
+  ::testing::AssertionResult all = ::testing::AssertionSuccess();
+  bool ok = true;
+  std::ostringstream fails;
+  int64_t base = 0;
+  for (const auto& u : st.units()) {
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const int64_t off = base + u.offsets[k];
+      auto r = expect_regrouped_norm(name + " " + u.entries[k].name, got.data() + off, ref.data() + off,
+                                     u.entries[k].numel(), bound);
+      if (!r) {
+        ok = false;
+        fails << "\n  " << r.message();
+      }
+    }
+    base += u.numel;
+  }
+  if (ok) return all;
+  return ::testing::AssertionFailure() << name << ": tensors beyond the regrouping bound:" << fails.str();
+}
+
 double rel_l2(const float* got, const float* ref, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -234,6 +330,13 @@ std::vector<float> all_masters(const HostState& st) {
     w.insert(w.end(), x.begin(), x.end());
   }
   return w;
+}
+
+std::string simd_path_unavailable(SimdLevel level) {
+  if (level <= simd_level_detected()) return "";
+  return std::string("the ") + simd_level_name(level) + " path is not run: this CPU has at most " +
+         simd_level_name(simd_level_detected()) + " (" +
+         (level == SimdLevel::avx512 ? "AVX-512F" : "AVX2 and FMA") + " missing)";
 }
 
 std::string fixture_dir() { return RAMTRAIN_FIXTURE_DIR; }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/spec.h"
+#include "optim/adamw.h"
 #include "state/host_state.h"
 
 namespace rt::test {
@@ -27,6 +28,71 @@ inline ::testing::AssertionResult expect_near(const std::string& name, const std
     return ::testing::AssertionFailure() << name << ": size " << got.size() << " vs " << ref.size();
   return expect_near(name, got.data(), ref.data(), static_cast<int64_t>(got.size()), atol, rtol);
 }
+// Checks for two fp32 evaluations of the same maths that differ only in the
+// order of their sums (chunked vs whole batch, micro-batches, threads, SIMD
+// widths, BLAS kernels: OPENBLAS_CORETYPE picks another one). An element-wise
+// rtol is no bound on that: a small element that is the difference of large
+// terms moves by much more than rtol of itself (issue 37: three such checks
+// failed with OpenBLAS's AVX2 kernels). What regrouping can do:
+//
+//   A sum s = p_1 + ... + p_K of fp32 terms, added in any order, is within
+//   gamma_{K-1} * sum_k |p_k| of the exact sum (Higham, Accuracy and Stability
+//   of Numerical Algorithms, 2nd ed., eq. 3.4; gamma_m = m u / (1 - m u),
+//   u = 2^-24). Two orders of the same terms are thus within
+//   2 gamma_{K-1} sum_k |p_k| <= 2 K u sum_k |p_k| (for K u < 1/2: gamma_{K-1}
+//   <= (K-1) u / (1 - K u) <= K u) of each other.
+//
+// expect_regrouped applies that per element: |got - ref| <= c K u twin, where
+// twin is the same maths on the absolute values (for a weight gradient
+// dW = dY^T X over K tokens: twin = |dY|^T |X|) and c = 2 for exactly the same
+// summands. Where the summands themselves come from regrouped sums (a chain
+// of GEMMs), each is off by the same kind of bound relative to its own
+// absolute twin, and c grows by about 2 per stage; the caller states its c.
+// Also fails on any NaN/Inf in got where ref is finite.
+constexpr double kFp32Unit = 5.9604644775390625e-8;  // u = 2^-24
+::testing::AssertionResult expect_regrouped(const std::string& name, const float* got, const float* ref,
+                                            const double* twin, int64_t n, int64_t terms, double c = 2);
+inline ::testing::AssertionResult expect_regrouped(const std::string& name, const std::vector<float>& got,
+                                                   const std::vector<float>& ref, const std::vector<double>& twin,
+                                                   int64_t terms, double c = 2) {
+  if (got.size() != ref.size() || twin.size() != ref.size())
+    return ::testing::AssertionFailure() << name << ": sizes " << got.size() << ", " << ref.size() << ", "
+                                         << twin.size();
+  return expect_regrouped(name, got.data(), ref.data(), twin.data(), static_cast<int64_t>(got.size()), terms, c);
+}
+
+// Norm-wise, one tensor, for compositions whose absolute twin a test cannot
+// form (a whole decoder block or model): ||got - ref||_2 <= bound ||ref||_2.
+// Summing the element bound above over a tensor C = A B of K-term sums gives
+// ||dC||_2 <= 2 K u || |A||B| ||_2, and || |A||B| ||_2 / ||C||_2, the tensor's
+// cancellation ratio, is about sqrt(K) for the zero-mean random data of these
+// tests. Rounding errors add up like a random walk rather than in the worst
+// case (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019: sqrt(K) u with
+// overwhelming probability), so a regrouped stage moves a tensor by about
+// sqrt(K) u * sqrt(K) = K u of its norm: <= 4e-6 for the K <= 64 of these
+// tests, and a few stages feeding one another stay within kRegroupRelL2. A
+// dropped, doubled or misplaced term is off by O(1e-2..1) of the norm; one
+// wrong element of n comparable ones by ~n^-1/2.
+// RAMTRAIN_TEST_REGROUP_REPORT=1 prints every such check's error (rel_l2, or
+// the worst |err|/tol of expect_regrouped) to stderr: how to see the margins
+// under another BLAS kernel (OPENBLAS_CORETYPE=Haswell, Zen, SkylakeX).
+constexpr double kRegroupRelL2 = 1e-5;
+::testing::AssertionResult expect_regrouped_norm(const std::string& name, const float* got, const float* ref,
+                                                 int64_t n, double bound = kRegroupRelL2);
+inline ::testing::AssertionResult expect_regrouped_norm(const std::string& name, const std::vector<float>& got,
+                                                        const std::vector<float>& ref,
+                                                        double bound = kRegroupRelL2) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << name << ": size " << got.size() << " vs " << ref.size();
+  return expect_regrouped_norm(name, got.data(), ref.data(), static_cast<int64_t>(got.size()), bound);
+}
+
+// expect_regrouped_norm for each tensor of two flat gradient vectors laid out
+// as st's units are (each unit's gradient arena, units in order).
+::testing::AssertionResult expect_grads_regrouped(const std::string& name, const HostState& st,
+                                                  const std::vector<float>& got, const std::vector<float>& ref,
+                                                  double bound = kRegroupRelL2);
+
 // Relative error ||got - ref|| / ||ref|| (L2), the per-tensor summary number.
 double rel_l2(const float* got, const float* ref, int64_t n);
 // Max |got - ref| / max(|ref|_max, tiny): relative to the tensor's scale.
@@ -109,6 +175,15 @@ ModelSpec llama_spec(int64_t hidden, int64_t intermediate, int64_t layers, int64
                      int64_t head_dim, int64_t vocab, bool qkv_bias = false);
 // Every unit's current master as fp32, units in order (split / bf16 masters decoded).
 std::vector<float> all_masters(const HostState& st);
+
+// Tests of the SIMD dispatch (optim/adamw.h SimdLevel: the optimizer and,
+// following it, the moment codecs) run each path as a test of its own; a path
+// this CPU cannot run is skipped with this message, so a CI log shows which
+// ran (scalar and AVX2 run on every x86-64 CPU with AVX2 and FMA):
+//   if (auto why = rt::test::simd_path_unavailable(level); !why.empty()) GTEST_SKIP() << why;
+std::string simd_path_unavailable(SimdLevel level);
+// The paths in a parameter name: scalar, avx2, avx512.
+inline std::string simd_param_name(const ::testing::TestParamInfo<SimdLevel>& i) { return simd_level_name(i.param); }
 
 std::string fixture_dir();      // tests/fixtures
 std::string shared_data_dir();  // ../shared/data

@@ -175,15 +175,15 @@ TEST_P(BlockChunks, ChunkedMatchesUnchunkedToFp32Rounding) {
   // Chunks of R < N rows compute the same per-row products; what changes is
   // the grouping of the sums over tokens in the gate/up/down weight gradients
   // (per chunk, then chunk by chunk) and the GEMM row blocking, i.e. fp32
-  // re-association only, as in ModelGrad.AccumulatingMicroBatchesEqualsOneBatch:
-  // rel_l2 <= 1e-5 per tensor (rounding is ~1e-7 relative to the summands)
-  // and |err| <= 1e-6 + 1e-4 |ref| per element of y and dx (the values are
-  // O(0.1..1); the relative term covers cancellation). A weight gradient's
-  // element is a sum over every token whose terms can cancel to far below
-  // their size, so its bound is norm-wise: |err| <= 1e-5 max|ref| over the
-  // tensor (an element-wise rtol failed on this host's summation order). A
-  // dropped or doubled chunk, or a gradient written instead of accumulated,
-  // is off by O(1).
+  // re-association only, as in ModelGrad.AccumulatingMicroBatchesEqualsOneBatch.
+  // The block is a chain of GEMMs, so the check is norm-wise per tensor
+  // (testutil.h, kRegroupRelL2 = 1e-5 and its derivation): the sums here have
+  // K <= 24 terms (N = 14 tokens, widths 16..24), ~K u = 1.4e-6 per stage;
+  // observed <= 4.3e-7 with OpenBLAS's SkylakeX, Haswell and Zen kernels. An
+  // element-wise rtol is no bound here: a small element of a weight gradient
+  // is a difference of larger token terms (issue 37: 1e-4 |ref| failed with
+  // the Haswell kernels). A dropped or doubled chunk, or a gradient written
+  // instead of accumulated, is off by O(1).
   Case c = make_case(GetParam());
   const Out ref = run_block(c, {});
   const rt::StateUnit& u = layer_unit(c);
@@ -191,18 +191,12 @@ TEST_P(BlockChunks, ChunkedMatchesUnchunkedToFp32Rounding) {
     for (bool recompute : {false, true}) {
       const Out o = run_block(c, {chunk, recompute, false});
       const std::string tag = "chunk " + std::to_string(chunk) + (recompute ? " recompute" : "");
-      EXPECT_LT(rt::test::rel_l2(o.y.data(), ref.y.data(), static_cast<int64_t>(o.y.size())), 1e-5) << tag;
-      EXPECT_TRUE(rt::test::expect_near(tag + " y", o.y, ref.y, 1e-6, 1e-4));
-      EXPECT_LT(rt::test::rel_l2(o.dx.data(), ref.dx.data(), static_cast<int64_t>(o.dx.size())), 1e-5) << tag;
-      EXPECT_TRUE(rt::test::expect_near(tag + " dx", o.dx, ref.dx, 1e-6, 1e-4));
+      EXPECT_TRUE(rt::test::expect_regrouped_norm(tag + " y", o.y, ref.y));
+      EXPECT_TRUE(rt::test::expect_regrouped_norm(tag + " dx", o.dx, ref.dx));
       for (size_t k = 0; k < u.entries.size(); ++k) {
         const int64_t n = u.entries[k].numel(), off = u.offsets[k];
-        EXPECT_LT(rt::test::rel_l2(o.grads.data() + off, ref.grads.data() + off, n), 1e-5)
-            << tag << " " << u.entries[k].name;
-        double gmax = 0;
-        for (int64_t i = 0; i < n; ++i) gmax = std::max(gmax, std::fabs(static_cast<double>(ref.grads[off + i])));
-        EXPECT_TRUE(rt::test::expect_near(tag + " " + u.entries[k].name, o.grads.data() + off, ref.grads.data() + off,
-                                          n, 1e-5 * gmax, 0.0));
+        EXPECT_TRUE(rt::test::expect_regrouped_norm(tag + " " + u.entries[k].name, o.grads.data() + off,
+                                                    ref.grads.data() + off, n));
       }
     }
   }

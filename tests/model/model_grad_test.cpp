@@ -143,10 +143,10 @@ TEST_P(ModelGrad, FiniteDifferencesMatchBackward) {
 TEST_P(ModelGrad, AccumulatingMicroBatchesEqualsOneBatch) {
   // Two micro-batches of one sequence each, with grad_scale = 1/(total
   // predicted tokens), must give the gradient of the batch of two: the same
-  // sums in a different grouping, so fp32 rounding only. Per tensor: relative
-  // L2 error <= 1e-5 (observed ~4e-7); per element the rounding is relative to
-  // the summands, which exceed a small result under cancellation, so the
-  // element bound is atol 1e-6 (the gradients are O(0.1)) + rtol 1e-4.
+  // sums in a different grouping, so fp32 rounding only: norm-wise per tensor,
+  // rel_l2 <= kRegroupRelL2 = 1e-5 (testutil.h derives it; observed ~4e-7).
+  // Not element-wise: the rounding is relative to the summands, which exceed
+  // a small result under cancellation by a factor no rtol can know.
   Case c = make_case(GetParam());
   loss_of(c, true);
   std::vector<float> full;
@@ -164,8 +164,7 @@ TEST_P(ModelGrad, AccumulatingMicroBatchesEqualsOneBatch) {
   }
   std::vector<float> acc;
   for (auto& u : c.state->units()) acc.insert(acc.end(), u.grad.p, u.grad.p + u.numel);
-  EXPECT_LT(rt::test::rel_l2(acc.data(), full.data(), static_cast<int64_t>(acc.size())), 1e-5);
-  EXPECT_TRUE(rt::test::expect_near("accumulated grads", acc, full, 1e-6, 1e-4));
+  EXPECT_TRUE(rt::test::expect_grads_regrouped("accumulated grads", *c.state, acc, full));
 }
 
 TEST_P(ModelGrad, KeptActivationsEqualRecompute) {
@@ -205,8 +204,11 @@ TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
   // ModelRunner with MLP token chunks (BlockDims::mlp_chunk_tokens), for
   // recomputed and kept layers, against the unchunked runner: only the token
   // sums of the MLP weight gradients are regrouped (tests/model/block_test.cpp
-  // checks one block closely), so fp32 rounding: rel_l2 <= 1e-5 over all
-  // gradients and 1e-6 + 1e-4 |ref| per element, as for micro-batches above.
+  // checks one block closely), so fp32 rounding: rel_l2 <= 1e-5 per tensor,
+  // as for micro-batches above (issue 37: an element-wise 1e-4 |ref| failed on
+  // one small element with OpenBLAS's Haswell kernels). Observed: 4.2e-6 on
+  // v_proj.bias with the Haswell and Zen kernels (a bias gradient sums dV over
+  // every token: the largest cancellation ratio here), <= 1e-7 with SkylakeX.
   // A chunk of the whole batch is the unchunked path: bit-identical.
   Case c = make_case(GetParam());
   rt::CpuOps ops(c.spec);
@@ -228,10 +230,9 @@ TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
     for (int64_t chunk : {int64_t{3}, int64_t{4}}) {
       const std::vector<float> got = run(keep, chunk, &l);
       EXPECT_NEAR(l, l0, 1e-5 * std::fabs(l0)) << "keep " << keep << " chunk " << chunk;
-      EXPECT_LT(rt::test::rel_l2(got.data(), full.data(), static_cast<int64_t>(got.size())), 1e-5)
-          << "keep " << keep << " chunk " << chunk;
-      EXPECT_TRUE(rt::test::expect_near("chunked grads", got, full, 1e-6, 1e-4))
-          << "keep " << keep << " chunk " << chunk;
+      EXPECT_TRUE(rt::test::expect_grads_regrouped(
+          "chunked grads (keep " + std::to_string(keep) + " chunk " + std::to_string(chunk) + ")", *c.state, got,
+          full));
     }
     const std::vector<float> whole = run(keep, c.B * c.T, &l);
     EXPECT_EQ(l, l0);

@@ -118,19 +118,23 @@ TEST(AdamWLean, QuantizedRangeSplitsEqualWholeUnit) {
         for (int64_t chunk : {int64_t(4096), int64_t(768)}) split_twin(mo, ms, r, chunk);
 }
 
-// Each SIMD level the CPU has (AVX2; AVX-512: its moment codec and master
-// load/store) against the scalar specification, bit for bit, through whole
-// updates of every lean storage, and the two SIMD levels against each other.
-TEST(AdamWLean, SimdPathsEqualScalar) {
-  if (rt::simd_level_detected() == rt::SimdLevel::scalar) GTEST_SKIP() << "no SIMD on this CPU";
+// Each SIMD path (AVX2; AVX-512: its moment codec and master load/store) a
+// test of its own (testutil.h simd_path_unavailable: a path this CPU cannot
+// run shows as skipped, with the reason).
+class AdamWLeanSimdPath : public ::testing::TestWithParam<rt::SimdLevel> {};
+
+// The path against the scalar specification, bit for bit, through whole
+// updates of every lean storage, and against the level below it.
+TEST_P(AdamWLeanSimdPath, EqualsScalar) {
+  const rt::SimdLevel level = GetParam();
+  if (auto why = rt::test::simd_path_unavailable(level); !why.empty()) GTEST_SKIP() << why;
+  const rt::SimdLevel below = level == rt::SimdLevel::avx512 ? rt::SimdLevel::avx2 : rt::SimdLevel::scalar;
   for (MomentStorage mo : {MomentStorage::q8, MomentStorage::q4})
     for (MasterStorage ms :
          {MasterStorage::fp32, MasterStorage::split, MasterStorage::bf16_sr, MasterStorage::bf16_kahan})
       for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic}) {
-        split_twin(mo, ms, r, 4096, rt::SimdLevel::scalar);
-        split_twin(mo, ms, r, 768, rt::SimdLevel::scalar, rt::SimdLevel::avx2);
-        if (rt::simd_level_detected() == rt::SimdLevel::avx512)
-          split_twin(mo, ms, r, 4096, rt::SimdLevel::avx2, rt::SimdLevel::avx512);
+        split_twin(mo, ms, r, 4096, rt::SimdLevel::scalar, level);
+        split_twin(mo, ms, r, 768, below, level);
       }
 }
 
@@ -140,21 +144,22 @@ TEST(AdamWLean, SimdPathsEqualScalar) {
 // inside a group: the block goes through the unfused path) and a NaN gradient
 // (non-finite moments: the block codec finds the absmax). NaNs compare by
 // their bits: both paths run the same ops.
-TEST(AdamWLean, FusedBlocksEqualScalarOnOddShapesAndNaN) {
-  if (rt::simd_level_detected() == rt::SimdLevel::scalar) GTEST_SKIP() << "no SIMD on this CPU";
+TEST_P(AdamWLeanSimdPath, FusedBlocksEqualScalarOnOddShapesAndNaN) {
+  const rt::SimdLevel level = GetParam();
+  if (auto why = rt::test::simd_path_unavailable(level); !why.empty()) GTEST_SKIP() << why;
   const rt::ModelSpec odd = rt::test::llama_spec(24, 50, 2, 3, 1, 8, 37, /*qkv_bias=*/true);
   for (MomentStorage mo : {MomentStorage::q8, MomentStorage::q4})
     for (MasterStorage ms : {MasterStorage::split, MasterStorage::bf16_sr})
       for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
         for (bool poison : {false, true}) {
           SCOPED_TRACE(poison ? "NaN gradient" : "finite");
-          for (rt::SimdLevel level : {rt::SimdLevel::avx2, rt::SimdLevel::avx512}) {
-            if (level > rt::simd_level_detected()) continue;
-            split_twin(mo, ms, r, 4096, rt::SimdLevel::scalar, level, odd, poison);
-            split_twin(mo, ms, r, 256, rt::SimdLevel::scalar, level, spec(), poison);
-          }
+          split_twin(mo, ms, r, 4096, rt::SimdLevel::scalar, level, odd, poison);
+          split_twin(mo, ms, r, 256, rt::SimdLevel::scalar, level, spec(), poison);
         }
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, AdamWLeanSimdPath, ::testing::Values(rt::SimdLevel::avx2, rt::SimdLevel::avx512),
+                         rt::test::simd_param_name);
 
 TEST(AdamWLean, Bf16MastersWithFp32MomentsSplitAnywhere) {
   for (MasterStorage ms : {MasterStorage::bf16_sr, MasterStorage::bf16_kahan})
