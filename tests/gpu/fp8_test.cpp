@@ -46,9 +46,13 @@ using namespace rt::gputest;
 using rt::cuda::bf16;
 using Vec = std::vector<float>;
 
-void require_device() {
-  if (rt::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the FP8 path is tested on a GPU machine";
-}
+// GTEST_SKIP returns from the function it is in: each test skips itself with
+// this macro (a helper function that skipped would let the test body run on).
+#define RT_REQUIRE_DEVICE()                                                                     \
+  do {                                                                                          \
+    if (rt::cuda::device_count() == 0)                                                          \
+      GTEST_SKIP() << "no CUDA device: the FP8 path is tested on a GPU machine";                \
+  } while (0)
 
 // Every finite bf16 value (sign, exponent, mantissa) once, shuffled, then
 // random values with a wide spread of magnitudes, all bf16; n values.
@@ -113,7 +117,7 @@ void check_1x128(int64_t R, int64_t K, bool transposed) {
 }
 
 TEST(CudaFp8, Quantize1x128MatchesTheTwinBitForBit) {
-  require_device();
+  RT_REQUIRE_DEVICE();
   check_1x128(1027, 400, false);  // every finite bf16 value; rows not a multiple of 4, K tail of 16
   check_1x128(37, 132, false);
   check_1x128(1027, 400, true);
@@ -121,7 +125,7 @@ TEST(CudaFp8, Quantize1x128MatchesTheTwinBitForBit) {
 }
 
 TEST(CudaFp8, Quantize128x128MatchesTheTwinBitForBit) {
-  require_device();
+  RT_REQUIRE_DEVICE();
   for (auto [R, K] : {std::pair<int64_t, int64_t>{200, 336}, {640, 128}, {272, 520}}) {
     Vec w = bf16_values(R * K, 7 + R);
     w[R * K - 1] = -std::numeric_limits<float>::infinity();
@@ -238,7 +242,7 @@ void check_linear(int64_t N, int64_t I, int64_t O) {
 
 // Every dimension a multiple of 128 (Qwen2.5-7B's projections are).
 TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
-  require_device();
+  RT_REQUIRE_DEVICE();
   std::string why;
   if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 512);
@@ -249,7 +253,7 @@ TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
 // tails in each GEMM's reduction dim. Should this fail with "no FP8
 // algorithm", cuBLASLt wants multiples of 128 and fp8_linear_eligible must say so.
 TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
-  require_device();
+  RT_REQUIRE_DEVICE();
   std::string why;
   if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 320);
@@ -257,7 +261,7 @@ TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
 }
 
 TEST(CudaFp8, GemmCachesPlansAndRefusesBadShapes) {
-  require_device();
+  RT_REQUIRE_DEVICE();
   std::string why;
   if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
   rt::cuda::Fp8Gemm g;
