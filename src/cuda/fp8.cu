@@ -219,16 +219,9 @@ int32_t scale_mode(Fp8Scaling s) {
 }  // namespace
 
 struct Fp8Gemm::Impl {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  explicit Impl(size_t workspace_bytes) : lt(workspace_bytes) {}
+  LtContext lt;  // first: the plans go before the handle
   std::map<Fp8PlanKey, std::unique_ptr<LtPlan>> plans;
-
-  ~Impl() {
-    plans.clear();
-    if (workspace) cudaFree(workspace);
-    if (handle) cublasLtDestroy(handle);
-  }
 
   // Row-major out[M,N] = a[M,K] b[N,K]^T is column-major out^T[N,M] =
   // op(A) B with cuBLAS A := b (stored K x N, TRANSA = T) and B := a (stored
@@ -259,9 +252,9 @@ struct Fp8Gemm::Impl {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace_bytes, sizeof(workspace_bytes));
+                                                             &lt.workspace_bytes, sizeof(lt.workspace_bytes));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(lt.handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "[cuda fp8 gemm] cuBLASLt has no FP8 algorithm for M=", M,
              " N=", N, " K=", K, " out=", out_type == DType::bf16 ? "bf16" : "fp32", " beta=", accumulate ? 1 : 0,
@@ -275,10 +268,7 @@ struct Fp8Gemm::Impl {
   }
 };
 
-Fp8Gemm::Fp8Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
-  CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
-  impl_->workspace_bytes = workspace_bytes;
-  if (workspace_bytes) CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
+Fp8Gemm::Fp8Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>(workspace_bytes)) {
 }
 Fp8Gemm::~Fp8Gemm() = default;
 size_t Fp8Gemm::plans_cached() const { return impl_->plans.size(); }
@@ -301,8 +291,8 @@ void Fp8Gemm::matmul(void* out, DType out_type, const uint8_t* a, const float* a
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
   const float alpha = 1.f;
-  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &p.algo,
-                              impl_->workspace, impl_->workspace_bytes, stream));
+  CUBLAS_CHECK(cublasLtMatmul(impl_->lt.handle, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &p.algo,
+                              impl_->lt.workspace, impl_->lt.workspace_bytes, stream));
 }
 
 // ---- the linear layer ----

@@ -24,16 +24,9 @@ using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, bool, bool>;
 }  // namespace
 
 struct Blas::Impl {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  explicit Impl(size_t workspace_bytes) : lt(workspace_bytes) {}
+  LtContext lt;  // first: the plans go before the handle
   std::map<PlanKey, std::unique_ptr<LtPlan>> plans;
-
-  ~Impl() {
-    plans.clear();
-    if (workspace) cudaFree(workspace);
-    if (handle) cublasLtDestroy(handle);
-  }
 
   LtPlan& plan_get(Layout layout, int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, bool bias) {
     PlanKey key{static_cast<int>(layout), M, N, K, static_cast<int>(out_type), accumulate, bias};
@@ -79,13 +72,13 @@ struct Blas::Impl {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace_bytes, sizeof(workspace_bytes));
+                                                             &lt.workspace_bytes, sizeof(lt.workspace_bytes));
     uint32_t align = 16;
     for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
       if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(lt.handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     CUBLAS_CHECK(st);
     RT_CHECK(found > 0, "[cuda gemm] cuBLASLt found no algorithm for M=", M, " N=", N, " K=", K,
@@ -115,15 +108,12 @@ struct Blas::Impl {
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     const float alpha = 1.f;
-    CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &p.algo,
-                                workspace, workspace_bytes, stream));
+    CUBLAS_CHECK(cublasLtMatmul(lt.handle, p.desc, &alpha, b, p.la, a, p.lb, &beta, out, p.lc, out, p.lc, &p.algo,
+                                lt.workspace, lt.workspace_bytes, stream));
   }
 };
 
-Blas::Blas(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
-  CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
-  impl_->workspace_bytes = workspace_bytes;
-  if (workspace_bytes) CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
+Blas::Blas(size_t workspace_bytes) : impl_(std::make_unique<Impl>(workspace_bytes)) {
 }
 Blas::~Blas() = default;
 Blas::Blas(Blas&&) noexcept = default;
