@@ -226,8 +226,10 @@ struct Fp8Gemm::Impl {
   // Row-major out[M,N] = a[M,K] b[N,K]^T is column-major out^T[N,M] =
   // op(A) B with cuBLAS A := b (stored K x N, TRANSA = T) and B := a (stored
   // K x M, TRANSB = N): the "TN" layout FP8 needs.
+  // The scale pointers are set before the heuristic is asked (the order
+  // NVIDIA's block-scaled samples use) and again before every call.
   LtPlan& plan_get(int64_t M, int64_t N, int64_t K, DType out_type, bool accumulate, Fp8Scaling a_mode,
-                    Fp8Scaling b_mode) {
+                    Fp8Scaling b_mode, const float* a_scale, const float* b_scale) {
     Fp8PlanKey key{M, N, K, static_cast<int>(out_type), accumulate, static_cast<int>(a_mode),
                    static_cast<int>(b_mode)};
     auto it = plans.find(key);
@@ -240,9 +242,10 @@ struct Fp8Gemm::Impl {
     const int32_t mode_a = scale_mode(b_mode), mode_b = scale_mode(a_mode);  // cuBLAS A is our b
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
-    const int8_t fast_accum = 0;  // keep the periodic promotion to fp32 (DeepSeek-V3's point about Hopper)
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
+    // FAST_ACCUM stays at its default (off): the periodic promotion to fp32
+    // that DeepSeek-V3 relies on; block-scaled modes take no other setting.
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, K, N, K));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, K, M, K));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, out_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, N));
@@ -287,7 +290,7 @@ void Fp8Gemm::matmul(void* out, DType out_type, const uint8_t* a, const float* a
   detail::check_aligned(b, "fp8 gemm b");
   detail::check_aligned(a_scale, "fp8 gemm a scales");
   detail::check_aligned(b_scale, "fp8 gemm b scales");
-  LtPlan& p = impl_->plan_get(M, N, K, out_type, beta != 0.f, a_mode, b_mode);
+  LtPlan& p = impl_->plan_get(M, N, K, out_type, beta != 0.f, a_mode, b_mode, a_scale, b_scale);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
   const float alpha = 1.f;

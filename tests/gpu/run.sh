@@ -67,6 +67,7 @@ tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
 if has fp8; then
+  run fp8_lt_probe 60 "$bin/fp8_lt_probe"
   run fp8_test 300 "$bin/gpu_fp8_test"
   run fp8_gemm_bench 400 "$bin/fp8_gemm_bench" 8192 16384
   f8=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps 200 --micro-batch 8 --seq-len 256 --seed 3
