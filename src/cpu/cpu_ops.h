@@ -52,6 +52,10 @@ class CpuOps {
     else
       cpu::linear_forward(out, x, w, b, N, I, O);
   }
+  // CudaOps shares an input's FP8 codes among the projections that read it;
+  // the twin quantizes per call (the same codes), so there is nothing to hold.
+  struct SharedInput {};
+  SharedInput share_input(const float*, int64_t, int64_t) { return {}; }
   void linear_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w, int64_t N,
                        int64_t I, int64_t O) {
     if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))

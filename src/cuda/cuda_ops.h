@@ -57,6 +57,47 @@ class CudaOps {
     RT_CHECK(!b, "[cuda ops] a linear layer with fp32 output takes no bias");
     moe_blas().matmul_nt(out, DType::f32, x, w, N, O, I, 0.f, s_);
   }
+  // An input several projections read (q/k/v: xn; gate/up: hn): with
+  // --matmul fp8 its FP8 codes are made once while the returned guard lives
+  // (Fp8Linear::share_input; bit-identical). The caller must not write x
+  // meanwhile. bf16: nothing.
+  class SharedInput {
+   public:
+    explicit SharedInput(Fp8Linear* f) : f_(f) {}
+    SharedInput(const SharedInput&) = delete;
+    SharedInput& operator=(const SharedInput&) = delete;
+    ~SharedInput() {
+      if (f_) f_->end_share();
+    }
+
+   private:
+    Fp8Linear* f_;
+  };
+  [[nodiscard]] SharedInput share_input(const bf16* x, int64_t N, int64_t I) {
+    if (matmul_ != MatmulMode::fp8) return SharedInput(nullptr);
+    fp8().share_input(x, N, I);
+    return SharedInput(&fp8());
+  }
+  // A layer's weights used by several micro-batches in a row (layer-major):
+  // with --matmul fp8 their codes are made once while the guard lives
+  // (Fp8Linear::share_weights; bit-identical). bf16: nothing.
+  class SharedWeights {
+   public:
+    explicit SharedWeights(Fp8Linear* f) : f_(f) {}
+    SharedWeights(const SharedWeights&) = delete;
+    SharedWeights& operator=(const SharedWeights&) = delete;
+    ~SharedWeights() {
+      if (f_) f_->end_share_weights();
+    }
+
+   private:
+    Fp8Linear* f_;
+  };
+  [[nodiscard]] SharedWeights share_weights() {
+    if (matmul_ != MatmulMode::fp8) return SharedWeights(nullptr);
+    fp8().share_weights();
+    return SharedWeights(&fp8());
+  }
   void linear_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
                        int64_t I, int64_t O) {
     if (fp8_for(N, I, O)) {

@@ -20,6 +20,7 @@
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
 #             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
+#   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
 #   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
@@ -254,6 +255,13 @@ if has smallcard; then
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 24 "${g[@]}"
   [ "${SC_LONG:-1}" = 1 ] && run sc_7b_seq16k_10g 400 "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 16384 \
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 10 "${g[@]}"
+fi
+
+if has fp8q; then
+  # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 beside bf16
+  # (the "adamw" row); the table and lean_quality.tar (both runs' metrics) land in $logs/fp8q
+  run fp8_quality 500 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="adamw fp8" bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
+    "$data" "${FQ_STEPS:-1000}"
 fi
 
 if has fp8_7b; then

@@ -486,6 +486,7 @@ class StreamEngine final : public Backend {
       const bf16* w = weights_->use_layer(i);
       const BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
+      const auto codes = ops_->share_weights();  // --matmul fp8: layer i's weights quantized once for the K
       for (int64_t k = 0; k < K_; ++k) {
         const bf16* x = ckpt_->lm_in(k, i);
         if (k + 1 < K_)
@@ -517,16 +518,20 @@ class StreamEngine final : public Backend {
       const BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       const BlockGrads bg = bind_grads(units[i + 1], g);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
-      for (int64_t k = 0; k < K_; ++k) {  // in micro-batch order: the gradient sums as micro-batch-major's do
-        const bf16* x = ckpt_->lm_in(k, i);
-        if (k + 1 < K_)
-          ckpt_->lm_prefetch(k + 1, i);
-        else if (i > 0)
-          ckpt_->lm_prefetch(0, i - 1);
-        const int32_t* pos = pos_.data() + k * N_;
-        block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
-        block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
-        ckpt_->lm_done(k, i);
+      {
+        const auto codes = ops_->share_weights();  // --matmul fp8: layer i's weights quantized once for the K
+        // in micro-batch order: the gradient sums as micro-batch-major's do
+        for (int64_t k = 0; k < K_; ++k) {
+          const bf16* x = ckpt_->lm_in(k, i);
+          if (k + 1 < K_)
+            ckpt_->lm_prefetch(k + 1, i);
+          else if (i > 0)
+            ckpt_->lm_prefetch(0, i - 1);
+          const int32_t* pos = pos_.data() + k * N_;
+          block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
+          block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
+          ckpt_->lm_done(k, i);
+        }
       }
       dev_.tracer.gpu_end(sp, cs);
       grads_->end_layer(i, /*first_micro=*/true);  // the whole step's gradient of layer i: it leaves once
