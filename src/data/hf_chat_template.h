@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/chat_example.h"
 #include "data/jinja_template.h"
 
 namespace rt {
@@ -56,12 +57,6 @@ jinja::Object hf_chat_vars(const nlohmann::ordered_json& messages, const nlohman
                            bool add_generation_prompt, const jinja::Object& specials,
                            const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
-// One example of a rendered conversation: the text and its trained byte
-// ranges [begin, end).
-struct ChatExample {
-  std::string text;
-  std::vector<std::pair<size_t, size_t>> trained;
-};
 
 // The examples of one conversation under the loss-mask rule above (one when
 // the template is prefix stable). Throws rt::Error "[template] ..." when the

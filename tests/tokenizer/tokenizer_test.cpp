@@ -99,6 +99,13 @@ TEST_P(TokenizerGolden, MatchesReferenceIdsAndDecodes) {
     const auto got = tok->encode(text, true);
     const auto got_ns = tok->encode(text, false);
     if (got != ids || got_ns != ids_ns) ++mismatched;
+    // encode_with_offsets gives the same ids, each with a span inside the text
+    // (the spans themselves are checked against HF's offsets in data/chat_example_test.cpp)
+    std::vector<rt::TokenSpan> spans;
+    EXPECT_EQ(tok->encode_with_offsets(text, true, spans), ids) << c.name << " offsets ids for " << escaped(text);
+    ASSERT_EQ(spans.size(), ids.size());
+    for (const rt::TokenSpan& sp : spans)
+      EXPECT_TRUE(sp.begin <= sp.end && sp.end <= text.size()) << c.name << " span " << sp.begin << ".." << sp.end;
     EXPECT_EQ(got, ids) << c.name << " add_special ids for " << escaped(text) << "\n" << first_diff(got, ids);
     EXPECT_EQ(got_ns, ids_ns) << c.name << " ids for " << escaped(text) << "\n" << first_diff(got_ns, ids_ns);
     EXPECT_EQ(tok->decode(ids_ns, false), g["decoded"].get<std::string>()) << c.name << " decode " << escaped(text);
