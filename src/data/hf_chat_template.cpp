@@ -144,6 +144,20 @@ std::vector<ChatExample> hf_chat_examples(const jinja::Template& tpl, const nloh
       const std::string q0 = render_with(k + 1, false, &empty);
       size_t b = 0;
       while (b < q.size() && b < q0.size() && q[b] == q0[b]) ++b;
+      // The two may agree past the turn's opening (gpt-oss: both continue
+      // "<|channel|>", then analysis vs final): back up to just after the
+      // generation prompt's text (P_k minus the rendering without it), when
+      // the template has one and it occurs before b.
+      std::string gen;
+      try {
+        const std::string p0 = render(k, false);
+        if (p.compare(0, p0.size(), p0) == 0) gen = p.substr(p0.size());
+      } catch (const Error&) {
+      }
+      if (!gen.empty() && b >= gen.size()) {
+        const size_t at = q.rfind(gen, b - gen.size());
+        if (at != std::string::npos) b = at + gen.size();
+      }
       p = q.substr(0, b);
     }
     size_t end = q.size();

@@ -22,7 +22,11 @@
 // token. When Q_k does not start with P_k (Mistral-Nemo moves the system
 // message into the last user message), the turn starts instead at the first
 // byte where Q_k differs from the rendering with turn k replaced by an empty
-// assistant message. For one example per
+// assistant message, backed up to just after the last occurrence of the
+// generation prompt's text (P_k minus the rendering of messages[0..k)
+// without it, e.g. gpt-oss's "<|start|>assistant") before that byte, when
+// there is one (gpt-oss drops an earlier tool call's reasoning once a final
+// answer follows, and both renderings continue with "<|channel|>"). For one example per
 // conversation, every Q_k to be a prefix of the full rendering ("prefix
 // stable"). Templates that re-render earlier turns differently once later
 // turns follow (Qwen3 drops the reasoning of turns before the last user

@@ -174,6 +174,64 @@ TEST(JinjaGoldens, Qwen3ThinkingSplitsPerTurn) {
   EXPECT_NE(ex[1].text.find("assistant\nA1<|im_end|>"), std::string::npos);  // earlier turn as context, untrained
 }
 
+// gpt-oss drops the reasoning of earlier turns and ends only the last final
+// answer with <|return|>: one example per assistant turn, each training what
+// the model writes after "<|start|>assistant" (analysis, then the final or
+// commentary channel), with reasoning_effort passed through.
+TEST(JinjaGoldens, GptOssTrainsEachTurnsChannels) {
+  const ordered_json templates = load_json("templates.json");
+  Template tpl(templates["gpt-oss"]["template"].get<std::string>(), "gpt-oss");
+  tpl.set_clock([] { return fixture_now(); });
+  const ordered_json msgs = ordered_json::parse(R"([
+    {"role": "developer", "content": "Be brief."},
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "thinking": "Call the tool.", "tool_calls": [{"type": "function",
+      "function": {"name": "get_weather", "arguments": {"city": "Bern"}}}]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "assistant", "content": "Sunny.", "thinking": "It is sunny."}])");
+  const ordered_json tools = ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const auto ex = rt::hf_chat_examples(tpl, msgs, tools, Object{}, ordered_json{{"reasoning_effort", "high"}});
+  ASSERT_EQ(ex.size(), 2u);
+  auto span = [](const rt::ChatExample& e) {
+    EXPECT_EQ(e.trained.size(), 1u);
+    return e.text.substr(e.trained[0].first, e.trained[0].second - e.trained[0].first);
+  };
+  EXPECT_EQ(span(ex[0]),
+            "<|channel|>analysis<|message|>Call the tool.<|end|><|start|>assistant to=functions.get_weather"
+            "<|channel|>commentary json<|message|>{\"city\": \"Bern\"}<|call|>");
+  EXPECT_EQ(span(ex[1]),
+            "<|channel|>analysis<|message|>It is sunny.<|end|><|start|>assistant<|channel|>final<|message|>"
+            "Sunny.<|return|>");
+  for (const auto& e : ex) {
+    EXPECT_NE(e.text.find("Reasoning: high\n"), std::string::npos);
+    EXPECT_NE(e.text.find("<|start|>developer<|message|># Instructions\n\nBe brief."), std::string::npos);
+  }
+  // the second example holds the first turn as context, its reasoning dropped
+  EXPECT_EQ(ex[1].text.find("Call the tool."), std::string::npos);
+}
+
+// Gemma-3 folds the system message into the first user turn (untrained);
+// Gemma-1/2 refuse a system turn.
+TEST(JinjaGoldens, GemmaSystemTurns) {
+  const ordered_json templates = load_json("templates.json");
+  const ordered_json msgs = ordered_json::parse(R"([
+    {"role": "system", "content": "Sys."}, {"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}])");
+  Object sp;
+  sp.set("bos_token", Value::string("<bos>"));
+  Template g3(templates["gemma3"]["template"].get<std::string>(), "gemma3");
+  const auto ex = rt::hf_chat_examples(g3, msgs, nullptr, sp);
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(ex[0].text, "<bos><start_of_turn>user\nSys.\n\nQ<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n");
+  ASSERT_EQ(ex[0].trained.size(), 1u);
+  EXPECT_EQ(ex[0].text.substr(ex[0].trained[0].first), "A<end_of_turn>\n");
+  EXPECT_EQ(ex[0].trained[0].second, ex[0].text.size() - 1);
+  for (const char* name : {"gemma", "gemma2"}) {
+    Template g(templates[name]["template"].get<std::string>(), name);
+    expect_error([&] { rt::hf_chat_examples(g, msgs, nullptr, sp); }, {"System role not supported"});
+  }
+}
+
 std::string render(const std::string& src, const std::string& vars_json = "{}") {
   Template t(src, "t");
   Object vars;
