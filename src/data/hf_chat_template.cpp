@@ -1,5 +1,6 @@
 #include "data/hf_chat_template.h"
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -79,6 +80,23 @@ std::optional<HfChatTemplate> hf_chat_template_find(const std::string& model_dir
     return t;
   }
   return std::nullopt;
+}
+
+void hf_chat_vars_assign(const std::vector<std::string>& words, jinja::Object& vars, const std::string& option) {
+  for (const std::string& w : words) {
+    const size_t eq = w.find('=');
+    const std::string name = w.substr(0, eq);
+    bool ident = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+    for (char c : name) ident = ident && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (eq == std::string::npos || !ident)
+      fail("[data] ", option, " '", w, "': give NAME=VALUE with NAME a template variable name (e.g. ", option,
+           " reasoning_effort=high enable_thinking=false)");
+    if (name == "messages" || name == "tools" || name == "documents" || name == "add_generation_prompt")
+      fail("[data] ", option, " '", w, "': ", name, " is set from the data itself; pick another variable");
+    const std::string value = w.substr(eq + 1);
+    const auto j = nlohmann::ordered_json::parse(value, nullptr, /*allow_exceptions=*/false);
+    vars.set(name, j.is_discarded() ? jinja::Value::string(value) : jinja::Value::from_json(j));
+  }
 }
 
 jinja::Object hf_chat_vars(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,

@@ -55,12 +55,19 @@ struct HfChatTemplate {
 // naming the file when a file is there but unreadable or malformed.
 std::optional<HfChatTemplate> hf_chat_template_find(const std::string& model_dir);
 
+// Template variables given as NAME=VALUE words (e.g. reasoning_effort=high,
+// enable_thinking=false), added to vars: VALUE is read as JSON when it is
+// JSON (true, 3, "x", [1]), else taken as a string. Throws "[data] ..."
+// naming option for a word without '=', an empty or non-identifier NAME, or
+// a NAME apply_chat_template sets itself (messages, tools, documents,
+// add_generation_prompt).
+void hf_chat_vars_assign(const std::vector<std::string>& words, jinja::Object& vars, const std::string& option);
+
 // The variables apply_chat_template passes (see above). messages: a JSON
 // array of message objects; tools: a JSON array or null.
 jinja::Object hf_chat_vars(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                            bool add_generation_prompt, const jinja::Object& specials,
                            const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
-
 
 // The examples of one conversation under the loss-mask rule above (one when
 // the template is prefix stable). Throws rt::Error "[template] ..." when the

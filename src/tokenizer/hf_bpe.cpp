@@ -773,8 +773,7 @@ void HfBpeTokenizer::encode_impl(std::string_view text, bool add_special, std::v
         continue;
       }
       pieces.clear();
-      pre_tokenize(seg, rs.text.data() == text.data() && s.text.data() == norm.data(), storage, align_storage,
-                   pieces);
+      pre_tokenize(seg, rs.text.data() == text.data() && s.text.data() == norm.data(), storage, align_storage, pieces);
       for (const Piece& p : pieces) {
         if (!spans) {
           bpe_piece(p.text, out, nullptr);

@@ -117,7 +117,8 @@ std::string replace_all_aligned(std::string_view s, const std::string& literal, 
   size_t prev = 0;
   for (const auto& [b, e] : m) {
     out.append(s.substr(prev, b - prev));
-    na.insert(na.end(), align.begin() + static_cast<std::ptrdiff_t>(prev), align.begin() + static_cast<std::ptrdiff_t>(b));
+    na.insert(na.end(), align.begin() + static_cast<std::ptrdiff_t>(prev),
+              align.begin() + static_cast<std::ptrdiff_t>(b));
     out += content;
     const TokenSpan span = b < e ? TokenSpan{align[b].begin, align[e - 1].end}
                                  : TokenSpan{b < s.size() ? align[b].begin : (b ? align[b - 1].end : 0),

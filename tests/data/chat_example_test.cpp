@@ -81,7 +81,7 @@ TEST(ChatMaskGoldens, OffsetsIdsAndMasksEqualTransformers) {
 // The rule on hand-made spans: overlap trains, an empty span trains strictly inside a range.
 TEST(ChatMask, OverlapRule) {
   const std::vector<std::pair<size_t, size_t>> ranges = {{5, 10}, {20, 22}};
-  const std::vector<rt::TokenSpan> spans = {{0, 5},  {4, 6},   {6, 10}, {10, 12}, {5, 5},   {7, 7},
+  const std::vector<rt::TokenSpan> spans = {{0, 5},   {4, 6},   {6, 10},  {10, 12}, {5, 5},  {7, 7},
                                             {10, 10}, {19, 20}, {21, 25}, {22, 30}, {25, 25}};
   const std::vector<uint8_t> want = {0, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0};
   EXPECT_EQ(rt::trained_from_spans(spans, ranges), want);

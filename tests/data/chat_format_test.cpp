@@ -104,7 +104,8 @@ TEST(ChatFormat, ChatMLMatchesWholeString) {
   ASSERT_NE(joined, split);  // else the case would not tell the two apart
   EXPECT_NE(std::search(ids.begin(), ids.end(), joined.begin(), joined.end()), ids.end());
   EXPECT_EQ(tpl.end_of_turn_id(), 802);
-  EXPECT_EQ(tpl.render_prompt("What?"), tok->encode("<|im_start|>user\nWhat?<|im_end|>\n<|im_start|>assistant\n", false));
+  EXPECT_EQ(tpl.render_prompt("What?"),
+            tok->encode("<|im_start|>user\nWhat?<|im_end|>\n<|im_start|>assistant\n", false));
 }
 
 TEST(ChatFormat, Llama3MatchesWholeString) {

@@ -139,12 +139,12 @@ TEST(JinjaGoldens, TrainedSpansCoverAssistantTurnsOnly) {
     // append EOS after the last turn, which then ends that span; gpt-oss ends
     // a trained final answer with <|return|>, a tool call with <|call|>)
     const std::string fam = c["template"];
-    const std::string eot = fam.rfind("llama", 0) == 0                ? "<|eot_id|>"
+    const std::string eot = fam.rfind("llama", 0) == 0                   ? "<|eot_id|>"
                             : fam.rfind("qwen", 0) == 0 || fam == "phi4" ? "<|im_end|>"
-                            : fam.rfind("mistral", 0) == 0            ? "</s>"
-                            : fam.rfind("gemma", 0) == 0              ? "<end_of_turn>"
-                            : fam == "gpt-oss"                        ? "<|return|>"
-                                                                      : "<|end|>";
+                            : fam.rfind("mistral", 0) == 0               ? "</s>"
+                            : fam.rfind("gemma", 0) == 0                 ? "<end_of_turn>"
+                            : fam == "gpt-oss"                           ? "<|return|>"
+                                                                         : "<|end|>";
     for (const auto& ex : examples)
       for (const auto& [b, e] : ex.trained) {
         const std::string span = ex.text.substr(b, e - b);
@@ -209,6 +209,30 @@ TEST(JinjaGoldens, GptOssTrainsEachTurnsChannels) {
   }
   // the second example holds the first turn as context, its reasoning dropped
   EXPECT_EQ(ex[1].text.find("Call the tool."), std::string::npos);
+}
+
+// --chat-template-var words: JSON values as JSON, the rest as strings; the
+// variables apply_chat_template sets itself are refused.
+TEST(JinjaGoldens, TemplateVariablesFromWords) {
+  Object vars;
+  rt::hf_chat_vars_assign({"reasoning_effort=high", "enable_thinking=false", "n=3", "s=\"x y\"", "e="}, vars,
+                          "--chat-template-var");
+  Template t("{{ reasoning_effort }} {{ enable_thinking }} {{ n + 1 }} {{ s }} [{{ e }}]", "t");
+  EXPECT_EQ(t.render(vars), "high False 4 x y []");
+  expect_error([] { Object o; rt::hf_chat_vars_assign({"effort"}, o, "--chat-template-var"); },
+               {"--chat-template-var", "NAME=VALUE"});
+  expect_error([] { Object o; rt::hf_chat_vars_assign({"messages=[]"}, o, "--chat-template-var"); },
+               {"messages", "from the data"});
+  expect_error([] { Object o; rt::hf_chat_vars_assign({"1x=2"}, o, "--chat-template-var"); }, {"NAME=VALUE"});
+  // passed with the special-token strings, gpt-oss sees reasoning_effort
+  const ordered_json templates = load_json("templates.json");
+  Template oss(templates["gpt-oss"]["template"].get<std::string>(), "gpt-oss");
+  oss.set_clock([] { return fixture_now(); });
+  const auto ex = rt::hf_chat_examples(
+      oss, ordered_json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])"),
+      nullptr, vars);
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_NE(ex[0].text.find("Reasoning: high\n"), std::string::npos);
 }
 
 // Gemma-3 folds the system message into the first user turn (untrained);
