@@ -70,6 +70,8 @@ const std::vector<ChatMessage> kConversation = {
     {ChatRole::assistant, "1, 2, 3."},
     {ChatRole::user, "Newlines?"},
     {ChatRole::assistant, "\n\n\nYes "},  // "\n" of the header + these: one token in HF
+    {ChatRole::user, "Ça va? 🙂"},
+    {ChatRole::assistant, "Très bien — merci! 🎉"},  // byte fallback / partial UTF-8 tokens at the end
 };
 
 void check_render(const rt::Tokenizer& tok, const rt::ChatTemplate& tpl, const std::vector<ChatMessage>& msgs,
@@ -140,6 +142,8 @@ TEST(ChatFormat, MistralMatchesWholeString) {
     w.add("1, 2, 3.</s>", true);
     w.add("[INST] Newlines? [/INST]", false);
     w.add("\n\n\nYes </s>", true);
+    w.add("[INST] Ça va? 🙂 [/INST]", false);
+    w.add("Très bien — merci! 🎉</s>", true);
     check_render(*tok, tpl, kConversation, w);
     EXPECT_EQ(tpl.render_prompt("What?"), tok->encode("<s>[INST] What? [/INST]", false));
     // turn order is checked
