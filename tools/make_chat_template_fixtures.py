@@ -138,6 +138,15 @@ CONVERSATIONS = {
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
     ],
+    "harmony_tool_without_call": [  # gpt-oss: a tool result needs an earlier tool call
+        {"role": "user", "content": "Hi"},
+        {"role": "tool", "content": "42"},
+    ],
+    "harmony_tool_call_content_and_thinking": [  # gpt-oss: one analysis message per tool call
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Let me look.", "thinking": "Look it up.", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Bern"}}}]},
+    ],
     "thinking": [
         {"role": "user", "content": "Is 17 prime?"},
         {"role": "assistant", "content": "<think>\nCheck divisors up to 4.\n</think>\n\nYes, 17 is prime."},
@@ -169,7 +178,7 @@ ERRORS = {  # conversations a template refuses with raise_exception
     "gemma2": ["system_user_assistant"],
     "gemma": ["system_user_assistant"],
     "gemma3": ["two_user_turns"],
-    "gpt-oss": ["harmony_channel_in_content"],
+    "gpt-oss": ["harmony_channel_in_content", "harmony_tool_without_call", "harmony_tool_call_content_and_thinking"],
     "mistral-v0.3": ["two_user_turns"],
 }
 
