@@ -12,7 +12,8 @@
 //                chat_template when it has one (any roles, tool_calls,
 //                "tools"), else by ChatTemplate (data/chat_format.h: system,
 //                user, assistant); loss only on assistant turns and their
-//                end-of-turn tokens
+//                end-of-turn tokens; the rendering is one tokenizer call, the
+//                mask from token offsets (data/chat_example.h)
 //   {"conversations": [{"from": f, "value": v}, ...]}: ShareGPT, as messages
 //   {"prompt": p, "completion": c}: prompt untrained, completion + EOS trained;
 //                p + c is one tokenizer call, a token holding bytes of both
