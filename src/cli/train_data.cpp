@@ -24,6 +24,10 @@ void train_data_options(ArgParser& p) {
            "built-in chat format for chat/instruction records (default: the model's chat_template, else from the "
            "tokenizer)")
       .choice({"chatml", "llama3", "mistral"});
+  p.option("chat-template-var", "NAME=VALUE...",
+           "variables for the model's chat_template, NAME=VALUE (VALUE as JSON when it is, else a string), e.g. "
+           "reasoning_effort=high enable_thinking=false")
+      .list();
   p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
            "keep-start")
       .choice({"keep-start", "drop", "split"});
@@ -163,6 +167,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
   std::optional<HfChatTemplate> hf;
   if (!p.has("chat-format")) hf = hf_chat_template_find(tok_dir);
+  if (hf) hf_chat_vars_assign(p.list("chat-template-var"), hf->specials, "--chat-template-var");
   if (hf) td.hf_template = std::make_unique<jinja::Template>(hf->source, hf->origin);
 
   std::vector<std::string> files;
