@@ -126,7 +126,8 @@ def test_python_records_encode_as_jsonl(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     frame = pd.DataFrame(RECORDS)  # columns the records lack are NaN: dropped, as absent fields
     assert tokenized(frame, tmp_path / "frame.tok") == want
-    table = pa.Table.from_pylist(RECORDS)  # missing struct fields are nulls: dropped too
+    keys = list(dict.fromkeys(k for r in RECORDS for k in r))  # (from_pylist would take the first record's keys)
+    table = pa.Table.from_pydict({k: [r.get(k) for r in RECORDS] for k in keys})  # missing fields are nulls: dropped
     assert tokenized(table, tmp_path / "table.tok") == want
     pq.write_table(table, tmp_path / "records.parquet")
     assert tokenized(tmp_path / "records.parquet", tmp_path / "parquet.tok") == want
@@ -136,7 +137,7 @@ def test_python_records_encode_as_jsonl(tmp_path):
         import datasets
     except ImportError:
         return
-    ds = datasets.Dataset.from_list(RECORDS)
+    ds = datasets.Dataset.from_dict({k: [r.get(k) for r in RECORDS] for k in keys})
     assert tokenized(ds, tmp_path / "ds.tok") == want
     assert tokenized(ds.to_iterable_dataset(), tmp_path / "ids.tok") == want
 
