@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
-venv=build/pyenv
+venv=$PWD/build/pyenv
 if [ ! -x "$venv/bin/python" ]; then "$py" -m venv "$venv"; fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install "scikit-build-core>=0.10" "nanobind>=2.0" pytest pyarrow pandas
