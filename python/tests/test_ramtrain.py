@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -43,7 +45,22 @@ def read_jsonl(path):
 
 def test_train_callbacks_get_the_metrics_records(tmp_path):
     steps, evals = [], []
-    run = tiny(tmp_path / "run", on_step=steps.append, on_eval=evals.append)
+    # a Python thread runs on while the engine works (the GIL is released): it counts between the steps
+    ticks, ticks_at_step, done = [0], [], threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+    t = threading.Thread(target=ticker)
+    t.start()
+    try:
+        run = tiny(tmp_path / "run", on_step=lambda r: (steps.append(r), ticks_at_step.append(ticks[0])),
+                   on_eval=evals.append)
+    finally:
+        done.set()
+        t.join()
+    assert ticks_at_step[-1] > ticks_at_step[0]
     on_disk = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert evals and all("val_loss" in r for r in evals)
