@@ -159,6 +159,30 @@ def test_python_records_encode_as_jsonl(tmp_path):
     assert tokenized(ds.to_iterable_dataset(), tmp_path / "ids.tok") == want
 
 
+def test_training_on_records_is_training_on_the_jsonl(tmp_path):
+    # a small Qwen2-shaped model with random weights and the fixture's tokenizer (803 ids): the records are packed
+    # into sequences with their loss masks, and a step's loss depends on every id and mask of its batch
+    model = tmp_path / "model"
+    model.mkdir()
+    config = json.loads((ROOT / "tests" / "fixtures" / "hf" / "qwen2_bias_tied" / "config.json").read_text())
+    config["vocab_size"] = 1024
+    (model / "config.json").write_text(json.dumps(config))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(QWEN2_TOKENIZER / f, model / f)
+    jsonl = tmp_path / "records.jsonl"
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in RECORDS * 8))
+
+    def losses(data, out):
+        run = ramtrain.train(model=model, init="random", data=data, chat_format="chatml", seq_len=32, micro_batch=2,
+                             steps=3, eval_every=3, val_fraction=0.2, out=tmp_path / out, threads=2, device="cpu",
+                             export_dtype="none")
+        return [{k: v for k, v in r.items() if k not in ("time", "elapsed")} for r in run.records]
+
+    want = losses(jsonl, "from_jsonl")
+    assert len(want) >= 4 and all(r.get("loss", 1) > 0 for r in want)
+    assert losses(RECORDS * 8, "from_list") == want
+
+
 def test_record_errors_name_the_record(tmp_path):
     bad = RECORDS[:2] + [{"messages": [{"role": "wizard", "content": "?"}]}]
     with pytest.raises(ramtrain.RamtrainError) as e:
