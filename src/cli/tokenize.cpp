@@ -80,6 +80,8 @@ int cmd_tokenize(const Args& raw_args) {
   for (const std::string& in : inputs) {
     if (is_directory(in)) {
       for (auto& f : text_document_paths({in})) files.push_back(f);
+    } else if (is_record_stream(in)) {
+      files.push_back(in);
     } else {
       require_regular_file(in, "[tokenize]", /*dir_ok=*/true);
       if (const TokenStream::Look look = TokenStream::look(in); look != TokenStream::Look::none)

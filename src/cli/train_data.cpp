@@ -70,7 +70,8 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   TrainData td;
   RT_CHECK(!paths.empty(), "[train] --data is required: text/.jsonl files, directories, or one token file");
   // Data is memory-mapped: a FIFO or a device is refused by what it is, before anything is read.
-  for (const std::string& path : paths) require_regular_file(path, cat("[data] ", flag), /*dir_ok=*/true);
+  for (const std::string& path : paths)
+    if (!is_record_stream(path)) require_regular_file(path, cat("[data] ", flag), /*dir_ok=*/true);
   std::string tok_dir = p.has("tokenizer") ? p.str("tokenizer") : std::string();
   if (tok_dir.empty() && has_tokenizer_files(model_dir)) tok_dir = model_dir;
   if (p.has("tokenizer") && !has_tokenizer_files(tok_dir))
@@ -135,7 +136,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   const DataFormat format = data_format_parse(p.str("data-format"));
   bool any_jsonl = false;
   for (const std::string& path : paths)
-    any_jsonl |= file_exists(path) && (path_is_jsonl(path, format) || path_is_json_array(path, format));
+    any_jsonl |= (file_exists(path) || is_record_stream(path)) && (path_is_jsonl(path, format) || path_is_json_array(path, format));
 
   if (tok_dir.empty()) {
     if (is_byte_vocab(spec.vocab) && !any_jsonl && format != DataFormat::jsonl) {
@@ -175,7 +176,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
     if (is_directory(path)) {
       for (auto& f : text_document_paths({path})) files.push_back(f);
     } else {
-      if (!file_exists(path)) fail("[data] ", path, ": no such file or directory");
+      if (!file_exists(path) && !is_record_stream(path)) fail("[data] ", path, ": no such file or directory");
       files.push_back(path);
     }
   }
