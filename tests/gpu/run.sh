@@ -34,6 +34,8 @@
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
 #             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
+#   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
+#             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
@@ -66,6 +68,10 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+if has phi; then  # Phi3's partial rotary and LongRoPE (also inside ops and engine)
+  run phi_rope_ops 120 "$bin/gpu_cuda_ops_test" --gtest_filter='*PartialRotary*:*Rope*'
+  run phi_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Phi3*'
+fi
 if has fp8; then
   run fp8_lt_probe 60 "$bin/fp8_lt_probe"
   run fp8_test 300 "$bin/gpu_fp8_test"
