@@ -29,7 +29,7 @@
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
-#   hf        HF fixture regeneration, and transformers loading a ramtrain export
+#   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte, and a Phi3 fixture)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
@@ -375,6 +375,15 @@ if has hf; then
     python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
     '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' --steps 3 --seq-len 64 --micro-batch 4 --device cpu --out \$d/run16 >/dev/null
     python3 '$here/tools/check_hf_export.py' \$d/run16/final --tokens \$d/tokens.txt && echo EXPORT-OK"
+  # Phi3 (fused qkv_proj/gate_up_proj, partial rotary, LongRoPE's long factors at 32 > 8 positions)
+  run export_check_phi 200 bash -c "
+    set -e; d=$tmp/expphi; mkdir -p \$d
+    python3 -c \"import random, struct; random.seed(1); ids = [random.randrange(112) for _ in range(20000)]; open('\$d/train.bin', 'wb').write(struct.pack('<%dH' % len(ids), *ids)); random.seed(0); [print(' '.join(str(random.randrange(112)) for _ in range(24))) for _ in range(3)]\" > \$d/tokens.txt
+    '$bin/ramtrain' train --model '$here/tests/fixtures/hf/phi4mini_partial_tied' --data \$d/train.bin --steps 3 \
+       --seq-len 32 --micro-batch 2 --device cpu --export-dtype fp32 --out \$d/run >/dev/null
+    '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
+    ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
+    python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 && echo PHI-EXPORT-OK"
 fi
 
 if has demo; then
