@@ -24,7 +24,7 @@ class CpuOps {
   using Buffer = std::vector<T>;
   static constexpr bool supports_moe = true;  // moe_forward / moe_backward (cpu/moe.h)
 
-  explicit CpuOps(const ModelSpec& s) : inv_freq_(cpu::rope_inv_freq(s.rope, s.head_dim)) {}
+  explicit CpuOps(const ModelSpec& s) : rope_(s) {}
 
   template <class T>
   Buffer<T> alloc(int64_t n) {
@@ -63,11 +63,12 @@ class CpuOps {
     else
       cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
   }
+  // Phi3: partial rotary and LongRoPE's two tables (cpu::RopeTables)
   void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cpu::rope_forward(x, pos, inv_freq_.data(), N, heads, D);
+    cpu::rope_forward(x, pos, rope_.select(pos, N), N, heads, D, rope_.rotary_dim, rope_.scale);
   }
   void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cpu::rope_backward(dx, pos, inv_freq_.data(), N, heads, D);
+    cpu::rope_backward(dx, pos, rope_.select(pos, N), N, heads, D, rope_.rotary_dim, rope_.scale);
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
@@ -113,7 +114,7 @@ class CpuOps {
   }
 
  private:
-  std::vector<float> inv_freq_;
+  cpu::RopeTables rope_;
   MatmulMode matmul_ = MatmulMode::bf16;
 };
 

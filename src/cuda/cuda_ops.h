@@ -113,11 +113,17 @@ class CudaOps {
     if (dx) moe_blas().matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, s_);
     moe_blas().matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, s_);
   }
+  // Phi3: the rotated dims (0: the whole head) and LongRoPE's cos/sin scale;
+  // inv_freq holds rotary_dim / 2 frequencies.
+  void set_rope(int64_t rotary_dim, float scale) {
+    rotary_dim_ = rotary_dim;
+    rope_scale_ = scale;
+  }
   void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cuda::rope_forward(x, pos, inv_freq_, N, heads, D, s_);
+    cuda::rope_forward(x, pos, inv_freq_, N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
   void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, s_);
+    cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
@@ -179,6 +185,8 @@ class CudaOps {
   }
 
   const float* inv_freq_;
+  int64_t rotary_dim_ = 0;
+  float rope_scale_ = 1.f;
   Scratch scratch_;
   std::unique_ptr<MoeBlas> moe_blas_;
   MatmulMode matmul_ = MatmulMode::bf16;

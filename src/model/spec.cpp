@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/quote.h"
+#include "model/spec_phi.h"
 
 namespace rt {
 
@@ -48,6 +49,7 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::olmo2, "Olmo2ForCausalLM", "olmo2"},
     {Family::granite, "GraniteForCausalLM", "granite"},
     {Family::smollm3, "SmolLM3ForCausalLM", "smollm3"},
+    {Family::phi3, "Phi3ForCausalLM", "phi3"},
 };
 
 const FamilyInfo& family_info(Family f) {
@@ -186,6 +188,8 @@ FamilyDefaults family_defaults(Family f) {
       return {2048, -1, 1, {2}, 1e-6};
     case Family::smollm3:  // SmolLM3Config's default_theta
       return {32768, 4, 128000, {128001}, 1e-6, 2000000.0};
+    case Family::phi3:  // Phi3Config (pad_token_id 32000: spec_phi.cpp)
+      return {4096, -1, 1, {32000}, 1e-5};
   }
   return {2048, -1, -1, {}};
 }
@@ -393,6 +397,9 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
       f.get_bool("attention_bias", false))
     unsupported.push_back(cat("attention_bias true is not supported for ", s.architecture, "; supported: false"));
 
+  // Phi3: RoPE (partial, LongRoPE), window and the rest in spec_phi.cpp
+  if (s.family == Family::phi3) return spec_phi3_finish(j, source, std::move(s), std::move(unsupported));
+
   // ---- RoPE
   double top_theta = f.get_double("rope_theta", dflt.rope_theta);
   s.rope.theta = top_theta;
@@ -497,6 +504,10 @@ bool ModelSpec::layer_uses_rope(int64_t layer) const {
   return rope_layers[static_cast<size_t>(layer)] != 0;
 }
 
+int64_t ModelSpec::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+}
+
 double ModelSpec::attention_softmax_scale() const {
   return attention_scale > 0.0 ? attention_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
@@ -558,6 +569,7 @@ void ModelSpec::validate(const std::string& source) const {
     if (rope.original_max_positions <= 0)
       p.push_back(cat("llama3 original_max_position_embeddings must be positive, found ", rope.original_max_positions));
   }
+  rope_validate(*this, &p);  // partial rotary, LongRoPE (spec_phi.cpp)
   if (is_moe()) {
     if (moe.top_k < 1 || moe.top_k > moe.n_experts)
       p.push_back(cat("num_experts_per_tok ", moe.top_k, " must be in [1, num_experts = ", moe.n_experts, "]"));
@@ -636,6 +648,7 @@ ModelSpec spec_from_config_file(const std::string& path) {
 
 std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
+  if (s.family == Family::phi3) return spec_phi3_config_json(s);
   RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
            s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
   const bool moe_family = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe ||

@@ -30,11 +30,13 @@
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
-#   hf        HF fixture regeneration, and transformers loading a ramtrain export
+#   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte, and a Phi3 fixture)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
 #             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
+#   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
+#             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
@@ -67,6 +69,10 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+if has phi; then  # Phi3's partial rotary and LongRoPE (also inside ops and engine)
+  run phi_rope_ops 120 "$bin/gpu_cuda_ops_test" --gtest_filter='*PartialRotary*:*Rope*'
+  run phi_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Phi3*'
+fi
 if has fp8; then
   run fp8_lt_probe 60 "$bin/fp8_lt_probe"
   run fp8_test 300 "$bin/gpu_fp8_test"
@@ -377,6 +383,15 @@ if has hf; then
     python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
     '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' --steps 3 --seq-len 64 --micro-batch 4 --device cpu --out \$d/run16 >/dev/null
     python3 '$here/tools/check_hf_export.py' \$d/run16/final --tokens \$d/tokens.txt && echo EXPORT-OK"
+  # Phi3 (fused qkv_proj/gate_up_proj, partial rotary, LongRoPE's long factors at 32 > 8 positions)
+  run export_check_phi 200 bash -c "
+    set -e; d=$tmp/expphi; mkdir -p \$d
+    python3 -c \"import random, struct; random.seed(1); ids = [random.randrange(112) for _ in range(20000)]; open('\$d/train.bin', 'wb').write(struct.pack('<%dH' % len(ids), *ids)); random.seed(0); [print(' '.join(str(random.randrange(112)) for _ in range(24))) for _ in range(3)]\" > \$d/tokens.txt
+    '$bin/ramtrain' train --model '$here/tests/fixtures/hf/phi4mini_partial_tied' --data \$d/train.bin --steps 3 \
+       --seq-len 32 --micro-batch 2 --device cpu --export-dtype fp32 --out \$d/run >/dev/null
+    '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
+    ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
+    python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 && echo PHI-EXPORT-OK"
 fi
 
 if has demo; then
