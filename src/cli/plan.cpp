@@ -181,7 +181,7 @@ int cmd_plan(const Args& args) {
     card.bf16_tflops = p.number("gpu-tflops");
   }
   const MatmulMode matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
-  if (p.has("gpu-fp8-tflops")) card.fp8_tflops = p.number("gpu-fp8-tflops");
+  if (p.has("gpu-fp8-tflops")) card.fp8_tflops = p.number("gpu-fp8-tflops"), card.fp8_gain = 0;  // the rate as given
   if (matmul == MatmulMode::fp8 && !card.fp8_path)
     fail("[plan] --matmul fp8: ramtrain runs its FP8 projections on Hopper only (--gpu h100 or h200: cuBLASLt's "
          "1x128/128x128 block scaling), and `train --matmul fp8` refuses ", card.name,
@@ -476,10 +476,20 @@ int cmd_plan(const Args& args) {
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
                 gib(static_cast<double>(host_ram)).c_str(), gparams);
-    if (matmul == MatmulMode::fp8)
-      std::printf("matmul fp8: the projections' %.0f%% of the step's FLOPs at %.0f FP8 TFLOP/s (the same efficiency "
-                  "as bf16, not measured yet; the quantizers' time and workspace are not counted)\n",
-                  100.0 * sp.fp8_flops_per_token / sp.hardware_flops_per_token, card.fp8_tflops);
+    if (matmul == MatmulMode::fp8) {
+      const double share = 100.0 * sp.fp8_flops_per_token / sp.hardware_flops_per_token;
+      if (card.fp8_gain > 0)
+        std::printf(
+            "matmul fp8: the projections' %.0f%% of the step's FLOPs at %.2fx the bf16 rate (GEMMs + "
+            "quantizers, measured on the H100: bench/RESULTS.md; not the datasheet's %.0f FP8 TFLOP/s); "
+            "their workspace is not counted\n",
+            share, card.fp8_gain, card.fp8_tflops);
+      else
+        std::printf(
+            "matmul fp8: the projections' %.0f%% of the step's FLOPs at %.0f FP8 TFLOP/s (--gpu-fp8-tflops, "
+            "the same efficiency as bf16); their workspace is not counted\n",
+            share, card.fp8_tflops);
+    }
     std::printf("\nhost RAM: %s, %.3f B/param (~%s usable)%s\n", gib(static_cast<double>(host_total)).c_str(),
                 static_cast<double>(host_total) / params, gib(static_cast<double>(host_usable)).c_str(),
                 host_fits ? "" : ": DOES NOT FIT");

@@ -58,6 +58,13 @@ constexpr uint64_t kContextBytes = 640ull << 20;
 // 2026-12-05 a recompute was counted as a whole block forward, 57.1 GFLOP
 // a token, and the constant was 0.575: the same predictions for that case.)
 constexpr double kComputeEfficiency = 0.537;
+// --matmul fp8 on Hopper: Qwen2.5-7B's seven projections, forward + dgrad +
+// wgrad with the quantizers, ran at 1.08x bf16's TFLOP/s at 16k tokens per
+// GEMM (bench/fp8_gemm_bench.cu on the H100, 2026-12-05; the GEMMs alone
+// 1.47x). End to end that gave 1.04x at 32 x 2048 and 1.14x under a 10 GiB
+// cap (layer-major: weights quantized once per layer visit), so this is the
+// conservative side for layer-major steps.
+constexpr double kFp8ProjectionGain = 1.08;
 
 // Host gradients (--grads host): the engine's worker adds (=, then +=) every
 // layer gradient landed in a pinned slab into the unit's host arena
@@ -85,6 +92,7 @@ bool card_lookup(const std::string& name, CardSpec* out) {
       out->bf16_tflops = c.tflops;
       out->pcie_gbs = c.pcie;
       out->fp8_tflops = c.fp8_tflops;
+      out->fp8_gain = c.fp8_path ? kFp8ProjectionGain : 0.0;
       out->fp8_path = c.fp8_path;
       return true;
     }
@@ -158,8 +166,10 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
     r.fp8_flops_per_token = projection_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers,
                                                        plan.attn_kept_layers);
   }
-  r.compute_s = tokens * ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
-                          (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (card.fp8_tflops * 1e12) : 0.0)) /
+  const double fp8_rate = card.fp8_gain > 0 ? card.bf16_tflops * card.fp8_gain : card.fp8_tflops;
+  r.compute_s = tokens *
+                ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
+                 (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (fp8_rate * 1e12) : 0.0)) /
                 r.efficiency;
   // ---- copies (bytes per step)
   const std::vector<int64_t> numel = unit_numels(s);

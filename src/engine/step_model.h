@@ -36,6 +36,9 @@ struct CardSpec {
   uint64_t memory_bytes = 0;  // what the card has
   double bf16_tflops = 0;     // dense bf16 with fp32 accumulate, datasheet
   double fp8_tflops = 0;      // dense FP8 (e4m3) with fp32 accumulate, datasheet; 0: no FP8 tensor cores
+  // --matmul fp8's projections (GEMMs + quantizers) as a multiple of the bf16
+  // rate, measured (kFp8ProjectionGain); 0: not measured, fp8_tflops is used
+  double fp8_gain = 0;
   bool fp8_path = false;      // ramtrain's --matmul fp8 runs on it (cuda/fp8.h: Hopper only)
   double pcie_gbs = 0;        // practical host<->device GB/s (1e9 B/s)
 };
@@ -84,9 +87,10 @@ double projection_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64
 
 // micro_batch x seq_len tokens per micro-batch, plan.place.micro_batches of
 // them per step (the plan's CudaOptions::micro_batches). matmul fp8: the
-// projection FLOPs run at card.fp8_tflops with the same calibrated efficiency
-// as bf16 (not measured yet: bench/fp8_gemm_bench.cu gives the GEMM rates;
-// the quantizers' memory passes are not counted).
+// projection FLOPs run at card.fp8_gain x the bf16 rate (measured on the
+// H100 with the quantizers, bench/RESULTS.md), or at card.fp8_tflops where
+// no gain is measured (a rate given with --gpu-fp8-tflops), with the same
+// calibrated efficiency as bf16.
 StepPrediction predict_step(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const DevicePlan& plan,
                             const CardSpec& card, double cpu_adamw_gparams, MatmulMode matmul = MatmulMode::bf16);
 
