@@ -72,19 +72,29 @@ class CudaOps {
     if (dx) moe_blas().matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, s_);
     moe_blas().matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, s_);
   }
-  void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
+  // local (Gemma 3's second RoPE), window and softcap (Gemma's sliding
+  // layers and attention soft-capping) are CPU-only for now; the engine
+  // refuses Gemma at start (engine/cuda), these checks back that up.
+  void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
+    RT_CHECK(!local, "[cuda ops] a second (local) RoPE is not implemented on CUDA; use --device cpu");
     cuda::rope_forward(x, pos, inv_freq_, N, heads, D, s_);
   }
-  void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
+  void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
+    RT_CHECK(!local, "[cuda ops] a second (local) RoPE is not implemented on CUDA; use --device cpu");
     cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, s_);
   }
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
+                         float softcap = 0.f) {
+    RT_CHECK(window == 0 && softcap == 0.f, "[cuda ops] sliding-window and soft-capped attention are not ",
+             "implemented on CUDA; use --device cpu");
     cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                          const int32_t* doc_start = nullptr) {
+                          const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f) {
+    RT_CHECK(window == 0 && softcap == 0.f, "[cuda ops] sliding-window and soft-capped attention are not ",
+             "implemented on CUDA; use --device cpu");
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
