@@ -35,12 +35,14 @@ class CudaOps {
   Blas& blas() { return blas_; }
   Scratch scratch() const { return scratch_; }
 
+  // Gemma's (1 + w) norms: every norm of the model scales by (offset + w) (ModelSpec::norm_offset).
+  void set_norm_offset(float offset) { norm_offset_ = offset; }
   void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps) {
-    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_);
+    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_, norm_offset_);
   }
   void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
                          int64_t N, int64_t C) {
-    cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_);
+    cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_, norm_offset_);
   }
   // fp8 needs a Hopper GPU (cuda/fp8.h fp8_supported; make_cuda_backend checks).
   void set_matmul(MatmulMode m) { matmul_ = m; }
@@ -72,34 +74,36 @@ class CudaOps {
     if (dx) moe_blas().matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, s_);
     moe_blas().matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, s_);
   }
-  // local (Gemma 3's second RoPE), window and softcap (Gemma's sliding
-  // layers and attention soft-capping) are CPU-only for now; the engine
-  // refuses Gemma at start (engine/cuda), these checks back that up.
+  // Gemma 3's local layers rotate with a second set of frequencies (set_local_rope, device fp32 [D/2]).
+  void set_local_rope(const float* inv_freq_local) { inv_freq_local_ = inv_freq_local; }
   void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
-    RT_CHECK(!local, "[cuda ops] a second (local) RoPE is not implemented on CUDA; use --device cpu");
-    cuda::rope_forward(x, pos, inv_freq_, N, heads, D, s_);
+    cuda::rope_forward(x, pos, freqs(local), N, heads, D, s_);
   }
   void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
-    RT_CHECK(!local, "[cuda ops] a second (local) RoPE is not implemented on CUDA; use --device cpu");
-    cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, s_);
+    cuda::rope_backward(dx, pos, freqs(local), N, heads, D, s_);
   }
+  // Gemma's window (keys > t - window) and soft cap are not in the fused
+  // kernels yet: a window of at least T is plain causal attention, anything
+  // else is refused (the engine checks at start, engine/cuda/stream_engine.cpp).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
                          float softcap = 0.f) {
-    RT_CHECK(window == 0 && softcap == 0.f, "[cuda ops] sliding-window and soft-capped attention are not ",
-             "implemented on CUDA; use --device cpu");
+    check_attention(T, window, softcap);
     cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                           const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f) {
-    RT_CHECK(window == 0 && softcap == 0.f, "[cuda ops] sliding-window and soft-capped attention are not ",
-             "implemented on CUDA; use --device cpu");
+    check_attention(T, window, softcap);
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
   void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
     cuda::swiglu_backward(dg, du, dout, g, u, n, s_);
+  }
+  void geglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::geglu_forward(out, g, u, n, s_); }
+  void geglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
+    cuda::geglu_backward(dg, du, dout, g, u, n, s_);
   }
   void add_inplace(bf16* y, const bf16* x, int64_t n) { cuda::add_inplace(y, x, n, s_); }
   void scale(bf16* y, const bf16* x, float alpha, int64_t n) { cuda::scale(y, x, alpha, n, s_); }
@@ -147,7 +151,18 @@ class CudaOps {
     return *moe_blas_;
   }
 
+  static void check_attention(int64_t T, int64_t window, float softcap) {
+    RT_CHECK((window == 0 || window >= T) && softcap == 0.f, "[cuda ops] sliding-window attention shorter than the ",
+             "sequence (window ", window, ", T ", T, ") and soft-capped attention (", softcap,
+             ") are not implemented on CUDA; use --device cpu");
+  }
+  const float* freqs(bool local) const {
+    RT_CHECK(!local || inv_freq_local_, "[cuda ops] internal: a local RoPE layer without set_local_rope");
+    return local ? inv_freq_local_ : inv_freq_;
+  }
   const float* inv_freq_;
+  const float* inv_freq_local_ = nullptr;
+  float norm_offset_ = 0.f;
   Scratch scratch_;
   std::unique_ptr<MoeBlas> moe_blas_;
   MatmulMode matmul_ = MatmulMode::bf16;

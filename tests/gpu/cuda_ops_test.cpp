@@ -182,9 +182,11 @@ TEST_F(CudaOps, EmbeddingForwardBackwardMatchCpuAndAreDeterministic) {
 
 // ---------------------------------------------------------------- RMSNorm
 
-void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
+// off: Gemma's (1 + w) norms (w around 0, so that w_offset + w is in [0.5, 1.5] as for off = 0).
+void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed, float off = 0.f) {
   const float eps = 1e-6f;
-  auto x = random_bf16(N * C, seed), r = random_bf16(N * C, seed + 1), w = random_bf16(C, seed + 2, 0.5f, 1.5f);
+  auto x = random_bf16(N * C, seed), r = random_bf16(N * C, seed + 1),
+       w = random_bf16(C, seed + 2, 0.5f - off, 1.5f - off);
   auto dout = random_bf16(N * C, seed + 3), dres = random_bf16(N * C, seed + 4);
   auto dw0 = random_vec(C, seed + 5);
   std::vector<float> xin = x;
@@ -193,8 +195,9 @@ void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
     xin = round_bf16(xin);  // the GPU stores sum in bf16 and normalises that
   }
   std::vector<float> out_ref(N * C), rstd_ref(N), dx_ref(N * C), dw_ref = dw0;
-  rt::cpu::rms_norm_forward(out_ref.data(), rstd_ref.data(), xin.data(), w.data(), N, C, eps);
-  rt::cpu::rms_norm_backward(dx_ref.data(), dw_ref.data(), dout.data(), xin.data(), w.data(), rstd_ref.data(), N, C);
+  rt::cpu::rms_norm_forward(out_ref.data(), rstd_ref.data(), xin.data(), w.data(), N, C, eps, off);
+  rt::cpu::rms_norm_backward(dx_ref.data(), dw_ref.data(), dout.data(), xin.data(), w.data(), rstd_ref.data(), N, C,
+                             off);
   if (residual)
     for (int64_t i = 0; i < N * C; ++i) dx_ref[i] += dres[i];
 
@@ -206,14 +209,15 @@ void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
   const bf16* xs = residual ? sum->as<bf16>() : dx_in->as<bf16>();
   if (residual)
     rt::cuda::rms_norm_residual_forward(out->as<bf16>(), sum->as<bf16>(), rstd->as<float>(), dx_in->as<bf16>(),
-                                        dr->as<bf16>(), dwt->as<bf16>(), N, C, eps, nullptr);
+                                        dr->as<bf16>(), dwt->as<bf16>(), N, C, eps, nullptr, off);
   else
     rt::cuda::rms_norm_forward(out->as<bf16>(), rstd->as<float>(), dx_in->as<bf16>(), dwt->as<bf16>(), N, C, eps,
-                               nullptr);
+                               nullptr, off);
   rt::cuda::rms_norm_backward(dx->as<bf16>(), dw->as<float>(), ddout->as<bf16>(), xs, dwt->as<bf16>(),
                               rstd->as<float>(), residual ? ddres->as<bf16>() : nullptr, N, C, scratch.scratch(),
-                              nullptr);
-  const std::string tag = "rms_norm N=" + std::to_string(N) + " C=" + std::to_string(C) + (residual ? " +res" : "");
+                              nullptr, off);
+  const std::string tag = "rms_norm N=" + std::to_string(N) + " C=" + std::to_string(C) + (residual ? " +res" : "") +
+                          (off != 0.f ? " (1 + w)" : "");
   if (residual) {
     EXPECT_EQ(download_bf16(*sum, N * C), xin) << tag << " sum";  // fp32 add, one rounding: exact
   }
@@ -230,6 +234,8 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
   rms_norm_case(16, 1032, true, 40);      // C not a multiple of 256: partial lane loop
   rms_norm_case(64 * 8, 128, false, 50);  // per-head q/k norm: rows = N*heads, C = D
   rms_norm_case(2000, 64, true, 60);      // several dw row splits
+  rms_norm_case(37, 512, false, 70, 1.f);  // Gemma's (1 + w)
+  rms_norm_case(64 * 8, 256, true, 80, 1.f);
 }
 
 // ---------------------------------------------------------------- RoPE, SwiGLU, add
@@ -285,6 +291,23 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   EXPECT_EQ(download_bf16(*out, n), round_bf16(scaled_ref));
   rt::cuda::scale(dgate->as<bf16>(), dgate->as<bf16>(), 0.22f, n, nullptr);
   EXPECT_EQ(download_bf16(*dgate, n), round_bf16(scaled_ref));
+}
+
+TEST_F(CudaOps, GegluMatchesCpu) {
+  const int64_t n = 4099;
+  auto gate = random_bf16(n, 90, -6.f, 6.f), up = random_bf16(n, 91), dout = random_bf16(n, 92);
+  std::vector<float> out_ref(n), dg_ref(n), du_ref(n);
+  rt::cpu::geglu_forward(out_ref.data(), gate.data(), up.data(), n);
+  rt::cpu::geglu_backward(dg_ref.data(), du_ref.data(), dout.data(), gate.data(), up.data(), n);
+  auto dgate = upload_bf16(gate), dup_in = upload_bf16(up), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(n), dg = alloc_bf16(n), du = alloc_bf16(n);
+  rt::cuda::geglu_forward(out->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n, nullptr);
+  rt::cuda::geglu_backward(dg->as<bf16>(), du->as<bf16>(), ddout->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n,
+                           nullptr);
+  // fp32 math (tanhf vs std::tanh, a few ulp) then one bf16 rounding, as SwiGLU
+  EXPECT_TRUE(rt::test::expect_near("geglu out", download_bf16(*out, n), out_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("geglu dgate", download_bf16(*dg, n), dg_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("geglu dup", download_bf16(*du, n), du_ref, 1e-6, kU));
 }
 
 // ---------------------------------------------------------------- LM head + cross-entropy

@@ -275,6 +275,38 @@ TEST(CudaEngine, GraniteAndSmolLM3MatchTheCpuReference) {
   expect_gradients_match_cpu(m, co, "smollm3");
 }
 
+TEST(CudaEngine, GemmaMatchesTheCpuReference) {
+  // Gemma 1: (1 + w) norms (the final norm too), GeGLU, the embedding times
+  // sqrt(hidden), tied. Gemma 3: sandwich norms, (1 + w) q/k norms, a second
+  // RoPE on the local layers, linear scaling on the global ones, windows of
+  // T = 128 (plain causal: the CUDA kernels have no shorter window yet).
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  for (rt::Family f : {rt::Family::gemma, rt::Family::gemma3}) {
+    rt::ModelSpec s = gpu_spec(4);
+    s.family = f;
+    s.architecture = rt::family_architecture(f);
+    s.norm_offset = 1.0;
+    s.mlp_act = rt::MlpAct::gelu_tanh;
+    s.embedding_multiplier = static_cast<float>(std::sqrt(static_cast<double>(s.hidden)));
+    s.tie_embeddings = true;
+    if (f == rt::Family::gemma3) {
+      s.sandwich_norms = s.qk_norm = true;
+      s.attention_scale = 0.1;
+      s.local_window = 128;
+      s.local_layers = {1, 1, 0, 1};
+      s.rope_local_on = true;
+      s.rope_local.theta = 100.0;
+      s.rope.scaling = rt::RopeScaling::linear;
+      s.rope.factor = 4.0;
+    }
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.keep_activations = 1;
+    co.keep_attention = 1;
+    expect_gradients_match_cpu(s, co, rt::family_name(f));
+  }
+}
+
 TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 2, T = 256;

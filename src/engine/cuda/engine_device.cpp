@@ -61,9 +61,10 @@ void check_cuda_shapes(const ModelSpec& s) {
   auto mult8 = [&](int64_t v, const char* what) {
     RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v, " must be a multiple of 8 for the CUDA kernels; use --device cpu");
   };
-  RT_CHECK(!s.is_gemma(), "[cuda] ", s.architecture,
-           " ((1 + w) norms, GeGLU, sliding-window and soft-capped attention, Gemma 3's local RoPE) runs on the CPU ",
-           "backend only for now; use --device cpu");
+  RT_CHECK(s.attn_softcap == 0.0 && s.final_softcap == 0.0, "[cuda] ", s.architecture,
+           ": attention-logit and final-logit soft-capping (attn_logit_softcapping ", s.attn_softcap,
+           ", final_logit_softcapping ", s.final_softcap,
+           ") run on the CPU backend only for now; use --device cpu");
   mult8(s.hidden, "hidden_size");
   if (!s.is_moe()) mult8(s.intermediate, "intermediate_size");
   if (s.is_moe() && s.moe.shared_intermediate > 0)

@@ -97,6 +97,11 @@ class StreamEngine final : public Backend {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
     check_cuda_shapes(s_);
+    // Gemma's sliding-window layers: a window at least as long as the sequence is plain causal attention
+    RT_CHECK(s_.local_layers.empty() || s_.local_window >= T_, "[cuda] ", s_.architecture,
+             "'s sliding-window layers (sliding_window ", s_.local_window,
+             ") need windowed attention, which the CUDA kernels do not have yet; use --seq-len <= ", s_.local_window,
+             " (then every window holds the whole sequence) or --device cpu");
     // the worker thread issues copies, memsets and (Muon) kernels on this
     // device's streams: its current device is this thread's (a data-parallel
     // rank's is not device 0)
@@ -163,6 +168,11 @@ class StreamEngine final : public Backend {
     std::vector<float> inv = cpu::rope_inv_freq(s_.rope, s_.head_dim);
     inv_freq_ = DevBuf<float>(dev_.alloc, static_cast<int64_t>(inv.size()), "RoPE frequencies");
     CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    if (s_.rope_local_on) {  // Gemma 3's local layers
+      std::vector<float> loc = cpu::rope_inv_freq(s_.rope_local, s_.head_dim);
+      inv_freq_local_ = DevBuf<float>(dev_.alloc, static_cast<int64_t>(loc.size()), "local RoPE frequencies");
+      CUDA_CHECK(cudaMemcpy(inv_freq_local_.data(), loc.data(), loc.size() * 4, cudaMemcpyHostToDevice));
+    }
     const size_t sc = op_scratch_bytes(s_, B_, T_, opt_);
     scratch_ = DevBuf<uint8_t>(dev_.alloc, static_cast<int64_t>(sc), "op scratch");
     if (opt_.muon) {  // the plan's next item: NS5's workspace for the largest Muon matrix
@@ -173,6 +183,8 @@ class StreamEngine final : public Backend {
     ops_ = std::make_unique<CudaOps>(dev_.alloc, dev_.blas, dev_.compute.get(), inv_freq_.data(),
                                      Scratch{scratch_.data(), sc});
     ops_->set_matmul(opt_.matmul);
+    ops_->set_norm_offset(static_cast<float>(s_.norm_offset));  // Gemma's (1 + w) norms
+    if (s_.rope_local_on) ops_->set_local_rope(inv_freq_local_.data());
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
     // it: on what is left for the shared block activations and this scratch
     const uint64_t left =
@@ -614,7 +626,8 @@ class StreamEngine final : public Backend {
       if (s_.tie_embeddings) grads_->wait_zeroed(0);
     }
     auto span = dev_.tracer.gpu_begin(Lane::compute, "head", -1, cs);
-    rms_norm_forward(hf_.data(), rstd_f_.data(), xL, final_norm, N_, C, static_cast<float>(s_.rms_eps), cs);
+    const float noff = static_cast<float>(s_.norm_offset);  // Gemma: (1 + w)
+    rms_norm_forward(hf_.data(), rstd_f_.data(), xL, final_norm, N_, C, static_cast<float>(s_.rms_eps), cs, noff);
     const float ls = static_cast<float>(1.0 / s_.logits_scaling);  // Granite: logits / logits_scaling
     if (ls != 1.f) scale(hf_.data(), hf_.data(), ls, N_ * C, cs);
     Scratch sc{scratch_.data(), scratch_.size()};
@@ -622,7 +635,7 @@ class StreamEngine final : public Backend {
                           hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
     if (training && ls != 1.f) scale(dhf_.data(), dhf_.data(), ls, N_ * C, cs);
     if (training)
-      rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs);
+      rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs, noff);
     dev_.tracer.gpu_end(span, cs);
   }
 
@@ -695,7 +708,7 @@ class StreamEngine final : public Backend {
   std::unique_ptr<GpuOrthogonalizer> muon_;  // --optimizer muon: NS5 on the GPU (before optimizer_, which uses it)
   std::unique_ptr<OptimizerPhase> optimizer_;
   DevBuf<bf16> hf_, dx_, dhf_;
-  DevBuf<float> rstd_f_, inv_freq_;
+  DevBuf<float> rstd_f_, inv_freq_, inv_freq_local_;
   DevBuf<int32_t> ids_, targets_, pos_, doc_;
   std::vector<bool> has_doc_;  // per micro-batch slot: doc_ holds its document starts
   PinnedBuf host_io_, host_small_;
