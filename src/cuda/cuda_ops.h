@@ -83,18 +83,25 @@ class CudaOps {
     cuda::rope_backward(dx, pos, freqs(local), N, heads, D, s_);
   }
   // Gemma's window (keys > t - window) and soft cap are not in the fused
-  // kernels yet: a window of at least T is plain causal attention, anything
-  // else is refused (the engine checks at start, engine/cuda/stream_engine.cpp).
+  // kernels: a window of at least T is plain causal attention; a shorter one
+  // or a soft cap runs the simple fallback (cuda/attention_masked.cu).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
                          float softcap = 0.f) {
-    check_attention(T, window, softcap);
+    if (masked(T, window, softcap)) {
+      cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start);
+      return;
+    }
     cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                           const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f) {
-    check_attention(T, window, softcap);
+    if (masked(T, window, softcap)) {
+      cuda::attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch_, s_,
+                                      doc_start);
+      return;
+    }
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
@@ -151,11 +158,7 @@ class CudaOps {
     return *moe_blas_;
   }
 
-  static void check_attention(int64_t T, int64_t window, float softcap) {
-    RT_CHECK((window == 0 || window >= T) && softcap == 0.f, "[cuda ops] sliding-window attention shorter than the ",
-             "sequence (window ", window, ", T ", T, ") and soft-capped attention (", softcap,
-             ") are not implemented on CUDA; use --device cpu");
-  }
+  static bool masked(int64_t T, int64_t window, float softcap) { return (window > 0 && window < T) || softcap > 0.f; }
   const float* freqs(bool local) const {
     RT_CHECK(!local || inv_freq_local_, "[cuda ops] internal: a local RoPE layer without set_local_rope");
     return local ? inv_freq_local_ : inv_freq_;

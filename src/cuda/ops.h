@@ -152,7 +152,7 @@ struct CrossEntropyTotals {
 size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V);
 void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h, const bf16* w,
                            const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
-                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream);
+                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream, float softcap = 0.f);
 
 // ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 96, 128, 256} ----
 // FlashAttention style: tiles in shared memory, bf16 products with fp32
@@ -192,6 +192,17 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                         Scratch scratch, cudaStream_t stream, const int32_t* doc_start = nullptr);
+// Gemma's sliding window (keys j > t - window; 0: none) and attention-logit
+// soft cap (softcap > 0), which the fused kernels do not mask: a simple
+// one-warp-per-row fallback (cuda/attention_masked.cu), same layouts, lse and
+// scratch (attention_backward_scratch_bytes) as the fused pair; D % 32 == 0, D <= 256.
+void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                              int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
+                              cudaStream_t stream, const int32_t* doc_start = nullptr);
+void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                               const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                               int64_t G, int64_t D, int64_t window, float softcap, Scratch scratch,
+                               cudaStream_t stream, const int32_t* doc_start = nullptr);
 
 
 // ---- mixture-of-experts MLP (src/cpu/moe.h states the contract; letters

@@ -364,6 +364,43 @@ TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
   }
 }
 
+// Gemma 2's final soft cap in the LM head + cross-entropy.
+TEST_F(CudaOps, SoftCappedCrossEntropyMatchesCpu) {
+  rt::cuda::Blas blas;
+  const int64_t N = 64, C = 64, V = 1000, chunk = 32;
+  const int64_t Vr = rt::cuda::lm_head_rows(V);
+  const float grad_scale = 1.f / 60.f, cap = 3.f;  // logits up to ~5: the cap bites
+  auto h = random_bf16(N * C, 190), w = random_bf16(Vr * C, 191, -0.5f, 0.5f);
+  std::vector<int32_t> targets(N);
+  std::mt19937 rng(192);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+  for (int i = 0; i < 4; ++i) targets[i * 9] = -100;
+  std::vector<float> dh_ref(N * C), dw_ref(Vr * C, 0.f);
+  int64_t n_valid_ref = 0;
+  const double loss_ref = rt::cpu::lm_head_cross_entropy(dh_ref.data(), dw_ref.data(), h.data(), w.data(),
+                                                         targets.data(), N, C, V, grad_scale, 16, &n_valid_ref, cap);
+  auto dh_ = upload_bf16(h), dw_ = upload_bf16(w), dt = upload(targets);
+  auto dh = alloc_bf16(N * C);
+  auto dw = upload(std::vector<float>(Vr * C, 0.f));
+  rt::cuda::CrossEntropyTotals zero{0.0, 0};
+  auto totals = upload(std::vector<rt::cuda::CrossEntropyTotals>{zero});
+  DeviceBuffer scratch(rt::cuda::lm_head_cross_entropy_scratch_bytes(chunk, V));
+  rt::cuda::lm_head_cross_entropy(blas, dh->as<bf16>(), dw->as<float>(), totals->as<rt::cuda::CrossEntropyTotals>(),
+                                  dh_->as<bf16>(), dw_->as<bf16>(), dt->as<int32_t>(), N, C, V, grad_scale, chunk,
+                                  scratch.scratch(), nullptr, cap);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  rt::cuda::CrossEntropyTotals got{};
+  CUDA_CHECK(cudaMemcpy(&got, totals->data(), sizeof(got), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got.n_valid, n_valid_ref);
+  // as the uncapped case: fp32 logits of the same bf16 operands, fp32 tanh and softmax
+  EXPECT_NEAR(got.loss_sum, loss_ref, 1e-5 * std::fabs(loss_ref)) << "loss sum";
+  expect_close("capped ce dh", download_bf16(*dh, N * C), dh_ref, 1e-2, 2e-2);
+  std::vector<float> dw_got = download_f32(*dw, Vr * C);
+  dw_got.resize(V * C);
+  dw_ref.resize(V * C);
+  expect_close("capped ce dw", dw_got, dw_ref, 1e-2, 2e-2);
+}
+
 // ---------------------------------------------------------------- attention
 
 struct AttnCase {
@@ -432,6 +469,50 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   EXPECT_EQ(download_bf16(*dq, nq), dq1) << tag << " dq not repeatable";
   EXPECT_EQ(download_bf16(*dk, nkv), dk1) << tag << " dk not repeatable";
   EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
+}
+
+// Gemma's sliding window and attention soft cap: the fallback kernels
+// (cuda/attention_masked.cu) against the CPU reference. They keep P and dS
+// in fp32 (no bf16 rounding before a GEMM), so the fused kernels' bounds
+// above hold with room; the only roundings are the bf16 inputs and outputs.
+void masked_attention_case(const AttnCase& c, int64_t window, float cap, uint64_t seed) {
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
+  auto q = random_bf16(nq, seed, -2.f, 2.f), k = random_bf16(nkv, seed + 1), v = random_bf16(nkv, seed + 2);
+  auto dout = random_bf16(nq, seed + 3);
+  std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  const std::vector<int32_t> doc = attention_doc_start(c);
+  const int32_t* doc_host = doc.empty() ? nullptr : doc.data();
+  rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D,
+                             doc_host, window, cap);
+  rt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(), v.data(),
+                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host, window, cap);
+  auto d_doc = doc.empty() ? nullptr : upload(doc);
+  const int32_t* doc_dev = d_doc ? d_doc->as<int32_t>() : nullptr;
+  auto dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T);
+  auto dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
+  DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
+  rt::cuda::attention_masked_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
+                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, window, cap, nullptr, doc_dev);
+  rt::cuda::attention_masked_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(),
+                                      dq_in->as<bf16>(), dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(),
+                                      lse->as<float>(), c.B, c.T, c.H, c.G, c.D, window, cap, scratch.scratch(),
+                                      nullptr, doc_dev);
+  const std::string tag = "masked attention T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
+                          " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) + " window " +
+                          std::to_string(window) + " cap " + std::to_string(cap) + (doc.empty() ? "" : " packed");
+  expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
+  EXPECT_TRUE(rt::test::expect_near(tag + " lse", download_f32(*lse, c.B * c.H * c.T), lse_ref, 2e-4, 1e-5));
+  expect_close(tag + " dq", download_bf16(*dq, nq), dq_ref, 1e-2, 5e-2);
+  expect_close(tag + " dk", download_bf16(*dk, nkv), dk_ref, 1e-2, 5e-2);
+  expect_close(tag + " dv", download_bf16(*dv, nkv), dv_ref, 1e-2, 5e-2);
+}
+
+TEST_F(CudaOps, MaskedAttentionMatchesCpu) {
+  masked_attention_case({2, 70, 4, 2, 64}, 16, 0.f, 500);      // window only, several 32-key chunks
+  masked_attention_case({2, 70, 4, 2, 64}, 0, 1.5f, 510);      // soft cap only
+  masked_attention_case({1, 100, 8, 4, 256}, 33, 2.f, 520);    // both, Gemma's head_dim
+  masked_attention_case({2, 40, 4, 1, 128, {{17, 23}, {40}}}, 9, 3.f, 530);  // with packed documents
 }
 
 // Both kernel sets where the GPU runs them (wgmma: compute capability 9.0),

@@ -97,11 +97,6 @@ class StreamEngine final : public Backend {
     const int64_t L = s_.n_layers;
     auto& units = st_.units();
     check_cuda_shapes(s_);
-    // Gemma's sliding-window layers: a window at least as long as the sequence is plain causal attention
-    RT_CHECK(s_.local_layers.empty() || s_.local_window >= T_, "[cuda] ", s_.architecture,
-             "'s sliding-window layers (sliding_window ", s_.local_window,
-             ") need windowed attention, which the CUDA kernels do not have yet; use --seq-len <= ", s_.local_window,
-             " (then every window holds the whole sequence) or --device cpu");
     // the worker thread issues copies, memsets and (Muon) kernels on this
     // device's streams: its current device is this thread's (a data-parallel
     // rank's is not device 0)
@@ -632,7 +627,8 @@ class StreamEngine final : public Backend {
     if (ls != 1.f) scale(hf_.data(), hf_.data(), ls, N_ * C, cs);
     Scratch sc{scratch_.data(), scratch_.size()};
     lm_head_cross_entropy(dev_.blas, training ? dhf_.data() : nullptr, training ? g_lm : nullptr, totals_.data(),
-                          hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
+                          hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs,
+                          static_cast<float>(s_.final_softcap));  // Gemma 2
     if (training && ls != 1.f) scale(dhf_.data(), dhf_.data(), ls, N_ * C, cs);
     if (training)
       rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs, noff);
