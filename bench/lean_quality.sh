@@ -11,7 +11,8 @@
 # metrics.jsonl in OUT (bench/plot_curves.py draws them). LQ_MUON=1 adds
 # the Muon modes, with Muon and fp32 AdamW also at half and twice the learning rate (later
 # flags win), so that each is compared at its best of three. LQ_ONLY="names"
-# runs only those modes (e.g. after a change to one code).
+# runs only those modes (e.g. after a change to one code). LQ_FP8=1 adds
+# --matmul fp8 (the projections in FP8; the "adamw" row is its bf16 twin).
 #   bench/lean_quality.sh [path/to/ramtrain] [DATA] [STEPS]
 set -uo pipefail
 R=${1:-build/cpu/ramtrain}
@@ -38,6 +39,9 @@ modes=(
 if [ "${LQ_MUON:-0}" = 1 ]; then
   modes+=("adamw_lr5e-4|--lr 5e-4" "adamw_lr2e-3|--lr 2e-3" "muon|--optimizer muon" "muon_lr5e-4|--optimizer muon --lr 5e-4" "muon_lr2e-3|--optimizer muon --lr 2e-3"
           "muon8bit|--optimizer muon8bit")
+fi
+if [ "${LQ_FP8:-0}" = 1 ]; then  # issue 31's quality point: --matmul fp8 against bf16 (Hopper)
+  modes+=("fp8|--matmul fp8")
 fi
 if [ -n "${LQ_ONLY:-}" ]; then  # LQ_ONLY="adamw adamw8bit ...": only these modes (names as above)
   keep=()

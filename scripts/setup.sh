@@ -12,6 +12,7 @@ pkgs=(
   libsentencepiece-dev     # SentencePiece tokenizers
   libgtest-dev             # tests
   python3
+  python3-dev python3-venv # the Python package (pip install ., scripts/test_python.sh)
 )
 missing=()
 for p in "${pkgs[@]}"; do

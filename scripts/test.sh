@@ -3,7 +3,9 @@
 # (with the CUDA backend when nvcc exists) and the sanitizer configuration
 # (ASan + UBSan, CPU only), runs the whole suite under both (the numerics
 # label a second and third time under other OpenBLAS kernels), then the
-# libFuzzer targets for RAMTRAIN_FUZZ_SECONDS each (default 20; 0 skips them).
+# libFuzzer targets for RAMTRAIN_FUZZ_SECONDS each (default 20; 0 skips them),
+# and the Python package's tests (scripts/test_python.sh: pip install . of a
+# CPU-only build into a venv under build/, then pytest python/tests).
 # GPU-only checks live in tests/gpu/run.sh and run on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,8 @@ fi
 echo "== tests: sanitize =="
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/sanitize --output-on-failure -j "$(nproc)" -LE slow || status=1
+echo "== tests: python (pip install . CPU-only, pytest python/tests) =="
+bash scripts/test_python.sh || status=1
 fuzz_secs=${RAMTRAIN_FUZZ_SECONDS:-20}
 if [ "$fuzz_secs" != 0 ]; then
   echo "== fuzz: libFuzzer targets, ${fuzz_secs}s each =="

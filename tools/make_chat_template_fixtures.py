@@ -2,14 +2,22 @@
 """Goldens for ramtrain's Jinja chat-template renderer (src/data/jinja_*.cpp).
 
 Reads the real chat templates in tests/fixtures/chat_templates/templates.json
-(each with the public file it was copied from) and renders every template on
+(each with the public file it was copied from, or a note where the text is
+from memory: Gemma-1's) and renders every template on
 a set of conversations with transformers' own renderer
 (transformers.utils.chat_template_utils.render_jinja_template, what
 apply_chat_template calls), writing tests/fixtures/chat_templates/cases.json:
   {"versions": {...}, "now": "YYYY-MM-DD HH:MM:SS", "cases": [
      {"name", "template" (key into templates.json), "messages", "tools" (or null),
       "add_generation_prompt", "kwargs" (bos_token, eos_token, date_string,
-      enable_thinking, ...), "expected" (text) or "error" (raise_exception text)}]}
+      enable_thinking, reasoning_effort, ...), "expected" (text) or "error"
+      (raise_exception text)}]}
+Families: Llama-3.1/3.2, Qwen2.5/3, Mistral-Nemo/v0.3, Gemma-1/2 (a system turn
+raises), Gemma-3 (the system turn folds into the first user turn; list
+content), Phi-3-mini/medium, Phi-3.5, Phi-4, Phi-4-mini (tools in the system
+message), gpt-oss (harmony: channels analysis/commentary/final, developer and
+system messages, tool calls, reasoning_effort / model_identity /
+builtin_tools).
 strftime_now is pinned to "now" (transformers reads datetime.now(); the C++
 test pins its clock to the same instant in UTC).
 
@@ -45,6 +53,13 @@ SPECIAL = {  # the special-token strings apply_chat_template passes for each fam
     "mistral-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
     "gemma2": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "phi3.5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "gemma": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "phi3": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "phi3-medium": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "phi4": {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"},
+    "phi4-mini": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "gpt-oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
 }
 
 WEATHER_TOOL = {
@@ -92,6 +107,46 @@ CONVERSATIONS = {
         {"role": "user", "content": "One."},
         {"role": "user", "content": "Two."},
     ],
+    "system_content_parts": [  # Gemma-3 reads list content: {"type": "text"} parts (and images)
+        {"role": "system", "content": [{"type": "text", "text": "  Be brief. "}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?\n"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": " A cat. "}]},
+    ],
+    "phi4_mini_tools": [  # Phi-4-mini takes the tool list as a JSON string in the system message
+        {"role": "system", "content": "You can call tools.",
+         "tools": json.dumps([WEATHER_TOOL["function"]], ensure_ascii=False)},
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}]"},
+    ],
+    "harmony": [  # gpt-oss: developer instructions, reasoning in "thinking", several turns
+        {"role": "developer", "content": "Answer in one word."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris.", "thinking": "The user asks for the capital; it is Paris."},
+        {"role": "user", "content": "And of Italy?"},
+        {"role": "assistant", "content": "Rome.", "thinking": "Italy's capital is Rome."},
+    ],
+    "harmony_tools": [  # gpt-oss: a tool call in the commentary channel, its result, the final answer
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "What's the weather in Zürich?"},
+        {"role": "assistant", "thinking": "I should call get_weather.", "tool_calls": [
+            {"id": "call1", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}]},
+        {"role": "tool", "content": "{\"temperature\": 21.5}"},
+        {"role": "assistant", "content": "It is 21.5 °C.", "thinking": "The tool says 21.5."},
+    ],
+    "harmony_channel_in_content": [  # gpt-oss refuses channel tags inside content
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
+    ],
+    "harmony_tool_without_call": [  # gpt-oss: a tool result needs an earlier tool call
+        {"role": "user", "content": "Hi"},
+        {"role": "tool", "content": "42"},
+    ],
+    "harmony_tool_call_content_and_thinking": [  # gpt-oss: one analysis message per tool call
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Let me look.", "thinking": "Look it up.", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Bern"}}}]},
+    ],
     "thinking": [
         {"role": "user", "content": "Is 17 prime?"},
         {"role": "assistant", "content": "<think>\nCheck divisors up to 4.\n</think>\n\nYes, 17 is prime."},
@@ -110,9 +165,20 @@ PLAN = {
     "mistral-v0.3": ["user_only", "system_user_assistant", "multi_turn", "unicode", "tools"],
     "gemma2": ["user_only", "multi_turn"],
     "phi3.5": ["user_only", "system_user_assistant", "multi_turn", "unicode"],
+    "gemma": ["user_only", "multi_turn"],
+    "gemma3": ["user_only", "system_user_assistant", "multi_turn", "unicode", "system_content_parts"],
+    "phi3": ["user_only", "system_user_assistant", "multi_turn", "unicode"],
+    "phi3-medium": ["user_only", "system_user_assistant", "multi_turn", "unicode"],
+    "phi4": ["user_only", "system_user_assistant", "multi_turn", "unicode"],
+    "phi4-mini": ["user_only", "system_user_assistant", "multi_turn", "unicode", "phi4_mini_tools"],
+    "gpt-oss": ["user_only", "system_user_assistant", "multi_turn", "unicode", "tools", "thinking", "harmony",
+                "harmony_tools"],
 }
 ERRORS = {  # conversations a template refuses with raise_exception
     "gemma2": ["system_user_assistant"],
+    "gemma": ["system_user_assistant"],
+    "gemma3": ["two_user_turns"],
+    "gpt-oss": ["harmony_channel_in_content", "harmony_tool_without_call", "harmony_tool_call_content_and_thinking"],
     "mistral-v0.3": ["two_user_turns"],
 }
 
@@ -135,8 +201,12 @@ def main():
                 variants.append((True, {"date_string": "01 Jan 2025"}))
             if name == "qwen3":
                 variants.append((True, {"enable_thinking": False}))
+            if name == "gpt-oss" and conv in ("harmony", "tools"):
+                variants.append((False, {"reasoning_effort": "high"}))
+                variants.append((True, {"reasoning_effort": "low", "model_identity": "You are a test model.",
+                                        "builtin_tools": ["browser", "python"]}))
             for agp, extra in variants:
-                tools = [WEATHER_TOOL] if conv == "tools" else None
+                tools = [WEATHER_TOOL] if conv in ("tools", "harmony_tools") else None
                 kwargs = dict(SPECIAL[name], **extra)
                 case = {"name": f"{name}/{conv}/gen={int(agp)}" + "".join(f"/{k}={v}" for k, v in extra.items()),
                         "template": name, "messages": messages, "tools": tools,

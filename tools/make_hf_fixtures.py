@@ -14,7 +14,8 @@ What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
 
 <out>/hf/<name>/   for name in llama_gqa_rope3, mistral, qwen2_bias_tied, qwen3_qknorm_hd,
                    olmo2_postnorm, granite_mult, smollm3_nope, gemma_geglu,
-                   gemma2_softcap_window, gemma3_local_rope
+                   gemma2_softcap_window, gemma3_local_rope, phi3_longrope_short,
+                   phi4mini_partial_tied
   config.json        exactly what transformers' save_pretrained wrote (5.x dialect:
                      "rope_parameters" = {"rope_type", "rope_theta", ...}).
   model.safetensors  exactly what save_pretrained(safe_serialization=True) wrote: HF tensor
@@ -193,6 +194,28 @@ def model_configs():
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+        # Phi-3: fused qkv_proj and gate_up_proj, GQA 4/2, head_dim 12 rotated whole, LongRoPE
+        # with T = 16 <= original_max_position_embeddings 32 (the short factors; attention
+        # factor sqrt(1 + ln(64/32) / ln 32)), sliding_window 16 = T (the mask at its edge).
+        "phi3_longrope_short": ("Phi3Config", dict(
+            common, vocab_size=96, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, sliding_window=16, original_max_position_embeddings=32,
+            resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": [1.0, 1.3, 2.1, 3.7, 5.2, 8.9],
+                             "long_factor": [1.5, 2.5, 4.0, 7.0, 12.0, 20.0]})),
+        # Phi-4-mini-like: partial_rotary_factor 0.75 (12 of head_dim 16 rotate), tied
+        # embeddings, LongRoPE with T = 16 > original_max_position_embeddings 8 (the long
+        # factors; attention factor sqrt(1 + ln 8 / ln 8)), no window.
+        "phi4mini_partial_tied": ("Phi3Config", dict(
+            common, vocab_size=112, hidden_size=64, intermediate_size=96,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+            tie_word_embeddings=True, sliding_window=None, original_max_position_embeddings=8,
+            resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                             "short_factor": [1.0, 1.0, 1.2, 1.6, 2.4, 3.0],
+                             "long_factor": [1.1, 1.9, 3.3, 6.0, 11.5, 23.0]})),
     }
 
 
@@ -266,6 +289,9 @@ def hf_fixture_write(out_dir, name, cls_name, cfg_kwargs, seed):
     ids = tokens_make(cfg.vocab_size, gen)
     if name == "llama_gqa_rope3":
         llama3_regions_check(model, cfg_kwargs)
+    if cfg.model_type == "phi3":
+        print(f"  phi3 rope_parameters={dict(cfg.rope_parameters)} "
+              f"attention_scaling={model.model.rotary_emb.attention_scaling!r}")
 
     model.train()  # dropout is 0 everywhere; train() only matches how ramtrain uses it
     model.zero_grad(set_to_none=True)
@@ -273,6 +299,13 @@ def hf_fixture_write(out_dir, name, cls_name, cfg_kwargs, seed):
     out.loss.backward()
     logits = out.logits.detach()
     loss = out.loss.detach()
+    if cfg.model_type == "phi3" and cfg.rope_parameters["rope_type"] == "longrope":
+        rope = model.model.rotary_emb
+        want_long = SEQ_LEN > cfg.rope_parameters["original_max_position_embeddings"]
+        used_long = not torch.equal(rope.inv_freq, rope.original_inv_freq)
+        print(f"  longrope: T={SEQ_LEN} used the {'long' if used_long else 'short'} factors")
+        if used_long != want_long:
+            sys.exit(f"[make_hf_fixtures] {name}: LongRoPE picked the wrong factors")
     if logits.dtype != torch.float32 or loss.dtype != torch.float32:
         sys.exit(f"[make_hf_fixtures] {name}: expected fp32 logits/loss, got {logits.dtype}/{loss.dtype}")
     lm = loss_manual(logits, ids).item()

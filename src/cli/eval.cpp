@@ -158,7 +158,8 @@ int cmd_eval(const Args& raw_args) {
   const std::string model_dir = resolve_model_dir(p.require("model"));
   if (data_paths.empty()) fail("[eval] --data is required: one token file, or text/.jsonl files and directories");
   for (const std::string& path : data_paths)
-    if (!file_exists(path) && !is_directory(path)) fail("[eval] --data ", path, ": no such file or directory");
+    if (!file_exists(path) && !is_directory(path) && !is_record_stream(path))
+      fail("[eval] --data ", path, ": no such file or directory");
   const std::string device = p.str("device");
   if (p.integer("threads") > 0) set_global_threads(static_cast<int>(p.integer("threads")));
   const int64_t B = p.integer("micro-batch");
@@ -190,7 +191,7 @@ int cmd_eval(const Args& raw_args) {
     for (const std::string& path : data_paths) {
       if (TokenStream::looks_like_token_file(path))
         fail("[eval] --data ", path, ": is a token file; give one token file on its own, or only text/.jsonl files");
-      any_jsonl |= file_exists(path) && path_is_jsonl(path, format);
+      any_jsonl |= (file_exists(path) || is_record_stream(path)) && path_is_jsonl(path, format);
     }
     const bool byte_vocab = spec.vocab >= ByteTokenizer::vocab_size && spec.vocab <= 512;
     if (tok_dir.empty()) {

@@ -48,6 +48,10 @@ int cmd_render(const Args& raw_args) {
               "  ramtrain render chat.jsonl --model ./Qwen2.5-0.5B-Instruct\n"
               "  ramtrain render alpaca.json --model ./Llama-3.2-1B-Instruct --limit 3 --plain\n");
   p.option("model", "DIR", "model directory with the tokenizer files (and its chat_template)");
+  p.option("chat-template-var", "NAME=VALUE...",
+           "variables for the model's chat_template, NAME=VALUE (VALUE as JSON when it is, else a string), e.g. "
+           "reasoning_effort=high enable_thinking=false")
+      .list();
   p.option("chat-format", "chatml|llama3|mistral", "built-in chat format instead of the model's chat_template")
       .choice({"chatml", "llama3", "mistral"});
   p.option("data-format", "auto|text|jsonl", "input format (auto: *.jsonl jsonl, *.json a JSON array, the rest text)",
@@ -76,6 +80,7 @@ int cmd_render(const Args& raw_args) {
   if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
   std::optional<HfChatTemplate> hf;
   if (!cf) hf = hf_chat_template_find(dir);
+  if (hf) hf_chat_vars_assign(p.list("chat-template-var"), hf->specials, "--chat-template-var");
   if (!cf && !hf) {
     // the tokenizer's special tokens pick chatml/llama3; [INST] (mistral) when it has BOS and EOS
     cf = chat_format_detect(*tok, Family::llama, &no_chat);

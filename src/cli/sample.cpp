@@ -57,6 +57,10 @@ int cmd_sample(const Args& args) {
   p.option("chat-format", "chatml|llama3|mistral",
            "built-in chat format for --chat (default: the model's chat_template, else from the tokenizer)")
       .choice({"chatml", "llama3", "mistral"});
+  p.option("chat-template-var", "NAME=VALUE...",
+           "variables for the model's chat_template, NAME=VALUE (VALUE as JSON when it is, else a string), e.g. "
+           "reasoning_effort=high enable_thinking=false")
+      .list();
   p.group("Sampling");
   p.option("max-tokens", "N", "new tokens to generate (SIGINT/SIGTERM stop at the next one)", "200").integer(0);
   p.option("temperature", "T", "softmax temperature (0: greedy)", "0.8").number(0);
@@ -111,6 +115,7 @@ int cmd_sample(const Args& args) {
   if (tok->eos_id()) so.stop_ids.push_back(*tok->eos_id());
   std::optional<HfChatTemplate> hf_tpl;
   if (chat && !p.has("chat-format")) hf_tpl = hf_chat_template_find(dir);
+  if (hf_tpl) hf_chat_vars_assign(p.list("chat-template-var"), hf_tpl->specials, "--chat-template-var");
   if (hf_tpl) {
     const jinja::Template tpl(hf_tpl->source, hf_tpl->origin);
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();

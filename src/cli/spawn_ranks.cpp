@@ -53,6 +53,10 @@ int spawn_local_ranks(int n, const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   std::fflush(stdout);
   std::fflush(stderr);
+  // The executable: this one, or RAMTRAIN_EXE (the Python module sets it to the installed
+  // `ramtrain`, since this process is the Python interpreter there).
+  const char* exe_env = std::getenv("RAMTRAIN_EXE");
+  const std::string exe = exe_env && *exe_env ? exe_env : "/proc/self/exe";
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
@@ -68,8 +72,8 @@ int spawn_local_ranks(int n, const std::vector<std::string>& args) {
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
       ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast stays off (the GPU machines' notes)
-      ::execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "ramtrain: rank %d: cannot run /proc/self/exe: %s\n", r, std::strerror(errno));
+      ::execv(exe.c_str(), argv.data());
+      std::fprintf(stderr, "ramtrain: rank %d: cannot run %s: %s\n", r, exe.c_str(), std::strerror(errno));
       std::_Exit(127);
     }
     pids.push_back(pid);

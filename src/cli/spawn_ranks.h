@@ -6,7 +6,7 @@
 
 namespace rt::cli {
 
-// Runs `/proc/self/exe args...` N times with RANK, WORLD_SIZE, LOCAL_RANK,
+// Runs `/proc/self/exe args...` (or $RAMTRAIN_EXE's) N times with RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port) and NCCL_NVLS_ENABLE=0 set,
 // and waits. When one rank fails (non-zero exit or a signal), the others get
 // SIGTERM; SIGINT/SIGTERM to this process are passed on to every rank.

@@ -60,6 +60,10 @@ int cmd_tokenize(const Args& raw_args) {
       "chat-format", "chatml|llama3|mistral",
       "built-in chat format for chat records (default: the tokenizer dir's chat_template, else from the tokenizer)")
       .choice({"chatml", "llama3", "mistral"});
+  p.option("chat-template-var", "NAME=VALUE...",
+           "variables for the model's chat_template, NAME=VALUE (VALUE as JSON when it is, else a string), e.g. "
+           "reasoning_effort=high enable_thinking=false")
+      .list();
   p.option("text-split", "file|blank-lines", "text documents: one per file, or split at blank lines", "file")
       .choice({"file", "blank-lines"});
   p.option("bad-lines", "abort|skip", "bad records (malformed JSON, invalid UTF-8, ...): stop, or skip and count",
@@ -76,6 +80,8 @@ int cmd_tokenize(const Args& raw_args) {
   for (const std::string& in : inputs) {
     if (is_directory(in)) {
       for (auto& f : text_document_paths({in})) files.push_back(f);
+    } else if (is_record_stream(in)) {
+      files.push_back(in);
     } else {
       require_regular_file(in, "[tokenize]", /*dir_ok=*/true);
       if (const TokenStream::Look look = TokenStream::look(in); look != TokenStream::Look::none)
@@ -112,6 +118,7 @@ int cmd_tokenize(const Args& raw_args) {
   if (p.has("chat-format")) cf = chat_format_parse(p.str("chat-format"));
   std::optional<HfChatTemplate> hf;
   if (!cf) hf = hf_chat_template_find(tok_dir);
+  if (hf) hf_chat_vars_assign(p.list("chat-template-var"), hf->specials, "--chat-template-var");
   if (!cf && !hf) cf = chat_format_detect(*tok, Family::llama, &no_chat);
   if (cf) chat = std::make_unique<ChatTemplate>(*tok, *cf);
   std::unique_ptr<jinja::Template> tpl;

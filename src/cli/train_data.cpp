@@ -24,6 +24,10 @@ void train_data_options(ArgParser& p) {
            "built-in chat format for chat/instruction records (default: the model's chat_template, else from the "
            "tokenizer)")
       .choice({"chatml", "llama3", "mistral"});
+  p.option("chat-template-var", "NAME=VALUE...",
+           "variables for the model's chat_template, NAME=VALUE (VALUE as JSON when it is, else a string), e.g. "
+           "reasoning_effort=high enable_thinking=false")
+      .list();
   p.option("truncate", "keep-start|drop|split", "examples longer than seq-len+1 tokens: keep the start, drop, or split",
            "keep-start")
       .choice({"keep-start", "drop", "split"});
@@ -66,7 +70,8 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   TrainData td;
   RT_CHECK(!paths.empty(), "[train] --data is required: text/.jsonl files, directories, or one token file");
   // Data is memory-mapped: a FIFO or a device is refused by what it is, before anything is read.
-  for (const std::string& path : paths) require_regular_file(path, cat("[data] ", flag), /*dir_ok=*/true);
+  for (const std::string& path : paths)
+    if (!is_record_stream(path)) require_regular_file(path, cat("[data] ", flag), /*dir_ok=*/true);
   std::string tok_dir = p.has("tokenizer") ? p.str("tokenizer") : std::string();
   if (tok_dir.empty() && has_tokenizer_files(model_dir)) tok_dir = model_dir;
   if (p.has("tokenizer") && !has_tokenizer_files(tok_dir))
@@ -131,7 +136,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   const DataFormat format = data_format_parse(p.str("data-format"));
   bool any_jsonl = false;
   for (const std::string& path : paths)
-    any_jsonl |= file_exists(path) && (path_is_jsonl(path, format) || path_is_json_array(path, format));
+    any_jsonl |= (file_exists(path) || is_record_stream(path)) && (path_is_jsonl(path, format) || path_is_json_array(path, format));
 
   if (tok_dir.empty()) {
     if (is_byte_vocab(spec.vocab) && !any_jsonl && format != DataFormat::jsonl) {
@@ -163,6 +168,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
   if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
   std::optional<HfChatTemplate> hf;
   if (!p.has("chat-format")) hf = hf_chat_template_find(tok_dir);
+  if (hf) hf_chat_vars_assign(p.list("chat-template-var"), hf->specials, "--chat-template-var");
   if (hf) td.hf_template = std::make_unique<jinja::Template>(hf->source, hf->origin);
 
   std::vector<std::string> files;
@@ -170,7 +176,7 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
     if (is_directory(path)) {
       for (auto& f : text_document_paths({path})) files.push_back(f);
     } else {
-      if (!file_exists(path)) fail("[data] ", path, ": no such file or directory");
+      if (!file_exists(path) && !is_record_stream(path)) fail("[data] ", path, ": no such file or directory");
       files.push_back(path);
     }
   }

@@ -26,10 +26,7 @@ class CpuOps {
   static constexpr bool supports_moe = true;  // moe_forward / moe_backward (cpu/moe.h)
 
   // Gemma: every norm scales by (norm_offset + w); local layers may rotate with rope_local.
-  explicit CpuOps(const ModelSpec& s)
-      : inv_freq_(cpu::rope_inv_freq(s.rope, s.head_dim)),
-        inv_freq_local_(s.rope_local_on ? cpu::rope_inv_freq(s.rope_local, s.head_dim) : std::vector<float>{}),
-        norm_offset_(static_cast<float>(s.norm_offset)) {}
+  explicit CpuOps(const ModelSpec& s) : rope_(s), norm_offset_(static_cast<float>(s.norm_offset)) {}
 
   template <class T>
   Buffer<T> alloc(int64_t n) {
@@ -57,6 +54,10 @@ class CpuOps {
     else
       cpu::linear_forward(out, x, w, b, N, I, O);
   }
+  // CudaOps shares an input's FP8 codes among the projections that read it;
+  // the twin quantizes per call (the same codes), so there is nothing to hold.
+  struct SharedInput {};
+  SharedInput share_input(const float*, int64_t, int64_t) { return {}; }
   void linear_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w, int64_t N,
                        int64_t I, int64_t O) {
     if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))
@@ -64,12 +65,13 @@ class CpuOps {
     else
       cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
   }
-  // local: the spec's rope_local (Gemma 3's sliding layers) instead of its rope.
+  // Phi3: partial rotary and LongRoPE's two tables (cpu::RopeTables); local:
+  // the spec's rope_local (Gemma 3's sliding layers) instead of its rope.
   void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
-    cpu::rope_forward(x, pos, freqs(local), N, heads, D);
+    cpu::rope_forward(x, pos, rope_.select(pos, N, local), N, heads, D, rope_.rotary_dim, rope_.scale);
   }
   void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
-    cpu::rope_backward(dx, pos, freqs(local), N, heads, D);
+    cpu::rope_backward(dx, pos, rope_.select(pos, N, local), N, heads, D, rope_.rotary_dim, rope_.scale);
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
@@ -122,11 +124,7 @@ class CpuOps {
   }
 
  private:
-  const float* freqs(bool local) const {
-    RT_CHECK(!local || !inv_freq_local_.empty(), "[cpu ops] internal: a local RoPE without rope_local in the spec");
-    return local ? inv_freq_local_.data() : inv_freq_.data();
-  }
-  std::vector<float> inv_freq_, inv_freq_local_;
+  cpu::RopeTables rope_;
   float norm_offset_ = 0.f;
   MatmulMode matmul_ = MatmulMode::bf16;
 };

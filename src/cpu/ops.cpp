@@ -148,8 +148,11 @@ void linear_backward(float* dx, float* dw, float* dbias, const float* dout, cons
 // HF: inv_freq = 1.0 / (base ** (arange(0, D, 2).float() / D)), all in fp32;
 // llama3 scaling as transformers' _compute_llama3_parameters, with its fp32
 // operation order (python-scalar / tensor is tensor.reciprocal() * scalar).
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D) {
-  RT_CHECK(D > 0 && D % 2 == 0, "[cpu/rope_inv_freq] head_dim ", D, " must be positive and even");
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, bool long_factors) {
+  // transformers: dim = int(head_dim * partial_rotary_factor)
+  const int64_t D = static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  RT_CHECK(D > 0 && D % 2 == 0, "[cpu/rope_inv_freq] rotated dims ", D, " (head_dim ", head_dim,
+           " x partial_rotary_factor ", rope.partial_rotary_factor, ") must be positive and even");
   RT_CHECK(rope.theta > 0, "[cpu/rope_inv_freq] rope_theta ", rope.theta, " must be positive");
   const int64_t half = D / 2;
   std::vector<float> inv(static_cast<size_t>(half));
@@ -188,20 +191,35 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D) {
       }
     }
   }
+  if (rope.scaling == RopeScaling::longrope) {
+    // transformers' _compute_longrope_parameters: 1.0 / (ext_factors * base ** (arange(0, dim, 2) / dim)),
+    // ext_factors an fp32 tensor
+    const std::vector<double>& ext = long_factors ? rope.long_factor : rope.short_factor;
+    RT_CHECK(static_cast<int64_t>(ext.size()) == half, "[cpu/rope_inv_freq] LongRoPE ",
+             long_factors ? "long_factor" : "short_factor", " has ", ext.size(), " entries for ", half,
+             " rotated pairs");
+    for (int64_t i = 0; i < half; ++i) {
+      const float e = static_cast<float>(2 * i) / static_cast<float>(D);
+      inv[i] = 1.f / (static_cast<float>(ext[i]) * std::pow(base, e));
+    }
+  }
   return inv;
 }
 
 namespace {
-// x [N, heads, D] in place; sign = +1 rotates by +angle, -1 by -angle.
-void rope_rotate(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D, float sign) {
-  const int64_t half = D / 2;
+// x [N, heads, D] in place, its first R dims rotated; sign = +1 rotates by
+// +angle, -1 by -angle; cos and sin are multiplied by scale.
+void rope_rotate(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D, int64_t R,
+                 float scale, float sign) {
+  RT_CHECK(R > 0 && R % 2 == 0 && R <= D, "[cpu/rope] rotary_dim ", R, " must be even and in (0, head_dim ", D, "]");
+  const int64_t half = R / 2;
   parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(pos[n]) * inv_freq[i];  // fp32, as HF
-        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        sn[i] = sign * static_cast<float>(std::sin(static_cast<double>(angle)));
+        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;  // HF: emb.cos() * scaling
+        sn[i] = sign * (static_cast<float>(std::sin(static_cast<double>(angle))) * scale);
       }
       for (int64_t h = 0; h < heads; ++h) {
         float* x1 = x + (n * heads + h) * D;
@@ -219,12 +237,54 @@ void rope_rotate(float* x, const int32_t* pos, const float* inv_freq, int64_t N,
 
 // out = [x1*cos - x2*sin, x2*cos + x1*sin]
 void rope_forward(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D) {
-  rope_rotate(x, pos, inv_freq, N, heads, D, 1.f);
+  rope_rotate(x, pos, inv_freq, N, heads, D, D, 1.f, 1.f);
+}
+void rope_forward(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                  int64_t rotary_dim, float scale) {
+  rope_rotate(x, pos, inv_freq, N, heads, D, rotary_dim, scale, 1.f);
 }
 
 // dx = [d1*cos + d2*sin, d2*cos - d1*sin]
 void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D) {
-  rope_rotate(dx, pos, inv_freq, N, heads, D, -1.f);
+  rope_rotate(dx, pos, inv_freq, N, heads, D, D, 1.f, -1.f);
+}
+void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                   int64_t rotary_dim, float scale) {
+  rope_rotate(dx, pos, inv_freq, N, heads, D, rotary_dim, scale, -1.f);
+}
+
+RopeTables::RopeTables(const ModelSpec& s)
+    : inv_short(rope_inv_freq(s.rope, s.head_dim)),
+      rotary_dim(s.rotary_dim()),
+      scale(static_cast<float>(s.rope.attention_factor)) {
+  if (s.rope.scaling == RopeScaling::longrope) {
+    inv_long = rope_inv_freq(s.rope, s.head_dim, true);
+    long_above = s.rope.original_max_positions;
+  } else {
+    scale = 1.f;
+  }
+  if (s.rope_local_on) {
+    RT_CHECK(s.rope_local.scaling != RopeScaling::longrope,
+             "[cpu/rope] LongRoPE for the local (sliding) layers' rope_local is not supported");
+    inv_local = rope_inv_freq(s.rope_local, s.head_dim);
+    RT_CHECK(static_cast<int64_t>(inv_local.size()) * 2 == rotary_dim, "[cpu/rope] rope_local rotates ",
+             inv_local.size() * 2, " dims, rope ", rotary_dim, "; both must rotate the same dims");
+  }
+}
+
+const float* RopeTables::select(const int32_t* pos, int64_t N, bool local) const {
+  if (local) {
+    RT_CHECK(!inv_local.empty(), "[cpu/rope] internal: a local RoPE without rope_local in the spec");
+    return inv_local.data();
+  }
+  return use_long(pos, N) ? inv_long.data() : inv_short.data();
+}
+
+bool RopeTables::use_long(const int32_t* pos, int64_t N) const {
+  if (inv_long.empty()) return false;
+  int64_t mx = -1;
+  for (int64_t n = 0; n < N; ++n) mx = std::max<int64_t>(mx, pos[n]);
+  return mx + 1 > long_above;
 }
 
 // ---- SwiGLU ----

@@ -48,14 +48,39 @@ void linear_backward(float* dx, float* dw, float* dbias, const float* dout, cons
                      int64_t I, int64_t O);
 
 // ---- RoPE, HF rotate-half convention ----
-// inv_freq[D/2]: theta^(-2i/D), with llama3 or linear scaling applied when configured.
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D);
+// inv_freq[R/2] for R = int(D * partial_rotary_factor) rotated dims (D = head_dim):
+// theta^(-2i/R), with llama3 or linear scaling applied when configured; LongRoPE
+// divides it by short_factor[i], or long_factor[i] when long_factors is set.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D, bool long_factors = false);
 // In place on x [N, heads, D] with per-row positions pos[N]:
 // x1 = x[..., :D/2], x2 = x[..., D/2:]; angle = pos * inv_freq (fp32);
 // out = [x1*cos - x2*sin, x2*cos + x1*sin].
 void rope_forward(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D);
 // In place: dx = R(-angle) dout (the transpose of the rotation).
 void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D);
+// Partial rotary (Phi3): only the first R = rotary_dim dims of each head
+// rotate, x1 = x[..., :R/2], x2 = x[..., R/2:R]; dims R..D pass through. cos
+// and sin are multiplied by `scale` (LongRoPE's attention factor; 1 elsewhere),
+// so the backward is dx = scale * R(-angle) dout on those dims.
+void rope_forward(float* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                  int64_t rotary_dim, float scale);
+void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                   int64_t rotary_dim, float scale);
+// A spec's RoPE tables. LongRoPE has two, picked per call as transformers
+// picks them per forward: the long one when the call's largest position + 1
+// exceeds original_max_position_embeddings.
+struct RopeTables {
+  std::vector<float> inv_short;  // the only table without LongRoPE
+  std::vector<float> inv_long;   // LongRoPE only
+  std::vector<float> inv_local;  // rope_local_on only (Gemma 3's sliding layers)
+  int64_t rotary_dim = 0;
+  float scale = 1.f;
+  int64_t long_above = 0;  // LongRoPE: original_max_position_embeddings
+  explicit RopeTables(const ModelSpec& s);
+  bool use_long(const int32_t* pos, int64_t N) const;
+  // local: Gemma 3's sliding layers rotate with the spec's rope_local instead.
+  const float* select(const int32_t* pos, int64_t N, bool local = false) const;
+};
 
 // ---- causal self-attention with GQA, fp32 softmax, scale 1/sqrt(D) ----
 // q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D]; lse [B,H,T] (log-sum-exp per row) saved for backward.

@@ -59,6 +59,47 @@ class CudaOps {
     RT_CHECK(!b, "[cuda ops] a linear layer with fp32 output takes no bias");
     moe_blas().matmul_nt(out, DType::f32, x, w, N, O, I, 0.f, s_);
   }
+  // An input several projections read (q/k/v: xn; gate/up: hn): with
+  // --matmul fp8 its FP8 codes are made once while the returned guard lives
+  // (Fp8Linear::share_input; bit-identical). The caller must not write x
+  // meanwhile. bf16: nothing.
+  class SharedInput {
+   public:
+    explicit SharedInput(Fp8Linear* f) : f_(f) {}
+    SharedInput(const SharedInput&) = delete;
+    SharedInput& operator=(const SharedInput&) = delete;
+    ~SharedInput() {
+      if (f_) f_->end_share();
+    }
+
+   private:
+    Fp8Linear* f_;
+  };
+  [[nodiscard]] SharedInput share_input(const bf16* x, int64_t N, int64_t I) {
+    if (matmul_ != MatmulMode::fp8) return SharedInput(nullptr);
+    fp8().share_input(x, N, I);
+    return SharedInput(&fp8());
+  }
+  // A layer's weights used by several micro-batches in a row (layer-major):
+  // with --matmul fp8 their codes are made once while the guard lives
+  // (Fp8Linear::share_weights; bit-identical). bf16: nothing.
+  class SharedWeights {
+   public:
+    explicit SharedWeights(Fp8Linear* f) : f_(f) {}
+    SharedWeights(const SharedWeights&) = delete;
+    SharedWeights& operator=(const SharedWeights&) = delete;
+    ~SharedWeights() {
+      if (f_) f_->end_share_weights();
+    }
+
+   private:
+    Fp8Linear* f_;
+  };
+  [[nodiscard]] SharedWeights share_weights() {
+    if (matmul_ != MatmulMode::fp8) return SharedWeights(nullptr);
+    fp8().share_weights();
+    return SharedWeights(&fp8());
+  }
   void linear_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
                        int64_t I, int64_t O) {
     if (fp8_for(N, I, O)) {
@@ -74,13 +115,19 @@ class CudaOps {
     if (dx) moe_blas().matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, s_);
     moe_blas().matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, s_);
   }
-  // Gemma 3's local layers rotate with a second set of frequencies (set_local_rope, device fp32 [D/2]).
+  // Gemma 3's local layers rotate with a second set of frequencies (set_local_rope, device fp32 [rotary_dim/2]).
   void set_local_rope(const float* inv_freq_local) { inv_freq_local_ = inv_freq_local; }
+  // Phi3: the rotated dims (0: the whole head) and LongRoPE's cos/sin scale;
+  // inv_freq holds rotary_dim / 2 frequencies.
+  void set_rope(int64_t rotary_dim, float scale) {
+    rotary_dim_ = rotary_dim;
+    rope_scale_ = scale;
+  }
   void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
-    cuda::rope_forward(x, pos, freqs(local), N, heads, D, s_);
+    cuda::rope_forward(x, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
   void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
-    cuda::rope_backward(dx, pos, freqs(local), N, heads, D, s_);
+    cuda::rope_backward(dx, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
   // Gemma's window (keys > t - window) and soft cap are not in the fused
   // kernels: a window of at least T is plain causal attention; a shorter one
@@ -166,6 +213,8 @@ class CudaOps {
   const float* inv_freq_;
   const float* inv_freq_local_ = nullptr;
   float norm_offset_ = 0.f;
+  int64_t rotary_dim_ = 0;
+  float rope_scale_ = 1.f;
   Scratch scratch_;
   std::unique_ptr<MoeBlas> moe_blas_;
   MatmulMode matmul_ = MatmulMode::bf16;

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/fp8.h"
 #include "cuda/check.h"
@@ -77,39 +78,68 @@ __global__ void quantize_1x128_rows_kernel(uint8_t* q, float* scale, const bf16*
   }
 }
 
-// x[K, R] row-major read as its transpose: q[R, K] along K, scales [KB][Rp].
-// A block covers 128 k x 32 r through shared memory (loads coalesced along r);
-// warp w quantizes rows r0 + w, r0 + w + 8, ...; lane l the k = k0 + l + 32j.
-__global__ void quantize_1x128_cols_kernel(uint8_t* q, float* scale, const bf16* x, int64_t R, int64_t K, int64_t Rp) {
-  __shared__ float tile[128][33];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32, kb = blockIdx.y, k0 = kb * 128;
-  for (int i = threadIdx.x; i < 128 * 32; i += blockDim.x) {
-    const int kk = i / 32, rr = i % 32;
+// x[K, R] row-major read as its transpose: q[R, K] along K, scales [KB][Rp]
+// (the weight gradients' operands: a block is 128 tokens of one feature). A
+// 256-thread block covers 128 k x 64 r: it loads the tile through shared
+// memory in 16-byte vectors along r (scalar where R % 8 != 0), then four
+// threads per r each take 32 consecutive k (amax over the four by shuffles)
+// and store their 32 codes as two 16-byte vectors along k (scalar at tails).
+constexpr int kColsR = 64;
+__global__ void __launch_bounds__(256)
+    quantize_1x128_cols_kernel(uint8_t* q, float* scale, const bf16* x, int64_t R, int64_t K, int64_t Rp) {
+  __shared__ __align__(16) bf16 tile[128][kColsR + 8];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kColsR, kb = blockIdx.y, k0 = kb * 128;
+  const bool vec_in = R % 8 == 0;
+  for (int v = threadIdx.x; v < 128 * (kColsR / 8); v += blockDim.x) {
+    const int kk = v / (kColsR / 8), rr = (v % (kColsR / 8)) * 8;
     const int64_t k = k0 + kk, r = r0 + rr;
-    tile[kk][rr] = (k < K && r < R) ? __bfloat162float(x[k * R + r]) : 0.f;
+    if (vec_in && k < K && r < R) {
+      *reinterpret_cast<uint4*>(&tile[kk][rr]) = *reinterpret_cast<const uint4*>(x + k * R + r);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) tile[kk][rr + j] = (k < K && r + j < R) ? x[k * R + r + j] : __float2bfloat16(0.f);
+    }
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int rr = warp; rr < 32; rr += blockDim.x >> 5) {
-    const int64_t r = r0 + rr;
-    if (r >= R) break;
-    float amax = 0.f;
-    bool bad = false;
+  const int rr = threadIdx.x >> 2, part = threadIdx.x & 3;  // 4 consecutive lanes share an r
+  const int64_t r = r0 + rr;
+  float v[32];
+  float amax = 0.f;
+  bool bad = false;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float a = fabsf(tile[lane + 32 * j][rr]);
-      if (nonfinite_abs(a)) bad = true;
-      else amax = fmaxf(amax, a);
-    }
-    amax = detail::warp_max(amax);
-    bad = __any_sync(0xffffffffu, bad);
-    const Fp8Scale s = fp8_block_scale(amax, bad);
-    if (lane == 0) scale[kb * Rp + r] = s.scale;
+  for (int j = 0; j < 32; ++j) {
+    v[j] = __bfloat162float(tile[part * 32 + j][rr]);
+    const float a = fabsf(v[j]);
+    if (nonfinite_abs(a))
+      bad = true;
+    else
+      amax = fmaxf(amax, a);
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  int b = bad ? 1 : 0;
+  b |= __shfl_xor_sync(0xffffffffu, b, 1);
+  b |= __shfl_xor_sync(0xffffffffu, b, 2);
+  if (r >= R) return;
+  const Fp8Scale sc = fp8_block_scale(amax, b != 0);
+  if (part == 0) scale[kb * Rp + r] = sc.scale;
+  const int64_t kp = k0 + part * 32;
+  uint8_t* out = q + r * K + kp;
+  if (K % 16 == 0 && kp + 32 <= K) {
+    uint32_t w[8];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t k = k0 + lane + 32 * j;
-      if (k < K) q[r * K + k] = fp8_encode_dev(tile[lane + 32 * j][rr], s.inv, bad);
+    for (int i = 0; i < 8; ++i) {
+      w[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        w[i] |= static_cast<uint32_t>(fp8_encode_dev(v[4 * i + j], sc.inv, b != 0)) << (8 * j);
     }
+    reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      if (kp + j < K) out[j] = fp8_encode_dev(v[j], sc.inv, b != 0);
   }
 }
 
@@ -188,7 +218,7 @@ void fp8_quantize_1x128(uint8_t* q, float* scale, const bf16* x, int64_t R, int6
     const dim3 grid(static_cast<unsigned>(KB), static_cast<unsigned>(detail::ceil_div(R, 8)));
     quantize_1x128_rows_kernel<<<grid, 256, 0, stream>>>(q, scale, x, R, K, Rp);
   } else {
-    const dim3 grid(static_cast<unsigned>(detail::ceil_div(R, 32)), static_cast<unsigned>(KB));
+    const dim3 grid(static_cast<unsigned>(detail::ceil_div(R, kColsR)), static_cast<unsigned>(KB));
     quantize_1x128_cols_kernel<<<grid, 256, 0, stream>>>(q, scale, x, R, K, Rp);
   }
   CUDA_CHECK_LAUNCH();
@@ -304,8 +334,73 @@ struct Fp8Linear::Impl {
   Fp8Gemm gemm;
   void* buf = nullptr;
   size_t bytes = 0;
+  // share_input's state: the input, its codes along I (rows) and along N
+  // (cols) once made, in a buffer of their own
+  const bf16* shared_x = nullptr;
+  int64_t shared_N = 0, shared_I = 0;
+  bool have_rows = false, have_cols = false;
+  void* shared_buf = nullptr;
+  size_t shared_bytes = 0;
+  uint8_t *sq = nullptr, *sqt = nullptr;
+  float *ss = nullptr, *sst = nullptr;
+  // share_weights' state: one entry per distinct weight seen in the scope,
+  // reused in order by the next scope (a dense model's layers have the same
+  // shapes, so buffers grow on the first layer only)
+  struct WeightCodes {
+    const bf16* w = nullptr;
+    int64_t O = 0, I = 0;
+    void* buf = nullptr;
+    size_t bytes = 0;
+    uint8_t *q = nullptr, *qt = nullptr;
+    float *s = nullptr, *st = nullptr;
+  };
+  bool weights_shared = false;
+  std::vector<WeightCodes> wcodes;
+  size_t wnext = 0;
   ~Impl() {
     if (buf) cudaFree(buf);
+    if (shared_buf) cudaFree(shared_buf);
+    for (auto& c : wcodes)
+      if (c.buf) cudaFree(c.buf);
+  }
+  // w's codes (and transposed codes) while weights are shared, else null
+  const WeightCodes* weight_codes(const bf16* w, int64_t O, int64_t I, cudaStream_t stream) {
+    if (!weights_shared) return nullptr;
+    for (size_t j = 0; j < wnext; ++j)
+      if (wcodes[j].w == w && wcodes[j].O == O && wcodes[j].I == I) return &wcodes[j];
+    if (wnext == wcodes.size()) wcodes.emplace_back();
+    WeightCodes& c = wcodes[wnext++];
+    const size_t need = fp8_shared_weight_bytes(O, I);
+    if (need > c.bytes) {  // queued GEMMs may still read the old buffer
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (c.buf) CUDA_CHECK(cudaFree(c.buf));
+      c.buf = nullptr;
+      CUDA_CHECK(cudaMalloc(&c.buf, need));
+      c.bytes = need;
+    }
+    char* p = static_cast<char*>(c.buf);
+    c.q = reinterpret_cast<uint8_t*>(p);
+    p += fp8_region(static_cast<size_t>(O * I));
+    c.qt = reinterpret_cast<uint8_t*>(p);
+    p += fp8_region(static_cast<size_t>(O * I));
+    c.s = reinterpret_cast<float*>(p);
+    p += fp8_region(static_cast<size_t>(fp8_scales_128x128(O, I)) * 4);
+    c.st = reinterpret_cast<float*>(p);
+    c.w = w, c.O = O, c.I = I;
+    fp8_quantize_128x128(c.q, c.s, c.qt, c.st, w, O, I, stream);
+    return &c;
+  }
+  bool shares(const bf16* x, int64_t N, int64_t I) const {
+    return shared_x && x == shared_x && N == shared_N && I == shared_I;
+  }
+  // x's codes along I: made on first use while shared
+  void rows(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
+    if (!have_rows) fp8_quantize_1x128(sq, ss, x, N, I, false, stream);
+    have_rows = true;
+  }
+  void cols(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
+    if (!have_cols) fp8_quantize_1x128(sqt, sst, x, I, N, true, stream);
+    have_cols = true;
   }
   // Carves regions of the given byte sizes (each 256-byte aligned) out of
   // one buffer that grows to the largest request (synchronising the stream
@@ -333,6 +428,47 @@ Fp8Linear::Fp8Linear() : impl_(std::make_unique<Impl>()) {}
 Fp8Linear::~Fp8Linear() = default;
 Fp8Gemm& Fp8Linear::gemm() { return impl_->gemm; }
 
+void Fp8Linear::share_input(const bf16* x, int64_t N, int64_t I) {
+  Impl& m = *impl_;
+  RT_CHECK(!m.shared_x, "[cuda fp8 linear] share_input while another input is shared");
+  RT_CHECK(x && N > 0 && I > 0, "[cuda fp8 linear] share_input: bad input ", N, " x ", I);
+  const size_t need = fp8_shared_input_bytes(N, I);
+  if (need > m.shared_bytes) {  // queued GEMMs may still read the old buffer
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (m.shared_buf) CUDA_CHECK(cudaFree(m.shared_buf));
+    m.shared_buf = nullptr;
+    CUDA_CHECK(cudaMalloc(&m.shared_buf, need));
+    m.shared_bytes = need;
+  }
+  char* p = static_cast<char*>(m.shared_buf);
+  m.sq = reinterpret_cast<uint8_t*>(p);
+  p += fp8_region(static_cast<size_t>(N * I));
+  m.sqt = reinterpret_cast<uint8_t*>(p);
+  p += fp8_region(static_cast<size_t>(N * I));
+  m.ss = reinterpret_cast<float*>(p);
+  p += fp8_region(static_cast<size_t>(fp8_scales_1x128(N, I)) * 4);
+  m.sst = reinterpret_cast<float*>(p);
+  m.shared_x = x, m.shared_N = N, m.shared_I = I;
+  m.have_rows = m.have_cols = false;
+}
+
+void Fp8Linear::share_weights() {
+  RT_CHECK(!impl_->weights_shared, "[cuda fp8 linear] share_weights while weights are shared");
+  impl_->weights_shared = true;
+  impl_->wnext = 0;
+}
+
+void Fp8Linear::end_share_weights() {
+  impl_->weights_shared = false;
+  for (auto& c : impl_->wcodes) c.w = nullptr;
+  impl_->wnext = 0;
+}
+
+void Fp8Linear::end_share() {
+  impl_->shared_x = nullptr;
+  impl_->have_rows = impl_->have_cols = false;
+}
+
 namespace {
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 size_t u8_bytes(int64_t n) { return static_cast<size_t>(n); }
@@ -345,15 +481,27 @@ void check_linear_shape(const char* what, int64_t N, int64_t I, int64_t O) {
 void Fp8Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int64_t N, int64_t I, int64_t O,
                         cudaStream_t stream) {
   check_linear_shape("fp8 linear_forward", N, I, O);
+  Impl& m = *impl_;
+  const bool shared = m.shares(x, N, I);
+  const Impl::WeightCodes* wc = m.weight_codes(w, O, I, stream);
   void* r[4];
-  impl_->carve({u8_bytes(N * I), f32_bytes(fp8_scales_1x128(N, I)), u8_bytes(O * I), f32_bytes(fp8_scales_128x128(O, I))},
-               r, stream);
+  m.carve({u8_bytes(shared ? 0 : N * I), f32_bytes(shared ? 0 : fp8_scales_1x128(N, I)), u8_bytes(wc ? 0 : O * I),
+           f32_bytes(wc ? 0 : fp8_scales_128x128(O, I))},
+          r, stream);
   auto* qx = static_cast<uint8_t*>(r[0]);
   auto* sx = static_cast<float*>(r[1]);
   auto* qw = static_cast<uint8_t*>(r[2]);
   auto* sw = static_cast<float*>(r[3]);
-  fp8_quantize_1x128(qx, sx, x, N, I, false, stream);
-  fp8_quantize_128x128(qw, sw, nullptr, nullptr, w, O, I, stream);
+  if (shared) {
+    m.rows(x, N, I, stream);
+    qx = m.sq, sx = m.ss;
+  } else {
+    fp8_quantize_1x128(qx, sx, x, N, I, false, stream);
+  }
+  if (wc)
+    qw = wc->q, sw = wc->s;
+  else
+    fp8_quantize_128x128(qw, sw, nullptr, nullptr, w, O, I, stream);
   impl_->gemm.matmul(out, DType::bf16, qx, sx, Fp8Scaling::vec128, qw, sw, Fp8Scaling::blk128x128, N, O, I, 0.f,
                      stream);
   if (bias) {
@@ -366,28 +514,43 @@ void Fp8Linear::backward(bf16* dx, float* dw, float* dbias, const bf16* dout, co
                          int64_t I, int64_t O, cudaStream_t stream) {
   check_linear_shape("fp8 linear_backward", N, I, O);
   if (dx) {  // dx[N, I] = dq(dout)[N, O] @ dq(w^T)[I, O]^T
+    const Impl::WeightCodes* wc = impl_->weight_codes(w, O, I, stream);
+    const int64_t wn = wc ? 0 : O * I;
     void* r[6];
-    impl_->carve({u8_bytes(N * O), f32_bytes(fp8_scales_1x128(N, O)), u8_bytes(O * I),
-                  f32_bytes(fp8_scales_128x128(O, I)), u8_bytes(I * O), f32_bytes(fp8_scales_128x128(I, O))},
-                 r, stream);
+    impl_->carve(
+        {u8_bytes(N * O), f32_bytes(fp8_scales_1x128(N, O)), u8_bytes(wn), f32_bytes(wc ? 0 : fp8_scales_128x128(O, I)),
+         u8_bytes(wn), f32_bytes(wc ? 0 : fp8_scales_128x128(I, O))},
+        r, stream);
     auto* qdy = static_cast<uint8_t*>(r[0]);
     auto* sdy = static_cast<float*>(r[1]);
+    auto* qwt = static_cast<uint8_t*>(r[4]);
+    auto* swt = static_cast<float*>(r[5]);
     fp8_quantize_1x128(qdy, sdy, dout, N, O, false, stream);
-    fp8_quantize_128x128(static_cast<uint8_t*>(r[2]), static_cast<float*>(r[3]), static_cast<uint8_t*>(r[4]),
-                         static_cast<float*>(r[5]), w, O, I, stream);
-    impl_->gemm.matmul(dx, DType::bf16, qdy, sdy, Fp8Scaling::vec128, static_cast<uint8_t*>(r[4]),
-                       static_cast<float*>(r[5]), Fp8Scaling::blk128x128, N, I, O, 0.f, stream);
+    if (wc)
+      qwt = wc->qt, swt = wc->st;
+    else
+      fp8_quantize_128x128(static_cast<uint8_t*>(r[2]), static_cast<float*>(r[3]), qwt, swt, w, O, I, stream);
+    impl_->gemm.matmul(dx, DType::bf16, qdy, sdy, Fp8Scaling::vec128, qwt, swt, Fp8Scaling::blk128x128, N, I, O, 0.f,
+                       stream);
   }
   if (dw) {  // dw[O, I] += dq(dout^T)[O, N] @ dq(x^T)[I, N]^T, both along tokens
+    Impl& m = *impl_;
+    const bool shared = m.shares(x, N, I);
     void* r[4];
-    impl_->carve({u8_bytes(O * N), f32_bytes(fp8_scales_1x128(O, N)), u8_bytes(I * N), f32_bytes(fp8_scales_1x128(I, N))},
-                 r, stream);
+    m.carve({u8_bytes(O * N), f32_bytes(fp8_scales_1x128(O, N)), u8_bytes(shared ? 0 : I * N),
+             f32_bytes(shared ? 0 : fp8_scales_1x128(I, N))},
+            r, stream);
     auto* qdyt = static_cast<uint8_t*>(r[0]);
     auto* sdyt = static_cast<float*>(r[1]);
     auto* qxt = static_cast<uint8_t*>(r[2]);
     auto* sxt = static_cast<float*>(r[3]);
     fp8_quantize_1x128(qdyt, sdyt, dout, O, N, true, stream);
-    fp8_quantize_1x128(qxt, sxt, x, I, N, true, stream);
+    if (shared) {
+      m.cols(x, N, I, stream);
+      qxt = m.sqt, sxt = m.sst;
+    } else {
+      fp8_quantize_1x128(qxt, sxt, x, I, N, true, stream);
+    }
     impl_->gemm.matmul(dw, DType::f32, qdyt, sdyt, Fp8Scaling::vec128, qxt, sxt, Fp8Scaling::vec128, O, I, N, 1.f,
                        stream);
   }

@@ -60,6 +60,20 @@ inline size_t fp8_linear_workspace_bytes(int64_t N, int64_t I, int64_t O) {
   const size_t wgrad = u8(O * N) + f32(fp8_scales_1x128(O, N)) + u8(I * N) + f32(fp8_scales_1x128(I, N));
   return std::max({fwd, dgrad, wgrad});
 }
+// Device bytes of Fp8Linear's shared-input buffers for an [N, I] input: its
+// codes and scales along I and along N.
+inline size_t fp8_shared_input_bytes(int64_t N, int64_t I) {
+  auto u8 = [](int64_t n) { return fp8_region(static_cast<size_t>(n)); };
+  auto f32 = [](int64_t n) { return fp8_region(static_cast<size_t>(n) * 4); };
+  return 2 * u8(N * I) + f32(fp8_scales_1x128(N, I)) + f32(fp8_scales_1x128(I, N));
+}
+// Device bytes Fp8Linear::share_weights holds for an [O, I] weight: its codes,
+// their transpose and both scale arrays.
+inline size_t fp8_shared_weight_bytes(int64_t O, int64_t I) {
+  auto u8 = [](int64_t n) { return fp8_region(static_cast<size_t>(n)); };
+  auto f32 = [](int64_t n) { return fp8_region(static_cast<size_t>(n) * 4); };
+  return 2 * u8(O * I) + f32(fp8_scales_128x128(O, I)) + f32(fp8_scales_128x128(I, O));
+}
 inline constexpr size_t kFp8GemmWorkspace = 32u << 20;
 
 enum class Fp8Scaling { vec128, blk128x128 };
@@ -100,6 +114,25 @@ class Fp8Linear {
   void backward(bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w, int64_t N, int64_t I,
                 int64_t O, cudaStream_t stream);
   Fp8Gemm& gemm();
+
+  // An input read by consecutive projections (q/k/v read xn, gate/up read
+  // hn): between share_input(x, N, I) and end_share() the forward quantizes x
+  // (1x128 along I) once and the weight gradients quantize x^T (along N) once,
+  // on first use, into buffers of their own (fp8_shared_input_bytes). The
+  // codes are those each call would make, so results are bit-identical; the
+  // caller promises that x is not written in between. Not nested.
+  void share_input(const bf16* x, int64_t N, int64_t I);
+  void end_share();
+
+  // Weights used by several micro-batches in a row (layer-major: a layer's
+  // projections for each of its K micro-batches): between share_weights()
+  // and end_share_weights() each weight's 128x128 codes, and their transpose
+  // for the input gradient, are made once on first use and kept in buffers
+  // of their own (fp8_shared_weight_bytes per weight); bit-identical to
+  // quantizing per call. The caller promises the weights are not written in
+  // between. Not nested.
+  void share_weights();
+  void end_share_weights();
 
  private:
   struct Impl;

@@ -117,6 +117,14 @@ void rope_forward(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N,
 // dx = R(-angle) dout, in place.
 void rope_backward(bf16* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
                    cudaStream_t stream);
+// Partial rotary (Phi3), as rt::cpu::rope_forward with rotary_dim: the first
+// rotary_dim dims of each head rotate (inv_freq [rotary_dim/2]), the rest are
+// left as they are; cos and sin are multiplied by scale (LongRoPE's attention
+// factor, 1 elsewhere).
+void rope_forward(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                  int64_t rotary_dim, float scale, cudaStream_t stream);
+void rope_backward(bf16* dx, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t D,
+                   int64_t rotary_dim, float scale, cudaStream_t stream);
 
 // ---- SwiGLU: out = silu(gate) * up over n values ----
 void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream);

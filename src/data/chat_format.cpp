@@ -68,6 +68,19 @@ int32_t special_id(const Tokenizer& tok, const char* name, ChatFormat f) {
   return *id;
 }
 
+// The text of special token id, checked to encode back to that one id (the
+// rendered text goes to the tokenizer as one string).
+std::string special_text(const Tokenizer& tok, int32_t id, ChatFormat f) {
+  const int32_t one[1] = {id};
+  std::string s = tok.decode(one, /*skip_special=*/false);
+  const std::vector<int32_t> back = tok.encode(s, false);
+  if (back.size() != 1 || back[0] != id)
+    fail("[data] chat format ", chat_format_name(f), ": token ", id, " of ", tok.describe(), " decodes to '", s,
+         "', which does not encode back to that token (it is not an added/special token of the tokenizer); pick "
+         "the model's own format with --chat-format or use a model dir with a chat_template");
+  return s;
+}
+
 }  // namespace
 
 ChatTemplate::ChatTemplate(const Tokenizer& tok, ChatFormat format) : tok_(tok), format_(format) {
@@ -81,6 +94,8 @@ ChatTemplate::ChatTemplate(const Tokenizer& tok, ChatFormat format) : tok_(tok),
       header_open_ = special_id(tok, "<|start_header_id|>", format);
       header_close_ = special_id(tok, "<|end_header_id|>", format);
       end_of_turn_ = special_id(tok, "<|eot_id|>", format);
+      header_open_text_ = special_text(tok, header_open_, format);
+      header_close_text_ = special_text(tok, header_close_, format);
       break;
     case ChatFormat::mistral:
       begin_ = tok.bos_id().value_or(-1);
@@ -90,42 +105,31 @@ ChatTemplate::ChatTemplate(const Tokenizer& tok, ChatFormat format) : tok_(tok),
       end_of_turn_ = *tok.eos_id();
       break;
   }
-}
-
-void ChatTemplate::encode_append(std::string_view text, std::vector<int32_t>& ids, std::vector<uint8_t>& trained,
-                                 uint8_t mask) const {
-  if (text.empty()) return;
-  const std::vector<int32_t> e = tok_.encode(text, /*add_special=*/false);
-  ids.insert(ids.end(), e.begin(), e.end());
-  trained.insert(trained.end(), e.size(), mask);
+  if (begin_ >= 0) begin_text_ = special_text(tok, begin_, format);
+  end_of_turn_text_ = special_text(tok, end_of_turn_, format);
 }
 
 // The untrained opening of a turn.
-void ChatTemplate::header_append(ChatRole role, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) const {
+void ChatTemplate::header_append(ChatRole role, std::string& text) const {
   if (format_ == ChatFormat::chatml) {
-    ids.push_back(begin_);
-    trained.push_back(0);
-    encode_append(std::string(chat_role_name(role)) + "\n", ids, trained, 0);
+    text += begin_text_;
+    text += chat_role_name(role);
+    text += '\n';
   } else {  // llama3
-    ids.push_back(header_open_);
-    trained.push_back(0);
-    encode_append(chat_role_name(role), ids, trained, 0);
-    ids.push_back(header_close_);
-    trained.push_back(0);
-    encode_append("\n\n", ids, trained, 0);
+    text += header_open_text_;
+    text += chat_role_name(role);
+    text += header_close_text_;
+    text += "\n\n";
   }
 }
 
-std::string ChatTemplate::render(std::span<const ChatMessage> msgs, std::vector<int32_t>& ids,
-                                 std::vector<uint8_t>& trained) const {
+std::string ChatTemplate::render_text(std::span<const ChatMessage> msgs, ChatExample& ex) const {
+  std::string& text = ex.text;
   if (format_ == ChatFormat::mistral) {
     size_t i = 0;
     std::string system;
     if (!msgs.empty() && msgs[0].role == ChatRole::system) system = msgs[i++].content;
-    if (begin_ >= 0) {
-      ids.push_back(begin_);
-      trained.push_back(0);
-    }
+    text += begin_text_;
     for (size_t k = 0; i < msgs.size(); ++i, ++k) {
       const ChatRole want = k % 2 == 0 ? ChatRole::user : ChatRole::assistant;
       if (msgs[i].role != want)
@@ -134,38 +138,44 @@ std::string ChatTemplate::render(std::span<const ChatMessage> msgs, std::vector<
                    " (a system message only first, then user and assistant alternating)");
       if (want == ChatRole::user) {
         const std::string user = k == 0 && !system.empty() ? system + "\n\n" + msgs[i].content : msgs[i].content;
-        encode_append("[INST] " + user + " [/INST]", ids, trained, 0);
+        text += "[INST] " + user + " [/INST]";
       } else {
-        encode_append(msgs[i].content, ids, trained, 1);
-        ids.push_back(end_of_turn_);
-        trained.push_back(1);
+        const size_t b = text.size();
+        text += msgs[i].content;
+        text += end_of_turn_text_;
+        ex.trained.emplace_back(b, text.size());
       }
     }
     return "";
   }
-  if (format_ == ChatFormat::llama3) {
-    ids.push_back(begin_);
-    trained.push_back(0);
-  }
+  if (format_ == ChatFormat::llama3) text += begin_text_;
   for (const ChatMessage& m : msgs) {
-    const uint8_t mask = m.role == ChatRole::assistant ? 1 : 0;
-    header_append(m.role, ids, trained);
-    encode_append(m.content, ids, trained, mask);
-    ids.push_back(end_of_turn_);
-    trained.push_back(mask);
-    if (format_ == ChatFormat::chatml) encode_append("\n", ids, trained, 0);
+    header_append(m.role, text);
+    const size_t b = text.size();
+    text += m.content;
+    text += end_of_turn_text_;
+    if (m.role == ChatRole::assistant) ex.trained.emplace_back(b, text.size());
+    if (format_ == ChatFormat::chatml) text += '\n';
   }
   return "";
 }
 
+std::string ChatTemplate::render(std::span<const ChatMessage> msgs, std::vector<int32_t>& ids,
+                                 std::vector<uint8_t>& trained) const {
+  ChatExample ex;
+  std::string err = render_text(msgs, ex);
+  if (!err.empty()) return err;
+  chat_example_encode(tok_, ex, ids, trained);
+  return "";
+}
+
 std::vector<int32_t> ChatTemplate::render_prompt(std::string_view user_text) const {
-  std::vector<int32_t> ids;
-  std::vector<uint8_t> trained;
+  ChatExample ex;
   const ChatMessage user{ChatRole::user, std::string(user_text)};
-  const std::string err = render(std::span<const ChatMessage>(&user, 1), ids, trained);
+  const std::string err = render_text(std::span<const ChatMessage>(&user, 1), ex);
   RT_CHECK(err.empty(), "[data] ", err);
-  if (format_ != ChatFormat::mistral) header_append(ChatRole::assistant, ids, trained);
-  return ids;
+  if (format_ != ChatFormat::mistral) header_append(ChatRole::assistant, ex.text);
+  return tok_.encode(ex.text, /*add_special=*/false);
 }
 
 }  // namespace rt

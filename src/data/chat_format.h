@@ -5,11 +5,11 @@
 //                       <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
 //   mistral  ([INST]):  BOS [INST] USER [/INST]ASSISTANT EOS [INST] ... ; a system
 //                       message is put before the first user message + "\n\n".
-// Rendering encodes each segment on its own (special tokens by id, literal
-// text with the tokenizer's encode without its template) and concatenates the
-// ids, so segment boundaries are token boundaries and the mask is exact. The
-// ids can differ from encoding the whole rendered string at a boundary where
-// BPE would have merged across it (docs/finetune_data.md).
+// Rendering writes the conversation as one string (special tokens as their
+// text, checked to encode back to their ids) and tokenizes it in one call;
+// the mask comes from token offsets (data/chat_example.h: a token holding any
+// trained byte is trained), so the ids are those of the whole rendered string,
+// as HF's apply_chat_template gives them.
 // Trained tokens (mask 1): the content of every assistant message and the
 // end-of-turn token that closes it (<|im_end|>, <|eot_id|>, EOS); everything
 // else (system, user, role headers, the "\n" after <|im_end|>) has mask 0.
@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "data/chat_example.h"
 #include "model/spec.h"
 #include "tokenizer/tokenizer.h"
 
@@ -58,6 +59,9 @@ class ChatTemplate {
   // rendered in this format (mistral: system only first, then user and
   // assistant alternating, starting with user).
   std::string render(std::span<const ChatMessage> msgs, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) const;
+  // The rendered text and its trained byte ranges (appended to ex); "" or
+  // why the conversation cannot be rendered, as render().
+  std::string render_text(std::span<const ChatMessage> msgs, ChatExample& ex) const;
   // A generation prompt: user_text as the only user turn, then the opening of
   // the assistant turn (ChatML: "<|im_start|>assistant\n").
   std::vector<int32_t> render_prompt(std::string_view user_text) const;
@@ -66,15 +70,14 @@ class ChatTemplate {
   ChatFormat format() const { return format_; }
 
  private:
-  void encode_append(std::string_view text, std::vector<int32_t>& ids, std::vector<uint8_t>& trained,
-                     uint8_t mask) const;
-  void header_append(ChatRole role, std::vector<int32_t>& ids, std::vector<uint8_t>& trained) const;
+  void header_append(ChatRole role, std::string& text) const;
 
   const Tokenizer& tok_;
   ChatFormat format_;
   int32_t begin_ = -1;  // chatml <|im_start|>, llama3 <|begin_of_text|>, mistral BOS (-1: none)
   int32_t header_open_ = -1, header_close_ = -1;  // llama3 <|start_header_id|>, <|end_header_id|>
   int32_t end_of_turn_ = -1;
+  std::string begin_text_, header_open_text_, header_close_text_, end_of_turn_text_;  // their token texts
 };
 
 }  // namespace rt

@@ -12,9 +12,12 @@
 //                chat_template when it has one (any roles, tool_calls,
 //                "tools"), else by ChatTemplate (data/chat_format.h: system,
 //                user, assistant); loss only on assistant turns and their
-//                end-of-turn tokens
+//                end-of-turn tokens; the rendering is one tokenizer call, the
+//                mask from token offsets (data/chat_example.h)
 //   {"conversations": [{"from": f, "value": v}, ...]}: ShareGPT, as messages
-//   {"prompt": p, "completion": c}: prompt untrained, completion + EOS trained
+//   {"prompt": p, "completion": c}: prompt untrained, completion + EOS trained;
+//                p + c is one tokenizer call, a token holding bytes of both
+//                is trained (data/chat_example.h)
 // An example of L tokens gives L-1 predictions: inputs ids[0, L-1), targets
 // ids[1, L) where trained, ignore_target elsewhere; positions 0..L-2.
 // Truncation (examples longer than T+1 tokens): keep_start keeps ids[0, T+1);

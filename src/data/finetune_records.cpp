@@ -218,10 +218,11 @@ void ExampleEncoder::encode_chat(const RecordPiece& p, const nlohmann::ordered_j
   if (!with_masks_) out.trained.clear();
 }
 
-// Renders with the model's template; each example's text is encoded in
-// segments at the trained-span boundaries (special-token strings become their
-// ids, as apply_chat_template(tokenize=True) does). Examples after the first
-// start with flag bit 1 set (example_start), which FinetuneDataset splits on.
+// Renders with the model's template; each example's text is encoded in one
+// tokenizer call and masked by token offsets (data/chat_example.h), as
+// apply_chat_template(tokenize=True, return_assistant_tokens_mask=True) does.
+// Examples after the first start with flag bit 1 set (example_start), which
+// FinetuneDataset splits on.
 void ExampleEncoder::encode_hf(const RecordPiece& p, const nlohmann::ordered_json& msgs,
                                const nlohmann::ordered_json& tools, EncodedPiece& out) const {
   std::vector<ChatExample> examples;
@@ -232,15 +233,8 @@ void ExampleEncoder::encode_hf(const RecordPiece& p, const nlohmann::ordered_jso
     return;
   }
   for (size_t k = 0; k < examples.size(); ++k) {
-    const ChatExample& ex = examples[k];
     const size_t first = out.ids.size();
-    size_t pos = 0;
-    for (const auto& [b, e] : ex.trained) {
-      append_text(std::string_view(ex.text).substr(pos, b - pos), 0, out);
-      append_text(std::string_view(ex.text).substr(b, e - b), 1, out);
-      pos = e;
-    }
-    append_text(std::string_view(ex.text).substr(pos), 0, out);
+    chat_example_encode(tok_, examples[k], out.ids, out.trained);
     if (k > 0 && out.ids.size() > first) out.trained[first] |= example_start;
   }
   if (!with_masks_) out.trained.clear();
@@ -277,11 +271,16 @@ void ExampleEncoder::encode(const RecordPiece& p, EncodedPiece& out) const {
                       "keep its loss mask; give the .jsonl to `ramtrain train --data` instead"));
       return;
     }
-    // prefix (e.g. BOS) + prompt untrained, completion + suffix + EOS trained
+    // prefix (e.g. BOS) + prompt untrained, completion + suffix + EOS trained;
+    // prompt + completion is one tokenizer call, masked by token offsets
+    // (a token straddling the two is trained: data/chat_example.h)
     out.ids = prefix_;
     out.trained.assign(prefix_.size(), 0);
-    append_text(prompt, 0, out);
-    append_text(completion, 1, out);
+    if (!completion.empty())
+      chat_example_encode(tok_, ChatExample{prompt + completion, {{prompt.size(), prompt.size() + completion.size()}}},
+                          out.ids, out.trained);
+    else
+      append_text(prompt, 0, out);
     for (int32_t id : suffix_) {
       out.ids.push_back(id);
       out.trained.push_back(1);

@@ -1,5 +1,6 @@
 #include "data/hf_chat_template.h"
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -81,6 +82,23 @@ std::optional<HfChatTemplate> hf_chat_template_find(const std::string& model_dir
   return std::nullopt;
 }
 
+void hf_chat_vars_assign(const std::vector<std::string>& words, jinja::Object& vars, const std::string& option) {
+  for (const std::string& w : words) {
+    const size_t eq = w.find('=');
+    const std::string name = w.substr(0, eq);
+    bool ident = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+    for (char c : name) ident = ident && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (eq == std::string::npos || !ident)
+      fail("[data] ", option, " '", w, "': give NAME=VALUE with NAME a template variable name (e.g. ", option,
+           " reasoning_effort=high enable_thinking=false)");
+    if (name == "messages" || name == "tools" || name == "documents" || name == "add_generation_prompt")
+      fail("[data] ", option, " '", w, "': ", name, " is set from the data itself; pick another variable");
+    const std::string value = w.substr(eq + 1);
+    const auto j = nlohmann::ordered_json::parse(value, nullptr, /*allow_exceptions=*/false);
+    vars.set(name, j.is_discarded() ? jinja::Value::string(value) : jinja::Value::from_json(j));
+  }
+}
+
 jinja::Object hf_chat_vars(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                            bool add_generation_prompt, const jinja::Object& specials,
                            const nlohmann::ordered_json& extra) {
@@ -144,6 +162,20 @@ std::vector<ChatExample> hf_chat_examples(const jinja::Template& tpl, const nloh
       const std::string q0 = render_with(k + 1, false, &empty);
       size_t b = 0;
       while (b < q.size() && b < q0.size() && q[b] == q0[b]) ++b;
+      // The two may agree past the turn's opening (gpt-oss: both continue
+      // "<|channel|>", then analysis vs final): back up to just after the
+      // generation prompt's text (P_k minus the rendering without it), when
+      // the template has one and it occurs before b.
+      std::string gen;
+      try {
+        const std::string p0 = render(k, false);
+        if (p.compare(0, p0.size(), p0) == 0) gen = p.substr(p0.size());
+      } catch (const Error&) {
+      }
+      if (!gen.empty() && b >= gen.size()) {
+        const size_t at = q.rfind(gen, b - gen.size());
+        if (at != std::string::npos) b = at + gen.size();
+      }
       p = q.substr(0, b);
     }
     size_t end = q.size();

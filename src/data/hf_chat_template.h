@@ -22,7 +22,11 @@
 // token. When Q_k does not start with P_k (Mistral-Nemo moves the system
 // message into the last user message), the turn starts instead at the first
 // byte where Q_k differs from the rendering with turn k replaced by an empty
-// assistant message. For one example per
+// assistant message, backed up to just after the last occurrence of the
+// generation prompt's text (P_k minus the rendering of messages[0..k)
+// without it, e.g. gpt-oss's "<|start|>assistant") before that byte, when
+// there is one (gpt-oss drops an earlier tool call's reasoning once a final
+// answer follows, and both renderings continue with "<|channel|>"). For one example per
 // conversation, every Q_k to be a prefix of the full rendering ("prefix
 // stable"). Templates that re-render earlier turns differently once later
 // turns follow (Qwen3 drops the reasoning of turns before the last user
@@ -36,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/chat_example.h"
 #include "data/jinja_template.h"
 
 namespace rt {
@@ -50,18 +55,19 @@ struct HfChatTemplate {
 // naming the file when a file is there but unreadable or malformed.
 std::optional<HfChatTemplate> hf_chat_template_find(const std::string& model_dir);
 
+// Template variables given as NAME=VALUE words (e.g. reasoning_effort=high,
+// enable_thinking=false), added to vars: VALUE is read as JSON when it is
+// JSON (true, 3, "x", [1]), else taken as a string. Throws "[data] ..."
+// naming option for a word without '=', an empty or non-identifier NAME, or
+// a NAME apply_chat_template sets itself (messages, tools, documents,
+// add_generation_prompt).
+void hf_chat_vars_assign(const std::vector<std::string>& words, jinja::Object& vars, const std::string& option);
+
 // The variables apply_chat_template passes (see above). messages: a JSON
 // array of message objects; tools: a JSON array or null.
 jinja::Object hf_chat_vars(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                            bool add_generation_prompt, const jinja::Object& specials,
                            const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
-
-// One example of a rendered conversation: the text and its trained byte
-// ranges [begin, end).
-struct ChatExample {
-  std::string text;
-  std::vector<std::pair<size_t, size_t>> trained;
-};
 
 // The examples of one conversation under the loss-mask rule above (one when
 // the template is prefix stable). Throws rt::Error "[template] ..." when the

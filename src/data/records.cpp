@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -37,11 +39,48 @@ BadRecordPolicy bad_record_policy_parse(const std::string& s) {
   fail("[data] unknown bad-lines policy '", s, "': use abort (stop at the first bad record) or skip (skip and count)");
 }
 
+namespace {
+
+std::mutex g_streams_mutex;
+std::map<std::string, RecordPull>& streams() {
+  static std::map<std::string, RecordPull> m;
+  return m;
+}
+
+// The pull of a registered stream (an empty function when there is none).
+RecordPull stream_pull(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  auto it = streams().find(name);
+  return it == streams().end() ? RecordPull() : it->second;
+}
+
+}  // namespace
+
+std::string record_stream_add(const std::string& label, RecordPull pull) {
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  std::string name = cat("<python:", label, ">");
+  for (int k = 2; streams().count(name); ++k) name = cat("<python:", label, "#", k, ">");
+  streams()[name] = std::move(pull);
+  return name;
+}
+
+void record_stream_remove(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  streams().erase(name);
+}
+
+bool is_record_stream(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  return streams().count(path) > 0;
+}
+
 bool path_is_json_array(const std::string& path, DataFormat f) {
+  if (is_record_stream(path)) return false;
   return f == DataFormat::auto_detect && path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
 }
 
 bool path_is_jsonl(const std::string& path, DataFormat f) {
+  if (is_record_stream(path)) return true;  // records, whatever --data-format says
   if (f != DataFormat::auto_detect) return f == DataFormat::jsonl;
   return path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
 }
@@ -98,7 +137,7 @@ class PieceScanner {
         emit(p);
         return true;
       }
-      if (!map_) {
+      if (!open_) {
         if (fi_ == files_.size()) return false;
         open(fi_);
         if (!jsonl_ && opt_.text_split == TextSplit::file) {
@@ -112,7 +151,7 @@ class PieceScanner {
         continue;
       }
       if (pos_ >= size_) {
-        close();
+        if (!(pull_ && next_chunk())) close();
         continue;
       }
       if (json_array_) {
@@ -162,12 +201,41 @@ class PieceScanner {
   }
 
   // Bytes of the input behind the last piece handed out.
-  uint64_t bytes_done() const { return done_bytes_ + (map_ ? (rec_active_ ? cut_ : pos_) : 0); }
-  void release_retired() { retired_.clear(); }
+  uint64_t bytes_done() const { return done_bytes_ + base_ + (open_ ? (rec_active_ ? cut_ : pos_) : 0); }
+  void release_retired() {
+    retired_.clear();
+    retired_chunks_.clear();
+  }
 
  private:
+  // A record stream's next chunk in place of the current one (false: the stream is done).
+  bool next_chunk() {
+    auto chunk = std::make_shared<std::string>();
+    while (chunk->empty())
+      if (!pull_(*chunk)) return false;
+    RT_CHECK(chunk->back() == '\n', "[data] ", files_[fi_], ": internal: a chunk of records must end with a line break");
+    base_ += size_;
+    if (chunk_) retired_chunks_.push_back(std::move(chunk_));
+    chunk_ = std::move(chunk);
+    data_ = reinterpret_cast<const uint8_t*>(chunk_->data());
+    size_ = chunk_->size();
+    pos_ = 0;
+    st_.bytes += size_;
+    return true;
+  }
+
   void open(size_t i) {
     const std::string& path = files_[i];
+    open_ = true;
+    base_ = 0;
+    if ((pull_ = stream_pull(path))) {  // a record stream: jsonl, in chunks
+      json_array_ = false;
+      jsonl_ = true;
+      data_ = nullptr;
+      size_ = pos_ = 0;
+      line_ = 1;
+      return;
+    }
     if (is_directory(path)) fail("[data] ", path, ": is a directory; give files (or directories to `train --data`)");
     require_regular_file(path, "[data]");
     map_ = std::make_shared<MappedFile>(path);
@@ -249,9 +317,14 @@ class PieceScanner {
   }
 
   void close() {
-    done_bytes_ += size_;
-    retired_.push_back(std::move(map_));
+    done_bytes_ += base_ + size_;
+    base_ = 0;
+    if (map_) retired_.push_back(std::move(map_));
+    if (chunk_) retired_chunks_.push_back(std::move(chunk_));
     map_.reset();
+    chunk_.reset();
+    pull_ = nullptr;
+    open_ = false;
     ++fi_;
   }
 
@@ -281,7 +354,7 @@ class PieceScanner {
     }
     p.path = &files_[fi_];
     p.bytes = std::string_view(reinterpret_cast<const char*>(data_ + cut_), end - cut_);
-    p.file_offset = cut_;
+    p.file_offset = base_ + cut_;
     p.line = cut_line_;
     p.jsonl = jsonl_;
     p.first = rec_first_;
@@ -298,6 +371,11 @@ class PieceScanner {
   size_t fi_ = 0;
   std::shared_ptr<MappedFile> map_;
   std::vector<std::shared_ptr<MappedFile>> retired_;
+  bool open_ = false;
+  RecordPull pull_;                                     // a record stream's (else empty)
+  std::shared_ptr<std::string> chunk_;                  // its current chunk
+  std::vector<std::shared_ptr<std::string>> retired_chunks_;
+  uint64_t base_ = 0;                                   // stream offset of the current chunk
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0, pos_ = 0, line_ = 1, done_bytes_ = 0;
   bool jsonl_ = false;
@@ -377,6 +455,7 @@ RecordStats records_for_each(const std::vector<std::string>& files, const Record
   st.files = files.size();
   uint64_t total = 0;
   for (const std::string& f : files) {
+    if (is_record_stream(f)) continue;  // its size is unknown until it is read
     if (is_directory(f)) fail("[data] ", f, ": is a directory; give files (or directories to `train --data`)");
     require_regular_file(f, "[data]");
     total += file_size(f);

@@ -52,6 +52,19 @@ bool path_is_jsonl(const std::string& path, DataFormat f);
 // A .json file that is not an array is an error, never read as text.
 bool path_is_json_array(const std::string& path, DataFormat f);
 
+// Record streams: .jsonl records handed over in chunks by the caller (the
+// Python module's data= from a list of dicts, a DataFrame, an Arrow table or
+// a HF dataset) instead of read from a file. A stream has a path-like name,
+// "<python:LABEL>", that stands where a file path would and is read as a
+// .jsonl file (whatever the format option says), once, in order: each pull
+// fills chunk with one or more whole lines, each ending in '\n' (one record
+// per line), and returns false at the end. Its line numbers count records
+// from 1. A pull may throw rt::Error (the source failed).
+using RecordPull = std::function<bool(std::string& chunk)>;
+std::string record_stream_add(const std::string& label, RecordPull pull);  // returns the name
+void record_stream_remove(const std::string& name);
+bool is_record_stream(const std::string& path);
+
 struct RecordOptions {
   DataFormat format = DataFormat::auto_detect;
   TextSplit text_split = TextSplit::blank_lines;

@@ -33,7 +33,14 @@ double unix_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+MetricsSink& metrics_sink() {
+  static MetricsSink sink;
+  return sink;
+}
+
 }  // namespace
+
+void set_metrics_sink(MetricsSink sink) { metrics_sink() = std::move(sink); }
 
 uint64_t host_rss_bytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");
@@ -76,10 +83,16 @@ double RunLogger::elapsed() const {
 }
 
 void RunLogger::write_record(const std::string& body) {
-  if (!metrics_ || metrics_failed_) return;
+  const bool to_file = metrics_ && !metrics_failed_;
+  if (!to_file && !metrics_sink()) return;
   char t[96];
   std::snprintf(t, sizeof t, ", \"time\": %.3f, \"elapsed\": %.3f}\n", unix_seconds(), elapsed());
   const std::string line = "{" + body + t;
+  if (to_file) write_line(line);
+  if (metrics_sink()) metrics_sink()(line.substr(0, line.size() - 1));
+}
+
+void RunLogger::write_line(const std::string& line) {
   errno = 0;
   const bool ok = std::fwrite(line.data(), 1, line.size(), metrics_) == line.size() && std::fflush(metrics_) == 0;
   if (ok) return;

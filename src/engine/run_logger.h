@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,7 @@ class RunLogger {
 
  private:
   void write_record(const std::string& json_object_body);
+  void write_line(const std::string& line);
   std::string path_;
   FILE* metrics_ = nullptr;
   bool metrics_failed_ = false;
@@ -65,6 +67,13 @@ class RunLogger {
   double tokens_since_log_ = 0, secs_since_log_ = 0;
   std::chrono::steady_clock::time_point t0_;
 };
+
+// A second destination for every metrics record (the Python module's
+// callbacks): the record's JSON object exactly as the metrics file gets it,
+// without the newline, also when there is no metrics file. Called on the
+// training thread, after the file's write. An empty function: none.
+using MetricsSink = std::function<void(const std::string& json_object)>;
+void set_metrics_sink(MetricsSink sink);
 
 // Resident set size of this process in bytes (/proc/self/statm; 0 when unknown).
 uint64_t host_rss_bytes();

@@ -103,6 +103,11 @@ void install_stop_handler() {
   std::signal(SIGTERM, signal_handler);
 }
 
+void reset_stop_request() {
+  Trainer::stop_flag().store(false);
+  g_stop_signal.store(0);
+}
+
 Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, std::unique_ptr<Backend> backend)
     : state_(state), data_(data), opt_(opt), backend_(std::move(backend)) {
   RT_CHECK(opt_.micro_batch >= 1, "[train] --micro-batch must be >= 1");

@@ -157,5 +157,8 @@ LrSchedule make_lr_schedule(const std::string& kind, double peak, int64_t warmup
 // step boundary (and save), and sampling at the next token
 // (SampleOptions::stop = &Trainer::stop_flag()); a second signal exits at once.
 void install_stop_handler();
+// Forgets a stop asked for earlier (stop_flag and stop_signal), so that a
+// process that runs several commands (the Python module) starts each afresh.
+void reset_stop_request();
 
 }  // namespace rt

@@ -429,7 +429,19 @@ WritePlan write_plan(const std::string& path, const std::vector<TensorWrite>& te
     int64_t numel, nb;
     if (!shape_numel(t.shape, &numel) || __builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(t.dtype)), &nb))
       fail("[safetensors] writing ", path, ": tensor '", t.name, "' shape overflows int64");
-    if (numel > 0 && !t.data) fail("[safetensors] writing ", path, ": tensor '", t.name, "' has no data");
+    if (!t.runs.empty()) {
+      int64_t sum = 0;
+      for (const auto& r : t.runs) {
+        if (r.numel < 0 || (r.numel > 0 && !r.data))
+          fail("[safetensors] writing ", path, ": tensor '", t.name, "' has a run without data");
+        sum += r.numel;
+      }
+      if (sum != numel)
+        fail("[safetensors] writing ", path, ": tensor '", t.name, "' runs hold ", sum, " elements, its shape ",
+             numel);
+    } else if (numel > 0 && !t.data) {
+      fail("[safetensors] writing ", path, ": tensor '", t.name, "' has no data");
+    }
     if (__builtin_add_overflow(plan.total, static_cast<uint64_t>(nb), &plan.total))
       fail("[safetensors] writing ", path, ": total size overflows");
     plan.numel.push_back(numel);
@@ -465,32 +477,47 @@ void write_file(const std::string& path, const std::vector<TensorWrite>& tensors
   std::vector<uint16_t> buf;
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorWrite& t = tensors[k];
-    const int64_t numel = plan.numel[k];
-    if (numel == 0) continue;
-    if (t.dtype == DType::f32) {
-      out.write(t.data, static_cast<size_t>(numel) * 4);
-      continue;
-    }
-    buf.resize(static_cast<size_t>(std::min(numel, kWriteChunk)));
-    const bool bf = t.dtype == DType::bf16;
-    for (int64_t c = 0; c < numel; c += kWriteChunk) {
-      const int64_t len = std::min(kWriteChunk, numel - c);
-      const float* src = t.data + c;
-      uint16_t* dst = buf.data();
-      auto convert = [src, dst, bf](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = bf ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
-      };
-      if (len <= kConvertGrain)
-        convert(0, len);
-      else
-        parallel_for(len, kConvertGrain, convert);
-      out.write(dst, static_cast<size_t>(len) * 2);
+    if (plan.numel[k] == 0) continue;
+    std::vector<TensorWrite::Run> runs = t.runs;
+    if (runs.empty()) runs.push_back({t.data, plan.numel[k]});
+    for (const TensorWrite::Run& run : runs) {
+      const int64_t numel = run.numel;
+      if (numel == 0) continue;
+      if (t.dtype == DType::f32) {
+        out.write(run.data, static_cast<size_t>(numel) * 4);
+        continue;
+      }
+      buf.resize(std::max(buf.size(), static_cast<size_t>(std::min(numel, kWriteChunk))));
+      const bool bf = t.dtype == DType::bf16;
+      for (int64_t c = 0; c < numel; c += kWriteChunk) {
+        const int64_t len = std::min(kWriteChunk, numel - c);
+        const float* src = run.data + c;
+        uint16_t* dst = buf.data();
+        auto convert = [src, dst, bf](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) dst[i] = bf ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+        };
+        if (len <= kConvertGrain)
+          convert(0, len);
+        else
+          parallel_for(len, kConvertGrain, convert);
+        out.write(dst, static_cast<size_t>(len) * 2);
+      }
     }
   }
   out.commit();
 }
 
 }  // namespace
+
+std::vector<float> tensor_write_gather(const TensorWrite& t, int64_t numel) {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(numel));
+  if (t.runs.empty()) return std::vector<float>(t.data, t.data + numel);
+  for (const auto& r : t.runs) out.insert(out.end(), r.data, r.data + r.numel);
+  RT_CHECK(static_cast<int64_t>(out.size()) == numel, "[safetensors] tensor '", t.name, "' runs hold ", out.size(),
+           " elements, expected ", numel);
+  return out;
+}
 
 void safetensors_write(const std::string& path, const std::vector<TensorWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {

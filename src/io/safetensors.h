@@ -69,7 +69,16 @@ struct TensorWrite {
   std::vector<int64_t> shape;
   const float* data;  // fp32 source; converted to `dtype` while writing
   DType dtype = DType::f32;
+  // When non-empty, the tensor is these runs end to end instead of `data`
+  // (a fused tensor written from separate weights, without a copy).
+  struct Run {
+    const float* data;
+    int64_t numel;
+  };
+  std::vector<Run> runs{};
 };
+// A TensorWrite's elements in order (its data, or its runs gathered).
+std::vector<float> tensor_write_gather(const TensorWrite& t, int64_t numel);
 
 // Writes one .safetensors file atomically (tmp, fsync, rename). Tensors are
 // stored in the given order, 8-byte aligned header as the format requires.

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -38,15 +39,80 @@ void check_finite(const TensorInfo& t, const float* x, int64_t n) {
          "): the weights are damaged; download or export them again");
 }
 
+// Where a weight lies in the fused tensor that holds it (weight_map.h):
+// the fused tensor and the element offset of the weight's rows.
+struct FusedPart {
+  const FusedTensor* fused;
+  int64_t offset;
+};
+std::map<std::string, FusedPart> fused_parts(const ModelSpec& spec, const std::vector<FusedTensor>& fused) {
+  std::map<std::string, int64_t> numel;
+  for (const WeightEntry& e : weight_map(spec)) numel[e.name] = e.numel();
+  std::map<std::string, FusedPart> out;
+  for (const FusedTensor& f : fused) {
+    int64_t off = 0;
+    for (const std::string& part : f.parts) {
+      out[part] = {&f, off};
+      off += numel.at(part);
+    }
+  }
+  return out;
+}
+
+// Writes with each fused group's parts replaced by one write of the fused
+// tensor, its runs pointing at the parts (no copy).
+std::vector<TensorWrite> fuse_writes(const ModelSpec& spec, std::vector<TensorWrite> writes) {
+  const std::vector<FusedTensor> fused = fused_tensors(spec);
+  if (fused.empty()) return writes;
+  const std::map<std::string, FusedPart> parts = fused_parts(spec, fused);
+  std::map<std::string, const TensorWrite*> by_name;
+  for (const TensorWrite& w : writes) by_name[w.name] = &w;
+  std::vector<TensorWrite> out;
+  for (const TensorWrite& w : writes) {
+    auto it = parts.find(w.name);
+    if (it == parts.end()) {
+      out.push_back(w);
+      continue;
+    }
+    const FusedTensor& f = *it->second.fused;
+    if (f.parts.front() != w.name) continue;  // written with the group's first part
+    TensorWrite fw{f.name, f.shape, nullptr, w.dtype, {}};
+    for (const std::string& part : f.parts) {
+      const TensorWrite* pw = by_name.at(part);
+      int64_t n = 1;
+      for (int64_t d : pw->shape) n *= d;
+      fw.runs.push_back({pw->data, n});
+    }
+    out.push_back(std::move(fw));
+  }
+  return out;
+}
+
 }  // namespace
 
 void load_state(HostState& state, const SafetensorsModel& model) {
   load_state_check(state.spec(), model);
   std::vector<float> scratch;  // split master storage: each tensor is encoded from fp32
+  const std::vector<FusedTensor> fused = fused_tensors(state.spec());
+  const std::map<std::string, FusedPart> parts = fused_parts(state.spec(), fused);
+  std::vector<float> fused_buf;  // the fused tensor last read, whole
+  const FusedTensor* fused_in_buf = nullptr;
   for (auto& u : state.units())
     for (size_t k = 0; k < u.entries.size(); ++k) {
-      const TensorInfo& t = model.get(u.entries[k].name);
       const int64_t n = u.entries[k].numel();
+      if (auto it = parts.find(u.entries[k].name); it != parts.end()) {  // rows of a fused tensor
+        const FusedPart& fp = it->second;
+        const TensorInfo& t = model.get(fp.fused->name);
+        if (fused_in_buf != fp.fused) {
+          fused_buf.resize(static_cast<size_t>(t.numel()));
+          tensor_to_f32(t, fused_buf.data());
+          check_finite(t, fused_buf.data(), t.numel());
+          fused_in_buf = fp.fused;
+        }
+        u.write_master(u.offsets[k], n, fused_buf.data() + fp.offset);
+        continue;
+      }
+      const TensorInfo& t = model.get(u.entries[k].name);
       if (!u.shadow_master()) {
         tensor_to_f32(t, u.master() + u.offsets[k]);
         check_finite(t, u.master() + u.offsets[k], n);
@@ -65,7 +131,7 @@ std::vector<TensorWrite> master_tensors(const HostState& state, DType dtype) {
   for (auto& u : state.units())
     for (size_t k = 0; k < u.entries.size(); ++k)
       out.push_back({u.entries[k].name, u.entries[k].shape, state.master_view(u.entries[k].name), dtype});
-  return out;
+  return fuse_writes(state.spec(), std::move(out));
 }
 
 std::vector<TensorWrite> grad_tensors(const HostState& state) {
@@ -74,7 +140,7 @@ std::vector<TensorWrite> grad_tensors(const HostState& state) {
   for (auto& u : state.units())
     for (size_t k = 0; k < u.entries.size(); ++k)
       out.push_back({u.entries[k].name, u.entries[k].shape, u.grad.p + u.offsets[k], DType::f32});
-  return out;
+  return fuse_writes(state.spec(), std::move(out));
 }
 
 }  // namespace rt

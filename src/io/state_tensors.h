@@ -15,6 +15,9 @@ void load_state(HostState& state, const SafetensorsModel& model);
 // The same check of names and shapes against spec alone, from the files'
 // headers: call it before allocating a HostState for them.
 void load_state_check(const ModelSpec& spec, const SafetensorsModel& model);
+// Tensors a checkpoint stores fused (Phi3's qkv_proj, gate_up_proj; see
+// model/weight_map.h fused_tensors) are split by rows on load and written
+// fused again by master_tensors and grad_tensors (runs over the parts).
 // fp32 master weights as tensors to write, stored as dtype (split master
 // storage: views of the state's decoded copy, host_state.h decode_all).
 std::vector<TensorWrite> master_tensors(const HostState& state, DType dtype);

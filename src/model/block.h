@@ -469,21 +469,24 @@ void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeigh
   const bool post = s.post_norms;  // OLMo2: q/k/v read x itself
   const typename Ops::act_t* xn = post ? x : t.xn.data();
   if (!post) ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
-  if (s.qk_norm) {
-    ops.linear_forward(t.q_raw.data(), xn, w.q_proj, w.q_bias, N, C, QD);
-    ops.linear_forward(t.k_raw.data(), xn, w.k_proj, w.k_bias, N, C, KD);
-    if (s.qk_norm_whole) {
-      ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N, QD, eps);
-      ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N, KD, eps);
+  {
+    [[maybe_unused]] const auto shared = ops.share_input(xn, N, C);  // q, k, v read xn (FP8: quantized once)
+    if (s.qk_norm) {
+      ops.linear_forward(t.q_raw.data(), xn, w.q_proj, w.q_bias, N, C, QD);
+      ops.linear_forward(t.k_raw.data(), xn, w.k_proj, w.k_bias, N, C, KD);
+      if (s.qk_norm_whole) {
+        ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N, QD, eps);
+        ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N, KD, eps);
+      } else {
+        ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N * H, D, eps);
+        ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N * G, D, eps);
+      }
     } else {
-      ops.rms_norm_forward(t.q.data(), t.rstd_q.data(), t.q_raw.data(), w.q_norm, N * H, D, eps);
-      ops.rms_norm_forward(t.k.data(), t.rstd_k.data(), t.k_raw.data(), w.k_norm, N * G, D, eps);
+      ops.linear_forward(t.q.data(), xn, w.q_proj, w.q_bias, N, C, QD);
+      ops.linear_forward(t.k.data(), xn, w.k_proj, w.k_bias, N, C, KD);
     }
-  } else {
-    ops.linear_forward(t.q.data(), xn, w.q_proj, w.q_bias, N, C, QD);
-    ops.linear_forward(t.k.data(), xn, w.k_proj, w.k_bias, N, C, KD);
+    ops.linear_forward(t.v.data(), xn, w.v_proj, w.v_bias, N, C, KD);
   }
-  ops.linear_forward(t.v.data(), xn, w.v_proj, w.v_bias, N, C, KD);
   const bool local_rope = s.layer_rope_local(w.layer);  // Gemma 3's local layers
   if (s.layer_uses_rope(w.layer)) {
     ops.rope_forward(t.q.data(), pos, N, H, D, local_rope);
@@ -551,8 +554,11 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t n = std::min(R, N - r0);
     const auto* hn = mlp_in + r0 * C;
-    ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
-    ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
+    {
+      [[maybe_unused]] const auto shared = ops.share_input(hn, n, C);  // gate and up read hn (FP8: quantized once)
+      ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
+      ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
+    }
     glu_forward(ops, s, t.a.data(), t.g.data(), t.u.data(), n * F);
     if (post || sandwich) {
       ops.linear_forward(t.mlp_out.data() + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
@@ -672,6 +678,8 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   for (int64_t r0 = 0; r0 < N && !s.is_moe(); r0 += R) {
     const int64_t n = std::min(R, N - r0);
     const auto* hn = mlp_in + r0 * C;
+    // gate and up read hn (FP8: quantized once, both ways)
+    [[maybe_unused]] const auto shared = ops.share_input(hn, n, C);
     if (dm.mlp_chunked()) {
       ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
       ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
@@ -723,11 +731,14 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     dk = d.d_tmp_k.data();
   }
   const auto* xn = post ? x : t.xn.data();  // the q/k/v projections' input
-  ops.linear_backward(d.d_xn.data(), gr.q_proj, gr.q_bias, dq, xn, w.q_proj, N, C, QD);
-  ops.linear_backward(d.d_tmp.data(), gr.k_proj, gr.k_bias, dk, xn, w.k_proj, N, C, KD);
-  ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
-  ops.linear_backward(d.d_tmp.data(), gr.v_proj, gr.v_bias, d.d_v.data(), xn, w.v_proj, N, C, KD);
-  ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
+  {
+    [[maybe_unused]] const auto shared = ops.share_input(xn, N, C);  // q, k, v read xn (FP8: x^T quantized once)
+    ops.linear_backward(d.d_xn.data(), gr.q_proj, gr.q_bias, dq, xn, w.q_proj, N, C, QD);
+    ops.linear_backward(d.d_tmp.data(), gr.k_proj, gr.k_bias, dk, xn, w.k_proj, N, C, KD);
+    ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
+    ops.linear_backward(d.d_tmp.data(), gr.v_proj, gr.v_bias, d.d_v.data(), xn, w.v_proj, N, C, KD);
+    ops.add_inplace(d.d_xn.data(), d.d_tmp.data(), N * C);
+  }
   if (post) {  // dx = dh + d_xn
     ops.add_inplace(d.d_xn.data(), d.d_h.data(), N * C);
     ops.copy(dx, d.d_xn.data(), N * C);

@@ -24,6 +24,7 @@
 #include "core/fs.h"
 #include "core/quote.h"
 #include "model/spec_gemma.h"
+#include "model/spec_phi.h"
 
 namespace rt {
 
@@ -52,6 +53,7 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::gemma, "GemmaForCausalLM", "gemma"},
     {Family::gemma2, "Gemma2ForCausalLM", "gemma2"},
     {Family::gemma3, "Gemma3ForCausalLM", "gemma3_text"},
+    {Family::phi3, "Phi3ForCausalLM", "phi3"},
 };
 
 const FamilyInfo& family_info(Family f) {
@@ -196,6 +198,8 @@ FamilyDefaults family_defaults(Family f) {
       return {8192, 4, 2, {1}, 1e-6};
     case Family::gemma3:
       return {131072, 4, 2, {1}, 1e-6, 1e6};
+    case Family::phi3:  // Phi3Config (pad_token_id 32000: spec_phi.cpp)
+      return {4096, -1, 1, {32000}, 1e-5};
   }
   return {2048, -1, -1, {}};
 }
@@ -411,6 +415,9 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
       f.get_bool("attention_bias", false))
     unsupported.push_back(cat("attention_bias true is not supported for ", s.architecture, "; supported: false"));
 
+  // Phi3: RoPE (partial, LongRoPE), window and the rest in spec_phi.cpp
+  if (s.family == Family::phi3) return spec_phi3_finish(j, source, std::move(s), std::move(unsupported));
+
   // ---- RoPE
   double top_theta = f.get_double("rope_theta", dflt.rope_theta);
   s.rope.theta = top_theta;
@@ -532,6 +539,10 @@ bool ModelSpec::layer_uses_rope(int64_t layer) const {
   return rope_layers[static_cast<size_t>(layer)] != 0;
 }
 
+int64_t ModelSpec::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+}
+
 double ModelSpec::attention_softmax_scale() const {
   return attention_scale > 0.0 ? attention_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
@@ -593,6 +604,7 @@ void ModelSpec::validate(const std::string& source) const {
     if (rope.original_max_positions <= 0)
       p.push_back(cat("llama3 original_max_position_embeddings must be positive, found ", rope.original_max_positions));
   }
+  rope_validate(*this, &p);  // partial rotary, LongRoPE (spec_phi.cpp)
   if (is_moe()) {
     if (moe.top_k < 1 || moe.top_k > moe.n_experts)
       p.push_back(cat("num_experts_per_tok ", moe.top_k, " must be in [1, num_experts = ", moe.n_experts, "]"));
@@ -679,6 +691,7 @@ ModelSpec spec_from_config_file(const std::string& path) {
 
 std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
+  if (s.family == Family::phi3) return spec_phi3_config_json(s);
   RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
            s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
   RT_CHECK(s.is_gemma() || (s.norm_offset == 0.0 && s.mlp_act == MlpAct::silu && !s.sandwich_norms &&

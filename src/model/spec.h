@@ -10,9 +10,9 @@
 namespace rt {
 
 enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, olmo2, granite, smollm3,
-                    gemma, gemma2, gemma3 };
-// linear (Gemma 3's global layers): inv_freq / factor.
-enum class RopeScaling { none, llama3, linear };
+                    gemma, gemma2, gemma3, phi3 };
+// linear (Gemma 3's global layers): inv_freq / factor; longrope: Phi3's LongRoPE.
+enum class RopeScaling { none, llama3, linear, longrope };
 // The gated MLP's activation: silu (SwiGLU) or the tanh approximation of gelu (Gemma's GeGLU).
 enum class MlpAct { silu, gelu_tanh };
 
@@ -24,6 +24,15 @@ struct RopeConfig {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_positions = 8192;
+  // Phi3 (spec_phi.cpp): RoPE rotates the first int(head_dim *
+  // partial_rotary_factor) dims of each head (rotary_dim), the rest pass through.
+  double partial_rotary_factor = 1.0;
+  // LongRoPE (longrope; "su"/"yarn" in Phi3 configs): inv_freq[i] is divided by
+  // short_factor[i], or by long_factor[i] when a call's largest position + 1
+  // exceeds original_max_positions (as transformers decides per forward);
+  // cos and sin are multiplied by attention_factor (1 elsewhere).
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 // Mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE): every decoder layer's
@@ -122,6 +131,8 @@ struct ModelSpec {
   // "sliding_window (W; longer sequences need windowed attention, ...)".
   std::string max_sequence_why() const;
   int64_t q_dim() const { return n_heads * head_dim; }
+  // Dims of each head RoPE rotates: int(head_dim * partial_rotary_factor).
+  int64_t rotary_dim() const;
   // Whether layer `layer` applies RoPE (SmolLM3's NoPE layers do not).
   bool layer_uses_rope(int64_t layer) const;
   // The attention's softmax scale: attention_scale, or 1/sqrt(head_dim).
@@ -156,7 +167,8 @@ std::string spec_to_config_json(const ModelSpec& spec);
 // "tiny-byte" (the default demo model), "llama-3.1-8b", "mistral-7b",
 // "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b",
 // "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "olmo-2-1b", "olmo-2-7b", "granite-3.3-2b",
-// "granite-3.3-8b", "smollm3-3b", "gemma-2-2b", "gemma-2-9b", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b".
+// "granite-3.3-8b", "smollm3-3b", "gemma-2-2b", "gemma-2-9b", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b",
+// "phi-3-mini", "phi-3.5-mini", "phi-4", "phi-4-mini".
 ModelSpec spec_preset(const std::string& name);  // throws rt::Error listing the names
 std::vector<std::string> preset_names();
 

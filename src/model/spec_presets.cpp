@@ -1,5 +1,6 @@
 // The built-in model presets (ModelSpec shapes from the models' published
 // config.json files): spec_preset, preset_names.
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -156,6 +157,48 @@ const std::map<std::string, ModelSpec>& presets() {
     m["gemma-3-12b"] = detail::gemma_preset(
         preset_make(Family::gemma3, 3840, 15360, 48, 16, 8, 256, 262208, 1e6, 1e-6, true, 131072, 2, {1, 106}), 256.0,
         1024, 6, 0.0, 0.0, 10000.0, 8.0);
+    // Phi3ForCausalLM (fused qkv_proj and gate_up_proj in the files). LongRoPE
+    // presets: the factor lists here are all 1.0, NOT the published ones (48
+    // numbers each, not reproduced): the shapes, context and attention factor
+    // are the models'; start from the model's config.json for its RoPE.
+    auto phi = [](ModelSpec s, int64_t window, int64_t original, int64_t pad) {
+      s.sliding_window = window;  // 0: none (or one at least max_position_embeddings)
+      s.rope.original_max_positions = original;
+      s.pad_id = pad;
+      return s;
+    };
+    auto longrope = [](ModelSpec s, double partial) {
+      s.rope.partial_rotary_factor = partial;
+      s.rope.scaling = RopeScaling::longrope;
+      const size_t pairs = static_cast<size_t>(s.rotary_dim() / 2);
+      s.rope.short_factor.assign(pairs, 1.0);
+      s.rope.long_factor.assign(pairs, 1.0);
+      const double factor = static_cast<double>(s.max_positions) / static_cast<double>(s.rope.original_max_positions);
+      s.rope.attention_factor = std::sqrt(1.0 + std::log(factor) / std::log(double(s.rope.original_max_positions)));
+      return s;
+    };
+    // microsoft/Phi-3-mini-4k-instruct (sliding_window 2047): 3,821,079,552 parameters.
+    m["phi-3-mini"] = phi(
+        preset_make(Family::phi3, 3072, 8192, 32, 32, 32, 96, 32064, 10000.0, 1e-5, false, 4096, 1, {32000}), 2047,
+        4096, 32000);
+    // microsoft/Phi-3.5-mini-instruct (LongRoPE, 131,072 positions; sliding_window 262144 is
+    // no window): 3,821,079,552 parameters.
+    m["phi-3.5-mini"] = longrope(
+        phi(preset_make(Family::phi3, 3072, 8192, 32, 32, 32, 96, 32064, 10000.0, 1e-5, false, 131072, 1, {32000}),
+            0, 4096, 32000),
+        1.0);
+    // microsoft/phi-4 (rope_theta 250000, 16,384 positions, no window): 14,659,507,200
+    // parameters (unverified: the bos/eos/pad ids 100257/100265/100349).
+    m["phi-4"] = phi(
+        preset_make(Family::phi3, 5120, 17920, 40, 40, 10, 128, 100352, 250000.0, 1e-5, false, 16384, 100257, {100265}),
+        0, 16384, 100349);
+    // microsoft/Phi-4-mini-instruct (tied, partial_rotary_factor 0.75, LongRoPE, 131,072
+    // positions): 3,836,021,760 parameters (unverified: the ids 199999/199999/199999).
+    m["phi-4-mini"] = longrope(
+        phi(preset_make(Family::phi3, 3072, 8192, 32, 24, 8, 128, 200064, 10000.0, 1e-5, true, 131072, 199999,
+                        {199999}),
+            0, 4096, 199999),
+        0.75);
     return m;
   }();
   return table;
@@ -168,7 +211,8 @@ std::vector<std::string> preset_names() {
   return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",   "qwen2.5-14b",
           "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b", "olmoe-1b-7b",
           "olmo-2-1b",   "olmo-2-7b",    "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",   "gemma-2-2b",
-          "gemma-2-9b",  "gemma-3-1b",   "gemma-3-4b",     "gemma-3-12b"};
+          "gemma-2-9b",  "gemma-3-1b",   "gemma-3-4b",     "gemma-3-12b",    "phi-3-mini",   "phi-3.5-mini",
+          "phi-4",       "phi-4-mini"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

@@ -253,7 +253,7 @@ std::string weight_map_check(const ModelSpec& spec, const std::vector<FoundTenso
     return cat("config.json has num_hidden_layers ", spec.n_layers, ", the weights hold ",
                layers == 0 ? std::string("no layer tensors") : cat(layers, " (model.layers.0 .. ", layers - 1, ")"),
                ": fix num_hidden_layers or use the matching weights\n");
-  std::vector<WeightEntry> expected = weight_map(spec);
+  std::vector<WeightEntry> expected = hf_weight_map(spec);  // fused tensors as the files hold them
   std::map<std::string, const FoundTensor*> by_name;
   std::vector<std::string> duplicated;
   for (const auto& t : found)

@@ -71,4 +71,19 @@ struct FoundTensor {
 };
 std::string weight_map_check(const ModelSpec& spec, const std::vector<FoundTensor>& found);
 
+// Tensors a HF checkpoint stores fused (Phi3: self_attn.qkv_proj.weight holds
+// the q, k and v rows, mlp.gate_up_proj.weight the gate and up rows): each
+// names the weight-map entries whose rows it concatenates, in row order
+// (consecutive in canonical order). Empty for the other families.
+struct FusedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> parts;
+};
+std::vector<FusedTensor> fused_tensors(const ModelSpec& spec);
+// weight_map in the checkpoint's layout: each fused group's entries replaced
+// by one entry (the fused name and shape, the first part's kind) in its place.
+// weight_map_check compares a checkpoint against this.
+std::vector<WeightEntry> hf_weight_map(const ModelSpec& spec);
+
 }  // namespace rt

@@ -78,6 +78,17 @@ struct PreTokenizeStep {
   bool metaspace_split = true;
 };
 
+// A pre-token: its bytes, and when offsets are tracked the span in the
+// original text of each of its bytes (else nullptr).
+struct Piece {
+  std::string_view text;
+  const TokenSpan* align;
+  Piece sub(size_t b, size_t n) const { return {text.substr(b, n), align ? align + b : nullptr}; }
+};
+
+// Bytes [b, e) of a pre-token that one BPE token covers.
+using PiecePos = std::pair<uint32_t, uint32_t>;
+
 struct Merge {
   int32_t rank;
   int32_t new_id;
@@ -98,6 +109,7 @@ struct BpeCache {
   uint64_t owner = 0;
   std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> map;  // -> (offset, count) in pool
   std::vector<int32_t> pool;
+  std::vector<PiecePos> pos_pool;  // parallel to pool
 };
 thread_local BpeCache tl_bpe_cache;
 constexpr size_t kCacheMaxPieceBytes = 64, kCacheMaxEntries = 1 << 17;
@@ -106,7 +118,18 @@ class HfBpeTokenizer final : public Tokenizer {
  public:
   HfBpeTokenizer(const std::string& json_path, const std::string& config_path);
 
-  std::vector<int32_t> encode(std::string_view text, bool add_special) const override;
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
+    std::vector<int32_t> out;
+    encode_impl(text, add_special, out, nullptr);
+    return out;
+  }
+  std::vector<int32_t> encode_with_offsets(std::string_view text, bool add_special,
+                                           std::vector<TokenSpan>& spans) const override {
+    std::vector<int32_t> out;
+    spans.clear();
+    encode_impl(text, add_special, out, &spans);
+    return out;
+  }
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(decode_bytes_.size()); }
   std::optional<int32_t> token_to_id(std::string_view name) const override;
@@ -124,14 +147,19 @@ class HfBpeTokenizer final : public Tokenizer {
   void parse_decoder(const json& d);
   void parse_config(const std::string& config_path);
 
+  // spans: nullptr, or where each id's span goes (encode_with_offsets).
+  void encode_impl(std::string_view text, bool add_special, std::vector<int32_t>& out,
+                   std::vector<TokenSpan>* spans) const;
   // at_text_start: s begins at byte 0 of the text given to encode (Metaspace's "first").
-  void pre_tokenize(std::string_view s, bool at_text_start, std::deque<std::string>& storage,
-                    std::vector<std::string_view>& out) const;
-  void bpe_piece(std::string_view piece, std::vector<int32_t>& out) const;
-  void bpe_merge(std::string_view piece, std::vector<int32_t>& out) const;
-  void initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym) const;
-  void initial_symbols_chars(std::string_view piece, std::vector<int32_t>& sym) const;
-  void push_missing_byte(uint8_t b, std::vector<int32_t>& out) const;
+  // Pieces made here (and their alignments) live in storage / align_storage.
+  void pre_tokenize(Piece s, bool at_text_start, std::deque<std::string>& storage,
+                    std::deque<std::vector<TokenSpan>>& align_storage, std::vector<Piece>& out) const;
+  // Appends the ids of one pre-token, and when pos is given, the bytes of the piece each covers.
+  void bpe_piece(std::string_view piece, std::vector<int32_t>& out, std::vector<PiecePos>* pos) const;
+  void bpe_merge(std::string_view piece, std::vector<int32_t>& out, std::vector<PiecePos>& pos) const;
+  void initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym, std::vector<PiecePos>& pos) const;
+  void initial_symbols_chars(std::string_view piece, std::vector<int32_t>& sym, std::vector<PiecePos>& pos) const;
+  void push_missing_byte(uint8_t b, uint32_t at, std::vector<int32_t>& out, std::vector<PiecePos>& pos) const;
 
   std::string path_, where_;
   uint64_t instance_ = g_next_instance.fetch_add(1);
@@ -402,55 +430,79 @@ std::optional<int32_t> HfBpeTokenizer::token_to_id(std::string_view name) const 
   return std::nullopt;
 }
 
-void HfBpeTokenizer::pre_tokenize(std::string_view s, bool at_text_start, std::deque<std::string>& storage,
-                                  std::vector<std::string_view>& out) const {
-  std::vector<std::string_view> cur{s}, next;
+void HfBpeTokenizer::pre_tokenize(Piece s, bool at_text_start, std::deque<std::string>& storage,
+                                  std::deque<std::vector<TokenSpan>>& align_storage, std::vector<Piece>& out) const {
+  std::vector<Piece> cur{s}, next;
   std::vector<std::pair<size_t, size_t>> matches;
-  const char* origin = at_text_start ? s.data() : nullptr;  // a piece starting here starts the text
+  const char* origin = at_text_start ? s.text.data() : nullptr;  // a piece starting here starts the text
   for (const auto& st : steps_) {
     next.clear();
-    for (std::string_view piece : cur) {
+    for (Piece piece : cur) {
       if (st.kind == PreTokenizeStep::Kind::metaspace) {
-        std::string& t = storage.emplace_back(replace_all(piece, " ", nullptr, st.replacement));
+        std::string& t = storage.emplace_back();
+        const TokenSpan* align = nullptr;
+        if (piece.align) {
+          std::vector<TokenSpan>& a = align_storage.emplace_back(piece.align, piece.align + piece.text.size());
+          t = replace_all_aligned(piece.text, " ", nullptr, st.replacement, a);
+          align = a.data();
+        } else {
+          t = replace_all(piece.text, " ", nullptr, st.replacement);
+        }
         const bool starts = t.compare(0, st.replacement.size(), st.replacement) == 0;
         if (!starts && (st.prepend == PreTokenizeStep::Prepend::always ||
-                        (st.prepend == PreTokenizeStep::Prepend::first && piece.data() == origin)))
+                        (st.prepend == PreTokenizeStep::Prepend::first && piece.text.data() == origin))) {
           t.insert(0, st.replacement);
-        const std::string_view v = t;
+          if (align) {  // the prepended character belongs to the one it precedes
+            std::vector<TokenSpan>& a = align_storage.back();
+            const TokenSpan first = a.empty() ? TokenSpan{} : a[0];
+            a.insert(a.begin(), st.replacement.size(), first);
+            align = a.data();
+          }
+        }
+        const Piece v{t, align};
         if (!st.metaspace_split) {
           next.push_back(v);
           continue;
         }
         size_t b = 0;
-        for (size_t p = v.find(st.replacement, 1); p != std::string_view::npos; p = v.find(st.replacement, p + 1)) {
-          if (p > b) next.push_back(v.substr(b, p - b));
+        for (size_t p = v.text.find(st.replacement, 1); p != std::string_view::npos;
+             p = v.text.find(st.replacement, p + 1)) {
+          if (p > b) next.push_back(v.sub(b, p - b));
           b = p;
         }
-        if (b < v.size()) next.push_back(v.substr(b));
+        if (b < v.text.size()) next.push_back(v.sub(b, v.text.size() - b));
         continue;
       }
-      if (st.kind == PreTokenizeStep::Kind::byte_level && st.add_prefix_space && piece[0] != ' ') {
+      if (st.kind == PreTokenizeStep::Kind::byte_level && st.add_prefix_space && piece.text[0] != ' ') {
         std::string& t = storage.emplace_back();
-        t.reserve(piece.size() + 1);
+        t.reserve(piece.text.size() + 1);
         t += ' ';
-        t += piece;
-        piece = t;
+        t += piece.text;
+        const TokenSpan* align = nullptr;
+        if (piece.align) {  // the space belongs to the character it precedes
+          std::vector<TokenSpan>& a = align_storage.emplace_back();
+          a.reserve(t.size());
+          a.push_back(piece.align[0]);
+          a.insert(a.end(), piece.align, piece.align + piece.text.size());
+          align = a.data();
+        }
+        piece = {t, align};
       }
       if (!st.regex) {
         next.push_back(piece);
         continue;
       }
       matches.clear();
-      st.regex->find_all(piece, matches);
+      st.regex->find_all(piece.text, matches);
       const bool keep_matches = !(st.remove_matches && !st.invert);
       const bool keep_gaps = !(st.remove_matches && st.invert);
       size_t prev = 0;
       for (const auto& [b, e] : matches) {
-        if (b > prev && keep_gaps) next.push_back(piece.substr(prev, b - prev));
-        if (keep_matches) next.push_back(piece.substr(b, e - b));
+        if (b > prev && keep_gaps) next.push_back(piece.sub(prev, b - prev));
+        if (keep_matches) next.push_back(piece.sub(b, e - b));
         prev = e;
       }
-      if (prev < piece.size() && keep_gaps) next.push_back(piece.substr(prev));
+      if (prev < piece.text.size() && keep_gaps) next.push_back(piece.sub(prev, piece.text.size() - prev));
     }
     cur.swap(next);
   }
@@ -459,7 +511,9 @@ void HfBpeTokenizer::pre_tokenize(std::string_view s, bool at_text_start, std::d
 
 // A byte whose byte-level character is not in the vocab: byte fallback
 // (<0xXX> of that character's UTF-8 bytes, as HF does it), else unk, else dropped.
-void HfBpeTokenizer::push_missing_byte(uint8_t b, std::vector<int32_t>& out) const {
+// at: the byte's offset in the piece (the first token covers it, the others nothing).
+void HfBpeTokenizer::push_missing_byte(uint8_t b, uint32_t at, std::vector<int32_t>& out,
+                                       std::vector<PiecePos>& pos) const {
   const std::string& ch = byte_level_table().byte_to_utf8[b];
   if (byte_fallback_) {
     std::vector<int32_t> ids;
@@ -471,21 +525,33 @@ void HfBpeTokenizer::push_missing_byte(uint8_t b, std::vector<int32_t>& out) con
       ids.push_back(it->second);
     }
     if (ids.size() == ch.size()) {
-      out.insert(out.end(), ids.begin(), ids.end());
+      for (size_t k = 0; k < ids.size(); ++k) {
+        out.push_back(ids[k]);
+        pos.emplace_back(k == 0 ? at : at + 1, at + 1);
+      }
       return;
     }
   }
   if (unk_id_) {
-    if (!(fuse_unk_ && !out.empty() && out.back() == *unk_id_)) out.push_back(*unk_id_);
+    if (fuse_unk_ && !out.empty() && out.back() == *unk_id_) {
+      pos.back().second = at + 1;
+    } else {
+      out.push_back(*unk_id_);
+      pos.emplace_back(at, at + 1);
+    }
   }
 }
 
-void HfBpeTokenizer::initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym) const {
-  for (unsigned char b : piece) {
-    if (byte_id_[b] >= 0)
+void HfBpeTokenizer::initial_symbols_bytes(std::string_view piece, std::vector<int32_t>& sym,
+                                           std::vector<PiecePos>& pos) const {
+  for (uint32_t i = 0; i < piece.size(); ++i) {
+    const auto b = static_cast<uint8_t>(piece[i]);
+    if (byte_id_[b] >= 0) {
       sym.push_back(byte_id_[b]);
-    else
-      push_missing_byte(b, sym);
+      pos.emplace_back(i, i + 1);
+    } else {
+      push_missing_byte(b, i, sym, pos);
+    }
   }
 }
 
@@ -493,59 +559,82 @@ void HfBpeTokenizer::initial_symbols_bytes(std::string_view piece, std::vector<i
 // becomes its UTF-8 bytes as <0xXX> tokens (byte_fallback, when all exist),
 // else unk: one per character, or one per run with fuse_unk. As in HF, a
 // pending unk is emitted only when the next in-vocab character or the end
-// comes, so byte-fallback tokens right after an unk precede it.
-void HfBpeTokenizer::initial_symbols_chars(std::string_view piece, std::vector<int32_t>& sym) const {
+// comes, so byte-fallback tokens right after an unk precede it (and so do
+// their positions).
+void HfBpeTokenizer::initial_symbols_chars(std::string_view piece, std::vector<int32_t>& sym,
+                                           std::vector<PiecePos>& pos) const {
   bool unk_pending = false;
+  PiecePos unk_pos{0, 0};
   std::string ch;
   for (size_t i = 0; i < piece.size();) {
-    const size_t b = i;
+    const auto b = static_cast<uint32_t>(i);
     utf8_next(piece, i);
-    ch.assign(piece.substr(b, i - b));
+    const auto e = static_cast<uint32_t>(i);
+    ch.assign(piece.substr(b, e - b));
     if (const auto it = vocab_.find(ch); it != vocab_.end()) {
-      if (unk_pending) sym.push_back(*unk_id_);
+      if (unk_pending) {
+        sym.push_back(*unk_id_);
+        pos.push_back(unk_pos);
+      }
       unk_pending = false;
       sym.push_back(it->second);
+      pos.emplace_back(b, e);
       continue;
     }
     if (byte_fallback_) {
       const size_t before = sym.size();
       bool all = true;
-      for (unsigned char c : ch) {
+      for (uint32_t k = 0; k < ch.size(); ++k) {
         char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", c);
+        std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(ch[k]));
         const auto it = vocab_.find(name);
         if (it == vocab_.end()) {
           all = false;
           break;
         }
         sym.push_back(it->second);
+        pos.emplace_back(b + k, b + k + 1);
       }
       if (all) continue;
       sym.resize(before);
+      pos.resize(before);
     }
     if (unk_id_) {
-      if (unk_pending && !fuse_unk_) sym.push_back(*unk_id_);
+      if (unk_pending && !fuse_unk_) {
+        sym.push_back(*unk_id_);
+        pos.push_back(unk_pos);
+      }
+      if (unk_pending && fuse_unk_)
+        unk_pos.second = e;
+      else
+        unk_pos = {b, e};
       unk_pending = true;
     }
   }
-  if (unk_pending) sym.push_back(*unk_id_);
+  if (unk_pending) {
+    sym.push_back(*unk_id_);
+    pos.push_back(unk_pos);
+  }
 }
 
 // Standard BPE on one pre-token: repeatedly merge the adjacent pair with the
 // lowest merge rank (leftmost first on ties), via a heap over a linked list.
 // Symbols missing from the vocab are replaced first (initial_symbols_*), as
-// HF builds its word before merging.
-void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out) const {
+// HF builds its word before merging. pos gets each output token's bytes.
+void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out, std::vector<PiecePos>& pos) const {
   std::vector<int32_t> sym;
+  std::vector<PiecePos> sp;
   sym.reserve(piece.size());
+  sp.reserve(piece.size());
   if (byte_level_)
-    initial_symbols_bytes(piece, sym);
+    initial_symbols_bytes(piece, sym, sp);
   else
-    initial_symbols_chars(piece, sym);
+    initial_symbols_chars(piece, sym, sp);
   const int n = static_cast<int>(sym.size());
   if (n == 0) return;
   if (n == 1) {
     out.push_back(sym[0]);
+    pos.push_back(sp[0]);
     return;
   }
   std::vector<int> prev(n), next(n);
@@ -576,6 +665,7 @@ void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out
     const Merge* m = lookup(c.pos, r);
     if (!m || m->rank != c.rank) continue;  // stale: a neighbour changed
     sym[c.pos] = m->new_id;
+    sp[c.pos].second = sp[r].second;
     dead[r] = 1;
     next[c.pos] = next[r];
     if (next[r] >= 0) prev[next[r]] = c.pos;
@@ -584,77 +674,128 @@ void HfBpeTokenizer::bpe_merge(std::string_view piece, std::vector<int32_t>& out
     if (next[c.pos] >= 0)
       if (const Merge* nm = lookup(c.pos, next[c.pos])) heap.push({nm->rank, c.pos});
   }
-  for (int i = 0; i >= 0; i = next[i]) out.push_back(sym[i]);
+  for (int i = 0; i >= 0; i = next[i]) {
+    out.push_back(sym[i]);
+    pos.push_back(sp[i]);
+  }
 }
 
-void HfBpeTokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out) const {
+void HfBpeTokenizer::bpe_piece(std::string_view piece, std::vector<int32_t>& out, std::vector<PiecePos>* pos) const {
   if (ignore_merges_) {
     const auto& v = byte_level_ ? raw_vocab_ : vocab_;
     if (const auto it = v.find(std::string(piece)); it != v.end()) {
       out.push_back(it->second);
+      if (pos) pos->emplace_back(0, static_cast<uint32_t>(piece.size()));
       return;
     }
   }
+  std::vector<PiecePos> local;
+  std::vector<PiecePos>& p = pos ? *pos : local;
   if (piece.size() > kCacheMaxPieceBytes) {
-    bpe_merge(piece, out);
+    bpe_merge(piece, out, p);
     return;
   }
   BpeCache& cache = tl_bpe_cache;
   if (cache.owner != instance_ || cache.map.size() >= kCacheMaxEntries) {
     cache.map.clear();
     cache.pool.clear();
+    cache.pos_pool.clear();
     cache.owner = instance_;
   }
   std::string key(piece);
   if (const auto it = cache.map.find(key); it != cache.map.end()) {
     const auto [off, cnt] = it->second;
     out.insert(out.end(), cache.pool.begin() + off, cache.pool.begin() + off + cnt);
+    if (pos) pos->insert(pos->end(), cache.pos_pool.begin() + off, cache.pos_pool.begin() + off + cnt);
     return;
   }
-  const size_t before = out.size();
-  bpe_merge(piece, out);
+  const size_t before = out.size(), pos_before = p.size();
+  bpe_merge(piece, out, p);
   const auto off = static_cast<uint32_t>(cache.pool.size());
   cache.pool.insert(cache.pool.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+  cache.pos_pool.insert(cache.pos_pool.end(), p.begin() + static_cast<std::ptrdiff_t>(pos_before), p.end());
   cache.map.emplace(std::move(key), std::pair<uint32_t, uint32_t>{off, static_cast<uint32_t>(out.size() - before)});
 }
 
-std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_special) const {
+void HfBpeTokenizer::encode_impl(std::string_view text, bool add_special, std::vector<int32_t>& out,
+                                 std::vector<TokenSpan>* spans) const {
   if (const size_t bad = utf8_find_invalid(text); bad != std::string_view::npos)
     fail("[tokenizer] input text is not valid UTF-8: byte 0x", std::hex,
          static_cast<int>(static_cast<uint8_t>(text[bad])), std::dec, " at byte offset ", bad,
          " starts an invalid sequence; convert the data to UTF-8 first");
-  std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 8);
-  if (add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());
+  // spans: template tokens are empty at the text's ends; an added token spans
+  // its match (with the whitespace lstrip / rstrip took); BPE tokens map their
+  // piece bytes through the piece's alignment.
+  auto add_empty = [&](size_t n, size_t at) {
+    if (spans) spans->insert(spans->end(), n, TokenSpan{at, at});
+  };
+  if (add_special) {
+    out.insert(out.end(), prefix_.begin(), prefix_.end());
+    add_empty(prefix_.size(), 0);
+  }
 
   std::vector<Segment> raw_segs, segs;
   raw_matcher_.split(text, raw_segs);
   std::deque<std::string> storage;  // normalized text and prefixed pieces live here for this call
-  std::vector<std::string_view> pieces;
+  std::deque<std::vector<TokenSpan>> align_storage;  // their alignments (spans only)
+  std::vector<Piece> pieces;
+  std::vector<PiecePos> pos;
   for (const Segment& rs : raw_segs) {
+    const auto rs_begin = static_cast<size_t>(rs.text.data() - text.data());
     if (rs.added_id >= 0) {
       out.push_back(rs.added_id);
+      if (spans) spans->push_back({rs_begin, rs_begin + rs.text.size()});
       continue;
     }
     std::string_view norm = rs.text;
-    if (!normalizer_.empty()) {
+    const TokenSpan* norm_align = nullptr;
+    if (spans) {
+      std::vector<TokenSpan>& a = align_storage.emplace_back();
+      if (normalizer_.empty()) {
+        align_identity(rs.text, rs_begin, a);
+      } else {
+        storage.push_back(normalizer_.apply_aligned(rs.text, rs_begin, a));
+        norm = storage.back();
+      }
+      norm_align = a.data();
+    } else if (!normalizer_.empty()) {
       storage.push_back(normalizer_.apply(rs.text));
       norm = storage.back();
     }
     segs.clear();
     normalized_matcher_.split(norm, segs);
     for (const Segment& s : segs) {
+      const Piece seg{s.text, norm_align ? norm_align + (s.text.data() - norm.data()) : nullptr};
       if (s.added_id >= 0) {
         out.push_back(s.added_id);
+        if (spans) spans->push_back({seg.align[0].begin, seg.align[s.text.size() - 1].end});
         continue;
       }
       pieces.clear();
-      pre_tokenize(s.text, rs.text.data() == text.data() && s.text.data() == norm.data(), storage, pieces);
-      for (std::string_view p : pieces) bpe_piece(p, out);
+      pre_tokenize(seg, rs.text.data() == text.data() && s.text.data() == norm.data(), storage, align_storage, pieces);
+      for (const Piece& p : pieces) {
+        if (!spans) {
+          bpe_piece(p.text, out, nullptr);
+          continue;
+        }
+        pos.clear();
+        bpe_piece(p.text, out, &pos);
+        for (const auto& [b, e] : pos) {
+          if (b < e) {
+            spans->push_back({p.align[b].begin, p.align[e - 1].end});
+          } else {  // a byte-fallback token after the first of one byte: empty, where that byte ends
+            const size_t at = p.align[b - 1].end;
+            spans->push_back({at, at});
+          }
+        }
+      }
     }
   }
-  if (add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
-  return out;
+  if (add_special) {
+    out.insert(out.end(), suffix_.begin(), suffix_.end());
+    add_empty(suffix_.size(), text.size());
+  }
 }
 
 std::string HfBpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {

@@ -92,6 +92,46 @@ std::string replace_all(std::string_view s, const std::string& literal, const Pc
   return out;
 }
 
+void align_identity(std::string_view s, size_t base, std::vector<TokenSpan>& align) {
+  align.resize(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t b = i;
+    utf8_next(s, i);
+    for (size_t k = b; k < i; ++k) align[k] = {base + b, base + i};
+  }
+}
+
+std::string replace_all_aligned(std::string_view s, const std::string& literal, const Pcre2Regex* regex,
+                                const std::string& content, std::vector<TokenSpan>& align) {
+  std::vector<std::pair<size_t, size_t>> m;
+  if (regex) {
+    regex->find_all(s, m);
+  } else {
+    for (size_t p = s.find(literal); p != std::string_view::npos; p = s.find(literal, p + literal.size()))
+      m.emplace_back(p, p + literal.size());
+  }
+  std::string out;
+  std::vector<TokenSpan> na;
+  out.reserve(s.size());
+  na.reserve(s.size());
+  size_t prev = 0;
+  for (const auto& [b, e] : m) {
+    out.append(s.substr(prev, b - prev));
+    na.insert(na.end(), align.begin() + static_cast<std::ptrdiff_t>(prev),
+              align.begin() + static_cast<std::ptrdiff_t>(b));
+    out += content;
+    const TokenSpan span = b < e ? TokenSpan{align[b].begin, align[e - 1].end}
+                                 : TokenSpan{b < s.size() ? align[b].begin : (b ? align[b - 1].end : 0),
+                                             b < s.size() ? align[b].begin : (b ? align[b - 1].end : 0)};
+    na.insert(na.end(), content.size(), span);
+    prev = e;
+  }
+  out.append(s.substr(prev));
+  na.insert(na.end(), align.begin() + static_cast<std::ptrdiff_t>(prev), align.end());
+  align.swap(na);
+  return out;
+}
+
 void Normalizer::parse(const json& n, const std::string& where) {
   if (n.is_null()) return;
   const std::string type = n.at("type").get<std::string>();
@@ -134,6 +174,48 @@ std::string Normalizer::apply(std::string_view s) const {
         break;
       case Step::Kind::replace:
         cur = replace_all(cur, st.text, st.regex.get(), st.content);
+        break;
+    }
+  }
+  return cur;
+}
+
+std::string Normalizer::apply_aligned(std::string_view s, size_t base, std::vector<TokenSpan>& align) const {
+  std::string cur(s);
+  align_identity(s, base, align);
+  for (const Step& st : steps_) {
+    switch (st.kind) {
+      case Step::Kind::nfc: {
+        if (nfc_normalize(cur) == cur) break;
+        std::string out;
+        std::vector<TokenSpan> na;
+        for (size_t b = 0; b < cur.size();) {
+          size_t e = b + 1;
+          while (e < cur.size() && static_cast<uint8_t>(cur[e]) >= 0x80) ++e;  // up to the next ASCII byte
+          const std::string_view run = std::string_view(cur).substr(b, e - b);
+          const std::string n = nfc_normalize(run);
+          if (n == run) {
+            na.insert(na.end(), align.begin() + static_cast<std::ptrdiff_t>(b),
+                      align.begin() + static_cast<std::ptrdiff_t>(e));
+          } else {
+            na.insert(na.end(), n.size(), TokenSpan{align[b].begin, align[e - 1].end});
+          }
+          out += n;
+          b = e;
+        }
+        cur.swap(out);
+        align.swap(na);
+        break;
+      }
+      case Step::Kind::prepend:
+        if (!cur.empty()) {
+          cur.insert(0, st.text);
+          const TokenSpan first = align[0];
+          align.insert(align.begin(), st.text.size(), first);
+        }
+        break;
+      case Step::Kind::replace:
+        cur = replace_all_aligned(cur, st.text, st.regex.get(), st.content, align);
         break;
     }
   }

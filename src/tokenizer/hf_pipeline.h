@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tokenizer/regex.h"
+#include "tokenizer/tokenizer.h"
 
 namespace rt {
 
@@ -25,6 +26,13 @@ class Normalizer {
   bool empty() const { return steps_.empty(); }
   bool empty_or_nfc() const;  // no step but NFC (which works per character cluster, never across a '\n')
   std::string apply(std::string_view s) const;
+  // apply() plus, per byte of the result, the bytes of s (offset by base) it
+  // came from, as HF's NormalizedString alignments: every byte of a character
+  // carries that character's span; a prepended text takes the span of the
+  // first character; a replacement, the span of what it replaced; NFC, the
+  // span of the run it recomposed (a run starts at each ASCII character,
+  // which never composes with what precedes it).
+  std::string apply_aligned(std::string_view s, size_t base, std::vector<TokenSpan>& align) const;
 
  private:
   struct Step {
@@ -58,6 +66,12 @@ class Decoder {
   std::vector<Step> steps_;
   bool null_ = false;
 };
+
+// align for s: each byte gets the span [base + first byte, base + end) of its character.
+void align_identity(std::string_view s, size_t base, std::vector<TokenSpan>& align);
+// replace_all, carrying align (one entry per byte of s in, of the result out).
+std::string replace_all_aligned(std::string_view s, const std::string& literal, const Pcre2Regex* regex,
+                                const std::string& content, std::vector<TokenSpan>& align);
 
 // Replaces every non-overlapping occurrence of a literal (or regex) pattern.
 std::string replace_all(std::string_view s, const std::string& literal, const Pcre2Regex* regex,

@@ -72,6 +72,42 @@ class SentencePieceTokenizer final : public Tokenizer {
     return out;
   }
 
+  // SentencePiece reports each piece's bytes in the text it was given (its
+  // normalizer's alignment; the dummy prefix "▁" belongs to the first piece).
+  std::vector<int32_t> encode_with_offsets(std::string_view text, bool add_special,
+                                           std::vector<TokenSpan>& spans) const override {
+    if (const size_t bad = utf8_find_invalid(text); bad != std::string_view::npos)
+      fail("[tokenizer] input text is not valid UTF-8: byte 0x", std::hex,
+           static_cast<int>(static_cast<uint8_t>(text[bad])), std::dec, " at byte offset ", bad,
+           " starts an invalid sequence; convert the data to UTF-8 first");
+    std::vector<int32_t> out;
+    spans.clear();
+    if (add_special && add_bos_ && bos_) {
+      out.push_back(*bos_);
+      spans.push_back({0, 0});
+    }
+    std::vector<Segment> segs;
+    matcher_.split(text, segs);
+    for (const Segment& s : segs) {
+      const auto base = static_cast<size_t>(s.text.data() - text.data());
+      if (s.added_id >= 0) {
+        out.push_back(s.added_id);
+        spans.push_back({base, base + s.text.size()});
+        continue;
+      }
+      const auto spt = sp_.EncodeAsImmutableProto(s.text);
+      for (const auto& piece : spt.pieces()) {
+        out.push_back(static_cast<int32_t>(piece.id()));
+        spans.push_back({base + piece.begin(), base + piece.end()});
+      }
+    }
+    if (add_special && add_eos_ && eos_) {
+      out.push_back(*eos_);
+      spans.push_back({text.size(), text.size()});
+    }
+    return out;
+  }
+
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override {
     std::string out;
     std::vector<int> run;

@@ -13,6 +13,14 @@
 // applies the model's single-sequence template (e.g. Llama-3's BOS).
 // decode() turns ids back into UTF-8 (partial byte sequences become U+FFFD);
 // skip_special drops special tokens. Every method is const and thread-safe.
+// encode_with_offsets() gives the same ids plus each token's byte span in the
+// text, as HF's offsets mapping does (added tokens included): a token's span
+// covers the original bytes its normalized bytes came from, whole characters
+// (a byte-level token holding part of a UTF-8 character spans the character);
+// a character a normalizer or pre-tokenizer prepends (Metaspace's "▁",
+// ByteLevel's add_prefix_space " ", Prepend) belongs to the character it was
+// put before. Template tokens (add_special) have empty spans at 0 or
+// text.size().
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,11 +32,18 @@
 
 namespace rt {
 
+// Bytes [begin, end) of the text given to encode_with_offsets.
+struct TokenSpan {
+  size_t begin = 0, end = 0;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
+  virtual std::vector<int32_t> encode_with_offsets(std::string_view text, bool add_special,
+                                                   std::vector<TokenSpan>& spans) const = 0;
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special) const = 0;
 
   // One past the largest id (vocabulary plus added tokens): the embedding rows needed.

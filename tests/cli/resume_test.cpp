@@ -205,7 +205,7 @@ TEST(Resume, SignalsSaveAndExitWithTheirCodeThenResumeExactly) {
 
 // kill -9 at uniformly random moments of a run (and of its resumed runs, up to
 // three kills per trial), then resume until done: the losses of every segment
-// equal the uninterrupted run's. 20 trials or 60 s, whichever comes first.
+// equal the uninterrupted run's. At least 5 trials, then up to 20 within 60 s.
 TEST(SlowKillNine, RandomKillsThenResumeGiveTheUninterruptedLosses) {
   Fixture fx;
   Reference ref = reference_run(fx);
@@ -214,7 +214,9 @@ TEST(SlowKillNine, RandomKillsThenResumeGiveTheUninterruptedLosses) {
   std::uniform_real_distribution<double> when(0.0, 1.2 * ref.seconds);
   const auto t0 = clock_type::now();
   int trials = 0, kills = 0, during_write = 0, before_first = 0;
-  for (; trials < 20 && std::chrono::duration<double>(clock_type::now() - t0).count() < 60; ++trials) {
+  // at least 5 trials however slow the machine (a loaded CI host ran 2 in the
+  // 60 s), then more while the 60 s last
+  for (; trials < 5 || (trials < 20 && std::chrono::duration<double>(clock_type::now() - t0).count() < 60); ++trials) {
     const std::string out = fx.tmp.file("kill" + std::to_string(trials)), log = out + ".log";
     fs::create_directories(out);
     int code = -1;
@@ -241,7 +243,6 @@ TEST(SlowKillNine, RandomKillsThenResumeGiveTheUninterruptedLosses) {
       "kill -9 trials: %d (seed %llu), kills %d (%d during a checkpoint write, %d before the first "
       "checkpoint); every trial's losses equal the uninterrupted run's\n",
       trials, (unsigned long long)seed, kills, during_write, before_first);
-  EXPECT_GE(trials, 5);
 }
 
 TEST(Resume, KillDuringACheckpointWriteFallsBackToTheLastCompleteOne) {

@@ -393,6 +393,82 @@ TEST(CpuRope, ForwardMatchesDirectRotationAndBackwardMatchesFiniteDifferences) {
   check_grad("rope dx", x, dx, loss, 200);
 }
 
+// Partial rotary with a cos/sin scale (Phi3): x [N, heads, D], the first R
+// dims rotate in rotate-half layout within [0, R), the rest pass through.
+Vec rope_partial_ref(const Vec& x, const std::vector<int32_t>& pos, const Vec& inv, int64_t N, int64_t heads,
+                     int64_t D, int64_t R, double scale) {
+  Vec out = x;
+  const int64_t half = R / 2;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double ang = static_cast<float>(pos[n]) * inv[i];
+        const int64_t base = (n * heads + h) * D;
+        const double a = x[base + i], b = x[base + half + i], c = scale * std::cos(ang), sn = scale * std::sin(ang);
+        out[base + i] = static_cast<float>(a * c - b * sn);
+        out[base + half + i] = static_cast<float>(b * c + a * sn);
+      }
+  return out;
+}
+
+TEST(CpuRope, PartialRotaryScaledMatchesDirectRotationAndFiniteDifferences) {
+  // head_dim 16, partial_rotary_factor 0.75: 12 dims rotate, 4 pass through; scale sqrt(2)
+  const int64_t N = 5, heads = 3, D = 16, R = 12;
+  const float scale = static_cast<float>(std::sqrt(2.0));
+  const std::vector<int32_t> pos = {0, 1, 7, 33, 5000};
+  rt::RopeConfig cfg;
+  cfg.partial_rotary_factor = 0.75;
+  const Vec inv = rt::cpu::rope_inv_freq(cfg, D);
+  ASSERT_EQ(static_cast<int64_t>(inv.size()), R / 2);
+  Vec x = random_vec(N * heads * D, 61), r = random_vec(N * heads * D, 62);
+  Vec y = x;
+  rt::cpu::rope_forward(y.data(), pos.data(), inv.data(), N, heads, D, R, scale);
+  // cos/sin rounded to fp32, scaled (1 rounding) and two fp32 products + a sum: a few ulp of O(1)
+  EXPECT_TRUE(expect_near("partial rope forward", y, rope_partial_ref(x, pos, inv, N, heads, D, R, scale), 2e-6, 2e-6));
+  for (int64_t n = 0; n < N; ++n)  // the pass-through dims are copied bit for bit
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = R; d < D; ++d) ASSERT_EQ(y[(n * heads + h) * D + d], x[(n * heads + h) * D + d]);
+
+  Vec dx = r;
+  rt::cpu::rope_backward(dx.data(), pos.data(), inv.data(), N, heads, D, R, scale);
+  auto loss = [&] {
+    Vec o = x;
+    rt::cpu::rope_forward(o.data(), pos.data(), inv.data(), N, heads, D, R, scale);
+    return dot_d(o, r);
+  };
+  check_grad("partial rope dx", x, dx, loss, 240);
+}
+
+TEST(CpuRope, LongRopeTablesDivideByTheFactorsAndSwitchAboveTheOriginalContext) {
+  rt::ModelSpec s = rt::spec_preset("phi-4-mini");  // head_dim 128, 96 rotate
+  s.rope.theta = 10000.0;
+  s.rope.original_max_positions = 4096;
+  for (size_t i = 0; i < s.rope.short_factor.size(); ++i) {
+    s.rope.short_factor[i] = 1.0 + 0.1 * static_cast<double>(i);
+    s.rope.long_factor[i] = 2.0 + 0.5 * static_cast<double>(i);
+  }
+  const rt::cpu::RopeTables t(s);
+  ASSERT_EQ(t.rotary_dim, 96);
+  ASSERT_EQ(t.inv_short.size(), 48u);
+  ASSERT_EQ(t.inv_long.size(), 48u);
+  Vec ref_s(48), ref_l(48);
+  for (int64_t i = 0; i < 48; ++i) {
+    const double f = std::pow(10000.0, -2.0 * static_cast<double>(i) / 96.0);
+    ref_s[i] = static_cast<float>(f / s.rope.short_factor[i]);
+    ref_l[i] = static_cast<float>(f / s.rope.long_factor[i]);
+  }
+  // fp32 pow, product and reciprocal: a few ulp (as the default case above)
+  EXPECT_TRUE(expect_near("longrope short inv_freq", t.inv_short, ref_s, 0, 3e-6));
+  EXPECT_TRUE(expect_near("longrope long inv_freq", t.inv_long, ref_l, 0, 3e-6));
+  // transformers: long factors when max(position_ids) + 1 > original_max_position_embeddings
+  const std::vector<int32_t> short_pos = {0, 4095, 17}, long_pos = {0, 4096, 3};
+  EXPECT_FALSE(t.use_long(short_pos.data(), 3));
+  EXPECT_TRUE(t.use_long(long_pos.data(), 3));
+  EXPECT_EQ(t.select(long_pos.data(), 3), t.inv_long.data());
+  // the attention factor transformers derives: sqrt(1 + ln(131072 / 4096) / ln 4096)
+  EXPECT_FLOAT_EQ(t.scale, static_cast<float>(std::sqrt(1.0 + std::log(32.0) / std::log(4096.0))));
+}
+
 // ---------------------------------------------------------------- attention
 
 struct AttnShape {

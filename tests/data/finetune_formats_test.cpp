@@ -140,6 +140,20 @@ TEST(FinetuneFormats, ShareGptEqualsMessagesAndPromptCompletionMasks) {
   if (tok->eos_id()) {
     EXPECT_EQ(pc.ids.back(), *tok->eos_id());
   }
+  // prompt + completion is one tokenizer call: the prompt's trailing space and
+  // the completion's first letters are one token (" P" with this small
+  // vocabulary), which holds completion bytes and so is trained (data/chat_example.h)
+  const auto st = encode_line(enc, R"({"prompt": "Answer: ", "completion": "Paris."})");
+  ASSERT_TRUE(st.bad_message.empty()) << st.bad_message;
+  std::vector<int32_t> whole = tok->encode("Answer: Paris.", true);
+  const std::vector<int32_t> head = tok->encode("Answer:", true), paris = tok->encode(" Paris", false);
+  const int32_t first[1] = {paris[0]};
+  const std::string straddle = tok->decode(first, false);
+  ASSERT_TRUE(straddle.size() > 1 && straddle[0] == ' ') << straddle;  // else the case would not straddle
+  if (tok->eos_id() && (whole.empty() || whole.back() != *tok->eos_id())) whole.push_back(*tok->eos_id());
+  EXPECT_EQ(st.ids, whole);
+  for (size_t k = 0; k < st.ids.size(); ++k) EXPECT_EQ(st.trained[k], k >= head.size() ? 1 : 0) << k;
+  EXPECT_EQ(st.ids[head.size()], paris[0]);
 }
 
 TEST(FinetuneFormats, Qwen3MultiTurnIsOneExamplePerTurnAndRaisesAreBadRecords) {

@@ -83,6 +83,14 @@ TEST(KvDecode, EveryFamilyMatchesTheFullForward) {
     check_model(rt::spec_from_config_file(hf + m + "/config.json"), m);
   check_model(rt::spec_from_config_text(kQwen2Moe, "qwen2_moe"), "qwen2_moe (shared expert)");
   check_model(rt::spec_from_config_text(kOlmoe, "olmoe"), "olmoe (whole q/k norms)");
+  // Phi3: fused weights, partial rotary, LongRoPE's short factors and scale. The
+  // decoder picks the factors per token from its position, the full forward
+  // per call from the largest (transformers does both: prefill vs generate),
+  // so both stay below original_max_position_embeddings here (T = 24).
+  check_model(rt::spec_from_config_file(hf + "phi3_longrope_short/config.json"), "phi3_longrope_short");
+  rt::ModelSpec phi4 = rt::spec_from_config_file(hf + "phi4mini_partial_tied/config.json");
+  phi4.rope.original_max_positions = 64;
+  check_model(phi4, "phi4mini_partial_tied (short factors)");
 }
 
 // Sampling past the cache's capacity keeps going (the newest context fed

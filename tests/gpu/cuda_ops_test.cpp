@@ -262,6 +262,33 @@ TEST_F(CudaOps, RopeMatchesCpu) {
   EXPECT_TRUE(rt::test::expect_near("rope bwd", download_bf16(*dg, N * heads * D), bwd_ref, 1e-4, kU));
 }
 
+// Phi3: partial rotary (96 of head_dim 128, Phi-4-mini) with LongRoPE's long
+// factors and cos/sin scale; the last 32 dims of each head must come back unchanged.
+TEST_F(CudaOps, PartialRotaryScaledRopeMatchesCpu) {
+  const int64_t N = 40, heads = 3, D = 128;
+  rt::ModelSpec s = rt::spec_preset("phi-4-mini");
+  for (size_t i = 0; i < s.rope.long_factor.size(); ++i) s.rope.long_factor[i] = 1.0 + 0.4 * static_cast<double>(i);
+  const int64_t R = s.rotary_dim();
+  const float scale = static_cast<float>(s.rope.attention_factor);  // ~1.19
+  ASSERT_EQ(R, 96);
+  auto inv_freq = rt::cpu::rope_inv_freq(s.rope, D, true);
+  std::vector<int32_t> pos(N);
+  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>((n * 977) % 8000);
+  auto x = random_bf16(N * heads * D, 72), g = random_bf16(N * heads * D, 73);
+  std::vector<float> fwd_ref = x, bwd_ref = g;
+  rt::cpu::rope_forward(fwd_ref.data(), pos.data(), inv_freq.data(), N, heads, D, R, scale);
+  rt::cpu::rope_backward(bwd_ref.data(), pos.data(), inv_freq.data(), N, heads, D, R, scale);
+  auto dx = upload_bf16(x), dg = upload_bf16(g), dpos = upload(pos), dfreq = upload(inv_freq);
+  rt::cuda::rope_forward(dx->as<bf16>(), dpos->as<int32_t>(), dfreq->as<float>(), N, heads, D, R, scale, nullptr);
+  rt::cuda::rope_backward(dg->as<bf16>(), dpos->as<int32_t>(), dfreq->as<float>(), N, heads, D, R, scale, nullptr);
+  // as RopeMatchesCpu, the values scaled by <= 1.2: atol 1.2e-4, one bf16 rounding
+  const std::vector<float> fwd = download_bf16(*dx, N * heads * D), bwd = download_bf16(*dg, N * heads * D);
+  EXPECT_TRUE(rt::test::expect_near("partial rope fwd", fwd, fwd_ref, 1.2e-4, kU));
+  EXPECT_TRUE(rt::test::expect_near("partial rope bwd", bwd, bwd_ref, 1.2e-4, kU));
+  for (int64_t r = 0; r < N * heads; ++r)  // pass-through dims: the input bits (x is bf16-representable)
+    for (int64_t d = R; d < D; ++d) ASSERT_EQ(fwd[r * D + d], x[r * D + d]) << "row " << r << " dim " << d;
+}
+
 TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   const int64_t n = 4099;
   auto gate = random_bf16(n, 80, -6.f, 6.f), up = random_bf16(n, 81), dout = random_bf16(n, 82);

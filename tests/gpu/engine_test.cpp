@@ -317,6 +317,31 @@ TEST(CudaEngine, GemmaMatchesTheCpuReference) {
   }
 }
 
+TEST(CudaEngine, Phi3PartialRotaryAndLongRopeMatchTheCpuReference) {
+  // Phi3 (Phi-4-mini-like): 48 of head_dim 64 rotate, LongRoPE with T = 128
+  // above (long factors) and below (short factors) original_max_position_embeddings,
+  // the cos/sin scaled by the attention factor; tied.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  for (int64_t original : {64, 256}) {
+    rt::ModelSpec s = gpu_spec(4);
+    s.family = rt::Family::phi3;
+    s.architecture = "Phi3ForCausalLM";
+    s.tie_embeddings = true;
+    s.rope.partial_rotary_factor = 0.75;
+    s.rope.scaling = rt::RopeScaling::longrope;
+    s.rope.original_max_positions = original;
+    for (int64_t i = 0; i < s.rotary_dim() / 2; ++i) {
+      s.rope.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
+      s.rope.long_factor.push_back(1.0 + 0.8 * static_cast<double>(i));
+    }
+    s.rope.attention_factor = 1.2;
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.keep_activations = 2;
+    expect_gradients_match_cpu(s, co, original < 128 ? "phi3, long factors" : "phi3, short factors");
+  }
+}
+
 TEST(CudaEngine, StreamingAndResidentAreBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 2, T = 256;

@@ -182,14 +182,21 @@ Vec abs_of(Vec v) {
   return v;
 }
 
-// |got - ref| <= 2^-12 * abs_sum + rel * (|ref| + extra) elementwise.
+// |got - ref| <= 2^-10 * abs_sum + rel * (|ref| + extra) elementwise. The
+// first term is the FP8 tensor cores' accumulation: Hopper's FP8 MMA sums
+// each K-chunk in a fixed-point format aligned to the chunk's largest product
+// that keeps about 14 bits (DeepSeek-V3 section 3.3.2), and cuBLASLt promotes
+// to fp32 between chunks; measured on the H100 (2026-12-05): worst
+// 2^-11.8 * sum |a_k b_k| (the first bound, 2^-12, failed by 2%); 2^-10 leaves
+// 3.5x and still catches a wrong scale block (an error of order |ref|, which
+// is sqrt(K) times larger than 2^-10 sum |a b| for these random operands).
 void expect_gemm_bound(const std::string& name, const Vec& got, const Vec& ref, const Vec& abs_sum, double rel,
                        const Vec& extra = {}) {
   ASSERT_EQ(got.size(), ref.size());
   double worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double bound =
-        std::ldexp(abs_sum[i], -12) + rel * (std::fabs(ref[i]) + (extra.empty() ? 0.0 : extra[i])) + 1e-30;
+        std::ldexp(abs_sum[i], -10) + rel * (std::fabs(ref[i]) + (extra.empty() ? 0.0 : extra[i])) + 1e-30;
     const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
     ASSERT_TRUE(err <= bound) << name << " element " << i << ": cuda " << got[i] << " vs twin " << ref[i]
                               << " (bound " << bound << ")";
@@ -258,6 +265,53 @@ TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
   if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 320);
   check_linear(272, 208, 704);
+}
+
+// share_input (q/k/v read one input) and share_weights (layer-major: one
+// layer's weights for K micro-batches): the same bits as quantizing per call,
+// forward, input gradient and weight gradient, with a second projection of
+// another width and a second "micro-batch".
+TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
+  RT_REQUIRE_DEVICE();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  const int64_t N = 256, I = 384, O1 = 512, O2 = 128;
+  const Vec x = round_bf16(rt::test::random_vec(N * I, 1)), w1 = round_bf16(rt::test::random_vec(O1 * I, 2, -.1f, .1f)),
+            w2 = round_bf16(rt::test::random_vec(O2 * I, 3, -.1f, .1f)),
+            x2 = round_bf16(rt::test::random_vec(N * I, 6));
+  const Vec dy1 = round_bf16(rt::test::random_vec(N * O1, 4)), dy2 = round_bf16(rt::test::random_vec(N * O2, 5));
+  auto d_x = upload_bf16(x), d_x2 = upload_bf16(x2), d_w1 = upload_bf16(w1), d_w2 = upload_bf16(w2),
+       d_dy1 = upload_bf16(dy1), d_dy2 = upload_bf16(dy2);
+  auto run = [&](bool share_x, bool share_w) {
+    DeviceBuffer y1(N * O1 * 2), y2(N * O2 * 2), y3(N * O1 * 2), dx1(N * I * 2), dx2(N * I * 2);
+    const Vec zero1(O1 * I, 0.f), zero2(O2 * I, 0.f);
+    auto dw1 = upload_f32(zero1), dw2 = upload_f32(zero2);
+    rt::cuda::Fp8Linear lin;
+    if (share_w) lin.share_weights();
+    if (share_x) lin.share_input(d_x->as<bf16>(), N, I);
+    lin.forward(y1.as<bf16>(), d_x->as<bf16>(), d_w1->as<bf16>(), nullptr, N, I, O1, nullptr);
+    lin.forward(y2.as<bf16>(), d_x->as<bf16>(), d_w2->as<bf16>(), nullptr, N, I, O2, nullptr);
+    lin.backward(dx1.as<bf16>(), dw1->as<float>(), nullptr, d_dy1->as<bf16>(), d_x->as<bf16>(), d_w1->as<bf16>(), N, I,
+                 O1, nullptr);
+    lin.backward(dx2.as<bf16>(), dw2->as<float>(), nullptr, d_dy2->as<bf16>(), d_x->as<bf16>(), d_w2->as<bf16>(), N, I,
+                 O2, nullptr);
+    if (share_x) lin.end_share();
+    // the next micro-batch: another input through the same (shared) weights
+    lin.forward(y3.as<bf16>(), d_x2->as<bf16>(), d_w1->as<bf16>(), nullptr, N, I, O1, nullptr);
+    if (share_w) lin.end_share_weights();
+    return std::vector<Vec>{download_bf16(y1, N * O1), download_bf16(y2, N * O2), download_bf16(y3, N * O1),
+                            download_bf16(dx1, N * I), download_bf16(dx2, N * I), download_f32(*dw1, O1 * I),
+                            download_f32(*dw2, O2 * I)};
+  };
+  const auto a = run(false, false);
+  for (auto [sx, sw] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    const auto b = run(sx, sw);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].size(), b[i].size());
+      EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)), 0)
+          << "output " << i << " (share input " << sx << ", weights " << sw << ")";
+    }
+  }
 }
 
 TEST(CudaFp8, GemmCachesPlansAndRefusesBadShapes) {

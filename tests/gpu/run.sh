@@ -20,6 +20,7 @@
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
 #             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
+#   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
 #   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
@@ -29,11 +30,14 @@
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
-#   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte; the Gemma fixtures)
+#   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte; the Gemma
+#             fixtures; a Phi3 fixture)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
 #             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
+#   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
+#             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
@@ -66,6 +70,10 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
 has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+if has phi; then  # Phi3's partial rotary and LongRoPE (also inside ops and engine)
+  run phi_rope_ops 120 "$bin/gpu_cuda_ops_test" --gtest_filter='*PartialRotary*:*Rope*'
+  run phi_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Phi3*'
+fi
 if has fp8; then
   run fp8_lt_probe 60 "$bin/fp8_lt_probe"
   run fp8_test 300 "$bin/gpu_fp8_test"
@@ -256,6 +264,13 @@ if has smallcard; then
     --micro-batch 1 --steps 1 --warmup 1 --modes streaming --max-gpu-memory 10 "${g[@]}"
 fi
 
+if has fp8q; then
+  # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 beside bf16
+  # (the "adamw" row); the table and lean_quality.tar (both runs' metrics) land in $logs/fp8q
+  run fp8_quality 500 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="adamw fp8" bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
+    "$data" "${FQ_STEPS:-1000}"
+fi
+
 if has fp8_7b; then
   # FP8 against bf16 end to end (issue 31), same call: Qwen2.5-7B 32 x 2048 uncapped, then 64k tokens per step
   # under a 10 GiB cap (2 x 2048 x 16, --grads fold, layer-major)
@@ -382,6 +397,15 @@ if has hf; then
       python3 '$here/tools/check_hf_export.py' \$d/\$fx/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
     done
     echo GEMMA-EXPORT-OK"
+  # Phi3 (fused qkv_proj/gate_up_proj, partial rotary, LongRoPE's long factors at 32 > 8 positions)
+  run export_check_phi 200 bash -c "
+    set -e; d=$tmp/expphi; mkdir -p \$d
+    python3 -c \"import random, struct; random.seed(1); ids = [random.randrange(112) for _ in range(20000)]; open('\$d/train.bin', 'wb').write(struct.pack('<%dH' % len(ids), *ids)); random.seed(0); [print(' '.join(str(random.randrange(112)) for _ in range(24))) for _ in range(3)]\" > \$d/tokens.txt
+    '$bin/ramtrain' train --model '$here/tests/fixtures/hf/phi4mini_partial_tied' --data \$d/train.bin --steps 3 \
+       --seq-len 32 --micro-batch 2 --device cpu --export-dtype fp32 --out \$d/run >/dev/null
+    '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
+    ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
+    python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 && echo PHI-EXPORT-OK"
 fi
 
 if has demo; then

@@ -14,6 +14,12 @@
 // P exactly and summing D_t = sum P dP were tried and changed nothing). The
 // key-projection biases have a bound of their own (testutil.h,
 // hf_grad_rel_bound: their gradient is a sum that nearly cancels).
+// phi4mini_partial_tied has the same 2.5e-5 bound: its tied embedding's
+// gradient is 0.93e-5 to 1.14e-5 from torch's under three OpenBLAS kernel
+// families, while torch's own fp32 result is 5.5e-5 from an fp64 run of the
+// same model (layer 0's qkv_proj 5.5e-5 too: the LongRoPE attention factor
+// sqrt(2) scales q.k by 2, sharpening the softmax); every other tensor is
+// within 1e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,8 +98,10 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
     ASSERT_EQ(rg->shape, t.shape) << t.name;
     std::vector<float> r(static_cast<size_t>(rg->numel()));
     rt::tensor_to_f32(*rg, r.data());
-    double e = rt::test::rel_l2(t.data, r.data(), rg->numel());
-    const double bound = rt::test::hf_grad_rel_bound(t.name, GetParam() == "llama_gqa_rope3" ? 2.5e-5 : 1e-5);
+    const std::vector<float> got = rt::tensor_write_gather(t, rg->numel());  // Phi3: fused from q/k/v, gate/up
+    double e = rt::test::rel_l2(got.data(), r.data(), rg->numel());
+    const double bound = rt::test::hf_grad_rel_bound(
+        t.name, GetParam() == "llama_gqa_rope3" || GetParam() == "phi4mini_partial_tied" ? 2.5e-5 : 1e-5);
     EXPECT_LE(e, bound) << "gradient of " << t.name << " rel_l2";
     if (e > worst) worst = e, worst_name = t.name;
     ++n_grads;
@@ -109,6 +117,7 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
                          ::testing::Values("llama_gqa_rope3", "mistral", "qwen2_bias_tied", "qwen3_qknorm_hd",
                                            "olmo2_postnorm", "granite_mult", "smollm3_nope", "gemma_geglu",
-                                           "gemma2_softcap_window", "gemma3_local_rope"));
+                                           "gemma2_softcap_window", "gemma3_local_rope", "phi3_longrope_short",
+                                           "phi4mini_partial_tied"));
 
 }  // namespace

@@ -57,6 +57,10 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.rope.low_freq_factor, b.rope.low_freq_factor);
   EXPECT_EQ(a.rope.high_freq_factor, b.rope.high_freq_factor);
   EXPECT_EQ(a.rope.original_max_positions, b.rope.original_max_positions);
+  EXPECT_EQ(a.rope.partial_rotary_factor, b.rope.partial_rotary_factor);  // Phi3
+  EXPECT_EQ(a.rope.short_factor, b.rope.short_factor);
+  EXPECT_EQ(a.rope.long_factor, b.rope.long_factor);
+  EXPECT_EQ(a.rope.attention_factor, b.rope.attention_factor);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
@@ -586,7 +590,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 22u);
+  ASSERT_EQ(rt::preset_names().size(), 26u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);

@@ -99,6 +99,13 @@ TEST_P(TokenizerGolden, MatchesReferenceIdsAndDecodes) {
     const auto got = tok->encode(text, true);
     const auto got_ns = tok->encode(text, false);
     if (got != ids || got_ns != ids_ns) ++mismatched;
+    // encode_with_offsets gives the same ids, each with a span inside the text
+    // (the spans themselves are checked against HF's offsets in data/chat_example_test.cpp)
+    std::vector<rt::TokenSpan> spans;
+    EXPECT_EQ(tok->encode_with_offsets(text, true, spans), ids) << c.name << " offsets ids for " << escaped(text);
+    ASSERT_EQ(spans.size(), ids.size());
+    for (const rt::TokenSpan& sp : spans)
+      EXPECT_TRUE(sp.begin <= sp.end && sp.end <= text.size()) << c.name << " span " << sp.begin << ".." << sp.end;
     EXPECT_EQ(got, ids) << c.name << " add_special ids for " << escaped(text) << "\n" << first_diff(got, ids);
     EXPECT_EQ(got_ns, ids_ns) << c.name << " ids for " << escaped(text) << "\n" << first_diff(got_ns, ids_ns);
     EXPECT_EQ(tok->decode(ids_ns, false), g["decoded"].get<std::string>()) << c.name << " decode " << escaped(text);
@@ -141,6 +148,47 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerGolden,
                                            Case{"metaspace_split", false, nullptr, false, false, false},
                                            Case{"sp_llama2_special", false, nullptr, true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// encode_with_offsets on random texts (spaces, newlines, added tokens, NFC
+// and multi-byte characters): the ids of encode(), each span inside the text,
+// begins and ends in order, and every byte of the text in some token's span
+// (nothing is lost between tokens; added tokens cover what lstrip/rstrip ate).
+TEST(TokenizerOffsets, RandomTextsCoverEveryByte) {
+  const char* pieces[] = {" ",      "  ",    "\n",   "\n\n", "\t",  "a",     "the",  "Hello", "123",       "é",
+                          "e\u0301", "日本", "🙂",    "<s>",   "</s>", "<|im_start|>", "<|im_end|>", "<mask>",
+                          "ramtrain", "'s",  "  x"};
+  for (const char* name : {"gpt2", "llama3", "qwen2", "deepseek", "llama2_json", "llama2_metaspace",
+                           "metaspace_split", "sp_llama2", "sp_llama2_special"}) {
+    SCOPED_TRACE(name);
+    const auto tok = tokenizer_load(fixture(name));
+    uint64_t rng = 12345;
+    for (int n = 0; n < 300; ++n) {
+      std::string text;
+      const int k = static_cast<int>(rng % 12);
+      for (int i = 0; i < k; ++i) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        text += pieces[(rng >> 33) % (sizeof pieces / sizeof pieces[0])];
+      }
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      for (bool special : {false, true}) {
+        std::vector<rt::TokenSpan> spans;
+        const auto ids = tok->encode_with_offsets(text, special, spans);
+        ASSERT_EQ(ids, tok->encode(text, special)) << escaped(text);
+        ASSERT_EQ(spans.size(), ids.size());
+        std::vector<uint8_t> covered(text.size(), 0);
+        for (size_t i = 0; i < spans.size(); ++i) {
+          ASSERT_TRUE(spans[i].begin <= spans[i].end && spans[i].end <= text.size()) << escaped(text);
+          if (i > 0) {
+            EXPECT_LE(spans[i - 1].begin, spans[i].begin) << escaped(text) << " token " << i;
+            EXPECT_LE(spans[i - 1].end, spans[i].end) << escaped(text) << " token " << i;
+          }
+          for (size_t b = spans[i].begin; b < spans[i].end; ++b) covered[b] = 1;
+        }
+        for (size_t b = 0; b < text.size(); ++b) EXPECT_TRUE(covered[b]) << escaped(text) << " byte " << b;
+      }
+    }
+  }
+}
 
 // Helpers for the error tests.
 std::string error_of(const std::function<void()>& f) {

@@ -25,10 +25,21 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
     const ModelSpec& s = state.spec();
     const int64_t N = micro_batch * seq_len, C = s.hidden;
     const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;
-    uint64_t ws = 0;
+    uint64_t ws = 0, layer_codes = 0;
     for (auto [I, O] : {std::pair<int64_t, int64_t>{C, s.q_dim()}, {C, s.kv_dim()}, {s.q_dim(), C}, {C, F}, {F, C}})
       if (I > 0 && O > 0) ws = std::max<uint64_t>(ws, cuda::fp8_linear_workspace_bytes(N, I, O));
-    o.fp8_reserve = ws + cuda::kFp8GemmWorkspace;
+    // one layer's weight codes, kept across its micro-batches in layer-major
+    // (Fp8Linear::share_weights): q, k, v, o, gate, up, down
+    for (auto [I, O] : {std::pair<int64_t, int64_t>{C, s.q_dim()},
+                        {C, s.kv_dim()},
+                        {C, s.kv_dim()},
+                        {s.q_dim(), C},
+                        {C, F},
+                        {C, F},
+                        {F, C}})
+      if (I > 0 && O > 0) layer_codes += cuda::fp8_shared_weight_bytes(O, I);
+    // + the input shared by q/k/v and by gate/up, along both dims (Fp8Linear::share_input)
+    o.fp8_reserve = ws + layer_codes + cuda::fp8_shared_input_bytes(N, C) + cuda::kFp8GemmWorkspace;
   }
   o.muon = state.update_rule() == UpdateRule::muon;      // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step

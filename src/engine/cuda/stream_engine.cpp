@@ -160,7 +160,10 @@ class StreamEngine final : public Backend {
     totals_ = DevBuf<CrossEntropyTotals>(dev_.alloc, 1, "loss totals");
     norms_ = DevBuf<double>(dev_.alloc, static_cast<int64_t>(units.size()), "gradient norms");
     host_small_ = PinnedBuf(sizeof(CrossEntropyTotals) + units.size() * sizeof(double), "loss staging");
-    std::vector<float> inv = cpu::rope_inv_freq(s_.rope, s_.head_dim);
+    // LongRoPE: one table per run, the long one when T exceeds the original
+    // context (upload_batches refuses a micro-batch the CPU would rotate with the other)
+    rope_long_ = s_.rope.scaling == RopeScaling::longrope && T_ > s_.rope.original_max_positions;
+    std::vector<float> inv = cpu::rope_inv_freq(s_.rope, s_.head_dim, rope_long_);
     inv_freq_ = DevBuf<float>(dev_.alloc, static_cast<int64_t>(inv.size()), "RoPE frequencies");
     CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
     if (s_.rope_local_on) {  // Gemma 3's local layers
@@ -180,6 +183,8 @@ class StreamEngine final : public Backend {
     ops_->set_matmul(opt_.matmul);
     ops_->set_norm_offset(static_cast<float>(s_.norm_offset));  // Gemma's (1 + w) norms
     if (s_.rope_local_on) ops_->set_local_rope(inv_freq_local_.data());
+    ops_->set_rope(s_.rotary_dim(),
+                   s_.rope.scaling == RopeScaling::longrope ? static_cast<float>(s_.rope.attention_factor) : 1.f);
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
     // it: on what is left for the shared block activations and this scratch
     const uint64_t left =
@@ -418,6 +423,18 @@ class StreamEngine final : public Backend {
   }
 
   bf16* dx(int64_t k) { return dx_.data() + k * N_ * s_.hidden; }
+  // LongRoPE picks its short or long factors per forward from the largest
+  // position (cpu::RopeTables); this engine holds the one its T implies.
+  void rope_table_check(const int32_t* pos) const {
+    int64_t mx = -1;
+    for (int64_t n = 0; n < N_; ++n) mx = std::max<int64_t>(mx, pos[n]);
+    const bool want_long = mx + 1 > s_.rope.original_max_positions;
+    RT_CHECK(want_long == rope_long_, "[cuda] LongRoPE: a micro-batch's positions reach ", mx, ", so transformers (and ",
+             "the CPU backend) rotate it with the ", want_long ? "long" : "short", " factors, but this run's sequence ",
+             "length ", T_, " set the CUDA engine to the ", rope_long_ ? "long" : "short",
+             " ones (one table per run; original_max_position_embeddings ", s_.rope.original_max_positions,
+             "): use a sequence length on the same side of it as every document, or --device cpu");
+  }
   // Host staging of micro-batch k's ids, targets and positions.
   int32_t* ids_h(int64_t k) { return host_io_.as<int32_t>() + k * N_; }
   int32_t* targets_h(int64_t k) { return host_io_.as<int32_t>() + (K_ + k) * N_; }
@@ -435,6 +452,7 @@ class StreamEngine final : public Backend {
       std::copy(b[k].inputs.begin(), b[k].inputs.begin() + N_, ids_h(k));
       std::copy(b[k].targets.begin(), b[k].targets.begin() + N_, targets_h(k));
       batch_positions(b[k], pos_h(k));
+      if (s_.rope.scaling == RopeScaling::longrope) rope_table_check(pos_h(k));
       const int32_t* d = batch_doc_start(b[k]);
       has_doc_[static_cast<size_t>(k)] = d != nullptr;
       if (d) std::copy(d, d + N_, doc_h(k));
@@ -493,6 +511,7 @@ class StreamEngine final : public Backend {
       const bf16* w = weights_->use_layer(i);
       const BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
+      const auto codes = ops_->share_weights();  // --matmul fp8: layer i's weights quantized once for the K
       for (int64_t k = 0; k < K_; ++k) {
         const bf16* x = ckpt_->lm_in(k, i);
         if (k + 1 < K_)
@@ -524,16 +543,20 @@ class StreamEngine final : public Backend {
       const BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
       const BlockGrads bg = bind_grads(units[i + 1], g);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
-      for (int64_t k = 0; k < K_; ++k) {  // in micro-batch order: the gradient sums as micro-batch-major's do
-        const bf16* x = ckpt_->lm_in(k, i);
-        if (k + 1 < K_)
-          ckpt_->lm_prefetch(k + 1, i);
-        else if (i > 0)
-          ckpt_->lm_prefetch(0, i - 1);
-        const int32_t* pos = pos_.data() + k * N_;
-        block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
-        block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
-        ckpt_->lm_done(k, i);
+      {
+        const auto codes = ops_->share_weights();  // --matmul fp8: layer i's weights quantized once for the K
+        // in micro-batch order: the gradient sums as micro-batch-major's do
+        for (int64_t k = 0; k < K_; ++k) {
+          const bf16* x = ckpt_->lm_in(k, i);
+          if (k + 1 < K_)
+            ckpt_->lm_prefetch(k + 1, i);
+          else if (i > 0)
+            ckpt_->lm_prefetch(0, i - 1);
+          const int32_t* pos = pos_.data() + k * N_;
+          block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
+          block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
+          ckpt_->lm_done(k, i);
+        }
       }
       dev_.tracer.gpu_end(sp, cs);
       grads_->end_layer(i, /*first_micro=*/true);  // the whole step's gradient of layer i: it leaves once
@@ -705,6 +728,7 @@ class StreamEngine final : public Backend {
   std::unique_ptr<OptimizerPhase> optimizer_;
   DevBuf<bf16> hf_, dx_, dhf_;
   DevBuf<float> rstd_f_, inv_freq_, inv_freq_local_;
+  bool rope_long_ = false;  // LongRoPE: inv_freq_ holds the long factors' table
   DevBuf<int32_t> ids_, targets_, pos_, doc_;
   std::vector<bool> has_doc_;  // per micro-batch slot: doc_ holds its document starts
   PinnedBuf host_io_, host_small_;
