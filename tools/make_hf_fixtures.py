@@ -13,7 +13,8 @@ torch/transformers versions or CPUs may differ in the last bits (the versions ar
 What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
 
 <out>/hf/<name>/   for name in llama_gqa_rope3, mistral, qwen2_bias_tied, qwen3_qknorm_hd,
-                   olmo2_postnorm, granite_mult, smollm3_nope, phi3_longrope_short,
+                   olmo2_postnorm, granite_mult, smollm3_nope, gemma_geglu,
+                   gemma2_softcap_window, gemma3_local_rope, phi3_longrope_short,
                    phi4mini_partial_tied
   config.json        exactly what transformers' save_pretrained wrote (5.x dialect:
                      "rope_parameters" = {"rope_type", "rope_theta", ...}).
@@ -116,6 +117,8 @@ def model_configs():
     """name -> (config class name, kwargs). Dims tiny; each family exercises one feature."""
     common = dict(num_hidden_layers=2, max_position_embeddings=64, hidden_act="silu",
                   use_cache=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    gemma = {k: v for k, v in common.items() if k != "hidden_act"}  # Gemma names its activation itself
+    gemma["rms_norm_eps"] = 1e-6
     return {
         # GQA 4/2, head_dim 16, llama3 rope: with theta 1e4 and original context 32 the 8
         # frequencies fall in all three llama3 regions (checked in llama3_regions_check).
@@ -166,6 +169,31 @@ def model_configs():
             tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
             no_rope_layers=[1, 0], use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+        # Gemma: (1 + w) RMSNorms, embedding times sqrt(hidden), GeGLU (gelu tanh), tied.
+        "gemma_geglu": ("GemmaConfig", dict(
+            gemma, vocab_size=96, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        # Gemma 2: sandwich norms, query_pre_attn_scalar, attention and final soft caps small
+        # enough to bite, layers 0 and 2 sliding with a window of 5 < SEQ_LEN, untied.
+        "gemma2_softcap_window": ("Gemma2Config", dict(
+            gemma, num_hidden_layers=3, vocab_size=104, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=False,
+            query_pre_attn_scalar=24, sliding_window=5, attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        # Gemma 3 (text): q/k (1 + w) norms, layers 0 and 2 sliding (window 6) rotating with
+        # their own base, the global layer with linear RoPE scaling; tied.
+        "gemma3_local_rope": ("Gemma3TextConfig", dict(
+            gemma, num_hidden_layers=3, vocab_size=112, hidden_size=48, intermediate_size=80,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+            query_pre_attn_scalar=16, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
         # Phi-3: fused qkv_proj and gate_up_proj, GQA 4/2, head_dim 12 rotated whole, LongRoPE
         # with T = 16 <= original_max_position_embeddings 32 (the short factors; attention
         # factor sqrt(1 + ln(64/32) / ln 32)), sliding_window 16 = T (the mask at its edge).
@@ -194,15 +222,16 @@ def model_configs():
 def params_reinit(model, gen):
     """Overwrite every parameter from `gen` so the model is far from uniform predictions.
 
-    Norm weights 1 + 0.3 randn, biases 0.3 randn, embeddings std 1.0 (0.35 when tied, since the
+    Norm weights 1 + 0.3 randn (Gemma's (1 + w) norms: w = 0.3 randn, the same scale), biases 0.3 randn, embeddings std 1.0 (0.35 when tied, since the
     same matrix is the LM head), other matrices std 0.3.
     """
     tied = model.config.tie_word_embeddings
+    norm_one = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if "norm" in name:
-                v = 1.0 + 0.3 * r
+                v = norm_one + 0.3 * r
             elif name.endswith(".bias"):
                 v = 0.3 * r
             elif "embed_tokens" in name:
@@ -331,7 +360,8 @@ def hf_fixture_write(out_dir, name, cls_name, cfg_kwargs, seed):
     if abs(loss.item() - lnv) <= 0.5:
         sys.exit(f"[make_hf_fixtures] {name}: loss within 0.5 of ln(vocab); raise init scales")
     print(f"  files: {file_sizes(d)}")
-    return saved_cfg, model.model.rotary_emb.inv_freq.detach().clone()
+    inv = getattr(model.model.rotary_emb, "inv_freq", None)  # Gemma 3 keeps one per layer type
+    return saved_cfg, None if inv is None else inv.detach().clone()
 
 
 # ---------------------------------------------------------------- 4.x config dialect variants

@@ -13,6 +13,8 @@
 // Backward tasks: one per (b, g), looping over its heads and rows in a fixed
 // order; each task owns its dq rows and its dk/dv rows, so results are
 // bit-identical for any thread count. dq, dk, dv are written with '='.
+// Window W > 0: j0 is also > t - W. Soft cap c > 0: s_j = c tanh(z_j / c) with
+// z_j = (q_t . k_j) * scale, and the backward's dS picks up 1 - tanh^2.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,9 +49,16 @@ void doc_start_check(const int32_t* doc_start, int64_t B, int64_t T, const char*
     }
 }
 
-// First key row t of sequence b sees.
-int64_t first_key(const int32_t* doc_start, int64_t b, int64_t T, int64_t t) {
-  return doc_start ? doc_start[b * T + t] : 0;
+// First key row t of sequence b sees (window > 0: no further back than t - window + 1).
+int64_t first_key(const int32_t* doc_start, int64_t b, int64_t T, int64_t t, int64_t window) {
+  const int64_t d = doc_start ? doc_start[b * T + t] : 0;
+  return window > 0 ? std::max(d, t - window + 1) : d;
+}
+
+// The score of one (query, key) pair: z * scale, soft-capped when softcap > 0 (HF order: divide, tanh, multiply).
+float score(float z, float scale, float softcap) {
+  const float s = z * scale;
+  return softcap > 0.f ? std::tanh(s / softcap) * softcap : s;
 }
 
 float dot(const float* a, const float* b, int64_t D) {
@@ -61,8 +70,10 @@ float dot(const float* a, const float* b, int64_t D) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start) {
+                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start, int64_t window, float softcap) {
   attention_check(B, T, H, G, D, "attention_forward");
+  RT_CHECK(window >= 0 && softcap >= 0.f, "[cpu/attention_forward] window ", window, " and softcap ", softcap,
+           " must be >= 0");
   doc_start_check(doc_start, B, T, "attention_forward");
   if (B == 0 || T == 0) return;
   const int64_t R = H / G;
@@ -76,10 +87,10 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const int64_t t_end = std::min(T, (rb + 1) * kRowBlock);
       for (int64_t t = rb * kRowBlock; t < t_end; ++t) {
         const float* qt = q + ((b * T + t) * H + h) * D;
-        const int64_t j0 = first_key(doc_start, b, T, t);
+        const int64_t j0 = first_key(doc_start, b, T, t, window);
         float mx = -INFINITY;
         for (int64_t j = j0; j <= t; ++j) {
-          p[j] = dot(qt, k + ((b * T + j) * G + g) * D, D) * scale;
+          p[j] = score(dot(qt, k + ((b * T + j) * G + g) * D, D), scale, softcap);
           mx = std::max(mx, p[j]);
         }
         float sum = 0.f;
@@ -103,14 +114,17 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
-                        int64_t D, const int32_t* doc_start) {
+                        int64_t D, const int32_t* doc_start, int64_t window, float softcap) {
   attention_check(B, T, H, G, D, "attention_backward");
+  RT_CHECK(window >= 0 && softcap >= 0.f, "[cpu/attention_backward] window ", window, " and softcap ", softcap,
+           " must be >= 0");
   doc_start_check(doc_start, B, T, "attention_backward");
   if (B == 0 || T == 0) return;
   const int64_t R = H / G;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   parallel_for(B * G, 1, [&](int64_t task0, int64_t task1) {
-    std::vector<float> p(static_cast<size_t>(T)), ds(static_cast<size_t>(T)), acc(static_cast<size_t>(D));
+    std::vector<float> p(static_cast<size_t>(T)), ds(static_cast<size_t>(T)), acc(static_cast<size_t>(D)),
+        cap_grad(static_cast<size_t>(softcap > 0.f ? T : 0));
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / G, g = task % G;
       auto kv_row = [&](int64_t j) { return ((b * T + j) * G + g) * D; };  // offset of row j in k/v/dk/dv
@@ -133,10 +147,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           // exp(s - lse) with lse rounded to fp32 scales a whole row by
           // (1 + |lse| * 2^-24), and that error survives the cancellation in
           // dP - D_t of sharp rows (measured: 4x the fp64 distance of torch).
-          const int64_t j0 = first_key(doc_start, b, T, t);
+          const int64_t j0 = first_key(doc_start, b, T, t, window);
           float mx = -INFINITY;
           for (int64_t j = j0; j <= t; ++j) {
-            p[j] = dot(qt, k + kv_row(j), D) * scale;
+            p[j] = score(dot(qt, k + kv_row(j), D), scale, softcap);
+            if (softcap > 0.f) cap_grad[j] = 1.f - (p[j] / softcap) * (p[j] / softcap);  // 1 - tanh^2
             mx = std::max(mx, p[j]);
           }
           float z = 0.f;  // same operations and order as the forward: the same P
@@ -154,6 +169,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           }
           const float dif = static_cast<float>(di);
           for (int64_t j = j0; j <= t; ++j) ds[j] = p[j] * (ds[j] - dif);  // dS = P * (dP - D_t)
+          if (softcap > 0.f)
+            for (int64_t j = j0; j <= t; ++j) ds[j] *= cap_grad[j];
           std::fill(acc.begin(), acc.end(), 0.f);
           for (int64_t j = j0; j <= t; ++j) {
             const float* kj = k + kv_row(j);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "core/fp8.h"
 #include "cpu/fp8.h"
 #include "cpu/moe.h"
@@ -24,7 +25,8 @@ class CpuOps {
   using Buffer = std::vector<T>;
   static constexpr bool supports_moe = true;  // moe_forward / moe_backward (cpu/moe.h)
 
-  explicit CpuOps(const ModelSpec& s) : rope_(s) {}
+  // Gemma: every norm scales by (norm_offset + w); local layers may rotate with rope_local.
+  explicit CpuOps(const ModelSpec& s) : rope_(s), norm_offset_(static_cast<float>(s.norm_offset)) {}
 
   template <class T>
   Buffer<T> alloc(int64_t n) {
@@ -38,11 +40,11 @@ class CpuOps {
     cpu::embedding_backward(dtable, dout, ids, N, C);
   }
   void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps) {
-    cpu::rms_norm_forward(out, rstd, x, w, N, C, eps);
+    cpu::rms_norm_forward(out, rstd, x, w, N, C, eps, norm_offset_);
   }
   void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
                          int64_t N, int64_t C) {
-    cpu::rms_norm_backward(dx, dw, dout, x, w, rstd, N, C);
+    cpu::rms_norm_backward(dx, dw, dout, x, w, rstd, N, C, norm_offset_);
   }
   void set_matmul(MatmulMode m) { matmul_ = m; }
   MatmulMode matmul() const { return matmul_; }
@@ -63,25 +65,32 @@ class CpuOps {
     else
       cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
   }
-  // Phi3: partial rotary and LongRoPE's two tables (cpu::RopeTables)
-  void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cpu::rope_forward(x, pos, rope_.select(pos, N), N, heads, D, rope_.rotary_dim, rope_.scale);
+  // Phi3: partial rotary and LongRoPE's two tables (cpu::RopeTables); local:
+  // the spec's rope_local (Gemma 3's sliding layers) instead of its rope.
+  void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
+    cpu::rope_forward(x, pos, rope_.select(pos, N, local), N, heads, D, rope_.rotary_dim, rope_.scale);
   }
-  void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cpu::rope_backward(dx, pos, rope_.select(pos, N), N, heads, D, rope_.rotary_dim, rope_.scale);
+  void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
+    cpu::rope_backward(dx, pos, rope_.select(pos, N, local), N, heads, D, rope_.rotary_dim, rope_.scale);
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
-    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D, doc_start);
+                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
+                         float softcap = 0.f) {
+    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D, doc_start, window, softcap);
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                           const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
-                          int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
-    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, doc_start);
+                          int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
+                          float softcap = 0.f) {
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, doc_start, window, softcap);
   }
   void swiglu_forward(float* out, const float* g, const float* u, int64_t n) { cpu::swiglu_forward(out, g, u, n); }
   void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {
     cpu::swiglu_backward(dg, du, dout, g, u, n);
+  }
+  void geglu_forward(float* out, const float* g, const float* u, int64_t n) { cpu::geglu_forward(out, g, u, n); }
+  void geglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {
+    cpu::geglu_backward(dg, du, dout, g, u, n);
   }
   void add_inplace(float* y, const float* x, int64_t n) { cpu::add_inplace(y, x, n); }
   void scale(float* y, const float* x, float alpha, int64_t n) { cpu::scale(y, x, alpha, n); }
@@ -109,12 +118,14 @@ class CpuOps {
     if (dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   }
   double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets, int64_t N,
-                               int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid) {
-    return cpu::lm_head_cross_entropy(dh, dw, h, w, targets, N, C, V, grad_scale, chunk_rows, n_valid);
+                               int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid,
+                               float softcap = 0.f) {
+    return cpu::lm_head_cross_entropy(dh, dw, h, w, targets, N, C, V, grad_scale, chunk_rows, n_valid, softcap);
   }
 
  private:
   cpu::RopeTables rope_;
+  float norm_offset_ = 0.f;
   MatmulMode matmul_ = MatmulMode::bf16;
 };
 

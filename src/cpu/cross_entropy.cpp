@@ -26,7 +26,8 @@ constexpr int64_t kRowGrain = 4;  // logits rows per task (each row is V long)
 }  // namespace
 
 double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets, int64_t N,
-                             int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid) {
+                             int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid,
+                             float softcap) {
   RT_CHECK(N >= 0 && C > 0 && V > 0, "[cpu/lm_head_cross_entropy] bad shape N=", N, " C=", C, " V=", V);
   RT_CHECK(chunk_rows > 0, "[cpu/lm_head_cross_entropy] chunk_rows must be positive, got ", chunk_rows);
   int64_t valid = 0;
@@ -58,6 +59,11 @@ double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* 
             for (int64_t j = 0; j < V; ++j) l[j] = 0.f;
           continue;
         }
+        // soft cap (HF order: divide, tanh, multiply); the backward's factor 1 - tanh^2 from the capped value
+        if (softcap > 0.f)
+          for (int64_t j = 0; j < V; ++j) l[j] = std::tanh(l[j] / softcap) * softcap;
+        std::vector<float> capped;
+        if (softcap > 0.f && need_grad) capped.assign(l, l + V);
         float mx = l[0];
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, l[j]);
         double sum = 0;
@@ -69,6 +75,11 @@ double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* 
           const float p_t = std::exp(l[t] - lse_f);
           for (int64_t j = 0; j < V; ++j) l[j] = grad_scale * std::exp(l[j] - lse_f);
           l[t] = grad_scale * (p_t - 1.f);
+          if (softcap > 0.f)
+            for (int64_t j = 0; j < V; ++j) {
+              const float th = capped[j] / softcap;
+              l[j] *= 1.f - th * th;
+            }
         }
       }
     });

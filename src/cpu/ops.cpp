@@ -71,8 +71,10 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 // ---- RMSNorm ----
 
 // x, out [N,C]; w [C]; rstd [N]. rstd = 1/sqrt(mean(x^2) + eps), the mean
-// accumulated in double and rounded to fp32; out = w * (x * rstd) in fp32 (HF order).
-void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps) {
+// accumulated in double and rounded to fp32; out = w * (x * rstd) in fp32 (HF order),
+// w + w_offset for Gemma's (1 + w) norms.
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps,
+                      float w_offset) {
   parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* xr = x + n * C;
@@ -82,24 +84,24 @@ void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, i
       const float r = 1.f / std::sqrt(var + eps);
       rstd[n] = r;
       float* o = out + n * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (xr[c] * r);
+      for (int64_t c = 0; c < C; ++c) o[c] = (w_offset + w[c]) * (xr[c] * r);
     }
   });
 }
 
 // dx [N,C] (=): dx = rstd * (w*dout - x * rstd^2 * mean(w*dout*x)); dw [C] (+=): sum_n dout*x*rstd.
 void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
-                       int64_t N, int64_t C) {
+                       int64_t N, int64_t C, float w_offset) {
   parallel_for(N, kRowGrain, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* xr = x + n * C;
       const float* dr = dout + n * C;
       const float r = rstd[n];
       double dot = 0;  // sum_c w*dout*x
-      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(w[c] * dr[c]) * xr[c];
+      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>((w_offset + w[c]) * dr[c]) * xr[c];
       const float k = static_cast<float>(dot / static_cast<double>(C)) * r * r;
       float* o = dx + n * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = r * (w[c] * dr[c] - xr[c] * k);
+      for (int64_t c = 0; c < C; ++c) o[c] = r * ((w_offset + w[c]) * dr[c] - xr[c] * k);
     }
   });
   // dw: each task owns a block of columns and sums all rows in order.
@@ -158,6 +160,10 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, bool 
   for (int64_t i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(D);
     inv[i] = 1.f / std::pow(base, e);  // std::pow(float, float) -> float
+  }
+  if (rope.scaling == RopeScaling::linear) {  // HF: inv_freq /= factor, in fp32
+    RT_CHECK(rope.factor > 0, "[cpu/rope_inv_freq] linear rope_scaling needs factor > 0, got ", rope.factor);
+    for (auto& f : inv) f /= static_cast<float>(rope.factor);
   }
   if (rope.scaling == RopeScaling::llama3) {
     RT_CHECK(rope.factor > 0 && rope.high_freq_factor != rope.low_freq_factor && rope.low_freq_factor > 0 &&
@@ -257,6 +263,21 @@ RopeTables::RopeTables(const ModelSpec& s)
   } else {
     scale = 1.f;
   }
+  if (s.rope_local_on) {
+    RT_CHECK(s.rope_local.scaling != RopeScaling::longrope,
+             "[cpu/rope] LongRoPE for the local (sliding) layers' rope_local is not supported");
+    inv_local = rope_inv_freq(s.rope_local, s.head_dim);
+    RT_CHECK(static_cast<int64_t>(inv_local.size()) * 2 == rotary_dim, "[cpu/rope] rope_local rotates ",
+             inv_local.size() * 2, " dims, rope ", rotary_dim, "; both must rotate the same dims");
+  }
+}
+
+const float* RopeTables::select(const int32_t* pos, int64_t N, bool local) const {
+  if (local) {
+    RT_CHECK(!inv_local.empty(), "[cpu/rope] internal: a local RoPE without rope_local in the spec");
+    return inv_local.data();
+  }
+  return use_long(pos, N) ? inv_long.data() : inv_short.data();
 }
 
 bool RopeTables::use_long(const int32_t* pos, int64_t N) const {
@@ -287,6 +308,39 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
       const float silu = g / (1.f + std::exp(-g));
       dgate[i] = dout[i] * up[i] * (s * (1.f + g * (1.f - s)));
       dup[i] = dout[i] * silu;
+    }
+  });
+}
+
+// ---- GeGLU (tanh approximation) ----
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+}  // namespace
+
+// out = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (torch's
+// approximate="tanh")
+void geglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = gate[i];
+      const float t = std::tanh(kGeluK * (g + kGeluA * g * g * g));
+      out[i] = 0.5f * g * (1.f + t) * up[i];
+    }
+  });
+}
+
+// d gelu_tanh/dg = 0.5 (1 + t) + 0.5 g (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 g^2);
+// dgate = dout * up * that, dup = dout * gelu_tanh(g)
+void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = gate[i];
+      const float t = std::tanh(kGeluK * (g + kGeluA * g * g * g));
+      const float dgelu = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * kGeluK * (1.f + 3.f * kGeluA * g * g);
+      dgate[i] = dout[i] * up[i] * dgelu;
+      dup[i] = dout[i] * (0.5f * g * (1.f + t));
     }
   });
 }

@@ -32,12 +32,14 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 // dtable[V,C] += scatter of dout[N,C] by ids.
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C);
 
-// ---- RMSNorm: y = w * x / sqrt(mean(x^2) + eps), over the last dim C ----
-// x, out [N,C]; w [C]; rstd [N] saved for backward.
-void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps);
+// ---- RMSNorm: y = (w_offset + w) * x / sqrt(mean(x^2) + eps), over the last dim C ----
+// x, out [N,C]; w [C]; rstd [N] saved for backward. w_offset: 0, or 1 for
+// Gemma's (1 + w) norms (ModelSpec::norm_offset).
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C, float eps,
+                      float w_offset = 0.f);
 // dx [N,C] (=), dw [C] (+=).
 void rms_norm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
-                       int64_t N, int64_t C);
+                       int64_t N, int64_t C, float w_offset = 0.f);
 
 // ---- linear: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be null) ----
 void linear_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I, int64_t O);
@@ -47,8 +49,8 @@ void linear_backward(float* dx, float* dw, float* dbias, const float* dout, cons
 
 // ---- RoPE, HF rotate-half convention ----
 // inv_freq[R/2] for R = int(D * partial_rotary_factor) rotated dims (D = head_dim):
-// theta^(-2i/R), with llama3 scaling applied when configured; LongRoPE divides
-// it by short_factor[i], or long_factor[i] when long_factors is set.
+// theta^(-2i/R), with llama3 or linear scaling applied when configured; LongRoPE
+// divides it by short_factor[i], or long_factor[i] when long_factors is set.
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t D, bool long_factors = false);
 // In place on x [N, heads, D] with per-row positions pos[N]:
 // x1 = x[..., :D/2], x2 = x[..., D/2:]; angle = pos * inv_freq (fp32);
@@ -70,14 +72,14 @@ void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t
 struct RopeTables {
   std::vector<float> inv_short;  // the only table without LongRoPE
   std::vector<float> inv_long;   // LongRoPE only
+  std::vector<float> inv_local;  // rope_local_on only (Gemma 3's sliding layers)
   int64_t rotary_dim = 0;
   float scale = 1.f;
   int64_t long_above = 0;  // LongRoPE: original_max_position_embeddings
   explicit RopeTables(const ModelSpec& s);
   bool use_long(const int32_t* pos, int64_t N) const;
-  const float* select(const int32_t* pos, int64_t N) const {
-    return use_long(pos, N) ? inv_long.data() : inv_short.data();
-  }
+  // local: Gemma 3's sliding layers rotate with the spec's rope_local instead.
+  const float* select(const int32_t* pos, int64_t N, bool local = false) const;
 };
 
 // ---- causal self-attention with GQA, fp32 softmax, scale 1/sqrt(D) ----
@@ -87,17 +89,26 @@ struct RopeTables {
 // only. Documents are contiguous: doc_start[b,0] = 0 and doc_start[b,t] is
 // either t (a document starts) or doc_start[b,t-1] (checked). nullptr: one
 // document per sequence (plain causal).
+// window > 0 (Gemma's sliding layers): query t sees only keys j > t - window
+// as well (HF's sliding_window_overlay). softcap > 0 (Gemma 2): each scaled
+// score s becomes softcap * tanh(s / softcap) before the softmax.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr);
+                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
+                       float softcap = 0.f);
 // dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=; summed over the H/G query heads of each group).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
-                        int64_t D, const int32_t* doc_start = nullptr);
+                        int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f);
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n values ----
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 // dgate, dup (=).
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+
+// ---- GeGLU: out = gelu_tanh(gate) * up (Gemma), elementwise over n values ----
+void geglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// dgate, dup (=).
+void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
 
 // ---- elementwise ----
 void add_inplace(float* y, const float* x, int64_t n);  // y += x
@@ -110,7 +121,10 @@ void scale(float* y, const float* x, float alpha, int64_t n);
 // targets[n] == -100 is ignored. Returns the SUM of losses over valid rows and
 // sets *n_valid. When dh is non-null: dh[N,C] (=) = grad_scale * d(sum loss)/dh;
 // when dw is non-null: dw[V,C] (+=) likewise. chunk_rows bounds the logits buffer.
+// softcap > 0 (Gemma 2's final_logit_softcapping): the logits are
+// softcap * tanh(logit / softcap).
 double lm_head_cross_entropy(float* dh, float* dw, const float* h, const float* w, const int32_t* targets, int64_t N,
-                             int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid);
+                             int64_t C, int64_t V, float grad_scale, int64_t chunk_rows, int64_t* n_valid,
+                             float softcap = 0.f);
 
 }  // namespace rt::cpu

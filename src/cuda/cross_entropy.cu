@@ -40,16 +40,23 @@ __device__ __forceinline__ float4 row_logits(const float* x, int64_t c, int64_t 
 // Row r of the chunk (Vr logits, the first V real): loss[r] = lse -
 // logit[target] (0 when ignored), valid[r] = 0/1, dlogits[r, :V] = grad_scale
 // * (softmax - onehot) or 0, dlogits[r, V:Vr] = 0.
+// Gemma 2's final soft cap on the real columns (padding stays -inf): cap * tanh(x / cap).
+__device__ __forceinline__ float4 capped(float4 v, float cap) {
+  if (cap <= 0.f) return v;
+  auto f = [cap](float x) { return x == -INFINITY ? x : tanhf(x / cap) * cap; };
+  return make_float4(f(v.x), f(v.y), f(v.z), f(v.w));
+}
+
 __global__ void __launch_bounds__(kRowThreads)
     cross_entropy_row_kernel(bf16* dlogits, float* loss, int* valid, const float* logits, const int32_t* targets,
-                             int64_t V, int64_t Vr, float grad_scale, bool want_grad) {
+                             int64_t V, int64_t Vr, float grad_scale, bool want_grad, float softcap) {
   __shared__ float sm_m[32], sm_s[32];
   const int64_t r = blockIdx.x;
   const float* x = logits + r * Vr;
   const int32_t t = targets[r];
   float m = -INFINITY, s = 0.f;
   for (int64_t c = threadIdx.x * 4; c < Vr; c += kRowThreads * 4) {
-    const float4 v = row_logits(x, c, V);
+    const float4 v = capped(row_logits(x, c, V), softcap);
     const float mx = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
     if (mx == -INFINITY) continue;  // four padding columns (V < Vr)
     const float mn = fmaxf(m, mx);
@@ -74,19 +81,25 @@ __global__ void __launch_bounds__(kRowThreads)
   const float lse = m + logf(s);
   const bool ok = t >= 0 && t < V;
   if (threadIdx.x == 0) {
-    loss[r] = ok ? lse - x[t] : 0.f;
+    loss[r] = ok ? lse - (softcap > 0.f ? tanhf(x[t] / softcap) * softcap : x[t]) : 0.f;
     valid[r] = ok ? 1 : 0;
   }
   if (!want_grad) return;
   bf16* d = dlogits + r * Vr;
   for (int64_t c = threadIdx.x * 4; c < Vr; c += kRowThreads * 4) {
-    const float4 v = row_logits(x, c, V);  // expf(-inf - lse) = 0: padding columns get no gradient
+    const float4 v = capped(row_logits(x, c, V), softcap);  // expf(-inf - lse) = 0: padding gets no gradient
     float g[4] = {0.f, 0.f, 0.f, 0.f};
     if (ok) {
       g[0] = grad_scale * (expf(v.x - lse) - (c == t ? 1.f : 0.f));
       g[1] = grad_scale * (expf(v.y - lse) - (c + 1 == t ? 1.f : 0.f));
       g[2] = grad_scale * (expf(v.z - lse) - (c + 2 == t ? 1.f : 0.f));
       g[3] = grad_scale * (expf(v.w - lse) - (c + 3 == t ? 1.f : 0.f));
+      if (softcap > 0.f) {  // through the cap: 1 - tanh^2 (0 on padding, whose g is 0)
+        const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (vs[i] != -INFINITY) g[i] *= 1.f - (vs[i] / softcap) * (vs[i] / softcap);
+      }
     }
     __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(d + c);
     out[0] = __floats2bfloat162_rn(g[0], g[1]);
@@ -133,7 +146,7 @@ size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V) {
 
 void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h, const bf16* w,
                            const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
-                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream) {
+                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream, float softcap) {
   RT_CHECK(chunk_rows > 0 && chunk_rows % 8 == 0,
            "[cuda lm_head_cross_entropy] chunk_rows must be a positive "
            "multiple of 8, got ",
@@ -155,7 +168,7 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
     const int64_t rows = std::min(chunk_rows, N - r0);
     blas.matmul_nt(logits, DType::f32, h + r0 * C, w, rows, Vr, C, 0.f, stream);  // [rows,Vr] = h @ w^T
     cross_entropy_row_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        dlogits, loss, valid, logits, targets + r0, V, Vr, grad_scale, want_grad);
+        dlogits, loss, valid, logits, targets + r0, V, Vr, grad_scale, want_grad, softcap);
     CUDA_CHECK_LAUNCH();
     if (dh) blas.matmul_nn(dh + r0 * C, DType::bf16, dlogits, w, rows, C, Vr, 0.f, stream);  // [rows,C]
     if (dw) blas.matmul_tn(dw, DType::f32, dlogits, h + r0 * C, Vr, C, rows, 1.f, stream);   // [Vr,C] +=

@@ -35,12 +35,14 @@ class CudaOps {
   Blas& blas() { return blas_; }
   Scratch scratch() const { return scratch_; }
 
+  // Gemma's (1 + w) norms: every norm of the model scales by (offset + w) (ModelSpec::norm_offset).
+  void set_norm_offset(float offset) { norm_offset_ = offset; }
   void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps) {
-    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_);
+    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_, norm_offset_);
   }
   void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
                          int64_t N, int64_t C) {
-    cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_);
+    cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_, norm_offset_);
   }
   // fp8 needs a Hopper GPU (cuda/fp8.h fp8_supported; make_cuda_backend checks).
   void set_matmul(MatmulMode m) { matmul_ = m; }
@@ -113,30 +115,49 @@ class CudaOps {
     if (dx) moe_blas().matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, s_);
     moe_blas().matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, s_);
   }
+  // Gemma 3's local layers rotate with a second set of frequencies (set_local_rope, device fp32 [rotary_dim/2]).
+  void set_local_rope(const float* inv_freq_local) { inv_freq_local_ = inv_freq_local; }
   // Phi3: the rotated dims (0: the whole head) and LongRoPE's cos/sin scale;
   // inv_freq holds rotary_dim / 2 frequencies.
   void set_rope(int64_t rotary_dim, float scale) {
     rotary_dim_ = rotary_dim;
     rope_scale_ = scale;
   }
-  void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cuda::rope_forward(x, pos, inv_freq_, N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
+  void rope_forward(bf16* x, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
+    cuda::rope_forward(x, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
-  void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D) {
-    cuda::rope_backward(dx, pos, inv_freq_, N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
+  void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
+    cuda::rope_backward(dx, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
+  // Gemma's window (keys > t - window) and soft cap are not in the fused
+  // kernels: a window of at least T is plain causal attention; a shorter one
+  // or a soft cap runs the simple fallback (cuda/attention_masked.cu).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr) {
+                         int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
+                         float softcap = 0.f) {
+    if (masked(T, window, softcap)) {
+      cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start);
+      return;
+    }
     cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                          const int32_t* doc_start = nullptr) {
+                          const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f) {
+    if (masked(T, window, softcap)) {
+      cuda::attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch_, s_,
+                                      doc_start);
+      return;
+    }
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
   void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
     cuda::swiglu_backward(dg, du, dout, g, u, n, s_);
+  }
+  void geglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::geglu_forward(out, g, u, n, s_); }
+  void geglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
+    cuda::geglu_backward(dg, du, dout, g, u, n, s_);
   }
   void add_inplace(bf16* y, const bf16* x, int64_t n) { cuda::add_inplace(y, x, n, s_); }
   void scale(bf16* y, const bf16* x, float alpha, int64_t n) { cuda::scale(y, x, alpha, n, s_); }
@@ -184,7 +205,14 @@ class CudaOps {
     return *moe_blas_;
   }
 
+  static bool masked(int64_t T, int64_t window, float softcap) { return (window > 0 && window < T) || softcap > 0.f; }
+  const float* freqs(bool local) const {
+    RT_CHECK(!local || inv_freq_local_, "[cuda ops] internal: a local RoPE layer without set_local_rope");
+    return local ? inv_freq_local_ : inv_freq_;
+  }
   const float* inv_freq_;
+  const float* inv_freq_local_ = nullptr;
+  float norm_offset_ = 0.f;
   int64_t rotary_dim_ = 0;
   float rope_scale_ = 1.f;
   Scratch scratch_;

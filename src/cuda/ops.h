@@ -87,18 +87,20 @@ void embedding_backward(float* dtable, const bf16* dout, const int32_t* ids, int
 // ---- RMSNorm over the last dim C: y = w * x * rstd, rstd = 1/sqrt(mean(x^2) + eps) ----
 // Per-head q/k norm (Qwen3) is this with rows = N*heads and C = D.
 // out [N,C], rstd [N] (fp32, saved for backward), x [N,C], w [C].
+// w_offset: Gemma's (1 + w) norms scale by w_offset + w (fp32), as cpu::rms_norm_forward.
 void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps,
-                      cudaStream_t stream);
+                      cudaStream_t stream, float w_offset = 0.f);
 // Fused residual add: sum = bf16(x + r) (written), out = norm(sum). Pass sum as
 // x to rms_norm_backward.
 void rms_norm_residual_forward(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
-                               int64_t N, int64_t C, float eps, cudaStream_t stream);
+                               int64_t N, int64_t C, float eps, cudaStream_t stream, float w_offset = 0.f);
 // dx [N,C] (=) = d norm / dx, plus dresidual[N,C] when non-null (the gradient
 // arriving on the residual stream, so the fused residual backward is one pass);
 // dw [C] (+=). dw is summed over fixed row splits, then the splits in order.
 size_t rms_norm_backward_scratch_bytes(int64_t N, int64_t C);
 void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
-                       const bf16* dresidual, int64_t N, int64_t C, Scratch scratch, cudaStream_t stream);
+                       const bf16* dresidual, int64_t N, int64_t C, Scratch scratch, cudaStream_t stream,
+                       float w_offset = 0.f);
 
 // ---- linear: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be null; bias needs bf16 out) ----
 void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const bf16* w, const bf16* bias, int64_t N,
@@ -129,6 +131,11 @@ void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cuda
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
                      cudaStream_t stream);
 
+// ---- GeGLU (Gemma): out = gelu_tanh(gate) * up over n values ----
+void geglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream);
+void geglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
+                    cudaStream_t stream);
+
 // ---- elementwise ----
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);  // y = bf16(y + x)
 // y = bf16(alpha * x) in fp32 (y may be x); its own backward.
@@ -153,7 +160,7 @@ struct CrossEntropyTotals {
 size_t lm_head_cross_entropy_scratch_bytes(int64_t chunk_rows, int64_t V);
 void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* totals, const bf16* h, const bf16* w,
                            const int32_t* targets, int64_t N, int64_t C, int64_t V, float grad_scale,
-                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream);
+                           int64_t chunk_rows, Scratch scratch, cudaStream_t stream, float softcap = 0.f);
 
 // ---- causal self-attention with GQA, scale 1/sqrt(D), D in {64, 96, 128, 256} ----
 // FlashAttention style: tiles in shared memory, bf16 products with fp32
@@ -193,6 +200,17 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                         Scratch scratch, cudaStream_t stream, const int32_t* doc_start = nullptr);
+// Gemma's sliding window (keys j > t - window; 0: none) and attention-logit
+// soft cap (softcap > 0), which the fused kernels do not mask: a simple
+// one-warp-per-row fallback (cuda/attention_masked.cu), same layouts, lse and
+// scratch (attention_backward_scratch_bytes) as the fused pair; D % 32 == 0, D <= 256.
+void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                              int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
+                              cudaStream_t stream, const int32_t* doc_start = nullptr);
+void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                               const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                               int64_t G, int64_t D, int64_t window, float softcap, Scratch scratch,
+                               cudaStream_t stream, const int32_t* doc_start = nullptr);
 
 
 // ---- mixture-of-experts MLP (src/cpu/moe.h states the contract; letters

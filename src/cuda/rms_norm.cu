@@ -16,7 +16,7 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
 template <bool kResidual>
 __global__ void rms_norm_forward_kernel(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
-                                        int64_t N, int64_t C, float eps) {
+                                        int64_t N, int64_t C, float eps, float w_offset) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -46,14 +46,14 @@ __global__ void rms_norm_forward_kernel(bf16* out, bf16* sum, float* rstd, const
     detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(src + c), f);
     detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(w + c), g);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = f[k] * rs * g[k];
+    for (int k = 0; k < 8; ++k) f[k] = f[k] * rs * (w_offset + g[k]);
     *reinterpret_cast<bf16x8*>(out + row * C + c) = detail::float_to_bf16x8(f);
   }
 }
 
-// dx = rs*w*g - x * rs^3 / C * sum_j(w_j g_j x_j)  (+ dresidual)
+// dx = rs*w*g - x * rs^3 / C * sum_j(w_j g_j x_j)  (+ dresidual), w + w_offset for Gemma's (1 + w)
 __global__ void rms_norm_backward_dx_kernel(bf16* dx, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
-                                            const bf16* dres, int64_t N, int64_t C) {
+                                            const bf16* dres, int64_t N, int64_t C, float w_offset) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -66,7 +66,7 @@ __global__ void rms_norm_backward_dx_kernel(bf16* dx, const bf16* dout, const bf
     detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(gr + c), gf);
     detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(w + c), wf);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) dot += wf[k] * gf[k] * xf[k];
+    for (int k = 0; k < 8; ++k) dot += (w_offset + wf[k]) * gf[k] * xf[k];
   }
   dot = detail::warp_sum(dot);
   const float rs = rstd[row];
@@ -77,7 +77,7 @@ __global__ void rms_norm_backward_dx_kernel(bf16* dx, const bf16* dout, const bf
     detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(gr + c), gf);
     detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(w + c), wf);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) o[k] = rs * wf[k] * gf[k] - xf[k] * coef;
+    for (int k = 0; k < 8; ++k) o[k] = rs * (w_offset + wf[k]) * gf[k] - xf[k] * coef;
     if (dres) {
       float rf[8];
       detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(dres + row * C + c), rf);
@@ -139,23 +139,24 @@ void check_shapes(const char* where, int64_t C, const void* a, const void* b) {
 }  // namespace
 
 void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, float w_offset) {
   check_shapes("rms_norm_forward", C, out, x);
   if (N == 0) return;
   rms_norm_forward_kernel<false>
       <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(
-          out, nullptr, rstd, x, nullptr, w, N, C, eps);
+          out, nullptr, rstd, x, nullptr, w, N, C, eps, w_offset);
   CUDA_CHECK_LAUNCH();
 }
 
 void rms_norm_residual_forward(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
-                               int64_t N, int64_t C, float eps, cudaStream_t stream) {
+                               int64_t N, int64_t C, float eps, cudaStream_t stream, float w_offset) {
   check_shapes("rms_norm_residual_forward", C, out, x);
   check_shapes("rms_norm_residual_forward", C, sum, r);
   if (N == 0) return;
   rms_norm_forward_kernel<true>
       <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(out, sum, rstd, x,
-                                                                                                     r, w, N, C, eps);
+                                                                                                     r, w, N, C, eps,
+                                                                                                     w_offset);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -164,7 +165,8 @@ size_t rms_norm_backward_scratch_bytes(int64_t N, int64_t C) {
 }
 
 void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
-                       const bf16* dresidual, int64_t N, int64_t C, Scratch scratch, cudaStream_t stream) {
+                       const bf16* dresidual, int64_t N, int64_t C, Scratch scratch, cudaStream_t stream,
+                       float w_offset) {
   check_shapes("rms_norm_backward", C, dx, dout);
   if (dresidual) detail::check_aligned(dresidual, "rms_norm_backward dresidual");
   const size_t need = rms_norm_backward_scratch_bytes(N, C);
@@ -172,7 +174,7 @@ void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, con
            " (rms_norm_backward_scratch_bytes)");
   if (N == 0) return;
   rms_norm_backward_dx_kernel<<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0,
-                                stream>>>(dx, dout, x, w, rstd, dresidual, N, C);
+                                stream>>>(dx, dout, x, w, rstd, dresidual, N, C, w_offset);
   CUDA_CHECK_LAUNCH();
   const int64_t splits = dw_splits(N);
   float* partial = static_cast<float*>(scratch.ptr);

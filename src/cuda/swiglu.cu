@@ -1,5 +1,6 @@
-// SwiGLU and elementwise add on bf16 with fp32 math, one element per thread
-// step (grid-stride). silu(g) = g * sigmoid(g); expf, not __expf.
+// SwiGLU, GeGLU (Gemma) and elementwise add on bf16 with fp32 math, one
+// element per thread step (grid-stride). silu(g) = g * sigmoid(g); expf, not
+// __expf. gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanhf.
 #include <algorithm>
 
 #include "cuda/check.h"
@@ -32,6 +33,30 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout,
   }
 }
 
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi), as cpu/ops.cpp
+constexpr float kGeluA = 0.044715f;
+
+__global__ void geglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]);
+    const float t = tanhf(kGeluK * (g + kGeluA * g * g * g));
+    out[i] = __float2bfloat16(0.5f * g * (1.f + t) * u);
+  }
+}
+
+__global__ void geglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
+                                      int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]), d = __bfloat162float(dout[i]);
+    const float t = tanhf(kGeluK * (g + kGeluA * g * g * g));
+    const float dgelu = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * kGeluK * (1.f + 3.f * kGeluA * g * g);
+    dgate[i] = __float2bfloat16(d * u * dgelu);
+    dup[i] = __float2bfloat16(d * (0.5f * g * (1.f + t)));
+  }
+}
+
 __global__ void add_inplace_kernel(bf16* y, const bf16* x, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -56,6 +81,19 @@ void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
                      cudaStream_t stream) {
   if (n == 0) return;
   swiglu_backward_kernel<<<grid_for(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void geglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  geglu_forward_kernel<<<grid_for(n), 256, 0, stream>>>(out, gate, up, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void geglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  geglu_backward_kernel<<<grid_for(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n);
   CUDA_CHECK_LAUNCH();
 }
 

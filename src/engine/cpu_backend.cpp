@@ -79,7 +79,7 @@ class LayerMajorRunner {
       ops_.rms_norm_forward(hf_.data(), rstd_f_.data(), x(k, L), w.final_norm, N, C, static_cast<float>(s_.rms_eps));
       if (ls != 1.f) ops_.scale(hf_.data(), hf_.data(), ls, N * C);
       loss += ops_.lm_head_cross_entropy(dhf_.data(), g.lm_head, hf_.data(), w.lm_head, b[k].targets, N, C, V,
-                                         grad_scale, ce_chunk_, &nv);
+                                         grad_scale, ce_chunk_, &nv, static_cast<float>(s_.final_softcap));
       if (ls != 1.f) ops_.scale(dhf_.data(), dhf_.data(), ls, N * C);
       *n_valid += nv;
       ops_.rms_norm_backward(dx(k), g.final_norm, dhf_.data(), x(k, L), w.final_norm, rstd_f_.data(), N, C);

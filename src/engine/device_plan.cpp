@@ -217,6 +217,7 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   add("loss totals", 16);  // CrossEntropyTotals: double + long long
   add("gradient norms", u64(static_cast<int64_t>(U)) * 8);
   add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);
+  if (s.rope_local_on) add("local RoPE frequencies", cpu::rope_inv_freq(s.rope_local, s.head_dim).size() * 4);
   add("op scratch", op_scratch(s, B, T, o));
   if (o.muon) {  // cuda/newton_schulz.h: X, its copy, A, B (each rounded like the rest)
     const MuonMatrixDims d = muon_matrix_dims(s);

@@ -57,33 +57,39 @@ const float* KvDecoder::step(int32_t id) {
       ops_.linear_forward(k, xn, w.k_proj, w.k_bias, 1, C, KD);
     }
     ops_.linear_forward(vc + pos * KD, xn, w.v_proj, w.v_bias, 1, C, KD);
-    if (s.layer_uses_rope(l)) {  // SmolLM3's NoPE layers do not rotate
-      ops_.rope_forward(q_.data(), &p32, 1, H, D);
-      ops_.rope_forward(k, &p32, 1, G, D);
+    if (s.layer_uses_rope(l)) {  // SmolLM3's NoPE layers do not rotate; Gemma 3's local layers their own RoPE
+      ops_.rope_forward(q_.data(), &p32, 1, H, D, s.layer_rope_local(l));
+      ops_.rope_forward(k, &p32, 1, G, D, s.layer_rope_local(l));
     }
+    // Gemma: the window of a local layer (keys pos - window + 1 .. pos) and the attention soft cap
+    const int64_t window = s.layer_window(l), j0 = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    const float cap = static_cast<float>(s.attn_softcap);
     // one query row against the cached keys 0..pos (causal), heads in groups of H / G
     for (int64_t hd = 0; hd < H; ++hd) {
       const int64_t g = hd / (H / G);
       const float* qh = q_.data() + hd * D;
       float mx = -INFINITY;
-      for (int64_t j = 0; j <= pos; ++j) {
+      for (int64_t j = j0; j <= pos; ++j) {
         const float* kj = kc + j * KD + g * D;
         float d = 0;
         for (int64_t e = 0; e < D; ++e) d += qh[e] * kj[e];
-        p_[j] = d * scale;
+        p_[j] = cap > 0.f ? std::tanh(d * scale / cap) * cap : d * scale;
         mx = std::max(mx, p_[j]);
       }
       float sum = 0;
-      for (int64_t j = 0; j <= pos; ++j) sum += p_[j] = std::exp(p_[j] - mx);
+      for (int64_t j = j0; j <= pos; ++j) sum += p_[j] = std::exp(p_[j] - mx);
       float* o = att_.data() + hd * D;
       std::fill(o, o + D, 0.f);
-      for (int64_t j = 0; j <= pos; ++j) {
+      for (int64_t j = j0; j <= pos; ++j) {
         const float pj = p_[j] / sum;
         const float* vj = vc + j * KD + g * D;
         for (int64_t e = 0; e < D; ++e) o[e] += pj * vj[e];
       }
     }
-    if (s.post_norms) {
+    if (s.sandwich_norms) {  // Gemma 2/3: h = x + rms(att Wo^T)·w_attn_post_norm
+      ops_.linear_forward(xn_.data(), att_.data(), w.o_proj, nullptr, 1, QD, C);
+      ops_.rms_norm_forward(h_.data(), rstd_.data(), xn_.data(), w.attn_post_norm, 1, C, eps);
+    } else if (s.post_norms) {
       ops_.linear_forward(xn_.data(), att_.data(), w.o_proj, nullptr, 1, QD, C);
       ops_.rms_norm_forward(h_.data(), rstd_.data(), xn_.data(), w.attn_norm, 1, C, eps);
     } else {
@@ -108,8 +114,11 @@ const float* KvDecoder::step(int32_t id) {
     } else {
       ops_.linear_forward(g_.data(), hn, w.gate_proj, nullptr, 1, C, F);
       ops_.linear_forward(u_.data(), hn, w.up_proj, nullptr, 1, C, F);
-      ops_.swiglu_forward(a_.data(), g_.data(), u_.data(), F);
-      if (s.post_norms) {
+      glu_forward(ops_, s, a_.data(), g_.data(), u_.data(), F);
+      if (s.sandwich_norms) {
+        ops_.linear_forward(so_.data(), a_.data(), w.down_proj, nullptr, 1, F, C);
+        ops_.rms_norm_forward(y_.data(), rstd_.data(), so_.data(), w.mlp_post_norm, 1, C, eps);
+      } else if (s.post_norms) {
         ops_.linear_forward(so_.data(), a_.data(), w.down_proj, nullptr, 1, F, C);
         ops_.rms_norm_forward(y_.data(), rstd_.data(), so_.data(), w.mlp_norm, 1, C, eps);
       } else {

@@ -44,6 +44,8 @@ std::vector<int32_t> sample_tokens(const HostState& state, const std::vector<int
         hf = dec.step(ctx.back());
     }
     cpu::linear_forward(logits.data(), hf, w.lm_head, nullptr, 1, s.hidden, s.vocab);
+    if (const float cap = static_cast<float>(s.final_softcap); cap > 0.f)  // Gemma 2's final soft cap
+      for (auto& l : logits) l = std::tanh(l / cap) * cap;
     int32_t next;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());

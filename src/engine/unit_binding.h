@@ -50,6 +50,12 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
       case WeightKind::mlp_norm:
         w.mlp_norm = p;
         break;
+      case WeightKind::attn_post_norm:
+        w.attn_post_norm = p;
+        break;
+      case WeightKind::mlp_post_norm:
+        w.mlp_post_norm = p;
+        break;
       case WeightKind::gate_proj:
         w.gate_proj = p;
         break;

@@ -29,6 +29,15 @@
 // attention_scale * sqrt(D) after RoPE, the attention op scaling by
 // 1/sqrt(D)); the logits are divided by logits_scaling (model.h).
 // [SmolLM3] layers with spec.layer_uses_rope(w.layer) false skip RoPE.
+// [Gemma] (model/spec_gemma.cpp) every norm is rms(x)·(1 + w) (the ops hold
+// spec.norm_offset); the MLP is GeGLU (gelu_tanh(hn Wg^T) * hn Wu^T, spec.mlp_act);
+// x0 = embed * sqrt(C) through embedding_multiplier; the softmax scale through
+// attention_scale as Granite's; local layers (spec.layer_window(w.layer) > 0)
+// attend to a sliding window and (Gemma 3) rotate with spec.rope_local;
+// attention scores are soft-capped (spec.attn_softcap) inside the attention op.
+// Gemma 2/3's sandwich norms (spec.sandwich_norms) norm each branch's output too:
+//   h = x + rms(attn(q, k, v) Wo^T)·w_attn_post_norm     (attn_out: the branch output)
+//   y = h + rms(mlp(rms(h)·w_mlp_norm))·w_mlp_post_norm  (mlp_out: the MLP's output)
 // [OLMo2] (spec.post_norms; with OLMoE's whole-projection q/k norms) no norm
 // before either branch; each branch's output is normed before its residual add:
 //   q, k, v from x;  h = x + rms(attn(q, k, v) Wo^T)·w_attn_norm
@@ -88,6 +97,9 @@ struct BlockWeightsT {
   const W* shared_expert_gate = nullptr;
   std::vector<const W*> expert_gate{}, expert_up{}, expert_down{};
   int64_t layer = -1;  // the decoder layer these are (SmolLM3: whether it applies RoPE)
+  // Gemma 2/3's sandwich norms on the branch outputs ([C] each), else null.
+  const W* attn_post_norm = nullptr;
+  const W* mlp_post_norm = nullptr;
 };
 
 // Weight gradients of one block, fp32, same shapes (nullable entries as above).
@@ -97,6 +109,8 @@ struct BlockGrads {
   float* router = nullptr;
   std::vector<float*> expert_gate{}, expert_up{}, expert_down{};
   float* shared_expert_gate = nullptr;
+  float* attn_post_norm = nullptr;
+  float* mlp_post_norm = nullptr;
 };
 
 // Weight views as gradient sinks: the same pointers, writable (the gradient
@@ -126,7 +140,9 @@ inline BlockGrads block_grads_from(const BlockWeightsT<float>& v) {
                     mv(v.expert_gate),
                     mv(v.expert_up),
                     mv(v.expert_down),
-                    m(v.shared_expert_gate)};
+                    m(v.shared_expert_gate),
+                    m(v.attn_post_norm),
+                    m(v.mlp_post_norm)};
 }
 
 // One MoE layer's share of a micro-batch's routing bookkeeping (the runner's
@@ -171,9 +187,10 @@ struct BlockActs {
   using A = typename Ops::act_t;
   template <class T>
   using Buf = typename Ops::template Buffer<T>;
-  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out, mlp_out;  // activations
-  // statistics (moe_probs: [N, E] router softmax; shared_logit: [N] the shared expert's gate logit)
-  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs, shared_logit;
+  Buf<A> xn, q_raw, k_raw, q, k, v, att, h, hn, g, u, a, shared_out, mlp_out, attn_out;  // activations
+  // statistics (moe_probs: [N, E] router softmax; shared_logit: [N] the shared expert's gate logit;
+  // rstd_pa, rstd_pm: Gemma's post-attention and post-MLP norms)
+  Buf<float> rstd1, rstd_q, rstd_k, lse, rstd2, moe_probs, shared_logit, rstd_pa, rstd_pm;
   BlockDims dims;  // what the buffers are sized for
 
   // Calls act(member, n) for every activation buffer and stat(member, n) for
@@ -199,7 +216,9 @@ struct BlockActs {
     act(&BlockActs::u, std::max<int64_t>(R * F, 1));
     act(&BlockActs::a, std::max<int64_t>(R * F, 1));
     act(&BlockActs::shared_out, shared ? N * C : 1);
-    act(&BlockActs::mlp_out, s.post_norms ? N * C : 1);  // OLMo2: the MLP's output before its norm
+    // OLMo2, Gemma 2/3: the MLP's output before its norm; Gemma 2/3: the attention branch's
+    act(&BlockActs::mlp_out, s.post_norms || s.sandwich_norms ? N * C : 1);
+    act(&BlockActs::attn_out, s.sandwich_norms ? N * C : 1);
     stat(&BlockActs::rstd1, N);
     stat(&BlockActs::rstd_q, s.qk_norm ? N * s.n_heads : 1);
     stat(&BlockActs::rstd_k, s.qk_norm ? N * s.n_kv_heads : 1);
@@ -207,6 +226,8 @@ struct BlockActs {
     stat(&BlockActs::rstd2, N);
     stat(&BlockActs::moe_probs, s.is_moe() ? N * s.moe.n_experts : 1);
     stat(&BlockActs::shared_logit, shared ? N : 1);
+    stat(&BlockActs::rstd_pa, s.sandwich_norms ? N : 1);
+    stat(&BlockActs::rstd_pm, s.sandwich_norms ? N : 1);
   }
   // Bytes of one BlockActs (what keeping one more layer's activations costs).
   static uint64_t bytes(const ModelSpec& s, const BlockDims& dm) {
@@ -250,13 +271,20 @@ struct AttnActs {
   static constexpr Buf<A> BlockActs<Ops>::* kActs[] = {&BlockActs<Ops>::q_raw, &BlockActs<Ops>::k_raw,
                                                       &BlockActs<Ops>::q,     &BlockActs<Ops>::k,
                                                       &BlockActs<Ops>::v,     &BlockActs<Ops>::att,
-                                                      &BlockActs<Ops>::h,     &BlockActs<Ops>::xn};
+                                                      &BlockActs<Ops>::h,     &BlockActs<Ops>::xn,
+                                                      &BlockActs<Ops>::attn_out};
   static constexpr Buf<float> BlockActs<Ops>::* kStats[] = {&BlockActs<Ops>::rstd_q, &BlockActs<Ops>::rstd_k,
-                                                           &BlockActs<Ops>::lse, &BlockActs<Ops>::rstd1};
-  // xn and rstd1 (the last of each list) belong to the half only with
+                                                           &BlockActs<Ops>::lse, &BlockActs<Ops>::rstd1,
+                                                           &BlockActs<Ops>::rstd_pa};
+  // xn and rstd1 (the next to last of each list) belong to the half only with
   // post-norms (OLMo2: xn is the attention branch output, rstd1 its norm's
   // statistics); otherwise the recompute makes them from x, a cheap norm.
-  static bool held(size_t i, size_t n, const ModelSpec& s) { return i + 1 < n || s.post_norms; }
+  // attn_out and rstd_pa (the last) only with Gemma's sandwich norms (the
+  // attention branch output before its norm, and that norm's statistics).
+  static bool held(size_t i, size_t n, bool post_norms, bool sandwich) {
+    return i + 2 < n || (i + 2 == n && post_norms) || (i + 1 == n && sandwich);
+  }
+  static bool held(size_t i, size_t n, const ModelSpec& s) { return held(i, n, s.post_norms, s.sandwich_norms); }
   using ActMember = Buf<A> BlockActs<Ops>::*;
   using StatMember = Buf<float> BlockActs<Ops>::*;
   // Index of m in kActs (kStats) when the half of a block of s holds it, or -1.
@@ -282,7 +310,8 @@ struct AttnActs {
         [&](auto m, int64_t n) { b += stat_index(m, s) >= 0 ? static_cast<uint64_t>(n) * sizeof(float) : 0; });
     return b;
   }
-  AttnActs(Ops& ops, const ModelSpec& s, const BlockDims& dm) : dims(dm), post_norms(s.post_norms) {
+  AttnActs(Ops& ops, const ModelSpec& s, const BlockDims& dm)
+      : dims(dm), post_norms(s.post_norms), sandwich(s.sandwich_norms) {
     BlockActs<Ops>::each_buffer(
         s, dm,
         [&](auto m, int64_t n) {
@@ -295,14 +324,17 @@ struct AttnActs {
   // Exchanges the attention half with t's (same shapes: both sized for dims).
   void swap_with(BlockActs<Ops>& t) {
     check_block_buffers("the kept attention activations", dims, t.dims);
-    const size_t na = std::size(kActs) - (post_norms ? 0 : 1), ns = std::size(kStats) - (post_norms ? 0 : 1);
-    for (size_t i = 0; i < na; ++i) std::swap(acts[i], t.*kActs[i]);
-    for (size_t i = 0; i < ns; ++i) std::swap(stats[i], t.*kStats[i]);
+    const size_t na = std::size(kActs), ns = std::size(kStats);
+    for (size_t i = 0; i < na; ++i)
+      if (held(i, na, post_norms, sandwich)) std::swap(acts[i], t.*kActs[i]);
+    for (size_t i = 0; i < ns; ++i)
+      if (held(i, ns, post_norms, sandwich)) std::swap(stats[i], t.*kStats[i]);
   }
   Buf<A> acts[std::size(kActs)];
   Buf<float> stats[std::size(kStats)];
   BlockDims dims;
   bool post_norms = false;
+  bool sandwich = false;
 };
 
 // The activations of a whole-model pass: one shared BlockActs for every layer
@@ -389,6 +421,30 @@ struct BlockScratch {
   }
 };
 
+// The MLP's gated activation: SwiGLU, or GeGLU (Gemma) through the ops'
+// geglu_forward/backward (a backend without them refuses Gemma).
+template <class Ops>
+concept OpsWithGeglu = requires(Ops& o, typename Ops::act_t* p, const typename Ops::act_t* c) {
+  o.geglu_forward(p, c, c, int64_t{1});
+  o.geglu_backward(p, p, c, c, c, int64_t{1});
+};
+template <class Ops, class A>
+void glu_forward(Ops& ops, const ModelSpec& s, A* out, const A* g, const A* u, int64_t n) {
+  if (s.mlp_act == MlpAct::silu) return ops.swiglu_forward(out, g, u, n);
+  if constexpr (OpsWithGeglu<Ops>)
+    ops.geglu_forward(out, g, u, n);
+  else
+    fail("[model] ", s.architecture, "'s GeGLU MLP runs on the CPU backend only for now; use --device cpu");
+}
+template <class Ops, class A>
+void glu_backward(Ops& ops, const ModelSpec& s, A* dg, A* du, const A* dout, const A* g, const A* u, int64_t n) {
+  if (s.mlp_act == MlpAct::silu) return ops.swiglu_backward(dg, du, dout, g, u, n);
+  if constexpr (OpsWithGeglu<Ops>)
+    ops.geglu_backward(dg, du, dout, g, u, n);
+  else
+    fail("[model] ", s.architecture, "'s GeGLU MLP runs on the CPU backend only for now; use --device cpu");
+}
+
 // y[N,C] = block(x[N,C]); fills acts for the backward. pos[N]: RoPE positions.
 // doc_start[N] (packed documents, or nullptr: plain causal): for each token,
 // the position of its document's first token within its sequence, handed to
@@ -431,17 +487,22 @@ void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeigh
     }
     ops.linear_forward(t.v.data(), xn, w.v_proj, w.v_bias, N, C, KD);
   }
+  const bool local_rope = s.layer_rope_local(w.layer);  // Gemma 3's local layers
   if (s.layer_uses_rope(w.layer)) {
-    ops.rope_forward(t.q.data(), pos, N, H, D);
-    ops.rope_forward(t.k.data(), pos, N, G, D);
+    ops.rope_forward(t.q.data(), pos, N, H, D, local_rope);
+    ops.rope_forward(t.k.data(), pos, N, G, D, local_rope);
   }
   // Granite: the softmax scale attention_scale, through q (the op scales by 1/sqrt(D))
   const float qscale =
       s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
   if (qscale != 1.f) ops.scale(t.q.data(), t.q.data(), qscale, N * QD);
   const float r = static_cast<float>(s.residual_multiplier);  // Granite: branch outputs times r
-  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start);
-  if (post) {  // h = x + rms(att Wo^T)·w_attn_norm, the branch output kept in xn
+  ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start,
+                        s.layer_window(w.layer), static_cast<float>(s.attn_softcap));
+  if (s.sandwich_norms) {  // Gemma 2/3: h = x + rms(att Wo^T)·w_attn_post_norm
+    ops.linear_forward(t.attn_out.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    ops.rms_norm_forward(t.h.data(), t.rstd_pa.data(), t.attn_out.data(), w.attn_post_norm, N, C, eps);
+  } else if (post) {  // h = x + rms(att Wo^T)·w_attn_norm, the branch output kept in xn
     ops.linear_forward(t.xn.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
     ops.rms_norm_forward(t.h.data(), t.rstd1.data(), t.xn.data(), w.attn_norm, N, C, eps);
   } else {
@@ -484,8 +545,9 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
            " is a mixture-of-experts model, which only the CPU backend runs for now; use --device cpu");
     }
   }
-  // OLMo2's recompute needs the MLP's output (its norm's input and statistics)
-  if (!y && dm.mlp_chunked() && !post) return;
+  // OLMo2's and Gemma 2/3's recompute needs the MLP's output (its norm's input)
+  const bool sandwich = s.sandwich_norms;
+  if (!y && dm.mlp_chunked() && !post && !sandwich) return;
   // MLP over token chunks of R rows (R = N: one pass, the unchunked calls)
   const int64_t R = dm.mlp_rows();
   const auto* mlp_in = post ? t.h.data() : t.hn.data();
@@ -497,8 +559,8 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
       ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
       ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
     }
-    ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), n * F);
-    if (post) {
+    glu_forward(ops, s, t.a.data(), t.g.data(), t.u.data(), n * F);
+    if (post || sandwich) {
       ops.linear_forward(t.mlp_out.data() + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
       continue;
     }
@@ -506,6 +568,10 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
     ops.linear_forward(y + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
     if (r != 1.f) ops.scale(y + r0 * C, y + r0 * C, r, n * C);
     ops.add_inplace(y + r0 * C, t.h.data() + r0 * C, n * C);
+  }
+  if (sandwich && y) {  // y = h + rms(mlp_out)·w_mlp_post_norm (the backward recomputes rstd_pm)
+    ops.rms_norm_forward(y, t.rstd_pm.data(), t.mlp_out.data(), w.mlp_post_norm, N, C, eps);
+    ops.add_inplace(y, t.h.data(), N * C);
   }
   if (post) {  // y = h + rms(mlp_out)·w_mlp_norm; a recompute needs only the statistics (hn is free: scratch)
     ops.rms_norm_forward(y ? y : t.hn.data(), t.rstd2.data(), t.mlp_out.data(), w.mlp_norm, N, C, eps);
@@ -566,6 +632,13 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     ops.rms_norm_backward(d.d_xn.data(), gr.mlp_norm, dy, t.mlp_out.data(), w.mlp_norm, t.rstd2.data(), N, C);
     d_mlp_out = d.d_xn.data();
   }
+  if (s.sandwich_norms) {  // Gemma 2/3: the post-MLP norm's statistics again (a recompute skips it), then its backward
+    ops.rms_norm_forward(d.d_xn.data(), t.rstd_pm.data(), t.mlp_out.data(), w.mlp_post_norm, N, C,
+                         static_cast<float>(s.rms_eps));
+    ops.rms_norm_backward(d.d_xn.data(), gr.mlp_post_norm, dy, t.mlp_out.data(), w.mlp_post_norm, t.rstd_pm.data(), N,
+                          C);
+    d_mlp_out = d.d_xn.data();
+  }
   const float r = static_cast<float>(s.residual_multiplier);  // Granite: y = h + r * mlp(...)
   if (r != 1.f && !s.is_moe()) {
     ops.scale(d.d_xn.data(), dy, r, N * C);
@@ -610,10 +683,10 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     if (dm.mlp_chunked()) {
       ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
       ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
-      ops.swiglu_forward(t.a.data(), t.g.data(), t.u.data(), n * F);
+      glu_forward(ops, s, t.a.data(), t.g.data(), t.u.data(), n * F);
     }
     ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, d_mlp_out + r0 * C, t.a.data(), w.down_proj, n, F, C);
-    ops.swiglu_backward(d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), n * F);
+    glu_backward(ops, s, d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), n * F);
     ops.linear_backward(d_mlp_in + r0 * C, gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, n, C, F);
     ops.linear_backward(d.d_tmp.data() + r0 * C, gr.up_proj, nullptr, d.d_u.data(), hn, w.up_proj, n, C, F);
     ops.add_inplace(d_mlp_in + r0 * C, d.d_tmp.data() + r0 * C, n * C);
@@ -624,7 +697,11 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   ops.add_inplace(d.d_h.data(), dy, N * C);
   // attention: h = x + att Wo^T (OLMo2: h = x + rms(att Wo^T)·w_attn_norm, the branch output in xn)
   const auto* d_ao = d.d_h.data();
-  if (post) {
+  if (s.sandwich_norms) {  // Gemma 2/3: h = x + rms(attn_out)·w_attn_post_norm
+    ops.rms_norm_backward(d.d_hn.data(), gr.attn_post_norm, d.d_h.data(), t.attn_out.data(), w.attn_post_norm,
+                          t.rstd_pa.data(), N, C);
+    d_ao = d.d_hn.data();
+  } else if (post) {
     ops.rms_norm_backward(d.d_hn.data(), gr.attn_norm, d.d_h.data(), t.xn.data(), w.attn_norm, t.rstd1.data(), N, C);
     d_ao = d.d_hn.data();
   } else if (r != 1.f) {  // Granite: h = x + r * att Wo^T
@@ -633,13 +710,14 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
   }
   ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d_ao, t.att.data(), w.o_proj, N, QD, C);
   ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(), t.v.data(),
-                         t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start);
+                         t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start, s.layer_window(w.layer),
+                         static_cast<float>(s.attn_softcap));
   const float qscale =
       s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
   if (qscale != 1.f) ops.scale(d.d_q.data(), d.d_q.data(), qscale, N * QD);
   if (s.layer_uses_rope(w.layer)) {
-    ops.rope_backward(d.d_q.data(), pos, N, H, D);
-    ops.rope_backward(d.d_k.data(), pos, N, G, D);
+    ops.rope_backward(d.d_q.data(), pos, N, H, D, s.layer_rope_local(w.layer));
+    ops.rope_backward(d.d_k.data(), pos, N, G, D, s.layer_rope_local(w.layer));
   }
   const auto* dq = d.d_q.data();
   const auto* dk = d.d_k.data();

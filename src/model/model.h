@@ -114,7 +114,8 @@ class ModelRunner {
     // Granite: logits / logits_scaling = (hf / logits_scaling) W^T
     if (ls != 1.f) ops_.scale(hf_.data(), hf_.data(), ls, N * C);
     double loss = ops_.lm_head_cross_entropy(grads ? dhf_.data() : nullptr, grads ? grads->lm_head : nullptr,
-                                             hf_.data(), w.lm_head, b.targets, N, C, V, grad_scale, ce_chunk_, n_valid);
+                                             hf_.data(), w.lm_head, b.targets, N, C, V, grad_scale, ce_chunk_, n_valid,
+                                             static_cast<float>(s_.final_softcap));
     if (!grads) return loss;
     if (ls != 1.f) ops_.scale(dhf_.data(), dhf_.data(), ls, N * C);
     ops_.rms_norm_backward(dx_.data(), grads->final_norm, dhf_.data(), xL, w.final_norm, rstd_f_.data(), N, C);
@@ -138,7 +139,8 @@ class ModelRunner {
   const MoeAux& moe_aux() const { return aux_; }
 
   // Forward only: final normed hidden states hf[N, C] (for sampling; Granite:
-  // divided by logits_scaling, so that hf W^T are the logits).
+  // divided by logits_scaling, so that hf W^T are the logits; Gemma 2: the
+  // caller soft-caps those by spec.final_softcap).
   const A* forward_hidden(const ModelWeightsT<W>& w, const int32_t* ids, const int32_t* pos) {
     const int64_t N = dm_.N(), C = s_.hidden, L = s_.n_layers;
     A* x0 = ckpt_.data();

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/quote.h"
+#include "model/spec_gemma.h"
 #include "model/spec_phi.h"
 
 namespace rt {
@@ -49,6 +50,9 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::olmo2, "Olmo2ForCausalLM", "olmo2"},
     {Family::granite, "GraniteForCausalLM", "granite"},
     {Family::smollm3, "SmolLM3ForCausalLM", "smollm3"},
+    {Family::gemma, "GemmaForCausalLM", "gemma"},
+    {Family::gemma2, "Gemma2ForCausalLM", "gemma2"},
+    {Family::gemma3, "Gemma3ForCausalLM", "gemma3_text"},
     {Family::phi3, "Phi3ForCausalLM", "phi3"},
 };
 
@@ -188,6 +192,12 @@ FamilyDefaults family_defaults(Family f) {
       return {2048, -1, 1, {2}, 1e-6};
     case Family::smollm3:  // SmolLM3Config's default_theta
       return {32768, 4, 128000, {128001}, 1e-6, 2000000.0};
+    case Family::gemma:  // GemmaConfig: 16 kv heads; Gemma2Config/Gemma3TextConfig: 4
+      return {8192, 16, 2, {1}, 1e-6};
+    case Family::gemma2:
+      return {8192, 4, 2, {1}, 1e-6};
+    case Family::gemma3:
+      return {131072, 4, 2, {1}, 1e-6, 1e6};
     case Family::phi3:  // Phi3Config (pad_token_id 32000: spec_phi.cpp)
       return {4096, -1, 1, {32000}, 1e-5};
   }
@@ -202,6 +212,9 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
   std::string type = f.has("rope_type") ? f.get_string("rope_type", "default") : f.get_string("type", "default");
   if (type == "default") {
     rope->scaling = RopeScaling::none;
+  } else if (type == "linear") {
+    rope->scaling = RopeScaling::linear;
+    rope->factor = f.get_double("factor");
   } else if (type == "llama3") {
     rope->scaling = RopeScaling::llama3;
     rope->factor = f.get_double("factor");
@@ -210,7 +223,7 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
     rope->original_max_positions = f.get_int("original_max_position_embeddings");
   } else {
     unsupported->push_back(
-        cat(name, ".rope_type \"", type, "\" is not supported; supported RoPE types: default, llama3"));
+        cat(name, ".rope_type \"", type, "\" is not supported; supported RoPE types: default, linear, llama3"));
   }
   if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)
     unsupported->push_back(cat(name, ".partial_rotary_factor ", f.get_double("partial_rotary_factor"),
@@ -289,6 +302,10 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     std::string arch = a.at(0).get<std::string>();
     for (const auto& fi : kFamilies)
       if (arch == fi.architecture) fam = &fi;
+    if (arch == "Gemma3ForConditionalGeneration")
+      fail("[config] ", source, ": Gemma3ForConditionalGeneration (the multimodal Gemma 3 4B+ checkpoints: text ",
+           "config under text_config, tensors under model.language_model.) is not supported; supported: ",
+           "Gemma3ForCausalLM (the text-only gemma3_text checkpoints such as gemma-3-1b)");
     if (!fam)
       fail("[config] ", source, ": architecture ", arch, " is not supported; supported: ", supported_architectures());
   } else if (f.has("model_type")) {
@@ -318,8 +335,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   s.vocab = f.get_int("vocab_size");
   if (f.has("head_dim")) {
     s.head_dim = f.get_int("head_dim");
-  } else if (s.family == Family::qwen3 && !f.present("head_dim")) {
-    s.head_dim = 128;  // Qwen3Config's default
+  } else if ((s.family == Family::qwen3 || s.is_gemma()) && !f.present("head_dim")) {
+    s.head_dim = s.is_gemma() ? 256 : 128;  // Qwen3Config's and the Gemma configs' defaults
   } else {
     if (s.n_heads <= 0 || s.hidden % s.n_heads != 0)
       fail("[config] ", source, ": hidden_size ", s.hidden, " is not divisible by num_attention_heads ", s.n_heads,
@@ -327,7 +344,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     s.head_dim = s.hidden / s.n_heads;
   }
   s.rms_eps = f.get_double("rms_norm_eps", dflt.rms_eps);
-  s.tie_embeddings = f.get_bool("tie_word_embeddings", s.family == Family::smollm3);  // SmolLM3Config: tied
+  s.tie_embeddings = f.get_bool("tie_word_embeddings", s.family == Family::smollm3 || s.is_gemma());  // SmolLM3, Gemma: tied
   s.max_positions = f.get_int("max_position_embeddings", dflt.max_positions);
   {
     std::vector<int64_t> bos =
@@ -343,7 +360,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   // ---- family features and refusals
   std::vector<std::string> unsupported;
   std::string act = f.get_string("hidden_act", "silu");
-  if (act != "silu")
+  if (act != "silu" && !s.is_gemma())  // Gemma's activation: spec_gemma.cpp
     unsupported.push_back(cat("hidden_act \"", act, "\" is not supported; supported: silu (SwiGLU MLP)"));
   // Qwen2-MoE: q/k/v biases unless qkv_bias is false (Qwen2MoeConfig's default: true)
   s.qkv_bias = s.family == Family::qwen2 || (s.family == Family::qwen2_moe && f.get_bool("qkv_bias", true));
@@ -352,6 +369,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   s.qk_norm_whole = s.family == Family::olmoe || s.family == Family::olmo2;  // OLMo2: q_norm [H*D], k_norm [G*D]
   s.post_norms = s.family == Family::olmo2;
   moe_parse(f, s, &unsupported);
+  if (s.is_gemma()) detail::gemma_parse(j, source, s, &unsupported);
   if (s.family == Family::llama) {
     if (f.get_bool("attention_bias", false))
       unsupported.push_back(
@@ -406,7 +424,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   if (f.has("rope_scaling") && !j.at("rope_scaling").is_object()) f.wrong("rope_scaling", "an object or null");
   if (f.has("rope_scaling") && !j.at("rope_scaling").empty()) {
     rope_read(j.at("rope_scaling"), "rope_scaling", source, top_theta, &s.rope, &unsupported);
-  } else if (f.has("rope_parameters")) {
+  } else if (f.has("rope_parameters") && s.family != Family::gemma3) {  // Gemma 3's two: spec_gemma.cpp
     const json* rp = &j.at("rope_parameters");
     if (!rp->is_object()) f.wrong("rope_parameters", "an object or null");
     std::string name = "rope_parameters";
@@ -472,6 +490,11 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
 
 ojson rope_scaling_json(const RopeConfig& r) {
   ojson o;
+  if (r.scaling == RopeScaling::linear) {
+    o["rope_type"] = "linear";
+    o["factor"] = r.factor;
+    return o;
+  }
   o["rope_type"] = "llama3";
   o["factor"] = r.factor;
   o["low_freq_factor"] = r.low_freq_factor;
@@ -481,6 +504,11 @@ ojson rope_scaling_json(const RopeConfig& r) {
 }
 
 }  // namespace
+
+void detail::spec_rope_read(const json& obj, const std::string& name, const std::string& source, double top_theta,
+                            RopeConfig* rope, std::vector<std::string>* unsupported) {
+  rope_read(obj, name, source, top_theta, rope, unsupported);
+}
 
 const char* family_name(Family f) { return family_info(f).model_type; }
 const char* family_architecture(Family f) { return family_info(f).architecture; }
@@ -493,9 +521,16 @@ int64_t params_attn_norms(const ModelSpec& s) {
   if (s.qkv_bias) attn += s.q_dim() + 2 * s.kv_dim();
   if (s.qk_norm) attn += s.qk_norm_whole ? s.q_dim() + s.kv_dim() : 2 * s.head_dim;
   const int64_t shared = s.moe.shared_intermediate > 0 ? 3 * s.hidden * s.moe.shared_intermediate + s.hidden : 0;
-  return attn + 2 * s.hidden + shared;
+  return attn + (s.sandwich_norms ? 4 : 2) * s.hidden + shared;
 }
 }  // namespace
+
+int64_t ModelSpec::layer_window(int64_t layer) const {
+  if (local_layers.empty()) return 0;
+  RT_CHECK(layer >= 0 && layer < static_cast<int64_t>(local_layers.size()), "[model] internal: layer ", layer,
+           " has no attention type (the model has ", local_layers.size(), " layers)");
+  return local_layers[static_cast<size_t>(layer)] ? local_window : 0;
+}
 
 bool ModelSpec::layer_uses_rope(int64_t layer) const {
   if (rope_layers.empty()) return true;
@@ -596,6 +631,14 @@ void ModelSpec::validate(const std::string& source) const {
                     " layers; give one 0 or 1 per layer"));
   for (uint8_t r : rope_layers)
     if (r > 1) p.push_back(cat("no_rope_layers holds ", int(r), "; each entry is 0 (no RoPE) or 1 (RoPE)"));
+  if (!local_layers.empty() && static_cast<int64_t>(local_layers.size()) != n_layers)
+    p.push_back(cat("layer_types has ", local_layers.size(), " entries for ", n_layers, " layers"));
+  if (rope.scaling == RopeScaling::linear && !(rope.factor > 0.0))
+    p.push_back(cat("linear rope factor must be positive, found ", rope.factor));
+  if ((norm_offset != 0.0 || sandwich_norms || attn_softcap != 0.0 || final_softcap != 0.0 || !local_layers.empty() ||
+       mlp_act != MlpAct::silu) &&
+      (is_moe() || post_norms))
+    p.push_back("Gemma's norms, soft-capping, windows and GeGLU are supported with dense pre-norm layers only");
   if (post_norms && is_moe())
     p.push_back("post-branch norms (OLMo2) with mixture-of-experts layers are not supported; use a dense MLP");
   // Sizes beyond any model (and beyond int64 products): the parameter count
@@ -651,18 +694,22 @@ std::string spec_to_config_json(const ModelSpec& s) {
   if (s.family == Family::phi3) return spec_phi3_config_json(s);
   RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
            s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
+  RT_CHECK(s.is_gemma() || (s.norm_offset == 0.0 && s.mlp_act == MlpAct::silu && !s.sandwich_norms &&
+                            s.attn_softcap == 0.0 && s.final_softcap == 0.0 && s.local_layers.empty() &&
+                            !s.rope_local_on),
+           "[config] spec_to_config_json: Gemma's features cannot be expressed for family ", fi.model_type);
   const bool moe_family = s.family == Family::qwen3_moe || s.family == Family::qwen2_moe ||
                           s.family == Family::mixtral || s.family == Family::olmoe;
   RT_CHECK(s.family == Family::qwen2_moe || s.qkv_bias == (s.family == Family::qwen2),
            "[config] spec_to_config_json: qkv_bias=", s.qkv_bias, " cannot be expressed for family ", fi.model_type,
            " (HF: only Qwen2 has q/k/v biases)");
-  RT_CHECK(s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe || s.family == Family::olmoe ||
-                         s.family == Family::olmo2) &&
-               s.qk_norm_whole == (s.family == Family::olmoe || s.family == Family::olmo2),
+  RT_CHECK(s.is_gemma() || (s.qk_norm == (s.family == Family::qwen3 || s.family == Family::qwen3_moe ||
+                                          s.family == Family::olmoe || s.family == Family::olmo2) &&
+                            s.qk_norm_whole == (s.family == Family::olmoe || s.family == Family::olmo2)),
            "[config] spec_to_config_json: qk_norm=", s.qk_norm, " qk_norm_whole=", s.qk_norm_whole,
            " cannot be expressed for family ", fi.model_type,
            " (HF: Qwen3 and Qwen3-MoE norm q/k per head, OLMoE and OLMo2 over the whole projection)");
-  RT_CHECK(s.family == Family::granite || (s.embedding_multiplier == 1.0 && s.residual_multiplier == 1.0 &&
+  RT_CHECK(s.family == Family::granite || s.is_gemma() || (s.embedding_multiplier == 1.0 && s.residual_multiplier == 1.0 &&
                                            s.logits_scaling == 1.0 && s.attention_scale == 0.0),
            "[config] spec_to_config_json: multipliers (embedding ", s.embedding_multiplier, ", residual ",
            s.residual_multiplier, ", logits ", s.logits_scaling, ", attention ", s.attention_scale,
@@ -701,7 +748,7 @@ std::string spec_to_config_json(const ModelSpec& s) {
   // (and would let a non-null rope_scaling win, which then says the same).
   o["rope_theta"] = s.rope.theta;
   ojson rp;
-  if (s.rope.scaling == RopeScaling::llama3) {
+  if (s.rope.scaling != RopeScaling::none) {
     o["rope_scaling"] = rope_scaling_json(s.rope);
     rp = rope_scaling_json(s.rope);
   } else {
@@ -766,6 +813,7 @@ std::string spec_to_config_json(const ModelSpec& s) {
   o["initializer_range"] = 0.02;
   o["attention_dropout"] = 0.0;
   o["use_cache"] = true;
+  if (s.is_gemma()) detail::gemma_config_write(s, o);
   return o.dump(2) + "\n";
 }
 

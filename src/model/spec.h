@@ -9,8 +9,12 @@
 
 namespace rt {
 
-enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, olmo2, granite, smollm3, phi3 };
-enum class RopeScaling { none, llama3, longrope };
+enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, olmo2, granite, smollm3,
+                    gemma, gemma2, gemma3, phi3 };
+// linear (Gemma 3's global layers): inv_freq / factor; longrope: Phi3's LongRoPE.
+enum class RopeScaling { none, llama3, linear, longrope };
+// The gated MLP's activation: silu (SwiGLU) or the tanh approximation of gelu (Gemma's GeGLU).
+enum class MlpAct { silu, gelu_tanh };
 
 struct RopeConfig {
   double theta = 10000.0;
@@ -93,6 +97,29 @@ struct ModelSpec {
   // take sequences of at most this many tokens, where windowed attention is
   // exactly full causal attention (longer ones would need the window).
   int64_t sliding_window = 0;
+  // Gemma (model/spec_gemma.cpp): every RMSNorm scales by (norm_offset + w)
+  // (1: HF stores w around 0); the MLP's activation; Gemma 2/3's sandwich
+  // norms (input_layernorm, then post_attention_layernorm on the attention
+  // branch's output, pre_feedforward_layernorm before the MLP and
+  // post_feedforward_layernorm on its output); tanh soft-capping of the
+  // attention logits (c tanh(s / c)) and of the final logits (0: none);
+  // sliding-window layers (local_layers[i] == 1: layer i attends to the
+  // local_window most recent keys, itself included; empty: none) and the RoPE
+  // those layers use when rope_local_on (Gemma 3's rope_local_base_freq).
+  double norm_offset = 0.0;
+  MlpAct mlp_act = MlpAct::silu;
+  bool sandwich_norms = false;
+  double attn_softcap = 0.0;
+  double final_softcap = 0.0;
+  int64_t local_window = 0;
+  std::vector<uint8_t> local_layers;
+  bool rope_local_on = false;
+  RopeConfig rope_local;
+  // The attention window of layer `layer`: local_window for a local layer, else 0 (none).
+  int64_t layer_window(int64_t layer) const;
+  // Whether layer `layer` rotates with rope_local instead of rope.
+  bool layer_rope_local(int64_t layer) const { return rope_local_on && layer_window(layer) > 0; }
+  bool is_gemma() const { return family == Family::gemma || family == Family::gemma2 || family == Family::gemma3; }
   int64_t bos_id = -1;            // -1: none
   std::vector<int64_t> eos_ids;   // may be several (Llama-3 instruct)
   std::optional<int64_t> pad_id;  // config.json's pad_token_id, kept for export (ramtrain does not pad)
@@ -140,7 +167,8 @@ std::string spec_to_config_json(const ModelSpec& spec);
 // "tiny-byte" (the default demo model), "llama-3.1-8b", "mistral-7b",
 // "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b",
 // "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "olmo-2-1b", "olmo-2-7b", "granite-3.3-2b",
-// "granite-3.3-8b", "smollm3-3b", "phi-3-mini", "phi-3.5-mini", "phi-4", "phi-4-mini".
+// "granite-3.3-8b", "smollm3-3b", "gemma-2-2b", "gemma-2-9b", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b",
+// "phi-3-mini", "phi-3.5-mini", "phi-4", "phi-4-mini".
 ModelSpec spec_preset(const std::string& name);  // throws rt::Error listing the names
 std::vector<std::string> preset_names();
 

@@ -186,8 +186,11 @@ std::string spec_phi3_config_json(const ModelSpec& s) {
                s.attention_scale == 0.0,
            "[config] spec_to_config_json: Phi3ForCausalLM has no q/k/v biases, q/k norms, post-branch norms, experts, "
            "layers without RoPE or multipliers");
-  RT_CHECK(s.rope.scaling != RopeScaling::llama3,
-           "[config] spec_to_config_json: Phi3ForCausalLM takes default or longrope RoPE, not llama3");
+  RT_CHECK(s.rope.scaling == RopeScaling::none || s.rope.scaling == RopeScaling::longrope,
+           "[config] spec_to_config_json: Phi3ForCausalLM takes default or longrope RoPE, not llama3 or linear");
+  RT_CHECK(s.norm_offset == 0.0 && s.mlp_act == MlpAct::silu && !s.sandwich_norms && s.attn_softcap == 0.0 &&
+               s.final_softcap == 0.0 && s.local_layers.empty() && !s.rope_local_on,
+           "[config] spec_to_config_json: Gemma's features cannot be expressed for Phi3ForCausalLM");
   s.validate("spec_to_config_json");
   const RopeConfig& r = s.rope;
   ojson o;

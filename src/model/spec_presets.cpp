@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/spec.h"
+#include "model/spec_gemma.h"
 
 namespace rt {
 
@@ -130,6 +131,32 @@ const std::map<std::string, ModelSpec>& presets() {
     // 3,075,098,624 parameters (unverified: rope_theta 5e6, 65,536 positions, the eos id).
     m["smollm3-3b"] =
         preset_make(Family::smollm3, 2048, 11008, 36, 16, 4, 128, 128256, 5e6, 1e-6, true, 65536, 128000, {128012});
+    // Gemma 2 (tied, (1 + w) norms, sandwich norms, GeGLU, soft caps 50 and
+    // 30, every other layer a 4096-token window; bos 2, eos 1; vocab 256,000).
+    // google/gemma-2-2b: 2,614,341,888 parameters; google/gemma-2-9b: 9,241,705,984.
+    m["gemma-2-2b"] = detail::gemma_preset(
+        preset_make(Family::gemma2, 2304, 9216, 26, 8, 4, 256, 256000, 10000.0, 1e-6, true, 8192, 2, {1}), 256.0, 4096,
+        2, 50.0, 30.0, 0.0, 1.0);
+    m["gemma-2-9b"] = detail::gemma_preset(
+        preset_make(Family::gemma2, 3584, 14336, 42, 16, 8, 256, 256000, 10000.0, 1e-6, true, 8192, 2, {1}), 256.0,
+        4096, 2, 50.0, 30.0, 0.0, 1.0);
+    // Gemma 3 text (q/k norms, 5 of 6 layers local with a 1e4 RoPE base, the
+    // global ones 1e6; no soft caps; bos 2, eos 1 and <end_of_turn> 106).
+    // google/gemma-3-1b-pt (Gemma3ForCausalLM): window 512, 32,768 positions,
+    // vocab 262,144. The 4B and 12B checkpoints are
+    // Gemma3ForConditionalGeneration (refused on load); these presets are their
+    // language models as Gemma3ForCausalLM: window 1024, linear RoPE scaling 8
+    // on the global layers, 131,072 positions, vocab 262,208 (unverified: the
+    // 4B/12B eos ids and max positions, from memory of the published text_config).
+    m["gemma-3-1b"] = detail::gemma_preset(
+        preset_make(Family::gemma3, 1152, 6912, 26, 4, 1, 256, 262144, 1e6, 1e-6, true, 32768, 2, {1, 106}), 256.0,
+        512, 6, 0.0, 0.0, 10000.0, 1.0);
+    m["gemma-3-4b"] = detail::gemma_preset(
+        preset_make(Family::gemma3, 2560, 10240, 34, 8, 4, 256, 262208, 1e6, 1e-6, true, 131072, 2, {1, 106}), 256.0,
+        1024, 6, 0.0, 0.0, 10000.0, 8.0);
+    m["gemma-3-12b"] = detail::gemma_preset(
+        preset_make(Family::gemma3, 3840, 15360, 48, 16, 8, 256, 262208, 1e6, 1e-6, true, 131072, 2, {1, 106}), 256.0,
+        1024, 6, 0.0, 0.0, 10000.0, 8.0);
     // Phi3ForCausalLM (fused qkv_proj and gate_up_proj in the files). LongRoPE
     // presets: the factor lists here are all 1.0, NOT the published ones (48
     // numbers each, not reproduced): the shapes, context and attention factor
@@ -183,8 +210,9 @@ std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
   return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",   "qwen2.5-14b",
           "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b", "olmoe-1b-7b",
-          "olmo-2-1b",   "olmo-2-7b",    "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",
-          "phi-3-mini",  "phi-3.5-mini", "phi-4",          "phi-4-mini"};
+          "olmo-2-1b",   "olmo-2-7b",    "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",   "gemma-2-2b",
+          "gemma-2-9b",  "gemma-3-1b",   "gemma-3-4b",     "gemma-3-12b",    "phi-3-mini",   "phi-3.5-mini",
+          "phi-4",       "phi-4-mini"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

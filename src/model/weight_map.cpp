@@ -30,6 +30,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 WeightEntry entry(std::string name, WeightKind kind, int64_t layer, std::vector<int64_t> shape) {
   bool nb = kind == WeightKind::attn_norm || kind == WeightKind::mlp_norm || kind == WeightKind::final_norm ||
+            kind == WeightKind::attn_post_norm || kind == WeightKind::mlp_post_norm ||
             kind == WeightKind::q_norm || kind == WeightKind::k_norm || kind == WeightKind::q_bias ||
             kind == WeightKind::k_bias || kind == WeightKind::v_bias;
   return WeightEntry{std::move(name), kind, layer, std::move(shape), nb, -1};
@@ -43,6 +44,8 @@ const char* shape_hint(WeightKind k) {
       return "vocab_size/hidden_size";
     case WeightKind::attn_norm:
     case WeightKind::mlp_norm:
+    case WeightKind::attn_post_norm:
+    case WeightKind::mlp_post_norm:
     case WeightKind::final_norm:
       return "hidden_size";
     case WeightKind::q_proj:
@@ -152,6 +155,10 @@ const char* weight_kind_name(WeightKind k) {
       return "expert_down";
     case WeightKind::shared_expert_gate:
       return "shared_expert_gate";
+    case WeightKind::attn_post_norm:
+      return "attn_post_norm";
+    case WeightKind::mlp_post_norm:
+      return "mlp_post_norm";
     case WeightKind::final_norm:
       return "final_norm";
     case WeightKind::lm_head:
@@ -180,8 +187,14 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
     m.push_back(entry(p + "self_attn.k_norm.weight", WeightKind::k_norm, layer, {s.qk_norm_whole ? kv : s.head_dim}));
   }
   m.push_back(entry(p + "self_attn.o_proj.weight", WeightKind::o_proj, layer, {d, q}));
-  m.push_back(entry(p + (s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
-                    WeightKind::mlp_norm, layer, {d}));
+  if (s.sandwich_norms) {  // Gemma 2/3: post_attention_layernorm follows the attention branch
+    m.push_back(entry(p + "post_attention_layernorm.weight", WeightKind::attn_post_norm, layer, {d}));
+    m.push_back(entry(p + "pre_feedforward_layernorm.weight", WeightKind::mlp_norm, layer, {d}));
+    m.push_back(entry(p + "post_feedforward_layernorm.weight", WeightKind::mlp_post_norm, layer, {d}));
+  } else {
+    m.push_back(entry(p + (s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+                      WeightKind::mlp_norm, layer, {d}));
+  }
   if (s.is_moe()) {
     // Mixtral's hub names: block_sparse_moe.gate, experts.{e}.w1 (gate), w3 (up), w2 (down).
     const bool mixtral = s.family == Family::mixtral;

@@ -38,6 +38,10 @@ enum class WeightKind {
   // Qwen2-MoE's shared expert: gate_proj/up_proj/down_proj named
   // mlp.shared_expert.{gate,up,down}_proj.weight ([Fs, hidden], [hidden, Fs]), and
   shared_expert_gate,  // model.layers.{i}.mlp.shared_expert_gate.weight  [1, hidden]
+  // Gemma 2/3's sandwich norms (ModelSpec::sandwich_norms; attn_norm is then
+  // input_layernorm, mlp_norm pre_feedforward_layernorm):
+  attn_post_norm,  // model.layers.{i}.post_attention_layernorm.weight   [hidden]
+  mlp_post_norm,   // model.layers.{i}.post_feedforward_layernorm.weight [hidden]
   final_norm,  // model.norm.weight                                [hidden]
   lm_head,     // lm_head.weight                                   [vocab, hidden] (absent when tied)
 };

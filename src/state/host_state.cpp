@@ -593,7 +593,13 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
     w.k_norm = get(name("self_attn.k_norm.weight"));
   }
   w.o_proj = get(name("self_attn.o_proj.weight"));
-  w.mlp_norm = get(name(s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
+  if (s.sandwich_norms) {  // Gemma 2/3 (model/weight_map.h)
+    w.attn_post_norm = get(name("post_attention_layernorm.weight"));
+    w.mlp_norm = get(name("pre_feedforward_layernorm.weight"));
+    w.mlp_post_norm = get(name("post_feedforward_layernorm.weight"));
+  } else {
+    w.mlp_norm = get(name(s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"));
+  }
   if (s.is_moe()) {  // the names from the weight map (they differ per family)
     for (const WeightEntry& e : layer_weight_map(s, i)) {
       if (e.kind == WeightKind::router) w.router = get(e.name);

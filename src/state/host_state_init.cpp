@@ -66,9 +66,12 @@ void HostState::init_random(uint64_t seed, float std) {
       float* p = u.shadow_master() ? scratch.p : u.master() + u.offsets[k];
       const bool is_norm = e.kind == WeightKind::attn_norm || e.kind == WeightKind::mlp_norm ||
                            e.kind == WeightKind::final_norm || e.kind == WeightKind::q_norm ||
-                           e.kind == WeightKind::k_norm;
+                           e.kind == WeightKind::k_norm || e.kind == WeightKind::attn_post_norm ||
+                           e.kind == WeightKind::mlp_post_norm;
+      // norms start as the identity: w = 1, or 0 where they scale by (1 + w) (Gemma)
+      const float one = 1.0f - static_cast<float>(spec_.norm_offset);
       if (e.is_norm_or_bias)
-        std::fill(p, p + n, is_norm ? 1.0f : 0.0f);  // small tensors
+        std::fill(p, p + n, is_norm ? one : 0.0f);  // small tensors
       else
         init_normal(p, n, mix64(seed ^ mix64(tensor_id + 0x1234567ull)), std);
       if (u.shadow_master()) u.write_master(u.offsets[k], n, p);  // shadow storage: encode the tensor once made

@@ -182,9 +182,11 @@ TEST_F(CudaOps, EmbeddingForwardBackwardMatchCpuAndAreDeterministic) {
 
 // ---------------------------------------------------------------- RMSNorm
 
-void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
+// off: Gemma's (1 + w) norms (w around 0, so that w_offset + w is in [0.5, 1.5] as for off = 0).
+void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed, float off = 0.f) {
   const float eps = 1e-6f;
-  auto x = random_bf16(N * C, seed), r = random_bf16(N * C, seed + 1), w = random_bf16(C, seed + 2, 0.5f, 1.5f);
+  auto x = random_bf16(N * C, seed), r = random_bf16(N * C, seed + 1),
+       w = random_bf16(C, seed + 2, 0.5f - off, 1.5f - off);
   auto dout = random_bf16(N * C, seed + 3), dres = random_bf16(N * C, seed + 4);
   auto dw0 = random_vec(C, seed + 5);
   std::vector<float> xin = x;
@@ -193,8 +195,9 @@ void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
     xin = round_bf16(xin);  // the GPU stores sum in bf16 and normalises that
   }
   std::vector<float> out_ref(N * C), rstd_ref(N), dx_ref(N * C), dw_ref = dw0;
-  rt::cpu::rms_norm_forward(out_ref.data(), rstd_ref.data(), xin.data(), w.data(), N, C, eps);
-  rt::cpu::rms_norm_backward(dx_ref.data(), dw_ref.data(), dout.data(), xin.data(), w.data(), rstd_ref.data(), N, C);
+  rt::cpu::rms_norm_forward(out_ref.data(), rstd_ref.data(), xin.data(), w.data(), N, C, eps, off);
+  rt::cpu::rms_norm_backward(dx_ref.data(), dw_ref.data(), dout.data(), xin.data(), w.data(), rstd_ref.data(), N, C,
+                             off);
   if (residual)
     for (int64_t i = 0; i < N * C; ++i) dx_ref[i] += dres[i];
 
@@ -206,14 +209,15 @@ void rms_norm_case(int64_t N, int64_t C, bool residual, uint64_t seed) {
   const bf16* xs = residual ? sum->as<bf16>() : dx_in->as<bf16>();
   if (residual)
     rt::cuda::rms_norm_residual_forward(out->as<bf16>(), sum->as<bf16>(), rstd->as<float>(), dx_in->as<bf16>(),
-                                        dr->as<bf16>(), dwt->as<bf16>(), N, C, eps, nullptr);
+                                        dr->as<bf16>(), dwt->as<bf16>(), N, C, eps, nullptr, off);
   else
     rt::cuda::rms_norm_forward(out->as<bf16>(), rstd->as<float>(), dx_in->as<bf16>(), dwt->as<bf16>(), N, C, eps,
-                               nullptr);
+                               nullptr, off);
   rt::cuda::rms_norm_backward(dx->as<bf16>(), dw->as<float>(), ddout->as<bf16>(), xs, dwt->as<bf16>(),
                               rstd->as<float>(), residual ? ddres->as<bf16>() : nullptr, N, C, scratch.scratch(),
-                              nullptr);
-  const std::string tag = "rms_norm N=" + std::to_string(N) + " C=" + std::to_string(C) + (residual ? " +res" : "");
+                              nullptr, off);
+  const std::string tag = "rms_norm N=" + std::to_string(N) + " C=" + std::to_string(C) + (residual ? " +res" : "") +
+                          (off != 0.f ? " (1 + w)" : "");
   if (residual) {
     EXPECT_EQ(download_bf16(*sum, N * C), xin) << tag << " sum";  // fp32 add, one rounding: exact
   }
@@ -230,6 +234,8 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
   rms_norm_case(16, 1032, true, 40);      // C not a multiple of 256: partial lane loop
   rms_norm_case(64 * 8, 128, false, 50);  // per-head q/k norm: rows = N*heads, C = D
   rms_norm_case(2000, 64, true, 60);      // several dw row splits
+  rms_norm_case(37, 512, false, 70, 1.f);  // Gemma's (1 + w)
+  rms_norm_case(64 * 8, 256, true, 80, 1.f);
 }
 
 // ---------------------------------------------------------------- RoPE, SwiGLU, add
@@ -314,6 +320,23 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   EXPECT_EQ(download_bf16(*dgate, n), round_bf16(scaled_ref));
 }
 
+TEST_F(CudaOps, GegluMatchesCpu) {
+  const int64_t n = 4099;
+  auto gate = random_bf16(n, 90, -6.f, 6.f), up = random_bf16(n, 91), dout = random_bf16(n, 92);
+  std::vector<float> out_ref(n), dg_ref(n), du_ref(n);
+  rt::cpu::geglu_forward(out_ref.data(), gate.data(), up.data(), n);
+  rt::cpu::geglu_backward(dg_ref.data(), du_ref.data(), dout.data(), gate.data(), up.data(), n);
+  auto dgate = upload_bf16(gate), dup_in = upload_bf16(up), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(n), dg = alloc_bf16(n), du = alloc_bf16(n);
+  rt::cuda::geglu_forward(out->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n, nullptr);
+  rt::cuda::geglu_backward(dg->as<bf16>(), du->as<bf16>(), ddout->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n,
+                           nullptr);
+  // fp32 math (tanhf vs std::tanh, a few ulp) then one bf16 rounding, as SwiGLU
+  EXPECT_TRUE(rt::test::expect_near("geglu out", download_bf16(*out, n), out_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("geglu dgate", download_bf16(*dg, n), dg_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("geglu dup", download_bf16(*du, n), du_ref, 1e-6, kU));
+}
+
 // ---------------------------------------------------------------- LM head + cross-entropy
 
 TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
@@ -366,6 +389,43 @@ TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
     expect_close("ce dw increment", ddw_got, ddw_ref, 1e-2, 2e-2);
     expect_close("ce dw (+=)", dw_got, dw_ref, 1e-5, 1e-4);
   }
+}
+
+// Gemma 2's final soft cap in the LM head + cross-entropy.
+TEST_F(CudaOps, SoftCappedCrossEntropyMatchesCpu) {
+  rt::cuda::Blas blas;
+  const int64_t N = 64, C = 64, V = 1000, chunk = 32;
+  const int64_t Vr = rt::cuda::lm_head_rows(V);
+  const float grad_scale = 1.f / 60.f, cap = 3.f;  // logits up to ~5: the cap bites
+  auto h = random_bf16(N * C, 190), w = random_bf16(Vr * C, 191, -0.5f, 0.5f);
+  std::vector<int32_t> targets(N);
+  std::mt19937 rng(192);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+  for (int i = 0; i < 4; ++i) targets[i * 9] = -100;
+  std::vector<float> dh_ref(N * C), dw_ref(Vr * C, 0.f);
+  int64_t n_valid_ref = 0;
+  const double loss_ref = rt::cpu::lm_head_cross_entropy(dh_ref.data(), dw_ref.data(), h.data(), w.data(),
+                                                         targets.data(), N, C, V, grad_scale, 16, &n_valid_ref, cap);
+  auto dh_ = upload_bf16(h), dw_ = upload_bf16(w), dt = upload(targets);
+  auto dh = alloc_bf16(N * C);
+  auto dw = upload(std::vector<float>(Vr * C, 0.f));
+  rt::cuda::CrossEntropyTotals zero{0.0, 0};
+  auto totals = upload(std::vector<rt::cuda::CrossEntropyTotals>{zero});
+  DeviceBuffer scratch(rt::cuda::lm_head_cross_entropy_scratch_bytes(chunk, V));
+  rt::cuda::lm_head_cross_entropy(blas, dh->as<bf16>(), dw->as<float>(), totals->as<rt::cuda::CrossEntropyTotals>(),
+                                  dh_->as<bf16>(), dw_->as<bf16>(), dt->as<int32_t>(), N, C, V, grad_scale, chunk,
+                                  scratch.scratch(), nullptr, cap);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  rt::cuda::CrossEntropyTotals got{};
+  CUDA_CHECK(cudaMemcpy(&got, totals->data(), sizeof(got), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got.n_valid, n_valid_ref);
+  // as the uncapped case: fp32 logits of the same bf16 operands, fp32 tanh and softmax
+  EXPECT_NEAR(got.loss_sum, loss_ref, 1e-5 * std::fabs(loss_ref)) << "loss sum";
+  expect_close("capped ce dh", download_bf16(*dh, N * C), dh_ref, 1e-2, 2e-2);
+  std::vector<float> dw_got = download_f32(*dw, Vr * C);
+  dw_got.resize(V * C);
+  dw_ref.resize(V * C);
+  expect_close("capped ce dw", dw_got, dw_ref, 1e-2, 2e-2);
 }
 
 // ---------------------------------------------------------------- attention
@@ -436,6 +496,50 @@ void attention_case(const AttnCase& c, uint64_t seed) {
   EXPECT_EQ(download_bf16(*dq, nq), dq1) << tag << " dq not repeatable";
   EXPECT_EQ(download_bf16(*dk, nkv), dk1) << tag << " dk not repeatable";
   EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
+}
+
+// Gemma's sliding window and attention soft cap: the fallback kernels
+// (cuda/attention_masked.cu) against the CPU reference. They keep P and dS
+// in fp32 (no bf16 rounding before a GEMM), so the fused kernels' bounds
+// above hold with room; the only roundings are the bf16 inputs and outputs.
+void masked_attention_case(const AttnCase& c, int64_t window, float cap, uint64_t seed) {
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
+  auto q = random_bf16(nq, seed, -2.f, 2.f), k = random_bf16(nkv, seed + 1), v = random_bf16(nkv, seed + 2);
+  auto dout = random_bf16(nq, seed + 3);
+  std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  const std::vector<int32_t> doc = attention_doc_start(c);
+  const int32_t* doc_host = doc.empty() ? nullptr : doc.data();
+  rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D,
+                             doc_host, window, cap);
+  rt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(), v.data(),
+                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host, window, cap);
+  auto d_doc = doc.empty() ? nullptr : upload(doc);
+  const int32_t* doc_dev = d_doc ? d_doc->as<int32_t>() : nullptr;
+  auto dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T);
+  auto dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
+  DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
+  rt::cuda::attention_masked_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
+                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, window, cap, nullptr, doc_dev);
+  rt::cuda::attention_masked_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(),
+                                      dq_in->as<bf16>(), dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(),
+                                      lse->as<float>(), c.B, c.T, c.H, c.G, c.D, window, cap, scratch.scratch(),
+                                      nullptr, doc_dev);
+  const std::string tag = "masked attention T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
+                          " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) + " window " +
+                          std::to_string(window) + " cap " + std::to_string(cap) + (doc.empty() ? "" : " packed");
+  expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
+  EXPECT_TRUE(rt::test::expect_near(tag + " lse", download_f32(*lse, c.B * c.H * c.T), lse_ref, 2e-4, 1e-5));
+  expect_close(tag + " dq", download_bf16(*dq, nq), dq_ref, 1e-2, 5e-2);
+  expect_close(tag + " dk", download_bf16(*dk, nkv), dk_ref, 1e-2, 5e-2);
+  expect_close(tag + " dv", download_bf16(*dv, nkv), dv_ref, 1e-2, 5e-2);
+}
+
+TEST_F(CudaOps, MaskedAttentionMatchesCpu) {
+  masked_attention_case({2, 70, 4, 2, 64}, 16, 0.f, 500);      // window only, several 32-key chunks
+  masked_attention_case({2, 70, 4, 2, 64}, 0, 1.5f, 510);      // soft cap only
+  masked_attention_case({1, 100, 8, 4, 256}, 33, 2.f, 520);    // both, Gemma's head_dim
+  masked_attention_case({2, 40, 4, 1, 128, {{17, 23}, {40}}}, 9, 3.f, 530);  // with packed documents
 }
 
 // Both kernel sets where the GPU runs them (wgmma: compute capability 9.0),

@@ -281,6 +281,48 @@ TEST(CudaEngine, GraniteAndSmolLM3MatchTheCpuReference) {
   expect_gradients_match_cpu(m, co, "smollm3");
 }
 
+TEST(CudaEngine, GemmaMatchesTheCpuReference) {
+  // Gemma 1: (1 + w) norms (the final norm too), GeGLU, the embedding times
+  // sqrt(hidden), tied. Gemma 3: sandwich norms, (1 + w) q/k norms, a second
+  // RoPE on the local layers, linear scaling on the global ones, windows of 48
+  // < T = 128 (the fallback attention kernels). Gemma 2: attention and final
+  // soft caps through the engine (their maths where they bite: gpu_cuda_ops_test),
+  // windows of 48 on layers 0 and 2.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  for (rt::Family f : {rt::Family::gemma, rt::Family::gemma2, rt::Family::gemma3}) {
+    rt::ModelSpec s = gpu_spec(4);
+    s.family = f;
+    s.architecture = rt::family_architecture(f);
+    s.norm_offset = 1.0;
+    s.mlp_act = rt::MlpAct::gelu_tanh;
+    s.embedding_multiplier = static_cast<float>(std::sqrt(static_cast<double>(s.hidden)));
+    s.tie_embeddings = true;
+    if (f == rt::Family::gemma2) {
+      s.sandwich_norms = true;
+      s.attention_scale = 0.1;
+      s.attn_softcap = 0.5;
+      s.final_softcap = 2.0;
+      s.local_window = 48;
+      s.local_layers = {1, 0, 1, 0};
+    }
+    if (f == rt::Family::gemma3) {
+      s.sandwich_norms = s.qk_norm = true;
+      s.attention_scale = 0.1;
+      s.local_window = 48;
+      s.local_layers = {1, 1, 0, 1};
+      s.rope_local_on = true;
+      s.rope_local.theta = 100.0;
+      s.rope.scaling = rt::RopeScaling::linear;
+      s.rope.factor = 4.0;
+    }
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.keep_activations = 1;
+    co.keep_attention = 1;
+    expect_gradients_match_cpu(s, co, rt::family_name(f));
+  }
+}
+
 TEST(CudaEngine, Phi3PartialRotaryAndLongRopeMatchTheCpuReference) {
   // Phi3 (Phi-4-mini-like): 48 of head_dim 64 rotate, LongRoPE with T = 128
   // above (long factors) and below (short factors) original_max_position_embeddings,

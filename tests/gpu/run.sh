@@ -30,7 +30,8 @@
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
-#   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte, and a Phi3 fixture)
+#   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte; the Gemma
+#             fixtures; a Phi3 fixture)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
@@ -383,6 +384,19 @@ if has hf; then
     python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
     '$bin/ramtrain' train --preset tiny-byte --data '$here/README.md' --steps 3 --seq-len 64 --micro-batch 4 --device cpu --out \$d/run16 >/dev/null
     python3 '$here/tools/check_hf_export.py' \$d/run16/final --tokens \$d/tokens.txt && echo EXPORT-OK"
+  # Gemma 1/2/3 (CPU): 3 steps from each HF fixture on random ids, export fp32, transformers' loss on
+  # 24-token rows (longer than the fixtures' windows of 5 and 6) equals ours within 1e-5
+  run export_check_gemma 200 bash -c "
+    set -e; d=$tmp/expg; mkdir -p \$d
+    python3 -c \"import array, random; random.seed(0); array.array('H', [random.randrange(96) for _ in range(4000)]).tofile(open('\$d/train.bin', 'wb')); [print(' '.join(str(random.randrange(96)) for _ in range(24))) for _ in range(3)]\" > \$d/tokens.txt
+    for fx in gemma_geglu gemma2_softcap_window gemma3_local_rope; do
+      '$bin/ramtrain' train --model '$here/tests/fixtures/hf/'\$fx --data \$d/train.bin --steps 3 --seq-len 16 \
+         --micro-batch 2 --device cpu --export-dtype fp32 --out \$d/\$fx >/dev/null
+      '$bin/ramtrain' loss --model \$d/\$fx/final --tokens \$d/tokens.txt --json > \$d/\$fx.json
+      ours=\$(python3 -c \"import json; print(json.load(open('\$d/\$fx.json'))['loss'])\")
+      python3 '$here/tools/check_hf_export.py' \$d/\$fx/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
+    done
+    echo GEMMA-EXPORT-OK"
   # Phi3 (fused qkv_proj/gate_up_proj, partial rotary, LongRoPE's long factors at 32 > 8 positions)
   run export_check_phi 200 bash -c "
     set -e; d=$tmp/expphi; mkdir -p \$d

@@ -78,6 +78,8 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
     const float* hf = runner.forward_hidden(w, ids.data(), pos.data());
     std::vector<float> logits(static_cast<size_t>(B * T * m.spec.vocab));
     rt::cpu::linear_forward(logits.data(), hf, w.lm_head, nullptr, B * T, m.spec.hidden, m.spec.vocab);
+    if (const float cap = static_cast<float>(m.spec.final_softcap); cap > 0.f)  // Gemma 2
+      for (auto& l : logits) l = std::tanh(l / cap) * cap;
     const rt::TensorInfo* lt = refs->find("logits");
     ASSERT_NE(lt, nullptr);
     ASSERT_EQ(lt->numel(), static_cast<int64_t>(logits.size()));
@@ -114,7 +116,8 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
                          ::testing::Values("llama_gqa_rope3", "mistral", "qwen2_bias_tied", "qwen3_qknorm_hd",
-                                           "olmo2_postnorm", "granite_mult", "smollm3_nope",
-                                           "phi3_longrope_short", "phi4mini_partial_tied"));
+                                           "olmo2_postnorm", "granite_mult", "smollm3_nope", "gemma_geglu",
+                                           "gemma2_softcap_window", "gemma3_local_rope", "phi3_longrope_short",
+                                           "phi4mini_partial_tied"));
 
 }  // namespace

@@ -54,6 +54,27 @@ rt::ModelSpec tiny_spec(rt::Family f) {
     s.rope_layers = {1, 0};
     s.tie_embeddings = true;
   }
+  if (f == rt::Family::gemma2 || f == rt::Family::gemma3) {  // (1 + w) norms, sandwich norms, GeGLU, window 3
+    s.architecture = rt::family_architecture(f);
+    s.norm_offset = 1.0;
+    s.mlp_act = rt::MlpAct::gelu_tanh;
+    s.sandwich_norms = true;
+    s.embedding_multiplier = 4.0;
+    s.attention_scale = 0.4;
+    s.local_window = 3;
+    s.local_layers = {1, 0};
+    if (f == rt::Family::gemma2) {  // soft caps that bite
+      s.attn_softcap = 1.5;
+      s.final_softcap = 2.0;
+    } else {  // q/k norms, a second RoPE on the local layer, linear scaling on the global one
+      s.qk_norm = true;
+      s.rope_local_on = true;
+      s.rope_local.theta = 10.0;
+      s.rope.scaling = rt::RopeScaling::linear;
+      s.rope.factor = 2.0;
+      s.tie_embeddings = true;
+    }
+  }
   if (f == rt::Family::llama) {
     s.rope.scaling = rt::RopeScaling::llama3;
     s.rope.factor = 4;
@@ -242,7 +263,8 @@ TEST_P(ModelGrad, MlpTokenChunksMatchTheWholeBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
                          ::testing::Values(rt::Family::llama, rt::Family::qwen2, rt::Family::qwen3, rt::Family::olmo2,
-                                           rt::Family::granite, rt::Family::smollm3),
+                                           rt::Family::granite, rt::Family::smollm3, rt::Family::gemma2,
+                                           rt::Family::gemma3),
                          [](const auto& info) { return std::string(rt::family_name(info.param)); });
 
 }  // namespace

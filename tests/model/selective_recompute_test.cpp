@@ -60,6 +60,17 @@ const char* kConfigs[] = {
         "no_rope_layer_interval": 2, "rms_norm_eps": 1e-6, "rope_theta": 100.0, "max_position_embeddings": 64,
         "tie_word_embeddings": true, "use_sliding_window": false, "bos_token_id": 1, "eos_token_id": 2,
         "pad_token_id": null})",
+    R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 16, "intermediate_size": 24,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
+        "vocab_size": 11, "query_pre_attn_scalar": 8, "sliding_window": 3, "attn_logit_softcapping": 1.5,
+        "final_logit_softcapping": 2.0, "rms_norm_eps": 1e-6, "rope_theta": 100.0, "max_position_embeddings": 64,
+        "hidden_activation": "gelu_pytorch_tanh"})",
+    R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 16,
+        "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 4, "vocab_size": 11, "query_pre_attn_scalar": 4, "sliding_window": 3,
+        "sliding_window_pattern": 2, "rope_theta": 1000.0, "rope_local_base_freq": 10.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 64, "tie_word_embeddings": false})",
 };
 
 struct Result {
@@ -130,10 +141,11 @@ TEST_P(SelectiveRecompute, AttentionKeptLayersAreBitIdenticalToRecompute) {
 
 std::string case_name(const ::testing::TestParamInfo<int>& info) {
   static const char* const kNames[] = {"llama", "qwen2_tied", "qwen3_qknorm", "qwen2_moe",
-                                       "olmoe", "olmo2_post_norms", "granite", "smollm3_no_rope"};
+                                       "olmoe", "olmo2_post_norms", "granite", "smollm3_no_rope",
+                                       "gemma2_sandwich_window_softcap", "gemma3_local_rope"};
   return kNames[info.param];
 }
-INSTANTIATE_TEST_SUITE_P(Families, SelectiveRecompute, ::testing::Range(0, 8), case_name);
+INSTANTIATE_TEST_SUITE_P(Families, SelectiveRecompute, ::testing::Range(0, 10), case_name);
 
 rt::ModelSpec seven_b() { return rt::spec_preset("qwen2.5-7b"); }
 

@@ -71,6 +71,16 @@ void expect_same_spec(const ModelSpec& a, const ModelSpec& b, const std::string&
   EXPECT_EQ(a.logits_scaling, b.logits_scaling);
   EXPECT_EQ(a.attention_scale, b.attention_scale);
   EXPECT_EQ(a.rope_layers, b.rope_layers);
+  EXPECT_EQ(a.norm_offset, b.norm_offset);  // Gemma
+  EXPECT_EQ(a.mlp_act, b.mlp_act);
+  EXPECT_EQ(a.sandwich_norms, b.sandwich_norms);
+  EXPECT_EQ(a.attn_softcap, b.attn_softcap);
+  EXPECT_EQ(a.final_softcap, b.final_softcap);
+  EXPECT_EQ(a.local_window, b.local_window);
+  EXPECT_EQ(a.local_layers, b.local_layers);
+  EXPECT_EQ(a.rope_local_on, b.rope_local_on);
+  EXPECT_EQ(a.rope_local.theta, b.rope_local.theta);
+  EXPECT_EQ(a.rope_local.scaling, b.rope_local.scaling);
   EXPECT_EQ(a.moe.n_experts, b.moe.n_experts);
   EXPECT_EQ(a.moe.top_k, b.moe.top_k);
   EXPECT_EQ(a.moe.expert_intermediate, b.moe.expert_intermediate);
@@ -411,22 +421,28 @@ TEST(Spec, UnknownArchitectureListsSupported) {
              "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM");
 }
 
-TEST(Spec, RopeTypesOtherThanDefaultAndLlama3AreRefused) {
+TEST(Spec, RopeTypesOtherThanDefaultLinearAndLlama3AreRefused) {
   // 4.x: rope_scaling with "type" (older) or "rope_type".
   std::string msg =
       parse_error(with_field(kQwen25_4x, "rope_scaling",
                              R"({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"),
                   "yarn/config.json");
   EXPECT_HAS(msg, "[config] yarn/config.json");
-  EXPECT_HAS(msg, "\"yarn\" is not supported; supported RoPE types: default, llama3");
-  for (const char* t : {"dynamic", "linear", "longrope"}) {
+  EXPECT_HAS(msg, "\"yarn\" is not supported; supported RoPE types: default, linear, llama3");
+  for (const char* t : {"dynamic", "longrope"}) {
     std::string rs = std::string(R"({"rope_type": ")") + t + R"(", "factor": 2.0})";
-    EXPECT_HAS(parse_error(with_field(kLlama31_4x, "rope_scaling", rs)), "supported RoPE types: default, llama3");
+    EXPECT_HAS(parse_error(with_field(kLlama31_4x, "rope_scaling", rs)),
+               "supported RoPE types: default, linear, llama3");
   }
+  // linear (Gemma 3's global layers; transformers applies it to any family): inv_freq / factor
+  ModelSpec lin = rt::spec_from_config_text(
+      with_field(kLlama31_4x, "rope_scaling", R"({"rope_type": "linear", "factor": 2.0})"), "lin");
+  EXPECT_EQ(lin.rope.scaling, RopeScaling::linear);
+  EXPECT_EQ(lin.rope.factor, 2.0);
   // 5.x: rope_parameters.
   msg = parse_error(
       with_field(kQwen3_5x, "rope_parameters", R"({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0})"));
-  EXPECT_HAS(msg, "rope_parameters.rope_type \"yarn\" is not supported; supported RoPE types: default, llama3");
+  EXPECT_HAS(msg, "rope_parameters.rope_type \"yarn\" is not supported; supported RoPE types: default, linear, llama3");
   // llama3 needs all of its parameters.
   msg = parse_error(with_field(kLlama31_4x, "rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
                     "l/config.json");
@@ -574,7 +590,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 21u);
+  ASSERT_EQ(rt::preset_names().size(), 26u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);
@@ -584,7 +600,8 @@ TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
     nlohmann::json j = nlohmann::json::parse(text);
     EXPECT_TRUE(j.contains("rope_theta") && j.contains("rope_scaling") && j.contains("rope_parameters")) << name;
     EXPECT_EQ(j["torch_dtype"], j["dtype"]) << name;
-    EXPECT_EQ(j["rope_parameters"]["rope_theta"].get<double>(), s.rope.theta) << name;
+    const auto& rp = s.family == rt::Family::gemma3 ? j["rope_parameters"]["full_attention"] : j["rope_parameters"];
+    EXPECT_EQ(rp["rope_theta"].get<double>(), s.rope.theta) << name;
   }
   // Preset files list eos lists and null ids faithfully too.
   ModelSpec s = rt::spec_preset("llama-3.1-8b");

@@ -166,6 +166,11 @@ class StreamEngine final : public Backend {
     std::vector<float> inv = cpu::rope_inv_freq(s_.rope, s_.head_dim, rope_long_);
     inv_freq_ = DevBuf<float>(dev_.alloc, static_cast<int64_t>(inv.size()), "RoPE frequencies");
     CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    if (s_.rope_local_on) {  // Gemma 3's local layers
+      std::vector<float> loc = cpu::rope_inv_freq(s_.rope_local, s_.head_dim);
+      inv_freq_local_ = DevBuf<float>(dev_.alloc, static_cast<int64_t>(loc.size()), "local RoPE frequencies");
+      CUDA_CHECK(cudaMemcpy(inv_freq_local_.data(), loc.data(), loc.size() * 4, cudaMemcpyHostToDevice));
+    }
     const size_t sc = op_scratch_bytes(s_, B_, T_, opt_);
     scratch_ = DevBuf<uint8_t>(dev_.alloc, static_cast<int64_t>(sc), "op scratch");
     if (opt_.muon) {  // the plan's next item: NS5's workspace for the largest Muon matrix
@@ -176,6 +181,8 @@ class StreamEngine final : public Backend {
     ops_ = std::make_unique<CudaOps>(dev_.alloc, dev_.blas, dev_.compute.get(), inv_freq_.data(),
                                      Scratch{scratch_.data(), sc});
     ops_->set_matmul(opt_.matmul);
+    ops_->set_norm_offset(static_cast<float>(s_.norm_offset));  // Gemma's (1 + w) norms
+    if (s_.rope_local_on) ops_->set_local_rope(inv_freq_local_.data());
     ops_->set_rope(s_.rotary_dim(),
                    s_.rope.scaling == RopeScaling::longrope ? static_cast<float>(s_.rope.attention_factor) : 1.f);
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
@@ -637,15 +644,17 @@ class StreamEngine final : public Backend {
       if (s_.tie_embeddings) grads_->wait_zeroed(0);
     }
     auto span = dev_.tracer.gpu_begin(Lane::compute, "head", -1, cs);
-    rms_norm_forward(hf_.data(), rstd_f_.data(), xL, final_norm, N_, C, static_cast<float>(s_.rms_eps), cs);
+    const float noff = static_cast<float>(s_.norm_offset);  // Gemma: (1 + w)
+    rms_norm_forward(hf_.data(), rstd_f_.data(), xL, final_norm, N_, C, static_cast<float>(s_.rms_eps), cs, noff);
     const float ls = static_cast<float>(1.0 / s_.logits_scaling);  // Granite: logits / logits_scaling
     if (ls != 1.f) scale(hf_.data(), hf_.data(), ls, N_ * C, cs);
     Scratch sc{scratch_.data(), scratch_.size()};
     lm_head_cross_entropy(dev_.blas, training ? dhf_.data() : nullptr, training ? g_lm : nullptr, totals_.data(),
-                          hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs);
+                          hf_.data(), lm, targets, N_, C, s_.vocab, grad_scale, opt_.ce_chunk_rows, sc, cs,
+                          static_cast<float>(s_.final_softcap));  // Gemma 2
     if (training && ls != 1.f) scale(dhf_.data(), dhf_.data(), ls, N_ * C, cs);
     if (training)
-      rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs);
+      rms_norm_backward(dx_out, g_norm, dhf_.data(), xL, final_norm, rstd_f_.data(), nullptr, N_, C, sc, cs, noff);
     dev_.tracer.gpu_end(span, cs);
   }
 
@@ -718,7 +727,7 @@ class StreamEngine final : public Backend {
   std::unique_ptr<GpuOrthogonalizer> muon_;  // --optimizer muon: NS5 on the GPU (before optimizer_, which uses it)
   std::unique_ptr<OptimizerPhase> optimizer_;
   DevBuf<bf16> hf_, dx_, dhf_;
-  DevBuf<float> rstd_f_, inv_freq_;
+  DevBuf<float> rstd_f_, inv_freq_, inv_freq_local_;
   bool rope_long_ = false;  // LongRoPE: inv_freq_ holds the long factors' table
   DevBuf<int32_t> ids_, targets_, pos_, doc_;
   std::vector<bool> has_doc_;  // per micro-batch slot: doc_ holds its document starts

@@ -1,0 +1,237 @@
+// The CPU ops Gemma adds (cpu/ops.h): the (1 + w) RMSNorm offset, GeGLU with
+// gelu's tanh approximation, sliding-window and soft-capped attention, the
+// soft-capped LM head + cross-entropy and linear RoPE scaling. Each forward
+// against a double reference, each backward against finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu/ops.h"
+#include "testutil.h"
+
+namespace {
+
+using rt::test::expect_near;
+using rt::test::random_vec;
+using Vec = std::vector<float>;
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Finite differences as in ops_test.cpp: step 1e-2, truncation ~1e-5, fp32
+// forward noise <~ 5e-5 on the quotient; a wrong formula is off by O(0.1-1).
+constexpr double kFdStep = 1e-2;
+constexpr double kFdAtol = 2e-3;
+constexpr double kFdRtol = 2e-2;
+
+double dot_d(const Vec& out, const Vec& r) {
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
+  return s;
+}
+
+void check_grad(const std::string& name, Vec& x, const Vec& analytic, const std::function<double()>& loss,
+                int64_t max_samples = 80, uint64_t seed = 7) {
+  ASSERT_EQ(x.size(), analytic.size()) << name;
+  std::vector<int64_t> idx(x.size());
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  if (static_cast<int64_t>(idx.size()) > max_samples) {
+    std::mt19937_64 g(seed);
+    std::shuffle(idx.begin(), idx.end(), g);
+    idx.resize(static_cast<size_t>(max_samples));
+  }
+  Vec got, ref;
+  double max_abs = 0;
+  for (int64_t i : idx) {
+    const float v = x[i];
+    x[i] = static_cast<float>(v + kFdStep);
+    const double xp = x[i], lp = loss();
+    x[i] = static_cast<float>(v - kFdStep);
+    const double xm = x[i], lm = loss();
+    x[i] = v;
+    const double num = (lp - lm) / (xp - xm);
+    got.push_back(analytic[i]);
+    ref.push_back(static_cast<float>(num));
+    max_abs = std::max(max_abs, std::fabs(num));
+  }
+  EXPECT_TRUE(expect_near(name + " (analytic vs finite difference)", got, ref, kFdAtol, kFdRtol));
+  EXPECT_GT(max_abs, 0.05) << name << ": finite-difference gradients are all tiny; the check proves nothing";
+}
+
+TEST(CpuGemmaNorm, OffsetNormIsTheNormOfOnePlusW) {
+  const int64_t N = 5, C = 16;
+  const float eps = 1e-6f;
+  Vec x = random_vec(N * C, 1), w = random_vec(C, 2, -0.5f, 0.5f), r = random_vec(N * C, 3);
+  Vec w1(w);
+  for (auto& v : w1) v += 1.f;
+  Vec out(N * C, kNaN), rstd(N, kNaN), out1(N * C, kNaN), rstd1(N, kNaN);
+  rt::cpu::rms_norm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps, 1.f);
+  rt::cpu::rms_norm_forward(out1.data(), rstd1.data(), x.data(), w1.data(), N, C, eps);
+  // (1 + w) rounded once to fp32 either way: the same products, bit for bit.
+  EXPECT_EQ(out, out1);
+  Vec dx(N * C, kNaN), dw(C, 0.f);
+  rt::cpu::rms_norm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), N, C, 1.f);
+  auto loss = [&] {
+    Vec o(N * C), s(N);
+    rt::cpu::rms_norm_forward(o.data(), s.data(), x.data(), w.data(), N, C, eps, 1.f);
+    return dot_d(o, r);
+  };
+  check_grad("offset rms_norm dx", x, dx, loss);
+  check_grad("offset rms_norm dw", w, dw, loss);
+}
+
+TEST(CpuGeglu, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
+  const int64_t n = 96;
+  Vec gate = random_vec(n, 11, -4.f, 4.f), up = random_vec(n, 12), r = random_vec(n, 13);
+  gate[0] = -30.f, gate[1] = 30.f, gate[2] = 0.f;  // saturated ends stay finite
+  Vec out(n, kNaN);
+  rt::cpu::geglu_forward(out.data(), gate.data(), up.data(), n);
+  Vec ref(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    ref[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+  // tanh and a few products in fp32 on values of size <= 4: a few ulp of 4.
+  EXPECT_TRUE(expect_near("geglu out", out, ref, 2e-6, 2e-6));
+  Vec dg(n, kNaN), du(n, kNaN);
+  rt::cpu::geglu_backward(dg.data(), du.data(), r.data(), gate.data(), up.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(dg[i]) && std::isfinite(du[i])) << i;
+  auto loss = [&] {
+    Vec o(n);
+    rt::cpu::geglu_forward(o.data(), gate.data(), up.data(), n);
+    return dot_d(o, r);
+  };
+  check_grad("geglu dgate", gate, dg, loss, 200);
+  check_grad("geglu dup", up, du, loss, 200);
+}
+
+// Double reference of windowed, soft-capped causal attention (scale 1/sqrt(D)).
+void attention_ref(Vec& out, Vec& lse, const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H,
+                   int64_t G, int64_t D, int64_t window, double cap) {
+  out.assign(static_cast<size_t>(B * T * H * D), 0.f);
+  lse.assign(static_cast<size_t>(B * H * T), 0.f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> sc(static_cast<size_t>(T), -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (window > 0 && j <= i - window) continue;  // HF: kv_idx > q_idx - sliding_window
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e)
+            d += static_cast<double>(q[((b * T + i) * H + h) * D + e]) * k[((b * T + j) * G + g) * D + e];
+          d /= std::sqrt(static_cast<double>(D));
+          sc[j] = cap > 0 ? cap * std::tanh(d / cap) : d;
+          mx = std::max(mx, sc[j]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= i; ++j) z += std::isinf(sc[j]) ? 0.0 : std::exp(sc[j] - mx);
+        lse[(b * H + h) * T + i] = static_cast<float>(mx + std::log(z));
+        for (int64_t e = 0; e < D; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            if (!std::isinf(sc[j])) o += std::exp(sc[j] - mx) / z * v[((b * T + j) * G + g) * D + e];
+          out[((b * T + i) * H + h) * D + e] = static_cast<float>(o);
+        }
+      }
+    }
+}
+
+void window_case(int64_t window, float cap, uint64_t seed) {
+  const int64_t B = 2, T = 13, H = 4, G = 2, D = 8;
+  SCOPED_TRACE(::testing::Message() << "window " << window << " softcap " << cap);
+  Vec q = random_vec(B * T * H * D, seed, -2.f, 2.f), k = random_vec(B * T * G * D, seed + 1),
+      v = random_vec(B * T * G * D, seed + 2), r = random_vec(B * T * H * D, seed + 3);
+  Vec out(q.size(), kNaN), lse(B * H * T, kNaN);
+  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window, cap);
+  Vec out_ref, lse_ref;
+  attention_ref(out_ref, lse_ref, q, k, v, B, T, H, G, D, window, cap);
+  // fp32 scores, tanh, exp and sums over <= 13 keys: a few 1e-7 relative.
+  EXPECT_TRUE(expect_near("attention out", out, out_ref, 1e-5, 1e-5));
+  EXPECT_TRUE(expect_near("attention lse", lse, lse_ref, 1e-5, 1e-5));
+  // The window must matter: the same inputs without it give another output.
+  if (window > 0) {
+    Vec full(q.size()), l2(lse.size());
+    rt::cpu::attention_forward(full.data(), l2.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, 0, cap);
+    EXPECT_NE(full, out);
+  }
+  Vec dq(q.size(), kNaN), dk(k.size(), kNaN), dv(v.size(), kNaN);
+  rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), out.data(),
+                              lse.data(), B, T, H, G, D, nullptr, window, cap);
+  auto loss = [&] {
+    Vec o(q.size()), l(lse.size());
+    rt::cpu::attention_forward(o.data(), l.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window, cap);
+    return dot_d(o, r);
+  };
+  check_grad("attention dq", q, dq, loss);
+  check_grad("attention dk", k, dk, loss);
+  check_grad("attention dv", v, dv, loss);
+}
+
+TEST(CpuGemmaAttention, SlidingWindow) { window_case(4, 0.f, 21); }
+TEST(CpuGemmaAttention, SoftCap) { window_case(0, 1.5f, 31); }  // scores up to ~4: the cap bites
+TEST(CpuGemmaAttention, SlidingWindowAndSoftCap) { window_case(5, 2.f, 41); }
+TEST(CpuGemmaAttention, WindowOfOneSeesItselfOnly) {
+  const int64_t T = 6, D = 8;
+  Vec q = random_vec(T * D, 51), k = random_vec(T * D, 52), v = random_vec(T * D, 53);
+  Vec out(T * D), lse(T);
+  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), 1, T, 1, 1, D, nullptr, 1);
+  EXPECT_EQ(out, v);
+}
+
+TEST(CpuGemmaCrossEntropy, SoftCappedLogitsMatchDoubleAndFiniteDifferences) {
+  const int64_t N = 7, C = 8, V = 11;
+  const float cap = 1.5f;  // logits of size ~2-3: well into the tanh's bend
+  Vec h = random_vec(N * C, 61, -1.f, 1.f), w = random_vec(V * C, 62, -1.f, 1.f);
+  std::vector<int32_t> targets = {3, 0, -100, 10, 5, 5, 1};
+  double ref = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] < 0) continue;
+    std::vector<double> l(V);
+    double mx = -INFINITY, z = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += static_cast<double>(h[n * C + c]) * w[v * C + c];
+      l[v] = cap * std::tanh(s / cap);
+      mx = std::max(mx, l[v]);
+    }
+    for (double x : l) z += std::exp(x - mx);
+    ref += mx + std::log(z) - l[targets[n]];
+  }
+  int64_t nv = 0;
+  Vec dh(N * C, kNaN), dw(V * C, 0.f);
+  const double loss = rt::cpu::lm_head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), targets.data(), N, C,
+                                                     V, 1.f, 3, &nv, cap);
+  EXPECT_EQ(nv, 6);
+  // fp32 logits and tanh on values of size O(1), summed over 6 rows: ~1e-6 relative.
+  EXPECT_NEAR(loss, ref, 1e-5 * std::fabs(ref));
+  const double plain =
+      rt::cpu::lm_head_cross_entropy(nullptr, nullptr, h.data(), w.data(), targets.data(), N, C, V, 1.f, 3, &nv);
+  EXPECT_GT(std::fabs(plain - loss), 1e-2) << "the cap must change the loss for this test to mean anything";
+  auto f = [&] {
+    int64_t v = 0;
+    return rt::cpu::lm_head_cross_entropy(nullptr, nullptr, h.data(), w.data(), targets.data(), N, C, V, 1.f, 3, &v,
+                                          cap);
+  };
+  check_grad("softcapped cross_entropy dh", h, dh, f, 200);
+  check_grad("softcapped cross_entropy dw", w, dw, f, 200);
+}
+
+TEST(CpuGemmaRope, LinearScalingDividesInvFreqByTheFactor) {
+  rt::RopeConfig plain;
+  plain.theta = 10000.0;
+  rt::RopeConfig lin = plain;
+  lin.scaling = rt::RopeScaling::linear;
+  lin.factor = 8.0;
+  const auto a = rt::cpu::rope_inv_freq(plain, 16), b = rt::cpu::rope_inv_freq(lin, 16);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], a[i] / 8.f) << i;  // HF: inv_freq /= factor in fp32
+}
+
+}  // namespace
