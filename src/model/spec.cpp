@@ -689,6 +689,20 @@ ModelSpec spec_from_config_file(const std::string& path) {
   return spec_from_config_text(read_text_file(file), file);
 }
 
+void config_write_ids_and_dtype(ojson& o, const ModelSpec& s) {
+  o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
+  o["pad_token_id"] = s.pad_id ? ojson(*s.pad_id) : ojson(nullptr);
+  if (s.eos_ids.empty())
+    o["eos_token_id"] = nullptr;
+  else if (s.eos_ids.size() == 1)
+    o["eos_token_id"] = s.eos_ids[0];
+  else
+    o["eos_token_id"] = s.eos_ids;
+  o["torch_dtype"] = s.dtype;
+  o["dtype"] = s.dtype;
+  o["initializer_range"] = 0.02;
+}
+
 std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
   if (s.family == Family::phi3) return spec_phi3_config_json(s);
@@ -799,18 +813,7 @@ std::string spec_to_config_json(const ModelSpec& s) {
     o["sliding_window"] = nullptr;
     o["max_window_layers"] = s.n_layers;
   }
-  o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
-  // null rather than absent: some config classes default to an id (SmolLM3 128004, OLMo2 1)
-  o["pad_token_id"] = s.pad_id ? ojson(*s.pad_id) : ojson(nullptr);
-  if (s.eos_ids.empty())
-    o["eos_token_id"] = nullptr;
-  else if (s.eos_ids.size() == 1)
-    o["eos_token_id"] = s.eos_ids[0];
-  else
-    o["eos_token_id"] = s.eos_ids;
-  o["torch_dtype"] = s.dtype;
-  o["dtype"] = s.dtype;
-  o["initializer_range"] = 0.02;
+  config_write_ids_and_dtype(o, s);
   o["attention_dropout"] = 0.0;
   o["use_cache"] = true;
   if (s.is_gemma()) detail::gemma_config_write(s, o);

@@ -240,17 +240,7 @@ std::string spec_phi3_config_json(const ModelSpec& s) {
   o["resid_pdrop"] = 0.0;
   o["embd_pdrop"] = 0.0;
   o["attention_dropout"] = 0.0;
-  o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
-  o["pad_token_id"] = s.pad_id ? ojson(*s.pad_id) : ojson(nullptr);
-  if (s.eos_ids.empty())
-    o["eos_token_id"] = nullptr;
-  else if (s.eos_ids.size() == 1)
-    o["eos_token_id"] = s.eos_ids[0];
-  else
-    o["eos_token_id"] = s.eos_ids;
-  o["torch_dtype"] = s.dtype;
-  o["dtype"] = s.dtype;
-  o["initializer_range"] = 0.02;
+  config_write_ids_and_dtype(o, s);
   o["use_cache"] = true;
   return o.dump(2) + "\n";
 }
