@@ -330,6 +330,37 @@ void Fp8Gemm::matmul(void* out, DType out_type, const uint8_t* a, const float* a
 
 // ---- the linear layer ----
 
+namespace {
+
+// Grows buf to at least need bytes. Work queued on `stream` (the whole
+// device when null) may still read the old buffer: synchronised first.
+void grow_device_buffer(void*& buf, size_t& bytes, size_t need, cudaStream_t stream) {
+  if (need <= bytes) return;
+  CUDA_CHECK(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize());
+  if (buf) CUDA_CHECK(cudaFree(buf));
+  buf = nullptr;
+  CUDA_CHECK(cudaMalloc(&buf, need));
+  bytes = need;
+}
+
+// Regions of the given byte sizes, each 256-byte aligned (fp8_region), in a row.
+template <size_t Nr>
+size_t regions_bytes(const size_t (&sizes)[Nr]) {
+  size_t total = 0;
+  for (size_t b : sizes) total += fp8_region(b);
+  return total;
+}
+template <size_t Nr>
+void split_regions(void* base, const size_t (&sizes)[Nr], void* (&out)[Nr]) {
+  size_t off = 0;
+  for (size_t i = 0; i < Nr; ++i) {
+    out[i] = static_cast<char*>(base) + off;
+    off += fp8_region(sizes[i]);
+  }
+}
+
+}  // namespace
+
 struct Fp8Linear::Impl {
   Fp8Gemm gemm;
   void* buf = nullptr;
@@ -370,22 +401,14 @@ struct Fp8Linear::Impl {
       if (wcodes[j].w == w && wcodes[j].O == O && wcodes[j].I == I) return &wcodes[j];
     if (wnext == wcodes.size()) wcodes.emplace_back();
     WeightCodes& c = wcodes[wnext++];
-    const size_t need = fp8_shared_weight_bytes(O, I);
-    if (need > c.bytes) {  // queued GEMMs may still read the old buffer
-      CUDA_CHECK(cudaStreamSynchronize(stream));
-      if (c.buf) CUDA_CHECK(cudaFree(c.buf));
-      c.buf = nullptr;
-      CUDA_CHECK(cudaMalloc(&c.buf, need));
-      c.bytes = need;
-    }
-    char* p = static_cast<char*>(c.buf);
-    c.q = reinterpret_cast<uint8_t*>(p);
-    p += fp8_region(static_cast<size_t>(O * I));
-    c.qt = reinterpret_cast<uint8_t*>(p);
-    p += fp8_region(static_cast<size_t>(O * I));
-    c.s = reinterpret_cast<float*>(p);
-    p += fp8_region(static_cast<size_t>(fp8_scales_128x128(O, I)) * 4);
-    c.st = reinterpret_cast<float*>(p);
+    const size_t sizes[4] = {static_cast<size_t>(O * I), static_cast<size_t>(O * I),
+                             static_cast<size_t>(fp8_scales_128x128(O, I)) * 4,
+                             static_cast<size_t>(fp8_scales_128x128(I, O)) * 4};  // = fp8_shared_weight_bytes
+    grow_device_buffer(c.buf, c.bytes, regions_bytes(sizes), stream);
+    void* r[4];
+    split_regions(c.buf, sizes, r);
+    c.q = static_cast<uint8_t*>(r[0]), c.qt = static_cast<uint8_t*>(r[1]);
+    c.s = static_cast<float*>(r[2]), c.st = static_cast<float*>(r[3]);
     c.w = w, c.O = O, c.I = I;
     fp8_quantize_128x128(c.q, c.s, c.qt, c.st, w, O, I, stream);
     return &c;
@@ -407,20 +430,8 @@ struct Fp8Linear::Impl {
   // first: the old buffer may still be read by queued work).
   template <size_t Nr>
   void carve(const size_t (&sizes)[Nr], void* (&out)[Nr], cudaStream_t stream) {
-    size_t total = 0;
-    for (size_t s : sizes) total += fp8_region(s);
-    if (total > bytes) {
-      CUDA_CHECK(cudaStreamSynchronize(stream));
-      if (buf) CUDA_CHECK(cudaFree(buf));
-      buf = nullptr;
-      CUDA_CHECK(cudaMalloc(&buf, total));
-      bytes = total;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < Nr; ++i) {
-      out[i] = static_cast<char*>(buf) + off;
-      off += fp8_region(sizes[i]);
-    }
+    grow_device_buffer(buf, bytes, regions_bytes(sizes), stream);
+    split_regions(buf, sizes, out);
   }
 };
 
@@ -432,22 +443,14 @@ void Fp8Linear::share_input(const bf16* x, int64_t N, int64_t I) {
   Impl& m = *impl_;
   RT_CHECK(!m.shared_x, "[cuda fp8 linear] share_input while another input is shared");
   RT_CHECK(x && N > 0 && I > 0, "[cuda fp8 linear] share_input: bad input ", N, " x ", I);
-  const size_t need = fp8_shared_input_bytes(N, I);
-  if (need > m.shared_bytes) {  // queued GEMMs may still read the old buffer
-    CUDA_CHECK(cudaDeviceSynchronize());
-    if (m.shared_buf) CUDA_CHECK(cudaFree(m.shared_buf));
-    m.shared_buf = nullptr;
-    CUDA_CHECK(cudaMalloc(&m.shared_buf, need));
-    m.shared_bytes = need;
-  }
-  char* p = static_cast<char*>(m.shared_buf);
-  m.sq = reinterpret_cast<uint8_t*>(p);
-  p += fp8_region(static_cast<size_t>(N * I));
-  m.sqt = reinterpret_cast<uint8_t*>(p);
-  p += fp8_region(static_cast<size_t>(N * I));
-  m.ss = reinterpret_cast<float*>(p);
-  p += fp8_region(static_cast<size_t>(fp8_scales_1x128(N, I)) * 4);
-  m.sst = reinterpret_cast<float*>(p);
+  const size_t sizes[4] = {static_cast<size_t>(N * I), static_cast<size_t>(N * I),
+                           static_cast<size_t>(fp8_scales_1x128(N, I)) * 4,
+                           static_cast<size_t>(fp8_scales_1x128(I, N)) * 4};  // = fp8_shared_input_bytes
+  grow_device_buffer(m.shared_buf, m.shared_bytes, regions_bytes(sizes), nullptr);
+  void* r[4];
+  split_regions(m.shared_buf, sizes, r);
+  m.sq = static_cast<uint8_t*>(r[0]), m.sqt = static_cast<uint8_t*>(r[1]);
+  m.ss = static_cast<float*>(r[2]), m.sst = static_cast<float*>(r[3]);
   m.shared_x = x, m.shared_N = N, m.shared_I = I;
   m.have_rows = m.have_cols = false;
 }
