@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -371,6 +373,57 @@ void encode_dynamic8(bool sgn, const float* x, int64_t n, uint8_t* codes, float*
       codes[f + i] = static_cast<uint8_t>(q | (sgn && std::signbit(x[f + i]) ? 0x80 : 0));
     }
   }
+}
+
+namespace {
+// Finite-difference tolerance. The central difference with step h has
+// truncation error h^2/6 * |L'''| (~1e-5 here: h = 1e-2, third derivatives O(1))
+// plus fp32 forward noise: L is a sum of O(100-1000) fp32 outputs of size O(1),
+// each off by ~1 ulp (6e-8), so |dL| <~ 1e-6 and the quotient is off by
+// <~ 1e-6 / (2h) = 5e-5. atol 2e-3 / rtol 2e-2 covers both with margin, while a
+// wrong formula (missing term, wrong sign, wrong head mapping) is off by O(0.1-1).
+constexpr double kFdStep = 1e-2;
+constexpr double kFdAtol = 2e-3;
+constexpr double kFdRtol = 2e-2;
+}  // namespace
+
+// sum_i out[i] * r[i] in double.
+double dot_d(const std::vector<float>& out, const std::vector<float>& r) {
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
+  return s;
+}
+
+// Central-difference check of analytic = dL/dx on all elements of x, or on a
+// random subset of max_samples. The difference quotient divides by the step
+// actually stored in fp32 ((float)(v+h) - (float)(v-h)), not by 2h.
+void check_fd_grad(const std::string& name, std::vector<float>& x, const std::vector<float>& analytic,
+                   const std::function<double()>& loss, int64_t max_samples, uint64_t seed) {
+  ASSERT_EQ(x.size(), analytic.size()) << name;
+  std::vector<int64_t> idx(x.size());
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  if (static_cast<int64_t>(idx.size()) > max_samples) {
+    std::mt19937_64 g(seed);
+    std::shuffle(idx.begin(), idx.end(), g);
+    idx.resize(static_cast<size_t>(max_samples));
+  }
+  std::vector<float> got, ref;
+  double max_abs = 0;
+  for (int64_t i : idx) {
+    const float v = x[i];
+    x[i] = static_cast<float>(v + kFdStep);
+    const double xp = x[i], lp = loss();
+    x[i] = static_cast<float>(v - kFdStep);
+    const double xm = x[i], lm = loss();
+    x[i] = v;
+    const double num = (lp - lm) / (xp - xm);
+    got.push_back(analytic[i]);
+    ref.push_back(static_cast<float>(num));
+    max_abs = std::max(max_abs, std::fabs(num));
+  }
+  EXPECT_TRUE(expect_near(name + " (analytic vs finite difference)", got, ref, kFdAtol, kFdRtol));
+  // Guard against a vacuous check: the sampled gradients must not all be ~0.
+  EXPECT_GT(max_abs, 0.05) << name << ": finite-difference gradients are all tiny; the check proves nothing";
 }
 
 }  // namespace rt::test

@@ -196,4 +196,15 @@ void write_bytes(const std::string& path, const std::string& bytes);
 // table lookup gave. For tests of loading such checkpoints.
 void encode_dynamic8(bool sgn, const float* x, int64_t n, uint8_t* codes, float* scales);
 
+// sum_i out[i] * r[i] in double (a random projection of an op's output: the
+// scalar loss of a finite-difference check).
+double dot_d(const std::vector<float>& out, const std::vector<float>& r);
+
+// Central-difference check of analytic = dL/dx on all elements of x, or on a
+// random subset of max_samples; step 1e-2, atol 2e-3, rtol 2e-2 (derivation
+// in testutil.cpp). Also fails when every sampled gradient is below 0.05 (a
+// check that proves nothing).
+void check_fd_grad(const std::string& name, std::vector<float>& x, const std::vector<float>& analytic,
+                   const std::function<double()>& loss, int64_t max_samples = 60, uint64_t seed = 7);
+
 }  // namespace rt::test

@@ -17,50 +17,17 @@
 
 namespace {
 
+using rt::test::dot_d;
 using rt::test::expect_near;
 using rt::test::random_vec;
 using Vec = std::vector<float>;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Finite differences as in ops_test.cpp: step 1e-2, truncation ~1e-5, fp32
-// forward noise <~ 5e-5 on the quotient; a wrong formula is off by O(0.1-1).
-constexpr double kFdStep = 1e-2;
-constexpr double kFdAtol = 2e-3;
-constexpr double kFdRtol = 2e-2;
-
-double dot_d(const Vec& out, const Vec& r) {
-  double s = 0;
-  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
-  return s;
-}
-
+// rt::test::check_fd_grad (step 1e-2, atol 2e-3, rtol 2e-2), sampling 80.
 void check_grad(const std::string& name, Vec& x, const Vec& analytic, const std::function<double()>& loss,
                 int64_t max_samples = 80, uint64_t seed = 7) {
-  ASSERT_EQ(x.size(), analytic.size()) << name;
-  std::vector<int64_t> idx(x.size());
-  std::iota(idx.begin(), idx.end(), int64_t{0});
-  if (static_cast<int64_t>(idx.size()) > max_samples) {
-    std::mt19937_64 g(seed);
-    std::shuffle(idx.begin(), idx.end(), g);
-    idx.resize(static_cast<size_t>(max_samples));
-  }
-  Vec got, ref;
-  double max_abs = 0;
-  for (int64_t i : idx) {
-    const float v = x[i];
-    x[i] = static_cast<float>(v + kFdStep);
-    const double xp = x[i], lp = loss();
-    x[i] = static_cast<float>(v - kFdStep);
-    const double xm = x[i], lm = loss();
-    x[i] = v;
-    const double num = (lp - lm) / (xp - xm);
-    got.push_back(analytic[i]);
-    ref.push_back(static_cast<float>(num));
-    max_abs = std::max(max_abs, std::fabs(num));
-  }
-  EXPECT_TRUE(expect_near(name + " (analytic vs finite difference)", got, ref, kFdAtol, kFdRtol));
-  EXPECT_GT(max_abs, 0.05) << name << ": finite-difference gradients are all tiny; the check proves nothing";
+  rt::test::check_fd_grad(name, x, analytic, loss, max_samples, seed);
 }
 
 TEST(CpuGemmaNorm, OffsetNormIsTheNormOfOnePlusW) {

@@ -28,60 +28,13 @@
 
 namespace {
 
+using rt::test::check_fd_grad;
+using rt::test::dot_d;
 using rt::test::expect_near;
 using rt::test::random_vec;
 using Vec = std::vector<float>;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Finite-difference tolerance. The central difference with step h has
-// truncation error h^2/6 * |L'''| (~1e-5 here: h = 1e-2, third derivatives O(1))
-// plus fp32 forward noise: L is a sum of O(100-1000) fp32 outputs of size O(1),
-// each off by ~1 ulp (6e-8), so |dL| <~ 1e-6 and the quotient is off by
-// <~ 1e-6 / (2h) = 5e-5. atol 2e-3 / rtol 2e-2 covers both with margin, while a
-// wrong formula (missing term, wrong sign, wrong head mapping) is off by O(0.1-1).
-constexpr double kFdStep = 1e-2;
-constexpr double kFdAtol = 2e-3;
-constexpr double kFdRtol = 2e-2;
-
-// sum_i out[i] * r[i] in double.
-double dot_d(const Vec& out, const Vec& r) {
-  double s = 0;
-  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
-  return s;
-}
-
-// Central-difference check of analytic = dL/dx on all elements of x, or on a
-// random subset of max_samples. The difference quotient divides by the step
-// actually stored in fp32 ((float)(v+h) - (float)(v-h)), not by 2h.
-void check_grad(const std::string& name, Vec& x, const Vec& analytic, const std::function<double()>& loss,
-                int64_t max_samples = 60, uint64_t seed = 7) {
-  ASSERT_EQ(x.size(), analytic.size()) << name;
-  std::vector<int64_t> idx(x.size());
-  std::iota(idx.begin(), idx.end(), int64_t{0});
-  if (static_cast<int64_t>(idx.size()) > max_samples) {
-    std::mt19937_64 g(seed);
-    std::shuffle(idx.begin(), idx.end(), g);
-    idx.resize(static_cast<size_t>(max_samples));
-  }
-  Vec got, ref;
-  double max_abs = 0;
-  for (int64_t i : idx) {
-    const float v = x[i];
-    x[i] = static_cast<float>(v + kFdStep);
-    const double xp = x[i], lp = loss();
-    x[i] = static_cast<float>(v - kFdStep);
-    const double xm = x[i], lm = loss();
-    x[i] = v;
-    const double num = (lp - lm) / (xp - xm);
-    got.push_back(analytic[i]);
-    ref.push_back(static_cast<float>(num));
-    max_abs = std::max(max_abs, std::fabs(num));
-  }
-  EXPECT_TRUE(expect_near(name + " (analytic vs finite difference)", got, ref, kFdAtol, kFdRtol));
-  // Guard against a vacuous check: the sampled gradients must not all be ~0.
-  EXPECT_GT(max_abs, 0.05) << name << ": finite-difference gradients are all tiny; the check proves nothing";
-}
 
 void expect_bitwise(const std::string& name, const Vec& a, const Vec& b) {
   ASSERT_EQ(a.size(), b.size()) << name;
@@ -187,7 +140,7 @@ TEST(CpuEmbedding, ForwardGathersRowsAndBackwardMatchesFiniteDifferences) {
     rt::cpu::embedding_forward(o.data(), ids.data(), table.data(), N, C);
     return dot_d(o, r);
   };
-  check_grad("embedding dtable", table, dtable, loss);
+  check_fd_grad("embedding dtable", table, dtable, loss);
 
   // '+=': a second call adds exactly the same sum again.
   Vec once = dtable;
@@ -230,8 +183,8 @@ TEST(CpuRmsNorm, BackwardMatchesFiniteDifferencesAndAccumulatesDw) {
     rt::cpu::rms_norm_forward(o.data(), s.data(), x.data(), w.data(), N, C, eps);
     return dot_d(o, r);
   };
-  check_grad("rms_norm dx", x, dx, loss, 200);
-  check_grad("rms_norm dw", w, dw, loss);
+  check_fd_grad("rms_norm dx", x, dx, loss, 200);
+  check_fd_grad("rms_norm dw", w, dw, loss);
 
   Vec once = dw;
   rt::cpu::rms_norm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -265,9 +218,9 @@ void linear_case(int64_t N, int64_t I, int64_t O, bool with_bias, uint64_t seed)
     rt::cpu::linear_forward(o.data(), x.data(), w.data(), bp, N, I, O);
     return dot_d(o, r);
   };
-  check_grad("linear dx", x, dx, loss);
-  check_grad("linear dw", w, dw, loss);
-  if (with_bias) check_grad("linear dbias", bias, db, loss);
+  check_fd_grad("linear dx", x, dx, loss);
+  check_fd_grad("linear dw", w, dw, loss);
+  if (with_bias) check_fd_grad("linear dbias", bias, db, loss);
 
   // dx == nullptr: only the weight gradients, identical to the full call's.
   Vec dw2(dw.size(), 0.f), db2(O, 0.f);
@@ -390,7 +343,7 @@ TEST(CpuRope, ForwardMatchesDirectRotationAndBackwardMatchesFiniteDifferences) {
     rt::cpu::rope_forward(o.data(), pos.data(), inv.data(), N, heads, D);
     return dot_d(o, r);
   };
-  check_grad("rope dx", x, dx, loss, 200);
+  check_fd_grad("rope dx", x, dx, loss, 200);
 }
 
 // Partial rotary with a cos/sin scale (Phi3): x [N, heads, D], the first R
@@ -436,7 +389,7 @@ TEST(CpuRope, PartialRotaryScaledMatchesDirectRotationAndFiniteDifferences) {
     rt::cpu::rope_forward(o.data(), pos.data(), inv.data(), N, heads, D, R, scale);
     return dot_d(o, r);
   };
-  check_grad("partial rope dx", x, dx, loss, 240);
+  check_fd_grad("partial rope dx", x, dx, loss, 240);
 }
 
 TEST(CpuRope, LongRopeTablesDivideByTheFactorsAndSwitchAboveTheOriginalContext) {
@@ -533,9 +486,9 @@ void attention_case(const AttnShape& s, uint64_t seed, const std::vector<int32_t
     rt::cpu::attention_forward(o.data(), l.data(), q.data(), k.data(), v.data(), B, T, H, G, D, doc);
     return dot_d(o, r);
   };
-  check_grad("attention dq", q, dq, loss);
-  check_grad("attention dk", k, dk, loss);
-  check_grad("attention dv", v, dv, loss);
+  check_fd_grad("attention dq", q, dq, loss);
+  check_fd_grad("attention dk", k, dk, loss);
+  check_fd_grad("attention dv", v, dv, loss);
 }
 
 TEST(CpuAttention, MultiHead) { attention_case({2, 12, 4, 4, 8}, 61); }
@@ -629,8 +582,8 @@ TEST(CpuSwiglu, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
     rt::cpu::swiglu_forward(o.data(), gate.data(), up.data(), n);
     return dot_d(o, r);
   };
-  check_grad("swiglu dgate", gate, dgate, loss, 200);
-  check_grad("swiglu dup", up, dup, loss, 200);
+  check_fd_grad("swiglu dgate", gate, dgate, loss, 200);
+  check_fd_grad("swiglu dup", up, dup, loss, 200);
 }
 
 TEST(CpuAdd, AddsInPlace) {
@@ -762,8 +715,8 @@ TEST(CpuCrossEntropy, GradientsMatchFiniteDifferencesWithIgnoredRows) {
     return scale * rt::cpu::lm_head_cross_entropy(nullptr, nullptr, c.h.data(), c.w.data(), c.targets.data(), c.N, c.C,
                                                   c.V, scale, chunk, &v);
   };
-  check_grad("cross_entropy dh", c.h, dh, loss, 200);
-  check_grad("cross_entropy dw", c.w, dw, loss, 200);
+  check_fd_grad("cross_entropy dh", c.h, dh, loss, 200);
+  check_fd_grad("cross_entropy dw", c.w, dw, loss, 200);
 
   // Other chunkings give the same gradients up to regrouping: the V-term sums
   // of dh, the N-term token sums of dw (per chunk, then across chunks), and
