@@ -183,6 +183,35 @@ def test_training_on_records_is_training_on_the_jsonl(tmp_path):
     assert losses(RECORDS * 8, "from_list") == want
 
 
+def test_the_byte_model_trains_on_text_records(tmp_path):
+    # tiny-byte (no tokenizer files) from {"text": ...} records: a .jsonl file, a list, a parquet file and a
+    # datasets.Dataset give the same batches, so the same losses; chat records are refused with the reason
+    texts = [p for p in TEXT.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    records = [{"text": t} for t in texts]
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+
+    def losses(data, out):
+        run = tiny(tmp_path / out, data=data, steps=3, eval_every=3, export_dtype="none")
+        return [{k: v for k, v in r.items() if k not in ("time", "elapsed")} for r in run.records]
+
+    want = losses(jsonl, "from_jsonl")
+    assert len(want) >= 4 and all(r.get("loss", 1) > 0 for r in want)
+    assert losses(records, "from_list") == want
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "texts.parquet")
+    assert losses(tmp_path / "texts.parquet", "from_parquet") == want
+    try:
+        import datasets
+        assert losses(datasets.Dataset.from_list(records), "from_dataset") == want
+    except ImportError:
+        pass
+    with pytest.raises(ramtrain.RamtrainError) as e:
+        tiny(tmp_path / "chat", data=RECORDS[:1], steps=1)
+    assert "a byte-level model has no chat format" in str(e.value) and "<python:list>:1" in str(e.value)
+
+
 def test_record_errors_name_the_record(tmp_path):
     bad = RECORDS[:2] + [{"messages": [{"role": "wizard", "content": "?"}]}]
     with pytest.raises(ramtrain.RamtrainError) as e:

@@ -144,30 +144,39 @@ TrainData train_data_open(const ArgParser& p, const std::vector<std::string>& pa
       td.source = std::make_unique<Dataset>(load_text_documents(paths), dopt);
       return td;
     }
-    if (is_byte_vocab(spec.vocab))  // a byte-level model: plain text only
-      fail("[train] the data is .jsonl records (", any_jsonl ? "a *.jsonl file" : "--data-format jsonl",
-           "), which need a tokenizer with a chat format; a byte-level model trains on plain text. Give it text files "
-           "(or --data-format text), or train a model with a tokenizer (--model DIR, or --tokenizer DIR)");
-    fail("[train] the data is text/.jsonl, which needs the model's tokenizer, but ",
+    if (!is_byte_vocab(spec.vocab))
+      fail("[train] the data is text/.jsonl, which needs the model's tokenizer, but ",
          model_dir.empty() ? std::string("a preset has none") : model_dir + " has no tokenizer.json or tokenizer.model",
          ". Pass --tokenizer DIR (a model directory with the tokenizer files), pre-tokenize with `ramtrain tokenize`, "
          "or train a byte-level model (--preset tiny-byte) on plain text.");
   }
-  td.tokenizer = tokenizer_load(tok_dir);
-  td.tokenizer_dir = tok_dir;
+  // A byte-level model without a tokenizer directory reads records (text records; chat records have no format to
+  // render with) through the byte tokenizer, so .jsonl files and Python's data= train it as they train any model.
+  const bool byte_records = tok_dir.empty();
+  if (byte_records) {
+    if (p.has("chat-format"))
+      fail("[train] --chat-format: a byte-level model has no chat tokens; train chat data on a model with a tokenizer "
+           "(--model DIR, or --tokenizer DIR)");
+    td.tokenizer = std::make_unique<ByteVocabTokenizer>();
+    td.byte_text = true;
+  } else {
+    td.tokenizer = tokenizer_load(tok_dir);
+    td.tokenizer_dir = tok_dir;
+  }
   const Tokenizer& tok = *td.tokenizer;
   if (tok.vocab_size() > spec.vocab)
     fail("[train] the tokenizer ", tok.describe(), " has ", tok.vocab_size(), " ids but the model's vocab is ",
          spec.vocab, ": they do not belong together (pass the model's own tokenizer)");
-  std::string no_chat;
+  std::string no_chat = "a byte-level model has no chat format: give text records ({\"text\": ...}) or plain text, "
+                        "or train chat data on a model with a tokenizer (--model DIR, or --tokenizer DIR)";
   std::optional<ChatFormat> cf;
   if (p.has("chat-format"))
     cf = chat_format_parse(p.str("chat-format"));
-  else
+  else if (!byte_records)
     cf = chat_format_detect(tok, spec.family, &no_chat);
   if (cf) td.chat = std::make_unique<ChatTemplate>(tok, *cf);
   std::optional<HfChatTemplate> hf;
-  if (!p.has("chat-format")) hf = hf_chat_template_find(tok_dir);
+  if (!p.has("chat-format") && !byte_records) hf = hf_chat_template_find(tok_dir);
   if (hf) hf_chat_vars_assign(p.list("chat-template-var"), hf->specials, "--chat-template-var");
   if (hf) td.hf_template = std::make_unique<jinja::Template>(hf->source, hf->origin);
 

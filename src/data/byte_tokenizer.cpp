@@ -32,4 +32,25 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   return out;
 }
 
+std::vector<int32_t> ByteVocabTokenizer::encode(std::string_view text, bool add_special) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() + 1);
+  if (add_special) out.push_back(ByteTokenizer::bos_id);
+  ByteTokenizer().encode_append(text, false, out);
+  return out;
+}
+
+std::vector<int32_t> ByteVocabTokenizer::encode_with_offsets(std::string_view text, bool add_special,
+                                                             std::vector<TokenSpan>& spans) const {
+  std::vector<int32_t> out = encode(text, add_special);
+  spans.clear();
+  spans.reserve(out.size());
+  if (add_special) spans.push_back({0, 0});
+  for (size_t i = 0; i < text.size(); ++i) spans.push_back({i, i + 1});
+  return out;
+}
+
+std::string ByteVocabTokenizer::decode(std::span<const int32_t> ids, bool) const { return ByteTokenizer().decode(ids); }
+
 }  // namespace rt
+

@@ -6,7 +6,9 @@
 //   - ShareGPT records encode like the equivalent messages record;
 //   - prompt/completion trains only the completion and EOS;
 //   - a template that is not prefix stable (Qwen3) gives one example per turn;
-//   - a template's raise_exception is a bad record naming file:line.
+//   - a template's raise_exception is a bad record naming file:line;
+//   - a byte-level model's text record is BOS + its bytes + EOS, as a text
+//     file's document is; its chat records are refused with the reason.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/byte_tokenizer.h"
 #include "data/finetune.h"
 #include "data/hf_chat_template.h"
 #include "testutil.h"
@@ -218,4 +221,25 @@ TEST(FinetuneFormats, JsonArrayFiles) {
                          {d.file("c.json") + ":1: a .json data file must hold a JSON array"});
 }
 
+TEST(FinetuneFormats, ByteModelTextRecordsAreTheTextPathsIds) {
+  const rt::ByteVocabTokenizer tok;
+  const std::string reason = "a byte-level model has no chat format";
+  rt::ExampleEncoder enc(tok, nullptr, reason, false, true);
+  const std::string text = "h\xc3\xa9llo,\n\"world\"\n";  // UTF-8 and JSON escapes
+  const rt::EncodedPiece out = encode_line(enc, ordered_json({{"text", text}}).dump());
+  ASSERT_TRUE(out.bad_message.empty()) << out.bad_message;
+  // the text-file path's document: ByteTokenizer::encode(text, add_bos_eos = true)
+  EXPECT_EQ(out.ids, rt::ByteTokenizer().encode(text, true));
+  ASSERT_EQ(out.trained.size(), out.ids.size());
+  for (size_t k = 1; k < out.ids.size(); ++k) EXPECT_TRUE(out.trained[k]) << k;
+  try {
+    encode_line(enc, R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})");
+    ADD_FAILURE() << "a chat record was encoded without a chat format";
+  } catch (const rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("data.jsonl"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
+
