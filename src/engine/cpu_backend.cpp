@@ -35,7 +35,10 @@ std::vector<int32_t> positions(const Batch& b) {
 // gradient dx^k; the embedding's backward per micro-batch. Every block is
 // recomputed (no kept activations: they are per layer, not per micro-batch).
 // The same ops, chunk sizes and per-element accumulation order as
-// ModelRunner::forward_backward run K times (untied embeddings).
+// ModelRunner::forward_backward run K times (untied embeddings). MoE models:
+// one MoeAux per micro-batch, finished once every layer's forward ran (the
+// load-balancing gradient of micro-batch k needs k's routing through every
+// layer, which layer-major has before any backward).
 class LayerMajorRunner {
  public:
   LayerMajorRunner(CpuOps& ops, const ModelSpec& s, int64_t B, int64_t T, int64_t K, int64_t ce_chunk_rows,
@@ -46,7 +49,8 @@ class LayerMajorRunner {
         K_(K),
         ce_chunk_(ce_chunk_rows),
         acts_(ops, s, dm_),
-        scratch_(ops, s, dm_) {
+        scratch_(ops, s, dm_),
+        aux_(static_cast<size_t>(K), MoeAux(s)) {
     const int64_t N = dm_.N(), C = s_.hidden;
     ckpt_ = ops.alloc<float>(K * (s_.n_layers + 1) * N * C);
     dx_ = ops.alloc<float>(K * N * C);
@@ -69,9 +73,17 @@ class LayerMajorRunner {
       ops_.embedding_forward(x(k, 0), b[k].ids, w.embed, N, C);
       if (em != 1.f) ops_.scale(x(k, 0), x(k, 0), em, N * C);
     }
+    const bool moe = s_.is_moe();
+    for (MoeAux& a : aux_) a.begin();
     for (int64_t i = 0; i < L; ++i)
+      for (int64_t k = 0; k < K_; ++k) {
+        const MoeLayerRouting routing = moe ? aux_[k].forward_routing(i) : MoeLayerRouting{};
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_, b[k].doc_start,
+                      moe ? &routing : nullptr);
+      }
+    if (moe)
       for (int64_t k = 0; k < K_; ++k)
-        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_, b[k].doc_start);
+        aux_[k].finish(N, s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * b[k].aux_loss_scale : 0.0);
     double loss = 0;
     *n_valid = 0;
     for (int64_t k = 0; k < K_; ++k) {
@@ -88,8 +100,9 @@ class LayerMajorRunner {
       for (int64_t k = 0; k < K_; ++k) {
         block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_,
                       b[k].doc_start);  // recompute: no output
+        const MoeLayerRouting back_routing = aux_[k].backward_routing();
         block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i],
-                       b[k].doc_start);
+                       b[k].doc_start, moe ? &back_routing : nullptr);
       }
     for (int64_t k = 0; k < K_; ++k) {
       if (em != 1.f) ops_.scale(dx(k), dx(k), em, N * C);
@@ -97,6 +110,9 @@ class LayerMajorRunner {
     }
     return loss;
   }
+
+  // MoE: micro-batch k's routing of the last forward_backward (load-balancing loss, tokens per expert).
+  const MoeAux& moe_aux(int64_t k) const { return aux_[static_cast<size_t>(k)]; }
 
  private:
   CpuOps& ops_;
@@ -106,6 +122,7 @@ class LayerMajorRunner {
   BlockActs<CpuOps> acts_;
   BlockScratch<CpuOps> scratch_;
   std::vector<float> ckpt_, dx_, hf_, dhf_, rstd_f_;
+  std::vector<MoeAux> aux_;  // one per micro-batch
 };
 
 class CpuBackend final : public Backend {
@@ -159,32 +176,32 @@ class CpuBackend final : public Backend {
     *n_valid = 0;
     for (BatchView& v : views)
       v.aux_loss_scale = 1.0f / static_cast<float>(views.size());  // MoE: mean over micro-batches
+    const ModelSpec& sp = state_.spec();
+    moe_tokens_.assign(sp.is_moe() ? static_cast<size_t>(sp.n_layers * sp.moe.n_experts) : 0, 0);
+    moe_aux_ = 0;
+    auto count_routing = [&](const MoeAux& a) {  // the stats hook: per-expert token counts of every layer
+      if (!sp.is_moe()) return;
+      for (int64_t l = 0; l < sp.n_layers; ++l)
+        for (int64_t e = 0; e < sp.moe.n_experts; ++e)
+          moe_tokens_[static_cast<size_t>(l * sp.moe.n_experts + e)] += a.tokens_per_expert(l)[e];
+      moe_aux_ += a.aux_loss() / static_cast<double>(views.size());
+    };
     if (layer_major_ && batches.size() > 1) {
-      RT_CHECK(!state_.spec().is_moe(), "[train] --layer-major on is not supported for mixture-of-experts models (",
-               state_.spec().architecture,
-               ") on the CPU backend: their load-balancing loss needs each micro-batch's routing through every layer "
-               "first; use --layer-major off");
       const int64_t K = static_cast<int64_t>(batches.size());
       auto& r = lm_runners_[{batches[0].B, batches[0].T, K}];
       if (!r)
         r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256, mlp_chunk_);
-      return r->forward_backward(w, g, views.data(), grad_scale, n_valid);
+      const double sum = r->forward_backward(w, g, views.data(), grad_scale, n_valid);
+      for (int64_t k = 0; k < K; ++k) count_routing(r->moe_aux(k));
+      return sum;
     }
     double sum = 0;
-    const ModelSpec& sp = state_.spec();
-    moe_tokens_.assign(sp.is_moe() ? static_cast<size_t>(sp.n_layers * sp.moe.n_experts) : 0, 0);
-    moe_aux_ = 0;
     for (const BatchView& v : views) {
       int64_t nv = 0;
       ModelRunner<CpuOps>& r = runner(v.B, v.T);
       sum += r.forward_backward(w, &g, v, grad_scale, &nv);
       *n_valid += nv;
-      if (sp.is_moe()) {  // the stats hook: per-expert token counts of every layer
-        for (int64_t l = 0; l < sp.n_layers; ++l)
-          for (int64_t e = 0; e < sp.moe.n_experts; ++e)
-            moe_tokens_[static_cast<size_t>(l * sp.moe.n_experts + e)] += r.moe_aux().tokens_per_expert(l)[e];
-        moe_aux_ += r.moe_aux().aux_loss() / static_cast<double>(views.size());
-      }
+      count_routing(r.moe_aux());
     }
     return sum;
   }

@@ -63,8 +63,8 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   RT_CHECK(o.micro_batches >= 1, "[cuda] the micro-batches per step (--grad-accum) must be >= 1, got ",
            o.micro_batches);
   p.micro_batches = o.micro_batches;
-  // (never for MoE models: their load-balancing loss needs each micro-batch's routing through every layer first)
-  p.layer_major = o.micro_batches > 1 && !s.is_moe() &&
+  // (MoE models too: each micro-batch's routing is complete after the layer-major forward, before any backward)
+  p.layer_major = o.micro_batches > 1 &&
                   (o.layer_major == "on" || (o.layer_major == "auto" && p.slots < L && !s.tie_embeddings));
   const uint64_t ckpt_bytes = static_cast<uint64_t>(p.sets()) * (L + 1) * N * s.hidden * 2;
   auto pick = [](const std::string& v, bool big, const char* what) {
@@ -94,10 +94,7 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   if (o.grads == "fold" && !whole)
     fail("[cuda] --grads fold needs each layer's gradient summed over the step's ", o.micro_batches,
          " micro-batches on the device before it leaves: ",
-         s.is_moe() ? "that takes layer-major order, which MoE models do not run (the load-balancing loss needs each "
-                      "micro-batch's routing through every layer first): use --grad-accum 1 with a larger "
-                      "--micro-batch, or --grads host"
-         : o.layer_major == "off" ? "use --layer-major on (or auto), or --grad-accum 1"
+         o.layer_major == "off" ? "use --layer-major on (or auto), or --grad-accum 1"
          : s.tie_embeddings       ? "layer-major auto stays off for tied embeddings (equal only up to rounding): "
                                     "use --layer-major on, or --grad-accum 1"
                                   : "layer-major auto stays off when every layer is resident: use --layer-major on, "

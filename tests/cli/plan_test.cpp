@@ -181,11 +181,10 @@ TEST(Plan, FoldDropsTheHostGradientsAndIsNamedAsTheFix) {
   auto mbm = run_ramtrain(base + " --grads fold --layer-major off");
   EXPECT_NE(mbm.exit_code, 0) << mbm.output;
   EXPECT_TRUE(contains(mbm.output, "--grads fold needs")) << mbm.output;
-  // MoE models never run layer-major: the message says so instead of suggesting layer-major (issue 32)
-  auto moe = run_ramtrain("plan --preset olmoe-1b-7b --gpu-memory 24G --micro-batch 4 --grad-accum 4 --grads fold");
-  EXPECT_NE(moe.exit_code, 0) << moe.output;
-  EXPECT_TRUE(contains(moe.output, "MoE models do not run")) << moe.output;
-  EXPECT_FALSE(contains(moe.output, "use --layer-major on")) << moe.output;
+  // MoE models run layer-major too (one routing record per micro-batch), so they fold (issue 32)
+  auto moe = run_ramtrain("plan --preset olmoe-1b-7b --gpu-memory 24G --micro-batch 4 --grad-accum 4 --grads fold --json");
+  EXPECT_EQ(moe.exit_code, 0) << moe.output;
+  EXPECT_TRUE(flag(moe.output, "layer_major")) << moe.output;
 }
 
 TEST(Plan, DeviceTooSmallNamesASmallerMicroBatch) {

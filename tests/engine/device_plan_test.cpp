@@ -439,7 +439,7 @@ TEST(DevicePlan, MlpChunkRefusesABadValue) {
 // MoE models: the op scratch holds every expert's rows of a micro-batch
 // (cuda/moe_scratch.h, what the CUDA MoE ops carve), and layer-major is
 // never planned for them (the engine runs them micro-batch-major).
-TEST(DevicePlan, MoeCountsTheExpertScratchAndStaysMicroBatchMajor) {
+TEST(DevicePlan, MoeCountsTheExpertScratchAndGoesLayerMajor) {
   const rt::ModelSpec s = rt::spec_from_config_text(
       R"({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 128, "intermediate_size": 64,
           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
@@ -450,13 +450,13 @@ TEST(DevicePlan, MoeCountsTheExpertScratchAndStaysMicroBatchMajor) {
   const int64_t B = 4, T = 64;
   rt::CudaOptions o = fixed_keep();
   o.micro_batches = 4;
-  o.slots = 2;  // streaming, untied: a dense model would go layer-major on auto
+  o.slots = 2;  // streaming, untied: layer-major on auto, MoE models as dense ones
   o.ce_chunk_rows = 256;
   const rt::DevicePlan p = rt::plan_device(s, B, T, o, kHuge);
   const uint64_t moe = rt::cuda::moe_scratch_bytes(rt::cuda::MoeDims{B * T, 128, 16, 4, 64, false});
   EXPECT_GT(moe, rt::lm_head_scratch_estimate(spec(false), B, T, o)) << "the test needs the MoE term to dominate";
   EXPECT_EQ(item(p, "op scratch"), r256(moe));
-  EXPECT_FALSE(p.place.layer_major);
-  o.layer_major = "on";
+  EXPECT_TRUE(p.place.layer_major);
+  o.layer_major = "off";
   EXPECT_FALSE(rt::plan_device(s, B, T, o, kHuge).place.layer_major);
 }

@@ -2,13 +2,16 @@
 // twin of the CUDA engine's layer-major schedule. With untied embeddings
 // every gradient element receives the micro-batches' contributions in the
 // same order as the micro-batch-major schedule, so gradients, losses, norms
-// and weights are bit-identical, not merely close.
+// and weights are bit-identical, not merely close. MoE models too, with the
+// load-balancing loss on: each micro-batch's routing is finished after the
+// layer-major forward, before any backward needs it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "data/dataset.h"
 #include "engine/backend.h"
+#include "model/spec.h"
 #include "optim/adamw.h"
 #include "testutil.h"
 
@@ -44,9 +47,10 @@ struct TwinRun {
 
 // 3 optimizer steps of K = 3 micro-batches (2 x 32 tokens) on the same data,
 // clipping on (so the norm feeds the update), then one compute_grads.
-TwinRun train_twin(bool tied, bool layer_major, int64_t mlp_chunk_tokens = 0) {
+TwinRun train_twin(bool tied, bool layer_major, int64_t mlp_chunk_tokens = 0, const rt::ModelSpec* spec = nullptr,
+                   std::vector<int64_t>* expert_tokens = nullptr, double* aux = nullptr) {
   const int64_t B = 2, T = 32, K = 3;
-  rt::HostState st(small_spec(tied), true);
+  rt::HostState st(spec ? *spec : small_spec(tied), true);
   st.init_random(3, 0.05f);
   rt::Dataset data = shakespeare(T);
   auto be = rt::make_cpu_backend(st, false, 0, layer_major, mlp_chunk_tokens);
@@ -70,6 +74,11 @@ TwinRun train_twin(bool tied, bool layer_major, int64_t mlp_chunk_tokens = 0) {
     const rt::StepStats s = be->train_step(b, nv, o);
     r.loss.push_back(s.loss_sum);
     r.norm.push_back(s.grad_norm);
+    if (expert_tokens) {
+      const rt::EngineStats es = be->stats();
+      expert_tokens->insert(expert_tokens->end(), es.moe_tokens_per_expert.begin(), es.moe_tokens_per_expert.end());
+      *aux += es.moe_aux_loss;
+    }
   }
   int64_t nv = 0;
   const std::vector<rt::Batch> b = step_batches(&nv);
@@ -131,4 +140,37 @@ TEST(LayerMajor, MlpChunksOnTheCpuBackend) {
     EXPECT_NEAR(mb.loss[i], whole.loss[i], 1e-5 * std::fabs(whole.loss[i])) << "step " << i + 1;
 }
 
+// A Qwen2-MoE shape (a shared expert with its gate, top-2 of 5 experts) with
+// the load-balancing loss on: layer-major keeps one routing record per
+// micro-batch, so losses, norms, gradients, weights, the per-expert token
+// counts and the aux loss are those of micro-batch-major, bit for bit.
+TEST(LayerMajor, MoeWithTheLoadBalancingLossIsBitIdentical) {
+  const rt::ModelSpec moe = rt::spec_from_config_text(
+      R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+  "hidden_size": 32, "intermediate_size": 40, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 16,
+  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 258,
+  "num_experts": 5, "num_experts_per_tok": 2, "norm_topk_prob": false, "decoder_sparse_step": 1,
+  "mlp_only_layers": [], "output_router_logits": true, "router_aux_loss_coef": 0.5,
+  "rope_theta": 100.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 64, "use_sliding_window": false})",
+      "layer_major_test");
+  ASSERT_TRUE(moe.moe.aux_loss_on());
+  std::vector<int64_t> tok_mb, tok_lm;
+  double aux_mb = 0, aux_lm = 0;
+  const TwinRun mb = train_twin(false, false, 0, &moe, &tok_mb, &aux_mb),
+                lm = train_twin(false, true, 0, &moe, &tok_lm, &aux_lm);
+  EXPECT_EQ(lm.loss, mb.loss);
+  EXPECT_EQ(lm.norm, mb.norm);
+  EXPECT_TRUE(lm.grads == mb.grads) << "compute_grads differs";
+  EXPECT_TRUE(lm.w == mb.w) << "weights after 3 steps differ";
+  EXPECT_EQ(tok_lm, tok_mb);
+  EXPECT_EQ(aux_lm, aux_mb);
+  // not trivially equal: each of the 3 steps routed its 3 x 64 tokens to 2 experts in each of 3 layers, and the
+  // aux loss is positive (a sum of products of token shares and probabilities)
+  int64_t routed = 0;
+  for (int64_t t : tok_mb) routed += t;
+  EXPECT_EQ(routed, 3 * 3 * 3 * 64 * 2);
+  EXPECT_GT(aux_mb, 0);
+}
+
 }  // namespace
+

@@ -334,16 +334,39 @@ TEST(CudaEngineMoe, StreamingResidentAndKeptActivationsAreBitIdentical) {
   EXPECT_TRUE(a.w == c.w) << "recompute vs kept activations";
 }
 
-// --layer-major on is refused by name for MoE models (their load-balancing
-// loss needs each micro-batch's routing through every layer first).
-TEST(CudaEngineMoe, LayerMajorOnIsRefused) {
+// Layer-major micro-batches on an MoE model (load-balancing loss on): one
+// routing record per micro-batch, finished after the layer-major forward, so
+// losses, norms and weights equal micro-batch-major's bit for bit (as the CPU
+// twin's LayerMajor.MoeWithTheLoadBalancingLossIsBitIdentical); and --grads
+// fold, which needs layer-major with K > 1, runs (its first step, before any
+// update, has the same loss; its weights move).
+TEST(CudaEngineMoe, LayerMajorIsBitIdenticalToMicroBatchMajor) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
-  const rt::ModelSpec s = rt::spec_from_config_text(kMixtral, "mixtral");
-  rt::HostState st(s, true);
-  rt::CudaOptions co;
-  co.layer_major = "on";
-  co.micro_batches = 2;
-  rt::test::expect_error([&] { rt::make_cuda_backend(st, 2, 64, co); }, {"--layer-major on", "mixture-of-experts"});
+  const int64_t B = 2, T = 128;
+  const rt::ModelSpec s = rt::spec_from_config_text(kQwen2Moe, "qwen2_moe");
+  ASSERT_TRUE(s.moe.aux_loss_on());
+  rt::Dataset d = shakespeare(T, 2);
+  int64_t nv = 0;
+  auto batches = batches_from(d, B, 2, &nv);
+  ASSERT_EQ(batches.size(), 2u);
+  auto run = [&](const char* layer_major, const char* grads) {
+    rt::CudaOptions co;
+    co.slots = 2;
+    co.micro_batches = 2;
+    co.layer_major = layer_major;
+    co.grads = grads;
+    return train_three(s, co, batches, nv, B, T);
+  };
+  const StepRun mb = run("off", "device"), lm = run("on", "device"), fold = run("on", "fold");
+  EXPECT_EQ(lm.loss, mb.loss);
+  EXPECT_EQ(lm.norm, mb.norm);
+  EXPECT_TRUE(lm.w == mb.w) << "weights after 3 steps differ";
+  ASSERT_EQ(fold.loss.size(), 3u);
+  EXPECT_EQ(fold.loss[0], mb.loss[0]);
+  for (double l : fold.loss) EXPECT_TRUE(std::isfinite(l));
+  rt::HostState start(s, true);
+  init_moe(start, 7);  // train_three's initial weights
+  EXPECT_FALSE(fold.w == rt::test::all_masters(start)) << "fold: the weights did not move";
 }
 
 }  // namespace

@@ -43,11 +43,6 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
   }
   o.muon = state.update_rule() == UpdateRule::muon;      // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step
-  if (state.spec().is_moe()) {  // the load-balancing loss needs each micro-batch's routing through every layer first
-    RT_CHECK(o.layer_major != "on", "[cuda] --layer-major on is not supported for mixture-of-experts models (",
-             state.spec().architecture, "); use --layer-major off");
-    o.layer_major = "off";
-  }
   for (;;) {
     try {
       return cuda::make_stream_engine(state, micro_batch, seq_len, o);

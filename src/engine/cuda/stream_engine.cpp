@@ -385,7 +385,6 @@ class StreamEngine final : public Backend {
     moe_tokens_.assign(s_.is_moe() ? static_cast<size_t>(s_.n_layers * s_.moe.n_experts) : 0, 0);
     moe_aux_ = 0;
     if (place_.layer_major && static_cast<int64_t>(batches.size()) == K_) {
-      RT_CHECK(!s_.is_moe(), "[cuda] internal: layer-major was planned for a mixture-of-experts model");
       upload_batches(batches.data(), K_);
       forward_layer_major();
       for (int64_t k = 0; k < K_; ++k) {
@@ -506,6 +505,11 @@ class StreamEngine final : public Backend {
     }
     dev_.tracer.gpu_end(span, cs);
     ckpt_->lm_prefetch(0, 0);
+    const bool moe = s_.is_moe();  // one routing record per micro-batch (model/moe_aux.h)
+    if (moe) {
+      if (static_cast<int64_t>(lm_aux_.size()) != K_) lm_aux_.assign(static_cast<size_t>(K_), MoeAux(s_));
+      for (MoeAux& a : lm_aux_) a.begin();
+    }
     for (int64_t i = 0; i < L; ++i) {
       load_for_forward(i);
       const bf16* w = weights_->use_layer(i);
@@ -521,13 +525,27 @@ class StreamEngine final : public Backend {
         else
           ckpt_->lm_prefetch(0, L);  // the first head's input
         bf16* y = ckpt_->lm_out(k, i + 1);
-        block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared(), doc(k));
+        const MoeLayerRouting routing = moe ? lm_aux_[static_cast<size_t>(k)].forward_routing(i) : MoeLayerRouting{};
+        block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared(), doc(k),
+                      moe ? &routing : nullptr);
         ckpt_->lm_done(k, i);
         ckpt_->lm_written(k, i + 1);
       }
       dev_.tracer.gpu_end(sp, cs);
       if (i + S < L) weights_->release_layer(i);  // the last S layers stay for the backward's turn-around
     }
+    if (moe)
+      for (MoeAux& a : lm_aux_) count_routing(a);
+  }
+
+  // MoE: a micro-batch's forward routing done: its load-balancing loss and
+  // gradient factor (as ModelRunner::forward_backward), and the step's stats.
+  void count_routing(MoeAux& a) {
+    a.finish(N_, s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * aux_scale_ : 0.0);
+    for (int64_t l = 0; l < s_.n_layers; ++l)
+      for (int64_t e = 0; e < s_.moe.n_experts; ++e)
+        moe_tokens_[static_cast<size_t>(l * s_.moe.n_experts + e)] += a.tokens_per_expert(l)[e];
+    moe_aux_ += a.aux_loss() * aux_scale_;
   }
 
   void backward_layer_major() {
@@ -554,7 +572,10 @@ class StreamEngine final : public Backend {
             ckpt_->lm_prefetch(0, i - 1);
           const int32_t* pos = pos_.data() + k * N_;
           block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
-          block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k));
+          const MoeLayerRouting back = s_.is_moe() ? lm_aux_[static_cast<size_t>(k)].backward_routing()
+                                                   : MoeLayerRouting{};
+          block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k),
+                         s_.is_moe() ? &back : nullptr);
           ckpt_->lm_done(k, i);
         }
       }
@@ -617,13 +638,7 @@ class StreamEngine final : public Backend {
       // the last S layers stay for the backward's turn-around
       if (i + S < L || !training) weights_->release_layer(i);
     }
-    if (moe) {  // the load-balancing loss and its gradient factor, as ModelRunner::forward_backward
-      aux_.finish(N_, s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * aux_scale_ : 0.0);
-      for (int64_t l = 0; l < L; ++l)
-        for (int64_t e = 0; e < s_.moe.n_experts; ++e)
-          moe_tokens_[static_cast<size_t>(l * s_.moe.n_experts + e)] += aux_.tokens_per_expert(l)[e];
-      moe_aux_ += aux_.aux_loss() * aux_scale_;
-    }
+    if (moe) count_routing(aux_);  // the load-balancing loss and its gradient factor
   }
 
   // The final norm, LM head and loss of the micro-batch whose last block
@@ -707,6 +722,7 @@ class StreamEngine final : public Backend {
   // MoE: the routing bookkeeping of the micro-batch in flight (model/moe_aux.h),
   // its share of the load-balancing loss, and the stats of the last step
   MoeAux aux_;
+  std::vector<MoeAux> lm_aux_;  // layer-major: one per micro-batch
   GpuDataParallel dp_;  // on(): a data-parallel rank (backend.h)
   Event dp_grads_made_, dp_reduced_;
   bool dp_stop_agreed_ = false;  // data parallel: some rank asked to stop (stop_agreement)
