@@ -22,6 +22,7 @@
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
 #   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
 #   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
+#   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
@@ -281,6 +282,16 @@ if has fp8_7b; then
       run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold --matmul "$m"
     done
   fi
+fi
+
+if has moebig; then
+  # Big MoE steps (issue 32): OLMoE-1B-7B at full precision, 16 x 2048 micro-batch-major (one micro-batch; the
+  # baseline) against 64k tokens per step layer-major with --grads fold (4 x 2048 x 8) and 128k (4 x 2048 x 16),
+  # same call: tokens/s and model TFLOP/s on active parameters from the bench.
+  mb=("$bin/ramtrain_bench" --preset olmoe-1b-7b --seq-len 2048 --steps ${MB_STEPS:-2} --warmup 1 --modes streaming)
+  run moe_olmoe_16x2048 400 "${mb[@]}" --micro-batch 16
+  run moe_olmoe_64k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 8 --grads fold
+  [ "${MB_128K:-1}" = 1 ] && run moe_olmoe_128k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
 fi
 
 if has recompute; then
