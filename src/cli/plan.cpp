@@ -250,6 +250,7 @@ int cmd_plan(const Args& args) {
   if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
     const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments, rule) +
                           host_grad_bytes(dp.place) + host_checkpoint_bytes(spec, B, T, dp.place) +
+                          gradient_landing_bytes(spec, dp.place, co.landing_chunk_bytes) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
       co.layer_major = "off";
@@ -283,6 +284,9 @@ int cmd_plan(const Args& args) {
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
   host.push_back({"pinned block checkpoints", host_checkpoint_bytes(spec, B, T, pl)});
+  host.push_back({pl.host_grads ? "pinned gradient landing (3 slabs of the largest unit)"
+                                : "pinned gradient landing (4 chunks for the optimizer's copy-out)",
+                  gradient_landing_bytes(spec, pl, co.landing_chunk_bytes)});
   if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
     const int64_t mx = muon_matrix_dims(spec).max_numel;
     host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});

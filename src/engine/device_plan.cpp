@@ -105,6 +105,21 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   return p;
 }
 
+int64_t gradient_landing_chunk_elems(const ModelSpec& s, uint64_t landing_chunk_bytes) {
+  int64_t max_unit = 0;
+  for (int64_t n : unit_numels(s)) max_unit = std::max(max_unit, n);
+  const int64_t want = static_cast<int64_t>(landing_chunk_bytes / 4) / kGradChunkAlign * kGradChunkAlign;
+  return want > 0 ? std::min(want, max_unit) : max_unit;
+}
+
+uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, uint64_t landing_chunk_bytes) {
+  int64_t max_unit = 0;
+  for (int64_t n : unit_numels(s)) max_unit = std::max(max_unit, n);
+  if (p.host_grads) return static_cast<uint64_t>(kGradLandingSlabs) * static_cast<uint64_t>(max_unit) * 4;
+  return static_cast<uint64_t>(kGradLandingRing) *
+         static_cast<uint64_t>(gradient_landing_chunk_elems(s, landing_chunk_bytes)) * 4;
+}
+
 uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t B, int64_t T, const DevicePlacement& p) {
   if (!p.host_ckpt) return 0;
   return static_cast<uint64_t>(p.sets()) * static_cast<uint64_t>(s.n_layers + 1) * static_cast<uint64_t>(B * T) *

@@ -45,6 +45,18 @@ constexpr int kCheckpointRing = 5;
 // device); the engine checks them against the free host RAM before pinning.
 uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const DevicePlacement& p);
 
+// The pinned host buffers the backward's weight gradients land in
+// (engine/cuda/gradient_sink.h): with host gradients (host or fold) three
+// slabs of the largest unit, each layer's gradient copied out whole while the
+// worker adds or folds the one before; with device gradients a ring of four
+// chunks of landing_chunk_bytes (rounded down to kGradChunkAlign elements, at
+// most the largest unit) that the optimizer phase copies through.
+constexpr int kGradLandingSlabs = 3;
+constexpr int kGradLandingRing = 4;
+constexpr int64_t kGradChunkAlign = 4096;  // elements: chunks cut units at quantization-block bounds
+int64_t gradient_landing_chunk_elems(const ModelSpec& s, uint64_t landing_chunk_bytes);
+uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, uint64_t landing_chunk_bytes);
+
 // Elements of each unit's arena (HostState's layout: unit 0 the embedding,
 // 1..L the layers, L+1 the head; every tensor padded to 16 floats).
 std::vector<int64_t> unit_numels(const ModelSpec& s);

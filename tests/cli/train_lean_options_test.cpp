@@ -114,6 +114,9 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     ASSERT_NE(at, std::string::npos) << p.output;
     const double needed = std::strtod(p.output.c_str() + at + 15, nullptr);
     double extra = 24.0 * 2 * 16;  // the token batches and staging (no host checkpoints at this size)
+    rt::DevicePlacement place;     // the pinned gradient landing: slabs with host gradients, else the ring
+    place.host_grads = host_grads;
+    extra += static_cast<double>(rt::gradient_landing_bytes(spec, place, 16ull << 20));
     if (m.rule == rt::UpdateRule::muon) {  // the pinned bf16 staging of the GPU Newton-Schulz, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
       extra += 2.0 * static_cast<double>(mx) +

@@ -39,8 +39,7 @@ void GradientSink::make_landing(uint64_t landing_chunk_bytes) {
     slab_done_.resize(kSlabs);
     slab_free_.assign(kSlabs, 1);
   } else {  // a pinned ring of chunks the optimizer phase copies gradients through
-    const int64_t want = static_cast<int64_t>(landing_chunk_bytes / 4) / kChunkAlign * kChunkAlign;
-    chunk_elems_ = want > 0 ? std::min(want, max_unit) : max_unit;
+    chunk_elems_ = gradient_landing_chunk_elems(st_.spec(), landing_chunk_bytes);
     for (int r = 0; r < kRing; ++r)
       ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
     ring_done_.resize(kRing);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/cuda/engine_device.h"
+#include "engine/device_plan.h"
 #include "engine/update_tracker.h"
 #include "state/host_state.h"
 #include "state/moment_quant.h"
@@ -31,10 +32,11 @@ class GradientSink {
   // 16 MiB by default instead of unit-sized slabs: as fast on the H200 host,
   // 6.6 GiB less pinned RAM at 7B; bench/RESULTS.md); kChunkAlign keeps every
   // chunk 64-byte aligned in the arenas (units and tensors are 16-float aligned).
-  static constexpr int kRing = 4;
-  static constexpr int64_t kChunkAlign = 4096;
+  // (engine/device_plan.h's constants: plan counts the same bytes, gradient_landing_bytes)
+  static constexpr int kRing = kGradLandingRing;
+  static constexpr int64_t kChunkAlign = kGradChunkAlign;
   static_assert(kChunkAlign % kQuantBlock == 0, "gradient chunks must cut units at quantization-block bounds");
-  static constexpr int kSlabs = 3;
+  static constexpr int kSlabs = kGradLandingSlabs;
 
   // dev_numel: elements of each unit's device buffer, numel or more (the LM
   // head's padding rows, engine/device_plan.h device_unit_numels; data
