@@ -22,6 +22,8 @@
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
 #   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
 #   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
+#   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
+#             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
@@ -292,6 +294,17 @@ if has moebig; then
   run moe_olmoe_16x2048 400 "${mb[@]}" --micro-batch 16
   run moe_olmoe_64k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 8 --grads fold
   [ "${MB_128K:-1}" = 1 ] && run moe_olmoe_128k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
+fi
+
+if has families; then
+  # Issue 33's real sizes: random-init presets trained a few steps on random ids (< 65535, a uint16 token file),
+  # tokens/s and host B/param from the run's own lines. FAM_PRESETS picks them; FAM_OPTS the mode (lean by default).
+  python3 -c "import array, random; r = random.Random(0); array.array('H', (r.randrange(65535) for _ in range(4_000_000))).tofile(open('$tmp/fam_ids.bin', 'wb'))"
+  for p in ${FAM_PRESETS:-gpt-oss-20b gemma-3-4b phi-4}; do
+    run "family_$p" 400 "$bin/ramtrain" train --preset "$p" --init random --data "$tmp/fam_ids.bin" --seq-len 2048 \
+      --micro-batch ${FAM_MB:-8} --grad-accum ${FAM_ACCUM:-2} --steps ${FAM_STEPS:-3} --eval-every 0 --val-fraction 0.01 \
+      --device cuda --export-dtype none --out "$tmp/fam_$p" ${FAM_OPTS:---optimizer adamw4bit --master bf16-sr --grads fold}
+  done
 fi
 
 if has recompute; then
