@@ -18,6 +18,7 @@
 #include "core/fs.h"
 #include "engine/run_logger.h"
 #include "io/hf_export.h"
+#include "state/state_tier.h"
 
 namespace rt {
 
@@ -115,9 +116,15 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(opt_.steps >= 1, "[train] --steps must be >= 1");
   RT_CHECK(data_.seq_len() <= state_.spec().max_sequence(), "[train] --seq-len ", data_.seq_len(),
            " exceeds the model's ", state_.spec().max_sequence_why());
+  RT_CHECK(opt_.state_dir.empty() || !backend_, "[train] --state-dir pages the optimizer state of the CPU backend "
+           "only so far; the CUDA engine and data-parallel runs keep it in RAM: add --device cpu or drop --state-dir");
   if (!backend_)
     backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens,
                                 opt_.fold_grads, opt_.keep_attention, opt_.matmul);
+  if (!opt_.state_dir.empty()) {  // after the backend: it converts the master and allocates the gradients first
+    tier_ = std::make_unique<StateTier>(state_, TierOptions{opt_.state_dir, opt_.max_host_memory, "[train]"});
+    std::printf("%s\n", tier_->describe().c_str());
+  }
   inject_nan_ = inject_nan_parse();
   run_.seed = opt_.seed;
   for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));
@@ -177,6 +184,15 @@ SaveReport Trainer::save_checkpoint(bool background) {
       const float* p = staging.data();
       return unit_snap_fp32(layout, p, p + layout.numel, p + 2 * layout.numel);
     });
+  } else if (tier_) {  // paged units: each read in (clean), copied into the checkpoint, freed; the next read ahead
+    auto& units = state_.units();
+    r = writer_->save_gathered(state_.spec(), U, checkpoint_meta(), [&](size_t u) {
+      if (u > 0) tier_->release(u - 1, false);
+      if (u + 1 < U) tier_->prefetch(u + 1);
+      tier_->acquire(u);
+      return unit_snap_live(units[u]);
+    });
+    tier_->release(U - 1, false);
   } else {
     r = writer_->save(state_, checkpoint_meta(), background);
   }

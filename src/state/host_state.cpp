@@ -141,7 +141,7 @@ uint64_t HostState::bytes_total() const {
   uint64_t b = 0;
   for (auto& u : units_)
     b += (u.arena.n + u.grad.n + u.shadow_buf[0].n + u.shadow_buf[1].n + u.rem_buf.n + u.tie_buf.n + u.qm_buf.n +
-          u.qv_buf.n + u.qscale_buf.n) *
+          u.qv_buf.n + u.qscale_buf.n + u.mv_buf.n) *
          sizeof(float);
   return b;
 }
@@ -218,6 +218,9 @@ float* StateUnit::m() const {
            " holds weights only (a data-parallel rank's: its moments are in the rank's shards)");
   RT_CHECK(!quantized(), "[host] unit ", name, " holds ", moment_storage_name(moments),
            " (quantized) moments: no fp32 m, v to point into");
+  RT_CHECK(!paged_out, "[host] unit ", name, ": its optimizer state is in the state tier's file (--state-dir), not "
+           "in RAM: page it in first (StateTier)");
+  if (moments_apart) return mv_buf.p;
   return arena.p + (shadow_master() ? 0 : numel);
 }
 
@@ -360,6 +363,7 @@ HostBuffer unit_moments(const StateUnit& u) {
 }  // namespace
 
 void HostState::set_master_storage(MasterStorage s, int n_shadows) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2, "[host] a ", master_storage_name(s),
            " master has 1 or 2 shadows, not ", n_shadows);
   decoded_.clear();
@@ -388,6 +392,7 @@ void HostState::set_master_storage(MasterStorage s, int n_shadows) {
 }
 
 void HostState::set_moment_storage(MomentStorage s) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   decoded_.clear();
   for (StateUnit& u : units_) {
     if (u.moments == s) continue;
@@ -403,6 +408,7 @@ void HostState::set_moment_storage(MomentStorage s) {
 }
 
 void HostState::keep_weights_only(size_t k) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   RT_CHECK(k < units_.size(), "[host] no unit ", k);
   StateUnit& u = units_[k];
   if (u.weights_only) return;
@@ -539,6 +545,7 @@ const char* optimizer_name(UpdateRule r, MomentStorage m) {
 }
 
 void HostState::set_update_rule(UpdateRule r) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   const bool muon = r == UpdateRule::muon;
   decoded_.clear();
   for (StateUnit& u : units_) {
