@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -15,6 +18,18 @@ namespace rt {
 
 namespace {
 constexpr uint64_t kChunk = uint64_t(64) << 20;
+
+// Test hooks (environment): a write past this many bytes (of this process's
+// DirectFiles) fails as on a full disk; a write past the second SIGKILLs the
+// process, as kill -9 in the middle of a tiered step.
+uint64_t env_u64(const char* k) {
+  const char* s = std::getenv(k);
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  return *end ? 0 : static_cast<uint64_t>(v);
+}
+std::atomic<uint64_t> g_written{0};
 std::string gib(uint64_t b) { return cat(b / (1 << 20), " MiB"); }
 }  // namespace
 
@@ -91,13 +106,21 @@ void DirectFile::read(uint64_t off, void* buf, uint64_t len) const {
 void DirectFile::write(uint64_t off, const void* buf, uint64_t len) const {
   check(off, buf, len);
   const char* p = static_cast<const char*>(buf);
+  static const uint64_t fail_after = env_u64("RAMTRAIN_INJECT_STATE_WRITE_FAIL_AFTER_BYTES");
+  static const uint64_t kill_after = env_u64("RAMTRAIN_INJECT_STATE_KILL_AFTER_BYTES");
+  const uint64_t before = g_written.fetch_add(len);
+  if (kill_after && before + len > kill_after) ::raise(SIGKILL);
+  const bool inject = fail_after && before + len > fail_after;
   for (uint64_t done = 0; done < len;) {
-    const ssize_t r = ::pwrite(fd_, p + done, static_cast<size_t>(std::min(kChunk, len - done)),
+    errno = inject ? ENOSPC : 0;
+    const ssize_t r = inject ? -1 : ::pwrite(fd_, p + done, static_cast<size_t>(std::min(kChunk, len - done)),
                                static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
+    const int e = errno;
+    if (r < 0 && e == EINTR) continue;
     if (r <= 0)
       fail(where_, " ", flag_, ": writing ", len, " bytes at ", off, " of ", path_, " failed: ",
-           r < 0 ? std::strerror(errno) : "no progress", errno == ENOSPC ? " (the disk under it is full)" : "",
+           r < 0 ? std::strerror(e) : "no progress", e == ENOSPC ? " (the disk under it is full)" : "",
+           inject ? " (injected by RAMTRAIN_INJECT_STATE_WRITE_FAIL_AFTER_BYTES, a test hook)" : "",
            "; the run stops here, its checkpoints are untouched: resume from the last one");
     done += static_cast<uint64_t>(r);
   }
