@@ -131,6 +131,7 @@ class CpuBackend final : public Backend {
     if (state_.master_storage() == MasterStorage::split) state_.set_master_storage(MasterStorage::fp32);
     state_.ensure_grads();
   }
+  bool pages_state() const override { return true; }
   EngineStats stats() const override {
     EngineStats s;
     s.moe_tokens_per_expert = moe_tokens_;

@@ -116,12 +116,12 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   RT_CHECK(opt_.steps >= 1, "[train] --steps must be >= 1");
   RT_CHECK(data_.seq_len() <= state_.spec().max_sequence(), "[train] --seq-len ", data_.seq_len(),
            " exceeds the model's ", state_.spec().max_sequence_why());
-  RT_CHECK(opt_.state_dir.empty() || !backend_, "[train] --state-dir pages the optimizer state of the CPU backend "
-           "only so far; the CUDA engine and data-parallel runs keep it in RAM: add --device cpu or drop --state-dir");
   if (!backend_)
     backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens,
                                 opt_.fold_grads, opt_.keep_attention, opt_.matmul);
   if (!opt_.state_dir.empty()) {  // after the backend: it converts the master and allocates the gradients first
+    RT_CHECK(backend_->pages_state(), "[train] --state-dir: this backend (", backend_->describe(),
+             ") keeps its optimizer state in RAM (data-parallel runs shard it instead); drop --state-dir");
     tier_ = std::make_unique<StateTier>(state_, TierOptions{opt_.state_dir, opt_.max_host_memory, "[train]"});
     std::printf("%s\n", tier_->describe().c_str());
   }
@@ -431,6 +431,13 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
         (long long)*lo, (long long)*hi, (long long)idle, es.moe_tokens_per_expert.size(), es.moe_aux_loss);
   }
   std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
+  if (tier_) {
+    const StateTier::Stats ts = tier_->stats();
+    std::printf("state tier: %.2f GB read, %.2f GB written; the optimizer waited %.2f s for reads; at most %.1f MiB "
+                "of paged state in RAM at once\n",
+                static_cast<double>(ts.read_bytes) / 1e9, static_cast<double>(ts.written_bytes) / 1e9, ts.wait_s,
+                static_cast<double>(ts.paged_in_peak) / (1 << 20));
+  }
   if (!opt_.out_dir.empty() && opt_.export_final) {
     const std::string dir = opt_.out_dir + "/final";
     export_to(dir, last_loss);

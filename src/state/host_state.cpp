@@ -12,6 +12,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "state/state_tier.h"
 
 namespace rt {
 
@@ -230,7 +231,11 @@ void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
     std::memcpy(out, arena.p + b, static_cast<size_t>(n) * 4);
     return;
   }
-  if (split()) return split_master_decode(split_master(cur_shadow).at(b), n, out);
+  if (split()) {
+    RT_CHECK(!paged_out, "[host] unit ", name, ": its master remainder is in the state tier's file (--state-dir); "
+             "page it in first (StateTier)");
+    return split_master_decode(split_master(cur_shadow).at(b), n, out);
+  }
   const uint16_t* s = shadow(cur_shadow) + b;
   parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = bf16_to_f32(s[i]);
@@ -631,12 +636,18 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
 void HostState::decode_all() const {
   if (master_storage() == MasterStorage::fp32) return;
   decoded_.resize(units_.size());
-  for (size_t i = 0; i < units_.size(); ++i) {
+  auto decode = [&](size_t i) {
     const StateUnit& u = units_[i];
     if (decoded_[i].n != static_cast<size_t>(u.numel))
       decoded_[i] = HostBuffer(static_cast<size_t>(u.numel), cat("the decoded fp32 master of ", u.name));
     u.read_master(0, u.numel, decoded_[i].p);
-  }
+  };
+  std::vector<size_t> all(units_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  if (tier_ && master_storage() == MasterStorage::split)  // the remainders are paged: each read in, clean
+    tier_->for_each(all, decode, false);
+  else
+    for (size_t i : all) decode(i);
 }
 
 ModelWeightsT<float> HostState::weights() const {

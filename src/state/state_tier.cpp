@@ -186,6 +186,7 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
   RT_CHECK(off == plan_.file_bytes, "[host] internal: the state tier's layout (", off, " bytes) is not its plan's (",
            plan_.file_bytes, ")");
   HostBuffer staging(static_cast<size_t>(biggest / 4), "the state tier's write staging", kDirectAlign);
+  const auto t0 = std::chrono::steady_clock::now();
   for (size_t u = 0; u < U; ++u) {
     if (!plan_.paged[u]) continue;
     StateUnit& su = s.units()[u];
@@ -202,6 +203,7 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
     su.paged_out = true;
   }
   stats_.written_bytes = plan_.file_bytes;
+  stats_.first_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.set_tier(this);
   thread_ = std::thread([this] { worker(); });
 }
@@ -222,7 +224,11 @@ std::string StateTier::describe() const {
              mib(plan_.file_bytes), ") lives there, read and written once a step (", mib(plan_.traffic_per_step()),
              " of traffic); RAM holds ", mib(plan_.ram()), " = weights and gradients ", mib(plan_.resident),
              " + the state kept in RAM ", mib(plan_.kept), " + 3 units in flight ", mib(plan_.slots), "; ",
-             file_.direct() ? "O_DIRECT" : file_.note());
+             file_.direct() ? "O_DIRECT" : file_.note(),
+             stats_.first_write_s > 0 && plan_.file_bytes >= (uint64_t(64) << 20)
+                 ? cat("; written at start at ", static_cast<double>(plan_.file_bytes) / stats_.first_write_s / 1e9,
+                       " GB/s (plan --ssd-gbs)")
+                 : std::string());
 }
 
 void StateTier::rethrow_locked() {

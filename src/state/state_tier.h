@@ -98,6 +98,7 @@ class StateTier {
     uint64_t read_bytes = 0, written_bytes = 0;
     uint64_t paged_in_peak = 0;  // the most paged state in RAM at once
     double wait_s = 0;           // the caller waited this long for reads
+    double first_write_s = 0;    // writing the file at start (its rate is the SSD's, as measured here)
   };
   Stats stats() const;
 
