@@ -43,7 +43,8 @@
 #             adamw4bit + bf16-sr, muon8bit): the metrics must be identical (SSD-IDENTICAL); kill -9 in the middle
 #             of a tiered step, then --resume: the uninterrupted losses (SSD-RESUME-IDENTICAL); then Qwen2.5-14B lean
 #             (adamw4bit, bf16-sr) at 128k tokens per step, all in RAM and with --state-dir + --max-host-memory
-#             ${SSD_MEM:-36G}: tokens/s of both and their ratio (issue 36 asks >= 0.70). SSD_14B=0 skips the 14B.
+#             ${SSD_MEM:-36G}: tokens/s of both and their ratio (issue 36 asks >= 0.70). SSD_14B=0 skips the 14B,
+#             SSD_MODES a subset of the modes, SSD_STEPS the 14B steps (3).
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
@@ -382,7 +383,7 @@ if has ssd; then
   # (1) bit identity and resume on CUDA: the same run all in RAM and tiered (every unit paged: no --max-host-memory)
   common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
           --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0 --save-every 6)
-  for mode in default delayed fold lean muon8bit; do
+  for mode in ${SSD_MODES:-default delayed fold lean muon8bit}; do
     extra=; [ $mode = delayed ] && extra=--delayed-update; [ $mode = fold ] && extra="--grads fold"
     [ $mode = lean ] && extra="--optimizer adamw4bit --master bf16-sr"; [ $mode = muon8bit ] && extra="--optimizer muon8bit"
     run ssd_bits_$mode 300 bash -c "
@@ -416,7 +417,7 @@ PY"
            --val-fraction 0.01 --device cuda --export-dtype none)
     run ssd_14b_ram 560 bash -c "
       set -e
-      python3 -c \"import numpy as np; np.random.default_rng(0).integers(0, 65535, size=2_000_000, dtype=np.uint16).tofile('$tmp/ids14.bin')\"
+      python3 -c \"import array, random; r = random.Random(0); array.array('H', (r.randrange(${SSD_VOCAB:-65535}) for _ in range(2_000_000))).tofile(open('$tmp/ids14.bin', 'wb'))\"
       '$bin/ramtrain' ${ssd14[*]} --out $tmp/s14r --metrics $tmp/s14r.jsonl"
     run ssd_14b_tier 560 bash -c "
       set -e; mkdir -p $tmp/sd14; df -h $tmp/sd14
