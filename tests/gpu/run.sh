@@ -38,7 +38,8 @@
 #             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
 #   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
 #             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
-#   ssd       the state tier (--state-dir, not in the default): tiny-byte on CUDA trained all in RAM and with
+#   ssd       the state tier (--state-dir, not in the default): gpu_state_tier_test (the engine's optimizer phase
+#             paging every unit: losses, norms and the final state byte for byte); tiny-byte on CUDA trained all in RAM and with
 #             every unit's optimizer state paged through a file on this machine's disk (default, delayed, fold,
 #             adamw4bit + bf16-sr, muon8bit): the metrics must be identical (SSD-IDENTICAL); kill -9 in the middle
 #             of a tiered step, then --resume: the uninterrupted losses (SSD-RESUME-IDENTICAL); then Qwen2.5-14B lean
@@ -380,6 +381,8 @@ PY
 fi
 
 if has ssd; then
+  # (0) state level: the CUDA engine's optimizer phase paging every unit, bit-identical to all in RAM (gtest)
+  run ssd_gtest 300 "$bin/gpu_state_tier_test"
   # (1) bit identity and resume on CUDA: the same run all in RAM and tiered (every unit paged: no --max-host-memory)
   common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
           --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0 --save-every 6)
