@@ -575,7 +575,7 @@ int cmd_plan(const Args& args) {
       if (tier.weights_paged)
         std::printf(
             "  (weights on the SSD: read ahead of the forward, the backward and the update, written after it; "
-            "planned only: the engine pages the optimizer state, on the CPU backend, so far)\n");
+            "planned only: the engines page the optimizer state, not yet the weights)\n");
     }
     if (ranks > 1)
       std::printf(

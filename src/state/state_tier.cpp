@@ -251,9 +251,27 @@ void StateTier::worker() {
     try {
       if (j.kind == Job::read) {
         std::vector<HostBuffer> got;
+        uint64_t reading = 0;  // this unit's bytes so far
         for (const Buf& b : bufs_[j.u]) {
-          got.emplace_back(b.floats, cat("the ", u.name, " optimizer state paged in"), kDirectAlign);
-          file_.read(b.off, got.back().p, b.len);
+          HostBuffer hb;
+          reading += b.len;
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            for (size_t i = 0; i < pool_.size(); ++i)
+              if (pool_[i].n == b.floats) {
+                hb = std::move(pool_[i]);
+                pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(i));
+                pooled_ -= b.len;
+                break;
+              }
+            while (!hb.p && !pool_.empty() && paged_in_ + pooled_ + reading > plan_.slots) {  // room for a new one
+              pooled_ -= direct_round(static_cast<uint64_t>(pool_.front().n) * 4);
+              pool_.erase(pool_.begin());
+            }
+          }
+          if (!hb.p) hb = HostBuffer(b.floats, cat("the ", u.name, " optimizer state paged in"), kDirectAlign);
+          file_.read(b.off, hb.p, b.len);
+          got.push_back(std::move(hb));
         }
         std::lock_guard<std::mutex> l(mu_);
         for (size_t i = 0; i < got.size(); ++i) u.*(bufs_[j.u][i].member) = std::move(got[i]);
@@ -265,9 +283,17 @@ void StateTier::worker() {
         if (j.kind == Job::write)
           for (const Buf& b : bufs_[j.u]) file_.write(b.off, (u.*(b.member)).p, b.len);
         std::lock_guard<std::mutex> l(mu_);
-        for (const Buf& b : bufs_[j.u]) u.*(b.member) = HostBuffer();
+        for (const Buf& b : bufs_[j.u]) {
+          pool_.push_back(std::move(u.*(b.member)));
+          u.*(b.member) = HostBuffer();
+          pooled_ += b.len;
+        }
         u.paged_out = true;
         paged_in_ -= bytes;
+        while (!pool_.empty() && paged_in_ + pooled_ > plan_.slots) {  // the oldest go first
+          pooled_ -= direct_round(static_cast<uint64_t>(pool_.front().n) * 4);
+          pool_.erase(pool_.begin());
+        }
         if (j.kind == Job::write) stats_.written_bytes += bytes;
       }
     } catch (...) {
@@ -335,6 +361,11 @@ void StateTier::for_each(const std::vector<size_t>& order, const std::function<v
 void StateTier::page_in_all() {
   for (size_t u = 0; u < plan_.paged.size(); ++u) acquire(u);
   std::fill(plan_.paged.begin(), plan_.paged.end(), 0);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    pool_.clear();
+    pooled_ = 0;
+  }
   if (s_.tier() == this) s_.set_tier(nullptr);
 }
 

@@ -129,6 +129,11 @@ class StateTier {
   std::exception_ptr error_;
   Stats stats_;
   uint64_t paged_in_ = 0;
+  // Buffers of units paged out, kept for the next read of the same size (the
+  // layers' are all alike): no mapping and faulting in of fresh pages every
+  // step. Trimmed so that paged-in + pooled bytes stay within plan_.slots.
+  std::vector<HostBuffer> pool_;
+  uint64_t pooled_ = 0;
   std::thread thread_;
 };
 
