@@ -17,6 +17,7 @@
 #include "engine/device_plan.h"
 #include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
+#include "engine/tier_plan.h"
 #include "model/weight_map.h"
 #include "optim/muon.h"
 #include "state/host_state.h"
@@ -109,6 +110,16 @@ int cmd_plan(const Args& args) {
   p.group("Host");
   p.option("host-ram", "SIZE", "the host's RAM (about 4 GiB of it is kept for the OS and the process)", "128G").size();
   p.option("cpu-adamw-gparams", "X", "CPU AdamW rate in Gparam/s (measured ~4 on the 16-core H200 host)", "4.0")
+      .above(0);
+  p.option("state-dir", "PATH",
+           "plan the state tier below RAM, as train --state-dir (the path is not touched): the optimizer state of "
+           "the units that do not fit in RAM lives on an SSD, and the bf16 weights too when RAM cannot hold them; "
+           "prints the bytes per tier, the SSD traffic of a step and whether the SSD binds it");
+  p.option("max-host-memory", "SIZE",
+           "with the state tier: host RAM the training state may take (default: the usable RAM less the other "
+           "items: block checkpoints, staging)")
+      .size();
+  p.option("ssd-gbs", "X", "the state SSD's sustained GB/s, reads and writes together (a PCIe 4 NVMe: ~7)", "3.0")
       .above(0);
   p.group("Engine options (as in train)");
   p.flag("delayed-update", "apply step t's update during step t+1");
@@ -300,7 +311,23 @@ int cmd_plan(const Args& args) {
   uint64_t host_total = 0;
   for (const HostItem& h : host) host_total += h.bytes;
   const uint64_t host_usable = host_ram > kHostReserveBytes ? host_ram - kHostReserveBytes : 0;
-  const bool host_fits = host_total <= host_usable;
+  // the state tier (engine/tier_plan.h): the state items (the first five) become RAM + SSD
+  const bool tiered = p.has("state-dir") || p.has("max-host-memory");
+  RunTierPlan tier;
+  uint64_t tier_budget = 0;
+  if (tiered) {
+    std::vector<uint64_t> grad_bytes(unit_numel.size());
+    for (size_t u = 0; u < unit_numel.size(); ++u)
+      if (pl.host_grads && (!pl.fold || (u == 0 && pl.host_embed)))
+        grad_bytes[u] = 4 * static_cast<uint64_t>(unit_numel[u]);
+    uint64_t others = host_total;
+    for (size_t i = 0; i < 5; ++i) others -= host[i].bytes;
+    tier_budget = p.has("max-host-memory") ? p.size_bytes("max-host-memory")
+                                           : std::max<uint64_t>(host_usable > others ? host_usable - others : 0, 1);
+    tier = plan_run_tier(spec, storage, shadows, moments, rule, grad_bytes, tier_budget, p.number("ssd-gbs"));
+    host_total = others + tier.place.ram();
+  }
+  const bool host_fits = host_total <= host_usable && tier.fits;
   const double params = static_cast<double>(spec.params_total());
 
   const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams, matmul);
@@ -344,7 +371,12 @@ int cmd_plan(const Args& args) {
       f += "lower --seq-len, or a card with " + gib(static_cast<double>(dp.total)) + " or more for the engine";
     fixes.push_back(f);
   }
-  if (!host_fits) {
+  if (tiered && !tier.fits)
+    fixes.push_back("the state tier needs " + gib(static_cast<double>(tier.place.min_bytes)) +
+                    " of RAM even with the weights on the SSD (gradients and three units in flight): --max-host-memory " +
+                    fmt("%.0fG", static_cast<double>(tier.place.min_bytes) / GiB + 0.999) +
+                    " or more, on a host with that much usable");
+  if (!host_fits && (!tiered || tier.fits)) {
     const double over = static_cast<double>(host_total - host_usable);
     fixes.push_back("host RAM: needs " + gib(static_cast<double>(host_total)) + " of ~" +
                     gib(static_cast<double>(host_usable)) + " usable (" + gib(over) + " over): --host-ram " +
@@ -427,6 +459,24 @@ int cmd_plan(const Args& args) {
       j += std::string(i ? "," : "") + "{\"what\":" + json_str(host[i].what) +
            ",\"bytes\":" + std::to_string(host[i].bytes) + "}";
     j += "]}";
+    if (tiered)
+      j += ",\"tier\":{\"fits\":" + std::string(tier.fits ? "true" : "false") +
+           ",\"budget_bytes\":" + std::to_string(tier_budget) + ",\"ram_bytes\":" + std::to_string(tier.place.ram()) +
+           ",\"resident_bytes\":" + std::to_string(tier.place.resident) +
+           ",\"kept_bytes\":" + std::to_string(tier.place.kept) + ",\"slot_bytes\":" + std::to_string(tier.place.slots) +
+           ",\"min_bytes\":" + std::to_string(tier.place.min_bytes) +
+           ",\"ssd_bytes\":" + std::to_string(tier.place.file_bytes) +
+           ",\"ssd_state_bytes\":" + std::to_string(tier.state_file) +
+           ",\"ssd_weight_bytes\":" + std::to_string(tier.weights_file) +
+           ",\"weights_paged\":" + (tier.weights_paged ? "true" : "false") +
+           ",\"units_paged\":" + std::to_string(tier.place.n_paged()) +
+           ",\"units\":" + std::to_string(tier.place.paged.size()) +
+           ",\"read_bytes_per_step\":" + std::to_string(tier.read_bytes) +
+           ",\"write_bytes_per_step\":" + std::to_string(tier.write_bytes) +
+           ",\"ssd_gbs\":" + fmt("%g", p.number("ssd-gbs")) + ",\"ssd_s\":" + fmt("%.6g", tier.ssd_s) +
+           ",\"ssd_binds\":" + (tier.ssd_s > sp.step_s ? "true" : "false") +
+           ",\"step_s\":" + fmt("%.6g", std::max(sp.step_s, tier.ssd_s)) +
+           ",\"tokens_per_s\":" + fmt("%.6g", static_cast<double>(K * B * T) / std::max(sp.step_s, tier.ssd_s)) + "}";
     if (ranks > 1)
       j += ",\"data_parallel\":{\"ranks\":" + std::to_string(ranks) +
            ",\"rank_bytes_max\":" + std::to_string(dp_rank_max) + ",\"host_bytes\":" + std::to_string(dp_host) +
@@ -494,13 +544,43 @@ int cmd_plan(const Args& args) {
             "the same efficiency as bf16); their workspace is not counted\n",
             share, card.fp8_tflops);
     }
-    std::printf("\nhost RAM: %s, %.3f B/param (~%s usable)%s\n", gib(static_cast<double>(host_total)).c_str(),
+    std::printf("\nhost RAM%s: %s, %.3f B/param (~%s usable)%s\n",
+                tiered ? " with the state tier (the master, moments, shadows and gradients below are split between RAM "
+                         "and the SSD)"
+                       : "",
+                gib(static_cast<double>(host_total)).c_str(),
                 static_cast<double>(host_total) / params, gib(static_cast<double>(host_usable)).c_str(),
                 host_fits ? "" : ": DOES NOT FIT");
     for (const HostItem& h : host)
       if (h.bytes)
         std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
                     static_cast<double>(h.bytes) / params);
+    if (tiered) {
+      std::printf(
+          "state tier (--max-host-memory %s, SSD %.1f GB/s): the state items above take RAM %s = %s %s + units kept "
+          "in RAM %s + 3 units in flight %s%s\n",
+          gib(static_cast<double>(tier_budget)).c_str(), p.number("ssd-gbs"),
+          gib(static_cast<double>(tier.place.ram())).c_str(),
+          tier.weights_paged ? "gradients" : "bf16 weights and gradients",
+          gib(static_cast<double>(tier.place.resident)).c_str(),
+          gib(static_cast<double>(tier.place.kept)).c_str(), gib(static_cast<double>(tier.place.slots)).c_str(),
+          tier.fits ? "" : cat(": DOES NOT FIT (the minimum is ", gib(static_cast<double>(tier.place.min_bytes)), ")").c_str());
+      std::printf("  SSD %s: the optimizer state of %d of %zu units %s%s%s\n",
+                  gib(static_cast<double>(tier.place.file_bytes)).c_str(), tier.place.n_paged(), tier.place.paged.size(),
+                  gib(static_cast<double>(tier.state_file)).c_str(), tier.weights_paged ? ", and their bf16 weights " : "",
+                  tier.weights_paged ? gib(static_cast<double>(tier.weights_file)).c_str() : "");
+      std::printf(
+          "  SSD traffic per step: %.1f GB read + %.1f GB written = %.2f s at %.1f GB/s, %s the %.2f s step: "
+          "%s%s\n",
+          static_cast<double>(tier.read_bytes) / 1e9, static_cast<double>(tier.write_bytes) / 1e9, tier.ssd_s,
+          p.number("ssd-gbs"), tier.ssd_s > sp.step_s ? "above" : "under", sp.step_s,
+          tier.ssd_s > sp.step_s ? "the SSD binds: " : "the SSD does not bind: ",
+          fmt("%.0f tokens/s", static_cast<double>(K * B * T) / std::max(sp.step_s, tier.ssd_s)).c_str());
+      if (tier.weights_paged)
+        std::printf(
+            "  (weights on the SSD: read ahead of the forward, the backward and the update, written after it; "
+            "planned only: the engines page the optimizer state, not yet the weights)\n");
+    }
     if (ranks > 1)
       std::printf(
           "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md): up to "

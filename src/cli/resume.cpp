@@ -25,7 +25,8 @@ const std::set<std::string> kNotCompared = {"resume", "config",  "data",    "pre
 const std::set<std::string> kHarmless = {"eval-every",       "eval-batches",    "log-every",     "save-every",
                                          "keep-checkpoints", "metrics",         "export-dtype",  "sample-prompt",
                                          "sample-tokens",    "trace",           "max-bad-steps", "slots",
-                                         "max-gpu-memory",   "keep-activations", "keep-attention"};
+                                         "max-gpu-memory",   "keep-activations", "keep-attention",
+                                         "state-dir",        "max-host-memory"};
 
 bool same_value(const std::string& a, const std::string& b) {
   if (a == b) return true;

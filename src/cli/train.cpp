@@ -105,6 +105,8 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
   o.mlp_chunk_tokens = c.mlp_chunk_tokens;
   o.fold_grads = c.grads == Placement::fold;
   o.matmul = c.matmul;
+  o.state_dir = c.state_dir;
+  o.max_host_memory = c.max_host_memory;
   int64_t warmup = c.warmup;
   if (!c.warmup_given && warmup > o.steps / 2) warmup = o.steps / 2;  // the default must fit short runs
   if (warmup > o.steps)

@@ -169,6 +169,20 @@ void train_options(ArgParser& p) {
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
 
+  p.group("Host memory: the state tier below RAM (CPU backend so far; docs/architecture.md, State tier)");
+  p.option("state-dir", "PATH",
+           "an existing directory on a local SSD that holds the optimizer state (Adam m, v or their codes; a split "
+           "master's remainder; a Kahan compensation) of the units that do not fit under --max-host-memory, in "
+           "one preallocated file, PATH/ramtrain-state.bin; each unit is read in ahead of its update and written "
+           "back after it, so RAM holds the weights, the gradients and three units in flight. Results are bit "
+           "for bit those of the all-in-RAM run. The file is live state, not a checkpoint: checkpoints still go to "
+           "--out, and a resume reads those");
+  p.option("max-host-memory", "SIZE",
+           "with --state-dir: host RAM the training state may take, e.g. 24G (weights, gradients, the units' "
+           "optimizer state kept in RAM and the three in flight; not activations or staging); too small a SIZE "
+           "is refused with the minimum. Default: page every unit's optimizer state")
+      .size();
+
   p.group("Data parallel (docs/multi_gpu.md)");
   p.option("nproc-per-node", "N",
            "N ranks share each step's --grad-accum micro-batches (a multiple of N), each with 1/N of the optimizer "
@@ -312,6 +326,13 @@ TrainConfig train_config_read(const ArgParser& p) {
   const std::string dev = p.str("device");
   c.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : Device::auto_select;
   if (p.has("max-gpu-memory")) c.max_gpu_memory = p.size_bytes("max-gpu-memory");
+  if (p.has("state-dir")) c.state_dir = p.str("state-dir");
+  if (p.has("max-host-memory")) {
+    if (c.state_dir.empty())
+      fail("[train] --max-host-memory bounds the state the tier keeps in RAM: give --state-dir PATH (a directory on "
+           "a local SSD) with it, or drop --max-host-memory");
+    c.max_host_memory = p.size_bytes("max-host-memory");
+  }
   c.slots = static_cast<int>(p.integer("slots"));
   c.slots_given = p.given_explicitly("slots");
   const std::string ka = p.str("keep-activations");

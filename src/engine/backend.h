@@ -65,6 +65,10 @@ class Backend {
   // gather_unit for every unit in unit order; rank 0 passes staging (3 x
   // numel floats: master | m | v), the others nullptr.
   virtual bool gathers_checkpoints() const { return false; }
+  // Whether its optimizer walks units through the state tier (state/state_tier.h,
+  // --state-dir), so that their optimizer state may live in a file between
+  // updates: the CPU backend and the single-GPU CUDA engine.
+  virtual bool pages_state() const { return false; }
   // -1: the trainer stops on its own signal flag. 0 or 1: a data-parallel
   // GPU rank's decision, the same on every rank after each step (any rank
   // signalled before that step's totals were reduced: GpuDataParallel::stop),

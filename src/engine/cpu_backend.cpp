@@ -14,9 +14,11 @@
 #include "cpu/cpu_ops.h"
 #include "engine/backend.h"
 #include "engine/fold_clip.h"
+#include "engine/update_order.h"
 #include "model/block_memory.h"
 #include "model/model.h"
 #include "state/host_state.h"
+#include "state/state_tier.h"
 
 namespace rt {
 
@@ -146,6 +148,7 @@ class CpuBackend final : public Backend {
     if (state_.master_storage() == MasterStorage::split) state_.set_master_storage(MasterStorage::fp32);
     state_.ensure_grads();
   }
+  bool pages_state() const override { return true; }
   EngineStats stats() const override {
     EngineStats s;
     s.moe_tokens_per_expert = moe_tokens_;
@@ -253,10 +256,10 @@ class CpuBackend final : public Backend {
     if (fold_) {  // the twin of --grads fold (engine/fold_clip.h)
       const bool apply = std::isfinite(st.loss_sum);
       FoldClip clip(o.clip);
-      for (size_t k : fold_order(state_.spec().n_layers)) {
+      for_each_unit_state(state_, fold_order(state_.spec().n_layers), [&](size_t k) {
         const float c = clip.next(unit_sq[k]);
         if (apply && std::isfinite(unit_sq[k])) update_unit(units[k], units[k].grad.p, o, c, nullptr);
-      }
+      });
       st.applied = apply && clip.all_finite();
       return st;
     }
@@ -265,7 +268,8 @@ class CpuBackend final : public Backend {
     st.applied = ok;
     if (!delayed_) {
       if (ok)
-        for (auto& u : state_.units()) update_unit(u, u.grad.p, o, coef, nullptr);
+        for_each_unit_state(state_, update_order(units.size(), false),
+                            [&](size_t k) { update_unit(units[k], units[k].grad.p, o, coef, nullptr); });
       return st;
     }
     // Delayed: the previous step's update goes in now (after this step's
@@ -295,8 +299,9 @@ class CpuBackend final : public Backend {
     if (!pending_.has) return;
     auto& units = state_.units();
     if (pending_.apply)
-      for (size_t k = 0; k < units.size(); ++k)
+      for_each_unit_state(state_, update_order(units.size(), false), [&](size_t k) {
         update_unit(units[k], pending_.grads[k].data(), pending_.o, pending_.coef, nullptr);
+      });
     pending_.has = false;
   }
 

@@ -18,6 +18,7 @@
 #include "core/fs.h"
 #include "engine/run_logger.h"
 #include "io/hf_export.h"
+#include "state/state_tier.h"
 
 namespace rt {
 
@@ -118,6 +119,12 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   if (!backend_)
     backend_ = make_cpu_backend(state_, opt_.delayed_update, opt_.keep_activations, false, opt_.mlp_chunk_tokens,
                                 opt_.fold_grads, opt_.keep_attention, opt_.matmul);
+  if (!opt_.state_dir.empty()) {  // after the backend: it converts the master and allocates the gradients first
+    RT_CHECK(backend_->pages_state(), "[train] --state-dir: this backend (", backend_->describe(),
+             ") keeps its optimizer state in RAM (data-parallel runs shard it instead); drop --state-dir");
+    tier_ = std::make_unique<StateTier>(state_, TierOptions{opt_.state_dir, opt_.max_host_memory, "[train]"});
+    std::printf("%s\n", tier_->describe().c_str());
+  }
   inject_nan_ = inject_nan_parse();
   run_.seed = opt_.seed;
   for (const std::string& p : opt_.data_paths) run_.data_paths.push_back(abs_path(p));
@@ -177,6 +184,15 @@ SaveReport Trainer::save_checkpoint(bool background) {
       const float* p = staging.data();
       return unit_snap_fp32(layout, p, p + layout.numel, p + 2 * layout.numel);
     });
+  } else if (tier_) {  // paged units: each read in (clean), copied into the checkpoint, freed; the next read ahead
+    auto& units = state_.units();
+    r = writer_->save_gathered(state_.spec(), U, checkpoint_meta(), [&](size_t u) {
+      if (u > 0) tier_->release(u - 1, false);
+      if (u + 1 < U) tier_->prefetch(u + 1);
+      tier_->acquire(u);
+      return unit_snap_live(units[u]);
+    });
+    tier_->release(U - 1, false);
   } else {
     r = writer_->save(state_, checkpoint_meta(), background);
   }
@@ -415,6 +431,13 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
         (long long)*lo, (long long)*hi, (long long)idle, es.moe_tokens_per_expert.size(), es.moe_aux_loss);
   }
   std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
+  if (tier_) {
+    const StateTier::Stats ts = tier_->stats();
+    std::printf("state tier: %.2f GB read, %.2f GB written; the optimizer waited %.2f s for reads; at most %.1f MiB "
+                "of paged state in RAM at once\n",
+                static_cast<double>(ts.read_bytes) / 1e9, static_cast<double>(ts.written_bytes) / 1e9, ts.wait_s,
+                static_cast<double>(ts.paged_in_peak) / (1 << 20));
+  }
   if (!opt_.out_dir.empty() && opt_.export_final) {
     const std::string dir = opt_.out_dir + "/final";
     export_to(dir, last_loss);

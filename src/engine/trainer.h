@@ -60,6 +60,10 @@ struct TrainOptions {
   bool fold_grads = false;
   // --matmul of the CPU backend the trainer makes (a given backend has its own).
   MatmulMode matmul = MatmulMode::bf16;
+  // --state-dir / --max-host-memory: the CPU backend's optimizer state paged
+  // through a file in state_dir (state/state_tier.h); "" all in RAM.
+  std::string state_dir;
+  uint64_t max_host_memory = 0;  // 0: every unit's state paged
   LrSchedule lr;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 8;
@@ -127,6 +131,8 @@ class Trainer {
   TrainerCheckpoint checkpoint_meta() const;
   // Writes a checkpoint of the state after the current step into out_dir.
   SaveReport save_checkpoint(bool background);
+  // The state tier paging the optimizer state (--state-dir), nullptr when all is in RAM.
+  StateTier* state_tier() { return tier_.get(); }
 
   static std::atomic<bool>& stop_flag();  // set by the SIGINT/SIGTERM handler
   static int stop_signal();               // the signal that set it (0: none)
@@ -136,6 +142,7 @@ class Trainer {
   BatchSource& data_;
   TrainOptions opt_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<StateTier> tier_;  // --state-dir (after backend_: destroyed first)
   void report_save(const SaveReport& r, bool started);
   double epoch_now() const;  // fractional epoch of the data cursor
 

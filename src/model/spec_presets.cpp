@@ -66,6 +66,13 @@ const std::map<std::string, ModelSpec>& presets() {
     llama.rope.high_freq_factor = 4.0;
     llama.rope.original_max_positions = 8192;
     m["llama-3.1-8b"] = llama;
+    // meta-llama/Llama-3.1-70B: 70,553,706,496 parameters (the 8B's RoPE scaling and token ids).
+    ModelSpec llama70 = llama;
+    llama70.hidden = 8192;
+    llama70.intermediate = 28672;
+    llama70.n_layers = 80;
+    llama70.n_heads = 64;
+    m["llama-3.1-70b"] = llama70;
     // mistralai/Mistral-7B-v0.3 (sliding_window null): 7,248,023,552 parameters.
     m["mistral-7b"] = preset_make(Family::mistral, 4096, 14336, 32, 32, 8, 128, 32768, 1e6, 1e-5, false, 32768, 1, {2});
     // Qwen/Qwen2.5-*: bos = eos = <|endoftext|> 151643 in the base configs.
@@ -208,7 +215,7 @@ const std::map<std::string, ModelSpec>& presets() {
 
 std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
-  return {"tiny-byte",   "llama-3.1-8b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",   "qwen2.5-14b",
+  return {"tiny-byte",   "llama-3.1-8b", "llama-3.1-70b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",   "qwen2.5-14b",
           "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b", "olmoe-1b-7b",
           "olmo-2-1b",   "olmo-2-7b",    "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",   "gemma-2-2b",
           "gemma-2-9b",  "gemma-3-1b",   "gemma-3-4b",     "gemma-3-12b",    "phi-3-mini",   "phi-3.5-mini",

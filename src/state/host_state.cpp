@@ -12,6 +12,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "state/state_tier.h"
 
 namespace rt {
 
@@ -141,7 +142,7 @@ uint64_t HostState::bytes_total() const {
   uint64_t b = 0;
   for (auto& u : units_)
     b += (u.arena.n + u.grad.n + u.shadow_buf[0].n + u.shadow_buf[1].n + u.rem_buf.n + u.tie_buf.n + u.qm_buf.n +
-          u.qv_buf.n + u.qscale_buf.n) *
+          u.qv_buf.n + u.qscale_buf.n + u.mv_buf.n) *
          sizeof(float);
   return b;
 }
@@ -218,6 +219,9 @@ float* StateUnit::m() const {
            " holds weights only (a data-parallel rank's: its moments are in the rank's shards)");
   RT_CHECK(!quantized(), "[host] unit ", name, " holds ", moment_storage_name(moments),
            " (quantized) moments: no fp32 m, v to point into");
+  RT_CHECK(!paged_out, "[host] unit ", name, ": its optimizer state is in the state tier's file (--state-dir), not "
+           "in RAM: page it in first (StateTier)");
+  if (moments_apart) return mv_buf.p;
   return arena.p + (shadow_master() ? 0 : numel);
 }
 
@@ -227,7 +231,11 @@ void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
     std::memcpy(out, arena.p + b, static_cast<size_t>(n) * 4);
     return;
   }
-  if (split()) return split_master_decode(split_master(cur_shadow).at(b), n, out);
+  if (split()) {
+    RT_CHECK(!paged_out, "[host] unit ", name, ": its master remainder is in the state tier's file (--state-dir); "
+             "page it in first (StateTier)");
+    return split_master_decode(split_master(cur_shadow).at(b), n, out);
+  }
   const uint16_t* s = shadow(cur_shadow) + b;
   parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = bf16_to_f32(s[i]);
@@ -360,6 +368,7 @@ HostBuffer unit_moments(const StateUnit& u) {
 }  // namespace
 
 void HostState::set_master_storage(MasterStorage s, int n_shadows) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   RT_CHECK(s == MasterStorage::fp32 || n_shadows == 1 || n_shadows == 2, "[host] a ", master_storage_name(s),
            " master has 1 or 2 shadows, not ", n_shadows);
   decoded_.clear();
@@ -388,6 +397,7 @@ void HostState::set_master_storage(MasterStorage s, int n_shadows) {
 }
 
 void HostState::set_moment_storage(MomentStorage s) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   decoded_.clear();
   for (StateUnit& u : units_) {
     if (u.moments == s) continue;
@@ -403,6 +413,7 @@ void HostState::set_moment_storage(MomentStorage s) {
 }
 
 void HostState::keep_weights_only(size_t k) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   RT_CHECK(k < units_.size(), "[host] no unit ", k);
   StateUnit& u = units_[k];
   if (u.weights_only) return;
@@ -539,6 +550,7 @@ const char* optimizer_name(UpdateRule r, MomentStorage m) {
 }
 
 void HostState::set_update_rule(UpdateRule r) {
+  RT_CHECK(!tier_, "[host] the storage of a state paged by --state-dir cannot change (convert before the tier starts)");
   const bool muon = r == UpdateRule::muon;
   decoded_.clear();
   for (StateUnit& u : units_) {
@@ -624,12 +636,18 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
 void HostState::decode_all() const {
   if (master_storage() == MasterStorage::fp32) return;
   decoded_.resize(units_.size());
-  for (size_t i = 0; i < units_.size(); ++i) {
+  auto decode = [&](size_t i) {
     const StateUnit& u = units_[i];
     if (decoded_[i].n != static_cast<size_t>(u.numel))
       decoded_[i] = HostBuffer(static_cast<size_t>(u.numel), cat("the decoded fp32 master of ", u.name));
     u.read_master(0, u.numel, decoded_[i].p);
-  }
+  };
+  std::vector<size_t> all(units_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  if (tier_ && master_storage() == MasterStorage::split)  // the remainders are paged: each read in, clean
+    tier_->for_each(all, decode, false);
+  else
+    for (size_t i : all) decode(i);
 }
 
 ModelWeightsT<float> HostState::weights() const {

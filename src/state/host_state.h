@@ -44,6 +44,8 @@
 
 namespace rt {
 
+class StateTier;  // state/state_tier.h
+
 // Aligned host allocation; failure throws rt::Error with bytes needed and available.
 struct HostBuffer {
   HostBuffer() = default;
@@ -90,6 +92,11 @@ struct StateUnit {
   HostBuffer shadow_buf[2], rem_buf, tie_buf;
   // quantized moments only: m codes, v codes, scales [m: nb | v: nb] (moment_quant.h)
   HostBuffer qm_buf, qv_buf, qscale_buf;
+  // A state tier (state/state_tier.h): fp32 moments [m | v] apart from the
+  // master's arena (moments_apart), and whether the unit's optimizer state
+  // is in the tier's file now (paged_out: m(), the codes, rem, tie are not here).
+  HostBuffer mv_buf;
+  bool moments_apart = false, paged_out = false;
   MasterStorage master_kind = MasterStorage::fp32;
   MomentStorage moments = MomentStorage::fp32;
   bool muon = false;  // UpdateRule::muon: the unit's Muon matrices (optim/muon.h) keep their momentum in m
@@ -188,6 +195,11 @@ class HostState {
   // fp32 master and moments live in its shards: 2 B/param remain. One way.
   void keep_weights_only(size_t u);
   bool weights_only() const { return units_[0].weights_only; }
+  // The state tier that pages the units' optimizer state (state/state_tier.h;
+  // nullptr: all in RAM). Set by the tier itself. The storage conversions
+  // (set_master_storage, ...) refuse a tiered state.
+  StateTier* tier() const { return tier_; }
+  void set_tier(StateTier* t) { tier_ = t; }
 
   float* master(const std::string& name) const;  // fp32 storage only; throws when absent
   // One tensor's current master as fp32 (numel floats), and back.
@@ -216,6 +228,7 @@ class HostState {
   bool with_grads_;
   std::vector<StateUnit> units_;
   std::vector<std::pair<std::string, Loc>> index_;  // sorted by name
+  StateTier* tier_ = nullptr;                       // the tier paging this state's units, if any
   mutable std::vector<HostBuffer> decoded_;         // split: weights()' fp32 copy, per unit
 };
 

@@ -562,6 +562,7 @@ TEST(Spec, FromFileAndDirectory) {
 // Published totals (HF model cards / safetensors metadata).
 TEST(Spec, PresetParameterTotals) {
   EXPECT_EQ(rt::spec_preset("llama-3.1-8b").params_total(), 8030261248);
+  EXPECT_EQ(rt::spec_preset("llama-3.1-70b").params_total(), 70553706496);
   EXPECT_EQ(rt::spec_preset("qwen2.5-7b").params_total(), 7615616512);
   EXPECT_EQ(rt::spec_preset("mistral-7b").params_total(), 7248023552);
   EXPECT_EQ(rt::spec_preset("qwen2.5-0.5b").params_total(), 494032768);
@@ -590,7 +591,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 26u);
+  ASSERT_EQ(rt::preset_names().size(), 27u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);
@@ -622,7 +623,7 @@ TEST(Spec, ConfigJsonRefusesWhatHfCannotExpress) {
 TEST(Spec, UnknownPresetListsNames) {
   std::string msg = error_of([] { rt::spec_preset("llama-9000"); });
   EXPECT_HAS(msg,
-             "[preset] unknown preset \"llama-9000\"; available: tiny-byte, llama-3.1-8b, mistral-7b, "
+             "[preset] unknown preset \"llama-9000\"; available: tiny-byte, llama-3.1-8b, llama-3.1-70b, mistral-7b, "
              "qwen2.5-0.5b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, qwen3-8b");
 }
 

@@ -8,6 +8,7 @@
 #include "engine/sharded_optimizer.h"
 #include "engine/update_order.h"
 #include "optim/adamw.h"
+#include "state/state_tier.h"
 
 namespace rt::cuda {
 
@@ -17,7 +18,7 @@ void OptimizerPhase::run_host(const OptimStep& step_o, float coef, bool apply, i
   auto& units = st_.units();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t n_params = 0;
-  for (size_t u = 0; u < units.size(); ++u) {
+  auto one = [&](size_t u) {
     if (apply) {
       auto span = dev_.tracer.host_begin(units[u].muon ? "muon" : "adamw", static_cast<int>(u) - 1);
       update_unit(units[u], units[u].grad.p, o, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
@@ -25,7 +26,11 @@ void OptimizerPhase::run_host(const OptimStep& step_o, float coef, bool apply, i
       n_params += units[u].numel;
     }
     track_.mark_updated(u, step);
-  }
+  };
+  if (apply)  // --state-dir: each unit's state paged in ahead, written back behind (state/state_tier.h)
+    for_each_unit_state(st_, update_order(units.size(), false), one);
+  else
+    for (size_t u = 0; u < units.size(); ++u) one(u);
   finished(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), n_params);
 }
 
@@ -38,6 +43,7 @@ void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version)
   fold_clip_ = FoldClip(o.clip);
   fold_order_ = fold_order(st_.spec().n_layers);
   fold_next_ = 0;
+  if (StateTier* t = st_.tier(); t && apply) t->prefetch(fold_order_[0]);  // --state-dir: the first unit's state
   fold_seconds_ = 0;
   fold_params_ = 0;
   track_.update([&] {
@@ -60,10 +66,16 @@ void OptimizerPhase::fold(size_t u, const float* g) {
     fold_sq_[u] = sq;
     ++folded_;
   });
+  StateTier* tier = fold_apply_ ? st_.tier() : nullptr;  // --state-dir: u's state in, the next one's read ahead
+  if (tier) {
+    if (!last) tier->prefetch(fold_order_[fold_next_]);
+    tier->acquire(u);
+  }
   if (fold_apply_ && std::isfinite(sq)) {
     update_unit(un, g, fold_o_, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
     fold_params_ += un.numel;
   }
+  if (tier) tier->release(u, std::isfinite(sq));
   dev_.tracer.host_end(span);
   fold_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   track_.mark_updated(u, fold_version_);
@@ -157,12 +169,22 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
   };
   const auto t0 = std::chrono::steady_clock::now();
   int64_t n_params = 0;
+  // --state-dir (state/state_tier.h): a unit's state is paged in before its first chunk (the next unit's read
+  // ahead) and written back after its last
+  StateTier* tier = apply ? st_.tier() : nullptr;
+  const std::vector<size_t> order = update_order(U, delayed);
+  size_t unit_k = 0;
+  if (tier) tier->prefetch(order[0]);
   for (size_t c = 0; c < std::min<size_t>(kRing, chunks.size()); ++c) issue(c);
   Tracer::Span host_span;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const GradChunk& ch = chunks[c];
     StateUnit& un = units[ch.u];
     const float* g = grads_.wait_chunk(static_cast<int>(c % kRing));
+    if (tier && ch.b == 0) {
+      if (++unit_k < order.size()) tier->prefetch(order[unit_k]);
+      tier->acquire(ch.u);
+    }
     if (apply) {
       if (ch.b == 0) host_span = dev_.tracer.host_begin("adamw", static_cast<int>(ch.u) - 1);
       // split master: the update reads the master's upper half from the other
@@ -176,6 +198,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
                   static_cast<size_t>(ch.e - ch.b) * 2);
     }
     if (c + kRing < chunks.size()) issue(c + kRing);
+    if (tier && ch.e == un.numel) tier->release(ch.u, true);
     if (ch.e == un.numel && weights_.split()) un.cur_shadow = shadow;  // also after a skipped step
     if (ch.e < un.numel)
       track_.mark_progress(ch.u, step, ch.e);

@@ -344,6 +344,7 @@ class StreamEngine final : public Backend {
   }
 
   bool gathers_checkpoints() const override { return dp_.on(); }
+  bool pages_state() const override { return !dp_.on(); }  // optimizer_phase.cpp pages through the state tier
   int stop_agreement() const override { return dp_.on() ? (dp_stop_agreed_ ? 1 : 0) : -1; }
 
   // Data parallel: a checkpoint's gather of unit u (dp_rank.h).

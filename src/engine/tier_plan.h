@@ -1,0 +1,37 @@
+// The state tier in a run's plan (`ramtrain plan --state-dir/--max-host-memory
+// --ssd-gbs`; state/state_tier.h is the engine's side): what of the host state
+// lives in RAM and what on the SSD, the SSD traffic of a step, and whether
+// the SSD binds the step. The optimizer state pages first (tier_place, the
+// engine's own placement); when RAM cannot hold even the bf16 weights and the
+// gradients beside three units in flight, the weights page too. Weights on
+// the SSD are read ahead of the forward, the backward and the update (3
+// reads) and written once after it; optimizer state is read and written once.
+// The I/O runs under the step (the next unit's read beside this unit's
+// compute), so a step takes max(the predicted step, SSD traffic / rate).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "state/state_tier.h"
+
+namespace rt {
+
+struct RunTierPlan {
+  TierPlan place;              // per unit: paged or kept; RAM and file bytes
+  bool weights_paged = false;  // the bf16 weights have a home on the SSD too
+  uint64_t state_file = 0;     // the file's optimizer-state bytes
+  uint64_t weights_file = 0;   // the file's weight bytes (weights_paged)
+  uint64_t read_bytes = 0, write_bytes = 0;  // SSD traffic per step
+  double ssd_s = 0;                          // traffic / ssd_gbs
+  bool fits = true;                          // the budget holds the minimum (with weights paged if need be)
+};
+
+// For the CUDA engine's host state: `shadows` pinned bf16 shadows (the fp32
+// storage's engine-owned ones or a shadow master's), the optimizer state of
+// `moments` and `rule` (an fp32 master, read only by the optimizer, pages
+// with it), grad_bytes[u] of host gradients per unit (resident). budget: the
+// RAM the state may take.
+RunTierPlan plan_run_tier(const ModelSpec& spec, MasterStorage master, int shadows, MomentStorage moments,
+                          UpdateRule rule, const std::vector<uint64_t>& grad_bytes, uint64_t budget, double ssd_gbs);
+
+}  // namespace rt
