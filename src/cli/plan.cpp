@@ -264,6 +264,11 @@ int cmd_plan(const Args& args) {
                           gradient_landing_bytes(spec, dp.place, co.landing_chunk_bytes) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
+      if (co.grads == "fold")  // fold needs layer-major with K > 1: say why it cannot stay on
+        fail("[plan] --grads fold with ", K, " micro-batches needs layer-major, which pins the block inputs of all ",
+             K, " (", gib(static_cast<double>(host_checkpoint_bytes(spec, B, T, dp.place))),
+             "), more than the host RAM left allows: use fewer, larger micro-batches (e.g. --micro-batch ", B * 2,
+             " --grad-accum ", (K + 1) / 2, "), --grads host, or more --host-ram");
       co.layer_major = "off";
       dp = fit_device_plan(spec, B, T, co, budget);
       host_fallback = true;

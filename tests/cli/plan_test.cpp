@@ -185,6 +185,14 @@ TEST(Plan, FoldDropsTheHostGradientsAndIsNamedAsTheFix) {
   auto mbm = run_ramtrain(base + " --grads fold --layer-major off");
   EXPECT_NE(mbm.exit_code, 0) << mbm.output;
   EXPECT_TRUE(contains(mbm.output, "--grads fold needs")) << mbm.output;
+  // fold needs layer-major: when the host cannot pin the K sets of block inputs, the error says so and how to
+  // fix it, instead of "use --layer-major on (or auto)" to a run that had auto
+  auto tight = run_ramtrain("plan --preset qwen2.5-7b --gpu-memory 10G --micro-batch 2 --grad-accum 16 --grads fold "
+                            "--host-ram 100G");
+  EXPECT_NE(tight.exit_code, 0) << tight.output;
+  EXPECT_TRUE(contains(tight.output, "needs layer-major, which pins the block inputs of all 16")) << tight.output;
+  EXPECT_TRUE(contains(tight.output, "--micro-batch 4 --grad-accum 8")) << tight.output;
+  EXPECT_FALSE(contains(tight.output, "use --layer-major on")) << tight.output;
   // MoE models run layer-major too (one routing record per micro-batch), so they fold (issue 32)
   auto moe = run_ramtrain("plan --preset olmoe-1b-7b --gpu-memory 24G --micro-batch 4 --grad-accum 4 --grads fold --json");
   EXPECT_EQ(moe.exit_code, 0) << moe.output;
