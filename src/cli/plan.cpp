@@ -128,13 +128,13 @@ int cmd_plan(const Args& args) {
   p.option("master", "auto|fp32|split|bf16-sr|bf16-kahan",
            "host storage of the master (auto: split; bf16-*: the bf16 shadow is the master)", "auto")
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
-  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
-           "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit: Muon for the layers' "
-           "matrices (a momentum, fp32 or 8-bit, and no second moment), AdamW for the rest; Newton-Schulz runs on "
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit|muon4bit",
+           "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit, muon4bit: Muon for the "
+           "layers' matrices (a momentum, fp32, 8- or 4-bit, and no second moment), AdamW for the rest; Newton-Schulz runs on "
            "the GPU (its workspace is in the device plan) and gradients reach the optimizer whole (--grads host "
            "or fold)",
            "adamw")
-      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
+      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit", "muon4bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
@@ -206,7 +206,7 @@ int cmd_plan(const Args& args) {
   co.checkpoints = p.str("checkpoints");
   co.layer_major = p.str("layer-major");
   co.master = p.str("master");
-  co.muon = p.str("optimizer") == "muon" || p.str("optimizer") == "muon8bit";  // whole-unit updates, NS5 workspace
+  co.muon = p.str("optimizer").rfind("muon", 0) == 0;  // whole-unit updates, NS5 workspace
   co.micro_batches = K;
   co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
   co.keep_attention = p.str("keep-attention") == "auto" ? -1 : p.integer("keep-attention");
@@ -218,7 +218,7 @@ int cmd_plan(const Args& args) {
   // layer-major left at auto falls back to micro-batch-major.
   bool host_fallback = false;
   const std::string master = co.master, opt = p.str("optimizer");
-  const bool muon = opt == "muon" || opt == "muon8bit";
+  const bool muon = opt.rfind("muon", 0) == 0;
   const UpdateRule rule = muon ? UpdateRule::muon : UpdateRule::adamw;
   if (muon && master != "auto" && master != "fp32" && master != "split")
     fail("[plan] --optimizer ", opt, " needs an exact master (fp32 or split); drop --master ", master,
@@ -227,9 +227,9 @@ int cmd_plan(const Args& args) {
                                 : master == "bf16-sr"    ? MasterStorage::bf16_sr
                                 : master == "bf16-kahan" ? MasterStorage::bf16_kahan
                                                          : MasterStorage::split;
-  const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
-                                : opt == "adamw4bit" ? MomentStorage::q4
-                                                     : MomentStorage::fp32;
+  const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit"   ? MomentStorage::q8
+                                : opt == "adamw4bit" || opt == "muon4bit" ? MomentStorage::q4
+                                                                          : MomentStorage::fp32;
   const int ranks = static_cast<int>(p.integer("nproc-per-node"));
   if (ranks > 1 && K % ranks != 0)
     fail("[plan] --grad-accum ", K, " is not a multiple of --nproc-per-node ", ranks,

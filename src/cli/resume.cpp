@@ -112,7 +112,7 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     auto muon = [](const std::string& o) { return o.rfind("muon", 0) == 0; };
     if (k == "optimizer" && muon(old) != muon(now))  // Muon momentum and Adam moments do not convert
       refused.push_back(what + ": Muon momentum and Adam moments do not convert; resume with --optimizer " +
-                        (muon(old) ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit"));
+                        (muon(old) ? "muon, muon8bit or muon4bit" : "adamw, adamw8bit or adamw4bit"));
     else if (kDefining.count(k))
       refused.push_back(what);
     else if (!kHarmless.count(k))

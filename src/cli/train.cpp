@@ -318,7 +318,7 @@ int cmd_train(const Args& args) {
     fail("[train] --resume: the checkpoint was trained with --optimizer ",
          optimizer_name(state->update_rule(), state->moment_storage()), " and this run asks for --optimizer ",
          p.str("optimizer"), "; Muon momentum and Adam moments do not convert: resume with --optimizer ",
-         state->update_rule() == UpdateRule::muon ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit");
+         state->update_rule() == UpdateRule::muon ? "muon, muon8bit or muon4bit" : "adamw, adamw8bit or adamw4bit");
   if (!gpu_dp || resume)
     state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
   if (c.bf16_master) state->set_master_storage(c.master_storage());

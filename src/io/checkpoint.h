@@ -125,7 +125,7 @@ ModelSpec checkpoint_read_spec(const std::string& dir);
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments = true);
 // The moment storage (--optimizer) the checkpoint's state was saved with.
 MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& spec);
-// The update rule (adamw, or muon for --optimizer muon | muon8bit) its state was saved with.
+// The update rule (adamw, or muon for --optimizer muon | muon8bit | muon4bit) its state was saved with.
 UpdateRule checkpoint_read_update_rule(const std::string& dir);
 
 struct SaveReport {

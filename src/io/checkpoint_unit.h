@@ -13,7 +13,7 @@
 // ramtrains: loading decodes them and re-encodes into the current codes
 // (nearest; within both codes' error, not bit for bit).
 // Canonical weight-map order. Under update_rule muon (--optimizer muon |
-// muon8bit) a Muon matrix's "adam_m" (or m codes) is its Muon momentum and it
+// muon8bit | muon4bit) a Muon matrix's "adam_m" (or m codes) is its Muon momentum and it
 // has no "adam_v"; quantized, "adam_v_codes"/"adam_v_absmax" cover the packed
 // v (StateUnit::v_len elements, state/host_state.h). A file without "optimizer" (older
 // checkpoints) holds fp32 moments; without "update_rule", AdamW's.

@@ -56,8 +56,6 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
   RT_CHECK(grad, "[muon] null gradient for unit ", u.name);
   RT_CHECK(u.master_kind == MasterStorage::fp32 || u.split(), "[muon] unit ", u.name, " holds a ",
            master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 (or split on the GPU)");
-  RT_CHECK(u.moments == MomentStorage::fp32 || u.moments == MomentStorage::q8, "[muon] unit ", u.name, " holds ",
-           moment_storage_name(u.moments), " moments; Muon keeps fp32 (muon) or 8-bit (muon8bit) ones");
   // split master (the CUDA engine's default): updated in place, its one shadow written by the update
   if (u.split())
     RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name,
@@ -68,7 +66,7 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
   const int64_t n = u.numel, nv = u.v_len();
   const bool layer = std::any_of(u.entries.begin(), u.entries.end(), [](const WeightEntry& e) { return e.layer >= 0; });
   HostBuffer own;
-  if (!layer) own = HostBuffer(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
+  if (!layer) own = HostBuffer(static_cast<size_t>(n + nv), cat("the decoded ", optimizer_name(UpdateRule::muon, u.moments), " moments of ", u.name));
   float* m = layer ? muon_scratch(3, n + nv) : own.p;
   float* v = m + n;
   auto blocks = [&](int64_t len, const std::function<void(int64_t blk, int64_t first, int64_t k)>& f) {

@@ -1,14 +1,16 @@
-// Muon over one HostState unit (--optimizer muon | muon8bit): Muon
+// Muon over one HostState unit (--optimizer muon | muon8bit | muon4bit): Muon
 // (optim/muon.h) for the unit's Muon matrices (muon_matrix), AdamW for its
 // other tensors. update_unit_range dispatches here when the unit's `muon` is set.
 // Storage (state/host_state.h): a matrix's momentum is its m; it has no v
 // (the unit's v is packed: the other tensors' only).
 //   fp32 moments (muon): each other tensor runs adamw_update exactly as the
 //     AdamW mode does (bit-identical), each matrix muon_update_matrix on its m.
-//   8-bit moments (muon8bit): the unit's m, v are decoded (fp32 copies, 4
-//     B per element of m and of v, transient), the tensors updated as above, and m,
-//     v re-encoded block by block with o.moment_rounding (stochastic: keyed by
-//     (o.rounding_seed, o.t, unit index, block), so independent of threads).
+//   8- or 4-bit moments (muon8bit, muon4bit: state/moment_quant.h's codes): the
+//     unit's m, v are decoded (fp32 copies, 4 B per element of m and of v,
+//     transient), the tensors updated as above, and m, v re-encoded block by
+//     block with o.moment_rounding (stochastic: keyed by (o.rounding_seed, o.t,
+//     unit index, block), so independent of threads). The other tensors' Adam
+//     moments share the unit's code (adamw8bit's, adamw4bit's).
 // Muon updates whole matrices: the range is the whole unit, in place. The
 // master: fp32, or split (the CUDA engine's default, one shadow): each Muon
 // matrix decoded to fp32 (muon_scratch slot 2), updated as on fp32 storage

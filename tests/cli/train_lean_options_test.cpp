@@ -51,7 +51,7 @@ TEST(TrainLeanOptions, BadValuesAndCombinationsAreRefusedNamingTheFlag) {
     const char* extra;
     const char* expect;
   };
-  for (const Case& c : {Case{"--optimizer muon4bit", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
+  for (const Case& c : {Case{"--optimizer muon2bit", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
                         Case{"--master bf16", "--master"}, Case{"--moment-rounding up", "--moment-rounding"},
                         Case{"--moment-rounding nearest",
                              "--moment-rounding applies to quantized moments only; add --optimizer adamw8bit"}}) {
@@ -93,7 +93,8 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
         Mode{"--optimizer adamw4bit --master bf16-kahan", rt::MasterStorage::bf16_kahan, rt::MomentStorage::q4},
         Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32},
         Mode{"--optimizer muon", rt::MasterStorage::fp32, rt::MomentStorage::fp32, rt::UpdateRule::muon},
-        Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon}}) {
+        Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon},
+        Mode{"--optimizer muon4bit", rt::MasterStorage::fp32, rt::MomentStorage::q4, rt::UpdateRule::muon}}) {
     SCOPED_TRACE(m.flags);
     auto r = run_ramtrain(f.train(std::string("m").append(std::to_string(i++)), m.flags));  // "m" + s: GCC 12's false -Wrestrict
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -1,4 +1,4 @@
-// --optimizer muon | muon8bit through the binary (CPU backend): a run resumed
+// --optimizer muon | muon8bit | muon4bit through the binary (CPU backend): a run resumed
 // from a mid-run checkpoint ends with the uninterrupted run's state files byte
 // for byte (masters, Muon momentum, Adam moments); bad combinations refused
 // naming the flag, nothing written; the start line names Muon and its momentum.
@@ -39,7 +39,7 @@ std::string state_file(const std::string& ckpt, const std::string& unit) {
 TEST(MuonCli, ResumeEqualsTheUninterruptedRunBitForBit) {
   Fixture f;
   const std::vector<std::string> units = {"embed", "layer.0", "layer.5", "head"};
-  for (const char* opt : {"muon", "muon8bit"}) {
+  for (const char* opt : {"muon", "muon8bit", "muon4bit"}) {
     SCOPED_TRACE(opt);
     const std::string mode = std::string("--optimizer ") + opt + " --steps 6 --save-every 3";
     auto r = run_ramtrain(f.train(std::string("a-") + opt, mode));
@@ -68,7 +68,7 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   for (const Case& c :
        {Case{"--optimizer muon --grads device", "--optimizer muon orthogonalises whole matrices"},
         Case{"--optimizer muon8bit --master bf16-sr", "--optimizer muon8bit needs an exact master"},
-        Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit only"},
+        Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit | muon4bit only"},
         Case{"--optimizer muon --muon-momentum 1.5", "--muon-momentum"},
         Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node or a launcher) shards AdamW state only"}}) {
     SCOPED_TRACE(c.extra);
@@ -86,7 +86,7 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
                    f.tmp.file("mu2"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--optimizer adamw (the checkpoint ran with muon): Muon momentum and Adam moments do "
-                                 "not convert; resume with --optimizer muon or muon8bit"))
+                                 "not convert; resume with --optimizer muon, muon8bit or muon4bit"))
       << r.output;
   EXPECT_FALSE(contains(r.output, "allowed")) << r.output;  // refused before any "allowed" warning
   r = run_ramtrain("train --resume " + f.tmp.file("ad/ckpt-00000002") + " --optimizer muon8bit --steps 4 --out " +
@@ -101,6 +101,11 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer muon8bit --steps 3 --out " +
                    f.tmp.file("mu3"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // and muon -> muon4bit
+  r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer muon4bit --steps 3 --out " +
+                   f.tmp.file("mu4"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "muon4bit moments")) << r.output;
   // plan refuses what train refuses
   r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --master bf16-sr");
   EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -4,8 +4,8 @@
 //     ill-conditioned inputs (singular values by Jacobi in double);
 //   - a full update of a tiny model's units vs the formulas in double, the
 //     non-matrix tensors bit-identical to --optimizer adamw;
-//   - muon8bit: its first step equals muon's, its momentum muon's to the m8
-//     code's resolution;
+//   - muon8bit, muon4bit: the first step equals muon's, the momentum muon's to
+//     the m8 (m4) code's resolution;
 //   - set_update_rule and whole-unit-only updates.
 #include "optim/muon.h"
 
@@ -412,6 +412,86 @@ TEST(Muon, Muon8bitTracksMuon) {
   }
 }
 
+// muon4bit: as muon8bit, step 1 equals muon's bit for bit; the stored
+// momentum is muon's rounded stochastically to one of the two m4 levels that
+// bracket |m| / absmax (state/moment_quant.h: 8 magnitudes, 0 included, up to
+// 50% of the value apart at the top), so its error is at most the bracket's
+// width times the absmax (per element, from the code's table; + 2^-21 absmax
+// for the encoder's fp32 division). Step 2 is muon's step from the decoded
+// moments bit for bit (a muon state given them), and it stays within a
+// fraction of muon's own step 2, norm-wise per tensor: Muon matrices 0.35
+// (measured <= 0.22: the momentum's error enters U scaled by mu^2 next to
+// the fresh gradient), the other tensors 0.75 (adamw4bit's: v4's powers of two
+// put sqrt(v) up to sqrt(2) off; measured <= 0.51). A lost, doubled or
+// reversed update is >= 1.
+TEST(Muon, Muon4bitTracksMuon) {
+  rt::HostState a(spec(), false), c(spec(), false), q(spec(), false, rt::MomentStorage::q4);
+  for (rt::HostState* st : {&a, &c, &q}) {
+    st->init_random(4);
+    st->set_update_rule(rt::UpdateRule::muon);
+  }
+  EXPECT_STREQ(rt::optimizer_name(q.update_rule(), q.moment_storage()), "muon4bit");
+  const rt::QuantCode& code = rt::quant_code_m4();
+  ASSERT_TRUE(code.has_zero);
+  rt::OptimStep o;
+  o.lr = 0.02;
+  o.rounding_seed = 9;
+  for (int t = 1; t <= 2; ++t) {
+    o.t = t;
+    std::vector<std::vector<float>> before;  // muon's weights before this step
+    for (const rt::StateUnit& u : a.units()) before.emplace_back(u.master(), u.master() + u.numel);
+    for (size_t i = 0; i < a.units().size(); ++i) {
+      const std::vector<float> g = unit_grad(a.units()[i], t);
+      for (rt::HostState* st : {&a, &c, &q}) rt::update_unit(st->units()[i], g.data(), o, 1.0f, nullptr);
+    }
+    for (size_t i = 0; i < a.units().size(); ++i) {
+      const rt::StateUnit& ua = a.units()[i];
+      rt::StateUnit& uc = c.units()[i];
+      const rt::StateUnit& uq = q.units()[i];
+      SCOPED_TRACE(ua.name + " step " + std::to_string(t));
+      if (t == 1) {
+        EXPECT_TRUE(same_bits(ua.master(), uq.master(), ua.numel));
+        std::vector<float> m(static_cast<size_t>(uq.numel));
+        int64_t rounded = 0;  // elements strictly inside a bracket (so the bound is not vacuous)
+        for (int64_t b = 0; b < rt::quant_blocks(uq.numel); ++b) {
+          const int64_t first = b * rt::kQuantBlock, k = std::min(rt::kQuantBlock, uq.numel - first);
+          rt::quant_block_decode(uq.moments, true, uq.qm(), first, uq.scale_m()[b], k, m.data() + first);
+          float absmax = 0;
+          for (int64_t j = first; j < first + k; ++j) absmax = std::max(absmax, std::fabs(ua.m()[j]));
+          for (int64_t j = first; j < first + k; ++j) {
+            const float y = absmax > 0 ? std::fabs(ua.m()[j]) / absmax : 0.0f;
+            int lo = 0;
+            while (lo + 1 < code.n && code.level[lo + 1] <= y) ++lo;
+            const float width = lo + 1 < code.n ? code.level[lo + 1] - code.level[lo] : 0.0f;
+            rounded += width > 0 && y > code.level[lo];
+            ASSERT_LE(std::fabs(m[j] - ua.m()[j]), width * absmax + absmax * 0x1.0p-21f)
+                << "element " << j << " (|m| / absmax " << y << ")";
+          }
+        }
+        EXPECT_GT(rounded, uq.numel / 2);
+        // c continues from muon4bit's moments, decoded
+        rt::quant_decode(uq.moments, true, uq.qm(), uq.scale_m(), uq.numel, uc.m());
+        rt::quant_decode(uq.moments, false, uq.qv(), uq.scale_v(), uq.v_len(), uc.v());
+        continue;
+      }
+      EXPECT_TRUE(same_bits(uc.master(), uq.master(), ua.numel)) << "muon from the decoded moments";
+      EXPECT_FALSE(same_bits(ua.master(), uq.master(), ua.numel));
+      for (size_t k = 0; k < ua.entries.size(); ++k) {
+        const int64_t off = ua.offsets[k], n = ua.entries[k].numel();
+        double d2 = 0, s2 = 0;
+        for (int64_t j = off; j < off + n; ++j) {
+          const double d = static_cast<double>(uq.master()[j]) - ua.master()[j];
+          const double st = static_cast<double>(ua.master()[j]) - before[i][static_cast<size_t>(j)];
+          d2 += d * d;
+          s2 += st * st;
+        }
+        EXPECT_LE(std::sqrt(d2), (rt::muon_matrix(ua.entries[k]) ? 0.35 : 0.75) * std::sqrt(s2))
+            << ua.entries[k].name;
+      }
+    }
+  }
+}
+
 TEST(Muon, ChangingTheRuleZeroesOnlyTheMatricesState) {
   rt::HostState st(spec(), false);
   st.init_random(2);
@@ -474,10 +554,10 @@ TEST(Muon, ChangingTheRuleZeroesOnlyTheMatricesState) {
                          {"Muon orthogonalises whole matrices", u.name});
 }
 
-// planned_bytes knows the packed v: equal to what a Muon state holds, fp32
-// and 8-bit, with and without gradients.
+// planned_bytes knows the packed v: equal to what a Muon state holds, fp32,
+// 8-bit and 4-bit, with and without gradients.
 TEST(Muon, PlannedBytesEqualTheState) {
-  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8})
+  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8, rt::MomentStorage::q4})
     for (bool grads : {false, true}) {
       rt::HostState st(spec(), grads, mo);
       st.set_update_rule(rt::UpdateRule::muon);
