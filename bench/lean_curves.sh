@@ -28,6 +28,7 @@ modes=(
   "muon|--optimizer muon"
   "muon8bit|--optimizer muon8bit"
   "muon4bit|--optimizer muon4bit"
+  "muon4bit nearest|--optimizer muon4bit --moment-rounding nearest"
   "muon4bit + bf16-sr|--optimizer muon4bit --master bf16-sr"
 )
 # MODES="name1,name2": only those rows (the first listed is the reference of "vs"; default: all)

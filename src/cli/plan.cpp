@@ -220,9 +220,6 @@ int cmd_plan(const Args& args) {
   const std::string master = co.master, opt = p.str("optimizer");
   const bool muon = opt.rfind("muon", 0) == 0;
   const UpdateRule rule = muon ? UpdateRule::muon : UpdateRule::adamw;
-  if (muon && master != "auto" && master != "fp32" && master != "split")
-    fail("[plan] --optimizer ", opt, " needs an exact master (fp32 or split); drop --master ", master,
-         " or use --master fp32 or split");
   const MasterStorage storage = master == "fp32" ? MasterStorage::fp32
                                 : master == "bf16-sr"    ? MasterStorage::bf16_sr
                                 : master == "bf16-kahan" ? MasterStorage::bf16_kahan
@@ -287,9 +284,9 @@ int cmd_plan(const Args& args) {
     const int64_t mx = muon_matrix_dims(spec).max_numel;
     host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
     host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v of a layer)"
-                    : storage == MasterStorage::split ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
-                                                      : "Muon update scratch (fp32 U, O; largest matrix)",
-                    muon_scratch_bytes(spec, storage == MasterStorage::split, moments != MomentStorage::fp32)});
+                    : storage != MasterStorage::fp32 ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
+                                                     : "Muon update scratch (fp32 U, O; largest matrix)",
+                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32)});
   }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});

@@ -334,9 +334,6 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.bf16_master = c.master == "bf16-sr" || c.master == "bf16-kahan";
   if (p.has("trace")) c.trace = p.str("trace");
   if (c.update_rule == UpdateRule::muon) {  // checked on every machine, so a config is refused the same way everywhere
-    if (c.master != "auto" && c.master != "fp32" && c.master != "split")
-      fail("[train] --optimizer ", opt, " needs an exact master (Muon updates whole fp32 matrices); --master ",
-           c.master, " is not supported with it: drop --master or use --master fp32 (or split on the GPU)");
     // the GPU engine orthogonalises each unit's whole gradient: it must reach the optimizer whole
     if (c.grads == Placement::device)
       fail("[train] --optimizer ", opt, " orthogonalises whole matrices, but --grads device updates each layer in "

@@ -49,7 +49,7 @@ float* muon_scratch(int slot, int64_t n) {
   return b.p;
 }
 
-uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized) {
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized) {
   // per layer: its arena's numel and packed v (HostState's layout: tensors padded to 16 floats)
   std::vector<int64_t> n(static_cast<size_t>(s.n_layers), 0), nv(n.size(), 0);
   int64_t max_matrix = 0;
@@ -62,7 +62,7 @@ uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized) {
   }
   int64_t max_unit = 0;
   for (size_t l = 0; l < n.size(); ++l) max_unit = std::max(max_unit, n[l] + nv[l]);
-  return (split ? 3 : 2) * scratch_buffer_bytes(max_matrix) + (quantized ? scratch_buffer_bytes(max_unit) : 0);
+  return (decoded_master ? 3 : 2) * scratch_buffer_bytes(max_matrix) + (quantized ? scratch_buffer_bytes(max_unit) : 0);
 }
 
 double muon_scale(int64_t rows, int64_t cols) {

@@ -3,28 +3,54 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "optim/adamw.h"
+#include "optim/adamw_lean.h"
 #include "optim/muon.h"
 
 namespace rt {
 
 namespace {
 
+constexpr int64_t kBf16Chunk = int64_t(1) << 20;  // elements of a non-matrix tensor decoded at a time (bf16 masters)
+
 // The tensors of u: Muon matrices with muon_update_matrix, others with adamw_update
 // (m in the unit layout, v packed: u.v_at). Split master: each Muon matrix
 // decoded into scratch slot 2, updated and encoded back (which writes the
 // shadow); the other tensors updated in place by adamw_update_split (adamw_update
-// bit for bit).
+// bit for bit). bf16 master: each Muon matrix decoded into scratch slot 2, the
+// other tensors kBf16Chunk elements at a time into a buffer of the call, updated
+// as fp32 and stored back by bf16_master_store (stochastic rounding or Kahan,
+// as adamw_lean_update stores).
 void update_tensors(StateUnit& u, float* m, float* v, const float* grad, const OptimStep& o, float clip_coef,
                     uint16_t* bf16_shadow) {
   const double mu = muon_momentum(o);
+  std::vector<float> chunk;  // bf16 masters: a non-matrix tensor's decoded piece
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const WeightEntry& e = u.entries[k];
     const int64_t off = u.offsets[k], n = e.numel();
     const double wd = weight_decay_for(e, o);
+    if (master_is_bf16(u.master_kind)) {
+      if (muon_matrix(e)) {
+        float* w = muon_scratch(2, n);
+        u.read_master(off, n, w);
+        muon_update_matrix(w, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd, clip_coef,
+                           nullptr, o.orthogonalizer);
+        bf16_master_store(u, off, n, w, o);
+        continue;
+      }
+      chunk.resize(static_cast<size_t>(std::min(n, kBf16Chunk)));
+      for (int64_t c0 = 0; c0 < n; c0 += kBf16Chunk) {  // elementwise: any cut gives the same values
+        const int64_t c = std::min(kBf16Chunk, n - c0), at = off + c0;
+        u.read_master(at, c, chunk.data());
+        adamw_update(chunk.data(), m + at, v + u.v_at(k) + c0, grad + at, c, o.hyper, o.t, o.lr, wd, clip_coef);
+        bf16_master_store(u, at, c, chunk.data(), o);
+      }
+      continue;
+    }
     if (u.split()) {
       if (muon_matrix(e)) {
         float* w = muon_scratch(2, n);
@@ -54,12 +80,11 @@ constexpr uint64_t kKeyMuonM = 0x6d756f6e6d000001ull, kKeyMuonV = 0x6d756f6e7600
 void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow) {
   RT_CHECK(u.muon, "[muon] unit ", u.name, " is not a Muon unit");
   RT_CHECK(grad, "[muon] null gradient for unit ", u.name);
-  RT_CHECK(u.master_kind == MasterStorage::fp32 || u.split(), "[muon] unit ", u.name, " holds a ",
-           master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 (or split on the GPU)");
-  // split master (the CUDA engine's default): updated in place, its one shadow written by the update
-  if (u.split())
-    RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name,
-             ": a split master is updated in place (one shadow, which the update writes)");
+  // a shadow master (split: the CUDA engine's default; bf16-sr, bf16-kahan): updated in place, its one shadow
+  // written by the update
+  if (u.shadow_master())
+    RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name, ": a ",
+             master_storage_name(u.master_kind), " master is updated in place (one shadow, which the update writes)");
   if (!u.quantized()) return update_tensors(u, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
   // the decoded m and v: a layer's in the thread's scratch (slot 3, kept), the
   // embedding's and head's (no Muon matrix; the largest units) in a buffer of their own

@@ -15,7 +15,11 @@
 // master: fp32, or split (the CUDA engine's default, one shadow): each Muon
 // matrix decoded to fp32 (muon_scratch slot 2), updated as on fp32 storage
 // and encoded back (which writes the shadow); the other tensors through
-// adamw_update_split: bit-identical to fp32 storage.
+// adamw_update_split: bit-identical to fp32 storage. Or bf16 (--master bf16-sr
+// | bf16-kahan, one shadow): each tensor decoded to fp32 (a Muon matrix into
+// slot 2, the others in pieces), updated as on fp32 storage and stored with
+// the master's rounding (optim/adamw_lean.h bf16_master_store: the draws and
+// the Kahan step of adamw_lean_update).
 // NS5 runs where o.orthogonalizer says (optim/muon.h; nullptr: the CPU spec).
 #pragma once
 #include <cstdint>

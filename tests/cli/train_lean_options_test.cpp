@@ -94,7 +94,9 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
         Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32},
         Mode{"--optimizer muon", rt::MasterStorage::fp32, rt::MomentStorage::fp32, rt::UpdateRule::muon},
         Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon},
-        Mode{"--optimizer muon4bit", rt::MasterStorage::fp32, rt::MomentStorage::q4, rt::UpdateRule::muon}}) {
+        Mode{"--optimizer muon4bit", rt::MasterStorage::fp32, rt::MomentStorage::q4, rt::UpdateRule::muon},
+        Mode{"--optimizer muon4bit --master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::q4,
+             rt::UpdateRule::muon}}) {
     SCOPED_TRACE(m.flags);
     auto r = run_ramtrain(f.train(std::string("m").append(std::to_string(i++)), m.flags));  // "m" + s: GCC 12's false -Wrestrict
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -118,7 +120,8 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     if (m.rule == rt::UpdateRule::muon) {  // the pinned bf16 staging of the GPU Newton-Schulz, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
       extra += 2.0 * static_cast<double>(mx) +
-               static_cast<double>(rt::muon_scratch_bytes(spec, false, m.moments != rt::MomentStorage::fp32));
+               static_cast<double>(rt::muon_scratch_bytes(spec, m.master != rt::MasterStorage::fp32,
+                                                          m.moments != rt::MomentStorage::fp32));
     }
     EXPECT_EQ(needed, static_cast<double>(state) + extra) << p.output;
   }

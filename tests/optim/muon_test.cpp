@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -489,6 +490,78 @@ TEST(Muon, Muon4bitTracksMuon) {
             << ua.entries[k].name;
       }
     }
+  }
+}
+
+// Muon over a bf16 master (--master bf16-sr | bf16-kahan). Each step is
+// checked against an fp32 Muon state given the bf16 state's master (its bf16
+// values) and moments before the step, so the only difference left is how
+// the new fp32 weights x are stored: bf16-sr stores one of the two bf16
+// values around x (x itself when it is one), bf16-kahan exactly the Kahan step
+// of optim/adamw_lean.h (t = bf16(p + y), y = (x - p) - c, c' = bf16((t - p) - y)),
+// written out here. The moments equal the fp32 state's bit for bit. And the
+// non-matrix tensors equal an --optimizer adamw state's of the same master bit
+// for bit (bf16-sr: the same stochastic-rounding draws as adamw_lean_update).
+TEST(Muon, Bf16MastersStoreMuonsUpdateWithTheirRounding) {
+  for (rt::MasterStorage ms : {rt::MasterStorage::bf16_sr, rt::MasterStorage::bf16_kahan}) {
+    SCOPED_TRACE(rt::master_storage_name(ms));
+    rt::HostState q(spec(), false, rt::MomentStorage::fp32, ms, rt::UpdateRule::muon);
+    rt::HostState aw(spec(), false, rt::MomentStorage::fp32, ms);
+    rt::HostState c(spec(), false, rt::MomentStorage::fp32, rt::MasterStorage::fp32, rt::UpdateRule::muon);
+    q.init_random(5);
+    aw.init_random(5);
+    rt::OptimStep o;
+    o.lr = 0.02;
+    o.weight_decay = 0.1;
+    o.rounding_seed = 3;
+    int64_t inexact = 0;  // stored values that had to be rounded (so the checks are not vacuous)
+    for (int t = 1; t <= 3; ++t) {
+      o.t = t;
+      for (size_t i = 0; i < q.units().size(); ++i) {
+        rt::StateUnit& uq = q.units()[i];
+        rt::StateUnit& uc = c.units()[i];
+        ASSERT_EQ(uq.n_shadows, 1);
+        const std::vector<uint16_t> p(uq.shadow(0), uq.shadow(0) + uq.numel);
+        const std::vector<uint16_t> comp =
+            ms == rt::MasterStorage::bf16_kahan ? std::vector<uint16_t>(uq.comp(), uq.comp() + uq.numel)
+                                                : std::vector<uint16_t>();
+        uq.read_master(0, uq.numel, uc.master());  // the bf16 values
+        std::memcpy(uc.m(), uq.m(), static_cast<size_t>(uq.numel + uq.v_len()) * 4);
+        const std::vector<float> g = unit_grad(uq, t);
+        rt::update_unit(uq, g.data(), o, 0.9f, nullptr);
+        rt::update_unit(uc, g.data(), o, 0.9f, nullptr);
+        rt::update_unit(aw.units()[i], g.data(), o, 0.9f, nullptr);
+        SCOPED_TRACE(uq.name + " step " + std::to_string(t));
+        ASSERT_TRUE(same_bits(uq.m(), uc.m(), uq.numel + uq.v_len()));
+        for (int64_t j = 0; j < uq.numel; ++j) {
+          const float x = uc.master()[j];
+          const uint16_t got = uq.shadow(0)[j];
+          if (ms == rt::MasterStorage::bf16_sr) {
+            const uint16_t down = static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16);  // toward 0
+            const bool exact = rt::bf16_to_f32(down) == x;
+            inexact += !exact;
+            ASSERT_TRUE(got == down || (!exact && got == down + 1)) << "element " << j << ": " << x;
+          } else {
+            const float old = rt::bf16_to_f32(p[static_cast<size_t>(j)]);
+            const float y = (x - old) - rt::bf16_to_f32(comp[static_cast<size_t>(j)]);
+            const uint16_t want = rt::f32_to_bf16(old + y);
+            inexact += rt::bf16_to_f32(want) != old + y;
+            ASSERT_EQ(got, want) << "element " << j;
+            ASSERT_EQ(uq.comp()[j], rt::f32_to_bf16((rt::bf16_to_f32(want) - old) - y)) << "element " << j;
+          }
+        }
+        const rt::StateUnit& ua = aw.units()[i];
+        for (size_t k = 0; k < uq.entries.size(); ++k) {
+          if (rt::muon_matrix(uq.entries[k])) continue;
+          const int64_t off = uq.offsets[k], n = uq.entries[k].numel();
+          EXPECT_EQ(std::memcmp(uq.shadow(0) + off, ua.shadow(0) + off, static_cast<size_t>(n) * 2), 0)
+              << uq.entries[k].name;
+          EXPECT_TRUE(same_bits(uq.m() + off, ua.m() + off, n)) << uq.entries[k].name;
+          EXPECT_TRUE(same_bits(uq.v() + uq.v_at(k), ua.v() + ua.v_at(k), n)) << uq.entries[k].name;
+        }
+      }
+    }
+    EXPECT_GT(inexact, 1000);
   }
 }
 
