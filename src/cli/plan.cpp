@@ -17,6 +17,7 @@
 #include "engine/device_plan.h"
 #include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
+#include "io/checkpoint.h"
 #include "model/weight_map.h"
 #include "optim/muon.h"
 #include "state/host_state.h"
@@ -295,6 +296,8 @@ int cmd_plan(const Args& args) {
   const uint64_t host_usable = host_ram > kHostReserveBytes ? host_ram - kHostReserveBytes : 0;
   const bool host_fits = host_total <= host_usable;
   const double params = static_cast<double>(spec.params_total());
+  // one checkpoint on disk: the state as held (a split master's file is fp32, a bf16 master's bf16)
+  const uint64_t ckpt_bytes = checkpoint_bytes_estimate(spec, moments, storage, rule);
 
   const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams, matmul);
   // data parallel (issue 22's layout): each rank's host bytes, and the host's ranks together
@@ -415,7 +418,8 @@ int cmd_plan(const Args& args) {
     j += ",\"host\":{\"ram_bytes\":" + std::to_string(host_ram) + ",\"usable_bytes\":" + std::to_string(host_usable) +
          ",\"needed_bytes\":" + std::to_string(host_total) +
          ",\"bytes_per_param\":" + fmt("%.4f", static_cast<double>(host_total) / params) +
-         ",\"fits\":" + (host_fits ? "true" : "false") + ",\"items\":[";
+         ",\"fits\":" + (host_fits ? "true" : "false") + ",\"checkpoint_bytes\":" + std::to_string(ckpt_bytes) +
+         ",\"items\":[";
     for (size_t i = 0; i < host.size(); ++i)
       j += std::string(i ? "," : "") + "{\"what\":" + json_str(host[i].what) +
            ",\"bytes\":" + std::to_string(host[i].bytes) + "}";
@@ -494,6 +498,10 @@ int cmd_plan(const Args& args) {
       if (h.bytes)
         std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
                     static_cast<double>(h.bytes) / params);
+    std::printf("checkpoint (--save-every, --out): %s on disk per save, %.3f B/param (the state as held: %s master, "
+                "%s moments)\n",
+                gib(static_cast<double>(ckpt_bytes)).c_str(), static_cast<double>(ckpt_bytes) / params,
+                master_is_bf16(storage) ? "bf16" : "fp32", opt.c_str());
     if (ranks > 1)
       std::printf(
           "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md): up to "

@@ -176,10 +176,10 @@ void fresh_out_check(const ArgParser& p, bool resumed) {
          ", or pass --overwrite to replace it with this run.");
 }
 
-RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec) {
+RunLock out_dir_lock(const std::string& out_dir, uint64_t checkpoint_bytes) {
   if (out_dir.empty()) return RunLock();
   RunLock lock = RunLock::acquire(out_dir, "[train]", "--out");
-  const std::string warning = check_out_writable(out_dir, checkpoint_bytes_estimate(spec), "[train]", "--out");
+  const std::string warning = check_out_writable(out_dir, checkpoint_bytes, "[train]", "--out");
   if (!warning.empty()) std::printf("warning: %s\n", warning.c_str());
   return lock;
 }

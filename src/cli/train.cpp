@@ -293,8 +293,10 @@ int cmd_train(const Args& args) {
       fail("[train] --matmul fp8: ", why, " (--device cpu runs the FP8 twin, slowly: for tests)");
   }
   preflight(c, spec, cpu_backend);
+  // one run per --out, and --out writable: refused here, not after training; a checkpoint holds the state as the
+  // run keeps it (a data-parallel rank 0 writes the gathered fp32 AdamW state: adamw, fp32 or split master)
   RunLock out_lock =
-      out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
+      out_dir_lock(c.out, checkpoint_bytes_estimate(spec, c.optimizer, c.master_storage(), c.update_rule));
   if (!c.out.empty()) fresh_out_check(p, resume.has_value());
 
   // The data next: its errors come before gigabytes of model state are allocated.
