@@ -81,13 +81,13 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
 // kept at the largest size asked until the thread ends: the optimizer updates
 // one matrix after another, and fresh allocations cost page faults on every
 // call (~0.2 s for U and O of a 68M-element matrix). Slots: 0 U, 1 O (here),
-// 2 a split or bf16 master's decoded matrix, 3 a layer unit's decoded muon8bit/4bit m and
-// v (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
+// 2 a split or bf16 master's decoded matrix, 3 the decoded muon8bit/muon4bit
+// m and v windows (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
 float* muon_scratch(int slot, int64_t n);
 // Bytes one thread's scratch holds after a Muon step of a model of spec s:
 // U and O of its largest matrix, + the decoded matrix (decoded_master: a split
-// or bf16 master), + the decoded m and v of its largest layer unit (quantized
-// moments).
+// or bf16 master), + the m and v windows of the quantized update (quantized
+// moments: a matrix's m, or a piece's m and v, + a block either side).
 uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized);
 // Bytes the calling thread's scratch holds now.
 uint64_t muon_scratch_held();
