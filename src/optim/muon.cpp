@@ -45,7 +45,7 @@ float* muon_scratch(int slot, int64_t n) {
   HostBuffer& b = thread_scratch()[slot];
   if (b.n < static_cast<size_t>(n)) {
     b = HostBuffer();  // the old one goes first: the peak is the new size
-    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O, a decoded matrix or a layer's decoded moments)");
+    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O, a decoded matrix or decoded moments)");
   }
   return b.p;
 }

@@ -83,8 +83,8 @@ struct MomentWindow {
       for (int64_t blk = from + i0; blk < from + i1; ++blk) {
         const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, len - first);
         const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
-        quant_block_encode(storage, signed_code, rounding, kb ^ salt, buf + (first - b0 * kQuantBlock), k, codes,
-                           first, scales + blk);
+        quant_block_encode(storage, signed_code, rounding, kb ^ salt, buf + (first - b0 * kQuantBlock), k, codes, first,
+                           scales + blk);
       }
     });
   }
@@ -97,7 +97,8 @@ struct MomentWindow {
       const int64_t keep_from = std::min(f, b1);
       encode(b0, keep_from);
       if (b1 > keep_from)
-        std::memmove(buf, buf + (keep_from - b0) * kQuantBlock, static_cast<size_t>((b1 - keep_from) * kQuantBlock) * 4);
+        std::memmove(buf, buf + (keep_from - b0) * kQuantBlock,
+                     static_cast<size_t>((b1 - keep_from) * kQuantBlock) * 4);
       b0 = keep_from;
       b1 = std::max(b1, keep_from);
       if (b0 < f) {  // nothing decoded at f: start there
@@ -158,8 +159,8 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
       const int64_t n = u.entries[k].numel(), step = muon_matrix(u.entries[k]) ? n : piece;
       for (int64_t c0 = 0; c0 < n; c0 += step) {
         const int64_t c = std::min(step, n - c0);
-        update_piece(u, k, c0, c, u.m() + u.offsets[k] + c0, u.v_at(k) >= 0 ? u.v() + u.v_at(k) + c0 : nullptr,
-                     grad, o, clip_coef, bf16_shadow, buf);
+        update_piece(u, k, c0, c, u.m() + u.offsets[k] + c0, u.v_at(k) >= 0 ? u.v() + u.v_at(k) + c0 : nullptr, grad, o,
+                     clip_coef, bf16_shadow, buf);
       }
     }
     return;
@@ -171,11 +172,12 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
   int64_t rm = 0, rv = 0;
   window_ranges(u, piece, &rm, &rv);
   float* scratch = muon_scratch(3, window_floats(rm) + (rv ? window_floats(rv) : 0));
-  const uint64_t key = quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
-                                                                 quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));
+  const uint64_t key =
+      quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
+                                                quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));
   MomentWindow wm{u.moments, true, u.qm(), u.scale_m(), u.numel, o.moment_rounding, key, kKeyMuonM, scratch};
-  MomentWindow wv{u.moments, false, u.qv(), u.scale_v(), u.v_len(), o.moment_rounding, key, kKeyMuonV,
-                  scratch + window_floats(rm)};
+  MomentWindow wv{
+      u.moments, false, u.qv(), u.scale_v(), u.v_len(), o.moment_rounding, key, kKeyMuonV, scratch + window_floats(rm)};
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const WeightEntry& e = u.entries[k];
     const int64_t off = u.offsets[k], n = e.numel(), step = muon_matrix(e) ? n : piece;
