@@ -470,12 +470,38 @@ TEST(Checkpoint, TheSizeEstimateIsTheWrittenSize) {
   // the case: a Qwen3-30B-A3B checkpoint in adamw4bit + bf16-sr is ~3.03 B/param, not fp32's 12
   const rt::ModelSpec moe = rt::spec_preset("qwen3-30b-a3b");
   const double p = static_cast<double>(moe.params_total());
-  const double lean = static_cast<double>(rt::checkpoint_bytes_estimate(moe, rt::MomentStorage::q4,
-                                                                        rt::MasterStorage::bf16_sr)) / p;
+  const double lean =
+      static_cast<double>(rt::checkpoint_bytes_estimate(moe, rt::MomentStorage::q4, rt::MasterStorage::bf16_sr)) / p;
   const double full = static_cast<double>(rt::checkpoint_bytes_estimate(moe)) / p;
   std::printf("Qwen3-30B-A3B checkpoint: adamw4bit + bf16-sr %.3f B/param, adamw fp32 %.3f B/param\n", lean, full);
   EXPECT_NEAR(lean, 2 + rt::moment_bytes_per_param(rt::MomentStorage::q4), 0.01);
   EXPECT_NEAR(full, 12, 0.01);
+}
+
+// Checkpoints before the lean ones held a bf16 master as F32 (its bf16
+// values): such a file loads into a bf16 master exactly. Made here by writing
+// the bf16 state's master from an fp32-master state of the same values.
+TEST(Checkpoint, AnF32MasterFileLoadsIntoABf16MasterExactly) {
+  rt::test::TempDir tmp;
+  const rt::ModelSpec spec = tiny_spec();
+  for (rt::MasterStorage ms : {rt::MasterStorage::bf16_sr, rt::MasterStorage::bf16_kahan}) {
+    SCOPED_TRACE(rt::master_storage_name(ms));
+    rt::HostState b(spec, false, rt::MomentStorage::fp32, ms), f(spec, false);
+    b.init_random(3);
+    for (size_t i = 0; i < b.units().size(); ++i)
+      b.units()[i].read_master(0, b.units()[i].numel, f.units()[i].master());
+    const std::string out = tmp.file(rt::master_storage_name(ms));
+    rt::checkpoint_write(out, f, meta_at(1), 0);
+    const std::string dir = out + "/" + rt::checkpoint_dir_name(1);
+    EXPECT_TRUE(
+        contains(rt::read_text_file(dir + "/state-head.safetensors"), "\"master/lm_head.weight\":{\"dtype\":\"F32\""));
+    rt::HostState back(spec, false, rt::MomentStorage::fp32, ms);
+    rt::checkpoint_load_state(dir, back, false);
+    for (size_t i = 0; i < b.units().size(); ++i) {
+      const rt::StateUnit &u = b.units()[i], &v = back.units()[i];
+      EXPECT_EQ(std::memcmp(u.shadow(0), v.shadow(0), static_cast<size_t>(u.numel) * 2), 0) << u.name;
+    }
+  }
 }
 
 // A data-parallel GPU rank's checkpoint (CheckpointWriter::save_gathered):
