@@ -131,9 +131,9 @@ int cmd_plan(const Args& args) {
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
   p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit|muon4bit",
            "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit, muon4bit: Muon for the "
-           "layers' matrices (a momentum, fp32, 8- or 4-bit, and no second moment), AdamW for the rest; Newton-Schulz runs on "
-           "the GPU (its workspace is in the device plan) and gradients reach the optimizer whole (--grads host "
-           "or fold)",
+           "layers' matrices (a momentum, fp32, 8- or 4-bit, and no second moment), AdamW for the rest; "
+           "Newton-Schulz runs on the GPU (its workspace is in the device plan) and gradients reach the optimizer "
+           "whole (--grads host or fold)",
            "adamw")
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit", "muon4bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
@@ -284,7 +284,8 @@ int cmd_plan(const Args& args) {
   if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
     const int64_t mx = muon_matrix_dims(spec).max_numel;
     host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
-    host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v of a layer)"
+    host.push_back({moments != MomentStorage::fp32
+                        ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v windows)"
                     : storage != MasterStorage::fp32 ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
                                                      : "Muon update scratch (fp32 U, O; largest matrix)",
                     muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32)});
@@ -498,10 +499,11 @@ int cmd_plan(const Args& args) {
       if (h.bytes)
         std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
                     static_cast<double>(h.bytes) / params);
-    std::printf("checkpoint (--save-every, --out): %s on disk per save, %.3f B/param (the state as held: %s master, "
-                "%s moments)\n",
-                gib(static_cast<double>(ckpt_bytes)).c_str(), static_cast<double>(ckpt_bytes) / params,
-                master_is_bf16(storage) ? "bf16" : "fp32", opt.c_str());
+    std::printf(
+        "checkpoint (--save-every, --out): %s on disk per save, %.3f B/param (the state as held: %s master, "
+        "%s moments)\n",
+        gib(static_cast<double>(ckpt_bytes)).c_str(), static_cast<double>(ckpt_bytes) / params,
+        master_is_bf16(storage) ? "bf16" : "fp32", opt.c_str());
     if (ranks > 1)
       std::printf(
           "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md): up to "

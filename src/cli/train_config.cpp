@@ -93,8 +93,8 @@ void train_options(ArgParser& p) {
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit", "muon4bit"});
   p.option("muon-momentum", "MU", "Muon's (Nesterov) momentum (default: --beta1)").number(0, 0.999999);
   p.option("moment-rounding", "nearest|stochastic",
-           "how --optimizer adamw8bit/adamw4bit/muon8bit/muon4bit round the updated moments back to their codes (stochastic: "
-           "unbiased, so small moments do not stall; measured better, docs/lean_state.md)",
+           "how --optimizer adamw8bit/adamw4bit/muon8bit/muon4bit round the updated moments back to their codes "
+           "(stochastic: unbiased, so small moments do not stall; measured better for AdamW, docs/lean_state.md)",
            "stochastic")
       .choice({"nearest", "stochastic"});
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);

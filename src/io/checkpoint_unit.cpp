@@ -215,8 +215,8 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
   const int64_t cbv = quant ? quant_code_bytes(u.moments, u.nv) : 0, nbv = quant_blocks(u.nv);
   RT_CHECK(!master_is_bf16(u.master_kind) || u.master_bf16, "[checkpoint] internal: unit ", u.name,
            " holds a bf16 master but its snapshot has no bf16 values");
-  RT_CHECK((u.master_kind == MasterStorage::bf16_kahan) == (u.comp != nullptr), "[checkpoint] internal: unit ",
-           u.name, ": a Kahan compensation goes with a bf16-kahan master");
+  RT_CHECK((u.master_kind == MasterStorage::bf16_kahan) == (u.comp != nullptr), "[checkpoint] internal: unit ", u.name,
+           ": a Kahan compensation goes with a bf16-kahan master");
   uint64_t data = 0;
   const std::string text = unit_header(u, &data);
   const uint64_t n = text.size();

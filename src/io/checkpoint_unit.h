@@ -42,7 +42,7 @@ struct UnitSnap {
   MomentStorage moments = MomentStorage::fp32;
   const float* master = nullptr;    // fp32 master; nullptr: decoded from `live` as it is written
   const uint16_t* master_bf16 = nullptr;  // a bf16 master (bf16-sr, bf16-kahan): its values (unit layout)
-  const StateUnit* live = nullptr;  // the unit (for decoding a split master)
+  const StateUnit* live = nullptr;        // the unit (for decoding a split master)
   const float* m = nullptr;         // fp32 moments (numel each)
   const float* v = nullptr;
   const uint8_t* qm = nullptr;  // quantized: code bytes

@@ -350,22 +350,23 @@ TEST(MuonGpu, TheLeanestStateFollowsTheCpuBackend) {
   const std::vector<float> d_adamw = muon_deltas(layout, adamw.w, w0);
   for (const char* grads : {"host", "fold"}) {
     SCOPED_TRACE(std::string("muon4bit, bf16-sr, grads ") + grads);
-    const TrainRun cpu = train3(s, rt::MomentStorage::q4, rt::UpdateRule::muon, false, grads, "bf16-sr", batches, nv,
-                                B, T);
-    const TrainRun gpu = train3(s, rt::MomentStorage::q4, rt::UpdateRule::muon, true, grads, "bf16-sr", batches, nv,
-                                B, T);
+    const TrainRun cpu =
+        train3(s, rt::MomentStorage::q4, rt::UpdateRule::muon, false, grads, "bf16-sr", batches, nv, B, T);
+    const TrainRun gpu =
+        train3(s, rt::MomentStorage::q4, rt::UpdateRule::muon, true, grads, "bf16-sr", batches, nv, B, T);
     for (size_t i = 0; i < cpu.loss.size(); ++i) EXPECT_NEAR(gpu.loss[i], cpu.loss[i], 1e-2 * cpu.loss[i]);
     const std::vector<float> dc = muon_deltas(layout, cpu.w, w0), dg = muon_deltas(layout, gpu.w, w0);
     const double e = rt::test::rel_l2(dg.data(), dc.data(), static_cast<int64_t>(dc.size()));
     const double ea = rt::test::rel_l2(d_adamw.data(), dc.data(), static_cast<int64_t>(dc.size()));
-    std::printf("[muon gpu] muon4bit bf16-sr, grads %s: losses cuda %.5f %.5f %.5f cpu %.5f %.5f %.5f; Muon weight "
-                "change rel_l2 %.3e (AdamW's %.3e)\n",
-                grads, gpu.loss[0], gpu.loss[1], gpu.loss[2], cpu.loss[0], cpu.loss[1], cpu.loss[2], e, ea);
+    std::printf(
+        "[muon gpu] muon4bit bf16-sr, grads %s: losses cuda %.5f %.5f %.5f cpu %.5f %.5f %.5f; Muon weight "
+        "change rel_l2 %.3e (AdamW's %.3e)\n",
+        grads, gpu.loss[0], gpu.loss[1], gpu.loss[2], cpu.loss[0], cpu.loss[1], cpu.loss[2], e, ea);
     EXPECT_LE(e, 3e-1);
     EXPECT_GT(ea, 0.5);
     EXPECT_LT(gpu.loss.back(), gpu.loss.front());
-    const TrainRun again = train3(s, rt::MomentStorage::q4, rt::UpdateRule::muon, true, grads, "bf16-sr", batches,
-                                  nv, B, T);
+    const TrainRun again =
+        train3(s, rt::MomentStorage::q4, rt::UpdateRule::muon, true, grads, "bf16-sr", batches, nv, B, T);
     EXPECT_EQ(again.loss, gpu.loss);
     EXPECT_TRUE(again.w == gpu.w);
   }

@@ -48,8 +48,8 @@ TEST(MuonCli, ResumeEqualsTheUninterruptedRunBitForBit) {
                         Mode{"muon", "bf16-kahan"}}) {
     const std::string opt = m.opt, name = opt + (*m.master ? std::string("-") + m.master : "");
     SCOPED_TRACE(name);
-    const std::string mode = "--optimizer " + opt + " --steps 6 --save-every 3" +
-                             (*m.master ? std::string(" --master ") + m.master : "");
+    const std::string mode =
+        "--optimizer " + opt + " --steps 6 --save-every 3" + (*m.master ? std::string(" --master ") + m.master : "");
     auto r = run_ramtrain(f.train("a-" + name, mode));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(contains(r.output, "optimizer " + opt + ": Muon (momentum 0.9")) << r.output;
@@ -78,7 +78,8 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
        {Case{"--optimizer muon --grads device", "--optimizer muon orthogonalises whole matrices"},
         Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit | muon4bit only"},
         Case{"--optimizer muon --muon-momentum 1.5", "--muon-momentum"},
-        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node or a launcher) shards AdamW state only"}}) {
+        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2",
+             "--nproc-per-node or a launcher) shards AdamW state only"}}) {
     SCOPED_TRACE(c.extra);
     auto r = run_ramtrain(f.train("bad", c.extra + " --steps 2"));
     EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -93,8 +94,9 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer adamw --steps 4 --out " +
                    f.tmp.file("mu2"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--optimizer adamw (the checkpoint ran with muon): Muon momentum and Adam moments do "
-                                 "not convert; resume with --optimizer muon, muon8bit or muon4bit"))
+  EXPECT_TRUE(contains(r.output,
+                       "--optimizer adamw (the checkpoint ran with muon): Muon momentum and Adam moments do "
+                       "not convert; resume with --optimizer muon, muon8bit or muon4bit"))
       << r.output;
   EXPECT_FALSE(contains(r.output, "allowed")) << r.output;  // refused before any "allowed" warning
   r = run_ramtrain("train --resume " + f.tmp.file("ad/ckpt-00000002") + " --optimizer muon8bit --steps 4 --out " +

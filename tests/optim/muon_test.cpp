@@ -486,8 +486,7 @@ TEST(Muon, Muon4bitTracksMuon) {
           d2 += d * d;
           s2 += st * st;
         }
-        EXPECT_LE(std::sqrt(d2), (rt::muon_matrix(ua.entries[k]) ? 0.35 : 0.75) * std::sqrt(s2))
-            << ua.entries[k].name;
+        EXPECT_LE(std::sqrt(d2), (rt::muon_matrix(ua.entries[k]) ? 0.35 : 0.75) * std::sqrt(s2)) << ua.entries[k].name;
       }
     }
   }
@@ -522,9 +521,9 @@ TEST(Muon, Bf16MastersStoreMuonsUpdateWithTheirRounding) {
         rt::StateUnit& uc = c.units()[i];
         ASSERT_EQ(uq.n_shadows, 1);
         const std::vector<uint16_t> p(uq.shadow(0), uq.shadow(0) + uq.numel);
-        const std::vector<uint16_t> comp =
-            ms == rt::MasterStorage::bf16_kahan ? std::vector<uint16_t>(uq.comp(), uq.comp() + uq.numel)
-                                                : std::vector<uint16_t>();
+        const std::vector<uint16_t> comp = ms == rt::MasterStorage::bf16_kahan
+                                               ? std::vector<uint16_t>(uq.comp(), uq.comp() + uq.numel)
+                                               : std::vector<uint16_t>();
         uq.read_master(0, uq.numel, uc.master());  // the bf16 values
         std::memcpy(uc.m(), uq.m(), static_cast<size_t>(uq.numel + uq.v_len()) * 4);
         const std::vector<float> g = unit_grad(uq, t);
@@ -597,8 +596,8 @@ TEST(Muon, QuantizedPiecesOfAnyLengthGiveTheSameBits) {
             ASSERT_TRUE(same_bits(wa.data(), wb.data(), ua.numel)) << ua.name;
             ASSERT_EQ(std::memcmp(ua.qm(), ub.qm(), static_cast<size_t>(rt::quant_code_bytes(mo, ua.numel))), 0);
             ASSERT_EQ(std::memcmp(ua.qv(), ub.qv(), static_cast<size_t>(rt::quant_code_bytes(mo, ua.v_len()))), 0);
-            ASSERT_TRUE(same_bits(ua.scale_m(), ub.scale_m(),
-                                  rt::quant_blocks(ua.numel) + rt::quant_blocks(ua.v_len())));
+            ASSERT_TRUE(
+                same_bits(ua.scale_m(), ub.scale_m(), rt::quant_blocks(ua.numel) + rt::quant_blocks(ua.v_len())));
           }
         }
       }
