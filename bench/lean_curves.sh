@@ -27,6 +27,9 @@ modes=(
   "adamw4bit + bf16-kahan|--optimizer adamw4bit --master bf16-kahan"
   "muon|--optimizer muon"
   "muon8bit|--optimizer muon8bit"
+  "muon4bit|--optimizer muon4bit"
+  "muon4bit nearest|--optimizer muon4bit --moment-rounding nearest"
+  "muon4bit + bf16-sr|--optimizer muon4bit --master bf16-sr"
 )
 # MODES="name1,name2": only those rows (the first listed is the reference of "vs"; default: all)
 if [[ -n "${MODES:-}" ]]; then

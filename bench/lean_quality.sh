@@ -38,7 +38,9 @@ modes=(
 )
 if [ "${LQ_MUON:-0}" = 1 ]; then
   modes+=("adamw_lr5e-4|--lr 5e-4" "adamw_lr2e-3|--lr 2e-3" "muon|--optimizer muon" "muon_lr5e-4|--optimizer muon --lr 5e-4" "muon_lr2e-3|--optimizer muon --lr 2e-3"
-          "muon8bit|--optimizer muon8bit")
+          "muon8bit|--optimizer muon8bit" "muon4bit|--optimizer muon4bit"
+          "muon4bit_nearest|--optimizer muon4bit --moment-rounding nearest"
+          "muon4bit_bf16-sr|--optimizer muon4bit --master bf16-sr")
 fi
 if [ "${LQ_FP8:-0}" = 1 ]; then  # issue 31's quality point: --matmul fp8 against bf16 (Hopper)
   modes+=("fp8|--matmul fp8")

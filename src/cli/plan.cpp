@@ -18,6 +18,7 @@
 #include "engine/sharded_optimizer.h"
 #include "engine/step_model.h"
 #include "engine/tier_plan.h"
+#include "io/checkpoint.h"
 #include "model/weight_map.h"
 #include "optim/muon.h"
 #include "state/host_state.h"
@@ -139,13 +140,13 @@ int cmd_plan(const Args& args) {
   p.option("master", "auto|fp32|split|bf16-sr|bf16-kahan",
            "host storage of the master (auto: split; bf16-*: the bf16 shadow is the master)", "auto")
       .choice({"auto", "fp32", "split", "bf16-sr", "bf16-kahan"});
-  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
-           "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit: Muon for the layers' "
-           "matrices (a momentum, fp32 or 8-bit, and no second moment), AdamW for the rest; Newton-Schulz runs on "
-           "the GPU (its workspace is in the device plan) and gradients reach the optimizer whole (--grads host "
-           "or fold)",
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit|muon4bit",
+           "Adam moments in fp32, or block-wise quantized to 8 or 4 bits; muon, muon8bit, muon4bit: Muon for the "
+           "layers' matrices (a momentum, fp32, 8- or 4-bit, and no second moment), AdamW for the rest; "
+           "Newton-Schulz runs on the GPU (its workspace is in the device plan) and gradients reach the optimizer "
+           "whole (--grads host or fold)",
            "adamw")
-      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
+      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit", "muon4bit"});
   p.option("keep-activations", "N|auto", "layers whose activations stay forward to backward", "auto")
       .integer(0)
       .or_word("auto");
@@ -217,7 +218,7 @@ int cmd_plan(const Args& args) {
   co.checkpoints = p.str("checkpoints");
   co.layer_major = p.str("layer-major");
   co.master = p.str("master");
-  co.muon = p.str("optimizer") == "muon" || p.str("optimizer") == "muon8bit";  // whole-unit updates, NS5 workspace
+  co.muon = p.str("optimizer").rfind("muon", 0) == 0;  // whole-unit updates, NS5 workspace
   co.micro_batches = K;
   co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
   co.keep_attention = p.str("keep-attention") == "auto" ? -1 : p.integer("keep-attention");
@@ -229,18 +230,15 @@ int cmd_plan(const Args& args) {
   // layer-major left at auto falls back to micro-batch-major.
   bool host_fallback = false;
   const std::string master = co.master, opt = p.str("optimizer");
-  const bool muon = opt == "muon" || opt == "muon8bit";
+  const bool muon = opt.rfind("muon", 0) == 0;
   const UpdateRule rule = muon ? UpdateRule::muon : UpdateRule::adamw;
-  if (muon && master != "auto" && master != "fp32" && master != "split")
-    fail("[plan] --optimizer ", opt, " needs an exact master (fp32 or split); drop --master ", master,
-         " or use --master fp32 or split");
   const MasterStorage storage = master == "fp32" ? MasterStorage::fp32
                                 : master == "bf16-sr"    ? MasterStorage::bf16_sr
                                 : master == "bf16-kahan" ? MasterStorage::bf16_kahan
                                                          : MasterStorage::split;
-  const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
-                                : opt == "adamw4bit" ? MomentStorage::q4
-                                                     : MomentStorage::fp32;
+  const MomentStorage moments = opt == "adamw8bit" || opt == "muon8bit"   ? MomentStorage::q8
+                                : opt == "adamw4bit" || opt == "muon4bit" ? MomentStorage::q4
+                                                                          : MomentStorage::fp32;
   const int ranks = static_cast<int>(p.integer("nproc-per-node"));
   if (ranks > 1 && K % ranks != 0)
     fail("[plan] --grad-accum ", K, " is not a multiple of --nproc-per-node ", ranks,
@@ -306,10 +304,11 @@ int cmd_plan(const Args& args) {
   if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
     const int64_t mx = muon_matrix_dims(spec).max_numel;
     host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
-    host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v of a layer)"
-                    : storage == MasterStorage::split ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
-                                                      : "Muon update scratch (fp32 U, O; largest matrix)",
-                    muon_scratch_bytes(spec, storage == MasterStorage::split, moments != MomentStorage::fp32)});
+    host.push_back({moments != MomentStorage::fp32
+                        ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v windows)"
+                    : storage != MasterStorage::fp32 ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
+                                                     : "Muon update scratch (fp32 U, O; largest matrix)",
+                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32)});
   }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
@@ -334,6 +333,8 @@ int cmd_plan(const Args& args) {
   }
   const bool host_fits = host_total <= host_usable && tier.fits;
   const double params = static_cast<double>(spec.params_total());
+  // one checkpoint on disk: the state as held (a split master's file is fp32, a bf16 master's bf16)
+  const uint64_t ckpt_bytes = checkpoint_bytes_estimate(spec, moments, storage, rule);
 
   const StepPrediction sp = predict_step(spec, B, T, dp, card, gparams, matmul);
   // data parallel (issue 22's layout): each rank's host bytes, and the host's ranks together
@@ -459,7 +460,8 @@ int cmd_plan(const Args& args) {
     j += ",\"host\":{\"ram_bytes\":" + std::to_string(host_ram) + ",\"usable_bytes\":" + std::to_string(host_usable) +
          ",\"needed_bytes\":" + std::to_string(host_total) +
          ",\"bytes_per_param\":" + fmt("%.4f", static_cast<double>(host_total) / params) +
-         ",\"fits\":" + (host_fits ? "true" : "false") + ",\"items\":[";
+         ",\"fits\":" + (host_fits ? "true" : "false") + ",\"checkpoint_bytes\":" + std::to_string(ckpt_bytes) +
+         ",\"items\":[";
     for (size_t i = 0; i < host.size(); ++i)
       j += std::string(i ? "," : "") + "{\"what\":" + json_str(host[i].what) +
            ",\"bytes\":" + std::to_string(host[i].bytes) + "}";
@@ -586,6 +588,11 @@ int cmd_plan(const Args& args) {
             "  (weights on the SSD: read ahead of the forward, the backward and the update, written after it; "
             "planned only: the engines page the optimizer state, not yet the weights)\n");
     }
+    std::printf(
+        "checkpoint (--save-every, --out): %s on disk per save, %.3f B/param (the state as held: %s master, "
+        "%s moments)\n",
+        gib(static_cast<double>(ckpt_bytes)).c_str(), static_cast<double>(ckpt_bytes) / params,
+        master_is_bf16(storage) ? "bf16" : "fp32", opt.c_str());
     if (ranks > 1)
       std::printf(
           "data parallel, %d ranks on this host (the optimizer state sharded over them, docs/multi_gpu.md): up to "

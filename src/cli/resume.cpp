@@ -113,7 +113,7 @@ std::optional<ResumeSource> resume_prepare(ArgParser& p, std::vector<std::string
     auto muon = [](const std::string& o) { return o.rfind("muon", 0) == 0; };
     if (k == "optimizer" && muon(old) != muon(now))  // Muon momentum and Adam moments do not convert
       refused.push_back(what + ": Muon momentum and Adam moments do not convert; resume with --optimizer " +
-                        (muon(old) ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit"));
+                        (muon(old) ? "muon, muon8bit or muon4bit" : "adamw, adamw8bit or adamw4bit"));
     else if (kDefining.count(k))
       refused.push_back(what);
     else if (!kHarmless.count(k))
@@ -177,10 +177,10 @@ void fresh_out_check(const ArgParser& p, bool resumed) {
          ", or pass --overwrite to replace it with this run.");
 }
 
-RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec) {
+RunLock out_dir_lock(const std::string& out_dir, uint64_t checkpoint_bytes) {
   if (out_dir.empty()) return RunLock();
   RunLock lock = RunLock::acquire(out_dir, "[train]", "--out");
-  const std::string warning = check_out_writable(out_dir, checkpoint_bytes_estimate(spec), "[train]", "--out");
+  const std::string warning = check_out_writable(out_dir, checkpoint_bytes, "[train]", "--out");
   if (!warning.empty()) std::printf("warning: %s\n", warning.c_str());
   return lock;
 }

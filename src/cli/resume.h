@@ -47,8 +47,9 @@ void resume_commit(const ArgParser& p, const std::optional<ResumeSource>& r);
 // Before the data is read: locks the run's --out (core/run_lock.h: a second
 // run into it is refused, naming this one; held until the returned lock is
 // destroyed), checks that it can be written, and warns when its file system
-// has less free space than one checkpoint of the model. "" (nothing saved): no lock.
-RunLock out_dir_lock(const std::string& out_dir, const ModelSpec& spec);
+// has less free space than checkpoint_bytes, one checkpoint of the run's state
+// (io/checkpoint.h checkpoint_bytes_estimate). "" (nothing saved): no lock.
+RunLock out_dir_lock(const std::string& out_dir, uint64_t checkpoint_bytes);
 
 // Refuses data whose token counts, window count or fingerprint differ from the checkpoint's.
 void resume_check_data(const ResumeSource& r, const BatchSource& data);

@@ -295,8 +295,10 @@ int cmd_train(const Args& args) {
       fail("[train] --matmul fp8: ", why, " (--device cpu runs the FP8 twin, slowly: for tests)");
   }
   preflight(c, spec, cpu_backend);
+  // one run per --out, and --out writable: refused here, not after training; a checkpoint holds the state as the
+  // run keeps it (a data-parallel rank 0 writes the gathered fp32 AdamW state: adamw, fp32 or split master)
   RunLock out_lock =
-      out_dir_lock(c.out, spec);  // one run per --out, and --out writable: refused here, not after training
+      out_dir_lock(c.out, checkpoint_bytes_estimate(spec, c.optimizer, c.master_storage(), c.update_rule));
   if (!c.out.empty()) fresh_out_check(p, resume.has_value());
 
   // The data next: its errors come before gigabytes of model state are allocated.
@@ -320,7 +322,7 @@ int cmd_train(const Args& args) {
     fail("[train] --resume: the checkpoint was trained with --optimizer ",
          optimizer_name(state->update_rule(), state->moment_storage()), " and this run asks for --optimizer ",
          p.str("optimizer"), "; Muon momentum and Adam moments do not convert: resume with --optimizer ",
-         state->update_rule() == UpdateRule::muon ? "muon or muon8bit" : "adamw, adamw8bit or adamw4bit");
+         state->update_rule() == UpdateRule::muon ? "muon, muon8bit or muon4bit" : "adamw, adamw8bit or adamw4bit");
   if (!gpu_dp || resume)
     state->set_moment_storage(c.optimizer);  // a checkpoint's storage converts to the one asked for
   if (c.bf16_master) state->set_master_storage(c.master_storage());

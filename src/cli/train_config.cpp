@@ -78,22 +78,23 @@ void train_options(ArgParser& p) {
   p.flag("delayed-update",
          "apply each step's update during the next step, so the CPU optimizer overlaps a whole "
          "step (gradients one step stale; GPU: needs --grads device)");
-  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit",
+  p.option("optimizer", "adamw|adamw8bit|adamw4bit|muon|muon8bit|muon4bit",
            "AdamW with fp32 moments (8 B/param), or block-wise quantized moments: 8-bit (2.03 B/param) or 4-bit "
            "(1.03 B/param), blocks of 256 with an fp32 absmax each, dequantized to fp32 for every update; "
            "muon: Muon (Newton-Schulz orthogonalised momentum) for the layers' 2-D matrices and AdamW for the "
            "embedding, head, norms, biases and routers; its update is scaled by 0.2*sqrt(max(rows, cols)) "
-           "(Moonshot's RMS matching), so it shares --lr with AdamW; muon8bit: the same with 8-bit moments "
-           "(the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with muon8bit). "
+           "(Moonshot's RMS matching), so it shares --lr with AdamW; muon8bit, muon4bit: the same with 8- or 4-bit "
+           "moments (the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with "
+           "muon8bit, 4.6 with muon4bit; 2.6 with muon4bit and --master bf16-sr). "
            "On the GPU, Newton-Schulz runs there in bf16 (fp32 sums), one matrix at a time from the CPU "
            "optimizer, and each layer's gradient reaches the optimizer whole: --grads host or fold (auto picks "
            "one; device and --delayed-update are refused); docs/lean_state.md",
            "adamw")
-      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit"});
+      .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit", "muon4bit"});
   p.option("muon-momentum", "MU", "Muon's (Nesterov) momentum (default: --beta1)").number(0, 0.999999);
   p.option("moment-rounding", "nearest|stochastic",
-           "how --optimizer adamw8bit/adamw4bit round the updated moments back to their codes (stochastic: "
-           "unbiased, so small moments do not stall; measured better, docs/lean_state.md)",
+           "how --optimizer adamw8bit/adamw4bit/muon8bit/muon4bit round the updated moments back to their codes "
+           "(stochastic: unbiased, so small moments do not stall; measured better for AdamW, docs/lean_state.md)",
            "stochastic")
       .choice({"nearest", "stochastic"});
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
@@ -306,20 +307,21 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.delayed_update = p.on("delayed-update");
   c.max_bad_steps = p.integer("max-bad-steps");
   const std::string opt = p.str("optimizer");
-  c.optimizer = opt == "adamw8bit" || opt == "muon8bit" ? MomentStorage::q8
-                : opt == "adamw4bit"                      ? MomentStorage::q4
+  c.optimizer = opt == "adamw8bit" || opt == "muon8bit"   ? MomentStorage::q8
+                : opt == "adamw4bit" || opt == "muon4bit" ? MomentStorage::q4
                                                           : MomentStorage::fp32;
-  c.update_rule = opt == "muon" || opt == "muon8bit" ? UpdateRule::muon : UpdateRule::adamw;
+  c.update_rule = opt.rfind("muon", 0) == 0 ? UpdateRule::muon : UpdateRule::adamw;
   if (p.has("muon-momentum")) {
     if (c.update_rule != UpdateRule::muon)
-      fail("[train] --muon-momentum applies to --optimizer muon | muon8bit only; add one or drop --muon-momentum");
+      fail("[train] --muon-momentum applies to --optimizer muon | muon8bit | muon4bit only; add one or drop "
+           "--muon-momentum");
     c.muon_momentum = p.number("muon-momentum");
   }
   c.moment_rounding = p.str("moment-rounding") == "stochastic" ? QuantRounding::stochastic : QuantRounding::nearest;
   if (c.optimizer == MomentStorage::fp32 && p.given_explicitly("moment-rounding"))
     fail(
-        "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit, adamw4bit or "
-        "muon8bit, or drop --moment-rounding");
+        "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit, adamw4bit, "
+        "muon8bit or muon4bit, or drop --moment-rounding");
   c.threads = static_cast<int>(p.integer("threads"));
   c.matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
 
@@ -353,9 +355,6 @@ TrainConfig train_config_read(const ArgParser& p) {
   c.bf16_master = c.master == "bf16-sr" || c.master == "bf16-kahan";
   if (p.has("trace")) c.trace = p.str("trace");
   if (c.update_rule == UpdateRule::muon) {  // checked on every machine, so a config is refused the same way everywhere
-    if (c.master != "auto" && c.master != "fp32" && c.master != "split")
-      fail("[train] --optimizer ", opt, " needs an exact master (Muon updates whole fp32 matrices); --master ",
-           c.master, " is not supported with it: drop --master or use --master fp32 (or split on the GPU)");
     // the GPU engine orthogonalises each unit's whole gradient: it must reach the optimizer whole
     if (c.grads == Placement::device)
       fail("[train] --optimizer ", opt, " orthogonalises whole matrices, but --grads device updates each layer in "

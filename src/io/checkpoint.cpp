@@ -228,13 +228,11 @@ std::string checkpoint_verify(const std::string& dir) {
   return "";
 }
 
-uint64_t checkpoint_bytes_estimate(const ModelSpec& spec, MomentStorage moments, MasterStorage master) {
-  // Per unit (embed, layers, head): a safetensors header of at most a few KiB;
-  // config.json, trainer.json (the run configuration) and manifest.json: under 64 KiB.
-  const uint64_t units = static_cast<uint64_t>(spec.n_layers) + 2;
-  const double per_param = 4 + moment_bytes_per_param(moments) + (master == MasterStorage::bf16_kahan ? 2 : 0);
-  return static_cast<uint64_t>(per_param * static_cast<double>(spec.params_total())) + units * (uint64_t(16) << 10) +
-         (uint64_t(64) << 10) + units * 64;
+uint64_t checkpoint_bytes_estimate(const ModelSpec& spec, MomentStorage moments, MasterStorage master,
+                                   UpdateRule rule) {
+  uint64_t b = kCheckpointSmallFilesBytes;
+  for (const UnitSnap& u : unit_snap_layouts(spec, master, moments, rule)) b += unit_file_bytes(u);
+  return b;
 }
 
 std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,

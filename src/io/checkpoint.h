@@ -4,8 +4,9 @@
 //     state-<unit>.safetensors  per HostState unit (embed, layer.0.., head):
 //                               fp32 "master/<hf name>", "adam_m/<hf name>",
 //                               "adam_v/<hf name>" (canonical weight-map order);
-//                               quantized moments and a Kahan compensation
-//                               bit for bit instead (io/checkpoint_unit.h)
+//                               lean states as held: quantized moments, a bf16
+//                               master and its Kahan compensation bit for bit
+//                               (io/checkpoint_unit.h)
 //     config.json               the model (spec_to_config_json)
 //     trainer.json              step, Adam step count, skipped-step counter,
 //                               bad-step streak, data cursor, seed, the data's
@@ -103,11 +104,14 @@ std::vector<CheckpointRef> checkpoint_list(const std::string& out_dir);
 // and, when DIR is named ckpt-<digits>, whose name says that step too (a copy
 // of another step's directory is not that step); else the reason, naming the file.
 std::string checkpoint_verify(const std::string& dir);
-// An upper bound on the bytes of one checkpoint of this model: master in fp32,
-// Adam m and v (fp32: 12 bytes a parameter; quantized less; a Kahan
-// compensation 2 more), the safetensors headers and the small files.
+// The bytes of one checkpoint of this model's state in the given storages
+// and update rule: its unit files exactly (io/checkpoint_unit.h: the master in
+// fp32, a bf16 master in bf16; the moments as held: fp32 12 B/param with the
+// master, adamw4bit + bf16-sr ~3.03) + kCheckpointSmallFilesBytes for
+// config.json, trainer.json and manifest.json (a bound).
+inline constexpr uint64_t kCheckpointSmallFilesBytes = uint64_t(64) << 10;
 uint64_t checkpoint_bytes_estimate(const ModelSpec& spec, MomentStorage moments = MomentStorage::fp32,
-                                   MasterStorage master = MasterStorage::fp32);
+                                   MasterStorage master = MasterStorage::fp32, UpdateRule rule = UpdateRule::adamw);
 // The newest checkpoint in OUT that verifies; each newer one that does not is
 // named with its reason in *warnings. nullopt when none is valid.
 std::optional<CheckpointRef> checkpoint_find_latest_valid(const std::string& out_dir,
@@ -125,7 +129,7 @@ ModelSpec checkpoint_read_spec(const std::string& dir);
 void checkpoint_load_state(const std::string& dir, HostState& state, bool with_moments = true);
 // The moment storage (--optimizer) the checkpoint's state was saved with.
 MomentStorage checkpoint_read_moments(const std::string& dir, const ModelSpec& spec);
-// The update rule (adamw, or muon for --optimizer muon | muon8bit) its state was saved with.
+// The update rule (adamw, or muon for --optimizer muon | muon8bit | muon4bit) its state was saved with.
 UpdateRule checkpoint_read_update_rule(const std::string& dir);
 
 struct SaveReport {

@@ -31,7 +31,7 @@ MomentStorage moments_parse(const std::string& s, const std::string& path) {
 
 size_t unit_stage_floats(const StateUnit& u) {
   const int64_t n = u.numel, nv = u.v_len();
-  size_t f = static_cast<size_t>(n);  // master
+  size_t f = master_is_bf16(u.master_kind) ? floats_of_bytes(2 * n) : static_cast<size_t>(n);  // master
   f += u.quantized() ? floats_of_bytes(quant_code_bytes(u.moments, n)) + floats_of_bytes(quant_code_bytes(u.moments, nv)) +
                            static_cast<size_t>(quant_blocks(n) + quant_blocks(nv))
                      : static_cast<size_t>(n + nv);
@@ -69,6 +69,7 @@ UnitSnap unit_snap_live(const StateUnit& u) {
   s.nv = u.v_len();
   s.live = &u;
   if (!u.shadow_master()) s.master = u.master();
+  if (master_is_bf16(u.master_kind)) s.master_bf16 = u.shadow(u.cur_shadow);
   if (u.quantized()) {
     s.qm = u.qm();
     s.qv = u.qv();
@@ -95,9 +96,15 @@ UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
   s.nv = u.v_len();
   const int64_t nv = s.nv;
   float* q = dst;
-  u.read_master(0, n, q);
-  s.master = q;
-  q += n;
+  if (master_is_bf16(u.master_kind)) {  // as held: the file stores it as bf16
+    copy_parallel(q, u.shadow(u.cur_shadow), static_cast<size_t>(n) * 2);
+    s.master_bf16 = reinterpret_cast<const uint16_t*>(q);
+    q += floats_of_bytes(2 * n);
+  } else {
+    u.read_master(0, n, q);
+    s.master = q;
+    q += n;
+  }
   if (u.quantized()) {
     const int64_t cb = quant_code_bytes(u.moments, n), cbv = quant_code_bytes(u.moments, nv),
                   nb = quant_blocks(n) + quant_blocks(nv);
@@ -123,8 +130,11 @@ UnitSnap unit_snap_stage(const StateUnit& u, float* dst) {
   return s;
 }
 
-void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, size_t)>& write) {
-  const bool quant = u.moments != MomentStorage::fp32;
+namespace {
+
+// The header of u's file: the JSON text, padded to 8 bytes; *data_bytes: the bytes after it.
+std::string unit_header(const UnitSnap& u, uint64_t* data_bytes) {
+  const bool quant = u.moments != MomentStorage::fp32, bf16 = master_is_bf16(u.master_kind);
   const int64_t cb = quant ? quant_code_bytes(u.moments, u.numel) : 0, nb = quant_blocks(u.numel);
   const int64_t cbv = quant ? quant_code_bytes(u.moments, u.nv) : 0, nbv = quant_blocks(u.nv);
   ordered_json h = ordered_json::object();
@@ -140,11 +150,15 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
     off += nb_;
   };
   for (const char* prefix : {"master/", "adam_m/", "adam_v/"}) {
-    if (quant && std::string(prefix) != "master/") continue;
+    const bool master = std::string(prefix) == "master/";
+    if (quant && !master) continue;
     for (size_t k = 0; k < u.entries.size(); ++k) {
       const WeightEntry& e = u.entries[k];
       if (std::string(prefix) == "adam_v/" && u.v_off[k] < 0) continue;  // a Muon matrix: no v
-      add(prefix + e.name, "F32", e.shape, static_cast<uint64_t>(e.numel()) * 4);
+      if (master && bf16)
+        add(prefix + e.name, "BF16", e.shape, static_cast<uint64_t>(e.numel()) * 2);
+      else
+        add(prefix + e.name, "F32", e.shape, static_cast<uint64_t>(e.numel()) * 4);
     }
   }
   if (quant) {
@@ -153,15 +167,68 @@ void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, si
     add("adam_m_absmax", "F32", {nb}, static_cast<uint64_t>(nb) * 4);
     add("adam_v_absmax", "F32", {nbv}, static_cast<uint64_t>(nbv) * 4);
   }
-  if (u.comp) add("master_kahan_comp", "BF16", {u.numel}, static_cast<uint64_t>(u.numel) * 2);
+  if (u.master_kind == MasterStorage::bf16_kahan)
+    add("master_kahan_comp", "BF16", {u.numel}, static_cast<uint64_t>(u.numel) * 2);
   std::string text = h.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
+  *data_bytes = off;
+  return text;
+}
+
+}  // namespace
+
+uint64_t unit_file_bytes(const UnitSnap& u) {
+  uint64_t data = 0;
+  return 8 + unit_header(u, &data).size() + data;
+}
+
+std::vector<UnitSnap> unit_snap_layouts(const ModelSpec& spec, MasterStorage master, MomentStorage moments,
+                                        UpdateRule rule) {
+  const int64_t L = spec.n_layers;
+  std::vector<UnitSnap> units(static_cast<size_t>(L + 2));
+  units[0].name = "embed";
+  for (int64_t i = 0; i < L; ++i) units[static_cast<size_t>(i + 1)].name = cat("layer.", i);
+  units[static_cast<size_t>(L + 1)].name = "head";
+  for (const WeightEntry& e : weight_map(spec)) {  // HostState's layout (state/host_state.cpp)
+    UnitSnap& s = units[e.kind == WeightKind::embed ? 0
+                        : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
+                                                    : static_cast<size_t>(L + 1)];
+    const int64_t padded = (e.numel() + 15) / 16 * 16;
+    s.entries.push_back(e);
+    s.offsets.push_back(s.numel);
+    s.numel += padded;
+    const bool has_v = rule == UpdateRule::adamw || !muon_matrix(e);
+    s.v_off.push_back(has_v ? s.nv : -1);
+    if (has_v) s.nv += padded;
+  }
+  for (UnitSnap& s : units) {
+    s.master_kind = master;
+    s.moments = moments;
+    s.muon = rule == UpdateRule::muon;
+  }
+  return units;
+}
+
+void unit_snap_write(const UnitSnap& u, const std::function<void(const void*, size_t)>& write) {
+  const bool quant = u.moments != MomentStorage::fp32;
+  const int64_t cb = quant ? quant_code_bytes(u.moments, u.numel) : 0, nb = quant_blocks(u.numel);
+  const int64_t cbv = quant ? quant_code_bytes(u.moments, u.nv) : 0, nbv = quant_blocks(u.nv);
+  RT_CHECK(!master_is_bf16(u.master_kind) || u.master_bf16, "[checkpoint] internal: unit ", u.name,
+           " holds a bf16 master but its snapshot has no bf16 values");
+  RT_CHECK((u.master_kind == MasterStorage::bf16_kahan) == (u.comp != nullptr), "[checkpoint] internal: unit ", u.name,
+           ": a Kahan compensation goes with a bf16-kahan master");
+  uint64_t data = 0;
+  const std::string text = unit_header(u, &data);
   const uint64_t n = text.size();
   write(&n, 8);
   write(text.data(), text.size());
   std::vector<float> buf;
   for (size_t k = 0; k < u.entries.size(); ++k) {
     const int64_t ne = u.entries[k].numel();
+    if (u.master_bf16) {
+      write(u.master_bf16 + u.offsets[k], static_cast<size_t>(ne) * 2);
+      continue;
+    }
     if (u.master) {
       write(u.master + u.offsets[k], static_cast<size_t>(ne) * 4);
       continue;
@@ -257,7 +324,9 @@ void unit_file_load(const std::string& p, StateUnit& u, bool with_moments) {
   std::vector<float> buf;
   for (size_t k = 0; k < u.entries.size(); ++k) {  // the master: encoded into any storage
     const WeightEntry& e = u.entries[k];
-    const TensorInfo& t = get("master/" + e.name, DType::f32, e.shape);
+    const std::string name = "master/" + e.name;
+    const TensorInfo* bt = f->find(name);  // a bf16 master's file holds BF16 (exact in any storage), others F32
+    const TensorInfo& t = get(name, bt && bt->dtype == DType::bf16 ? DType::bf16 : DType::f32, e.shape);
     if (!u.shadow_master()) {
       tensor_to_f32(t, u.master() + u.offsets[k]);
       continue;

@@ -586,6 +586,29 @@ void fused_range(const Lean& a, int64_t s, int64_t e) {
 
 }  // namespace
 
+namespace {
+// The per (seed, t, unit) key of a step's rounding draws.
+uint64_t lean_key(const StateUnit& u, const OptimStep& o) {
+  return quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
+                                                   quant_mix64(static_cast<uint64_t>(u.index) + 0x756e6974ull)));
+}
+}  // namespace
+
+void bf16_master_store(StateUnit& u, int64_t b, int64_t n, const float* x, const OptimStep& o) {
+  RT_CHECK(master_is_bf16(u.master_kind), "[adamw_lean] unit ", u.name, " holds a ", master_storage_name(u.master_kind),
+           " master, not a bf16 one");
+  RT_CHECK(0 <= b && n >= 0 && b + n <= u.numel, "[adamw_lean] range outside unit ", u.name);
+  Lean a{};
+  a.u = &u;
+  a.out = u.shadow(u.cur_shadow);
+  a.in = a.out;
+  a.key = lean_key(u, o);
+  const uint32_t key32 = master_key32(a);
+  parallel_for(n, kLeanTask, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) master_store_one(a, key32, b + i, x[i]);
+  });
+}
+
 void adamw_lean_update(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
                        uint16_t* shadow_out, const uint16_t* shadow_in) {
   if (b == e) return;
@@ -610,8 +633,7 @@ void adamw_lean_update(StateUnit& u, int64_t b, int64_t e, const float* grad, co
          {},
          o.moment_rounding,
          0};
-  a.key = quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
-                                                    quant_mix64(static_cast<uint64_t>(u.index) + 0x756e6974ull)));
+  a.key = lean_key(u, o);
   for (size_t k = 0; k < u.entries.size(); ++k)
     a.segs.push_back({u.offsets[k], u.offsets[k] + u.entries[k].numel(), weight_decay_for(u.entries[k], o) != 0});
   const bool fused = fused_ok(u) && b % kQuantBlock == 0;

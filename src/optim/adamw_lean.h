@@ -34,6 +34,15 @@ namespace rt {
 void adamw_lean_update(StateUnit& u, int64_t b, int64_t e, const float* grad, const OptimStep& o, float clip_coef,
                        uint16_t* shadow_out, const uint16_t* shadow_in);
 
+// Stores x[n], the new fp32 values of unit elements [b, b + n), into u's bf16
+// master (bf16-sr or bf16-kahan) in place, its current shadow, rounded as
+// adamw_lean_update stores its own: bf16-sr with the step's draws (a pure
+// function of o.rounding_seed, o.t, the unit index and the element), bf16-kahan
+// adding x - (the shadow's value) with the compensation. For updates that
+// compute the new weights themselves (Muon, optim/muon_unit.h). Any split of
+// [b, e) into calls gives the same bits.
+void bf16_master_store(StateUnit& u, int64_t b, int64_t n, const float* x, const OptimStep& o);
+
 // bf16 of x rounded stochastically: up in magnitude with probability
 // (dropped low 16 bits) / 2^16, r16 uniform in [0, 2^16). NaN as f32_to_bf16.
 uint16_t bf16_round_stochastic(float x, uint32_t r16);

@@ -17,6 +17,7 @@
 #include "cpu/ops.h"
 #include "model/weight_map.h"
 #include "optim/adamw.h"
+#include "optim/muon_unit.h"
 #include "state/host_state.h"
 
 namespace rt {
@@ -44,25 +45,31 @@ float* muon_scratch(int slot, int64_t n) {
   HostBuffer& b = thread_scratch()[slot];
   if (b.n < static_cast<size_t>(n)) {
     b = HostBuffer();  // the old one goes first: the peak is the new size
-    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O, a decoded matrix or a layer's decoded moments)");
+    b = HostBuffer(static_cast<size_t>(n), "the Muon update scratch (U, O, a decoded matrix or decoded moments)");
   }
   return b.p;
 }
 
-uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized) {
-  // per layer: its arena's numel and packed v (HostState's layout: tensors padded to 16 floats)
-  std::vector<int64_t> n(static_cast<size_t>(s.n_layers), 0), nv(n.size(), 0);
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized) {
+  // per unit (HostState's: embed, layers, head), the longest m and v range of
+  // the quantized update (optim/muon_unit.cpp): a matrix whole, other tensors in pieces
+  const int64_t L = s.n_layers;
+  std::vector<int64_t> rm(static_cast<size_t>(L + 2), 0), rv(rm.size(), 0);
   int64_t max_matrix = 0;
   for (const WeightEntry& e : weight_map(s)) {
+    const size_t u = e.kind == WeightKind::embed ? 0
+                     : e.layer >= 0              ? static_cast<size_t>(e.layer + 1)
+                                                 : static_cast<size_t>(L + 1);
     if (muon_matrix(e)) max_matrix = std::max(max_matrix, e.numel());
-    if (e.layer < 0) continue;
-    const int64_t padded = (e.numel() + 15) / 16 * 16;
-    n[static_cast<size_t>(e.layer)] += padded;
-    if (!muon_matrix(e)) nv[static_cast<size_t>(e.layer)] += padded;
+    const int64_t r = muon_matrix(e) ? e.numel() : std::min(e.numel(), kMuonPiece);
+    rm[u] = std::max(rm[u], r);
+    if (!muon_matrix(e)) rv[u] = std::max(rv[u], r);
   }
-  int64_t max_unit = 0;
-  for (size_t l = 0; l < n.size(); ++l) max_unit = std::max(max_unit, n[l] + nv[l]);
-  return (split ? 3 : 2) * scratch_buffer_bytes(max_matrix) + (quantized ? scratch_buffer_bytes(max_unit) : 0);
+  auto window = [](int64_t r) { return r ? (quant_blocks(r) + 1) * kQuantBlock : 0; };
+  int64_t max_window = 0;
+  for (size_t u = 0; u < rm.size(); ++u) max_window = std::max(max_window, window(rm[u]) + window(rv[u]));
+  return (decoded_master ? 3 : 2) * scratch_buffer_bytes(max_matrix) +
+         (quantized ? scratch_buffer_bytes(max_window) : 0);
 }
 
 double muon_scale(int64_t rows, int64_t cols) {

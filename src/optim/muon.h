@@ -1,7 +1,7 @@
 // Muon (Keller Jordan 2024, "Muon: an optimizer for hidden layers") for the
 // 2-D weight matrices of the decoder layers; AdamW (optim/adamw.h) for every
 // other tensor (embedding, LM head, norms, biases, routers), exactly as the
-// AdamW modes run it. --optimizer muon | muon8bit (docs/lean_state.md).
+// AdamW modes run it. --optimizer muon | muon8bit | muon4bit (docs/lean_state.md).
 //
 // Per matrix W [R, C] (R = rows = the HF tensor's shape[0]) with gradient g,
 // after global-norm clipping (grad_scale = the clip coefficient, as AdamW):
@@ -81,13 +81,14 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
 // kept at the largest size asked until the thread ends: the optimizer updates
 // one matrix after another, and fresh allocations cost page faults on every
 // call (~0.2 s for U and O of a 68M-element matrix). Slots: 0 U, 1 O (here),
-// 2 a split master's decoded matrix, 3 a layer unit's decoded muon8bit m and
-// v (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
+// 2 a split or bf16 master's decoded matrix, 3 the decoded muon8bit/muon4bit
+// m and v windows (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
 float* muon_scratch(int slot, int64_t n);
 // Bytes one thread's scratch holds after a Muon step of a model of spec s:
-// U and O of its largest matrix, + the decoded matrix (split master), + the
-// decoded m and v of its largest layer unit (8-bit moments).
-uint64_t muon_scratch_bytes(const ModelSpec& s, bool split, bool quantized);
+// U and O of its largest matrix, + the decoded matrix (decoded_master: a split
+// or bf16 master), + the m and v windows of the quantized update (quantized
+// moments: a matrix's m, or a piece's m and v, + a block either side).
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized);
 // Bytes the calling thread's scratch holds now.
 uint64_t muon_scratch_held();
 

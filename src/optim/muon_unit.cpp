@@ -2,95 +2,194 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "optim/adamw.h"
+#include "optim/adamw_lean.h"
 #include "optim/muon.h"
 
 namespace rt {
 
 namespace {
 
-// The tensors of u: Muon matrices with muon_update_matrix, others with adamw_update
-// (m in the unit layout, v packed: u.v_at). Split master: each Muon matrix
-// decoded into scratch slot 2, updated and encoded back (which writes the
-// shadow); the other tensors updated in place by adamw_update_split (adamw_update
-// bit for bit).
-void update_tensors(StateUnit& u, float* m, float* v, const float* grad, const OptimStep& o, float clip_coef,
-                    uint16_t* bf16_shadow) {
-  const double mu = muon_momentum(o);
-  for (size_t k = 0; k < u.entries.size(); ++k) {
-    const WeightEntry& e = u.entries[k];
-    const int64_t off = u.offsets[k], n = e.numel();
-    const double wd = weight_decay_for(e, o);
-    if (u.split()) {
-      if (muon_matrix(e)) {
-        float* w = muon_scratch(2, n);
-        u.read_master(off, n, w);
-        muon_update_matrix(w, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd, clip_coef,
-                           nullptr, o.orthogonalizer);
-        u.write_master(off, n, w);
-      } else {
-        adamw_update_split(u.split_master(u.cur_shadow).at(off), m + off, v + u.v_at(k), grad + off, n, o.hyper, o.t,
-                           o.lr, wd, clip_coef);
-      }
-      continue;
+// One piece of tensor k of u: a Muon matrix whole (c0 = 0, c = numel) with
+// muon_update_matrix, or elements [c0, c0 + c) of another tensor with
+// adamw_update. m: the piece's momentum / Adam m (unit element offsets[k] + c0),
+// v: its Adam v (nullptr for a matrix); grad: the unit's gradient.
+// fp32 master: in place. Split: a matrix decoded into scratch slot 2, updated
+// and encoded back (which writes the shadow); other pieces in place by
+// adamw_update_split (adamw_update bit for bit). bf16: decoded (a matrix into
+// slot 2, a piece into `buf`), updated as fp32 and stored back by
+// bf16_master_store (stochastic rounding or Kahan, as adamw_lean_update stores).
+void update_piece(StateUnit& u, size_t k, int64_t c0, int64_t c, float* m, float* v, const float* grad,
+                  const OptimStep& o, float clip_coef, uint16_t* bf16_shadow, std::vector<float>& buf) {
+  const WeightEntry& e = u.entries[k];
+  const int64_t at = u.offsets[k] + c0;
+  const double wd = weight_decay_for(e, o);
+  const float* g = grad + at;
+  if (muon_matrix(e)) {
+    RT_CHECK(c0 == 0 && c == e.numel(), "[muon] internal: a Muon matrix is updated whole");
+    const double mu = muon_momentum(o);
+    if (!u.shadow_master()) {
+      muon_update_matrix(u.master() + at, m, g, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd, clip_coef,
+                         bf16_shadow ? bf16_shadow + at : nullptr, o.orthogonalizer);
+      return;
     }
-    uint16_t* out = bf16_shadow ? bf16_shadow + off : nullptr;
-    if (muon_matrix(e))
-      muon_update_matrix(u.master() + off, m + off, grad + off, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd,
-                         clip_coef, out, o.orthogonalizer);
+    float* w = muon_scratch(2, c);
+    u.read_master(at, c, w);
+    muon_update_matrix(w, m, g, e.shape[0], e.shape[1], mu, o.muon.nesterov, o.lr, wd, clip_coef, nullptr,
+                       o.orthogonalizer);
+    if (u.split())
+      u.write_master(at, c, w);
     else
-      adamw_update(u.master() + off, m + off, v + u.v_at(k), grad + off, n, o.hyper, o.t, o.lr, wd, clip_coef, out);
+      bf16_master_store(u, at, c, w, o);
+    return;
   }
+  if (!u.shadow_master())
+    return adamw_update(u.master() + at, m, v, g, c, o.hyper, o.t, o.lr, wd, clip_coef,
+                        bf16_shadow ? bf16_shadow + at : nullptr);
+  if (u.split())
+    return adamw_update_split(u.split_master(u.cur_shadow).at(at), m, v, g, c, o.hyper, o.t, o.lr, wd, clip_coef);
+  buf.resize(static_cast<size_t>(c));
+  u.read_master(at, c, buf.data());
+  adamw_update(buf.data(), m, v, g, c, o.hyper, o.t, o.lr, wd, clip_coef);
+  bf16_master_store(u, at, c, buf.data(), o);
 }
 
 constexpr uint64_t kKeyMuonM = 0x6d756f6e6d000001ull, kKeyMuonV = 0x6d756f6e76000002ull;
 
+// One quantized moment of a unit (m: signed, numel elements; or the packed v)
+// decoded a window of whole blocks at a time into buf: blocks [b0, b1) are
+// decoded, buf[0] = element b0 * kQuantBlock. Ranges are asked in increasing
+// order; blocks before a range's first are final and encoded on the way
+// (a block shared with the previous range stays decoded), the rest by finish().
+// Each block is encoded once, from its final values, with the key of its index:
+// the same codes as decoding and encoding the whole moment at once.
+struct MomentWindow {
+  MomentStorage storage;
+  bool signed_code;
+  uint8_t* codes;
+  float* scales;
+  int64_t len;  // elements of the moment
+  QuantRounding rounding;
+  uint64_t key, salt;
+  float* buf;
+  int64_t b0 = 0, b1 = 0;
+
+  void encode(int64_t from, int64_t to) {  // blocks [from, to) of the window
+    parallel_for(to - from, 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t blk = from + i0; blk < from + i1; ++blk) {
+        const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, len - first);
+        const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
+        quant_block_encode(storage, signed_code, rounding, kb ^ salt, buf + (first - b0 * kQuantBlock), k, codes, first,
+                           scales + blk);
+      }
+    });
+  }
+  // Elements [lo, hi) decoded; returns element lo's place in buf.
+  float* at(int64_t lo, int64_t hi) {
+    const int64_t f = lo / kQuantBlock, l = quant_blocks(hi);
+    RT_CHECK(lo >= b0 * kQuantBlock && lo < hi && hi <= len, "[muon] internal: moment range [", lo, ", ", hi,
+             ") out of order");
+    if (f > b0) {  // blocks before f are final; a decoded block from f on moves to the front
+      const int64_t keep_from = std::min(f, b1);
+      encode(b0, keep_from);
+      if (b1 > keep_from)
+        std::memmove(buf, buf + (keep_from - b0) * kQuantBlock,
+                     static_cast<size_t>((b1 - keep_from) * kQuantBlock) * 4);
+      b0 = keep_from;
+      b1 = std::max(b1, keep_from);
+      if (b0 < f) {  // nothing decoded at f: start there
+        b0 = b1 = f;
+      }
+    }
+    if (l > b1) {
+      const int64_t first = b1 * kQuantBlock, n = std::min(l * kQuantBlock, len) - first;
+      quant_decode_range(first, n);
+      b1 = l;
+    }
+    return buf + (lo - b0 * kQuantBlock);
+  }
+  void quant_decode_range(int64_t first, int64_t n) {  // whole blocks from `first` (a block start)
+    parallel_for(quant_blocks(n), 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t j = i0; j < i1; ++j) {
+        const int64_t e = first + j * kQuantBlock, k = std::min(kQuantBlock, len - e);
+        quant_block_decode(storage, signed_code, codes, e, scales[e / kQuantBlock], k, buf + (e - b0 * kQuantBlock));
+      }
+    });
+  }
+  void finish() {
+    if (b1 > b0) encode(b0, b1);
+    // blocks never asked for (a moment's tail past its last tensor: none in HostState's layout) keep their codes
+    b0 = b1;
+  }
+};
+
+// Elements a window of one range may need: the range's blocks, one more for a
+// range that starts inside a block.
+int64_t window_floats(int64_t range) { return (quant_blocks(range) + 1) * kQuantBlock; }
+
+// The longest range of m and of v that the quantized update asks a window for (see muon_unit_update).
+void window_ranges(const StateUnit& u, int64_t piece, int64_t* rm, int64_t* rv) {
+  *rm = *rv = 0;
+  for (size_t k = 0; k < u.entries.size(); ++k) {
+    const int64_t n = u.entries[k].numel(), r = muon_matrix(u.entries[k]) ? n : std::min(n, piece);
+    *rm = std::max(*rm, r);
+    if (u.v_at(k) >= 0) *rv = std::max(*rv, r);
+  }
+}
+
 }  // namespace
 
-void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow) {
+void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow,
+                      int64_t piece) {
   RT_CHECK(u.muon, "[muon] unit ", u.name, " is not a Muon unit");
   RT_CHECK(grad, "[muon] null gradient for unit ", u.name);
-  RT_CHECK(u.master_kind == MasterStorage::fp32 || u.split(), "[muon] unit ", u.name, " holds a ",
-           master_storage_name(u.master_kind), " master; --optimizer muon needs --master fp32 (or split on the GPU)");
-  RT_CHECK(u.moments == MomentStorage::fp32 || u.moments == MomentStorage::q8, "[muon] unit ", u.name, " holds ",
-           moment_storage_name(u.moments), " moments; Muon keeps fp32 (muon) or 8-bit (muon8bit) ones");
-  // split master (the CUDA engine's default): updated in place, its one shadow written by the update
-  if (u.split())
-    RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name,
-             ": a split master is updated in place (one shadow, which the update writes)");
-  if (!u.quantized()) return update_tensors(u, u.m(), u.v(), grad, o, clip_coef, bf16_shadow);
-  // the decoded m and v: a layer's in the thread's scratch (slot 3, kept), the
-  // embedding's and head's (no Muon matrix; the largest units) in a buffer of their own
-  const int64_t n = u.numel, nv = u.v_len();
-  const bool layer = std::any_of(u.entries.begin(), u.entries.end(), [](const WeightEntry& e) { return e.layer >= 0; });
-  HostBuffer own;
-  if (!layer) own = HostBuffer(static_cast<size_t>(n + nv), cat("the decoded muon8bit moments of ", u.name));
-  float* m = layer ? muon_scratch(3, n + nv) : own.p;
-  float* v = m + n;
-  auto blocks = [&](int64_t len, const std::function<void(int64_t blk, int64_t first, int64_t k)>& f) {
-    parallel_for(quant_blocks(len), 64, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) f(blk, blk * kQuantBlock, std::min(kQuantBlock, len - blk * kQuantBlock));
-    });
-  };
-  quant_decode(u.moments, true, u.qm(), u.scale_m(), n, m);
-  quant_decode(u.moments, false, u.qv(), u.scale_v(), nv, v);
-  update_tensors(u, m, v, grad, o, clip_coef, bf16_shadow);
-  const uint64_t key = quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
-                                                                 quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));
-  blocks(n, [&](int64_t blk, int64_t first, int64_t k) {
-    const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
-    quant_block_encode(u.moments, true, o.moment_rounding, kb ^ kKeyMuonM, m + first, k, u.qm(), first,
-                       u.scale_m() + blk);
-  });
-  blocks(nv, [&](int64_t blk, int64_t first, int64_t k) {
-    const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
-    quant_block_encode(u.moments, false, o.moment_rounding, kb ^ kKeyMuonV, v + first, k, u.qv(), first,
-                       u.scale_v() + blk);
-  });
+  RT_CHECK(piece >= 1, "[muon] piece of ", piece, " elements");
+  // a shadow master (split: the CUDA engine's default; bf16-sr, bf16-kahan): updated in place, its one shadow
+  // written by the update
+  if (u.shadow_master())
+    RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name, ": a ",
+             master_storage_name(u.master_kind), " master is updated in place (one shadow, which the update writes)");
+  std::vector<float> buf;  // a bf16 master's decoded piece
+  if (!u.quantized()) {
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const int64_t n = u.entries[k].numel(), step = muon_matrix(u.entries[k]) ? n : piece;
+      for (int64_t c0 = 0; c0 < n; c0 += step) {
+        const int64_t c = std::min(step, n - c0);
+        update_piece(u, k, c0, c, u.m() + u.offsets[k] + c0, u.v_at(k) >= 0 ? u.v() + u.v_at(k) + c0 : nullptr, grad, o,
+                     clip_coef, bf16_shadow, buf);
+      }
+    }
+    return;
+  }
+  // Quantized: tensor by tensor (a Muon matrix whole, the others in pieces of
+  // `piece` elements), m and v decoded through windows of whole blocks in the
+  // thread's scratch (slot 3: [m window | v window]), each block encoded once
+  // when the update has passed it.
+  int64_t rm = 0, rv = 0;
+  window_ranges(u, piece, &rm, &rv);
+  float* scratch = muon_scratch(3, window_floats(rm) + (rv ? window_floats(rv) : 0));
+  const uint64_t key =
+      quant_mix64(o.rounding_seed ^ quant_mix64(static_cast<uint64_t>(o.t) ^
+                                                quant_mix64(static_cast<uint64_t>(u.index) + 0x6d756f6eull)));
+  MomentWindow wm{u.moments, true, u.qm(), u.scale_m(), u.numel, o.moment_rounding, key, kKeyMuonM, scratch};
+  MomentWindow wv{
+      u.moments, false, u.qv(), u.scale_v(), u.v_len(), o.moment_rounding, key, kKeyMuonV, scratch + window_floats(rm)};
+  for (size_t k = 0; k < u.entries.size(); ++k) {
+    const WeightEntry& e = u.entries[k];
+    const int64_t off = u.offsets[k], n = e.numel(), step = muon_matrix(e) ? n : piece;
+    for (int64_t c0 = 0; c0 < n; c0 += step) {
+      const int64_t c = std::min(step, n - c0), at = off + c0;
+      float* m = wm.at(at, at + c);
+      float* v = u.v_at(k) >= 0 ? wv.at(u.v_at(k) + c0, u.v_at(k) + c0 + c) : nullptr;
+      update_piece(u, k, c0, c, m, v, grad, o, clip_coef, bf16_shadow, buf);
+    }
+  }
+  wm.finish();
+  wv.finish();
 }
 
 }  // namespace rt

@@ -1,19 +1,28 @@
-// Muon over one HostState unit (--optimizer muon | muon8bit): Muon
+// Muon over one HostState unit (--optimizer muon | muon8bit | muon4bit): Muon
 // (optim/muon.h) for the unit's Muon matrices (muon_matrix), AdamW for its
 // other tensors. update_unit_range dispatches here when the unit's `muon` is set.
 // Storage (state/host_state.h): a matrix's momentum is its m; it has no v
 // (the unit's v is packed: the other tensors' only).
 //   fp32 moments (muon): each other tensor runs adamw_update exactly as the
 //     AdamW mode does (bit-identical), each matrix muon_update_matrix on its m.
-//   8-bit moments (muon8bit): the unit's m, v are decoded (fp32 copies, 4
-//     B per element of m and of v, transient), the tensors updated as above, and m,
-//     v re-encoded block by block with o.moment_rounding (stochastic: keyed by
-//     (o.rounding_seed, o.t, unit index, block), so independent of threads).
+//   8- or 4-bit moments (muon8bit, muon4bit: state/moment_quant.h's codes):
+//     tensor by tensor (a matrix whole, the others in pieces of kMuonPiece
+//     elements), the piece's m and v decoded to fp32 through windows of whole
+//     blocks in the thread's scratch (optim/muon.h muon_scratch_bytes), updated as above,
+//     and each block re-encoded once the update has passed it, with
+//     o.moment_rounding (stochastic: keyed by (o.rounding_seed, o.t, unit
+//     index, block), so independent of threads and of the piece size). The
+//     other tensors' Adam moments share the unit's code (adamw8bit's,
+//     adamw4bit's).
 // Muon updates whole matrices: the range is the whole unit, in place. The
 // master: fp32, or split (the CUDA engine's default, one shadow): each Muon
 // matrix decoded to fp32 (muon_scratch slot 2), updated as on fp32 storage
 // and encoded back (which writes the shadow); the other tensors through
-// adamw_update_split: bit-identical to fp32 storage.
+// adamw_update_split: bit-identical to fp32 storage. Or bf16 (--master bf16-sr
+// | bf16-kahan, one shadow): each tensor decoded to fp32 (a Muon matrix into
+// slot 2, the others in pieces), updated as on fp32 storage and stored with
+// the master's rounding (optim/adamw_lean.h bf16_master_store: the draws and
+// the Kahan step of adamw_lean_update).
 // NS5 runs where o.orthogonalizer says (optim/muon.h; nullptr: the CPU spec).
 #pragma once
 #include <cstdint>
@@ -22,8 +31,13 @@
 
 namespace rt {
 
+// Elements of a non-matrix tensor updated (and, quantized or bf16, decoded) at a time.
+inline constexpr int64_t kMuonPiece = int64_t(1) << 20;
+
 // u.muon must be set; grad[u.numel]; bf16_shadow (nullable) as update_unit's.
-void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow);
+// piece: kMuonPiece, or (tests) any other length >= 1: the same bits.
+void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float clip_coef, uint16_t* bf16_shadow,
+                      int64_t piece = kMuonPiece);
 
 // The momentum mu a step uses: o.muon.momentum, or AdamW's beta1 when that is < 0.
 inline double muon_momentum(const OptimStep& o) {

@@ -21,7 +21,7 @@ struct OptimStep {
   // quantized moments (optim/adamw_lean.h): how m, v are rounded back to their codes
   QuantRounding moment_rounding = QuantRounding::stochastic;
   uint64_t rounding_seed = 0;  // key of stochastic rounding (moments, bf16-sr master)
-  MuonHyper muon;              // units with muon set (--optimizer muon | muon8bit, optim/muon_unit.h)
+  MuonHyper muon;              // units with muon set (--optimizer muon | muon8bit | muon4bit, optim/muon_unit.h)
   // where Muon's NS5 runs (optim/muon.h); nullptr: on the CPU (the spec).
   // Set by the engine that owns it (the CUDA engine: its GPU one), not by the trainer.
   Orthogonalizer* orthogonalizer = nullptr;

@@ -21,9 +21,9 @@
 // Moments: fp32 m, v in the arena, or block-wise quantized (state/moment_quant.h,
 // --optimizer adamw8bit | adamw4bit): codes and scales in their own buffers
 // and the arena holds the fp32 master only (or nothing with a shadow master).
-// Update rule (--optimizer muon | muon8bit, optim/muon.h): Muon for the 2-D
-// matrices of the layers, AdamW for the rest. A Muon matrix's momentum lives
-// in its m (fp32, or the m8 codes of muon8bit); it has no v: a Muon unit's v
+// Update rule (--optimizer muon | muon8bit | muon4bit, optim/muon.h): Muon for
+// the 2-D matrices of the layers, AdamW for the rest. A Muon matrix's momentum
+// lives in its m (fp32, or the m8 / m4 codes of muon8bit / muon4bit); it has no v: a Muon unit's v
 // is packed, holding only its other tensors' (v_off, nv), so fp32 matrices
 // cost 4 (master) + 4 (momentum) B/param. The arena is then [master | m | v]
 // with m numel and v nv floats; quantized: v codes of nv elements, scales
@@ -68,7 +68,7 @@ uint64_t host_memory_available();  // MemAvailable from /proc/meminfo, bytes (0 
 enum class MasterStorage { fp32, split, bf16_sr, bf16_kahan };
 enum class UpdateRule { adamw, muon };
 const char* update_rule_name(UpdateRule r);  // "adamw", "muon"
-// The --optimizer value of a rule and moment storage: adamw, adamw8bit, adamw4bit, muon, muon8bit.
+// The --optimizer value of a rule and moment storage: adamw, adamw8bit, adamw4bit, muon, muon8bit, muon4bit.
 const char* optimizer_name(UpdateRule r, MomentStorage m);
 // Whether Muon updates e: the q, k, v, o, gate, up, down projections (dense,
 // MoE experts, a shared expert). Not the embedding, the LM head, norms,

@@ -51,7 +51,7 @@ TEST(TrainLeanOptions, BadValuesAndCombinationsAreRefusedNamingTheFlag) {
     const char* extra;
     const char* expect;
   };
-  for (const Case& c : {Case{"--optimizer muon4bit", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
+  for (const Case& c : {Case{"--optimizer muon2bit", "--optimizer"}, Case{"--optimizer adamw3bit", "--optimizer"},
                         Case{"--master bf16", "--master"}, Case{"--moment-rounding up", "--moment-rounding"},
                         Case{"--moment-rounding nearest",
                              "--moment-rounding applies to quantized moments only; add --optimizer adamw8bit"}}) {
@@ -93,7 +93,10 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
         Mode{"--optimizer adamw4bit --master bf16-kahan", rt::MasterStorage::bf16_kahan, rt::MomentStorage::q4},
         Mode{"--master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::fp32},
         Mode{"--optimizer muon", rt::MasterStorage::fp32, rt::MomentStorage::fp32, rt::UpdateRule::muon},
-        Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon}}) {
+        Mode{"--optimizer muon8bit", rt::MasterStorage::fp32, rt::MomentStorage::q8, rt::UpdateRule::muon},
+        Mode{"--optimizer muon4bit", rt::MasterStorage::fp32, rt::MomentStorage::q4, rt::UpdateRule::muon},
+        Mode{"--optimizer muon4bit --master bf16-sr", rt::MasterStorage::bf16_sr, rt::MomentStorage::q4,
+             rt::UpdateRule::muon}}) {
     SCOPED_TRACE(m.flags);
     auto r = run_ramtrain(f.train(std::string("m").append(std::to_string(i++)), m.flags));  // "m" + s: GCC 12's false -Wrestrict
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -120,7 +123,8 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     if (m.rule == rt::UpdateRule::muon) {  // the pinned bf16 staging of the GPU Newton-Schulz, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
       extra += 2.0 * static_cast<double>(mx) +
-               static_cast<double>(rt::muon_scratch_bytes(spec, false, m.moments != rt::MomentStorage::fp32));
+               static_cast<double>(rt::muon_scratch_bytes(spec, m.master != rt::MasterStorage::fp32,
+                                                          m.moments != rt::MomentStorage::fp32));
     }
     EXPECT_EQ(needed, static_cast<double>(state) + extra) << p.output;
   }

@@ -11,7 +11,7 @@
 #   muon      Muon's NS5 on the GPU vs the CPU spec, the engine with --optimizer muon vs the CPU backend
 #             (gpu_muon_gpu_test), and NS5 timings on Qwen2.5-7B's matrices (ramtrain_muon_bench)
 #   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory,
-#             --optimizer muon8bit)
+#             --optimizer muon8bit, --optimizer muon4bit --master bf16-sr)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
 #   memory    peak device memory flat in the layer count with host checkpoints + gradients (+ mem7b)
 #   mem7b     the 7B width at 4 and 8 layers under a 14 GiB device cap, and --low-memory at micro-batch 1, 2, 4
@@ -178,7 +178,7 @@ has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
 has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
 if has muon; then
   # the CLI on the GPU: tiny-byte, 60 steps, muon (grads auto: host) and muon8bit with --grads fold, against AdamW
-  for mode in "adamw" "muon" "muon8bit --grads fold"; do
+  for mode in "adamw" "muon" "muon8bit --grads fold" "muon4bit --grads fold --master bf16-sr"; do
     name=muon_cli_${mode%% *}
     run $name 200 "$bin/ramtrain" train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 60 \
       --device cuda --eval-every 0 --val-fraction 0.05 --lr 3e-3 --optimizer $mode --out $tmp/$name
@@ -189,9 +189,10 @@ if has resume; then
   # 12 steps saving at 6, then a second run resumed from step 6: steps 7..12 must match bit for bit.
   common=(train --preset tiny-byte --data "$data" --seq-len 256 --micro-batch 8 --steps 12 --device cuda
           --eval-every 0 --val-fraction 0.05 --keep-checkpoints 0)
-  for mode in default delayed lowmem muon8bit; do
+  for mode in default delayed lowmem muon8bit muon4bit; do
   extra=; [ $mode = delayed ] && extra=--delayed-update; [ $mode = lowmem ] && extra=--low-memory
   [ $mode = muon8bit ] && extra="--optimizer muon8bit"  # Muon on the GPU: host gradients, split master, 8-bit momentum
+  [ $mode = muon4bit ] && extra="--optimizer muon4bit --master bf16-sr"  # 4-bit momentum, bf16 master
   run resume_$mode 200 bash -c "
     set -e
     '$bin/ramtrain' ${common[*]} $extra --save-every 6 --out $tmp/a$mode --metrics $tmp/a$mode.jsonl

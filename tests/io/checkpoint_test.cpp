@@ -16,6 +16,8 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "io/checkpoint_unit.h"
+#include "optim/unit_update.h"
 #include "testutil.h"
 
 namespace {
@@ -403,16 +405,103 @@ TEST(Checkpoint, AnOverflowingNumberInAnyJsonFileIsAnErrorNamingIt) {
   EXPECT_LT(e4.size(), 600u) << e4.substr(0, 500);
 }
 
-// The free-space check's estimate bounds a real checkpoint from above (and the
-// checkpoint holds at least the 12 bytes a parameter it is made of).
-TEST(Checkpoint, TheSizeEstimateBoundsARealCheckpoint) {
+// The free-space check's estimate is the checkpoint's size, for every
+// optimizer and master: each unit file exactly (unit_file_bytes of the
+// data-free layouts), the whole directory within the small files' allowance.
+// A lean state's checkpoint holds what the state holds (a bf16 master as BF16,
+// codes and scales as they are): never more than the state's own bytes plus
+// the headers. The background (staged) write gives the same bytes as the
+// synchronous one, and a state loaded from the files writes them again byte
+// for byte (so a resume starts from exactly the saved state).
+TEST(Checkpoint, TheSizeEstimateIsTheWrittenSize) {
   rt::test::TempDir tmp;
   const rt::ModelSpec spec = tiny_spec();
-  rt::HostState a(spec, false);
-  const uint64_t bytes = rt::checkpoint_write(tmp.path(), a, meta_at(1), 0).bytes;
-  const uint64_t est = rt::checkpoint_bytes_estimate(spec);
-  EXPECT_GE(est, bytes);
-  EXPECT_GE(bytes, 12 * static_cast<uint64_t>(spec.params_total()));
+  int i = 0;
+  for (rt::UpdateRule rule : {rt::UpdateRule::adamw, rt::UpdateRule::muon})
+    for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8, rt::MomentStorage::q4})
+      for (rt::MasterStorage ma : {rt::MasterStorage::fp32, rt::MasterStorage::split, rt::MasterStorage::bf16_sr,
+                                   rt::MasterStorage::bf16_kahan}) {
+        const std::string what = std::string(rt::optimizer_name(rule, mo)) + " " + rt::master_storage_name(ma);
+        SCOPED_TRACE(what);
+        rt::HostState st(spec, false, mo, ma, rule);
+        st.init_random(7);
+        rt::OptimStep o;
+        o.t = 1;
+        o.lr = 1e-2;
+        for (rt::StateUnit& u : st.units()) {  // nonzero moments (and a Kahan compensation)
+          const std::vector<float> g = rt::test::random_vec(u.numel, 100 + static_cast<uint64_t>(u.index), -1.f, 1.f);
+          rt::update_unit(u, g.data(), o, 1.0f, u.shadow_master() ? u.shadow(u.cur_shadow) : nullptr);
+        }
+        const std::string a = tmp.file("a" + std::to_string(i)), b = tmp.file("b" + std::to_string(i));
+        const std::string c = tmp.file("c" + std::to_string(i++));
+        const rt::SaveReport r = rt::checkpoint_write(a, st, meta_at(1), 0);
+        const std::string dir = a + "/" + rt::checkpoint_dir_name(1);
+        const std::vector<rt::UnitSnap> layouts = rt::unit_snap_layouts(spec, ma, mo, rule);
+        ASSERT_EQ(layouts.size(), st.units().size());
+        uint64_t unit_bytes = 0;
+        for (const rt::UnitSnap& l : layouts) {
+          const std::string f = dir + "/state-" + l.name + ".safetensors";
+          EXPECT_EQ(rt::file_size(f), rt::unit_file_bytes(l)) << l.name;
+          unit_bytes += rt::file_size(f);
+          const std::string master = "\"master/" + l.entries[0].name + "\":{\"dtype\":\"";
+          EXPECT_TRUE(contains(rt::read_text_file(f), master + (rt::master_is_bf16(ma) ? "BF16" : "F32") + "\""))
+              << l.name;
+        }
+        const uint64_t est = rt::checkpoint_bytes_estimate(spec, mo, ma, rule);
+        EXPECT_GE(est, r.bytes);
+        EXPECT_LE(est, r.bytes + rt::kCheckpointSmallFilesBytes);
+        EXPECT_EQ(est, unit_bytes + rt::kCheckpointSmallFilesBytes);
+        // the data as held (headers: a few KiB a unit at this size)
+        EXPECT_LE(unit_bytes, st.bytes_total() + st.units().size() * (uint64_t(8) << 10));
+        // staged == live, and load -> write repeats every byte
+        rt::CheckpointWriter w(b, 0);
+        w.save(st, meta_at(1), true);
+        w.wait();
+        rt::HostState back(spec, false, mo, ma, rule);
+        rt::checkpoint_load_state(dir, back);
+        rt::checkpoint_write(c, back, meta_at(1), 0);
+        for (const rt::UnitSnap& l : layouts) {
+          const std::string f = "/" + rt::checkpoint_dir_name(1) + "/state-" + l.name + ".safetensors";
+          const std::string want = rt::read_text_file(a + f);
+          EXPECT_TRUE(rt::read_text_file(b + f) == want) << "staged " << l.name;
+          EXPECT_TRUE(rt::read_text_file(c + f) == want) << "reloaded " << l.name;
+        }
+      }
+  // the issue's case: a Qwen3-30B-A3B checkpoint in adamw4bit + bf16-sr is ~3.03 B/param, not fp32's 12
+  const rt::ModelSpec moe = rt::spec_preset("qwen3-30b-a3b");
+  const double p = static_cast<double>(moe.params_total());
+  const double lean =
+      static_cast<double>(rt::checkpoint_bytes_estimate(moe, rt::MomentStorage::q4, rt::MasterStorage::bf16_sr)) / p;
+  const double full = static_cast<double>(rt::checkpoint_bytes_estimate(moe)) / p;
+  std::printf("Qwen3-30B-A3B checkpoint: adamw4bit + bf16-sr %.3f B/param, adamw fp32 %.3f B/param\n", lean, full);
+  EXPECT_NEAR(lean, 2 + rt::moment_bytes_per_param(rt::MomentStorage::q4), 0.01);
+  EXPECT_NEAR(full, 12, 0.01);
+}
+
+// Checkpoints before the lean ones held a bf16 master as F32 (its bf16
+// values): such a file loads into a bf16 master exactly. Made here by writing
+// the bf16 state's master from an fp32-master state of the same values.
+TEST(Checkpoint, AnF32MasterFileLoadsIntoABf16MasterExactly) {
+  rt::test::TempDir tmp;
+  const rt::ModelSpec spec = tiny_spec();
+  for (rt::MasterStorage ms : {rt::MasterStorage::bf16_sr, rt::MasterStorage::bf16_kahan}) {
+    SCOPED_TRACE(rt::master_storage_name(ms));
+    rt::HostState b(spec, false, rt::MomentStorage::fp32, ms), f(spec, false);
+    b.init_random(3);
+    for (size_t i = 0; i < b.units().size(); ++i)
+      b.units()[i].read_master(0, b.units()[i].numel, f.units()[i].master());
+    const std::string out = tmp.file(rt::master_storage_name(ms));
+    rt::checkpoint_write(out, f, meta_at(1), 0);
+    const std::string dir = out + "/" + rt::checkpoint_dir_name(1);
+    EXPECT_TRUE(
+        contains(rt::read_text_file(dir + "/state-head.safetensors"), "\"master/lm_head.weight\":{\"dtype\":\"F32\""));
+    rt::HostState back(spec, false, rt::MomentStorage::fp32, ms);
+    rt::checkpoint_load_state(dir, back, false);
+    for (size_t i = 0; i < b.units().size(); ++i) {
+      const rt::StateUnit &u = b.units()[i], &v = back.units()[i];
+      EXPECT_EQ(std::memcmp(u.shadow(0), v.shadow(0), static_cast<size_t>(u.numel) * 2), 0) << u.name;
+    }
+  }
 }
 
 // A data-parallel GPU rank's checkpoint (CheckpointWriter::save_gathered):

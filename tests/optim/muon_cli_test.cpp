@@ -1,6 +1,7 @@
-// --optimizer muon | muon8bit through the binary (CPU backend): a run resumed
+// --optimizer muon | muon8bit | muon4bit through the binary (CPU backend): a run resumed
 // from a mid-run checkpoint ends with the uninterrupted run's state files byte
-// for byte (masters, Muon momentum, Adam moments); bad combinations refused
+// for byte (masters, Muon momentum, Adam moments; fp32, bf16-sr and bf16-kahan
+// masters); bad combinations refused
 // naming the flag, nothing written; the start line names Muon and its momentum.
 #include <gtest/gtest.h>
 
@@ -39,16 +40,24 @@ std::string state_file(const std::string& ckpt, const std::string& unit) {
 TEST(MuonCli, ResumeEqualsTheUninterruptedRunBitForBit) {
   Fixture f;
   const std::vector<std::string> units = {"embed", "layer.0", "layer.5", "head"};
-  for (const char* opt : {"muon", "muon8bit"}) {
-    SCOPED_TRACE(opt);
-    const std::string mode = std::string("--optimizer ") + opt + " --steps 6 --save-every 3";
-    auto r = run_ramtrain(f.train(std::string("a-") + opt, mode));
+  struct Mode {
+    const char* opt;
+    const char* master;
+  };
+  for (const Mode& m : {Mode{"muon", ""}, Mode{"muon8bit", ""}, Mode{"muon4bit", ""}, Mode{"muon4bit", "bf16-sr"},
+                        Mode{"muon", "bf16-kahan"}}) {
+    const std::string opt = m.opt, name = opt + (*m.master ? std::string("-") + m.master : "");
+    SCOPED_TRACE(name);
+    const std::string mode =
+        "--optimizer " + opt + " --steps 6 --save-every 3" + (*m.master ? std::string(" --master ") + m.master : "");
+    auto r = run_ramtrain(f.train("a-" + name, mode));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_TRUE(contains(r.output, std::string("optimizer ") + opt + ": Muon (momentum 0.9")) << r.output;
-    const std::string a = f.tmp.file(std::string("a-") + opt);
-    r = run_ramtrain("train --resume " + a + "/ckpt-00000003 --out " + f.tmp.file(std::string("b-") + opt));
+    EXPECT_TRUE(contains(r.output, "optimizer " + opt + ": Muon (momentum 0.9")) << r.output;
+    if (*m.master) EXPECT_TRUE(contains(r.output, std::string("(") + m.master + " master, " + opt)) << r.output;
+    const std::string a = f.tmp.file("a-" + name);
+    r = run_ramtrain("train --resume " + a + "/ckpt-00000003 --out " + f.tmp.file("b-" + name));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const std::string b = f.tmp.file(std::string("b-") + opt);
+    const std::string b = f.tmp.file("b-" + name);
     for (const std::string& u : units) {
       const std::string want = rt::read_text_file(state_file(a + "/ckpt-00000006", u));
       EXPECT_TRUE(rt::read_text_file(state_file(b + "/ckpt-00000006", u)) == want) << u << " differs";
@@ -67,10 +76,10 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   };
   for (const Case& c :
        {Case{"--optimizer muon --grads device", "--optimizer muon orthogonalises whole matrices"},
-        Case{"--optimizer muon8bit --master bf16-sr", "--optimizer muon8bit needs an exact master"},
-        Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit only"},
+        Case{"--muon-momentum 0.9", "--muon-momentum applies to --optimizer muon | muon8bit | muon4bit only"},
         Case{"--optimizer muon --muon-momentum 1.5", "--muon-momentum"},
-        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2", "--nproc-per-node or a launcher) shards AdamW state only"}}) {
+        Case{"--optimizer muon --nproc-per-node 2 --grad-accum 2",
+             "--nproc-per-node or a launcher) shards AdamW state only"}}) {
     SCOPED_TRACE(c.extra);
     auto r = run_ramtrain(f.train("bad", c.extra + " --steps 2"));
     EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -85,8 +94,9 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer adamw --steps 4 --out " +
                    f.tmp.file("mu2"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--optimizer adamw (the checkpoint ran with muon): Muon momentum and Adam moments do "
-                                 "not convert; resume with --optimizer muon or muon8bit"))
+  EXPECT_TRUE(contains(r.output,
+                       "--optimizer adamw (the checkpoint ran with muon): Muon momentum and Adam moments do "
+                       "not convert; resume with --optimizer muon, muon8bit or muon4bit"))
       << r.output;
   EXPECT_FALSE(contains(r.output, "allowed")) << r.output;  // refused before any "allowed" warning
   r = run_ramtrain("train --resume " + f.tmp.file("ad/ckpt-00000002") + " --optimizer muon8bit --steps 4 --out " +
@@ -101,10 +111,12 @@ TEST(MuonCli, BadCombinationsAreRefusedNamingTheFlag) {
   r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer muon8bit --steps 3 --out " +
                    f.tmp.file("mu3"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // and muon -> muon4bit
+  r = run_ramtrain("train --resume " + f.tmp.file("mu/ckpt-00000002") + " --optimizer muon4bit --steps 3 --out " +
+                   f.tmp.file("mu4"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "muon4bit moments")) << r.output;
   // plan refuses what train refuses
-  r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --master bf16-sr");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--optimizer muon needs an exact master")) << r.output;
   r = run_ramtrain("plan --preset tiny-byte --seq-len 16 --micro-batch 2 --optimizer muon --grads device");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--optimizer muon orthogonalises whole matrices")) << r.output;

@@ -4,13 +4,14 @@
 //     ill-conditioned inputs (singular values by Jacobi in double);
 //   - a full update of a tiny model's units vs the formulas in double, the
 //     non-matrix tensors bit-identical to --optimizer adamw;
-//   - muon8bit: its first step equals muon's, its momentum muon's to the m8
-//     code's resolution;
+//   - muon8bit, muon4bit: the first step equals muon's, the momentum muon's to
+//     the m8 (m4) code's resolution;
 //   - set_update_rule and whole-unit-only updates.
 #include "optim/muon.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -412,6 +413,196 @@ TEST(Muon, Muon8bitTracksMuon) {
   }
 }
 
+// muon4bit: as muon8bit, step 1 equals muon's bit for bit; the stored
+// momentum is muon's rounded stochastically to one of the two m4 levels that
+// bracket |m| / absmax (state/moment_quant.h: 8 magnitudes, 0 included, up to
+// 50% of the value apart at the top), so its error is at most the bracket's
+// width times the absmax (per element, from the code's table; + 2^-21 absmax
+// for the encoder's fp32 division). Step 2 is muon's step from the decoded
+// moments bit for bit (a muon state given them), and it stays within a
+// fraction of muon's own step 2, norm-wise per tensor: Muon matrices 0.35
+// (measured <= 0.22: the momentum's error enters U scaled by mu^2 next to
+// the fresh gradient), the other tensors 0.75 (adamw4bit's: v4's powers of two
+// put sqrt(v) up to sqrt(2) off; measured <= 0.51). A lost, doubled or
+// reversed update is >= 1.
+TEST(Muon, Muon4bitTracksMuon) {
+  rt::HostState a(spec(), false), c(spec(), false), q(spec(), false, rt::MomentStorage::q4);
+  for (rt::HostState* st : {&a, &c, &q}) {
+    st->init_random(4);
+    st->set_update_rule(rt::UpdateRule::muon);
+  }
+  EXPECT_STREQ(rt::optimizer_name(q.update_rule(), q.moment_storage()), "muon4bit");
+  const rt::QuantCode& code = rt::quant_code_m4();
+  ASSERT_TRUE(code.has_zero);
+  rt::OptimStep o;
+  o.lr = 0.02;
+  o.rounding_seed = 9;
+  for (int t = 1; t <= 2; ++t) {
+    o.t = t;
+    std::vector<std::vector<float>> before;  // muon's weights before this step
+    for (const rt::StateUnit& u : a.units()) before.emplace_back(u.master(), u.master() + u.numel);
+    for (size_t i = 0; i < a.units().size(); ++i) {
+      const std::vector<float> g = unit_grad(a.units()[i], t);
+      for (rt::HostState* st : {&a, &c, &q}) rt::update_unit(st->units()[i], g.data(), o, 1.0f, nullptr);
+    }
+    for (size_t i = 0; i < a.units().size(); ++i) {
+      const rt::StateUnit& ua = a.units()[i];
+      rt::StateUnit& uc = c.units()[i];
+      const rt::StateUnit& uq = q.units()[i];
+      SCOPED_TRACE(ua.name + " step " + std::to_string(t));
+      if (t == 1) {
+        EXPECT_TRUE(same_bits(ua.master(), uq.master(), ua.numel));
+        std::vector<float> m(static_cast<size_t>(uq.numel));
+        int64_t rounded = 0;  // elements strictly inside a bracket (so the bound is not vacuous)
+        for (int64_t b = 0; b < rt::quant_blocks(uq.numel); ++b) {
+          const int64_t first = b * rt::kQuantBlock, k = std::min(rt::kQuantBlock, uq.numel - first);
+          rt::quant_block_decode(uq.moments, true, uq.qm(), first, uq.scale_m()[b], k, m.data() + first);
+          float absmax = 0;
+          for (int64_t j = first; j < first + k; ++j) absmax = std::max(absmax, std::fabs(ua.m()[j]));
+          for (int64_t j = first; j < first + k; ++j) {
+            const float y = absmax > 0 ? std::fabs(ua.m()[j]) / absmax : 0.0f;
+            int lo = 0;
+            while (lo + 1 < code.n && code.level[lo + 1] <= y) ++lo;
+            const float width = lo + 1 < code.n ? code.level[lo + 1] - code.level[lo] : 0.0f;
+            rounded += width > 0 && y > code.level[lo];
+            ASSERT_LE(std::fabs(m[j] - ua.m()[j]), width * absmax + absmax * 0x1.0p-21f)
+                << "element " << j << " (|m| / absmax " << y << ")";
+          }
+        }
+        EXPECT_GT(rounded, uq.numel / 2);
+        // c continues from muon4bit's moments, decoded
+        rt::quant_decode(uq.moments, true, uq.qm(), uq.scale_m(), uq.numel, uc.m());
+        rt::quant_decode(uq.moments, false, uq.qv(), uq.scale_v(), uq.v_len(), uc.v());
+        continue;
+      }
+      EXPECT_TRUE(same_bits(uc.master(), uq.master(), ua.numel)) << "muon from the decoded moments";
+      EXPECT_FALSE(same_bits(ua.master(), uq.master(), ua.numel));
+      for (size_t k = 0; k < ua.entries.size(); ++k) {
+        const int64_t off = ua.offsets[k], n = ua.entries[k].numel();
+        double d2 = 0, s2 = 0;
+        for (int64_t j = off; j < off + n; ++j) {
+          const double d = static_cast<double>(uq.master()[j]) - ua.master()[j];
+          const double st = static_cast<double>(ua.master()[j]) - before[i][static_cast<size_t>(j)];
+          d2 += d * d;
+          s2 += st * st;
+        }
+        EXPECT_LE(std::sqrt(d2), (rt::muon_matrix(ua.entries[k]) ? 0.35 : 0.75) * std::sqrt(s2)) << ua.entries[k].name;
+      }
+    }
+  }
+}
+
+// Muon over a bf16 master (--master bf16-sr | bf16-kahan). Each step is
+// checked against an fp32 Muon state given the bf16 state's master (its bf16
+// values) and moments before the step, so the only difference left is how
+// the new fp32 weights x are stored: bf16-sr stores one of the two bf16
+// values around x (x itself when it is one), bf16-kahan exactly the Kahan step
+// of optim/adamw_lean.h (t = bf16(p + y), y = (x - p) - c, c' = bf16((t - p) - y)),
+// written out here. The moments equal the fp32 state's bit for bit. And the
+// non-matrix tensors equal an --optimizer adamw state's of the same master bit
+// for bit (bf16-sr: the same stochastic-rounding draws as adamw_lean_update).
+TEST(Muon, Bf16MastersStoreMuonsUpdateWithTheirRounding) {
+  for (rt::MasterStorage ms : {rt::MasterStorage::bf16_sr, rt::MasterStorage::bf16_kahan}) {
+    SCOPED_TRACE(rt::master_storage_name(ms));
+    rt::HostState q(spec(), false, rt::MomentStorage::fp32, ms, rt::UpdateRule::muon);
+    rt::HostState aw(spec(), false, rt::MomentStorage::fp32, ms);
+    rt::HostState c(spec(), false, rt::MomentStorage::fp32, rt::MasterStorage::fp32, rt::UpdateRule::muon);
+    q.init_random(5);
+    aw.init_random(5);
+    rt::OptimStep o;
+    o.lr = 0.02;
+    o.weight_decay = 0.1;
+    o.rounding_seed = 3;
+    int64_t inexact = 0;  // stored values that had to be rounded (so the checks are not vacuous)
+    for (int t = 1; t <= 3; ++t) {
+      o.t = t;
+      for (size_t i = 0; i < q.units().size(); ++i) {
+        rt::StateUnit& uq = q.units()[i];
+        rt::StateUnit& uc = c.units()[i];
+        ASSERT_EQ(uq.n_shadows, 1);
+        const std::vector<uint16_t> p(uq.shadow(0), uq.shadow(0) + uq.numel);
+        const std::vector<uint16_t> comp = ms == rt::MasterStorage::bf16_kahan
+                                               ? std::vector<uint16_t>(uq.comp(), uq.comp() + uq.numel)
+                                               : std::vector<uint16_t>();
+        uq.read_master(0, uq.numel, uc.master());  // the bf16 values
+        std::memcpy(uc.m(), uq.m(), static_cast<size_t>(uq.numel + uq.v_len()) * 4);
+        const std::vector<float> g = unit_grad(uq, t);
+        rt::update_unit(uq, g.data(), o, 0.9f, nullptr);
+        rt::update_unit(uc, g.data(), o, 0.9f, nullptr);
+        rt::update_unit(aw.units()[i], g.data(), o, 0.9f, nullptr);
+        SCOPED_TRACE(uq.name + " step " + std::to_string(t));
+        ASSERT_TRUE(same_bits(uq.m(), uc.m(), uq.numel + uq.v_len()));
+        for (int64_t j = 0; j < uq.numel; ++j) {
+          const float x = uc.master()[j];
+          const uint16_t got = uq.shadow(0)[j];
+          if (ms == rt::MasterStorage::bf16_sr) {
+            const uint16_t down = static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16);  // toward 0
+            const bool exact = rt::bf16_to_f32(down) == x;
+            inexact += !exact;
+            ASSERT_TRUE(got == down || (!exact && got == down + 1)) << "element " << j << ": " << x;
+          } else {
+            const float old = rt::bf16_to_f32(p[static_cast<size_t>(j)]);
+            const float y = (x - old) - rt::bf16_to_f32(comp[static_cast<size_t>(j)]);
+            const uint16_t want = rt::f32_to_bf16(old + y);
+            inexact += rt::bf16_to_f32(want) != old + y;
+            ASSERT_EQ(got, want) << "element " << j;
+            ASSERT_EQ(uq.comp()[j], rt::f32_to_bf16((rt::bf16_to_f32(want) - old) - y)) << "element " << j;
+          }
+        }
+        const rt::StateUnit& ua = aw.units()[i];
+        for (size_t k = 0; k < uq.entries.size(); ++k) {
+          if (rt::muon_matrix(uq.entries[k])) continue;
+          const int64_t off = uq.offsets[k], n = uq.entries[k].numel();
+          EXPECT_EQ(std::memcmp(uq.shadow(0) + off, ua.shadow(0) + off, static_cast<size_t>(n) * 2), 0)
+              << uq.entries[k].name;
+          EXPECT_TRUE(same_bits(uq.m() + off, ua.m() + off, n)) << uq.entries[k].name;
+          EXPECT_TRUE(same_bits(uq.v() + uq.v_at(k), ua.v() + ua.v_at(k), n)) << uq.entries[k].name;
+        }
+      }
+    }
+    EXPECT_GT(inexact, 1000);
+  }
+}
+
+// The quantized update decodes m and v through windows of whole blocks,
+// tensor by tensor (a matrix whole, other tensors in pieces) and encodes each
+// block once the update has passed it: any piece length gives the same bits
+// (masters, codes, scales), here 1, 7, 256 and 300 elements against the
+// default, which takes this model's tensors whole. 8- and 4-bit moments,
+// fp32, split and bf16 masters.
+TEST(Muon, QuantizedPiecesOfAnyLengthGiveTheSameBits) {
+  for (rt::MomentStorage mo : {rt::MomentStorage::q8, rt::MomentStorage::q4})
+    for (rt::MasterStorage ms : {rt::MasterStorage::fp32, rt::MasterStorage::split, rt::MasterStorage::bf16_kahan})
+      for (int64_t piece : {int64_t(1), int64_t(7), int64_t(256), int64_t(300)}) {
+        SCOPED_TRACE(std::string(rt::optimizer_name(rt::UpdateRule::muon, mo)) + " " + rt::master_storage_name(ms) +
+                     " piece " + std::to_string(piece));
+        rt::HostState a(spec(), false, mo, ms, rt::UpdateRule::muon), b(spec(), false, mo, ms, rt::UpdateRule::muon);
+        a.init_random(6);
+        b.init_random(6);
+        rt::OptimStep o;
+        o.lr = 0.02;
+        o.weight_decay = 0.1;
+        o.rounding_seed = 11;
+        for (int t = 1; t <= 2; ++t) {
+          o.t = t;
+          for (size_t i = 0; i < a.units().size(); ++i) {
+            rt::StateUnit &ua = a.units()[i], &ub = b.units()[i];
+            const std::vector<float> g = unit_grad(ua, t);
+            rt::muon_unit_update(ua, g.data(), o, 0.8f, nullptr);
+            rt::muon_unit_update(ub, g.data(), o, 0.8f, nullptr, piece);
+            std::vector<float> wa(static_cast<size_t>(ua.numel)), wb(wa.size());
+            ua.read_master(0, ua.numel, wa.data());
+            ub.read_master(0, ub.numel, wb.data());
+            ASSERT_TRUE(same_bits(wa.data(), wb.data(), ua.numel)) << ua.name;
+            ASSERT_EQ(std::memcmp(ua.qm(), ub.qm(), static_cast<size_t>(rt::quant_code_bytes(mo, ua.numel))), 0);
+            ASSERT_EQ(std::memcmp(ua.qv(), ub.qv(), static_cast<size_t>(rt::quant_code_bytes(mo, ua.v_len()))), 0);
+            ASSERT_TRUE(
+                same_bits(ua.scale_m(), ub.scale_m(), rt::quant_blocks(ua.numel) + rt::quant_blocks(ua.v_len())));
+          }
+        }
+      }
+}
+
 TEST(Muon, ChangingTheRuleZeroesOnlyTheMatricesState) {
   rt::HostState st(spec(), false);
   st.init_random(2);
@@ -474,10 +665,10 @@ TEST(Muon, ChangingTheRuleZeroesOnlyTheMatricesState) {
                          {"Muon orthogonalises whole matrices", u.name});
 }
 
-// planned_bytes knows the packed v: equal to what a Muon state holds, fp32
-// and 8-bit, with and without gradients.
+// planned_bytes knows the packed v: equal to what a Muon state holds, fp32,
+// 8-bit and 4-bit, with and without gradients.
 TEST(Muon, PlannedBytesEqualTheState) {
-  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8})
+  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8, rt::MomentStorage::q4})
     for (bool grads : {false, true}) {
       rt::HostState st(spec(), grads, mo);
       st.set_update_rule(rt::UpdateRule::muon);

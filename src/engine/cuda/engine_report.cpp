@@ -31,10 +31,11 @@ void print_engine_setup(const EngineSetup& e) {
       e.dm.mlp_chunked() ? cat("MLP in chunks of ", e.dm.mlp_rows(), " tokens").c_str() : "MLP unchunked",
       e.alloc.used() / double(1ull << 30), e.alloc.budget() / double(1ull << 30));
   if (e.muon) std::printf("%s\n", e.muon->describe().c_str());
-  const uint64_t host = e.st.bytes_total() + e.weights_pinned +
-                        (e.muon ? e.muon->pinned_bytes() + muon_scratch_bytes(e.st.spec(), e.st.units()[0].split(),
-                                                                              e.st.units()[0].quantized())
-                                : 0);
+  const uint64_t host =
+      e.st.bytes_total() + e.weights_pinned +
+      (e.muon ? e.muon->pinned_bytes() +
+                    muon_scratch_bytes(e.st.spec(), e.st.units()[0].shadow_master(), e.st.units()[0].quantized())
+              : 0);
   if (e.dp.on()) {
     const uint64_t hb = e.st.bytes_total() + e.dp.shard->state_bytes();
     std::printf(

@@ -106,10 +106,6 @@ class StreamEngine final : public Backend {
     RT_CHECK(opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split" || opt_.master == "bf16-sr" ||
                  opt_.master == "bf16-kahan",
              "[cuda] --master must be auto, fp32, split, bf16-sr or bf16-kahan, got '", opt_.master, "'");
-    // Muon updates whole matrices of an fp32 or split master (optim/muon_unit.h)
-    RT_CHECK(!opt_.muon || opt_.master == "auto" || opt_.master == "fp32" || opt_.master == "split",
-             "[cuda] --optimizer muon needs an exact master (--master fp32 or split, or auto), not --master ",
-             opt_.master);
     const MasterStorage master = opt_.master == "fp32"         ? MasterStorage::fp32
                                  : opt_.master == "bf16-sr"    ? MasterStorage::bf16_sr
                                  : opt_.master == "bf16-kahan" ? MasterStorage::bf16_kahan
