@@ -378,10 +378,11 @@ int cmd_plan(const Args& args) {
     fixes.push_back(f);
   }
   if (tiered && !tier.fits)
-    fixes.push_back("the state tier needs " + gib(static_cast<double>(tier.place.min_bytes)) +
-                    " of RAM even with the weights on the SSD (gradients and three units in flight): --max-host-memory " +
-                    fmt("%.0fG", static_cast<double>(tier.place.min_bytes) / GiB + 0.999) +
-                    " or more, on a host with that much usable");
+    fixes.push_back(
+        "the state tier needs " + gib(static_cast<double>(tier.place.min_bytes)) +
+        " of RAM even with the weights on the SSD (gradients and three units in flight): --max-host-memory " +
+        fmt("%.0fG", static_cast<double>(tier.place.min_bytes) / GiB + 0.999) +
+        " or more, on a host with that much usable");
   if (!host_fits && (!tiered || tier.fits)) {
     const double over = static_cast<double>(host_total - host_usable);
     fixes.push_back("host RAM: needs " + gib(static_cast<double>(host_total)) + " of ~" +
@@ -470,7 +471,8 @@ int cmd_plan(const Args& args) {
       j += ",\"tier\":{\"fits\":" + std::string(tier.fits ? "true" : "false") +
            ",\"budget_bytes\":" + std::to_string(tier_budget) + ",\"ram_bytes\":" + std::to_string(tier.place.ram()) +
            ",\"resident_bytes\":" + std::to_string(tier.place.resident) +
-           ",\"kept_bytes\":" + std::to_string(tier.place.kept) + ",\"slot_bytes\":" + std::to_string(tier.place.slots) +
+           ",\"kept_bytes\":" + std::to_string(tier.place.kept) +
+           ",\"slot_bytes\":" + std::to_string(tier.place.slots) +
            ",\"min_bytes\":" + std::to_string(tier.place.min_bytes) +
            ",\"ssd_bytes\":" + std::to_string(tier.place.file_bytes) +
            ",\"ssd_state_bytes\":" + std::to_string(tier.state_file) +
@@ -555,9 +557,8 @@ int cmd_plan(const Args& args) {
                 tiered ? " with the state tier (the master, moments, shadows and gradients below are split between RAM "
                          "and the SSD)"
                        : "",
-                gib(static_cast<double>(host_total)).c_str(),
-                static_cast<double>(host_total) / params, gib(static_cast<double>(host_usable)).c_str(),
-                host_fits ? "" : ": DOES NOT FIT");
+                gib(static_cast<double>(host_total)).c_str(), static_cast<double>(host_total) / params,
+                gib(static_cast<double>(host_usable)).c_str(), host_fits ? "" : ": DOES NOT FIT");
     for (const HostItem& h : host)
       if (h.bytes)
         std::printf("  %-62s %10s %7.3f B/param\n", h.what.c_str(), gib(static_cast<double>(h.bytes)).c_str(),
@@ -569,12 +570,15 @@ int cmd_plan(const Args& args) {
           gib(static_cast<double>(tier_budget)).c_str(), p.number("ssd-gbs"),
           gib(static_cast<double>(tier.place.ram())).c_str(),
           tier.weights_paged ? "gradients" : "bf16 weights and gradients",
-          gib(static_cast<double>(tier.place.resident)).c_str(),
-          gib(static_cast<double>(tier.place.kept)).c_str(), gib(static_cast<double>(tier.place.slots)).c_str(),
-          tier.fits ? "" : cat(": DOES NOT FIT (the minimum is ", gib(static_cast<double>(tier.place.min_bytes)), ")").c_str());
+          gib(static_cast<double>(tier.place.resident)).c_str(), gib(static_cast<double>(tier.place.kept)).c_str(),
+          gib(static_cast<double>(tier.place.slots)).c_str(),
+          tier.fits
+              ? ""
+              : cat(": DOES NOT FIT (the minimum is ", gib(static_cast<double>(tier.place.min_bytes)), ")").c_str());
       std::printf("  SSD %s: the optimizer state of %d of %zu units %s%s%s\n",
-                  gib(static_cast<double>(tier.place.file_bytes)).c_str(), tier.place.n_paged(), tier.place.paged.size(),
-                  gib(static_cast<double>(tier.state_file)).c_str(), tier.weights_paged ? ", and their bf16 weights " : "",
+                  gib(static_cast<double>(tier.place.file_bytes)).c_str(), tier.place.n_paged(),
+                  tier.place.paged.size(), gib(static_cast<double>(tier.state_file)).c_str(),
+                  tier.weights_paged ? ", and their bf16 weights " : "",
                   tier.weights_paged ? gib(static_cast<double>(tier.weights_file)).c_str() : "");
       std::printf(
           "  SSD traffic per step: %.1f GB read + %.1f GB written = %.2f s at %.1f GB/s, %s the %.2f s step: "

@@ -22,11 +22,10 @@ const std::set<std::string> kDefining = {"seq-len", "micro-batch", "grad-accum",
 const std::set<std::string> kNotCompared = {"resume", "config",  "data",    "preset",
                                             "model",  "init",    "out",     "threads", "overwrite"};
 // Options that change nothing numerically when overridden.
-const std::set<std::string> kHarmless = {"eval-every",       "eval-batches",    "log-every",     "save-every",
-                                         "keep-checkpoints", "metrics",         "export-dtype",  "sample-prompt",
-                                         "sample-tokens",    "trace",           "max-bad-steps", "slots",
-                                         "max-gpu-memory",   "keep-activations", "keep-attention",
-                                         "state-dir",        "max-host-memory"};
+const std::set<std::string> kHarmless = {
+    "eval-every",     "eval-batches",     "log-every",      "save-every", "keep-checkpoints", "metrics",
+    "export-dtype",   "sample-prompt",    "sample-tokens",  "trace",      "max-bad-steps",    "slots",
+    "max-gpu-memory", "keep-activations", "keep-attention", "state-dir",  "max-host-memory"};
 
 bool same_value(const std::string& a, const std::string& b) {
   if (a == b) return true;

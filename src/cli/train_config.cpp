@@ -331,8 +331,9 @@ TrainConfig train_config_read(const ArgParser& p) {
   if (p.has("state-dir")) c.state_dir = p.str("state-dir");
   if (p.has("max-host-memory")) {
     if (c.state_dir.empty())
-      fail("[train] --max-host-memory bounds the state the tier keeps in RAM: give --state-dir PATH (a directory on "
-           "a local SSD) with it, or drop --max-host-memory");
+      fail(
+          "[train] --max-host-memory bounds the state the tier keeps in RAM: give --state-dir PATH (a directory on "
+          "a local SSD) with it, or drop --max-host-memory");
     c.max_host_memory = p.size_bytes("max-host-memory");
   }
   c.slots = static_cast<int>(p.integer("slots"));

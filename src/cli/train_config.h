@@ -57,8 +57,8 @@ struct TrainConfig {
   // GPU memory
   Device device = Device::auto_select;
   uint64_t max_gpu_memory = 0;  // 0: what is free
-  std::string state_dir;          // --state-dir: the optimizer state's file tier ("" all in RAM)
-  uint64_t max_host_memory = 0;   // --max-host-memory (0: page every unit)
+  std::string state_dir;        // --state-dir: the optimizer state's file tier ("" all in RAM)
+  uint64_t max_host_memory = 0;  // --max-host-memory (0: page every unit)
   int slots = 3;
   bool slots_given = false;
   int64_t keep_activations = -1;  // -1: auto

@@ -56,8 +56,8 @@ DirectFile::DirectFile(const std::string& path, uint64_t bytes, const std::strin
     if (::ftruncate(fd_, 0) != 0) {  // nothing more to undo
     }
     fail(where, " ", flag, ": cannot reserve ", gib(bytes), " for ", path, " (",
-         free_b == UINT64_MAX ? std::string("free space unknown") : cat(gib(free_b), " free"), "): ",
-         std::strerror(e), "; free space there, give a larger disk, or raise --max-host-memory so fewer units page");
+         free_b == UINT64_MAX ? std::string("free space unknown") : cat(gib(free_b), " free"), "): ", std::strerror(e),
+         "; free space there, give a larger disk, or raise --max-host-memory so fewer units page");
   }
 }
 
@@ -83,8 +83,7 @@ DirectFile& DirectFile::operator=(DirectFile&& o) noexcept {
 
 void DirectFile::check(uint64_t off, const void* buf, uint64_t len) const {
   RT_CHECK(fd_ >= 0, "[io] ", path_, ": not open");
-  RT_CHECK(off % kDirectAlign == 0 && len % kDirectAlign == 0 &&
-               reinterpret_cast<uintptr_t>(buf) % kDirectAlign == 0,
+  RT_CHECK(off % kDirectAlign == 0 && len % kDirectAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kDirectAlign == 0,
            "[io] internal: a request to ", path_, " not aligned to ", kDirectAlign, " bytes");
 }
 
@@ -92,13 +91,13 @@ void DirectFile::read(uint64_t off, void* buf, uint64_t len) const {
   check(off, buf, len);
   char* p = static_cast<char*>(buf);
   for (uint64_t done = 0; done < len;) {
-    const ssize_t r = ::pread(fd_, p + done, static_cast<size_t>(std::min(kChunk, len - done)),
-                              static_cast<off_t>(off + done));
+    const ssize_t r =
+        ::pread(fd_, p + done, static_cast<size_t>(std::min(kChunk, len - done)), static_cast<off_t>(off + done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0)
-      fail(where_, " ", flag_, ": reading ", len, " bytes at ", off, " of ", path_, " failed: ",
-           r < 0 ? std::strerror(errno) : "unexpected end of file", " (the state file is damaged or was truncated; ",
-           "resume from the last checkpoint)");
+      fail(where_, " ", flag_, ": reading ", len, " bytes at ", off, " of ", path_,
+           " failed: ", r < 0 ? std::strerror(errno) : "unexpected end of file",
+           " (the state file is damaged or was truncated; ", "resume from the last checkpoint)");
     done += static_cast<uint64_t>(r);
   }
 }
@@ -113,13 +112,14 @@ void DirectFile::write(uint64_t off, const void* buf, uint64_t len) const {
   const bool inject = fail_after && before + len > fail_after;
   for (uint64_t done = 0; done < len;) {
     errno = inject ? ENOSPC : 0;
-    const ssize_t r = inject ? -1 : ::pwrite(fd_, p + done, static_cast<size_t>(std::min(kChunk, len - done)),
-                               static_cast<off_t>(off + done));
+    const ssize_t r = inject ? -1
+                             : ::pwrite(fd_, p + done, static_cast<size_t>(std::min(kChunk, len - done)),
+                                        static_cast<off_t>(off + done));
     const int e = errno;
     if (r < 0 && e == EINTR) continue;
     if (r <= 0)
-      fail(where_, " ", flag_, ": writing ", len, " bytes at ", off, " of ", path_, " failed: ",
-           r < 0 ? std::strerror(e) : "no progress", e == ENOSPC ? " (the disk under it is full)" : "",
+      fail(where_, " ", flag_, ": writing ", len, " bytes at ", off, " of ", path_,
+           " failed: ", r < 0 ? std::strerror(e) : "no progress", e == ENOSPC ? " (the disk under it is full)" : "",
            inject ? " (injected by RAMTRAIN_INJECT_STATE_WRITE_FAIL_AFTER_BYTES, a test hook)" : "",
            "; the run stops here, its checkpoints are untouched: resume from the last one");
     done += static_cast<uint64_t>(r);

@@ -17,10 +17,10 @@
 namespace rt {
 
 struct RunTierPlan {
-  TierPlan place;              // per unit: paged or kept; RAM and file bytes
-  bool weights_paged = false;  // the bf16 weights have a home on the SSD too
-  uint64_t state_file = 0;     // the file's optimizer-state bytes
-  uint64_t weights_file = 0;   // the file's weight bytes (weights_paged)
+  TierPlan place;                            // per unit: paged or kept; RAM and file bytes
+  bool weights_paged = false;                // the bf16 weights have a home on the SSD too
+  uint64_t state_file = 0;                   // the file's optimizer-state bytes
+  uint64_t weights_file = 0;                 // the file's weight bytes (weights_paged)
   uint64_t read_bytes = 0, write_bytes = 0;  // SSD traffic per step
   double ssd_s = 0;                          // traffic / ssd_gbs
   bool fits = true;                          // the budget holds the minimum (with weights paged if need be)

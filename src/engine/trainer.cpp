@@ -433,10 +433,11 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
   std::printf("trained %lld tokens in %.1f s\n", (long long)tokens_seen, seconds_since(t_start));
   if (tier_) {
     const StateTier::Stats ts = tier_->stats();
-    std::printf("state tier: %.2f GB read, %.2f GB written; the optimizer waited %.2f s for reads; at most %.1f MiB "
-                "of paged state in RAM at once\n",
-                static_cast<double>(ts.read_bytes) / 1e9, static_cast<double>(ts.written_bytes) / 1e9, ts.wait_s,
-                static_cast<double>(ts.paged_in_peak) / (1 << 20));
+    std::printf(
+        "state tier: %.2f GB read, %.2f GB written; the optimizer waited %.2f s for reads; at most %.1f MiB "
+        "of paged state in RAM at once\n",
+        static_cast<double>(ts.read_bytes) / 1e9, static_cast<double>(ts.written_bytes) / 1e9, ts.wait_s,
+        static_cast<double>(ts.paged_in_peak) / (1 << 20));
   }
   if (!opt_.out_dir.empty() && opt_.export_final) {
     const std::string dir = opt_.out_dir + "/final";

@@ -215,11 +215,11 @@ const std::map<std::string, ModelSpec>& presets() {
 
 std::vector<std::string> preset_names() {
   // Documented order: the demo model first, then by family and size.
-  return {"tiny-byte",   "llama-3.1-8b", "llama-3.1-70b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",   "qwen2.5-14b",
-          "qwen2.5-32b", "qwen2.5-72b",  "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b", "olmoe-1b-7b",
-          "olmo-2-1b",   "olmo-2-7b",    "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",   "gemma-2-2b",
-          "gemma-2-9b",  "gemma-3-1b",   "gemma-3-4b",     "gemma-3-12b",    "phi-3-mini",   "phi-3.5-mini",
-          "phi-4",       "phi-4-mini"};
+  return {"tiny-byte",    "llama-3.1-8b", "llama-3.1-70b", "mistral-7b",     "qwen2.5-0.5b",   "qwen2.5-7b",
+          "qwen2.5-14b",  "qwen2.5-32b",  "qwen2.5-72b",   "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b",
+          "olmoe-1b-7b",  "olmo-2-1b",    "olmo-2-7b",     "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",
+          "gemma-2-2b",   "gemma-2-9b",   "gemma-3-1b",    "gemma-3-4b",     "gemma-3-12b",    "phi-3-mini",
+          "phi-3.5-mini", "phi-4",        "phi-4-mini"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

@@ -219,7 +219,8 @@ float* StateUnit::m() const {
            " holds weights only (a data-parallel rank's: its moments are in the rank's shards)");
   RT_CHECK(!quantized(), "[host] unit ", name, " holds ", moment_storage_name(moments),
            " (quantized) moments: no fp32 m, v to point into");
-  RT_CHECK(!paged_out, "[host] unit ", name, ": its optimizer state is in the state tier's file (--state-dir), not "
+  RT_CHECK(!paged_out, "[host] unit ", name,
+           ": its optimizer state is in the state tier's file (--state-dir), not "
            "in RAM: page it in first (StateTier)");
   if (moments_apart) return mv_buf.p;
   return arena.p + (shadow_master() ? 0 : numel);
@@ -232,7 +233,8 @@ void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
     return;
   }
   if (split()) {
-    RT_CHECK(!paged_out, "[host] unit ", name, ": its master remainder is in the state tier's file (--state-dir); "
+    RT_CHECK(!paged_out, "[host] unit ", name,
+             ": its master remainder is in the state tier's file (--state-dir); "
              "page it in first (StateTier)");
     return split_master_decode(split_master(cur_shadow).at(b), n, out);
   }

@@ -104,7 +104,7 @@ class StateTier {
 
  private:
   struct Buf {
-    HostBuffer StateUnit::* member;
+    HostBuffer StateUnit::*member;
     size_t floats;
     uint64_t off, len;  // in the file
   };

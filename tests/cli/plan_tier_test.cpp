@@ -89,9 +89,10 @@ TEST(PlanTier, PrintedLayoutIsWhatTheEngineAllocates) {
 TEST(PlanTier, SeventyBOnA4090With128GBFitsWithTheTier) {
   for (const char* preset : {"llama-3.1-70b", "qwen2.5-72b"}) {
     SCOPED_TRACE(preset);
-    const std::string base = rt::cat("plan --preset ", preset,
-                                     " --gpu rtx4090 --host-ram 128G --optimizer adamw4bit --master bf16-sr --grads fold "
-                                     "--micro-batch 2 --grad-accum 16 --layer-major on --seq-len 2048");
+    const std::string base =
+        rt::cat("plan --preset ", preset,
+                " --gpu rtx4090 --host-ram 128G --optimizer adamw4bit --master bf16-sr --grads fold "
+                "--micro-batch 2 --grad-accum 16 --layer-major on --seq-len 2048");
     auto ram_only = run_ramtrain(base + " --json");
     EXPECT_EQ(ram_only.exit_code, 1) << ram_only.output;  // refused: the host RAM does not hold it
     auto r = run_ramtrain(base + " --state-dir /nonexistent/ssd --ssd-gbs 7 --json");

@@ -36,13 +36,37 @@ struct Fixture {
     rt::test::write_bytes(tmp.file("data.txt"), rt::test::random_words(16000, 1));
   }
   std::vector<std::string> args(const std::string& out, const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> a = {"train",         "--model",  tmp.file("model"), "--init",        "random",
-                                  "--data",        tmp.file("data.txt"), "--seq-len",     "16",
-                                  "--micro-batch", "2",        "--grad-accum",    "2",             "--steps",
-                                  std::to_string(kSteps),      "--lr",            "3e-3",          "--eval-every",
-                                  "10",            "--eval-batches",     "2",             "--save-every",
-                                  "5",             "--threads",          "2",             "--device",
-                                  "cpu",           "--out",    out,               "--metrics",     out + "/metrics.jsonl"};
+    std::vector<std::string> a = {"train",
+                                  "--model",
+                                  tmp.file("model"),
+                                  "--init",
+                                  "random",
+                                  "--data",
+                                  tmp.file("data.txt"),
+                                  "--seq-len",
+                                  "16",
+                                  "--micro-batch",
+                                  "2",
+                                  "--grad-accum",
+                                  "2",
+                                  "--steps",
+                                  std::to_string(kSteps),
+                                  "--lr",
+                                  "3e-3",
+                                  "--eval-every",
+                                  "10",
+                                  "--eval-batches",
+                                  "2",
+                                  "--save-every",
+                                  "5",
+                                  "--threads",
+                                  "2",
+                                  "--device",
+                                  "cpu",
+                                  "--out",
+                                  out,
+                                  "--metrics",
+                                  out + "/metrics.jsonl"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }

@@ -170,8 +170,8 @@ TEST(StateTier, BitIdenticalToAllInRam) {
       EXPECT_EQ(tier.losses, ram.losses);
       EXPECT_TRUE(tier.state == ram.state) << "the final state differs from the all-in-RAM run's";
       // the tiered run's checkpoint is the all-in-RAM run's
-      rt::HostState a(small_byte_spec(), true, m.moments, m.master, m.rule), b(small_byte_spec(), true, m.moments,
-                                                                                  m.master, m.rule);
+      rt::HostState a(small_byte_spec(), true, m.moments, m.master, m.rule),
+          b(small_byte_spec(), true, m.moments, m.master, m.rule);
       rt::checkpoint_load_state(ram.ckpt, a);
       rt::checkpoint_load_state(tier.ckpt, b);
       EXPECT_TRUE(state_bytes(a) == state_bytes(b)) << "checkpoints differ";
@@ -210,14 +210,20 @@ TEST(StateTier, ClearErrors) {
   const std::vector<uint8_t> before = state_bytes(st);
   const rt::TierPlan p = rt::tier_place(rt::tier_unit_bytes(st), 0);
   // a missing directory, a file instead of one
-  rt::test::expect_error([&] { rt::StateTier t(st, {tmp.file("nope"), 0}); }, {"--state-dir", tmp.file("nope"),
-                                                                                "no such directory", "mkdir"});
+  rt::test::expect_error(
+      [&] {
+        rt::StateTier t(st, {tmp.file("nope"), 0});
+      },
+      {"--state-dir", tmp.file("nope"), "no such directory", "mkdir"});
   rt::test::write_bytes(tmp.file("f"), "x");
   rt::test::expect_error([&] { rt::StateTier t(st, {tmp.file("f"), 0}); }, {"--state-dir", "not a directory"});
   // too small a budget names the minimum in the flag's unit (M, rounded up)
-  rt::test::expect_error([&] { rt::StateTier t(st, {tmp.path(), p.min_bytes - 1}); },
-                         {"--max-host-memory", "three units in flight",
-                          std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more"});
+  rt::test::expect_error(
+      [&] {
+        rt::StateTier t(st, {tmp.path(), p.min_bytes - 1});
+      },
+      {"--max-host-memory", "three units in flight",
+       std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more"});
   // nothing moved by the refusals
   EXPECT_EQ(st.tier(), nullptr);
   EXPECT_TRUE(state_bytes(st) == before);
