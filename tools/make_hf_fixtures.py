@@ -4,6 +4,7 @@
 Run (from the repository root, CPU only, no network):
     python3 tools/make_hf_fixtures.py --out tests/fixtures
     python3 tools/make_hf_fixtures.py --only olmo2_postnorm   # one model fixture, nothing else
+    python3 tools/make_hf_fixtures.py --only gemma3_multimodal
 Needs torch + transformers 5.x + safetensors (`pip install torch transformers safetensors`).
 Deterministic: fixed seeds, torch.use_deterministic_algorithms(True), one CPU thread, fp32
 defaults, safetensors written with a fixed metadata dict, JSON with sort_keys and Python's
@@ -38,6 +39,15 @@ What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
                             -log softmax(logits[b, t])[tokens[b, t+1]]
                      (HF labels=input_ids, shifted inside; causal attention, no padding).
   The model forward uses eager attention, no attention mask (full causal), positions 0..T-1.
+
+<out>/hf/gemma3_multimodal/
+  The gemma3_local_rope text model inside a Gemma3ForConditionalGeneration with a one-layer
+  SigLIP vision tower and projector (mm_fixture_write): config.json and model.safetensors as
+  save_pretrained wrote them (transformers 5.25 writes the 4.x names: language_model.model.*,
+  vision_tower.*, multi_modal_projector.*), tokens.txt, reference.safetensors and
+  reference.json as above for input_ids alone (no pixel values); the gradients are the
+  language model's, named as in the text model ("grad.model.layers.0..."), and
+  reference.json adds "carried_parameters" (the vision and projector parameters).
 
 <out>/hf/configs/<variant>/config.json
   The llama_gqa_rope3 config rewritten by hand in the transformers 4.x dialect, no weights:

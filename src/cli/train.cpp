@@ -79,11 +79,13 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
     if (c.preset.empty()) *tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
   } else {
     LoadedModel m = load_model_dir(c.model, false, moments, master, c.update_rule);
-    if (m.multimodal)
-      std::printf("model: %s is %s: training its language model; carrying %lld other tensors (%.1f MiB: the vision "
+    if (m.multimodal) {
+      const bool mib = m.carried_bytes >= (1u << 20);
+      std::printf("model: %s is %s: training its language model; carrying %lld other tensors (%.1f %s: the vision "
                   "tower and projector) into exports untouched\n",
                   c.model.c_str(), kGemma3Multimodal, (long long)m.carried_tensors,
-                  static_cast<double>(m.carried_bytes) / (1 << 20));
+                  static_cast<double>(m.carried_bytes) / (mib ? 1 << 20 : 1 << 10), mib ? "MiB" : "KiB");
+    }
     state = std::move(m.state);
     *tokenizer = m.tokenizer;
   }
