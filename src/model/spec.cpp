@@ -291,6 +291,8 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
 
 ModelSpec spec_parse(const json& j, const std::string& source) {
   if (!j.is_object()) fail("[config] ", source, ": expected a JSON object at the top level, found ", type_word(j));
+  if (config_is_multimodal(j))  // its language model: model/spec_multimodal.h
+    return spec_parse(multimodal_text_config(j, source), source + " text_config");
   Fields f{j, source, ""};
   ModelSpec s;
 
@@ -303,8 +305,6 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     std::string arch = a.at(0).get<std::string>();
     for (const auto& fi : kFamilies)
       if (arch == fi.architecture) fam = &fi;
-    if (config_is_multimodal(j))  // its language model: model/spec_multimodal.h
-      return spec_parse(multimodal_text_config(j, source), source + " text_config");
     if (!fam)
       fail("[config] ", source, ": architecture ", arch, " is not supported; supported: ", supported_architectures());
   } else if (f.has("model_type")) {

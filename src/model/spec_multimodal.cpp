@@ -8,9 +8,12 @@ namespace rt {
 using json = nlohmann::json;
 
 bool config_is_multimodal(const json& j) {
-  if (!j.is_object() || !j.contains("architectures")) return false;
-  const json& a = j.at("architectures");
-  return a.is_array() && !a.empty() && a.at(0).is_string() && a.at(0).get<std::string>() == kGemma3Multimodal;
+  if (!j.is_object()) return false;
+  const json* a = j.contains("architectures") ? &j.at("architectures") : nullptr;
+  if (a && !a->is_null() && !(a->is_array() && a->empty()))
+    return a->is_array() && a->at(0).is_string() && a->at(0).get<std::string>() == kGemma3Multimodal;
+  // no architectures: Gemma3Config's model_type (a text model's is gemma3_text)
+  return j.contains("model_type") && j.at("model_type") == "gemma3";
 }
 
 bool config_file_is_multimodal(const std::string& path) {

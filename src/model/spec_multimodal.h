@@ -20,7 +20,8 @@ namespace rt {
 
 inline constexpr const char* kGemma3Multimodal = "Gemma3ForConditionalGeneration";
 
-// Whether a config.json object's architectures[0] is Gemma3ForConditionalGeneration.
+// Whether a config.json object's architectures[0] is Gemma3ForConditionalGeneration
+// (without architectures: whether its model_type is gemma3).
 bool config_is_multimodal(const nlohmann::json& j);
 // DIR/config.json (or the file itself) is a multimodal config; false when absent or unreadable.
 bool config_file_is_multimodal(const std::string& path);

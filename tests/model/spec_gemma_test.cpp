@@ -166,6 +166,9 @@ TEST(SpecGemma, MultimodalConfigIsItsLanguageModel) {
   j["tie_word_embeddings"] = false;
   j["text_config"]["tie_word_embeddings"] = true;
   EXPECT_FALSE(rt::spec_from_config_text(j.dump(), "config.json").tie_embeddings);
+  // without architectures, model_type gemma3 names the multimodal config
+  j.erase("architectures");
+  EXPECT_EQ(rt::spec_from_config_text(j.dump(), "config.json").hidden, 2560);
 }
 
 // Published totals (the safetensors metadata of the checkpoints).
