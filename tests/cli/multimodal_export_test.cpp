@@ -189,4 +189,25 @@ TEST(MultimodalExport, ChangedOrMissingSourceIsReported) {
   EXPECT_EQ(json::parse(rt::read_text_file(tmp.file("x4/config.json")))["architectures"][0], "Gemma3ForCausalLM");
 }
 
+// A Gemma3ForConditionalGeneration config.json over weights without a language model
+TEST(MultimodalExport, WeightsWithoutTheLanguageModelAreRefused) {
+  TempDir tmp;
+  const std::string dir = tmp.file("m");
+  rt::make_dirs(dir);
+  std::filesystem::copy_file(fixture() + "/config.json", dir + "/config.json");
+  rt::SafetensorsModel m = rt::SafetensorsModel::open(fixture());
+  std::vector<rt::TensorWrite> w;
+  for (const rt::TensorInfo* t : m.all())
+    if (!is_language(t->name)) {
+      w.push_back({t->name, t->shape, nullptr, t->dtype, {}});
+      w.back().raw = t->data;
+    }
+  rt::safetensors_write_model(dir, w);
+  auto r = run_ramtrain("loss --model " + dir + " --tokens " + fixture() + "/tokens.txt");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "but no tensor is named language_model.model.* (transformers 4.x) or "
+                                 "model.language_model.* (5.x)"))
+      << r.output;
+}
+
 }  // namespace
