@@ -81,10 +81,11 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
     LoadedModel m = load_model_dir(c.model, false, moments, master, c.update_rule);
     if (m.multimodal) {
       const bool mib = m.carried_bytes >= (1u << 20);
-      std::printf("model: %s is %s: training its language model; carrying %lld other tensors (%.1f %s: the vision "
-                  "tower and projector) into exports untouched\n",
-                  c.model.c_str(), kGemma3Multimodal, (long long)m.carried_tensors,
-                  static_cast<double>(m.carried_bytes) / (mib ? 1 << 20 : 1 << 10), mib ? "MiB" : "KiB");
+      std::printf(
+          "model: %s is %s: training its language model; carrying %lld other tensors (%.1f %s: the vision "
+          "tower and projector) into exports untouched\n",
+          c.model.c_str(), kGemma3Multimodal, (long long)m.carried_tensors,
+          static_cast<double>(m.carried_bytes) / (mib ? 1 << 20 : 1 << 10), mib ? "MiB" : "KiB");
     }
     state = std::move(m.state);
     *tokenizer = m.tokenizer;

@@ -50,8 +50,9 @@ MultimodalExport multimodal_export(const HostState& state, const ExportOptions& 
   ModelSpec want = spec_from_config_file(cfg_path), have = state.spec();
   want.dtype = have.dtype = "float32";
   if (spec_to_config_json(want) != spec_to_config_json(have))
-    fail(why, ": its text_config does not describe the trained model (the directory was changed since the run "
-              "started?); restore it, or export the text model alone from a run without it");
+    fail(why,
+         ": its text_config does not describe the trained model (the directory was changed since the run "
+         "started?); restore it, or export the text model alone from a run without it");
   try {
     src->emplace(SafetensorsModel::open(source));
   } catch (const Error& e) {

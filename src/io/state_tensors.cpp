@@ -21,7 +21,9 @@ void load_state_check(const ModelSpec& spec, const SafetensorsModel& model, cons
   }
   std::string report = weight_map_check(spec, found);
   if (!report.empty())
-    fail("[load] ", model.source(), " does not match config.json", mm ? cat(" (the language model's tensors, under ", mm->body, "; named here as in the text model)") : std::string(),
+    fail("[load] ", model.source(), " does not match config.json",
+         mm ? cat(" (the language model's tensors, under ", mm->body, "; named here as in the text model)")
+            : std::string(),
          ":\n", report);
 }
 

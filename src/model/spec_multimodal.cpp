@@ -33,18 +33,12 @@ json multimodal_text_config(const json& j, const std::string& source) {
   // Gemma3TextConfig's defaults for the keys spec.cpp needs (transformers'
   // configuration_gemma3.py); the rest default in spec.cpp and spec_gemma.cpp
   // as for a gemma3_text config.json.
-  json t = {{"vocab_size", 262208},
-            {"hidden_size", 2304},
-            {"intermediate_size", 9216},
-            {"num_hidden_layers", 26},
-            {"num_attention_heads", 8},
-            {"num_key_value_heads", 4},
-            {"head_dim", 256},
-            {"max_position_embeddings", 131072},
-            {"rms_norm_eps", 1e-6},
-            {"pad_token_id", 0},
-            {"eos_token_id", 1},
-            {"bos_token_id", 2}};
+  json t = {{"vocab_size", 262208},      {"hidden_size", 2304},
+            {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+            {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+            {"head_dim", 256},           {"max_position_embeddings", 131072},
+            {"rms_norm_eps", 1e-6},      {"pad_token_id", 0},
+            {"eos_token_id", 1},         {"bos_token_id", 2}};
   for (auto it = j.at("text_config").begin(); it != j.at("text_config").end(); ++it) t[it.key()] = it.value();
   t["architectures"] = json::array({"Gemma3ForCausalLM"});
   t["model_type"] = "gemma3_text";

@@ -122,8 +122,9 @@ TEST(MultimodalExport, TrainsTheLanguageModelAndCarriesTheVisionTowerInBothNamin
     const std::string out = tmp.file(src == fixture() ? "run4" : "run5");
     auto r = run_ramtrain(train_args(tmp, src, out));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_TRUE(contains(r.output, "is Gemma3ForConditionalGeneration: training its language model; carrying 34 other "
-                                   "tensors"))
+    EXPECT_TRUE(contains(r.output,
+                         "is Gemma3ForConditionalGeneration: training its language model; carrying 34 other "
+                         "tensors"))
         << r.output;
     expect_export_of(out + "/final", src);
     // `ramtrain export` of the checkpoint gives the same files
@@ -205,8 +206,9 @@ TEST(MultimodalExport, WeightsWithoutTheLanguageModelAreRefused) {
   rt::safetensors_write_model(dir, w);
   auto r = run_ramtrain("loss --model " + dir + " --tokens " + fixture() + "/tokens.txt");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.output, "but no tensor is named language_model.model.* (transformers 4.x) or "
-                                 "model.language_model.* (5.x)"))
+  EXPECT_TRUE(contains(r.output,
+                       "but no tensor is named language_model.model.* (transformers 4.x) or "
+                       "model.language_model.* (5.x)"))
       << r.output;
 }
 
