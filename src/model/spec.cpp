@@ -66,7 +66,7 @@ const FamilyInfo& family_info(Family f) {
 std::string supported_architectures() {
   std::string s;
   for (const auto& fi : kFamilies) s += (s.empty() ? "" : ", ") + std::string(fi.architecture);
-  return s;
+  return s + ", " + kGemma3Multimodal + " (its language model trains)";
 }
 
 std::string supported_model_types() {

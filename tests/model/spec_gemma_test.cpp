@@ -166,6 +166,8 @@ TEST(SpecGemma, MultimodalConfigIsItsLanguageModel) {
   j["tie_word_embeddings"] = false;
   j["text_config"]["tie_word_embeddings"] = true;
   EXPECT_FALSE(rt::spec_from_config_text(j.dump(), "config.json").tie_embeddings);
+  // the list of supported architectures names it
+  EXPECT_HAS(error_of(R"({"architectures": ["NoSuchForCausalLM"]})"), "Gemma3ForConditionalGeneration (its language");
   // without architectures, model_type gemma3 names the multimodal config
   j.erase("architectures");
   EXPECT_EQ(rt::spec_from_config_text(j.dump(), "config.json").hidden, 2560);
