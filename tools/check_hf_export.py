@@ -9,6 +9,12 @@ lines the same length. Loads DIR with AutoModelForCausalLM (fp32, eager attentio
 network), runs labels=input_ids (HF shifts: mean over B*(T-1) positions, no padding) and
 prints one JSON line {"loss": <fp32 loss as Python float repr>, "n_params": <unique params>}.
 With --expect-loss X it exits 1 when |loss - X| > rtol * |X| (rtol default 0, i.e. exact).
+A Gemma3ForConditionalGeneration export (the multimodal Gemma 3; ramtrain trains its language
+model) loads through the same call (transformers maps it to that class) and runs on input_ids
+alone; --carried-from SRC (the model directory the run started from) then also checks that every
+tensor of SRC outside the language model (vision tower, projector) is in DIR with the same name,
+dtype and values, and that DIR holds SRC's tensor names exactly; the JSON line adds
+"carried": <that count>; exit 1 when one differs.
 Exit 2 on unusable input. Needs torch + transformers 5.x + safetensors.
 """
 
@@ -37,12 +43,55 @@ def tokens_read(path):
     return torch.tensor(rows, dtype=torch.int64)
 
 
+def safetensors_all(d):
+    """{name: tensor} of a model directory (one file or sharded)."""
+    from safetensors.torch import load_file
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(d, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        print(f"[check_hf_export] {d}: no model.safetensors or model.safetensors.index.json", file=sys.stderr)
+        sys.exit(2)
+    out = {}
+    for f in files:
+        out.update(load_file(os.path.join(d, f)))
+    return out
+
+
+def carried_check(exported, source):
+    """Every tensor of source outside the language model is in exported, bit for bit; the names agree."""
+    def language(n):
+        return n.startswith(("language_model.", "model.language_model.")) or n == "lm_head.weight"
+    e, s = safetensors_all(exported), safetensors_all(source)
+    if set(e) != set(s):
+        print(f"[check_hf_export] {exported} and {source} hold other tensor names: only in the export "
+              f"{sorted(set(e) - set(s))[:5]}, only in the source {sorted(set(s) - set(e))[:5]}", file=sys.stderr)
+        sys.exit(1)
+    n = 0
+    for k, v in s.items():
+        if language(k):
+            continue
+        n += 1
+        if e[k].dtype != v.dtype or e[k].shape != v.shape or not torch.equal(e[k], v):
+            print(f"[check_hf_export] carried tensor {k} differs from {source}'s", file=sys.stderr)
+            sys.exit(1)
+    if n == 0:
+        print(f"[check_hf_export] {source} holds no tensor outside the language model", file=sys.stderr)
+        sys.exit(1)
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser(description="Load a ramtrain HF export in transformers and print its loss.")
     ap.add_argument("dir", help="exported model directory (config.json + *.safetensors)")
     ap.add_argument("--tokens", help="token file (default DIR/tokens.txt)")
     ap.add_argument("--expect-loss", type=float, help="reference loss; exit 1 when off by more than rtol")
     ap.add_argument("--rtol", type=float, default=0.0, help="relative tolerance for --expect-loss (default 0)")
+    ap.add_argument("--carried-from", metavar="SRC",
+                    help="multimodal export: check the tensors carried from the source model directory SRC")
     args = ap.parse_args()
 
     torch.set_default_dtype(torch.float32)
@@ -63,7 +112,7 @@ def main():
     model = transformers.AutoModelForCausalLM.from_pretrained(
         args.dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True)
     model.eval()
-    vocab = model.config.vocab_size
+    vocab = model.config.get_text_config().vocab_size  # Gemma3ForConditionalGeneration: text_config's
     if int(ids.max()) >= vocab or int(ids.min()) < 0:
         print(f"[check_hf_export] {tokens_path}: ids outside [0, {vocab})", file=sys.stderr)
         sys.exit(2)
@@ -71,7 +120,10 @@ def main():
         loss = model(input_ids=ids, labels=ids).loss
     n_params = sum(p.numel() for p in model.parameters())
     value = float(loss.item())
-    print(json.dumps({"loss": value, "n_params": n_params}, sort_keys=True))
+    result = {"loss": value, "n_params": n_params}
+    if args.carried_from:
+        result["carried"] = carried_check(args.dir, args.carried_from)
+    print(json.dumps(result, sort_keys=True))
 
     if args.expect_loss is not None:
         err = abs(value - args.expect_loss)

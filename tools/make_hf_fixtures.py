@@ -4,6 +4,7 @@
 Run (from the repository root, CPU only, no network):
     python3 tools/make_hf_fixtures.py --out tests/fixtures
     python3 tools/make_hf_fixtures.py --only olmo2_postnorm   # one model fixture, nothing else
+    python3 tools/make_hf_fixtures.py --only gemma3_multimodal
 Needs torch + transformers 5.x + safetensors (`pip install torch transformers safetensors`).
 Deterministic: fixed seeds, torch.use_deterministic_algorithms(True), one CPU thread, fp32
 defaults, safetensors written with a fixed metadata dict, JSON with sort_keys and Python's
@@ -38,6 +39,15 @@ What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
                             -log softmax(logits[b, t])[tokens[b, t+1]]
                      (HF labels=input_ids, shifted inside; causal attention, no padding).
   The model forward uses eager attention, no attention mask (full causal), positions 0..T-1.
+
+<out>/hf/gemma3_multimodal/
+  The gemma3_local_rope text model inside a Gemma3ForConditionalGeneration with a one-layer
+  SigLIP vision tower and projector (mm_fixture_write): config.json and model.safetensors as
+  save_pretrained wrote them (transformers 5.25 writes the 4.x names: language_model.model.*,
+  vision_tower.*, multi_modal_projector.*), tokens.txt, reference.safetensors and
+  reference.json as above for input_ids alone (no pixel values); the gradients are the
+  language model's, named as in the text model ("grad.model.layers.0..."), and
+  reference.json adds "carried_parameters" (the vision and projector parameters).
 
 <out>/hf/configs/<variant>/config.json
   The llama_gqa_rope3 config rewritten by hand in the transformers 4.x dialect, no weights:
@@ -376,6 +386,114 @@ def hf_fixture_write(out_dir, name, cls_name, cfg_kwargs, seed):
     return saved_cfg, None if inv is None else inv.detach().clone()
 
 
+# ---------------------------------------------------------------- Gemma 3 multimodal
+
+# The multimodal fixture: the gemma3_local_rope text model inside a
+# Gemma3ForConditionalGeneration with a one-layer SigLIP tower (image 28,
+# patch 14: 4 patches) and a projector to mm_tokens_per_image = 4 tokens.
+MM_NAME = "gemma3_multimodal"
+MM_SEED = 1250
+MM_VISION = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 num_attention_heads=2, image_size=28, patch_size=14, num_channels=3)
+
+
+def mm_text_name(name):
+    """A Gemma3ForConditionalGeneration parameter's name in the text model (Gemma3ForCausalLM), or None
+    for the vision tower and projector (transformers 5.x names: model.language_model.X -> model.X)."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    if name == "lm_head.weight":
+        return name
+    return None
+
+
+def mm_fixture_write(out_dir):
+    """<out>/hf/gemma3_multimodal/: as the other model fixtures, for input_ids only (no pixel values),
+    from transformers' Gemma3ForConditionalGeneration. model.safetensors holds what save_pretrained wrote
+    (5.x names: model.language_model.*, model.vision_tower.*, model.multi_modal_projector.*); the
+    reference's "grad.<name>" use the text model's names (model.layers.0..., as ramtrain's weight map),
+    for the language model's parameters only (the vision tower gets no gradient from ids alone).
+    Checked here: the same weights as a Gemma3ForCausalLM give the same loss and logits."""
+    text_kw = dict(model_configs()["gemma3_local_rope"][1])
+    cfg = transformers.Gemma3Config(text_config=text_kw, vision_config=dict(MM_VISION), mm_tokens_per_image=4,
+                                    boi_token_index=100, eoi_token_index=101, image_token_index=102,
+                                    tie_word_embeddings=True)
+    torch.manual_seed(MM_SEED)
+    model = transformers.Gemma3ForConditionalGeneration._from_config(cfg, attn_implementation="eager")
+    model = model.to(torch.float32)
+    gen = torch.Generator().manual_seed(MM_SEED)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if "norm" in pname and mm_text_name(pname) is not None:
+                v = 0.3 * r  # Gemma's (1 + w) norms
+            elif "embed_tokens" in pname:
+                v = 0.35 * r  # tied
+            else:
+                v = 0.3 * r
+            p.copy_(v)
+    ids = tokens_make(cfg.text_config.vocab_size, gen)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    logits, loss = out.logits.detach(), out.loss.detach()
+    lm = loss_manual(logits, ids).item()
+    if abs(lm - loss.item()) > 1e-5 * abs(lm):
+        sys.exit(f"[make_hf_fixtures] {MM_NAME}: HF loss {loss.item()} != shifted mean CE {lm}")
+    grads, n_carried = {}, 0
+    for pname, p in model.named_parameters():
+        tn = mm_text_name(pname)
+        if tn is None:
+            n_carried += 1
+            if p.grad is not None and p.grad.abs().max().item() != 0.0:
+                sys.exit(f"[make_hf_fixtures] {MM_NAME}: vision parameter {pname} got a gradient from ids alone")
+            continue
+        if p.grad is None:
+            sys.exit(f"[make_hf_fixtures] {MM_NAME}: parameter {pname} got no gradient")
+        grads["grad." + tn] = p.grad.detach()
+
+    # the same weights as the text model: the same loss and logits
+    text = transformers.Gemma3ForCausalLM._from_config(cfg.text_config, attn_implementation="eager")
+    text = text.to(torch.float32)
+    sd = {mm_text_name(k): v for k, v in model.state_dict().items() if mm_text_name(k) is not None}
+    text.load_state_dict(sd, strict=False)
+    text.eval()
+    with torch.no_grad():
+        tout = text(input_ids=ids, labels=ids)
+    if not torch.equal(tout.logits, logits):
+        sys.exit(f"[make_hf_fixtures] {MM_NAME}: Gemma3ForCausalLM with the same weights gives other logits "
+                 f"(max diff {(tout.logits - logits).abs().max().item()})")
+
+    d = os.path.join(out_dir, "hf", MM_NAME)
+    os.makedirs(d, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        for f in ("config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(tmp, f), os.path.join(d, f))
+    with open(os.path.join(d, "tokens.txt"), "w", encoding="utf-8") as f:
+        for row in ids.tolist():
+            f.write(" ".join(str(t) for t in row) + "\n")
+    safetensors_write(os.path.join(d, "reference.safetensors"), {"logits": logits, **grads})
+    json_write(os.path.join(d, "reference.json"), {
+        "loss": float(loss.item()),
+        "n_predicted": BATCH * (SEQ_LEN - 1),
+        "batch": BATCH,
+        "seq_len": SEQ_LEN,
+        "vocab": cfg.text_config.vocab_size,
+        "family": cfg.model_type,
+        "carried_parameters": n_carried,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "seed": MM_SEED,
+    })
+    lnv = math.log(cfg.text_config.vocab_size)
+    print(f"{MM_NAME}: loss={loss.item()!r} ln(vocab)={lnv:.6f} carried parameters={n_carried}")
+    if abs(loss.item() - lnv) <= 0.5:
+        sys.exit(f"[make_hf_fixtures] {MM_NAME}: loss within 0.5 of ln(vocab); raise init scales")
+    print(f"  files: {file_sizes(d)}")
+
+
 # ---------------------------------------------------------------- 4.x config dialect variants
 
 def config_variants(saved_cfg):
@@ -485,10 +603,10 @@ def main():
                     help="write only these model fixtures (repeatable; seeds as in a full run), "
                          "not the config variants or the AdamW fixture")
     args = ap.parse_args()
-    unknown = sorted(set(args.only) - set(model_configs()))
+    unknown = sorted(set(args.only) - set(model_configs()) - {MM_NAME})
     if unknown:
         sys.exit(f"[make_hf_fixtures] --only {', '.join(unknown)}: no such fixture; "
-                 f"choose from {', '.join(model_configs())}")
+                 f"choose from {', '.join(list(model_configs()) + [MM_NAME])}")
     setup_determinism()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -500,6 +618,8 @@ def main():
         saved_cfg, inv = hf_fixture_write(args.out, name, cls_name, kw, FIXTURE_SEEDS.get(name, SEED + i))
         if name == "llama_gqa_rope3":
             llama_cfg, llama_inv = saved_cfg, inv
+    if not args.only or MM_NAME in args.only:
+        mm_fixture_write(args.out)
     if args.only:
         return
     configs_write(args.out, llama_cfg, llama_inv)

@@ -101,9 +101,16 @@ int cmd_export(const Args& args) {
     if (is_directory(meta.run.source_model_dir)) {
       eo.copy_from_dir = meta.run.source_model_dir;
       eo.copy_files = hf_tokenizer_files(meta.run.source_model_dir);
-    } else if (meta.run.tokenizer != "byte")
-      std::printf("warning: the run's model directory %s is gone: no tokenizer files are copied\n",
-                  meta.run.source_model_dir.c_str());
+      eo.source_model_dir = meta.run.source_model_dir;
+    } else if (meta.run.tokenizer != "byte" || state.spec().family == Family::gemma3) {
+      std::printf("warning: the run's model directory %s is gone: no tokenizer files are copied%s\n",
+                  meta.run.source_model_dir.c_str(),
+                  state.spec().family == Family::gemma3
+                      ? "; if it was a Gemma3ForConditionalGeneration, its vision tower cannot be carried either and "
+                        "this export is the language model alone (Gemma3ForCausalLM): restore the directory to "
+                        "export the multimodal model"
+                      : "");
+    }
   }
   eo.info["step"] = std::to_string(meta.step);
   eo.info["checkpoint"] = dir;

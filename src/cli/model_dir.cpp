@@ -2,12 +2,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
 #include "io/state_tensors.h"
+#include "model/spec_multimodal.h"
 
 namespace rt::cli {
 
@@ -99,9 +101,21 @@ LoadedModel load_checked_model_dir(const std::string& dir, const ModelSpec& spec
   LoadedModel m;
   m.spec = spec;
   SafetensorsModel st = SafetensorsModel::open(dir);
-  load_state_check(m.spec, st);  // before allocating: a config.json that asks for more than the files hold
+  std::optional<MultimodalNames> mm;
+  if (config_file_is_multimodal(dir)) {
+    std::vector<std::string> names;
+    for (const TensorInfo* t : st.all()) names.push_back(t->name);
+    mm = multimodal_names(names, st.source());
+    m.multimodal = true;
+    for (const TensorInfo* t : carried_tensors(st, *mm)) {
+      ++m.carried_tensors;
+      m.carried_bytes += t->nbytes;
+    }
+  }
+  const MultimodalNames* names = mm ? &*mm : nullptr;
+  load_state_check(m.spec, st, names);  // before allocating: a config.json that asks for more than the files hold
   m.state = std::make_unique<HostState>(m.spec, with_grads, moments, master, rule);
-  load_state(*m.state, st);
+  load_state(*m.state, st, names);
   if (file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tokenizer.model")))
     m.tokenizer = "hf";
   else if (file_exists(path_join(dir, "ramtrain_tokenizer.json")))

@@ -13,6 +13,12 @@ struct LoadedModel {
   ModelSpec spec;
   std::unique_ptr<HostState> state;
   std::string tokenizer;  // "byte" for ramtrain byte-level models, "hf" when tokenizer.json exists, "" unknown
+  // A Gemma3ForConditionalGeneration directory (model/spec_multimodal.h):
+  // spec and state are its language model's; the other tensors (vision
+  // tower, projector) are carried: not loaded, copied from DIR by exports.
+  bool multimodal = false;
+  int64_t carried_tensors = 0;
+  uint64_t carried_bytes = 0;
 };
 
 // DIR/config.json + DIR's safetensors; every mismatch reported by name.

@@ -25,6 +25,7 @@
 #include "engine/sampler.h"
 #include "engine/trainer.h"
 #include "io/hf_export.h"
+#include "model/spec_multimodal.h"
 #ifdef RAMTRAIN_HAVE_NCCL
 #include "dist/nccl_collective.h"
 #endif
@@ -78,6 +79,14 @@ std::unique_ptr<HostState> initial_state(const TrainConfig& c, const std::option
     if (c.preset.empty()) *tokenizer = file_exists(path_join(c.model, "ramtrain_tokenizer.json")) ? "byte" : "";
   } else {
     LoadedModel m = load_model_dir(c.model, false, moments, master, c.update_rule);
+    if (m.multimodal) {
+      const bool mib = m.carried_bytes >= (1u << 20);
+      std::printf(
+          "model: %s is %s: training its language model; carrying %lld other tensors (%.1f %s: the vision "
+          "tower and projector) into exports untouched\n",
+          c.model.c_str(), kGemma3Multimodal, (long long)m.carried_tensors,
+          static_cast<double>(m.carried_bytes) / (mib ? 1 << 20 : 1 << 10), mib ? "MiB" : "KiB");
+    }
     state = std::move(m.state);
     *tokenizer = m.tokenizer;
   }
@@ -143,6 +152,8 @@ TrainOptions trainer_options(const TrainConfig& c, const ArgParser& p, const Tra
     o.source_model_dir = td.tokenizer_dir;
   else if (!c.model.empty())
     o.source_model_dir = c.model;
+  // A multimodal model's export copies its vision tower from the model directory (io/hf_export.h)
+  if (!c.model.empty() && c.preset.empty() && config_file_is_multimodal(c.model)) o.source_model_dir = c.model;
   return o;
 }
 

@@ -305,6 +305,7 @@ void Trainer::export_to(const std::string& dir, double loss) {
   eo.tokenizer = opt_.tokenizer;
   eo.copy_from_dir = opt_.copy_from_dir;
   eo.copy_files = opt_.copy_files;
+  eo.source_model_dir = opt_.source_model_dir;
   eo.info["step"] = std::to_string(step_);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6f", loss);

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
 #include "io/state_tensors.h"
+#include "model/spec_multimodal.h"
 
 namespace rt {
 
@@ -24,6 +26,71 @@ std::vector<std::string> hf_tokenizer_files(const std::string& model_dir) {
   return out;
 }
 
+namespace {
+
+// The multimodal export's config.json and tensors (ExportOptions::source_model_dir).
+// The source's safetensors stay mapped in *src while the tensors are written.
+struct MultimodalExport {
+  std::string config;
+  std::vector<TensorWrite> tensors;
+};
+
+MultimodalExport multimodal_export(const HostState& state, const ExportOptions& opt, const std::string& source,
+                                   std::optional<SafetensorsModel>* src) {
+  const std::string cfg_path = path_join(source, "config.json");
+  const std::string why = cat("[export] the run's model directory ", source, " (a ", kGemma3Multimodal,
+                              ": its vision tower and projector are copied from there)");
+  nlohmann::ordered_json cfg;
+  try {
+    cfg = nlohmann::ordered_json::parse(read_text_file(cfg_path));
+  } catch (const std::exception& e) {
+    fail(why, ": cannot read ", cfg_path, " (", e.what(), ")");
+  }
+  // The checkpoint must be this model's language model: the same text config, dtype aside.
+  ModelSpec want = spec_from_config_file(cfg_path), have = state.spec();
+  want.dtype = have.dtype = "float32";
+  if (spec_to_config_json(want) != spec_to_config_json(have))
+    fail(why,
+         ": its text_config does not describe the trained model (the directory was changed since the run "
+         "started?); restore it, or export the text model alone from a run without it");
+  try {
+    src->emplace(SafetensorsModel::open(source));
+  } catch (const Error& e) {
+    fail(why, ": its weights cannot be read: ", e.what());
+  }
+  std::vector<std::string> names;
+  for (const TensorInfo* t : (*src)->all()) names.push_back(t->name);
+  const MultimodalNames mm = multimodal_names(names, (*src)->source());
+  try {
+    load_state_check(state.spec(), **src, &mm);
+  } catch (const Error& e) {
+    fail(why, ": its language model no longer matches the trained one: ", e.what());
+  }
+  const std::vector<const TensorInfo*> carried = carried_tensors(**src, mm);
+  if (carried.empty())
+    fail(why, ": ", (*src)->source(), " holds only the language model's tensors, no vision tower or projector; ",
+         "restore the full checkpoint");
+
+  const char* dt = opt.dtype == DType::bf16 ? "bfloat16" : "float32";
+  for (const char* k : {"torch_dtype", "dtype"}) {
+    cfg[k] = dt;
+    if (cfg.contains("text_config") && cfg["text_config"].is_object() && cfg["text_config"].contains(k))
+      cfg["text_config"][k] = dt;
+  }
+  MultimodalExport out;
+  out.config = cfg.dump(2) + "\n";
+  out.tensors = master_tensors(state, opt.dtype);
+  for (TensorWrite& t : out.tensors) t.name = mm.to_checkpoint(t.name);
+  for (const TensorInfo* t : carried) {
+    TensorWrite w{t->name, t->shape, nullptr, t->dtype, {}};
+    w.raw = t->data;
+    out.tensors.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
 void export_hf_dir(const std::string& dir, const HostState& state, const ExportOptions& opt) {
   namespace fs = std::filesystem;
   std::string clean = dir;
@@ -35,10 +102,17 @@ void export_hf_dir(const std::string& dir, const HostState& state, const ExportO
   fs::remove_all(tmp, ec);
   make_dirs(tmp);
   try {
-    ModelSpec spec = state.spec();
-    spec.dtype = opt.dtype == DType::bf16 ? "bfloat16" : "float32";
-    write_file_atomic(path_join(tmp, "config.json"), spec_to_config_json(spec));
-    safetensors_write_model(tmp, master_tensors(state, opt.dtype), opt.max_shard_bytes);
+    if (!opt.source_model_dir.empty() && config_file_is_multimodal(opt.source_model_dir)) {
+      std::optional<SafetensorsModel> src;  // mapped until the tensors are written
+      MultimodalExport mm = multimodal_export(state, opt, opt.source_model_dir, &src);
+      write_file_atomic(path_join(tmp, "config.json"), mm.config);
+      safetensors_write_model(tmp, mm.tensors, opt.max_shard_bytes);
+    } else {
+      ModelSpec spec = state.spec();
+      spec.dtype = opt.dtype == DType::bf16 ? "bfloat16" : "float32";
+      write_file_atomic(path_join(tmp, "config.json"), spec_to_config_json(spec));
+      safetensors_write_model(tmp, master_tensors(state, opt.dtype), opt.max_shard_bytes);
+    }
     state.release_decoded();  // split master storage: the decoded copy is not kept
     if (opt.tokenizer == "byte")
       write_file_atomic(path_join(tmp, "ramtrain_tokenizer.json"),

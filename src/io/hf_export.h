@@ -24,6 +24,12 @@ struct ExportOptions {
   // source model's tokenizer files); a listed file that is missing throws.
   std::string copy_from_dir;
   std::vector<std::string> copy_files;
+  // The model directory the run started from ("" for a preset). When its
+  // config.json is a Gemma3ForConditionalGeneration (model/spec_multimodal.h),
+  // the export is one again: that config.json with only its dtype updated,
+  // the language model under the source's tensor names, and every other
+  // tensor of the source (vision tower, projector) copied byte for byte.
+  std::string source_model_dir;
 };
 
 // The tokenizer files of a HF model dir that exist there, by name, in a fixed

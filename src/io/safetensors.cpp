@@ -422,7 +422,7 @@ WritePlan write_plan(const std::string& path, const std::vector<TensorWrite>& te
            "' (names must be non-empty and not __metadata__)");
     if (!names.insert(t.name).second)
       fail("[safetensors] writing ", path, ": tensor '", t.name, "' given twice (names must be unique)");
-    if (t.dtype == DType::u8)
+    if (t.dtype == DType::u8 && !t.raw)
       fail("[safetensors] writing ", path, ": tensor '", t.name, "': U8 cannot be converted from fp32");
     for (int64_t d : t.shape)
       if (d < 0) fail("[safetensors] writing ", path, ": tensor '", t.name, "' has negative dimension ", d);
@@ -439,7 +439,7 @@ WritePlan write_plan(const std::string& path, const std::vector<TensorWrite>& te
       if (sum != numel)
         fail("[safetensors] writing ", path, ": tensor '", t.name, "' runs hold ", sum, " elements, its shape ",
              numel);
-    } else if (numel > 0 && !t.data) {
+    } else if (numel > 0 && !t.data && !t.raw) {
       fail("[safetensors] writing ", path, ": tensor '", t.name, "' has no data");
     }
     if (__builtin_add_overflow(plan.total, static_cast<uint64_t>(nb), &plan.total))
@@ -478,6 +478,10 @@ void write_file(const std::string& path, const std::vector<TensorWrite>& tensors
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorWrite& t = tensors[k];
     if (plan.numel[k] == 0) continue;
+    if (t.raw) {
+      out.write(t.raw, static_cast<size_t>(plan.nbytes[k]));
+      continue;
+    }
     std::vector<TensorWrite::Run> runs = t.runs;
     if (runs.empty()) runs.push_back({t.data, plan.numel[k]});
     for (const TensorWrite::Run& run : runs) {

@@ -76,6 +76,9 @@ struct TensorWrite {
     int64_t numel;
   };
   std::vector<Run> runs{};
+  // When set, the tensor's stored bytes (dtype x numel of them, e.g. a source
+  // checkpoint's tensor carried through an export), written as they are.
+  const uint8_t* raw = nullptr;
 };
 // A TensorWrite's elements in order (its data, or its runs gathered).
 std::vector<float> tensor_write_gather(const TensorWrite& t, int64_t numel);

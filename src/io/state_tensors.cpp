@@ -10,11 +10,28 @@
 
 namespace rt {
 
-void load_state_check(const ModelSpec& spec, const SafetensorsModel& model) {
+void load_state_check(const ModelSpec& spec, const SafetensorsModel& model, const MultimodalNames* mm) {
   std::vector<FoundTensor> found;
-  for (const TensorInfo* t : model.all()) found.push_back({t->name, t->shape});
+  for (const TensorInfo* t : model.all()) {
+    if (!mm) {
+      found.push_back({t->name, t->shape});
+    } else if (std::optional<std::string> text = mm->to_text(t->name)) {
+      found.push_back({*text, t->shape});
+    }
+  }
   std::string report = weight_map_check(spec, found);
-  if (!report.empty()) fail("[load] ", model.source(), " does not match config.json:\n", report);
+  if (!report.empty())
+    fail("[load] ", model.source(), " does not match config.json",
+         mm ? cat(" (the language model's tensors, under ", mm->body, "; named here as in the text model)")
+            : std::string(),
+         ":\n", report);
+}
+
+std::vector<const TensorInfo*> carried_tensors(const SafetensorsModel& model, const MultimodalNames& mm) {
+  std::vector<const TensorInfo*> out;
+  for (const TensorInfo* t : model.all())
+    if (!mm.to_text(t->name)) out.push_back(t);
+  return out;
 }
 
 namespace {
@@ -90,8 +107,9 @@ std::vector<TensorWrite> fuse_writes(const ModelSpec& spec, std::vector<TensorWr
 
 }  // namespace
 
-void load_state(HostState& state, const SafetensorsModel& model) {
-  load_state_check(state.spec(), model);
+void load_state(HostState& state, const SafetensorsModel& model, const MultimodalNames* mm) {
+  load_state_check(state.spec(), model, mm);
+  auto named = [mm](const std::string& name) { return mm ? mm->to_checkpoint(name) : name; };
   std::vector<float> scratch;  // split master storage: each tensor is encoded from fp32
   const std::vector<FusedTensor> fused = fused_tensors(state.spec());
   const std::map<std::string, FusedPart> parts = fused_parts(state.spec(), fused);
@@ -102,7 +120,7 @@ void load_state(HostState& state, const SafetensorsModel& model) {
       const int64_t n = u.entries[k].numel();
       if (auto it = parts.find(u.entries[k].name); it != parts.end()) {  // rows of a fused tensor
         const FusedPart& fp = it->second;
-        const TensorInfo& t = model.get(fp.fused->name);
+        const TensorInfo& t = model.get(named(fp.fused->name));
         if (fused_in_buf != fp.fused) {
           fused_buf.resize(static_cast<size_t>(t.numel()));
           tensor_to_f32(t, fused_buf.data());
@@ -112,7 +130,7 @@ void load_state(HostState& state, const SafetensorsModel& model) {
         u.write_master(u.offsets[k], n, fused_buf.data() + fp.offset);
         continue;
       }
-      const TensorInfo& t = model.get(u.entries[k].name);
+      const TensorInfo& t = model.get(named(u.entries[k].name));
       if (!u.shadow_master()) {
         tensor_to_f32(t, u.master() + u.offsets[k]);
         check_finite(t, u.master() + u.offsets[k], n);

@@ -24,6 +24,7 @@
 #include "core/fs.h"
 #include "core/quote.h"
 #include "model/spec_gemma.h"
+#include "model/spec_multimodal.h"
 #include "model/spec_phi.h"
 
 namespace rt {
@@ -65,7 +66,7 @@ const FamilyInfo& family_info(Family f) {
 std::string supported_architectures() {
   std::string s;
   for (const auto& fi : kFamilies) s += (s.empty() ? "" : ", ") + std::string(fi.architecture);
-  return s;
+  return s + ", " + kGemma3Multimodal + " (its language model trains)";
 }
 
 std::string supported_model_types() {
@@ -290,6 +291,8 @@ void moe_parse(const Fields& f, ModelSpec& s, std::vector<std::string>* unsuppor
 
 ModelSpec spec_parse(const json& j, const std::string& source) {
   if (!j.is_object()) fail("[config] ", source, ": expected a JSON object at the top level, found ", type_word(j));
+  if (config_is_multimodal(j))  // its language model: model/spec_multimodal.h
+    return spec_parse(multimodal_text_config(j, source), source + " text_config");
   Fields f{j, source, ""};
   ModelSpec s;
 
@@ -302,10 +305,6 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     std::string arch = a.at(0).get<std::string>();
     for (const auto& fi : kFamilies)
       if (arch == fi.architecture) fam = &fi;
-    if (arch == "Gemma3ForConditionalGeneration")
-      fail("[config] ", source, ": Gemma3ForConditionalGeneration (the multimodal Gemma 3 4B+ checkpoints: text ",
-           "config under text_config, tensors under model.language_model.) is not supported; supported: ",
-           "Gemma3ForCausalLM (the text-only gemma3_text checkpoints such as gemma-3-1b)");
     if (!fam)
       fail("[config] ", source, ": architecture ", arch, " is not supported; supported: ", supported_architectures());
   } else if (f.has("model_type")) {

@@ -15,8 +15,8 @@
 //   head, 5 of every 6 layers sliding (sliding_window_pattern), those rotating
 //   with rope_local_base_freq (default 1e4) and the global ones with
 //   rope_theta (default 1e6) and rope_scaling (linear for the 4B+ models).
-// Gemma3ForConditionalGeneration (the multimodal 4B+ checkpoints) is refused
-// in spec.cpp: its text config is nested and its vision tower not handled.
+// Gemma3ForConditionalGeneration (the multimodal 4B+ checkpoints): its nested
+// text_config is read as a gemma3_text config (model/spec_multimodal.h).
 #include "model/spec_gemma.h"
 
 #include <cmath>

@@ -151,7 +151,8 @@ const std::map<std::string, ModelSpec>& presets() {
     // global ones 1e6; no soft caps; bos 2, eos 1 and <end_of_turn> 106).
     // google/gemma-3-1b-pt (Gemma3ForCausalLM): window 512, 32,768 positions,
     // vocab 262,144. The 4B and 12B checkpoints are
-    // Gemma3ForConditionalGeneration (refused on load); these presets are their
+    // Gemma3ForConditionalGeneration (their language model trains, the vision
+    // tower is carried: model/spec_multimodal.h); these presets are their
     // language models as Gemma3ForCausalLM: window 1024, linear RoPE scaling 8
     // on the global layers, 131,072 positions, vocab 262,208 (unverified: the
     // 4B/12B eos ids and max positions, from memory of the published text_config).

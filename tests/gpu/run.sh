@@ -34,7 +34,7 @@
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte; the Gemma
-#             fixtures; a Phi3 fixture)
+#             fixtures; Gemma3ForConditionalGeneration trained on the GPU; a Phi3 fixture)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
@@ -489,6 +489,18 @@ if has hf; then
       python3 '$here/tools/check_hf_export.py' \$d/\$fx/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5
     done
     echo GEMMA-EXPORT-OK"
+  # Gemma3ForConditionalGeneration (the gemma3_multimodal fixture): its language model trains on the GPU
+  # (3 steps), the fp32 export loads in transformers as Gemma3ForConditionalGeneration with our loss within
+  # 1e-5, and its vision tower and projector are the fixture's tensors bit for bit (--carried-from)
+  run export_check_gemma_mm 200 bash -c "
+    set -e; d=$tmp/expgmm; mkdir -p \$d
+    python3 -c \"import array, random; random.seed(0); array.array('H', [random.randrange(112) for _ in range(4000)]).tofile(open('\$d/train.bin', 'wb')); [print(' '.join(str(random.randrange(112)) for _ in range(24))) for _ in range(3)]\" > \$d/tokens.txt
+    '$bin/ramtrain' train --model '$here/tests/fixtures/hf/gemma3_multimodal' --data \$d/train.bin --steps 3 --seq-len 16 \
+       --micro-batch 2 --device cuda --export-dtype fp32 --out \$d/run | grep -E 'carrying|backend'
+    '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
+    ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
+    python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 \
+       --carried-from '$here/tests/fixtures/hf/gemma3_multimodal' && echo GEMMA-MM-EXPORT-OK"
   # Phi3 (fused qkv_proj/gate_up_proj, partial rotary, LongRoPE's long factors at 32 > 8 positions)
   run export_check_phi 200 bash -c "
     set -e; d=$tmp/expphi; mkdir -p \$d

@@ -184,6 +184,38 @@ TEST(SafetensorsWrite, F32RoundTripIsBitExact) {
   EXPECT_EQ(f->find("b")->shape, (std::vector<int64_t>{3, 7}));
 }
 
+// Raw tensors (TensorWrite::raw: a carried tensor of a multimodal export) are
+// stored as given, in any dtype (U8 too), beside converted ones, sharded or not.
+TEST(SafetensorsWrite, RawTensorsAreStoredByteForByte) {
+  TempDir dir;
+  std::vector<uint8_t> bytes(2 * 3 * 5 + 7);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+  std::vector<float> f = rt::test::random_vec(9, 2);
+  std::vector<rt::TensorWrite> w = {{"conv", {9}, f.data(), rt::DType::bf16, {}},
+                                    {"bf", {3, 5}, nullptr, rt::DType::bf16, {}},
+                                    {"u8", {7}, nullptr, rt::DType::u8, {}}};
+  w[1].raw = bytes.data();
+  w[2].raw = bytes.data() + 30;
+  for (uint64_t shard : {uint64_t{0}, uint64_t{16}}) {
+    const std::string d = dir.file(shard ? "sharded" : "one");
+    rt::safetensors_write_model(d, w, shard);
+    rt::SafetensorsModel m = rt::SafetensorsModel::open(d);
+    const rt::TensorInfo& bf = m.get("bf");
+    EXPECT_EQ(bf.dtype, rt::DType::bf16);
+    ASSERT_EQ(bf.nbytes, 30u);
+    EXPECT_EQ(std::memcmp(bf.data, bytes.data(), 30), 0);
+    const rt::TensorInfo& u8 = m.get("u8");
+    EXPECT_EQ(u8.dtype, rt::DType::u8);
+    ASSERT_EQ(u8.nbytes, 7u);
+    EXPECT_EQ(std::memcmp(u8.data, bytes.data() + 30, 7), 0);
+    std::vector<float> back(9);
+    rt::tensor_to_f32(m.get("conv"), back.data());
+    for (size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], rt::bf16_to_f32(rt::f32_to_bf16(f[i])));
+  }
+  // without raw bytes, U8 is still refused (there is no conversion from fp32)
+  EXPECT_THROW(safetensors_write(dir.file("bad.safetensors"), {{"u8", {7}, f.data(), rt::DType::u8, {}}}), rt::Error);
+}
+
 // Large enough (> 1M elements) to go through the chunked, parallel conversion.
 TEST(SafetensorsWrite, Bf16AndF16MatchScalarConversions) {
   rt::set_global_threads(3);

@@ -117,8 +117,11 @@ TEST(SpecGemma, Gemma1LegacyGeluMeansTanh) {
 }
 
 TEST(SpecGemma, Refusals) {
-  EXPECT_HAS(error_of(R"({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {}})"),
-             "Gemma3ForConditionalGeneration");
+  EXPECT_HAS(error_of(R"({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"})"),
+             "needs a \"text_config\" object");
+  EXPECT_HAS(error_of(R"({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {"hidden_size": 64,
+    "num_attention_heads": 4, "head_dim": 16, "use_bidirectional_attention": true}})"),
+             "config.json text_config: Gemma3ForCausalLM with unsupported settings");
   const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100)";
   EXPECT_HAS(error_of(R"({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "gelu", )" + base + "}"),
@@ -130,6 +133,44 @@ TEST(SpecGemma, Refusals) {
              "layer_types has 1 entries for 2 layers");
   EXPECT_HAS(error_of(R"({"architectures": ["GemmaForCausalLM"], "attention_bias": true, )" + base + "}"),
              "attention_bias true");
+}
+
+// A Gemma3ForConditionalGeneration config.json in the hub's shape (as
+// google/gemma-3-4b-it's, written by transformers 4.50: text_config gives
+// only what differs from Gemma3TextConfig's defaults, the eos ids are at the
+// top level): its language model is the gemma-3-4b preset's.
+TEST(SpecGemma, MultimodalConfigIsItsLanguageModel) {
+  const std::string cfg = R"({"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02,
+    "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+      "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+      "vision_use_head": false}})";
+  const ModelSpec s = rt::spec_from_config_text(cfg, "config.json");
+  const ModelSpec p = rt::spec_preset("gemma-3-4b");
+  EXPECT_EQ(s.family, rt::Family::gemma3);
+  EXPECT_EQ(s.architecture, "Gemma3ForCausalLM");
+  EXPECT_EQ(s.dtype, "bfloat16");
+  EXPECT_EQ(s.pad_id, std::optional<int64_t>(0));  // Gemma3TextConfig's default
+  // every field a run depends on, against the preset (ids, dtype and pad aside: the preset has none)
+  ModelSpec a = s, b = p;
+  a.dtype = b.dtype = "float32";
+  a.pad_id = b.pad_id = std::nullopt;
+  EXPECT_EQ(rt::spec_to_config_json(a), rt::spec_to_config_json(b));
+  EXPECT_EQ(s.params_total(), p.params_total());
+  // the top level's tie_word_embeddings decides (transformers ties by it)
+  nlohmann::json j = nlohmann::json::parse(cfg);
+  j["tie_word_embeddings"] = false;
+  j["text_config"]["tie_word_embeddings"] = true;
+  EXPECT_FALSE(rt::spec_from_config_text(j.dump(), "config.json").tie_embeddings);
+  // the list of supported architectures names it
+  EXPECT_HAS(error_of(R"({"architectures": ["NoSuchForCausalLM"]})"), "Gemma3ForConditionalGeneration (its language");
+  // without architectures, model_type gemma3 names the multimodal config
+  j.erase("architectures");
+  EXPECT_EQ(rt::spec_from_config_text(j.dump(), "config.json").hidden, 2560);
 }
 
 // Published totals (the safetensors metadata of the checkpoints).
