@@ -13,6 +13,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/fp8.h"
 #include "cuda/ops.h"
+#include "model/moe_bias.h"
 
 namespace rt::cuda {
 
@@ -134,7 +135,8 @@ class CudaOps {
   // or a soft cap runs the simple fallback (cuda/attention_masked.cu).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
-                         float softcap = 0.f) {
+                         float softcap = 0.f, const bf16* sinks = nullptr) {
+    no_sinks(sinks);
     if (masked(T, window, softcap)) {
       cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start);
       return;
@@ -143,7 +145,9 @@ class CudaOps {
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                          const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f) {
+                          const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f,
+                          const bf16* sinks = nullptr, float* dsinks = nullptr) {
+    no_sinks(sinks ? sinks : reinterpret_cast<const bf16*>(dsinks));
     if (masked(T, window, softcap)) {
       cuda::attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch_, s_,
                                       doc_start);
@@ -167,7 +171,8 @@ class CudaOps {
   template <class Moe>
   void moe_forward(bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                    const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
-                   int64_t* tokens_per_expert, double* prob_sum) {
+                   int64_t* tokens_per_expert, double* prob_sum, const MoeBiasesT<bf16>& biases = {}) {
+    plain_moe(m, biases.any());
     cuda::moe_forward(moe_blas(), out, probs, x, router, gate, up, down, moe_dims(N, C, m), tokens_per_expert,
                       prob_sum, scratch_, s_);
   }
@@ -175,7 +180,8 @@ class CudaOps {
   void moe_backward(bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
                     const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
                     const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
-                    const float* dprob) {
+                    const float* dprob, const MoeBiasesT<bf16>& biases = {}, const MoeBiasGrads& = {}) {
+    plain_moe(m, biases.any());
     cuda::moe_backward(moe_blas(), dx, drouter, dgate, dup, ddown, dout, x, probs, router, gate, up, down,
                        moe_dims(N, C, m), dprob, scratch_, s_);
   }
@@ -192,6 +198,16 @@ class CudaOps {
   }
 
  private:
+  // gpt-oss's attention sinks and expert variant are not on the GPU yet.
+  static void no_sinks(const void* sinks) {
+    RT_CHECK(!sinks, "[cuda] attention sinks (GptOssForCausalLM) run on the CPU backend only for now; use --device cpu");
+  }
+  template <class Moe>
+  static void plain_moe(const Moe& m, bool biases) {
+    RT_CHECK(!biases && !m.topk_softmax && m.glu_limit == 0.0,
+             "[cuda] gpt-oss's experts (router and expert biases, top-k softmax routing, the clamped SwiGLU) run on "
+             "the CPU backend only for now; use --device cpu");
+  }
   DeviceAllocator& alloc_;
   Blas& blas_;
   cudaStream_t s_;

@@ -7,6 +7,7 @@
 // naming the file and the tensor.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +77,10 @@ struct TensorWrite {
     int64_t numel;
   };
   std::vector<Run> runs{};
+  // When set (and runs empty), the tensor's numel elements are made on demand
+  // into a buffer the writer owns, one tensor at a time (a fused tensor whose
+  // parts are interleaved or transposed, model/weight_map.h).
+  std::function<void(float* out)> fill{};
 };
 // A TensorWrite's elements in order (its data, or its runs gathered).
 std::vector<float> tensor_write_gather(const TensorWrite& t, int64_t numel);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -40,20 +41,26 @@ void check_finite(const TensorInfo& t, const float* x, int64_t n) {
 }
 
 // Where a weight lies in the fused tensor that holds it (weight_map.h):
-// the fused tensor and the element offset of the weight's rows.
+// the fused tensor, the element offset of the weight's rows (plain layouts),
+// its index among the parts and every part's shape (the others).
 struct FusedPart {
   const FusedTensor* fused;
   int64_t offset;
+  size_t index;
+  std::shared_ptr<const std::vector<std::vector<int64_t>>> shapes;
 };
 std::map<std::string, FusedPart> fused_parts(const ModelSpec& spec, const std::vector<FusedTensor>& fused) {
-  std::map<std::string, int64_t> numel;
-  for (const WeightEntry& e : weight_map(spec)) numel[e.name] = e.numel();
+  std::map<std::string, const WeightEntry*> entry;
+  const std::vector<WeightEntry> map = weight_map(spec);
+  for (const WeightEntry& e : map) entry[e.name] = &e;
   std::map<std::string, FusedPart> out;
   for (const FusedTensor& f : fused) {
+    auto shapes = std::make_shared<std::vector<std::vector<int64_t>>>();
+    for (const std::string& part : f.parts) shapes->push_back(entry.at(part)->shape);
     int64_t off = 0;
-    for (const std::string& part : f.parts) {
-      out[part] = {&f, off};
-      off += numel.at(part);
+    for (size_t k = 0; k < f.parts.size(); ++k) {
+      out[f.parts[k]] = {&f, off, k, shapes};
+      off += entry.at(f.parts[k])->numel();
     }
   }
   return out;
@@ -77,6 +84,16 @@ std::vector<TensorWrite> fuse_writes(const ModelSpec& spec, std::vector<TensorWr
     const FusedTensor& f = *it->second.fused;
     if (f.parts.front() != w.name) continue;  // written with the group's first part
     TensorWrite fw{f.name, f.shape, nullptr, w.dtype, {}};
+    if (!f.plain()) {  // interleaved or transposed parts (gpt-oss): made when written
+      std::vector<const float*> srcs;
+      for (const std::string& part : f.parts) srcs.push_back(by_name.at(part)->data);
+      const FusedTensor layout{f.name, f.shape, {}, f.interleave, f.transpose};  // outlives `fused`
+      fw.fill = [layout, srcs, shapes = it->second.shapes](float* out) {
+        for (size_t k = 0; k < srcs.size(); ++k) fused_scatter(layout, *shapes, k, srcs[k], out);
+      };
+      out.push_back(std::move(fw));
+      continue;
+    }
     for (const std::string& part : f.parts) {
       const TensorWrite* pw = by_name.at(part);
       int64_t n = 1;
@@ -109,7 +126,13 @@ void load_state(HostState& state, const SafetensorsModel& model) {
           check_finite(t, fused_buf.data(), t.numel());
           fused_in_buf = fp.fused;
         }
-        u.write_master(u.offsets[k], n, fused_buf.data() + fp.offset);
+        if (fp.fused->plain()) {
+          u.write_master(u.offsets[k], n, fused_buf.data() + fp.offset);
+        } else {  // interleaved or transposed (gpt-oss's experts)
+          scratch.resize(static_cast<size_t>(n));
+          fused_gather(*fp.fused, *fp.shapes, fp.index, fused_buf.data(), scratch.data());
+          u.write_master(u.offsets[k], n, scratch.data());
+        }
         continue;
       }
       const TensorInfo& t = model.get(u.entries[k].name);

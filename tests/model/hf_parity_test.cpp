@@ -118,6 +118,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
                          ::testing::Values("llama_gqa_rope3", "mistral", "qwen2_bias_tied", "qwen3_qknorm_hd",
                                            "olmo2_postnorm", "granite_mult", "smollm3_nope", "gemma_geglu",
                                            "gemma2_softcap_window", "gemma3_local_rope", "phi3_longrope_short",
-                                           "phi4mini_partial_tied"));
+                                           "phi4mini_partial_tied", "gptoss_sinks_window"));
 
 }  // namespace
