@@ -11,9 +11,37 @@
 
 namespace rt {
 
+namespace {
+// A fused tensor the checkpoint holds in MXFP4 (gpt-oss's experts, model/weight_map.h):
+// its blocks and scales, or nulls.
+struct Mxfp4Pair {
+  const TensorInfo* blocks = nullptr;
+  const TensorInfo* scales = nullptr;
+};
+Mxfp4Pair mxfp4_pair(const SafetensorsModel& model, const std::string& name) {
+  return {model.find(name + "_blocks"), model.find(name + "_scales")};
+}
+}  // namespace
+
 void load_state_check(const ModelSpec& spec, const SafetensorsModel& model) {
   std::vector<FoundTensor> found;
-  for (const TensorInfo* t : model.all()) found.push_back({t->name, t->shape});
+  std::map<std::string, std::string> mx;  // "NAME_blocks"/"NAME_scales" -> NAME, for gpt-oss's fused tensors
+  for (const FusedTensor& f : fused_tensors(spec))
+    if (!model.find(f.name) && spec.family == Family::gpt_oss) mx[f.name + "_blocks"] = mx[f.name + "_scales"] = f.name;
+  for (const TensorInfo* t : model.all()) {
+    auto it = mx.find(t->name);
+    if (it == mx.end()) {
+      found.push_back({t->name, t->shape});
+      continue;
+    }
+    const Mxfp4Pair p = mxfp4_pair(model, it->second);
+    if (t->name != it->second + "_blocks") continue;  // reported with its blocks
+    if (!p.scales || p.blocks->dtype != DType::u8 || p.scales->dtype != DType::u8 ||
+        mxfp4_fused_shape(p.blocks->shape, p.scales->shape).empty())
+      fail("[load] ", model.source(), ": ", it->second, "_blocks and _scales are not an MXFP4 pair (U8 blocks [E, R, ",
+           "K/32, 16] and U8 scales [E, R, K/32]); export the checkpoint again");
+    found.push_back({it->second, mxfp4_fused_shape(p.blocks->shape, p.scales->shape)});
+  }
   std::string report = weight_map_check(spec, found);
   if (!report.empty()) fail("[load] ", model.source(), " does not match config.json:\n", report);
 }
@@ -119,8 +147,16 @@ void load_state(HostState& state, const SafetensorsModel& model) {
       const int64_t n = u.entries[k].numel();
       if (auto it = parts.find(u.entries[k].name); it != parts.end()) {  // rows of a fused tensor
         const FusedPart& fp = it->second;
-        const TensorInfo& t = model.get(fp.fused->name);
+        if (fused_in_buf != fp.fused && !model.find(fp.fused->name)) {  // MXFP4 (load_state_check said so)
+          const Mxfp4Pair p = mxfp4_pair(model, fp.fused->name);
+          const std::vector<int64_t>& sh = p.blocks->shape;  // [E, R, K/32, 16]
+          fused_buf.resize(static_cast<size_t>(sh[0] * sh[1] * sh[2] * 32));
+          mxfp4_dequantize(p.blocks->data, p.scales->data, sh[0], sh[1], sh[2] * 32, fused_buf.data());
+          check_finite(*p.blocks, fused_buf.data(), static_cast<int64_t>(fused_buf.size()));
+          fused_in_buf = fp.fused;
+        }
         if (fused_in_buf != fp.fused) {
+          const TensorInfo& t = model.get(fp.fused->name);
           fused_buf.resize(static_cast<size_t>(t.numel()));
           tensor_to_f32(t, fused_buf.data());
           check_finite(t, fused_buf.data(), t.numel());

@@ -234,9 +234,10 @@ void yarn_read(const Fields& f, RopeConfig* rope, std::vector<std::string>* unsu
     unsupported->push_back(cat(f.where, "factor ", rope->factor, " must be positive"));
 }
 
-// Reads a rope object (rope_scaling or rope_parameters) into `rope`.
+// Reads a rope object (rope_scaling or rope_parameters) into `rope`; yarn
+// only where yarn_ok (gpt-oss: the other families' writers cannot express it).
 void rope_read(const json& obj, const std::string& name, const std::string& source, double top_theta, RopeConfig* rope,
-               std::vector<std::string>* unsupported) {
+               std::vector<std::string>* unsupported, bool yarn_ok = false) {
   Fields f{obj, source, name + "."};
   rope->theta = f.get_double("rope_theta", top_theta);
   std::string type = f.has("rope_type") ? f.get_string("rope_type", "default") : f.get_string("type", "default");
@@ -251,11 +252,11 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
     rope->low_freq_factor = f.get_double("low_freq_factor");
     rope->high_freq_factor = f.get_double("high_freq_factor");
     rope->original_max_positions = f.get_int("original_max_position_embeddings");
-  } else if (type == "yarn") {
+  } else if (type == "yarn" && yarn_ok) {
     yarn_read(f, rope, unsupported);  // spec_gptoss.cpp
   } else {
-    unsupported->push_back(cat(name, ".rope_type \"", type,
-                               "\" is not supported; supported RoPE types: default, linear, llama3, yarn"));
+    unsupported->push_back(cat(name, ".rope_type \"", type, "\" is not supported; supported RoPE types: default, linear, llama3",
+                               yarn_ok ? ", yarn" : ""));
   }
   if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)
     unsupported->push_back(cat(name, ".partial_rotary_factor ", f.get_double("partial_rotary_factor"),
@@ -541,8 +542,8 @@ ojson rope_scaling_json(const RopeConfig& r) {
 }  // namespace
 
 void detail::spec_rope_read(const json& obj, const std::string& name, const std::string& source, double top_theta,
-                            RopeConfig* rope, std::vector<std::string>* unsupported) {
-  rope_read(obj, name, source, top_theta, rope, unsupported);
+                            RopeConfig* rope, std::vector<std::string>* unsupported, bool yarn_ok) {
+  rope_read(obj, name, source, top_theta, rope, unsupported, yarn_ok);
 }
 
 const char* family_name(Family f) { return family_info(f).model_type; }
@@ -567,6 +568,22 @@ int64_t ModelSpec::layer_window(int64_t layer) const {
   RT_CHECK(layer >= 0 && layer < static_cast<int64_t>(local_layers.size()), "[model] internal: layer ", layer,
            " has no attention type (the model has ", local_layers.size(), " layers)");
   return local_layers[static_cast<size_t>(layer)] ? local_window : 0;
+}
+
+double ModelSpec::attention_span(int64_t T) const {
+  if (local_layers.empty() || n_layers <= 0 || T <= 0) return static_cast<double>(T);
+  const double t = static_cast<double>(T);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const int64_t w = layer_window(i);
+    if (w <= 0 || w >= T) {
+      sum += t;
+      continue;
+    }
+    const double wd = static_cast<double>(w);
+    sum += 2.0 * (wd * (wd + 1.0) / 2.0 + (t - wd) * wd) / t;
+  }
+  return sum / static_cast<double>(n_layers);
 }
 
 bool ModelSpec::layer_uses_rope(int64_t layer) const {

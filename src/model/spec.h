@@ -147,6 +147,12 @@ struct ModelSpec {
   }
   // The attention window of layer `layer`: local_window for a local layer, else 0 (none).
   int64_t layer_window(int64_t layer) const;
+  // The keys per query of causal attention over T tokens, averaged over the
+  // layers and doubled (T for full causal layers, the FLOP counts' unit):
+  // a sliding layer of window W < T sees (W (W + 1) / 2 + (T - W) W) / T on
+  // average, so with windows attention costs less than 2 H D T per token.
+  // Sinks add one logit per row and query head: not counted.
+  double attention_span(int64_t T) const;
   // Whether layer `layer` rotates with rope_local instead of rope.
   bool layer_rope_local(int64_t layer) const { return rope_local_on && layer_window(layer) > 0; }
   bool is_gemma() const { return family == Family::gemma || family == Family::gemma2 || family == Family::gemma3; }

@@ -84,9 +84,10 @@ ModelSpec spec_gptoss_finish(const json& j, const std::string& source, ModelSpec
   if (has(j, "rope_parameters") && !j.at("rope_parameters").is_object())
     wrong(source, "rope_parameters", "an object", j.at("rope_parameters"));
   if (has(j, "rope_scaling") && !j.at("rope_scaling").empty())
-    detail::spec_rope_read(j.at("rope_scaling"), "rope_scaling", source, top_theta, &s.rope, &unsupported);
+    detail::spec_rope_read(j.at("rope_scaling"), "rope_scaling", source, top_theta, &s.rope, &unsupported, true);
   else if (has(j, "rope_parameters") && !j.at("rope_parameters").empty())
-    detail::spec_rope_read(j.at("rope_parameters"), "rope_parameters", source, top_theta, &s.rope, &unsupported);
+    detail::spec_rope_read(j.at("rope_parameters"), "rope_parameters", source, top_theta, &s.rope, &unsupported,
+                           true);
   else
     s.rope = default_yarn(top_theta);
   if (has(j, "partial_rotary_factor") && get_double(j, source, "partial_rotary_factor", 1.0) != 1.0)
@@ -168,6 +169,8 @@ void gptoss_validate(const ModelSpec& s, std::vector<std::string>* p) {
     if (!(r.beta_fast > 0.0) || !(r.beta_slow > 0.0))
       p->push_back(cat("yarn beta_fast ", r.beta_fast, " and beta_slow ", r.beta_slow, " must be positive"));
   }
+  if (r.scaling == RopeScaling::yarn && s.family != Family::gpt_oss)
+    p->push_back("YaRN RoPE is supported for GptOssForCausalLM only");
   if (s.family == Family::gpt_oss) {
     if (!s.is_moe()) p->push_back("GptOssForCausalLM needs num_local_experts >= 1");
     if (s.qkv_bias != s.o_bias) p->push_back("GptOssForCausalLM's attention_bias sets the q, k, v and o biases alike");

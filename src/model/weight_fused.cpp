@@ -3,6 +3,8 @@
 // layer template's contract); loading splits a fused tensor by rows and
 // export concatenates the rows again (io/state_tensors.cpp), bit for bit.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <map>
 
 #include "core/error.h"
@@ -78,6 +80,31 @@ void fused_scatter(const FusedTensor& f, const std::vector<std::vector<int64_t>>
                    const float* part, float* fused) {
   const int64_t base = group_base(f, part_shapes, k), n = numel_of(part_shapes[k]);
   for (int64_t i = 0; i < n; ++i) fused[fused_index(f, k, part_shapes[k], base, i)] = part[i];
+}
+
+std::vector<int64_t> mxfp4_fused_shape(const std::vector<int64_t>& blocks, const std::vector<int64_t>& scales) {
+  if (blocks.size() != 4 || scales.size() != 3 || blocks[3] != 16) return {};
+  for (size_t i = 0; i < 3; ++i)
+    if (blocks[i] != scales[i] || blocks[i] <= 0) return {};
+  return {blocks[0], blocks[2] * 32, blocks[1]};
+}
+
+void mxfp4_dequantize(const uint8_t* blocks, const uint8_t* scales, int64_t E, int64_t R, int64_t K, float* out) {
+  static constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  const int64_t G = K / 32;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t row = (e * R + r) * G + g;
+        const int exp = static_cast<int>(scales[row]) - 127;
+        const uint8_t* b = blocks + row * 16;
+        for (int64_t j = 0; j < 16; ++j) {
+          const int64_t k = g * 32 + 2 * j;
+          out[(e * K + k) * R + r] = std::ldexp(kE2m1[b[j] & 0x0F], exp);
+          out[(e * K + k + 1) * R + r] = std::ldexp(kE2m1[b[j] >> 4], exp);
+        }
+      }
 }
 
 std::vector<FusedTensor> fused_tensors(const ModelSpec& s) {

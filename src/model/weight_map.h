@@ -113,6 +113,16 @@ void fused_gather(const FusedTensor& f, const std::vector<std::vector<int64_t>>&
                   const float* fused, float* part);
 void fused_scatter(const FusedTensor& f, const std::vector<std::vector<int64_t>>& part_shapes, size_t k,
                    const float* part, float* fused);
+// gpt-oss's hub checkpoints store gate_up_proj and down_proj in MXFP4:
+// NAME_blocks [E, R, K/32, 16] uint8, two e2m1 codes a byte (the low nibble
+// the even element: 0 0.5 1 1.5 2 3 4 6, bit 3 the sign), and NAME_scales
+// [E, R, K/32] uint8, one e8m0 scale 2^(s - 127) per 32 consecutive
+// elements of a row; they hold W [E, R, K] whose transpose [E, K, R] is NAME.
+// The shape of NAME for blocks and scales of these shapes; empty when they do not fit together.
+std::vector<int64_t> mxfp4_fused_shape(const std::vector<int64_t>& blocks, const std::vector<int64_t>& scales);
+// out [E, K, R] (fp32, exact: every code times its power of two).
+void mxfp4_dequantize(const uint8_t* blocks, const uint8_t* scales, int64_t E, int64_t R, int64_t K, float* out);
+
 // weight_map in the checkpoint's layout: each fused group's entries replaced
 // by one entry (the fused name and shape, the first part's kind) in its place.
 // weight_map_check compares a checkpoint against this.
