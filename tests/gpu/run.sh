@@ -41,7 +41,8 @@
 #   gptoss    gpt-oss only (not in the default; ops and engine hold the same tests): the masked attention with
 #             sinks and the clamped SwiGLU vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a
 #             tiny gpt-oss (gpu_engine_moe_test), then gpt-oss-20b at its real size from random init in the lean
-#             mode (adamw4bit, bf16-sr master, folded gradients; ~3.1 B/param of host RAM), 6 steps of 4 x 1024
+#             mode (adamw4bit, bf16-sr master, folded gradients; ~3.1 B/param of host RAM), 6 steps of 4 x 1024,
+#             no final export (42 GB in bf16 on a 64 GiB disk)
 #   nccl      NcclCollective: a world of one GPU, and of every visible GPU when 2+ (gpu_nccl_test; not in the default)
 #   dp        data parallel (not in the default). 2+ GPUs: tiny-byte, the same global batch on one GPU and on N
 #             ranks, loss step by step within DP_TOL (bench/dp_compare.py); then Qwen2.5-7B at 16 x 2048 per GPU
@@ -82,7 +83,7 @@ if has gptoss; then  # gpt-oss (also inside ops and engine)
   run gptoss_ops 180 "$bin/gpu_cuda_ops_test" --gtest_filter='*MaskedAttention*:*ClampedSwiglu*'
   run gptoss_engine 300 "$bin/gpu_engine_moe_test" --gtest_filter='*GptOss*'
   run gptoss_20b 900 "$bin/ramtrain" train --preset gpt-oss-20b --data "$data" --seq-len 1024 --micro-batch 4 \
-    --steps 6 --optimizer adamw4bit --master bf16-sr --grads fold --out "$tmp/gptoss20b"
+    --steps 6 --optimizer adamw4bit --master bf16-sr --grads fold --export-dtype none --out "$tmp/gptoss20b"
 fi
 if has fp8; then
   run fp8_lt_probe 60 "$bin/fp8_lt_probe"
