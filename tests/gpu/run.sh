@@ -31,7 +31,7 @@
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte; the Gemma
-#             fixtures; a Phi3 fixture)
+#             fixtures; a Phi3 fixture; the gpt-oss fixture)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
@@ -417,6 +417,15 @@ if has hf; then
     '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
     ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
     python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 && echo PHI-EXPORT-OK"
+  # gpt-oss (experts fused and transposed again on export, sinks, 24-token rows past the window of 5)
+  run export_check_gptoss 200 bash -c "
+    set -e; d=$tmp/expgo; mkdir -p \$d
+    python3 -c \"import random, struct; random.seed(1); ids = [random.randrange(104) for _ in range(20000)]; open('\$d/train.bin', 'wb').write(struct.pack('<%dH' % len(ids), *ids)); random.seed(0); [print(' '.join(str(random.randrange(104)) for _ in range(24))) for _ in range(3)]\" > \$d/tokens.txt
+    '$bin/ramtrain' train --model '$here/tests/fixtures/hf/gptoss_sinks_window' --data \$d/train.bin --steps 3 \
+       --seq-len 32 --micro-batch 2 --device cpu --export-dtype fp32 --out \$d/run >/dev/null
+    '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
+    ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
+    python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 && echo GPTOSS-EXPORT-OK"
 fi
 
 if has demo; then
