@@ -128,9 +128,9 @@ class CpuOps {
  private:
   // gpt-oss's routing, activation and biases (cpu/moe.h)
   static cpu::MoeVariant variant(const MoeConfig& m, const MoeBiasesT<float>& b) {
-    return cpu::MoeVariant{m.topk_softmax, static_cast<float>(m.glu_limit), static_cast<float>(m.glu_alpha),
-                           b.router,       b.gate,
-                           b.up,           b.down};
+    return cpu::MoeVariant{
+        m.topk_softmax, static_cast<float>(m.glu_limit), static_cast<float>(m.glu_alpha), b.router, b.gate, b.up,
+        b.down};
   }
   cpu::RopeTables rope_;
   float norm_offset_ = 0.f;

@@ -115,8 +115,7 @@ void moe_topk(const float* p, int64_t E, int64_t K, bool norm_topk, int32_t* idx
 
 void moe_forward(float* out, float* probs, const float* x, const float* router, const float* const* gate,
                  const float* const* up, const float* const* down, int64_t N, int64_t C, int64_t E, int64_t K,
-                 int64_t F, bool norm_topk, int64_t* tokens_per_expert, double* prob_sum,
-                 const MoeVariant& v) {
+                 int64_t F, bool norm_topk, int64_t* tokens_per_expert, double* prob_sum, const MoeVariant& v) {
   check_shape(N, C, E, K, F);
   router_probs(probs, x, router, N, C, E, v);
   if (prob_sum) {  // the softmax over all experts (gpt-oss: of its logits), for the routing statistics

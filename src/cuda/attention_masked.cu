@@ -232,9 +232,9 @@ unsigned blocks_for(int64_t rows) { return static_cast<unsigned>(detail::ceil_di
 
 }  // namespace
 
-void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                              int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
-                              cudaStream_t stream, const int32_t* doc_start, const bf16* sinks) {
+void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                              int64_t H, int64_t G, int64_t D, int64_t window, float softcap, cudaStream_t stream,
+                              const int32_t* doc_start, const bf16* sinks) {
   const MaskedArgs a = masked_args(B, T, H, G, D, window, softcap, doc_start, "attention_masked_forward", sinks);
   if (B * T == 0) return;
   masked_forward_kernel<<<blocks_for(B * H * T), 32 * kWarps, 0, stream>>>(out, lse, q, k, v, a);

@@ -170,8 +170,8 @@ class CudaOps {
   void moe_forward(bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                    const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
                    int64_t* tokens_per_expert, double* prob_sum, const MoeBiasesT<bf16>& biases = {}) {
-    cuda::moe_forward(moe_blas(), out, probs, x, router, gate, up, down, moe_dims(N, C, m), tokens_per_expert,
-                      prob_sum, scratch_, s_, biases);
+    cuda::moe_forward(moe_blas(), out, probs, x, router, gate, up, down, moe_dims(N, C, m), tokens_per_expert, prob_sum,
+                      scratch_, s_, biases);
   }
   template <class Moe>
   void moe_backward(bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,

@@ -349,16 +349,14 @@ __global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, const
 // weights (norm_topk: w_j = p_j / S) and the softmax; dprob [E] or null.
 // topk_softmax (gpt-oss): w = softmax(l_S), dl_S_j = w_j (dw_j - sum_i w_i dw_i), 0 elsewhere.
 __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx, const float* w, const float* dw,
-                                   const float* dprob, int64_t N, int64_t E, int K, bool norm_topk,
-                                   bool topk_softmax) {
+                                   const float* dprob, int64_t N, int64_t E, int K, bool norm_topk, bool topk_softmax) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   if (topk_softmax) {
     float wdw = 0.f;
     for (int j = 0; j < K; ++j) wdw += w[n * K + j] * dw[n * K + j];
     for (int64_t e = 0; e < E; ++e) dl[n * E + e] = __float2bfloat16(0.f);
-    for (int j = 0; j < K; ++j)
-      dl[n * E + idx[n * K + j]] = __float2bfloat16(w[n * K + j] * (dw[n * K + j] - wdw));
+    for (int j = 0; j < K; ++j) dl[n * E + idx[n * K + j]] = __float2bfloat16(w[n * K + j] * (dw[n * K + j] - wdw));
     return;
   }
   const float* pr = p + n * E;
@@ -450,7 +448,7 @@ void col_sum(float* db, const bf16* d, int64_t R, int64_t cols, cudaStream_t str
 std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
   const int64_t NK = d.N * d.K;
   topk_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K),
-                                                       d.norm_topk, d.topk_softmax);
+                                                         d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   count_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.offsets, w.idx, NK);
   CUDA_CHECK_LAUNCH();
@@ -465,9 +463,9 @@ std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* prob
 }
 
 // Every expert's g, u, a (bf16) and o (fp32) on its gathered rows xe.
-void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const std::vector<int32_t>& off,
-                     const bf16* x, const bf16* const* gate, const bf16* const* up, const bf16* const* down,
-                     cudaStream_t stream, const MoeBiasesT<bf16>& b) {
+void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const std::vector<int32_t>& off, const bf16* x,
+                     const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
+                     const MoeBiasesT<bf16>& b) {
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
   gather_kernel<<<blocks_for(NK * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, NK, C, static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
@@ -524,13 +522,13 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup,
-                  float* const* ddown, const bf16* dout, const bf16* x, const float* probs, const bf16* router,
-                  const bf16* const* gate, const bf16* const* up, const bf16* const* down, const MoeDims& d,
-                  const float* dprob, Scratch scratch, cudaStream_t stream, const MoeBiasesT<bf16>& b,
-                  const MoeBiasGrads& gb) {
+void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
+                  const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
+                  const bf16* const* up, const bf16* const* down, const MoeDims& d, const float* dprob, Scratch scratch,
+                  cudaStream_t stream, const MoeBiasesT<bf16>& b, const MoeBiasGrads& gb) {
   check_dims(d);
-  RT_CHECK(!(dprob && d.topk_softmax), "[cuda moe] the load-balancing loss is not supported with top-k softmax routing");
+  RT_CHECK(!(dprob && d.topk_softmax),
+           "[cuda moe] the load-balancing loss is not supported with top-k softmax routing");
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
@@ -567,10 +565,10 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   }
   // routing weights -> probabilities -> logits -> x and the router
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw,
-                                                               dprob ? w.dprob : nullptr, d.N, d.E,
-                                                               static_cast<int>(d.K), d.norm_topk, d.topk_softmax);
+                                                                dprob ? w.dprob : nullptr, d.N, d.E,
+                                                                static_cast<int>(d.K), d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
-  if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);  // the router bias: dl summed over tokens
+  if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                   // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);   // dxr [N,C] = dl [N,E] Wr [E,C]
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);      // dWr [E,C] += dl^T x
   combine_dx_kernel<<<blocks_for(d.N * C, 256), 256, 0, stream>>>(dx, dxe, w.dxr, w.row_of, w.idx, d.N, C,

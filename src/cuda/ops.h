@@ -213,15 +213,14 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
 // scratch (attention_backward_scratch_bytes) as the fused pair; D % 32 == 0, D <= 256.
 // sinks [H] (gpt-oss, bf16, nullable): a logit per query head in every row's
 // softmax denominator (cpu/ops.h); dsinks [H] fp32 (+=, nullable).
-void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                              int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
-                              cudaStream_t stream, const int32_t* doc_start = nullptr, const bf16* sinks = nullptr);
+void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                              int64_t H, int64_t G, int64_t D, int64_t window, float softcap, cudaStream_t stream,
+                              const int32_t* doc_start = nullptr, const bf16* sinks = nullptr);
 void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                                const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
                                int64_t G, int64_t D, int64_t window, float softcap, Scratch scratch,
                                cudaStream_t stream, const int32_t* doc_start = nullptr, const bf16* sinks = nullptr,
                                float* dsinks = nullptr);
-
 
 // ---- mixture-of-experts MLP (src/cpu/moe.h states the contract; letters
 // there: E experts, K per token, F expert width) ----
@@ -272,11 +271,10 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
 // dx [N, C] (bf16, =); drouter [E, C] and dgate/dup/ddown[e] (fp32, +=; host
 // arrays of E device pointers). probs: the forward's. dprob [E] (host memory,
 // nullable): d loss / d p[n, e] added for every row (the load-balancing loss).
-void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup,
-                  float* const* ddown, const bf16* dout, const bf16* x, const float* probs, const bf16* router,
-                  const bf16* const* gate, const bf16* const* up, const bf16* const* down, const MoeDims& d,
-                  const float* dprob, Scratch scratch, cudaStream_t stream, const MoeBiasesT<bf16>& biases = {},
-                  const MoeBiasGrads& bias_grads = {});
+void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
+                  const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
+                  const bf16* const* up, const bf16* const* down, const MoeDims& d, const float* dprob, Scratch scratch,
+                  cudaStream_t stream, const MoeBiasesT<bf16>& biases = {}, const MoeBiasGrads& bias_grads = {});
 // Qwen2-MoE's gated shared expert: y[n, :] = bf16(y + sigmoid(z[n]) o[n, :]),
 // o [N, C] bf16, z [N] fp32; backward: d_o (=) = sigmoid(z) dy,
 // dz (=, bf16) = sigmoid'(z) <dy[n], o[n]>.

@@ -255,7 +255,8 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
   } else if (type == "yarn" && yarn_ok) {
     yarn_read(f, rope, unsupported);  // spec_gptoss.cpp
   } else {
-    unsupported->push_back(cat(name, ".rope_type \"", type, "\" is not supported; supported RoPE types: default, linear, llama3",
+    unsupported->push_back(cat(name, ".rope_type \"", type,
+                               "\" is not supported; supported RoPE types: default, linear, llama3",
                                yarn_ok ? ", yarn" : ""));
   }
   if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)

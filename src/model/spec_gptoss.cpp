@@ -80,23 +80,22 @@ ModelSpec spec_gptoss_finish(const json& j, const std::string& source, ModelSpec
 
   // ---- RoPE: a non-null rope_scaling (4.x) wins over rope_parameters (5.x), as spec.cpp's rule
   const double top_theta = get_double(j, source, "rope_theta", 150000.0);
-  if (has(j, "rope_scaling") && !j.at("rope_scaling").is_object()) wrong(source, "rope_scaling", "an object", j.at("rope_scaling"));
+  if (has(j, "rope_scaling") && !j.at("rope_scaling").is_object())
+    wrong(source, "rope_scaling", "an object", j.at("rope_scaling"));
   if (has(j, "rope_parameters") && !j.at("rope_parameters").is_object())
     wrong(source, "rope_parameters", "an object", j.at("rope_parameters"));
   if (has(j, "rope_scaling") && !j.at("rope_scaling").empty())
     detail::spec_rope_read(j.at("rope_scaling"), "rope_scaling", source, top_theta, &s.rope, &unsupported, true);
   else if (has(j, "rope_parameters") && !j.at("rope_parameters").empty())
-    detail::spec_rope_read(j.at("rope_parameters"), "rope_parameters", source, top_theta, &s.rope, &unsupported,
-                           true);
+    detail::spec_rope_read(j.at("rope_parameters"), "rope_parameters", source, top_theta, &s.rope, &unsupported, true);
   else
     s.rope = default_yarn(top_theta);
   if (has(j, "partial_rotary_factor") && get_double(j, source, "partial_rotary_factor", 1.0) != 1.0)
     unsupported.push_back("partial_rotary_factor != 1 is not supported; RoPE must rotate the whole head");
 
   // ---- sliding-window layers
-  const int64_t window = j.contains("sliding_window") && j.at("sliding_window").is_null()
-                             ? 0
-                             : get_int(j, source, "sliding_window", 128);
+  const int64_t window =
+      j.contains("sliding_window") && j.at("sliding_window").is_null() ? 0 : get_int(j, source, "sliding_window", 128);
   std::vector<uint8_t> local;
   if (has(j, "layer_types")) {
     const json& lt = j.at("layer_types");
@@ -161,7 +160,8 @@ ModelSpec spec_gptoss_finish(const json& j, const std::string& source, ModelSpec
 void gptoss_validate(const ModelSpec& s, std::vector<std::string>* p) {
   const RopeConfig& r = s.rope;
   if (r.scaling == RopeScaling::yarn) {
-    if (!(r.factor > 0.0) || !std::isfinite(r.factor)) p->push_back(cat("yarn factor must be positive, found ", r.factor));
+    if (!(r.factor > 0.0) || !std::isfinite(r.factor))
+      p->push_back(cat("yarn factor must be positive, found ", r.factor));
     if (r.original_max_positions <= 0)
       p->push_back(cat("yarn original_max_position_embeddings must be positive, found ", r.original_max_positions));
     if (!(r.attention_factor > 0.0) || !std::isfinite(r.attention_factor))
@@ -178,8 +178,9 @@ void gptoss_validate(const ModelSpec& s, std::vector<std::string>* p) {
   }
   if (s.attn_sinks || s.o_bias || s.moe.router_bias || s.moe.topk_softmax || s.moe.expert_bias ||
       s.moe.glu_limit != 0.0)
-    p->push_back("attention sinks, o_proj biases, router and expert biases, top-k softmax routing and the clamped "
-                 "SwiGLU are supported for GptOssForCausalLM only");
+    p->push_back(
+        "attention sinks, o_proj biases, router and expert biases, top-k softmax routing and the clamped "
+        "SwiGLU are supported for GptOssForCausalLM only");
 }
 
 std::string spec_gptoss_config_json(const ModelSpec& s) {
@@ -235,7 +236,8 @@ std::string spec_gptoss_config_json(const ModelSpec& s) {
   // the window of the sliding layers; layer_types says which they are (null: none)
   o["sliding_window"] = s.local_window > 0 ? ojson(s.local_window) : ojson(nullptr);
   std::vector<std::string> types;
-  for (int64_t i = 0; i < s.n_layers; ++i) types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+  for (int64_t i = 0; i < s.n_layers; ++i)
+    types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
   o["layer_types"] = types;
   o["num_local_experts"] = s.moe.n_experts;
   o["num_experts_per_tok"] = s.moe.top_k;

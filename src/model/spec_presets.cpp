@@ -211,8 +211,8 @@ const std::map<std::string, ModelSpec>& presets() {
     // (4,187,440,704 active, embedding and head included); gpt-oss-120b: 36
     // layers, 128 experts: 116,829,156,672 (5,711,982,912 active).
     auto gptoss = [](int64_t layers, int64_t experts) {
-      ModelSpec s =
-          preset_make(Family::gpt_oss, 2880, 2880, layers, 64, 8, 64, 201088, 150000.0, 1e-5, false, 131072, -1, {200002});
+      ModelSpec s = preset_make(Family::gpt_oss, 2880, 2880, layers, 64, 8, 64, 201088, 150000.0, 1e-5, false, 131072,
+                                -1, {200002});
       s.pad_id = 199999;
       s.qkv_bias = s.o_bias = s.attn_sinks = true;
       s.local_window = 128;

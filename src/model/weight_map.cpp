@@ -30,10 +30,10 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 WeightEntry entry(std::string name, WeightKind kind, int64_t layer, std::vector<int64_t> shape) {
   bool nb = kind == WeightKind::attn_norm || kind == WeightKind::mlp_norm || kind == WeightKind::final_norm ||
-            kind == WeightKind::attn_post_norm || kind == WeightKind::mlp_post_norm ||
-            kind == WeightKind::q_norm || kind == WeightKind::k_norm || kind == WeightKind::q_bias ||
-            kind == WeightKind::k_bias || kind == WeightKind::v_bias || kind == WeightKind::o_bias ||
-            kind == WeightKind::sinks || kind == WeightKind::router_bias || kind == WeightKind::expert_gate_bias ||
+            kind == WeightKind::attn_post_norm || kind == WeightKind::mlp_post_norm || kind == WeightKind::q_norm ||
+            kind == WeightKind::k_norm || kind == WeightKind::q_bias || kind == WeightKind::k_bias ||
+            kind == WeightKind::v_bias || kind == WeightKind::o_bias || kind == WeightKind::sinks ||
+            kind == WeightKind::router_bias || kind == WeightKind::expert_gate_bias ||
             kind == WeightKind::expert_up_bias || kind == WeightKind::expert_down_bias;
   return WeightEntry{std::move(name), kind, layer, std::move(shape), nb, -1};
 }

@@ -106,7 +106,8 @@ TEST(CpuGptOssSwiglu, ClampedForwardMatchesDoubleAndBackwardMatchesFiniteDiffere
   const int64_t n = 200;
   const float limit = 1.5f, alpha = 1.702f;
   // values from -3 to 3: a third of the gates and two thirds of the ups clamped
-  Vec g = away_from(random_vec(n, 91, -3.f, 3.f), limit, 0.05f), u = away_from(random_vec(n, 92, -3.f, 3.f), limit, 0.05f);
+  Vec g = away_from(random_vec(n, 91, -3.f, 3.f), limit, 0.05f),
+      u = away_from(random_vec(n, 92, -3.f, 3.f), limit, 0.05f);
   Vec r = random_vec(n, 93);
   Vec out(n, kNaN);
   rt::cpu::swiglu_clamped_forward(out.data(), g.data(), u.data(), n, limit, alpha);
@@ -168,8 +169,8 @@ struct GptOssMoe {
     out->assign(static_cast<size_t>(N * C), 0.f);
     logits->assign(static_cast<size_t>(N * E), 0.f);
     const rt::cpu::MoeVariant v = variant();
-    rt::cpu::moe_forward(out->data(), logits->data(), x.data(), router.data(), pg.data(), pu.data(), pd.data(), N, C,
-                         E, K, F, false, nullptr, nullptr, v);
+    rt::cpu::moe_forward(out->data(), logits->data(), x.data(), router.data(), pg.data(), pu.data(), pd.data(), N, C, E,
+                         K, F, false, nullptr, nullptr, v);
     sel->assign(static_cast<size_t>(N * K), 0);
     Vec w(static_cast<size_t>(K));
     for (int64_t n = 0; n < N; ++n) {
@@ -242,7 +243,7 @@ TEST(CpuGptOssMoe, BackwardMatchesFiniteDifferences) {
   c.forward(&out, &logits, &sel0);
   Vec dx(c.x.size()), drouter(c.router.size(), 0.f), drb(c.E, 0.f);
   std::vector<Vec> dg(c.E, Vec(c.F * c.C, 0.f)), du = dg, dd(c.E, Vec(c.C * c.F, 0.f)), dgb(c.E, Vec(c.F, 0.f)),
-      dub = dgb, ddb(c.E, Vec(c.C, 0.f));
+                                                 dub = dgb, ddb(c.E, Vec(c.C, 0.f));
   std::vector<float*> pg, pu, pd, pgb, pub, pdb;
   for (int64_t e = 0; e < c.E; ++e) {
     pg.push_back(dg[e].data()), pu.push_back(du[e].data()), pd.push_back(dd[e].data());

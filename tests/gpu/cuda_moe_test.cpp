@@ -157,8 +157,7 @@ void run_case(const Case& k) {
   // break the exact ties of identical router rows that the check accepted
   for (int64_t n = 0; n < N; ++n)
     rt::cpu::moe_forward(ref_out.data() + n * C, ref_probs.data() + n * E, x.data() + n * C, router.data(), cg.data(),
-                         cu.data(), cd.data(), 1, C, E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data(),
-                         variant);
+                         cu.data(), cd.data(), 1, C, E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data(), variant);
   auto ref_gg = gg0, ref_gu = gu0, ref_gd = gd0;
   std::vector<float> ref_grouter = grouter0, ref_dx(static_cast<size_t>(N * C));
   std::vector<float*> rgg = ptrs(ref_gg), rgu = ptrs(ref_gu), rgd = ptrs(ref_gd);

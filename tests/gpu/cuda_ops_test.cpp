@@ -560,8 +560,7 @@ void masked_attention_case(const AttnCase& c, int64_t window, float cap, uint64_
                           (with_sinks ? " sinks" : "");
   // d sink: sum over B*T rows of -P_sink D_t, fp32 on both sides from bf16-rounded out and dO:
   // the per-row error of D_t (as dq's) summed, norm-wise as dq's bound
-  if (with_sinks)
-    expect_close(tag + " dsinks", download_f32(*d_dsinks, c.H), dsink_ref, 1e-2, 5e-2);
+  if (with_sinks) expect_close(tag + " dsinks", download_f32(*d_dsinks, c.H), dsink_ref, 1e-2, 5e-2);
   expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
   EXPECT_TRUE(rt::test::expect_near(tag + " lse", download_f32(*lse, c.B * c.H * c.T), lse_ref, 2e-4, 1e-5));
   expect_close(tag + " dq", download_bf16(*dq, nq), dq_ref, 1e-2, 5e-2);
@@ -574,8 +573,8 @@ TEST_F(CudaOps, MaskedAttentionMatchesCpu) {
   masked_attention_case({2, 70, 4, 2, 64}, 0, 1.5f, 510);      // soft cap only
   masked_attention_case({1, 100, 8, 4, 256}, 33, 2.f, 520);    // both, Gemma's head_dim
   masked_attention_case({2, 40, 4, 1, 128, {{17, 23}, {40}}}, 9, 3.f, 530);  // with packed documents
-  masked_attention_case({2, 70, 8, 2, 64}, 16, 0.f, 540, true);  // gpt-oss: sinks and a window
-  masked_attention_case({2, 70, 8, 2, 64}, 0, 0.f, 550, true);   // sinks alone
+  masked_attention_case({2, 70, 8, 2, 64}, 16, 0.f, 540, true);              // gpt-oss: sinks and a window
+  masked_attention_case({2, 70, 8, 2, 64}, 0, 0.f, 550, true);               // sinks alone
 }
 
 // Both kernel sets where the GPU runs them (wgmma: compute capability 9.0),

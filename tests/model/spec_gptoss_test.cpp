@@ -153,12 +153,14 @@ TEST(WeightMapGptOss, FusedExpertLayoutAsStated) {
   const auto sh = shapes_of(gu);
   for (int64_t e = 0; e < E; ++e)
     for (int which = 0; which < 2; ++which) {
-      ASSERT_EQ(gu.parts[static_cast<size_t>(2 * e + which)], p + std::to_string(e) + (which ? ".up_proj.weight" : ".gate_proj.weight"));
+      ASSERT_EQ(gu.parts[static_cast<size_t>(2 * e + which)],
+                p + std::to_string(e) + (which ? ".up_proj.weight" : ".gate_proj.weight"));
       std::vector<float> part(static_cast<size_t>(F * C));
       rt::fused_gather(gu, sh, static_cast<size_t>(2 * e + which), all.data(), part.data());
       for (int64_t f = 0; f < F; ++f)
         for (int64_t c = 0; c < C; ++c)
-          EXPECT_EQ(part[f * C + c], all[(e * C + c) * 2 * F + 2 * f + which]) << e << " " << which << " " << f << " " << c;
+          EXPECT_EQ(part[f * C + c], all[(e * C + c) * 2 * F + 2 * f + which])
+              << e << " " << which << " " << f << " " << c;
       std::vector<float> back(all.size(), -1.f);
       rt::fused_scatter(gu, sh, static_cast<size_t>(2 * e + which), part.data(), back.data());
       for (int64_t f = 0; f < F; ++f)
@@ -204,8 +206,10 @@ void put_u32le(std::string& out, uint64_t v) {
 TEST(LoadGptOss, Mxfp4ExpertsDequantizeAtLoad) {
   const int64_t C = 64, F = 32, E = 2, H = 4, G = 2, D = 16, V = 16;
   const std::string cfg = rt::cat(R"({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
-      "hidden_size": )", C, R"(, "intermediate_size": )", F, R"(, "num_hidden_layers": 1,
-      "num_attention_heads": )", H, R"(, "num_key_value_heads": )", G, R"(, "head_dim": )", D,
+      "hidden_size": )",
+                                  C, R"(, "intermediate_size": )", F, R"(, "num_hidden_layers": 1,
+      "num_attention_heads": )",
+                                  H, R"(, "num_key_value_heads": )", G, R"(, "head_dim": )", D,
                                   R"(, "num_local_experts": )", E, R"(, "num_experts_per_tok": 1, "vocab_size": )", V,
                                   R"(, "layer_types": ["full_attention"], "tie_word_embeddings": false})");
   const ModelSpec s = rt::spec_from_config_text(cfg, "mx");
@@ -262,7 +266,8 @@ TEST(LoadGptOss, Mxfp4ExpertsDequantizeAtLoad) {
   auto W = [&](const std::string& name, int64_t R, int64_t K, int64_t e, int64_t r, int64_t k) {
     const Raw& b = raw(name + "_blocks");
     const Raw& sc = raw(name + "_scales");
-    const uint8_t byte = static_cast<uint8_t>(b.bytes[static_cast<size_t>(((e * R + r) * (K / 32) + k / 32) * 16 + (k % 32) / 2)]);
+    const uint8_t byte =
+        static_cast<uint8_t>(b.bytes[static_cast<size_t>(((e * R + r) * (K / 32) + k / 32) * 16 + (k % 32) / 2)]);
     const int code = k % 2 ? byte >> 4 : byte & 0x0f;
     const int scale = static_cast<uint8_t>(sc.bytes[static_cast<size_t>((e * R + r) * (K / 32) + k / 32)]);
     return static_cast<float>(std::ldexp(e2m1(code), scale - 127));
