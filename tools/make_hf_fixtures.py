@@ -16,7 +16,7 @@ What it writes (all tensors little-endian fp32 "F32" unless said otherwise):
 <out>/hf/<name>/   for name in llama_gqa_rope3, mistral, qwen2_bias_tied, qwen3_qknorm_hd,
                    olmo2_postnorm, granite_mult, smollm3_nope, gemma_geglu,
                    gemma2_softcap_window, gemma3_local_rope, phi3_longrope_short,
-                   phi4mini_partial_tied
+                   phi4mini_partial_tied, gptoss_sinks_window
   config.json        exactly what transformers' save_pretrained wrote (5.x dialect:
                      "rope_parameters" = {"rope_type", "rope_theta", ...}).
   model.safetensors  exactly what save_pretrained(safe_serialization=True) wrote: HF tensor
@@ -226,6 +226,21 @@ def model_configs():
             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                              "short_factor": [1.0, 1.0, 1.2, 1.6, 2.4, 3.0],
                              "long_factor": [1.1, 1.9, 3.3, 6.0, 11.5, 23.0]})),
+        # gpt-oss: attention sinks, q/k/v/o biases, layer 0 sliding (window 5 < T = 16), layer 1
+        # full; YaRN (head_dim 16, theta 150000, original context 4096: pairs 0-2 extrapolate,
+        # 3-4 blend, 5-7 interpolate; attention factor 0.1 ln 32 + 1); 4 experts, top 2, softmax
+        # over the 2 selected router logits, router and expert biases, SwiGLU clamped at 2.0 so
+        # that both clamps bite (gate and up have std ~2 here).
+        "gptoss_sinks_window": ("GptOssConfig", dict(
+            common, vocab_size=104, hidden_size=48, intermediate_size=32,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, attention_bias=True, sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+            num_local_experts=4, num_experts_per_tok=2, swiglu_limit=2.0, swiglu_alpha=1.702,
+            router_aux_loss_coef=0.0, output_router_logits=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 4096})),
     }
 
 
@@ -244,6 +259,8 @@ def params_reinit(model, gen):
                 v = norm_one + 0.3 * r
             elif name.endswith(".bias"):
                 v = 0.3 * r
+            elif name.endswith(".sinks"):  # gpt-oss: sinks that weigh in the softmax
+                v = 1.0 * r
             elif "embed_tokens" in name:
                 v = (0.35 if tied else 1.0) * r
             else:
@@ -295,14 +312,17 @@ FIXTURE_SEEDS = {
     "llama_gqa_rope3": 1234, "mistral": 1235, "qwen2_bias_tied": 1236, "qwen3_qknorm_hd": 1237,
     "olmo2_postnorm": 1238, "granite_mult": 1239, "smollm3_nope": 1240, "gemma_geglu": 1241,
     "gemma2_softcap_window": 1242, "gemma3_local_rope": 1243, "phi3_longrope_short": 1241,
-    "phi4mini_partial_tied": 1242,
+    "phi4mini_partial_tied": 1242, "gptoss_sinks_window": 1246,
 }
 
 
 def hf_fixture_write(out_dir, name, cls_name, cfg_kwargs, seed):
     cfg = getattr(transformers, cls_name)(**cfg_kwargs)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    # MoE models (gpt-oss): the experts' eager loop, as modeling_*.py writes it (the grouped_mm
+    # default takes no float64, which the loss_f64 run below needs)
+    extra = {"experts_implementation": "eager"} if cfg.model_type == "gpt_oss" else {}
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", **extra)
     model = model.to(torch.float32)
     if model.config._attn_implementation != "eager":
         sys.exit(f"[make_hf_fixtures] {name}: attention is {model.config._attn_implementation}, want eager")

@@ -15,6 +15,11 @@
 // bit-identical for any thread count. dq, dk, dv are written with '='.
 // Window W > 0: j0 is also > t - W. Soft cap c > 0: s_j = c tanh(z_j / c) with
 // z_j = (q_t . k_j) * scale, and the backward's dS picks up 1 - tanh^2.
+// Sinks (gpt-oss, sink[h] per query head): the logit sink[h] joins each
+// row's max and denominator and weighs no value, so P_sink = exp(sink - lse)
+// and the rows' probabilities sum to 1 - P_sink; its dP is 0, so
+// d sink[h] = sum over rows of P_sink (0 - D_t). The backward keeps one
+// partial sum per (b, h) in its task and adds them over b in order.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -70,7 +75,8 @@ float dot(const float* a, const float* b, int64_t D) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start, int64_t window, float softcap) {
+                       int64_t H, int64_t G, int64_t D, const int32_t* doc_start, int64_t window, float softcap,
+                       const float* sinks) {
   attention_check(B, T, H, G, D, "attention_forward");
   RT_CHECK(window >= 0 && softcap >= 0.f, "[cpu/attention_forward] window ", window, " and softcap ", softcap,
            " must be >= 0");
@@ -88,7 +94,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       for (int64_t t = rb * kRowBlock; t < t_end; ++t) {
         const float* qt = q + ((b * T + t) * H + h) * D;
         const int64_t j0 = first_key(doc_start, b, T, t, window);
-        float mx = -INFINITY;
+        float mx = sinks ? sinks[h] : -INFINITY;
         for (int64_t j = j0; j <= t; ++j) {
           p[j] = score(dot(qt, k + ((b * T + j) * G + g) * D, D), scale, softcap);
           mx = std::max(mx, p[j]);
@@ -98,6 +104,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           p[j] = std::exp(p[j] - mx);
           sum += p[j];
         }
+        if (sinks) sum += std::exp(sinks[h] - mx);
         const float inv = 1.f / sum;
         float* ot = out + ((b * T + t) * H + h) * D;
         std::fill(ot, ot + D, 0.f);
@@ -114,14 +121,17 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
-                        int64_t D, const int32_t* doc_start, int64_t window, float softcap) {
+                        int64_t D, const int32_t* doc_start, int64_t window, float softcap, const float* sinks,
+                        float* dsinks) {
   attention_check(B, T, H, G, D, "attention_backward");
   RT_CHECK(window >= 0 && softcap >= 0.f, "[cpu/attention_backward] window ", window, " and softcap ", softcap,
            " must be >= 0");
   doc_start_check(doc_start, B, T, "attention_backward");
   if (B == 0 || T == 0) return;
+  RT_CHECK(!dsinks || sinks, "[cpu/attention_backward] a sink gradient without sinks");
   const int64_t R = H / G;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  std::vector<double> dsink_part(static_cast<size_t>(dsinks ? B * H : 0), 0.0);  // [b, h]
   parallel_for(B * G, 1, [&](int64_t task0, int64_t task1) {
     std::vector<float> p(static_cast<size_t>(T)), ds(static_cast<size_t>(T)), acc(static_cast<size_t>(D)),
         cap_grad(static_cast<size_t>(softcap > 0.f ? T : 0));
@@ -148,7 +158,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           // (1 + |lse| * 2^-24), and that error survives the cancellation in
           // dP - D_t of sharp rows (measured: 4x the fp64 distance of torch).
           const int64_t j0 = first_key(doc_start, b, T, t, window);
-          float mx = -INFINITY;
+          float mx = sinks ? sinks[h] : -INFINITY;
           for (int64_t j = j0; j <= t; ++j) {
             p[j] = score(dot(qt, k + kv_row(j), D), scale, softcap);
             if (softcap > 0.f) cap_grad[j] = 1.f - (p[j] / softcap) * (p[j] / softcap);  // 1 - tanh^2
@@ -159,6 +169,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             p[j] = std::exp(p[j] - mx);
             z += p[j];
           }
+          const float p_sink = sinks ? std::exp(sinks[h] - mx) : 0.f;
+          z += p_sink;
           const float inv_z = 1.f / z;
           (void)l;
           double di = 0;
@@ -168,6 +180,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             di += static_cast<double>(p[j]) * ds[j];
           }
           const float dif = static_cast<float>(di);
+          if (dsinks) dsink_part[static_cast<size_t>(b * H + h)] -= static_cast<double>(p_sink * inv_z) * di;
           for (int64_t j = j0; j <= t; ++j) ds[j] = p[j] * (ds[j] - dif);  // dS = P * (dP - D_t)
           if (softcap > 0.f)
             for (int64_t j = j0; j <= t; ++j) ds[j] *= cap_grad[j];
@@ -189,6 +202,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       }
     }
   });
+  if (dsinks)
+    for (int64_t h = 0; h < H; ++h) {
+      double acc = 0.0;
+      for (int64_t b = 0; b < B; ++b) acc += dsink_part[static_cast<size_t>(b * H + h)];
+      dsinks[h] += static_cast<float>(acc);
+    }
 }
 
 }  // namespace rt::cpu

@@ -75,14 +75,15 @@ class CpuOps {
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
-                         float softcap = 0.f) {
-    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D, doc_start, window, softcap);
+                         float softcap = 0.f, const float* sinks = nullptr) {
+    cpu::attention_forward(out, lse, q, k, v, B, T, H, G, D, doc_start, window, softcap, sinks);
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                           const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
                           int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
-                          float softcap = 0.f) {
-    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, doc_start, window, softcap);
+                          float softcap = 0.f, const float* sinks = nullptr, float* dsinks = nullptr) {
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, doc_start, window, softcap, sinks,
+                            dsinks);
   }
   void swiglu_forward(float* out, const float* g, const float* u, int64_t n) { cpu::swiglu_forward(out, g, u, n); }
   void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {
@@ -96,9 +97,9 @@ class CpuOps {
   void scale(float* y, const float* x, float alpha, int64_t n) { cpu::scale(y, x, alpha, n); }
   void moe_forward(float* out, float* probs, const float* x, const float* router, const float* const* gate,
                    const float* const* up, const float* const* down, int64_t N, int64_t C, const MoeConfig& m,
-                   int64_t* tokens_per_expert, double* prob_sum) {
+                   int64_t* tokens_per_expert, double* prob_sum, const MoeBiasesT<float>& biases = {}) {
     cpu::moe_forward(out, probs, x, router, gate, up, down, N, C, m.n_experts, m.top_k, m.expert_intermediate,
-                     m.norm_topk_prob, tokens_per_expert, prob_sum);
+                     m.norm_topk_prob, tokens_per_expert, prob_sum, variant(m, biases));
   }
   void moe_shared_gate_forward(float* y, const float* o, const float* z, int64_t N, int64_t C) {
     cpu::moe_shared_gate_forward(y, o, z, N, C);
@@ -110,9 +111,10 @@ class CpuOps {
   void moe_backward(float* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
                     const float* dout, const float* x, const float* probs, const float* router,
                     const float* const* gate, const float* const* up, const float* const* down, int64_t N, int64_t C,
-                    const MoeConfig& m, const float* dprob) {
+                    const MoeConfig& m, const float* dprob, const MoeBiasesT<float>& biases = {},
+                    const MoeBiasGrads& bias_grads = {}) {
     cpu::moe_backward(dx, drouter, dgate, dup, ddown, dout, x, probs, router, gate, up, down, N, C, m.n_experts,
-                      m.top_k, m.expert_intermediate, m.norm_topk_prob, dprob);
+                      m.top_k, m.expert_intermediate, m.norm_topk_prob, dprob, variant(m, biases), bias_grads);
   }
   void copy(float* dst, const float* src, int64_t n) {
     if (dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -124,6 +126,12 @@ class CpuOps {
   }
 
  private:
+  // gpt-oss's routing, activation and biases (cpu/moe.h)
+  static cpu::MoeVariant variant(const MoeConfig& m, const MoeBiasesT<float>& b) {
+    return cpu::MoeVariant{
+        m.topk_softmax, static_cast<float>(m.glu_limit), static_cast<float>(m.glu_alpha), b.router, b.gate, b.up,
+        b.down};
+  }
   cpu::RopeTables rope_;
   float norm_offset_ = 0.f;
   MatmulMode matmul_ = MatmulMode::bf16;

@@ -191,6 +191,32 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, bool 
       }
     }
   }
+  if (rope.scaling == RopeScaling::yarn) {
+    // transformers' _compute_yarn_parameters: the correction range [low, high]
+    // in double (python floats), the ramp and the blend as fp32 tensor ops
+    RT_CHECK(rope.factor > 0 && rope.original_max_positions > 0,
+             "[cpu/rope_inv_freq] yarn rope_scaling needs factor > 0 and original_max_position_embeddings > 0");
+    const double dim = static_cast<double>(D), lbase = std::log(rope.theta);
+    const double omp = static_cast<double>(rope.original_max_positions);
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(omp / (rotations * 2.0 * std::numbers::pi)) / (2.0 * lbase);
+    };
+    double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+    if (rope.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;  // transformers: prevent a singularity
+    const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+    const float factor = static_cast<float>(rope.factor);
+    for (int64_t i = 0; i < half; ++i) {
+      const float e = static_cast<float>(2 * i) / static_cast<float>(D);
+      const float pos_freq = std::pow(base, e);
+      const float extrapolation = 1.f / pos_freq, interpolation = 1.f / (factor * pos_freq);
+      const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.f, 1.f);
+      const float extra = 1.f - ramp;  // inv_freq_extrapolation_factor
+      inv[i] = interpolation * (1.f - extra) + extrapolation * extra;
+    }
+  }
   if (rope.scaling == RopeScaling::longrope) {
     // transformers' _compute_longrope_parameters: 1.0 / (ext_factors * base ** (arange(0, dim, 2) / dim)),
     // ext_factors an fp32 tensor
@@ -256,12 +282,10 @@ void rope_backward(float* dx, const int32_t* pos, const float* inv_freq, int64_t
 RopeTables::RopeTables(const ModelSpec& s)
     : inv_short(rope_inv_freq(s.rope, s.head_dim)),
       rotary_dim(s.rotary_dim()),
-      scale(static_cast<float>(s.rope.attention_factor)) {
+      scale(static_cast<float>(s.rope_cos_scale())) {
   if (s.rope.scaling == RopeScaling::longrope) {
     inv_long = rope_inv_freq(s.rope, s.head_dim, true);
     long_above = s.rope.original_max_positions;
-  } else {
-    scale = 1.f;
   }
   if (s.rope_local_on) {
     RT_CHECK(s.rope_local.scaling != RopeScaling::longrope,
@@ -308,6 +332,32 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
       const float silu = g / (1.f + std::exp(-g));
       dgate[i] = dout[i] * up[i] * (s * (1.f + g * (1.f - s)));
       dup[i] = dout[i] * silu;
+    }
+  });
+}
+
+// ---- gpt-oss's clamped SwiGLU ----
+
+void swiglu_clamped_forward(float* out, const float* gate, const float* up, int64_t n, float limit, float alpha) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+      const float glu = g * (1.f / (1.f + std::exp(-(g * alpha))));  // HF: gate * sigmoid(gate * alpha)
+      out[i] = (u + 1.f) * glu;
+    }
+  });
+}
+
+// d/dg' [g' s(a g')] = s + a g' s (1 - s); d/du' = g' s(a g')
+void swiglu_clamped_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                             float limit, float alpha) {
+  parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+      const float s = 1.f / (1.f + std::exp(-(g * alpha)));
+      const bool g_pass = gate[i] <= limit, u_pass = up[i] >= -limit && up[i] <= limit;
+      dgate[i] = g_pass ? dout[i] * (u + 1.f) * (s + alpha * g * s * (1.f - s)) : 0.f;
+      dup[i] = u_pass ? dout[i] * g * s : 0.f;
     }
   });
 }

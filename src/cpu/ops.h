@@ -92,18 +92,31 @@ struct RopeTables {
 // window > 0 (Gemma's sliding layers): query t sees only keys j > t - window
 // as well (HF's sliding_window_overlay). softcap > 0 (Gemma 2): each scaled
 // score s becomes softcap * tanh(s / softcap) before the softmax.
+// sinks [H] (gpt-oss, nullable): a logit per query head that joins every
+// row's softmax denominator without a value (lse includes it).
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                        int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
-                       float softcap = 0.f);
-// dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=; summed over the H/G query heads of each group).
+                       float softcap = 0.f, const float* sinks = nullptr);
+// dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=; summed over the H/G query heads of each group),
+// dsinks [H] (+=, nullable; needs sinks).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G,
-                        int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f);
+                        int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f,
+                        const float* sinks = nullptr, float* dsinks = nullptr);
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n values ----
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 // dgate, dup (=).
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+
+// ---- gpt-oss's clamped SwiGLU, elementwise over n values ----
+// g' = min(gate, limit), u' = clamp(up, -limit, limit),
+// out = (u' + 1) * g' * sigmoid(alpha * g'). The clamps pass the gradient
+// where they leave the value unchanged (torch.clamp: min <= x <= max).
+void swiglu_clamped_forward(float* out, const float* gate, const float* up, int64_t n, float limit, float alpha);
+// dgate, dup (=).
+void swiglu_clamped_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                             float limit, float alpha);
 
 // ---- GeGLU: out = gelu_tanh(gate) * up (Gemma), elementwise over n values ----
 void geglu_forward(float* out, const float* gate, const float* up, int64_t n);

@@ -10,6 +10,11 @@
 // into scratch [B,H,T]; the dK/dV kernel owns a key row and loops over the
 // heads of its group and the queries that see it (t in j .. j + window - 1,
 // doc_start[t] <= j), so every sum runs in a fixed order (deterministic).
+// Sinks (gpt-oss): lane 0 starts the online max/sum with the head's sink
+// logit, so lse counts it and every p_j = exp(s_j - lse) leaves its share
+// out; D_t = rowsum(dO * O) = sum_j P_j dP_j is unchanged (the sink has no
+// value) and d sink[h] = -sum_t exp(sink - lse_t) D_t, one block per head
+// summing its rows in a fixed order.
 // Letters: B, T, H, G, D as in cuda/ops.h; R = H / G; D % 32 == 0, D <= 256.
 #include <algorithm>
 
@@ -27,6 +32,7 @@ struct MaskedArgs {
   int64_t B, T, H, G, D, window;
   float scale, softcap;
   const int32_t* doc_start;
+  const bf16* sinks;  // [H] or null
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -67,6 +73,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int64_t j0 = masked_first_key(a, b, t);
   auto kv_row = [&](int64_t j) { return ((b * a.T + j) * a.G + g) * D; };
   float m = -INFINITY, l = 0.f;
+  if (a.sinks && lane == 0) m = __bfloat162float(a.sinks[h]), l = 1.f;  // the sink: exp(sink - sink)
   for (int64_t c0 = j0; c0 <= t; c0 += 32) {
     const int64_t j = c0 + lane;
     if (j <= t) {
@@ -190,25 +197,45 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+// dsinks[h] += -sum over (b, t) of exp(sink_h - lse) * delta, one block per head, fixed order.
+__global__ void sink_grad_kernel(float* dsinks, const bf16* sinks, const float* lse, const float* delta, int64_t B,
+                                 int64_t H, int64_t T) {
+  __shared__ float part[256];
+  const int64_t h = blockIdx.x;
+  const float sk = __bfloat162float(sinks[h]);
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < B * T; i += blockDim.x) {
+    const int64_t li = ((i / T) * H + h) * T + i % T;
+    acc -= expf(sk - lse[li]) * delta[li];
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int o = 128; o > 0; o >>= 1) {
+    if (static_cast<int>(threadIdx.x) < o) part[threadIdx.x] += part[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsinks[h] += part[0];
+}
+
 MaskedArgs masked_args(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
-                       const int32_t* doc_start, const char* where) {
+                       const int32_t* doc_start, const char* where, const bf16* sinks) {
   RT_CHECK(B >= 0 && T >= 0 && H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] bad shape B=", B, " T=", T,
            " H=", H, " G=", G);
   RT_CHECK(D % 32 == 0 && D > 0 && D <= 32 * kMaxCols, "[cuda ", where, "] head_dim ", D,
            " must be a multiple of 32 up to ", 32 * kMaxCols);
   RT_CHECK(window >= 0 && softcap >= 0.f, "[cuda ", where, "] window ", window, " and softcap ", softcap,
            " must be >= 0");
-  return MaskedArgs{B, T, H, G, D, window, 1.f / sqrtf(static_cast<float>(D)), softcap, doc_start};
+  return MaskedArgs{B, T, H, G, D, window, 1.f / sqrtf(static_cast<float>(D)), softcap, doc_start, sinks};
 }
 
 unsigned blocks_for(int64_t rows) { return static_cast<unsigned>(detail::ceil_div(rows, kWarps)); }
 
 }  // namespace
 
-void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                              int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
-                              cudaStream_t stream, const int32_t* doc_start) {
-  const MaskedArgs a = masked_args(B, T, H, G, D, window, softcap, doc_start, "attention_masked_forward");
+void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                              int64_t H, int64_t G, int64_t D, int64_t window, float softcap, cudaStream_t stream,
+                              const int32_t* doc_start, const bf16* sinks) {
+  const MaskedArgs a = masked_args(B, T, H, G, D, window, softcap, doc_start, "attention_masked_forward", sinks);
   if (B * T == 0) return;
   masked_forward_kernel<<<blocks_for(B * H * T), 32 * kWarps, 0, stream>>>(out, lse, q, k, v, a);
   CUDA_CHECK_LAUNCH();
@@ -217,8 +244,9 @@ void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* 
 void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                                const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
                                int64_t G, int64_t D, int64_t window, float softcap, Scratch scratch,
-                               cudaStream_t stream, const int32_t* doc_start) {
-  const MaskedArgs a = masked_args(B, T, H, G, D, window, softcap, doc_start, "attention_masked_backward");
+                               cudaStream_t stream, const int32_t* doc_start, const bf16* sinks, float* dsinks) {
+  RT_CHECK(!dsinks || sinks, "[cuda attention_masked_backward] a sink gradient without sinks");
+  const MaskedArgs a = masked_args(B, T, H, G, D, window, softcap, doc_start, "attention_masked_backward", sinks);
   const size_t need = attention_backward_scratch_bytes(B, T, H);
   RT_CHECK(scratch.bytes >= need, "[cuda attention_masked_backward] scratch has ", scratch.bytes, " bytes, needs ",
            need, " (attention_backward_scratch_bytes)");
@@ -228,6 +256,10 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
   CUDA_CHECK_LAUNCH();
   masked_dkdv_kernel<<<blocks_for(B * G * T), 32 * kWarps, 0, stream>>>(dk, dv, dout, q, k, v, lse, delta, a);
   CUDA_CHECK_LAUNCH();
+  if (dsinks) {
+    sink_grad_kernel<<<static_cast<unsigned>(H), 256, 0, stream>>>(dsinks, sinks, lse, delta, B, H, T);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace rt::cuda

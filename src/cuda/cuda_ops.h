@@ -13,6 +13,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/fp8.h"
 #include "cuda/ops.h"
+#include "model/moe_bias.h"
 
 namespace rt::cuda {
 
@@ -129,24 +130,25 @@ class CudaOps {
   void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
     cuda::rope_backward(dx, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
-  // Gemma's window (keys > t - window) and soft cap are not in the fused
-  // kernels: a window of at least T is plain causal attention; a shorter one
-  // or a soft cap runs the simple fallback (cuda/attention_masked.cu).
+  // Gemma's window (keys > t - window), soft cap and gpt-oss's sinks are not
+  // in the fused kernels: a window of at least T is plain causal attention; a
+  // shorter one, a soft cap or sinks run the simple fallback (cuda/attention_masked.cu).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
-                         float softcap = 0.f) {
-    if (masked(T, window, softcap)) {
-      cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start);
+                         float softcap = 0.f, const bf16* sinks = nullptr) {
+    if (sinks || masked(T, window, softcap)) {  // gpt-oss's sinks: the fallback too
+      cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start, sinks);
       return;
     }
     cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                          const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f) {
-    if (masked(T, window, softcap)) {
+                          const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f,
+                          const bf16* sinks = nullptr, float* dsinks = nullptr) {
+    if (sinks || masked(T, window, softcap)) {
       cuda::attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch_, s_,
-                                      doc_start);
+                                      doc_start, sinks, dsinks);
       return;
     }
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
@@ -167,17 +169,17 @@ class CudaOps {
   template <class Moe>
   void moe_forward(bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                    const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
-                   int64_t* tokens_per_expert, double* prob_sum) {
-    cuda::moe_forward(moe_blas(), out, probs, x, router, gate, up, down, moe_dims(N, C, m), tokens_per_expert,
-                      prob_sum, scratch_, s_);
+                   int64_t* tokens_per_expert, double* prob_sum, const MoeBiasesT<bf16>& biases = {}) {
+    cuda::moe_forward(moe_blas(), out, probs, x, router, gate, up, down, moe_dims(N, C, m), tokens_per_expert, prob_sum,
+                      scratch_, s_, biases);
   }
   template <class Moe>
   void moe_backward(bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
                     const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
                     const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,
-                    const float* dprob) {
+                    const float* dprob, const MoeBiasesT<bf16>& biases = {}, const MoeBiasGrads& bias_grads = {}) {
     cuda::moe_backward(moe_blas(), dx, drouter, dgate, dup, ddown, dout, x, probs, router, gate, up, down,
-                       moe_dims(N, C, m), dprob, scratch_, s_);
+                       moe_dims(N, C, m), dprob, scratch_, s_, biases, bias_grads);
   }
   void moe_shared_gate_forward(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C) {
     cuda::moe_shared_gate_forward(y, o, z, N, C, s_);
@@ -197,7 +199,15 @@ class CudaOps {
   cudaStream_t s_;
   template <class Moe>
   static MoeDims moe_dims(int64_t N, int64_t C, const Moe& m) {
-    return MoeDims{N, C, m.n_experts, m.top_k, m.expert_intermediate, m.norm_topk_prob};
+    return MoeDims{N,
+                   C,
+                   m.n_experts,
+                   m.top_k,
+                   m.expert_intermediate,
+                   m.norm_topk_prob,
+                   m.topk_softmax,
+                   static_cast<float>(m.glu_limit),
+                   static_cast<float>(m.glu_alpha)};
   }
   // Created on first use (dense models never make one).
   MoeBlas& moe_blas() {

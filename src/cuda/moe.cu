@@ -11,6 +11,11 @@
 // token's K rows in increasing expert index (the CPU's order), in fp32.
 // Every reduction here has a fixed order; cuBLAS GEMMs are deterministic on
 // one stream. No atomics.
+// gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
+// is added to the logits, which probs then keeps; the K selected logits'
+// softmax weighs the experts; the expert biases are added to each expert's
+// g, u (bf16) and o (fp32) rows, and their gradients are column sums of
+// d_g, d_u, d_o over the expert's rows (one thread per column, rows in order).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -169,8 +174,10 @@ __global__ void softmax_rows_kernel(float* p, int64_t N, int64_t E) {
   for (int64_t e = 0; e < E; ++e) r[e] *= inv;
 }
 
-// idx/w [N,K]: each row's K largest probabilities (ties: lower index), as moe_topk.
-__global__ void topk_kernel(int32_t* idx, float* w, const float* p, int64_t N, int64_t E, int K, bool norm_topk) {
+// idx/w [N,K]: each row's K largest probabilities (ties: lower index), as
+// moe_topk; topk_softmax (gpt-oss): p holds logits and w is the softmax of the K selected.
+__global__ void topk_kernel(int32_t* idx, float* w, const float* p, int64_t N, int64_t E, int K, bool norm_topk,
+                            bool topk_softmax) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   const float* r = p + n * E;
@@ -185,6 +192,16 @@ __global__ void topk_kernel(int32_t* idx, float* w, const float* p, int64_t N, i
     }
     sel[j] = best;
     wt[j] = r[best];
+  }
+  if (topk_softmax) {  // wt[0] is the largest: the max to subtract
+    float z = 0.f;
+    for (int j = 0; j < K; ++j) z += (wt[j] = expf(wt[j] - r[sel[0]]));
+    const float inv = 1.f / z;
+    for (int j = 0; j < K; ++j) {
+      idx[n * K + j] = sel[j];
+      w[n * K + j] = wt[j] * inv;
+    }
+    return;
   }
   float sum = 0.f;
   if (norm_topk)
@@ -241,11 +258,22 @@ __global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* id
 }
 
 // psum[e] = sum over n of p[n, e] in double; one block of 256 per expert, fixed tree.
-__global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t E) {
+// psum[e] = sum over n of p[n, e]; of softmax(p[n, :])[e] when p holds logits (gpt-oss).
+__global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t E, bool logits) {
   __shared__ double part[256];
   const int e = blockIdx.x;
   double s = 0;
-  for (int64_t n = threadIdx.x; n < N; n += 256) s += static_cast<double>(p[n * E + e]);
+  for (int64_t n = threadIdx.x; n < N; n += 256) {
+    const float* r = p + n * E;
+    if (!logits) {
+      s += static_cast<double>(r[e]);
+      continue;
+    }
+    float mx = r[0], z = 0.f;
+    for (int64_t i = 1; i < E; ++i) mx = fmaxf(mx, r[i]);
+    for (int64_t i = 0; i < E; ++i) z += expf(r[i] - mx);
+    s += static_cast<double>(expf(r[e] - mx) / z);
+  }
   part[threadIdx.x] = s;
   __syncthreads();
   for (int h = 128; h > 0; h >>= 1) {
@@ -319,10 +347,18 @@ __global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, const
 
 // dl[n, :] (bf16) = d loss / d router logits of row n, through the top-k
 // weights (norm_topk: w_j = p_j / S) and the softmax; dprob [E] or null.
+// topk_softmax (gpt-oss): w = softmax(l_S), dl_S_j = w_j (dw_j - sum_i w_i dw_i), 0 elsewhere.
 __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx, const float* w, const float* dw,
-                                   const float* dprob, int64_t N, int64_t E, int K, bool norm_topk) {
+                                   const float* dprob, int64_t N, int64_t E, int K, bool norm_topk, bool topk_softmax) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
+  if (topk_softmax) {
+    float wdw = 0.f;
+    for (int j = 0; j < K; ++j) wdw += w[n * K + j] * dw[n * K + j];
+    for (int64_t e = 0; e < E; ++e) dl[n * E + e] = __float2bfloat16(0.f);
+    for (int j = 0; j < K; ++j) dl[n * E + idx[n * K + j]] = __float2bfloat16(w[n * K + j] * (dw[n * K + j] - wdw));
+    return;
+  }
   const float* pr = p + n * E;
   int sel[kMaxK];
   float extra[kMaxK];
@@ -377,12 +413,42 @@ __global__ void shared_gate_backward_kernel(bf16* d_o, bf16* dz, const bf16* dy,
   if (lane == 0) dz[n] = __float2bfloat16(s * (1.f - s) * dot);
 }
 
+__device__ __forceinline__ float as_f32(float v) { return v; }
+__device__ __forceinline__ float as_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16(v); }
+
+// rows [R, cols] += bias [cols] (bf16 rows: rounded once; fp32 rows).
+template <class T>
+__global__ void add_bias_kernel(T* rows, const bf16* bias, int64_t R, int64_t cols) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < R * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store(rows + i, as_f32(rows[i]) + __bfloat162float(bias[i % cols]));
+}
+template <class T>
+void add_bias(T* rows, const bf16* bias, int64_t R, int64_t cols, cudaStream_t stream) {
+  add_bias_kernel<T><<<blocks_for(R * cols, 256), 256, 0, stream>>>(rows, bias, R, cols);
+  CUDA_CHECK_LAUNCH();
+}
+// db [cols] += sum over the R rows of d (bf16), one thread per column, rows in order.
+__global__ void col_sum_kernel(float* db, const bf16* d, int64_t R, int64_t cols) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float acc = 0.f;
+  for (int64_t r = 0; r < R; ++r) acc += __bfloat162float(d[r * cols + c]);
+  db[c] += acc;
+}
+void col_sum(float* db, const bf16* d, int64_t R, int64_t cols, cudaStream_t stream) {
+  col_sum_kernel<<<blocks_each(cols, 256), 256, 0, stream>>>(db, d, R, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
 // The routing of every slot (idx, w) from the probabilities, and the
 // permutation by expert; returns the offsets [E+1] on the host (waits).
 std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
   const int64_t NK = d.N * d.K;
   topk_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K),
-                                                       d.norm_topk);
+                                                         d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   count_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.offsets, w.idx, NK);
   CUDA_CHECK_LAUNCH();
@@ -397,9 +463,9 @@ std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* prob
 }
 
 // Every expert's g, u, a (bf16) and o (fp32) on its gathered rows xe.
-void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const std::vector<int32_t>& off,
-                     const bf16* x, const bf16* const* gate, const bf16* const* up, const bf16* const* down,
-                     cudaStream_t stream) {
+void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const std::vector<int32_t>& off, const bf16* x,
+                     const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
+                     const MoeBiasesT<bf16>& b) {
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
   gather_kernel<<<blocks_for(NK * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, NK, C, static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
@@ -408,12 +474,18 @@ void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const st
     if (R == 0) continue;
     blas.matmul_nt(w.g + r0 * F, DType::bf16, w.xe + r0 * C, gate[e], R, F, C, 0.f, stream);
     blas.matmul_nt(w.u + r0 * F, DType::bf16, w.xe + r0 * C, up[e], R, F, C, 0.f, stream);
+    if (b.gate) add_bias(w.g + r0 * F, b.gate[e], R, F, stream);
+    if (b.up) add_bias(w.u + r0 * F, b.up[e], R, F, stream);
   }
-  swiglu_forward(w.a, w.g, w.u, NK * F, stream);
+  if (d.glu_limit > 0.f)
+    swiglu_clamped_forward(w.a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
+  else
+    swiglu_forward(w.a, w.g, w.u, NK * F, stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
     blas.matmul_nt(w.o + r0 * C, DType::f32, w.a + r0 * F, down[e], R, C, F, 0.f, stream);
+    if (b.down) add_bias(w.o + r0 * C, b.down[e], R, C, stream);
   }
 }
 
@@ -421,16 +493,19 @@ void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const st
 
 void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                  const bf16* const* up, const bf16* const* down, const MoeDims& d, int64_t* tokens_per_expert,
-                 double* prob_sum, Scratch scratch, cudaStream_t stream) {
+                 double* prob_sum, Scratch scratch, cudaStream_t stream, const MoeBiasesT<bf16>& b) {
   check_dims(d);
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
   blas.matmul_nt(probs, DType::f32, x, router, d.N, d.E, d.C, 0.f, stream);  // logits [N, E]
-  softmax_rows_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(probs, d.N, d.E);
-  CUDA_CHECK_LAUNCH();
+  if (b.router) add_bias(probs, b.router, d.N, d.E, stream);
+  if (!d.topk_softmax) {  // gpt-oss keeps the logits
+    softmax_rows_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(probs, d.N, d.E);
+    CUDA_CHECK_LAUNCH();
+  }
   std::vector<double> psum(static_cast<size_t>(d.E));
   if (prob_sum) {
-    prob_sum_kernel<<<static_cast<unsigned>(d.E), 256, 0, stream>>>(w.psum, probs, d.N, d.E);
+    prob_sum_kernel<<<static_cast<unsigned>(d.E), 256, 0, stream>>>(w.psum, probs, d.N, d.E, d.topk_softmax);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaMemcpyAsync(psum.data(), w.psum, psum.size() * sizeof(double), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -441,17 +516,19 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   if (tokens_per_expert)
     for (int64_t e = 0; e < d.E; ++e) tokens_per_expert[e] += off[e + 1] - off[e];
   if (!out) return;
-  experts_forward(blas, d, w, off, x, gate, up, down, stream);
+  experts_forward(blas, d, w, off, x, gate, up, down, stream, b);
   combine_out_kernel<<<blocks_for(d.N * d.C, 256), 256, 0, stream>>>(out, w.o, w.row_of, w.idx, w.w, d.N, d.C,
                                                                      static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup,
-                  float* const* ddown, const bf16* dout, const bf16* x, const float* probs, const bf16* router,
-                  const bf16* const* gate, const bf16* const* up, const bf16* const* down, const MoeDims& d,
-                  const float* dprob, Scratch scratch, cudaStream_t stream) {
+void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
+                  const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
+                  const bf16* const* up, const bf16* const* down, const MoeDims& d, const float* dprob, Scratch scratch,
+                  cudaStream_t stream, const MoeBiasesT<bf16>& b, const MoeBiasGrads& gb) {
   check_dims(d);
+  RT_CHECK(!(dprob && d.topk_softmax),
+           "[cuda moe] the load-balancing loss is not supported with top-k softmax routing");
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
@@ -459,7 +536,7 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     CUDA_CHECK(cudaMemcpyAsync(w.dprob, dprob, static_cast<size_t>(d.E) * sizeof(float), cudaMemcpyHostToDevice,
                                stream));
   const std::vector<int32_t> off = route(d, w, probs, stream);  // recomputed from the forward's probabilities
-  experts_forward(blas, d, w, off, x, gate, up, down, stream);
+  experts_forward(blas, d, w, off, x, gate, up, down, stream, b);
   // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n]
   weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, w.o, w.w, w.perm, NK, C,
                                                             static_cast<int>(d.K));
@@ -469,8 +546,12 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     if (R == 0) continue;
     blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
     blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
+    if (gb.down) col_sum(gb.down[e], w.d_o + r0 * C, R, C, stream);
   }
-  swiglu_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, stream);
+  if (d.glu_limit > 0.f)
+    swiglu_clamped_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
+  else
+    swiglu_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, stream);
   float* dxe = w.o;  // o is spent (read by weight_grad_kernel): each row's dx, fp32
   for (int64_t e = 0; e < d.E; ++e) {  // gate/up: dxe = d_g Wg + d_u Wu, dWg += d_g^T xe, dWu += d_u^T xe
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
@@ -479,12 +560,15 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
     blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
     blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
+    if (gb.gate) col_sum(gb.gate[e], w.d_g + r0 * F, R, F, stream);
+    if (gb.up) col_sum(gb.up[e], w.d_u + r0 * F, R, F, stream);
   }
   // routing weights -> probabilities -> logits -> x and the router
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw,
-                                                               dprob ? w.dprob : nullptr, d.N, d.E,
-                                                               static_cast<int>(d.K), d.norm_topk);
+                                                                dprob ? w.dprob : nullptr, d.N, d.E,
+                                                                static_cast<int>(d.K), d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
+  if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                   // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);   // dxr [N,C] = dl [N,E] Wr [E,C]
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);      // dWr [E,C] += dl^T x
   combine_dx_kernel<<<blocks_for(d.N * C, 256), 256, 0, stream>>>(dx, dxe, w.dxr, w.row_of, w.idx, d.N, C,

@@ -11,6 +11,11 @@ namespace rt::cuda {
 struct MoeDims {
   int64_t N, C, E, K, F;  // tokens, hidden, experts, experts per token, expert width
   bool norm_topk;
+  // gpt-oss (cpu/moe.h MoeVariant): probs hold the logits, w = softmax of
+  // the K selected; glu_limit > 0: the clamped SwiGLU with glu_alpha.
+  bool topk_softmax = false;
+  float glu_limit = 0.f;
+  float glu_alpha = 1.f;
 };
 
 // Scratch of moe_forward and moe_backward: the N*K permuted rows and every

@@ -28,6 +28,7 @@
 
 #include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
+#include "model/moe_bias.h"
 
 struct cublasContext;  // cuBLAS's handle type (cublasHandle_t), for MoeBlas
 
@@ -131,6 +132,12 @@ void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cuda
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
                      cudaStream_t stream);
 
+// ---- gpt-oss's clamped SwiGLU over n values (cpu/ops.h swiglu_clamped_forward) ----
+void swiglu_clamped_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, float limit, float alpha,
+                            cudaStream_t stream);
+void swiglu_clamped_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
+                             float limit, float alpha, cudaStream_t stream);
+
 // ---- GeGLU (Gemma): out = gelu_tanh(gate) * up over n values ----
 void geglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream);
 void geglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
@@ -204,14 +211,16 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
 // soft cap (softcap > 0), which the fused kernels do not mask: a simple
 // one-warp-per-row fallback (cuda/attention_masked.cu), same layouts, lse and
 // scratch (attention_backward_scratch_bytes) as the fused pair; D % 32 == 0, D <= 256.
-void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                              int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
-                              cudaStream_t stream, const int32_t* doc_start = nullptr);
+// sinks [H] (gpt-oss, bf16, nullable): a logit per query head in every row's
+// softmax denominator (cpu/ops.h); dsinks [H] fp32 (+=, nullable).
+void attention_masked_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
+                              int64_t H, int64_t G, int64_t D, int64_t window, float softcap, cudaStream_t stream,
+                              const int32_t* doc_start = nullptr, const bf16* sinks = nullptr);
 void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                                const bf16* v, const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H,
                                int64_t G, int64_t D, int64_t window, float softcap, Scratch scratch,
-                               cudaStream_t stream, const int32_t* doc_start = nullptr);
-
+                               cudaStream_t stream, const int32_t* doc_start = nullptr, const bf16* sinks = nullptr,
+                               float* dsinks = nullptr);
 
 // ---- mixture-of-experts MLP (src/cpu/moe.h states the contract; letters
 // there: E experts, K per token, F expert width) ----
@@ -254,16 +263,18 @@ class MoeBlas {
 // gate/up/down: host arrays of E device pointers ([F, C], [F, C], [C, F]).
 // tokens_per_expert [E] (host, +=, nullable), prob_sum [E] (host, +=,
 // nullable; each expert's sum over tokens in double, in token order).
+// biases (gpt-oss, model/moe_bias.h): the router's [E] and each expert's
+// gate, up [F] and down [C] (host arrays of E device pointers), or nulls.
 void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                  const bf16* const* up, const bf16* const* down, const MoeDims& d, int64_t* tokens_per_expert,
-                 double* prob_sum, Scratch scratch, cudaStream_t stream);
+                 double* prob_sum, Scratch scratch, cudaStream_t stream, const MoeBiasesT<bf16>& biases = {});
 // dx [N, C] (bf16, =); drouter [E, C] and dgate/dup/ddown[e] (fp32, +=; host
 // arrays of E device pointers). probs: the forward's. dprob [E] (host memory,
 // nullable): d loss / d p[n, e] added for every row (the load-balancing loss).
-void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup,
-                  float* const* ddown, const bf16* dout, const bf16* x, const float* probs, const bf16* router,
-                  const bf16* const* gate, const bf16* const* up, const bf16* const* down, const MoeDims& d,
-                  const float* dprob, Scratch scratch, cudaStream_t stream);
+void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
+                  const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
+                  const bf16* const* up, const bf16* const* down, const MoeDims& d, const float* dprob, Scratch scratch,
+                  cudaStream_t stream, const MoeBiasesT<bf16>& biases = {}, const MoeBiasGrads& bias_grads = {});
 // Qwen2-MoE's gated shared expert: y[n, :] = bf16(y + sigmoid(z[n]) o[n, :]),
 // o [N, C] bf16, z [N] fp32; backward: d_o (=) = sigmoid(z) dy,
 // dz (=, bf16) = sigmoid'(z) <dy[n], o[n]>.

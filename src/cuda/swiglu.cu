@@ -33,6 +33,30 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout,
   }
 }
 
+// gpt-oss: g' = min(g, L), u' = clamp(u, -L, L), out = (u' + 1) g' sigmoid(alpha g'); the clamps
+// pass the gradient where they leave the value unchanged (cpu/ops.cpp's rule).
+__global__ void swiglu_clamped_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n, float limit,
+                                              float alpha) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = fminf(__bfloat162float(gate[i]), limit);
+    const float u = fminf(fmaxf(__bfloat162float(up[i]), -limit), limit);
+    out[i] = __float2bfloat16((u + 1.f) * (g / (1.f + expf(-(g * alpha)))));
+  }
+}
+
+__global__ void swiglu_clamped_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
+                                               const bf16* up, int64_t n, float limit, float alpha) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g0 = __bfloat162float(gate[i]), u0 = __bfloat162float(up[i]), d = __bfloat162float(dout[i]);
+    const float g = fminf(g0, limit), u = fminf(fmaxf(u0, -limit), limit);
+    const float s = 1.f / (1.f + expf(-(g * alpha)));
+    dgate[i] = __float2bfloat16(g0 <= limit ? d * (u + 1.f) * (s + alpha * g * s * (1.f - s)) : 0.f);
+    dup[i] = __float2bfloat16(u0 >= -limit && u0 <= limit ? d * g * s : 0.f);
+  }
+}
+
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi), as cpu/ops.cpp
 constexpr float kGeluA = 0.044715f;
 
@@ -81,6 +105,20 @@ void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
                      cudaStream_t stream) {
   if (n == 0) return;
   swiglu_backward_kernel<<<grid_for(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_clamped_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, float limit, float alpha,
+                            cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_clamped_forward_kernel<<<grid_for(n), 256, 0, stream>>>(out, gate, up, n, limit, alpha);
+  CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_clamped_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
+                             float limit, float alpha, cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_clamped_backward_kernel<<<grid_for(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n, limit, alpha);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -68,7 +68,7 @@ const float* KvDecoder::step(int32_t id) {
     for (int64_t hd = 0; hd < H; ++hd) {
       const int64_t g = hd / (H / G);
       const float* qh = q_.data() + hd * D;
-      float mx = -INFINITY;
+      float mx = w.sinks ? w.sinks[hd] : -INFINITY;  // gpt-oss: the sink joins the softmax (cpu/attention.cpp)
       for (int64_t j = j0; j <= pos; ++j) {
         const float* kj = kc + j * KD + g * D;
         float d = 0;
@@ -78,6 +78,7 @@ const float* KvDecoder::step(int32_t id) {
       }
       float sum = 0;
       for (int64_t j = j0; j <= pos; ++j) sum += p_[j] = std::exp(p_[j] - mx);
+      if (w.sinks) sum += std::exp(w.sinks[hd] - mx);
       float* o = att_.data() + hd * D;
       std::fill(o, o + D, 0.f);
       for (int64_t j = j0; j <= pos; ++j) {
@@ -87,13 +88,13 @@ const float* KvDecoder::step(int32_t id) {
       }
     }
     if (s.sandwich_norms) {  // Gemma 2/3: h = x + rms(att Wo^T)·w_attn_post_norm
-      ops_.linear_forward(xn_.data(), att_.data(), w.o_proj, nullptr, 1, QD, C);
+      ops_.linear_forward(xn_.data(), att_.data(), w.o_proj, w.o_bias, 1, QD, C);
       ops_.rms_norm_forward(h_.data(), rstd_.data(), xn_.data(), w.attn_post_norm, 1, C, eps);
     } else if (s.post_norms) {
       ops_.linear_forward(xn_.data(), att_.data(), w.o_proj, nullptr, 1, QD, C);
       ops_.rms_norm_forward(h_.data(), rstd_.data(), xn_.data(), w.attn_norm, 1, C, eps);
     } else {
-      ops_.linear_forward(h_.data(), att_.data(), w.o_proj, nullptr, 1, QD, C);
+      ops_.linear_forward(h_.data(), att_.data(), w.o_proj, w.o_bias, 1, QD, C);
       if (r != 1.f) ops_.scale(h_.data(), h_.data(), r, C);
     }
     ops_.add_inplace(h_.data(), x_.data(), C);
@@ -101,7 +102,7 @@ const float* KvDecoder::step(int32_t id) {
     if (!s.post_norms) ops_.rms_norm_forward(hn_.data(), rstd_.data(), h_.data(), w.mlp_norm, 1, C, eps);
     if (s.is_moe()) {
       ops_.moe_forward(y_.data(), probs_.data(), hn_.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
-                       w.expert_down.data(), 1, C, s.moe, nullptr, nullptr);
+                       w.expert_down.data(), 1, C, s.moe, nullptr, nullptr, moe_biases(w));
       if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE's shared expert, gated
         const int64_t Fs = s.moe.shared_intermediate;
         ops_.linear_forward(g_.data(), hn_.data(), w.gate_proj, nullptr, 1, C, Fs);

@@ -106,16 +106,17 @@ uint64_t card_engine_budget(uint64_t memory) { return memory > kContextBytes ? m
 double model_flops_per_token(const ModelSpec& s, int64_t T) {
   // N_matmul: every layer's projections and MLP (MoE: the router and the top-k
   // experts a token uses, the active parameters), and the LM head (tied or
-  // not); causal attention counted as ramtrain_bench does: 6 L H D T.
+  // not); causal attention counted as ramtrain_bench does: 6 L H D T, T
+  // the keys a query sees (sliding-window layers fewer: ModelSpec::attention_span).
   const double n_matmul = static_cast<double>(s.active_params_per_layer()) * static_cast<double>(s.n_layers) +
                           static_cast<double>(s.vocab) * static_cast<double>(s.hidden);
-  return 6.0 * n_matmul + 6.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim) * static_cast<double>(T);
+  return 6.0 * n_matmul + 6.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim) * s.attention_span(T);
 }
 
 double hardware_flops_per_token(const ModelSpec& s, int64_t T, int64_t recomputed) {
   // One more block forward per recomputed layer: 2 N_layer + the attention forward (2 H D T).
   const double per_layer = 2.0 * static_cast<double>(s.active_params_per_layer()) +
-                           2.0 * static_cast<double>(s.n_heads * s.head_dim) * static_cast<double>(T);
+                           2.0 * static_cast<double>(s.n_heads * s.head_dim) * s.attention_span(T);
   return model_flops_per_token(s, T) + static_cast<double>(recomputed) * per_layer;
 }
 

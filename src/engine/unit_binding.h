@@ -80,6 +80,24 @@ BlockWeightsT<T> bind_weights(const StateUnit& u, P* base) {
       case WeightKind::shared_expert_gate:
         w.shared_expert_gate = p;
         break;
+      case WeightKind::o_bias:
+        w.o_bias = p;
+        break;
+      case WeightKind::sinks:
+        w.sinks = p;
+        break;
+      case WeightKind::router_bias:
+        w.router_bias = p;
+        break;
+      case WeightKind::expert_gate_bias:
+        w.expert_gate_bias.push_back(p);
+        break;
+      case WeightKind::expert_up_bias:
+        w.expert_up_bias.push_back(p);
+        break;
+      case WeightKind::expert_down_bias:
+        w.expert_down_bias.push_back(p);
+        break;
       default:
         fail("[engine] unexpected tensor ", u.entries[k].name, " in a decoder layer");
     }

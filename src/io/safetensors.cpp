@@ -439,7 +439,7 @@ WritePlan write_plan(const std::string& path, const std::vector<TensorWrite>& te
       if (sum != numel)
         fail("[safetensors] writing ", path, ": tensor '", t.name, "' runs hold ", sum, " elements, its shape ",
              numel);
-    } else if (numel > 0 && !t.data && !t.raw) {
+    } else if (numel > 0 && !t.data && !t.raw && !t.fill) {
       fail("[safetensors] writing ", path, ": tensor '", t.name, "' has no data");
     }
     if (__builtin_add_overflow(plan.total, static_cast<uint64_t>(nb), &plan.total))
@@ -475,6 +475,7 @@ void write_file(const std::string& path, const std::vector<TensorWrite>& tensors
   out.write(&n, 8);
   out.write(text);
   std::vector<uint16_t> buf;
+  std::vector<float> made;  // a tensor made by its fill
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorWrite& t = tensors[k];
     if (plan.numel[k] == 0) continue;
@@ -483,6 +484,11 @@ void write_file(const std::string& path, const std::vector<TensorWrite>& tensors
       continue;
     }
     std::vector<TensorWrite::Run> runs = t.runs;
+    if (runs.empty() && !t.data && t.fill) {
+      made.resize(static_cast<size_t>(plan.numel[k]));
+      t.fill(made.data());
+      runs.push_back({made.data(), plan.numel[k]});
+    }
     if (runs.empty()) runs.push_back({t.data, plan.numel[k]});
     for (const TensorWrite::Run& run : runs) {
       const int64_t numel = run.numel;
@@ -516,6 +522,11 @@ void write_file(const std::string& path, const std::vector<TensorWrite>& tensors
 std::vector<float> tensor_write_gather(const TensorWrite& t, int64_t numel) {
   std::vector<float> out;
   out.reserve(static_cast<size_t>(numel));
+  if (t.runs.empty() && !t.data && t.fill) {
+    out.resize(static_cast<size_t>(numel));
+    t.fill(out.data());
+    return out;
+  }
   if (t.runs.empty()) return std::vector<float>(t.data, t.data + numel);
   for (const auto& r : t.runs) out.insert(out.end(), r.data, r.data + r.numel);
   RT_CHECK(static_cast<int64_t>(out.size()) == numel, "[safetensors] tensor '", t.name, "' runs hold ", out.size(),

@@ -7,6 +7,7 @@
 // naming the file and the tensor.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,10 @@ struct TensorWrite {
   // When set, the tensor's stored bytes (dtype x numel of them, e.g. a source
   // checkpoint's tensor carried through an export), written as they are.
   const uint8_t* raw = nullptr;
+  // When set (and runs empty), the tensor's numel elements are made on demand
+  // into a buffer the writer owns, one tensor at a time (a fused tensor whose
+  // parts are interleaved or transposed, model/weight_map.h).
+  std::function<void(float* out)> fill{};
 };
 // A TensorWrite's elements in order (its data, or its runs gathered).
 std::vector<float> tensor_write_gather(const TensorWrite& t, int64_t numel);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -10,14 +11,42 @@
 
 namespace rt {
 
+namespace {
+// A fused tensor the checkpoint holds in MXFP4 (gpt-oss's experts, model/weight_map.h):
+// its blocks and scales, or nulls.
+struct Mxfp4Pair {
+  const TensorInfo* blocks = nullptr;
+  const TensorInfo* scales = nullptr;
+};
+Mxfp4Pair mxfp4_pair(const SafetensorsModel& model, const std::string& name) {
+  return {model.find(name + "_blocks"), model.find(name + "_scales")};
+}
+}  // namespace
+
 void load_state_check(const ModelSpec& spec, const SafetensorsModel& model, const MultimodalNames* mm) {
   std::vector<FoundTensor> found;
+  std::map<std::string, std::string> mx;  // "NAME_blocks"/"NAME_scales" -> NAME, for gpt-oss's fused tensors
+  for (const FusedTensor& f : fused_tensors(spec))
+    if (!model.find(f.name) && spec.family == Family::gpt_oss) mx[f.name + "_blocks"] = mx[f.name + "_scales"] = f.name;
   for (const TensorInfo* t : model.all()) {
-    if (!mm) {
-      found.push_back({t->name, t->shape});
-    } else if (std::optional<std::string> text = mm->to_text(t->name)) {
-      found.push_back({*text, t->shape});
+    std::string name = t->name;
+    if (mm) {  // a multimodal checkpoint: its language model's tensors, named as in the text model
+      const std::optional<std::string> text = mm->to_text(t->name);
+      if (!text) continue;
+      name = *text;
     }
+    auto it = mx.find(name);
+    if (it == mx.end()) {
+      found.push_back({name, t->shape});
+      continue;
+    }
+    const Mxfp4Pair p = mxfp4_pair(model, it->second);
+    if (t->name != it->second + "_blocks") continue;  // reported with its blocks
+    if (!p.scales || p.blocks->dtype != DType::u8 || p.scales->dtype != DType::u8 ||
+        mxfp4_fused_shape(p.blocks->shape, p.scales->shape).empty())
+      fail("[load] ", model.source(), ": ", it->second, "_blocks and _scales are not an MXFP4 pair (U8 blocks [E, R, ",
+           "K/32, 16] and U8 scales [E, R, K/32]); export the checkpoint again");
+    found.push_back({it->second, mxfp4_fused_shape(p.blocks->shape, p.scales->shape)});
   }
   std::string report = weight_map_check(spec, found);
   if (!report.empty())
@@ -57,20 +86,26 @@ void check_finite(const TensorInfo& t, const float* x, int64_t n) {
 }
 
 // Where a weight lies in the fused tensor that holds it (weight_map.h):
-// the fused tensor and the element offset of the weight's rows.
+// the fused tensor, the element offset of the weight's rows (plain layouts),
+// its index among the parts and every part's shape (the others).
 struct FusedPart {
   const FusedTensor* fused;
   int64_t offset;
+  size_t index;
+  std::shared_ptr<const std::vector<std::vector<int64_t>>> shapes;
 };
 std::map<std::string, FusedPart> fused_parts(const ModelSpec& spec, const std::vector<FusedTensor>& fused) {
-  std::map<std::string, int64_t> numel;
-  for (const WeightEntry& e : weight_map(spec)) numel[e.name] = e.numel();
+  std::map<std::string, const WeightEntry*> entry;
+  const std::vector<WeightEntry> map = weight_map(spec);
+  for (const WeightEntry& e : map) entry[e.name] = &e;
   std::map<std::string, FusedPart> out;
   for (const FusedTensor& f : fused) {
+    auto shapes = std::make_shared<std::vector<std::vector<int64_t>>>();
+    for (const std::string& part : f.parts) shapes->push_back(entry.at(part)->shape);
     int64_t off = 0;
-    for (const std::string& part : f.parts) {
-      out[part] = {&f, off};
-      off += numel.at(part);
+    for (size_t k = 0; k < f.parts.size(); ++k) {
+      out[f.parts[k]] = {&f, off, k, shapes};
+      off += entry.at(f.parts[k])->numel();
     }
   }
   return out;
@@ -94,6 +129,16 @@ std::vector<TensorWrite> fuse_writes(const ModelSpec& spec, std::vector<TensorWr
     const FusedTensor& f = *it->second.fused;
     if (f.parts.front() != w.name) continue;  // written with the group's first part
     TensorWrite fw{f.name, f.shape, nullptr, w.dtype, {}};
+    if (!f.plain()) {  // interleaved or transposed parts (gpt-oss): made when written
+      std::vector<const float*> srcs;
+      for (const std::string& part : f.parts) srcs.push_back(by_name.at(part)->data);
+      const FusedTensor layout{f.name, f.shape, {}, f.interleave, f.transpose};  // outlives `fused`
+      fw.fill = [layout, srcs, shapes = it->second.shapes](float* out) {
+        for (size_t k = 0; k < srcs.size(); ++k) fused_scatter(layout, *shapes, k, srcs[k], out);
+      };
+      out.push_back(std::move(fw));
+      continue;
+    }
     for (const std::string& part : f.parts) {
       const TensorWrite* pw = by_name.at(part);
       int64_t n = 1;
@@ -120,14 +165,28 @@ void load_state(HostState& state, const SafetensorsModel& model, const Multimoda
       const int64_t n = u.entries[k].numel();
       if (auto it = parts.find(u.entries[k].name); it != parts.end()) {  // rows of a fused tensor
         const FusedPart& fp = it->second;
-        const TensorInfo& t = model.get(named(fp.fused->name));
+        if (fused_in_buf != fp.fused && !model.find(fp.fused->name)) {  // MXFP4 (load_state_check said so)
+          const Mxfp4Pair p = mxfp4_pair(model, fp.fused->name);
+          const std::vector<int64_t>& sh = p.blocks->shape;  // [E, R, K/32, 16]
+          fused_buf.resize(static_cast<size_t>(sh[0] * sh[1] * sh[2] * 32));
+          mxfp4_dequantize(p.blocks->data, p.scales->data, sh[0], sh[1], sh[2] * 32, fused_buf.data());
+          check_finite(*p.blocks, fused_buf.data(), static_cast<int64_t>(fused_buf.size()));
+          fused_in_buf = fp.fused;
+        }
         if (fused_in_buf != fp.fused) {
+          const TensorInfo& t = model.get(named(fp.fused->name));
           fused_buf.resize(static_cast<size_t>(t.numel()));
           tensor_to_f32(t, fused_buf.data());
           check_finite(t, fused_buf.data(), t.numel());
           fused_in_buf = fp.fused;
         }
-        u.write_master(u.offsets[k], n, fused_buf.data() + fp.offset);
+        if (fp.fused->plain()) {
+          u.write_master(u.offsets[k], n, fused_buf.data() + fp.offset);
+        } else {  // interleaved or transposed (gpt-oss's experts)
+          scratch.resize(static_cast<size_t>(n));
+          fused_gather(*fp.fused, *fp.shapes, fp.index, fused_buf.data(), scratch.data());
+          u.write_master(u.offsets[k], n, scratch.data());
+        }
         continue;
       }
       const TensorInfo& t = model.get(named(u.entries[k].name));

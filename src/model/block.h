@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/moe_bias.h"
 #include "model/spec.h"
 
 namespace rt {
@@ -100,6 +101,12 @@ struct BlockWeightsT {
   // Gemma 2/3's sandwich norms on the branch outputs ([C] each), else null.
   const W* attn_post_norm = nullptr;
   const W* mlp_post_norm = nullptr;
+  // gpt-oss: o_proj's bias [C], the attention sinks [H], the router's bias
+  // [E] and each expert's gate, up [Fe] and down [C] biases (E pointers each), else null/empty.
+  const W* o_bias = nullptr;
+  const W* sinks = nullptr;
+  const W* router_bias = nullptr;
+  std::vector<const W*> expert_gate_bias{}, expert_up_bias{}, expert_down_bias{};
 };
 
 // Weight gradients of one block, fp32, same shapes (nullable entries as above).
@@ -111,6 +118,10 @@ struct BlockGrads {
   float* shared_expert_gate = nullptr;
   float* attn_post_norm = nullptr;
   float* mlp_post_norm = nullptr;
+  float* o_bias = nullptr;
+  float* sinks = nullptr;
+  float* router_bias = nullptr;
+  std::vector<float*> expert_gate_bias{}, expert_up_bias{}, expert_down_bias{};
 };
 
 // Weight views as gradient sinks: the same pointers, writable (the gradient
@@ -142,7 +153,13 @@ inline BlockGrads block_grads_from(const BlockWeightsT<float>& v) {
                     mv(v.expert_down),
                     m(v.shared_expert_gate),
                     m(v.attn_post_norm),
-                    m(v.mlp_post_norm)};
+                    m(v.mlp_post_norm),
+                    m(v.o_bias),
+                    m(v.sinks),
+                    m(v.router_bias),
+                    mv(v.expert_gate_bias),
+                    mv(v.expert_up_bias),
+                    mv(v.expert_down_bias)};
 }
 
 // One MoE layer's share of a micro-batch's routing bookkeeping (the runner's
@@ -152,6 +169,13 @@ struct MoeLayerRouting {
   double* prob_sum = nullptr;            // [E] forward: += router probability summed over tokens
   const float* dprob = nullptr;          // [E] backward: d loss / d p[n, e], the same for every token n
 };
+
+// gpt-oss's router and expert biases of a layer (all null elsewhere).
+template <class W>
+MoeBiasesT<W> moe_biases(const BlockWeightsT<W>& w) {
+  return MoeBiasesT<W>{w.router_bias, ptrs_or_null(w.expert_gate_bias), ptrs_or_null(w.expert_up_bias),
+                       ptrs_or_null(w.expert_down_bias)};
+}
 
 // Backends that implement the MoE MLP (moe_forward / moe_backward) say so.
 template <class Ops>
@@ -497,16 +521,17 @@ void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeigh
       s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
   if (qscale != 1.f) ops.scale(t.q.data(), t.q.data(), qscale, N * QD);
   const float r = static_cast<float>(s.residual_multiplier);  // Granite: branch outputs times r
+  // gpt-oss: the sinks join each row's softmax (w.sinks null elsewhere)
   ops.attention_forward(t.att.data(), t.lse.data(), t.q.data(), t.k.data(), t.v.data(), dm.B, dm.T, H, G, D, doc_start,
-                        s.layer_window(w.layer), static_cast<float>(s.attn_softcap));
+                        s.layer_window(w.layer), static_cast<float>(s.attn_softcap), w.sinks);
   if (s.sandwich_norms) {  // Gemma 2/3: h = x + rms(att Wo^T)·w_attn_post_norm
-    ops.linear_forward(t.attn_out.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    ops.linear_forward(t.attn_out.data(), t.att.data(), w.o_proj, w.o_bias, N, QD, C);
     ops.rms_norm_forward(t.h.data(), t.rstd_pa.data(), t.attn_out.data(), w.attn_post_norm, N, C, eps);
   } else if (post) {  // h = x + rms(att Wo^T)·w_attn_norm, the branch output kept in xn
-    ops.linear_forward(t.xn.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    ops.linear_forward(t.xn.data(), t.att.data(), w.o_proj, w.o_bias, N, QD, C);
     ops.rms_norm_forward(t.h.data(), t.rstd1.data(), t.xn.data(), w.attn_norm, N, C, eps);
   } else {
-    ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, nullptr, N, QD, C);
+    ops.linear_forward(t.h.data(), t.att.data(), w.o_proj, w.o_bias, N, QD, C);
     if (r != 1.f) ops.scale(t.h.data(), t.h.data(), r, N * C);
   }
   ops.add_inplace(t.h.data(), x, N * C);
@@ -528,7 +553,7 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
       // y == nullptr: the router only (the backward recomputes the experts)
       ops.moe_forward(y, t.moe_probs.data(), t.hn.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
                       w.expert_down.data(), N, C, s.moe, moe ? moe->tokens_per_expert : nullptr,
-                      moe ? moe->prob_sum : nullptr);
+                      moe ? moe->prob_sum : nullptr, moe_biases(w));
       if (y && s.moe.shared_intermediate > 0) {  // Qwen2-MoE: y += sigmoid(hn w_sg^T) * shared_expert(hn)
         const int64_t Fs = s.moe.shared_intermediate;
         ops.linear_forward(t.g.data(), t.hn.data(), w.gate_proj, nullptr, N, C, Fs);
@@ -648,7 +673,9 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     if constexpr (OpsWithMoe<Ops>) {
       ops.moe_backward(d.d_hn.data(), gr.router, gr.expert_gate.data(), gr.expert_up.data(), gr.expert_down.data(), dy,
                        t.hn.data(), t.moe_probs.data(), w.router, w.expert_gate.data(), w.expert_up.data(),
-                       w.expert_down.data(), N, C, s.moe, moe ? moe->dprob : nullptr);
+                       w.expert_down.data(), N, C, s.moe, moe ? moe->dprob : nullptr, moe_biases(w),
+                       MoeBiasGrads{gr.router_bias, ptrs_or_null(gr.expert_gate_bias), ptrs_or_null(gr.expert_up_bias),
+                                    ptrs_or_null(gr.expert_down_bias)});
       if (s.moe.shared_intermediate > 0) {  // Qwen2-MoE's shared expert, recomputed from hn
         const int64_t Fs = s.moe.shared_intermediate;
         const auto* hn = t.hn.data();
@@ -708,10 +735,10 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     ops.scale(d.d_hn.data(), d.d_h.data(), r, N * C);
     d_ao = d.d_hn.data();
   }
-  ops.linear_backward(d.d_att.data(), gr.o_proj, nullptr, d_ao, t.att.data(), w.o_proj, N, QD, C);
+  ops.linear_backward(d.d_att.data(), gr.o_proj, gr.o_bias, d_ao, t.att.data(), w.o_proj, N, QD, C);
   ops.attention_backward(d.d_q.data(), d.d_k.data(), d.d_v.data(), d.d_att.data(), t.q.data(), t.k.data(), t.v.data(),
                          t.att.data(), t.lse.data(), dm.B, dm.T, H, G, D, doc_start, s.layer_window(w.layer),
-                         static_cast<float>(s.attn_softcap));
+                         static_cast<float>(s.attn_softcap), w.sinks, gr.sinks);
   const float qscale =
       s.attention_scale > 0.0 ? static_cast<float>(s.attention_scale * std::sqrt(static_cast<double>(D))) : 1.f;
   if (qscale != 1.f) ops.scale(d.d_q.data(), d.d_q.data(), qscale, N * QD);

@@ -77,7 +77,7 @@ uint64_t block_attn_acts_bytes(const ModelSpec& s, const BlockDims& dm, int act_
 
 double layer_recompute_flops(const ModelSpec& s, const BlockDims& dm, KeptPart kept) {
   const double C = static_cast<double>(s.hidden), QD = static_cast<double>(s.q_dim()),
-               KD = static_cast<double>(s.kv_dim()), T = static_cast<double>(dm.T);
+               KD = static_cast<double>(s.kv_dim()), T = s.attention_span(dm.T);  // windows: fewer keys
   const double mlp = s.is_moe() ? 2.0 * C * static_cast<double>(s.moe.n_experts)
                                 : 4.0 * C * static_cast<double>(s.intermediate);
   switch (kept) {

@@ -24,6 +24,7 @@
 #include "core/fs.h"
 #include "core/quote.h"
 #include "model/spec_gemma.h"
+#include "model/spec_gptoss.h"
 #include "model/spec_multimodal.h"
 #include "model/spec_phi.h"
 
@@ -55,6 +56,7 @@ constexpr FamilyInfo kFamilies[] = {
     {Family::gemma2, "Gemma2ForCausalLM", "gemma2"},
     {Family::gemma3, "Gemma3ForCausalLM", "gemma3_text"},
     {Family::phi3, "Phi3ForCausalLM", "phi3"},
+    {Family::gpt_oss, "GptOssForCausalLM", "gpt_oss"},
 };
 
 const FamilyInfo& family_info(Family f) {
@@ -201,13 +203,42 @@ FamilyDefaults family_defaults(Family f) {
       return {131072, 4, 2, {1}, 1e-6, 1e6};
     case Family::phi3:  // Phi3Config (pad_token_id 32000: spec_phi.cpp)
       return {4096, -1, 1, {32000}, 1e-5};
+    case Family::gpt_oss:  // GptOssConfig (default_theta 150000)
+      return {131072, 8, -1, {}, 1e-5, 150000.0};
   }
   return {2048, -1, -1, {}};
 }
 
-// Reads a rope object (rope_scaling or rope_parameters) into `rope`.
+// YaRN's fields of a rope object, as transformers' _compute_yarn_parameters
+// reads them: factor and original_max_position_embeddings required;
+// attention_factor, else from mscale / mscale_all_dim when both are given,
+// else 0.1 ln(factor) + 1 (1 when factor <= 1); beta_fast 32, beta_slow 1
+// when absent or 0; truncate true when absent.
+void yarn_read(const Fields& f, RopeConfig* rope, std::vector<std::string>* unsupported) {
+  rope->scaling = RopeScaling::yarn;
+  rope->factor = f.get_double("factor");
+  rope->original_max_positions = f.get_int("original_max_position_embeddings");
+  auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  const double ms = f.get_double("mscale", 0.0), ms_all = f.get_double("mscale_all_dim", 0.0);
+  if (f.has("attention_factor"))
+    rope->attention_factor = f.get_double("attention_factor");
+  else if (ms != 0.0 && ms_all != 0.0)
+    rope->attention_factor = mscale(rope->factor, ms) / mscale(rope->factor, ms_all);
+  else
+    rope->attention_factor = mscale(rope->factor, 1.0);
+  rope->beta_fast = f.get_double("beta_fast", 0.0);
+  if (rope->beta_fast == 0.0) rope->beta_fast = 32.0;
+  rope->beta_slow = f.get_double("beta_slow", 0.0);
+  if (rope->beta_slow == 0.0) rope->beta_slow = 1.0;
+  rope->truncate = f.get_bool("truncate", true);
+  if (!(rope->factor > 0.0) || !std::isfinite(rope->factor))
+    unsupported->push_back(cat(f.where, "factor ", rope->factor, " must be positive"));
+}
+
+// Reads a rope object (rope_scaling or rope_parameters) into `rope`; yarn
+// only where yarn_ok (gpt-oss: the other families' writers cannot express it).
 void rope_read(const json& obj, const std::string& name, const std::string& source, double top_theta, RopeConfig* rope,
-               std::vector<std::string>* unsupported) {
+               std::vector<std::string>* unsupported, bool yarn_ok = false) {
   Fields f{obj, source, name + "."};
   rope->theta = f.get_double("rope_theta", top_theta);
   std::string type = f.has("rope_type") ? f.get_string("rope_type", "default") : f.get_string("type", "default");
@@ -222,9 +253,12 @@ void rope_read(const json& obj, const std::string& name, const std::string& sour
     rope->low_freq_factor = f.get_double("low_freq_factor");
     rope->high_freq_factor = f.get_double("high_freq_factor");
     rope->original_max_positions = f.get_int("original_max_position_embeddings");
+  } else if (type == "yarn" && yarn_ok) {
+    yarn_read(f, rope, unsupported);  // spec_gptoss.cpp
   } else {
-    unsupported->push_back(
-        cat(name, ".rope_type \"", type, "\" is not supported; supported RoPE types: default, linear, llama3"));
+    unsupported->push_back(cat(name, ".rope_type \"", type,
+                               "\" is not supported; supported RoPE types: default, linear, llama3",
+                               yarn_ok ? ", yarn" : ""));
   }
   if (f.has("partial_rotary_factor") && f.get_double("partial_rotary_factor") != 1.0)
     unsupported->push_back(cat(name, ".partial_rotary_factor ", f.get_double("partial_rotary_factor"),
@@ -334,8 +368,9 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
   s.vocab = f.get_int("vocab_size");
   if (f.has("head_dim")) {
     s.head_dim = f.get_int("head_dim");
-  } else if ((s.family == Family::qwen3 || s.is_gemma()) && !f.present("head_dim")) {
-    s.head_dim = s.is_gemma() ? 256 : 128;  // Qwen3Config's and the Gemma configs' defaults
+  } else if ((s.family == Family::qwen3 || s.is_gemma() || s.family == Family::gpt_oss) && !f.present("head_dim")) {
+    // Qwen3Config's, the Gemma configs' and GptOssConfig's defaults
+    s.head_dim = s.is_gemma() ? 256 : s.family == Family::gpt_oss ? 64 : 128;
   } else {
     if (s.n_heads <= 0 || s.hidden % s.n_heads != 0)
       fail("[config] ", source, ": hidden_size ", s.hidden, " is not divisible by num_attention_heads ", s.n_heads,
@@ -416,6 +451,8 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
 
   // Phi3: RoPE (partial, LongRoPE), window and the rest in spec_phi.cpp
   if (s.family == Family::phi3) return spec_phi3_finish(j, source, std::move(s), std::move(unsupported));
+  // gpt-oss: YaRN, alternating windows, sinks, biases and its experts in spec_gptoss.cpp
+  if (s.family == Family::gpt_oss) return spec_gptoss_finish(j, source, std::move(s), std::move(unsupported));
 
   // ---- RoPE
   double top_theta = f.get_double("rope_theta", dflt.rope_theta);
@@ -505,8 +542,8 @@ ojson rope_scaling_json(const RopeConfig& r) {
 }  // namespace
 
 void detail::spec_rope_read(const json& obj, const std::string& name, const std::string& source, double top_theta,
-                            RopeConfig* rope, std::vector<std::string>* unsupported) {
-  rope_read(obj, name, source, top_theta, rope, unsupported);
+                            RopeConfig* rope, std::vector<std::string>* unsupported, bool yarn_ok) {
+  rope_read(obj, name, source, top_theta, rope, unsupported, yarn_ok);
 }
 
 const char* family_name(Family f) { return family_info(f).model_type; }
@@ -518,6 +555,8 @@ namespace {
 int64_t params_attn_norms(const ModelSpec& s) {
   int64_t attn = s.hidden * s.q_dim() + 2 * s.hidden * s.kv_dim() + s.q_dim() * s.hidden;
   if (s.qkv_bias) attn += s.q_dim() + 2 * s.kv_dim();
+  if (s.o_bias) attn += s.hidden;
+  if (s.attn_sinks) attn += s.n_heads;
   if (s.qk_norm) attn += s.qk_norm_whole ? s.q_dim() + s.kv_dim() : 2 * s.head_dim;
   const int64_t shared = s.moe.shared_intermediate > 0 ? 3 * s.hidden * s.moe.shared_intermediate + s.hidden : 0;
   return attn + (s.sandwich_norms ? 4 : 2) * s.hidden + shared;
@@ -529,6 +568,22 @@ int64_t ModelSpec::layer_window(int64_t layer) const {
   RT_CHECK(layer >= 0 && layer < static_cast<int64_t>(local_layers.size()), "[model] internal: layer ", layer,
            " has no attention type (the model has ", local_layers.size(), " layers)");
   return local_layers[static_cast<size_t>(layer)] ? local_window : 0;
+}
+
+double ModelSpec::attention_span(int64_t T) const {
+  if (local_layers.empty() || n_layers <= 0 || T <= 0) return static_cast<double>(T);
+  const double t = static_cast<double>(T);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const int64_t w = layer_window(i);
+    if (w <= 0 || w >= T) {
+      sum += t;
+      continue;
+    }
+    const double wd = static_cast<double>(w);
+    sum += 2.0 * (wd * (wd + 1.0) / 2.0 + (t - wd) * wd) / t;
+  }
+  return sum / static_cast<double>(n_layers);
 }
 
 bool ModelSpec::layer_uses_rope(int64_t layer) const {
@@ -553,14 +608,23 @@ std::string ModelSpec::max_sequence_why() const {
   return cat("max_position_embeddings (", max_positions, ")");
 }
 
+namespace {
+// One expert's parameters (gpt-oss: with its gate, up and down biases) and the router's per expert.
+int64_t params_expert(const ModelSpec& s) {
+  const int64_t fe = s.moe.expert_intermediate;
+  return 3 * s.hidden * fe + (s.moe.expert_bias ? 2 * fe + s.hidden : 0);
+}
+int64_t params_router_row(const ModelSpec& s) { return s.hidden + (s.moe.router_bias ? 1 : 0); }
+}  // namespace
+
 int64_t ModelSpec::params_per_layer() const {
-  if (is_moe()) return params_attn_norms(*this) + moe.n_experts * (hidden + 3 * hidden * moe.expert_intermediate);
+  if (is_moe()) return params_attn_norms(*this) + moe.n_experts * (params_router_row(*this) + params_expert(*this));
   return params_attn_norms(*this) + 3 * hidden * intermediate;
 }
 
 int64_t ModelSpec::active_params_per_layer() const {
   if (!is_moe()) return params_per_layer();
-  return params_attn_norms(*this) + moe.n_experts * hidden + moe.top_k * 3 * hidden * moe.expert_intermediate;
+  return params_attn_norms(*this) + moe.n_experts * params_router_row(*this) + moe.top_k * params_expert(*this);
 }
 
 int64_t ModelSpec::params_active() const {
@@ -604,6 +668,7 @@ void ModelSpec::validate(const std::string& source) const {
       p.push_back(cat("llama3 original_max_position_embeddings must be positive, found ", rope.original_max_positions));
   }
   rope_validate(*this, &p);  // partial rotary, LongRoPE (spec_phi.cpp)
+  gptoss_validate(*this, &p);  // YaRN, sinks, biases, clamped SwiGLU (spec_gptoss.cpp)
   if (is_moe()) {
     if (moe.top_k < 1 || moe.top_k > moe.n_experts)
       p.push_back(cat("num_experts_per_tok ", moe.top_k, " must be in [1, num_experts = ", moe.n_experts, "]"));
@@ -634,8 +699,8 @@ void ModelSpec::validate(const std::string& source) const {
     p.push_back(cat("layer_types has ", local_layers.size(), " entries for ", n_layers, " layers"));
   if (rope.scaling == RopeScaling::linear && !(rope.factor > 0.0))
     p.push_back(cat("linear rope factor must be positive, found ", rope.factor));
-  if ((norm_offset != 0.0 || sandwich_norms || attn_softcap != 0.0 || final_softcap != 0.0 || !local_layers.empty() ||
-       mlp_act != MlpAct::silu) &&
+  if ((norm_offset != 0.0 || sandwich_norms || attn_softcap != 0.0 || final_softcap != 0.0 ||
+       (!local_layers.empty() && family != Family::gpt_oss) || mlp_act != MlpAct::silu) &&
       (is_moe() || post_norms))
     p.push_back("Gemma's norms, soft-capping, windows and GeGLU are supported with dense pre-norm layers only");
   if (post_norms && is_moe())
@@ -705,6 +770,7 @@ void config_write_ids_and_dtype(ojson& o, const ModelSpec& s) {
 std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
   if (s.family == Family::phi3) return spec_phi3_config_json(s);
+  if (s.family == Family::gpt_oss) return spec_gptoss_config_json(s);
   RT_CHECK(s.architecture.empty() || s.architecture == fi.architecture, "[config] spec_to_config_json: architecture ",
            s.architecture, " does not match family ", fi.model_type, " (expected ", fi.architecture, ")");
   RT_CHECK(s.is_gemma() || (s.norm_offset == 0.0 && s.mlp_act == MlpAct::silu && !s.sandwich_norms &&

@@ -10,9 +10,10 @@
 namespace rt {
 
 enum class Family { llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, olmo2, granite, smollm3,
-                    gemma, gemma2, gemma3, phi3 };
-// linear (Gemma 3's global layers): inv_freq / factor; longrope: Phi3's LongRoPE.
-enum class RopeScaling { none, llama3, linear, longrope };
+                    gemma, gemma2, gemma3, phi3, gpt_oss };
+// linear (Gemma 3's global layers): inv_freq / factor; longrope: Phi3's LongRoPE;
+// yarn: YaRN (gpt-oss), transformers' _compute_yarn_parameters.
+enum class RopeScaling { none, llama3, linear, longrope, yarn };
 // The gated MLP's activation: silu (SwiGLU) or the tanh approximation of gelu (Gemma's GeGLU).
 enum class MlpAct { silu, gelu_tanh };
 
@@ -33,6 +34,14 @@ struct RopeConfig {
   // cos and sin are multiplied by attention_factor (1 elsewhere).
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;
+  // YaRN (yarn; factor, original_max_positions and attention_factor above):
+  // inv_freq blends theta^(-2i/R) / factor (interpolation) and theta^(-2i/R)
+  // (extrapolation) with a linear ramp between the correction dims of
+  // beta_fast and beta_slow rotations (floored/ceiled when truncate); cos and
+  // sin are multiplied by attention_factor (0.1 ln(factor) + 1 unless given).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
 };
 
 // Mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE): every decoder layer's
@@ -55,6 +64,17 @@ struct MoeConfig {
   double router_aux_loss_coef = 0.0;
   bool output_router_logits = false;
   bool aux_loss_on() const { return n_experts > 0 && output_router_logits && router_aux_loss_coef != 0.0; }
+  // gpt-oss (model/spec_gptoss.cpp): the router has a bias [E]; the routing
+  // weights are the softmax over the top_k selected logits (topk_softmax;
+  // the others: softmax over all E, then top-k); each expert's gate, up and
+  // down projections have biases (expert_bias); the activation is the clamped
+  // SwiGLU (glu_limit > 0): g' = min(g, L), u' = clamp(u, -L, L),
+  // a = (u' + 1) g' sigmoid(glu_alpha g').
+  bool router_bias = false;
+  bool topk_softmax = false;
+  bool expert_bias = false;
+  double glu_limit = 0.0;
+  double glu_alpha = 1.0;
 };
 
 struct ModelSpec {
@@ -115,8 +135,24 @@ struct ModelSpec {
   std::vector<uint8_t> local_layers;
   bool rope_local_on = false;
   RopeConfig rope_local;
+  // gpt-oss: a learned logit per query head ([H] per layer, self_attn.sinks)
+  // joins each attention row's softmax denominator (it weighs no value), and
+  // o_proj has a bias (o_bias; the q/k/v biases are qkv_bias). Its sliding
+  // layers use local_layers and local_window above.
+  bool attn_sinks = false;
+  bool o_bias = false;
+  // The factor RoPE's cos and sin are multiplied by: LongRoPE's and YaRN's attention_factor, else 1.
+  double rope_cos_scale() const {
+    return rope.scaling == RopeScaling::longrope || rope.scaling == RopeScaling::yarn ? rope.attention_factor : 1.0;
+  }
   // The attention window of layer `layer`: local_window for a local layer, else 0 (none).
   int64_t layer_window(int64_t layer) const;
+  // The keys per query of causal attention over T tokens, averaged over the
+  // layers and doubled (T for full causal layers, the FLOP counts' unit):
+  // a sliding layer of window W < T sees (W (W + 1) / 2 + (T - W) W) / T on
+  // average, so with windows attention costs less than 2 H D T per token.
+  // Sinks add one logit per row and query head: not counted.
+  double attention_span(int64_t T) const;
   // Whether layer `layer` rotates with rope_local instead of rope.
   bool layer_rope_local(int64_t layer) const { return rope_local_on && layer_window(layer) > 0; }
   bool is_gemma() const { return family == Family::gemma || family == Family::gemma2 || family == Family::gemma3; }
@@ -168,7 +204,7 @@ std::string spec_to_config_json(const ModelSpec& spec);
 // "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b",
 // "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "olmo-2-1b", "olmo-2-7b", "granite-3.3-2b",
 // "granite-3.3-8b", "smollm3-3b", "gemma-2-2b", "gemma-2-9b", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b",
-// "phi-3-mini", "phi-3.5-mini", "phi-4", "phi-4-mini".
+// "phi-3-mini", "phi-3.5-mini", "phi-4", "phi-4-mini", "gpt-oss-20b", "gpt-oss-120b".
 ModelSpec spec_preset(const std::string& name);  // throws rt::Error listing the names
 std::vector<std::string> preset_names();
 

@@ -10,9 +10,10 @@
 
 namespace rt::detail {
 
-// Reads a RoPE object (rope_scaling or rope_parameters.<type>) into rope (spec.cpp).
+// Reads a RoPE object (rope_scaling or rope_parameters.<type>) into rope (spec.cpp);
+// yarn_ok: YaRN is read too (gpt-oss), else refused as for every other family.
 void spec_rope_read(const nlohmann::json& obj, const std::string& name, const std::string& source, double top_theta,
-                    RopeConfig* rope, std::vector<std::string>* unsupported);
+                    RopeConfig* rope, std::vector<std::string>* unsupported, bool yarn_ok = false);
 // s holds the common fields (dimensions, ids, rms_norm_eps, and for Gemma 1/2
 // the RoPE); sets the Gemma features and adds what is not supported.
 void gemma_parse(const nlohmann::json& j, const std::string& source, ModelSpec& s,

@@ -207,6 +207,42 @@ const std::map<std::string, ModelSpec>& presets() {
                         {199999}),
             0, 4096, 199999),
         0.75);
+    // OpenAI gpt-oss (the hub's config.json of openai/gpt-oss-20b and
+    // openai/gpt-oss-120b, transformers 4.55): hidden 2880, 64 query heads and
+    // 8 KV heads of head_dim 64 with q/k/v/o biases and sinks, even layers
+    // sliding (window 128), YaRN (theta 150000, factor 32 over 4096
+    // positions, beta_fast 32, beta_slow 1, truncate false), experts of width
+    // 2880 with biases, top 4 by softmax over the selected router logits,
+    // SwiGLU clamped at 7 with alpha 1.702; vocab 201088, untied, eos
+    // <|return|> 200002, pad <|endoftext|> 199999, no bos; rms_norm_eps 1e-5.
+    // gpt-oss-20b: 24 layers, 32 experts: 20,914,757,184 parameters
+    // (4,187,440,704 active, embedding and head included); gpt-oss-120b: 36
+    // layers, 128 experts: 116,829,156,672 (5,711,982,912 active).
+    auto gptoss = [](int64_t layers, int64_t experts) {
+      ModelSpec s = preset_make(Family::gpt_oss, 2880, 2880, layers, 64, 8, 64, 201088, 150000.0, 1e-5, false, 131072,
+                                -1, {200002});
+      s.pad_id = 199999;
+      s.qkv_bias = s.o_bias = s.attn_sinks = true;
+      s.local_window = 128;
+      for (int64_t i = 0; i < layers; ++i) s.local_layers.push_back(i % 2 == 0 ? 1 : 0);
+      s.rope.scaling = RopeScaling::yarn;
+      s.rope.factor = 32.0;
+      s.rope.beta_fast = 32.0;
+      s.rope.beta_slow = 1.0;
+      s.rope.truncate = false;
+      s.rope.original_max_positions = 4096;
+      s.rope.attention_factor = 0.1 * std::log(32.0) + 1.0;
+      s.moe.n_experts = experts;
+      s.moe.top_k = 4;
+      s.moe.expert_intermediate = 2880;
+      s.moe.router_bias = s.moe.topk_softmax = s.moe.expert_bias = true;
+      s.moe.glu_limit = 7.0;
+      s.moe.glu_alpha = 1.702;
+      s.moe.router_aux_loss_coef = 0.9;
+      return s;
+    };
+    m["gpt-oss-20b"] = gptoss(24, 32);
+    m["gpt-oss-120b"] = gptoss(36, 128);
     return m;
   }();
   return table;
@@ -220,7 +256,7 @@ std::vector<std::string> preset_names() {
           "qwen2.5-14b",  "qwen2.5-32b",  "qwen2.5-72b",   "qwen3-8b",       "qwen3-30b-a3b",  "mixtral-8x7b",
           "olmoe-1b-7b",  "olmo-2-1b",    "olmo-2-7b",     "granite-3.3-2b", "granite-3.3-8b", "smollm3-3b",
           "gemma-2-2b",   "gemma-2-9b",   "gemma-3-1b",    "gemma-3-4b",     "gemma-3-12b",    "phi-3-mini",
-          "phi-3.5-mini", "phi-4",        "phi-4-mini"};
+          "phi-3.5-mini", "phi-4",        "phi-4-mini",    "gpt-oss-20b",    "gpt-oss-120b"};
 }
 
 ModelSpec spec_preset(const std::string& name) {

@@ -30,9 +30,11 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 WeightEntry entry(std::string name, WeightKind kind, int64_t layer, std::vector<int64_t> shape) {
   bool nb = kind == WeightKind::attn_norm || kind == WeightKind::mlp_norm || kind == WeightKind::final_norm ||
-            kind == WeightKind::attn_post_norm || kind == WeightKind::mlp_post_norm ||
-            kind == WeightKind::q_norm || kind == WeightKind::k_norm || kind == WeightKind::q_bias ||
-            kind == WeightKind::k_bias || kind == WeightKind::v_bias;
+            kind == WeightKind::attn_post_norm || kind == WeightKind::mlp_post_norm || kind == WeightKind::q_norm ||
+            kind == WeightKind::k_norm || kind == WeightKind::q_bias || kind == WeightKind::k_bias ||
+            kind == WeightKind::v_bias || kind == WeightKind::o_bias || kind == WeightKind::sinks ||
+            kind == WeightKind::router_bias || kind == WeightKind::expert_gate_bias ||
+            kind == WeightKind::expert_up_bias || kind == WeightKind::expert_down_bias;
   return WeightEntry{std::move(name), kind, layer, std::move(shape), nb, -1};
 }
 
@@ -72,7 +74,15 @@ const char* shape_hint(WeightKind k) {
     case WeightKind::expert_down:
       return "moe_intermediate_size (Qwen3-MoE, Qwen2-MoE) or intermediate_size/hidden_size";
     case WeightKind::shared_expert_gate:
+    case WeightKind::o_bias:
       return "hidden_size";
+    case WeightKind::sinks:
+      return "num_attention_heads";
+    case WeightKind::router_bias:
+    case WeightKind::expert_gate_bias:
+    case WeightKind::expert_up_bias:
+    case WeightKind::expert_down_bias:
+      return "num_local_experts/intermediate_size/hidden_size";
   }
   return "config.json";
 }
@@ -159,6 +169,18 @@ const char* weight_kind_name(WeightKind k) {
       return "attn_post_norm";
     case WeightKind::mlp_post_norm:
       return "mlp_post_norm";
+    case WeightKind::o_bias:
+      return "o_bias";
+    case WeightKind::sinks:
+      return "sinks";
+    case WeightKind::router_bias:
+      return "router_bias";
+    case WeightKind::expert_gate_bias:
+      return "expert_gate_bias";
+    case WeightKind::expert_up_bias:
+      return "expert_up_bias";
+    case WeightKind::expert_down_bias:
+      return "expert_down_bias";
     case WeightKind::final_norm:
       return "final_norm";
     case WeightKind::lm_head:
@@ -187,6 +209,8 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
     m.push_back(entry(p + "self_attn.k_norm.weight", WeightKind::k_norm, layer, {s.qk_norm_whole ? kv : s.head_dim}));
   }
   m.push_back(entry(p + "self_attn.o_proj.weight", WeightKind::o_proj, layer, {d, q}));
+  if (s.o_bias) m.push_back(entry(p + "self_attn.o_proj.bias", WeightKind::o_bias, layer, {d}));
+  if (s.attn_sinks) m.push_back(entry(p + "self_attn.sinks", WeightKind::sinks, layer, {s.n_heads}));
   if (s.sandwich_norms) {  // Gemma 2/3: post_attention_layernorm follows the attention branch
     m.push_back(entry(p + "post_attention_layernorm.weight", WeightKind::attn_post_norm, layer, {d}));
     m.push_back(entry(p + "pre_feedforward_layernorm.weight", WeightKind::mlp_norm, layer, {d}));
@@ -194,6 +218,26 @@ std::vector<WeightEntry> layer_weight_map(const ModelSpec& s, int64_t layer) {
   } else {
     m.push_back(entry(p + (s.post_norms ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
                       WeightKind::mlp_norm, layer, {d}));
+  }
+  if (s.is_moe() && s.family == Family::gpt_oss) {
+    // gpt-oss: mlp.router.{weight,bias}; the experts' parts of the fused tensors (fused_tensors)
+    const std::string mp = p + "mlp.";
+    const int64_t fe = s.moe.expert_intermediate;
+    m.push_back(entry(mp + "router.weight", WeightKind::router, layer, {s.moe.n_experts, d}));
+    if (s.moe.router_bias) m.push_back(entry(mp + "router.bias", WeightKind::router_bias, layer, {s.moe.n_experts}));
+    const bool b = s.moe.expert_bias;
+    for (int64_t e = 0; e < s.moe.n_experts; ++e) {
+      const std::string ep = mp + "experts." + std::to_string(e) + ".";
+      const size_t first = m.size();
+      m.push_back(entry(ep + "gate_proj.weight", WeightKind::expert_gate, layer, {fe, d}));
+      if (b) m.push_back(entry(ep + "gate_proj.bias", WeightKind::expert_gate_bias, layer, {fe}));
+      m.push_back(entry(ep + "up_proj.weight", WeightKind::expert_up, layer, {fe, d}));
+      if (b) m.push_back(entry(ep + "up_proj.bias", WeightKind::expert_up_bias, layer, {fe}));
+      m.push_back(entry(ep + "down_proj.weight", WeightKind::expert_down, layer, {d, fe}));
+      if (b) m.push_back(entry(ep + "down_proj.bias", WeightKind::expert_down_bias, layer, {d}));
+      for (size_t k = first; k < m.size(); ++k) m[k].expert = e;
+    }
+    return m;
   }
   if (s.is_moe()) {
     // Mixtral's hub names: block_sparse_moe.gate, experts.{e}.w1 (gate), w3 (up), w2 (down).

@@ -42,6 +42,13 @@ enum class WeightKind {
   // input_layernorm, mlp_norm pre_feedforward_layernorm):
   attn_post_norm,  // model.layers.{i}.post_attention_layernorm.weight   [hidden]
   mlp_post_norm,   // model.layers.{i}.post_feedforward_layernorm.weight [hidden]
+  // gpt-oss (ModelSpec::o_bias, attn_sinks, MoeConfig::router_bias, expert_bias):
+  o_bias,            // model.layers.{i}.self_attn.o_proj.bias   [hidden]
+  sinks,             // model.layers.{i}.self_attn.sinks         [heads]
+  router_bias,       // model.layers.{i}.mlp.router.bias         [E] (the router: mlp.router.weight)
+  expert_gate_bias,  // model.layers.{i}.mlp.experts.{e}.gate_proj.bias  [Fe]
+  expert_up_bias,    // model.layers.{i}.mlp.experts.{e}.up_proj.bias    [Fe]
+  expert_down_bias,  // model.layers.{i}.mlp.experts.{e}.down_proj.bias  [hidden]
   final_norm,  // model.norm.weight                                [hidden]
   lm_head,     // lm_head.weight                                   [vocab, hidden] (absent when tied)
 };
@@ -75,12 +82,47 @@ std::string weight_map_check(const ModelSpec& spec, const std::vector<FoundTenso
 // the q, k and v rows, mlp.gate_up_proj.weight the gate and up rows): each
 // names the weight-map entries whose rows it concatenates, in row order
 // (consecutive in canonical order). Empty for the other families.
+// gpt-oss stores each layer's experts in four tensors (the weight-map names
+// mlp.experts.{e}.{gate,up,down}_proj.{weight,bias} are ramtrain's own):
+//   mlp.experts.gate_up_proj      [E, hidden, 2 Fe]  [e, c, 2f] = gate_e[f, c], [e, c, 2f+1] = up_e[f, c]
+//   mlp.experts.gate_up_proj_bias [E, 2 Fe]          [e, 2f] = gate_bias_e[f], [e, 2f+1] = up_bias_e[f]
+//   mlp.experts.down_proj         [E, Fe, hidden]    [e, f, c] = down_e[c, f]
+//   mlp.experts.down_proj_bias    [E, hidden]        the down biases' rows
+// A group of `interleave` consecutive parts (same shape [R, K], or [R]) is
+// stored element-interleaved, each part transposed to [K, R] first when
+// `transpose`: part w's element (r, k) of group g lies at
+//   base(g) + (transpose ? k R + r : r K + k) * interleave + w,
+// base(g) the elements of the groups before. interleave 1, no transpose:
+// plain row concatenation (Phi3).
 struct FusedTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<std::string> parts;
+  int64_t interleave = 1;
+  bool transpose = false;
+  bool plain() const { return interleave == 1 && !transpose; }
 };
 std::vector<FusedTensor> fused_tensors(const ModelSpec& spec);
+// Where element i of part k (shape part_shape) lies in the fused tensor f.
+// part_base: the elements of f's parts before part k's group.
+int64_t fused_index(const FusedTensor& f, size_t k, const std::vector<int64_t>& part_shape, int64_t part_base,
+                    int64_t i);
+// Copies part k out of the whole fused tensor (load) or into it (export);
+// part_shapes: every part's shape, in f.parts order.
+void fused_gather(const FusedTensor& f, const std::vector<std::vector<int64_t>>& part_shapes, size_t k,
+                  const float* fused, float* part);
+void fused_scatter(const FusedTensor& f, const std::vector<std::vector<int64_t>>& part_shapes, size_t k,
+                   const float* part, float* fused);
+// gpt-oss's hub checkpoints store gate_up_proj and down_proj in MXFP4:
+// NAME_blocks [E, R, K/32, 16] uint8, two e2m1 codes a byte (the low nibble
+// the even element: 0 0.5 1 1.5 2 3 4 6, bit 3 the sign), and NAME_scales
+// [E, R, K/32] uint8, one e8m0 scale 2^(s - 127) per 32 consecutive
+// elements of a row; they hold W [E, R, K] whose transpose [E, K, R] is NAME.
+// The shape of NAME for blocks and scales of these shapes; empty when they do not fit together.
+std::vector<int64_t> mxfp4_fused_shape(const std::vector<int64_t>& blocks, const std::vector<int64_t>& scales);
+// out [E, K, R] (fp32, exact: every code times its power of two).
+void mxfp4_dequantize(const uint8_t* blocks, const uint8_t* scales, int64_t E, int64_t R, int64_t K, float* out);
+
 // weight_map in the checkpoint's layout: each fused group's entries replaced
 // by one entry (the fused name and shape, the first part's kind) in its place.
 // weight_map_check compares a checkpoint against this.

@@ -607,6 +607,8 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
     w.k_norm = get(name("self_attn.k_norm.weight"));
   }
   w.o_proj = get(name("self_attn.o_proj.weight"));
+  if (s.o_bias) w.o_bias = get(name("self_attn.o_proj.bias"));  // gpt-oss
+  if (s.attn_sinks) w.sinks = get(name("self_attn.sinks"));
   if (s.sandwich_norms) {  // Gemma 2/3 (model/weight_map.h)
     w.attn_post_norm = get(name("post_attention_layernorm.weight"));
     w.mlp_norm = get(name("pre_feedforward_layernorm.weight"));
@@ -624,6 +626,10 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
       if (e.kind == WeightKind::up_proj) w.up_proj = get(e.name);
       if (e.kind == WeightKind::down_proj) w.down_proj = get(e.name);
       if (e.kind == WeightKind::shared_expert_gate) w.shared_expert_gate = get(e.name);
+      if (e.kind == WeightKind::router_bias) w.router_bias = get(e.name);  // gpt-oss
+      if (e.kind == WeightKind::expert_gate_bias) w.expert_gate_bias.push_back(get(e.name));
+      if (e.kind == WeightKind::expert_up_bias) w.expert_up_bias.push_back(get(e.name));
+      if (e.kind == WeightKind::expert_down_bias) w.expert_down_bias.push_back(get(e.name));
     }
     return w;
   }

@@ -4,7 +4,8 @@
 // top-k then softmax is the same function), without it (OLMoE), top-1 with
 // tied router rows, an expert that never gets a token, a router width E that
 // is not a multiple of 8, and the load-balancing gradient dprob; plus the
-// Qwen2-MoE shared-expert gate.
+// Qwen2-MoE shared-expert gate; gpt-oss's variant (router bias, softmax over
+// the top-k logits, expert biases, the clamped SwiGLU) with every bias nonzero.
 //
 // Tolerances (u = 2^-8, the bf16 step relative to a value), as in
 // cuda_ops_test.cpp:
@@ -67,6 +68,7 @@ struct Case {
   int tie_a, tie_b;  // router rows made identical (-1: none)
   bool with_dprob;
   uint64_t seed;
+  bool gptoss = false;  // router and expert biases, top-k softmax, SwiGLU clamped at 1
 };
 
 // Sorted probabilities of a row: the K-th and the (K+1)-th are tied exactly
@@ -81,6 +83,26 @@ bool routing_is_robust(const float* p, int64_t E, int64_t K, float gap) {
 
 void run_case(const Case& k) {
   const int64_t N = k.N, C = k.C, E = k.E, K = k.K, F = k.F;
+  // gpt-oss: bf16 biases of size ~0.3 (the router's 0.05: logits stay in the range the idle expert needs)
+  std::vector<float> router_bias;
+  std::vector<std::vector<float>> bg, bu, bd;
+  if (k.gptoss) {
+    router_bias = round_bf16(random_vec(E, k.seed + 600, -0.05f, 0.05f));
+    for (int64_t e = 0; e < E; ++e) {
+      bg.push_back(round_bf16(random_vec(F, k.seed + 610 + e, -0.3f, 0.3f)));
+      bu.push_back(round_bf16(random_vec(F, k.seed + 710 + e, -0.3f, 0.3f)));
+      bd.push_back(round_bf16(random_vec(C, k.seed + 810 + e, -0.3f, 0.3f)));
+    }
+  }
+  auto cptrs = [](const std::vector<std::vector<float>>& v) {
+    std::vector<const float*> p;
+    for (auto& t : v) p.push_back(t.data());
+    return p;
+  };
+  const std::vector<const float*> cbg = cptrs(bg), cbu = cptrs(bu), cbd = cptrs(bd);
+  const rt::cpu::MoeVariant variant =
+      k.gptoss ? rt::cpu::MoeVariant{true, 1.f, 1.702f, router_bias.data(), cbg.data(), cbu.data(), cbd.data()}
+               : rt::cpu::MoeVariant{};
   // router: small random rows; the idle expert's logit is -8 x0 <= -8 (x0 >= 1), far below the others (|l| < 1)
   std::vector<float> router = round_bf16(random_vec(E * C, k.seed, -0.05f, 0.05f));
   if (k.idle_expert >= 0) {
@@ -101,7 +123,7 @@ void run_case(const Case& k) {
       row[0] = rt::bf16_to_f32(rt::f32_to_bf16(1.f + std::fabs(row[0])));  // x0 >= 1 (idle expert)
       std::copy(row.begin(), row.end(), x.begin() + n * C);
       rt::cpu::moe_forward(nullptr, probs.data() + n * E, x.data() + n * C, router.data(), nullptr, nullptr, nullptr, 1,
-                           C, E, K, F, k.norm_topk, nullptr, nullptr);
+                           C, E, K, F, k.norm_topk, nullptr, nullptr, variant);
       if (routing_is_robust(probs.data() + n * E, E, K, 1e-4f)) break;
     }
   }
@@ -135,20 +157,55 @@ void run_case(const Case& k) {
   // break the exact ties of identical router rows that the check accepted
   for (int64_t n = 0; n < N; ++n)
     rt::cpu::moe_forward(ref_out.data() + n * C, ref_probs.data() + n * E, x.data() + n * C, router.data(), cg.data(),
-                         cu.data(), cd.data(), 1, C, E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data());
+                         cu.data(), cd.data(), 1, C, E, K, F, k.norm_topk, ref_tokens.data(), ref_psum.data(), variant);
   auto ref_gg = gg0, ref_gu = gu0, ref_gd = gd0;
   std::vector<float> ref_grouter = grouter0, ref_dx(static_cast<size_t>(N * C));
   std::vector<float*> rgg = ptrs(ref_gg), rgu = ptrs(ref_gu), rgd = ptrs(ref_gd);
+  // gpt-oss's bias gradients, from zero (the ops accumulate)
+  std::vector<float> ref_grb(k.gptoss ? E : 0, 0.f);
+  std::vector<std::vector<float>> ref_gbg, ref_gbu, ref_gbd;
+  for (int64_t e = 0; e < (k.gptoss ? E : 0); ++e) {
+    ref_gbg.emplace_back(F, 0.f);
+    ref_gbu.emplace_back(F, 0.f);
+    ref_gbd.emplace_back(C, 0.f);
+  }
+  std::vector<float*> rgbg = ptrs(ref_gbg), rgbu = ptrs(ref_gbu), rgbd = ptrs(ref_gbd);
+  const rt::MoeBiasGrads ref_bias_grads =
+      k.gptoss ? rt::MoeBiasGrads{ref_grb.data(), rgbg.data(), rgbu.data(), rgbd.data()} : rt::MoeBiasGrads{};
   rt::cpu::moe_backward(ref_dx.data(), ref_grouter.data(), rgg.data(), rgu.data(), rgd.data(), dout.data(), x.data(),
                         ref_probs.data(), router.data(), cg.data(), cu.data(), cd.data(), N, C, E, K, F, k.norm_topk,
-                        k.with_dprob ? dprob.data() : nullptr);
+                        k.with_dprob ? dprob.data() : nullptr, variant, ref_bias_grads);
   if (k.idle_expert >= 0) {
     ASSERT_EQ(ref_tokens[static_cast<size_t>(k.idle_expert)], 0) << "the idle expert got tokens";
   }
 
   // GPU
   rt::cuda::MoeBlas blas;
-  const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk};
+  const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
+  // gpt-oss's biases on the device, and their gradients from zero
+  std::vector<std::unique_ptr<DeviceBuffer>> dbg, dbu, dbd, dgbg, dgbu, dgbd;
+  std::vector<const bf16*> pbg, pbu, pbd;
+  std::vector<float*> pgbg, pgbu, pgbd;
+  auto d_rb = k.gptoss ? upload_bf16(router_bias) : nullptr;
+  auto d_grb = k.gptoss ? upload_f32(std::vector<float>(E, 0.f)) : nullptr;
+  for (int64_t e = 0; e < (k.gptoss ? E : 0); ++e) {
+    dbg.push_back(upload_bf16(bg[e]));
+    dbu.push_back(upload_bf16(bu[e]));
+    dbd.push_back(upload_bf16(bd[e]));
+    dgbg.push_back(upload_f32(std::vector<float>(F, 0.f)));
+    dgbu.push_back(upload_f32(std::vector<float>(F, 0.f)));
+    dgbd.push_back(upload_f32(std::vector<float>(C, 0.f)));
+    pbg.push_back(dbg.back()->as<bf16>());
+    pbu.push_back(dbu.back()->as<bf16>());
+    pbd.push_back(dbd.back()->as<bf16>());
+    pgbg.push_back(dgbg.back()->as<float>());
+    pgbu.push_back(dgbu.back()->as<float>());
+    pgbd.push_back(dgbd.back()->as<float>());
+  }
+  const rt::MoeBiasesT<bf16> biases =
+      k.gptoss ? rt::MoeBiasesT<bf16>{d_rb->as<bf16>(), pbg.data(), pbu.data(), pbd.data()} : rt::MoeBiasesT<bf16>{};
+  const rt::MoeBiasGrads bias_grads =
+      k.gptoss ? rt::MoeBiasGrads{d_grb->as<float>(), pgbg.data(), pgbu.data(), pgbd.data()} : rt::MoeBiasGrads{};
   DeviceBuffer scratch(rt::cuda::moe_scratch_bytes(d));
   scratch.poison();
   auto d_x = upload_bf16(x), d_router = upload_bf16(router), d_dout = upload_bf16(dout);
@@ -178,7 +235,7 @@ void run_case(const Case& k) {
   std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
   std::vector<double> psum(static_cast<size_t>(E), 0.0);
   rt::cuda::moe_forward(blas, out.as<bf16>(), d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
-                        pwu.data(), pwd.data(), d, tokens.data(), psum.data(), scratch.scratch(), nullptr);
+                        pwu.data(), pwd.data(), d, tokens.data(), psum.data(), scratch.scratch(), nullptr, biases);
   EXPECT_EQ(tokens, ref_tokens);
   std::vector<float> psum_f(psum.begin(), psum.end()), ref_psum_f(ref_psum.begin(), ref_psum.end());
   expect_close("prob_sum", psum_f, ref_psum_f, kExactSumRel, kExactSumRel);
@@ -188,11 +245,12 @@ void run_case(const Case& k) {
   // backward from the GPU's own probabilities (as the block does), after a
   // router-only forward (the recompute's call) rewrote them
   rt::cuda::moe_forward(blas, nullptr, d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
-                        pwu.data(), pwd.data(), d, nullptr, nullptr, scratch.scratch(), nullptr);
+                        pwu.data(), pwd.data(), d, nullptr, nullptr, scratch.scratch(), nullptr, biases);
   scratch.poison();
   rt::cuda::moe_backward(blas, dx.as<bf16>(), d_grouter->as<float>(), pgg.data(), pgu.data(), pgd.data(),
                          d_dout->as<bf16>(), d_x->as<bf16>(), d_probs.as<float>(), d_router->as<bf16>(), pwg.data(),
-                         pwu.data(), pwd.data(), d, k.with_dprob ? dprob.data() : nullptr, scratch.scratch(), nullptr);
+                         pwu.data(), pwd.data(), d, k.with_dprob ? dprob.data() : nullptr, scratch.scratch(), nullptr,
+                         biases, bias_grads);
   expect_close("dx", download_bf16(dx, N * C), ref_dx, kChainRel, kChainMax);
   // the accumulated part of each weight gradient (what the op added)
   auto added = [](std::vector<float> after, const std::vector<float>& before) {
@@ -214,7 +272,13 @@ void run_case(const Case& k) {
     expect_close(en + " dgate", added(got_g, gg0[e]), added(ref_gg[e], gg0[e]), kChainRel, kChainMax);
     expect_close(en + " dup", added(got_u, gu0[e]), added(ref_gu[e], gu0[e]), kChainRel, kChainMax);
     expect_close(en + " ddown", added(got_d, gd0[e]), added(ref_gd[e], gd0[e]), kChainRel, kChainMax);
+    if (k.gptoss) {  // column sums of the same bf16 chains
+      expect_close(en + " dgate bias", download_f32(*dgbg[e], F), ref_gbg[e], kChainRel, kChainMax);
+      expect_close(en + " dup bias", download_f32(*dgbu[e], F), ref_gbu[e], kChainRel, kChainMax);
+      expect_close(en + " ddown bias", download_f32(*dgbd[e], C), ref_gbd[e], kChainRel, kChainMax);
+    }
   }
+  if (k.gptoss) expect_close("drouter bias", download_f32(*d_grb, E), ref_grb, kChainRel, kChainMax);
 }
 
 // Qwen3-MoE / Qwen2-MoE / Mixtral routing: softmax, top-k, renormalised;
@@ -233,6 +297,9 @@ TEST_F(CudaMoe, TiesGoToTheLowerExpert) {
 
 // A token count that is not a multiple of 8 and an expert width that is odd.
 TEST_F(CudaMoe, OddShapesMatchCpu) { run_case({37, 40, 8, 2, 20, true, 7, -1, -1, true, 15}); }
+
+// gpt-oss: router bias, softmax over the top-4 logits, expert biases, SwiGLU clamped at 1; an idle expert.
+TEST_F(CudaMoe, GptOssVariantMatchesCpu) { run_case({96, 64, 8, 4, 48, false, 5, -1, -1, false, 16, true}); }
 
 // Qwen2-MoE's shared-expert gate: y += sigmoid(z) o and its backward.
 TEST_F(CudaMoe, SharedGateMatchesCpu) {

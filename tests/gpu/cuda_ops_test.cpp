@@ -337,6 +337,26 @@ TEST_F(CudaOps, GegluMatchesCpu) {
   EXPECT_TRUE(rt::test::expect_near("geglu dup", download_bf16(*du, n), du_ref, 1e-6, kU));
 }
 
+// gpt-oss's clamped SwiGLU: limit 1.5 with inputs in [-6, 6] (most values clamped on one
+// side or the other); the clamps pass or stop the gradient on the same bf16 inputs the CPU sees.
+TEST_F(CudaOps, ClampedSwigluMatchesCpu) {
+  const int64_t n = 4099;
+  const float limit = 1.5f, alpha = 1.702f;
+  auto gate = random_bf16(n, 93, -6.f, 6.f), up = random_bf16(n, 94, -6.f, 6.f), dout = random_bf16(n, 95);
+  std::vector<float> out_ref(n), dg_ref(n), du_ref(n);
+  rt::cpu::swiglu_clamped_forward(out_ref.data(), gate.data(), up.data(), n, limit, alpha);
+  rt::cpu::swiglu_clamped_backward(dg_ref.data(), du_ref.data(), dout.data(), gate.data(), up.data(), n, limit, alpha);
+  auto dgate = upload_bf16(gate), dup_in = upload_bf16(up), ddout = upload_bf16(dout);
+  auto out = alloc_bf16(n), dg = alloc_bf16(n), du = alloc_bf16(n);
+  rt::cuda::swiglu_clamped_forward(out->as<bf16>(), dgate->as<bf16>(), dup_in->as<bf16>(), n, limit, alpha, nullptr);
+  rt::cuda::swiglu_clamped_backward(dg->as<bf16>(), du->as<bf16>(), ddout->as<bf16>(), dgate->as<bf16>(),
+                                    dup_in->as<bf16>(), n, limit, alpha, nullptr);
+  // fp32 math (expf vs std::exp, a few ulp) then one bf16 rounding, as SwiGLU
+  EXPECT_TRUE(rt::test::expect_near("clamped swiglu out", download_bf16(*out, n), out_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("clamped swiglu dgate", download_bf16(*dg, n), dg_ref, 1e-6, kU));
+  EXPECT_TRUE(rt::test::expect_near("clamped swiglu dup", download_bf16(*du, n), du_ref, 1e-6, kU));
+}
+
 // ---------------------------------------------------------------- LM head + cross-entropy
 
 TEST_F(CudaOps, LmHeadCrossEntropyMatchesCpu) {
@@ -502,17 +522,25 @@ void attention_case(const AttnCase& c, uint64_t seed) {
 // (cuda/attention_masked.cu) against the CPU reference. They keep P and dS
 // in fp32 (no bf16 rounding before a GEMM), so the fused kernels' bounds
 // above hold with room; the only roundings are the bf16 inputs and outputs.
-void masked_attention_case(const AttnCase& c, int64_t window, float cap, uint64_t seed) {
+// sinks (gpt-oss): a bf16 logit per head in [-1, 3], the CPU reading the same rounded values.
+void masked_attention_case(const AttnCase& c, int64_t window, float cap, uint64_t seed, bool with_sinks = false) {
   const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
   auto q = random_bf16(nq, seed, -2.f, 2.f), k = random_bf16(nkv, seed + 1), v = random_bf16(nkv, seed + 2);
   auto dout = random_bf16(nq, seed + 3);
-  std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  const std::vector<float> sinks = with_sinks ? random_bf16(c.H, seed + 4, -1.f, 3.f) : std::vector<float>{};
+  const float* sinks_host = with_sinks ? sinks.data() : nullptr;
+  std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv), dsink_ref(c.H, 0.f);
   const std::vector<int32_t> doc = attention_doc_start(c);
   const int32_t* doc_host = doc.empty() ? nullptr : doc.data();
   rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D,
-                             doc_host, window, cap);
+                             doc_host, window, cap, sinks_host);
   rt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(), v.data(),
-                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host, window, cap);
+                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host, window, cap,
+                              sinks_host, with_sinks ? dsink_ref.data() : nullptr);
+  auto d_sinks = with_sinks ? upload_bf16(sinks) : nullptr;
+  auto d_dsinks = with_sinks ? upload(std::vector<float>(c.H, 0.f)) : nullptr;
+  const bf16* sinks_dev = d_sinks ? d_sinks->as<bf16>() : nullptr;
+  float* dsinks_dev = d_dsinks ? d_dsinks->as<float>() : nullptr;
   auto d_doc = doc.empty() ? nullptr : upload(doc);
   const int32_t* doc_dev = d_doc ? d_doc->as<int32_t>() : nullptr;
   auto dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddout = upload_bf16(dout);
@@ -520,14 +548,19 @@ void masked_attention_case(const AttnCase& c, int64_t window, float cap, uint64_
   auto dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
   DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
   rt::cuda::attention_masked_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
-                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, window, cap, nullptr, doc_dev);
+                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, window, cap, nullptr, doc_dev,
+                                     sinks_dev);
   rt::cuda::attention_masked_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(),
                                       dq_in->as<bf16>(), dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(),
                                       lse->as<float>(), c.B, c.T, c.H, c.G, c.D, window, cap, scratch.scratch(),
-                                      nullptr, doc_dev);
+                                      nullptr, doc_dev, sinks_dev, dsinks_dev);
   const std::string tag = "masked attention T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
                           " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) + " window " +
-                          std::to_string(window) + " cap " + std::to_string(cap) + (doc.empty() ? "" : " packed");
+                          std::to_string(window) + " cap " + std::to_string(cap) + (doc.empty() ? "" : " packed") +
+                          (with_sinks ? " sinks" : "");
+  // d sink: sum over B*T rows of -P_sink D_t, fp32 on both sides from bf16-rounded out and dO:
+  // the per-row error of D_t (as dq's) summed, norm-wise as dq's bound
+  if (with_sinks) expect_close(tag + " dsinks", download_f32(*d_dsinks, c.H), dsink_ref, 1e-2, 5e-2);
   expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
   EXPECT_TRUE(rt::test::expect_near(tag + " lse", download_f32(*lse, c.B * c.H * c.T), lse_ref, 2e-4, 1e-5));
   expect_close(tag + " dq", download_bf16(*dq, nq), dq_ref, 1e-2, 5e-2);
@@ -540,6 +573,8 @@ TEST_F(CudaOps, MaskedAttentionMatchesCpu) {
   masked_attention_case({2, 70, 4, 2, 64}, 0, 1.5f, 510);      // soft cap only
   masked_attention_case({1, 100, 8, 4, 256}, 33, 2.f, 520);    // both, Gemma's head_dim
   masked_attention_case({2, 40, 4, 1, 128, {{17, 23}, {40}}}, 9, 3.f, 530);  // with packed documents
+  masked_attention_case({2, 70, 8, 2, 64}, 16, 0.f, 540, true);              // gpt-oss: sinks and a window
+  masked_attention_case({2, 70, 8, 2, 64}, 0, 0.f, 550, true);               // sinks alone
 }
 
 // Both kernel sets where the GPU runs them (wgmma: compute capability 9.0),

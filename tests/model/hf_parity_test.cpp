@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
                          ::testing::Values("llama_gqa_rope3", "mistral", "qwen2_bias_tied", "qwen3_qknorm_hd",
                                            "olmo2_postnorm", "granite_mult", "smollm3_nope", "gemma_geglu",
                                            "gemma2_softcap_window", "gemma3_local_rope", "phi3_longrope_short",
-                                           "phi4mini_partial_tied",
+                                           "phi4mini_partial_tied", "gptoss_sinks_window",
                                            // Gemma3ForConditionalGeneration on input_ids: its language model
                                            // (model/spec_multimodal.h), the vision tower carried
                                            "gemma3_multimodal"));

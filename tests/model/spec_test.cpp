@@ -591,7 +591,7 @@ TEST(Spec, PresetParameterTotals) {
 }
 
 TEST(Spec, EveryPresetRoundTripsThroughConfigJson) {
-  ASSERT_EQ(rt::preset_names().size(), 27u);
+  ASSERT_EQ(rt::preset_names().size(), 29u);
   for (const auto& name : rt::preset_names()) {
     ModelSpec s = rt::spec_preset(name);
     s.validate(name);

@@ -179,8 +179,7 @@ class StreamEngine final : public Backend {
     ops_->set_matmul(opt_.matmul);
     ops_->set_norm_offset(static_cast<float>(s_.norm_offset));  // Gemma's (1 + w) norms
     if (s_.rope_local_on) ops_->set_local_rope(inv_freq_local_.data());
-    ops_->set_rope(s_.rotary_dim(),
-                   s_.rope.scaling == RopeScaling::longrope ? static_cast<float>(s_.rope.attention_factor) : 1.f);
+    ops_->set_rope(s_.rotary_dim(), static_cast<float>(s_.rope_cos_scale()));
     // the MLP token chunk (CudaOptions::mlp_chunk_tokens), as plan_device picks
     // it: on what is left for the shared block activations and this scratch
     const uint64_t left =
