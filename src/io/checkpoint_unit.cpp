@@ -143,7 +143,7 @@ std::string unit_header(const UnitSnap& u, uint64_t* data_bytes) {
                        {"optimizer", moment_storage_name(u.moments)},
                        {"master", master_storage_name(u.master_kind)},
                        {"update_rule", update_rule_name(u.muon ? UpdateRule::muon : UpdateRule::adamw)}};
-  if (quant) h["__metadata__"]["moment_code"] = quant_code_id(u.moments);
+  if (quant) h["__metadata__"]["moment_code"] = quant_code_id(u.moments, u.muon);
   uint64_t off = 0;
   auto add = [&](const std::string& name, const char* dtype, const std::vector<int64_t>& shape, uint64_t nb_) {
     h[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {off, off + nb_}}};
@@ -264,13 +264,14 @@ MomentStorage file_moments(const SafetensorsFile& f, const std::string& path) {
 // The file's code set of quantized moments (its moment_code): the current
 // one, or (q8 files without it, written before the minifloat codes) the
 // dynamic 8-bit codes; anything else is refused.
-bool file_codes_dynamic8(const SafetensorsFile& f, MomentStorage mo, const std::string& path) {
+// muon: the file's update rule is Muon (its q4 m holds the m4n code).
+bool file_codes_dynamic8(const SafetensorsFile& f, MomentStorage mo, bool muon, const std::string& path) {
   auto it = f.metadata().find("moment_code");
   if (it == f.metadata().end()) return mo == MomentStorage::q8;  // q4 codes never changed
-  if (it->second == quant_code_id(mo)) return false;
+  if (it->second == quant_code_id(mo, muon)) return false;
   if (mo == MomentStorage::q8 && it->second == kQuantCode8Dynamic) return true;
   fail("[checkpoint] ", path, ": unknown moment_code '", it->second, "' for ", moment_storage_name(mo),
-       " moments (this ramtrain writes '", quant_code_id(mo), "'; a newer ramtrain's checkpoint?)");
+       " moments (this ramtrain writes '", quant_code_id(mo, muon), "'; a newer ramtrain's checkpoint?)");
 }
 
 UpdateRule file_update_rule(const SafetensorsFile& f, const std::string& path) {
@@ -349,7 +350,7 @@ void unit_file_load(const std::string& p, StateUnit& u, bool with_moments) {
     std::memcpy(u.qv(), get("adam_v_codes", DType::u8, {cbv}).data, static_cast<size_t>(cbv));
     std::memcpy(u.scale_m(), get("adam_m_absmax", DType::f32, {nb}).data, static_cast<size_t>(nb) * 4);
     std::memcpy(u.scale_v(), get("adam_v_absmax", DType::f32, {nbv}).data, static_cast<size_t>(nbv) * 4);
-    if (file_codes_dynamic8(*f, mo, p)) {  // an older checkpoint: into the current codes (nearest)
+    if (file_codes_dynamic8(*f, mo, rule == UpdateRule::muon, p)) {  // an older checkpoint: into the current codes (nearest)
       quant_recode_dynamic8(true, u.qm(), u.scale_m(), u.numel);
       quant_recode_dynamic8(false, u.qv(), u.scale_v(), u.v_len());
     }

@@ -84,7 +84,7 @@ struct MomentWindow {
         const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, len - first);
         const uint64_t kb = quant_mix64(key ^ quant_mix64(static_cast<uint64_t>(blk)));
         quant_block_encode(storage, signed_code, rounding, kb ^ salt, buf + (first - b0 * kQuantBlock), k, codes, first,
-                           scales + blk);
+                           scales + blk, /*muon=*/true);
       }
     });
   }
@@ -116,7 +116,8 @@ struct MomentWindow {
     parallel_for(quant_blocks(n), 16, [&](int64_t i0, int64_t i1) {
       for (int64_t j = i0; j < i1; ++j) {
         const int64_t e = first + j * kQuantBlock, k = std::min(kQuantBlock, len - e);
-        quant_block_decode(storage, signed_code, codes, e, scales[e / kQuantBlock], k, buf + (e - b0 * kQuantBlock));
+        quant_block_decode(storage, signed_code, codes, e, scales[e / kQuantBlock], k, buf + (e - b0 * kQuantBlock),
+                           /*muon=*/true);
       }
     });
   }

@@ -12,8 +12,8 @@
 //     and each block re-encoded once the update has passed it, with
 //     o.moment_rounding (stochastic: keyed by (o.rounding_seed, o.t, unit
 //     index, block), so independent of threads and of the piece size). The
-//     other tensors' Adam moments share the unit's code (adamw8bit's,
-//     adamw4bit's).
+//     other tensors' Adam moments share the unit's codes: adamw8bit's, or for
+//     4-bit the m4n code for m (a Muon unit's, state/moment_quant.h) and v4.
 // Muon updates whole matrices: the range is the whole unit, in place. The
 // master: fp32, or split (the CUDA engine's default, one shadow): each Muon
 // matrix decoded to fp32 (muon_scratch slot 2), updated as on fp32 storage

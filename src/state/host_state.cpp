@@ -321,11 +321,12 @@ void v_unpack(const StateUnit& u, const float* packed, float* full) {
       std::memcpy(full + u.offsets[k], packed + u.v_at(k), static_cast<size_t>(u.entries[k].numel()) * 4);
 }
 
-void encode_all(MomentStorage mo, bool signed_code, const float* x, int64_t n, uint8_t* codes, float* scales) {
+void encode_all(MomentStorage mo, bool signed_code, const float* x, int64_t n, uint8_t* codes, float* scales,
+                bool muon) {
   parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
-      quant_block_encode(mo, signed_code, QuantRounding::nearest, 0, x + first, k, codes, first, scales + blk);
+      quant_block_encode(mo, signed_code, QuantRounding::nearest, 0, x + first, k, codes, first, scales + blk, muon);
     }
   });
 }
@@ -346,8 +347,8 @@ void moments_store(StateUnit& u, const float* mv) {
     copy_parallel(u.v(), v, static_cast<size_t>(nv) * 4);
     return;
   }
-  encode_all(mo, true, mv, n, u.qm(), u.scale_m());
-  encode_all(mo, false, v, nv, u.qv(), u.scale_v());
+  encode_all(mo, true, mv, n, u.qm(), u.scale_m(), u.muon);
+  encode_all(mo, false, v, nv, u.qv(), u.scale_v(), u.muon);
 }
 
 // u's current moments as fp32 [m | v] (quantized: decoded).
@@ -360,8 +361,8 @@ HostBuffer unit_moments(const StateUnit& u) {
     copy_parallel(mv.p, u.m(), static_cast<size_t>(n) * 4);
     copy_parallel(v, u.v(), static_cast<size_t>(nv) * 4);
   } else {
-    quant_decode(u.moments, true, u.qm(), u.scale_m(), n, mv.p);
-    quant_decode(u.moments, false, u.qv(), u.scale_v(), nv, v);
+    quant_decode(u.moments, true, u.qm(), u.scale_m(), n, mv.p, u.muon);
+    quant_decode(u.moments, false, u.qv(), u.scale_v(), nv, v, u.muon);
   }
   if (u.muon) v_unpack(u, packed.data(), mv.p + n);
   return mv;

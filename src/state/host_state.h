@@ -23,7 +23,7 @@
 // and the arena holds the fp32 master only (or nothing with a shadow master).
 // Update rule (--optimizer muon | muon8bit | muon4bit, optim/muon.h): Muon for
 // the 2-D matrices of the layers, AdamW for the rest. A Muon matrix's momentum
-// lives in its m (fp32, or the m8 / m4 codes of muon8bit / muon4bit); it has no v: a Muon unit's v
+// lives in its m (fp32, or the m8 / m4n codes of muon8bit / muon4bit); it has no v: a Muon unit's v
 // is packed, holding only its other tensors' (v_off, nv), so fp32 matrices
 // cost 4 (master) + 4 (momentum) B/param. The arena is then [master | m | v]
 // with m numel and v nv floats; quantized: v codes of nv elements, scales

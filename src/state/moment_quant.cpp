@@ -79,9 +79,9 @@ int quant_index_stochastic(const QuantCode& c, float x, float u) { return index_
 
 namespace {
 
-inline const QuantCode& code_of(MomentStorage s, bool signed_code) {
+inline const QuantCode& code_of(MomentStorage s, bool signed_code, bool muon) {
   return s == MomentStorage::q8 ? (signed_code ? quant_code_m8() : quant_code_v8())
-                                : (signed_code ? quant_code_m4() : quant_code_v4());
+                                : (signed_code ? (muon ? quant_code_m4n() : quant_code_m4()) : quant_code_v4());
 }
 
 // 0 scalar, 1 AVX2, 2 AVX-512F
@@ -346,7 +346,7 @@ bool quant_set_simd(bool on, bool avx512) {
 }
 
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
-                        uint8_t* codes, int64_t first, float* scale) {
+                        uint8_t* codes, int64_t first, float* scale, bool muon) {
   const int simd = quant_simd_slot().load(std::memory_order_relaxed);
   float amax = 0;
   bool finite = true;
@@ -356,12 +356,13 @@ void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint
     finite &= std::isfinite(a);
     amax = a > amax ? a : amax;
   }
-  quant_block_encode_absmax(s, signed_code, r, key, x, k, codes, first, scale, amax, finite);
+  quant_block_encode_absmax(s, signed_code, r, key, x, k, codes, first, scale, amax, finite, muon);
 }
 
 void quant_block_encode_absmax(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x,
-                               int64_t k, uint8_t* codes, int64_t first, float* scale, float amax, bool finite) {
-  const QuantCode& c = code_of(s, signed_code);
+                               int64_t k, uint8_t* codes, int64_t first, float* scale, float amax, bool finite,
+                               bool muon) {
+  const QuantCode& c = code_of(s, signed_code, muon);
   const int simd = quant_simd_slot().load(std::memory_order_relaxed);
   *scale = finite ? amax : NAN;
   const bool sr = r == QuantRounding::stochastic, q8 = s == MomentStorage::q8;
@@ -374,8 +375,8 @@ void quant_block_encode_absmax(MomentStorage s, bool signed_code, QuantRounding 
 }
 
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
-                        float* x) {
-  const QuantCode& c = code_of(s, signed_code);
+                        float* x, bool muon) {
+  const QuantCode& c = code_of(s, signed_code, muon);
   const bool q8 = s == MomentStorage::q8;
   int64_t i = 0;
   const int simd = quant_simd_slot().load(std::memory_order_relaxed);
@@ -401,11 +402,12 @@ void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes,
   }
 }
 
-void quant_decode(MomentStorage s, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x) {
+void quant_decode(MomentStorage s, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x,
+                  bool muon) {
   parallel_for(quant_blocks(n), 64, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t first = blk * kQuantBlock, k = std::min(kQuantBlock, n - first);
-      quant_block_decode(s, signed_code, codes, first, scales[blk], k, x + first);
+      quant_block_decode(s, signed_code, codes, first, scales[blk], k, x + first, muon);
     }
   });
 }

@@ -110,13 +110,21 @@ const QuantCode& quant_code_m8();
 const QuantCode& quant_code_v8();
 const QuantCode& quant_code_m4();
 const QuantCode& quant_code_v4();
+// m4n: 1 sign bit + 3-bit magnitude at normal quantiles (NF4's negative half:
+// 0, .0911, .1848, .2844, .3949, .5251, .6962, 1): the m code of a Muon unit's
+// 4-bit moments (muon4bit; `muon` below). Muon re-rounds its momentum every
+// step and Newton-Schulz does not average the error away: against m4 it ends
+// tiny-byte's 200-step run at +0.99% instead of +2.44% of muon's validation
+// loss (docs/lean_state.md).
+const QuantCode& quant_code_m4n();
 // The 8-bit dynamic tree codes of checkpoints before moment_code (levels only).
 const QuantCode& quant_code_m8_dynamic();
 const QuantCode& quant_code_v8_dynamic();
 
 // The code set of a storage as checkpoints record it (unit metadata "moment_code"):
 // q8 "m8e4m3-v8e5m3", q4 "m4dynamic-v4pow2"; fp32 "".
-const char* quant_code_id(MomentStorage s);
+// A Muon unit's q4 (muon): "m4normal-v4pow2".
+const char* quant_code_id(MomentStorage s, bool muon = false);
 inline constexpr const char* kQuantCode8Dynamic = "dynamic";  // q8 files without moment_code
 // Re-encodes one moment of n elements held in the 8-bit dynamic code (codes
 // from element 0, one absmax per block) into the current 8-bit code, in place:
@@ -170,17 +178,20 @@ bool quant_set_simd(bool on, bool avx512 = true);
 // 0 at element index `first` (so 4-bit blocks share no byte with their
 // neighbours: first is a multiple of kQuantBlock). key: the stochastic
 // rounding key of this block's moment (the element index i in [0, k) is the counter).
+// muon: a Muon unit's moments (signed q4: the m4n code; otherwise the same).
 void quant_block_encode(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x, int64_t k,
-                        uint8_t* codes, int64_t first, float* scale);
+                        uint8_t* codes, int64_t first, float* scale, bool muon = false);
 // quant_block_encode with the block's absmax known: amax = max |x| over the
 // block with NaN ignored (from 0), finite = whether every |x| is finite, as
 // quant_block_encode computes them; then the same codes and scale.
 void quant_block_encode_absmax(MomentStorage s, bool signed_code, QuantRounding r, uint64_t key, const float* x,
-                               int64_t k, uint8_t* codes, int64_t first, float* scale, float amax, bool finite);
+                               int64_t k, uint8_t* codes, int64_t first, float* scale, float amax, bool finite,
+                               bool muon = false);
 void quant_block_decode(MomentStorage s, bool signed_code, const uint8_t* codes, int64_t first, float scale, int64_t k,
-                        float* x);
+                        float* x, bool muon = false);
 // Every block of one moment of n elements (codes from element 0, one scale per
 // block) decoded into x[n], blocks in parallel on the global pool.
-void quant_decode(MomentStorage s, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x);
+void quant_decode(MomentStorage s, bool signed_code, const uint8_t* codes, const float* scales, int64_t n, float* x,
+                  bool muon = false);
 
 }  // namespace rt

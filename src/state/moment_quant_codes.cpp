@@ -138,11 +138,25 @@ const QuantCode& quant_code_v8_dynamic() {
   static const QuantCode c = make_dynamic(8, false, "v8 dynamic", false);
   return c;
 }
-const char* quant_code_id(MomentStorage s) {
-  return s == MomentStorage::q8 ? "m8e4m3-v8e5m3" : s == MomentStorage::q4 ? "m4dynamic-v4pow2" : "";
+const char* quant_code_id(MomentStorage s, bool muon) {
+  return s == MomentStorage::q8   ? "m8e4m3-v8e5m3"
+         : s == MomentStorage::q4 ? (muon ? "m4normal-v4pow2" : "m4dynamic-v4pow2")
+                                  : "";
 }
 const QuantCode& quant_code_m4() {
   static const QuantCode c = make_dynamic(3, true, "m4");
+  return c;
+}
+const QuantCode& quant_code_m4n() {
+  static const QuantCode c = [] {
+    QuantCode q;
+    const float lv[8] = {0.0f, 0.0911f, 0.1848f, 0.2844f, 0.3949f, 0.5251f, 0.6962f, 1.0f};
+    q.n = 8;
+    q.has_zero = true;
+    for (int k = 0; k < 8; ++k) q.level[k] = lv[k];
+    build_tables(q, "m4n");
+    return q;
+  }();
   return c;
 }
 const QuantCode& quant_code_v4() {

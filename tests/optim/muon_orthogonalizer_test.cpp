@@ -245,7 +245,7 @@ TEST(MuonOrthogonalizer, TheBf16TwinUnderTheLeanestStateTracksTheSpec) {
   // momentum codes and the bf16 master round to (the same draws, slightly
   // different values), so whole code steps differ where a value straddles a
   // draw's threshold. Measured: the Muon matrices' total change after 5 steps
-  // within rel_l2 7.4e-2 of the spec run's (fp32 state: <= 5e-2, above);
+  // within rel_l2 8.7e-2 of the spec run's (fp32 state: <= 5e-2, above);
   // bound 1.5e-1. The losses within
   // 1e-2 relative (the GPU engine tests' band). AdamW's change is O(1) away.
   const rt::ModelSpec s = spec();

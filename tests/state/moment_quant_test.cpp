@@ -31,6 +31,7 @@ std::vector<Named> codes() {
   return {{&rt::quant_code_m8(), "m8", 128, true},
           {&rt::quant_code_v8(), "v8", 256, false},
           {&rt::quant_code_m4(), "m4", 8, true},
+          {&rt::quant_code_m4n(), "m4n", 8, true},
           {&rt::quant_code_v4(), "v4", 16, false}};
 }
 
@@ -252,13 +253,16 @@ void simd_codec_equals_scalar(bool avx512) {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> u01(0.f, 1.f);
   int blocks = 0;
-  for (MomentStorage s : {MomentStorage::q8, MomentStorage::q4})
+  for (MomentStorage s : {MomentStorage::q8, MomentStorage::q4, MomentStorage::q4})
     for (bool sg : {true, false})
       for (rt::QuantRounding r : {rt::QuantRounding::nearest, rt::QuantRounding::stochastic})
         for (int64_t k : {rt::kQuantBlock, int64_t{203}, int64_t{16}, int64_t{8}, int64_t{5}})
           for (int trial = 0; trial < 6; ++trial) {
+            // the second q4 pass: a Muon unit's codes (m4n for m)
+            const bool muon = s == MomentStorage::q4 && blocks >= 2 * 2 * 2 * 5 * 6;
             const QuantCode& c = s == MomentStorage::q8 ? (sg ? rt::quant_code_m8() : rt::quant_code_v8())
-                                                        : (sg ? rt::quant_code_m4() : rt::quant_code_v4());
+                                 : sg                   ? (muon ? rt::quant_code_m4n() : rt::quant_code_m4())
+                                                        : rt::quant_code_v4();
             std::vector<float> x(static_cast<size_t>(k));
             for (int64_t i = 0; i < k; ++i) {
               const float mag = std::pow(10.f, -8.f * u01(rng));  // 1e-8 .. 1
@@ -283,19 +287,19 @@ void simd_codec_equals_scalar(bool avx512) {
             std::vector<float> ys(x.size()), yv(x.size());
             float ss = 0, sv = 0;
             rt::quant_set_simd(false);
-            rt::quant_block_encode(s, sg, r, key, x.data(), k, cs.data(), first, &ss);
-            rt::quant_block_decode(s, sg, cs.data(), first, ss, k, ys.data());
+            rt::quant_block_encode(s, sg, r, key, x.data(), k, cs.data(), first, &ss, muon);
+            rt::quant_block_decode(s, sg, cs.data(), first, ss, k, ys.data(), muon);
             rt::quant_set_simd(true, avx512);
-            rt::quant_block_encode(s, sg, r, key, x.data(), k, cv.data(), first, &sv);
-            rt::quant_block_decode(s, sg, cv.data(), first, sv, k, yv.data());
-            SCOPED_TRACE(testing::Message() << rt::moment_storage_name(s) << (sg ? " m " : " v ")
+            rt::quant_block_encode(s, sg, r, key, x.data(), k, cv.data(), first, &sv, muon);
+            rt::quant_block_decode(s, sg, cv.data(), first, sv, k, yv.data(), muon);
+            SCOPED_TRACE(testing::Message() << rt::moment_storage_name(s) << (muon ? " (muon)" : "") << (sg ? " m " : " v ")
                                             << rt::quant_rounding_name(r) << " k " << k << " trial " << trial);
             ASSERT_EQ(std::memcmp(&ss, &sv, 4), 0) << ss << " vs " << sv;
             ASSERT_EQ(cs, cv);
             ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * 4), 0);
             ++blocks;
           }
-  EXPECT_EQ(blocks, 2 * 2 * 2 * 5 * 6);
+  EXPECT_EQ(blocks, 3 * 2 * 2 * 5 * 6);
   rt::quant_set_simd(true);
 }
 
