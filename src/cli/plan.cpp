@@ -256,8 +256,14 @@ int cmd_plan(const Args& args) {
       if (q.host_grads && (!q.fold || (u == 0 && q.host_embed))) n += static_cast<uint64_t>(unit_numel[u]);
     return 4 * n;
   };
+  // the state tier (engine/tier_plan.h) pages the state: it takes --max-host-memory of RAM, or what is left
+  const bool tiered = p.has("state-dir") || p.has("max-host-memory");
   if (co.layer_major == "auto" && dp.place.layer_major && dp.place.host_ckpt) {
-    const uint64_t need = HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments, rule) +
+    const uint64_t state_ram =
+        !tiered ? HostState::planned_bytes(spec, storage, co.delayed_update ? 2 : 1, false, moments, rule)
+        : p.has("max-host-memory") ? p.size_bytes("max-host-memory")
+                                   : 0;
+    const uint64_t need = state_ram +
                           host_grad_bytes(dp.place) + host_checkpoint_bytes(spec, B, T, dp.place) +
                           gradient_landing_bytes(spec, dp.place, co.landing_chunk_bytes) +
                           static_cast<uint64_t>(24 * K * B * T);
@@ -315,8 +321,7 @@ int cmd_plan(const Args& args) {
   uint64_t host_total = 0;
   for (const HostItem& h : host) host_total += h.bytes;
   const uint64_t host_usable = host_ram > kHostReserveBytes ? host_ram - kHostReserveBytes : 0;
-  // the state tier (engine/tier_plan.h): the state items (the first five) become RAM + SSD
-  const bool tiered = p.has("state-dir") || p.has("max-host-memory");
+  // the state tier: the state items (the first five) become RAM + SSD
   RunTierPlan tier;
   uint64_t tier_budget = 0;
   if (tiered) {

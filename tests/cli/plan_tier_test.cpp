@@ -112,6 +112,13 @@ TEST(PlanTier, SeventyBOnA4090With128GBFitsWithTheTier) {
     // reads: the state once, the weights three times; writes: each once
     EXPECT_EQ(num(j, "read_bytes_per_step", t), num(j, "ssd_state_bytes", t) + 3 * num(j, "ssd_weight_bytes", t));
     EXPECT_EQ(num(j, "write_bytes_per_step", t), num(j, "ssd_bytes", t));
+    // --layer-major auto (the default) stays layer-major: the tier pages the state, so the K sets of pinned block
+    // inputs fit beside it (the fallback check counts the tier's RAM, not the whole state)
+    std::string auto_lm = base;
+    auto_lm.replace(auto_lm.find(" --layer-major on"), 17, "");
+    auto a = run_ramtrain(auto_lm + " --state-dir /nonexistent/ssd --ssd-gbs 7 --json");
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    EXPECT_TRUE(flag(a.output, "layer_major", 0)) << a.output;
     // a slow SSD binds the same step
     auto slow = run_ramtrain(base + " --state-dir /x --ssd-gbs 0.5 --json");
     ASSERT_EQ(slow.exit_code, 0) << slow.output;
