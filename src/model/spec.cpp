@@ -25,6 +25,7 @@
 #include "core/quote.h"
 #include "model/spec_gemma.h"
 #include "model/spec_gptoss.h"
+#include "model/spec_json.h"
 #include "model/spec_multimodal.h"
 #include "model/spec_phi.h"
 
@@ -515,13 +516,7 @@ ModelSpec spec_parse(const json& j, const std::string& source) {
     }
   }
 
-  if (!unsupported.empty()) {
-    std::string msg = cat("[config] ", source, ": ", s.architecture, " with unsupported settings:");
-    for (const auto& u : unsupported) msg += "\n  - " + u;
-    throw Error(msg);
-  }
-  s.validate(source);
-  return s;
+  return detail::spec_finish(source, std::move(s), unsupported);
 }
 
 ojson rope_scaling_json(const RopeConfig& r) {
@@ -753,20 +748,6 @@ ModelSpec spec_from_config_file(const std::string& path) {
   return spec_from_config_text(read_text_file(file), file);
 }
 
-void config_write_ids_and_dtype(ojson& o, const ModelSpec& s) {
-  o["bos_token_id"] = s.bos_id >= 0 ? ojson(s.bos_id) : ojson(nullptr);
-  o["pad_token_id"] = s.pad_id ? ojson(*s.pad_id) : ojson(nullptr);
-  if (s.eos_ids.empty())
-    o["eos_token_id"] = nullptr;
-  else if (s.eos_ids.size() == 1)
-    o["eos_token_id"] = s.eos_ids[0];
-  else
-    o["eos_token_id"] = s.eos_ids;
-  o["torch_dtype"] = s.dtype;
-  o["dtype"] = s.dtype;
-  o["initializer_range"] = 0.02;
-}
-
 std::string spec_to_config_json(const ModelSpec& s) {
   const FamilyInfo& fi = family_info(s.family);
   if (s.family == Family::phi3) return spec_phi3_config_json(s);
@@ -810,19 +791,7 @@ std::string spec_to_config_json(const ModelSpec& s) {
   s.validate("spec_to_config_json");
 
   ojson o;
-  o["architectures"] = ojson::array({fi.architecture});
-  o["model_type"] = fi.model_type;
-  o["hidden_size"] = s.hidden;
-  o["intermediate_size"] = s.intermediate;
-  o["num_hidden_layers"] = s.n_layers;
-  o["num_attention_heads"] = s.n_heads;
-  o["num_key_value_heads"] = s.n_kv_heads;
-  o["head_dim"] = s.head_dim;
-  o["vocab_size"] = s.vocab;
-  o["max_position_embeddings"] = s.max_positions;
-  o["rms_norm_eps"] = s.rms_eps;
-  o["hidden_act"] = "silu";
-  o["tie_word_embeddings"] = s.tie_embeddings;
+  detail::config_write_dims(o, s, fi.architecture, fi.model_type);
   // transformers 4.x reads rope_theta + rope_scaling; 5.x reads rope_parameters
   // (and would let a non-null rope_scaling win, which then says the same).
   o["rope_theta"] = s.rope.theta;
@@ -878,7 +847,7 @@ std::string spec_to_config_json(const ModelSpec& s) {
     o["sliding_window"] = nullptr;
     o["max_window_layers"] = s.n_layers;
   }
-  config_write_ids_and_dtype(o, s);
+  detail::config_write_ids_and_dtype(o, s);
   o["attention_dropout"] = 0.0;
   o["use_cache"] = true;
   if (s.is_gemma()) detail::gemma_config_write(s, o);

@@ -19,9 +19,11 @@
 // text_config is read as a gemma3_text config (model/spec_multimodal.h).
 #include "model/spec_gemma.h"
 
+
 #include <cmath>
 
 #include "core/error.h"
+#include "model/spec_json.h"
 
 namespace rt::detail {
 
@@ -29,35 +31,11 @@ namespace {
 
 using json = nlohmann::json;
 
-bool has(const json& j, const char* k) { return j.contains(k) && !j.at(k).is_null(); }
-
-[[noreturn]] void wrong(const std::string& source, const char* key, const char* want, const json& v) {
-  fail("[config] ", source, ": field \"", key, "\" must be ", want, ", found ", v.dump());
-}
-
-double get_double(const json& j, const std::string& source, const char* key, double dflt) {
-  if (!has(j, key)) return dflt;
-  if (!j.at(key).is_number()) wrong(source, key, "a number", j.at(key));
-  return j.at(key).get<double>();
-}
 // A soft cap: absent -> dflt, null -> 0 (off).
 double get_cap(const json& j, const std::string& source, const char* key, double dflt) {
   if (!j.contains(key)) return dflt;
   if (j.at(key).is_null()) return 0.0;
   return get_double(j, source, key, 0.0);
-}
-int64_t get_int(const json& j, const std::string& source, const char* key, int64_t dflt) {
-  if (!has(j, key)) return dflt;
-  const json& v = j.at(key);
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 9e15)
-    return static_cast<int64_t>(v.get<double>());
-  wrong(source, key, "an integer", v);
-}
-std::string get_string(const json& j, const std::string& source, const char* key, const std::string& dflt) {
-  if (!has(j, key)) return dflt;
-  if (!j.at(key).is_string()) wrong(source, key, "a string", j.at(key));
-  return j.at(key).get<std::string>();
 }
 
 }  // namespace
@@ -105,20 +83,8 @@ void gemma_parse(const json& j, const std::string& source, ModelSpec& s, std::ve
                              : get_int(j, source, "sliding_window", 4096);
   if (window < 0) unsupported->push_back(cat("sliding_window ", window, " must be positive or null"));
   std::vector<uint8_t> local;
-  if (has(j, "layer_types")) {
-    const json& lt = j.at("layer_types");
-    if (!lt.is_array()) wrong(source, "layer_types", "a list of strings", lt);
-    for (const auto& t : lt) {
-      const std::string v = t.is_string() ? t.get<std::string>() : "";
-      if (v == "sliding_attention")
-        local.push_back(1);
-      else if (v == "full_attention")
-        local.push_back(0);
-      else
-        wrong(source, "layer_types", "a list of \"sliding_attention\" or \"full_attention\"", lt);
-    }
-    if (static_cast<int64_t>(local.size()) != s.n_layers)
-      unsupported->push_back(cat("layer_types has ", local.size(), " entries for ", s.n_layers, " layers"));
+  if (auto lt = layer_types_read(j, source, s.n_layers, unsupported)) {
+    local = std::move(*lt);
   } else {
     const int64_t every = g3 ? get_int(j, source, "sliding_window_pattern", 6) : 2;
     if (every <= 0) unsupported->push_back(cat("sliding_window_pattern ", every, " must be positive"));

@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 #include "model/spec_gemma.h"  // detail::spec_rope_read
-#include "model/spec_phi.h"    // config_write_ids_and_dtype
+#include "model/spec_json.h"
 
 namespace rt {
 
@@ -30,29 +30,11 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-bool has(const json& j, const char* k) { return j.contains(k) && !j.at(k).is_null(); }
-
-[[noreturn]] void wrong(const std::string& source, const char* key, const char* want, const json& v) {
-  fail("[config] ", source, ": field \"", key, "\" must be ", want, ", found ", v.dump());
-}
-double get_double(const json& j, const std::string& source, const char* key, double dflt) {
-  if (!has(j, key)) return dflt;
-  if (!j.at(key).is_number()) wrong(source, key, "a number", j.at(key));
-  return j.at(key).get<double>();
-}
-int64_t get_int(const json& j, const std::string& source, const char* key, int64_t dflt) {
-  if (!has(j, key)) return dflt;
-  const json& v = j.at(key);
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 9e15)
-    return static_cast<int64_t>(v.get<double>());
-  wrong(source, key, "an integer", v);
-}
-bool get_bool(const json& j, const std::string& source, const char* key, bool dflt) {
-  if (!has(j, key)) return dflt;
-  if (!j.at(key).is_boolean()) wrong(source, key, "true or false", j.at(key));
-  return j.at(key).get<bool>();
-}
+using detail::get_bool;
+using detail::get_double;
+using detail::get_int;
+using detail::has;
+using detail::wrong;
 
 // GptOssConfig's RoPE when neither rope_scaling nor rope_parameters is given.
 RopeConfig default_yarn(double theta) {
@@ -97,20 +79,8 @@ ModelSpec spec_gptoss_finish(const json& j, const std::string& source, ModelSpec
   const int64_t window =
       j.contains("sliding_window") && j.at("sliding_window").is_null() ? 0 : get_int(j, source, "sliding_window", 128);
   std::vector<uint8_t> local;
-  if (has(j, "layer_types")) {
-    const json& lt = j.at("layer_types");
-    if (!lt.is_array()) wrong(source, "layer_types", "a list of strings", lt);
-    for (const auto& t : lt) {
-      const std::string v = t.is_string() ? t.get<std::string>() : "";
-      if (v == "sliding_attention")
-        local.push_back(1);
-      else if (v == "full_attention")
-        local.push_back(0);
-      else
-        wrong(source, "layer_types", "a list of \"sliding_attention\" or \"full_attention\"", lt);
-    }
-    if (static_cast<int64_t>(local.size()) != s.n_layers)
-      unsupported.push_back(cat("layer_types has ", local.size(), " entries for ", s.n_layers, " layers"));
+  if (auto lt = detail::layer_types_read(j, source, s.n_layers, &unsupported)) {
+    local = std::move(*lt);
   } else {
     for (int64_t i = 0; i < s.n_layers; ++i) local.push_back((i + 1) % 2 != 0 ? 1 : 0);
   }
@@ -148,13 +118,7 @@ ModelSpec spec_gptoss_finish(const json& j, const std::string& source, ModelSpec
     unsupported.push_back(cat("swiglu_limit ", m.glu_limit, " must be positive and finite"));
   if (!std::isfinite(m.glu_alpha)) unsupported.push_back(cat("swiglu_alpha ", m.glu_alpha, " must be finite"));
 
-  if (!unsupported.empty()) {
-    std::string msg = cat("[config] ", source, ": ", s.architecture, " with unsupported settings:");
-    for (const auto& u : unsupported) msg += "\n  - " + u;
-    throw Error(msg);
-  }
-  s.validate(source);
-  return s;
+  return detail::spec_finish(source, std::move(s), unsupported);
 }
 
 void gptoss_validate(const ModelSpec& s, std::vector<std::string>* p) {
@@ -201,19 +165,7 @@ std::string spec_gptoss_config_json(const ModelSpec& s) {
   s.validate("spec_to_config_json");
   const RopeConfig& r = s.rope;
   ojson o;
-  o["architectures"] = ojson::array({"GptOssForCausalLM"});
-  o["model_type"] = "gpt_oss";
-  o["hidden_size"] = s.hidden;
-  o["intermediate_size"] = s.intermediate;
-  o["num_hidden_layers"] = s.n_layers;
-  o["num_attention_heads"] = s.n_heads;
-  o["num_key_value_heads"] = s.n_kv_heads;
-  o["head_dim"] = s.head_dim;
-  o["vocab_size"] = s.vocab;
-  o["max_position_embeddings"] = s.max_positions;
-  o["rms_norm_eps"] = s.rms_eps;
-  o["hidden_act"] = "silu";
-  o["tie_word_embeddings"] = s.tie_embeddings;
+  detail::config_write_dims(o, s, "GptOssForCausalLM", "gpt_oss");
   o["attention_bias"] = s.qkv_bias;
   // 4.x reads rope_theta + rope_scaling, 5.x rope_parameters (a non-null rope_scaling says the same)
   o["rope_theta"] = r.theta;
@@ -247,7 +199,7 @@ std::string spec_gptoss_config_json(const ModelSpec& s) {
   o["router_aux_loss_coef"] = s.moe.router_aux_loss_coef;
   o["output_router_logits"] = false;
   o["attention_dropout"] = 0.0;
-  config_write_ids_and_dtype(o, s);
+  detail::config_write_ids_and_dtype(o, s);
   o["use_cache"] = true;
   return o.dump(2) + "\n";
 }

@@ -18,9 +18,11 @@
 //   dropout.
 #include "model/spec_phi.h"
 
+
 #include <cmath>
 
 #include "core/error.h"
+#include "model/spec_json.h"
 
 namespace rt {
 
@@ -140,13 +142,7 @@ ModelSpec spec_phi3_finish(const json& j, const std::string& source, ModelSpec s
       s.sliding_window = w;
   }
 
-  if (!unsupported.empty()) {
-    std::string msg = cat("[config] ", source, ": ", s.architecture, " with unsupported settings:");
-    for (const auto& u : unsupported) msg += "\n  - " + u;
-    throw Error(msg);
-  }
-  s.validate(source);
-  return s;
+  return detail::spec_finish(source, std::move(s), unsupported);
 }
 
 void rope_validate(const ModelSpec& s, std::vector<std::string>* p) {
@@ -240,7 +236,7 @@ std::string spec_phi3_config_json(const ModelSpec& s) {
   o["resid_pdrop"] = 0.0;
   o["embd_pdrop"] = 0.0;
   o["attention_dropout"] = 0.0;
-  config_write_ids_and_dtype(o, s);
+  detail::config_write_ids_and_dtype(o, s);
   o["use_cache"] = true;
   return o.dump(2) + "\n";
 }

@@ -20,9 +20,5 @@ ModelSpec spec_phi3_finish(const nlohmann::json& j, const std::string& source, M
 std::string spec_phi3_config_json(const ModelSpec& s);
 // Partial rotary and LongRoPE consistency, appended to `problems`.
 void rope_validate(const ModelSpec& s, std::vector<std::string>* problems);
-// A written config.json's special token ids (null rather than absent: some
-// config classes default to an id, SmolLM3 128004, OLMo2 1), dtype and
-// initializer_range, as every family's writer puts them (spec.cpp).
-void config_write_ids_and_dtype(nlohmann::ordered_json& o, const ModelSpec& s);
 
 }  // namespace rt
