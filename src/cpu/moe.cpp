@@ -37,15 +37,7 @@ void router_probs(float* probs, const float* x, const float* router, int64_t N, 
                   const MoeVariant& v) {
   linear_forward(probs, x, router, v.router_bias, N, C, E);
   if (v.topk_softmax) return;
-  for (int64_t n = 0; n < N; ++n) {
-    float* p = probs + n * E;
-    float mx = p[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, p[e]);
-    float sum = 0.f;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - mx));
-    const float inv = 1.f / sum;
-    for (int64_t e = 0; e < E; ++e) p[e] *= inv;
-  }
+  for (int64_t n = 0; n < N; ++n) softmax_row(probs + n * E, probs + n * E, E);  // in place: each element read first
 }
 
 // The routing of every row: idx/w [N, K].
