@@ -35,6 +35,9 @@ int cmd_export(const Args& args) {
   p.option("dtype", "bf16|fp32", "dtype of the exported weights", "bf16").choice({"bf16", "fp32"});
   p.option("max-shard-size", "SIZE", "split the safetensors into shards of at most SIZE (e.g. 5G) with an index", "0")
       .size();
+  p.flag("text-only",
+         "a run of a Gemma3ForConditionalGeneration whose model directory is gone: export the language model alone "
+         "(Gemma3ForCausalLM; the vision tower cannot be carried without the directory)");
   if (!p.parse(args)) return 0;
   const std::string ckpt = p.require("checkpoint");
   const std::string out = p.require("out");
@@ -102,13 +105,19 @@ int cmd_export(const Args& args) {
       eo.copy_from_dir = meta.run.source_model_dir;
       eo.copy_files = hf_tokenizer_files(meta.run.source_model_dir);
       eo.source_model_dir = meta.run.source_model_dir;
+    } else if (meta.run.source_multimodal && !p.on("text-only")) {
+      fail("[export] the run's model directory ", meta.run.source_model_dir,
+           " (a Gemma3ForConditionalGeneration) is gone: its vision tower and projector are carried from there. "
+           "Restore the directory and export again, or pass --text-only to export the language model alone "
+           "(Gemma3ForCausalLM)");
     } else if (meta.run.tokenizer != "byte" || state.spec().family == Family::gemma3) {
       std::printf("warning: the run's model directory %s is gone: no tokenizer files are copied%s\n",
                   meta.run.source_model_dir.c_str(),
-                  state.spec().family == Family::gemma3
-                      ? "; if it was a Gemma3ForConditionalGeneration, its vision tower cannot be carried either and "
-                        "this export is the language model alone (Gemma3ForCausalLM): restore the directory to "
-                        "export the multimodal model"
+                  meta.run.source_multimodal ? "; --text-only: the language model alone (Gemma3ForCausalLM)"
+                  : state.spec().family == Family::gemma3
+                      ? "; if it was a Gemma3ForConditionalGeneration (a checkpoint from before ramtrain recorded "
+                        "that), its vision tower cannot be carried either and this export is the language model "
+                        "alone (Gemma3ForCausalLM): restore the directory to export the multimodal model"
                       : "");
     }
   }

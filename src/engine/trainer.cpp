@@ -1,8 +1,8 @@
-#include <algorithm>
 #include "engine/trainer.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -18,6 +18,7 @@
 #include "core/fs.h"
 #include "engine/run_logger.h"
 #include "io/hf_export.h"
+#include "model/spec_multimodal.h"
 #include "state/state_tier.h"
 
 namespace rt {
@@ -133,6 +134,7 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   run_.train_windows = data_.train_window_count();
   run_.data_fingerprint = dataset_fingerprint(data_);
   run_.source_model_dir = opt_.source_model_dir.empty() ? "" : abs_path(opt_.source_model_dir);
+  run_.source_multimodal = !opt_.source_model_dir.empty() && config_file_is_multimodal(opt_.source_model_dir);
   run_.tokenizer = opt_.tokenizer;
   run_.run_config = opt_.resolved_config;
 }

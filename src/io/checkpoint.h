@@ -52,6 +52,7 @@ struct RunIdentity {
   uint64_t train_tokens = 0, val_tokens = 0, train_windows = 0;
   uint64_t data_fingerprint = 0;                  // dataset_fingerprint
   std::string source_model_dir;                   // absolute; "" when started from a preset
+  bool source_multimodal = false;                 // it held a Gemma3ForConditionalGeneration (export carries its tower)
   std::string tokenizer;                          // "byte", "hf" or ""
   std::map<std::string, std::string> run_config;  // ArgParser::resolved()
 };

@@ -57,6 +57,7 @@ std::string trainer_checkpoint_to_json(const TrainerCheckpoint& c) {
                {"train_windows", c.run.train_windows},
                {"fingerprint", hex64(c.run.data_fingerprint)}};
   j["source_model_dir"] = c.run.source_model_dir;
+  if (c.run.source_multimodal) j["source_multimodal"] = true;  // absent in older checkpoints: false
   j["tokenizer"] = c.run.tokenizer;
   j["run_config"] = c.run.run_config;
   return j.dump(2) + "\n";
@@ -117,6 +118,10 @@ TrainerCheckpoint trainer_checkpoint_parse(const std::string& text, const std::s
   if (!hex64_parse(str(d, "fingerprint"), &c.run.data_fingerprint))
     bad("field 'data.fingerprint' must be 16 hex digits");
   c.run.source_model_dir = str(j, "source_model_dir");
+  if (j.contains("source_multimodal")) {
+    if (!j["source_multimodal"].is_boolean()) bad("field 'source_multimodal' must be true or false");
+    c.run.source_multimodal = j["source_multimodal"].get<bool>();
+  }
   c.run.tokenizer = str(j, "tokenizer");
   const json& rc = field(j, "run_config");
   if (!rc.is_object()) bad("field 'run_config' must be an object of strings");

@@ -182,11 +182,17 @@ TEST(MultimodalExport, ChangedOrMissingSourceIsReported) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "its text_config does not describe the trained model")) << r.output;
 
-  // the source directory is gone: a warning, and the language model alone
+  // the source directory is gone: the checkpoint says the run was multimodal, so the export refuses, names the
+  // directory and the two ways on, and writes nothing; --text-only exports the language model alone
   std::filesystem::remove_all(src);
   r = run_ramtrain("export " + ckpt + " --out " + tmp.file("x4"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "(a Gemma3ForConditionalGeneration) is gone")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--text-only")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("x4/config.json")));
+  r = run_ramtrain("export " + ckpt + " --out " + tmp.file("x4") + " --text-only");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "its vision tower cannot be carried either")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--text-only: the language model alone")) << r.output;
   EXPECT_EQ(json::parse(rt::read_text_file(tmp.file("x4/config.json")))["architectures"][0], "Gemma3ForCausalLM");
 }
 
