@@ -72,6 +72,9 @@ ModelSpec spec_gptoss_finish(const json& j, const std::string& source, ModelSpec
     detail::spec_rope_read(j.at("rope_parameters"), "rope_parameters", source, top_theta, &s.rope, &unsupported, true);
   else
     s.rope = default_yarn(top_theta);
+  // gpt-oss's RoPE is YaRN or plain; the other scalings read above are refused (its config writer has no others)
+  if (s.rope.scaling != RopeScaling::none && s.rope.scaling != RopeScaling::yarn)
+    unsupported.push_back("a RoPE scaling other than yarn or default is not supported for GptOssForCausalLM");
   if (has(j, "partial_rotary_factor") && get_double(j, source, "partial_rotary_factor", 1.0) != 1.0)
     unsupported.push_back("partial_rotary_factor != 1 is not supported; RoPE must rotate the whole head");
 

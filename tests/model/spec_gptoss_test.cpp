@@ -99,6 +99,18 @@ TEST(SpecGptOss, RefusesTheLoadBalancingLoss) {
       rt::Error);
 }
 
+// A RoPE scaling gpt-oss does not have (llama3 here; found by fuzz/config_json_fuzz) is refused when read: an
+// accepted config must write back (spec_to_config_json takes yarn or default only).
+TEST(SpecGptOss, RefusesARopeScalingOtherThanYarn) {
+  const std::string t = R"({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 48,
+    "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "vocab_size": 104, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5,
+    "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                        "original_max_position_embeddings": 32, "rope_theta": 10000.0}})";
+  rt::test::expect_error([&] { rt::spec_from_config_text(t, "llama3"); },
+                         {"llama3", "a RoPE scaling other than yarn or default"});
+}
+
 TEST(SpecGptOss, WrittenConfigReadsBackTheSame) {
   const ModelSpec a = rt::spec_preset("gpt-oss-20b");
   const std::string text = rt::spec_to_config_json(a);
