@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "state/moment_quant.h"
+#include "state/split_master.h"
 
 extern char** environ;
 
@@ -332,6 +333,33 @@ std::vector<float> all_masters(const HostState& st) {
     w.insert(w.end(), x.begin(), x.end());
   }
   return w;
+}
+
+std::vector<uint8_t> state_bytes(const HostState& s, bool with_split_and_shadow) {
+  std::vector<uint8_t> b;
+  auto add = [&](const void* p, size_t n) {
+    const uint8_t* q = static_cast<const uint8_t*>(p);
+    b.insert(b.end(), q, q + n);
+  };
+  for (const StateUnit& u : s.units()) {
+    std::vector<float> x(static_cast<size_t>(u.numel));
+    u.read_master(0, u.numel, x.data());
+    add(x.data(), x.size() * 4);
+    if (u.quantized()) {
+      add(u.qm(), static_cast<size_t>(quant_code_bytes(u.moments, u.numel)));
+      add(u.qv(), static_cast<size_t>(quant_code_bytes(u.moments, u.v_len())));
+      add(u.scale_m(), static_cast<size_t>(quant_blocks(u.numel) + quant_blocks(u.v_len())) * 4);
+    } else {
+      add(u.m(), static_cast<size_t>(u.numel + u.v_len()) * 4);
+    }
+    if (with_split_and_shadow && u.split()) {
+      add(u.rem(), static_cast<size_t>(u.numel) * 2);
+      add(u.tie(), static_cast<size_t>(split_master_tie_words(u.numel)) * 8);
+    }
+    if (u.master_kind == MasterStorage::bf16_kahan) add(u.comp(), static_cast<size_t>(u.numel) * 2);
+    if (with_split_and_shadow && u.shadow_master()) add(u.shadow(u.cur_shadow), static_cast<size_t>(u.numel) * 2);
+  }
+  return b;
 }
 
 std::string simd_path_unavailable(SimdLevel level) {

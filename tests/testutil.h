@@ -175,6 +175,11 @@ ModelSpec llama_spec(int64_t hidden, int64_t intermediate, int64_t layers, int64
                      int64_t head_dim, int64_t vocab, bool qkv_bias = false);
 // Every unit's current master as fp32, units in order (split / bf16 masters decoded).
 std::vector<float> all_masters(const HostState& st);
+// Every byte of the state an update reads or writes, units in order: the master
+// (decoded), the moments as stored (fp32, or codes and scales), a bf16-kahan
+// compensation; with_split_and_shadow: also a split master's remainder and tie
+// bits and the current bf16 shadow.
+std::vector<uint8_t> state_bytes(const HostState& s, bool with_split_and_shadow);
 
 // Tests of the SIMD dispatch (optim/adamw.h SimdLevel: the optimizer and,
 // following it, the moment codecs) run each path as a test of its own; a path

@@ -65,30 +65,6 @@ rt::TrainOptions opts(const Mode& m, int64_t steps) {
   return o;
 }
 
-// Every byte of the state an update reads or writes: the master, the moments
-// as stored (fp32 or codes and scales), a Kahan compensation.
-std::vector<uint8_t> state_bytes(const rt::HostState& s) {
-  std::vector<uint8_t> b;
-  auto add = [&](const void* p, size_t n) {
-    const uint8_t* q = static_cast<const uint8_t*>(p);
-    b.insert(b.end(), q, q + n);
-  };
-  for (const rt::StateUnit& u : s.units()) {
-    std::vector<float> x(static_cast<size_t>(u.numel));
-    u.read_master(0, u.numel, x.data());
-    add(x.data(), x.size() * 4);
-    if (u.quantized()) {
-      add(u.qm(), static_cast<size_t>(rt::quant_code_bytes(u.moments, u.numel)));
-      add(u.qv(), static_cast<size_t>(rt::quant_code_bytes(u.moments, u.v_len())));
-      add(u.scale_m(), static_cast<size_t>(rt::quant_blocks(u.numel) + rt::quant_blocks(u.v_len())) * 4);
-    } else {
-      add(u.m(), static_cast<size_t>(u.numel + u.v_len()) * 4);
-    }
-    if (u.master_kind == rt::MasterStorage::bf16_kahan) add(u.comp(), static_cast<size_t>(u.numel) * 2);
-  }
-  return b;
-}
-
 struct TierRun {
   std::vector<double> losses;
   std::vector<uint8_t> state;
@@ -122,7 +98,7 @@ TierRun train(const Mode& m, const std::string& state_dir, int64_t budget, const
     r.stats = t->stats();
     t->page_in_all();
   }
-  r.state = state_bytes(st);
+  r.state = rt::test::state_bytes(st, false);
   return r;
 }
 
@@ -174,7 +150,7 @@ TEST(StateTier, BitIdenticalToAllInRam) {
           b(small_byte_spec(), true, m.moments, m.master, m.rule);
       rt::checkpoint_load_state(ram.ckpt, a);
       rt::checkpoint_load_state(tier.ckpt, b);
-      EXPECT_TRUE(state_bytes(a) == state_bytes(b)) << "checkpoints differ";
+      EXPECT_TRUE(rt::test::state_bytes(a, false) == rt::test::state_bytes(b, false)) << "checkpoints differ";
     }
   }
 }
@@ -199,7 +175,7 @@ TEST(StateTier, ResumeFromATieredCheckpointIsExact) {
     tr.save_checkpoint(false);
     tr.state_tier()->page_in_all();
     EXPECT_EQ(losses, ref.losses);
-    EXPECT_TRUE(state_bytes(st) == ref.state);
+    EXPECT_TRUE(rt::test::state_bytes(st, false) == ref.state);
   }
 }
 
@@ -207,7 +183,7 @@ TEST(StateTier, ClearErrors) {
   rt::test::TempDir tmp;
   rt::HostState st(small_byte_spec(), true);
   st.init_random(1);
-  const std::vector<uint8_t> before = state_bytes(st);
+  const std::vector<uint8_t> before = rt::test::state_bytes(st, false);
   const rt::TierPlan p = rt::tier_place(rt::tier_unit_bytes(st), 0);
   // a missing directory, a file instead of one
   rt::test::expect_error(
@@ -226,7 +202,7 @@ TEST(StateTier, ClearErrors) {
        std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more"});
   // nothing moved by the refusals
   EXPECT_EQ(st.tier(), nullptr);
-  EXPECT_TRUE(state_bytes(st) == before);
+  EXPECT_TRUE(rt::test::state_bytes(st, false) == before);
   // at exactly the minimum it runs; a second tier on the same directory is refused while the first holds it
   {
     rt::StateTier t(st, {tmp.path(), p.min_bytes});
@@ -235,7 +211,7 @@ TEST(StateTier, ClearErrors) {
     rt::test::expect_error([&] { rt::StateTier t2(other, {tmp.path(), 0}); }, {"in use by another"});
     t.page_in_all();
   }
-  EXPECT_TRUE(state_bytes(st) == before);
+  EXPECT_TRUE(rt::test::state_bytes(st, false) == before);
 }
 
 }  // namespace

@@ -32,35 +32,6 @@ rt::ModelSpec gpu_spec(int64_t layers) {
   return s;
 }
 
-// Every byte an update reads or writes: master (decoded), moments as stored, a
-// split remainder and tie bits, a Kahan compensation; the current shadow.
-std::vector<uint8_t> state_bytes(const rt::HostState& s) {
-  std::vector<uint8_t> b;
-  auto add = [&](const void* p, size_t n) {
-    const uint8_t* q = static_cast<const uint8_t*>(p);
-    b.insert(b.end(), q, q + n);
-  };
-  for (const rt::StateUnit& u : s.units()) {
-    std::vector<float> x(static_cast<size_t>(u.numel));
-    u.read_master(0, u.numel, x.data());
-    add(x.data(), x.size() * 4);
-    if (u.quantized()) {
-      add(u.qm(), static_cast<size_t>(rt::quant_code_bytes(u.moments, u.numel)));
-      add(u.qv(), static_cast<size_t>(rt::quant_code_bytes(u.moments, u.v_len())));
-      add(u.scale_m(), static_cast<size_t>(rt::quant_blocks(u.numel) + rt::quant_blocks(u.v_len())) * 4);
-    } else {
-      add(u.m(), static_cast<size_t>(u.numel + u.v_len()) * 4);
-    }
-    if (u.split()) {
-      add(u.rem(), static_cast<size_t>(u.numel) * 2);
-      add(u.tie(), static_cast<size_t>(rt::split_master_tie_words(u.numel)) * 8);
-    }
-    if (u.master_kind == rt::MasterStorage::bf16_kahan) add(u.comp(), static_cast<size_t>(u.numel) * 2);
-    if (u.shadow_master()) add(u.shadow(u.cur_shadow), static_cast<size_t>(u.numel) * 2);
-  }
-  return b;
-}
-
 struct Mode {
   const char* name;
   rt::MomentStorage moments;
@@ -112,7 +83,7 @@ TierRun train(const Mode& m, const std::string& state_dir) {
     r.paged = tier->plan().n_paged();
     tier->page_in_all();
   }
-  r.state = state_bytes(st);
+  r.state = rt::test::state_bytes(st, true);
   return r;
 }
 
