@@ -105,17 +105,21 @@ DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const 
   return p;
 }
 
+namespace {
+int64_t largest_unit(const ModelSpec& s) {
+  const std::vector<int64_t> n = unit_numels(s);
+  return *std::max_element(n.begin(), n.end());
+}
+}  // namespace
+
 int64_t gradient_landing_chunk_elems(const ModelSpec& s, uint64_t landing_chunk_bytes) {
-  int64_t max_unit = 0;
-  for (int64_t n : unit_numels(s)) max_unit = std::max(max_unit, n);
+  const int64_t max_unit = largest_unit(s);
   const int64_t want = static_cast<int64_t>(landing_chunk_bytes / 4) / kGradChunkAlign * kGradChunkAlign;
   return want > 0 ? std::min(want, max_unit) : max_unit;
 }
 
 uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, uint64_t landing_chunk_bytes) {
-  int64_t max_unit = 0;
-  for (int64_t n : unit_numels(s)) max_unit = std::max(max_unit, n);
-  if (p.host_grads) return static_cast<uint64_t>(kGradLandingSlabs) * static_cast<uint64_t>(max_unit) * 4;
+  if (p.host_grads) return static_cast<uint64_t>(kGradLandingSlabs) * static_cast<uint64_t>(largest_unit(s)) * 4;
   return static_cast<uint64_t>(kGradLandingRing) *
          static_cast<uint64_t>(gradient_landing_chunk_elems(s, landing_chunk_bytes)) * 4;
 }
