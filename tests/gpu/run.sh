@@ -22,6 +22,9 @@
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
 #   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
 #   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
+#   kprof     kernel time by class (GEMMs, attention, FP8 quantizers, norms, RoPE, SwiGLU, ...) from a CUPTI trace
+#             (bench/kernel_profile.cpp, LD_PRELOADed) of ramtrain_bench on Qwen2.5-7B 32 x 2048, --matmul bf16 and fp8
+#             (KP_MODES), warm-up excluded: the share of kernel time outside GEMMs and attention (issue 31, point 3)
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
@@ -303,6 +306,22 @@ if has fp8_7b; then
     for m in bf16 fp8; do
       run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold --matmul "$m"
     done
+  fi
+fi
+
+if has kprof; then
+  # Issue 31 point 3: where the step's kernel time goes. The profiler's records start after KP_SKIP_S seconds of
+  # kernels (the warm-up step), so the window is the timed steps.
+  if [ -f "$bin/libramtrain_kernel_profile.so" ]; then
+    for m in ${KP_MODES:-bf16 fp8}; do
+      rm -f "$logs/kprof_7b_$m.txt"
+      run "kprof_7b_$m" 400 env RAMTRAIN_KPROF_OUT="$logs/kprof_7b_$m.txt" RAMTRAIN_KPROF_SKIP_S=${KP_SKIP_S:-12} \
+        LD_PRELOAD="$bin/libramtrain_kernel_profile.so" "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 \
+        --micro-batch 32 --steps ${KP_STEPS:-2} --warmup 1 --modes streaming --matmul "$m" ${KP_OPTS:-}
+      cat "$logs/kprof_7b_$m.txt" 2>/dev/null || echo "kprof_7b_$m: no profile written"
+    done
+  else
+    echo "kprof: $bin/libramtrain_kernel_profile.so missing (tests/gpu/stage.sh builds it when CUPTI is found)"
   fi
 fi
 

@@ -14,6 +14,10 @@ cp build/gpu/ramtrain $(ls build/gpu/tests/gpu_*_test) \
    build/gpu/tests/optim_adamw_test "$out/"
 for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf|xxhash' | xargs -r -I{} cp -L {} "$out/lib/"
+if [ -f build/gpu/bench/libramtrain_kernel_profile.so ]; then  # the kprof part's CUPTI recorder and its library
+  cp build/gpu/bench/libramtrain_kernel_profile.so "$out/"
+  ldd "$out/libramtrain_kernel_profile.so" | awk '/libcupti/{print $3}' | xargs -r -I{} cp -L {} "$out/lib/"
+fi
 strip "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test
 cp ../shared/data/tinyshakespeare.txt "$out/data/"
 if [ "${RAMTRAIN_STAGE_ATTN:-1}" != 0 ]; then  # RAMTRAIN_STAGE_ATTN=0: no attnvar binaries (a shorter build)
