@@ -37,7 +37,8 @@
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
 #   stall     checkpoint stall for a 7B-width model (4 layers: the lent disk is 64 GiB)
 #   hf        HF fixture regeneration, and transformers loading a ramtrain export (tiny-byte; the Gemma
-#             fixtures; Gemma3ForConditionalGeneration trained on the GPU; a Phi3 fixture; the gpt-oss fixture)
+#             fixtures; Gemma3ForConditionalGeneration trained on the GPU; a Phi3 fixture; the gpt-oss fixture;
+#             a 32,002-token vocabulary trained on the GPU: tests/gpu/vocab32002.sh)
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
@@ -549,6 +550,8 @@ if has hf; then
     '$bin/ramtrain' loss --model \$d/run/final --tokens \$d/tokens.txt --json | tee \$d/ours.json
     ours=\$(python3 -c \"import json; print(json.load(open('\$d/ours.json'))['loss'])\")
     python3 '$here/tools/check_hf_export.py' \$d/run/final --tokens \$d/tokens.txt --expect-loss \$ours --rtol 1e-5 && echo GPTOSS-EXPORT-OK"
+  # a 32,002-token vocabulary trained on CUDA, exported, loaded by transformers with our loss (issue 33)
+  run export_check_vocab32002 200 bash "$here/tests/gpu/vocab32002.sh" "$bin" "$tmp/v32002"
 fi
 
 if has demo; then
