@@ -191,6 +191,7 @@ int cmd_plan(const Args& args) {
   if (p.has("gpu-tflops")) {
     if (card.bf16_tflops > 0) card.fp8_tflops *= p.number("gpu-tflops") / card.bf16_tflops;
     card.bf16_tflops = p.number("gpu-tflops");
+    card.gemm_peak_tflops = 0, card.gemm_peak_measured = false;  // its GEMM peak: the H100's share of the rate given
   }
   const MatmulMode matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
   if (p.has("gpu-fp8-tflops")) card.fp8_tflops = p.number("gpu-fp8-tflops"), card.fp8_gain = 0;  // the rate as given
@@ -518,7 +519,8 @@ int cmd_plan(const Args& args) {
          ",\"model_tflops\":" + fmt("%.6g", sp.model_tflops) + ",\"gpu_idle\":" + fmt("%.4f", sp.gpu_idle) +
          ",\"model_flops_per_token\":" + fmt("%.6g", sp.model_flops_per_token) +
          ",\"hardware_flops_per_token\":" + fmt("%.6g", sp.hardware_flops_per_token) +
-         ",\"efficiency\":" + fmt("%g", sp.efficiency) + "}";
+         ",\"efficiency\":" + fmt("%g", sp.efficiency) + ",\"gemm_peak_tflops\":" + fmt("%g", sp.gemm_peak_tflops) +
+         "}";
     j += ",\"fixes\":[";
     for (size_t i = 0; i < fixes.size(); ++i) j += std::string(i ? "," : "") + json_str(fixes[i]);
     j += "]}";
@@ -664,8 +666,11 @@ int cmd_plan(const Args& args) {
                 100 * sp.gpu_idle);
     std::printf(
         "  FLOPs/token: model %.2f G, hardware %.2f G (recomputed layers); kernels at %.1f%% of the "
-        "datasheet rate (calibrated on the H200)\n",
-        sp.model_flops_per_token / 1e9, sp.hardware_flops_per_token / 1e9, 100 * sp.efficiency);
+        "datasheet rate = %.1f%% of the card's bf16 GEMM peak, %.0f TFLOP/s (%s; the share calibrated on the "
+        "H200)\n",
+        sp.model_flops_per_token / 1e9, sp.hardware_flops_per_token / 1e9, 100 * sp.efficiency,
+        100 * sp.efficiency * card.bf16_tflops / sp.gemm_peak_tflops, sp.gemm_peak_tflops,
+        card.gemm_peak_measured ? "measured" : "not measured: the H100's share of the datasheet");
     if (!fixes.empty()) std::printf("\nto change:\n");
     for (const std::string& f : fixes) std::printf("  - %s\n", f.c_str());
   }

@@ -28,18 +28,32 @@ struct CardRow {
   double pcie;
   double fp8_tflops;  // dense e4m3 with fp32 accumulate; 0: no FP8 tensor cores (Ampere)
   bool fp8_path;      // ramtrain's --matmul fp8 runs there: cuBLASLt's block scaling is Hopper's (docs/fp8.md)
+  double gemm_peak;   // bf16 GEMM TFLOP/s measured on the card (large cuBLAS GEMMs); 0: none, see kGemmShareOfDatasheet
 };
+// Measured GEMM peaks. H100 SXM / H200: cuBLASLt bf16 GEMMs on Qwen2.5-7B's
+// shapes, 824-848 TFLOP/s in our own runs (bench/RESULTS.md): 839. RTX
+// 4090: torch.matmul fp16 with fp32 accumulate (cuBLAS), 158.6 TFLOP/s at
+// n = 8192 and 167 at n = 2048 (github.com/mli/transformers-benchmarks
+// issue 4): 158, i.e. 0.96 of the 165 datasheet (GeForce boost clocks run
+// above the datasheet's); LLMQ's published 4090 steps (bf16, 7B, block
+// recompute) imply >= 142 TFLOP/s of hardware FLOPs over whole steps, so
+// the card's GEMMs do reach ~0.9 of the datasheet. Other cards: no
+// measurement at hand; their peak is taken at the H100's share of its
+// datasheet (kGemmShareOfDatasheet), which leaves their predictions as they
+// were before measured peaks were used.
+constexpr double kHopperGemmPeak = 839;
+constexpr double kGemmShareOfDatasheet = kHopperGemmPeak / 989.0;
 // FP8: RTX 4090 330 (Ada whitepaper, fp32 accumulate; 660 with fp16
 // accumulate), RTX 5090 419 (Blackwell GeForce datasheet, fp32 accumulate),
 // H100 SXM / H200 1979 (dense, without sparsity).
 constexpr CardRow kCards[] = {
-    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false},
-    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false},
-    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false},
-    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false},
-    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false},
-    {"h100", 80, 989, kPcieGen5Gbs, 1979, true},
-    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true},  // 141 GB (139 GiB as the driver reports it)
+    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false, 0},
+    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false, 0},
+    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false, 158},
+    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false, 0},
+    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false, 0},
+    {"h100", 80, 989, kPcieGen5Gbs, 1979, true, kHopperGemmPeak},
+    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true, kHopperGemmPeak},  // 141 GB (139 GiB as the driver reports it)
 };
 
 // The CUDA context, cuBLAS(Lt) handles and workspace, outside the engine's
@@ -57,7 +71,13 @@ constexpr uint64_t kContextBytes = 640ull << 20;
 // TFLOP/s of 989 = 0.537. (The cuBLASLt GEMM peak measured 830-848. Until
 // 2026-12-05 a recompute was counted as a whole block forward, 57.1 GFLOP
 // a token, and the constant was 0.575: the same predictions for that case.)
+// Against the GEMM peak measured on that card (839): 531 / 839 = 0.633. A
+// card's step rate is this share of its own GEMM peak (CardSpec::
+// gemm_peak_tflops): the step is GEMM-dominated (the projections alone were
+// ~4.3 s of the 7B's ~6.0 s of compute), so its rate follows what the
+// card's GEMMs reach, not its datasheet.
 constexpr double kComputeEfficiency = 0.537;
+constexpr double kStepShareOfGemmPeak = kComputeEfficiency * 989.0 / kHopperGemmPeak;
 // --matmul fp8 on Hopper: Qwen2.5-7B's seven projections, forward + dgrad +
 // wgrad with the quantizers, ran at 1.08x bf16's TFLOP/s at 16k tokens per
 // GEMM (bench/fp8_gemm_bench.cu on the H100, 2026-12-05; the GEMMs alone
@@ -94,6 +114,8 @@ bool card_lookup(const std::string& name, CardSpec* out) {
       out->fp8_tflops = c.fp8_tflops;
       out->fp8_gain = c.fp8_path ? kFp8ProjectionGain : 0.0;
       out->fp8_path = c.fp8_path;
+      out->gemm_peak_tflops = c.gemm_peak > 0 ? c.gemm_peak : c.tflops * kGemmShareOfDatasheet;
+      out->gemm_peak_measured = c.gemm_peak > 0;
       return true;
     }
   return false;
@@ -161,7 +183,11 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   r.model_flops_per_token = model_flops_per_token(s, T);
   r.hardware_flops_per_token =
       hardware_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers, plan.attn_kept_layers);
-  r.efficiency = kComputeEfficiency;
+  // the share of the datasheet rate: kStepShareOfGemmPeak of the card's GEMM
+  // peak (a custom card without one: the H100's share of its datasheet)
+  const double gemm_peak = card.gemm_peak_tflops > 0 ? card.gemm_peak_tflops : card.bf16_tflops * kGemmShareOfDatasheet;
+  r.efficiency = card.bf16_tflops > 0 ? kStepShareOfGemmPeak * gemm_peak / card.bf16_tflops : kComputeEfficiency;
+  r.gemm_peak_tflops = gemm_peak;
   if (matmul == MatmulMode::fp8) {
     RT_CHECK(card.fp8_tflops > 0, "[plan] --matmul fp8 needs the card's FP8 rate");
     r.fp8_flops_per_token = projection_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers,

@@ -5,7 +5,9 @@
 // with its source (a datasheet lead or an H200 measurement in bench/RESULTS.md).
 //
 // Contract (the same accounting the engine's schedule has, backend.h):
-//   compute  = hardware FLOPs per step / (card dense bf16 TFLOP/s x efficiency):
+//   compute  = hardware FLOPs per step / (card dense bf16 TFLOP/s x efficiency),
+//              efficiency = a share of the card's GEMM peak calibrated on the
+//              H200 (0.633), expressed against the datasheet rate:
 //              6 N_matmul + 6 L H D T per token (model FLOPs, as ramtrain_bench
 //              counts them), plus a block forward per recomputed layer
 //              (2 N_layer + 2 H D T per token);
@@ -41,6 +43,12 @@ struct CardSpec {
   double fp8_gain = 0;
   bool fp8_path = false;      // ramtrain's --matmul fp8 runs on it (cuda/fp8.h: Hopper only)
   double pcie_gbs = 0;        // practical host<->device GB/s (1e9 B/s)
+  // bf16 GEMM TFLOP/s the card reaches (large cuBLAS GEMMs): measured where
+  // step_model.cpp names a source, else the H100's share of its datasheet;
+  // 0 (a custom card): that share of bf16_tflops. The step's rate is a
+  // calibrated share of it.
+  double gemm_peak_tflops = 0;
+  bool gemm_peak_measured = false;
 };
 
 // The cards `ramtrain plan --gpu` knows (datasheet leads, step_model.cpp);
@@ -64,7 +72,8 @@ double hardware_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64_t
 
 struct StepPrediction {
   double model_flops_per_token = 0, hardware_flops_per_token = 0;
-  double efficiency = 0;  // the share of the datasheet rate the kernels reach (calibrated)
+  double efficiency = 0;  // the share of the datasheet rate the kernels reach (calibrated on the GEMM peak)
+  double gemm_peak_tflops = 0;  // the card's bf16 GEMM peak the efficiency was taken from
   double fp8_flops_per_token = 0;  // --matmul fp8: the projections' share of hardware FLOPs, at the FP8 rate
   double compute_s = 0;
   double h2d_bytes = 0, d2h_bytes = 0;

@@ -167,3 +167,30 @@ TEST(StepModel, Fp8MovesTheProjectionsToTheFp8Rate) {
   EXPECT_EQ(a100.fp8_tflops, 0);
   EXPECT_FALSE(a100.fp8_path);
 }
+
+// The step's rate is one calibrated share of each card's bf16 GEMM peak: the
+// same share on every card, so cards differ by what their GEMMs reach, and a
+// card without a measured peak keeps the H100's share of its datasheet.
+TEST(StepModel, TheStepRateIsOneShareOfEachCardsGemmPeak) {
+  const rt::ModelSpec s = spec();
+  rt::CudaOptions o;
+  o.grads = "device";
+  const rt::DevicePlan dp = rt::fit_device_plan(s, 2, 512, o, 1ull << 34);
+  auto share = [&](const char* name, rt::CardSpec* c) {
+    EXPECT_TRUE(rt::card_lookup(name, c)) << name;
+    const rt::StepPrediction p = rt::predict_step(s, 2, 512, dp, *c, 4.0);
+    EXPECT_NEAR(p.gemm_peak_tflops, c->gemm_peak_tflops, kRel * c->gemm_peak_tflops) << name;
+    return p.efficiency * c->bf16_tflops / p.gemm_peak_tflops;
+  };
+  rt::CardSpec h100, h200, r4090, r3090;
+  const double ref = share("h100", &h100);
+  EXPECT_TRUE(h100.gemm_peak_measured);
+  EXPECT_LT(h100.gemm_peak_tflops, h100.bf16_tflops);  // Hopper's GEMMs stay below its datasheet
+  EXPECT_NEAR(share("h200", &h200), ref, kRel);
+  EXPECT_NEAR(share("rtx4090", &r4090), ref, kRel);
+  EXPECT_TRUE(r4090.gemm_peak_measured);
+  EXPECT_NEAR(share("rtx3090", &r3090), ref, kRel);
+  EXPECT_FALSE(r3090.gemm_peak_measured);
+  // unmeasured: the H100's share of the datasheet, so the same share of the datasheet as the H100
+  EXPECT_NEAR(r3090.gemm_peak_tflops / r3090.bf16_tflops, h100.gemm_peak_tflops / h100.bf16_tflops, kRel);
+}
