@@ -80,7 +80,7 @@ struct Proj {
 int main(int argc, char** argv) {
   try {
     std::string why;
-    if (!rt::cuda::fp8_supported(0, &why)) {
+    if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) {
       std::fprintf(stderr, "fp8_gemm_bench: %s\n", why.c_str());
       return 1;
     }

@@ -251,7 +251,7 @@ void check_linear(int64_t N, int64_t I, int64_t O) {
 TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 512);
   check_linear(384, 128, 256);
 }
@@ -262,7 +262,7 @@ TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
 TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 320);
   check_linear(272, 208, 704);
 }
@@ -274,7 +274,7 @@ TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
 TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   const int64_t N = 256, I = 384, O1 = 512, O2 = 128;
   const Vec x = round_bf16(rt::test::random_vec(N * I, 1)), w1 = round_bf16(rt::test::random_vec(O1 * I, 2, -.1f, .1f)),
             w2 = round_bf16(rt::test::random_vec(O2 * I, 3, -.1f, .1f)),
@@ -317,7 +317,7 @@ TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
 TEST(CudaFp8, GemmCachesPlansAndRefusesBadShapes) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   rt::cuda::Fp8Gemm g;
   EXPECT_THROW(g.matmul(nullptr, rt::cuda::DType::bf16, nullptr, nullptr, rt::cuda::Fp8Scaling::vec128, nullptr,
                         nullptr, rt::cuda::Fp8Scaling::vec128, 16, 24, 16, 0.f, nullptr),

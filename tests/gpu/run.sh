@@ -20,8 +20,10 @@
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
 #             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
-#   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
-#   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
+#   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 with block scales (row fp8)
+#             and with per-tensor scales (row fp8_tensor) beside bf16 (row adamw) (not in the default)
+#   fp8_7b    --matmul fp8 (block, then --fp8-scaling tensor) against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048
+#             uncapped and 2 x 2048 x 16 under 10 GiB (F7_MODES: a subset of "bf16 fp8 fp8_tensor")
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
@@ -38,7 +40,9 @@
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
-#             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
+#             (fp8_gemm_bench, block and per-tensor scales), and tiny-byte trained 200 steps with --matmul bf16, fp8
+#             and fp8 --fp8-scaling tensor (losses side by side), and 30 steps of per-tensor fp8 on the GPU against
+#             the CPU twin (--device cpu)
 #   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
 #             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   ssd       the state tier (--state-dir, not in the default): gpu_state_tier_test (the engine's optimizer phase
@@ -106,6 +110,17 @@ if has fp8; then
   run fp8_tiny_fp8 300 "${f8[@]}" --out "$tmp/f8f" --matmul fp8
   run fp8_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8b/metrics.jsonl" "$tmp/f8f/metrics.jsonl" \
     --tol "${FP8_TOL:-0.05}"
+  run fp8_tiny_tensor 300 "${f8[@]}" --out "$tmp/f8t" --matmul fp8 --fp8-scaling tensor
+  run fp8_tiny_tensor_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8b/metrics.jsonl" \
+    "$tmp/f8t/metrics.jsonl" --tol "${FP8_TOL:-0.05}"
+  # the engine with per-tensor FP8 against the CPU twin, the same 30 steps: bf16 activations on the GPU vs fp32
+  # on the CPU, so close (FP8T_TOL relative per step), not equal
+  f8c=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps 30 --micro-batch 4 --seq-len 128 --seed 3
+       --lr 1e-3 --eval-every 0 --export-dtype none --matmul fp8 --fp8-scaling tensor)
+  run fp8_tensor_engine_gpu 120 "${f8c[@]}" --device cuda --out "$tmp/f8cg"
+  run fp8_tensor_engine_cpu 300 "${f8c[@]}" --device cpu --out "$tmp/f8cc"
+  run fp8_tensor_engine_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8cc/metrics.jsonl" \
+    "$tmp/f8cg/metrics.jsonl" --tol "${FP8T_TOL:-0.02}"
 fi
 has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
 if has dp && [ "$(nvidia-smi -L | wc -l)" = 1 ]; then
@@ -290,7 +305,7 @@ fi
 if has fp8q; then
   # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 beside bf16
   # (the "adamw" row); the table and lean_quality.tar (both runs' metrics) land in $logs/fp8q
-  run fp8_quality 500 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="adamw fp8" bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
+  run fp8_quality 500 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="adamw fp8 fp8_tensor" bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
     "$data" "${FQ_STEPS:-1000}"
 fi
 
@@ -298,10 +313,14 @@ if has fp8_7b; then
   # FP8 against bf16 end to end (issue 31), same call: Qwen2.5-7B 32 x 2048 uncapped, then 64k tokens per step
   # under a 10 GiB cap (2 x 2048 x 16, --grads fold, layer-major)
   f7=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps ${F7_STEPS:-2} --warmup 1 --modes streaming)
-  for m in bf16 fp8; do run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 --matmul "$m"; done
+  # fp8_tensor: --matmul fp8 --fp8-scaling tensor
+  f7m() { case "$1" in fp8_tensor) echo --matmul fp8 --fp8-scaling tensor ;; *) echo --matmul "$1" ;; esac; }
+  # shellcheck disable=SC2046
+  for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 $(f7m "$m"); done
   if [ "${F7_CAP:-1}" = 1 ]; then
-    for m in bf16 fp8; do
-      run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold --matmul "$m"
+    for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
+      # shellcheck disable=SC2046
+      run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold $(f7m "$m")
     done
   fi
 fi
