@@ -100,11 +100,11 @@ void train_options(ArgParser& p) {
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
   p.option("matmul", "bf16|fp8",
            "what the transformer layers' projections (q/k/v/o, gate/up/down; not MoE experts, embedding, LM head, "
-           "router) multiply in: bf16 (fp32 on the CPU), or fp8: e4m3 operands with power-of-two scales per 1x128 "
-           "tile of activations and gradients and per 128x128 block of weights, fp32 accumulation (DeepSeek-V3's "
-           "recipe, --fp8-scaling block), or one scale per tensor (--fp8-scaling tensor); fp32 accumulation. GPU: "
-           "Hopper (sm_90) for block scaling, Ada (sm_89, RTX 4090) and Hopper for tensor scaling; --device cpu runs "
-           "their bit-exact quantization twin (docs/fp8.md)",
+           "router) multiply in: bf16 (fp32 on the CPU), or fp8: e4m3 operands with power-of-two scales, per 1x128 "
+           "tile of activations and gradients and per 128x128 block of weights (DeepSeek-V3's recipe, --fp8-scaling "
+           "block) or one per tensor (--fp8-scaling tensor), fp32 accumulation. GPU: Hopper (sm_90) for block "
+           "scaling, any FP8 card (sm_89+: RTX 4090, Hopper) for tensor scaling; --device cpu runs their bit-exact "
+           "quantization twin (docs/fp8.md)",
            "bf16")
       .choice({"bf16", "fp8"});
   p.option("fp8-scaling", "block|tensor",

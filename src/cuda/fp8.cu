@@ -25,14 +25,13 @@ bool fp8_supported(int device, MatmulMode mode, std::string* why) {
   CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   const bool fp8_cores = p.major > 8 || (p.major == 8 && p.minor >= 9);
   if (mode == MatmulMode::fp8_tensor) {
-    // per-tensor scaled FP8 in cuBLASLt: Ada and Hopper (Blackwell's is not
-    // tried here: refused until a GPU run checks it)
-    if ((p.major == 8 && p.minor == 9) || p.major == 9) return true;
+    // per-tensor scaled FP8 in cuBLASLt: every card with FP8 tensor cores
+    // (compute capability 8.9+: Ada, Hopper, Blackwell; tested on Hopper)
+    if (fp8_cores) return true;
     if (why)
       *why = cat("GPU ", device, " (", p.name, ") is sm_", p.major, p.minor, ": --matmul fp8 --fp8-scaling tensor ",
-                 "runs cuBLASLt's per-tensor scaled FP8 GEMM on Ada (sm_89: RTX 4090, L40) and Hopper (sm_90) only; ",
-                 fp8_cores ? "Blackwell's FP8 is not tested here" : "this card has no FP8 tensor cores",
-                 "; use --matmul bf16 (the default)");
+                 "runs cuBLASLt's per-tensor scaled FP8 GEMM, which needs FP8 tensor cores (sm_89 and newer: RTX "
+                 "4090, H100, ...); this card has none; use --matmul bf16 (the default)");
     return false;
   }
   if (p.major == 9) return true;

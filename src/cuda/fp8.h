@@ -36,7 +36,7 @@
 namespace rt::cuda {
 
 // Whether this device runs the FP8 GEMM of `mode` (fp8: block scales, sm_90;
-// fp8_tensor: per-tensor scales, sm_89 and sm_90); why not in *why.
+// fp8_tensor: per-tensor scales, sm_89 and newer); why not in *why.
 bool fp8_supported(int device, MatmulMode mode, std::string* why);
 
 inline int64_t fp8_blocks(int64_t n) { return (n + 127) / 128; }

@@ -218,7 +218,7 @@ struct CudaOptions {
   bool fit = true;
   bool fit_slots = true;
   // --matmul fp8: the projections' GEMMs in FP8 (cuda/fp8.h; fp8: block
-  // scales, sm_90 only; fp8_tensor: per-tensor scales, sm_89 and sm_90;
+  // scales, sm_90 only; fp8_tensor: per-tensor scales, sm_89 and newer;
   // make_cuda_backend refuses other cards). Its quantization workspace is
   // allocated by the ops outside the device plan (cuda/fp8.h, Fp8Linear):
   // make_cuda_backend holds fp8_reserve bytes of the budget back for it.

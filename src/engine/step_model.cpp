@@ -28,18 +28,22 @@ struct CardRow {
   double pcie;
   double fp8_tflops;  // dense e4m3 with fp32 accumulate; 0: no FP8 tensor cores (Ampere)
   bool fp8_path;      // ramtrain's --matmul fp8 runs there: cuBLASLt's block scaling is Hopper's (docs/fp8.md)
+  double memory_tbs;  // device memory bandwidth (datasheet TB/s): the per-tensor FP8 estimate's quantizer time
 };
 // FP8: RTX 4090 330 (Ada whitepaper, fp32 accumulate; 660 with fp16
 // accumulate), RTX 5090 419 (Blackwell GeForce datasheet, fp32 accumulate),
-// H100 SXM / H200 1979 (dense, without sparsity).
+// H100 SXM / H200 1979 (dense, without sparsity). Memory: 3080 0.76, 3090
+// 0.936, 4090 1.008, 5090 1.792, A100 40GB 1.555, H100 SXM 3.35, H200 4.8 TB/s.
+// Per-tensor FP8 (--fp8-scaling tensor) runs wherever FP8 tensor cores are
+// (cuBLASLt's per-tensor FP8 GEMM: sm_89 and newer; cuda/fp8.cu fp8_supported).
 constexpr CardRow kCards[] = {
-    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false},
-    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false},
-    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false},
-    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false},
-    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false},
-    {"h100", 80, 989, kPcieGen5Gbs, 1979, true},
-    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true},  // 141 GB (139 GiB as the driver reports it)
+    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false, 0.76},
+    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false, 0.936},
+    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false, 1.008},
+    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false, 1.792},
+    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false, 1.555},
+    {"h100", 80, 989, kPcieGen5Gbs, 1979, true, 3.35},
+    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true, 4.8},  // 141 GB (139 GiB as the driver reports it)
 };
 
 // The CUDA context, cuBLAS(Lt) handles and workspace, outside the engine's
@@ -65,6 +69,33 @@ constexpr double kComputeEfficiency = 0.537;
 // cap (layer-major: weights quantized once per layer visit), so this is the
 // conservative side for layer-major steps.
 constexpr double kFp8ProjectionGain = 1.08;
+
+// --fp8-scaling tensor: an ESTIMATE (no GPU has run it yet), per card:
+//   gain = 1 / (1 / G + q),  G = 1.75, q = quantizer time / bf16 GEMM time.
+// G: per-tensor scaled FP8 GEMMs ran at 1444 TFLOP/s = 1.75x bf16 on the
+// 7B's shapes (H100, bench/RESULTS.md); taken for every FP8 card (the 4090
+// and 5090 datasheets give FP8 = 2x bf16, as Hopper's does).
+// q, from bytes (Qwen2.5-7B's seven projections, N = 16384 tokens, as the
+// block calibration): per layer the forward reads each input twice (amax,
+// then codes) and writes its codes once, 5 B/element, for the inputs shared
+// by q/k/v and gate/up once: 5 N (C + QD + C + F) = 148,480 N B; the
+// backward makes dy's amax and both layouts, 6 B/element over all outputs:
+// 6 N * 49,664 = 297,984 N B, and the inputs' transposed codes again
+// 148,480 N B; the weights 5 B/parameter for the codes and 5 again for the
+// transposed codes: 10 * 233M. Total 594,944 N + 2.33e9 = 12.1 GB at 16k, for
+// 2.29e13 GEMM FLOPs: 5.28e-4 B per projection FLOP. The block quantizers
+// moved ~10.5 GB in the 7.8 ms they added at 16k (1.08x vs 1.47x): 1.35 TB/s,
+// 0.40 of the H100's 3.35; bf16 GEMMs ran at 720 TFLOP/s, 0.73 of 989. So
+//   q = 5.28e-4 * 0.73 * bf16 TFLOP/s / (0.40 * memory TB/s)
+// H100 0.285 -> 1.17x; H200 0.199 -> 1.30x; 4090 0.158 -> 1.37x; 5090 0.112
+// -> 1.46x. Replace by a measurement (tests/gpu/run.sh fp8 fp8_7b).
+constexpr double kFp8TensorGemmGain = 1.75;
+constexpr double kFp8TensorQuantBytesPerFlop = 5.28e-4;
+constexpr double kFp8QuantBandwidthShare = 0.40, kBf16GemmShare = 0.73;
+double fp8_tensor_gain(double bf16_tflops, double memory_tbs) {
+  const double q = kFp8TensorQuantBytesPerFlop * kBf16GemmShare * bf16_tflops / (kFp8QuantBandwidthShare * memory_tbs);
+  return 1.0 / (1.0 / kFp8TensorGemmGain + q);
+}
 
 // Host gradients (--grads host): the engine's worker adds (=, then +=) every
 // layer gradient landed in a pinned slab into the unit's host arena
@@ -94,6 +125,9 @@ bool card_lookup(const std::string& name, CardSpec* out) {
       out->fp8_tflops = c.fp8_tflops;
       out->fp8_gain = c.fp8_path ? kFp8ProjectionGain : 0.0;
       out->fp8_path = c.fp8_path;
+      out->fp8_tensor_path = c.fp8_tflops > 0;
+      out->memory_tbs = c.memory_tbs;
+      out->fp8_tensor_gain = c.fp8_tflops > 0 ? fp8_tensor_gain(c.tflops, c.memory_tbs) : 0.0;
       return true;
     }
   return false;
@@ -162,12 +196,13 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   r.hardware_flops_per_token =
       hardware_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers, plan.attn_kept_layers);
   r.efficiency = kComputeEfficiency;
-  if (matmul == MatmulMode::fp8) {
+  if (matmul_is_fp8(matmul)) {
     RT_CHECK(card.fp8_tflops > 0, "[plan] --matmul fp8 needs the card's FP8 rate");
     r.fp8_flops_per_token = projection_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers,
                                                        plan.attn_kept_layers);
   }
-  const double fp8_rate = card.fp8_gain > 0 ? card.bf16_tflops * card.fp8_gain : card.fp8_tflops;
+  const double gain = matmul == MatmulMode::fp8_tensor ? card.fp8_tensor_gain : card.fp8_gain;
+  const double fp8_rate = gain > 0 ? card.bf16_tflops * gain : card.fp8_tflops;
   r.compute_s = tokens *
                 ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
                  (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (fp8_rate * 1e12) : 0.0)) /
