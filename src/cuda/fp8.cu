@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(256)
   bool bad;
   const Fp8Scale s = tensor_scale(reinterpret_cast<const uint32_t*>(slot) + 1, &bad);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) slot[0] = s.scale;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTensorTile, c0 = static_cast<int64_t>(blockIdx.x) * kTensorTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTensorTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTensorTile;
   for (int v = threadIdx.x; v < kTensorTile * (kTensorTile / 8); v += blockDim.x) {
     const int rr = v / (kTensorTile / 8), cc = (v % (kTensorTile / 8)) * 8;
     const int64_t r = r0 + rr, c = c0 + cc;

@@ -40,9 +40,9 @@
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
-#             (fp8_gemm_bench, block and per-tensor scales), and tiny-byte trained 200 steps with --matmul bf16, fp8
-#             and fp8 --fp8-scaling tensor (losses side by side), and 30 steps of per-tensor fp8 on the GPU against
-#             the CPU twin (--device cpu)
+#             (fp8_gemm_bench, block and per-tensor scales), the engine with per-tensor FP8 against the CPU twin
+#             (gpu_engine_test *Fp8*), tiny-byte trained 200 steps with --matmul bf16, fp8 and fp8 --fp8-scaling
+#             tensor (losses side by side), and 30 steps of per-tensor fp8 on the GPU against the CPU twin
 #   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
 #             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   ssd       the state tier (--state-dir, not in the default): gpu_state_tier_test (the engine's optimizer phase
@@ -103,6 +103,7 @@ fi
 if has fp8; then
   run fp8_lt_probe 60 "$bin/fp8_lt_probe"
   run fp8_test 300 "$bin/gpu_fp8_test"
+  run fp8_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Fp8*'
   run fp8_gemm_bench 400 "$bin/fp8_gemm_bench" 8192 16384
   f8=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps 200 --micro-batch 8 --seq-len 256 --seed 3
       --device cuda --lr 1e-3 --eval-every 100 --export-dtype none)
@@ -303,9 +304,12 @@ if has smallcard; then
 fi
 
 if has fp8q; then
-  # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 beside bf16
-  # (the "adamw" row); the table and lean_quality.tar (both runs' metrics) land in $logs/fp8q
-  run fp8_quality 500 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="adamw fp8 fp8_tensor" bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
+  # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 with block
+  # scales (row "fp8") and with --fp8-scaling tensor (row "fp8_tensor") beside bf16 (the "adamw" row), the three
+  # side by side on the one GPU; the table and lean_quality.tar (every run's metrics) land in $logs/fp8q.
+  # FQ_MODES="adamw fp8_tensor" runs a subset (e.g. when three do not fit the call's time)
+  run fp8_quality 590 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="${FQ_MODES:-adamw fp8 fp8_tensor}" \
+    bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
     "$data" "${FQ_STEPS:-1000}"
 fi
 
@@ -316,7 +320,9 @@ if has fp8_7b; then
   # fp8_tensor: --matmul fp8 --fp8-scaling tensor
   f7m() { case "$1" in fp8_tensor) echo --matmul fp8 --fp8-scaling tensor ;; *) echo --matmul "$1" ;; esac; }
   # shellcheck disable=SC2046
-  for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 $(f7m "$m"); done
+  for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
+    run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 $(f7m "$m")
+  done
   if [ "${F7_CAP:-1}" = 1 ]; then
     for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
       # shellcheck disable=SC2046
