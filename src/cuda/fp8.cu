@@ -1,9 +1,11 @@
-// FP8 quantizers, the block-scaled cuBLASLt FP8 GEMM and the FP8 linear layer
-// (declared in cuda/fp8.h; cpu/fp8.h is the specification they match bit for
-// bit up to the GEMM's fp32 summation order). Encoding is CUDA's own
+// FP8 quantizers (block and per-tensor scales), the cuBLASLt FP8 GEMM (block-
+// scaled or with scalar scales) and the FP8 linear layer (declared in
+// cuda/fp8.h; cpu/fp8.h is the specification they match bit for bit up to the
+// GEMM's fp32 summation order). Encoding is CUDA's own
 // __nv_cvt_float_to_fp8(satfinite, e4m3) on x * 2^-k (exact); the scale is
-// core/fp8.h's fp8_block_scale; a block with Inf/NaN is all NaN codes (0x7F).
-// Each quantizer zeroes its scale array first (the layouts' padding is 0).
+// core/fp8.h's fp8_block_scale (of a block's or the whole tensor's amax); a
+// block or tensor with Inf/NaN is all NaN codes (0x7F). Each block quantizer
+// zeroes its scale array first (the layouts' padding is 0).
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 

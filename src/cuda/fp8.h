@@ -3,7 +3,8 @@
 // cuBLASLt FP8 GEMM with block scales (Hopper, sm_90: 1x128 "VEC128" and
 // 128x128 "BLK128x128" fp32 scales, fp32 accumulation with the periodic
 // promotion cuBLASLt applies when fast accumulation is off), and the linear
-// layer built on them. cpu/fp8.h states the formulas and granularity.
+// layer built on them; per-tensor scaling (`--fp8-scaling tensor`) below.
+// cpu/fp8.h states the formulas and granularity.
 //
 // Layouts (cuBLASLt's FP8 kernels want both operands K-major, "TN"):
 //  - codes q[R, K] row-major (K contiguous), R x K quantized along K;
