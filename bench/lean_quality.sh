@@ -12,7 +12,9 @@
 # the Muon modes, with Muon and fp32 AdamW also at half and twice the learning rate (later
 # flags win), so that each is compared at its best of three. LQ_ONLY="names"
 # runs only those modes (e.g. after a change to one code). LQ_FP8=1 adds
-# --matmul fp8 (the projections in FP8; the "adamw" row is its bf16 twin).
+# --matmul fp8 (the projections in FP8 with block scales, row "fp8") and
+# --matmul fp8 --fp8-scaling tensor (one scale per tensor, row "fp8_tensor");
+# the "adamw" row is their bf16 twin.
 #   bench/lean_quality.sh [path/to/ramtrain] [DATA] [STEPS]
 set -uo pipefail
 R=${1:-build/cpu/ramtrain}
@@ -43,7 +45,7 @@ if [ "${LQ_MUON:-0}" = 1 ]; then
           "muon4bit_bf16-sr|--optimizer muon4bit --master bf16-sr")
 fi
 if [ "${LQ_FP8:-0}" = 1 ]; then  # issue 31's quality point: --matmul fp8 against bf16 (Hopper)
-  modes+=("fp8|--matmul fp8")
+  modes+=("fp8|--matmul fp8" "fp8_tensor|--matmul fp8 --fp8-scaling tensor")
 fi
 if [ -n "${LQ_ONLY:-}" ]; then  # LQ_ONLY="adamw adamw8bit ...": only these modes (names as above)
   keep=()

@@ -90,7 +90,8 @@ struct Args {
   int64_t keep = -1;         // --keep-activations: -1 auto
   int64_t keep_attn = -1;    // --keep-attention: -1 auto
   int64_t mlp_chunk = -1;    // --mlp-chunk-tokens: -1 auto, 0 off, N tokens
-  rt::MatmulMode matmul = rt::MatmulMode::bf16;  // --matmul bf16|fp8 (as ramtrain train)
+  rt::MatmulMode matmul = rt::MatmulMode::bf16;  // --matmul bf16|fp8 and --fp8-scaling block|tensor (as ramtrain train)
+  bool fp8_tensor = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -136,7 +137,12 @@ Args parse(int argc, char** argv) {
     else if (k == "--matmul") {
       const std::string x = v();
       if (x != "bf16" && x != "fp8") rt::fail("[bench] --matmul must be bf16 or fp8, got ", x);
-      a.matmul = x == "fp8" ? rt::MatmulMode::fp8 : rt::MatmulMode::bf16;
+      a.matmul = x == "bf16" ? rt::MatmulMode::bf16 : a.fp8_tensor ? rt::MatmulMode::fp8_tensor : rt::MatmulMode::fp8;
+    } else if (k == "--fp8-scaling") {
+      const std::string x = v();
+      if (x != "block" && x != "tensor") rt::fail("[bench] --fp8-scaling must be block or tensor, got ", x);
+      a.fp8_tensor = x == "tensor";
+      if (rt::matmul_is_fp8(a.matmul)) a.matmul = a.fp8_tensor ? rt::MatmulMode::fp8_tensor : rt::MatmulMode::fp8;
     }
     else if (k == "--threads")
       rt::set_global_threads(static_cast<int>(std::stoll(v())));  // the CPU optimizer's pool (0: all cores)
@@ -162,6 +168,7 @@ Args parse(int argc, char** argv) {
           "               [--checkpoints auto|device|host] [--low-memory (as ramtrain train --low-memory)]\n"
           "               [--master auto|fp32|split (host storage of the fp32 master, as ramtrain train)]\n"
           "               [--matmul bf16|fp8 (the projections' GEMMs, as ramtrain train; fp8: sm_90)]\n"
+          "               [--fp8-scaling block|tensor (with --matmul fp8, as ramtrain train; tensor: sm_89+)]\n"
           "               [--landing-chunk-mib N (device gradients: optimizer copy-out chunk, 0 = whole units)]\n"
           "               [--keep-activations auto|N (layers not recomputed in the backward; every mode)]\n"
           "               [--keep-attention auto|N (layers keeping their attention half: selective recompute)]\n"
@@ -173,6 +180,8 @@ Args parse(int argc, char** argv) {
     } else
       rt::fail("[bench] unknown option ", k);
   }
+  if (a.fp8_tensor && a.matmul == rt::MatmulMode::bf16)
+    rt::fail("[bench] --fp8-scaling applies to --matmul fp8 only; add --matmul fp8 or drop --fp8-scaling");
   return a;
 }
 

@@ -100,10 +100,17 @@ int cmd_plan(const Args& args) {
   p.option("gpu-tflops", "X", "dense bf16 TFLOP/s with fp32 accumulate (default: the card's)").above(0);
   p.option("pcie-gbs", "Y", "practical host<->device GB/s (default: the card's: gen4 x16 25, gen5 x16 50)").above(0);
   p.option("matmul", "bf16|fp8",
-           "the projections' GEMMs, as train's --matmul: fp8 counts their FLOPs at the card's FP8 rate (Hopper: "
-           "h100, h200; other cards are refused as train refuses them)",
+           "the projections' GEMMs, as train's --matmul: fp8 counts their FLOPs at the card's FP8 rate (block "
+           "scaling: h100, h200, measured; tensor scaling: rtx4090, rtx5090, h100, h200, an ESTIMATE until measured; "
+           "other cards are refused as train refuses them)",
            "bf16")
       .choice({"bf16", "fp8"});
+  p.option("fp8-scaling", "block|tensor",
+           "with --matmul fp8, as train's --fp8-scaling: block (1x128/128x128 scales, Hopper) or tensor (one scale "
+           "per tensor, any FP8 card; its rate is an estimate from the GEMM's measured 1.75x less the quantizers' "
+           "bytes, step_model.cpp)",
+           "block")
+      .choice({"block", "tensor"});
   p.option("gpu-fp8-tflops", "X",
            "dense FP8 TFLOP/s with fp32 accumulate for --matmul fp8 (default: the card's; with --gpu-tflops, "
            "the card's FP8/bf16 ratio applied to it)")
@@ -193,14 +200,23 @@ int cmd_plan(const Args& args) {
     card.bf16_tflops = p.number("gpu-tflops");
     card.gemm_peak_tflops = 0, card.gemm_peak_measured = false;  // its GEMM peak: the H100's share of the rate given
   }
-  const MatmulMode matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
-  if (p.has("gpu-fp8-tflops")) card.fp8_tflops = p.number("gpu-fp8-tflops"), card.fp8_gain = 0;  // the rate as given
+  const MatmulMode matmul =
+      p.str("matmul") == "fp8" ? (p.str("fp8-scaling") == "tensor" ? MatmulMode::fp8_tensor : MatmulMode::fp8)
+                               : MatmulMode::bf16;
+  if (matmul == MatmulMode::bf16 && p.given_explicitly("fp8-scaling"))
+    fail("[plan] --fp8-scaling applies to --matmul fp8 only; add --matmul fp8 or drop --fp8-scaling");
+  if (p.has("gpu-fp8-tflops"))  // the rate as given
+    card.fp8_tflops = p.number("gpu-fp8-tflops"), card.fp8_gain = 0, card.fp8_tensor_gain = 0;
   if (matmul == MatmulMode::fp8 && !card.fp8_path)
-    fail("[plan] --matmul fp8: ramtrain runs its FP8 projections on Hopper only (--gpu h100 or h200: cuBLASLt's "
-         "1x128/128x128 block scaling), and `train --matmul fp8` refuses ", card.name,
-         card.fp8_tflops > 0 ? " (it has FP8 tensor cores, but cuBLASLt gives it per-tensor scales only)"
-                             : " (no FP8 tensor cores)",
-         "; plan with --matmul bf16");
+    fail("[plan] --matmul fp8: ramtrain runs its block-scaled FP8 projections on Hopper only (--gpu h100 or h200: "
+         "cuBLASLt's 1x128/128x128 block scaling), and `train --matmul fp8` refuses ", card.name,
+         card.fp8_tflops > 0 ? " (it has FP8 tensor cores, but cuBLASLt gives it per-tensor scales only): plan with "
+                               "--fp8-scaling tensor, or --matmul bf16"
+                             : " (no FP8 tensor cores): plan with --matmul bf16");
+  if (matmul == MatmulMode::fp8_tensor && !card.fp8_tensor_path)
+    fail("[plan] --matmul fp8 --fp8-scaling tensor: ", card.name,
+         " has no FP8 tensor cores (sm_89 and newer have them: rtx4090, rtx5090, h100, h200), and `train` refuses "
+         "it; plan with --matmul bf16");
   if (p.has("pcie-gbs")) card.pcie_gbs = p.number("pcie-gbs");
   if (p.given("gpu-memory") || p.given("gpu-tflops") || p.given("pcie-gbs") || p.given("gpu-fp8-tflops"))
     card.name += " (adjusted)";
@@ -462,7 +478,13 @@ int cmd_plan(const Args& args) {
     j += ",\"card\":{\"name\":" + json_str(card.name) + ",\"budget_bytes\":" + std::to_string(budget) +
          ",\"bf16_tflops\":" + fmt("%g", card.bf16_tflops) + ",\"fp8_tflops\":" + fmt("%g", card.fp8_tflops) +
          ",\"pcie_gbs\":" + fmt("%g", card.pcie_gbs) + "}";
+    const double fp8_gain = matmul == MatmulMode::fp8_tensor ? card.fp8_tensor_gain
+                            : matmul == MatmulMode::fp8      ? card.fp8_gain
+                                                             : 0.0;
     j += ",\"matmul\":" + json_str(p.str("matmul")) +
+         ",\"fp8_scaling\":" + json_str(matmul == MatmulMode::bf16 ? "none" : p.str("fp8-scaling")) +
+         ",\"fp8_gain\":" + fmt("%.4g", fp8_gain) +
+         ",\"fp8_gain_estimated\":" + (matmul == MatmulMode::fp8_tensor && fp8_gain > 0 ? "true" : "false") +
          ",\"fp8_flops_per_token\":" + fmt("%.6g", sp.fp8_flops_per_token);
     j += ",\"host\":{\"ram_bytes\":" + std::to_string(host_ram) + ",\"usable_bytes\":" + std::to_string(host_usable) +
          ",\"needed_bytes\":" + std::to_string(host_total) +
@@ -546,6 +568,20 @@ int cmd_plan(const Args& args) {
     std::printf("card: %s, engine budget %s, %.1f bf16 TFLOP/s, PCIe %.0f GB/s; host: %s RAM, AdamW %.2f Gparam/s\n",
                 card.name.c_str(), gib(static_cast<double>(budget)).c_str(), card.bf16_tflops, card.pcie_gbs,
                 gib(static_cast<double>(host_ram)).c_str(), gparams);
+    if (matmul == MatmulMode::fp8_tensor) {
+      const double share = 100.0 * sp.fp8_flops_per_token / sp.hardware_flops_per_token;
+      if (card.fp8_tensor_gain > 0)
+        std::printf(
+            "matmul fp8, per-tensor scales: the projections' %.0f%% of the step's FLOPs at %.2fx the bf16 rate, an "
+            "ESTIMATE (not measured yet: the per-tensor GEMM's 1.75x on the H100 less the quantizers' bytes at "
+            "%.2f TB/s, step_model.cpp; not the datasheet's %.0f FP8 TFLOP/s); their workspace is not counted\n",
+            share, card.fp8_tensor_gain, card.memory_tbs, card.fp8_tflops);
+      else
+        std::printf(
+            "matmul fp8, per-tensor scales: the projections' %.0f%% of the step's FLOPs at %.0f FP8 TFLOP/s "
+            "(--gpu-fp8-tflops, the same efficiency as bf16); their workspace is not counted\n",
+            share, card.fp8_tflops);
+    }
     if (matmul == MatmulMode::fp8) {
       const double share = 100.0 * sp.fp8_flops_per_token / sp.hardware_flops_per_token;
       if (card.fp8_gain > 0)

@@ -300,9 +300,9 @@ int cmd_train(const Args& args) {
     fail("[train] --device cuda: no CUDA GPU can be used here (this build has no CUDA backend, or no GPU is visible); "
          "use --device cpu, or auto to take a GPU when there is one");
   const bool cpu_backend = c.device == Device::cpu || !cuda_backend_available() || (c.nproc_per_node > 1 && !gpu_dp);
-  if (!cpu_backend && c.matmul == MatmulMode::fp8) {  // before any work, and never a silent fall-back to the CPU
+  if (!cpu_backend && matmul_is_fp8(c.matmul)) {  // before any work, and never a silent fall-back to the CPU
     std::string why;
-    if (!cuda_fp8_supported(&why))
+    if (!cuda_fp8_supported(c.matmul, &why))
       fail("[train] --matmul fp8: ", why, " (--device cpu runs the FP8 twin, slowly: for tests)");
   }
   preflight(c, spec, cpu_backend);

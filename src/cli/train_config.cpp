@@ -100,12 +100,19 @@ void train_options(ArgParser& p) {
   p.option("threads", "N", "CPU threads (0: all cores)", "0").integer(0, 4096);
   p.option("matmul", "bf16|fp8",
            "what the transformer layers' projections (q/k/v/o, gate/up/down; not MoE experts, embedding, LM head, "
-           "router) multiply in: bf16 (fp32 on the CPU), or fp8: e4m3 operands with power-of-two scales per 1x128 "
-           "tile of activations and gradients and per 128x128 block of weights, fp32 accumulation (DeepSeek-V3's "
-           "recipe; about 1.8x the GEMM rate). GPU: Hopper (sm_90) only; --device cpu runs its bit-exact "
+           "router) multiply in: bf16 (fp32 on the CPU), or fp8: e4m3 operands with power-of-two scales, per 1x128 "
+           "tile of activations and gradients and per 128x128 block of weights (DeepSeek-V3's recipe, --fp8-scaling "
+           "block) or one per tensor (--fp8-scaling tensor), fp32 accumulation. GPU: Hopper (sm_90) for block "
+           "scaling, any FP8 card (sm_89+: RTX 4090, Hopper) for tensor scaling; --device cpu runs their bit-exact "
            "quantization twin (docs/fp8.md)",
            "bf16")
       .choice({"bf16", "fp8"});
+  p.option("fp8-scaling", "block|tensor",
+           "with --matmul fp8, the scales of the e4m3 operands: block (1x128 tiles of activations and gradients, "
+           "128x128 blocks of weights; finer, Hopper only) or tensor (one power-of-two scale per operand tensor from "
+           "its current amax; cuBLASLt's faster per-tensor FP8 GEMM, and the one Ada runs; coarser: measure the loss)",
+           "block")
+      .choice({"block", "tensor"});
 
   p.group("GPU memory (CUDA builds; a CPU run warns that they do nothing)");
   p.option("device", "auto|cpu|cuda", "compute device: auto picks the GPU when one is present", "auto")
@@ -247,7 +254,7 @@ void data_parallel_check(const TrainConfig& c, const ArgParser& p, int64_t world
   if (c.delayed_update || c.grads == Placement::fold || (!gpu && c.layer_major == AutoOnOff::on))
     fail("[train] data parallelism (--nproc-per-node or a launcher) cannot be combined with --delayed-update, --grads fold",
          gpu ? "" : " or --layer-major on (the CPU twin does none of them)", "; drop one");
-  if (c.matmul == MatmulMode::fp8)
+  if (matmul_is_fp8(c.matmul))
     fail("[train] data parallelism (--nproc-per-node or a launcher) does not run --matmul fp8 yet: drop one of the "
          "two");
   if (c.update_rule == UpdateRule::muon)
@@ -323,7 +330,11 @@ TrainConfig train_config_read(const ArgParser& p) {
         "[train] --moment-rounding applies to quantized moments only; add --optimizer adamw8bit, adamw4bit, "
         "muon8bit or muon4bit, or drop --moment-rounding");
   c.threads = static_cast<int>(p.integer("threads"));
-  c.matmul = p.str("matmul") == "fp8" ? MatmulMode::fp8 : MatmulMode::bf16;
+  c.matmul = p.str("matmul") == "fp8" ? (p.str("fp8-scaling") == "tensor" ? MatmulMode::fp8_tensor : MatmulMode::fp8)
+                                       : MatmulMode::bf16;
+  if (c.matmul == MatmulMode::bf16 && p.given_explicitly("fp8-scaling"))
+    fail("[train] --fp8-scaling ", p.str("fp8-scaling"), " applies to --matmul fp8 only; add --matmul fp8 or drop "
+         "--fp8-scaling");
 
   const std::string dev = p.str("device");
   c.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : Device::auto_select;

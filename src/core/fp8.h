@@ -23,6 +23,8 @@
 // lands in [224, 448] instead of at 448), which costs nothing in the normal
 // range (e4m3's relative step is the same in every binade) and only pushes
 // the smallest elements of a block one binade closer to the subnormals.
+// The same rule makes the single scale of a whole tensor (--fp8-scaling
+// tensor, cpu/fp8.h): "block" below then means the tensor.
 // amax == 0: s = 1 (all codes zero). A block holding Inf or NaN gets s = NaN,
 // so every value of it dequantizes to NaN: non-finite inputs propagate, as
 // they do through the bf16 GEMM, instead of being clipped to 448.
@@ -38,10 +40,14 @@
 
 namespace rt {
 
-// What the transformer layers' projection GEMMs run in (train --matmul).
-// bf16: the backend's own precision (bf16 operands on the GPU, fp32 on the
-// CPU); fp8: e4m3 operands with block scales (cpu/fp8.h is the spec).
-enum class MatmulMode { bf16, fp8 };
+// What the transformer layers' projection GEMMs run in (train --matmul, and
+// --fp8-scaling for the two FP8 recipes). bf16: the backend's own precision
+// (bf16 operands on the GPU, fp32 on the CPU); fp8: e4m3 operands with block
+// scales (1x128 tiles, 128x128 weight blocks; `--fp8-scaling block`, the
+// default); fp8_tensor: e4m3 operands with one scale per tensor
+// (`--fp8-scaling tensor`). cpu/fp8.h is the spec of both.
+enum class MatmulMode { bf16, fp8, fp8_tensor };
+inline bool matmul_is_fp8(MatmulMode m) { return m != MatmulMode::bf16; }
 
 inline constexpr int64_t kFp8Block = 128;       // scale block edge along each quantized dimension
 inline constexpr float kFp8E4m3Max = 448.f;     // largest finite e4m3

@@ -1,6 +1,6 @@
 // CpuOps: the CPU backend bound to the layer templates (model/block.h,
 // model/model.h). fp32 activations and weights; every method forwards to
-// the reference functions of cpu/ops.h. With MatmulMode::fp8 the linear
+// the reference functions of cpu/ops.h. With MatmulMode::fp8 (or fp8_tensor) the linear
 // layers (in block.h: the projections and the shared expert; the embedding,
 // LM head and router have ops of their own) run the FP8 twin (cpu/fp8.h)
 // wherever fp8_linear_eligible holds, as the CUDA backend does.
@@ -51,6 +51,8 @@ class CpuOps {
   void linear_forward(float* out, const float* x, const float* w, const float* b, int64_t N, int64_t I, int64_t O) {
     if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))
       cpu::fp8_linear_forward(out, x, w, b, N, I, O);
+    else if (matmul_ == MatmulMode::fp8_tensor && fp8_linear_eligible(N, I, O))
+      cpu::fp8_tensor_linear_forward(out, x, w, b, N, I, O);
     else
       cpu::linear_forward(out, x, w, b, N, I, O);
   }
@@ -62,6 +64,8 @@ class CpuOps {
                        int64_t I, int64_t O) {
     if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))
       cpu::fp8_linear_backward(dx, dw, db, dout, x, w, N, I, O);
+    else if (matmul_ == MatmulMode::fp8_tensor && fp8_linear_eligible(N, I, O))
+      cpu::fp8_tensor_linear_backward(dx, dw, db, dout, x, w, N, I, O);
     else
       cpu::linear_backward(dx, dw, db, dout, x, w, N, I, O);
   }

@@ -133,4 +133,66 @@ void fp8_linear_backward(float* dx, float* dw, float* dbias, const float* dout, 
   if (dbias) linear_backward(nullptr, nullptr, dbias, dout, x, w, N, I, O);
 }
 
+float fp8_quantize_tensor(uint8_t* q, const float* x, int64_t R, int64_t K, int64_t row_stride, int64_t col_stride) {
+  RT_CHECK(R >= 0 && K >= 0, "[cpu/fp8_quantize_tensor] negative shape ", R, " x ", K);
+  // per-row amax, then the max over rows: max is exact and order-free, so
+  // the result does not depend on the thread count
+  std::vector<AmaxAcc> rows(static_cast<size_t>(R));
+  parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < K; ++k) rows[r].add(x[r * row_stride + k * col_stride]);
+  });
+  AmaxAcc acc;
+  for (const AmaxAcc& a : rows) {
+    acc.nonfinite = acc.nonfinite || a.nonfinite;
+    acc.amax = std::max(acc.amax, a.amax);
+  }
+  const Fp8Scale s = fp8_block_scale(acc.amax, acc.nonfinite);
+  parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < K; ++k) q[r * K + k] = encode(x[r * row_stride + k * col_stride], s, acc.nonfinite);
+  });
+  return s.scale;
+}
+
+void fp8_dequantize_tensor(float* out, const uint8_t* q, float scale, int64_t n) {
+  parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = fp8_e4m3_decode(q[i]) * scale;
+  });
+}
+
+namespace {
+// Qt of a row-major tensor x[R, K], dequantized.
+std::vector<float> qdq_tensor(const float* x, int64_t R, int64_t K) {
+  const int64_t n = R * K;
+  std::vector<uint8_t> q(static_cast<size_t>(n));
+  std::vector<float> out(static_cast<size_t>(n));
+  const float s = fp8_quantize_tensor(q.data(), x, R, K, K, 1);
+  fp8_dequantize_tensor(out.data(), q.data(), s, n);
+  return out;
+}
+}  // namespace
+
+void fp8_tensor_linear_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I,
+                               int64_t O) {
+  const auto xq = qdq_tensor(x, N, I), wq = qdq_tensor(w, O, I);
+  linear_forward(out, xq.data(), wq.data(), bias, N, I, O);
+}
+
+void fp8_tensor_linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
+                                int64_t N, int64_t I, int64_t O) {
+  if (dx || dw) {
+    const auto dyq = qdq_tensor(dout, N, O);
+    if (dx) {
+      const auto wq = qdq_tensor(w, O, I);
+      matmul_nn(dx, dyq.data(), wq.data(), N, I, O);
+    }
+    if (dw) {
+      const auto xq = qdq_tensor(x, N, I);
+      matmul_tn(dw, dyq.data(), xq.data(), O, I, N, 1.f);  // dw[O, I] += dy^T[O, N] x[N, I]
+    }
+  }
+  if (dbias) linear_backward(nullptr, nullptr, dbias, dout, x, w, N, I, O);
+}
+
 }  // namespace rt::cpu

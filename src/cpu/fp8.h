@@ -44,4 +44,29 @@ void fp8_linear_forward(float* out, const float* x, const float* w, const float*
 void fp8_linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
                          int64_t N, int64_t I, int64_t O);
 
+// ---- per-tensor scaling (MatmulMode::fp8_tensor, `--fp8-scaling tensor`) ----
+// One power-of-two scale per operand tensor: core/fp8.h's rule on the amax of
+// the whole tensor as it is now (current scaling: no history). amax 0 (an
+// all-zero tensor): scale 1, all codes 0. fp32-subnormal amax: the scale is
+// clamped to 2^-126 and the tensor's codes are 0 (its values are below
+// e4m3's reach at any normal scale). An Inf or NaN anywhere: scale NaN and
+// every code NaN (0x7F), so the GEMM's outputs are NaN and the step is
+// skipped as a bad step, as in block mode.
+// Since the scale belongs to the whole tensor, a transposed copy has the same
+// scale and the transposed codes: each tensor is quantized once.
+//   forward   y[N,O]  = Qt(x) Qt(w)^T + b
+//   dgrad     dx[N,I] = Qt(dy) Qt(w)
+//   wgrad     dw[O,I] += Qt(dy)^T Qt(x)
+//   dbias     db[O]  += sum_n dy[n, :]               (unquantized)
+
+// x[R, K] (strides as fp8_quantize_1x128) -> codes q[R, K] row-major; returns
+// the tensor's scale (dequantized value = decode(code) * scale).
+float fp8_quantize_tensor(uint8_t* q, const float* x, int64_t R, int64_t K, int64_t row_stride, int64_t col_stride);
+void fp8_dequantize_tensor(float* out, const uint8_t* q, float scale, int64_t n);
+
+void fp8_tensor_linear_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I,
+                               int64_t O);
+void fp8_tensor_linear_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
+                                int64_t N, int64_t I, int64_t O);
+
 }  // namespace rt::cpu

@@ -1,7 +1,7 @@
 // CudaOps: the CUDA backend bound to the layer templates (model/block.h).
 // bf16 activations and weights, fp32 weight gradients and statistics; every
 // call is queued on one compute stream. Mirrors CpuOps (cpu/cpu_ops.h),
-// MatmulMode::fp8 included (bf16-output linears through cuda/fp8.h's
+// MatmulMode::fp8 / fp8_tensor included (bf16-output linears through cuda/fp8.h's
 // Fp8Linear wherever fp8_linear_eligible holds; the fp32-output linear and
 // the narrow widths stay bf16).
 #pragma once
@@ -45,8 +45,12 @@ class CudaOps {
                          int64_t N, int64_t C) {
     cuda::rms_norm_backward(dx, dw, dout, x, w, rstd, nullptr, N, C, scratch_, s_, norm_offset_);
   }
-  // fp8 needs a Hopper GPU (cuda/fp8.h fp8_supported; make_cuda_backend checks).
-  void set_matmul(MatmulMode m) { matmul_ = m; }
+  // fp8 needs a Hopper GPU, fp8_tensor Ada or Hopper (cuda/fp8.h
+  // fp8_supported; make_cuda_backend checks). Set before the first linear.
+  void set_matmul(MatmulMode m) {
+    RT_CHECK(!fp8_ || m == matmul_, "[cuda ops] internal: set_matmul after the FP8 linear was made");
+    matmul_ = m;
+  }
   MatmulMode matmul() const { return matmul_; }
   void linear_forward(bf16* out, const bf16* x, const bf16* w, const bf16* b, int64_t N, int64_t I, int64_t O) {
     if (fp8_for(N, I, O)) {
@@ -77,7 +81,7 @@ class CudaOps {
     Fp8Linear* f_;
   };
   [[nodiscard]] SharedInput share_input(const bf16* x, int64_t N, int64_t I) {
-    if (matmul_ != MatmulMode::fp8) return SharedInput(nullptr);
+    if (!matmul_is_fp8(matmul_)) return SharedInput(nullptr);
     fp8().share_input(x, N, I);
     return SharedInput(&fp8());
   }
@@ -97,7 +101,7 @@ class CudaOps {
     Fp8Linear* f_;
   };
   [[nodiscard]] SharedWeights share_weights() {
-    if (matmul_ != MatmulMode::fp8) return SharedWeights(nullptr);
+    if (!matmul_is_fp8(matmul_)) return SharedWeights(nullptr);
     fp8().share_weights();
     return SharedWeights(&fp8());
   }
@@ -230,10 +234,10 @@ class CudaOps {
   MatmulMode matmul_ = MatmulMode::bf16;
   std::unique_ptr<Fp8Linear> fp8_;  // created on the first FP8 linear
   bool fp8_for(int64_t N, int64_t I, int64_t O) const {
-    return matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O);
+    return matmul_is_fp8(matmul_) && fp8_linear_eligible(N, I, O);
   }
   Fp8Linear& fp8() {
-    if (!fp8_) fp8_ = std::make_unique<Fp8Linear>();
+    if (!fp8_) fp8_ = std::make_unique<Fp8Linear>(matmul_);
     return *fp8_;
   }
 };

@@ -1,9 +1,11 @@
-// FP8 quantizers, the block-scaled cuBLASLt FP8 GEMM and the FP8 linear layer
-// (declared in cuda/fp8.h; cpu/fp8.h is the specification they match bit for
-// bit up to the GEMM's fp32 summation order). Encoding is CUDA's own
+// FP8 quantizers (block and per-tensor scales), the cuBLASLt FP8 GEMM (block-
+// scaled or with scalar scales) and the FP8 linear layer (declared in
+// cuda/fp8.h; cpu/fp8.h is the specification they match bit for bit up to the
+// GEMM's fp32 summation order). Encoding is CUDA's own
 // __nv_cvt_float_to_fp8(satfinite, e4m3) on x * 2^-k (exact); the scale is
-// core/fp8.h's fp8_block_scale; a block with Inf/NaN is all NaN codes (0x7F).
-// Each quantizer zeroes its scale array first (the layouts' padding is 0).
+// core/fp8.h's fp8_block_scale (of a block's or the whole tensor's amax); a
+// block or tensor with Inf/NaN is all NaN codes (0x7F). Each block quantizer
+// zeroes its scale array first (the layouts' padding is 0).
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 
@@ -20,17 +22,30 @@
 
 namespace rt::cuda {
 
-bool fp8_supported(int device, std::string* why) {
+bool fp8_supported(int device, MatmulMode mode, std::string* why) {
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  const bool fp8_cores = p.major > 8 || (p.major == 8 && p.minor >= 9);
+  if (mode == MatmulMode::fp8_tensor) {
+    // per-tensor scaled FP8 in cuBLASLt: every card with FP8 tensor cores
+    // (compute capability 8.9+: Ada, Hopper, Blackwell; tested on Hopper)
+    if (fp8_cores) return true;
+    if (why)
+      *why = cat("GPU ", device, " (", p.name, ") is sm_", p.major, p.minor, ": --matmul fp8 --fp8-scaling tensor ",
+                 "runs cuBLASLt's per-tensor scaled FP8 GEMM, which needs FP8 tensor cores (sm_89 and newer: RTX "
+                 "4090, H100, ...); this card has none; use --matmul bf16 (the default)");
+    return false;
+  }
   if (p.major == 9) return true;
   if (why) {
     *why = cat("GPU ", device, " (", p.name, ") is sm_", p.major, p.minor, ": --matmul fp8 runs cuBLASLt's FP8 GEMM ",
-               "with 1x128/128x128 block scales, which cuBLASLt implements on Hopper (sm_90: H100, H200) only; ",
-               p.major < 8 || (p.major == 8 && p.minor < 9) ? "this card has no FP8 tensor cores"
-               : p.major == 8 ? "on Ada (sm_89) cuBLASLt's FP8 takes only per-tensor scales"
-                              : "Blackwell's block-scaled FP8 is MXFP8 (32-element e8m0 scales), not wired here",
-               "; use --matmul bf16 (the default)");
+               "with 1x128/128x128 block scales (--fp8-scaling block, the default), which cuBLASLt implements on "
+               "Hopper (sm_90: H100, H200) only; ",
+               !fp8_cores ? "this card has no FP8 tensor cores; use --matmul bf16 (the default)"
+               : p.major == 8
+                   ? "on Ada (sm_89) cuBLASLt's FP8 takes per-tensor scales: use --fp8-scaling tensor, or --matmul bf16"
+                   : "Blackwell's block-scaled FP8 is MXFP8 (32-element e8m0 scales), not wired here; use --matmul "
+                     "bf16 (the default)");
   }
   return false;
 }
@@ -236,6 +251,138 @@ void fp8_quantize_128x128(uint8_t* q, float* scale, uint8_t* qt, float* scale_t,
   CUDA_CHECK_LAUNCH();
 }
 
+// ---- per-tensor scaling ----
+
+namespace {
+
+// The slot: [0] the scale (fp32), [1] the amax as the bits of |x| (an
+// unsigned max over non-negative floats' bits is the float max; Inf's bits
+// are 0x7F800000 and NaN's larger, so key >= 0x7F800000 means non-finite).
+constexpr uint32_t kNonfiniteKey = 0x7F800000u;
+__device__ __forceinline__ uint32_t amax_key(float v) { return __float_as_uint(fabsf(v)); }
+
+// max over the block of each thread's key, then one atomicMax per block (the
+// result is the max whatever the order). 256 threads.
+__device__ __forceinline__ void block_amax_commit(uint32_t key, uint32_t* out) {
+  __shared__ uint32_t red[8];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = key;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t m = 0;
+    for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) m = max(m, red[i]);
+    if (m) atomicMax(out, m);
+  }
+}
+
+// x[n] -> *key (zeroed before): 8 bf16 per 16-byte load when vec.
+__global__ void __launch_bounds__(256) tensor_amax_kernel(uint32_t* key_out, const bf16* x, int64_t n, bool vec) {
+  uint32_t key = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vec) {
+    for (int64_t i = t; i < n / 8; i += stride) {
+      const uint4 raw = reinterpret_cast<const uint4*>(x)[i];
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+        key = max(key, max(amax_key(f.x), amax_key(f.y)));
+      }
+    }
+  } else {
+    for (int64_t i = t; i < n; i += stride) key = max(key, amax_key(__bfloat162float(x[i])));
+  }
+  block_amax_commit(key, key_out);
+}
+
+__device__ __forceinline__ Fp8Scale tensor_scale(const uint32_t* key_in, bool* bad) {
+  const uint32_t key = *key_in;
+  *bad = key >= kNonfiniteKey;
+  return fp8_block_scale(*bad ? 0.f : __uint_as_float(key), *bad);
+}
+
+// x[R, C] -> q[R, C] (q may be null) and qt[C, R] (qt may be null), one scale
+// from the slot's amax; block (0, 0) writes the scale. A 256-thread block
+// covers 64 rows x 64 columns: it loads 8 bf16 per thread-step (C % 8 == 0),
+// writes their 8 codes to q, keeps them in shared memory and, when qt is
+// asked, writes the transposed tile 4 codes (along R; R % 4 == 0) at a time.
+constexpr int kTensorTile = 64;
+__global__ void __launch_bounds__(256)
+    tensor_codes_kernel(uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int64_t R, int64_t C) {
+  __shared__ __align__(16) uint8_t codes[kTensorTile][kTensorTile + 8];
+  bool bad;
+  const Fp8Scale s = tensor_scale(reinterpret_cast<const uint32_t*>(slot) + 1, &bad);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) slot[0] = s.scale;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTensorTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTensorTile;
+  for (int v = threadIdx.x; v < kTensorTile * (kTensorTile / 8); v += blockDim.x) {
+    const int rr = v / (kTensorTile / 8), cc = (v % (kTensorTile / 8)) * 8;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    if (r >= R || c >= C) continue;
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + r * C + c);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      const uint32_t pair = static_cast<uint32_t>(fp8_encode_dev(f.x, s.inv, bad)) |
+                            (static_cast<uint32_t>(fp8_encode_dev(f.y, s.inv, bad)) << 8);
+      packed[j / 2] |= pair << (16 * (j % 2));
+    }
+    const uint2 p2 = make_uint2(packed[0], packed[1]);
+    if (q) *reinterpret_cast<uint2*>(q + r * C + c) = p2;
+    if (qt) *reinterpret_cast<uint2*>(&codes[rr][cc]) = p2;
+  }
+  if (!qt) return;
+  __syncthreads();
+  for (int v = threadIdx.x; v < kTensorTile * (kTensorTile / 4); v += blockDim.x) {
+    const int cc = v / (kTensorTile / 4), rr = (v % (kTensorTile / 4)) * 4;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    if (r >= R || c >= C) continue;
+    const uint32_t word = static_cast<uint32_t>(codes[rr][cc]) | (static_cast<uint32_t>(codes[rr + 1][cc]) << 8) |
+                          (static_cast<uint32_t>(codes[rr + 2][cc]) << 16) |
+                          (static_cast<uint32_t>(codes[rr + 3][cc]) << 24);
+    *reinterpret_cast<uint32_t*>(qt + c * R + r) = word;
+  }
+}
+
+}  // namespace
+
+void fp8_tensor_amax(float* slot, const bf16* x, int64_t n, cudaStream_t stream) {
+  RT_CHECK(n > 0, "[cuda fp8_tensor_amax] empty tensor");
+  RT_CHECK(reinterpret_cast<uintptr_t>(slot) % 16 == 0, "[cuda fp8_tensor_amax] the slot must be 16-byte aligned");
+  uint32_t* key = reinterpret_cast<uint32_t*>(slot) + 1;
+  CUDA_CHECK(cudaMemsetAsync(key, 0, sizeof(uint32_t), stream));
+  const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t work = vec ? n / 8 : n;
+  const int64_t blocks = std::min<int64_t>(detail::ceil_div(work, 256), 132 * 8);  // enough to fill any card
+  tensor_amax_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(key, x, n, vec);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_tensor_codes(uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int64_t R, int64_t C,
+                      cudaStream_t stream) {
+  RT_CHECK(R > 0 && C > 0 && C % 8 == 0 && (!qt || R % 4 == 0), "[cuda fp8_tensor_codes] shape ", R, " x ", C,
+           ": needs C % 8 == 0 (and R % 4 == 0 for transposed codes)");
+  detail::check_aligned(x, "fp8 tensor quantizer input");
+  if (q) detail::check_aligned(q, "fp8 tensor codes");
+  if (qt) detail::check_aligned(qt, "fp8 tensor transposed codes");
+  const dim3 grid(static_cast<unsigned>(detail::ceil_div(C, kTensorTile)),
+                  static_cast<unsigned>(detail::ceil_div(R, kTensorTile)));
+  RT_CHECK(grid.y <= 65535u, "[cuda fp8_tensor_codes] ", R, " rows: more than 65535 tiles of 64");
+  tensor_codes_kernel<<<grid, 256, 0, stream>>>(q, qt, slot, x, R, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_quantize_tensor(uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int64_t R, int64_t C,
+                         cudaStream_t stream) {
+  fp8_tensor_amax(slot, x, R * C, stream);
+  fp8_tensor_codes(q, qt, slot, x, R, C, stream);
+}
+
 // ---- the GEMM ----
 
 namespace {
@@ -243,7 +390,12 @@ namespace {
 using Fp8PlanKey = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int>;
 
 int32_t scale_mode(Fp8Scaling s) {
-  return s == Fp8Scaling::vec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  return s == Fp8Scaling::vec128       ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+         : s == Fp8Scaling::blk128x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                       : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+const char* scale_name(Fp8Scaling s) {
+  return s == Fp8Scaling::vec128 ? "1x128" : s == Fp8Scaling::blk128x128 ? "128x128" : "tensor";
 }
 
 }  // namespace
@@ -273,7 +425,8 @@ struct Fp8Gemm::Impl {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
     // FAST_ACCUM stays at its default (off): the periodic promotion to fp32
-    // that DeepSeek-V3 relies on; block-scaled modes take no other setting.
+    // that DeepSeek-V3 relies on; block-scaled modes take no other setting,
+    // and per-tensor scaling keeps it off too (the same accumulation bound).
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, K, N, K));
@@ -291,9 +444,9 @@ struct Fp8Gemm::Impl {
     cublasLtMatmulPreferenceDestroy(pref);
     RT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "[cuda fp8 gemm] cuBLASLt has no FP8 algorithm for M=", M,
              " N=", N, " K=", K, " out=", out_type == DType::bf16 ? "bf16" : "fp32", " beta=", accumulate ? 1 : 0,
-             " scales a=", a_mode == Fp8Scaling::vec128 ? "1x128" : "128x128",
-             " b=", b_mode == Fp8Scaling::vec128 ? "1x128" : "128x128", " (status ", cublasLtGetStatusString(st),
-             "); block-scaled FP8 needs sm_90 and dimensions that are multiples of 16; use --matmul bf16");
+             " scales a=", scale_name(a_mode), " b=", scale_name(b_mode), " (status ", cublasLtGetStatusString(st),
+             "); FP8 needs dimensions that are multiples of 16, block scales sm_90 and per-tensor scales sm_89 or "
+             "sm_90; use --matmul bf16");
     p->algo = result.algo;
     auto& ref = *p;
     plans.emplace(key, std::move(p));
@@ -313,6 +466,8 @@ void Fp8Gemm::matmul(void* out, DType out_type, const uint8_t* a, const float* a
   RT_CHECK(beta == 0.f || out_type == DType::f32, "[cuda fp8 gemm] accumulation (beta=1) needs an fp32 output");
   RT_CHECK(!(a_mode == Fp8Scaling::blk128x128 && b_mode == Fp8Scaling::blk128x128),
            "[cuda fp8 gemm] cuBLASLt takes 128x128 block scales on one operand at most");
+  RT_CHECK((a_mode == Fp8Scaling::tensor) == (b_mode == Fp8Scaling::tensor),
+           "[cuda fp8 gemm] per-tensor scales on one operand and block scales on the other: not supported");
   RT_CHECK(M > 0 && N > 0 && K > 0 && M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "[cuda fp8 gemm] bad shape M=", M,
            " N=", N, " K=", K, " (all > 0 and multiples of 16)");
   detail::check_aligned(out, "fp8 gemm out");
@@ -362,6 +517,9 @@ void split_regions(void* base, const size_t (&sizes)[Nr], void* (&out)[Nr]) {
 }  // namespace
 
 struct Fp8Linear::Impl {
+  explicit Impl(MatmulMode m) : mode(m) {}
+  const MatmulMode mode;
+  bool tensor() const { return mode == MatmulMode::fp8_tensor; }
   Fp8Gemm gemm;
   void* buf = nullptr;
   size_t bytes = 0;
@@ -373,7 +531,8 @@ struct Fp8Linear::Impl {
   void* shared_buf = nullptr;
   size_t shared_bytes = 0;
   uint8_t *sq = nullptr, *sqt = nullptr;
-  float *ss = nullptr, *sst = nullptr;
+  float *ss = nullptr, *sst = nullptr;  // per-tensor scaling: ss is the slot, sst unused
+  bool have_amax = false;               // per-tensor scaling: the slot's amax is made
   // share_weights' state: one entry per distinct weight seen in the scope,
   // reused in order by the next scope (a dense model's layers have the same
   // shapes, so buffers grow on the first layer only)
@@ -383,7 +542,7 @@ struct Fp8Linear::Impl {
     void* buf = nullptr;
     size_t bytes = 0;
     uint8_t *q = nullptr, *qt = nullptr;
-    float *s = nullptr, *st = nullptr;
+    float *s = nullptr, *st = nullptr;  // per-tensor scaling: s is the slot (q and qt share it), st unused
   };
   bool weights_shared = false;
   std::vector<WeightCodes> wcodes;
@@ -401,6 +560,18 @@ struct Fp8Linear::Impl {
       if (wcodes[j].w == w && wcodes[j].O == O && wcodes[j].I == I) return &wcodes[j];
     if (wnext == wcodes.size()) wcodes.emplace_back();
     WeightCodes& c = wcodes[wnext++];
+    if (tensor()) {
+      const size_t sizes[3] = {static_cast<size_t>(O * I), static_cast<size_t>(O * I),
+                               kFp8TensorSlot};  // = fp8_shared_weight_bytes(O, I, fp8_tensor)
+      grow_device_buffer(c.buf, c.bytes, regions_bytes(sizes), stream);
+      void* r[3];
+      split_regions(c.buf, sizes, r);
+      c.q = static_cast<uint8_t*>(r[0]), c.qt = static_cast<uint8_t*>(r[1]);
+      c.s = static_cast<float*>(r[2]), c.st = nullptr;
+      c.w = w, c.O = O, c.I = I;
+      fp8_quantize_tensor(c.q, c.qt, c.s, w, O, I, stream);
+      return &c;
+    }
     const size_t sizes[4] = {static_cast<size_t>(O * I), static_cast<size_t>(O * I),
                              static_cast<size_t>(fp8_scales_128x128(O, I)) * 4,
                              static_cast<size_t>(fp8_scales_128x128(I, O)) * 4};  // = fp8_shared_weight_bytes
@@ -416,13 +587,30 @@ struct Fp8Linear::Impl {
   bool shares(const bf16* x, int64_t N, int64_t I) const {
     return shared_x && x == shared_x && N == shared_N && I == shared_I;
   }
-  // x's codes along I: made on first use while shared
+  // x's codes along I: made on first use while shared (per-tensor scaling:
+  // the amax once, then the codes or the transposed codes from it)
+  void shared_amax(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
+    if (!have_amax) fp8_tensor_amax(ss, x, N * I, stream);
+    have_amax = true;
+  }
   void rows(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
-    if (!have_rows) fp8_quantize_1x128(sq, ss, x, N, I, false, stream);
+    if (have_rows) return;
+    if (tensor()) {
+      shared_amax(x, N, I, stream);
+      fp8_tensor_codes(sq, nullptr, ss, x, N, I, stream);
+    } else {
+      fp8_quantize_1x128(sq, ss, x, N, I, false, stream);
+    }
     have_rows = true;
   }
   void cols(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
-    if (!have_cols) fp8_quantize_1x128(sqt, sst, x, I, N, true, stream);
+    if (have_cols) return;
+    if (tensor()) {
+      shared_amax(x, N, I, stream);
+      fp8_tensor_codes(nullptr, sqt, ss, x, N, I, stream);
+    } else {
+      fp8_quantize_1x128(sqt, sst, x, I, N, true, stream);
+    }
     have_cols = true;
   }
   // Carves regions of the given byte sizes (each 256-byte aligned) out of
@@ -435,7 +623,9 @@ struct Fp8Linear::Impl {
   }
 };
 
-Fp8Linear::Fp8Linear() : impl_(std::make_unique<Impl>()) {}
+Fp8Linear::Fp8Linear(MatmulMode mode) : impl_(std::make_unique<Impl>(mode)) {
+  RT_CHECK(matmul_is_fp8(mode), "[cuda fp8 linear] internal: made for --matmul bf16");
+}
 Fp8Linear::~Fp8Linear() = default;
 Fp8Gemm& Fp8Linear::gemm() { return impl_->gemm; }
 
@@ -443,6 +633,18 @@ void Fp8Linear::share_input(const bf16* x, int64_t N, int64_t I) {
   Impl& m = *impl_;
   RT_CHECK(!m.shared_x, "[cuda fp8 linear] share_input while another input is shared");
   RT_CHECK(x && N > 0 && I > 0, "[cuda fp8 linear] share_input: bad input ", N, " x ", I);
+  m.shared_x = x, m.shared_N = N, m.shared_I = I;
+  m.have_rows = m.have_cols = m.have_amax = false;
+  if (m.tensor()) {
+    const size_t sizes[3] = {static_cast<size_t>(N * I), static_cast<size_t>(N * I),
+                             kFp8TensorSlot};  // = fp8_shared_input_bytes(N, I, fp8_tensor)
+    grow_device_buffer(m.shared_buf, m.shared_bytes, regions_bytes(sizes), nullptr);
+    void* r[3];
+    split_regions(m.shared_buf, sizes, r);
+    m.sq = static_cast<uint8_t*>(r[0]), m.sqt = static_cast<uint8_t*>(r[1]);
+    m.ss = static_cast<float*>(r[2]), m.sst = nullptr;
+    return;
+  }
   const size_t sizes[4] = {static_cast<size_t>(N * I), static_cast<size_t>(N * I),
                            static_cast<size_t>(fp8_scales_1x128(N, I)) * 4,
                            static_cast<size_t>(fp8_scales_1x128(I, N)) * 4};  // = fp8_shared_input_bytes
@@ -451,8 +653,6 @@ void Fp8Linear::share_input(const bf16* x, int64_t N, int64_t I) {
   split_regions(m.shared_buf, sizes, r);
   m.sq = static_cast<uint8_t*>(r[0]), m.sqt = static_cast<uint8_t*>(r[1]);
   m.ss = static_cast<float*>(r[2]), m.sst = static_cast<float*>(r[3]);
-  m.shared_x = x, m.shared_N = N, m.shared_I = I;
-  m.have_rows = m.have_cols = false;
 }
 
 void Fp8Linear::share_weights() {
@@ -469,7 +669,7 @@ void Fp8Linear::end_share_weights() {
 
 void Fp8Linear::end_share() {
   impl_->shared_x = nullptr;
-  impl_->have_rows = impl_->have_cols = false;
+  impl_->have_rows = impl_->have_cols = impl_->have_amax = false;
 }
 
 namespace {
@@ -485,6 +685,11 @@ void Fp8Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bia
                         cudaStream_t stream) {
   check_linear_shape("fp8 linear_forward", N, I, O);
   Impl& m = *impl_;
+  if (m.tensor()) {
+    tensor_forward(out, x, w, N, I, O, stream);
+    add_bias(out, bias, N, O, stream);
+    return;
+  }
   const bool shared = m.shares(x, N, I);
   const Impl::WeightCodes* wc = m.weight_codes(w, O, I, stream);
   void* r[4];
@@ -507,16 +712,15 @@ void Fp8Linear::forward(bf16* out, const bf16* x, const bf16* w, const bf16* bia
     fp8_quantize_128x128(qw, sw, nullptr, nullptr, w, O, I, stream);
   impl_->gemm.matmul(out, DType::bf16, qx, sx, Fp8Scaling::vec128, qw, sw, Fp8Scaling::blk128x128, N, O, I, 0.f,
                      stream);
-  if (bias) {
-    add_bias_kernel<<<static_cast<unsigned>(detail::ceil_div(N * O, 256)), 256, 0, stream>>>(out, bias, N, O);
-    CUDA_CHECK_LAUNCH();
-  }
+  add_bias(out, bias, N, O, stream);
 }
 
 void Fp8Linear::backward(bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
                          int64_t I, int64_t O, cudaStream_t stream) {
   check_linear_shape("fp8 linear_backward", N, I, O);
-  if (dx) {  // dx[N, I] = dq(dout)[N, O] @ dq(w^T)[I, O]^T
+  if (impl_->tensor()) {
+    tensor_backward(dx, dw, dout, x, w, N, I, O, stream);
+  } else if (dx) {  // dx[N, I] = dq(dout)[N, O] @ dq(w^T)[I, O]^T
     const Impl::WeightCodes* wc = impl_->weight_codes(w, O, I, stream);
     const int64_t wn = wc ? 0 : O * I;
     void* r[6];
@@ -536,7 +740,7 @@ void Fp8Linear::backward(bf16* dx, float* dw, float* dbias, const bf16* dout, co
     impl_->gemm.matmul(dx, DType::bf16, qdy, sdy, Fp8Scaling::vec128, qwt, swt, Fp8Scaling::blk128x128, N, I, O, 0.f,
                        stream);
   }
-  if (dw) {  // dw[O, I] += dq(dout^T)[O, N] @ dq(x^T)[I, N]^T, both along tokens
+  if (dw && !impl_->tensor()) {  // dw[O, I] += dq(dout^T)[O, N] @ dq(x^T)[I, N]^T, both along tokens
     Impl& m = *impl_;
     const bool shared = m.shares(x, N, I);
     void* r[4];
@@ -560,6 +764,76 @@ void Fp8Linear::backward(bf16* dx, float* dw, float* dbias, const bf16* dout, co
   if (dbias) {
     bias_grad_rows_kernel<<<static_cast<unsigned>(detail::ceil_div(O, 128)), 128, 0, stream>>>(dbias, dout, N, O);
     CUDA_CHECK_LAUNCH();
+  }
+}
+
+void Fp8Linear::add_bias(bf16* out, const bf16* bias, int64_t N, int64_t O, cudaStream_t stream) {
+  if (!bias) return;
+  add_bias_kernel<<<static_cast<unsigned>(detail::ceil_div(N * O, 256)), 256, 0, stream>>>(out, bias, N, O);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Per-tensor scaling (cpu::fp8_tensor_linear_forward): y = Qt(x) Qt(w)^T.
+void Fp8Linear::tensor_forward(bf16* out, const bf16* x, const bf16* w, int64_t N, int64_t I, int64_t O,
+                               cudaStream_t stream) {
+  Impl& m = *impl_;
+  const bool shared = m.shares(x, N, I);
+  const Impl::WeightCodes* wc = m.weight_codes(w, O, I, stream);
+  void* r[4];
+  m.carve({u8_bytes(shared ? 0 : N * I), shared ? 0 : kFp8TensorSlot, u8_bytes(wc ? 0 : O * I),
+           wc ? 0 : kFp8TensorSlot},
+          r, stream);
+  auto* qx = static_cast<uint8_t*>(r[0]);
+  auto* sx = static_cast<float*>(r[1]);
+  auto* qw = static_cast<uint8_t*>(r[2]);
+  auto* sw = static_cast<float*>(r[3]);
+  if (shared) {
+    m.rows(x, N, I, stream);
+    qx = m.sq, sx = m.ss;
+  } else {
+    fp8_quantize_tensor(qx, nullptr, sx, x, N, I, stream);
+  }
+  if (wc)
+    qw = wc->q, sw = wc->s;
+  else
+    fp8_quantize_tensor(qw, nullptr, sw, w, O, I, stream);
+  m.gemm.matmul(out, DType::bf16, qx, sx, Fp8Scaling::tensor, qw, sw, Fp8Scaling::tensor, N, O, I, 0.f, stream);
+}
+
+// Per-tensor scaling (cpu::fp8_tensor_linear_backward): dy is quantized once,
+// into its codes (dgrad, along O) and transposed codes (wgrad, along N);
+// dx = Qt(dy) Qt(w) with w's transposed codes, dw += Qt(dy)^T Qt(x) with x's.
+void Fp8Linear::tensor_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, int64_t N,
+                                int64_t I, int64_t O, cudaStream_t stream) {
+  if (!dx && !dw) return;
+  Impl& m = *impl_;
+  const Impl::WeightCodes* wc = dx ? m.weight_codes(w, O, I, stream) : nullptr;
+  const bool shared = dw && m.shares(x, N, I);
+  const bool own_w = dx && !wc, own_x = dw && !shared;
+  void* r[7];
+  m.carve({u8_bytes(dx ? N * O : 0), u8_bytes(dw ? N * O : 0), kFp8TensorSlot, u8_bytes(own_w ? O * I : 0),
+           own_w ? kFp8TensorSlot : 0, u8_bytes(own_x ? N * I : 0), own_x ? kFp8TensorSlot : 0},
+          r, stream);
+  auto* qdy = static_cast<uint8_t*>(r[0]);
+  auto* qdyt = static_cast<uint8_t*>(r[1]);
+  auto* sdy = static_cast<float*>(r[2]);
+  fp8_quantize_tensor(dx ? qdy : nullptr, dw ? qdyt : nullptr, sdy, dout, N, O, stream);
+  if (dx) {  // dx[N, I] = Qt(dy)[N, O] @ Qt(w^T)[I, O]^T
+    const uint8_t* qwt = wc ? wc->qt : static_cast<uint8_t*>(r[3]);
+    const float* sw = wc ? wc->s : static_cast<float*>(r[4]);
+    if (!wc) fp8_quantize_tensor(nullptr, static_cast<uint8_t*>(r[3]), static_cast<float*>(r[4]), w, O, I, stream);
+    m.gemm.matmul(dx, DType::bf16, qdy, sdy, Fp8Scaling::tensor, qwt, sw, Fp8Scaling::tensor, N, I, O, 0.f, stream);
+  }
+  if (dw) {  // dw[O, I] += Qt(dy^T)[O, N] @ Qt(x^T)[I, N]^T
+    const uint8_t* qxt = static_cast<uint8_t*>(r[5]);
+    const float* sx = static_cast<float*>(r[6]);
+    if (shared) {
+      m.cols(x, N, I, stream);
+      qxt = m.sqt, sx = m.ss;
+    } else {
+      fp8_quantize_tensor(nullptr, static_cast<uint8_t*>(r[5]), static_cast<float*>(r[6]), x, N, I, stream);
+    }
+    m.gemm.matmul(dw, DType::f32, qdyt, sdy, Fp8Scaling::tensor, qxt, sx, Fp8Scaling::tensor, O, I, N, 1.f, stream);
   }
 }
 

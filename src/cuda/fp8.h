@@ -3,7 +3,8 @@
 // cuBLASLt FP8 GEMM with block scales (Hopper, sm_90: 1x128 "VEC128" and
 // 128x128 "BLK128x128" fp32 scales, fp32 accumulation with the periodic
 // promotion cuBLASLt applies when fast accumulation is off), and the linear
-// layer built on them. cpu/fp8.h states the formulas and granularity.
+// layer built on them; per-tensor scaling (`--fp8-scaling tensor`) below.
+// cpu/fp8.h states the formulas and granularity.
 //
 // Layouts (cuBLASLt's FP8 kernels want both operands K-major, "TN"):
 //  - codes q[R, K] row-major (K contiguous), R x K quantized along K;
@@ -12,9 +13,16 @@
 // where KB = ceil(K/128), RB = ceil(R/128). Entries in the padding are 0.
 // The weight's transposed codes (for dgrad) reuse the same blocks' scales.
 //
+// Per-tensor scaling (MatmulMode::fp8_tensor, `--fp8-scaling tensor`): one
+// power-of-two scale per operand tensor (cpu/fp8.h's fp8_quantize_tensor),
+// kept on the device in a 16-byte slot (the fp32 scale, which is cuBLASLt's
+// scalar scale pointer, then the tensor's amax as fp32 bits); the codes of a
+// tensor and of its transpose share the slot. cuBLASLt's FP8 GEMM with
+// scalar scales (CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) runs on Ada and Hopper.
+//
 // Ada (sm_89) has FP8 tensor cores but cuBLASLt runs block scaling on Hopper
-// only (per-tensor scales on Ada); Fp8Gemm refuses below sm_90 (see
-// fp8_supported), and `train --matmul fp8` says so before any work starts.
+// only (per-tensor scales on Ada); fp8_supported says which card runs which
+// scaling, and `train --matmul fp8` refuses before any work starts.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -23,12 +31,14 @@
 #include <memory>
 #include <string>
 
+#include "core/fp8.h"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
 
-// Whether this device runs the block-scaled FP8 GEMM; why not in *why.
-bool fp8_supported(int device, std::string* why);
+// Whether this device runs the FP8 GEMM of `mode` (fp8: block scales, sm_90;
+// fp8_tensor: per-tensor scales, sm_89 and newer); why not in *why.
+bool fp8_supported(int device, MatmulMode mode, std::string* why);
 
 inline int64_t fp8_blocks(int64_t n) { return (n + 127) / 128; }
 inline int64_t fp8_round4(int64_t n) { return (n + 3) / 4 * 4; }
@@ -46,14 +56,32 @@ void fp8_quantize_1x128(uint8_t* q, float* scale, const bf16* x, int64_t R, int6
 void fp8_quantize_128x128(uint8_t* q, float* scale, uint8_t* qt, float* scale_t, const bf16* w, int64_t R, int64_t K,
                           cudaStream_t stream);
 
+// Per-tensor scaling: x[R, C] row-major (C % 8 == 0) -> the slot's amax and
+// scale (slot: kFp8TensorSlot bytes, 16-byte aligned), and the codes q[R, C]
+// (null: not made) and the transposed codes qt[C, R] (null: not made; needs
+// R % 4 == 0), all with the one scale. fp8_tensor_amax alone fills only the
+// amax; fp8_tensor_codes then makes codes from it (and writes the scale), so
+// a tensor's codes and transposed codes can be made at different times.
+inline constexpr size_t kFp8TensorSlot = 16;
+void fp8_tensor_amax(float* slot, const bf16* x, int64_t n, cudaStream_t stream);
+void fp8_tensor_codes(uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int64_t R, int64_t C, cudaStream_t stream);
+void fp8_quantize_tensor(uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int64_t R, int64_t C,
+                         cudaStream_t stream);
+
 // Device bytes Fp8Linear's workspace grows to for one linear [N, I, O] (the
 // largest of its forward, dgrad and wgrad sets of codes and scales, each
 // region rounded up to 256 bytes as it carves them), plus what one Fp8Gemm
 // keeps (kFp8GemmWorkspace): what the engine holds back from its plan.
+// Per-tensor scaling: the forward's codes of x and w, or the backward's
+// codes of dy (both layouts), w^T and x^T, and a slot each.
 inline size_t fp8_region(size_t b) { return (b + 255) / 256 * 256; }
-inline size_t fp8_linear_workspace_bytes(int64_t N, int64_t I, int64_t O) {
+inline size_t fp8_linear_workspace_bytes(int64_t N, int64_t I, int64_t O, MatmulMode mode = MatmulMode::fp8) {
   auto u8 = [](int64_t n) { return fp8_region(static_cast<size_t>(n)); };
   auto f32 = [](int64_t n) { return fp8_region(static_cast<size_t>(n) * 4); };
+  if (mode == MatmulMode::fp8_tensor) {
+    const size_t slot = fp8_region(kFp8TensorSlot);
+    return std::max(u8(N * I) + u8(O * I) + 2 * slot, 2 * u8(N * O) + u8(O * I) + u8(N * I) + 3 * slot);
+  }
   const size_t fwd = u8(N * I) + f32(fp8_scales_1x128(N, I)) + u8(O * I) + f32(fp8_scales_128x128(O, I));
   const size_t dgrad = u8(N * O) + f32(fp8_scales_1x128(N, O)) + u8(O * I) + f32(fp8_scales_128x128(O, I)) +
                        u8(I * O) + f32(fp8_scales_128x128(I, O));
@@ -62,26 +90,30 @@ inline size_t fp8_linear_workspace_bytes(int64_t N, int64_t I, int64_t O) {
 }
 // Device bytes of Fp8Linear's shared-input buffers for an [N, I] input: its
 // codes and scales along I and along N.
-inline size_t fp8_shared_input_bytes(int64_t N, int64_t I) {
+inline size_t fp8_shared_input_bytes(int64_t N, int64_t I, MatmulMode mode = MatmulMode::fp8) {
   auto u8 = [](int64_t n) { return fp8_region(static_cast<size_t>(n)); };
   auto f32 = [](int64_t n) { return fp8_region(static_cast<size_t>(n) * 4); };
+  if (mode == MatmulMode::fp8_tensor) return 2 * u8(N * I) + fp8_region(kFp8TensorSlot);
   return 2 * u8(N * I) + f32(fp8_scales_1x128(N, I)) + f32(fp8_scales_1x128(I, N));
 }
 // Device bytes Fp8Linear::share_weights holds for an [O, I] weight: its codes,
 // their transpose and both scale arrays.
-inline size_t fp8_shared_weight_bytes(int64_t O, int64_t I) {
+inline size_t fp8_shared_weight_bytes(int64_t O, int64_t I, MatmulMode mode = MatmulMode::fp8) {
   auto u8 = [](int64_t n) { return fp8_region(static_cast<size_t>(n)); };
   auto f32 = [](int64_t n) { return fp8_region(static_cast<size_t>(n) * 4); };
+  if (mode == MatmulMode::fp8_tensor) return 2 * u8(O * I) + fp8_region(kFp8TensorSlot);
   return 2 * u8(O * I) + f32(fp8_scales_128x128(O, I)) + f32(fp8_scales_128x128(I, O));
 }
 inline constexpr size_t kFp8GemmWorkspace = 32u << 20;
 
-enum class Fp8Scaling { vec128, blk128x128 };
+// tensor: one fp32 scale (a slot's first float) for the whole operand.
+enum class Fp8Scaling { vec128, blk128x128, tensor };
 
 // out[M, N] (row-major; bf16, or fp32 with beta 0 or 1) = beta*out +
 // dq(a)[M, K] @ dq(b)[N, K]^T; a, b codes K-major with their scales as above.
 // Plans cached per shape; one cuBLASLt handle and workspace. 2D x 2D scaling
-// is not supported by cuBLASLt (one operand must be vec128).
+// is not supported by cuBLASLt (one operand must be vec128); tensor scaling
+// goes with tensor scaling only (both operands).
 class Fp8Gemm {
  public:
   explicit Fp8Gemm(size_t workspace_bytes = kFp8GemmWorkspace);
@@ -102,10 +134,12 @@ class Fp8Gemm {
 // (out, dx bf16 written; dw, db fp32 accumulated), every dimension a multiple
 // of 16 (fp8_linear_eligible). Owns its GEMM and a device workspace for the
 // codes and scales that grows to the largest shape seen (cudaMalloc outside
-// the device plan: N*(I+O)*2 + O*I*2 bytes and their scales at most).
+// the device plan: fp8_linear_workspace_bytes). mode: MatmulMode::fp8 (block
+// scales, cpu::fp8_linear_*) or fp8_tensor (per-tensor scales,
+// cpu::fp8_tensor_linear_*; the backward quantizes dy once into both layouts).
 class Fp8Linear {
  public:
-  Fp8Linear();
+  explicit Fp8Linear(MatmulMode mode = MatmulMode::fp8);
   ~Fp8Linear();
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
@@ -117,7 +151,8 @@ class Fp8Linear {
 
   // An input read by consecutive projections (q/k/v read xn, gate/up read
   // hn): between share_input(x, N, I) and end_share() the forward quantizes x
-  // (1x128 along I) once and the weight gradients quantize x^T (along N) once,
+  // (1x128 along I; per-tensor: its amax once, then its codes) once and the
+  // weight gradients quantize x^T (along N; per-tensor: the transposed codes) once,
   // on first use, into buffers of their own (fp8_shared_input_bytes). The
   // codes are those each call would make, so results are bit-identical; the
   // caller promises that x is not written in between. Not nested.
@@ -126,7 +161,8 @@ class Fp8Linear {
 
   // Weights used by several micro-batches in a row (layer-major: a layer's
   // projections for each of its K micro-batches): between share_weights()
-  // and end_share_weights() each weight's 128x128 codes, and their transpose
+  // and end_share_weights() each weight's codes (128x128 blocks, or one
+  // scale per tensor), and their transpose
   // for the input gradient, are made once on first use and kept in buffers
   // of their own (fp8_shared_weight_bytes per weight); bit-identical to
   // quantizing per call. The caller promises the weights are not written in
@@ -137,6 +173,10 @@ class Fp8Linear {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  void add_bias(bf16* out, const bf16* bias, int64_t N, int64_t O, cudaStream_t stream);
+  void tensor_forward(bf16* out, const bf16* x, const bf16* w, int64_t N, int64_t I, int64_t O, cudaStream_t stream);
+  void tensor_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, int64_t N, int64_t I,
+                       int64_t O, cudaStream_t stream);
 };
 
 }  // namespace rt::cuda

@@ -121,7 +121,7 @@ class Backend {
 // attention half (selective recompute, model/block.h AttnActs; bit-identical
 // results); -1 (auto): as many as fit in what keep_activations left of that
 // quarter of the host RAM.
-// matmul: fp8 runs the projections through the FP8 twin (cpu/fp8.h).
+// matmul: fp8 / fp8_tensor run the projections through the FP8 twin (cpu/fp8.h).
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false, int64_t keep_activations = -1,
                                           bool layer_major = false, int64_t mlp_chunk_tokens = 0, bool fold = false,
                                           int64_t keep_attention = -1, MatmulMode matmul = MatmulMode::bf16);
@@ -217,7 +217,8 @@ struct CudaOptions {
   // the slot count (the CLI clears it when --slots is given).
   bool fit = true;
   bool fit_slots = true;
-  // --matmul fp8: the projections' GEMMs in FP8 (cuda/fp8.h; sm_90 only,
+  // --matmul fp8: the projections' GEMMs in FP8 (cuda/fp8.h; fp8: block
+  // scales, sm_90 only; fp8_tensor: per-tensor scales, sm_89 and newer;
   // make_cuda_backend refuses other cards). Its quantization workspace is
   // allocated by the ops outside the device plan (cuda/fp8.h, Fp8Linear):
   // make_cuda_backend holds fp8_reserve bytes of the budget back for it.
@@ -239,8 +240,9 @@ inline void set_low_memory(CudaOptions& o) {
 }
 
 bool cuda_backend_available();  // built with CUDA and a device present
-// Whether GPU 0 runs --matmul fp8 (cuda/fp8.h: Hopper); why not in *why.
-bool cuda_fp8_supported(std::string* why);
+// Whether GPU 0 runs --matmul fp8 with this scaling (cuda/fp8.h: block on
+// Hopper; tensor on Ada and Hopper); why not in *why.
+bool cuda_fp8_supported(MatmulMode mode, std::string* why);
 int cuda_device_count();        // 0 without CUDA
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt);

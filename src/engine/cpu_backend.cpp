@@ -161,7 +161,10 @@ class CpuBackend final : public Backend {
         "cpu (fp32 reference", ms != MasterStorage::fp32 ? cat(", ", master_storage_name(ms), " master") : "",
         state_.moment_storage() != MomentStorage::fp32 ? cat(", ", moment_storage_name(state_.moment_storage())) : "",
         delayed_ ? ", delayed update" : "", layer_major_ ? ", layer-major" : "",
-        ops_.matmul() == MatmulMode::fp8 ? ", fp8 projections (twin)" : "", ")");
+        ops_.matmul() == MatmulMode::fp8          ? ", fp8 projections (twin)"
+        : ops_.matmul() == MatmulMode::fp8_tensor ? ", fp8 projections, per-tensor scales (twin)"
+                                                  : "",
+        ")");
   }
 
   // Forward + backward of every micro-batch into the gradient arenas (zeroed

@@ -7,7 +7,7 @@ namespace rt {
 
 bool cuda_backend_available() { return false; }
 int cuda_device_count() { return 0; }
-bool cuda_fp8_supported(std::string* why) {
+bool cuda_fp8_supported(MatmulMode, std::string* why) {
   if (why) *why = "this ramtrain was built without the CUDA backend";
   return false;
 }

@@ -29,6 +29,7 @@ struct CardRow {
   double fp8_tflops;  // dense e4m3 with fp32 accumulate; 0: no FP8 tensor cores (Ampere)
   bool fp8_path;      // ramtrain's --matmul fp8 runs there: cuBLASLt's block scaling is Hopper's (docs/fp8.md)
   double gemm_peak;   // bf16 GEMM TFLOP/s measured on the card (large cuBLAS GEMMs); 0: none, see kGemmShareOfDatasheet
+  double memory_tbs;  // device memory bandwidth (datasheet TB/s): the per-tensor FP8 estimate's quantizer time
 };
 // Measured GEMM peaks. H100 SXM / H200: cuBLASLt bf16 GEMMs on Qwen2.5-7B's
 // shapes, 824-848 TFLOP/s in our own runs (bench/RESULTS.md): 839. RTX
@@ -45,15 +46,18 @@ constexpr double kHopperGemmPeak = 839;
 constexpr double kGemmShareOfDatasheet = kHopperGemmPeak / 989.0;
 // FP8: RTX 4090 330 (Ada whitepaper, fp32 accumulate; 660 with fp16
 // accumulate), RTX 5090 419 (Blackwell GeForce datasheet, fp32 accumulate),
-// H100 SXM / H200 1979 (dense, without sparsity).
+// H100 SXM / H200 1979 (dense, without sparsity). Memory: 3080 0.76, 3090
+// 0.936, 4090 1.008, 5090 1.792, A100 40GB 1.555, H100 SXM 3.35, H200 4.8 TB/s.
+// Per-tensor FP8 (--fp8-scaling tensor) runs wherever FP8 tensor cores are
+// (cuBLASLt's per-tensor FP8 GEMM: sm_89 and newer; cuda/fp8.cu fp8_supported).
 constexpr CardRow kCards[] = {
-    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false, 0},
-    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false, 0},
-    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false, 158},
-    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false, 0},
-    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false, 0},
-    {"h100", 80, 989, kPcieGen5Gbs, 1979, true, kHopperGemmPeak},
-    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true, kHopperGemmPeak},  // 141 GB (139 GiB as the driver reports it)
+    {"rtx3080", 10, 59.5, kPcieGen4Gbs, 0, false, 0, 0.76},
+    {"rtx3090", 24, 71, kPcieGen4Gbs, 0, false, 0, 0.936},
+    {"rtx4090", 24, 165, kPcieGen4Gbs, 330, false, 158, 1.008},
+    {"rtx5090", 32, 209, kPcieGen5Gbs, 419, false, 0, 1.792},
+    {"a100-40g", 40, 312, kPcieGen4Gbs, 0, false, 0, 1.555},
+    {"h100", 80, 989, kPcieGen5Gbs, 1979, true, kHopperGemmPeak, 3.35},
+    {"h200", 141e9 / GiB, 989, kPcieGen5Gbs, 1979, true, kHopperGemmPeak, 4.8},  // 141 GB (139 GiB as the driver reports it)
 };
 
 // The CUDA context, cuBLAS(Lt) handles and workspace, outside the engine's
@@ -86,6 +90,35 @@ constexpr double kStepShareOfGemmPeak = kComputeEfficiency * 989.0 / kHopperGemm
 // conservative side for layer-major steps.
 constexpr double kFp8ProjectionGain = 1.08;
 
+// --fp8-scaling tensor: an ESTIMATE (no GPU has run it yet), per card:
+//   gain = 1 / (1 / G + q),  G = 1.75, q = quantizer time / bf16 GEMM time.
+// G: per-tensor scaled FP8 GEMMs ran at 1444 TFLOP/s = 1.75x bf16 on the
+// 7B's shapes (H100, bench/RESULTS.md); taken for every FP8 card (the 4090
+// and 5090 datasheets give FP8 = 2x bf16, as Hopper's does).
+// q, from bytes (Qwen2.5-7B's seven projections, N = 16384 tokens, as the
+// block calibration): per layer the forward reads each input twice (amax,
+// then codes) and writes its codes once, 5 B/element, for the inputs shared
+// by q/k/v and gate/up once: 5 N (C + QD + C + F) = 148,480 N B; the
+// backward makes dy's amax and both layouts, 6 B/element over all outputs:
+// 6 N * 49,664 = 297,984 N B, and the inputs' transposed codes again
+// 148,480 N B; the weights 5 B/parameter for the codes and 5 again for the
+// transposed codes: 10 * 233M. Total 594,944 N + 2.33e9 = 12.1 GB at 16k, for
+// 2.29e13 GEMM FLOPs: 5.28e-4 B per projection FLOP. The block quantizers
+// moved ~10.5 GB in the 7.8 ms they added at 16k (1.08x vs 1.47x): 1.35 TB/s,
+// 0.40 of the H100's 3.35; bf16 GEMMs ran at 720 TFLOP/s, 0.858 of its
+// measured GEMM peak (839). So, with the card's GEMM peak (CardSpec):
+//   q = 5.28e-4 * 0.858 * GEMM peak TFLOP/s / (0.40 * memory TB/s)
+// H100 0.285 -> 1.17x; H200 0.199 -> 1.30x; 4090 (peak 158) 0.178 -> 1.34x;
+// 5090 0.112 -> 1.46x. Replace by a measurement (tests/gpu/run.sh fp8 fp8_7b).
+constexpr double kFp8TensorGemmGain = 1.75;
+constexpr double kFp8TensorQuantBytesPerFlop = 5.28e-4;
+constexpr double kFp8QuantBandwidthShare = 0.40, kBf16GemmShareOfPeak = 720.0 / kHopperGemmPeak;
+double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
+  const double q =
+      kFp8TensorQuantBytesPerFlop * kBf16GemmShareOfPeak * gemm_peak_tflops / (kFp8QuantBandwidthShare * memory_tbs);
+  return 1.0 / (1.0 / kFp8TensorGemmGain + q);
+}
+
 // Host gradients (--grads host): the engine's worker adds (=, then +=) every
 // layer gradient landed in a pinned slab into the unit's host arena
 // (engine/cuda/gradient_sink.h): ~12 B of DRAM traffic per fp32 gradient
@@ -116,6 +149,9 @@ bool card_lookup(const std::string& name, CardSpec* out) {
       out->fp8_path = c.fp8_path;
       out->gemm_peak_tflops = c.gemm_peak > 0 ? c.gemm_peak : c.tflops * kGemmShareOfDatasheet;
       out->gemm_peak_measured = c.gemm_peak > 0;
+      out->fp8_tensor_path = c.fp8_tflops > 0;
+      out->memory_tbs = c.memory_tbs;
+      out->fp8_tensor_gain = c.fp8_tflops > 0 ? fp8_tensor_gain(out->gemm_peak_tflops, c.memory_tbs) : 0.0;
       return true;
     }
   return false;
@@ -188,12 +224,13 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   const double gemm_peak = card.gemm_peak_tflops > 0 ? card.gemm_peak_tflops : card.bf16_tflops * kGemmShareOfDatasheet;
   r.efficiency = card.bf16_tflops > 0 ? kStepShareOfGemmPeak * gemm_peak / card.bf16_tflops : kComputeEfficiency;
   r.gemm_peak_tflops = gemm_peak;
-  if (matmul == MatmulMode::fp8) {
+  if (matmul_is_fp8(matmul)) {
     RT_CHECK(card.fp8_tflops > 0, "[plan] --matmul fp8 needs the card's FP8 rate");
     r.fp8_flops_per_token = projection_flops_per_token(s, BlockDims{B, T, plan.mlp_chunk_tokens}, plan.kept_layers,
                                                        plan.attn_kept_layers);
   }
-  const double fp8_rate = card.fp8_gain > 0 ? card.bf16_tflops * card.fp8_gain : card.fp8_tflops;
+  const double gain = matmul == MatmulMode::fp8_tensor ? card.fp8_tensor_gain : card.fp8_gain;
+  const double fp8_rate = gain > 0 ? card.bf16_tflops * gain : card.fp8_tflops;
   r.compute_s = tokens *
                 ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
                  (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (fp8_rate * 1e12) : 0.0)) /

@@ -42,6 +42,12 @@ struct CardSpec {
   // rate, measured (kFp8ProjectionGain); 0: not measured, fp8_tflops is used
   double fp8_gain = 0;
   bool fp8_path = false;      // ramtrain's --matmul fp8 runs on it (cuda/fp8.h: Hopper only)
+  // --fp8-scaling tensor: the same multiple, an ESTIMATE until a GPU measures
+  // it (step_model.cpp, fp8_tensor_gain: the per-tensor GEMM's measured 1.75x
+  // less the quantizers' bytes at the card's memory rate); 0: fp8_tflops
+  double fp8_tensor_gain = 0;
+  bool fp8_tensor_path = false;  // --fp8-scaling tensor runs on it (cuda/fp8.h: Ada and Hopper)
+  double memory_tbs = 0;         // device memory bandwidth, datasheet TB/s
   double pcie_gbs = 0;        // practical host<->device GB/s (1e9 B/s)
   // bf16 GEMM TFLOP/s the card reaches (large cuBLAS GEMMs): measured where
   // step_model.cpp names a source, else the H100's share of its datasheet;
@@ -96,7 +102,8 @@ double projection_flops_per_token(const ModelSpec& s, const BlockDims& dm, int64
 
 // micro_batch x seq_len tokens per micro-batch, plan.place.micro_batches of
 // them per step (the plan's CudaOptions::micro_batches). matmul fp8: the
-// projection FLOPs run at card.fp8_gain x the bf16 rate (measured on the
+// projection FLOPs run at card.fp8_gain x the bf16 rate (fp8_tensor:
+// card.fp8_tensor_gain, an estimate; measured on the
 // H100 with the quantizers, bench/RESULTS.md), or at card.fp8_tflops where
 // no gain is measured (a rate given with --gpu-fp8-tflops), with the same
 // calibrated efficiency as bf16.

@@ -11,6 +11,10 @@
 // - the FP8 linear (forward, dgrad, wgrad) against the fp32 linear within the
 //   bound the per-element quantization error implies (a finite-difference
 //   test is meaningless: quantization is piecewise constant).
+// - per-tensor scaling (--fp8-scaling tensor): the quantizer against a
+//   brute-force reference (amax in double, the scale by doubling, each code by
+//   nearest-code search), amax 0 / subnormal / Inf / NaN tensors, and the
+//   per-tensor linear within the same bound with the tensor's amax.
 //
 // Per-element bound (e4m3, power-of-two scale s of the element's tile/block,
 // amax its largest |x|): x/s is exact; if |x/s| >= 2^-6 (normal range) the
@@ -296,6 +300,151 @@ TEST(Fp8Linear, WithinTheQuantizationBoundOfTheFp32Linear) {
   std::printf("worst |fp8 - fp32| / bound = %.3f\n", worst);
 }
 
+// ---- per-tensor scaling ----
+
+// The brute-force reference of fp8_quantize_tensor: amax in double; the
+// scale the smallest power of two 2^k (k >= -126) with amax <= 448 * 2^k,
+// found by stepping k; each code the nearest e4m3 code of x / 2^k.
+struct TensorRef {
+  std::vector<uint8_t> q;
+  float scale;
+};
+TensorRef tensor_reference(const Vec& x) {
+  double amax = 0;
+  bool nonfinite = false;
+  for (float v : x) {
+    if (!std::isfinite(v)) nonfinite = true;
+    else amax = std::max(amax, std::fabs(static_cast<double>(v)));
+  }
+  TensorRef r{std::vector<uint8_t>(x.size()), std::numeric_limits<float>::quiet_NaN()};
+  if (nonfinite) {
+    std::fill(r.q.begin(), r.q.end(), rt::kFp8E4m3NaN);
+    return r;
+  }
+  int k = -126;
+  if (amax > 0)
+    while (amax > std::ldexp(448.0, k)) ++k;
+  else
+    k = 0;  // all zero: scale 1
+  r.scale = std::ldexp(1.f, k);
+  for (size_t i = 0; i < x.size(); ++i) r.q[i] = static_cast<uint8_t>(nearest_code(std::ldexp(x[i], -k)));
+  return r;
+}
+
+void expect_tensor_matches_reference(const Vec& x, int64_t R, int64_t K, const char* what) {
+  std::vector<uint8_t> q(x.size());
+  const float s = rt::cpu::fp8_quantize_tensor(q.data(), x.data(), R, K, K, 1);
+  const TensorRef ref = tensor_reference(x);
+  ASSERT_EQ(std::memcmp(&s, &ref.scale, 4), 0) << what << ": scale " << s << " vs " << ref.scale;
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(q[i], ref.q[i]) << what << ": element " << i << " x=" << x[i] << " scale " << s;
+}
+
+TEST(Fp8Tensor, QuantizeMatchesTheBruteForceReference) {
+  const int64_t R = 37, K = 53;  // no multiple of anything
+  expect_tensor_matches_reference(spread_values(R * K, 41), R, K, "spread");
+  Vec big = random_vec(R * K, 42);
+  for (float& v : big) v = std::ldexp(v, 90);
+  expect_tensor_matches_reference(big, R, K, "large");
+  Vec small = random_vec(R * K, 43);
+  for (float& v : small) v = std::ldexp(v, -100);
+  expect_tensor_matches_reference(small, R, K, "small");
+  // amax exactly at the scale rule's breakpoints (1.75 * 2^E and just above)
+  Vec edge = random_vec(R * K, 44);
+  edge[7] = 1.75f;
+  expect_tensor_matches_reference(edge, R, K, "amax 1.75");
+  edge[7] = std::nextafter(1.75f, 2.f);
+  expect_tensor_matches_reference(edge, R, K, "amax just above 1.75");
+  // rows processed over the pool give the same as one row
+  const Vec x = spread_values(R * K, 45);
+  std::vector<uint8_t> q1(R * K), q2(R * K);
+  const float s1 = rt::cpu::fp8_quantize_tensor(q1.data(), x.data(), R, K, K, 1);
+  const float s2 = rt::cpu::fp8_quantize_tensor(q2.data(), x.data(), 1, R * K, R * K, 1);
+  EXPECT_EQ(q1, q2);
+  EXPECT_EQ(s1, s2);
+  // a transposed view: the transposed codes, the same scale
+  std::vector<uint8_t> qt(R * K);
+  const float st = rt::cpu::fp8_quantize_tensor(qt.data(), x.data(), K, R, 1, K);
+  EXPECT_EQ(st, s1);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k) ASSERT_EQ(qt[k * R + r], q1[r * K + k]) << r << "," << k;
+}
+
+// Documented edge cases (cpu/fp8.h): amax 0 -> scale 1, codes 0 (signs kept);
+// an fp32-subnormal amax -> scale 2^-126, codes 0; Inf or NaN anywhere -> scale
+// NaN, every code NaN (dequantized: NaN everywhere).
+TEST(Fp8Tensor, ZeroSubnormalAndNonFiniteTensors) {
+  const int64_t n = 64;
+  std::vector<uint8_t> q(n);
+  Vec zero(n, 0.f);
+  zero[3] = -0.f;
+  EXPECT_EQ(rt::cpu::fp8_quantize_tensor(q.data(), zero.data(), 1, n, n, 1), 1.f);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(q[i] & 0x7F, 0) << i;
+  expect_tensor_matches_reference(zero, 1, n, "zero");
+
+  Vec sub(n);
+  for (int64_t i = 0; i < n; ++i) sub[i] = std::ldexp(static_cast<float>(i % 7) - 3.f, -140);
+  EXPECT_EQ(rt::cpu::fp8_quantize_tensor(q.data(), sub.data(), 1, n, n, 1), std::ldexp(1.f, -126));
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(q[i] & 0x7F, 0) << i;
+  expect_tensor_matches_reference(sub, 1, n, "subnormal");
+
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    Vec x = random_vec(n, 46);
+    x[n - 1] = bad;
+    const float s = rt::cpu::fp8_quantize_tensor(q.data(), x.data(), 8, 8, 8, 1);
+    EXPECT_TRUE(std::isnan(s)) << bad;
+    Vec dq(n);
+    rt::cpu::fp8_dequantize_tensor(dq.data(), q.data(), s, n);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(q[i], rt::kFp8E4m3NaN) << bad << " " << i;
+      EXPECT_TRUE(std::isnan(dq[i])) << bad << " " << i;
+    }
+  }
+}
+
+// The per-tensor linear within the bound of the header comment, each element's
+// amax being its whole tensor's (so the subnormal term 2^-10 amax / 224 is
+// per tensor, the point of the coarser scaling).
+TEST(Fp8Tensor, LinearWithinTheQuantizationBoundOfTheFp32Linear) {
+  const int64_t N = 144, I = 160, O = 208;
+  const Vec x = random_vec(N * I, 51), w = random_vec(O * I, 52, -0.2f, 0.2f), b = random_vec(O, 53);
+  const Vec dy = spread_values(N * O, 54);
+  Vec y(N * O), y_ref(N * O);
+  rt::cpu::fp8_tensor_linear_forward(y.data(), x.data(), w.data(), b.data(), N, I, O);
+  rt::cpu::linear_forward(y_ref.data(), x.data(), w.data(), b.data(), N, I, O);
+  Vec dx(N * I), dx_ref(N * I), dw(O * I, 0.5f), dw_ref(O * I, 0.5f), db(O, 0.25f), db_ref(O, 0.25f);
+  rt::cpu::fp8_tensor_linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, I, O);
+  rt::cpu::linear_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), dy.data(), x.data(), w.data(), N, I, O);
+  auto amax = [](const Vec& v) {
+    float m = 0;
+    for (float e : v) m = std::max(m, std::fabs(e));
+    return m;
+  };
+  const float ax = amax(x), aw = amax(w), ady = amax(dy);
+  double worst = 0;
+  expect_within_fp8_bound(
+      "y", y, y_ref, N, O, I, [&](int64_t n, int64_t i) { return x[n * I + i]; },
+      [&](int64_t o, int64_t i) { return w[o * I + i]; }, [&](int64_t, int64_t) { return ax; },
+      [&](int64_t, int64_t) { return aw; }, &worst);
+  expect_within_fp8_bound(
+      "dx", dx, dx_ref, N, I, O, [&](int64_t n, int64_t o) { return dy[n * O + o]; },
+      [&](int64_t i, int64_t o) { return w[o * I + i]; }, [&](int64_t, int64_t) { return ady; },
+      [&](int64_t, int64_t) { return aw; }, &worst);
+  expect_within_fp8_bound(
+      "dw", dw, dw_ref, O, I, N, [&](int64_t o, int64_t n) { return dy[n * O + o]; },
+      [&](int64_t i, int64_t n) { return x[n * I + i]; }, [&](int64_t, int64_t) { return ady; },
+      [&](int64_t, int64_t) { return ax; }, &worst);
+  EXPECT_EQ(db, db_ref);
+  EXPECT_GT(worst, 1e-3) << "the per-tensor fp8 linear matched fp32 far inside the bound: is it quantizing at all?";
+  // it is not the block recipe: with dy's magnitudes spread over 2^-12..2^3
+  // its 1x128 tiles get other scales than the whole tensor's, so dx differs
+  Vec dxb(N * I);
+  rt::cpu::fp8_linear_backward(dxb.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), N, I, O);
+  EXPECT_NE(dxb, dx);
+  std::printf("per-tensor: worst |fp8 - fp32| / bound = %.3f\n", worst);
+}
+
 TEST(Fp8Linear, SameBitsForAnyThreadCount) {
   const int64_t N = 64, I = 272, O = 48;
   const Vec x = random_vec(N * I, 31), w = random_vec(O * I, 32), dy = random_vec(N * O, 33);
@@ -306,6 +455,11 @@ TEST(Fp8Linear, SameBitsForAnyThreadCount) {
     rt::cpu::fp8_linear_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, I, O);
     y.insert(y.end(), dx.begin(), dx.end());
     y.insert(y.end(), dw.begin(), dw.end());
+    // and the per-tensor recipe
+    Vec yt(N * O), dxt(N * I), dwt(O * I, 0.f);
+    rt::cpu::fp8_tensor_linear_forward(yt.data(), x.data(), w.data(), nullptr, N, I, O);
+    rt::cpu::fp8_tensor_linear_backward(dxt.data(), dwt.data(), nullptr, dy.data(), x.data(), w.data(), N, I, O);
+    for (const Vec* v : {&yt, &dxt, &dwt}) y.insert(y.end(), v->begin(), v->end());
     return y;
   };
   const Vec a = run(1), b = run(3);

@@ -166,6 +166,29 @@ TEST(StepModel, Fp8MovesTheProjectionsToTheFp8Rate) {
   ASSERT_TRUE(rt::card_lookup("a100-40g", &a100));
   EXPECT_EQ(a100.fp8_tflops, 0);
   EXPECT_FALSE(a100.fp8_path);
+  EXPECT_FALSE(a100.fp8_tensor_path);
+  EXPECT_EQ(a100.fp8_tensor_gain, 0);
+
+  // --fp8-scaling tensor: the same FLOPs at the estimated per-tensor gain,
+  // which follows the formula of step_model.cpp (recomputed here from the
+  // card's rates) and lies between 1 and the GEMM's own 1.75x
+  EXPECT_TRUE(h100.fp8_tensor_path);
+  const double q = 5.28e-4 * (720.0 / 839.0) * h100.gemm_peak_tflops / (0.40 * h100.memory_tbs);
+  EXPECT_NEAR(h100.fp8_tensor_gain, 1.0 / (1.0 / 1.75 + q), 1e-12);
+  EXPECT_GT(h100.fp8_tensor_gain, 1.0);
+  EXPECT_LT(h100.fp8_tensor_gain, 1.75);
+  const rt::StepPrediction t = rt::predict_step(s, 2, 512, dp, h100, 4.0, rt::MatmulMode::fp8_tensor);
+  EXPECT_EQ(t.fp8_flops_per_token, f.fp8_flops_per_token);
+  const double want_t = tokens *
+                        ((t.hardware_flops_per_token - proj) / (h100.bf16_tflops * 1e12) +
+                         proj / (h100.bf16_tflops * h100.fp8_tensor_gain * 1e12)) /
+                        t.efficiency;
+  EXPECT_NEAR(t.compute_s, want_t, kRel * want_t);
+  rt::CardSpec ada;
+  ASSERT_TRUE(rt::card_lookup("rtx4090", &ada));
+  EXPECT_FALSE(ada.fp8_path);  // block scaling: Hopper only
+  EXPECT_TRUE(ada.fp8_tensor_path);
+  EXPECT_GT(ada.fp8_tensor_gain, 1.0);
 }
 
 // The step's rate is one calibrated share of each card's bf16 GEMM peak: the

@@ -14,7 +14,14 @@
 //   measured about 14 retained bits; 2^-12 leaves a factor 4), plus the bf16
 //   rounding of bf16 outputs (<= 2^-9 |ref|, two roundings with a bias), plus
 //   2^-22 |ref| for the fp32 add into a prefilled dw.
-// Skips without a CUDA device; the GEMM tests skip below sm_90 (fp8_supported).
+// - per-tensor scaling (--fp8-scaling tensor): the amax + quantizer (codes and
+//   transposed codes, made together or apart) == cpu::fp8_quantize_tensor bit
+//   for bit, scale included, on every bf16 value of a range, wide-spread data,
+//   tails of the 64 x 64 tiles, and zero / Inf / NaN tensors; the per-tensor
+//   linear within the same accumulation bound of its twin (why the same bound:
+//   at expect_gemm_bound); shared inputs and weights give the same bits.
+// Skips without a CUDA device; the GEMM tests skip where fp8_supported says
+// the card does not run that scaling (block: sm_90; per-tensor: sm_89, sm_90).
 #include <gtest/gtest.h>
 
 #ifdef RAMTRAIN_HAVE_CUDA
@@ -190,6 +197,12 @@ Vec abs_of(Vec v) {
 // 2^-11.8 * sum |a_k b_k| (the first bound, 2^-12, failed by 2%); 2^-10 leaves
 // 3.5x and still catches a wrong scale block (an error of order |ref|, which
 // is sqrt(K) times larger than 2^-10 sum |a b| for these random operands).
+// Per-tensor scaling: cuBLASLt sums the products of the codes in the same
+// FP8 MMA with the same fp32 promotion (fast accumulation stays off) and
+// multiplies the sum by the two power-of-two scales (exact), so the error
+// relative to sum |qa qb| is the same accumulation error and the same bound
+// holds (its sum is over the dequantized values, which the exact scaling
+// maps one-to-one onto the codes' sum).
 void expect_gemm_bound(const std::string& name, const Vec& got, const Vec& ref, const Vec& abs_sum, double rel,
                        const Vec& extra = {}) {
   ASSERT_EQ(got.size(), ref.size());
@@ -205,7 +218,22 @@ void expect_gemm_bound(const std::string& name, const Vec& got, const Vec& ref, 
   std::printf("%s: worst |cuda - twin| / bound = %.3f\n", name.c_str(), worst);
 }
 
-void check_linear(int64_t N, int64_t I, int64_t O) {
+Vec qdq_tensor(const Vec& x, int64_t R, int64_t K) {
+  std::vector<uint8_t> q(R * K);
+  Vec out(R * K);
+  const float s = rt::cpu::fp8_quantize_tensor(q.data(), x.data(), R, K, K, 1);
+  rt::cpu::fp8_dequantize_tensor(out.data(), q.data(), s, R * K);
+  return out;
+}
+Vec transposed(const Vec& x, int64_t R, int64_t K) {
+  Vec t(R * K);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k) t[k * R + r] = x[r * K + k];
+  return t;
+}
+
+void check_linear(int64_t N, int64_t I, int64_t O, rt::MatmulMode mode = rt::MatmulMode::fp8) {
+  const bool tensor = mode == rt::MatmulMode::fp8_tensor;
   {
     const std::string shape = std::to_string(N) + "x" + std::to_string(I) + "x" + std::to_string(O);
     const Vec x = round_bf16(rt::test::random_vec(N * I, 1)), w = round_bf16(rt::test::random_vec(O * I, 2, -.1f, .1f));
@@ -214,17 +242,24 @@ void check_linear(int64_t N, int64_t I, int64_t O) {
     DeviceBuffer d_y(N * O * 2), d_dx(N * I * 2);
     const Vec dw0 = rt::test::random_vec(O * I, 5), db0 = rt::test::random_vec(O, 6);
     auto d_dw = upload_f32(dw0), d_db = upload_f32(db0);
-    rt::cuda::Fp8Linear lin;
+    rt::cuda::Fp8Linear lin(mode);
     lin.forward(d_y.as<bf16>(), d_x->as<bf16>(), d_w->as<bf16>(), d_b->as<bf16>(), N, I, O, nullptr);
     lin.backward(d_dx.as<bf16>(), d_dw->as<float>(), d_db->as<float>(), d_dy->as<bf16>(), d_x->as<bf16>(),
                  d_w->as<bf16>(), N, I, O, nullptr);
     Vec y(N * O), dx(N * I), dw(dw0), db(db0);
-    rt::cpu::fp8_linear_forward(y.data(), x.data(), w.data(), b.data(), N, I, O);
-    rt::cpu::fp8_linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, I, O);
+    if (tensor) {
+      rt::cpu::fp8_tensor_linear_forward(y.data(), x.data(), w.data(), b.data(), N, I, O);
+      rt::cpu::fp8_tensor_linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, I, O);
+    } else {
+      rt::cpu::fp8_linear_forward(y.data(), x.data(), w.data(), b.data(), N, I, O);
+      rt::cpu::fp8_linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, I, O);
+    }
 
-    const Vec xq = abs_of(qdq_1x128(x, N, I, I, 1)), wq = abs_of(qdq_128x128(w, O, I));
-    const Vec dyq = abs_of(qdq_1x128(dy, N, O, O, 1));
-    const Vec dytq = abs_of(qdq_1x128(dy, O, N, 1, O)), xtq = abs_of(qdq_1x128(x, I, N, 1, I));
+    const Vec xq = abs_of(tensor ? qdq_tensor(x, N, I) : qdq_1x128(x, N, I, I, 1));
+    const Vec wq = abs_of(tensor ? qdq_tensor(w, O, I) : qdq_128x128(w, O, I));
+    const Vec dyq = abs_of(tensor ? qdq_tensor(dy, N, O) : qdq_1x128(dy, N, O, O, 1));
+    const Vec dytq = tensor ? transposed(dyq, N, O) : abs_of(qdq_1x128(dy, O, N, 1, O));
+    const Vec xtq = tensor ? transposed(xq, N, I) : abs_of(qdq_1x128(x, I, N, 1, I));
     Vec sy(N * O), sdx(N * I), sdw(O * I);
     rt::cpu::matmul_nt(sy.data(), xq.data(), wq.data(), N, O, I);
     rt::cpu::matmul_nn(sdx.data(), dyq.data(), wq.data(), N, I, O);
@@ -233,9 +268,10 @@ void check_linear(int64_t N, int64_t I, int64_t O) {
     // away) and of the sum with the bias; dx: one; dw: the fp32 add into dw0
     Vec yb(N * O);
     for (int64_t i = 0; i < N * O; ++i) yb[i] = std::fabs(y[i]) + 2 * std::fabs(b[i % O]);
-    expect_gemm_bound("y " + shape, download_bf16(d_y, N * O), y, sy, std::ldexp(1.0, -9), yb);
-    expect_gemm_bound("dx " + shape, download_bf16(d_dx, N * I), dx, sdx, std::ldexp(1.0, -9));
-    expect_gemm_bound("dw " + shape, download_f32(*d_dw, O * I), dw, sdw, std::ldexp(1.0, -22));
+    const std::string shape_mode = shape + (tensor ? " tensor" : "");
+    expect_gemm_bound("y " + shape_mode, download_bf16(d_y, N * O), y, sy, std::ldexp(1.0, -9), yb);
+    expect_gemm_bound("dx " + shape_mode, download_bf16(d_dx, N * I), dx, sdx, std::ldexp(1.0, -9));
+    expect_gemm_bound("dw " + shape_mode, download_f32(*d_dw, O * I), dw, sdw, std::ldexp(1.0, -22));
     // db: an fp32 running sum of the same N bf16 values (error <= N 2^-24 sum |dy|)
     // vs the twin's double sum, each added into db0 (one more rounding each)
     const Vec db_got = download_f32(*d_db, O);
@@ -251,7 +287,7 @@ void check_linear(int64_t N, int64_t I, int64_t O) {
 TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 512);
   check_linear(384, 128, 256);
 }
@@ -262,7 +298,7 @@ TEST(CudaFp8, LinearMatchesTheTwinWithinTheAccumulationBound) {
 TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   check_linear(256, 384, 320);
   check_linear(272, 208, 704);
 }
@@ -271,10 +307,7 @@ TEST(CudaFp8, LinearWithTailsMatchesTheTwin) {
 // layer's weights for K micro-batches): the same bits as quantizing per call,
 // forward, input gradient and weight gradient, with a second projection of
 // another width and a second "micro-batch".
-TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
-  RT_REQUIRE_DEVICE();
-  std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+void check_shared_bits(rt::MatmulMode mode) {
   const int64_t N = 256, I = 384, O1 = 512, O2 = 128;
   const Vec x = round_bf16(rt::test::random_vec(N * I, 1)), w1 = round_bf16(rt::test::random_vec(O1 * I, 2, -.1f, .1f)),
             w2 = round_bf16(rt::test::random_vec(O2 * I, 3, -.1f, .1f)),
@@ -286,7 +319,7 @@ TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
     DeviceBuffer y1(N * O1 * 2), y2(N * O2 * 2), y3(N * O1 * 2), dx1(N * I * 2), dx2(N * I * 2);
     const Vec zero1(O1 * I, 0.f), zero2(O2 * I, 0.f);
     auto dw1 = upload_f32(zero1), dw2 = upload_f32(zero2);
-    rt::cuda::Fp8Linear lin;
+    rt::cuda::Fp8Linear lin(mode);
     if (share_w) lin.share_weights();
     if (share_x) lin.share_input(d_x->as<bf16>(), N, I);
     lin.forward(y1.as<bf16>(), d_x->as<bf16>(), d_w1->as<bf16>(), nullptr, N, I, O1, nullptr);
@@ -314,10 +347,103 @@ TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
   }
 }
 
+TEST(CudaFp8, SharedInputsAndWeightsGiveTheSameBits) {
+  RT_REQUIRE_DEVICE();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
+  check_shared_bits(rt::MatmulMode::fp8);
+}
+
+// ---- per-tensor scaling ----
+
+// x[R, C] through fp8_quantize_tensor (codes and transposed codes in one
+// pass), and through fp8_tensor_amax + fp8_tensor_codes making each apart,
+// against the twin: codes, transposed codes and the slot's scale bit for bit.
+void check_tensor(const Vec& x, int64_t R, int64_t C, const std::string& what) {
+  auto d_x = upload_bf16(x);
+  std::vector<uint8_t> q_ref(R * C), qt_ref(R * C);
+  const float s_ref = rt::cpu::fp8_quantize_tensor(q_ref.data(), x.data(), R, C, C, 1);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) qt_ref[c * R + r] = q_ref[r * C + c];
+  for (int apart = 0; apart < 2; ++apart) {
+    DeviceBuffer q(R * C), qt(R * C), slot(rt::cuda::kFp8TensorSlot);
+    q.poison();
+    qt.poison();
+    slot.poison();
+    if (apart) {
+      rt::cuda::fp8_tensor_amax(slot.as<float>(), d_x->as<bf16>(), R * C, nullptr);
+      rt::cuda::fp8_tensor_codes(nullptr, qt.as<uint8_t>(), slot.as<float>(), d_x->as<bf16>(), R, C, nullptr);
+      rt::cuda::fp8_tensor_codes(q.as<uint8_t>(), nullptr, slot.as<float>(), d_x->as<bf16>(), R, C, nullptr);
+    } else {
+      rt::cuda::fp8_quantize_tensor(q.as<uint8_t>(), qt.as<uint8_t>(), slot.as<float>(), d_x->as<bf16>(), R, C,
+                                    nullptr);
+    }
+    const std::string name = what + " " + std::to_string(R) + "x" + std::to_string(C) + (apart ? " (apart)" : "");
+    const auto q_got = download_u8(q, R * C), qt_got = download_u8(qt, R * C);
+    EXPECT_TRUE(first_diff(q_got, q_ref, x).empty()) << name << ": " << first_diff(q_got, q_ref, x);
+    EXPECT_TRUE(first_diff(qt_got, qt_ref, {}).empty()) << name << " transposed: " << first_diff(qt_got, qt_ref, {});
+    const float s_got = download_f32(slot, 1)[0];
+    EXPECT_EQ(std::memcmp(&s_got, &s_ref, 4), 0) << name << ": scale " << s_got << " vs twin " << s_ref;
+  }
+}
+
+TEST(CudaFp8, TensorQuantizerMatchesTheTwinBitForBit) {
+  RT_REQUIRE_DEVICE();
+  // every finite bf16 value (amax ~3.4e38: most codes 0, the largest exercised)
+  check_tensor(bf16_values(272 * 336, 21), 272, 336, "every bf16");  // 64-tiles with tails of 16 in both dims
+  // every bf16 value with |v| in [2^-20, 2^9): each one encoded at one scale (amax < 512)
+  Vec range;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = rt::bf16_to_f32(static_cast<uint16_t>(b));
+    if (std::isfinite(f) && std::fabs(f) >= std::ldexp(1.f, -20) && std::fabs(f) < 512.f) range.push_back(f);
+  }
+  range.resize(64 * 128, 0.f);  // 2 x 29 x 128 = 7424 values, zero-padded
+  check_tensor(range, 64, 128, "bf16 range");
+  // magnitudes 2^-20..2^20 (the small ones in e4m3's subnormals or flushed to 0)
+  Vec spread = rt::test::random_vec(1028 * 72, 22);
+  std::mt19937_64 rng(22);
+  std::uniform_int_distribution<int> e(-20, 20);
+  for (float& v : spread) v = std::ldexp(v, e(rng));
+  check_tensor(round_bf16(spread), 1028, 72, "spread");
+  check_tensor(Vec(64 * 64, 0.f), 64, 64, "zero");
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    Vec x = round_bf16(rt::test::random_vec(128 * 48, 23));
+    x[777] = bad;
+    check_tensor(x, 128, 48, std::isnan(bad) ? "NaN" : "Inf");
+  }
+}
+
+TEST(CudaFp8, TensorLinearMatchesTheTwinWithinTheAccumulationBound) {
+  RT_REQUIRE_DEVICE();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8_tensor, &why)) GTEST_SKIP() << why;
+  check_linear(256, 384, 512, rt::MatmulMode::fp8_tensor);
+  check_linear(384, 128, 256, rt::MatmulMode::fp8_tensor);
+  check_linear(272, 208, 704, rt::MatmulMode::fp8_tensor);  // not multiples of 64 or 128
+}
+
+TEST(CudaFp8, TensorSharedInputsAndWeightsGiveTheSameBits) {
+  RT_REQUIRE_DEVICE();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8_tensor, &why)) GTEST_SKIP() << why;
+  check_shared_bits(rt::MatmulMode::fp8_tensor);
+}
+
+TEST(CudaFp8, TensorGemmRefusesMixedScaling) {
+  RT_REQUIRE_DEVICE();
+  std::string why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8_tensor, &why)) GTEST_SKIP() << why;
+  rt::cuda::Fp8Gemm g;
+  EXPECT_THROW(g.matmul(nullptr, rt::cuda::DType::bf16, nullptr, nullptr, rt::cuda::Fp8Scaling::tensor, nullptr,
+                        nullptr, rt::cuda::Fp8Scaling::vec128, 16, 16, 16, 0.f, nullptr),
+               rt::Error);
+  EXPECT_EQ(g.plans_cached(), 0u);
+}
+
 TEST(CudaFp8, GemmCachesPlansAndRefusesBadShapes) {
   RT_REQUIRE_DEVICE();
   std::string why;
-  if (!rt::cuda::fp8_supported(0, &why)) GTEST_SKIP() << why;
+  if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8, &why)) GTEST_SKIP() << why;
   rt::cuda::Fp8Gemm g;
   EXPECT_THROW(g.matmul(nullptr, rt::cuda::DType::bf16, nullptr, nullptr, rt::cuda::Fp8Scaling::vec128, nullptr,
                         nullptr, rt::cuda::Fp8Scaling::vec128, 16, 24, 16, 0.f, nullptr),

@@ -20,11 +20,13 @@
 #   smallcard Qwen2.5-7B at 64k tokens per optimizer step: uncapped, then under a 24 GiB and a 10 GiB device cap
 #             (full depth and 14 layers; --grads fold, SC_GRADS=host for the host arenas), and long sequences
 #             (32k under 24 GiB, 16k under 10 GiB): issue 16's table
-#   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 beside bf16 (not in the default)
-#   fp8_7b    --matmul fp8 against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048 uncapped and 2 x 2048 x 16 under 10 GiB
+#   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 with block scales (row fp8)
+#             and with per-tensor scales (row fp8_tensor) beside bf16 (row adamw) (not in the default)
+#   fp8_7b    --matmul fp8 (block, then --fp8-scaling tensor) against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048
+#             uncapped and 2 x 2048 x 16 under 10 GiB (F7_MODES: a subset of "bf16 fp8 fp8_tensor")
 #   kprof     kernel time by class (GEMMs, attention, FP8 quantizers, norms, RoPE, SwiGLU, ...) from a CUPTI trace
-#             (bench/kernel_profile.cpp, LD_PRELOADed) of ramtrain_bench on Qwen2.5-7B 32 x 2048, --matmul bf16 and fp8
-#             (KP_MODES), warm-up excluded: the share of kernel time outside GEMMs and attention (issue 31, point 3)
+#             (bench/kernel_profile.cpp, LD_PRELOADed) of ramtrain_bench on Qwen2.5-7B 32 x 2048, bf16, fp8 and
+#             fp8_tensor (KP_MODES), warm-up excluded: the share of kernel time outside GEMMs and attention (issue 31, point 3)
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
@@ -42,7 +44,9 @@
 #   demo      the README's demo (scripts/demo.sh's training command) on the GPU
 #   fp8       --matmul fp8 (issue 31; not in the default): the CUDA quantizers == the CPU twin bit for bit and
 #             the FP8 linear within its bound (gpu_fp8_test), bf16 vs FP8 GEMM TFLOP/s on Qwen2.5-7B's projections
-#             (fp8_gemm_bench), and tiny-byte trained 200 steps with --matmul bf16 and fp8 (losses side by side)
+#             (fp8_gemm_bench, block and per-tensor scales), the engine with per-tensor FP8 against the CPU twin
+#             (gpu_engine_test *Fp8*), tiny-byte trained 200 steps with --matmul bf16, fp8 and fp8 --fp8-scaling
+#             tensor (losses side by side), and 30 steps of per-tensor fp8 on the GPU against the CPU twin
 #   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
 #             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   ssd       the state tier (--state-dir, not in the default): gpu_state_tier_test (the engine's optimizer phase
@@ -103,6 +107,7 @@ fi
 if has fp8; then
   run fp8_lt_probe 60 "$bin/fp8_lt_probe"
   run fp8_test 300 "$bin/gpu_fp8_test"
+  run fp8_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Fp8*'
   run fp8_gemm_bench 400 "$bin/fp8_gemm_bench" 8192 16384
   f8=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps 200 --micro-batch 8 --seq-len 256 --seed 3
       --device cuda --lr 1e-3 --eval-every 100 --export-dtype none)
@@ -110,6 +115,17 @@ if has fp8; then
   run fp8_tiny_fp8 300 "${f8[@]}" --out "$tmp/f8f" --matmul fp8
   run fp8_tiny_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8b/metrics.jsonl" "$tmp/f8f/metrics.jsonl" \
     --tol "${FP8_TOL:-0.05}"
+  run fp8_tiny_tensor 300 "${f8[@]}" --out "$tmp/f8t" --matmul fp8 --fp8-scaling tensor
+  run fp8_tiny_tensor_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8b/metrics.jsonl" \
+    "$tmp/f8t/metrics.jsonl" --tol "${FP8_TOL:-0.05}"
+  # the engine with per-tensor FP8 against the CPU twin, the same 30 steps: bf16 activations on the GPU vs fp32
+  # on the CPU, so close (FP8T_TOL relative per step), not equal
+  f8c=("$bin/ramtrain" train --preset tiny-byte --data "$data" --steps 30 --micro-batch 4 --seq-len 128 --seed 3
+       --lr 1e-3 --eval-every 0 --export-dtype none --matmul fp8 --fp8-scaling tensor)
+  run fp8_tensor_engine_gpu 120 "${f8c[@]}" --device cuda --out "$tmp/f8cg"
+  run fp8_tensor_engine_cpu 300 "${f8c[@]}" --device cpu --out "$tmp/f8cc"
+  run fp8_tensor_engine_compare 30 python3 "$here/bench/dp_compare.py" "$tmp/f8cc/metrics.jsonl" \
+    "$tmp/f8cg/metrics.jsonl" --tol "${FP8T_TOL:-0.02}"
 fi
 has nccl && [ -x "$bin/gpu_nccl_test" ] && run nccl_test 120 "$bin/gpu_nccl_test"
 if has dp && [ "$(nvidia-smi -L | wc -l)" = 1 ]; then
@@ -292,9 +308,12 @@ if has smallcard; then
 fi
 
 if has fp8q; then
-  # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 beside bf16
-  # (the "adamw" row); the table and lean_quality.tar (both runs' metrics) land in $logs/fp8q
-  run fp8_quality 500 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="adamw fp8" bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
+  # FP8's quality point (issue 31): bench/lean_quality.sh's 76M Qwen2 shape, 1000 steps, --matmul fp8 with block
+  # scales (row "fp8") and with --fp8-scaling tensor (row "fp8_tensor") beside bf16 (the "adamw" row), the three
+  # side by side on the one GPU; the table and lean_quality.tar (every run's metrics) land in $logs/fp8q.
+  # FQ_MODES="adamw fp8_tensor" runs a subset (e.g. when three do not fit the call's time)
+  run fp8_quality 590 env OUT="$logs/fp8q" LQ_FP8=1 LQ_ONLY="${FQ_MODES:-adamw fp8 fp8_tensor}" \
+    bash "$here/bench/lean_quality.sh" "$bin/ramtrain" \
     "$data" "${FQ_STEPS:-1000}"
 fi
 
@@ -302,10 +321,16 @@ if has fp8_7b; then
   # FP8 against bf16 end to end (issue 31), same call: Qwen2.5-7B 32 x 2048 uncapped, then 64k tokens per step
   # under a 10 GiB cap (2 x 2048 x 16, --grads fold, layer-major)
   f7=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps ${F7_STEPS:-2} --warmup 1 --modes streaming)
-  for m in bf16 fp8; do run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 --matmul "$m"; done
+  # fp8_tensor: --matmul fp8 --fp8-scaling tensor
+  f7m() { case "$1" in fp8_tensor) echo --matmul fp8 --fp8-scaling tensor ;; *) echo --matmul "$1" ;; esac; }
+  # shellcheck disable=SC2046
+  for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
+    run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 $(f7m "$m")
+  done
   if [ "${F7_CAP:-1}" = 1 ]; then
-    for m in bf16 fp8; do
-      run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold --matmul "$m"
+    for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
+      # shellcheck disable=SC2046
+      run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold $(f7m "$m")
     done
   fi
 fi
@@ -314,11 +339,12 @@ if has kprof; then
   # Issue 31 point 3: where the step's kernel time goes. The profiler's records start after KP_SKIP_S seconds of
   # kernels (the warm-up step), so the window is the timed steps.
   if [ -f "$bin/libramtrain_kernel_profile.so" ]; then
-    for m in ${KP_MODES:-bf16 fp8}; do
+    for m in ${KP_MODES:-bf16 fp8 fp8_tensor}; do  # shellcheck disable=SC2046
       rm -f "$logs/kprof_7b_$m.txt"
       run "kprof_7b_$m" 400 env RAMTRAIN_KPROF_OUT="$logs/kprof_7b_$m.txt" RAMTRAIN_KPROF_SKIP_S=${KP_SKIP_S:-12} \
         LD_PRELOAD="$bin/libramtrain_kernel_profile.so" "$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 \
-        --micro-batch 32 --steps ${KP_STEPS:-2} --warmup 1 --modes streaming --matmul "$m" ${KP_OPTS:-}
+        --micro-batch 32 --steps ${KP_STEPS:-2} --warmup 1 --modes streaming \
+        $(case "$m" in fp8_tensor) echo --matmul fp8 --fp8-scaling tensor ;; *) echo --matmul "$m" ;; esac) ${KP_OPTS:-}
       cat "$logs/kprof_7b_$m.txt" 2>/dev/null || echo "kprof_7b_$m: no profile written"
     done
   else

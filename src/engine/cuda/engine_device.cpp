@@ -14,12 +14,12 @@ namespace rt {
 
 bool cuda_backend_available() { return cuda::device_count() > 0; }
 int cuda_device_count() { return cuda::device_count(); }
-bool cuda_fp8_supported(std::string* why) {
+bool cuda_fp8_supported(MatmulMode mode, std::string* why) {
   if (cuda::device_count() == 0) {
     if (why) *why = "no CUDA device";
     return false;
   }
-  return cuda::fp8_supported(0, why);
+  return cuda::fp8_supported(0, mode, why);
 }
 
 namespace cuda {

@@ -17,9 +17,10 @@ namespace rt {
 std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch, int64_t seq_len,
                                            const CudaOptions& opt) {
   CudaOptions o = opt;
-  if (o.matmul == MatmulMode::fp8) {
+  if (matmul_is_fp8(o.matmul)) {
     std::string why;
-    RT_CHECK(cuda_fp8_supported(&why), "[cuda] --matmul fp8: ", why);
+    RT_CHECK(cuda_fp8_supported(o.matmul, &why), "[cuda] --matmul fp8: ", why);
+    const MatmulMode r = o.matmul;
     // the FP8 linears' workspace (cuda/fp8.h), for the largest projection at a
     // micro-batch's tokens (an MLP chunk needs less): outside the plan, held back
     const ModelSpec& s = state.spec();
@@ -27,7 +28,7 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
     const int64_t F = s.is_moe() ? s.moe.shared_intermediate : s.intermediate;
     uint64_t ws = 0, layer_codes = 0;
     for (auto [I, O] : {std::pair<int64_t, int64_t>{C, s.q_dim()}, {C, s.kv_dim()}, {s.q_dim(), C}, {C, F}, {F, C}})
-      if (I > 0 && O > 0) ws = std::max<uint64_t>(ws, cuda::fp8_linear_workspace_bytes(N, I, O));
+      if (I > 0 && O > 0) ws = std::max<uint64_t>(ws, cuda::fp8_linear_workspace_bytes(N, I, O, r));
     // one layer's weight codes, kept across its micro-batches in layer-major
     // (Fp8Linear::share_weights): q, k, v, o, gate, up, down
     for (auto [I, O] : {std::pair<int64_t, int64_t>{C, s.q_dim()},
@@ -37,9 +38,9 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
                         {C, F},
                         {C, F},
                         {F, C}})
-      if (I > 0 && O > 0) layer_codes += cuda::fp8_shared_weight_bytes(O, I);
+      if (I > 0 && O > 0) layer_codes += cuda::fp8_shared_weight_bytes(O, I, r);
     // + the input shared by q/k/v and by gate/up, along both dims (Fp8Linear::share_input)
-    o.fp8_reserve = ws + layer_codes + cuda::fp8_shared_input_bytes(N, C) + cuda::kFp8GemmWorkspace;
+    o.fp8_reserve = ws + layer_codes + cuda::fp8_shared_input_bytes(N, C, r) + cuda::kFp8GemmWorkspace;
   }
   o.muon = state.update_rule() == UpdateRule::muon;      // whole-unit updates, NS5 on the GPU (CudaOptions::muon)
   o.mlp_chunk_held = o.fit && o.mlp_chunk_tokens == -1;  // auto chunking: the fit chain's last step

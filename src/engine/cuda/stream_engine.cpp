@@ -218,8 +218,13 @@ class StreamEngine final : public Backend {
     cudaDeviceSynchronize();
   }
 
+  const char* matmul_name() const {
+    return opt_.matmul == MatmulMode::fp8          ? "fp8 projections + bf16"
+           : opt_.matmul == MatmulMode::fp8_tensor ? "fp8 projections (per-tensor scales) + bf16"
+                                                   : "bf16";
+  }
   std::string describe() const override {
-    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(), " slots, ", opt_.matmul == MatmulMode::fp8 ? "fp8 projections + bf16" : "bf16", " compute, ",
+    return cat("cuda ", opt_.resident ? "resident" : "streaming", " (", weights_->count(), " slots, ", matmul_name(), " compute, ",
                master_storage_name(st_.master_storage()), " master + ", moment_storage_name(st_.moment_storage()),
                " on ", global_pool().size(), " CPU threads", muon_ ? ", Muon's Newton-Schulz on the GPU" : "",
                track_.delayed() ? ", delayed update" : "", dp_describe(dp_), ")");
