@@ -307,14 +307,14 @@ int cmd_plan(const Args& args) {
   host.push_back({pl.host_grads ? "pinned gradient landing (3 slabs of the largest unit)"
                                 : "pinned gradient landing (4 chunks for the optimizer's copy-out)",
                   gradient_landing_bytes(spec, pl, co.landing_chunk_bytes)});
-  if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
-    const int64_t mx = muon_matrix_dims(spec).max_numel;
-    host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
-    host.push_back({moments != MomentStorage::fp32
-                        ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v windows)"
-                    : storage != MasterStorage::fp32 ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
-                                                     : "Muon update scratch (fp32 U, O; largest matrix)",
-                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32)});
+  if (muon) {  // engine/cuda/muon_gpu.h: per lane, U (fp32) in and O (bf16) out of the matrix in flight
+    host.push_back({"pinned Muon Newton-Schulz staging (fp32 U in, bf16 O out; a lane each of the largest matrix)",
+                    muon_pinned_bytes(spec)});
+    host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (a decoded master; m, v windows)"
+                    : storage != MasterStorage::fp32 ? "Muon update scratch (decoded master; largest matrix)"
+                                                     : "Muon update scratch (none: U and O are in the staging)",
+                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32,
+                                       /*pipelined=*/true)});
   }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
