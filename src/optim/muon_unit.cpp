@@ -122,6 +122,34 @@ struct MatrixPipeline {
   }
 };
 
+std::vector<size_t> entry_order(const StateUnit& u) {
+  std::vector<size_t> o(u.entries.size());
+  for (size_t k = 0; k < o.size(); ++k) o[k] = k;
+  return o;
+}
+
+// The order a pipelined update takes a unit's tensors in (fp32 moments: no
+// window asks for increasing offsets): its smallest Muon matrix first (the
+// GPU waits for the first U) and its second smallest last (the host waits
+// for the last O), the others as they come; the matrices are independent,
+// so the bits are those of entry order. Qwen2's layer: k_proj, the norms,
+// q_proj, o_proj, the MLP, v_proj.
+std::vector<size_t> pipeline_order(const StateUnit& u) {
+  std::vector<size_t> mats, order;
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (muon_matrix(u.entries[k])) mats.push_back(k);
+  if (mats.size() < 3) return entry_order(u);
+  std::vector<size_t> by_size = mats;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return u.entries[a].numel() < u.entries[b].numel(); });
+  const size_t first = by_size[0], last = by_size[1];
+  order.push_back(first);
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (k != first && k != last) order.push_back(k);
+  order.push_back(last);
+  return order;
+}
+
 constexpr uint64_t kKeyMuonM = 0x6d756f6e6d000001ull, kKeyMuonV = 0x6d756f6e76000002ull;
 
 // One quantized moment of a unit (m: signed, numel elements; or the packed v)
@@ -229,7 +257,7 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
     update_piece(u, k, c0, c, m, v, grad, o, clip_coef, bf16_shadow, buf);
   };
   if (!u.quantized()) {
-    for (size_t k = 0; k < u.entries.size(); ++k) {
+    for (size_t k : lanes > 0 ? pipeline_order(u) : entry_order(u)) {
       const int64_t n = u.entries[k].numel(), step = muon_matrix(u.entries[k]) ? n : piece;
       for (int64_t c0 = 0; c0 < n; c0 += step) {
         const int64_t c = std::min(step, n - c0);

@@ -28,7 +28,9 @@
 // writes U into a lane and submits it; the matrix's weight update runs when
 // a lane is needed again (or at the unit's end), so the host's passes of
 // the next and the last matrix (and the other tensors' AdamW) overlap this
-// one's NS5. The same bits as the one-at-a-time calls.
+// one's NS5; with fp32 moments the unit's smallest matrix goes first and its
+// second smallest last (the pipeline's ends wait on them). The same bits as
+// the one-at-a-time calls.
 #pragma once
 #include <cstdint>
 
