@@ -36,6 +36,7 @@ __global__ void sum_squares_blocks(const float* __restrict__ u, int64_t n, int64
   double s = 0;
   if (b < nblocks) {
     const int64_t e = min(n, (b + 1) * kSqBlock);
+#pragma unroll 8  // loads ahead; the adds stay in index order
     for (int64_t i = b * kSqBlock + lane; i < e; i += kSqLanes) {
       const double x = u[i];
       s += x * x;
@@ -95,7 +96,8 @@ NewtonSchulz::NewtonSchulz(DeviceAllocator& alloc, int64_t max_numel, int64_t ma
       x_(alloc, max_numel, "the Muon Newton-Schulz workspace (X)"),
       a_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (A)"),
       b_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (B)"),
-      norm_(alloc, static_cast<int64_t>(newton_schulz_norm_doubles(max_numel)), "the Muon Newton-Schulz workspace (norm block sums)"),
+      norm_(alloc, static_cast<int64_t>(newton_schulz_norm_doubles(max_numel)),
+            "the Muon Newton-Schulz workspace (norm block sums)"),
       host_sum_(sizeof(double), "the Muon Newton-Schulz norm (host copy)") {
   RT_CHECK(max_numel >= 1 && max_small >= 1 && max_small * max_small <= max_numel * max_numel && steps >= 1,
            "[cuda muon] bad Newton-Schulz workspace: ", max_numel, " elements, smaller side ", max_small, ", ", steps,
@@ -175,8 +177,8 @@ void NewtonSchulz::submit(const float* u, uint16_t* o, int64_t R, int64_t C) {
   CUDA_CHECK(cudaEventRecord(ev_start_.get(), st));
   CUDA_CHECK(cudaMemcpyAsync(u_.data(), u, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st));
   const int per_block = kSqThreads / kSqLanes;
-  sum_squares_blocks<<<static_cast<unsigned>((nb + per_block - 1) / per_block), kSqThreads, 0, st>>>(u_.data(), n, nb,
-                                                                                                   norm);
+  const auto grid_sq = static_cast<unsigned>((nb + per_block - 1) / per_block);
+  sum_squares_blocks<<<grid_sq, kSqThreads, 0, st>>>(u_.data(), n, nb, norm);
   CUDA_CHECK(cudaGetLastError());
   sum_squares_finish<<<1, 256, 0, st>>>(norm, nb, kNewtonSchulzNormEps, norm + nb);
   CUDA_CHECK(cudaGetLastError());

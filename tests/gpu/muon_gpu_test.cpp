@@ -138,7 +138,7 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
       for (int64_t i = 0; i < n; ++i) xb[static_cast<size_t>(i)] = rt::f32_to_bf16(u[static_cast<size_t>(i)] / d);
       host_path.run(xb.data(), k.R, k.C);
       bool same = true;
-      for (int64_t i = 0; i < n; ++i) same = same && rt::bf16_to_f32(xb[static_cast<size_t>(i)]) == got[static_cast<size_t>(i)];
+      for (size_t i = 0; i < got.size(); ++i) same = same && rt::bf16_to_f32(xb[i]) == got[i];
       EXPECT_TRUE(same) << "the device's normalisation must give the host path's bits";
     }
     const double e = rt::test::rel_l2(got.data(), spec.data(), n);
