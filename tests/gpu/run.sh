@@ -194,6 +194,7 @@ has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
 has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
 if has muonperf; then  # issue 35: NS5 pipelined with the optimizer thread
   run muonperf_bench 150 "$bin/ramtrain_muon_bench" 3
+  mkdir -p "$tmp/mp"
   run muonperf_7b 360 env OUT="$tmp/mp" bash "$here/bench/lean_size.sh" "$bin/ramtrain" "$data" "${MP_STEPS:-5}" \
     "7b-adamw 7b-muon"
   cp "$tmp/mp/size_7b-adamw.log" "$tmp/mp/size_7b-muon.log" "$logs/" 2>/dev/null
