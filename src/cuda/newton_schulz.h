@@ -1,7 +1,8 @@
 // Muon's Newton-Schulz orthogonalisation (NS5) on the GPU, one matrix at a
 // time per object, with bf16 operands and fp32 accumulation (cuBLAS GEMMs, CUBLAS_COMPUTE_32F).
-// The CPU specification is optim/muon.h's newton_schulz5; the optimizer-side
-// wrapper (normalisation, fp32 <-> bf16) is engine/cuda/muon_gpu.h.
+// The CPU specification is optim/muon.h's muon_orthogonalize (normalisation
+// and newton_schulz5); the optimizer-side wrapper (lanes, pinned staging) is
+// engine/cuda/muon_gpu.h.
 //
 // X [R, C] row-major bf16, already normalised. With s = min(R, C), the five
 // steps work on the s-row orientation (X, or X^T when R > C) without moving
