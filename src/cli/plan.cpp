@@ -324,14 +324,14 @@ int cmd_plan(const Args& args) {
   host.push_back({pl.host_grads ? "pinned gradient landing (3 slabs of the largest unit)"
                                 : "pinned gradient landing (4 chunks for the optimizer's copy-out)",
                   gradient_landing_bytes(spec, pl, co.landing_chunk_bytes)});
-  if (muon) {  // engine/cuda/muon_gpu.h: the bf16 copy of the matrix in flight to and from the GPU
-    const int64_t mx = muon_matrix_dims(spec).max_numel;
-    host.push_back({"pinned Muon Newton-Schulz staging (bf16, largest matrix)", static_cast<uint64_t>(mx) * 2});
-    host.push_back({moments != MomentStorage::fp32
-                        ? "Muon update scratch (fp32 U, O[, master] of a matrix; m, v windows)"
-                    : storage != MasterStorage::fp32 ? "Muon update scratch (fp32 U, O, decoded master; largest matrix)"
-                                                     : "Muon update scratch (fp32 U, O; largest matrix)",
-                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32)});
+  if (muon) {  // engine/cuda/muon_gpu.h: per lane, U (fp32) in and O (bf16) out of the matrix in flight
+    host.push_back({"pinned Muon Newton-Schulz staging (fp32 U in, bf16 O out; a lane each of the largest matrix)",
+                    muon_pinned_bytes(spec)});
+    host.push_back({moments != MomentStorage::fp32 ? "Muon update scratch (a decoded master; m, v windows)"
+                    : storage != MasterStorage::fp32 ? "Muon update scratch (decoded master; largest matrix)"
+                                                     : "Muon update scratch (none: U and O are in the staging)",
+                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32,
+                                       /*pipelined=*/true)});
   }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});
@@ -555,10 +555,11 @@ int cmd_plan(const Args& args) {
         (long long)spec.n_layers, (long long)B, (long long)T, (long long)K, K == 1 ? "" : "es", (long long)(K * B * T));
     if (muon)
       std::printf(
-          "--optimizer %s: Muon's Newton-Schulz runs on the GPU, one matrix at a time from the CPU optimizer "
-          "(bf16 in and out, 2 B/element each way; its workspace is in the device plan); gradients reach the "
-          "optimizer whole (--grads host or fold). The step prediction counts AdamW's rate for every parameter "
-          "(NS5 of a 7B model is ~530 TFLOP per step, ~1 s of H200 bf16)\n",
+          "--optimizer %s: Muon's Newton-Schulz runs on the GPU, pipelined with the CPU optimizer (two "
+          "matrices in flight: U in as fp32, 4 B/element, O out as bf16, 2 B; the norm on the GPU; its workspace "
+          "is in the device plan); gradients reach the optimizer whole (--grads host or fold). The step "
+          "prediction counts AdamW's rate for every parameter and not NS5's GPU time (a 7B model: 526 TFLOP "
+          "per step, 0.72 s at the 730 TFLOP/s measured on the H200)\n",
           opt.c_str());
     if (spec.is_moe())
       std::printf(
@@ -671,8 +672,8 @@ int cmd_plan(const Args& args) {
       for (const DevicePlanItem& it : dp.items)
         if (it.what.rfind("Muon Newton-Schulz", 0) == 0) ws += it.bytes;
       const MuonMatrixDims md = muon_matrix_dims(spec);
-      std::printf("  of which the Muon Newton-Schulz workspace %s (X and a copy of %lld elements, A and B of %lld^2, "
-                  "bf16)\n",
+      std::printf("  of which the Muon Newton-Schulz workspace %s (2 lanes: U in fp32 and X in bf16 of %lld "
+                  "elements, A and B of %lld^2 in bf16)\n",
                   gib(static_cast<double>(ws)).c_str(), (long long)md.max_numel, (long long)md.max_small);
       // NS5 per matrix (m = smaller side, n = larger): 5 x (4 m^2 n + 2 m^3) FLOP, not in the prediction below
       double ns_flop = 0, ns_bytes = 0;
@@ -681,10 +682,11 @@ int cmd_plan(const Args& args) {
           const double m = static_cast<double>(std::min(e.shape[0], e.shape[1]));
           const double n = static_cast<double>(std::max(e.shape[0], e.shape[1]));
           ns_flop += 5 * (4 * m * m * n + 2 * m * m * m);
-          ns_bytes += 4 * m * n;  // bf16 in and out
+          ns_bytes += 6 * m * n;  // U in (fp32), O out (bf16)
         }
-      std::printf("  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s at the datasheet rate; "
-                  "ramtrain_muon_bench measures it) + %.2f GB of bf16 copies; not in the step prediction below\n",
+      std::printf("  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s at the datasheet rate, added to "
+                  "the step's GPU time; ramtrain_muon_bench measures it) + %.2f GB of copies (fp32 in, bf16 out); "
+                  "not in the step prediction below\n",
                   ns_flop / 1e12, ns_flop / (card.bf16_tflops * 1e12), ns_bytes / 1e9);
     }
     std::printf(

@@ -86,8 +86,8 @@ void train_options(ArgParser& p) {
            "(Moonshot's RMS matching), so it shares --lr with AdamW; muon8bit, muon4bit: the same with 8- or 4-bit "
            "moments (the matrices hold a momentum and no second moment: 8 B/param with an fp32 master, 5 with "
            "muon8bit, 4.6 with muon4bit; 2.6 with muon4bit and --master bf16-sr). "
-           "On the GPU, Newton-Schulz runs there in bf16 (fp32 sums), one matrix at a time from the CPU "
-           "optimizer, and each layer's gradient reaches the optimizer whole: --grads host or fold (auto picks "
+           "On the GPU, Newton-Schulz runs there in bf16 (fp32 sums), pipelined with the CPU optimizer "
+           "(two matrices in flight), and each layer's gradient reaches the optimizer whole: --grads host or fold (auto picks "
            "one; device and --delayed-update are refused); docs/lean_state.md",
            "adamw")
       .choice({"adamw", "adamw8bit", "adamw4bit", "muon", "muon8bit", "muon4bit"});

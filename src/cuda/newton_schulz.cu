@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/check.h"
+#include "cuda/newton_schulz_workspace.h"
 
 namespace rt::cuda {
 
@@ -22,6 +23,65 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
                             CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// The norm's order (see newton_schulz.h): rt::sum_squares's blocks and lanes.
+constexpr int64_t kSqBlock = kNewtonSchulzNormBlock;
+constexpr int kSqLanes = 16;
+constexpr int kSqThreads = 256;  // 16 blocks x 16 lanes per CUDA block
+
+// partial[b] = sum over lanes j in order of (sum over i = j mod 16 in block b, in index order, of u[i]^2)
+__global__ void sum_squares_blocks(const float* __restrict__ u, int64_t n, int64_t nblocks, double* partial) {
+  __shared__ double acc[kSqThreads];
+  const int t = threadIdx.x, lane = t % kSqLanes;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (kSqThreads / kSqLanes) + t / kSqLanes;
+  double s = 0;
+  if (b < nblocks) {
+    const int64_t e = min(n, (b + 1) * kSqBlock);
+#pragma unroll 8  // loads ahead; the adds stay in index order
+    for (int64_t i = b * kSqBlock + lane; i < e; i += kSqLanes) {
+      const double x = u[i];
+      s += x * x;
+    }
+  }
+  acc[t] = s;
+  __syncthreads();
+  if (lane == 0 && b < nblocks) {
+    double c = 0;
+    for (int j = 0; j < kSqLanes; ++j) c += acc[t + j];
+    partial[b] = c;
+  }
+}
+
+// out[0] = the blocks' sums added in order; out[1] = fp32(sqrt(out[0]) + eps) (held as a double).
+// One CUDA block: the sums come into shared memory a chunk at a time (all
+// threads), thread 0 adds them in order.
+constexpr int kFinishChunk = 2048;
+__global__ void sum_squares_finish(const double* __restrict__ partial, int64_t nblocks, double eps, double* out) {
+  __shared__ double chunk[kFinishChunk];
+  double s = 0;
+  for (int64_t c0 = 0; c0 < nblocks; c0 += kFinishChunk) {
+    const int64_t k = min(static_cast<int64_t>(kFinishChunk), nblocks - c0);
+    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) chunk[i] = partial[c0 + i];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int64_t i = 0; i < k; ++i) s += chunk[i];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out[0] = s;
+    out[1] = static_cast<double>(__double2float_rn(sqrt(s) + eps));
+  }
+}
+
+// x = bf16_rn(u / d), IEEE division (u: fp32 U; d: fp32 held as a double)
+__global__ void divide_to_bf16(const float* __restrict__ u, int64_t n, const double* d, bf16* __restrict__ x) {
+  const float dv = static_cast<float>(*d);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __float2bfloat16_rn(__fdiv_rn(u[i], dv));
+}
+
+int64_t norm_blocks(int64_t n) { return (n + kSqBlock - 1) / kSqBlock; }
+
 }  // namespace
 
 NewtonSchulz::NewtonSchulz(DeviceAllocator& alloc, int64_t max_numel, int64_t max_small, float a, float b, float c,
@@ -32,10 +92,13 @@ NewtonSchulz::NewtonSchulz(DeviceAllocator& alloc, int64_t max_numel, int64_t ma
       b_coef_(b),
       c_coef_(c),
       steps_(steps),
+      u_(alloc, max_numel, "the Muon Newton-Schulz workspace (U in fp32; X's copy)"),
       x_(alloc, max_numel, "the Muon Newton-Schulz workspace (X)"),
-      x2_(alloc, max_numel, "the Muon Newton-Schulz workspace (X copy)"),
       a_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (A)"),
-      b_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (B)") {
+      b_(alloc, max_small * max_small, "the Muon Newton-Schulz workspace (B)"),
+      norm_(alloc, static_cast<int64_t>(newton_schulz_norm_doubles(max_numel)),
+            "the Muon Newton-Schulz workspace (norm block sums)"),
+      host_sum_(sizeof(double), "the Muon Newton-Schulz norm (host copy)") {
   RT_CHECK(max_numel >= 1 && max_small >= 1 && max_small * max_small <= max_numel * max_numel && steps >= 1,
            "[cuda muon] bad Newton-Schulz workspace: ", max_numel, " elements, smaller side ", max_small, ", ", steps,
            " steps");
@@ -57,14 +120,15 @@ NewtonSchulz::~NewtonSchulz() {
   }
 }
 
-void NewtonSchulz::run_device(bf16* x, int64_t R, int64_t C) {
+bf16* NewtonSchulz::steps(bf16* x, int64_t R, int64_t C) {
   const int64_t s = std::min(R, C), n = R * C;
   RT_CHECK(R >= 1 && C >= 1 && n <= max_numel_ && s <= max_small_ && R <= INT_MAX && C <= INT_MAX,
            "[cuda muon] matrix ", R, " x ", C, " does not fit the Newton-Schulz workspace (", max_numel_,
            " elements, smaller side ", max_small_, ")");
   cudaStream_t st = stream_.get();
+  bf16* x2 = reinterpret_cast<bf16*>(u_.data());  // U is spent once X is made
   bf16* cur = x;
-  bf16* other = x == x2_.data() ? x_.data() : x2_.data();
+  bf16* other = x == x2 ? x_.data() : x2;
   bf16* A = a_.data();
   bf16* B = b_.data();
   const size_t xbytes = static_cast<size_t>(n) * 2, abytes = static_cast<size_t>(s * s) * 2;
@@ -83,7 +147,13 @@ void NewtonSchulz::run_device(bf16* x, int64_t R, int64_t C) {
       gemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, C, R, C, 1.f, B, s, cur, C, a_coef_, other, C);
     std::swap(cur, other);
   }
-  if (cur != x) CUDA_CHECK(cudaMemcpyAsync(x, cur, xbytes, cudaMemcpyDeviceToDevice, st));
+  return cur;
+}
+
+void NewtonSchulz::run_device(bf16* x, int64_t R, int64_t C) {
+  bf16* cur = steps(x, R, C);
+  if (cur != x)
+    CUDA_CHECK(cudaMemcpyAsync(x, cur, static_cast<size_t>(R * C) * 2, cudaMemcpyDeviceToDevice, stream_.get()));
 }
 
 void NewtonSchulz::run(uint16_t* x, int64_t R, int64_t C) {
@@ -95,6 +165,42 @@ void NewtonSchulz::run(uint16_t* x, int64_t R, int64_t C) {
   run_device(x_.data(), R, C);
   CUDA_CHECK(cudaMemcpyAsync(x, x_.data(), bytes, cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void NewtonSchulz::submit(const float* u, uint16_t* o, int64_t R, int64_t C) {
+  const int64_t n = R * C;
+  RT_CHECK(R >= 1 && C >= 1 && n <= max_numel_ && std::min(R, C) <= max_small_, "[cuda muon] matrix ", R, " x ", C,
+           " does not fit the Newton-Schulz workspace (", max_numel_, " elements, smaller side ", max_small_, ")");
+  cudaStream_t st = stream_.get();
+  const int64_t nb = norm_blocks(n);
+  double* norm = norm_.data();
+  CUDA_CHECK(cudaEventRecord(ev_start_.get(), st));
+  CUDA_CHECK(cudaMemcpyAsync(u_.data(), u, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st));
+  const int per_block = kSqThreads / kSqLanes;
+  const auto grid_sq = static_cast<unsigned>((nb + per_block - 1) / per_block);
+  sum_squares_blocks<<<grid_sq, kSqThreads, 0, st>>>(u_.data(), n, nb, norm);
+  CUDA_CHECK(cudaGetLastError());
+  sum_squares_finish<<<1, 256, 0, st>>>(norm, nb, kNewtonSchulzNormEps, norm + nb);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaMemcpyAsync(host_sum_.as<double>(), norm + nb, sizeof(double), cudaMemcpyDeviceToHost, st));
+  const int64_t grid = std::min<int64_t>((n + 255) / 256, 8192);
+  divide_to_bf16<<<static_cast<unsigned>(grid), 256, 0, st>>>(u_.data(), n, norm + nb + 1, x_.data());
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaEventRecord(ev_normed_.get(), st));
+  const bf16* res = steps(x_.data(), R, C);
+  CUDA_CHECK(cudaEventRecord(ev_stepped_.get(), st));
+  CUDA_CHECK(cudaMemcpyAsync(o, res, static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaEventRecord(ev_done_.get(), st));
+}
+
+void NewtonSchulz::wait() { CUDA_CHECK(cudaEventSynchronize(ev_done_.get())); }
+
+NewtonSchulz::Times NewtonSchulz::last_times() const {
+  Times t{};
+  CUDA_CHECK(cudaEventElapsedTime(&t.in_ms, ev_start_.get(), ev_normed_.get()));
+  CUDA_CHECK(cudaEventElapsedTime(&t.steps_ms, ev_normed_.get(), ev_stepped_.get()));
+  CUDA_CHECK(cudaEventElapsedTime(&t.out_ms, ev_stepped_.get(), ev_done_.get()));
+  return t;
 }
 
 }  // namespace rt::cuda

@@ -50,6 +50,13 @@ uint64_t muon_workspace_bytes(const ModelSpec& s) {
   return d.max_numel > 0 ? cuda::newton_schulz_workspace_bytes(d.max_numel, d.max_small) : 0;
 }
 
+uint64_t muon_pinned_bytes(const ModelSpec& s) {
+  const MuonMatrixDims d = muon_matrix_dims(s);
+  return d.max_numel > 0 ? static_cast<uint64_t>(cuda::kNewtonSchulzLanes) *
+                               (static_cast<uint64_t>(d.max_numel) * 6 + sizeof(double))
+                         : 0;
+}
+
 DevicePlacement place_on_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptions& o, uint64_t budget) {
   const int64_t L = s.n_layers, N = B * T;
   DevicePlacement p;
@@ -235,11 +242,14 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   add("RoPE frequencies", cpu::rope_inv_freq(s.rope, s.head_dim).size() * 4);
   if (s.rope_local_on) add("local RoPE frequencies", cpu::rope_inv_freq(s.rope_local, s.head_dim).size() * 4);
   add("op scratch", op_scratch(s, B, T, o));
-  if (o.muon) {  // cuda/newton_schulz.h: X, its copy, A, B (each rounded like the rest)
+  if (o.muon) {  // cuda/newton_schulz_workspace.h, per lane: U (fp32), X, A, B, the norm's block sums
     const MuonMatrixDims d = muon_matrix_dims(s);
+    const int64_t lanes = cuda::kNewtonSchulzLanes;
     const uint64_t x = u64(d.max_numel) * 2, a = u64(d.max_small) * u64(d.max_small) * 2;
-    add("Muon Newton-Schulz workspace (X, X copy)", x, 2);
-    add("Muon Newton-Schulz workspace (A, B)", a, 2);
+    add("Muon Newton-Schulz workspace (U in fp32, X's copy)", 2 * x, lanes);
+    add("Muon Newton-Schulz workspace (X)", x, lanes);
+    add("Muon Newton-Schulz workspace (A, B)", a, 2 * lanes);
+    add("Muon Newton-Schulz workspace (norm block sums)", cuda::newton_schulz_norm_doubles(d.max_numel) * 8, lanes);
   }
   // the MLP token chunk: on auto, the largest that lets the shared activation
   // set and the backward scratch fit in what is left (1/64 held back)

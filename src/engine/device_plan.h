@@ -76,6 +76,9 @@ struct MuonMatrixDims {
 };
 MuonMatrixDims muon_matrix_dims(const ModelSpec& s);
 uint64_t muon_workspace_bytes(const ModelSpec& s);
+// Pinned host bytes of the GPU orthogonaliser (engine/cuda/muon_gpu.h): per
+// lane, U (fp32) and O (bf16) of the largest matrix and the norm's copy.
+uint64_t muon_pinned_bytes(const ModelSpec& s);
 
 // Resolves the auto settings of o against the budget (bytes of device memory
 // the engine may use); fails with the flag to change on a bad combination.

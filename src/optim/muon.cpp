@@ -50,7 +50,7 @@ float* muon_scratch(int slot, int64_t n) {
   return b.p;
 }
 
-uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized) {
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized, bool pipelined) {
   // per unit (HostState's: embed, layers, head), the longest m and v range of
   // the quantized update (optim/muon_unit.cpp): a matrix whole, other tensors in pieces
   const int64_t L = s.n_layers;
@@ -68,7 +68,8 @@ uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quanti
   auto window = [](int64_t r) { return r ? (quant_blocks(r) + 1) * kQuantBlock : 0; };
   int64_t max_window = 0;
   for (size_t u = 0; u < rm.size(); ++u) max_window = std::max(max_window, window(rm[u]) + window(rv[u]));
-  return (decoded_master ? 3 : 2) * scratch_buffer_bytes(max_matrix) +
+  return (pipelined ? 0 : 2) * scratch_buffer_bytes(max_matrix) +
+         (decoded_master ? scratch_buffer_bytes(pipelined ? std::min(max_matrix, kMuonApplyChunk) : max_matrix) : 0) +
          (quantized ? scratch_buffer_bytes(max_window) : 0);
 }
 
@@ -140,14 +141,19 @@ void muon_orthogonalize_bf16(const float* u, float* o, int64_t rows, int64_t col
       o[i * cols + j] = x[static_cast<size_t>(rows <= cols ? i * cols + j : j * rows + i)];
 }
 
-void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
-                        double lr, double wd, float grad_scale, uint16_t* bf16_out, Orthogonalizer* orth) {
+float* Orthogonalizer::input(int, int64_t) { fail("[muon] internal: this orthogonaliser has no pipelined form"); }
+void Orthogonalizer::submit(int, int64_t, int64_t) {
+  fail("[muon] internal: this orthogonaliser has no pipelined form");
+}
+const uint16_t* Orthogonalizer::result(int) { fail("[muon] internal: this orthogonaliser has no pipelined form"); }
+
+void muon_check_hyper(double mu, double lr, double wd) {
   RT_CHECK(mu >= 0 && mu < 1, "[muon] momentum ", mu, " must lie in [0, 1); fix --muon-momentum (or --beta1)");
   RT_CHECK(lr >= 0 && wd >= 0, "[muon] lr = ", lr, ", weight_decay = ", wd, " must be >= 0");
-  const int64_t n = rows * cols;
+}
+
+void muon_momentum(float* m, const float* g, float* u, int64_t n, double mu, bool nesterov, float grad_scale) {
   const float muf = static_cast<float>(mu);
-  float* u = muon_scratch(0, n);
-  float* o = muon_scratch(1, n);
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float gi = g[i] * grad_scale;
@@ -155,21 +161,44 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
       u[i] = nesterov ? gi + muf * m[i] : m[i];
     }
   });
-  if (orth)
-    orth->orthogonalize(u, o, rows, cols);
-  else
-    muon_orthogonalize(u, o, rows, cols);
+}
+
+namespace {
+// p = p * (1 - lr*wd) - (lr * scale) * O; O[i] = load(i)
+template <class Load>
+void muon_apply_with(float* p, Load load, int64_t n, int64_t rows, int64_t cols, double lr, double wd,
+                     uint16_t* bf16_out) {
   const float decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   const float step = static_cast<float>(lr * muon_scale(rows, cols));
   parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float w = p[i];
       if (wd != 0) w = w * decay;
-      w = w - step * o[i];
+      w = w - step * load(i);
       p[i] = w;
       if (bf16_out) bf16_out[i] = f32_to_bf16(w);
     }
   });
+}
+}  // namespace
+
+void muon_apply_bf16(float* p, const uint16_t* o, int64_t n, int64_t rows, int64_t cols, double lr, double wd,
+                     uint16_t* bf16_out) {
+  muon_apply_with(p, [o](int64_t i) { return bf16_to_f32(o[i]); }, n, rows, cols, lr, wd, bf16_out);
+}
+
+void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_t cols, double mu, bool nesterov,
+                        double lr, double wd, float grad_scale, uint16_t* bf16_out, Orthogonalizer* orth) {
+  muon_check_hyper(mu, lr, wd);
+  const int64_t n = rows * cols;
+  float* u = muon_scratch(0, n);
+  float* o = muon_scratch(1, n);
+  muon_momentum(m, g, u, n, mu, nesterov, grad_scale);
+  if (orth)
+    orth->orthogonalize(u, o, rows, cols);
+  else
+    muon_orthogonalize(u, o, rows, cols);
+  muon_apply_with(p, [o](int64_t i) { return o[i]; }, n, rows, cols, lr, wd, bf16_out);
 }
 
 }  // namespace rt

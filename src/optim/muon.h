@@ -60,13 +60,31 @@ void newton_schulz5(float* x, int64_t r, int64_t c);
 void muon_orthogonalize_bf16(const float* u, float* o, int64_t rows, int64_t cols);
 
 // Runs o[R, C] = NS5(u / (||u||_F + 1e-7)) somewhere: the contract of
-// muon_orthogonalize, with the implementation's own rounding. Called for one
-// matrix at a time from one thread (the optimizer's); u, o: R*C floats,
-// row-major, not overlapping.
+// muon_orthogonalize, with the implementation's own rounding. Called from one
+// thread (the optimizer's); u, o: R*C floats, row-major, not overlapping.
+//
+// Pipelined form (lanes() > 0; the GPU's, engine/cuda/muon_gpu.h): up to
+// lanes() matrices in flight, so that the caller prepares the next matrix
+// and applies the last one while this one runs. The caller takes lanes
+// 0, 1, .., lanes()-1, 0, .. in turn (from 0 again whenever none is in
+// flight); per matrix on lane l:
+//   float* u = input(l, n)    the lane's buffer for U (n = R*C floats); the
+//                             lane's previous result must have been taken
+//   submit(l, R, C)           NS5 of U starts; U is not touched again by the caller
+//   const uint16_t* o = result(l)   waits; O as bf16 bit patterns (R*C),
+//                             valid until the lane's next input()
+// The result is O rounded to bf16, and orthogonalize() on the same U returns
+// exactly those values widened to fp32 (an implementation whose O is not
+// bf16-valued has lanes() == 0). muon_unit_update (optim/muon_unit.h) uses
+// the pipelined form when it is offered: the same bits as orthogonalize().
 class Orthogonalizer {
  public:
   virtual ~Orthogonalizer() = default;
   virtual void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) = 0;
+  virtual int lanes() const { return 0; }
+  virtual float* input(int lane, int64_t n);
+  virtual void submit(int lane, int64_t rows, int64_t cols);
+  virtual const uint16_t* result(int lane);
 };
 
 // One Muon step of one matrix: p, m, g: rows*cols floats; mu the momentum
@@ -77,6 +95,16 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
                         double lr, double wd, float grad_scale, uint16_t* bf16_out = nullptr,
                         Orthogonalizer* orth = nullptr);
 
+// The two halves of muon_update_matrix, for the pipelined form above (same
+// bits): muon_momentum makes U (u: n floats) and the new momentum m from g;
+// muon_apply_bf16 applies O given as bf16 bit patterns to n elements (all or
+// a run) of a [rows, cols] matrix (decay, then the scaled step; bf16_out
+// nullable). muon_check_hyper: the checks of both.
+void muon_check_hyper(double mu, double lr, double wd);
+void muon_momentum(float* m, const float* g, float* u, int64_t n, double mu, bool nesterov, float grad_scale);
+void muon_apply_bf16(float* p, const uint16_t* o, int64_t n, int64_t rows, int64_t cols, double lr, double wd,
+                     uint16_t* bf16_out);
+
 // Scratch of the calling thread, slot 0..3, at least n floats, uninitialised,
 // kept at the largest size asked until the thread ends: the optimizer updates
 // one matrix after another, and fresh allocations cost page faults on every
@@ -85,10 +113,11 @@ void muon_update_matrix(float* p, float* m, const float* g, int64_t rows, int64_
 // m and v windows (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
 float* muon_scratch(int slot, int64_t n);
 // Bytes one thread's scratch holds after a Muon step of a model of spec s:
-// U and O of its largest matrix, + the decoded matrix (decoded_master: a split
-// or bf16 master), + the m and v windows of the quantized update (quantized
+// U and O of its largest matrix (not with a pipelined orthogonaliser, whose
+// own buffers hold them), + the decoded matrix (decoded_master: a split or
+// bf16 master; pipelined: a chunk of kMuonApplyChunk), + the m and v windows of the quantized update (quantized
 // moments: a matrix's m, or a piece's m and v, + a block either side).
-uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized);
+uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized, bool pipelined = false);
 // Bytes the calling thread's scratch holds now.
 uint64_t muon_scratch_held();
 

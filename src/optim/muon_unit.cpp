@@ -58,6 +58,98 @@ void update_piece(StateUnit& u, size_t k, int64_t c0, int64_t c, float* m, float
   bf16_master_store(u, at, c, buf.data(), o);
 }
 
+// The pipelined form of a Muon matrix (optim/muon.h Orthogonalizer::lanes):
+// matrix_begin makes U in the lane's input and submits it; matrix_finish
+// applies the lane's bf16 O to the master as update_piece's matrix branch
+// does (the same bits: O widened from bf16 is what orthogonalize returns).
+void matrix_begin(StateUnit& u, size_t k, float* m, const float* grad, const OptimStep& o, float clip_coef, int lane) {
+  const WeightEntry& e = u.entries[k];
+  const double mu = muon_momentum(o);
+  muon_check_hyper(mu, o.lr, weight_decay_for(e, o));
+  const int64_t n = e.numel();
+  float* x = o.orthogonalizer->input(lane, n);
+  muon_momentum(m, grad + u.offsets[k], x, n, mu, o.muon.nesterov, clip_coef);
+  o.orthogonalizer->submit(lane, e.shape[0], e.shape[1]);
+}
+
+// A shadow master is decoded, updated and stored back kMuonApplyChunk
+// elements at a time (elementwise: the same bits as the whole matrix), so
+// the decoded chunk stays in the caches.
+void matrix_finish(StateUnit& u, size_t k, const OptimStep& o, uint16_t* bf16_shadow, const uint16_t* ob) {
+  const WeightEntry& e = u.entries[k];
+  const int64_t at = u.offsets[k], n = e.numel(), R = e.shape[0], C = e.shape[1];
+  const double wd = weight_decay_for(e, o);
+  if (!u.shadow_master())
+    return muon_apply_bf16(u.master() + at, ob, n, R, C, o.lr, wd, bf16_shadow ? bf16_shadow + at : nullptr);
+  float* w = muon_scratch(2, std::min(n, kMuonApplyChunk));
+  for (int64_t c0 = 0; c0 < n; c0 += kMuonApplyChunk) {
+    const int64_t c = std::min(kMuonApplyChunk, n - c0);
+    u.read_master(at + c0, c, w);
+    muon_apply_bf16(w, ob + c0, c, R, C, o.lr, wd, nullptr);
+    if (u.split())
+      u.write_master(at + c0, c, w);
+    else
+      bf16_master_store(u, at + c0, c, w, o);
+  }
+}
+
+// The matrices in flight on the orthogonaliser's lanes, oldest first.
+struct MatrixPipeline {
+  StateUnit& u;
+  const OptimStep& o;
+  uint16_t* bf16_shadow;
+  int lanes;
+  struct Pending {
+    size_t k;
+    int lane;
+  };
+  std::vector<Pending> q;  // a ring of `lanes` would do; a unit has few matrices
+  size_t head = 0;
+  int next_lane = 0;
+
+  void finish_oldest() {
+    const Pending p = q[head++];
+    matrix_finish(u, p.k, o, bf16_shadow, o.orthogonalizer->result(p.lane));
+  }
+  void begin(size_t k, float* m, const float* grad, float clip_coef) {
+    if (q.size() - head == static_cast<size_t>(lanes)) finish_oldest();  // its lane is the next one
+    matrix_begin(u, k, m, grad, o, clip_coef, next_lane);
+    q.push_back({k, next_lane});
+    next_lane = (next_lane + 1) % lanes;
+  }
+  void drain() {
+    while (head < q.size()) finish_oldest();
+  }
+};
+
+std::vector<size_t> entry_order(const StateUnit& u) {
+  std::vector<size_t> o(u.entries.size());
+  for (size_t k = 0; k < o.size(); ++k) o[k] = k;
+  return o;
+}
+
+// The order a pipelined update takes a unit's tensors in (fp32 moments: no
+// window asks for increasing offsets): its smallest Muon matrix first (the
+// GPU waits for the first U) and its second smallest last (the host waits
+// for the last O), the others as they come; the matrices are independent,
+// so the bits are those of entry order. Qwen2's layer: k_proj, the norms,
+// q_proj, o_proj, the MLP, v_proj.
+std::vector<size_t> pipeline_order(const StateUnit& u) {
+  std::vector<size_t> mats, order;
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (muon_matrix(u.entries[k])) mats.push_back(k);
+  if (mats.size() < 3) return entry_order(u);
+  std::vector<size_t> by_size = mats;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return u.entries[a].numel() < u.entries[b].numel(); });
+  const size_t first = by_size[0], last = by_size[1];
+  order.push_back(first);
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    if (k != first && k != last) order.push_back(k);
+  order.push_back(last);
+  return order;
+}
+
 constexpr uint64_t kKeyMuonM = 0x6d756f6e6d000001ull, kKeyMuonV = 0x6d756f6e76000002ull;
 
 // One quantized moment of a unit (m: signed, numel elements; or the packed v)
@@ -155,15 +247,24 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
     RT_CHECK(u.n_shadows == 1 && (!bf16_shadow || bf16_shadow == u.shadow(0)), "[muon] unit ", u.name, ": a ",
              master_storage_name(u.master_kind), " master is updated in place (one shadow, which the update writes)");
   std::vector<float> buf;  // a bf16 master's decoded piece
+  // pipelined NS5 (optim/muon.h): each matrix's momentum and U now, its
+  // update once its O is back, the other tensors' AdamW in between; every
+  // matrix is done before this returns
+  const int lanes = o.orthogonalizer ? o.orthogonalizer->lanes() : 0;
+  MatrixPipeline pipe{u, o, bf16_shadow, lanes, {}, 0, 0};
+  auto run = [&](size_t k, int64_t c0, int64_t c, float* m, float* v) {
+    if (lanes > 0 && muon_matrix(u.entries[k])) return pipe.begin(k, m, grad, clip_coef);
+    update_piece(u, k, c0, c, m, v, grad, o, clip_coef, bf16_shadow, buf);
+  };
   if (!u.quantized()) {
-    for (size_t k = 0; k < u.entries.size(); ++k) {
+    for (size_t k : lanes > 0 ? pipeline_order(u) : entry_order(u)) {
       const int64_t n = u.entries[k].numel(), step = muon_matrix(u.entries[k]) ? n : piece;
       for (int64_t c0 = 0; c0 < n; c0 += step) {
         const int64_t c = std::min(step, n - c0);
-        update_piece(u, k, c0, c, u.m() + u.offsets[k] + c0, u.v_at(k) >= 0 ? u.v() + u.v_at(k) + c0 : nullptr, grad, o,
-                     clip_coef, bf16_shadow, buf);
+        run(k, c0, c, u.m() + u.offsets[k] + c0, u.v_at(k) >= 0 ? u.v() + u.v_at(k) + c0 : nullptr);
       }
     }
+    pipe.drain();
     return;
   }
   // Quantized: tensor by tensor (a Muon matrix whole, the others in pieces of
@@ -186,9 +287,10 @@ void muon_unit_update(StateUnit& u, const float* grad, const OptimStep& o, float
       const int64_t c = std::min(step, n - c0), at = off + c0;
       float* m = wm.at(at, at + c);
       float* v = u.v_at(k) >= 0 ? wv.at(u.v_at(k) + c0, u.v_at(k) + c0 + c) : nullptr;
-      update_piece(u, k, c0, c, m, v, grad, o, clip_coef, bf16_shadow, buf);
+      run(k, c0, c, m, v);  // a matrix's momentum is final once begun: its blocks may be encoded from here on
     }
   }
+  pipe.drain();
   wm.finish();
   wv.finish();
 }

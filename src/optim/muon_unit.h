@@ -24,6 +24,13 @@
 // the master's rounding (optim/adamw_lean.h bf16_master_store: the draws and
 // the Kahan step of adamw_lean_update).
 // NS5 runs where o.orthogonalizer says (optim/muon.h; nullptr: the CPU spec).
+// A pipelined one (lanes() > 0, the GPU's): each matrix's momentum pass
+// writes U into a lane and submits it; the matrix's weight update runs when
+// a lane is needed again (or at the unit's end), so the host's passes of
+// the next and the last matrix (and the other tensors' AdamW) overlap this
+// one's NS5; with fp32 moments the unit's smallest matrix goes first and its
+// second smallest last (the pipeline's ends wait on them). The same bits as
+// the one-at-a-time calls.
 #pragma once
 #include <cstdint>
 
@@ -33,6 +40,9 @@ namespace rt {
 
 // Elements of a non-matrix tensor updated (and, quantized or bf16, decoded) at a time.
 inline constexpr int64_t kMuonPiece = int64_t(1) << 20;
+// Elements of a Muon matrix's split or bf16 master decoded, updated and
+// stored at a time by the pipelined form (muon_scratch slot 2 holds one).
+inline constexpr int64_t kMuonApplyChunk = int64_t(1) << 20;
 
 // u.muon must be set; grad[u.numel]; bf16_shadow (nullable) as update_unit's.
 // piece: kMuonPiece, or (tests) any other length >= 1: the same bits.

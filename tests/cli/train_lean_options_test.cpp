@@ -120,11 +120,11 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     rt::DevicePlacement place;     // the pinned gradient landing: slabs with host gradients, else the ring
     place.host_grads = host_grads;
     extra += static_cast<double>(rt::gradient_landing_bytes(spec, place, 16ull << 20));
-    if (m.rule == rt::UpdateRule::muon) {  // the pinned bf16 staging of the GPU Newton-Schulz, the fp32 scratch
+    if (m.rule == rt::UpdateRule::muon) {  // the pinned staging of the GPU Newton-Schulz lanes, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
-      extra += 2.0 * static_cast<double>(mx) +
+      extra += 2.0 * (6.0 * static_cast<double>(mx) + 8.0) +  // 2 lanes: fp32 U, bf16 O, the norm's double
                static_cast<double>(rt::muon_scratch_bytes(spec, m.master != rt::MasterStorage::fp32,
-                                                          m.moments != rt::MomentStorage::fp32));
+                                                          m.moments != rt::MomentStorage::fp32, /*pipelined=*/true));
     }
     EXPECT_EQ(needed, static_cast<double>(state) + extra) << p.output;
   }

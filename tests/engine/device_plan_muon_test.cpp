@@ -78,10 +78,14 @@ TEST(DevicePlanMuon, TheWorkspaceIsSizedForTheLargestMatrix) {
   const rt::MuonMatrixDims d = rt::muon_matrix_dims(s);
   EXPECT_EQ(d.max_numel, most);
   EXPECT_EQ(d.max_small, small);
-  const uint64_t x = (176 * 64 * 2 + 255) / 256 * 256, a = (64 * 64 * 2 + 255) / 256 * 256;
-  EXPECT_EQ(rt::muon_workspace_bytes(s), 2 * x + 2 * a);
-  EXPECT_EQ(rt::cuda::newton_schulz_workspace_bytes(most, small), 2 * x + 2 * a);
-  // the plan holds it (two items) and adds exactly that to the total
+  // per lane (2, cuda/newton_schulz_workspace.h): U of `most` fp32 (X's copy in its bytes), X of `most` bf16, A and
+  // B of small^2 bf16, the norm's sums: one double per 16384 elements + 2 (3 doubles), each rounded to 256 bytes
+  const auto r256 = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  const uint64_t lane = r256(176 * 64 * 4) + r256(176 * 64 * 2) + 2 * r256(64 * 64 * 2) + r256(3 * 8);
+  EXPECT_EQ(rt::muon_workspace_bytes(s), 2 * lane);
+  EXPECT_EQ(rt::cuda::newton_schulz_workspace_bytes(most, small), 2 * lane);
+  EXPECT_EQ(rt::cuda::newton_schulz_workspace_bytes(most, small, 1), lane);
+  // the plan holds it and adds exactly that to the total
   rt::CudaOptions o = muon_options();
   const rt::DevicePlan p = rt::plan_device(s, 2, 32, o, kHuge);
   o.muon = false;
@@ -90,7 +94,7 @@ TEST(DevicePlanMuon, TheWorkspaceIsSizedForTheLargestMatrix) {
   uint64_t ws = 0;
   for (const rt::DevicePlanItem& it : p.items)
     if (it.what.rfind("Muon Newton-Schulz workspace", 0) == 0) ws += it.bytes;
-  EXPECT_EQ(ws, 2 * x + 2 * a);
+  EXPECT_EQ(ws, 2 * lane);
   EXPECT_EQ(p.total, q.total + ws);
   for (const rt::DevicePlanItem& it : q.items) EXPECT_EQ(it.what.find("Muon"), std::string::npos) << it.what;
 }

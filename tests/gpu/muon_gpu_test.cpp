@@ -19,9 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "engine/backend.h"
 #include "engine/device_plan.h"
+#include "optim/adamw.h"
 #include "optim/muon.h"
+#include "optim/unit_update.h"
+#include "state/host_state.h"
 #include "testutil.h"
 #ifdef RAMTRAIN_HAVE_CUDA
 #include "engine/cuda/engine_device.h"
@@ -109,6 +113,9 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
   };
   rt::cuda::DeviceAllocator alloc(1ull << 32);
   rt::cuda::GpuOrthogonalizer gpu(alloc, 1024 * 1024, 1024);
+  rt::cuda::NewtonSchulz host_path(alloc, 1024 * 1024, 1024, static_cast<float>(rt::kMuonNsA),
+                                   static_cast<float>(rt::kMuonNsB), static_cast<float>(rt::kMuonNsC),
+                                   rt::kMuonNsSteps);
   double worst = 0;
   for (const Case& k :
        {Case{"gaussian", 64, 256, 0}, Case{"gaussian", 256, 64, 0}, Case{"gaussian", 300, 1000, 0},
@@ -121,7 +128,19 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
     rt::muon_orthogonalize(u.data(), spec.data(), k.R, k.C);
     rt::muon_orthogonalize_bf16(u.data(), twin.data(), k.R, k.C);
     gpu.orthogonalize(u.data(), got.data(), k.R, k.C);
+    // the device norm is rt::sum_squares's double, summed in its order: the same bits
+    EXPECT_EQ(gpu.lane(0).last_sum_squares(), rt::sum_squares(u.data(), n));
     gpu.orthogonalize(u.data(), again.data(), k.R, k.C);
+    // the host's normalisation and conversion (the path before the device norm) gives the same bits
+    {
+      const float d = static_cast<float>(std::sqrt(rt::sum_squares(u.data(), n)) + rt::kMuonNormEps);
+      std::vector<uint16_t> xb(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) xb[static_cast<size_t>(i)] = rt::f32_to_bf16(u[static_cast<size_t>(i)] / d);
+      host_path.run(xb.data(), k.R, k.C);
+      bool same = true;
+      for (size_t i = 0; i < got.size(); ++i) same = same && rt::bf16_to_f32(xb[i]) == got[i];
+      EXPECT_TRUE(same) << "the device's normalisation must give the host path's bits";
+    }
     const double e = rt::test::rel_l2(got.data(), spec.data(), n);
     const double et = rt::test::rel_l2(twin.data(), spec.data(), n);
     const double eg = rt::test::rel_l2(got.data(), twin.data(), n);
@@ -152,6 +171,57 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
   std::vector<float> big(1024 * 1025), out(big.size());
   rt::test::expect_error([&] { gpu.orthogonalize(big.data(), out.data(), 1024, 1025); },
                          {"Newton-Schulz workspace", "1024 x 1025"});
+}
+
+TEST(MuonGpu, PipelinedLanesGiveTheBitsOfOneAtATime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  // The engine's form: matrices submitted on two lanes (two streams, two
+  // cuBLAS handles) while the host fills the next lane, results taken in
+  // turn. The same GEMMs on the same shapes as orthogonalize() (one matrix on
+  // lane 0, synchronous), so the same bits, whichever lane ran a matrix and
+  // whatever ran beside it; pairs of the same shape run side by side (as
+  // k_proj and v_proj do).
+  rt::cuda::DeviceAllocator alloc(1ull << 32);
+  rt::cuda::GpuOrthogonalizer gpu(alloc, 1024 * 1024, 1024);
+  ASSERT_EQ(gpu.lanes(), 2);
+  struct M {
+    int64_t R, C;
+  };
+  const std::vector<M> ms = {{256, 1024}, {64, 1024}, {64, 1024}, {1024, 256}, {512, 512}, {1024, 1024}, {96, 160}};
+  std::vector<std::vector<float>> us, one(ms.size());
+  for (size_t i = 0; i < ms.size(); ++i) {
+    us.push_back(gaussian(ms[i].R * ms[i].C, 40 + i, 1e-3));
+    one[i].resize(us[i].size());
+    gpu.orthogonalize(us[i].data(), one[i].data(), ms[i].R, ms[i].C);
+  }
+  for (int round = 0; round < 2; ++round) {  // twice: lanes reused
+    std::vector<std::vector<uint16_t>> got(ms.size());
+    size_t taken = 0;
+    auto take = [&] {
+      const M& m = ms[taken];
+      const uint16_t* o = gpu.result(static_cast<int>(taken % 2));
+      got[taken].assign(o, o + m.R * m.C);
+      ++taken;
+    };
+    for (size_t i = 0; i < ms.size(); ++i) {
+      if (i >= 2) take();
+      float* in = gpu.input(static_cast<int>(i % 2), ms[i].R * ms[i].C);
+      std::copy(us[i].begin(), us[i].end(), in);
+      gpu.submit(static_cast<int>(i % 2), ms[i].R, ms[i].C);
+    }
+    while (taken < ms.size()) take();
+    for (size_t i = 0; i < ms.size(); ++i) {
+      bool same = true;
+      for (size_t j = 0; j < one[i].size(); ++j) same = same && rt::bf16_to_f32(got[i][j]) == one[i][j];
+      EXPECT_TRUE(same) << "matrix " << i << " (" << ms[i].R << " x " << ms[i].C << "), round " << round;
+    }
+  }
+  // a lane asked for input with its result not taken, or a result never submitted: refused
+  gpu.input(0, 16);
+  gpu.submit(0, 4, 4);
+  rt::test::expect_error([&] { gpu.input(0, 16); }, {"lane 0", "before its result was taken"});
+  gpu.result(0);
+  rt::test::expect_error([&] { gpu.result(1); }, {"lane 1", "no matrix in flight"});
 }
 
 // GPU-friendly small shape: widths multiples of 8, head_dim 64, vocab 264.
@@ -295,6 +365,61 @@ TEST(MuonGpu, TheEngineFollowsTheCpuBackend) {
     }
 }
 
+TEST(MuonGpu, TheOptimizerPipelineGivesTheBitsOfOneAtATime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  // muon_unit_update with the GPU orthogonaliser pipelined (the engine's
+  // form: each matrix's momentum pass into a lane, its weight update when
+  // the lane comes round, the other tensors' AdamW in between) against the
+  // same orthogonaliser called one matrix at a time: masters, momenta (or
+  // codes), shadows bit for bit over 3 steps; fp32 and split masters, fp32
+  // and 8-bit momenta.
+  const rt::ModelSpec s = gpu_spec(2);
+  rt::cuda::DeviceAllocator alloc(1ull << 31);
+  const rt::MuonMatrixDims md = rt::muon_matrix_dims(s);
+  rt::cuda::GpuOrthogonalizer piped(alloc, md.max_numel, md.max_small), single(alloc, md.max_numel, md.max_small);
+  single.set_pipelined(false);
+  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8})
+    for (rt::MasterStorage ma : {rt::MasterStorage::fp32, rt::MasterStorage::split}) {
+      SCOPED_TRACE(std::string(rt::master_storage_name(ma)) + " " + rt::moment_storage_name(mo));
+      rt::HostState a(s, false, mo), b(s, false, mo);
+      for (rt::HostState* st : {&a, &b}) {
+        st->set_update_rule(rt::UpdateRule::muon);
+        st->init_random(17, 0.05f);
+        if (ma != rt::MasterStorage::fp32) st->set_master_storage(ma, 1);
+      }
+      rt::OptimStep o;
+      o.lr = 3e-3;
+      o.weight_decay = 0.1;
+      o.rounding_seed = 3;
+      for (int t = 1; t <= 3; ++t) {
+        o.t = t;
+        for (size_t i = 0; i < a.units().size(); ++i) {
+          rt::StateUnit &ua = a.units()[i], &ub = b.units()[i];
+          const std::vector<float> g = gaussian(ua.numel, 100 * t + i, 1e-2);
+          std::vector<uint16_t> sa(static_cast<size_t>(ua.numel)), sb(sa.size());
+          rt::OptimStep oa = o, ob = o;
+          oa.orthogonalizer = &piped;
+          ob.orthogonalizer = &single;
+          const bool sm = ua.shadow_master();
+          rt::update_unit(ua, g.data(), oa, 0.9f, sm ? ua.shadow(0) : sa.data());
+          rt::update_unit(ub, g.data(), ob, 0.9f, sm ? ub.shadow(0) : sb.data());
+          std::vector<float> wa(static_cast<size_t>(ua.numel)), wb(wa.size());
+          ua.read_master(0, ua.numel, wa.data());
+          ub.read_master(0, ub.numel, wb.data());
+          ASSERT_TRUE(wa == wb) << ua.name << " step " << t;
+          ASSERT_TRUE(std::equal(sm ? ua.shadow(0) : sa.data(), (sm ? ua.shadow(0) : sa.data()) + ua.numel,
+                                 sm ? ub.shadow(0) : sb.data()))
+              << ua.name;
+          if (mo == rt::MomentStorage::fp32) {
+            ASSERT_TRUE(std::equal(ua.m(), ua.m() + ua.numel, ub.m())) << ua.name;
+          } else {
+            ASSERT_TRUE(std::equal(ua.qm(), ua.qm() + ua.numel, ub.qm())) << ua.name;
+          }
+        }
+      }
+    }
+}
+
 TEST(MuonGpu, ThePlanCountsTheWorkspaceAndDeviceGradientsAreRefused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   const int64_t B = 2, T = 128;
@@ -317,8 +442,9 @@ TEST(MuonGpu, ThePlanCountsTheWorkspaceAndDeviceGradientsAreRefused) {
     for (const rt::DevicePlanItem& it : p.items)
       if (it.what.find("Muon Newton-Schulz") != std::string::npos) ws += it.bytes;
     EXPECT_EQ(ws, rt::muon_workspace_bytes(s));
-    // the largest matrix is the MLP's [512, 256]: X, X2 of 512*256 bf16, A, B of 256^2 bf16
-    EXPECT_EQ(ws, 2u * 512 * 256 * 2 + 2u * 256 * 256 * 2);
+    // the largest matrix is the MLP's [512, 256]; per lane (2): U of 512*256 fp32, X of 512*256 bf16, A, B of
+    // 256^2 bf16, the norm's 512*256/16384 + 2 doubles (80 bytes, rounded to 256)
+    EXPECT_EQ(ws, 2u * (512 * 256 * 4 + 512 * 256 * 2 + 2 * 256 * 256 * 2 + 256));
   }
   rt::HostState st(s, false);
   st.set_update_rule(rt::UpdateRule::muon);

@@ -10,6 +10,11 @@
 #   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test)
 #   muon      Muon's NS5 on the GPU vs the CPU spec, the engine with --optimizer muon vs the CPU backend
 #             (gpu_muon_gpu_test), and NS5 timings on Qwen2.5-7B's matrices (ramtrain_muon_bench)
+#   muonperf  issue 35 (not in the default; ~4 min): ramtrain_muon_bench (per matrix: NS5's steps, the lane's whole
+#             job, the synchronous call; per layer: the optimizer's whole Muon update one matrix at a time, pipelined,
+#             and without NS5), then Qwen2.5-7B 16 x 2048 --grads fold, AdamW and Muon (bench/lean_size.sh,
+#             MP_STEPS steps, 5), and bench/muon_compare.py: both tokens/s, their ratio and the bound
+#             S_adamw / (S_adamw + NS5's device time per step)
 #   resume    CUDA training resumed from a checkpoint repeats the uninterrupted losses (default, delayed update, --low-memory,
 #             --optimizer muon8bit, --optimizer muon4bit --master bf16-sr)
 #   optim     CPU AdamW (ramtrain_optim_bench) against torch.optim.AdamW on the same cores
@@ -207,6 +212,15 @@ has engine && run engine_test 300 "$bin/gpu_engine_test"
 has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
 has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
 has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
+if has muonperf; then  # issue 35: NS5 pipelined with the optimizer thread
+  run muonperf_bench 150 "$bin/ramtrain_muon_bench" 3
+  mkdir -p "$tmp/mp"
+  run muonperf_7b 360 env OUT="$tmp/mp" bash "$here/bench/lean_size.sh" "$bin/ramtrain" "$data" "${MP_STEPS:-5}" \
+    "7b-adamw 7b-muon"
+  cp "$tmp/mp/size_7b-adamw.log" "$tmp/mp/size_7b-muon.log" "$logs/" 2>/dev/null
+  run muonperf_compare 30 python3 "$here/bench/muon_compare.py" "$logs/muonperf_bench.log" \
+    "$tmp/mp/size_7b-adamw.log" "$tmp/mp/size_7b-muon.log"
+fi
 if has muon; then
   # the CLI on the GPU: tiny-byte, 60 steps, muon (grads auto: host) and muon8bit with --grads fold, against AdamW
   for mode in "adamw" "muon" "muon8bit --grads fold" "muon4bit --grads fold --master bf16-sr"; do

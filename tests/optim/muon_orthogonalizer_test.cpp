@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,125 @@ struct Bf16Twin final : rt::Orthogonalizer {
     rt::muon_orthogonalize_bf16(u, o, rows, cols);
   }
 };
+
+// The pipelined form (Orthogonalizer::lanes) on the CPU: the bf16 twin, run
+// lazily in result() (so a caller that touches U after submit() changes
+// it), with the lane's input filled with NaN when handed out (a caller must
+// write all of U) and its output with NaN when the lane is handed out again
+// (a caller must not read O late). Checks the protocol: lanes in turn,
+// input -> submit -> result. 0 lanes: the one-at-a-time form.
+struct PipelinedTwin final : rt::Orthogonalizer {
+  struct Lane {
+    std::vector<float> in;
+    std::vector<uint16_t> out;
+    int64_t rows = 0, cols = 0;
+    bool submitted = false, handed = false;
+  };
+  explicit PipelinedTwin(int lanes) : n_lanes(lanes), lane(static_cast<size_t>(lanes)) {}
+  int n_lanes;
+  std::vector<Lane> lane;
+  int next = 0;  // the lane the caller must take next
+  int64_t calls = 0, max_in_flight = 0;
+
+  void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols) override {
+    ++calls;
+    rt::muon_orthogonalize_bf16(u, o, rows, cols);
+  }
+  int lanes() const override { return n_lanes; }
+  float* input(int l, int64_t n) override {
+    bool idle = true;
+    for (const Lane& y : lane) idle = idle && !y.submitted;
+    EXPECT_TRUE(l == next || (idle && l == 0)) << "lanes are taken in turn (from 0 again when none is in flight)";
+    next = l;
+    Lane& x = lane.at(static_cast<size_t>(l));
+    EXPECT_FALSE(x.submitted) << "lane " << l << " handed out before its result was taken";
+    x.in.assign(static_cast<size_t>(n), std::nanf(""));
+    std::fill(x.out.begin(), x.out.end(), uint16_t{0x7fc0});  // NaN: the last O is gone
+    x.handed = true;
+    return x.in.data();
+  }
+  void submit(int l, int64_t rows, int64_t cols) override {
+    Lane& x = lane.at(static_cast<size_t>(l));
+    EXPECT_TRUE(x.handed && !x.submitted);
+    EXPECT_EQ(static_cast<size_t>(rows * cols), x.in.size());
+    x.rows = rows, x.cols = cols, x.submitted = true, x.handed = false;
+    next = (next + 1) % n_lanes;
+    int64_t f = 0;
+    for (const Lane& y : lane) f += y.submitted;
+    max_in_flight = std::max(max_in_flight, f);
+  }
+  const uint16_t* result(int l) override {
+    Lane& x = lane.at(static_cast<size_t>(l));
+    EXPECT_TRUE(x.submitted) << "lane " << l << " has nothing in flight";
+    ++calls;
+    std::vector<float> o(x.in.size());
+    rt::muon_orthogonalize_bf16(x.in.data(), o.data(), x.rows, x.cols);  // now, not at submit()
+    x.out.resize(o.size());
+    for (size_t i = 0; i < o.size(); ++i) x.out[i] = rt::f32_to_bf16(o[i]);  // exact: o is bf16-valued
+    x.submitted = false;
+    return x.out.data();
+  }
+};
+
+TEST(MuonOrthogonalizer, PipelinedCallsGiveTheBitsOfOneAtATime) {
+  // muon_unit_update with a pipelined orthogonaliser (each matrix's momentum
+  // pass into a lane, its weight update when the lane comes round again or
+  // at the unit's end, the other tensors' AdamW in between) against the same
+  // orthogonaliser called one matrix at a time: the same arithmetic in
+  // another order, so every master, moment (or code), shadow bit for bit,
+  // over 1, 2 and 3 lanes, every master and moment storage, 3 steps.
+  for (rt::MasterStorage ma :
+       {rt::MasterStorage::fp32, rt::MasterStorage::split, rt::MasterStorage::bf16_sr, rt::MasterStorage::bf16_kahan})
+    for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8, rt::MomentStorage::q4})
+      for (int lanes : {1, 2, 3}) {
+        SCOPED_TRACE(std::string(rt::master_storage_name(ma)) + " " + rt::moment_storage_name(mo) + ", " +
+                     std::to_string(lanes) + " lanes");
+        rt::HostState a(spec(), false, mo), b(spec(), false, mo);
+        for (rt::HostState* s : {&a, &b}) {
+          s->set_update_rule(rt::UpdateRule::muon);
+          s->init_random(11);
+          if (ma != rt::MasterStorage::fp32) s->set_master_storage(ma, 1);
+        }
+        PipelinedTwin piped(lanes), single(0);
+        rt::OptimStep o;
+        o.lr = 3e-3;
+        o.weight_decay = 0.1;
+        o.rounding_seed = 7;
+        for (int t = 1; t <= 3; ++t) {
+          o.t = t;
+          for (size_t i = 0; i < a.units().size(); ++i) {
+            rt::StateUnit &ua = a.units()[i], &ub = b.units()[i];
+            const std::vector<float> g = unit_grad(ua, t);
+            std::vector<uint16_t> sa(static_cast<size_t>(ua.numel)), sb(sa.size());
+            rt::OptimStep oa = o, ob = o;
+            oa.orthogonalizer = &piped;
+            ob.orthogonalizer = &single;
+            const bool shadow_master = ua.shadow_master();
+            rt::update_unit(ua, g.data(), oa, 0.8f, shadow_master ? ua.shadow(0) : sa.data());
+            rt::update_unit(ub, g.data(), ob, 0.8f, shadow_master ? ub.shadow(0) : sb.data());
+            std::vector<float> wa(static_cast<size_t>(ua.numel)), wb(wa.size());
+            ua.read_master(0, ua.numel, wa.data());
+            ub.read_master(0, ub.numel, wb.data());
+            ASSERT_TRUE(same_bits(wa.data(), wb.data(), ua.numel)) << ua.name << " step " << t;
+            if (shadow_master) {
+              ASSERT_EQ(std::memcmp(ua.shadow(0), ub.shadow(0), static_cast<size_t>(ua.numel) * 2), 0) << ua.name;
+            } else {
+              ASSERT_EQ(std::memcmp(sa.data(), sb.data(), sa.size() * 2), 0) << ua.name;
+            }
+            if (mo == rt::MomentStorage::fp32) {
+              ASSERT_TRUE(same_bits(ua.m(), ub.m(), ua.numel + ua.v_len())) << ua.name;
+            } else {
+              ASSERT_EQ(std::memcmp(ua.qm(), ub.qm(), static_cast<size_t>(rt::quant_code_bytes(mo, ua.numel))), 0)
+                  << ua.name;
+              ASSERT_TRUE(same_bits(ua.scale_m(), ub.scale_m(), rt::quant_blocks(ua.numel))) << ua.name;
+            }
+          }
+        }
+        EXPECT_EQ(piped.calls, single.calls) << "each matrix once";
+        EXPECT_EQ(piped.calls, 3 * 2 * 7) << "3 steps x 2 layers x 7 matrices";
+        EXPECT_EQ(piped.max_in_flight, lanes) << "every lane used";
+      }
+}
 
 TEST(MuonOrthogonalizer, TheStepsOrthogonalizerRunsEveryMatrixAndNoneIsTheSpec) {
   for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8}) {
@@ -347,21 +467,28 @@ TEST(MuonOrthogonalizer, TheScratchAThreadKeepsIsWhatThePlanCounts) {
       st.set_update_rule(rt::UpdateRule::muon);
       st.init_random(4);
       if (ma != rt::MasterStorage::fp32) st.set_master_storage(ma, 1);
-      uint64_t held = 0;
-      std::thread t([&] {
-        rt::OptimStep o;
-        o.t = 1;
-        o.lr = 1e-3;
-        for (rt::StateUnit& u : st.units()) {
-          const std::vector<float> g = unit_grad(u, 1);
-          rt::update_unit(u, g.data(), o, 1.0f, nullptr);
+      for (bool pipelined : {false, true}) {  // a pipelined orthogonaliser keeps U and O itself
+        uint64_t held = 0;
+        std::thread t([&] {
+          PipelinedTwin twin(2);
+          rt::OptimStep o;
+          o.t = 1;
+          o.lr = 1e-3;
+          if (pipelined) o.orthogonalizer = &twin;
+          for (rt::StateUnit& u : st.units()) {
+            const std::vector<float> g = unit_grad(u, 1);
+            rt::update_unit(u, g.data(), o, 1.0f, nullptr);
+          }
+          held = rt::muon_scratch_held();
+        });
+        t.join();
+        EXPECT_EQ(held, rt::muon_scratch_bytes(spec(), ma != rt::MasterStorage::fp32, mo != rt::MomentStorage::fp32,
+                                               pipelined))
+            << rt::master_storage_name(ma) << " " << rt::moment_storage_name(mo) << (pipelined ? " pipelined" : "");
+        if (!pipelined || ma != rt::MasterStorage::fp32 || mo != rt::MomentStorage::fp32) {
+          EXPECT_GT(held, 0u);
         }
-        held = rt::muon_scratch_held();
-      });
-      t.join();
-      EXPECT_EQ(held, rt::muon_scratch_bytes(spec(), ma != rt::MasterStorage::fp32, mo != rt::MomentStorage::fp32))
-          << rt::master_storage_name(ma) << " " << rt::moment_storage_name(mo);
-      EXPECT_GT(held, 0u);
+      }
     }
 }
 

@@ -15,7 +15,8 @@
 // Muon (--optimizer muon | muon8bit): host or fold gradients only (whole
 // units; device_plan.cpp refuses --grads device); each unit's update runs
 // as AdamW's does, with the engine's GPU orthogonaliser (muon_gpu.h) in the
-// OptimStep, so each matrix's NS5 runs on the GPU, called from this thread.
+// OptimStep, so each matrix's NS5 runs on the GPU, on the orthogonaliser's
+// own streams, pipelined with this thread's host passes (optim/muon_unit.h).
 #pragma once
 #include <cstdint>
 #include <vector>

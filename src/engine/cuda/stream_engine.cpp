@@ -6,7 +6,7 @@
 //     per-layer host slabs;
 //   HostEmbedding (host_embedding.h): the --low-memory embedding on the host;
 //   OptimizerPhase (optimizer_phase.h): the worker thread's CPU AdamW (and
-//     Muon, whose NS5 runs on the GPU: GpuOrthogonalizer, muon_gpu.h);
+//     Muon, whose NS5 runs on the GPU pipelined with it: GpuOrthogonalizer, muon_gpu.h);
 //   UpdateTracker (engine/update_tracker.h): the worker and what it has done;
 //   dp_rank.h: a data-parallel rank's reduce-scatter, totals, checkpoint gathers;
 //   make_backend.cpp: make_cuda_backend, the largest plan that fits;
