@@ -96,8 +96,7 @@ constexpr int kMaxK = 32;  // experts per token the routing kernels hold in regi
 // The scratch of one call, carved in this order (256-byte aligned pieces).
 struct MoeWork {
   int32_t *idx, *perm, *row_of, *offsets;  // [NK] chosen experts, [NK] slot of each permuted row, its inverse, [E+1]
-  float *w, *dw, *dprob;                   // [NK] routing weights and their gradients, [E]
-  double* psum;                            // [E]
+  float *w, *dw;                           // [NK] routing weights and their gradients
   bf16 *xe, *g, *u, *a, *d_o, *d_a, *d_g, *d_u, *dl;  // [NK,C], [NK,F] x3, [NK,C], [NK,F] x3, [N,E]
   float *o, *dxr;                                    // [NK,C] (the backward's dx per row), [N,C]
 };
@@ -116,8 +115,6 @@ size_t carve(const MoeDims& d, void* base, MoeWork* w) {
   take(w->offsets, d.E + 1);
   take(w->w, NK);
   take(w->dw, NK);
-  take(w->dprob, d.E);
-  take(w->psum, d.E);
   take(w->xe, NK * d.C);
   take(w->g, NK * d.F);
   take(w->u, NK * d.F);
@@ -257,8 +254,8 @@ __global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* id
   }
 }
 
-// psum[e] = sum over n of p[n, e] in double; one block of 256 per expert, fixed tree.
-// psum[e] = sum over n of p[n, e]; of softmax(p[n, :])[e] when p holds logits (gpt-oss).
+// psum[e] += sum over n of p[n, e] (of softmax(p[n, :])[e] when p holds
+// logits: gpt-oss), the sum in double; one block of 256 per expert, fixed tree.
 __global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t E, bool logits) {
   __shared__ double part[256];
   const int e = blockIdx.x;
@@ -280,7 +277,7 @@ __global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t
     if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
     __syncthreads();
   }
-  if (threadIdx.x == 0) psum[e] = part[0];
+  if (threadIdx.x == 0) psum[e] += part[0];
 }
 
 // xe[r, :] = x[perm[r] / K, :], 8 bf16 per step.
@@ -444,8 +441,8 @@ void col_sum(float* db, const bf16* d, int64_t R, int64_t cols, cudaStream_t str
 }
 
 // The routing of every slot (idx, w) from the probabilities, and the
-// permutation by expert; returns the offsets [E+1] on the host (waits).
-std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
+// permutation by expert (offsets [E+1] on the device).
+void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
   const int64_t NK = d.N * d.K;
   topk_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K),
                                                          d.norm_topk, d.topk_softmax);
@@ -456,10 +453,51 @@ std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* prob
   CUDA_CHECK_LAUNCH();
   permute_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.perm, w.row_of, w.idx, w.offsets, NK);
   CUDA_CHECK_LAUNCH();
+}
+
+// As route_on_device, and the offsets [E+1] on the host (waits).
+std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
+  route_on_device(d, w, probs, stream);
   std::vector<int32_t> off(static_cast<size_t>(d.E + 1));
   CUDA_CHECK(cudaMemcpyAsync(off.data(), w.offsets, off.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   return off;
+}
+
+// tokens[e] += offsets[e + 1] - offsets[e] (device arrays).
+__global__ void add_counts_kernel(int64_t* tokens, const int32_t* offsets, int64_t E) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < E) tokens[e] += offsets[e + 1] - offsets[e];
+}
+void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t stream) {
+  add_counts_kernel<<<blocks_each(E, 256), 256, 0, stream>>>(tokens, offsets, E);
+  CUDA_CHECK_LAUNCH();
+}
+
+// MoeAux::finish (model/moe_aux.h) on one thread: the same fp64 operations in
+// the same order, each rounded on its own (the _rn intrinsics: no FMA
+// contraction, as the host's portable build has none); dprob [E] (=),
+// step_tokens [L, E] (+=) and *step_aux (+= aux * aux_scale).
+__global__ void moe_aux_finish_kernel(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
+                                      const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight,
+                                      double aux_scale) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const double R = __dmul_rn(static_cast<double>(L), static_cast<double>(N));
+  const double RR = __dmul_rn(R, R), wE = __dmul_rn(weight, static_cast<double>(E));
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double T = 0, P = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      T = __dadd_rn(T, static_cast<double>(tokens[l * E + e]));
+      P = __dadd_rn(P, prob_sum[l * E + e]);
+    }
+    aux = __dadd_rn(aux, __dmul_rn(__ddiv_rn(T, R), __ddiv_rn(P, R)));
+    dprob[e] = __double2float_rn(__ddiv_rn(__dmul_rn(wE, T), RR));
+  }
+  aux = __dmul_rn(aux, static_cast<double>(E));
+  if (step_aux) *step_aux = __dadd_rn(*step_aux, __dmul_rn(aux, aux_scale));
+  if (step_tokens)
+    for (int64_t i = 0; i < L * E; ++i) step_tokens[i] += tokens[i];
 }
 
 // Every expert's g, u, a (bf16) and o (fp32) on its gathered rows xe.
@@ -503,19 +541,18 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
     softmax_rows_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(probs, d.N, d.E);
     CUDA_CHECK_LAUNCH();
   }
-  std::vector<double> psum(static_cast<size_t>(d.E));
-  if (prob_sum) {
-    prob_sum_kernel<<<static_cast<unsigned>(d.E), 256, 0, stream>>>(w.psum, probs, d.N, d.E, d.topk_softmax);
+  if (prob_sum) {  // on the device: read back with the step's other metrics (cuda/ops.h)
+    prob_sum_kernel<<<static_cast<unsigned>(d.E), 256, 0, stream>>>(prob_sum, probs, d.N, d.E, d.topk_softmax);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpyAsync(psum.data(), w.psum, psum.size() * sizeof(double), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int64_t e = 0; e < d.E; ++e) prob_sum[e] += psum[static_cast<size_t>(e)];
   }
   if (!out && !tokens_per_expert) return;
+  if (!out) {  // the routing's counts only: no host copy
+    route_on_device(d, w, probs, stream);
+    add_counts(tokens_per_expert, w.offsets, d.E, stream);
+    return;
+  }
   const std::vector<int32_t> off = route(d, w, probs, stream);
-  if (tokens_per_expert)
-    for (int64_t e = 0; e < d.E; ++e) tokens_per_expert[e] += off[e + 1] - off[e];
-  if (!out) return;
+  if (tokens_per_expert) add_counts(tokens_per_expert, w.offsets, d.E, stream);
   experts_forward(blas, d, w, off, x, gate, up, down, stream, b);
   combine_out_kernel<<<blocks_for(d.N * d.C, 256), 256, 0, stream>>>(out, w.o, w.row_of, w.idx, w.w, d.N, d.C,
                                                                      static_cast<int>(d.K));
@@ -532,9 +569,6 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
-  if (dprob)  // from pageable host memory: staged before the call returns
-    CUDA_CHECK(cudaMemcpyAsync(w.dprob, dprob, static_cast<size_t>(d.E) * sizeof(float), cudaMemcpyHostToDevice,
-                               stream));
   const std::vector<int32_t> off = route(d, w, probs, stream);  // recomputed from the forward's probabilities
   experts_forward(blas, d, w, off, x, gate, up, down, stream, b);
   // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n]
@@ -565,7 +599,7 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   }
   // routing weights -> probabilities -> logits -> x and the router
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw,
-                                                                dprob ? w.dprob : nullptr, d.N, d.E,
+                                                                dprob, d.N, d.E,
                                                                 static_cast<int>(d.K), d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                   // the router bias: dl summed over tokens
@@ -573,6 +607,15 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);      // dWr [E,C] += dl^T x
   combine_dx_kernel<<<blocks_for(d.N * C, 256), 256, 0, stream>>>(dx, dxe, w.dxr, w.row_of, w.idx, d.N, C,
                                                                   static_cast<int>(d.K));
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
+                    const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight, float aux_scale,
+                    cudaStream_t stream) {
+  RT_CHECK(L > 0 && E > 0 && N > 0, "[cuda moe] moe_aux_finish: bad shape L ", L, ", E ", E, ", N ", N);
+  moe_aux_finish_kernel<<<1, 1, 0, stream>>>(dprob, step_tokens, step_aux, tokens, prob_sum, L, E, N, weight,
+                                             static_cast<double>(aux_scale));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -234,8 +234,10 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // counts change every step, and cuBLASLt's per-shape plans (Blas) would grow
 // without bound; cuBLAS needs no plan and takes any size and alignment.
 // One host loop over the experts that got tokens (their counts are read back:
-// moe_forward and moe_backward synchronise the stream once each); experts
-// with no token run nothing, and their weight gradients stay untouched.
+// moe_forward with an output and moe_backward synchronise the stream once
+// each); experts with no token run nothing, and their weight gradients stay
+// untouched. The routing statistics and the load-balancing gradient stay on
+// the device (no wait for them).
 class MoeBlas {
  public:
   MoeBlas();
@@ -261,20 +263,30 @@ class MoeBlas {
 // probs [N, E] (fp32, =) always; out [N, C] (bf16, =) unless null (null: the
 // router only, plus the routing when tokens_per_expert is given).
 // gate/up/down: host arrays of E device pointers ([F, C], [F, C], [C, F]).
-// tokens_per_expert [E] (host, +=, nullable), prob_sum [E] (host, +=,
-// nullable; each expert's sum over tokens in double, in token order).
+// tokens_per_expert [E] (device, +=, nullable), prob_sum [E] (device, +=,
+// nullable; each expert's sum over tokens in double, a fixed tree).
 // biases (gpt-oss, model/moe_bias.h): the router's [E] and each expert's
 // gate, up [F] and down [C] (host arrays of E device pointers), or nulls.
 void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                  const bf16* const* up, const bf16* const* down, const MoeDims& d, int64_t* tokens_per_expert,
                  double* prob_sum, Scratch scratch, cudaStream_t stream, const MoeBiasesT<bf16>& biases = {});
 // dx [N, C] (bf16, =); drouter [E, C] and dgate/dup/ddown[e] (fp32, +=; host
-// arrays of E device pointers). probs: the forward's. dprob [E] (host memory,
+// arrays of E device pointers). probs: the forward's. dprob [E] (device,
 // nullable): d loss / d p[n, e] added for every row (the load-balancing loss).
 void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
                   const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
                   const bf16* const* up, const bf16* const* down, const MoeDims& d, const float* dprob, Scratch scratch,
                   cudaStream_t stream, const MoeBiasesT<bf16>& biases = {}, const MoeBiasGrads& bias_grads = {});
+// The load-balancing loss of one micro-batch on the device, from the
+// tokens_per_expert and prob_sum [L, E] its L training forwards added to
+// (device arrays): model/moe_aux.h's MoeAux::finish (the CPU spec), the same
+// fp64 operations in the same order. dprob [E] (=) = weight * E * T_e / R^2,
+// R = L * N; step_tokens [L, E] (+= tokens, nullable) and *step_aux
+// (+= aux * aux_scale, nullable) gather a step's statistics, read back
+// with its loss. One thread: E * L is small.
+void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
+                    const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight, float aux_scale,
+                    cudaStream_t stream);
 // Qwen2-MoE's gated shared expert: y[n, :] = bf16(y + sigmoid(z[n]) o[n, :]),
 // o [N, C] bf16, z [N] fp32; backward: d_o (=) = sigmoid(z) dy,
 // dz (=, bf16) = sigmoid'(z) <dy[n], o[n]>.

@@ -40,6 +40,7 @@
 #include "cuda/check.h"
 #include "cuda/device_info.h"
 #include "cuda/ops.h"
+#include "model/moe_aux.h"
 #include "device_buffer.h"
 #include "testutil.h"
 
@@ -232,10 +233,15 @@ void run_case(const Case& k) {
   d_probs.poison();
   dx.poison();
   auto d_grouter = upload_f32(grouter0);
-  std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
-  std::vector<double> psum(static_cast<size_t>(E), 0.0);
+  // the routing statistics and dprob live on the device (added to: from zero)
+  auto d_tokens = upload(std::vector<int64_t>(static_cast<size_t>(E), 0));
+  auto d_psum = upload(std::vector<double>(static_cast<size_t>(E), 0.0));
+  auto d_dprob = k.with_dprob ? upload_f32(dprob) : nullptr;
   rt::cuda::moe_forward(blas, out.as<bf16>(), d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
-                        pwu.data(), pwd.data(), d, tokens.data(), psum.data(), scratch.scratch(), nullptr, biases);
+                        pwu.data(), pwd.data(), d, d_tokens->as<int64_t>(), d_psum->as<double>(), scratch.scratch(),
+                        nullptr, biases);
+  const std::vector<int64_t> tokens = download<int64_t>(*d_tokens, E);
+  const std::vector<double> psum = download<double>(*d_psum, E);
   EXPECT_EQ(tokens, ref_tokens);
   std::vector<float> psum_f(psum.begin(), psum.end()), ref_psum_f(ref_psum.begin(), ref_psum.end());
   expect_close("prob_sum", psum_f, ref_psum_f, kExactSumRel, kExactSumRel);
@@ -249,8 +255,8 @@ void run_case(const Case& k) {
   scratch.poison();
   rt::cuda::moe_backward(blas, dx.as<bf16>(), d_grouter->as<float>(), pgg.data(), pgu.data(), pgd.data(),
                          d_dout->as<bf16>(), d_x->as<bf16>(), d_probs.as<float>(), d_router->as<bf16>(), pwg.data(),
-                         pwu.data(), pwd.data(), d, k.with_dprob ? dprob.data() : nullptr, scratch.scratch(), nullptr,
-                         biases, bias_grads);
+                         pwu.data(), pwd.data(), d, k.with_dprob ? d_dprob->as<float>() : nullptr, scratch.scratch(),
+                         nullptr, biases, bias_grads);
   expect_close("dx", download_bf16(dx, N * C), ref_dx, kChainRel, kChainMax);
   // the accumulated part of each weight gradient (what the op added)
   auto added = [](std::vector<float> after, const std::vector<float>& before) {
@@ -300,6 +306,53 @@ TEST_F(CudaMoe, OddShapesMatchCpu) { run_case({37, 40, 8, 2, 20, true, 7, -1, -1
 
 // gpt-oss: router bias, softmax over the top-4 logits, expert biases, SwiGLU clamped at 1; an idle expert.
 TEST_F(CudaMoe, GptOssVariantMatchesCpu) { run_case({96, 64, 8, 4, 48, false, 5, -1, -1, false, 16, true}); }
+
+// The load-balancing loss on the device (cuda::moe_aux_finish) against its
+// CPU spec, MoeAux::finish (model/moe_aux.h), on two micro-batches' counts
+// and sums: the same fp64 operations in the same order, so dprob, the step's
+// weighted loss and tokens are equal bit for bit (no tolerance).
+TEST_F(CudaMoe, AuxFinishMatchesMoeAuxBitForBit) {
+  rt::ModelSpec s;
+  s.n_layers = 3;
+  s.moe.n_experts = 6;
+  const int64_t L = s.n_layers, E = s.moe.n_experts, N = 37;
+  const double weight = 0.01 * 0.5;  // router_aux_loss_coef times the micro-batch's share
+  const float aux_scale = 0.5f;
+  auto d_tokens = upload(std::vector<int64_t>(static_cast<size_t>(L * E), 0));
+  auto d_aux = upload(std::vector<double>(1, 0.0));
+  DeviceBuffer d_dprob(static_cast<size_t>(E) * 4);
+  double ref_aux = 0;
+  std::vector<int64_t> ref_step_tokens(static_cast<size_t>(L * E), 0);
+  std::vector<float> ref_dprob;
+  for (int micro = 0; micro < 2; ++micro) {
+    rt::MoeAux a(s);
+    a.begin();
+    std::vector<int64_t> tok(static_cast<size_t>(L * E));
+    std::vector<double> psum(static_cast<size_t>(L * E));
+    const auto pr = random_vec(L * E, 40 + micro, 0.f, 1.f);
+    for (int64_t l = 0; l < L; ++l) {
+      rt::MoeLayerRouting r = a.forward_routing(l);
+      for (int64_t e = 0; e < E; ++e) {
+        const size_t i = static_cast<size_t>(l * E + e);
+        tok[i] = (l * 7 + e * 3 + micro) % 11;
+        psum[i] = static_cast<double>(pr[i]) * static_cast<double>(N) / 3.0;
+        r.tokens_per_expert[e] += tok[i];
+        r.prob_sum[e] += psum[i];
+      }
+    }
+    ref_aux += a.finish(N, weight) * aux_scale;
+    for (size_t i = 0; i < ref_step_tokens.size(); ++i) ref_step_tokens[i] += tok[i];
+    const float* dp = a.backward_routing().dprob;
+    ref_dprob.assign(dp, dp + E);
+    auto d_tok = upload(tok);
+    auto d_psum = upload(psum);
+    rt::cuda::moe_aux_finish(d_dprob.as<float>(), d_tokens->as<int64_t>(), d_aux->as<double>(), d_tok->as<int64_t>(),
+                             d_psum->as<double>(), L, E, N, weight, aux_scale, nullptr);
+    EXPECT_EQ(download<float>(d_dprob, E), ref_dprob) << "dprob, micro-batch " << micro;
+  }
+  EXPECT_EQ(download<int64_t>(*d_tokens, L * E), ref_step_tokens);
+  EXPECT_EQ(download<double>(*d_aux, 1)[0], ref_aux);
+}
 
 // Qwen2-MoE's shared-expert gate: y += sigmoid(z) o and its backward.
 TEST_F(CudaMoe, SharedGateMatchesCpu) {
