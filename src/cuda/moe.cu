@@ -138,6 +138,8 @@ constexpr int kMaxK = 32;  // experts per token the routing kernels hold in regi
 // The scratch of one call, carved in this order (256-byte aligned pieces).
 struct MoeWork {
   int32_t *idx, *perm, *row_of, *offsets;  // [NK] chosen experts, [NK] slot of each permuted row, its inverse, [E+1]
+  int32_t* ord_row;                        // [N, K] each token's rows in increasing expert index
+  float* ord_w;                            // [N, K] their routing weights
   float *w, *dw;                           // [NK] routing weights and their gradients
   bf16 *xe, *g, *u, *a, *d_o, *d_a, *d_g, *d_u, *dl;  // [NK,C], [NK,F] x3, [NK,C], [NK,F] x3, [N,E]
   float *o, *dxr;                                    // [NK,C] (the backward's dx per row), [N,C]
@@ -156,6 +158,8 @@ size_t carve(const MoeDims& d, void* base, MoeWork* w) {
   take(w->perm, NK);
   take(w->row_of, NK);
   take(w->offsets, d.E + 1);
+  take(w->ord_row, NK);
+  take(w->ord_w, NK);
   take(w->w, NK);
   take(w->dw, NK);
   take(w->xe, NK * d.C);
@@ -362,30 +366,43 @@ struct Bf16PairRows {
   }
 };
 
-// sum over token n's experts in increasing index (the CPU's order) of
-// w[slot] * rows(row, c) (w null: of rows(row, c)), in fp32.
-template <class Rows>
-__device__ __forceinline__ float sum_by_expert(const Rows& rows, const float* w, const int32_t* row_of,
-                                               const int32_t* idx, int64_t n, int64_t c, int K) {
+// ord_row/ord_w [N, K]: token n's rows (row_of) and routing weights in
+// increasing expert index (the CPU's summation order), once per call instead
+// of once per output element; one thread per token.
+__global__ void order_by_expert_kernel(int32_t* ord_row, float* ord_w, const int32_t* row_of, const int32_t* idx,
+                                       const float* w, int64_t N, int K) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
   const int32_t* ir = idx + n * K;
-  float acc = 0.f;
   int prev = -1;
   for (int t = 0; t < K; ++t) {
     const int j = nth_by_expert(ir, K, prev);
     prev = ir[j];
-    const float v = rows(row_of[n * K + j], c);
-    acc = w ? fmaf(v, w[n * K + j], acc) : acc + v;  // fmaf: what `acc += v * w` contracted to
+    ord_row[n * K + t] = row_of[n * K + j];
+    ord_w[n * K + t] = w[n * K + j];
+  }
+}
+
+// sum over token n's experts in increasing index (the CPU's order) of
+// w * rows(row, c) (w null: of rows(row, c)), in fp32.
+template <class Rows>
+__device__ __forceinline__ float sum_by_expert(const Rows& rows, const int32_t* ord_row, const float* ord_w, int64_t n,
+                                               int64_t c, int K) {
+  float acc = 0.f;
+  for (int t = 0; t < K; ++t) {
+    const float v = rows(ord_row[n * K + t], c);
+    acc = ord_w ? fmaf(v, ord_w[n * K + t], acc) : acc + v;  // fmaf: what `acc += v * w` contracted to
   }
   return acc;
 }
 
 // out[n, c] = bf16(sum over n's experts in increasing index of w * o(row, c)).
 template <class Rows>
-__global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* row_of, const int32_t* idx, const float* w,
-                                   int64_t N, int64_t C, int K) {
+__global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, const float* ord_w, int64_t N, int64_t C,
+                                   int K) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(sum_by_expert(o, w, row_of, idx, i / C, i % C, K));
+    out[i] = __float2bfloat16(sum_by_expert(o, ord_row, ord_w, i / C, i % C, K));
 }
 
 // Per permuted row r (slot s = perm[r], token n = s / K), one warp:
@@ -446,11 +463,11 @@ __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx,
 
 // dx[n, c] = bf16(sum over n's experts in increasing index of dxe(row, c), + dxr[n, c]).
 template <class Rows>
-__global__ void combine_dx_kernel(bf16* dx, Rows dxe, const float* dxr, const int32_t* row_of, const int32_t* idx,
-                                  int64_t N, int64_t C, int K) {
+__global__ void combine_dx_kernel(bf16* dx, Rows dxe, const float* dxr, const int32_t* ord_row, int64_t N, int64_t C,
+                                  int K) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dx[i] = __float2bfloat16(sum_by_expert(dxe, nullptr, row_of, idx, i / C, i % C, K) + dxr[i]);
+    dx[i] = __float2bfloat16(sum_by_expert(dxe, ord_row, nullptr, i / C, i % C, K) + dxr[i]);
 }
 
 __global__ void shared_gate_forward_kernel(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C) {
@@ -536,13 +553,17 @@ Staging staging(MoeBlas& blas, int64_t E) {
 }
 
 // As route_on_device, then the offsets' copy to the staging and the event
-// after it: queued, not waited for (wait_offsets).
+// after it: queued, not waited for (wait_offsets); then each token's rows in
+// expert order (the combines' summation order).
 void route(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const float* probs,
            cudaStream_t stream) {
   route_on_device(d, w, probs, stream);
   CUDA_CHECK(cudaMemcpyAsync(st.offsets, w.offsets, static_cast<size_t>(d.E + 1) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaEventRecord(blas.counts_event(), stream));
+  order_by_expert_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.ord_row, w.ord_w, w.row_of, w.idx, w.w, d.N,
+                                                                    static_cast<int>(d.K));
+  CUDA_CHECK_LAUNCH();
 }
 // The call's one wait: the offsets [E+1] on the host.
 std::vector<int32_t> wait_offsets(MoeBlas& blas, const Staging& st, int64_t E) {
@@ -753,10 +774,10 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   const int K = static_cast<int>(d.K);
   const unsigned blocks = blocks_for(d.N * d.C, 256);
   if (o_bf16)
-    combine_out_kernel<<<blocks, 256, 0, stream>>>(out, Bf16Rows{reinterpret_cast<const bf16*>(w.o), d.C}, w.row_of,
-                                                   w.idx, w.w, d.N, d.C, K);
+    combine_out_kernel<<<blocks, 256, 0, stream>>>(out, Bf16Rows{reinterpret_cast<const bf16*>(w.o), d.C}, w.ord_row,
+                                                   w.ord_w, d.N, d.C, K);
   else
-    combine_out_kernel<<<blocks, 256, 0, stream>>>(out, F32Rows{w.o, d.C}, w.row_of, w.idx, w.w, d.N, d.C, K);
+    combine_out_kernel<<<blocks, 256, 0, stream>>>(out, F32Rows{w.o, d.C}, w.ord_row, w.ord_w, d.N, d.C, K);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -828,9 +849,9 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);      // dWr [E,C] += dl^T x
   const unsigned blocks = blocks_for(d.N * C, 256);
   if (dx_grouped)
-    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, Bf16PairRows{dxg, dxu, C}, w.dxr, w.row_of, w.idx, d.N, C, K);
+    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, Bf16PairRows{dxg, dxu, C}, w.dxr, w.ord_row, d.N, C, K);
   else
-    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.row_of, w.idx, d.N, C, K);
+    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -29,6 +29,7 @@ inline size_t moe_scratch_bytes(const MoeDims& d) {
   const auto piece = [](int64_t n, size_t elem) { return (static_cast<size_t>(n) * elem + 255) / 256 * 256; };
   const int64_t NK = d.N * d.K;
   return 3 * piece(NK, 4) + piece(d.E + 1, 4)                    // idx, perm, row_of, offsets
+         + 2 * piece(NK, 4)                                      // ord_row, ord_w
          + 2 * piece(NK, 4)                                      // w, dw
          + piece(NK * d.C, 2) + 3 * piece(NK * d.F, 2)           // xe, g, u, a
          + piece(NK * d.C, 2) + 3 * piece(NK * d.F, 2)           // d_o, d_a, d_g, d_u
