@@ -636,19 +636,30 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
       lda(G, static_cast<int>(nt ? K : Nout)), ldb(G, static_cast<int>(K)), ldc(G, static_cast<int>(Nout)),
       size(G, np);
   const std::vector<float> alpha(G, 1.f), beta(G, 0.f);
-  CUBLAS_CHECK(cublasSetStream(blas.handle(), stream));
-  const cublasStatus_t status = cublasGemmGroupedBatchedEx(
-      blas.handle(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-      const_cast<const void* const*>(dev), CUDA_R_16BF, lda.data(), const_cast<const void* const*>(dev + P),
-      CUDA_R_16BF, ldb.data(), beta.data(), dev + 2 * P, CUDA_R_16BF, ldc.data(), groups, size.data(),
-      CUBLAS_COMPUTE_32F);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // this cuBLAS or GPU: the loop (nothing ran; the copy is harmless)
+  cublasHandle_t h = blas.handle();
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  auto call = [&] {
+    return cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+                                      const_cast<const void* const*>(dev), CUDA_R_16BF, lda.data(),
+                                      const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
+                                      dev + 2 * P, CUDA_R_16BF, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
+  };
+  cublasStatus_t status = call();
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // the handle's math mode? once more in the default one
+    cublasMath_t mode{};
+    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    status = call();
+    CUBLAS_CHECK(cublasSetMathMode(h, mode));
     static bool said = false;
     if (!said)
-      std::fprintf(stderr, "[cuda moe] cublasGemmGroupedBatchedEx is not supported here: the expert GEMMs loop\n");
+      std::fprintf(stderr, "[cuda moe] cublasGemmGroupedBatchedEx %s\n",
+                   status == CUBLAS_STATUS_SUCCESS
+                       ? "runs only without CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION here: grouped without it"
+                       : "is not supported here: the expert GEMMs loop");
     said = true;
-    return false;
   }
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // the loop (nothing ran; the copy is harmless)
   CUBLAS_CHECK(status);
   blas.count_grouped_call();
   return true;
