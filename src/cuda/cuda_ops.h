@@ -169,7 +169,7 @@ class CudaOps {
   void scale(bf16* y, const bf16* x, float alpha, int64_t n) { cuda::scale(y, x, alpha, n, s_); }
   // MoE (Moe: ModelSpec::MoeConfig, a template so this header needs no model/
   // include). The op scratch must hold moe_scratch_bytes; tokens_per_expert,
-  // prob_sum and dprob are host memory (model/moe_aux.h's arrays).
+  // prob_sum and dprob are device memory (engine/cuda/moe_routing.h).
   template <class Moe>
   void moe_forward(bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                    const bf16* const* up, const bf16* const* down, int64_t N, int64_t C, const Moe& m,

@@ -11,6 +11,10 @@
 // token's K rows in increasing expert index (the CPU's order), in fp32.
 // Every reduction here has a fixed order; cuBLAS GEMMs are deterministic on
 // one stream. No atomics.
+// The expert GEMMs run grouped (one cublasGemmGroupedBatchedEx per kind of
+// product) or looped (one cublasGemmEx per expert): MoeBlas's mode, cuda/ops.h
+// states the difference. The grouped mode's bf16 rows: o (forward), and the
+// input gradients of gate and up (backward) as two rows summed in fp32.
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -20,6 +24,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -31,7 +38,19 @@ namespace rt::cuda {
 
 // ---------------------------------------------------------------- MoeBlas
 
-MoeBlas::MoeBlas() {
+namespace {
+
+MoeGemm gemm_mode_from_env() {
+  const char* v = std::getenv("RAMTRAIN_MOE_GEMM");
+  if (!v || !*v || std::string(v) == "grouped") return MoeGemm::grouped;
+  if (std::string(v) == "looped") return MoeGemm::looped;
+  fail("[cuda moe] the environment variable RAMTRAIN_MOE_GEMM must be grouped or looped (the MoE expert GEMMs), got '",
+       v, "': unset it for grouped");
+}
+
+}  // namespace
+
+MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()) {
   cublasHandle_t h = nullptr;
   CUBLAS_CHECK(cublasCreate(&h));
   // split-K partial sums in fp32, never in the bf16 output type
@@ -39,11 +58,34 @@ MoeBlas::MoeBlas() {
       h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (st != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);  // the destructor does not run for a throwing constructor
   CUBLAS_CHECK(st);
+  const cudaError_t ev = cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming);
+  if (ev != cudaSuccess) cublasDestroy(h);
+  CUDA_CHECK(ev);
   h_ = h;
 }
 
 MoeBlas::~MoeBlas() {
   if (h_) cublasDestroy(h_);
+  if (ev_) cudaEventDestroy(ev_);
+  if (host_) cudaFreeHost(host_);
+}
+
+MoeBlas::MoeBlas(MoeBlas&& o) noexcept
+    : h_(o.h_), ev_(o.ev_), host_(o.host_), host_bytes_(o.host_bytes_), mode_(o.mode_),
+      grouped_calls_(o.grouped_calls_) {
+  o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0;
+}
+
+void* MoeBlas::host_staging(size_t bytes) {
+  if (bytes <= host_bytes_) return host_;
+  if (host_) {  // a copy queued by an earlier call may still read it
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaFreeHost(host_));
+    host_ = nullptr, host_bytes_ = 0;
+  }
+  CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocPortable));
+  host_bytes_ = bytes;
+  return host_;
 }
 
 namespace {
@@ -96,10 +138,12 @@ constexpr int kMaxK = 32;  // experts per token the routing kernels hold in regi
 // The scratch of one call, carved in this order (256-byte aligned pieces).
 struct MoeWork {
   int32_t *idx, *perm, *row_of, *offsets;  // [NK] chosen experts, [NK] slot of each permuted row, its inverse, [E+1]
-  float *w, *dw, *dprob;                   // [NK] routing weights and their gradients, [E]
-  double* psum;                            // [E]
+  int32_t* ord_row;                        // [N, K] each token's rows in increasing expert index
+  float* ord_w;                            // [N, K] their routing weights
+  float *w, *dw;                           // [NK] routing weights and their gradients
   bf16 *xe, *g, *u, *a, *d_o, *d_a, *d_g, *d_u, *dl;  // [NK,C], [NK,F] x3, [NK,C], [NK,F] x3, [N,E]
   float *o, *dxr;                                    // [NK,C] (the backward's dx per row), [N,C]
+  void** ptrs;  // [kMoeGroupedCalls][3][2E]: each grouped GEMM's A, B and C pointers
 };
 
 size_t carve(const MoeDims& d, void* base, MoeWork* w) {
@@ -114,10 +158,10 @@ size_t carve(const MoeDims& d, void* base, MoeWork* w) {
   take(w->perm, NK);
   take(w->row_of, NK);
   take(w->offsets, d.E + 1);
+  take(w->ord_row, NK);
+  take(w->ord_w, NK);
   take(w->w, NK);
   take(w->dw, NK);
-  take(w->dprob, d.E);
-  take(w->psum, d.E);
   take(w->xe, NK * d.C);
   take(w->g, NK * d.F);
   take(w->u, NK * d.F);
@@ -129,6 +173,7 @@ size_t carve(const MoeDims& d, void* base, MoeWork* w) {
   take(w->dl, d.N * d.E);
   take(w->o, NK * d.C);
   take(w->dxr, d.N * d.C);
+  take(w->ptrs, kMoeGroupedCalls * 6 * d.E);
   return used;
 }
 
@@ -257,8 +302,8 @@ __global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* id
   }
 }
 
-// psum[e] = sum over n of p[n, e] in double; one block of 256 per expert, fixed tree.
-// psum[e] = sum over n of p[n, e]; of softmax(p[n, :])[e] when p holds logits (gpt-oss).
+// psum[e] += sum over n of p[n, e] (of softmax(p[n, :])[e] when p holds
+// logits: gpt-oss), the sum in double; one block of 256 per expert, fixed tree.
 __global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t E, bool logits) {
   __shared__ double part[256];
   const int e = blockIdx.x;
@@ -280,7 +325,7 @@ __global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t
     if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
     __syncthreads();
   }
-  if (threadIdx.x == 0) psum[e] = part[0];
+  if (threadIdx.x == 0) psum[e] += part[0];
 }
 
 // xe[r, :] = x[perm[r] / K, :], 8 bf16 per step.
@@ -301,33 +346,69 @@ __device__ __forceinline__ int nth_by_expert(const int32_t* idx_row, int K, int 
   return best;
 }
 
-// sum over token n's experts in increasing index (the CPU's order) of
-// w[slot] * rows[row, c] (w null: of rows[row, c]), in fp32.
-__device__ __forceinline__ float sum_by_expert(const float* rows, const float* w, const int32_t* row_of,
-                                               const int32_t* idx, int64_t n, int64_t c, int64_t C, int K) {
+// One value of a permuted row: fp32 rows, bf16 rows, or the sum (in fp32) of
+// two bf16 rows (the grouped backward's gate and up input gradients).
+struct F32Rows {
+  const float* p;
+  int64_t C;
+  __device__ float operator()(int64_t r, int64_t c) const { return p[r * C + c]; }
+};
+struct Bf16Rows {
+  const bf16* p;
+  int64_t C;
+  __device__ float operator()(int64_t r, int64_t c) const { return __bfloat162float(p[r * C + c]); }
+};
+struct Bf16PairRows {
+  const bf16 *p, *q;
+  int64_t C;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return __bfloat162float(p[r * C + c]) + __bfloat162float(q[r * C + c]);
+  }
+};
+
+// ord_row/ord_w [N, K]: token n's rows (row_of) and routing weights in
+// increasing expert index (the CPU's summation order), once per call instead
+// of once per output element; one thread per token.
+__global__ void order_by_expert_kernel(int32_t* ord_row, float* ord_w, const int32_t* row_of, const int32_t* idx,
+                                       const float* w, int64_t N, int K) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
   const int32_t* ir = idx + n * K;
-  float acc = 0.f;
   int prev = -1;
   for (int t = 0; t < K; ++t) {
     const int j = nth_by_expert(ir, K, prev);
     prev = ir[j];
-    const float v = rows[static_cast<int64_t>(row_of[n * K + j]) * C + c];
-    acc = w ? fmaf(v, w[n * K + j], acc) : acc + v;  // fmaf: what `acc += v * w` contracted to
+    ord_row[n * K + t] = row_of[n * K + j];
+    ord_w[n * K + t] = w[n * K + j];
+  }
+}
+
+// sum over token n's experts in increasing index (the CPU's order) of
+// w * rows(row, c) (w null: of rows(row, c)), in fp32.
+template <class Rows>
+__device__ __forceinline__ float sum_by_expert(const Rows& rows, const int32_t* ord_row, const float* ord_w, int64_t n,
+                                               int64_t c, int K) {
+  float acc = 0.f;
+  for (int t = 0; t < K; ++t) {
+    const float v = rows(ord_row[n * K + t], c);
+    acc = ord_w ? fmaf(v, ord_w[n * K + t], acc) : acc + v;  // fmaf: what `acc += v * w` contracted to
   }
   return acc;
 }
 
-// out[n, c] = bf16(sum over n's experts in increasing index of w * o[row, c]).
-__global__ void combine_out_kernel(bf16* out, const float* o, const int32_t* row_of, const int32_t* idx,
-                                   const float* w, int64_t N, int64_t C, int K) {
+// out[n, c] = bf16(sum over n's experts in increasing index of w * o(row, c)).
+template <class Rows>
+__global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, const float* ord_w, int64_t N, int64_t C,
+                                   int K) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(sum_by_expert(o, w, row_of, idx, i / C, i % C, C, K));
+    out[i] = __float2bfloat16(sum_by_expert(o, ord_row, ord_w, i / C, i % C, K));
 }
 
 // Per permuted row r (slot s = perm[r], token n = s / K), one warp:
-// dw[s] = <dout[n], o[r]> (fp32), d_o[r] = bf16(w[s] dout[n]).
-__global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, const float* o, const float* w,
+// dw[s] = <dout[n], o(r)> (fp32), d_o[r] = bf16(w[s] dout[n]).
+template <class Rows>
+__global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, Rows o, const float* w,
                                    const int32_t* perm, int64_t NK, int64_t C, int K) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (r >= NK) return;  // whole warps leave together
@@ -338,7 +419,7 @@ __global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, const
   float dot = 0.f;
   for (int64_t c = lane; c < C; c += 32) {
     const float dy = __bfloat162float(dout[n * C + c]);
-    dot += dy * o[r * C + c];
+    dot += dy * o(r, c);
     d_o[r * C + c] = __float2bfloat16(dy * wt);
   }
   dot = detail::warp_sum(dot);
@@ -380,12 +461,13 @@ __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx,
   for (int e = 0; e < E; ++e) dl[n * E + e] = __float2bfloat16(pr[e] * (dp_of(e) - pdp));
 }
 
-// dx[n, c] = bf16(sum over n's experts in increasing index of dxe[row, c], + dxr[n, c]).
-__global__ void combine_dx_kernel(bf16* dx, const float* dxe, const float* dxr, const int32_t* row_of,
-                                  const int32_t* idx, int64_t N, int64_t C, int K) {
+// dx[n, c] = bf16(sum over n's experts in increasing index of dxe(row, c), + dxr[n, c]).
+template <class Rows>
+__global__ void combine_dx_kernel(bf16* dx, Rows dxe, const float* dxr, const int32_t* ord_row, int64_t N, int64_t C,
+                                  int K) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dx[i] = __float2bfloat16(sum_by_expert(dxe, nullptr, row_of, idx, i / C, i % C, C, K) + dxr[i]);
+    dx[i] = __float2bfloat16(sum_by_expert(dxe, ord_row, nullptr, i / C, i % C, K) + dxr[i]);
 }
 
 __global__ void shared_gate_forward_kernel(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C) {
@@ -444,8 +526,8 @@ void col_sum(float* db, const bf16* d, int64_t R, int64_t cols, cudaStream_t str
 }
 
 // The routing of every slot (idx, w) from the probabilities, and the
-// permutation by expert; returns the offsets [E+1] on the host (waits).
-std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
+// permutation by expert (offsets [E+1] on the device).
+void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
   const int64_t NK = d.N * d.K;
   topk_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K),
                                                          d.norm_topk, d.topk_softmax);
@@ -456,24 +538,198 @@ std::vector<int32_t> route(const MoeDims& d, const MoeWork& w, const float* prob
   CUDA_CHECK_LAUNCH();
   permute_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.perm, w.row_of, w.idx, w.offsets, NK);
   CUDA_CHECK_LAUNCH();
-  std::vector<int32_t> off(static_cast<size_t>(d.E + 1));
-  CUDA_CHECK(cudaMemcpyAsync(off.data(), w.offsets, off.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  return off;
 }
 
-// Every expert's g, u, a (bf16) and o (fp32) on its gathered rows xe.
-void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const std::vector<int32_t>& off, const bf16* x,
-                     const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
-                     const MoeBiasesT<bf16>& b) {
+// A call's pinned host staging (MoeBlas::host_staging): the offsets [E+1]
+// and the grouped GEMMs' pointer arrays [kMoeGroupedCalls][3][2E].
+struct Staging {
+  int32_t* offsets;
+  void** ptrs;
+};
+Staging staging(MoeBlas& blas, int64_t E) {
+  const size_t off_bytes = (static_cast<size_t>(E + 1) * sizeof(int32_t) + 255) / 256 * 256;
+  auto* p = static_cast<uint8_t*>(blas.host_staging(off_bytes + kMoeGroupedCalls * 6 * E * sizeof(void*)));
+  return Staging{reinterpret_cast<int32_t*>(p), reinterpret_cast<void**>(p + off_bytes)};
+}
+
+// As route_on_device, then the offsets' copy to the staging and the event
+// after it: queued, not waited for (wait_offsets); then each token's rows in
+// expert order (the combines' summation order).
+void route(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const float* probs,
+           cudaStream_t stream) {
+  route_on_device(d, w, probs, stream);
+  CUDA_CHECK(cudaMemcpyAsync(st.offsets, w.offsets, static_cast<size_t>(d.E + 1) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaEventRecord(blas.counts_event(), stream));
+  order_by_expert_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.ord_row, w.ord_w, w.row_of, w.idx, w.w, d.N,
+                                                                    static_cast<int>(d.K));
+  CUDA_CHECK_LAUNCH();
+}
+// The call's one wait: the offsets [E+1] on the host.
+std::vector<int32_t> wait_offsets(MoeBlas& blas, const Staging& st, int64_t E) {
+  CUDA_CHECK(cudaEventSynchronize(blas.counts_event()));
+  return std::vector<int32_t>(st.offsets, st.offsets + E + 1);
+}
+
+// One kind of expert product over every expert with rows, row-major as
+// MoeBlas's: out[R_e, Nout] (bf16, =) = a[R_e, K] b_e^T (nt: b_e [Nout, K]) or
+// a b_e (nn: b_e [K, Nout]), a and out the expert's permuted rows.
+struct ExpertProduct {
+  const bf16* const* b;  // E weight pointers
+  const bf16* a;         // [NK, K]
+  bf16* out;             // [NK, Nout]
+};
+
+// cublasGemmGroupedBatchedEx's rule for bf16 operands (a pointer to rows of
+// ld elements: 16-byte aligned when ld * 2 is a multiple of 16, else 4-byte
+// aligned when it is a multiple of 4).
+bool grouped_aligned(const void* p, int64_t ld) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (ld * 2 % 16 == 0) return a % 16 == 0;
+  if (ld * 2 % 4 == 0) return a % 4 == 0;
+  return true;
+}
+
+// Every expert's products ps (1 or 2, the same shape) in one
+// cublasGemmGroupedBatchedEx (a group per expert with rows); slot: this
+// call's index < kMoeGroupedCalls. Returns false, and runs nothing, when a
+// pointer misses the grouped alignment (or cuBLAS is older than 12.5): the
+// caller loops instead.
+bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, int64_t E, int64_t Nout, int64_t K,
+                      const ExpertProduct* ps, int np, const MoeWork& w, const Staging& st, int slot,
+                      cudaStream_t stream) {
+#if CUBLAS_VERSION >= 120500
+  std::vector<const void*> A, B;
+  std::vector<void*> Cp;
+  std::vector<int> n;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], R = off[e + 1] - off[e];
+    if (R == 0) continue;
+    for (int i = 0; i < np; ++i) {
+      A.push_back(ps[i].b[e]);
+      B.push_back(ps[i].a + r0 * K);
+      Cp.push_back(ps[i].out + r0 * Nout);
+      if (!grouped_aligned(A.back(), nt ? K : Nout) || !grouped_aligned(B.back(), K) ||
+          !grouped_aligned(Cp.back(), Nout))
+        return false;
+    }
+    n.push_back(static_cast<int>(R));
+  }
+  const int groups = static_cast<int>(n.size()), P = static_cast<int>(A.size());
+  if (groups == 0) return true;
+  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && P <= 2 * E, "[cuda moe] internal: grouped GEMM slot ", slot,
+           " with ", P, " problems");
+  // pointer arrays: pinned staging -> this call's device slot (the staging
+  // was last read by a copy queued before this call's wait on the counts)
+  void** host = st.ptrs + slot * 6 * E;
+  void** dev = w.ptrs + slot * 6 * E;
+  for (int p = 0; p < P; ++p) {
+    host[p] = const_cast<void*>(A[static_cast<size_t>(p)]);
+    host[P + p] = const_cast<void*>(B[static_cast<size_t>(p)]);
+    host[2 * P + p] = Cp[static_cast<size_t>(p)];
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * P) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  // column-major, as gemm(): out^T [Nout, R] = op(b) a^T, m = Nout, n = R, k = K
+  const auto G = static_cast<size_t>(groups);
+  const std::vector<cublasOperation_t> ta(G, nt ? CUBLAS_OP_T : CUBLAS_OP_N), tb(G, CUBLAS_OP_N);
+  const std::vector<int> m(G, static_cast<int>(Nout)), k(G, static_cast<int>(K)),
+      lda(G, static_cast<int>(nt ? K : Nout)), ldb(G, static_cast<int>(K)), ldc(G, static_cast<int>(Nout)),
+      size(G, np);
+  const std::vector<float> alpha(G, 1.f), beta(G, 0.f);
+  cublasHandle_t h = blas.handle();
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  auto call = [&] {
+    return cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+                                      const_cast<const void* const*>(dev), CUDA_R_16BF, lda.data(),
+                                      const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
+                                      dev + 2 * P, CUDA_R_16BF, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
+  };
+  cublasStatus_t status = call();
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // the handle's math mode? once more in the default one
+    cublasMath_t mode{};
+    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    status = call();
+    CUBLAS_CHECK(cublasSetMathMode(h, mode));
+    static bool said = false;
+    if (!said)
+      std::fprintf(stderr, "[cuda moe] cublasGemmGroupedBatchedEx %s\n",
+                   status == CUBLAS_STATUS_SUCCESS
+                       ? "runs only without CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION here: grouped without it"
+                       : "is not supported here: the expert GEMMs loop");
+    said = true;
+  }
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // the loop (nothing ran; the copy is harmless)
+  CUBLAS_CHECK(status);
+  blas.count_grouped_call();
+  return true;
+#else
+  (void)blas, (void)nt, (void)off, (void)E, (void)Nout, (void)K, (void)ps, (void)np, (void)w, (void)st, (void)slot,
+      (void)stream;
+  return false;
+#endif
+}
+
+// tokens[e] += offsets[e + 1] - offsets[e] (device arrays).
+__global__ void add_counts_kernel(int64_t* tokens, const int32_t* offsets, int64_t E) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < E) tokens[e] += offsets[e + 1] - offsets[e];
+}
+void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t stream) {
+  add_counts_kernel<<<blocks_each(E, 256), 256, 0, stream>>>(tokens, offsets, E);
+  CUDA_CHECK_LAUNCH();
+}
+
+// MoeAux::finish (model/moe_aux.h) on one thread: the same fp64 operations in
+// the same order, each rounded on its own (the _rn intrinsics: no FMA
+// contraction, as the host's portable build has none); dprob [E] (=),
+// step_tokens [L, E] (+=) and *step_aux (+= aux * aux_scale).
+__global__ void moe_aux_finish_kernel(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
+                                      const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight,
+                                      double aux_scale) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const double R = __dmul_rn(static_cast<double>(L), static_cast<double>(N));
+  const double RR = __dmul_rn(R, R), wE = __dmul_rn(weight, static_cast<double>(E));
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double T = 0, P = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      T = __dadd_rn(T, static_cast<double>(tokens[l * E + e]));
+      P = __dadd_rn(P, prob_sum[l * E + e]);
+    }
+    aux = __dadd_rn(aux, __dmul_rn(__ddiv_rn(T, R), __ddiv_rn(P, R)));
+    dprob[e] = __double2float_rn(__ddiv_rn(__dmul_rn(wE, T), RR));
+  }
+  aux = __dmul_rn(aux, static_cast<double>(E));
+  if (step_aux) *step_aux = __dadd_rn(*step_aux, __dmul_rn(aux, aux_scale));
+  if (step_tokens)
+    for (int64_t i = 0; i < L * E; ++i) step_tokens[i] += tokens[i];
+}
+
+// Every expert's g, u, a (bf16) and o on its gathered rows xe, after the
+// call's one wait for the counts (queued by route: the gather runs while the
+// host waits). o is bf16 (in w.o's memory) when *o_bf16 comes back true (the
+// grouped down product), fp32 otherwise. Returns the offsets [E+1].
+std::vector<int32_t> experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st,
+                                     const bf16* x, const bf16* const* gate, const bf16* const* up,
+                                     const bf16* const* down, cudaStream_t stream, const MoeBiasesT<bf16>& b,
+                                     bool* o_bf16) {
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
   gather_kernel<<<blocks_for(NK * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, NK, C, static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
+  const std::vector<int32_t> off = wait_offsets(blas, st, d.E);
+  const bool grouped = blas.gemm_mode() == MoeGemm::grouped;
+  const ExpertProduct gate_up[2] = {{gate, w.xe, w.g}, {up, w.xe, w.u}};
+  if (!grouped || !grouped_products(blas, true, off, d.E, F, C, gate_up, 2, w, st, 0, stream))
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t r0 = off[e], R = off[e + 1] - off[e];
+      if (R == 0) continue;
+      blas.matmul_nt(w.g + r0 * F, DType::bf16, w.xe + r0 * C, gate[e], R, F, C, 0.f, stream);
+      blas.matmul_nt(w.u + r0 * F, DType::bf16, w.xe + r0 * C, up[e], R, F, C, 0.f, stream);
+    }
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
-    blas.matmul_nt(w.g + r0 * F, DType::bf16, w.xe + r0 * C, gate[e], R, F, C, 0.f, stream);
-    blas.matmul_nt(w.u + r0 * F, DType::bf16, w.xe + r0 * C, up[e], R, F, C, 0.f, stream);
     if (b.gate) add_bias(w.g + r0 * F, b.gate[e], R, F, stream);
     if (b.up) add_bias(w.u + r0 * F, b.up[e], R, F, stream);
   }
@@ -481,12 +737,20 @@ void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const st
     swiglu_clamped_forward(w.a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
   else
     swiglu_forward(w.a, w.g, w.u, NK * F, stream);
+  bf16* o16 = reinterpret_cast<bf16*>(w.o);
+  const ExpertProduct down_p[1] = {{down, w.a, o16}};
+  *o_bf16 = grouped && grouped_products(blas, true, off, d.E, C, F, down_p, 1, w, st, 1, stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
+    if (*o_bf16) {
+      if (b.down) add_bias(o16 + r0 * C, b.down[e], R, C, stream);
+      continue;
+    }
     blas.matmul_nt(w.o + r0 * C, DType::f32, w.a + r0 * F, down[e], R, C, F, 0.f, stream);
     if (b.down) add_bias(w.o + r0 * C, b.down[e], R, C, stream);
   }
+  return off;
 }
 
 }  // namespace
@@ -503,22 +767,28 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
     softmax_rows_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(probs, d.N, d.E);
     CUDA_CHECK_LAUNCH();
   }
-  std::vector<double> psum(static_cast<size_t>(d.E));
-  if (prob_sum) {
-    prob_sum_kernel<<<static_cast<unsigned>(d.E), 256, 0, stream>>>(w.psum, probs, d.N, d.E, d.topk_softmax);
+  if (prob_sum) {  // on the device: read back with the step's other metrics (cuda/ops.h)
+    prob_sum_kernel<<<static_cast<unsigned>(d.E), 256, 0, stream>>>(prob_sum, probs, d.N, d.E, d.topk_softmax);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpyAsync(psum.data(), w.psum, psum.size() * sizeof(double), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int64_t e = 0; e < d.E; ++e) prob_sum[e] += psum[static_cast<size_t>(e)];
   }
   if (!out && !tokens_per_expert) return;
-  const std::vector<int32_t> off = route(d, w, probs, stream);
-  if (tokens_per_expert)
-    for (int64_t e = 0; e < d.E; ++e) tokens_per_expert[e] += off[e + 1] - off[e];
-  if (!out) return;
-  experts_forward(blas, d, w, off, x, gate, up, down, stream, b);
-  combine_out_kernel<<<blocks_for(d.N * d.C, 256), 256, 0, stream>>>(out, w.o, w.row_of, w.idx, w.w, d.N, d.C,
-                                                                     static_cast<int>(d.K));
+  if (!out) {  // the routing's counts only: no host copy
+    route_on_device(d, w, probs, stream);
+    add_counts(tokens_per_expert, w.offsets, d.E, stream);
+    return;
+  }
+  const Staging st = staging(blas, d.E);
+  route(blas, d, w, st, probs, stream);
+  if (tokens_per_expert) add_counts(tokens_per_expert, w.offsets, d.E, stream);
+  bool o_bf16 = false;
+  experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
+  const int K = static_cast<int>(d.K);
+  const unsigned blocks = blocks_for(d.N * d.C, 256);
+  if (o_bf16)
+    combine_out_kernel<<<blocks, 256, 0, stream>>>(out, Bf16Rows{reinterpret_cast<const bf16*>(w.o), d.C}, w.ord_row,
+                                                   w.ord_w, d.N, d.C, K);
+  else
+    combine_out_kernel<<<blocks, 256, 0, stream>>>(out, F32Rows{w.o, d.C}, w.ord_row, w.ord_w, d.N, d.C, K);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -532,19 +802,28 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
-  if (dprob)  // from pageable host memory: staged before the call returns
-    CUDA_CHECK(cudaMemcpyAsync(w.dprob, dprob, static_cast<size_t>(d.E) * sizeof(float), cudaMemcpyHostToDevice,
-                               stream));
-  const std::vector<int32_t> off = route(d, w, probs, stream);  // recomputed from the forward's probabilities
-  experts_forward(blas, d, w, off, x, gate, up, down, stream, b);
+  const int K = static_cast<int>(d.K);
+  const Staging st = staging(blas, d.E);
+  route(blas, d, w, st, probs, stream);  // recomputed from the forward's probabilities
+  bool o_bf16 = false;
+  const std::vector<int32_t> off = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
+  const bool grouped = blas.gemm_mode() == MoeGemm::grouped;
   // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n]
-  weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, w.o, w.w, w.perm, NK, C,
-                                                            static_cast<int>(d.K));
+  if (o_bf16)
+    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout,
+                                                              Bf16Rows{reinterpret_cast<const bf16*>(w.o), C}, w.w,
+                                                              w.perm, NK, C, K);
+  else
+    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, F32Rows{w.o, C}, w.w, w.perm, NK,
+                                                              C, K);
   CUDA_CHECK_LAUNCH();
-  for (int64_t e = 0; e < d.E; ++e) {  // down: d_a = d_o Wd, dWd += d_o^T a
+  // down: d_a = d_o Wd, dWd += d_o^T a
+  const ExpertProduct down_p[1] = {{down, w.d_o, w.d_a}};
+  const bool d_a_grouped = grouped && grouped_products(blas, false, off, d.E, F, C, down_p, 1, w, st, 2, stream);
+  for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
-    blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
+    if (!d_a_grouped) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
     blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
     if (gb.down) col_sum(gb.down[e], w.d_o + r0 * C, R, C, stream);
   }
@@ -552,27 +831,47 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     swiglu_clamped_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
   else
     swiglu_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, stream);
-  float* dxe = w.o;  // o is spent (read by weight_grad_kernel): each row's dx, fp32
-  for (int64_t e = 0; e < d.E; ++e) {  // gate/up: dxe = d_g Wg + d_u Wu, dWg += d_g^T xe, dWu += d_u^T xe
+  // gate/up: dxe = d_g Wg + d_u Wu, dWg += d_g^T xe, dWu += d_u^T xe. o is
+  // spent (read by weight_grad_kernel): its memory holds each row's dx, fp32
+  // (looped) or two bf16 rows, of gate and of up (grouped)
+  float* dxe = w.o;
+  bf16* dxg = reinterpret_cast<bf16*>(w.o);
+  bf16* dxu = dxg + NK * C;
+  const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
+  const bool dx_grouped = grouped && grouped_products(blas, false, off, d.E, C, F, dx_p, 2, w, st, 3, stream);
+  for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
-    blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
-    blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
+    if (!dx_grouped) {
+      blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
+      blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
+    }
     blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
     blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
     if (gb.gate) col_sum(gb.gate[e], w.d_g + r0 * F, R, F, stream);
     if (gb.up) col_sum(gb.up[e], w.d_u + r0 * F, R, F, stream);
   }
   // routing weights -> probabilities -> logits -> x and the router
-  router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw,
-                                                                dprob ? w.dprob : nullptr, d.N, d.E,
-                                                                static_cast<int>(d.K), d.norm_topk, d.topk_softmax);
+  router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
+                                                                d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                   // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);   // dxr [N,C] = dl [N,E] Wr [E,C]
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);      // dWr [E,C] += dl^T x
-  combine_dx_kernel<<<blocks_for(d.N * C, 256), 256, 0, stream>>>(dx, dxe, w.dxr, w.row_of, w.idx, d.N, C,
-                                                                  static_cast<int>(d.K));
+  const unsigned blocks = blocks_for(d.N * C, 256);
+  if (dx_grouped)
+    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, Bf16PairRows{dxg, dxu, C}, w.dxr, w.ord_row, d.N, C, K);
+  else
+    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
+                    const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight, float aux_scale,
+                    cudaStream_t stream) {
+  RT_CHECK(L > 0 && E > 0 && N > 0, "[cuda moe] moe_aux_finish: bad shape L ", L, ", E ", E, ", N ", N);
+  moe_aux_finish_kernel<<<1, 1, 0, stream>>>(dprob, step_tokens, step_aux, tokens, prob_sum, L, E, N, weight,
+                                             static_cast<double>(aux_scale));
   CUDA_CHECK_LAUNCH();
 }
 

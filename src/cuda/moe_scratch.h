@@ -18,6 +18,10 @@ struct MoeDims {
   float glu_alpha = 1.f;
 };
 
+// Grouped expert GEMM calls of one moe_forward or moe_backward at most, each
+// with up to 2 problems per expert and 3 device pointers per problem.
+constexpr int64_t kMoeGroupedCalls = 4;
+
 // Scratch of moe_forward and moe_backward: the N*K permuted rows and every
 // expert's activations for them, about N*K*(8*C + 12*F) + N*(4*C + 2*E)
 // bytes; each piece rounded up to 256 bytes.
@@ -25,10 +29,12 @@ inline size_t moe_scratch_bytes(const MoeDims& d) {
   const auto piece = [](int64_t n, size_t elem) { return (static_cast<size_t>(n) * elem + 255) / 256 * 256; };
   const int64_t NK = d.N * d.K;
   return 3 * piece(NK, 4) + piece(d.E + 1, 4)                    // idx, perm, row_of, offsets
-         + 2 * piece(NK, 4) + piece(d.E, 4) + piece(d.E, 8)      // w, dw, dprob, psum
+         + 2 * piece(NK, 4)                                      // ord_row, ord_w
+         + 2 * piece(NK, 4)                                      // w, dw
          + piece(NK * d.C, 2) + 3 * piece(NK * d.F, 2)           // xe, g, u, a
          + piece(NK * d.C, 2) + 3 * piece(NK * d.F, 2)           // d_o, d_a, d_g, d_u
-         + piece(d.N * d.E, 2) + piece(NK * d.C, 4) + piece(d.N * d.C, 4);  // dl, o (dxe), dxr
+         + piece(d.N * d.E, 2) + piece(NK * d.C, 4) + piece(d.N * d.C, 4)  // dl, o (dxe), dxr
+         + piece(kMoeGroupedCalls * 6 * d.E, 8);  // the grouped GEMMs' pointer arrays
 }
 
 }  // namespace rt::cuda

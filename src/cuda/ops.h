@@ -233,14 +233,36 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // The per-expert GEMMs run through MoeBlas (cuBLAS, not cuBLASLt): their row
 // counts change every step, and cuBLASLt's per-shape plans (Blas) would grow
 // without bound; cuBLAS needs no plan and takes any size and alignment.
-// One host loop over the experts that got tokens (their counts are read back:
-// moe_forward and moe_backward synchronise the stream once each); experts
-// with no token run nothing, and their weight gradients stay untouched.
+// The counts reach the host once per call that runs the experts (moe_forward
+// with an output, moe_backward): one D2H copy to pinned memory and one wait
+// on its event, queued right after the routing (the gather of the rows is
+// queued before the wait). Experts with no token run nothing, and their
+// weight gradients stay untouched. The routing statistics and the
+// load-balancing gradient stay on the device (no wait for them).
+// Two ways to run the expert GEMMs (MoeGemm; RAMTRAIN_MOE_GEMM=grouped|looped
+// picks the default, grouped):
+//  - grouped: every expert's product of one kind in one
+//    cublasGemmGroupedBatchedEx call (gate+up, down; backward: d_a, and the
+//    gate+up input gradients): a few launches per layer instead of 3 per
+//    expert. cuBLAS groups only bf16 outputs from bf16 operands, so each
+//    expert's down output o is rounded to bf16 before the fp32 weighted sum
+//    over a token's experts (as transformers computes it in bf16), and the
+//    input gradients of gate and up are two bf16 rows summed in fp32 with the
+//    token's other experts. The weight gradients (fp32, accumulated) stay one
+//    cublasGemmEx per expert and kind. Pointers that miss the grouped call's
+//    alignment rule (16 bytes) fall back to the loop for that product.
+//  - looped: one cublasGemmEx per expert and product, o and the input
+//    gradients in fp32 (the reference the grouped path is tested against).
+// The two agree within bf16 rounding (tests/gpu/cuda_moe_test.cpp); each is
+// deterministic on one stream. One MoeBlas serves one stream at a time (its
+// pinned staging is reused call after call; each call's wait on the counts
+// orders it after the previous call's copies).
+enum class MoeGemm { grouped, looped };
 class MoeBlas {
  public:
-  MoeBlas();
+  MoeBlas();  // the GEMM mode from RAMTRAIN_MOE_GEMM (unset: grouped)
   ~MoeBlas();
-  MoeBlas(MoeBlas&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
+  MoeBlas(MoeBlas&& o) noexcept;
   MoeBlas& operator=(MoeBlas&&) = delete;
   MoeBlas(const MoeBlas&) = delete;
   MoeBlas& operator=(const MoeBlas&) = delete;
@@ -252,29 +274,55 @@ class MoeBlas {
                  cudaStream_t stream);
   void matmul_tn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
                  cudaStream_t stream);
+  MoeGemm gemm_mode() const { return mode_; }
+  void set_gemm_mode(MoeGemm m) { mode_ = m; }
+  // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
+  int64_t grouped_calls() const { return grouped_calls_; }
+  void count_grouped_call() { ++grouped_calls_; }
+  // cuda/moe.cu's: the handle, pinned host staging of at least `bytes`
+  // (grown on demand; contents kept only until the next growth) and the event
+  // its counts copy records.
+  ::cublasContext* handle() const { return h_; }
+  void* host_staging(size_t bytes);
+  cudaEvent_t counts_event() const { return ev_; }
 
  private:
   ::cublasContext* h_ = nullptr;
+  cudaEvent_t ev_ = nullptr;
+  void* host_ = nullptr;
+  size_t host_bytes_ = 0;
+  MoeGemm mode_ = MoeGemm::grouped;
+  int64_t grouped_calls_ = 0;
 };
 
 // MoeDims and moe_scratch_bytes (the scratch of both calls): cuda/moe_scratch.h.
 // probs [N, E] (fp32, =) always; out [N, C] (bf16, =) unless null (null: the
 // router only, plus the routing when tokens_per_expert is given).
 // gate/up/down: host arrays of E device pointers ([F, C], [F, C], [C, F]).
-// tokens_per_expert [E] (host, +=, nullable), prob_sum [E] (host, +=,
-// nullable; each expert's sum over tokens in double, in token order).
+// tokens_per_expert [E] (device, +=, nullable), prob_sum [E] (device, +=,
+// nullable; each expert's sum over tokens in double, a fixed tree).
 // biases (gpt-oss, model/moe_bias.h): the router's [E] and each expert's
 // gate, up [F] and down [C] (host arrays of E device pointers), or nulls.
 void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf16* router, const bf16* const* gate,
                  const bf16* const* up, const bf16* const* down, const MoeDims& d, int64_t* tokens_per_expert,
                  double* prob_sum, Scratch scratch, cudaStream_t stream, const MoeBiasesT<bf16>& biases = {});
 // dx [N, C] (bf16, =); drouter [E, C] and dgate/dup/ddown[e] (fp32, +=; host
-// arrays of E device pointers). probs: the forward's. dprob [E] (host memory,
+// arrays of E device pointers). probs: the forward's. dprob [E] (device,
 // nullable): d loss / d p[n, e] added for every row (the load-balancing loss).
 void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, float* const* dup, float* const* ddown,
                   const bf16* dout, const bf16* x, const float* probs, const bf16* router, const bf16* const* gate,
                   const bf16* const* up, const bf16* const* down, const MoeDims& d, const float* dprob, Scratch scratch,
                   cudaStream_t stream, const MoeBiasesT<bf16>& biases = {}, const MoeBiasGrads& bias_grads = {});
+// The load-balancing loss of one micro-batch on the device, from the
+// tokens_per_expert and prob_sum [L, E] its L training forwards added to
+// (device arrays): model/moe_aux.h's MoeAux::finish (the CPU spec), the same
+// fp64 operations in the same order. dprob [E] (=) = weight * E * T_e / R^2,
+// R = L * N; step_tokens [L, E] (+= tokens, nullable) and *step_aux
+// (+= aux * aux_scale, nullable) gather a step's statistics, read back
+// with its loss. One thread: E * L is small.
+void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
+                    const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight, float aux_scale,
+                    cudaStream_t stream);
 // Qwen2-MoE's gated shared expert: y[n, :] = bf16(y + sigmoid(z[n]) o[n, :]),
 // o [N, C] bf16, z [N] fp32; backward: d_o (=) = sigmoid(z) dy,
 // dz (=, bf16) = sigmoid'(z) <dy[n], o[n]>.

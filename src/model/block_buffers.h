@@ -108,7 +108,8 @@ inline BlockGrads block_grads_from(const BlockWeightsT<float>& v) {
 }
 
 // One MoE layer's share of a micro-batch's routing bookkeeping (the runner's
-// MoeAux owns the arrays, model/moe_aux.h). Every pointer may be null.
+// MoeAux owns the arrays, model/moe_aux.h; the CUDA engine's DeviceMoeAux,
+// engine/cuda/moe_routing.h, in device memory). Every pointer may be null.
 struct MoeLayerRouting {
   int64_t* tokens_per_expert = nullptr;  // [E] forward: += tokens routed to each expert
   double* prob_sum = nullptr;            // [E] forward: += router probability summed over tokens

@@ -21,6 +21,20 @@
 //    cuda_ops_test's attention and cross-entropy chains. A token sent to the
 //    wrong expert, a wrong weight or a dropped norm_topk term is O(1).
 //  - an expert with no token: its weight gradients are untouched (bit-exact).
+// Every case runs in both expert GEMM modes (cuda/ops.h MoeBlas): looped and
+// grouped each against the CPU with the bounds above; the grouped mode must
+// have run all 6 of its grouped calls (no fall-back to the loop), and
+//  - grouped vs looped out, element by element: |diff| <= 16 u S[n, c], S the
+//    sum over the token's experts of |w| sum_f m_f |Wd[c, f]| (+ |bias|),
+//    m_f = |a_f| + |g_f| (|u_f| + 1) from the CPU's fp32 g, u, a. Between the
+//    modes g and u are fp32 sums in another order (~2^-24 C relative, far
+//    below u) that may round to neighbouring bf16 values (2u |g|, 2u |u|);
+//    the SwiGLU's slopes (<= 1.1 |u| in g, |g| in u; the clamped variant's
+//    <= 1.5 (|u| + 1)) and its own rounding give |da| <= ~7u m; the down
+//    product sums them over f; the grouped mode rounds o to bf16 (u |o|);
+//    both final roundings of out add 2u |out| <= 2u S: ~10u S, bounded at
+//    16u S. A wrong expert, weight or row is O(|o|), not a few u of S.
+//  - the grouped mode twice: out, dx and every gradient bit for bit.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
 #include <gtest/gtest.h>
@@ -37,9 +51,11 @@
 
 #include "core/bf16.h"
 #include "cpu/moe.h"
+#include "cpu/ops.h"
 #include "cuda/check.h"
 #include "cuda/device_info.h"
 #include "cuda/ops.h"
+#include "model/moe_aux.h"
 #include "device_buffer.h"
 #include "testutil.h"
 
@@ -53,6 +69,7 @@ using namespace rt::gputest;
 
 constexpr double kChainRel = 1e-2, kChainMax = 5e-2;  // chains with bf16 intermediates (header)
 constexpr double kExactSumRel = 1e-5;                 // fp32 sums of exact products (header)
+constexpr double kModesOutRel = 16.0 / 256;           // grouped vs looped out: 16 u S (header)
 
 class CudaMoe : public ::testing::Test {
  protected:
@@ -79,6 +96,58 @@ bool routing_is_robust(const float* p, int64_t E, int64_t K, float gap) {
   std::sort(s.begin(), s.end(), std::greater<float>());
   const float d = s[static_cast<size_t>(K - 1)] - s[static_cast<size_t>(K)];
   return d == 0.f || d >= gap;
+}
+
+// What one GPU run of a case leaves: out, dx and every weight gradient.
+struct GpuResult {
+  std::vector<float> out, dx;
+  std::vector<std::vector<float>> grads;  // router, then each expert's gate, up, down
+  int64_t grouped_calls = 0;
+};
+
+// S[n, c] = sum over n's experts e (the CPU's routing of probs) of |w_e| (sum
+// over f of m_f |Wd_e[c, f]| + |bd_e[c]|), m_f = |a_f| + |g_f| (|u_f| + 1):
+// the magnitude the down product and the weighted sum add up for out[n, c],
+// in fp32 from the CPU's g, u and a (header: the grouped-vs-looped bound).
+std::vector<float> out_scale(const std::vector<float>& x, const std::vector<std::vector<float>>& wg,
+                             const std::vector<std::vector<float>>& wu, const std::vector<std::vector<float>>& wd,
+                             const std::vector<float>& probs, int64_t N, int64_t C, int64_t E, int64_t K, int64_t F,
+                             bool norm_topk, const rt::cpu::MoeVariant& v) {
+  std::vector<float> S(static_cast<size_t>(N * C), 0.f), m(static_cast<size_t>(F));
+  std::vector<int32_t> idx(static_cast<size_t>(K));
+  std::vector<float> w(static_cast<size_t>(K)), sel(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x.data() + n * C;
+    rt::cpu::moe_topk(probs.data() + n * E, E, K, norm_topk && !v.topk_softmax, idx.data(), w.data());
+    if (v.topk_softmax) {  // gpt-oss: the softmax of the K selected logits
+      float mx = w[0], z = 0.f;
+      for (int64_t j = 0; j < K; ++j) z += (sel[static_cast<size_t>(j)] = std::exp(w[static_cast<size_t>(j)] - mx));
+      for (int64_t j = 0; j < K; ++j) w[static_cast<size_t>(j)] = sel[static_cast<size_t>(j)] / z;
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = idx[static_cast<size_t>(j)];
+      for (int64_t f = 0; f < F; ++f) {
+        float g = v.gate_bias ? v.gate_bias[e][f] : 0.f, u = v.up_bias ? v.up_bias[e][f] : 0.f;
+        for (int64_t c = 0; c < C; ++c) {
+          g += xn[c] * wg[static_cast<size_t>(e)][static_cast<size_t>(f * C + c)];
+          u += xn[c] * wu[static_cast<size_t>(e)][static_cast<size_t>(f * C + c)];
+        }
+        float a = 0.f;
+        if (v.glu_limit > 0.f)
+          rt::cpu::swiglu_clamped_forward(&a, &g, &u, 1, v.glu_limit, v.glu_alpha);
+        else
+          rt::cpu::swiglu_forward(&a, &g, &u, 1);
+        m[static_cast<size_t>(f)] = std::fabs(a) + std::fabs(g) * (std::fabs(u) + 1.f);
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        float t = v.down_bias ? std::fabs(v.down_bias[e][c]) : 0.f;
+        for (int64_t f = 0; f < F; ++f)
+          t += m[static_cast<size_t>(f)] * std::fabs(wd[static_cast<size_t>(e)][static_cast<size_t>(c * F + f)]);
+        S[static_cast<size_t>(n * C + c)] += std::fabs(w[static_cast<size_t>(j)]) * t;
+      }
+    }
+  }
+  return S;
 }
 
 void run_case(const Case& k) {
@@ -179,106 +248,148 @@ void run_case(const Case& k) {
     ASSERT_EQ(ref_tokens[static_cast<size_t>(k.idle_expert)], 0) << "the idle expert got tokens";
   }
 
-  // GPU
-  rt::cuda::MoeBlas blas;
-  const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
-  // gpt-oss's biases on the device, and their gradients from zero
-  std::vector<std::unique_ptr<DeviceBuffer>> dbg, dbu, dbd, dgbg, dgbu, dgbd;
-  std::vector<const bf16*> pbg, pbu, pbd;
-  std::vector<float*> pgbg, pgbu, pgbd;
-  auto d_rb = k.gptoss ? upload_bf16(router_bias) : nullptr;
-  auto d_grb = k.gptoss ? upload_f32(std::vector<float>(E, 0.f)) : nullptr;
-  for (int64_t e = 0; e < (k.gptoss ? E : 0); ++e) {
-    dbg.push_back(upload_bf16(bg[e]));
-    dbu.push_back(upload_bf16(bu[e]));
-    dbd.push_back(upload_bf16(bd[e]));
-    dgbg.push_back(upload_f32(std::vector<float>(F, 0.f)));
-    dgbu.push_back(upload_f32(std::vector<float>(F, 0.f)));
-    dgbd.push_back(upload_f32(std::vector<float>(C, 0.f)));
-    pbg.push_back(dbg.back()->as<bf16>());
-    pbu.push_back(dbu.back()->as<bf16>());
-    pbd.push_back(dbd.back()->as<bf16>());
-    pgbg.push_back(dgbg.back()->as<float>());
-    pgbu.push_back(dgbu.back()->as<float>());
-    pgbd.push_back(dgbd.back()->as<float>());
-  }
-  const rt::MoeBiasesT<bf16> biases =
-      k.gptoss ? rt::MoeBiasesT<bf16>{d_rb->as<bf16>(), pbg.data(), pbu.data(), pbd.data()} : rt::MoeBiasesT<bf16>{};
-  const rt::MoeBiasGrads bias_grads =
-      k.gptoss ? rt::MoeBiasGrads{d_grb->as<float>(), pgbg.data(), pgbu.data(), pgbd.data()} : rt::MoeBiasGrads{};
-  DeviceBuffer scratch(rt::cuda::moe_scratch_bytes(d));
-  scratch.poison();
-  auto d_x = upload_bf16(x), d_router = upload_bf16(router), d_dout = upload_bf16(dout);
-  std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwu, dwd, dgg, dgu, dgd;
-  std::vector<const bf16*> pwg, pwu, pwd;
-  std::vector<float*> pgg, pgu, pgd;
-  for (int64_t e = 0; e < E; ++e) {
-    dwg.push_back(upload_bf16(wg[e]));
-    dwu.push_back(upload_bf16(wu[e]));
-    dwd.push_back(upload_bf16(wd[e]));
-    dgg.push_back(upload_f32(gg0[e]));
-    dgu.push_back(upload_f32(gu0[e]));
-    dgd.push_back(upload_f32(gd0[e]));
-    pwg.push_back(dwg.back()->as<bf16>());
-    pwu.push_back(dwu.back()->as<bf16>());
-    pwd.push_back(dwd.back()->as<bf16>());
-    pgg.push_back(dgg.back()->as<float>());
-    pgu.push_back(dgu.back()->as<float>());
-    pgd.push_back(dgd.back()->as<float>());
-  }
-  DeviceBuffer out(static_cast<size_t>(N * C) * 2), d_probs(static_cast<size_t>(N * E) * 4),
-      dx(static_cast<size_t>(N * C) * 2);
-  out.poison();
-  d_probs.poison();
-  dx.poison();
-  auto d_grouter = upload_f32(grouter0);
-  std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
-  std::vector<double> psum(static_cast<size_t>(E), 0.0);
-  rt::cuda::moe_forward(blas, out.as<bf16>(), d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
-                        pwu.data(), pwd.data(), d, tokens.data(), psum.data(), scratch.scratch(), nullptr, biases);
-  EXPECT_EQ(tokens, ref_tokens);
-  std::vector<float> psum_f(psum.begin(), psum.end()), ref_psum_f(ref_psum.begin(), ref_psum.end());
-  expect_close("prob_sum", psum_f, ref_psum_f, kExactSumRel, kExactSumRel);
-  expect_close("probs", download_f32(d_probs, N * E), ref_probs, kExactSumRel, kExactSumRel);
-  expect_close("out", download_bf16(out, N * C), ref_out, kChainRel, kChainMax);
+  // GPU, in one expert GEMM mode (cuda/ops.h MoeBlas), against the CPU
+  auto gpu_run = [&](rt::cuda::MoeGemm mode) {
+    rt::cuda::MoeBlas blas;
+    blas.set_gemm_mode(mode);
+    const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
+    // gpt-oss's biases on the device, and their gradients from zero
+    std::vector<std::unique_ptr<DeviceBuffer>> dbg, dbu, dbd, dgbg, dgbu, dgbd;
+    std::vector<const bf16*> pbg, pbu, pbd;
+    std::vector<float*> pgbg, pgbu, pgbd;
+    auto d_rb = k.gptoss ? upload_bf16(router_bias) : nullptr;
+    auto d_grb = k.gptoss ? upload_f32(std::vector<float>(E, 0.f)) : nullptr;
+    for (int64_t e = 0; e < (k.gptoss ? E : 0); ++e) {
+      dbg.push_back(upload_bf16(bg[e]));
+      dbu.push_back(upload_bf16(bu[e]));
+      dbd.push_back(upload_bf16(bd[e]));
+      dgbg.push_back(upload_f32(std::vector<float>(F, 0.f)));
+      dgbu.push_back(upload_f32(std::vector<float>(F, 0.f)));
+      dgbd.push_back(upload_f32(std::vector<float>(C, 0.f)));
+      pbg.push_back(dbg.back()->as<bf16>());
+      pbu.push_back(dbu.back()->as<bf16>());
+      pbd.push_back(dbd.back()->as<bf16>());
+      pgbg.push_back(dgbg.back()->as<float>());
+      pgbu.push_back(dgbu.back()->as<float>());
+      pgbd.push_back(dgbd.back()->as<float>());
+    }
+    const rt::MoeBiasesT<bf16> biases =
+        k.gptoss ? rt::MoeBiasesT<bf16>{d_rb->as<bf16>(), pbg.data(), pbu.data(), pbd.data()} : rt::MoeBiasesT<bf16>{};
+    const rt::MoeBiasGrads bias_grads =
+        k.gptoss ? rt::MoeBiasGrads{d_grb->as<float>(), pgbg.data(), pgbu.data(), pgbd.data()} : rt::MoeBiasGrads{};
+    DeviceBuffer scratch(rt::cuda::moe_scratch_bytes(d));
+    scratch.poison();
+    auto d_x = upload_bf16(x), d_router = upload_bf16(router), d_dout = upload_bf16(dout);
+    std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwu, dwd, dgg, dgu, dgd;
+    std::vector<const bf16*> pwg, pwu, pwd;
+    std::vector<float*> pgg, pgu, pgd;
+    for (int64_t e = 0; e < E; ++e) {
+      dwg.push_back(upload_bf16(wg[e]));
+      dwu.push_back(upload_bf16(wu[e]));
+      dwd.push_back(upload_bf16(wd[e]));
+      dgg.push_back(upload_f32(gg0[e]));
+      dgu.push_back(upload_f32(gu0[e]));
+      dgd.push_back(upload_f32(gd0[e]));
+      pwg.push_back(dwg.back()->as<bf16>());
+      pwu.push_back(dwu.back()->as<bf16>());
+      pwd.push_back(dwd.back()->as<bf16>());
+      pgg.push_back(dgg.back()->as<float>());
+      pgu.push_back(dgu.back()->as<float>());
+      pgd.push_back(dgd.back()->as<float>());
+    }
+    DeviceBuffer out(static_cast<size_t>(N * C) * 2), d_probs(static_cast<size_t>(N * E) * 4),
+        dx(static_cast<size_t>(N * C) * 2);
+    out.poison();
+    d_probs.poison();
+    dx.poison();
+    auto d_grouter = upload_f32(grouter0);
+    // the routing statistics and dprob live on the device (added to: from zero)
+    auto d_tokens = upload(std::vector<int64_t>(static_cast<size_t>(E), 0));
+    auto d_psum = upload(std::vector<double>(static_cast<size_t>(E), 0.0));
+    auto d_dprob = k.with_dprob ? upload_f32(dprob) : nullptr;
+    rt::cuda::moe_forward(blas, out.as<bf16>(), d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
+                          pwu.data(), pwd.data(), d, d_tokens->as<int64_t>(), d_psum->as<double>(), scratch.scratch(),
+                          nullptr, biases);
+    const std::vector<int64_t> tokens = download<int64_t>(*d_tokens, E);
+    const std::vector<double> psum = download<double>(*d_psum, E);
+    EXPECT_EQ(tokens, ref_tokens);
+    std::vector<float> psum_f(psum.begin(), psum.end()), ref_psum_f(ref_psum.begin(), ref_psum.end());
+    expect_close("prob_sum", psum_f, ref_psum_f, kExactSumRel, kExactSumRel);
+    expect_close("probs", download_f32(d_probs, N * E), ref_probs, kExactSumRel, kExactSumRel);
+    expect_close("out", download_bf16(out, N * C), ref_out, kChainRel, kChainMax);
 
-  // backward from the GPU's own probabilities (as the block does), after a
-  // router-only forward (the recompute's call) rewrote them
-  rt::cuda::moe_forward(blas, nullptr, d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
-                        pwu.data(), pwd.data(), d, nullptr, nullptr, scratch.scratch(), nullptr, biases);
-  scratch.poison();
-  rt::cuda::moe_backward(blas, dx.as<bf16>(), d_grouter->as<float>(), pgg.data(), pgu.data(), pgd.data(),
-                         d_dout->as<bf16>(), d_x->as<bf16>(), d_probs.as<float>(), d_router->as<bf16>(), pwg.data(),
-                         pwu.data(), pwd.data(), d, k.with_dprob ? dprob.data() : nullptr, scratch.scratch(), nullptr,
-                         biases, bias_grads);
-  expect_close("dx", download_bf16(dx, N * C), ref_dx, kChainRel, kChainMax);
-  // the accumulated part of each weight gradient (what the op added)
-  auto added = [](std::vector<float> after, const std::vector<float>& before) {
-    for (size_t i = 0; i < after.size(); ++i) after[i] -= before[i];
-    return after;
+    // backward from the GPU's own probabilities (as the block does), after a
+    // router-only forward (the recompute's call) rewrote them
+    rt::cuda::moe_forward(blas, nullptr, d_probs.as<float>(), d_x->as<bf16>(), d_router->as<bf16>(), pwg.data(),
+                          pwu.data(), pwd.data(), d, nullptr, nullptr, scratch.scratch(), nullptr, biases);
+    scratch.poison();
+    rt::cuda::moe_backward(blas, dx.as<bf16>(), d_grouter->as<float>(), pgg.data(), pgu.data(), pgd.data(),
+                           d_dout->as<bf16>(), d_x->as<bf16>(), d_probs.as<float>(), d_router->as<bf16>(), pwg.data(),
+                           pwu.data(), pwd.data(), d, k.with_dprob ? d_dprob->as<float>() : nullptr, scratch.scratch(),
+                           nullptr, biases, bias_grads);
+    expect_close("dx", download_bf16(dx, N * C), ref_dx, kChainRel, kChainMax);
+    // the accumulated part of each weight gradient (what the op added)
+    auto added = [](std::vector<float> after, const std::vector<float>& before) {
+      for (size_t i = 0; i < after.size(); ++i) after[i] -= before[i];
+      return after;
+    };
+    expect_close("drouter", added(download_f32(*d_grouter, E * C), grouter0), added(ref_grouter, grouter0), kChainRel,
+                 kChainMax);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string en = "expert " + std::to_string(e);
+      const auto got_g = download_f32(*dgg[e], F * C), got_u = download_f32(*dgu[e], F * C),
+                 got_d = download_f32(*dgd[e], C * F);
+      if (ref_tokens[static_cast<size_t>(e)] == 0) {  // untouched, bit for bit
+        EXPECT_EQ(got_g, gg0[e]) << en;
+        EXPECT_EQ(got_u, gu0[e]) << en;
+        EXPECT_EQ(got_d, gd0[e]) << en;
+        continue;
+      }
+      expect_close(en + " dgate", added(got_g, gg0[e]), added(ref_gg[e], gg0[e]), kChainRel, kChainMax);
+      expect_close(en + " dup", added(got_u, gu0[e]), added(ref_gu[e], gu0[e]), kChainRel, kChainMax);
+      expect_close(en + " ddown", added(got_d, gd0[e]), added(ref_gd[e], gd0[e]), kChainRel, kChainMax);
+      if (k.gptoss) {  // column sums of the same bf16 chains
+        expect_close(en + " dgate bias", download_f32(*dgbg[e], F), ref_gbg[e], kChainRel, kChainMax);
+        expect_close(en + " dup bias", download_f32(*dgbu[e], F), ref_gbu[e], kChainRel, kChainMax);
+        expect_close(en + " ddown bias", download_f32(*dgbd[e], C), ref_gbd[e], kChainRel, kChainMax);
+      }
+    }
+    if (k.gptoss) expect_close("drouter bias", download_f32(*d_grb, E), ref_grb, kChainRel, kChainMax);
+    // what the other mode and the rerun compare (every gradient includes its initial value)
+    GpuResult r;
+    r.out = download_bf16(out, N * C);
+    r.dx = download_bf16(dx, N * C);
+    r.grads.push_back(download_f32(*d_grouter, E * C));
+    for (int64_t e = 0; e < E; ++e) {
+      r.grads.push_back(download_f32(*dgg[e], F * C));
+      r.grads.push_back(download_f32(*dgu[e], F * C));
+      r.grads.push_back(download_f32(*dgd[e], C * F));
+    }
+    r.grouped_calls = blas.grouped_calls();
+    return r;
   };
-  expect_close("drouter", added(download_f32(*d_grouter, E * C), grouter0), added(ref_grouter, grouter0), kChainRel,
-               kChainMax);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string en = "expert " + std::to_string(e);
-    const auto got_g = download_f32(*dgg[e], F * C), got_u = download_f32(*dgu[e], F * C),
-               got_d = download_f32(*dgd[e], C * F);
-    if (ref_tokens[static_cast<size_t>(e)] == 0) {  // untouched, bit for bit
-      EXPECT_EQ(got_g, gg0[e]) << en;
-      EXPECT_EQ(got_u, gu0[e]) << en;
-      EXPECT_EQ(got_d, gd0[e]) << en;
-      continue;
-    }
-    expect_close(en + " dgate", added(got_g, gg0[e]), added(ref_gg[e], gg0[e]), kChainRel, kChainMax);
-    expect_close(en + " dup", added(got_u, gu0[e]), added(ref_gu[e], gu0[e]), kChainRel, kChainMax);
-    expect_close(en + " ddown", added(got_d, gd0[e]), added(ref_gd[e], gd0[e]), kChainRel, kChainMax);
-    if (k.gptoss) {  // column sums of the same bf16 chains
-      expect_close(en + " dgate bias", download_f32(*dgbg[e], F), ref_gbg[e], kChainRel, kChainMax);
-      expect_close(en + " dup bias", download_f32(*dgbu[e], F), ref_gbu[e], kChainRel, kChainMax);
-      expect_close(en + " ddown bias", download_f32(*dgbd[e], C), ref_gbd[e], kChainRel, kChainMax);
-    }
+  const GpuResult looped = gpu_run(rt::cuda::MoeGemm::looped);
+  const GpuResult grouped = gpu_run(rt::cuda::MoeGemm::grouped);
+  EXPECT_EQ(looped.grouped_calls, 0);
+  // forward: gate+up, down; router-only forward: none; backward: gate+up, down, d_a, the input gradients
+  EXPECT_EQ(grouped.grouped_calls, 6) << "the grouped mode fell back to the loop";
+  // grouped against looped, element by element (header: 16 u S)
+  const std::vector<float> scale = out_scale(x, wg, wu, wd, ref_probs, N, C, E, K, F, k.norm_topk, variant);
+  int bad = 0;
+  for (int64_t i = 0; i < N * C; ++i) {
+    const double diff =
+        std::fabs(static_cast<double>(grouped.out[static_cast<size_t>(i)]) - looped.out[static_cast<size_t>(i)]);
+    if (!(diff <= kModesOutRel * scale[static_cast<size_t>(i)]) && bad++ < 5)
+      ADD_FAILURE() << "out[" << i / C << ", " << i % C << "]: grouped " << grouped.out[static_cast<size_t>(i)]
+                    << ", looped " << looped.out[static_cast<size_t>(i)] << ", bound "
+                    << kModesOutRel * scale[static_cast<size_t>(i)];
   }
-  if (k.gptoss) expect_close("drouter bias", download_f32(*d_grb, E), ref_grb, kChainRel, kChainMax);
+  EXPECT_EQ(bad, 0) << "out elements past the grouped-vs-looped bound";
+  // deterministic: the grouped mode again, bit for bit
+  const GpuResult again = gpu_run(rt::cuda::MoeGemm::grouped);
+  EXPECT_TRUE(again.out == grouped.out) << "grouped out differs between two runs";
+  EXPECT_TRUE(again.dx == grouped.dx) << "grouped dx differs between two runs";
+  EXPECT_TRUE(again.grads == grouped.grads) << "grouped weight gradients differ between two runs";
 }
 
 // Qwen3-MoE / Qwen2-MoE / Mixtral routing: softmax, top-k, renormalised;
@@ -300,6 +411,53 @@ TEST_F(CudaMoe, OddShapesMatchCpu) { run_case({37, 40, 8, 2, 20, true, 7, -1, -1
 
 // gpt-oss: router bias, softmax over the top-4 logits, expert biases, SwiGLU clamped at 1; an idle expert.
 TEST_F(CudaMoe, GptOssVariantMatchesCpu) { run_case({96, 64, 8, 4, 48, false, 5, -1, -1, false, 16, true}); }
+
+// The load-balancing loss on the device (cuda::moe_aux_finish) against its
+// CPU spec, MoeAux::finish (model/moe_aux.h), on two micro-batches' counts
+// and sums: the same fp64 operations in the same order, so dprob, the step's
+// weighted loss and tokens are equal bit for bit (no tolerance).
+TEST_F(CudaMoe, AuxFinishMatchesMoeAuxBitForBit) {
+  rt::ModelSpec s;
+  s.n_layers = 3;
+  s.moe.n_experts = 6;
+  const int64_t L = s.n_layers, E = s.moe.n_experts, N = 37;
+  const double weight = 0.01 * 0.5;  // router_aux_loss_coef times the micro-batch's share
+  const float aux_scale = 0.5f;
+  auto d_tokens = upload(std::vector<int64_t>(static_cast<size_t>(L * E), 0));
+  auto d_aux = upload(std::vector<double>(1, 0.0));
+  DeviceBuffer d_dprob(static_cast<size_t>(E) * 4);
+  double ref_aux = 0;
+  std::vector<int64_t> ref_step_tokens(static_cast<size_t>(L * E), 0);
+  std::vector<float> ref_dprob;
+  for (int micro = 0; micro < 2; ++micro) {
+    rt::MoeAux a(s);
+    a.begin();
+    std::vector<int64_t> tok(static_cast<size_t>(L * E));
+    std::vector<double> psum(static_cast<size_t>(L * E));
+    const auto pr = random_vec(L * E, 40 + micro, 0.f, 1.f);
+    for (int64_t l = 0; l < L; ++l) {
+      rt::MoeLayerRouting r = a.forward_routing(l);
+      for (int64_t e = 0; e < E; ++e) {
+        const size_t i = static_cast<size_t>(l * E + e);
+        tok[i] = (l * 7 + e * 3 + micro) % 11;
+        psum[i] = static_cast<double>(pr[i]) * static_cast<double>(N) / 3.0;
+        r.tokens_per_expert[e] += tok[i];
+        r.prob_sum[e] += psum[i];
+      }
+    }
+    ref_aux += a.finish(N, weight) * aux_scale;
+    for (size_t i = 0; i < ref_step_tokens.size(); ++i) ref_step_tokens[i] += tok[i];
+    const float* dp = a.backward_routing().dprob;
+    ref_dprob.assign(dp, dp + E);
+    auto d_tok = upload(tok);
+    auto d_psum = upload(psum);
+    rt::cuda::moe_aux_finish(d_dprob.as<float>(), d_tokens->as<int64_t>(), d_aux->as<double>(), d_tok->as<int64_t>(),
+                             d_psum->as<double>(), L, E, N, weight, aux_scale, nullptr);
+    EXPECT_EQ(download<float>(d_dprob, E), ref_dprob) << "dprob, micro-batch " << micro;
+  }
+  EXPECT_EQ(download<int64_t>(*d_tokens, L * E), ref_step_tokens);
+  EXPECT_EQ(download<double>(*d_aux, 1)[0], ref_aux);
+}
 
 // Qwen2-MoE's shared-expert gate: y += sigmoid(z) o and its backward.
 TEST_F(CudaMoe, SharedGateMatchesCpu) {

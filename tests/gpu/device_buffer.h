@@ -63,6 +63,13 @@ inline std::vector<float> download_bf16(const DeviceBuffer& d, int64_t n) {
   for (size_t i = 0; i < h.size(); ++i) f[i] = rt::bf16_to_f32(h[i]);
   return f;
 }
+template <class T>
+std::vector<T> download(const DeviceBuffer& d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<T> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h.data(), d.data(), h.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
 inline std::vector<float> download_f32(const DeviceBuffer& d, int64_t n) {
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> f(static_cast<size_t>(n));

@@ -35,6 +35,9 @@
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
+#   moegemm   the MoE expert GEMMs looped (RAMTRAIN_MOE_GEMM=looped) against grouped (the default), same call: the
+#             MoE layer alone at OLMoE's shape (moe_bench), then OLMoE-1B-7B 16 x 2048 (tokens/s, model TFLOP/s and
+#             GPU idle of each, and the trace gaps; issue 32)
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
@@ -374,6 +377,20 @@ if has moebig; then
   run moe_olmoe_16x2048 400 "${mb[@]}" --micro-batch 16
   run moe_olmoe_64k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 8 --grads fold
   [ "${MB_128K:-1}" = 1 ] && run moe_olmoe_128k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
+fi
+
+if has moegemm; then
+  # Issue 32's GPU idle: OLMoE-1B-7B at full precision, 16 x 2048 micro-batch-major (moebig's baseline), the
+  # expert GEMMs one cublasGemmEx per expert (looped) and grouped (cublasGemmGroupedBatchedEx), same call and card.
+  # Compare the two benches' tok/s and GPU idle lines (the issue asks >= 22k tok/s); gaps_moe_* split the idle.
+  # moe_bench first: the MoE layer alone (forward, recompute + backward, ms and expert TFLOP/s per mode)
+  run moe_bench 120 "$bin/moe_bench"
+  mg=("$bin/ramtrain_bench" --preset olmoe-1b-7b --seq-len 2048 --micro-batch 16 --steps ${MG_STEPS:-2} --warmup 1
+      --modes streaming)
+  for m in looped grouped; do
+    run "moe_olmoe_16x2048_$m" 280 env RAMTRAIN_MOE_GEMM=$m "${mg[@]}" --trace "$logs/trace_moe_$m"
+    run "gaps_moe_$m" 60 python3 "$here/bench/trace_gaps.py" "$logs/trace_moe_$m.streaming.json"
+  done
 fi
 
 if has families; then

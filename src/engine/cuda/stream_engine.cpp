@@ -65,6 +65,7 @@
 #include "engine/cuda/engine_device.h"
 #include "engine/cuda/gradient_sink.h"
 #include "engine/cuda/host_embedding.h"
+#include "engine/cuda/moe_routing.h"
 #include "engine/cuda/muon_gpu.h"
 #include "engine/cuda/optimizer_phase.h"
 #include "engine/cuda/stream_engine.h"
@@ -73,7 +74,6 @@
 #include "engine/unit_binding.h"
 #include "engine/update_tracker.h"
 #include "model/block.h"
-#include "model/moe_aux.h"
 
 namespace rt {
 
@@ -90,7 +90,6 @@ class StreamEngine final : public Backend {
         T_(T),
         N_(B * T),
         opt_(opt),
-        aux_(st.spec()),
         dp_(opt.dp),
         dev_(device_budget(opt), opt.trace_path),
         track_(st.units().size(), opt.delayed_update) {
@@ -156,6 +155,12 @@ class StreamEngine final : public Backend {
     totals_ = DevBuf<CrossEntropyTotals>(dev_.alloc, 1, "loss totals");
     norms_ = DevBuf<double>(dev_.alloc, static_cast<int64_t>(units.size()), "gradient norms");
     host_small_ = PinnedBuf(sizeof(CrossEntropyTotals) + units.size() * sizeof(double), "loss staging");
+    if (s_.is_moe()) {  // the routing bookkeeping on the device (engine/cuda/moe_routing.h)
+      aux_ = std::make_unique<DeviceMoeAux>(dev_.alloc, s_);
+      moe_stats_ = std::make_unique<DeviceMoeStats>(dev_.alloc, s_);
+      if (place_.layer_major)
+        for (int64_t k = 0; k < K_; ++k) lm_aux_.emplace_back(dev_.alloc, s_);
+    }
     // LongRoPE: one table per run, the long one when T exceeds the original
     // context (upload_batches refuses a micro-batch the CPU would rotate with the other)
     rope_long_ = s_.rope.scaling == RopeScaling::longrope && T_ > s_.rope.original_max_positions;
@@ -259,6 +264,7 @@ class StreamEngine final : public Backend {
     cudaStream_t cs = dev_.compute.get();
     CUDA_CHECK(cudaMemcpyAsync(tot, totals_.data(), sizeof(CrossEntropyTotals), cudaMemcpyDeviceToHost, cs));
     CUDA_CHECK(cudaMemcpyAsync(nrm, norms_.data(), units.size() * sizeof(double), cudaMemcpyDeviceToHost, cs));
+    if (moe_stats_) moe_stats_->stage(cs);  // the routing statistics, read after the wait below
     CUDA_CHECK(cudaEventRecord(backward_done_.get(), cs));
     CUDA_CHECK(cudaStreamSynchronize(cs));
     stats.loss_sum = o.inject_nan ? NAN : tot->loss_sum;  // the test hook, as the CPU backend honours it
@@ -322,6 +328,7 @@ class StreamEngine final : public Backend {
     sync();
     CUDA_CHECK(cudaMemsetAsync(totals_.data(), 0, sizeof(CrossEntropyTotals), dev_.compute.get()));
     run_micro_batches(batches, 1.0f / static_cast<float>(n_valid_total));
+    if (moe_stats_) moe_stats_->stage(dev_.compute.get());  // read_totals waits for it
     int64_t n_valid = 0;
     const double loss = read_totals(&n_valid);
     if (place_.host_grads) {  // they already landed in the host arenas
@@ -362,8 +369,10 @@ class StreamEngine final : public Backend {
     e.optimizer_seconds = optimizer_->seconds();
     e.optimizer_params = optimizer_->params();
     e.compute_busy_seconds = last_busy_;
-    e.moe_tokens_per_expert = moe_tokens_;
-    e.moe_aux_loss = moe_aux_;
+    if (moe_stats_) {  // staged before the last step's wait for its loss
+      e.moe_tokens_per_expert = moe_stats_->host_tokens();
+      e.moe_aux_loss = moe_stats_->host_aux();
+    }
     return e;
   }
 
@@ -383,8 +392,7 @@ class StreamEngine final : public Backend {
   // whether it ran layer-major.
   bool run_micro_batches(const std::vector<Batch>& batches, float grad_scale) {
     aux_scale_ = 1.0f / static_cast<float>(batches.size());  // MoE: the load-balancing loss, mean over micro-batches
-    moe_tokens_.assign(s_.is_moe() ? static_cast<size_t>(s_.n_layers * s_.moe.n_experts) : 0, 0);
-    moe_aux_ = 0;
+    if (moe_stats_) moe_stats_->reset(dev_.compute.get());
     if (place_.layer_major && static_cast<int64_t>(batches.size()) == K_) {
       upload_batches(batches.data(), K_);
       forward_layer_major();
@@ -508,8 +516,7 @@ class StreamEngine final : public Backend {
     ckpt_->lm_prefetch(0, 0);
     const bool moe = s_.is_moe();  // one routing record per micro-batch (model/moe_aux.h)
     if (moe) {
-      if (static_cast<int64_t>(lm_aux_.size()) != K_) lm_aux_.assign(static_cast<size_t>(K_), MoeAux(s_));
-      for (MoeAux& a : lm_aux_) a.begin();
+      for (DeviceMoeAux& a : lm_aux_) a.begin(cs);  // one per micro-batch (the constructor made K_)
     }
     for (int64_t i = 0; i < L; ++i) {
       load_for_forward(i);
@@ -536,17 +543,15 @@ class StreamEngine final : public Backend {
       if (i + S < L) weights_->release_layer(i);  // the last S layers stay for the backward's turn-around
     }
     if (moe)
-      for (MoeAux& a : lm_aux_) count_routing(a);
+      for (int64_t k = 0; k < K_; ++k) count_routing(lm_aux_[static_cast<size_t>(k)]);
   }
 
   // MoE: a micro-batch's forward routing done: its load-balancing loss and
-  // gradient factor (as ModelRunner::forward_backward), and the step's stats.
-  void count_routing(MoeAux& a) {
-    a.finish(N_, s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * aux_scale_ : 0.0);
-    for (int64_t l = 0; l < s_.n_layers; ++l)
-      for (int64_t e = 0; e < s_.moe.n_experts; ++e)
-        moe_tokens_[static_cast<size_t>(l * s_.moe.n_experts + e)] += a.tokens_per_expert(l)[e];
-    moe_aux_ += a.aux_loss() * aux_scale_;
+  // gradient factor (as ModelRunner::forward_backward), and the step's stats,
+  // all queued on the compute stream (no wait).
+  void count_routing(DeviceMoeAux& a) {
+    a.finish(N_, s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * aux_scale_ : 0.0, aux_scale_, *moe_stats_,
+             dev_.compute.get());
   }
 
   void backward_layer_major() {
@@ -624,13 +629,13 @@ class StreamEngine final : public Backend {
     dev_.tracer.gpu_end(span, cs);
     if (training) ckpt_->written(0);
     const bool moe = training && s_.is_moe();  // the training forward counts the routing (model/moe_aux.h)
-    if (moe) aux_.begin();
+    if (moe) aux_->begin(cs);
     for (int64_t i = 0; i < L; ++i) {
       load_for_forward(i);
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_write(i + 1);
       auto sp = dev_.tracer.gpu_begin(Lane::compute, "forward", static_cast<int>(i), cs);
-      const MoeLayerRouting routing = moe ? aux_.forward_routing(i) : MoeLayerRouting{};
+      const MoeLayerRouting routing = moe ? aux_->forward_routing(i) : MoeLayerRouting{};
       block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1), pos_.data(),
                     training ? acts_->of(i) : acts_->shared(), doc(0), moe ? &routing : nullptr);
       if (training && acts_->attn_kept(i)) acts_->attn_of(i).swap_with(acts_->shared());
@@ -639,7 +644,7 @@ class StreamEngine final : public Backend {
       // the last S layers stay for the backward's turn-around
       if (i + S < L || !training) weights_->release_layer(i);
     }
-    if (moe) count_routing(aux_);  // the load-balancing loss and its gradient factor
+    if (moe) count_routing(*aux_);  // the load-balancing loss and its gradient factor
   }
 
   // The final norm, LM head and loss of the micro-batch whose last block
@@ -680,7 +685,8 @@ class StreamEngine final : public Backend {
     auto& units = st_.units();
     cudaStream_t cs = dev_.compute.get();
     ckpt_->begin_backward();
-    const MoeLayerRouting back_routing = aux_.backward_routing();  // MoE: the load-balancing gradient
+    // MoE: the load-balancing gradient
+    const MoeLayerRouting back_routing = aux_ ? aux_->backward_routing() : MoeLayerRouting{};
     for (int64_t i = L - 1; i >= 0; --i) {
       const bf16* w = weights_->use_layer(i);
       ckpt_->before_backward(i);
@@ -720,17 +726,11 @@ class StreamEngine final : public Backend {
   int64_t B_, T_, N_;
   int64_t K_ = 1;  // micro-batches the buffers hold (layer-major: DevicePlacement::sets)
   CudaOptions opt_;
-  // MoE: the routing bookkeeping of the micro-batch in flight (model/moe_aux.h),
-  // its share of the load-balancing loss, and the stats of the last step
-  MoeAux aux_;
-  std::vector<MoeAux> lm_aux_;  // layer-major: one per micro-batch
   GpuDataParallel dp_;  // on(): a data-parallel rank (backend.h)
   Event dp_grads_made_, dp_reduced_;
   bool dp_stop_agreed_ = false;  // data parallel: some rank asked to stop (stop_agreement)
   int64_t dp_version_ = -1;  // data parallel: the host shadows hold every rank's slices as of this version
   float aux_scale_ = 1.0f;
-  std::vector<int64_t> moe_tokens_;  // EngineStats::moe_tokens_per_expert
-  double moe_aux_ = 0;
   EngineDevice dev_;
   DevicePlacement place_;
   bool first_micro_ = true;
@@ -751,6 +751,12 @@ class StreamEngine final : public Backend {
   PinnedBuf host_io_, host_small_;
   DevBuf<CrossEntropyTotals> totals_;
   DevBuf<double> norms_;
+  // MoE: the routing bookkeeping of the micro-batch in flight (on the device:
+  // engine/cuda/moe_routing.h), its share of the load-balancing loss, and the
+  // step's statistics (after dev_: their memory is its allocator's)
+  std::unique_ptr<DeviceMoeAux> aux_;
+  std::vector<DeviceMoeAux> lm_aux_;  // layer-major: one per micro-batch
+  std::unique_ptr<DeviceMoeStats> moe_stats_;
   DevBuf<uint8_t> scratch_;
   std::unique_ptr<CudaOps> ops_;
   std::unique_ptr<LayerActs<CudaOps>> acts_;  // shared (recomputed layers) + layers L-K..L-1, forward to backward
