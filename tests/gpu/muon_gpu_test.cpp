@@ -167,6 +167,16 @@ TEST(MuonGpu, NewtonSchulzMatchesTheCpuSpec) {
     }
   }
   std::printf("[muon gpu] worst rel_l2 vs the fp32 spec: %.3e\n", worst);
+  // the device norm's tails (the cases above are all multiples of 16): a last block of 9 elements after whole
+  // ones, and lanes that end on different rounds (n % 16 != 0); still rt::sum_squares's double
+  const int64_t tails[][2] = {{7, 13}, {13, 1261}, {3, 49155}};
+  for (const auto& rc : tails) {
+    const int64_t R = rc[0], C = rc[1];
+    const std::vector<float> u = gaussian(R * C, 9, 1e-3);
+    std::vector<float> o(u.size());
+    gpu.orthogonalize(u.data(), o.data(), R, C);
+    EXPECT_EQ(gpu.lane(0).last_sum_squares(), rt::sum_squares(u.data(), R * C)) << R << " x " << C;
+  }
   // a matrix larger than the workspace is refused, naming the sizes
   std::vector<float> big(1024 * 1025), out(big.size());
   rt::test::expect_error([&] { gpu.orthogonalize(big.data(), out.data(), 1024, 1025); },
