@@ -48,10 +48,10 @@ void fp8_linear_backward(float* dx, float* dw, float* dbias, const float* dout, 
 // One power-of-two scale per operand tensor: core/fp8.h's rule on the amax of
 // the whole tensor as it is now (current scaling: no history). amax 0 (an
 // all-zero tensor): scale 1, all codes 0. fp32-subnormal amax: the scale is
-// clamped to 2^-126 and the tensor's codes are 0 (its values are below
-// e4m3's reach at any normal scale). An Inf or NaN anywhere: scale NaN and
-// every code NaN (0x7F), so the GEMM's outputs are NaN and the step is
-// skipped as a bad step, as in block mode.
+// clamped to 2^-126 and the codes are those of x * 2^126 (below 1: values
+// up to 2^-136 become 0, not the whole tensor). An Inf or NaN anywhere:
+// scale NaN and every code NaN (0x7F), so the GEMM's outputs are NaN and the
+// step is skipped as a bad step, as in block mode.
 // Since the scale belongs to the whole tensor, a transposed copy has the same
 // scale and the transposed codes: each tensor is quantized once.
 //   forward   y[N,O]  = Qt(x) Qt(w)^T + b

@@ -175,11 +175,16 @@ TEST(CudaEngine, GradientsMatchTheCpuReference) {
 // --matmul fp8 --fp8-scaling tensor: the engine (Fp8Linear with shared inputs,
 // the scalar-scaled GEMM) against the CPU backend running the per-tensor twin.
 // Loss within the bf16 bound (1e-2). Gradients: the GPU quantizes bf16
-// activations and the twin fp32 ones, so their codes differ where bf16's
-// rounding (2^-9) crosses an e4m3 rounding boundary, on ~2^-6 of the
-// elements by one code step (2^-3 relative): rms ~1.6e-2 per GEMM operand,
-// on top of bf16's ~1e-2, chained through the layers: ~3e-2 expected, 1e-1
-// allowed (a wrong scale, transpose or shared code gives O(1)).
+// activations and weights, the twin fp32 ones, so some codes differ by one
+// step (2^-3 relative); the activations those flips perturb (~1e-2) flip many
+// more codes in the next GEMMs, so the two runs' FP8 rounding errors lose
+// their correlation within a few layers. Measured on the CPU twin alone
+// (this spec, these batches): its gradients are 0.07-0.22 rel_l2 from fp32's
+// (the per-tensor quantization noise), and rounding only the weights to bf16
+// moves them by up to 0.157 (fp32: 0.013). Two uncorrelated realisations
+// differ by ~sqrt(2) x 0.22 = 0.31 at most; 0.5 allowed. What this test is
+// for, the engine's wiring (a wrong transpose, a missing term, stale shared
+// codes), gives O(1); scales and codes are gpu_fp8_test's, with tight bounds.
 TEST(CudaEngine, Fp8TensorScalingMatchesTheCpuTwin) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   std::string why;
@@ -187,7 +192,7 @@ TEST(CudaEngine, Fp8TensorScalingMatchesTheCpuTwin) {
   rt::CudaOptions co;
   co.slots = 2;
   co.matmul = rt::MatmulMode::fp8_tensor;
-  expect_gradients_match_cpu(gpu_spec(4), co, "fp8 tensor scaling", 1e-1);
+  expect_gradients_match_cpu(gpu_spec(4), co, "fp8 tensor scaling", 0.5);
 }
 
 TEST(CudaEngine, AVocabularyNotAMultipleOf8MatchesTheCpuReference) {
