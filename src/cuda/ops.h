@@ -240,7 +240,7 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // weight gradients stay untouched. The routing statistics and the
 // load-balancing gradient stay on the device (no wait for them).
 // Two ways to run the expert GEMMs (MoeGemm; RAMTRAIN_MOE_GEMM=grouped|looped
-// picks the default, grouped):
+// picks; looped by default until the grouped path has run on a GPU):
 //  - grouped: every expert's product of one kind in one
 //    cublasGemmGroupedBatchedEx call (gate+up, down; backward: d_a, and the
 //    gate+up input gradients): a few launches per layer instead of 3 per
@@ -260,7 +260,7 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 enum class MoeGemm { grouped, looped };
 class MoeBlas {
  public:
-  MoeBlas();  // the GEMM mode from RAMTRAIN_MOE_GEMM (unset: grouped)
+  MoeBlas();  // the GEMM mode from RAMTRAIN_MOE_GEMM (unset: looped)
   ~MoeBlas();
   MoeBlas(MoeBlas&& o) noexcept;
   MoeBlas& operator=(MoeBlas&&) = delete;

@@ -349,7 +349,7 @@ TEST(CudaEngineMoe, StreamingResidentAndKeptActivationsAreBitIdentical) {
   EXPECT_TRUE(a.w == c.w) << "recompute vs kept activations";
 }
 
-// The expert GEMMs grouped (the default) and looped (RAMTRAIN_MOE_GEMM=looped,
+// The expert GEMMs grouped (RAMTRAIN_MOE_GEMM=grouped) and looped (the default,
 // cuda/ops.h MoeBlas) on OLMoE, three steps, load-balancing loss on: two
 // grouped runs are bit-identical (losses, norms, weights: every reduction has
 // a fixed order, no atomics); looped against grouped, the losses within 1e-2

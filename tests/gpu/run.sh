@@ -35,7 +35,7 @@
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
-#   moegemm   the MoE expert GEMMs looped (RAMTRAIN_MOE_GEMM=looped) against grouped (the default), same call: the
+#   moegemm   the MoE expert GEMMs looped (the default) against grouped (RAMTRAIN_MOE_GEMM=grouped), same call: the
 #             MoE layer alone at OLMoE's shape (moe_bench), then OLMoE-1B-7B 16 x 2048 (tokens/s, model TFLOP/s and
 #             GPU idle of each, and the trace gaps; issue 32)
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
