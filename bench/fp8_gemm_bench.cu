@@ -23,6 +23,7 @@
 #include "cuda/check.h"
 #include "cuda/fp8.h"
 #include "cuda/ops.h"
+#include "bench_device.cuh"
 
 using rt::cuda::bf16;
 using rt::cuda::DType;
@@ -30,32 +31,8 @@ using rt::cuda::Fp8Scaling;
 
 namespace {
 
-__global__ void fill_kernel(bf16* p, int64_t n, uint32_t seed, float amp) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-  h ^= h >> 15;
-  h *= 2246822519u;
-  h ^= h >> 13;
-  p[i] = __float2bfloat16(amp * (static_cast<float>(h & 0xFFFFFF) / 8388608.f - 1.f));
-}
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-void fill(const Dev& d, int64_t n, uint32_t seed, float amp) {
-  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d.as<bf16>(), n, seed, amp);
-  CUDA_CHECK_LAUNCH();
-}
+using rt::bench::Dev;
+using rt::bench::fill;
 
 // Median-free simple timing: 3 warm-up calls, then the mean of `iters`.
 template <class F>
