@@ -558,8 +558,9 @@ int cmd_plan(const Args& args) {
           "--optimizer %s: Muon's Newton-Schulz runs on the GPU, pipelined with the CPU optimizer (two "
           "matrices in flight: U in as fp32, 4 B/element, O out as bf16, 2 B; the norm on the GPU; its workspace "
           "is in the device plan); gradients reach the optimizer whole (--grads host or fold). The step "
-          "prediction counts AdamW's rate for every parameter and not NS5's GPU time (a 7B model: 526 TFLOP "
-          "per step, 0.72 s at the 730 TFLOP/s measured on the H200)\n",
+          "prediction counts AdamW's rate for every parameter on the CPU and NS5's FLOPs on the GPU at the "
+          "rate measured for it on the H200 (728 TFLOP/s per layer: 0.868 of the GEMM peak; a 7B model: 526 "
+          "TFLOP per step, 0.72 s there)\n",
           opt.c_str());
     if (spec.is_moe())
       std::printf(
@@ -675,19 +676,10 @@ int cmd_plan(const Args& args) {
       std::printf("  of which the Muon Newton-Schulz workspace %s (2 lanes: U in fp32 and X in bf16 of %lld "
                   "elements, A and B of %lld^2 in bf16)\n",
                   gib(static_cast<double>(ws)).c_str(), (long long)md.max_numel, (long long)md.max_small);
-      // NS5 per matrix (m = smaller side, n = larger): 5 x (4 m^2 n + 2 m^3) FLOP, not in the prediction below
-      double ns_flop = 0, ns_bytes = 0;
-      for (const WeightEntry& e : weight_map(spec))
-        if (muon_matrix(e)) {
-          const double m = static_cast<double>(std::min(e.shape[0], e.shape[1]));
-          const double n = static_cast<double>(std::max(e.shape[0], e.shape[1]));
-          ns_flop += 5 * (4 * m * m * n + 2 * m * m * m);
-          ns_bytes += 6 * m * n;  // U in (fp32), O out (bf16)
-        }
-      std::printf("  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s at the datasheet rate, added to "
-                  "the step's GPU time; ramtrain_muon_bench measures it) + %.2f GB of copies (fp32 in, bf16 out); "
-                  "not in the step prediction below\n",
-                  ns_flop / 1e12, ns_flop / (card.bf16_tflops * 1e12), ns_bytes / 1e9);
+      const MuonStepWork ns = muon_step_work(spec);
+      std::printf("  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s, in the compute below: it shares "
+                  "the device with the step) + %.2f GB of copies (fp32 in, bf16 out, in the copies below)\n",
+                  ns.flops / 1e12, sp.ns5_s, ns.bytes / 1e9);
     }
     std::printf(
         "\npredicted step: %.3f s = max(compute %.3f s, copies %.3f s) + optimizer exposed %.3f s "

@@ -45,6 +45,18 @@ MuonMatrixDims muon_matrix_dims(const ModelSpec& s) {
   return d;
 }
 
+MuonStepWork muon_step_work(const ModelSpec& s) {
+  MuonStepWork w;
+  for (const WeightEntry& e : weight_map(s))
+    if (muon_matrix(e)) {
+      const double m = static_cast<double>(std::min(e.shape[0], e.shape[1]));
+      const double n = static_cast<double>(std::max(e.shape[0], e.shape[1]));
+      w.flops += 5 * (4 * m * m * n + 2 * m * m * m);
+      w.bytes += 6 * m * n;
+    }
+  return w;
+}
+
 uint64_t muon_workspace_bytes(const ModelSpec& s) {
   const MuonMatrixDims d = muon_matrix_dims(s);
   return d.max_numel > 0 ? cuda::newton_schulz_workspace_bytes(d.max_numel, d.max_small) : 0;

@@ -79,6 +79,13 @@ uint64_t muon_workspace_bytes(const ModelSpec& s);
 // Pinned host bytes of the GPU orthogonaliser (engine/cuda/muon_gpu.h): per
 // lane, U (fp32) and O (bf16) of the largest matrix and the norm's copy.
 uint64_t muon_pinned_bytes(const ModelSpec& s);
+// One optimizer step's Newton-Schulz on the GPU: 5 x (4 m^2 n + 2 m^3) FLOP
+// per Muon matrix (m its smaller side, n the larger), and the bytes it moves
+// over PCIe (U in as fp32, O out as bf16: 6 per element).
+struct MuonStepWork {
+  double flops = 0, bytes = 0;
+};
+MuonStepWork muon_step_work(const ModelSpec& s);
 
 // Resolves the auto settings of o against the budget (bytes of device memory
 // the engine may use); fails with the flag to change on a bad combination.

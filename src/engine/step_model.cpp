@@ -119,6 +119,12 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
   return 1.0 / (1.0 / kFp8TensorGemmGain + q);
 }
 
+// Muon's Newton-Schulz on the GPU (CudaOptions::muon): Qwen2.5-7B's
+// matrices, one layer's NS5 ran at 728 TFLOP/s on the device (H200,
+// ramtrain_muon_bench, bench/RESULTS.md 2026-12-04), 0.868 of the GEMM
+// peak; it shares the device with the step, so its time adds to the compute.
+constexpr double kNs5ShareOfGemmPeak = 728.0 / kHopperGemmPeak;
+
 // Host gradients (--grads host): the engine's worker adds (=, then +=) every
 // layer gradient landed in a pinned slab into the unit's host arena
 // (engine/cuda/gradient_sink.h): ~12 B of DRAM traffic per fp32 gradient
@@ -235,6 +241,12 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
                 ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
                  (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (fp8_rate * 1e12) : 0.0)) /
                 r.efficiency;
+  MuonStepWork ns5;
+  if (plan.options.muon) {  // NS5 on the same device: its time adds to the compute, its copies to the PCIe's
+    ns5 = muon_step_work(s);
+    r.ns5_s = ns5.flops / (gemm_peak * 1e12 * kNs5ShareOfGemmPeak);
+    r.compute_s += r.ns5_s;
+  }
   // ---- copies (bytes per step)
   const std::vector<int64_t> numel = unit_numels(s);
   const double layer = static_cast<double>(numel[1]), embed = static_cast<double>(numel[0]),
@@ -270,6 +282,7 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   // Both directions share one rate: on the H200 host the two together reached
   // ~43 GB/s (issue 16: 10 GiB cap, 2 x 16 micro-batches, ~410 GB per 9.6 s
   // step), not 2 x 50.
+  r.h2d_bytes += 4 * ns5.bytes / 6, r.d2h_bytes += 2 * ns5.bytes / 6;  // Muon: U in (fp32), O out (bf16)
   r.copies_s = (r.h2d_bytes + r.d2h_bytes) / (card.pcie_gbs * 1e9);
   // Host gradients also pass through the CPU (kHostGradLandGbs): the copies
   // take the longer of the two pipelines.

@@ -10,7 +10,9 @@
 //              H200 (0.633), expressed against the datasheet rate:
 //              6 N_matmul + 6 L H D T per token (model FLOPs, as ramtrain_bench
 //              counts them), plus a block forward per recomputed layer
-//              (2 N_layer + 2 H D T per token);
+//              (2 N_layer + 2 H D T per token); with Muon, its Newton-Schulz
+//              on the same device (device_plan.h muon_step_work) at a
+//              measured share of the GEMM peak;
 //   copies   = (H2D + D2H bytes) / PCIe GB/s: weights bf16 in, fp32 gradients
 //              out, block checkpoints both ways when on the host, the host
 //              embedding's rows in and residual gradient out; host gradients
@@ -81,7 +83,8 @@ struct StepPrediction {
   double efficiency = 0;  // the share of the datasheet rate the kernels reach (calibrated on the GEMM peak)
   double gemm_peak_tflops = 0;  // the card's bf16 GEMM peak the efficiency was taken from
   double fp8_flops_per_token = 0;  // --matmul fp8: the projections' share of hardware FLOPs, at the FP8 rate
-  double compute_s = 0;
+  double compute_s = 0;    // the step's kernels, and Muon's Newton-Schulz (ns5_s) when the optimizer is Muon
+  double ns5_s = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
   double copies_s = 0;     // max(PCIe time, host gradient landing)
   double landing_s = 0;    // host gradients: the CPU adding them into the arenas

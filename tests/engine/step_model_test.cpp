@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "model/spec.h"
+#include "model/weight_map.h"
 
 namespace {
 
@@ -216,4 +218,35 @@ TEST(StepModel, TheStepRateIsOneShareOfEachCardsGemmPeak) {
   EXPECT_FALSE(r3090.gemm_peak_measured);
   // unmeasured: the H100's share of the datasheet, so the same share of the datasheet as the H100
   EXPECT_NEAR(r3090.gemm_peak_tflops / r3090.bf16_tflops, h100.gemm_peak_tflops / h100.bf16_tflops, kRel);
+}
+
+// Muon: its Newton-Schulz shares the device with the step, so its FLOPs (5 x
+// (4 m^2 n + 2 m^3) per matrix, recomputed here from the weight table) add
+// to the compute at one share of the GEMM peak, and its U in (fp32) / O out
+// (bf16) to the copies; nothing else changes.
+TEST(StepModel, MuonsNewtonSchulzAddsToTheComputeAndCopies) {
+  const rt::ModelSpec s = spec();
+  rt::CudaOptions o;
+  o.grads = "host";
+  const rt::DevicePlan adam = rt::fit_device_plan(s, 2, 512, o, 1ull << 34);
+  rt::DevicePlan muon = adam;
+  muon.options.muon = true;
+  rt::CardSpec h100;
+  ASSERT_TRUE(rt::card_lookup("h100", &h100));
+  const rt::StepPrediction a = rt::predict_step(s, 2, 512, adam, h100, 4.0);
+  const rt::StepPrediction m = rt::predict_step(s, 2, 512, muon, h100, 4.0);
+  double flops = 0, bytes = 0;
+  for (const rt::WeightEntry& e : rt::weight_map(s))
+    if (e.shape.size() == 2 && e.name.find("embed") == std::string::npos && e.name.find("lm_head") == std::string::npos) {
+      const double sm = static_cast<double>(std::min(e.shape[0], e.shape[1]));
+      const double lg = static_cast<double>(std::max(e.shape[0], e.shape[1]));
+      flops += 5 * (4 * sm * sm * lg + 2 * sm * sm * sm);
+      bytes += 6 * sm * lg;
+    }
+  ASSERT_GT(flops, 0);
+  EXPECT_EQ(a.ns5_s, 0);
+  EXPECT_NEAR(m.ns5_s, flops / (h100.gemm_peak_tflops * 1e12 * (728.0 / 839.0)), kRel * m.ns5_s);
+  EXPECT_NEAR(m.compute_s, a.compute_s + m.ns5_s, kRel * m.compute_s);
+  EXPECT_NEAR(m.h2d_bytes + m.d2h_bytes, a.h2d_bytes + a.d2h_bytes + bytes, kRel * m.h2d_bytes);
+  EXPECT_EQ(m.hardware_flops_per_token, a.hardware_flops_per_token);
 }
