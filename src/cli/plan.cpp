@@ -285,11 +285,23 @@ int cmd_plan(const Args& args) {
                           gradient_landing_bytes(spec, dp.place, co.landing_chunk_bytes) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
-      if (co.grads == "fold")  // fold needs layer-major with K > 1: say why it cannot stay on
+      if (co.grads == "fold") {  // fold needs layer-major with K > 1: say why it cannot stay on
+        // The pinned block inputs are (L + 1) x tokens per step x hidden x 2 B, however the step is split,
+        // so what helps is fewer tokens per step (the most micro-batches of B that fit), host gradients or RAM.
+        const uint64_t ck = host_checkpoint_bytes(spec, B, T, dp.place);
+        const uint64_t per_set = ck / static_cast<uint64_t>(K) + static_cast<uint64_t>(24 * B * T);
+        const uint64_t rest = need - ck - static_cast<uint64_t>(24 * K * B * T);
+        const int64_t k_fit = host_ram > rest + kHostReserveBytes
+                                  ? static_cast<int64_t>((host_ram - rest - kHostReserveBytes) / per_set)
+                                  : 0;
         fail("[plan] --grads fold with ", K, " micro-batches needs layer-major, which pins the block inputs of all ",
-             K, " (", gib(static_cast<double>(host_checkpoint_bytes(spec, B, T, dp.place))),
-             "), more than the host RAM left allows: use fewer, larger micro-batches (e.g. --micro-batch ", B * 2,
-             " --grad-accum ", (K + 1) / 2, "), --grads host, or more --host-ram");
+             K, " (", gib(static_cast<double>(ck)), ": every layer's input for every token of the step), more than "
+             "the host RAM left allows: ",
+             k_fit >= 2 ? cat("fewer tokens per step (--grad-accum ", std::min<int64_t>(k_fit, K - 1),
+                              " or less at --micro-batch ", B, "), ")
+                        : std::string(),
+             "--grads host (micro-batch-major: the inputs of one micro-batch), or more --host-ram");
+      }
       co.layer_major = "off";
       dp = fit_device_plan(spec, B, T, co, budget);
       host_fallback = true;

@@ -61,8 +61,8 @@ std::unique_ptr<Backend> make_cuda_backend(HostState& state, int64_t micro_batch
       if (!(o.fit && o.layer_major == "auto" && o.micro_batches > 1)) throw;
       if (o.grads == "fold")  // fold needs layer-major with several micro-batches: say why it cannot stay on
         throw cuda::HostBudgetError(cat(e.what(), "; --grads fold needs layer-major with ", o.micro_batches,
-                                        " micro-batches: use fewer, larger micro-batches (--micro-batch, --grad-accum), "
-                                        "or --grads host"));
+                                        " micro-batches (every layer's input for every token of the step): use fewer "
+                                        "tokens per step (--grad-accum), or --grads host"));
       o.layer_major = "off";
       if (o.verbose)
         std::printf("cuda engine: %s; falling back to micro-batch-major (weights stream once per micro-batch)\n",
