@@ -2,6 +2,7 @@
 // not part of the ops.h contract). Reductions here combine in a fixed order,
 // so results do not depend on scheduling.
 #pragma once
+#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -12,6 +13,12 @@
 namespace rt::cuda::detail {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Blocks of a grid-stride loop over n items (at most 65536: the loop covers the rest).
+inline unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, threads), 65536));
+}
+// Blocks of a kernel with one item per thread (or warp): every item gets one.
+inline unsigned blocks_each(int64_t n, int per_block) { return static_cast<unsigned>(ceil_div(n, per_block)); }
 
 inline void check_aligned(const void* p, const char* what) {
   RT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "[cuda ops] ", what,

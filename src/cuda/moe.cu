@@ -36,103 +36,10 @@
 
 namespace rt::cuda {
 
-// ---------------------------------------------------------------- MoeBlas
-
 namespace {
 
-MoeGemm gemm_mode_from_env() {
-  const char* v = std::getenv("RAMTRAIN_MOE_GEMM");
-  // looped stays the default until the grouped calls have run on a GPU (issue 32: not yet measured)
-  if (!v || !*v || std::string(v) == "looped") return MoeGemm::looped;
-  if (std::string(v) == "grouped") return MoeGemm::grouped;
-  fail("[cuda moe] the environment variable RAMTRAIN_MOE_GEMM must be grouped or looped (the MoE expert GEMMs), got '",
-       v, "': unset it for looped");
-}
-
-}  // namespace
-
-MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()) {
-  cublasHandle_t h = nullptr;
-  CUBLAS_CHECK(cublasCreate(&h));
-  // split-K partial sums in fp32, never in the bf16 output type
-  const cublasStatus_t st = cublasSetMathMode(
-      h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-  if (st != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);  // the destructor does not run for a throwing constructor
-  CUBLAS_CHECK(st);
-  const cudaError_t ev = cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming);
-  if (ev != cudaSuccess) cublasDestroy(h);
-  CUDA_CHECK(ev);
-  h_ = h;
-}
-
-MoeBlas::~MoeBlas() {
-  if (h_) cublasDestroy(h_);
-  if (ev_) cudaEventDestroy(ev_);
-  if (host_) cudaFreeHost(host_);
-}
-
-MoeBlas::MoeBlas(MoeBlas&& o) noexcept
-    : h_(o.h_), ev_(o.ev_), host_(o.host_), host_bytes_(o.host_bytes_), mode_(o.mode_),
-      grouped_calls_(o.grouped_calls_) {
-  o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0;
-}
-
-void* MoeBlas::host_staging(size_t bytes) {
-  if (bytes <= host_bytes_) return host_;
-  if (host_) {  // a copy queued by an earlier call may still read it
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaFreeHost(host_));
-    host_ = nullptr, host_bytes_ = 0;
-  }
-  CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocPortable));
-  host_bytes_ = bytes;
-  return host_;
-}
-
-namespace {
-
-cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
-
-void check_gemm(const char* what, int64_t M, int64_t N, int64_t K, float beta, DType t) {
-  RT_CHECK(M > 0 && N > 0 && K > 0 && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "[cuda moe gemm] ", what,
-           ": bad shape M=", M, " N=", N, " K=", K, " (each in 1..2^31-1)");
-  RT_CHECK(beta == 0.f || (beta == 1.f && t == DType::f32), "[cuda moe gemm] ", what,
-           ": beta must be 0, or 1 with an fp32 output; got ", beta);
-}
-
-// Row-major out[M,N] is column-major out^T[N,M]: each product is issued as
-// out^T = op(b) op(a) with cuBLAS's m = N, n = M (as linear.cu does).
-void gemm(cublasHandle_t h, cublasOperation_t op_b, cublasOperation_t op_a, void* out, DType t, const bf16* a,
-          int64_t lda, const bf16* b, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta, cudaStream_t stream) {
-  const float alpha = 1.f;
-  CUBLAS_CHECK(cublasSetStream(h, stream));
-  CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b,
-                            CUDA_R_16BF, static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, out,
-                            cuda_type(t), static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-}  // namespace
-
-void MoeBlas::matmul_nt(void* out, DType t, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
-                        cudaStream_t stream) {
-  check_gemm("matmul_nt", M, N, K, beta, t);
-  // b [N,K] row-major = column-major [K,N], transposed; a [M,K] = column-major [K,M]
-  gemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, out, t, a, K, b, K, M, N, K, beta, stream);
-}
-void MoeBlas::matmul_nn(void* out, DType t, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
-                        cudaStream_t stream) {
-  check_gemm("matmul_nn", M, N, K, beta, t);
-  // b [K,N] = column-major [N,K]; a [M,K] = column-major [K,M]
-  gemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, out, t, a, K, b, N, M, N, K, beta, stream);
-}
-void MoeBlas::matmul_tn(void* out, DType t, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
-                        cudaStream_t stream) {
-  check_gemm("matmul_tn", M, N, K, beta, t);
-  // b [K,N] = column-major [N,K]; a [K,M] = column-major [M,K], transposed
-  gemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, out, t, a, M, b, N, M, N, K, beta, stream);
-}
-
-namespace {
+using detail::blocks_each;
+using detail::blocks_for;
 
 constexpr int kMaxK = 32;  // experts per token the routing kernels hold in registers
 
@@ -143,7 +50,7 @@ struct MoeWork {
   float* ord_w;                            // [N, K] their routing weights
   float *w, *dw;                           // [NK] routing weights and their gradients
   bf16 *xe, *g, *u, *a, *d_o, *d_a, *d_g, *d_u, *dl;  // [NK,C], [NK,F] x3, [NK,C], [NK,F] x3, [N,E]
-  float *o, *dxr;                                    // [NK,C] (the backward's dx per row), [N,C]
+  float *o, *dxr;                                     // [NK,C] (the backward's dx per row), [N,C]
   void** ptrs;  // [kMoeGroupedCalls][3][2E]: each grouped GEMM's A, B and C pointers
 };
 
@@ -195,13 +102,6 @@ MoeWork bind(const MoeDims& d, Scratch s) {
            " (moe_scratch_bytes)");
   return w;
 }
-
-// Blocks of a grid-stride loop over n items.
-unsigned blocks_for(int64_t n, int threads) {
-  return static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(n, threads), 65536));
-}
-// Blocks of a kernel with one item per thread (or warp): every item gets one.
-unsigned blocks_each(int64_t n, int per_block) { return static_cast<unsigned>(detail::ceil_div(n, per_block)); }
 
 // p[N,E]: logits in, row softmax out (max subtracted, fp32), one thread per row.
 __global__ void softmax_rows_kernel(float* p, int64_t N, int64_t E) {
@@ -277,8 +177,7 @@ __global__ void scan_kernel(int32_t* offsets, int64_t E) {
 
 // perm[offsets[e] + k] = the k-th slot (in increasing slot order) routed to e;
 // row_of is its inverse. One block per expert; blockDim a multiple of 32.
-__global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* idx, const int32_t* offsets,
-                               int64_t NK) {
+__global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* idx, const int32_t* offsets, int64_t NK) {
   __shared__ int warp_total[32];
   const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   int base = offsets[e];
@@ -409,8 +308,8 @@ __global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, co
 // Per permuted row r (slot s = perm[r], token n = s / K), one warp:
 // dw[s] = <dout[n], o(r)> (fp32), d_o[r] = bf16(w[s] dout[n]).
 template <class Rows>
-__global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, Rows o, const float* w,
-                                   const int32_t* perm, int64_t NK, int64_t C, int K) {
+__global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, Rows o, const float* w, const int32_t* perm,
+                                   int64_t NK, int64_t C, int K) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (r >= NK) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
@@ -469,31 +368,6 @@ __global__ void combine_dx_kernel(bf16* dx, Rows dxe, const float* dxr, const in
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dx[i] = __float2bfloat16(sum_by_expert(dxe, ord_row, nullptr, i / C, i % C, K) + dxr[i]);
-}
-
-__global__ void shared_gate_forward_kernel(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float s = 1.f / (1.f + expf(-z[i / C]));
-    y[i] = __float2bfloat16(__bfloat162float(y[i]) + s * __bfloat162float(o[i]));
-  }
-}
-
-// One warp per row.
-__global__ void shared_gate_backward_kernel(bf16* d_o, bf16* dz, const bf16* dy, const bf16* o, const float* z,
-                                            int64_t N, int64_t C) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (n >= N) return;
-  const int lane = threadIdx.x & 31;
-  const float s = 1.f / (1.f + expf(-z[n]));
-  float dot = 0.f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float g = __bfloat162float(dy[n * C + c]);
-    dot += g * __bfloat162float(o[n * C + c]);
-    d_o[n * C + c] = __float2bfloat16(s * g);
-  }
-  dot = detail::warp_sum(dot);
-  if (lane == 0) dz[n] = __float2bfloat16(s * (1.f - s) * dot);
 }
 
 __device__ __forceinline__ float as_f32(float v) { return v; }
@@ -634,8 +508,7 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
   const auto G = static_cast<size_t>(groups);
   const std::vector<cublasOperation_t> ta(G, nt ? CUBLAS_OP_T : CUBLAS_OP_N), tb(G, CUBLAS_OP_N);
   const std::vector<int> m(G, static_cast<int>(Nout)), k(G, static_cast<int>(K)),
-      lda(G, static_cast<int>(nt ? K : Nout)), ldb(G, static_cast<int>(K)), ldc(G, static_cast<int>(Nout)),
-      size(G, np);
+      lda(G, static_cast<int>(nt ? K : Nout)), ldb(G, static_cast<int>(K)), ldc(G, static_cast<int>(Nout)), size(G, np);
   const std::vector<float> alpha(G, 1.f), beta(G, 0.f);
   cublasHandle_t h = blas.handle();
   CUBLAS_CHECK(cublasSetStream(h, stream));
@@ -679,32 +552,6 @@ __global__ void add_counts_kernel(int64_t* tokens, const int32_t* offsets, int64
 void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t stream) {
   add_counts_kernel<<<blocks_each(E, 256), 256, 0, stream>>>(tokens, offsets, E);
   CUDA_CHECK_LAUNCH();
-}
-
-// MoeAux::finish (model/moe_aux.h) on one thread: the same fp64 operations in
-// the same order, each rounded on its own (the _rn intrinsics: no FMA
-// contraction, as the host's portable build has none); dprob [E] (=),
-// step_tokens [L, E] (+=) and *step_aux (+= aux * aux_scale).
-__global__ void moe_aux_finish_kernel(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
-                                      const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight,
-                                      double aux_scale) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const double R = __dmul_rn(static_cast<double>(L), static_cast<double>(N));
-  const double RR = __dmul_rn(R, R), wE = __dmul_rn(weight, static_cast<double>(E));
-  double aux = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    double T = 0, P = 0;
-    for (int64_t l = 0; l < L; ++l) {
-      T = __dadd_rn(T, static_cast<double>(tokens[l * E + e]));
-      P = __dadd_rn(P, prob_sum[l * E + e]);
-    }
-    aux = __dadd_rn(aux, __dmul_rn(__ddiv_rn(T, R), __ddiv_rn(P, R)));
-    dprob[e] = __double2float_rn(__ddiv_rn(__dmul_rn(wE, T), RR));
-  }
-  aux = __dmul_rn(aux, static_cast<double>(E));
-  if (step_aux) *step_aux = __dadd_rn(*step_aux, __dmul_rn(aux, aux_scale));
-  if (step_tokens)
-    for (int64_t i = 0; i < L * E; ++i) step_tokens[i] += tokens[i];
 }
 
 // Every expert's g, u, a (bf16) and o on its gathered rows xe, after the
@@ -811,12 +658,11 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   const bool grouped = blas.gemm_mode() == MoeGemm::grouped;
   // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n]
   if (o_bf16)
-    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout,
-                                                              Bf16Rows{reinterpret_cast<const bf16*>(w.o), C}, w.w,
-                                                              w.perm, NK, C, K);
+    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(
+        w.dw, w.d_o, dout, Bf16Rows{reinterpret_cast<const bf16*>(w.o), C}, w.w, w.perm, NK, C, K);
   else
-    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, F32Rows{w.o, C}, w.w, w.perm, NK,
-                                                              C, K);
+    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, F32Rows{w.o, C}, w.w, w.perm, NK, C,
+                                                               K);
   CUDA_CHECK_LAUNCH();
   // down: d_a = d_o Wd, dWd += d_o^T a
   const ExpertProduct down_p[1] = {{down, w.d_o, w.d_a}};
@@ -856,36 +702,14 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
                                                                 d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
-  if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                   // the router bias: dl summed over tokens
-  blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);   // dxr [N,C] = dl [N,E] Wr [E,C]
-  blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);      // dWr [E,C] += dl^T x
+  if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                  // the router bias: dl summed over tokens
+  blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);  // dxr [N,C] = dl [N,E] Wr [E,C]
+  blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);     // dWr [E,C] += dl^T x
   const unsigned blocks = blocks_for(d.N * C, 256);
   if (dx_grouped)
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, Bf16PairRows{dxg, dxu, C}, w.dxr, w.ord_row, d.N, C, K);
   else
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
-  CUDA_CHECK_LAUNCH();
-}
-
-void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
-                    const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight, float aux_scale,
-                    cudaStream_t stream) {
-  RT_CHECK(L > 0 && E > 0 && N > 0, "[cuda moe] moe_aux_finish: bad shape L ", L, ", E ", E, ", N ", N);
-  moe_aux_finish_kernel<<<1, 1, 0, stream>>>(dprob, step_tokens, step_aux, tokens, prob_sum, L, E, N, weight,
-                                             static_cast<double>(aux_scale));
-  CUDA_CHECK_LAUNCH();
-}
-
-void moe_shared_gate_forward(bf16* y, const bf16* o, const float* z, int64_t N, int64_t C, cudaStream_t stream) {
-  if (N * C == 0) return;
-  shared_gate_forward_kernel<<<blocks_for(N * C, 256), 256, 0, stream>>>(y, o, z, N, C);
-  CUDA_CHECK_LAUNCH();
-}
-
-void moe_shared_gate_backward(bf16* d_o, bf16* dz, const bf16* dy, const bf16* o, const float* z, int64_t N, int64_t C,
-                              cudaStream_t stream) {
-  if (N == 0) return;
-  shared_gate_backward_kernel<<<blocks_each(N, 8), 256, 0, stream>>>(d_o, dz, dy, o, z, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
