@@ -14,6 +14,7 @@
 #include "cuda/fp8.h"
 #include "cuda/kernel_util.cuh"
 #include "cuda/lt_plan.h"
+#include "cuda/ops.h"
 
 namespace rt::cuda {
 
@@ -54,14 +55,6 @@ __global__ void add_bias_kernel(bf16* out, const bf16* bias, int64_t N, int64_t 
   out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(bias[i % O]));
 }
 
-// dbias[o] += sum_n dout[n, o], one thread per column, rows in order.
-__global__ void bias_grad_rows_kernel(float* dbias, const bf16* dout, int64_t N, int64_t O) {
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (o >= O) return;
-  float s = 0.f;
-  for (int64_t n = 0; n < N; ++n) s += __bfloat162float(dout[n * O + o]);
-  dbias[o] += s;
-}
 
 }  // namespace
 
@@ -443,10 +436,7 @@ void Fp8Linear::backward(bf16* dx, float* dw, float* dbias, const bf16* dout, co
     impl_->gemm.matmul(dw, DType::f32, qdyt, sdyt, Fp8Scaling::vec128, qxt, sxt, Fp8Scaling::vec128, O, I, N, 1.f,
                        stream);
   }
-  if (dbias) {
-    bias_grad_rows_kernel<<<static_cast<unsigned>(detail::ceil_div(O, 128)), 128, 0, stream>>>(dbias, dout, N, O);
-    CUDA_CHECK_LAUNCH();
-  }
+  if (dbias) bias_grad(dbias, dout, N, O, stream);
 }
 
 void Fp8Linear::add_bias(bf16* out, const bf16* bias, int64_t N, int64_t O, cudaStream_t stream) {

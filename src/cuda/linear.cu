@@ -135,30 +135,61 @@ size_t Blas::plans_cached() const { return impl_->plans.size(); }
 
 namespace {
 
-// dbias[o] += sum_n dout[n, o]. Block (32, 8): x = column pair, y = row lane;
-// each thread sums its rows in order, then the 8 row lanes combine in order.
-__global__ void bias_grad_kernel(float* dbias, const bf16* dout, int64_t N, int64_t O) {
-  __shared__ float part[8][64];
-  const int64_t c = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * 2;
+// dbias[o] += sum_n dout[n, o], deterministic and independent of N's size:
+// a block owns 32 columns and all rows; thread (x, y) sums columns 2x, 2x + 1
+// over the rows y, y + 64, y + 128, ... in order (eight loads in flight, added
+// in row order), then the 64 row lanes combine in order. Pairs need an even O
+// and a 4-byte aligned dout; else one column per thread and 32 row lanes
+// (kPairs false).
+// Bytes: one read of dout; 1024 threads a block keep ~32 KB in flight per
+// block, so even O = 512 (16 blocks) reads at several hundred GB/s.
+template <bool kPairs>
+__global__ void __launch_bounds__(1024) bias_grad_kernel(float* dbias, const bf16* dout, int64_t N, int64_t O) {
+  constexpr int kBgLanes = kPairs ? 64 : 32;  // x 16 column pairs or 32 columns = 1024 threads
+  __shared__ float part[kBgLanes][33];
+  constexpr int kPer = kPairs ? 2 : 1;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + kPer * threadIdx.x;
   float s0 = 0.f, s1 = 0.f;
   if (c < O) {
-    for (int64_t n = threadIdx.y; n < N; n += 8) {
-      float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + n * O + c));
-      s0 += v.x;
-      s1 += v.y;
+    int64_t n = threadIdx.y;
+    constexpr int kU = 8;
+    for (; n + (kU - 1) * kBgLanes < N; n += kU * kBgLanes) {
+      float2 v[kU];
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+        const bf16* p = dout + (n + j * kBgLanes) * O + c;
+        if constexpr (kPairs)
+          v[j] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        else
+          v[j] = make_float2(__bfloat162float(*p), 0.f);
+      }
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+        s0 += v[j].x;
+        s1 += v[j].y;
+      }
+    }
+    for (; n < N; n += kBgLanes) {
+      const bf16* p = dout + n * O + c;
+      if constexpr (kPairs) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        s0 += v.x;
+        s1 += v.y;
+      } else {
+        s0 += __bfloat162float(*p);
+      }
     }
   }
-  part[threadIdx.y][2 * threadIdx.x] = s0;
-  part[threadIdx.y][2 * threadIdx.x + 1] = s1;
+  part[threadIdx.y][kPer * threadIdx.x] = s0;
+  if constexpr (kPairs) part[threadIdx.y][2 * threadIdx.x + 1] = s1;
   __syncthreads();
-  if (threadIdx.y == 0 && c < O) {
-    float t0 = 0.f, t1 = 0.f;
-    for (int r = 0; r < 8; ++r) {
-      t0 += part[r][2 * threadIdx.x];
-      t1 += part[r][2 * threadIdx.x + 1];
-    }
-    dbias[c] += t0;
-    dbias[c + 1] += t1;
+  // 32 threads finish the block's 32 columns, lanes in order
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + t;
+  if (t < 32 && col < O) {
+    float s = 0.f;
+    for (int r = 0; r < kBgLanes; ++r) s += part[r][t];
+    dbias[col] += s;
   }
 }
 
@@ -173,11 +204,17 @@ void linear_backward(Blas& blas, bf16* dx, float* dw, float* dbias, const bf16* 
                      int64_t N, int64_t I, int64_t O, cudaStream_t stream) {
   if (dx) blas.matmul_nn(dx, DType::bf16, dout, w, N, I, O, 0.f, stream);  // dx[N,I] = dout[N,O] @ w[O,I]
   blas.matmul_tn(dw, DType::f32, dout, x, O, I, N, 1.f, stream);           // dw[O,I] += dout^T @ x
-  if (dbias) {
-    RT_CHECK(O % 8 == 0, "[cuda linear_backward] O must be a multiple of 8, got ", O);
-    bias_grad_kernel<<<static_cast<unsigned>(detail::ceil_div(O, 64)), dim3(32, 8), 0, stream>>>(dbias, dout, N, O);
-    CUDA_CHECK_LAUNCH();
-  }
+  if (dbias) bias_grad(dbias, dout, N, O, stream);
+}
+
+void bias_grad(float* dbias, const bf16* dout, int64_t N, int64_t O, cudaStream_t stream) {
+  if (O <= 0) return;
+  const auto blocks = static_cast<unsigned>(detail::ceil_div(O, 32));
+  if (O % 2 == 0 && reinterpret_cast<uintptr_t>(dout) % 4 == 0)
+    bias_grad_kernel<true><<<blocks, dim3(16, 64), 0, stream>>>(dbias, dout, N, O);
+  else
+    bias_grad_kernel<false><<<blocks, dim3(32, 32), 0, stream>>>(dbias, dout, N, O);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace rt::cuda

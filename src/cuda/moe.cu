@@ -387,18 +387,6 @@ void add_bias(T* rows, const bf16* bias, int64_t R, int64_t cols, cudaStream_t s
   add_bias_kernel<T><<<blocks_for(R * cols, 256), 256, 0, stream>>>(rows, bias, R, cols);
   CUDA_CHECK_LAUNCH();
 }
-// db [cols] += sum over the R rows of d (bf16), one thread per column, rows in order.
-__global__ void col_sum_kernel(float* db, const bf16* d, int64_t R, int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float acc = 0.f;
-  for (int64_t r = 0; r < R; ++r) acc += __bfloat162float(d[r * cols + c]);
-  db[c] += acc;
-}
-void col_sum(float* db, const bf16* d, int64_t R, int64_t cols, cudaStream_t stream) {
-  col_sum_kernel<<<blocks_each(cols, 256), 256, 0, stream>>>(db, d, R, cols);
-  CUDA_CHECK_LAUNCH();
-}
 
 // The routing of every slot (idx, w) from the probabilities, and the
 // permutation by expert (offsets [E+1] on the device).
@@ -672,7 +660,7 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     if (R == 0) continue;
     if (!d_a_grouped) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
     blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
-    if (gb.down) col_sum(gb.down[e], w.d_o + r0 * C, R, C, stream);
+    if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, stream);
   }
   if (d.glu_limit > 0.f)
     swiglu_clamped_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
@@ -695,14 +683,14 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     }
     blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
     blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
-    if (gb.gate) col_sum(gb.gate[e], w.d_g + r0 * F, R, F, stream);
-    if (gb.up) col_sum(gb.up[e], w.d_u + r0 * F, R, F, stream);
+    if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, stream);
+    if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, stream);
   }
   // routing weights -> probabilities -> logits -> x and the router
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
                                                                 d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
-  if (gb.router) col_sum(gb.router, w.dl, d.N, d.E, stream);                  // the router bias: dl summed over tokens
+  if (gb.router) bias_grad(gb.router, w.dl, d.N, d.E, stream);                  // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);  // dxr [N,C] = dl [N,E] Wr [E,C]
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);     // dWr [E,C] += dl^T x
   const unsigned blocks = blocks_for(d.N * C, 256);

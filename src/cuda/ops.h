@@ -109,6 +109,9 @@ void linear_forward(Blas& blas, void* out, DType out_type, const bf16* x, const 
 // dx [N,I] (=, bf16, skipped when null), dw [O,I] (+=, fp32), dbias [O] (+=, fp32, when non-null).
 void linear_backward(Blas& blas, bf16* dx, float* dw, float* dbias, const bf16* dout, const bf16* x, const bf16* w,
                      int64_t N, int64_t I, int64_t O, cudaStream_t stream);
+// dbias [O] += sum over the N rows of dout [N, O] (fp32; deterministic: the
+// same bits for the same inputs, independent of the stream's other work).
+void bias_grad(float* dbias, const bf16* dout, int64_t N, int64_t O, cudaStream_t stream);
 
 // ---- RoPE, HF rotate-half, in place on x [N, heads, D] ----
 // pos [N] (device), inv_freq [D/2] (device, fp32, from rt::cpu::rope_inv_freq);

@@ -150,6 +150,40 @@ std::vector<float> out_scale(const std::vector<float>& x, const std::vector<std:
   return S;
 }
 
+// gpt-oss's clamped SwiGLU: g' = min(g, L), u' = clamp(u, -L, L); the
+// gradient passes where the clamp leaves the value alone, so it jumps at +-L.
+// True when every gate and up pre-activation of the row's K experts (top-k of
+// the router logits in probs) is on the same side of each limit in fp32 (the
+// CPU's value) and as the GPU holds it: the GEMM's output rounded to bf16,
+// plus the bias, rounded again (cuda/moe.cu add_bias).
+bool clamp_branches_are_robust(const float* xn, const float* probs, const std::vector<std::vector<float>>& wg,
+                               const std::vector<std::vector<float>>& wu, const std::vector<std::vector<float>>& bg,
+                               const std::vector<std::vector<float>>& bu, int64_t C, int64_t E, int64_t K, int64_t F,
+                               float limit) {
+  std::vector<int32_t> idx(static_cast<size_t>(K));
+  std::vector<float> w(static_cast<size_t>(K));
+  rt::cpu::moe_topk(probs, E, K, false, idx.data(), w.data());
+  auto rb = [](double v) { return rt::bf16_to_f32(rt::f32_to_bf16(static_cast<float>(v))); };
+  auto same_side = [&](double dot, float bias, bool two_sided) {
+    const float cpu = static_cast<float>(dot) + bias, gpu = rb(rb(dot) + bias);
+    const bool a = cpu <= limit && (!two_sided || cpu >= -limit), b = gpu <= limit && (!two_sided || gpu >= -limit);
+    return a == b;
+  };
+  for (int64_t j = 0; j < K; ++j) {
+    const auto e = static_cast<size_t>(idx[static_cast<size_t>(j)]);
+    for (int64_t f = 0; f < F; ++f) {
+      double g = 0, u = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        g += static_cast<double>(xn[c]) * wg[e][static_cast<size_t>(f * C + c)];
+        u += static_cast<double>(xn[c]) * wu[e][static_cast<size_t>(f * C + c)];
+      }
+      if (!same_side(g, bg[e][static_cast<size_t>(f)], false) || !same_side(u, bu[e][static_cast<size_t>(f)], true))
+        return false;
+    }
+  }
+  return true;
+}
+
 void run_case(const Case& k) {
   const int64_t N = k.N, C = k.C, E = k.E, K = k.K, F = k.F;
   // gpt-oss: bf16 biases of size ~0.3 (the router's 0.05: logits stay in the range the idle expert needs)
@@ -183,7 +217,19 @@ void run_case(const Case& k) {
     router = round_bf16(router);
     std::copy(router.begin() + k.tie_a * C, router.begin() + (k.tie_a + 1) * C, router.begin() + k.tie_b * C);
   }
-  // x: rows redrawn until the routing is robust (see routing_is_robust)
+  std::vector<std::vector<float>> wg, wu, wd, gg0, gu0, gd0;
+  for (int64_t e = 0; e < E; ++e) {
+    wg.push_back(round_bf16(random_vec(F * C, k.seed + 10 + e, -0.2f, 0.2f)));
+    wu.push_back(round_bf16(random_vec(F * C, k.seed + 100 + e, -0.2f, 0.2f)));
+    wd.push_back(round_bf16(random_vec(C * F, k.seed + 200 + e, -0.2f, 0.2f)));
+    gg0.push_back(random_vec(F * C, k.seed + 300 + e));  // initial gradients: the ops accumulate
+    gu0.push_back(random_vec(F * C, k.seed + 400 + e));
+    gd0.push_back(random_vec(C * F, k.seed + 500 + e));
+  }
+  // x: rows redrawn until the routing is robust (see routing_is_robust) and, for gpt-oss, until no gate or
+  // up pre-activation of the row's experts changes its side of the clamp (+-limit) when rounded as
+  // the GPU holds it (clamp_branches_are_robust): the clamp's derivative jumps there, so a value
+  // within bf16 rounding of the limit would turn a rounding difference into a whole term
   std::vector<float> x(static_cast<size_t>(N * C)), probs(static_cast<size_t>(N * E));
   for (int64_t n = 0; n < N; ++n) {
     for (uint64_t attempt = 0;; ++attempt) {
@@ -193,17 +239,11 @@ void run_case(const Case& k) {
       std::copy(row.begin(), row.end(), x.begin() + n * C);
       rt::cpu::moe_forward(nullptr, probs.data() + n * E, x.data() + n * C, router.data(), nullptr, nullptr, nullptr, 1,
                            C, E, K, F, k.norm_topk, nullptr, nullptr, variant);
-      if (routing_is_robust(probs.data() + n * E, E, K, 1e-4f)) break;
+      if (routing_is_robust(probs.data() + n * E, E, K, 1e-4f) &&
+          (!k.gptoss || clamp_branches_are_robust(x.data() + n * C, probs.data() + n * E, wg, wu, bg, bu, C, E, K, F,
+                                                  1.f)))
+        break;
     }
-  }
-  std::vector<std::vector<float>> wg, wu, wd, gg0, gu0, gd0;
-  for (int64_t e = 0; e < E; ++e) {
-    wg.push_back(round_bf16(random_vec(F * C, k.seed + 10 + e, -0.2f, 0.2f)));
-    wu.push_back(round_bf16(random_vec(F * C, k.seed + 100 + e, -0.2f, 0.2f)));
-    wd.push_back(round_bf16(random_vec(C * F, k.seed + 200 + e, -0.2f, 0.2f)));
-    gg0.push_back(random_vec(F * C, k.seed + 300 + e));  // initial gradients: the ops accumulate
-    gu0.push_back(random_vec(F * C, k.seed + 400 + e));
-    gd0.push_back(random_vec(C * F, k.seed + 500 + e));
   }
   const std::vector<float> dout = round_bf16(random_vec(N * C, k.seed + 7));
   const std::vector<float> grouter0 = random_vec(E * C, k.seed + 8);
