@@ -466,6 +466,16 @@ int cmd_plan(const Args& args) {
                                 : ": they leave the host only on a card with " + gib(static_cast<double>(d.total)) +
                                       " for the engine (--grads device)"));
     }
+    if (pl.host_grads && muon) {  // Muon lands whole units; AdamW lands a unit larger than a layer in pieces
+      CudaOptions a = co;
+      a.muon = false;
+      const uint64_t pieces = gradient_landing_bytes(spec, pl, a);
+      if (pieces < host[6].bytes)
+        fixes.push_back("Muon updates whole units, so its pinned gradient landing is 3 slabs of the largest unit (" +
+                        gib(static_cast<double>(host[6].bytes)) + "); AdamW (--optimizer " +
+                        std::string(optimizer_name(UpdateRule::adamw, moments)) +
+                        ") lands the LM head in layer-sized pieces: " + gib(static_cast<double>(pieces)));
+    }
     if (pl.host_ckpt && pl.layer_major)
       fixes.push_back("the pinned checkpoints of all " + std::to_string(K) + " micro-batches take " +
                       gib(static_cast<double>(host[5].bytes)) + ": --layer-major off keeps one micro-batch's (" +
