@@ -218,8 +218,7 @@ TEST(FoldPieces, APieceByPieceFoldEqualsTheWholeUnitFold) {
       ASSERT_LT(coef, 1.0f);
       rt::update_unit(a, g.data(), o, coef, a.shadow(0));
       const float coef_b = cb.next(sq);
-      for (const rt::GradChunk& c : cut)
-        rt::update_unit_range(b, c.b, c.e, g.data() + c.b, o, coef_b, b.shadow(0));
+      for (const rt::GradChunk& c : cut) rt::update_unit_range(b, c.b, c.e, g.data() + c.b, o, coef_b, b.shadow(0));
     }
     std::vector<float> ma(static_cast<size_t>(a.numel)), mb(ma.size());
     a.read_master(0, a.numel, ma.data());

@@ -38,7 +38,8 @@ GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& trac
 
 void GradientSink::make_landing(const CudaOptions& o) {
   const ModelSpec& s = st_.spec();
-  if (host_) {  // pinned slabs where each unit's gradient (or piece of it) lands during the backward
+  // host mode: pinned slabs where each unit's gradient (or a piece of it) lands during the backward
+  if (host_) {
     DevicePlacement p;  // this sink's placement, as the plan counts it (gradient_landing_bytes)
     p.host_grads = true;
     p.host_embed = host_embed_;

@@ -130,8 +130,8 @@ class GradientSink {
   std::vector<int> slab_free_;  // guarded by the tracker's mutex
   int64_t landing_counter_ = 0;
   int64_t slab_elems_ = 0;
-  PinnedBuf sums_;           // fold, units in pieces: a double per slab (a unit's sum of squares, with its first piece)
-  DevBuf<double> sum_dev_;   // ... its block sums, then the sum (d2h stream only)
+  PinnedBuf sums_;          // fold, units in pieces: a double per slab (a unit's sum of squares, with its first piece)
+  DevBuf<double> sum_dev_;  // ... its block sums, then the sum (d2h stream only)
   std::vector<PinnedBuf> ring_;  // device mode: the optimizer's landing chunks
   std::vector<Event> ring_done_;
   int64_t chunk_elems_ = 0;
