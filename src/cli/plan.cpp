@@ -78,6 +78,26 @@ std::string gib(double bytes) {
   return bytes >= GiB ? fmt("%.2f GiB", bytes / GiB) : fmt("%.2f MiB", bytes / (1 << 20));
 }
 
+// The pinned gradient landing's line (engine/device_plan.h gradient_landing_bytes):
+// host gradients land in 3 slabs of the largest layer, a larger unit in
+// pieces (fold: its sum of squares taken on the GPU first); Muon's in 3 slabs
+// of the largest unit (whole units); device gradients through the ring.
+std::string landing_item(const ModelSpec& spec, const DevicePlacement& pl, const CudaOptions& co) {
+  if (!pl.host_grads) return "pinned gradient landing (4 chunks for the optimizer's copy-out)";
+  if (co.muon) return "pinned gradient landing (3 slabs of the largest unit: Muon)";
+  const std::vector<size_t> split = gradient_landing_split_units(spec, pl, co);
+  const std::vector<int64_t> n = unit_numels(spec);
+  const int64_t slab = gradient_landing_slab_elems(spec, co);
+  std::string what;
+  for (size_t u : split)
+    what += std::string(what.empty() ? "; " : ", ") +
+            (u == 0               ? "embedding"
+             : u == n.size() - 1 ? "LM head"
+                                 : "layer " + std::to_string(u - 1)) +
+            " in " + std::to_string((n[u] + slab - 1) / slab) + " pieces";
+  return "pinned gradient landing (3 layer slabs" + what + ")";
+}
+
 }  // namespace
 
 int cmd_plan(const Args& args) {
@@ -282,7 +302,7 @@ int cmd_plan(const Args& args) {
                                    : 0;
     const uint64_t need = state_ram +
                           host_grad_bytes(dp.place) + host_checkpoint_bytes(spec, B, T, dp.place) +
-                          gradient_landing_bytes(spec, dp.place, co.landing_chunk_bytes) +
+                          gradient_landing_bytes(spec, dp.place, co) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
       if (co.grads == "fold") {  // fold needs layer-major with K > 1: say why it cannot stay on
@@ -333,9 +353,7 @@ int cmd_plan(const Args& args) {
   host.push_back({pl.fold ? "host gradients (fp32; fold: the host embedding's only)" : "host gradients (fp32)",
                   host_grad_bytes(pl)});
   host.push_back({"pinned block checkpoints", host_checkpoint_bytes(spec, B, T, pl)});
-  host.push_back({pl.host_grads ? "pinned gradient landing (3 slabs of the largest unit)"
-                                : "pinned gradient landing (4 chunks for the optimizer's copy-out)",
-                  gradient_landing_bytes(spec, pl, co.landing_chunk_bytes)});
+  host.push_back({landing_item(spec, pl, co), gradient_landing_bytes(spec, pl, co)});
   if (muon) {  // engine/cuda/muon_gpu.h: per lane, U (fp32) in and O (bf16) out of the matrix in flight
     host.push_back({"pinned Muon Newton-Schulz staging (fp32 U in, bf16 O out; a lane each of the largest matrix)",
                     muon_pinned_bytes(spec)});
@@ -447,6 +465,16 @@ int cmd_plan(const Args& args) {
                       (d.fits() ? ": --grads device fits this card and frees them"
                                 : ": they leave the host only on a card with " + gib(static_cast<double>(d.total)) +
                                       " for the engine (--grads device)"));
+    }
+    if (pl.host_grads && muon) {  // Muon lands whole units; AdamW lands a unit larger than a layer in pieces
+      CudaOptions a = co;
+      a.muon = false;
+      const uint64_t pieces = gradient_landing_bytes(spec, pl, a);
+      if (pieces < host[6].bytes)
+        fixes.push_back("Muon updates whole units, so its pinned gradient landing is 3 slabs of the largest unit (" +
+                        gib(static_cast<double>(host[6].bytes)) + "); AdamW (--optimizer " +
+                        std::string(optimizer_name(UpdateRule::adamw, moments)) +
+                        ") lands the LM head in layer-sized pieces: " + gib(static_cast<double>(pieces)));
     }
     if (pl.host_ckpt && pl.layer_major)
       fixes.push_back("the pinned checkpoints of all " + std::to_string(K) + " micro-batches take " +

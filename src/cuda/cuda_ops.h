@@ -246,5 +246,11 @@ class CudaOps {
 // (fixed blocks, partials summed in order). scratch: sum_squares_scratch_bytes(n).
 size_t sum_squares_scratch_bytes(int64_t n);
 void sum_squares(double* out, const float* x, int64_t n, Scratch scratch, cudaStream_t stream);
+// The sum of squares of x[0, n) in rt::sum_squares's exact order, the same
+// double bit for bit (cuda/sum_squares_order.h): out[0] = the sum, out[1] =
+// fp32(sqrt(sum) + eps) held as a double (Muon's norm); partial: scratch of
+// sum_squares_ordered_doubles(n) - 2 doubles (one per block). All device
+// memory, queued on stream.
+void sum_squares_ordered(double* out, const float* x, int64_t n, double* partial, double eps, cudaStream_t stream);
 
 }  // namespace rt::cuda

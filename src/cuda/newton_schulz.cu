@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/check.h"
+#include "cuda/cuda_ops.h"
 #include "cuda/newton_schulz_workspace.h"
 
 namespace rt::cuda {
@@ -23,55 +24,6 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
                             CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// The norm's order (see newton_schulz.h): rt::sum_squares's blocks and lanes.
-constexpr int64_t kSqBlock = kNewtonSchulzNormBlock;
-constexpr int kSqLanes = 16;
-constexpr int kSqThreads = 256;  // 16 blocks x 16 lanes per CUDA block
-
-// partial[b] = sum over lanes j in order of (sum over i = j mod 16 in block b, in index order, of u[i]^2)
-__global__ void sum_squares_blocks(const float* __restrict__ u, int64_t n, int64_t nblocks, double* partial) {
-  __shared__ double acc[kSqThreads];
-  const int t = threadIdx.x, lane = t % kSqLanes;
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * (kSqThreads / kSqLanes) + t / kSqLanes;
-  double s = 0;
-  if (b < nblocks) {
-    const int64_t e = min(n, (b + 1) * kSqBlock);
-#pragma unroll 8  // loads ahead; the adds stay in index order
-    for (int64_t i = b * kSqBlock + lane; i < e; i += kSqLanes) {
-      const double x = u[i];
-      s += x * x;
-    }
-  }
-  acc[t] = s;
-  __syncthreads();
-  if (lane == 0 && b < nblocks) {
-    double c = 0;
-    for (int j = 0; j < kSqLanes; ++j) c += acc[t + j];
-    partial[b] = c;
-  }
-}
-
-// out[0] = the blocks' sums added in order; out[1] = fp32(sqrt(out[0]) + eps) (held as a double).
-// One CUDA block: the sums come into shared memory a chunk at a time (all
-// threads), thread 0 adds them in order.
-constexpr int kFinishChunk = 2048;
-__global__ void sum_squares_finish(const double* __restrict__ partial, int64_t nblocks, double eps, double* out) {
-  __shared__ double chunk[kFinishChunk];
-  double s = 0;
-  for (int64_t c0 = 0; c0 < nblocks; c0 += kFinishChunk) {
-    const int64_t k = min(static_cast<int64_t>(kFinishChunk), nblocks - c0);
-    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) chunk[i] = partial[c0 + i];
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int64_t i = 0; i < k; ++i) s += chunk[i];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    out[0] = s;
-    out[1] = static_cast<double>(__double2float_rn(sqrt(s) + eps));
-  }
-}
-
 // x = bf16_rn(u / d), IEEE division (u: fp32 U; d: fp32 held as a double)
 __global__ void divide_to_bf16(const float* __restrict__ u, int64_t n, const double* d, bf16* __restrict__ x) {
   const float dv = static_cast<float>(*d);
@@ -80,7 +32,7 @@ __global__ void divide_to_bf16(const float* __restrict__ u, int64_t n, const dou
     x[i] = __float2bfloat16_rn(__fdiv_rn(u[i], dv));
 }
 
-int64_t norm_blocks(int64_t n) { return (n + kSqBlock - 1) / kSqBlock; }
+int64_t norm_blocks(int64_t n) { return (n + kNewtonSchulzNormBlock - 1) / kNewtonSchulzNormBlock; }
 
 }  // namespace
 
@@ -176,12 +128,7 @@ void NewtonSchulz::submit(const float* u, uint16_t* o, int64_t R, int64_t C) {
   double* norm = norm_.data();
   CUDA_CHECK(cudaEventRecord(ev_start_.get(), st));
   CUDA_CHECK(cudaMemcpyAsync(u_.data(), u, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, st));
-  const int per_block = kSqThreads / kSqLanes;
-  const auto grid_sq = static_cast<unsigned>((nb + per_block - 1) / per_block);
-  sum_squares_blocks<<<grid_sq, kSqThreads, 0, st>>>(u_.data(), n, nb, norm);
-  CUDA_CHECK(cudaGetLastError());
-  sum_squares_finish<<<1, 256, 0, st>>>(norm, nb, kNewtonSchulzNormEps, norm + nb);
-  CUDA_CHECK(cudaGetLastError());
+  sum_squares_ordered(norm + nb, u_.data(), n, norm, kNewtonSchulzNormEps, st);  // the blocks' sums, then out
   CUDA_CHECK(cudaMemcpyAsync(host_sum_.as<double>(), norm + nb, sizeof(double), cudaMemcpyDeviceToHost, st));
   const int64_t grid = std::min<int64_t>((n + 255) / 256, 8192);
   divide_to_bf16<<<static_cast<unsigned>(grid), 256, 0, st>>>(u_.data(), n, norm + nb + 1, x_.data());

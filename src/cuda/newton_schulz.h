@@ -23,7 +23,8 @@
 // rt::sum_squares (optim/adamw.cpp) in the same order, so the same double:
 // blocks of 16384 elements, in each 16 lanes (lane = i mod 16) summed in
 // double in index order and combined in lane order, the blocks' sums added
-// in block order (one device thread per block and lane, one for the blocks);
+// in block order (one device thread per block and lane, one for the blocks:
+// cuda_ops.h's sum_squares_ordered, shared with the gradient landing);
 // x*x of a float is exact in double, so a fused multiply-add changes nothing.
 // Then d = fp32(sqrt(sum) + 1e-7) and X = bf16_rn(U / d) (IEEE division), as
 // GpuOrthogonalizer did on the host: the same bits as before.

@@ -9,20 +9,20 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/sum_squares_order.h"
+
 namespace rt::cuda {
 
 // Matrices in flight at once: one being prepared or applied on the host
 // while the other runs on the GPU.
 inline constexpr int kNewtonSchulzLanes = 2;
-// The device norm's block (rt::sum_squares's kOptimBlock, optim/adamw.h) and
-// its epsilon (optim/muon.h kMuonNormEps): cuda/ sits below optim/;
-// engine/cuda/muon_gpu.cpp asserts they agree.
-inline constexpr int64_t kNewtonSchulzNormBlock = 16384;
+// The device norm's block (rt::sum_squares's kOptimBlock, optim/adamw.h;
+// cuda/sum_squares_order.h) and its epsilon (optim/muon.h kMuonNormEps):
+// cuda/ sits below optim/; engine/cuda/muon_gpu.cpp asserts they agree.
+inline constexpr int64_t kNewtonSchulzNormBlock = kSumSquaresBlock;
 inline constexpr double kNewtonSchulzNormEps = 1e-7;
 
-inline uint64_t newton_schulz_norm_doubles(int64_t max_numel) {
-  return static_cast<uint64_t>((max_numel + kNewtonSchulzNormBlock - 1) / kNewtonSchulzNormBlock) + 2;
-}
+inline uint64_t newton_schulz_norm_doubles(int64_t max_numel) { return sum_squares_ordered_doubles(max_numel); }
 
 inline uint64_t newton_schulz_workspace_bytes(int64_t max_numel, int64_t max_small, int lanes = kNewtonSchulzLanes) {
   const auto piece = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };

@@ -207,6 +207,13 @@ struct CudaOptions {
   // this many bytes through a small pinned ring and updates each chunk as it
   // lands (0: one chunk per unit, through unit-sized buffers).
   uint64_t landing_chunk_bytes = 16ull << 20;
+  // Host-gradient modes (--grads host | fold): the size of the three pinned
+  // slabs the layers' gradients land in (engine/device_plan.h
+  // gradient_landing_slab_elems); 0 (always, outside tests): the largest
+  // layer's gradient. A larger unit (the LM head, a tied embedding) lands in
+  // slab-sized pieces, each added or updated as it lands. Tests set it small
+  // so that every unit lands in several pieces; no command-line flag sets it.
+  uint64_t landing_slab_bytes = 0;
   bool verbose = true;
   // When the plan does not fit the device budget, make_cuda_backend shrinks it
   // step by step and says so: gradients and checkpoints left at auto go to the

@@ -7,10 +7,13 @@
 #include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
 #include "cuda/newton_schulz_workspace.h"
+#include "cuda/sum_squares_order.h"
 #include "model/block.h"
 #include "model/block_memory.h"
 #include "model/weight_map.h"
+#include "optim/adamw.h"
 #include "state/host_state.h"
+#include "state/moment_quant.h"
 
 namespace rt {
 
@@ -137,10 +140,46 @@ int64_t gradient_landing_chunk_elems(const ModelSpec& s, uint64_t landing_chunk_
   return want > 0 ? std::min(want, max_unit) : max_unit;
 }
 
-uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, uint64_t landing_chunk_bytes) {
-  if (p.host_grads) return static_cast<uint64_t>(kGradLandingSlabs) * static_cast<uint64_t>(largest_unit(s)) * 4;
+static_assert(kGradSlabAlign == kOptimBlock && kGradSlabAlign == cuda::kSumSquaresBlock,
+              "landing pieces start on blocks of rt::sum_squares and of the device's ordered sum");
+static_assert(kGradSlabAlign % kGradChunkAlign == 0 && kGradSlabAlign % kQuantBlock == 0,
+              "landing pieces never cut a quantization block");
+
+int64_t gradient_landing_slab_elems(const ModelSpec& s, const CudaOptions& o) {
+  const std::vector<int64_t> n = unit_numels(s);
+  const int64_t max_unit = *std::max_element(n.begin(), n.end());
+  if (o.muon) return max_unit;
+  const int64_t max_layer = s.n_layers > 0 ? *std::max_element(n.begin() + 1, n.end() - 1) : max_unit;
+  const int64_t want = o.landing_slab_bytes > 0 ? static_cast<int64_t>(o.landing_slab_bytes / 4) : max_layer;
+  const int64_t slab = (std::max<int64_t>(want, 1) + kGradSlabAlign - 1) / kGradSlabAlign * kGradSlabAlign;
+  return std::min(slab, max_unit);
+}
+
+std::vector<size_t> gradient_landing_split_units(const ModelSpec& s, const DevicePlacement& p, const CudaOptions& o) {
+  std::vector<size_t> split;
+  if (!p.host_grads) return split;
+  const std::vector<int64_t> n = unit_numels(s);
+  const int64_t slab = gradient_landing_slab_elems(s, o);
+  for (size_t u = 0; u < n.size(); ++u)
+    if (!(u == 0 && p.host_embed) && n[u] > slab) split.push_back(u);
+  return split;
+}
+
+uint64_t gradient_landing_sum_doubles(const ModelSpec& s, const DevicePlacement& p, const CudaOptions& o) {
+  if (!p.fold) return 0;
+  const std::vector<int64_t> n = unit_numels(s);
+  uint64_t d = 0;
+  for (size_t u : gradient_landing_split_units(s, p, o)) d = std::max(d, cuda::sum_squares_ordered_doubles(n[u]));
+  return d;
+}
+
+uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, const CudaOptions& o) {
+  if (p.host_grads)
+    return static_cast<uint64_t>(kGradLandingSlabs) *
+           (static_cast<uint64_t>(gradient_landing_slab_elems(s, o)) * 4 +
+            (gradient_landing_sum_doubles(s, p, o) > 0 ? sizeof(double) : 0));
   return static_cast<uint64_t>(kGradLandingRing) *
-         static_cast<uint64_t>(gradient_landing_chunk_elems(s, landing_chunk_bytes)) * 4;
+         static_cast<uint64_t>(gradient_landing_chunk_elems(s, o.landing_chunk_bytes)) * 4;
 }
 
 uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t B, int64_t T, const DevicePlacement& p) {
@@ -268,6 +307,9 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   p.mlp_chunk_tokens = plan_mlp_chunk_tokens(s, B, T, o, budget - std::min(budget, p.total + budget / 64));
   const BlockDims dm{B, T, p.mlp_chunk_tokens};
   add("backward scratch", block_scratch_bytes(s, dm, 2, 256));
+  // fold, units landing in pieces: their sums of squares on the device (engine/cuda/gradient_sink.h)
+  if (const uint64_t d = gradient_landing_sum_doubles(s, p.place, o))
+    add("gradient landing sums of squares (units landing in pieces)", d * 8);
   // the activations: the shared set, then the kept layers (engine: auto_kept_layers on what is in so far)
   p.layer_act_bytes = block_acts_bytes(s, dm, 2);  // bf16 activations, unrounded, as the engine counts
   p.layer_attn_bytes = block_attn_acts_bytes(s, dm, 2);

@@ -46,16 +46,41 @@ constexpr int kCheckpointRing = 5;
 uint64_t host_checkpoint_bytes(const ModelSpec& s, int64_t micro_batch, int64_t seq_len, const DevicePlacement& p);
 
 // The pinned host buffers the backward's weight gradients land in
-// (engine/cuda/gradient_sink.h): with host gradients (host or fold) three
-// slabs of the largest unit, each layer's gradient copied out whole while the
-// worker adds or folds the one before; with device gradients a ring of four
-// chunks of landing_chunk_bytes (rounded down to kGradChunkAlign elements, at
-// most the largest unit) that the optimizer phase copies through.
+// (engine/cuda/gradient_sink.h).
+// Host gradients (host or fold): three slabs of gradient_landing_slab_elems
+// floats, each layer's gradient copied out whole while the worker adds or
+// folds the one before. A unit larger than a slab (the LM head, a tied
+// embedding: 3.1 GB of fp32 at Qwen2.5-14B against ~1.1 GB per layer) lands
+// in slab-sized pieces in order (grad_chunks(numel, {u}, slab),
+// engine/update_order.h), each added (host) or updated (fold) as it lands;
+// fold clips such a unit with its sum of squares taken on the device first,
+// in rt::sum_squares's exact order (cuda/sum_squares_order.h), which lands
+// beside the first piece in a pinned double per slab.
+// Device gradients: a ring of four chunks of landing_chunk_bytes (rounded
+// down to kGradChunkAlign elements, at most the largest unit) that the
+// optimizer phase copies through.
 constexpr int kGradLandingSlabs = 3;
 constexpr int kGradLandingRing = 4;
 constexpr int64_t kGradChunkAlign = 4096;  // elements: chunks cut units at quantization-block bounds
+// elements: slabs (and so pieces) are multiples of the sum's blocks (16384 =
+// kOptimBlock, a multiple of kGradChunkAlign and of the 256-element blocks of
+// quantized moments), so a piece never cuts a quantization block
+constexpr int64_t kGradSlabAlign = 16384;
 int64_t gradient_landing_chunk_elems(const ModelSpec& s, uint64_t landing_chunk_bytes);
-uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, uint64_t landing_chunk_bytes);
+// The slab: o.landing_slab_bytes (tests) or the largest layer's gradient,
+// rounded up to kGradSlabAlign elements, at most the largest unit. Muon
+// (o.muon) updates whole units (optim/unit_update.h): the largest unit.
+int64_t gradient_landing_slab_elems(const ModelSpec& s, const CudaOptions& o);
+// The units that land through the slabs (host gradients: every layer, the
+// head, and the embedding unless it stays on the host) and are larger than
+// a slab, in unit order.
+std::vector<size_t> gradient_landing_split_units(const ModelSpec& s, const DevicePlacement& p, const CudaOptions& o);
+// Fold with split units: the device doubles of their sums of squares (the
+// largest one's blocks + 2, cuda/sum_squares_order.h); else 0.
+uint64_t gradient_landing_sum_doubles(const ModelSpec& s, const DevicePlacement& p, const CudaOptions& o);
+// Pinned bytes: host gradients, the slabs (+ a double per slab when
+// gradient_landing_sum_doubles > 0); device gradients, the ring.
+uint64_t gradient_landing_bytes(const ModelSpec& s, const DevicePlacement& p, const CudaOptions& o);
 
 // Elements of each unit's arena (HostState's layout: unit 0 the embedding,
 // 1..L the layers, L+1 the head; every tensor padded to 16 floats).

@@ -107,10 +107,13 @@ TEST_P(PlanSevenB, OnTenGigabytesIsPlacedAsTheEngineWould) {
   EXPECT_TRUE(flag(j, "fits"));
   // host RAM: the state HostState plans (split master, one shadow, fp32 host
   // gradients), the pinned checkpoints, the pinned gradient landing slabs (3 of
-  // the largest unit, the 7B's head: the 152064 x 3584 LM head and the 3584
-  // final norm, fp32) and the step's token batches + staging
-  const uint64_t landing = rt::gradient_landing_bytes(s, dp.place, 16ull << 20);
-  EXPECT_EQ(landing, 3ull * (152064 * 3584 + 3584) * 4);
+  // the largest layer, in fp32, rounded up to 16384 elements: the 7B's head,
+  // the 152064 x 3584 LM head and the 3584 final norm, lands in pieces) and
+  // the step's token batches + staging
+  const uint64_t landing = rt::gradient_landing_bytes(s, dp.place, o);
+  const uint64_t layer = static_cast<uint64_t>(rt::unit_numels(s)[1]);
+  EXPECT_EQ(landing, 3 * ((layer + 16383) / 16384 * 16384) * 4);
+  EXPECT_LT(landing, 3ull * (152064 * 3584 + 3584) * 4);
   const double host = static_cast<double>(rt::HostState::planned_bytes(s, rt::MasterStorage::split, 1, true) +
                                           rt::host_checkpoint_bytes(s, 2, 2048, dp.place) + landing) +
                       24.0 * 16 * 2 * 2048;
@@ -210,6 +213,41 @@ TEST(Plan, FoldDropsTheHostGradientsAndIsNamedAsTheFix) {
   auto moe = run_ramtrain("plan --preset olmoe-1b-7b --gpu-memory 24G --micro-batch 4 --grad-accum 4 --grads fold --json");
   EXPECT_EQ(moe.exit_code, 0) << moe.output;
   EXPECT_TRUE(flag(moe.output, "layer_major")) << moe.output;
+}
+
+TEST(Plan, TheLmHeadNoLongerSizesTheLandingSlabs) {
+  // Issue 31: Qwen2.5-14B, adamw8bit, the exact split master, 64k tokens per
+  // step (16 x 1024 x 4, layer-major) with --grads fold on a 128 GiB host.
+  // The pinned landing is 3 slabs of the largest layer (rounded up to 16384
+  // elements) + a double each for the head's device sum of squares, not 3 x
+  // the 152064 x 5120 head (8.7 GiB, with which the plan did not fit).
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-14b");
+  const std::vector<int64_t> n = rt::unit_numels(s);
+  const uint64_t layer = static_cast<uint64_t>(*std::max_element(n.begin() + 1, n.end() - 1));
+  const uint64_t slabs = 3 * ((layer + 16383) / 16384 * 16384 * 4 + 8);
+  for (const char* gpu : {"rtx4090", "h100"}) {
+    auto r = run_ramtrain(std::string("plan --preset qwen2.5-14b --seq-len 1024 --micro-batch 16 --grad-accum 4 ") +
+                          "--grads fold --optimizer adamw8bit --master split --host-ram 128G --json --gpu " + gpu);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string& j = r.output;
+    EXPECT_TRUE(flag(j, "fits")) << j;
+    EXPECT_TRUE(flag(j, "fold")) << j;
+    EXPECT_TRUE(flag(j, "layer_major")) << j;
+    const size_t at = j.find("{\"what\":\"pinned gradient landing (3 layer slabs; LM head in ");
+    ASSERT_NE(at, std::string::npos) << j;
+    EXPECT_EQ(num(j, "bytes", at), static_cast<double>(slabs));
+  }
+  // Muon updates whole units: its slabs stay the largest unit, and the plan says so
+  auto m = run_ramtrain("plan --preset qwen2.5-14b --seq-len 1024 --micro-batch 16 --grad-accum 4 --grads fold "
+                        "--optimizer muon8bit --host-ram 128G --gpu h100");
+  EXPECT_TRUE(contains(m.output, "3 slabs of the largest unit: Muon")) << m.output;
+  // ... and where the host does not fit, names what AdamW's pieces would pin instead
+  auto tight = run_ramtrain("plan --preset qwen2.5-14b --seq-len 1024 --micro-batch 16 --grads fold "
+                            "--optimizer muon8bit --host-ram 80G --gpu h100");
+  EXPECT_NE(tight.exit_code, 0) << tight.output;
+  EXPECT_TRUE(contains(tight.output, "Muon updates whole units, so its pinned gradient landing is 3 slabs of the "
+                                     "largest unit")) << tight.output;
+  EXPECT_TRUE(contains(tight.output, "(--optimizer adamw8bit) lands the LM head in layer-sized pieces")) << tight.output;
 }
 
 TEST(Plan, DeviceTooSmallNamesASmallerMicroBatch) {

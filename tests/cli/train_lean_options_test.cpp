@@ -119,7 +119,9 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     double extra = 24.0 * 2 * 16;  // the token batches and staging (no host checkpoints at this size)
     rt::DevicePlacement place;     // the pinned gradient landing: slabs with host gradients, else the ring
     place.host_grads = host_grads;
-    extra += static_cast<double>(rt::gradient_landing_bytes(spec, place, 16ull << 20));
+    rt::CudaOptions co;            // as plan sets them: Muon lands whole units
+    co.muon = m.rule == rt::UpdateRule::muon;
+    extra += static_cast<double>(rt::gradient_landing_bytes(spec, place, co));
     if (m.rule == rt::UpdateRule::muon) {  // the pinned staging of the GPU Newton-Schulz lanes, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
       extra += 2.0 * (6.0 * static_cast<double>(mx) + 8.0) +  // 2 lanes: fp32 U, bf16 O, the norm's double

@@ -11,6 +11,7 @@
 
 #include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
+#include "engine/update_order.h"
 #include "model/block_memory.h"
 #include "model/spec.h"
 #include "state/host_state.h"
@@ -459,4 +460,117 @@ TEST(DevicePlan, MoeCountsTheExpertScratchAndGoesLayerMajor) {
   EXPECT_TRUE(p.place.layer_major);
   o.layer_major = "off";
   EXPECT_FALSE(rt::plan_device(s, B, T, o, kHuge).place.layer_major);
+}
+
+// ---- the pinned gradient landing (engine/cuda/gradient_sink.h) ----
+namespace {
+
+// x rounded up to the landing's 16384-element blocks (rt::sum_squares's, kOptimBlock)
+int64_t up16k(int64_t x) { return (x + 16383) / 16384 * 16384; }
+
+}  // namespace
+
+TEST(GradientLanding, HostSlabsHoldTheLargestLayerNotTheLmHead) {
+  // Qwen2.5-14B: the LM head unit (152064 x 5120 + the final norm) is ~2.8x
+  // a layer. Host and fold gradients land through 3 slabs of the largest
+  // layer (rounded up to 16384 elements); the head lands in pieces; fold
+  // adds a pinned double per slab for a split unit's device sum of squares.
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-14b");
+  const std::vector<int64_t> n = rt::unit_numels(s);
+  const int64_t L = s.n_layers, head = n[static_cast<size_t>(L + 1)];
+  const int64_t layer = *std::max_element(n.begin() + 1, n.end() - 1);
+  ASSERT_GT(head, 2 * layer);
+  rt::CudaOptions o;
+  const int64_t slab = rt::gradient_landing_slab_elems(s, o);
+  EXPECT_EQ(slab, up16k(layer));
+  EXPECT_EQ(slab % rt::kGradChunkAlign, 0);
+  EXPECT_EQ(slab % 256, 0);  // quantized moments' blocks (state/moment_quant.h)
+  for (bool fold : {false, true}) {
+    rt::DevicePlacement p;
+    p.host_grads = p.host_embed = true;  // untied: the embedding's rows scatter into its host arena
+    p.fold = fold;
+    EXPECT_EQ(rt::gradient_landing_split_units(s, p, o), std::vector<size_t>{static_cast<size_t>(L + 1)});
+    const uint64_t sums = rt::gradient_landing_sum_doubles(s, p, o);
+    EXPECT_EQ(sums, fold ? static_cast<uint64_t>((head + 16383) / 16384 + 2) : 0u);
+    EXPECT_EQ(rt::gradient_landing_bytes(s, p, o), 3 * static_cast<uint64_t>(slab) * 4 + (fold ? 3 * 8 : 0));
+    // the device side: fold's block sums are a plan item, after the backward scratch (the engine's order)
+    rt::CudaOptions po = fixed_keep();
+    po.grads = fold ? "fold" : "host";
+    const rt::DevicePlan d = rt::plan_device(s, 1, 1024, po, kHuge);
+    bool found = false;
+    for (size_t i = 0; i < d.items.size(); ++i)
+      if (d.items[i].what == "gradient landing sums of squares (units landing in pieces)") {
+        found = true;
+        EXPECT_EQ(d.items[i].bytes, r256(sums * 8));
+        EXPECT_EQ(d.items[i - 1].what, "backward scratch");
+      }
+    EXPECT_EQ(found, fold);
+  }
+  // the 14B's head at 8.7 GiB of slabs is what issue 31 removes: 3 layers now
+  rt::DevicePlacement host;
+  host.host_grads = true;
+  EXPECT_LT(rt::gradient_landing_bytes(s, host, o), 3ull * static_cast<uint64_t>(head) * 4 / 2);
+  // device gradients: the ring, as before
+  rt::DevicePlacement dev;
+  EXPECT_EQ(rt::gradient_landing_bytes(s, dev, o),
+            4ull * static_cast<uint64_t>(rt::gradient_landing_chunk_elems(s, o.landing_chunk_bytes)) * 4);
+}
+
+TEST(GradientLanding, MuonLandsWholeUnitsAndTiedEmbeddingsLandInPieces) {
+  // Muon updates whole units (optim/unit_update.h): its slabs stay the largest unit
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-14b");
+  const std::vector<int64_t> n = rt::unit_numels(s);
+  rt::CudaOptions o;
+  o.muon = true;
+  rt::DevicePlacement p;
+  p.host_grads = p.fold = true;
+  EXPECT_EQ(rt::gradient_landing_slab_elems(s, o), *std::max_element(n.begin(), n.end()));
+  EXPECT_TRUE(rt::gradient_landing_split_units(s, p, o).empty());
+  EXPECT_EQ(rt::gradient_landing_bytes(s, p, o), 3 * static_cast<uint64_t>(*std::max_element(n.begin(), n.end())) * 4);
+  // a tied embedding stays on the device and lands through the slabs: it is the split unit
+  rt::ModelSpec t = spec(true);
+  t.vocab = 4096;  // 4096 x 64: larger than a 16384-element slab
+  rt::CudaOptions small;
+  small.landing_slab_bytes = 4;  // the test option: rounds up to one 16384-element block
+  EXPECT_EQ(rt::gradient_landing_slab_elems(t, small), 16384);
+  rt::DevicePlacement tp;
+  tp.host_grads = tp.fold = true;  // host_embed stays false: tied
+  const std::vector<int64_t> tn = rt::unit_numels(t);
+  std::vector<size_t> want;
+  for (size_t u = 0; u < tn.size(); ++u)
+    if (tn[u] > 16384) want.push_back(u);
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(want[0], 0u);
+  EXPECT_EQ(rt::gradient_landing_split_units(t, tp, small), want);
+  // never larger than the largest unit
+  small.landing_slab_bytes = 1ull << 40;
+  EXPECT_EQ(rt::gradient_landing_slab_elems(t, small), *std::max_element(tn.begin(), tn.end()));
+}
+
+TEST(GradientLanding, PiecesCoverTheUnitOnBlockBounds) {
+  // grad_chunks(numel, {u}, slab) is the landing's cut (GradientSink::land):
+  // in order, covering [0, numel), every piece but the last a whole slab, so
+  // every piece starts at a multiple of 16384 (the sum's blocks, a multiple
+  // of the 256-element quantization blocks)
+  const rt::ModelSpec s = rt::spec_preset("qwen2.5-14b");
+  const std::vector<int64_t> n = rt::unit_numels(s);
+  rt::CudaOptions o;
+  for (uint64_t slab_bytes : {uint64_t{0}, uint64_t{1} << 20, uint64_t{3} << 20}) {
+    o.landing_slab_bytes = slab_bytes;
+    const int64_t slab = rt::gradient_landing_slab_elems(s, o);
+    for (size_t u : {size_t{1}, n.size() - 1}) {
+      const std::vector<rt::GradChunk> pieces = rt::grad_chunks(n, {u}, slab);
+      ASSERT_EQ(static_cast<int64_t>(pieces.size()), (n[u] + slab - 1) / slab);
+      int64_t at = 0;
+      for (const rt::GradChunk& c : pieces) {
+        EXPECT_EQ(c.u, u);
+        EXPECT_EQ(c.b, at);
+        EXPECT_EQ(c.b % 16384, 0);
+        EXPECT_LE(c.e - c.b, slab);
+        EXPECT_TRUE(c.e == n[u] || c.e - c.b == slab);
+        at = c.e;
+      }
+      EXPECT_EQ(at, n[u]);
+    }
+  }
 }

@@ -8,14 +8,21 @@
 //    identically to global clipping (losses, norms, weights);
 //  - on clipped steps fold follows its rule exactly (a reference written out
 //    here from compute_grads + update_unit) and differs from global clipping;
-//  - a non-finite loss (inject_nan) updates nothing; delayed update refused.
+//  - a non-finite loss (inject_nan) updates nothing; delayed update refused;
+//  - a unit landing in pieces (the CUDA engine's LM head, GradientSink::land)
+//    and folded piece by piece with the coefficient of its whole sum of
+//    squares equals the whole-unit fold bit for bit (split master, fp32 and
+//    8/4-bit moments).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "data/dataset.h"
 #include "engine/backend.h"
+#include "engine/device_plan.h"
+#include "engine/update_order.h"
 #include "engine/fold_clip.h"
 #include "optim/adamw.h"
 #include "optim/unit_update.h"
@@ -166,6 +173,66 @@ TEST(FoldCpu, ANonFiniteLossUpdatesNothing) {
 TEST(FoldCpu, DelayedUpdateIsRefused) {
   rt::HostState st(small_spec(), true);
   EXPECT_THROW(rt::make_cpu_backend(st, true, 0, false, 0, true), rt::Error);
+}
+
+TEST(FoldPieces, APieceByPieceFoldEqualsTheWholeUnitFold) {
+  // The CUDA engine's fold of a unit larger than its landing slabs: the
+  // coefficient from the whole gradient's sum of squares (FoldClip::next;
+  // the device sums in rt::sum_squares's order, so the same double), then
+  // update_unit_range piece by piece over the landing's cut (grad_chunks with
+  // gradient_landing_slab_elems) with the shadow written in place. It must
+  // equal update_unit over the whole unit: master, moments (codes and
+  // scales), shadow. The head (a 1024-row LM head + the final norm) lands in
+  // 16384-element pieces, the last one short.
+  rt::ModelSpec s = small_spec();
+  s.vocab = 1024;
+  const size_t head = static_cast<size_t>(s.n_layers + 1);
+  rt::CudaOptions co;
+  co.landing_slab_bytes = 16384 * 4;
+  const int64_t slab = rt::gradient_landing_slab_elems(s, co);
+  ASSERT_EQ(slab, 16384);
+  for (rt::MomentStorage mo : {rt::MomentStorage::fp32, rt::MomentStorage::q8, rt::MomentStorage::q4}) {
+    SCOPED_TRACE(rt::moment_storage_name(mo));
+    rt::HostState whole(s, false, mo), pieces(s, false, mo);
+    for (rt::HostState* st : {&whole, &pieces}) {
+      st->init_random(5, 0.05f);
+      st->set_master_storage(rt::MasterStorage::split, 1);
+    }
+    rt::StateUnit& a = whole.units()[head];
+    rt::StateUnit& b = pieces.units()[head];
+    const std::vector<rt::GradChunk> cut = rt::grad_chunks(rt::unit_numels(s), {head}, slab);
+    ASSERT_EQ(static_cast<int64_t>(cut.size()), (a.numel + slab - 1) / slab);
+    ASSERT_GE(cut.size(), 2u);
+    ASSERT_NE(a.numel % slab, 0);
+    rt::OptimStep o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    o.moment_rounding = rt::QuantRounding::stochastic;  // keyed by the element's index: any cut, the same draws
+    std::vector<float> g(static_cast<size_t>(a.numel));
+    for (int t = 1; t <= 3; ++t) {
+      o.t = t;
+      for (int64_t i = 0; i < a.numel; ++i) g[static_cast<size_t>(i)] = static_cast<float>(std::sin(0.013 * i + t));
+      const double sq = rt::sum_squares(g.data(), a.numel);
+      rt::FoldClip ca(0.5), cb(0.5);  // the norm is ~128: every step clips
+      const float coef = ca.next(sq);
+      ASSERT_LT(coef, 1.0f);
+      rt::update_unit(a, g.data(), o, coef, a.shadow(0));
+      const float coef_b = cb.next(sq);
+      for (const rt::GradChunk& c : cut) rt::update_unit_range(b, c.b, c.e, g.data() + c.b, o, coef_b, b.shadow(0));
+    }
+    std::vector<float> ma(static_cast<size_t>(a.numel)), mb(ma.size());
+    a.read_master(0, a.numel, ma.data());
+    b.read_master(0, b.numel, mb.data());
+    EXPECT_EQ(0, std::memcmp(ma.data(), mb.data(), ma.size() * 4)) << "master";
+    EXPECT_EQ(0, std::memcmp(a.shadow(0), b.shadow(0), static_cast<size_t>(a.numel) * 2)) << "shadow";
+    if (mo == rt::MomentStorage::fp32) {
+      EXPECT_EQ(0, std::memcmp(a.m(), b.m(), static_cast<size_t>(2 * a.numel) * 4)) << "moments";
+    } else {
+      EXPECT_EQ(0, std::memcmp(a.qm(), b.qm(), a.qm_buf.n * 4)) << "m codes";
+      EXPECT_EQ(0, std::memcmp(a.qv(), b.qv(), a.qv_buf.n * 4)) << "v codes";
+      EXPECT_EQ(0, std::memcmp(a.qscale_buf.p, b.qscale_buf.p, a.qscale_buf.n * 4)) << "scales";
+    }
+  }
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 # the GPU machine may lack) and data/ (tinyshakespeare.txt): tests/gpu/stage.sh
 # makes it. Logs go to $OUT when set. Parts:
 #   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test, gpu_cuda_block_test, gpu_cuda_moe_test)
-#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test)
+#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test);
+#             the host-gradient landing in pieces == whole units bit for bit (gpu_gradient_landing_test)
 #   muon      Muon's NS5 on the GPU vs the CPU spec, the engine with --optimizer muon vs the CPU backend
 #             (gpu_muon_gpu_test), and NS5 timings on Qwen2.5-7B's matrices (ramtrain_muon_bench)
 #   muonperf  issue 35 (not in the default; ~4 min): ramtrain_muon_bench (per matrix: NS5's steps, the lane's whole
@@ -212,6 +213,7 @@ has ops && [ -x "$bin/gpu_cuda_block_test" ] && run cuda_block_test 120 "$bin/gp
 has ops && [ -x "$bin/gpu_cuda_moe_test" ] && run cuda_moe_test 120 "$bin/gpu_cuda_moe_test"
 has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTRAIN_BINARY="$bin/ramtrain" "$bin/gpu_eval_cli_test"
 has engine && run engine_test 300 "$bin/gpu_engine_test"
+has engine && run gradient_landing_test 300 "$bin/gpu_gradient_landing_test"
 has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
 has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
 has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5

@@ -4,7 +4,12 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/sum_squares_order.h"
+#include "engine/update_order.h"
 #include "optim/adamw.h"
+
+static_assert(rt::cuda::kSumSquaresBlock == rt::kOptimBlock, "the device sum of squares is rt::sum_squares's");
 
 namespace rt::cuda {
 
@@ -31,15 +36,25 @@ GradientSink::GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& trac
   for (auto& g : grads_) CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), dev_.compute.get()));
 }
 
-void GradientSink::make_landing(uint64_t landing_chunk_bytes) {
-  int64_t max_unit = 0;
-  for (auto& u : st_.units()) max_unit = std::max(max_unit, u.numel);
-  if (host_) {  // pinned slabs where each unit's gradient lands during the backward
-    for (int r = 0; r < kSlabs; ++r) slabs_.emplace_back(static_cast<size_t>(max_unit) * 4, "a gradient landing slab");
+void GradientSink::make_landing(const CudaOptions& o) {
+  const ModelSpec& s = st_.spec();
+  // host mode: pinned slabs where each unit's gradient (or a piece of it) lands during the backward
+  if (host_) {
+    DevicePlacement p;  // this sink's placement, as the plan counts it (gradient_landing_bytes)
+    p.host_grads = true;
+    p.host_embed = host_embed_;
+    p.fold = folding();
+    slab_elems_ = gradient_landing_slab_elems(s, o);
+    for (int r = 0; r < kSlabs; ++r)
+      slabs_.emplace_back(static_cast<size_t>(slab_elems_) * 4, "a gradient landing slab");
     slab_done_.resize(kSlabs);
     slab_free_.assign(kSlabs, 1);
+    if (const uint64_t d = gradient_landing_sum_doubles(s, p, o)) {
+      sums_ = PinnedBuf(kSlabs * sizeof(double), "the gradient landing's sums of squares");
+      sum_dev_ = DevBuf<double>(dev_.alloc, static_cast<int64_t>(d), "gradient landing sums of squares");
+    }
   } else {  // a pinned ring of chunks the optimizer phase copies gradients through
-    chunk_elems_ = gradient_landing_chunk_elems(st_.spec(), landing_chunk_bytes);
+    chunk_elems_ = gradient_landing_chunk_elems(s, o.landing_chunk_bytes);
     for (int r = 0; r < kRing; ++r)
       ring_.emplace_back(static_cast<size_t>(chunk_elems_) * 4, "a gradient landing chunk");
     ring_done_.resize(kRing);
@@ -80,7 +95,7 @@ void GradientSink::end_backward(bool first_micro) {
   const size_t head = static_cast<size_t>(st_.spec().n_layers + 1);
   for (size_t u : {size_t{0}, head}) {
     if (host_embed_ && u == 0) {  // its rows were scattered into the host arena (HostEmbedding::land)
-      if (fold_) track_.push([this] { fold_(0, st_.units()[0].grad.p); });
+      if (fold_) track_.push([this] { fold_(0, 0, st_.units()[0].numel, st_.units()[0].grad.p, nullptr); });
       continue;
     }
     land(u, grads_[u].data(), first_micro);
@@ -90,40 +105,54 @@ void GradientSink::end_backward(bool first_micro) {
   }
 }
 
-// Unit u's gradient leaves the device now (d2h, into a pinned slab); the
-// worker adds it to the host arena (= on the first micro-batch).
+// Unit u's gradient leaves the device now (d2h, into the pinned slabs, in
+// pieces of at most a slab); the worker adds each piece to the host arena (=
+// on the first micro-batch) or hands it to the fold hook. The stream order
+// is in the header.
 void GradientSink::land(size_t u, const float* src, bool first) {
-  auto& unit = st_.units()[u];
-  const int r = static_cast<int>(landing_counter_++ % kSlabs);
-  track_.wait([&] { return slab_free_[r] != 0; });
-  track_.update([&] { slab_free_[r] = 0; });
+  const int64_t n = st_.units()[u].numel;
+  const bool split = n > slab_elems_;
+  RT_CHECK(!split || fold_ == nullptr || sums_.as<double>(), "[cuda] internal: unit ", st_.units()[u].name,
+           " lands in pieces, but the plan made no room for its sum of squares");
   CUDA_CHECK(cudaEventRecord(grad_made_.get(), dev_.compute.get()));
   CUDA_CHECK(cudaStreamWaitEvent(dev_.d2h.get(), grad_made_.get(), 0));
   auto span = dev_.tracer.gpu_begin(Lane::d2h, "grads", static_cast<int>(u) - 1, dev_.d2h.get());
-  CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), src, static_cast<size_t>(unit.numel) * 4, cudaMemcpyDeviceToHost,
-                             dev_.d2h.get()));
-  dev_.tracer.gpu_end(span, dev_.d2h.get());
-  CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), dev_.d2h.get()));
-  track_.push([this, u, r, first] {
-    CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
-    auto& un = st_.units()[u];
-    const float* g = slabs_[r].as<float>();
-    if (fold_) {
-      fold_(u, g);
-      track_.update([&] { slab_free_[r] = 1; });
-      return;
+  for (const GradChunk& piece : grad_chunks({n}, {0}, slab_elems_)) {
+    const int64_t b = piece.b, e = piece.e;
+    const int r = static_cast<int>(landing_counter_++ % kSlabs);
+    // the slab's last piece has landed and its consumer is done with it (and its double)
+    track_.wait([&] { return slab_free_[r] != 0; });
+    track_.update([&] { slab_free_[r] = 0; });
+    const bool with_sum = split && fold_ && b == 0;
+    if (with_sum) {  // the whole unit's sum of squares, before its first piece updates anything
+      double* out = sum_dev_.data() + (cuda::sum_squares_ordered_doubles(n) - 2);
+      sum_squares_ordered(out, src, n, sum_dev_.data(), 0.0, dev_.d2h.get());
+      CUDA_CHECK(cudaMemcpyAsync(sums_.as<double>() + r, out, sizeof(double), cudaMemcpyDeviceToHost, dev_.d2h.get()));
     }
-    float* dst = un.grad.p;
-    auto span = dev_.tracer.host_begin("land", static_cast<int>(u) - 1);
-    parallel_for(un.numel, 1 << 16, [&](int64_t b, int64_t e) {
-      if (first)
-        std::memcpy(dst + b, g + b, static_cast<size_t>(e - b) * 4);
-      else
-        for (int64_t i = b; i < e; ++i) dst[i] += g[i];
+    CUDA_CHECK(cudaMemcpyAsync(slabs_[r].as<float>(), src + b, static_cast<size_t>(e - b) * 4, cudaMemcpyDeviceToHost,
+                               dev_.d2h.get()));
+    CUDA_CHECK(cudaEventRecord(slab_done_[r].get(), dev_.d2h.get()));
+    track_.push([this, u, r, b, e, first, with_sum] {
+      CUDA_CHECK(cudaEventSynchronize(slab_done_[r].get()));
+      const float* g = slabs_[r].as<float>();
+      if (fold_) {
+        fold_(u, b, e, g, with_sum ? sums_.as<double>() + r : nullptr);
+        track_.update([&] { slab_free_[r] = 1; });
+        return;
+      }
+      float* dst = st_.units()[u].grad.p + b;
+      auto span = dev_.tracer.host_begin("land", static_cast<int>(u) - 1);
+      parallel_for(e - b, 1 << 16, [&](int64_t lo, int64_t hi) {
+        if (first)
+          std::memcpy(dst + lo, g + lo, static_cast<size_t>(hi - lo) * 4);
+        else
+          for (int64_t i = lo; i < hi; ++i) dst[i] += g[i];
+      });
+      dev_.tracer.host_end(span);
+      track_.update([&] { slab_free_[r] = 1; });
     });
-    dev_.tracer.host_end(span);
-    track_.update([&] { slab_free_[r] = 1; });
-  });
+  }
+  dev_.tracer.gpu_end(span, dev_.d2h.get());
 }
 
 void GradientSink::queue_norms(double* norms, Scratch sc) {

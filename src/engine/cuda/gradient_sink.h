@@ -13,6 +13,25 @@
 // unit's whole step gradient to the fold hook (the optimizer) instead of
 // adding it to a host arena; only a host embedding keeps its arena (its rows
 // are scattered into it), folded once the backward is done.
+// The slabs hold the largest layer (engine/device_plan.h
+// gradient_landing_slab_elems), not the largest unit: a larger unit (the LM
+// head, a tied embedding) lands in slab-sized pieces, in order, each added
+// (host) or handed to the fold hook (fold) as it lands. The fold clips a unit
+// by its sum of squares before its first element updates, so for a unit in
+// pieces the d2h stream first sums the whole device gradient in
+// rt::sum_squares's order (cuda_ops.h sum_squares_ordered: the CPU's double,
+// bit for bit) and copies it beside the first piece.
+// Stream order of one landing (land()): the compute stream records
+// grad_made_ once the unit's gradient is complete; d2h waits for it, then per
+// piece: [fold, split unit, first piece: the device sum -> sums_[r]] the
+// piece -> slab r, slab_done_[r]. Slab r is claimed on the host (slab_free_[r]
+// = 0) before anything is queued into it, and freed by the worker only after
+// it synchronised slab_done_[r] and consumed the piece (and sums_[r]), so a
+// slab or its double is never rewritten before its copy landed and its
+// consumer finished. The device sum's block sums (sum_dev_) are used on d2h
+// only, one unit after another: stream order keeps them apart. The source
+// buffer is rewritten only after d2h passes the event the caller records
+// behind land() (layer_grad_out_, unit_grad_out_), i.e. after every piece.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -44,14 +63,20 @@ class GradientSink {
   // stays zero); empty: numel.
   GradientSink(HostState& st, EngineDevice& dev, UpdateTracker& track, bool host_grads, bool host_embed,
                const std::vector<int64_t>& dev_numel = {});
-  // The pinned slabs (host mode) or ring (device mode): made after the rest of
-  // the device plan, like the engine always did.
-  void make_landing(uint64_t landing_chunk_bytes);
+  // The pinned slabs (host mode) or ring (device mode), sized by o
+  // (landing_slab_bytes, landing_chunk_bytes, muon; engine/device_plan.h),
+  // and fold's device sums: made after the rest of the device plan, like the
+  // engine always did; set_fold before.
+  void make_landing(const CudaOptions& o);
   bool on_host() const { return host_; }
-  // Fold mode: fold(u, g) runs on the worker for unit u's whole step gradient
-  // g (numel floats), in the order the units land (engine/fold_clip.h's
-  // fold_order). Null: host mode adds into the host arenas.
-  using FoldFn = std::function<void(size_t u, const float* g)>;
+  // Fold mode: fold(u, b, e, g, sumsq) runs on the worker for elements [b, e)
+  // of unit u's step gradient (g[0] is element b), the pieces of a unit in
+  // order and the units in the order they land (engine/fold_clip.h's
+  // fold_order). A unit landing whole comes as one piece [0, numel) with
+  // sumsq null (the fold sums it on the CPU); a unit in pieces has its
+  // device sum of squares (rt::sum_squares's double) in *sumsq with its first
+  // piece, null with the others. Null hook: host mode adds into the host arenas.
+  using FoldFn = std::function<void(size_t u, int64_t b, int64_t e, const float* g, const double* sumsq)>;
   void set_fold(FoldFn fold) { fold_ = std::move(fold); }
   bool folding() const { return static_cast<bool>(fold_); }
 
@@ -100,10 +125,13 @@ class GradientSink {
   DevBuf<float> layer_grad_[2];  // host mode: layers alternate between two buffers
   Event layer_grad_out_[2], unit_grad_out_, grad_made_;
   bool layer_grad_pending_[2] = {false, false};
-  std::vector<PinnedBuf> slabs_;  // host mode: landing slabs of the largest unit
+  std::vector<PinnedBuf> slabs_;  // host mode: landing slabs of slab_elems_ floats
   std::vector<Event> slab_done_;
   std::vector<int> slab_free_;  // guarded by the tracker's mutex
   int64_t landing_counter_ = 0;
+  int64_t slab_elems_ = 0;
+  PinnedBuf sums_;          // fold, units in pieces: a double per slab (a unit's sum of squares, with its first piece)
+  DevBuf<double> sum_dev_;  // ... its block sums, then the sum (d2h stream only)
   std::vector<PinnedBuf> ring_;  // device mode: the optimizer's landing chunks
   std::vector<Event> ring_done_;
   int64_t chunk_elems_ = 0;

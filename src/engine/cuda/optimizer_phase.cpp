@@ -53,33 +53,45 @@ void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version)
   });
 }
 
-void OptimizerPhase::fold(size_t u, const float* g) {
-  RT_CHECK(fold_next_ < fold_order_.size() && fold_order_[fold_next_] == u, "[engine] unit ", u,
-           " landed out of the fold order");
-  const bool last = ++fold_next_ == fold_order_.size();
-  const auto t0 = std::chrono::steady_clock::now();
+void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const double* sumsq) {
   StateUnit& un = st_.units()[u];
+  const auto t0 = std::chrono::steady_clock::now();
   auto span = dev_.tracer.host_begin("fold", static_cast<int>(u) - 1);
-  const double sq = rt::sum_squares(g, un.numel);  // the CPU sum (as host mode), not cuda::sum_squares
-  const float coef = fold_clip_.next(sq);
-  track_.update([&] {  // the step's norm is known before its last update is done
-    fold_sq_[u] = sq;
-    ++folded_;
-  });
   StateTier* tier = fold_apply_ ? st_.tier() : nullptr;  // --state-dir: u's state in, the next one's read ahead
-  if (tier) {
-    if (!last) tier->prefetch(fold_order_[fold_next_]);
-    tier->acquire(u);
+  if (b == 0) {  // the unit's first piece (or the whole unit): its clip coefficient, before any element updates
+    RT_CHECK(fold_next_ < fold_order_.size() && fold_order_[fold_next_] == u, "[engine] unit ", u,
+             " landed out of the fold order");
+    RT_CHECK(sumsq || e == un.numel, "[engine] internal: unit ", un.name,
+             " lands in pieces without its sum of squares");
+    ++fold_next_;
+    // the CPU sum (as host mode), or for a unit in pieces the device's in the same order: the same double
+    const double sq = sumsq ? *sumsq : rt::sum_squares(g, un.numel);
+    fold_unit_sq_ = sq;
+    fold_coef_ = fold_clip_.next(sq);
+    track_.update([&] {  // the step's norm is known before its last update is done
+      fold_sq_[u] = sq;
+      ++folded_;
+    });
+    if (tier) {
+      if (fold_next_ < fold_order_.size()) tier->prefetch(fold_order_[fold_next_]);
+      tier->acquire(u);
+    }
+  } else {
+    RT_CHECK(fold_next_ > 0 && fold_order_[fold_next_ - 1] == u && b == fold_at_, "[engine] internal: unit ", un.name,
+             " piece [", b, ", ", e, ") landed out of order");
   }
-  if (fold_apply_ && std::isfinite(sq)) {
-    update_unit(un, g, fold_o_, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
-    fold_params_ += un.numel;
+  fold_at_ = e;
+  if (fold_apply_ && std::isfinite(fold_unit_sq_)) {
+    update_unit_range(un, b, e, g, fold_o_, fold_coef_, weights_.shadow(0, u));  // in place (no delayed mode here)
+    fold_params_ += e - b;
   }
-  if (tier) tier->release(u, std::isfinite(sq));
+  const bool unit_done = e == un.numel;
+  if (tier && unit_done) tier->release(u, std::isfinite(fold_unit_sq_));
   dev_.tracer.host_end(span);
   fold_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!unit_done) return;
   track_.mark_updated(u, fold_version_);
-  if (last)
+  if (fold_next_ == fold_order_.size())
     track_.update([&] {
       seconds_ = fold_seconds_;
       params_ = fold_params_;

@@ -9,9 +9,14 @@
 // Delayed update: step t writes shadow t % 2 (a skipped step copies the
 // other shadow, so it still holds the current weights).
 // Fold mode (--grads fold, engine/fold_clip.h): no phase after the backward;
-// the sink hands each unit's whole gradient to fold() on the worker as it
-// lands, which clips it by the partial norm, updates the unit in place and
-// marks it updated.
+// the sink hands each unit's gradient to fold() on the worker as it lands,
+// which clips it by the partial norm, updates the unit in place and marks it
+// updated. A unit larger than the sink's slabs (the LM head) comes in pieces,
+// with its sum of squares from the device (rt::sum_squares's double) on the
+// first: its clip coefficient is known before any piece updates, and each
+// piece updates as it lands (update_unit_range: any split gives update_unit's
+// bits); --state-dir pages its state in before its first piece and writes it
+// back after its last.
 // Muon (--optimizer muon | muon8bit): host or fold gradients only (whole
 // units; device_plan.cpp refuses --grads device); each unit's update runs
 // as AdamW's does, with the engine's GPU orthogonaliser (muon_gpu.h) in the
@@ -50,8 +55,9 @@ class OptimizerPhase {
   // apply = false: no unit is updated (its loss is not finite); version: the
   // update count the units reach.
   void begin_fold(const OptimStep& o, bool apply, int64_t version);
-  // Worker: unit u's whole step gradient g (GradientSink::FoldFn).
-  void fold(size_t u, const float* g);
+  // Worker: elements [b, e) of unit u's step gradient, g[0] element b
+  // (GradientSink::FoldFn: sumsq with a split unit's first piece).
+  void fold(size_t u, int64_t b, int64_t e, const float* g, const double* sumsq);
   // Compute thread: waits until every unit has folded; each unit's sum of
   // squares (non-finite where its update was skipped) and whether all were
   // finite and applied.
@@ -91,6 +97,10 @@ class OptimizerPhase {
   FoldClip fold_clip_{0};
   std::vector<size_t> fold_order_;
   size_t fold_next_ = 0;
+  // the unit being folded: where its next piece starts, its sum of squares and coefficient
+  int64_t fold_at_ = 0;
+  double fold_unit_sq_ = 0;
+  float fold_coef_ = 1;
   double fold_seconds_ = 0;
   int64_t fold_params_ = 0;
   std::vector<double> fold_sq_;  // guarded by the tracker's mutex

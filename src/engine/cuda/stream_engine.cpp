@@ -109,7 +109,10 @@ StreamEngine::StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOption
     for (size_t u = 0; u < units.size(); ++u)
       grad_numel[u] = std::max(grad_numel[u], dp_.shard->stride(u) * dp_.grads->world());
   grads_ = std::make_unique<GradientSink>(st_, dev_, track_, place_.host_grads, place_.host_embed, grad_numel);
-  if (place_.fold) grads_->set_fold([this](size_t u, const float* g) { optimizer_->fold(u, g); });
+  if (place_.fold)
+    grads_->set_fold([this](size_t u, int64_t b, int64_t e, const float* g, const double* sumsq) {
+      optimizer_->fold(u, b, e, g, sumsq);
+    });
   K_ = place_.sets();
   ckpt_ = std::make_unique<CheckpointStore>(dev_, L, N_ * s_.hidden, place_.host_ckpt, K_);
   hf_ = DevBuf<bf16>(dev_.alloc, N_ * s_.hidden, "final hidden states");
@@ -161,7 +164,7 @@ StreamEngine::StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOption
       dev_.alloc.budget() - std::min(dev_.alloc.budget(), dev_.alloc.used() + dev_.alloc.budget() / 64);
   dm_ = BlockDims{B_, T_, plan_mlp_chunk_tokens(s_, B_, T_, opt_, left)};
   bscratch_ = std::make_unique<BlockScratch<CudaOps>>(*ops_, s_, dm_);
-  grads_->make_landing(opt_.landing_chunk_bytes);
+  grads_->make_landing(opt_);
   optimizer_ = std::make_unique<OptimizerPhase>(st_, dev_, track_, *weights_, *grads_, muon_.get(), dp_);
   // Last: the block activations, the shared set and those of the last K
   // layers, which stay from forward to backward (their recompute is
