@@ -106,11 +106,13 @@ bool has(const std::string& s, const char* what) { return s.find(what) != std::s
 
 // The class of a kernel by its demangled name; order matters (first match).
 const char* classify(const std::string& n) {
-  if (has(n, "quantize")) return "fp8 quantize";
+  if (has(n, "quantize") || has(n, "tensor_amax") || has(n, "tensor_codes")) return "fp8 quantize";
   if (has(n, "gemm") || has(n, "Gemm") || has(n, "xmma") || has(n, "cutlass") || has(n, "nvjet") ||
       has(n, "sm90_") || has(n, "sm80_") || has(n, "cublas"))
     return "GEMM (cuBLAS/cuBLASLt)";
-  if (has(n, "attention") || has(n, "flash") || has(n, "attn") || has(n, "sink_grad")) return "attention";
+  if (has(n, "attention") || has(n, "flash") || has(n, "attn") || has(n, "sink_grad") || has(n, "cuda::sm90::") ||
+      has(n, "masked_forward") || has(n, "masked_dq") || has(n, "masked_dkdv"))
+    return "attention";  // cuda::sm90:: is the wgmma attention's namespace (attention_sm90.cu)
   if (has(n, "rms_norm") || has(n, "layer_norm")) return "norms";
   if (has(n, "rope")) return "RoPE";
   if (has(n, "swiglu") || has(n, "geglu") || has(n, "gelu") || has(n, "silu")) return "SwiGLU/GeGLU";

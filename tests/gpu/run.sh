@@ -397,12 +397,13 @@ fi
 
 if has families; then
   # Issue 33's real sizes: random-init presets trained a few steps on random ids (< 65535, a uint16 token file),
-  # tokens/s and host B/param from the run's own lines. FAM_PRESETS picks them; FAM_OPTS the mode (lean by default).
+  # tokens/s and host B/param from the run's own lines. FAM_PRESETS picks them; FAM_OPTS the mode (lean by default;
+  # --layer-major on because auto stays off for tied embeddings such as Gemma's, and fold needs it at --grad-accum 2).
   python3 -c "import array, random; r = random.Random(0); array.array('H', (r.randrange(65535) for _ in range(4_000_000))).tofile(open('$tmp/fam_ids.bin', 'wb'))"
   for p in ${FAM_PRESETS:-gpt-oss-20b gemma-3-4b phi-4}; do
     run "family_$p" 400 "$bin/ramtrain" train --preset "$p" --init random --data "$tmp/fam_ids.bin" --seq-len 2048 \
       --micro-batch ${FAM_MB:-8} --grad-accum ${FAM_ACCUM:-2} --steps ${FAM_STEPS:-3} --eval-every 0 --val-fraction 0.01 \
-      --device cuda --export-dtype none --out "$tmp/fam_$p" ${FAM_OPTS:---optimizer adamw4bit --master bf16-sr --grads fold}
+      --device cuda --export-dtype none --out "$tmp/fam_$p" ${FAM_OPTS:---optimizer adamw4bit --master bf16-sr --grads fold --layer-major on}
   done
 fi
 
