@@ -69,6 +69,11 @@ class Backend {
   // --state-dir), so that their optimizer state may live in a file between
   // updates: the CPU backend and the single-GPU CUDA engine.
   virtual bool pages_state() const { return false; }
+  // Whether it may page the weights too (TierOptions::page_weights): it
+  // computes on a copy of its own, refreshed from each unit right after its
+  // update while the unit is paged in. The CPU backend (its fp32 compute
+  // copy); not yet the CUDA engine (device-resident layers not built).
+  virtual bool pages_weights() const { return false; }
   // -1: the trainer stops on its own signal flag. 0 or 1: a data-parallel
   // GPU rank's decision, the same on every rank after each step (any rank
   // signalled before that step's totals were reduced: GpuDataParallel::stop),

@@ -123,7 +123,8 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   if (!opt_.state_dir.empty()) {  // after the backend: it converts the master and allocates the gradients first
     RT_CHECK(backend_->pages_state(), "[train] --state-dir: this backend (", backend_->describe(),
              ") keeps its optimizer state in RAM (data-parallel runs shard it instead); drop --state-dir");
-    tier_ = std::make_unique<StateTier>(state_, TierOptions{opt_.state_dir, opt_.max_host_memory, "[train]"});
+    tier_ = std::make_unique<StateTier>(
+        state_, TierOptions{opt_.state_dir, opt_.max_host_memory, "[train]", backend_->pages_weights()});
     std::printf("%s\n", tier_->describe().c_str());
   }
   inject_nan_ = inject_nan_parse();
