@@ -149,7 +149,7 @@ class CpuBackend final : public Backend {
     state_.ensure_grads();
   }
   bool pages_state() const override { return true; }
-  bool pages_weights() const override { return true; }
+  std::string weight_paging_refusal() const override { return ""; }  // compute_weights(): its own fp32 copy
   EngineStats stats() const override {
     EngineStats s;
     s.moe_tokens_per_expert = moe_tokens_;

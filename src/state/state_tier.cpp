@@ -223,8 +223,8 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
          mega(plan_.min_bytes), "M or more",
          o.page_weights || o.max_host_bytes == 0
              ? std::string()
-             : cat(" (this engine keeps the weights in RAM: the CUDA engine does not page them yet, its "
-                   "device-resident layers are not built; the CPU backend does, from ",
+             : cat(" (the weights stay in RAM: ", o.weights_stay.empty() ? "this engine keeps them" : o.weights_stay,
+                   "; paging them too, the tier would need ",
                    mib(tier_place(tier_unit_bytes(s), o.max_host_bytes, true).min_bytes), ")"));
   path_ = path_join(o.dir, "ramtrain-state.bin");
   file_ = DirectFile(path_, plan_.file_bytes, w, "--state-dir");  // reserved: a full disk fails here, nothing moved

@@ -84,9 +84,10 @@ struct TierOptions {
   std::string where = "[train]";
   // The engine can compute without the host weights (it keeps a copy of its
   // own, refreshed from each unit right after its update): the tier may page
-  // them (tier_place's page_weights). The CPU backend: yes; the CUDA engine:
-  // not yet (its device-resident layers are not built), so it is refused.
+  // them (tier_place's page_weights). Else weights_stay says why not (and the
+  // fix), quoted when the budget is below the minimum with them in RAM.
   bool page_weights = false;
+  std::string weights_stay = std::string();
 };
 
 class StateTier {

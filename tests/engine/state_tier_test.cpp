@@ -238,16 +238,17 @@ TEST(StateTier, ClearErrors) {
       },
       {"--max-host-memory", "three units in flight",
        std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more"});
-  // an engine that keeps the weights in RAM (the CUDA engine) below that minimum: refused, naming it and the
-  // CPU backend's minimum with the weights paged; below that one too, an engine that pages them is refused
+  // an engine that keeps the weights in RAM below that minimum: refused, naming it, the engine's reason and the
+  // minimum with the weights paged; below that one too, an engine that pages them is refused
   const rt::TierPlan pw = rt::tier_place(rt::tier_unit_bytes(st), p.min_bytes - 1, true);
   ASSERT_TRUE(pw.weights_paged);
   rt::test::expect_error(
       [&] {
-        rt::StateTier t(st, {tmp.path(), p.min_bytes - 1, "[train]", false});
+        rt::StateTier t(st, {tmp.path(), p.min_bytes - 1, "[train]", false, "an engine's reason"});
       },
       {"--max-host-memory", std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more",
-       "the CUDA engine does not page them yet"});
+       "the weights stay in RAM: an engine's reason", "paging them too, the tier would need " +
+       std::to_string((pw.min_bytes + (1 << 20) - 1) >> 20) + " MiB"});
   rt::test::expect_error(
       [&] {
         rt::StateTier t(st, {tmp.path(), pw.min_bytes - 1, "[train]", true});

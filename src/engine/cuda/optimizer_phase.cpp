@@ -23,6 +23,7 @@ void OptimizerPhase::run_host(const OptimStep& step_o, float coef, bool apply, i
       auto span = dev_.tracer.host_begin(units[u].muon ? "muon" : "adamw", static_cast<int>(u) - 1);
       update_unit(units[u], units[u].grad.p, o, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
       dev_.tracer.host_end(span);
+      weights_.upload_paged(u);  // paged weights: to the device while u is paged in (before the tier releases it)
       n_params += units[u].numel;
     }
     track_.mark_updated(u, step);
@@ -73,6 +74,7 @@ void OptimizerPhase::fold(size_t u, const float* g) {
   }
   if (fold_apply_ && std::isfinite(sq)) {
     update_unit(un, g, fold_o_, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
+    weights_.upload_paged(u);  // paged weights: to the device before the tier releases u
     fold_params_ += un.numel;
   }
   if (tier) tier->release(u, std::isfinite(sq));
@@ -198,6 +200,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
                   static_cast<size_t>(ch.e - ch.b) * 2);
     }
     if (c + kRing < chunks.size()) issue(c + kRing);
+    if (apply && ch.e == un.numel) weights_.upload_paged(ch.u);  // paged weights: before the tier releases u
     if (tier && ch.e == un.numel) tier->release(ch.u, true);
     if (ch.e == un.numel && weights_.split()) un.cur_shadow = shadow;  // also after a skipped step
     if (ch.e < un.numel)
