@@ -335,13 +335,15 @@ class CpuBackend final : public Backend {
       compute_.resize(units.size());
       uint64_t bytes = 0;
       for (size_t k = 0; k < units.size(); ++k) {
-        compute_[k] = HostBuffer(static_cast<size_t>(units[k].numel), cat("the cpu backend's fp32 copy of ",
-                                                                           units[k].name, " (--state-dir pages the weights)"));
+        compute_[k] =
+            HostBuffer(static_cast<size_t>(units[k].numel),
+                       cat("the cpu backend's fp32 copy of ", units[k].name, " (--state-dir pages the weights)"));
         bytes += static_cast<uint64_t>(units[k].numel) * 4;
       }
       std::vector<size_t> all(units.size());
       for (size_t k = 0; k < all.size(); ++k) all[k] = k;
-      state_.tier()->for_each(all, [&](size_t k) { refresh_compute_copy(k); }, false);
+      state_.tier()->for_each(
+          all, [&](size_t k) { refresh_compute_copy(k); }, false);
       std::printf(
           "cpu backend: the weights page (--state-dir): the forward and backward read an fp32 copy of every unit "
           "(%.1f MiB, outside --max-host-memory: the twin of the device-resident weights), refreshed from each unit "

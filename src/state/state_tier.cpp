@@ -160,7 +160,7 @@ std::vector<TierUnitBytes> tier_unit_bytes_planned(const ModelSpec& spec, Master
     const uint64_t un = static_cast<uint64_t>(n);
     if (master == MasterStorage::fp32) {
       b.resident += 4 * un + static_cast<uint64_t>(shadows) * 2 * un;  // the engine's own shadows: n uint16
-      b.weights = 4 * un;                                               // the master (the engine's shadows stay)
+      b.weights = 4 * un;                                              // the master (the engine's shadows stay)
       b.weights_paged = rnd(n);
     } else {
       b.resident += b.weights = static_cast<uint64_t>(shadows) * 4 * static_cast<uint64_t>((n + 1) / 2);
@@ -189,7 +189,8 @@ std::vector<TierUnitBytes> tier_unit_bytes(const HostState& s) {
     for (auto& [get, floats] : state_buffers(u)) b.paged += direct_round(static_cast<uint64_t>(floats) * 4);
     if (!u.weights_only) {  // the weights' buffers, as allocated (the fp32 master: the arena less its moments)
       b.weights = 4 * static_cast<uint64_t>(u.shadow_master() ? u.shadow_buf[0].n + u.shadow_buf[1].n : arena);
-      for (auto& [get, floats] : state_buffers(u, true)) b.weights_paged += direct_round(static_cast<uint64_t>(floats) * 4);
+      for (auto& [get, floats] : state_buffers(u, true))
+        b.weights_paged += direct_round(static_cast<uint64_t>(floats) * 4);
       b.weights_paged -= b.paged;
     }
     out.push_back(b);
@@ -213,7 +214,8 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
   const auto mega = [](uint64_t b) { return (b + (1 << 20) - 1) >> 20; };
   if (!plan_.fits && plan_.weights_paged)
     fail(w, " --max-host-memory ", mib(o.max_host_bytes), " is below the ", mib(plan_.min_bytes),
-         " the state tier needs with the weights paged too: ", mib(plan_.resident), " of gradients stay in RAM, plus the ",
+         " the state tier needs with the weights paged too: ", mib(plan_.resident),
+         " of gradients stay in RAM, plus the ",
          "weights and optimizer state of the three units in flight (read ahead, updating, writing back); give ",
          "--max-host-memory ", mega(plan_.min_bytes), "M or more");
   if (!plan_.fits)
@@ -284,9 +286,9 @@ std::string StateTier::describe() const {
              " of ", n, " of ", plan_.paged.size(), " units (", mib(plan_.file_bytes),
              plan_.weights_paged ? cat(", the weights ", mib(plan_.weight_file_bytes)) : std::string(),
              ") lives there, read and written once a step (", mib(plan_.traffic_per_step()), " of traffic); RAM holds ",
-             mib(plan_.ram()), " = ", plan_.weights_paged ? "gradients " : "weights and gradients ", mib(plan_.resident),
-             " + the state kept in RAM ", mib(plan_.kept), " + 3 units in flight ", mib(plan_.slots), "; ",
-             file_.direct() ? "O_DIRECT" : file_.note(),
+             mib(plan_.ram()), " = ", plan_.weights_paged ? "gradients " : "weights and gradients ",
+             mib(plan_.resident), " + the state kept in RAM ", mib(plan_.kept), " + 3 units in flight ",
+             mib(plan_.slots), "; ", file_.direct() ? "O_DIRECT" : file_.note(),
              stats_.first_write_s > 0 && plan_.file_bytes >= (uint64_t(64) << 20)
                  ? cat("; written at start at ", static_cast<double>(plan_.file_bytes) / stats_.first_write_s / 1e9,
                        " GB/s (plan --ssd-gbs)")

@@ -190,29 +190,29 @@ TEST(StateTier, BitIdenticalToAllInRam) {
 TEST(StateTier, ResumeFromATieredCheckpointIsExact) {
   for (const Mode& m : {modes()[0], modes()[1], modes()[4], modes()[6]}) {
     for (bool weights : {false, true}) {
-    SCOPED_TRACE(rt::cat(m.name, weights ? ", weights paged" : ""));
-    rt::test::TempDir tmp;
-    const int64_t budget = weights ? weights_budget(m) : 0;
-    const TierRun ref = train(m, "", -1, tmp.file("ram"));
-    const TierRun tier = train(m, tmp.path(), budget, tmp.file("tier"));
-    EXPECT_EQ(tier.plan.weights_paged, weights);
-    // resume the tiered run's step-kSave checkpoint, tiered again
-    rt::HostState st(small_byte_spec(), true, m.moments, m.master, m.rule);
-    rt::checkpoint_load_state(tier.ckpt, st);
-    rt::Dataset data = shakespeare(32, 3);
-    rt::TrainOptions o = opts(m, kSteps);
-    o.state_dir = tmp.path();
-    o.max_host_memory = static_cast<uint64_t>(budget);
-    o.out_dir = tmp.file("resumed");
-    rt::Trainer tr(st, data, o);
-    EXPECT_EQ(tr.state_tier()->plan().weights_paged, weights);
-    tr.restore(rt::checkpoint_read_trainer(tier.ckpt));
-    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + kSave);
-    for (int i = kSave; i < kSteps; ++i) losses.push_back(tr.step().loss);
-    tr.save_checkpoint(false);
-    tr.state_tier()->page_in_all();
-    EXPECT_EQ(losses, ref.losses);
-    EXPECT_TRUE(rt::test::state_bytes(st, false) == ref.state);
+      SCOPED_TRACE(rt::cat(m.name, weights ? ", weights paged" : ""));
+      rt::test::TempDir tmp;
+      const int64_t budget = weights ? weights_budget(m) : 0;
+      const TierRun ref = train(m, "", -1, tmp.file("ram"));
+      const TierRun tier = train(m, tmp.path(), budget, tmp.file("tier"));
+      EXPECT_EQ(tier.plan.weights_paged, weights);
+      // resume the tiered run's step-kSave checkpoint, tiered again
+      rt::HostState st(small_byte_spec(), true, m.moments, m.master, m.rule);
+      rt::checkpoint_load_state(tier.ckpt, st);
+      rt::Dataset data = shakespeare(32, 3);
+      rt::TrainOptions o = opts(m, kSteps);
+      o.state_dir = tmp.path();
+      o.max_host_memory = static_cast<uint64_t>(budget);
+      o.out_dir = tmp.file("resumed");
+      rt::Trainer tr(st, data, o);
+      EXPECT_EQ(tr.state_tier()->plan().weights_paged, weights);
+      tr.restore(rt::checkpoint_read_trainer(tier.ckpt));
+      std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + kSave);
+      for (int i = kSave; i < kSteps; ++i) losses.push_back(tr.step().loss);
+      tr.save_checkpoint(false);
+      tr.state_tier()->page_in_all();
+      EXPECT_EQ(losses, ref.losses);
+      EXPECT_TRUE(rt::test::state_bytes(st, false) == ref.state);
     }
   }
 }
@@ -247,8 +247,8 @@ TEST(StateTier, ClearErrors) {
         rt::StateTier t(st, {tmp.path(), p.min_bytes - 1, "[train]", false, "an engine's reason"});
       },
       {"--max-host-memory", std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more",
-       "the weights stay in RAM: an engine's reason", "paging them too, the tier would need " +
-       std::to_string((pw.min_bytes + (1 << 20) - 1) >> 20) + " MiB"});
+       "the weights stay in RAM: an engine's reason",
+       "paging them too, the tier would need " + std::to_string((pw.min_bytes + (1 << 20) - 1) >> 20) + " MiB"});
   rt::test::expect_error(
       [&] {
         rt::StateTier t(st, {tmp.path(), pw.min_bytes - 1, "[train]", true});

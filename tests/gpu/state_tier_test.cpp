@@ -144,9 +144,9 @@ TEST(CudaStateTier, StreamingWeightsAreRefused) {
   const std::vector<rt::TierUnitBytes> b = rt::tier_unit_bytes(st);
   const rt::TierPlan all = rt::tier_place(b, 0);
   rt::test::TempDir tmp;
-  rt::test::expect_error([&] { rt::make_state_tier(st, *gpu, tmp.path(), all.min_bytes - 1); },
-                         {"--max-host-memory", std::to_string((all.min_bytes + (1 << 20) - 1) >> 20) + "M or more",
-                          "--resident"});
+  rt::test::expect_error(
+      [&] { rt::make_state_tier(st, *gpu, tmp.path(), all.min_bytes - 1); },
+      {"--max-host-memory", std::to_string((all.min_bytes + (1 << 20) - 1) >> 20) + "M or more", "--resident"});
 }
 
 }  // namespace

@@ -110,7 +110,8 @@ TEST(StateTierLayout, AttachedTierFollowsItsPlan) {
       ASSERT_TRUE(want.fits);
       ASSERT_TRUE(want.weights_paged);
       EXPECT_EQ(want.min_bytes_resident_weights, all.min_bytes);
-      EXPECT_EQ(want.n_paged(), budget == wmin ? static_cast<int>(planned.size()) : static_cast<int>(planned.size()) - 1);
+      EXPECT_EQ(want.n_paged(),
+                budget == wmin ? static_cast<int>(planned.size()) : static_cast<int>(planned.size()) - 1);
       rt::HostState st(s, c.grads, c.moments, c.master, c.rule);
       st.init_random(3);
       const std::vector<uint8_t> before = rt::test::state_bytes(st, false);
@@ -125,7 +126,8 @@ TEST(StateTierLayout, AttachedTierFollowsItsPlan) {
         if (!want.paged[u]) continue;
         wfile += planned[u].weights_paged;
         EXPECT_EQ(su.shadow_master() ? su.shadow_buf[0].p : su.arena.p, nullptr) << "unit " << u;
-        rt::test::expect_error([&] { (void)su.read_master(0, 1, nullptr); }, {"its weights are in the state tier's file"});
+        rt::test::expect_error([&] { (void)su.read_master(0, 1, nullptr); },
+                               {"its weights are in the state tier's file"});
       }
       EXPECT_EQ(want.resident, grads);  // RAM keeps the gradients only
       EXPECT_EQ(want.weight_file_bytes, wfile);
@@ -162,12 +164,12 @@ TEST(StateTierLayout, PlaceKeepsBudgetAndMinimum) {
   std::vector<rt::TierUnitBytes> w = {{102, 100, 100, 101}};
   for (int i = 0; i < 6; ++i) w.push_back({302, 300, 300, 301});
   w.push_back({52, 50, 50, 51});
-  const uint64_t min_resident = 102 + 6 * 302 + 52 + 900;  // every weight in RAM + three units' state
+  const uint64_t min_resident = 102 + 6 * 302 + 52 + 900;           // every weight in RAM + three units' state
   EXPECT_FALSE(rt::tier_place(w, min_resident - 1).weights_paged);  // an engine that does not page them
   EXPECT_FALSE(rt::tier_place(w, min_resident - 1).fits);
   EXPECT_FALSE(rt::tier_place(w, min_resident, true).weights_paged);  // fits with the weights in RAM
   EXPECT_FALSE(rt::tier_place(w, 0, true).weights_paged);             // 0: every unit's optimizer state, as before
-  const uint64_t min_paged = 16 + 3 * (300 + 301);  // the gradients + three units' weights and state
+  const uint64_t min_paged = 16 + 3 * (300 + 301);                    // the gradients + three units' weights and state
   const rt::TierPlan pw = rt::tier_place(w, min_paged + 100, true);
   EXPECT_TRUE(pw.weights_paged);
   EXPECT_TRUE(pw.fits);

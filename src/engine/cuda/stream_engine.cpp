@@ -333,8 +333,9 @@ void StreamEngine::weights_will_page() {
 void StreamEngine::weights_paged() {
   if (!weights_->paged()) {  // fp32 master: the master pages, the device loads the engine's own shadows
     if (opt_.verbose)
-      std::printf("cuda engine: the fp32 master pages with the optimizer state (--state-dir); the device loads the "
-                  "engine's own pinned bf16 shadows\n");
+      std::printf(
+          "cuda engine: the fp32 master pages with the optimizer state (--state-dir); the device loads the "
+          "engine's own pinned bf16 shadows\n");
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -165,8 +165,7 @@ void WeightSlots::zero_lm_head_padding(size_t u, bf16* dst, cudaStream_t stream)
   RT_CHECK(k == WeightKind::lm_head || k == WeightKind::embed,
            "[cuda] internal: the LM head is not the last tensor of ", un.name);
   RT_CHECK(un.offsets.back() + Vr * C <= dev_numel(u), "[cuda] internal: no room for the LM head's padding rows");
-  CUDA_CHECK(
-      cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2, stream));
+  CUDA_CHECK(cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2, stream));
 }
 
 void WeightSlots::ensure_head() {
@@ -204,17 +203,19 @@ std::string WeightSlots::paging_refusal() const {
     return "the CUDA engine pages a split or bf16 master only without --delayed-update (its two shadows: not built)";
   const int64_t L = st_.spec().n_layers;
   if (S_ < L)
-    return cat("the CUDA engine pages a split or bf16 master (the bf16 weights it loads) only with every layer in its "
-               "own device slot: add --resident (", (dev_numel(1) * 2 * L) >> 20, " MiB of layers on the device; if "
-               "the device plan does not fit then, a larger --max-gpu-memory or card). Reading the weights ahead of "
-               "the forward and backward from the file instead is not built");
+    return cat(
+        "the CUDA engine pages a split or bf16 master (the bf16 weights it loads) only with every layer in its "
+        "own device slot: add --resident (",
+        (dev_numel(1) * 2 * L) >> 20,
+        " MiB of layers on the device; if the device plan does not fit then, a larger --max-gpu-memory or card). "
+        "Reading the weights ahead of the forward and backward from the file instead is not built");
   return "";
 }
 
 void WeightSlots::page_weights() {
   const std::string why = paging_refusal();
   RT_CHECK(why.empty(), "[cuda] internal: the weights cannot page: ", why);
-  if (!split_) return;  // fp32 master: nothing the device loads leaves RAM
+  if (!split_) return;                  // fp32 master: nothing the device loads leaves RAM
   CUDA_CHECK(cudaDeviceSynchronize());  // no copy from a shadow in flight
   registered_.clear();                  // unpinned: the tier frees these buffers
   if (host_embed_) embed_copy_.resize(static_cast<size_t>(st_.units()[0].numel));
@@ -258,7 +259,8 @@ void WeightSlots::upload_all_paged() {
   std::vector<size_t> all(st_.units().size());
   std::iota(all.begin(), all.end(), size_t{0});
   if (StateTier* t = st_.tier())
-    t->for_each(all, [&](size_t u) { upload_paged(u); }, false);  // clean: nothing written back
+    t->for_each(
+        all, [&](size_t u) { upload_paged(u); }, false);  // clean: nothing written back
   else
     for (size_t u : all) upload_paged(u);
 }

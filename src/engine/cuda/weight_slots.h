@@ -124,10 +124,10 @@ class WeightSlots {
   std::vector<DevBuf<bf16>> slots_;
   std::vector<int64_t> slot_layer_, slot_version_;
   std::vector<Event> slot_loaded_, slot_free_;
-  bool paged_ = false;          // page_weights(): uploads come from the optimizer, loads only wait
-  bool host_embed_ = false;     // the embedding stays on the host (HostEmbedding)
+  bool paged_ = false;                // page_weights(): uploads come from the optimizer, loads only wait
+  bool host_embed_ = false;           // the embedding stays on the host (HostEmbedding)
   std::vector<uint16_t> embed_copy_;  // paged, host embedding: its bf16 table (the gathers' source)
-  Stream upload_;               // paged: the uploads' own stream (the compute thread's h2d work never waits on them)
+  Stream upload_;  // paged: the uploads' own stream (the compute thread's h2d work never waits on them)
   GpuDataParallel dp_;
   Event dp_slice_in_, dp_gathered_;
 };
