@@ -186,7 +186,7 @@ void WeightSlots::load_layer(int64_t i) {
 
 const bf16* WeightSlots::use_layer(int64_t i) {
   const int s = static_cast<int>(i % S_);
-  load_layer(i);  // no-op when prefetched
+  load_layer(i);                        // no-op when prefetched
   if (paged_) return slots_[s].data();  // its upload was done before the unit was marked updated
   CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), slot_loaded_[s].get(), 0));
   return slots_[s].data();
