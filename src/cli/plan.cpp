@@ -380,7 +380,8 @@ int cmd_plan(const Args& args) {
     for (size_t i = 0; i < 5; ++i) others -= host[i].bytes;
     tier_budget = p.has("max-host-memory") ? p.size_bytes("max-host-memory")
                                            : std::max<uint64_t>(host_usable > others ? host_usable - others : 0, 1);
-    tier = plan_run_tier(spec, storage, shadows, moments, rule, grad_bytes, tier_budget, p.number("ssd-gbs"));
+    tier = plan_run_tier(spec, storage, shadows, moments, rule, grad_bytes, tier_budget, p.number("ssd-gbs"),
+                         pl.slots >= spec.n_layers);
     host_total = others + tier.place.ram();
   }
   const bool host_fits = host_total <= host_usable && tier.fits;
@@ -546,6 +547,8 @@ int cmd_plan(const Args& args) {
            ",\"ssd_state_bytes\":" + std::to_string(tier.state_file) +
            ",\"ssd_weight_bytes\":" + std::to_string(tier.weights_file) +
            ",\"weights_paged\":" + (tier.weights_paged ? "true" : "false") +
+           ",\"device_resident\":" + (tier.device_resident ? "true" : "false") +
+           ",\"min_bytes_resident_weights\":" + std::to_string(tier.place.min_bytes_resident_weights) +
            ",\"units_paged\":" + std::to_string(tier.place.n_paged()) +
            ",\"units\":" + std::to_string(tier.place.paged.size()) +
            ",\"read_bytes_per_step\":" + std::to_string(tier.read_bytes) +
@@ -672,10 +675,16 @@ int cmd_plan(const Args& args) {
           p.number("ssd-gbs"), tier.ssd_s > sp.step_s ? "above" : "under", sp.step_s,
           tier.ssd_s > sp.step_s ? "the SSD binds: " : "the SSD does not bind: ",
           fmt("%.0f tokens/s", static_cast<double>(K * B * T) / std::max(sp.step_s, tier.ssd_s)).c_str());
-      if (tier.weights_paged)
+      if (tier.weights_paged && tier.device_resident)
         std::printf(
-            "  (weights on the SSD: read ahead of the forward, the backward and the update, written after it; "
-            "planned only: the engines page the optimizer state, not yet the weights)\n");
+            "  (weights on the SSD: every layer held on the device, so each paged unit's weights are read and "
+            "written once a step with its state, and sent to the device once, after its update)\n");
+      else if (tier.weights_paged)
+        std::printf(
+            "  (weights on the SSD: read ahead of the forward, the backward and the update, written after it; not "
+            "built: the engine refuses it, as it pages the weights only with every layer on the device "
+            "(--resident); or give --max-host-memory %s to keep them in RAM)\n",
+            fmt("%.0fG", static_cast<double>(tier.place.min_bytes_resident_weights) / GiB + 0.999).c_str());
     }
     std::printf(
         "checkpoint (--save-every, --out): %s on disk per save, %.3f B/param (the state as held: %s master, "

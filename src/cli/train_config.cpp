@@ -177,18 +177,23 @@ void train_options(ArgParser& p) {
          "the host, small LM-head chunks (with --micro-batch 1 a 7B model needs about 7 GiB)");
   p.option("trace", "FILE.json", "write a Chrome/Perfetto trace of the GPU streams and the CPU optimizer");
 
-  p.group("Host memory: the state tier below RAM (CPU backend so far; docs/architecture.md, State tier)");
+  p.group("Host memory: the state tier below RAM (docs/architecture.md, State tier)");
   p.option("state-dir", "PATH",
            "an existing directory on a local SSD that holds the optimizer state (Adam m, v or their codes; a split "
            "master's remainder; a Kahan compensation) of the units that do not fit under --max-host-memory, in "
            "one preallocated file, PATH/ramtrain-state.bin; each unit is read in ahead of its update and written "
-           "back after it, so RAM holds the weights, the gradients and three units in flight. Results are bit "
-           "for bit those of the all-in-RAM run. The file is live state, not a checkpoint: checkpoints still go to "
-           "--out, and a resume reads those");
+           "back after it, so RAM holds the weights, the gradients and three units in flight. When --max-host-memory "
+           "is below that minimum, the weights (the master) page too and RAM holds the gradients and three units "
+           "in flight: the CPU backend then computes on an fp32 copy of its own, the CUDA engine on every layer "
+           "held on the device (needs --resident with a split or bf16 master; not with --delayed-update), each "
+           "unit's weights uploaded once a step after its update (both outside --max-host-memory). "
+           "Results are bit for bit those of the all-in-RAM run. The file is live state, not a checkpoint: "
+           "checkpoints still go to --out, and a resume reads those");
   p.option("max-host-memory", "SIZE",
            "with --state-dir: host RAM the training state may take, e.g. 24G (weights, gradients, the units' "
-           "optimizer state kept in RAM and the three in flight; not activations or staging); too small a SIZE "
-           "is refused with the minimum. Default: page every unit's optimizer state")
+           "optimizer state kept in RAM and the three in flight; not activations or staging); below the minimum "
+           "with the weights in RAM, the weights page too; too small a SIZE is refused with the minimum. Default: "
+           "page every unit's optimizer state")
       .size();
 
   p.group("Data parallel (docs/multi_gpu.md)");

@@ -69,6 +69,18 @@ class Backend {
   // --state-dir), so that their optimizer state may live in a file between
   // updates: the CPU backend and the single-GPU CUDA engine.
   virtual bool pages_state() const { return false; }
+  // Whether it may page the weights too (TierOptions::page_weights): "" when
+  // it computes on a copy of its own, refreshed from each unit right after
+  // its update while the unit is paged in (the CPU backend's fp32 copy; the
+  // CUDA engine's device-resident layers, or its own pinned shadows with an
+  // fp32 master); else why not, and the fix (the tier's refusal quotes it).
+  virtual std::string weight_paging_refusal() const { return "this backend keeps the weights in RAM"; }
+  // The tier will page the weights: called before it moves anything (the
+  // CUDA engine unpins the state's shadows, whose buffers it will free), and
+  // once it has (the CUDA engine loads every unit's weights onto the device,
+  // each paged in, clean). make_state_tier (trainer.h) calls both.
+  virtual void weights_will_page() {}
+  virtual void weights_paged() {}
   // -1: the trainer stops on its own signal flag. 0 or 1: a data-parallel
   // GPU rank's decision, the same on every rank after each step (any rank
   // signalled before that step's totals were reduced: GpuDataParallel::stop),

@@ -149,6 +149,7 @@ class CpuBackend final : public Backend {
     state_.ensure_grads();
   }
   bool pages_state() const override { return true; }
+  std::string weight_paging_refusal() const override { return ""; }  // compute_weights(): its own fp32 copy
   EngineStats stats() const override {
     EngineStats s;
     s.moe_tokens_per_expert = moe_tokens_;
@@ -171,7 +172,7 @@ class CpuBackend final : public Backend {
   // first); the loss sum, *n_valid tokens. Layer-major when asked and K > 1.
   double accumulate_grads(const std::vector<Batch>& batches, float grad_scale, int64_t* n_valid) {
     state_.zero_grads();
-    ModelWeightsT<float> w = state_.weights();
+    ModelWeightsT<float> w = compute_weights();
     ModelGrads g = state_.grads();
     std::vector<std::vector<int32_t>> pos;
     std::vector<BatchView> views;
@@ -261,7 +262,10 @@ class CpuBackend final : public Backend {
       FoldClip clip(o.clip);
       for_each_unit_state(state_, fold_order(state_.spec().n_layers), [&](size_t k) {
         const float c = clip.next(unit_sq[k]);
-        if (apply && std::isfinite(unit_sq[k])) update_unit(units[k], units[k].grad.p, o, c, nullptr);
+        if (apply && std::isfinite(unit_sq[k])) {
+          update_unit(units[k], units[k].grad.p, o, c, nullptr);
+          refresh_compute_copy(k);
+        }
       });
       st.applied = apply && clip.all_finite();
       return st;
@@ -271,8 +275,10 @@ class CpuBackend final : public Backend {
     st.applied = ok;
     if (!delayed_) {
       if (ok)
-        for_each_unit_state(state_, update_order(units.size(), false),
-                            [&](size_t k) { update_unit(units[k], units[k].grad.p, o, coef, nullptr); });
+        for_each_unit_state(state_, update_order(units.size(), false), [&](size_t k) {
+          update_unit(units[k], units[k].grad.p, o, coef, nullptr);
+          refresh_compute_copy(k);
+        });
       return st;
     }
     // Delayed: the previous step's update goes in now (after this step's
@@ -293,7 +299,7 @@ class CpuBackend final : public Backend {
   double loss_sum(const Batch& b, int64_t* n_valid) override {
     std::vector<int32_t> pos = positions(b);
     return runner(b.B, b.T).forward_backward(
-        state_.weights(), nullptr,
+        compute_weights(), nullptr,
         BatchView{b.B, b.T, b.inputs.data(), b.targets.data(), pos.data(), batch_doc_start(b)}, 1.0f, n_valid);
   }
 
@@ -304,8 +310,52 @@ class CpuBackend final : public Backend {
     if (pending_.apply)
       for_each_unit_state(state_, update_order(units.size(), false), [&](size_t k) {
         update_unit(units[k], pending_.grads[k].data(), pending_.o, pending_.coef, nullptr);
+        refresh_compute_copy(k);
       });
     pending_.has = false;
+  }
+
+  // The weights the forward and backward read: the state's own (the fp32
+  // master, or a bf16 master's decoded copy, HostState::weights), or, when
+  // the state tier pages them (--state-dir), this backend's fp32 copy: the
+  // twin of the CUDA engine's device-resident layers. It is made on first use
+  // (each unit read in from the tier, clean) and refreshed from each unit
+  // right after its update, while the unit is paged in (refresh_compute_copy),
+  // so a step reads no weights from the tier. The same values as the state's
+  // own (a copy of the fp32 master, or the bf16 master decoded the same way):
+  // the run stays bit-identical to the all-in-RAM one.
+  ModelWeightsT<float> compute_weights() {
+    const StateTier* t = state_.tier();
+    if (!t || !t->plan().weights_paged) {
+      compute_.clear();
+      return state_.weights();
+    }
+    if (compute_.empty()) {
+      const auto& units = state_.units();
+      compute_.resize(units.size());
+      uint64_t bytes = 0;
+      for (size_t k = 0; k < units.size(); ++k) {
+        compute_[k] =
+            HostBuffer(static_cast<size_t>(units[k].numel),
+                       cat("the cpu backend's fp32 copy of ", units[k].name, " (--state-dir pages the weights)"));
+        bytes += static_cast<uint64_t>(units[k].numel) * 4;
+      }
+      std::vector<size_t> all(units.size());
+      for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+      state_.tier()->for_each(
+          all, [&](size_t k) { refresh_compute_copy(k); }, false);
+      std::printf(
+          "cpu backend: the weights page (--state-dir): the forward and backward read an fp32 copy of every unit "
+          "(%.1f MiB, outside --max-host-memory: the twin of the device-resident weights), refreshed from each unit "
+          "after its update\n",
+          bytes / double(1 << 20));
+    }
+    return state_.weights_in(compute_);
+  }
+  void refresh_compute_copy(size_t k) {
+    if (compute_.empty()) return;
+    const StateUnit& u = state_.units()[k];
+    u.read_master(0, u.numel, compute_[k].p);
   }
 
   HostState& state_;
@@ -325,6 +375,7 @@ class CpuBackend final : public Backend {
     float coef = 0;
     std::vector<std::vector<float>> grads;  // per unit, laid out like its arena
   } pending_;
+  std::vector<HostBuffer> compute_;  // compute_weights(): per unit, when the state tier pages the weights
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ModelRunner<CpuOps>>> runners_;
   std::map<std::array<int64_t, 3>, std::unique_ptr<LayerMajorRunner>> lm_runners_;  // (B, T, K)
 };

@@ -5,38 +5,35 @@
 namespace rt {
 
 RunTierPlan plan_run_tier(const ModelSpec& spec, MasterStorage master, int shadows, MomentStorage moments,
-                          UpdateRule rule, const std::vector<uint64_t>& grad_bytes, uint64_t budget, double ssd_gbs) {
+                          UpdateRule rule, const std::vector<uint64_t>& grad_bytes, uint64_t budget, double ssd_gbs,
+                          bool device_resident) {
   std::vector<TierUnitBytes> units = tier_unit_bytes_planned(spec, master, shadows, false, moments, rule);
   RT_CHECK(grad_bytes.size() == units.size(), "[plan] internal: ", grad_bytes.size(), " gradient sizes for ",
            units.size(), " units");
-  std::vector<uint64_t> weights(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
     if (master == MasterStorage::fp32) {  // the fp32 master (4 B of the resident) is the optimizer's only
       const uint64_t fp32 = 4 * (units[u].resident / (4 + 2 * static_cast<uint64_t>(shadows)));  // n (4 + 2 shadows)
       units[u].resident -= fp32;
       units[u].paged += direct_round(fp32);
+      units[u].weights = units[u].resident;  // the engine's bf16 shadows (n uint16 each)
+      units[u].weights_paged = static_cast<uint64_t>(shadows) * direct_round(fp32 / 2);
     }
-    weights[u] = units[u].resident;  // the bf16 shadows
     units[u].resident += grad_bytes[u];
   }
   RunTierPlan r;
-  r.place = tier_place(units, budget);
-  if (!r.place.fits) {  // the weights page too: RAM keeps the gradients and the units in flight
-    for (size_t u = 0; u < units.size(); ++u) {
-      units[u].resident -= weights[u];
-      units[u].paged += direct_round(weights[u]);
-    }
-    r.weights_paged = true;
-    r.place = tier_place(units, budget);
-  }
+  // the optimizer state first; when RAM cannot hold the shadows and gradients beside three units in flight,
+  // the weights page too (tier_place, as the engine places them)
+  r.place = tier_place(units, budget, true);
+  r.weights_paged = r.place.weights_paged;
   r.fits = r.place.fits;
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (!r.place.paged[u]) continue;
-    const uint64_t w = r.weights_paged ? direct_round(weights[u]) : 0;
-    r.weights_file += w;
-    r.state_file += units[u].paged - w;
-  }
-  r.read_bytes = r.state_file + 3 * r.weights_file;
+  r.weights_file = r.place.weight_file_bytes;
+  r.state_file = r.place.file_bytes - r.weights_file;
+  // device-resident weights (the engine's: every layer in its own slot) cross PCIe once a step, after their
+  // update; read once and written once like the state. Read ahead of the forward and backward (a card too
+  // small to hold them: planned, not built), three times.
+  const uint64_t weight_reads = device_resident ? 1 : 3;
+  r.device_resident = device_resident;
+  r.read_bytes = r.state_file + weight_reads * r.weights_file;
   r.write_bytes = r.state_file + r.weights_file;
   r.ssd_s = ssd_gbs > 0 ? static_cast<double>(r.read_bytes + r.write_bytes) / (ssd_gbs * 1e9) : 0;
   return r;

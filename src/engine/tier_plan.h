@@ -4,8 +4,11 @@
 // the SSD binds the step. The optimizer state pages first (tier_place, the
 // engine's own placement); when RAM cannot hold even the bf16 weights and the
 // gradients beside three units in flight, the weights page too. Weights on
-// the SSD are read ahead of the forward, the backward and the update (3
-// reads) and written once after it; optimizer state is read and written once.
+// the SSD held on the device (device_resident: every layer in its own slot,
+// the engine's way) are read and written once a step, with the state, and
+// cross PCIe once, after their update; on a card too small for them they
+// would be read ahead of the forward, the backward and the update (3 reads;
+// planned only: the engine refuses it); optimizer state is read and written once.
 // The I/O runs under the step (the next unit's read beside this unit's
 // compute), so a step takes max(the predicted step, SSD traffic / rate).
 #pragma once
@@ -19,6 +22,7 @@ namespace rt {
 struct RunTierPlan {
   TierPlan place;                            // per unit: paged or kept; RAM and file bytes
   bool weights_paged = false;                // the bf16 weights have a home on the SSD too
+  bool device_resident = false;              // ... and the device holds every layer (1 read a step, not 3)
   uint64_t state_file = 0;                   // the file's optimizer-state bytes
   uint64_t weights_file = 0;                 // the file's weight bytes (weights_paged)
   uint64_t read_bytes = 0, write_bytes = 0;  // SSD traffic per step
@@ -30,8 +34,10 @@ struct RunTierPlan {
 // storage's engine-owned ones or a shadow master's), the optimizer state of
 // `moments` and `rule` (an fp32 master, read only by the optimizer, pages
 // with it), grad_bytes[u] of host gradients per unit (resident). budget: the
-// RAM the state may take.
+// RAM the state may take. device_resident: the plan holds every layer on the
+// device (--resident), the only way the CUDA engine pages the weights.
 RunTierPlan plan_run_tier(const ModelSpec& spec, MasterStorage master, int shadows, MomentStorage moments,
-                          UpdateRule rule, const std::vector<uint64_t>& grad_bytes, uint64_t budget, double ssd_gbs);
+                          UpdateRule rule, const std::vector<uint64_t>& grad_bytes, uint64_t budget, double ssd_gbs,
+                          bool device_resident = false);
 
 }  // namespace rt

@@ -110,6 +110,18 @@ void reset_stop_request() {
   g_stop_signal.store(0);
 }
 
+std::unique_ptr<StateTier> make_state_tier(HostState& s, Backend& b, const std::string& dir, uint64_t max_host_bytes) {
+  const std::string why = b.weight_paging_refusal();
+  const TierOptions o{dir, max_host_bytes, "[train]", why.empty(), why};
+  // the placement the tier will make (tier_place is pure): the backend unpins what it must before the weights go
+  const bool weights = tier_place(tier_unit_bytes(s), max_host_bytes, o.page_weights).weights_paged;
+  if (weights) b.weights_will_page();
+  auto t = std::make_unique<StateTier>(s, o);
+  RT_CHECK(t->plan().weights_paged == weights, "[train] internal: the state tier's placement changed");
+  if (weights) b.weights_paged();
+  return t;
+}
+
 Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, std::unique_ptr<Backend> backend)
     : state_(state), data_(data), opt_(opt), backend_(std::move(backend)) {
   RT_CHECK(opt_.micro_batch >= 1, "[train] --micro-batch must be >= 1");
@@ -123,7 +135,7 @@ Trainer::Trainer(HostState& state, BatchSource& data, const TrainOptions& opt, s
   if (!opt_.state_dir.empty()) {  // after the backend: it converts the master and allocates the gradients first
     RT_CHECK(backend_->pages_state(), "[train] --state-dir: this backend (", backend_->describe(),
              ") keeps its optimizer state in RAM (data-parallel runs shard it instead); drop --state-dir");
-    tier_ = std::make_unique<StateTier>(state_, TierOptions{opt_.state_dir, opt_.max_host_memory, "[train]"});
+    tier_ = make_state_tier(state_, *backend_, opt_.state_dir, opt_.max_host_memory);
     std::printf("%s\n", tier_->describe().c_str());
   }
   inject_nan_ = inject_nan_parse();

@@ -102,6 +102,12 @@ struct StepResult {
   bool skipped;
 };
 
+// The state tier of a run on backend b (--state-dir dir, --max-host-memory;
+// state/state_tier.h): the weights page too when the budget asks and the
+// backend can (Backend::weight_paging_refusal), the backend told before the
+// tier moves them and after (Backend::weights_will_page, weights_paged).
+std::unique_ptr<StateTier> make_state_tier(HostState& s, Backend& b, const std::string& dir, uint64_t max_host_bytes);
+
 class Trainer {
  public:
   // backend: nullptr = the CPU reference backend.

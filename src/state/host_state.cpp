@@ -211,6 +211,8 @@ uint64_t HostState::planned_bytes(const ModelSpec& spec, MasterStorage storage, 
 float* StateUnit::master() const {
   RT_CHECK(!shadow_master(), "[host] unit ", name, " holds a ", master_storage_name(master_kind),
            " master: no fp32 copy to point into (use read_master)");
+  RT_CHECK(!(paged_out && weights_paged), "[host] unit ", name,
+           ": its weights are in the state tier's file (--state-dir), not in RAM: page it in first (StateTier)");
   return arena.p;
 }
 
@@ -228,6 +230,8 @@ float* StateUnit::m() const {
 
 void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
   RT_CHECK(0 <= b && n >= 0 && b + n <= numel, "[host] range outside unit ", name);
+  RT_CHECK(!(paged_out && weights_paged), "[host] unit ", name,
+           ": its weights are in the state tier's file (--state-dir), not in RAM: page it in first (StateTier)");
   if (!shadow_master()) {
     std::memcpy(out, arena.p + b, static_cast<size_t>(n) * 4);
     return;
@@ -246,6 +250,8 @@ void StateUnit::read_master(int64_t b, int64_t n, float* out) const {
 
 void StateUnit::write_master(int64_t b, int64_t n, const float* in) {
   RT_CHECK(0 <= b && n >= 0 && b + n <= numel, "[host] range outside unit ", name);
+  RT_CHECK(!(paged_out && weights_paged), "[host] unit ", name,
+           ": its weights are in the state tier's file (--state-dir), not in RAM: page it in first (StateTier)");
   if (!shadow_master()) {
     std::memcpy(arena.p + b, in, static_cast<size_t>(n) * 4);
     return;
@@ -483,8 +489,9 @@ void HostState::write_master(const std::string& name, const float* in) {
 float* HostState::view(const std::string& name) const {
   const Loc& l = locate(name);
   const StateUnit& u = units_[l.unit];
-  if (!u.shadow_master()) return u.master() + l.offset;
-  RT_CHECK(l.unit < decoded_.size() && decoded_[l.unit].p, "[host] ", name, ": the shadow master was not decoded");
+  if (!u.shadow_master() && !(tier_ && tier_->plan().weights_paged)) return u.master() + l.offset;
+  RT_CHECK(l.unit < decoded_.size() && decoded_[l.unit].p, "[host] ", name,
+           ": the shadow (or paged) master was not decoded");
   return decoded_[l.unit].p + l.offset;
 }
 
@@ -643,7 +650,8 @@ BlockWeightsT<float> block_view(const ModelSpec& s, int64_t i, P get) {
 }  // namespace
 
 void HostState::decode_all() const {
-  if (master_storage() == MasterStorage::fp32) return;
+  const bool weights_paged = tier_ && tier_->plan().weights_paged;
+  if (master_storage() == MasterStorage::fp32 && !weights_paged) return;
   decoded_.resize(units_.size());
   auto decode = [&](size_t i) {
     const StateUnit& u = units_[i];
@@ -653,7 +661,7 @@ void HostState::decode_all() const {
   };
   std::vector<size_t> all(units_.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  if (tier_ && master_storage() == MasterStorage::split)  // the remainders are paged: each read in, clean
+  if (tier_ && (master_storage() == MasterStorage::split || weights_paged))  // paged: each read in, clean
     tier_->for_each(all, decode, false);
   else
     for (size_t i : all) decode(i);
@@ -661,8 +669,22 @@ void HostState::decode_all() const {
 
 ModelWeightsT<float> HostState::weights() const {
   decode_all();
+  return weights_of([&](const std::string& n) -> const float* { return view(n); });
+}
+
+ModelWeightsT<float> HostState::weights_in(const std::vector<HostBuffer>& per_unit) const {
+  RT_CHECK(per_unit.size() == units_.size(), "[host] internal: ", per_unit.size(), " weight buffers for ",
+           units_.size(), " units");
+  return weights_of([&](const std::string& n) -> const float* {
+    const Loc& l = locate(n);
+    RT_CHECK(per_unit[l.unit].n == static_cast<size_t>(units_[l.unit].numel), "[host] internal: unit ",
+             units_[l.unit].name, "'s weight copy holds ", per_unit[l.unit].n, " floats, not ", units_[l.unit].numel);
+    return per_unit[l.unit].p + l.offset;
+  });
+}
+
+ModelWeightsT<float> HostState::weights_of(const std::function<const float*(const std::string&)>& get) const {
   ModelWeightsT<float> w;
-  auto get = [&](const std::string& n) -> const float* { return view(n); };
   w.embed = get("model.embed_tokens.weight");
   for (int64_t i = 0; i < spec_.n_layers; ++i) w.layers.push_back(block_view(spec_, i, get));
   w.final_norm = get("model.norm.weight");

@@ -32,6 +32,7 @@
 // io/state_tensors.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,9 +95,10 @@ struct StateUnit {
   HostBuffer qm_buf, qv_buf, qscale_buf;
   // A state tier (state/state_tier.h): fp32 moments [m | v] apart from the
   // master's arena (moments_apart), and whether the unit's optimizer state
-  // is in the tier's file now (paged_out: m(), the codes, rem, tie are not here).
+  // is in the tier's file now (paged_out: m(), the codes, rem, tie are not here;
+  // with weights_paged its weights too: the fp32 master's arena, the shadows).
   HostBuffer mv_buf;
-  bool moments_apart = false, paged_out = false;
+  bool moments_apart = false, paged_out = false, weights_paged = false;
   MasterStorage master_kind = MasterStorage::fp32;
   MomentStorage moments = MomentStorage::fp32;
   bool muon = false;  // UpdateRule::muon: the unit's Muon matrices (optim/muon.h) keep their momentum in m
@@ -213,7 +215,12 @@ class HostState {
   void release_decoded() const { decoded_.clear(); }
   // What weights() does first: (re)decodes the copy (split; no-op on fp32). Then
   // master_view(name) points at a tensor's fp32 master or its decoded copy.
+  // A state tier that pages the weights (state_tier.h): every storage decodes,
+  // each unit read in from the tier (clean).
   void decode_all() const;
+  // Views of per-unit fp32 buffers laid out like the units (numel floats each):
+  // an engine's own copy of the weights (the CPU backend's when the tier pages them).
+  ModelWeightsT<float> weights_in(const std::vector<HostBuffer>& per_unit) const;
   const float* master_view(const std::string& name) const { return view(name); }
   ModelGrads grads() const;
 
@@ -223,6 +230,7 @@ class HostState {
     int64_t offset;
   };
   const Loc& locate(const std::string& name) const;
+  ModelWeightsT<float> weights_of(const std::function<const float*(const std::string&)>& get) const;
   float* view(const std::string& name) const;  // weights(): fp32 master or its decoded copy
   ModelSpec spec_;
   bool with_grads_;

@@ -16,21 +16,35 @@ namespace {
 
 std::string mib(uint64_t b) { return cat((b + (1 << 20) - 1) >> 20, " MiB"); }
 
-// The buffers of u that hold its optimizer state, with their lengths in floats.
-std::vector<std::pair<HostBuffer StateUnit::*, size_t>> state_buffers(const StateUnit& u) {
-  std::vector<std::pair<HostBuffer StateUnit::*, size_t>> b;
+using BufGet = HostBuffer& (*)(StateUnit&);
+
+// The buffers of u that hold its optimizer state, with their lengths in floats;
+// with weights, its weights' too (the fp32 master, after moments_apart the
+// whole arena; a shadow master's shadows), which the forward and backward read.
+std::vector<std::pair<BufGet, size_t>> state_buffers(const StateUnit& u, bool weights = false) {
+  std::vector<std::pair<BufGet, size_t>> b;
   if (u.weights_only) return b;
+  const size_t n = static_cast<size_t>(u.numel);
+  if (weights) {
+    if (!u.shadow_master()) b.push_back({[](StateUnit& x) -> HostBuffer& { return x.arena; }, n});
+    if (u.n_shadows > 0) b.push_back({[](StateUnit& x) -> HostBuffer& { return x.shadow_buf[0]; }, (n + 1) / 2});
+    if (u.n_shadows > 1) b.push_back({[](StateUnit& x) -> HostBuffer& { return x.shadow_buf[1]; }, (n + 1) / 2});
+  }
   if (u.quantized()) {
-    b.push_back({&StateUnit::qm_buf, static_cast<size_t>(quant_code_bytes(u.moments, u.numel) + 3) / 4});
-    b.push_back({&StateUnit::qv_buf, static_cast<size_t>(quant_code_bytes(u.moments, u.v_len()) + 3) / 4});
-    b.push_back({&StateUnit::qscale_buf, static_cast<size_t>(quant_blocks(u.numel) + quant_blocks(u.v_len()))});
+    b.push_back({[](StateUnit& x) -> HostBuffer& { return x.qm_buf; },
+                 static_cast<size_t>(quant_code_bytes(u.moments, u.numel) + 3) / 4});
+    b.push_back({[](StateUnit& x) -> HostBuffer& { return x.qv_buf; },
+                 static_cast<size_t>(quant_code_bytes(u.moments, u.v_len()) + 3) / 4});
+    b.push_back({[](StateUnit& x) -> HostBuffer& { return x.qscale_buf; },
+                 static_cast<size_t>(quant_blocks(u.numel) + quant_blocks(u.v_len()))});
   } else {
-    b.push_back({&StateUnit::mv_buf, static_cast<size_t>(u.numel + u.v_len())});
+    b.push_back({[](StateUnit& x) -> HostBuffer& { return x.mv_buf; }, static_cast<size_t>(u.numel + u.v_len())});
   }
   if (u.master_kind == MasterStorage::split || u.master_kind == MasterStorage::bf16_kahan)
-    b.push_back({&StateUnit::rem_buf, static_cast<size_t>(u.numel + 1) / 2});
+    b.push_back({[](StateUnit& x) -> HostBuffer& { return x.rem_buf; }, static_cast<size_t>(u.numel + 1) / 2});
   if (u.master_kind == MasterStorage::split)
-    b.push_back({&StateUnit::tie_buf, static_cast<size_t>(split_master_tie_words(u.numel)) * 2});
+    b.push_back({[](StateUnit& x) -> HostBuffer& { return x.tie_buf; },
+                 static_cast<size_t>(split_master_tie_words(u.numel)) * 2});
   return b;
 }
 
@@ -56,11 +70,16 @@ void moments_apart(StateUnit& u) {
 int TierPlan::n_paged() const { return static_cast<int>(std::count(paged.begin(), paged.end(), 1)); }
 
 bool TierPlan::operator==(const TierPlan& o) const {
-  return paged == o.paged && resident == o.resident && kept == o.kept && slots == o.slots &&
-         file_bytes == o.file_bytes && min_bytes == o.min_bytes && fits == o.fits;
+  return paged == o.paged && weights_paged == o.weights_paged && resident == o.resident && kept == o.kept &&
+         slots == o.slots && file_bytes == o.file_bytes && min_bytes == o.min_bytes &&
+         min_bytes_resident_weights == o.min_bytes_resident_weights && weight_file_bytes == o.weight_file_bytes &&
+         fits == o.fits;
 }
 
-TierPlan tier_place(const std::vector<TierUnitBytes>& units, uint64_t budget) {
+namespace {
+
+// tier_place with each unit's resident and paged bytes as given.
+TierPlan place(const std::vector<TierUnitBytes>& units, uint64_t budget) {
   TierPlan p;
   p.paged.assign(units.size(), 0);
   uint64_t all = 0;
@@ -101,6 +120,26 @@ TierPlan tier_place(const std::vector<TierUnitBytes>& units, uint64_t budget) {
   return p;
 }
 
+}  // namespace
+
+TierPlan tier_place(const std::vector<TierUnitBytes>& units, uint64_t budget, bool page_weights) {
+  TierPlan p = place(units, budget);
+  p.min_bytes_resident_weights = p.min_bytes;
+  if (p.fits || budget == 0 || !page_weights) return p;
+  std::vector<TierUnitBytes> moved = units;  // the weights page too: RAM keeps the gradients
+  for (TierUnitBytes& u : moved) {
+    u.resident -= u.weights;
+    u.paged += u.weights_paged;
+    u.weights = 0;
+  }
+  TierPlan w = place(moved, budget);
+  w.weights_paged = true;
+  w.min_bytes_resident_weights = p.min_bytes;
+  for (size_t u = 0; u < units.size(); ++u)
+    if (w.paged[u]) w.weight_file_bytes += units[u].weights_paged;
+  return w;
+}
+
 std::vector<TierUnitBytes> tier_unit_bytes_planned(const ModelSpec& spec, MasterStorage master, int shadows,
                                                    bool host_grads, MomentStorage moments, UpdateRule rule) {
   // the unit layout of HostState's constructor: every tensor padded to 16 floats; v packed under Muon
@@ -119,10 +158,14 @@ std::vector<TierUnitBytes> tier_unit_bytes_planned(const ModelSpec& spec, Master
     const int64_t n = numel[i], nv = vlen[i];
     TierUnitBytes b;
     const uint64_t un = static_cast<uint64_t>(n);
-    if (master == MasterStorage::fp32)
+    if (master == MasterStorage::fp32) {
       b.resident += 4 * un + static_cast<uint64_t>(shadows) * 2 * un;  // the engine's own shadows: n uint16
-    else
-      b.resident += static_cast<uint64_t>(shadows) * 4 * static_cast<uint64_t>((n + 1) / 2);
+      b.weights = 4 * un;                                              // the master (the engine's shadows stay)
+      b.weights_paged = rnd(n);
+    } else {
+      b.resident += b.weights = static_cast<uint64_t>(shadows) * 4 * static_cast<uint64_t>((n + 1) / 2);
+      b.weights_paged = static_cast<uint64_t>(shadows) * rnd((n + 1) / 2);
+    }
     if (host_grads) b.resident += 4 * un;
     if (moments == MomentStorage::fp32)
       b.paged += rnd(n + nv);
@@ -143,7 +186,13 @@ std::vector<TierUnitBytes> tier_unit_bytes(const HostState& s) {
     size_t arena = u.arena.n;
     if (!u.quantized() && !u.moments_apart && !u.weights_only) arena -= static_cast<size_t>(u.numel + u.v_len());
     b.resident = 4 * static_cast<uint64_t>(arena + u.grad.n + u.shadow_buf[0].n + u.shadow_buf[1].n);
-    for (auto& [member, floats] : state_buffers(u)) b.paged += direct_round(static_cast<uint64_t>(floats) * 4);
+    for (auto& [get, floats] : state_buffers(u)) b.paged += direct_round(static_cast<uint64_t>(floats) * 4);
+    if (!u.weights_only) {  // the weights' buffers, as allocated (the fp32 master: the arena less its moments)
+      b.weights = 4 * static_cast<uint64_t>(u.shadow_master() ? u.shadow_buf[0].n + u.shadow_buf[1].n : arena);
+      for (auto& [get, floats] : state_buffers(u, true))
+        b.weights_paged += direct_round(static_cast<uint64_t>(floats) * 4);
+      b.weights_paged -= b.paged;
+    }
     out.push_back(b);
   }
   return out;
@@ -156,17 +205,29 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
   if (!is_directory(o.dir))
     fail(w, " --state-dir ", o.dir, ": ", file_exists(o.dir) ? "not a directory" : "no such directory",
          "; create it on a local SSD (mkdir -p) or give another");
-  plan_ = tier_place(tier_unit_bytes(s), o.max_host_bytes);
+  plan_ = tier_place(tier_unit_bytes(s), o.max_host_bytes, o.page_weights);
   // Paged-in buffers come and go every step: glibc's dynamic mmap threshold
   // would move them onto the heap after the first free, where freed memory is
   // not returned and RSS grows step by step. A fixed threshold keeps every
   // large buffer in its own mapping, unmapped when freed.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  const auto mega = [](uint64_t b) { return (b + (1 << 20) - 1) >> 20; };
+  if (!plan_.fits && plan_.weights_paged)
+    fail(w, " --max-host-memory ", mib(o.max_host_bytes), " is below the ", mib(plan_.min_bytes),
+         " the state tier needs with the weights paged too: ", mib(plan_.resident),
+         " of gradients stay in RAM, plus the ",
+         "weights and optimizer state of the three units in flight (read ahead, updating, writing back); give ",
+         "--max-host-memory ", mega(plan_.min_bytes), "M or more");
   if (!plan_.fits)
     fail(w, " --max-host-memory ", mib(o.max_host_bytes), " is below the ", mib(plan_.min_bytes),
          " the state tier needs: ", mib(plan_.resident), " of weights and gradients stay in RAM, plus the optimizer ",
          "state of the three units in flight (read ahead, updating, writing back); give --max-host-memory ",
-         (plan_.min_bytes + (1 << 20) - 1) >> 20, "M or more");
+         mega(plan_.min_bytes), "M or more",
+         o.page_weights || o.max_host_bytes == 0
+             ? std::string()
+             : cat(" (the weights stay in RAM: ", o.weights_stay.empty() ? "this engine keeps them" : o.weights_stay,
+                   "; paging them too, the tier would need ",
+                   mib(tier_place(tier_unit_bytes(s), o.max_host_bytes, true).min_bytes), ")"));
   path_ = path_join(o.dir, "ramtrain-state.bin");
   file_ = DirectFile(path_, plan_.file_bytes, w, "--state-dir");  // reserved: a full disk fails here, nothing moved
   const size_t U = s.units().size();
@@ -176,9 +237,9 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
   uint64_t off = 0, biggest = 0;
   for (size_t u = 0; u < U; ++u) {
     if (!plan_.paged[u]) continue;
-    for (auto& [member, floats] : state_buffers(s.units()[u])) {
+    for (auto& [get, floats] : state_buffers(s.units()[u], plan_.weights_paged)) {
       const uint64_t len = direct_round(static_cast<uint64_t>(floats) * 4);
-      bufs_[u].push_back(Buf{member, floats, off, len});
+      bufs_[u].push_back(Buf{get, floats, off, len});
       off += len;
       biggest = std::max(biggest, len);
     }
@@ -192,15 +253,16 @@ StateTier::StateTier(HostState& s, const TierOptions& o) : s_(s) {
     StateUnit& su = s.units()[u];
     moments_apart(su);
     for (const Buf& b : bufs_[u]) {
-      HostBuffer& hb = su.*(b.member);
+      HostBuffer& hb = b.get(su);
       RT_CHECK(hb.n == b.floats, "[host] internal: unit ", su.name, " holds a buffer of ", hb.n, " floats, not ",
                b.floats);
       std::memcpy(staging.p, hb.p, b.floats * 4);
       std::memset(reinterpret_cast<char*>(staging.p) + b.floats * 4, 0, b.len - b.floats * 4);
       file_.write(b.off, staging.p, b.len);
     }
-    for (const Buf& b : bufs_[u]) su.*(b.member) = HostBuffer();
+    for (const Buf& b : bufs_[u]) b.get(su) = HostBuffer();
     su.paged_out = true;
+    su.weights_paged = plan_.weights_paged;
   }
   stats_.written_bytes = plan_.file_bytes;
   stats_.first_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -220,11 +282,13 @@ StateTier::~StateTier() {
 
 std::string StateTier::describe() const {
   const int n = plan_.n_paged();
-  return cat("state tier: ", path_, ": the optimizer state of ", n, " of ", plan_.paged.size(), " units (",
-             mib(plan_.file_bytes), ") lives there, read and written once a step (", mib(plan_.traffic_per_step()),
-             " of traffic); RAM holds ", mib(plan_.ram()), " = weights and gradients ", mib(plan_.resident),
-             " + the state kept in RAM ", mib(plan_.kept), " + 3 units in flight ", mib(plan_.slots), "; ",
-             file_.direct() ? "O_DIRECT" : file_.note(),
+  return cat("state tier: ", path_, ": the ", plan_.weights_paged ? "weights and optimizer state" : "optimizer state",
+             " of ", n, " of ", plan_.paged.size(), " units (", mib(plan_.file_bytes),
+             plan_.weights_paged ? cat(", the weights ", mib(plan_.weight_file_bytes)) : std::string(),
+             ") lives there, read and written once a step (", mib(plan_.traffic_per_step()), " of traffic); RAM holds ",
+             mib(plan_.ram()), " = ", plan_.weights_paged ? "gradients " : "weights and gradients ",
+             mib(plan_.resident), " + the state kept in RAM ", mib(plan_.kept), " + 3 units in flight ",
+             mib(plan_.slots), "; ", file_.direct() ? "O_DIRECT" : file_.note(),
              stats_.first_write_s > 0 && plan_.file_bytes >= (uint64_t(64) << 20)
                  ? cat("; written at start at ", static_cast<double>(plan_.file_bytes) / stats_.first_write_s / 1e9,
                        " GB/s (plan --ssd-gbs)")
@@ -274,18 +338,18 @@ void StateTier::worker() {
           got.push_back(std::move(hb));
         }
         std::lock_guard<std::mutex> l(mu_);
-        for (size_t i = 0; i < got.size(); ++i) u.*(bufs_[j.u][i].member) = std::move(got[i]);
+        for (size_t i = 0; i < got.size(); ++i) bufs_[j.u][i].get(u) = std::move(got[i]);
         u.paged_out = false;
         paged_in_ += bytes;
         stats_.paged_in_peak = std::max(stats_.paged_in_peak, paged_in_);
         stats_.read_bytes += bytes;
       } else {
         if (j.kind == Job::write)
-          for (const Buf& b : bufs_[j.u]) file_.write(b.off, (u.*(b.member)).p, b.len);
+          for (const Buf& b : bufs_[j.u]) file_.write(b.off, b.get(u).p, b.len);
         std::lock_guard<std::mutex> l(mu_);
         for (const Buf& b : bufs_[j.u]) {
-          pool_.push_back(std::move(u.*(b.member)));
-          u.*(b.member) = HostBuffer();
+          pool_.push_back(std::move(b.get(u)));
+          b.get(u) = HostBuffer();
           pooled_ += b.len;
         }
         u.paged_out = true;
@@ -361,6 +425,7 @@ void StateTier::for_each(const std::vector<size_t>& order, const std::function<v
 void StateTier::page_in_all() {
   for (size_t u = 0; u < plan_.paged.size(); ++u) acquire(u);
   std::fill(plan_.paged.begin(), plan_.paged.end(), 0);
+  for (StateUnit& u : s_.units()) u.weights_paged = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     pool_.clear();

@@ -4,6 +4,10 @@
 // tie bits, a bf16-kahan compensation) has a home in one preallocated file,
 // PATH/ramtrain-state.bin (core/direct_file.h); RAM keeps the weights, the
 // gradients, the units whose state fits beside them, and the units in flight.
+// When RAM cannot hold the weights beside three units in flight, and the
+// engine computes on a copy of its own (TierOptions::page_weights: the CPU
+// backend's fp32 compute copy), a paged unit's weights (the fp32 master, or a
+// shadow master's bf16 shadows) page with its state: RAM keeps the gradients.
 // The update walks units through for_each: unit i+1 is read on the tier's
 // I/O thread while unit i updates, and unit i is written back behind it.
 // Paging moves bytes, never values: a tiered run is bit-identical to the
@@ -25,11 +29,15 @@
 
 namespace rt {
 
-// One unit's host bytes: resident (weights, gradients: always in RAM) and
-// paged (its optimizer state: in the file, or kept in RAM when it fits;
-// every buffer rounded up to kDirectAlign, as in the file).
+// One unit's host bytes: resident (weights, gradients: in RAM) and paged
+// (its optimizer state: in the file, or kept in RAM when it fits; every
+// buffer rounded up to kDirectAlign, as in the file). weights: the part of
+// resident that pages too when the weights must (the fp32 master, a shadow
+// master's shadows), as allocated; weights_paged: the same buffers rounded
+// as in the file.
 struct TierUnitBytes {
   uint64_t resident = 0, paged = 0;
+  uint64_t weights = 0, weights_paged = 0;
 };
 
 // What lives where. In RAM: resident + kept + slots (the in-flight units);
@@ -37,11 +45,14 @@ struct TierUnitBytes {
 // per step (traffic_per_step).
 struct TierPlan {
   std::vector<char> paged;  // per unit: its state's home is the file
+  bool weights_paged = false;  // a paged unit's weights page with its state (RAM keeps the gradients)
   uint64_t resident = 0;    // every unit's resident bytes
   uint64_t kept = 0;        // the state of the units kept in RAM
   uint64_t slots = 0;       // in flight: the three largest paged units (read ahead, updating, writing back)
   uint64_t file_bytes = 0;  // the paged units' state: the file's size
   uint64_t min_bytes = 0;   // the smallest --max-host-memory the tier runs in
+  uint64_t min_bytes_resident_weights = 0;  // ... with the weights in RAM (min_bytes when they do not page)
+  uint64_t weight_file_bytes = 0;           // the paged units' weights (weights_paged): part of file_bytes
   bool fits = true;         // budget >= min_bytes
   int n_paged() const;
   uint64_t ram() const { return resident + kept + slots; }
@@ -49,11 +60,16 @@ struct TierPlan {
   bool operator==(const TierPlan& o) const;
 };
 
-// Places units under a host budget of max_host_bytes (0: page every unit).
-// Everything fits: nothing is paged. Else the in-flight slots are reserved
-// (min_bytes: resident + the three largest units' state) and the rest keeps
-// whole units' state in RAM in unit order; the others are paged.
-TierPlan tier_place(const std::vector<TierUnitBytes>& units, uint64_t max_host_bytes);
+// Places units under a host budget of max_host_bytes (0: page every unit's
+// optimizer state). Everything fits: nothing is paged. Else the in-flight
+// slots are reserved (min_bytes: resident + the three largest units' state)
+// and the rest keeps whole units' state in RAM in unit order; the others are
+// paged. When even that minimum does not fit a budget > 0 and page_weights,
+// the weights move from resident to paged and the same placement runs again
+// (weights_paged): whole units (weights + state) kept in unit order, the rest
+// paged; min_bytes is then resident (gradients) + the three largest units'
+// weights and state, min_bytes_resident_weights the first placement's.
+TierPlan tier_place(const std::vector<TierUnitBytes>& units, uint64_t max_host_bytes, bool page_weights = false);
 // Per unit, from the spec, as a state of these storages holds them (the
 // layout of HostState's constructor): `shadows` bf16 shadows (fp32 storage:
 // the CUDA engine's own, 0 on the CPU backend) and fp32 gradients when host_grads.
@@ -66,6 +82,12 @@ struct TierOptions {
   std::string dir;              // --state-dir: an existing, writable directory on a local SSD
   uint64_t max_host_bytes = 0;  // --max-host-memory (0: page every unit)
   std::string where = "[train]";
+  // The engine can compute without the host weights (it keeps a copy of its
+  // own, refreshed from each unit right after its update): the tier may page
+  // them (tier_place's page_weights). Else weights_stay says why not (and the
+  // fix), quoted when the budget is below the minimum with them in RAM.
+  bool page_weights = false;
+  std::string weights_stay = std::string();
 };
 
 class StateTier {
@@ -79,7 +101,7 @@ class StateTier {
   StateTier& operator=(const StateTier&) = delete;
 
   const TierPlan& plan() const { return plan_; }
-  std::string describe() const;  // one line: bytes per tier, units paged, O_DIRECT or not
+  std::string describe() const;  // one line: bytes per tier, units paged (weights too?), O_DIRECT or not
   const std::string& path() const { return path_; }
 
   // fn(u) for each u of order with u's state in RAM: the next paged unit is
@@ -104,7 +126,7 @@ class StateTier {
 
  private:
   struct Buf {
-    HostBuffer StateUnit::*member;
+    HostBuffer& (*get)(StateUnit&);  // the unit's buffer (tier_buffers in state_tier.cpp)
     size_t floats;
     uint64_t off, len;  // in the file
   };

@@ -83,6 +83,41 @@ TEST(PlanTier, PrintedLayoutIsWhatTheEngineAllocates) {
       EXPECT_EQ(u64(j, "write_bytes_per_step", t), p.file_bytes);
       tier.page_in_all();
     }
+    // below the minimum with the weights in RAM: the weights page too, the device holding every layer
+    // (--resident, the CUDA engine's way): the same placement as the engine's tier, and the weights are read
+    // and written once a step with the state
+    const rt::TierPlan wp = rt::tier_place(live, all.min_bytes - 1, true);
+    ASSERT_TRUE(wp.weights_paged);
+    for (uint64_t budget : {wp.min_bytes, wp.min_bytes + live[0].paged + live[0].weights_paged}) {
+      if (budget >= all.min_bytes) continue;  // a whole unit kept: only where it stays below that minimum
+      auto r = run_ramtrain(rt::cat("plan --model ", model, " --gpu h100 --seq-len 64 --micro-batch 2 --grads device ",
+                                    "--master ", c.master, " --optimizer ", c.opt, " --resident --state-dir ",
+                                    tmp.path(), " --max-host-memory ", budget, " --json"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const std::string& j = r.output;
+      const size_t t = j.find("\"tier\":{");
+      ASSERT_NE(t, std::string::npos) << j;
+      rt::HostState st(spec, false, c.mo, c.ms);
+      const std::string dir = tmp.file(rt::cat("sw", budget));
+      rt::make_dirs(dir);
+      rt::StateTier tier(st, {dir, budget, "[train]", true});
+      const rt::TierPlan& p = tier.plan();
+      ASSERT_TRUE(p.weights_paged);
+      EXPECT_TRUE(flag(j, "weights_paged", t)) << j;
+      EXPECT_TRUE(flag(j, "device_resident", t)) << j;
+      EXPECT_EQ(u64(j, "resident_bytes", t), p.resident);  // no gradients on the host: 0
+      EXPECT_EQ(u64(j, "kept_bytes", t), p.kept);
+      EXPECT_EQ(u64(j, "slot_bytes", t), p.slots);
+      EXPECT_EQ(u64(j, "min_bytes", t), p.min_bytes);
+      EXPECT_EQ(u64(j, "min_bytes_resident_weights", t), p.min_bytes_resident_weights);
+      EXPECT_EQ(u64(j, "ssd_bytes", t), rt::file_size(tier.path()));
+      EXPECT_EQ(u64(j, "ssd_weight_bytes", t), p.weight_file_bytes);
+      EXPECT_EQ(static_cast<int>(num(j, "units_paged", t)), p.n_paged());
+      EXPECT_LE(p.ram(), budget);
+      EXPECT_EQ(u64(j, "read_bytes_per_step", t), p.file_bytes);
+      EXPECT_EQ(u64(j, "write_bytes_per_step", t), p.file_bytes);
+      tier.page_in_all();
+    }
   }
 }
 

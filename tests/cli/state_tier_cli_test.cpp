@@ -1,5 +1,6 @@
 // --state-dir through the ramtrain binary (state/state_tier.h): a tiered run
-// gives the all-in-RAM run's metrics bit for bit; kill -9 in the middle of a
+// gives the all-in-RAM run's metrics bit for bit (its weights paged too under
+// a --max-host-memory below the minimum with them in RAM); kill -9 in the middle of a
 // tiered step (half the units of a step written back to the live file) then
 // --resume gives the uninterrupted run's losses (the live file is not a
 // checkpoint: the resume reads the last checkpoint and rewrites the file); a
@@ -135,6 +136,24 @@ TEST(StateTierCli, KillNineMidStepAndFullDiskResumeExactly) {
                                                  rt::UpdateRule::adamw);
   ASSERT_EQ(units.size(), 4u);
   EXPECT_EQ(file, rt::tier_place(units, 0).file_bytes);
+
+  // below the minimum with the weights in RAM: the CPU backend pages the fp32 master too (and computes on its
+  // own copy), the same records
+  {
+    const rt::TierPlan wp = rt::tier_place(units, rt::tier_place(units, 0).min_bytes - 1, true);
+    ASSERT_TRUE(wp.weights_paged);
+    const std::string wsd = fx.tmp.file("wsd"), w_out = fx.tmp.file("weights");
+    fs::create_directories(wsd);
+    ASSERT_EQ(run_logged(fx.args(w_out, {"--state-dir", wsd, "--max-host-memory", std::to_string(wp.min_bytes)}),
+                         w_out + ".log"),
+              0)
+        << rt::read_text_file(w_out + ".log");
+    const std::string log = rt::read_text_file(w_out + ".log");
+    EXPECT_TRUE(contains(log, "the weights and optimizer state of 4 of 4 units")) << log;
+    EXPECT_TRUE(contains(log, "cpu backend: the weights page")) << log;
+    EXPECT_TRUE(same_losses(metrics_read(w_out + "/metrics.jsonl"), ref));
+    EXPECT_EQ(rt::file_size(wsd + "/ramtrain-state.bin"), wp.file_bytes);
+  }
 
   // kill -9 in step 13's update, while unit 1 is written back: unit 0 holds step 13's state in the file, units
   // 1..3 step 12's (the main thread cannot have finished the step: unit 3's read waits behind unit 1's write)

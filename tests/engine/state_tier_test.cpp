@@ -1,10 +1,14 @@
 // The state tier on the CPU backend (state/state_tier.h, --state-dir): a run
 // whose units' optimizer state pages through a file gives the all-in-RAM
 // run's losses and final state bit for bit -- plain, delayed and folded
-// update orders; fp32, 8- and 4-bit moments; bf16-kahan and Muon -- under a
-// budget that pages some units and keeps others, and under none (every unit
-// paged); at most three units' state is in RAM at once; a checkpoint saved
-// from a tiered run resumes (tiered) exactly. Exactness: the losses as
+// update orders; fp32, 8- and 4-bit moments; bf16-kahan, bf16-sr and Muon --
+// under a budget that pages some units and keeps others, under none (every
+// unit's optimizer state paged), and under one below the minimum with the
+// weights in RAM (every unit's weights and state paged: the backend computes
+// on its own fp32 copy, refreshed after each update); at most three units'
+// state is in RAM at once; a checkpoint saved from a tiered run is the
+// all-in-RAM run's and resumes (tiered) exactly; the weights read for export
+// (decode_all) come in clean. Exactness: the losses as
 // doubles and the state as bytes, no tolerance (paging moves bytes only).
 #include "state/state_tier.h"
 
@@ -68,6 +72,7 @@ rt::TrainOptions opts(const Mode& m, int64_t steps) {
 struct TierRun {
   std::vector<double> losses;
   std::vector<uint8_t> state;
+  std::vector<float> weights;  // every tensor's fp32 master as an exporter reads it (decode_all, master_view)
   rt::TierPlan plan;
   rt::StateTier::Stats stats;
   std::string ckpt;  // the checkpoint after step kSave
@@ -93,13 +98,31 @@ TierRun train(const Mode& m, const std::string& state_dir, int64_t budget, const
     if (i + 1 == kSave) r.ckpt = tr.save_checkpoint(false).path;
   }
   tr.save_checkpoint(false);  // a delayed run's last update goes in
+  const uint64_t written = tr.state_tier() ? tr.state_tier()->stats().written_bytes : 0;
+  st.decode_all();  // as export does: a paged unit's weights read in, clean
+  for (const rt::StateUnit& u : st.units())
+    for (const rt::WeightEntry& e : u.entries) {
+      const float* p = st.master_view(e.name);
+      r.weights.insert(r.weights.end(), p, p + e.numel());
+    }
+  st.release_decoded();
   if (rt::StateTier* t = tr.state_tier()) {
+    EXPECT_EQ(t->stats().written_bytes, written) << "decode_all wrote units back";
     r.plan = t->plan();
     r.stats = t->stats();
     t->page_in_all();
   }
   r.state = rt::test::state_bytes(st, false);
   return r;
+}
+
+// The smallest budget with the weights paged too (below the one with them in RAM).
+int64_t weights_budget(const Mode& m) {
+  rt::HostState st(small_byte_spec(), true, m.moments, m.master, m.rule);
+  const std::vector<rt::TierUnitBytes> b = rt::tier_unit_bytes(st);
+  const rt::TierPlan p = rt::tier_place(b, rt::tier_place(b, 0).min_bytes - 1, true);
+  EXPECT_TRUE(p.weights_paged);
+  return static_cast<int64_t>(p.min_bytes);
 }
 
 // The budget that keeps some units' state in RAM and pages the others.
@@ -117,6 +140,8 @@ const std::vector<Mode>& modes() {
       {"adamw-fold", rt::MomentStorage::fp32, rt::MasterStorage::fp32, rt::UpdateRule::adamw, false, true},
       {"adamw8bit", rt::MomentStorage::q8},
       {"adamw4bit-bf16-kahan", rt::MomentStorage::q4, rt::MasterStorage::bf16_kahan},
+      {"adamw8bit-bf16-sr", rt::MomentStorage::q8, rt::MasterStorage::bf16_sr},
+      {"adamw4bit-bf16-sr", rt::MomentStorage::q4, rt::MasterStorage::bf16_sr},
       {"muon", rt::MomentStorage::fp32, rt::MasterStorage::fp32, rt::UpdateRule::muon},
   };
   return m;
@@ -127,13 +152,19 @@ TEST(StateTier, BitIdenticalToAllInRam) {
     SCOPED_TRACE(m.name);
     rt::test::TempDir tmp;
     const TierRun ram = train(m, "", -1, tmp.file("ram"));
-    for (int64_t budget : {mixed_budget(m), int64_t(0)}) {
-      SCOPED_TRACE(budget ? "mixed budget" : "every unit paged");
-      const std::string out = tmp.file(budget ? "mixed" : "all");
+    const int64_t wb = weights_budget(m);
+    for (int64_t budget : {mixed_budget(m), int64_t(0), wb}) {
+      SCOPED_TRACE(budget == wb ? "weights paged" : budget ? "mixed budget" : "every unit paged");
+      const std::string out = tmp.file(budget == wb ? "weights" : budget ? "mixed" : "all");
       const TierRun tier = train(m, tmp.path(), budget, out);
       const int U = static_cast<int>(tier.plan.paged.size());
       ASSERT_EQ(U, small_byte_spec().n_layers + 2);
-      if (budget) {  // the budget chose: some paged, some kept
+      EXPECT_EQ(tier.plan.weights_paged, budget == wb);
+      if (budget == wb) {  // every unit's weights and state paged: RAM holds the gradients and three units
+        EXPECT_EQ(tier.plan.n_paged(), U);
+        EXPECT_GT(tier.plan.weight_file_bytes, 0u);
+        EXPECT_LE(tier.plan.ram(), static_cast<uint64_t>(budget));
+      } else if (budget) {  // the budget chose: some paged, some kept
         EXPECT_GT(tier.plan.n_paged(), 0);
         EXPECT_LT(tier.plan.n_paged(), U);
         EXPECT_LE(tier.plan.ram(), static_cast<uint64_t>(budget));
@@ -145,6 +176,7 @@ TEST(StateTier, BitIdenticalToAllInRam) {
       EXPECT_LE(tier.stats.paged_in_peak, tier.plan.slots);  // three units in flight at most
       EXPECT_EQ(tier.losses, ram.losses);
       EXPECT_TRUE(tier.state == ram.state) << "the final state differs from the all-in-RAM run's";
+      EXPECT_TRUE(tier.weights == ram.weights) << "the exported weights differ from the all-in-RAM run's";
       // the tiered run's checkpoint is the all-in-RAM run's
       rt::HostState a(small_byte_spec(), true, m.moments, m.master, m.rule),
           b(small_byte_spec(), true, m.moments, m.master, m.rule);
@@ -156,26 +188,32 @@ TEST(StateTier, BitIdenticalToAllInRam) {
 }
 
 TEST(StateTier, ResumeFromATieredCheckpointIsExact) {
-  for (const Mode& m : {modes()[0], modes()[1], modes()[4]}) {
-    SCOPED_TRACE(m.name);
-    rt::test::TempDir tmp;
-    const TierRun ref = train(m, "", -1, tmp.file("ram"));
-    const TierRun tier = train(m, tmp.path(), 0, tmp.file("tier"));
-    // resume the tiered run's step-kSave checkpoint, tiered again
-    rt::HostState st(small_byte_spec(), true, m.moments, m.master, m.rule);
-    rt::checkpoint_load_state(tier.ckpt, st);
-    rt::Dataset data = shakespeare(32, 3);
-    rt::TrainOptions o = opts(m, kSteps);
-    o.state_dir = tmp.path();
-    o.out_dir = tmp.file("resumed");
-    rt::Trainer tr(st, data, o);
-    tr.restore(rt::checkpoint_read_trainer(tier.ckpt));
-    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + kSave);
-    for (int i = kSave; i < kSteps; ++i) losses.push_back(tr.step().loss);
-    tr.save_checkpoint(false);
-    tr.state_tier()->page_in_all();
-    EXPECT_EQ(losses, ref.losses);
-    EXPECT_TRUE(rt::test::state_bytes(st, false) == ref.state);
+  for (const Mode& m : {modes()[0], modes()[1], modes()[4], modes()[6]}) {
+    for (bool weights : {false, true}) {
+      SCOPED_TRACE(rt::cat(m.name, weights ? ", weights paged" : ""));
+      rt::test::TempDir tmp;
+      const int64_t budget = weights ? weights_budget(m) : 0;
+      const TierRun ref = train(m, "", -1, tmp.file("ram"));
+      const TierRun tier = train(m, tmp.path(), budget, tmp.file("tier"));
+      EXPECT_EQ(tier.plan.weights_paged, weights);
+      // resume the tiered run's step-kSave checkpoint, tiered again
+      rt::HostState st(small_byte_spec(), true, m.moments, m.master, m.rule);
+      rt::checkpoint_load_state(tier.ckpt, st);
+      rt::Dataset data = shakespeare(32, 3);
+      rt::TrainOptions o = opts(m, kSteps);
+      o.state_dir = tmp.path();
+      o.max_host_memory = static_cast<uint64_t>(budget);
+      o.out_dir = tmp.file("resumed");
+      rt::Trainer tr(st, data, o);
+      EXPECT_EQ(tr.state_tier()->plan().weights_paged, weights);
+      tr.restore(rt::checkpoint_read_trainer(tier.ckpt));
+      std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + kSave);
+      for (int i = kSave; i < kSteps; ++i) losses.push_back(tr.step().loss);
+      tr.save_checkpoint(false);
+      tr.state_tier()->page_in_all();
+      EXPECT_EQ(losses, ref.losses);
+      EXPECT_TRUE(rt::test::state_bytes(st, false) == ref.state);
+    }
   }
 }
 
@@ -200,6 +238,23 @@ TEST(StateTier, ClearErrors) {
       },
       {"--max-host-memory", "three units in flight",
        std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more"});
+  // an engine that keeps the weights in RAM below that minimum: refused, naming it, the engine's reason and the
+  // minimum with the weights paged; below that one too, an engine that pages them is refused
+  const rt::TierPlan pw = rt::tier_place(rt::tier_unit_bytes(st), p.min_bytes - 1, true);
+  ASSERT_TRUE(pw.weights_paged);
+  rt::test::expect_error(
+      [&] {
+        rt::StateTier t(st, {tmp.path(), p.min_bytes - 1, "[train]", false, "an engine's reason"});
+      },
+      {"--max-host-memory", std::to_string((p.min_bytes + (1 << 20) - 1) >> 20) + "M or more",
+       "the weights stay in RAM: an engine's reason",
+       "paging them too, the tier would need " + std::to_string((pw.min_bytes + (1 << 20) - 1) >> 20) + " MiB"});
+  rt::test::expect_error(
+      [&] {
+        rt::StateTier t(st, {tmp.path(), pw.min_bytes - 1, "[train]", true});
+      },
+      {"--max-host-memory", "with the weights paged too", "weights and optimizer state of the three units in flight",
+       std::to_string((pw.min_bytes + (1 << 20) - 1) >> 20) + "M or more"});
   // nothing moved by the refusals
   EXPECT_EQ(st.tier(), nullptr);
   EXPECT_TRUE(rt::test::state_bytes(st, false) == before);

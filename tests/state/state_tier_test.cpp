@@ -2,7 +2,9 @@
 // from a spec (tier_unit_bytes_planned) is what a live state holds
 // (tier_unit_bytes), unit by unit, for every storage combination; the tier an
 // engine attaches follows its plan (the file's size, the resident bytes left
-// in RAM, which units page); and tier_place keeps its budget and its minimum.
+// in RAM, which units page), with the weights paged too when the budget is
+// below the minimum with them in RAM; and tier_place keeps its budget and its
+// minimum.
 #include "state/state_tier.h"
 
 #include <gtest/gtest.h>
@@ -57,6 +59,11 @@ TEST(StateTierLayout, PlanEqualsTheLiveStateUnitByUnit) {
       for (size_t u = 0; u < live.size(); ++u) {
         EXPECT_EQ(planned[u].resident, live[u].resident) << "unit " << u;
         EXPECT_EQ(planned[u].paged, live[u].paged) << "unit " << u;
+        EXPECT_EQ(planned[u].weights, live[u].weights) << "unit " << u;
+        EXPECT_EQ(planned[u].weights_paged, live[u].weights_paged) << "unit " << u;
+        EXPECT_GT(live[u].weights, 0u) << "unit " << u;
+        EXPECT_LE(live[u].weights, live[u].resident) << "unit " << u;
+        EXPECT_GE(live[u].weights_paged, live[u].weights) << "unit " << u;
       }
       // and the resident + paged bytes are the state's (each paged buffer rounded up to 4 KiB at most)
       uint64_t res = 0, paged = 0;
@@ -67,7 +74,8 @@ TEST(StateTierLayout, PlanEqualsTheLiveStateUnitByUnit) {
 }
 
 TEST(StateTierLayout, AttachedTierFollowsItsPlan) {
-  const rt::ModelSpec s = rt::test::llama_spec(64, 172, 3, 4, 2, 16, 258);
+  // six layers: the minimum with the weights paged leaves room to keep a whole unit below the one without
+  const rt::ModelSpec s = rt::test::llama_spec(64, 172, 6, 4, 2, 16, 258);
   for (const Case& c : {Case{rt::MasterStorage::fp32, 1, rt::MomentStorage::fp32, rt::UpdateRule::adamw, true},
                         Case{rt::MasterStorage::split, 1, rt::MomentStorage::q4, rt::UpdateRule::adamw, false},
                         Case{rt::MasterStorage::bf16_kahan, 1, rt::MomentStorage::q8, rt::UpdateRule::muon, true}}) {
@@ -92,6 +100,41 @@ TEST(StateTierLayout, AttachedTierFollowsItsPlan) {
       }
       t.page_in_all();
     }
+    // below the minimum with the weights in RAM, an engine that pages them too: RAM keeps the gradients and
+    // whole units (weights + state) in unit order; the paged units' weights are not in RAM either
+    const uint64_t wmin = rt::tier_place(planned, all.min_bytes - 1, true).min_bytes;
+    ASSERT_LT(wmin, all.min_bytes);
+    for (uint64_t budget : {wmin, wmin + planned[0].paged + planned[0].weights_paged}) {
+      rt::test::TempDir tmp;
+      const rt::TierPlan want = rt::tier_place(planned, budget, true);
+      ASSERT_TRUE(want.fits);
+      ASSERT_TRUE(want.weights_paged);
+      EXPECT_EQ(want.min_bytes_resident_weights, all.min_bytes);
+      EXPECT_EQ(want.n_paged(),
+                budget == wmin ? static_cast<int>(planned.size()) : static_cast<int>(planned.size()) - 1);
+      rt::HostState st(s, c.grads, c.moments, c.master, c.rule);
+      st.init_random(3);
+      const std::vector<uint8_t> before = rt::test::state_bytes(st, false);
+      rt::StateTier t(st, {tmp.path(), budget, "[train]", true});
+      EXPECT_TRUE(t.plan() == want) << "budget " << budget;
+      EXPECT_EQ(rt::file_size(t.path()), want.file_bytes);
+      uint64_t grads = 0, wfile = 0;
+      for (size_t u = 0; u < st.units().size(); ++u) {
+        const rt::StateUnit& su = st.units()[u];
+        grads += 4 * su.grad.n;
+        EXPECT_EQ(su.paged_out, want.paged[u] != 0);
+        if (!want.paged[u]) continue;
+        wfile += planned[u].weights_paged;
+        EXPECT_EQ(su.shadow_master() ? su.shadow_buf[0].p : su.arena.p, nullptr) << "unit " << u;
+        rt::test::expect_error([&] { (void)su.read_master(0, 1, nullptr); },
+                               {"its weights are in the state tier's file"});
+      }
+      EXPECT_EQ(want.resident, grads);  // RAM keeps the gradients only
+      EXPECT_EQ(want.weight_file_bytes, wfile);
+      EXPECT_LE(want.ram(), budget);
+      t.page_in_all();
+      EXPECT_TRUE(rt::test::state_bytes(st, false) == before);  // paged out and back: the same bytes
+    }
   }
 }
 
@@ -115,6 +158,34 @@ TEST(StateTierLayout, PlaceKeepsBudgetAndMinimum) {
   EXPECT_EQ(p2.n_paged(), 0);
   EXPECT_EQ(p2.file_bytes, 0u);
   EXPECT_EQ(p2.ram(), 1125u);
+  // the weights page only when the engine may page them and the budget is below the minimum with them in RAM:
+  // an embedding, six layers, a head; of each unit's resident bytes, 2 are gradients and the rest weights (in
+  // the file one more: 4 KiB rounding)
+  std::vector<rt::TierUnitBytes> w = {{102, 100, 100, 101}};
+  for (int i = 0; i < 6; ++i) w.push_back({302, 300, 300, 301});
+  w.push_back({52, 50, 50, 51});
+  const uint64_t min_resident = 102 + 6 * 302 + 52 + 900;           // every weight in RAM + three units' state
+  EXPECT_FALSE(rt::tier_place(w, min_resident - 1).weights_paged);  // an engine that does not page them
+  EXPECT_FALSE(rt::tier_place(w, min_resident - 1).fits);
+  EXPECT_FALSE(rt::tier_place(w, min_resident, true).weights_paged);  // fits with the weights in RAM
+  EXPECT_FALSE(rt::tier_place(w, 0, true).weights_paged);             // 0: every unit's optimizer state, as before
+  const uint64_t min_paged = 16 + 3 * (300 + 301);                    // the gradients + three units' weights and state
+  const rt::TierPlan pw = rt::tier_place(w, min_paged + 100, true);
+  EXPECT_TRUE(pw.weights_paged);
+  EXPECT_TRUE(pw.fits);
+  EXPECT_EQ(pw.resident, 16u);
+  EXPECT_EQ(pw.min_bytes, min_paged);
+  EXPECT_EQ(pw.min_bytes_resident_weights, min_resident);
+  EXPECT_EQ(pw.paged, std::vector<char>(8, 1));  // 100 left: neither the embedding (201) nor the head (101)
+  EXPECT_EQ(pw.file_bytes, 201u + 6 * 601 + 101);
+  EXPECT_EQ(pw.weight_file_bytes, 101u + 6 * 301 + 51);
+  EXPECT_EQ(pw.traffic_per_step(), 2 * pw.file_bytes);
+  const rt::TierPlan pk = rt::tier_place(w, min_paged + 201, true);  // the embedding kept whole
+  EXPECT_EQ(pk.paged, (std::vector<char>{0, 1, 1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(pk.kept, 201u);
+  EXPECT_EQ(pk.weight_file_bytes, 6u * 301 + 51);
+  EXPECT_LE(pk.ram(), min_paged + 201);
+  EXPECT_FALSE(rt::tier_place(w, min_paged - 1, true).fits);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ void OptimizerPhase::run_host(const OptimStep& step_o, float coef, bool apply, i
       auto span = dev_.tracer.host_begin(units[u].muon ? "muon" : "adamw", static_cast<int>(u) - 1);
       update_unit(units[u], units[u].grad.p, o, coef, weights_.shadow(0, u));  // in place (no delayed mode here)
       dev_.tracer.host_end(span);
+      weights_.upload_paged(u);  // paged weights: to the device while u is paged in (before the tier releases it)
       n_params += units[u].numel;
     }
     track_.mark_updated(u, step);
@@ -86,6 +87,8 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
     fold_params_ += e - b;
   }
   const bool unit_done = e == un.numel;
+  // paged weights: the whole updated unit to the device before the tier releases it
+  if (unit_done && fold_apply_ && std::isfinite(fold_unit_sq_)) weights_.upload_paged(u);
   if (tier && unit_done) tier->release(u, std::isfinite(fold_unit_sq_));
   dev_.tracer.host_end(span);
   fold_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -210,6 +213,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
                   static_cast<size_t>(ch.e - ch.b) * 2);
     }
     if (c + kRing < chunks.size()) issue(c + kRing);
+    if (apply && ch.e == un.numel) weights_.upload_paged(ch.u);  // paged weights: before the tier releases u
     if (tier && ch.e == un.numel) tier->release(ch.u, true);
     if (ch.e == un.numel && weights_.split()) un.cur_shadow = shadow;  // also after a skipped step
     if (ch.e < un.numel)

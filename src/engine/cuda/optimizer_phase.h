@@ -8,6 +8,11 @@
 // progress, so the next step's load of unit u waits only on u's update.
 // Delayed update: step t writes shadow t % 2 (a skipped step copies the
 // other shadow, so it still holds the current weights).
+// Paged weights (weight_slots.h, --state-dir): right after a unit's update,
+// while it is paged in, its new weights go to the device (upload_paged, which
+// returns when the copy is done), then the tier writes it back and frees it,
+// then the unit is marked updated. A skipped update uploads nothing (the
+// device holds the unchanged weights).
 // Fold mode (--grads fold, engine/fold_clip.h): no phase after the backward;
 // the sink hands each unit's gradient to fold() on the worker as it lands,
 // which clips it by the partial norm, updates the unit in place and marks it

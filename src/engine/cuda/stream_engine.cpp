@@ -48,6 +48,8 @@
 // update_tracker, update_order), tested on the CPU.
 #include "engine/cuda/stream_engine.h"
 
+#include <chrono>
+
 #include "engine/cuda/stream_engine_impl.h"
 
 namespace rt::cuda {
@@ -323,6 +325,35 @@ void StreamEngine::sync() {
   if (dp_.on() && dp_version_ != track_.need_version()) {  // every rank's slices into the host shadows
     weights_->gather_into_host();
     dp_version_ = track_.need_version();
+  }
+}
+
+void StreamEngine::weights_will_page() {
+  track_.drain();
+  weights_->page_weights();
+}
+
+void StreamEngine::weights_paged() {
+  if (!weights_->paged()) {  // fp32 master: the master pages, the device loads the engine's own shadows
+    if (opt_.verbose)
+      std::printf(
+          "cuda engine: the fp32 master pages with the optimizer state (--state-dir); the device loads the "
+          "engine's own pinned bf16 shadows\n");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  weights_->upload_all_paged();
+  if (opt_.verbose) {
+    uint64_t bytes = 0;
+    for (const StateUnit& u : st_.units()) bytes += static_cast<uint64_t>(u.numel) * 2;
+    std::printf(
+        "cuda engine: the weights page (--state-dir): the device holds every layer (%d slots for %lld layers), the "
+        "head and %s; each unit's weights cross PCIe once a step, right after its update (%.1f MiB uploaded at "
+        "start in %.2f s)\n",
+        weights_->count(), (long long)s_.n_layers,
+        host_embed_ ? "the host embedding an engine-owned bf16 copy of its table (outside --max-host-memory)"
+                    : "the embedding",
+        bytes / double(1 << 20), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 

@@ -53,6 +53,9 @@ class StreamEngine final : public Backend {
 
   bool gathers_checkpoints() const override { return dp_.on(); }
   bool pages_state() const override { return !dp_.on(); }  // optimizer_phase.cpp pages through the state tier
+  std::string weight_paging_refusal() const override { return weights_->paging_refusal(); }
+  void weights_will_page() override;
+  void weights_paged() override;
   int stop_agreement() const override { return dp_.on() ? (dp_stop_agreed_ ? 1 : 0) : -1; }
 
   // Data parallel: a checkpoint's gather of unit u (dp_rank.h).

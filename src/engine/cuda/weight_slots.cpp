@@ -1,5 +1,8 @@
 #include "engine/cuda/weight_slots.h"
 
+#include <cstring>
+#include <numeric>
+
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -7,6 +10,7 @@
 #include "dist/collective.h"
 #include "engine/device_plan.h"
 #include "engine/sharded_optimizer.h"
+#include "state/state_tier.h"
 
 namespace rt::cuda {
 
@@ -27,7 +31,13 @@ HostRegistration::~HostRegistration() {
 
 WeightSlots::WeightSlots(HostState& st, EngineDevice& dev, UpdateTracker& track, int slots, bool host_embed,
                          const GpuDataParallel& dp)
-    : st_(st), dev_(dev), track_(track), S_(slots), dev_numels_(device_unit_numels(st.spec())), dp_(dp) {
+    : st_(st),
+      dev_(dev),
+      track_(track),
+      S_(slots),
+      dev_numels_(device_unit_numels(st.spec())),
+      host_embed_(host_embed),
+      dp_(dp) {
   auto& units = st_.units();
   const bool delayed = track_.delayed();
   const int64_t L = st_.spec().n_layers;
@@ -105,6 +115,10 @@ void WeightSlots::gather_into_host() {
 }
 
 const uint16_t* WeightSlots::shadow_src(size_t u) const {
+  if (paged_) {  // only the host embedding's gathers read a table on the host: the engine's copy
+    RT_CHECK(u == 0 && host_embed_, "[cuda] internal: unit ", u, "'s shadow is paged (--state-dir)");
+    return embed_copy_.data();
+  }
   const int k = track_.delayed() ? static_cast<int>(track_.need_version() % 2) : 0;
   return split_ ? st_.units()[u].shadow(k) : shadow_[k][u].as<uint16_t>();
 }
@@ -128,9 +142,10 @@ void WeightSlots::copy_in_as_updated(size_t u, bf16* dst, const char* what, int 
 }
 
 void WeightSlots::ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded) {
+  if (paged_) return track_.wait_updated(u, track_.need_version());  // uploaded by its update (upload_paged)
   if (have_version == track_.need_version()) return;
   copy_in_as_updated(u, dst.data(), u == 0 ? "load embed" : "load head", -1);
-  zero_lm_head_padding(u, dst.data());
+  zero_lm_head_padding(u, dst.data(), dev_.h2d.get());
   dev_.h2d_bytes += static_cast<uint64_t>(st_.units()[u].numel) * 2 / (dp_.on() ? dp_.weights->world() : 1);
   CUDA_CHECK(cudaEventRecord(loaded.get(), dev_.h2d.get()));
   CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), loaded.get(), 0));
@@ -140,7 +155,7 @@ void WeightSlots::ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version
 // The LM head's rows past the vocabulary (cuda/lm_head_rows.h) are zero on
 // the device, whatever the load or the all-gather left there: the LM head is
 // the unit's last tensor (the embedding when tied, else the head's).
-void WeightSlots::zero_lm_head_padding(size_t u, bf16* dst) {
+void WeightSlots::zero_lm_head_padding(size_t u, bf16* dst, cudaStream_t stream) {
   const ModelSpec& s = st_.spec();
   const size_t lm_unit = s.tie_embeddings ? 0 : static_cast<size_t>(s.n_layers + 1);
   const int64_t V = s.vocab, C = s.hidden, Vr = lm_head_rows(V);
@@ -150,8 +165,7 @@ void WeightSlots::zero_lm_head_padding(size_t u, bf16* dst) {
   RT_CHECK(k == WeightKind::lm_head || k == WeightKind::embed,
            "[cuda] internal: the LM head is not the last tensor of ", un.name);
   RT_CHECK(un.offsets.back() + Vr * C <= dev_numel(u), "[cuda] internal: no room for the LM head's padding rows");
-  CUDA_CHECK(
-      cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2, dev_.h2d.get()));
+  CUDA_CHECK(cudaMemsetAsync(dst + un.offsets.back() + V * C, 0, static_cast<size_t>((Vr - V) * C) * 2, stream));
 }
 
 void WeightSlots::ensure_head() {
@@ -159,6 +173,7 @@ void WeightSlots::ensure_head() {
 }
 
 void WeightSlots::load_layer(int64_t i) {
+  if (paged_) return track_.wait_updated(static_cast<size_t>(i + 1), track_.need_version());  // upload_paged
   const int s = static_cast<int>(i % S_);
   if (slot_layer_[s] == i && slot_version_[s] == track_.need_version()) return;
   if (slot_layer_[s] >= 0) CUDA_CHECK(cudaStreamWaitEvent(dev_.h2d.get(), slot_free_[s].get(), 0));
@@ -171,13 +186,83 @@ void WeightSlots::load_layer(int64_t i) {
 
 const bf16* WeightSlots::use_layer(int64_t i) {
   const int s = static_cast<int>(i % S_);
-  load_layer(i);  // no-op when prefetched
+  load_layer(i);                        // no-op when prefetched
+  if (paged_) return slots_[s].data();  // its upload was done before the unit was marked updated
   CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), slot_loaded_[s].get(), 0));
   return slots_[s].data();
 }
 
 void WeightSlots::release_layer(int64_t i) {
   CUDA_CHECK(cudaEventRecord(slot_free_[static_cast<int>(i % S_)].get(), dev_.compute.get()));
+}
+
+std::string WeightSlots::paging_refusal() const {
+  if (dp_.on()) return "a data-parallel rank's optimizer state is sharded, not paged";
+  if (!split_) return "";  // fp32 master: the device loads the engine's own pinned shadows; the master pages
+  if (track_.delayed())
+    return "the CUDA engine pages a split or bf16 master only without --delayed-update (its two shadows: not built)";
+  const int64_t L = st_.spec().n_layers;
+  if (S_ < L)
+    return cat(
+        "the CUDA engine pages a split or bf16 master (the bf16 weights it loads) only with every layer in its "
+        "own device slot: add --resident (",
+        (dev_numel(1) * 2 * L) >> 20,
+        " MiB of layers on the device; if the device plan does not fit then, a larger --max-gpu-memory or card). "
+        "Reading the weights ahead of the forward and backward from the file instead is not built");
+  return "";
+}
+
+void WeightSlots::page_weights() {
+  const std::string why = paging_refusal();
+  RT_CHECK(why.empty(), "[cuda] internal: the weights cannot page: ", why);
+  if (!split_) return;                  // fp32 master: nothing the device loads leaves RAM
+  CUDA_CHECK(cudaDeviceSynchronize());  // no copy from a shadow in flight
+  registered_.clear();                  // unpinned: the tier frees these buffers
+  if (host_embed_) embed_copy_.resize(static_cast<size_t>(st_.units()[0].numel));
+  paged_ = true;
+}
+
+// Stream order. Write after read: the caller updated u after u's gradient
+// reached the host, and that gradient's copy-out was queued on the compute
+// stream behind every use of u's weights in the step (a layer's recompute and
+// backward, the head's, the embedding's forward; device gradients: behind
+// the whole backward), so no kernel still reads dst. Read after write: this
+// returns once the copy is done, before the caller marks u updated; the
+// compute thread queues u's next use only after waiting for that mark
+// (load_layer, ensure_unit, the host embedding's gather). The source may be
+// pageable (the tier's buffers are plain allocations): the driver stages it
+// through its own pinned buffers, and the synchronize below makes the copy's
+// end explicit, so the tier may free or reuse src as soon as this returns.
+void WeightSlots::upload_paged(size_t u) {
+  if (!paged_) return;
+  const StateUnit& un = st_.units()[u];
+  const uint16_t* src = un.shadow(0);
+  RT_CHECK(src && !un.paged_out, "[cuda] internal: unit ", un.name, " is not paged in for its upload");
+  const size_t bytes = static_cast<size_t>(un.numel) * 2;
+  const size_t L = static_cast<size_t>(st_.spec().n_layers);
+  if (u == 0 && host_embed_) {  // the gathers' table (HostEmbedding), on the host
+    std::memcpy(embed_copy_.data(), src, bytes);
+    return;
+  }
+  bf16* dst = u == 0       ? embed_w_.data()
+              : u == L + 1 ? head_w_.data()
+                           : slots_[static_cast<size_t>((u - 1) % static_cast<size_t>(S_))].data();
+  auto span = dev_.tracer.gpu_begin(Lane::h2d, "upload", static_cast<int>(u) - 1, upload_.get());
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, upload_.get()));
+  zero_lm_head_padding(u, dst, upload_.get());
+  dev_.tracer.gpu_end(span, upload_.get());
+  CUDA_CHECK(cudaStreamSynchronize(upload_.get()));
+}
+
+void WeightSlots::upload_all_paged() {
+  if (!paged_) return;
+  std::vector<size_t> all(st_.units().size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  if (StateTier* t = st_.tier())
+    t->for_each(
+        all, [&](size_t u) { upload_paged(u); }, false);  // clean: nothing written back
+  else
+    for (size_t u : all) upload_paged(u);
 }
 
 }  // namespace rt::cuda

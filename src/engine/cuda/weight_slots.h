@@ -10,6 +10,13 @@
 // Split master storage (state/host_state.h): the shadows are the state's own
 // (the upper half of the master), pinned in place with cudaHostRegister for the
 // engine's lifetime; shadow k of the engine is the state's shadow k.
+// Paged weights (--state-dir below the minimum with the weights in RAM,
+// state/state_tier.h; page_weights): the state's shadows live in the tier's
+// file between updates, so no load reads them. Every layer keeps its own
+// slot (S >= L, --resident), the head and the embedding theirs (a host
+// embedding: an engine-owned bf16 copy), and each unit's weights cross PCIe
+// once a step, from the worker, right after its update while the unit is
+// paged in (upload_paged); a load then only waits for the unit's update.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -69,6 +76,21 @@ class WeightSlots {
     return b;
   }
 
+  // ---- paged weights ----
+  // "" when the tier may page the weights, else why not and the fix.
+  std::string paging_refusal() const;
+  // Before the tier pages the weights: the state's shadows are unpinned (the
+  // tier frees their buffers) and the loads stop reading them.
+  void page_weights();
+  bool paged() const { return paged_; }
+  // Worker (or, at start, the thread that made the engine), unit u paged in:
+  // its current weights to its device buffer (or the host embedding's copy).
+  // Returns when the copy is done, so the tier may free or reuse the
+  // shadow's buffer right after; the unit is marked updated after this.
+  void upload_paged(size_t u);
+  // After the tier paged the weights out: every unit's, each read in (clean).
+  void upload_all_paged();
+
   // Queues the load of layer i into its slot unless it is already there.
   void load_layer(int64_t i);
   // Layer i's weights, the compute stream waiting for their load.
@@ -86,7 +108,7 @@ class WeightSlots {
   void copy_in_as_updated(size_t u, bf16* dst, const char* what, int layer);
   void copy_in_gathered(size_t u, bf16* dst, const char* what, int layer);  // data parallel
   int64_t dev_numel(size_t u) const;                                        // device elements of unit u's buffers
-  void zero_lm_head_padding(size_t u, bf16* dst);
+  void zero_lm_head_padding(size_t u, bf16* dst, cudaStream_t stream);
   void ensure_unit(size_t u, DevBuf<bf16>& dst, int64_t& have_version, Event& loaded);
   HostState& st_;
   EngineDevice& dev_;
@@ -102,6 +124,10 @@ class WeightSlots {
   std::vector<DevBuf<bf16>> slots_;
   std::vector<int64_t> slot_layer_, slot_version_;
   std::vector<Event> slot_loaded_, slot_free_;
+  bool paged_ = false;                // page_weights(): uploads come from the optimizer, loads only wait
+  bool host_embed_ = false;           // the embedding stays on the host (HostEmbedding)
+  std::vector<uint16_t> embed_copy_;  // paged, host embedding: its bf16 table (the gathers' source)
+  Stream upload_;  // paged: the uploads' own stream (the compute thread's h2d work never waits on them)
   GpuDataParallel dp_;
   Event dp_slice_in_, dp_gathered_;
 };
