@@ -34,6 +34,7 @@ namespace rt::cli {
 // "host gradients need 29051 MiB more host RAM but only ~25000 MiB are
 // available"), so ~124 GiB of 128 are usable.
 constexpr uint64_t kHostReserveBytes = 4ull << 30;
+constexpr double kGiB = 1ull << 30;  // the report's unit (gib below)
 
 // The flags, typed. Unset card figures (nullopt) are the card's own.
 struct PlanOptions {
