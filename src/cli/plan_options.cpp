@@ -28,12 +28,8 @@ const char* kExamples =
     "  ramtrain plan --preset qwen2.5-7b --gpu h200 --micro-batch 32 --delayed-update --json\n"
     "  ramtrain plan --model ./Qwen2.5-7B --gpu-memory 10G --gpu-tflops 60 --pcie-gbs 25 --host-ram 64G\n";
 
-}  // namespace
-
-// ---- the flags
-
-bool plan_options(const Args& args, PlanOptions* out) {
-  ArgParser p("plan", kSummary, kExamples);
+// The options, as train's where they share a name (cli/train_config.cpp).
+void plan_declare_options(ArgParser& p) {
   p.group("Model");
   p.option("preset", "NAME", "a built-in model shape (ramtrain train --help lists them)");
   p.option("model", "DIR", "a HF model directory (only config.json is read)");
@@ -123,6 +119,15 @@ bool plan_options(const Args& args, PlanOptions* out) {
       .integer(1, 1024);
   p.group("Output");
   p.flag("json", "print one JSON object instead of the report");
+}
+
+}  // namespace
+
+// ---- the flags
+
+bool plan_options(const Args& args, PlanOptions* out) {
+  ArgParser p("plan", kSummary, kExamples);
+  plan_declare_options(p);
   if (!p.parse(args)) return false;
   PlanOptions& o = *out;
 
