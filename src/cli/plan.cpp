@@ -44,8 +44,8 @@ int cmd_plan(const Args& args) {
   plan.machine = plan_machine(plan.opt);
   plan.device = plan_device_fit(plan.opt, plan.machine);
   plan.host = plan_host_ram(plan.opt, plan.machine, plan.device);
-  plan.step = predict_step(plan.opt.spec, plan.opt.B, plan.opt.T, plan.device.plan, plan.machine.card, plan.opt.gparams,
-                           plan.machine.matmul);
+  plan.step = predict_step(plan.opt.spec, plan.opt.micro_batch, plan.opt.seq_len, plan.device.plan, plan.machine.card,
+                           plan.opt.gparams, plan.machine.matmul);
   plan.fixes = plan_fixes(plan);
   if (plan.opt.json)
     std::printf("%s\n", plan_json(plan).c_str());

@@ -1,17 +1,17 @@
-// `ramtrain plan`'s stages, each a function of the ones before it, in the order
-// cmd_plan (cli/plan.cpp) runs them:
-//   plan_options   the flags, read; the model and the checks on the flags alone
-//   plan_machine   the card (datasheet leads, adjusted by --gpu-*) and the host
-//   plan_device_fit  the engine's device plan (engine/device_plan.h), with the
-//                  engine's fallback when the host cannot pin layer-major's inputs
-//   plan_host_ram  host RAM per item (HostState::planned_bytes), the state tier,
-//                  the checkpoint on disk, data parallel's per-rank bytes
-//   predict_step   the step time (engine/step_model.h)
-//   plan_fixes     what to change, most binding first
-//   plan_report / plan_json   the text report or one JSON object
+// `ramtrain plan`'s stages, in the order cmd_plan (cli/plan.cpp) runs them,
+// each a function of the ones before it:
+//   plan_options     the flags (plan_options.cpp): the model, checks on flags alone
+//   plan_machine     the card, datasheet leads adjusted by --gpu-*; the host
+//   plan_device_fit  the engine's device plan (plan_memory.cpp), with the
+//                    engine's fallback when the host cannot pin layer-major's inputs
+//   plan_host_ram    host RAM per item, the state tier, the checkpoint on disk,
+//                    data parallel's bytes per rank
+//   predict_step     the step time (engine/step_model.h)
+//   plan_fixes       what to change (plan_fixes.cpp)
+//   plan_report      the text report (plan_report.cpp), or plan_json: one JSON
+//                    object (plan_json.cpp); they decide nothing
 // A stage that refuses the run throws rt::Error naming the flag to change; a
-// run that breaks several rules is refused for the first in this order (the
-// engine's own refusals, from fit_device_plan, before the data-parallel ones).
+// run that breaks several rules is refused for the first in this order.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -38,9 +38,9 @@ constexpr double kGiB = 1ull << 30;  // the report's unit (gib below)
 
 // The flags, typed. Unset card figures (nullopt) are the card's own.
 struct PlanOptions {
-  std::string model_name;       // --preset NAME, or the --model directory as resolved
-  ModelSpec spec;               // --layers applied
-  int64_t T = 0, B = 0, K = 0;  // --seq-len, --micro-batch, --grad-accum
+  std::string model_name;                                // --preset NAME, or the --model directory as resolved
+  ModelSpec spec;                                        // --layers applied
+  int64_t seq_len = 0, micro_batch = 0, grad_accum = 0;  // T, B, K: micro-batches of B x T tokens, K a step
   std::string gpu;
   std::optional<uint64_t> gpu_memory;
   std::optional<double> gpu_tflops, gpu_fp8_tflops, pcie_gbs;
@@ -78,7 +78,7 @@ struct PlanDevice {
 
 struct PlanHostItem {
   std::string what;
-  uint64_t bytes;
+  uint64_t bytes = 0;
 };
 
 struct PlanHost {
@@ -88,7 +88,7 @@ struct PlanHost {
   uint64_t total = 0;  // the items, the state's at its RAM share with the tier
   bool fits = false;
   uint64_t numel = 0;                   // elements of the state (every unit's arena)
-  uint64_t moment_bytes = 0;            // Adam m and v (Muon: m alone for its matrices)
+  uint64_t moment_bytes = 0;            // Adam m and v (Muon: no v for its matrices)
   uint64_t block_checkpoint_bytes = 0;  // the pinned block checkpoints' item
   uint64_t saved_bytes = 0;             // one checkpoint on disk (--save-every)
   RunTierPlan tier;                     // with PlanOptions::tiered
@@ -99,6 +99,7 @@ struct PlanHost {
 };
 constexpr size_t kPlanStateItems = 5;
 
+// What cmd_plan fills, stage by stage; the report and the JSON read it whole.
 struct Plan {
   PlanOptions opt;
   PlanMachine machine;
@@ -117,10 +118,6 @@ PlanHost plan_host_ram(const PlanOptions& o, const PlanMachine& m, const PlanDev
 std::vector<std::string> plan_fixes(const Plan& plan);
 void plan_report(const Plan& plan);  // prints the text report
 std::string plan_json(const Plan& plan);
-
-// Bytes of the host gradient arenas per unit: every unit's (host), the host
-// embedding's only (fold), none (device).
-std::vector<uint64_t> plan_host_grad_bytes(const ModelSpec& spec, const DevicePlacement& place);
 
 // The report's number formats: printf of one value; GiB, or MiB below 1 GiB;
 // a JSON string.

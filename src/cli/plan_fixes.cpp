@@ -17,7 +17,7 @@ namespace {
 // The device plan does not fit even at its smallest: the largest micro-batch that does.
 std::string device_fix(const Plan& plan) {
   const ModelSpec& spec = plan.opt.spec;
-  const int64_t T = plan.opt.T, B = plan.opt.B, K = plan.opt.K;
+  const int64_t T = plan.opt.seq_len, B = plan.opt.micro_batch, K = plan.opt.grad_accum;
   const CudaOptions& co = plan.device.options;
   const DevicePlan& dp = plan.device.plan;
   const uint64_t budget = plan.machine.budget;
@@ -53,7 +53,7 @@ std::string device_fix(const Plan& plan) {
 // Host RAM is over: how much, then what each item would give back.
 void host_fixes(const Plan& plan, std::vector<std::string>* fixes) {
   const PlanOptions& o = plan.opt;
-  const int64_t T = o.T, B = o.B, K = o.K;
+  const int64_t T = o.seq_len, B = o.micro_batch, K = o.grad_accum;
   const CudaOptions& co = plan.device.options;
   const DevicePlacement& pl = plan.device.plan.place;
   const uint64_t budget = plan.machine.budget, host_usable = plan.machine.host_usable;
@@ -109,7 +109,7 @@ void step_fixes(const Plan& plan, std::vector<std::string>* fixes) {
   else if (sp.binding == std::string("optimizer"))
     fixes->push_back("the CPU optimizer shows for " + fmt("%.2f s", sp.optimizer_exposed_s) +
                      " per step: more tokens per step (--grad-accum) spread it over more compute");
-  if (sp.binding == std::string("copies") && plan.opt.K > 1 && !pl.layer_major)
+  if (sp.binding == std::string("copies") && plan.opt.grad_accum > 1 && !pl.layer_major)
     fixes->push_back("the copies bind: --layer-major on moves the weights once per step, not once per micro-batch");
   else if (sp.binding == std::string("copies"))
     fixes->push_back(

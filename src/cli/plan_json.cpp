@@ -12,7 +12,7 @@ namespace rt::cli {
 std::string plan_json(const Plan& plan) {
   const PlanOptions& o = plan.opt;
   const ModelSpec& spec = o.spec;
-  const int64_t T = o.T, B = o.B, K = o.K;
+  const int64_t T = o.seq_len, B = o.micro_batch, K = o.grad_accum;
   const CardSpec& card = plan.machine.card;
   const MatmulMode matmul = plan.machine.matmul;
   const DevicePlan& dp = plan.device.plan;

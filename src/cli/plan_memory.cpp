@@ -26,11 +26,9 @@ uint64_t sum(const std::vector<uint64_t>& v) {
   return n;
 }
 
-}  // namespace
-
-// ---- the device plan
-
-std::vector<uint64_t> plan_host_grad_bytes(const ModelSpec& spec, const DevicePlacement& place) {
+// Bytes of the host gradient arenas per unit: every unit's (host), the host
+// embedding's only (fold), none (device).
+std::vector<uint64_t> host_grad_bytes(const ModelSpec& spec, const DevicePlacement& place) {
   const std::vector<int64_t> unit_numel = unit_numels(spec);
   std::vector<uint64_t> bytes(unit_numel.size());
   for (size_t u = 0; u < unit_numel.size(); ++u)
@@ -39,9 +37,13 @@ std::vector<uint64_t> plan_host_grad_bytes(const ModelSpec& spec, const DevicePl
   return bytes;
 }
 
+}  // namespace
+
+// ---- the device plan
+
 PlanDevice plan_device_fit(const PlanOptions& o, const PlanMachine& m) {
   const ModelSpec& spec = o.spec;
-  const int64_t T = o.T, B = o.B, K = o.K;
+  const int64_t T = o.seq_len, B = o.micro_batch, K = o.grad_accum;
   const uint64_t host_ram = o.host_ram;
   PlanDevice d;
   CudaOptions& co = d.options;
@@ -51,6 +53,7 @@ PlanDevice plan_device_fit(const PlanOptions& o, const PlanMachine& m) {
   const std::string& master = co.master;
   const std::string& opt = o.optimizer;
   const int ranks = o.ranks;
+  // --nproc-per-node's rules, after fit_device_plan: the engine's refusals come first
   if (ranks > 1 && K % ranks != 0)
     fail("[plan] --grad-accum ", K, " is not a multiple of --nproc-per-node ", ranks,
          ": the ranks share the step's micro-batches, as train runs them (and refuses this); use --grad-accum ",
@@ -69,7 +72,7 @@ PlanDevice plan_device_fit(const PlanOptions& o, const PlanMachine& m) {
         !o.tiered ? HostState::planned_bytes(spec, o.storage, co.delayed_update ? 2 : 1, false, o.moments, o.rule)
         : o.max_host_memory ? *o.max_host_memory
                             : 0;
-    const uint64_t need = state_ram + sum(plan_host_grad_bytes(spec, pl)) + host_checkpoint_bytes(spec, B, T, pl) +
+    const uint64_t need = state_ram + sum(host_grad_bytes(spec, pl)) + host_checkpoint_bytes(spec, B, T, pl) +
                           gradient_landing_bytes(spec, pl, co.landing_chunk_bytes) +
                           static_cast<uint64_t>(24 * K * B * T);
     if (need + kHostReserveBytes > host_ram) {
@@ -103,7 +106,7 @@ PlanDevice plan_device_fit(const PlanOptions& o, const PlanMachine& m) {
 
 PlanHost plan_host_ram(const PlanOptions& o, const PlanMachine& m, const PlanDevice& d) {
   const ModelSpec& spec = o.spec;
-  const int64_t T = o.T, B = o.B, K = o.K;
+  const int64_t T = o.seq_len, B = o.micro_batch, K = o.grad_accum;
   const MasterStorage storage = o.storage;
   const MomentStorage moments = o.moments;
   const UpdateRule rule = o.rule;
@@ -122,7 +125,7 @@ PlanHost plan_host_ram(const PlanOptions& o, const PlanMachine& m, const PlanDev
   const std::string mom_kind = moments == MomentStorage::fp32 ? "fp32"
                                : moments == MomentStorage::q8 ? "8-bit codes + an fp32 absmax per 256"
                                                               : "4-bit codes + an fp32 absmax per 256";
-  const std::vector<uint64_t> grad_bytes = plan_host_grad_bytes(spec, pl);
+  const std::vector<uint64_t> grad_bytes = host_grad_bytes(spec, pl);
   h.block_checkpoint_bytes = host_checkpoint_bytes(spec, B, T, pl);
   std::vector<PlanHostItem>& host = h.items;
   host.push_back({storage == MasterStorage::split ? "master remainder + tie bits (split; upper half = the shadow)"

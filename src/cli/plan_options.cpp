@@ -142,9 +142,9 @@ bool plan_options(const Args& args, PlanOptions* out) {
     o.spec = spec_from_config_file(path_join(o.model_name, "config.json"));
   }
   if (p.has("layers")) o.spec.n_layers = p.integer("layers");
-  o.T = p.integer("seq-len"), o.B = p.integer("micro-batch"), o.K = p.integer("grad-accum");
-  if (o.T > o.spec.max_sequence())
-    fail("[plan] --seq-len ", o.T, " exceeds the model's ", o.spec.max_sequence_why(), "; lower --seq-len");
+  o.seq_len = p.integer("seq-len"), o.micro_batch = p.integer("micro-batch"), o.grad_accum = p.integer("grad-accum");
+  if (o.seq_len > o.spec.max_sequence())
+    fail("[plan] --seq-len ", o.seq_len, " exceeds the model's ", o.spec.max_sequence_why(), "; lower --seq-len");
 
   // the card and the host
   o.gpu = p.str("gpu");
@@ -164,6 +164,19 @@ bool plan_options(const Args& args, PlanOptions* out) {
   if (p.has("max-host-memory")) o.max_host_memory = p.size_bytes("max-host-memory");
   o.ssd_gbs = p.number("ssd-gbs");
 
+  // the optimizer and the master's storage
+  o.optimizer = p.str("optimizer");
+  o.muon = o.optimizer.rfind("muon", 0) == 0;
+  o.rule = o.muon ? UpdateRule::muon : UpdateRule::adamw;
+  const std::string master = p.str("master");
+  o.storage = master == "fp32"         ? MasterStorage::fp32
+              : master == "bf16-sr"    ? MasterStorage::bf16_sr
+              : master == "bf16-kahan" ? MasterStorage::bf16_kahan
+                                       : MasterStorage::split;
+  o.moments = o.optimizer == "adamw8bit" || o.optimizer == "muon8bit"   ? MomentStorage::q8
+              : o.optimizer == "adamw4bit" || o.optimizer == "muon4bit" ? MomentStorage::q4
+                                                                        : MomentStorage::fp32;
+
   // the engine options, as `ramtrain train` builds them (cli/train.cpp)
   CudaOptions& co = o.engine;
   co.slots = static_cast<int>(p.integer("slots"));
@@ -174,24 +187,13 @@ bool plan_options(const Args& args, PlanOptions* out) {
   co.clipping = p.number("clip") > 0;
   co.checkpoints = p.str("checkpoints");
   co.layer_major = p.str("layer-major");
-  co.master = p.str("master");
-  co.muon = p.str("optimizer").rfind("muon", 0) == 0;  // whole-unit updates, NS5 workspace
-  co.micro_batches = o.K;
+  co.master = master;
+  co.muon = o.muon;  // whole-unit updates, NS5 workspace
+  co.micro_batches = o.grad_accum;
   co.keep_activations = p.str("keep-activations") == "auto" ? -1 : p.integer("keep-activations");
   co.keep_attention = p.str("keep-attention") == "auto" ? -1 : p.integer("keep-attention");
   co.verbose = false;
   if (p.on("low-memory")) set_low_memory(co);
-  const std::string& master = co.master;
-  o.optimizer = p.str("optimizer");
-  o.muon = o.optimizer.rfind("muon", 0) == 0;
-  o.rule = o.muon ? UpdateRule::muon : UpdateRule::adamw;
-  o.storage = master == "fp32"         ? MasterStorage::fp32
-              : master == "bf16-sr"    ? MasterStorage::bf16_sr
-              : master == "bf16-kahan" ? MasterStorage::bf16_kahan
-                                       : MasterStorage::split;
-  o.moments = o.optimizer == "adamw8bit" || o.optimizer == "muon8bit"   ? MomentStorage::q8
-              : o.optimizer == "adamw4bit" || o.optimizer == "muon4bit" ? MomentStorage::q4
-                                                                        : MomentStorage::fp32;
   o.ranks = static_cast<int>(p.integer("nproc-per-node"));
   o.json = p.on("json");
   return true;

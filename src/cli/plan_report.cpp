@@ -18,7 +18,7 @@ namespace {
 void report_machine(const Plan& plan) {
   const PlanOptions& o = plan.opt;
   const ModelSpec& spec = o.spec;
-  const int64_t T = o.T, B = o.B, K = o.K;
+  const int64_t T = o.seq_len, B = o.micro_batch, K = o.grad_accum;
   const CardSpec& card = plan.machine.card;
   const StepPrediction& sp = plan.step;
   const double params = static_cast<double>(spec.params_total());
@@ -99,7 +99,9 @@ void report_tier(const Plan& plan) {
       static_cast<double>(tier.read_bytes) / 1e9, static_cast<double>(tier.write_bytes) / 1e9, tier.ssd_s, o.ssd_gbs,
       tier.ssd_s > sp.step_s ? "above" : "under", sp.step_s,
       tier.ssd_s > sp.step_s ? "the SSD binds: " : "the SSD does not bind: ",
-      fmt("%.0f tokens/s", static_cast<double>(o.K * o.B * o.T) / std::max(sp.step_s, tier.ssd_s)).c_str());
+      fmt("%.0f tokens/s",
+          static_cast<double>(o.grad_accum * o.micro_batch * o.seq_len) / std::max(sp.step_s, tier.ssd_s))
+          .c_str());
   if (tier.weights_paged)
     std::printf(
         "  (weights on the SSD: read ahead of the forward, the backward and the update, written after it; "
@@ -159,7 +161,7 @@ void report_device(const Plan& plan) {
       (long long)dp.attn_kept_layers);
   if (plan.device.host_fallback)
     std::printf("  micro-batch-major: the host cannot pin the block inputs of all %lld micro-batches (layer-major)\n",
-                (long long)o.K);
+                (long long)o.grad_accum);
   for (const std::string& c : dp.changes) std::printf("  shrunk to fit: %s\n", c.c_str());
   std::printf("  device memory %s of %s budget%s\n", gib(static_cast<double>(dp.total)).c_str(),
               gib(static_cast<double>(dp.budget)).c_str(), dp.fits() ? "" : ": DOES NOT FIT");
