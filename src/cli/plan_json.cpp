@@ -38,7 +38,8 @@ std::string plan_json(const Plan& plan) {
   j += ",\"matmul\":" + json_str(o.matmul) +
        ",\"fp8_scaling\":" + json_str(matmul == MatmulMode::bf16 ? "none" : o.fp8_scaling) +
        ",\"fp8_gain\":" + fmt("%.4g", fp8_gain) +
-       ",\"fp8_gain_estimated\":" + (matmul == MatmulMode::fp8_tensor && fp8_gain > 0 ? "true" : "false") +
+       ",\"fp8_gain_estimated\":" +
+       (matmul == MatmulMode::fp8_tensor && fp8_gain > 0 && card.name != "h100" ? "true" : "false") +
        ",\"fp8_flops_per_token\":" + fmt("%.6g", sp.fp8_flops_per_token);
   j += ",\"host\":{\"ram_bytes\":" + std::to_string(o.host_ram) +
        ",\"usable_bytes\":" + std::to_string(plan.machine.host_usable) +

@@ -49,7 +49,8 @@ void plan_declare_options(ArgParser& p) {
   p.option("pcie-gbs", "Y", "practical host<->device GB/s (default: the card's: gen4 x16 25, gen5 x16 50)").above(0);
   p.option("matmul", "bf16|fp8",
            "the projections' GEMMs, as train's --matmul: fp8 counts their FLOPs at the card's FP8 rate (block "
-           "scaling: h100, h200, measured; tensor scaling: rtx4090, rtx5090, h100, h200, an ESTIMATE until measured; "
+           "scaling: h100, h200, measured on the H100; tensor scaling: rtx4090, rtx5090, h100, h200, measured on the H100, "
+           "an ESTIMATE on the others; "
            "other cards are refused as train refuses them)",
            "bf16")
       .choice({"bf16", "fp8"});

@@ -48,10 +48,11 @@ void report_machine(const Plan& plan) {
     const double share = 100.0 * sp.fp8_flops_per_token / sp.hardware_flops_per_token;
     if (card.fp8_tensor_gain > 0)
       std::printf(
-          "matmul fp8, per-tensor scales: the projections' %.0f%% of the step's FLOPs at %.2fx the bf16 rate, an "
-          "ESTIMATE (not measured yet: the per-tensor GEMM's 1.75x on the H100 less the quantizers' bytes at "
-          "%.2f TB/s, step_model.cpp; not the datasheet's %.0f FP8 TFLOP/s); their workspace is not counted\n",
-          share, card.fp8_tensor_gain, card.memory_tbs, card.fp8_tflops);
+          "matmul fp8, per-tensor scales: the projections' %.0f%% of the step's FLOPs at %.2fx the bf16 rate, %s "
+          "(the per-tensor GEMM's 1.75x less the quantizers' bytes at %.2f TB/s, fitted on the H100's measured 7B "
+          "step, step_model.cpp; not the datasheet's %.0f FP8 TFLOP/s); their workspace is not counted\n",
+          share, card.fp8_tensor_gain, card.name == "h100" ? "as measured" : "an ESTIMATE for this card",
+          card.memory_tbs, card.fp8_tflops);
     else
       std::printf(
           "matmul fp8, per-tensor scales: the projections' %.0f%% of the step's FLOPs at %.0f FP8 TFLOP/s "

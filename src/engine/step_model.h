@@ -41,12 +41,13 @@ struct CardSpec {
   double bf16_tflops = 0;     // dense bf16 with fp32 accumulate, datasheet
   double fp8_tflops = 0;      // dense FP8 (e4m3) with fp32 accumulate, datasheet; 0: no FP8 tensor cores
   // --matmul fp8's projections (GEMMs + quantizers) as a multiple of the bf16
-  // rate, measured (kFp8ProjectionGain); 0: not measured, fp8_tflops is used
+  // rate, fitted to a measured step (kFp8ProjectionGain); 0: not measured, fp8_tflops is used
   double fp8_gain = 0;
   bool fp8_path = false;      // ramtrain's --matmul fp8 runs on it (cuda/fp8.h: Hopper only)
-  // --fp8-scaling tensor: the same multiple, an ESTIMATE until a GPU measures
-  // it (step_model.cpp, fp8_tensor_gain: the per-tensor GEMM's measured 1.75x
-  // less the quantizers' bytes at the card's memory rate); 0: fp8_tflops
+  // --fp8-scaling tensor: the same multiple (step_model.cpp, fp8_tensor_gain:
+  // the per-tensor GEMM's measured 1.75x less the quantizers' bytes at the
+  // card's memory rate, fitted on the H100's measured step; an ESTIMATE on
+  // other cards); 0: fp8_tflops
   double fp8_tensor_gain = 0;
   bool fp8_tensor_path = false;  // --fp8-scaling tensor runs on it (cuda/fp8.h: Ada and Hopper)
   double memory_tbs = 0;         // device memory bandwidth, datasheet TB/s

@@ -342,13 +342,15 @@ TEST(Plan, MatmulFp8TensorScalingOnEveryFp8Card) {
     EXPECT_GT(num(t.output, "fp8_flops_per_token"), 0) << gpu;
     EXPECT_GT(num(t.output, "fp8_gain"), 1.0) << gpu;
     EXPECT_LT(num(t.output, "fp8_gain"), 1.75) << gpu;  // below the GEMM's own gain: the quantizers cost
-    EXPECT_TRUE(contains(t.output, "\"fp8_gain_estimated\":true")) << t.output;
+    // fitted on an H100 measurement; other cards' gains are extrapolated from it
+    EXPECT_TRUE(contains(t.output, std::string("\"fp8_gain_estimated\":") + (gpu == std::string("h100") ? "false" : "true")))
+        << t.output;
     EXPECT_TRUE(contains(t.output, "\"fp8_scaling\":\"tensor\"")) << t.output;
     auto text = run_ramtrain(base + " --matmul fp8 --fp8-scaling tensor");
     ASSERT_EQ(text.exit_code, 0) << text.output;
-    EXPECT_TRUE(contains(text.output, "ESTIMATE")) << text.output;
+    EXPECT_TRUE(contains(text.output, gpu == std::string("h100") ? "as measured" : "ESTIMATE")) << text.output;
   }
-  // on the H100 the estimate (1.17x) is above block's measured 1.08x: a smaller compute time
+  // on the H100 per-tensor (1.39x) is above block (1.23x), both fitted to measured steps: a smaller compute time
   const std::string h = "plan --preset qwen2.5-7b --gpu h100 --micro-batch 16 --seq-len 2048 --json --matmul fp8";
   auto blk = run_ramtrain(h), ten = run_ramtrain(h + " --fp8-scaling tensor");
   ASSERT_EQ(blk.exit_code, 0) << blk.output;

@@ -171,11 +171,11 @@ TEST(StepModel, Fp8MovesTheProjectionsToTheFp8Rate) {
   EXPECT_FALSE(a100.fp8_tensor_path);
   EXPECT_EQ(a100.fp8_tensor_gain, 0);
 
-  // --fp8-scaling tensor: the same FLOPs at the estimated per-tensor gain,
+  // --fp8-scaling tensor: the same FLOPs at the fitted per-tensor gain,
   // which follows the formula of step_model.cpp (recomputed here from the
   // card's rates) and lies between 1 and the GEMM's own 1.75x
   EXPECT_TRUE(h100.fp8_tensor_path);
-  const double q = 5.28e-4 * (720.0 / 839.0) * h100.gemm_peak_tflops / (0.40 * h100.memory_tbs);
+  const double q = 5.28e-4 * (720.0 / 839.0) * h100.gemm_peak_tflops / (0.77 * h100.memory_tbs);
   EXPECT_NEAR(h100.fp8_tensor_gain, 1.0 / (1.0 / 1.75 + q), 1e-12);
   EXPECT_GT(h100.fp8_tensor_gain, 1.0);
   EXPECT_LT(h100.fp8_tensor_gain, 1.75);
