@@ -133,6 +133,8 @@ struct StateUnit {
   // (split: encoded into every shadow, so all of them hold the current weights).
   void read_master(int64_t b, int64_t n, float* out) const;
   void write_master(int64_t b, int64_t n, const float* in);
+  // Throws naming the unit when the state tier holds its weights (page it in first).
+  void check_weights_in_ram() const;
 };
 
 class HostState {
