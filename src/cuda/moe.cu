@@ -19,7 +19,7 @@
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
 // g, u (bf16) and o (fp32) rows, and their gradients are column sums of
-// d_g, d_u, d_o over the expert's rows (one thread per column, rows in order).
+// d_g, d_u, d_o over the expert's rows (cuda::bias_grad: deterministic).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -32,6 +32,7 @@
 
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
+#include "cuda/moe_routing_kernels.cuh"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
@@ -40,8 +41,6 @@ namespace {
 
 using detail::blocks_each;
 using detail::blocks_for;
-
-constexpr int kMaxK = 32;  // experts per token the routing kernels hold in registers
 
 // The scratch of one call, carved in this order (256-byte aligned pieces).
 struct MoeWork {
@@ -101,131 +100,6 @@ MoeWork bind(const MoeDims& d, Scratch s) {
   RT_CHECK(s.ptr && s.bytes >= need, "[cuda moe] the scratch holds ", s.bytes, " bytes; the MoE ops need ", need,
            " (moe_scratch_bytes)");
   return w;
-}
-
-// p[N,E]: logits in, row softmax out (max subtracted, fp32), one thread per row.
-__global__ void softmax_rows_kernel(float* p, int64_t N, int64_t E) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  float* r = p + n * E;
-  float mx = r[0];
-  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, r[e]);
-  float sum = 0.f;
-  for (int64_t e = 0; e < E; ++e) {
-    const float v = expf(r[e] - mx);
-    r[e] = v;
-    sum += v;
-  }
-  const float inv = 1.f / sum;
-  for (int64_t e = 0; e < E; ++e) r[e] *= inv;
-}
-
-// idx/w [N,K]: each row's K largest probabilities (ties: lower index), as
-// moe_topk; topk_softmax (gpt-oss): p holds logits and w is the softmax of the K selected.
-__global__ void topk_kernel(int32_t* idx, float* w, const float* p, int64_t N, int64_t E, int K, bool norm_topk,
-                            bool topk_softmax) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  const float* r = p + n * E;
-  int sel[kMaxK];
-  float wt[kMaxK];
-  for (int j = 0; j < K; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken = taken || sel[i] == e;
-      if (!taken && (best < 0 || r[e] > r[best])) best = e;
-    }
-    sel[j] = best;
-    wt[j] = r[best];
-  }
-  if (topk_softmax) {  // wt[0] is the largest: the max to subtract
-    float z = 0.f;
-    for (int j = 0; j < K; ++j) z += (wt[j] = expf(wt[j] - r[sel[0]]));
-    const float inv = 1.f / z;
-    for (int j = 0; j < K; ++j) {
-      idx[n * K + j] = sel[j];
-      w[n * K + j] = wt[j] * inv;
-    }
-    return;
-  }
-  float sum = 0.f;
-  if (norm_topk)
-    for (int j = 0; j < K; ++j) sum += wt[j];
-  for (int j = 0; j < K; ++j) {
-    idx[n * K + j] = sel[j];
-    w[n * K + j] = norm_topk ? wt[j] / sum : wt[j];
-  }
-}
-
-// counts[1 + e] = slots routed to expert e; one block per expert.
-__global__ void count_kernel(int32_t* offsets, const int32_t* idx, int64_t NK) {
-  const int e = blockIdx.x;
-  int total = 0;
-  for (int64_t start = 0; start < NK; start += blockDim.x) {
-    const int64_t i = start + threadIdx.x;
-    total += __syncthreads_count(i < NK && idx[i] == e);
-  }
-  if (threadIdx.x == 0) offsets[e + 1] = total;
-}
-
-// offsets[0..E]: exclusive prefix of the counts (E is small: one thread).
-__global__ void scan_kernel(int32_t* offsets, int64_t E) {
-  offsets[0] = 0;
-  for (int64_t e = 1; e <= E; ++e) offsets[e] += offsets[e - 1];
-}
-
-// perm[offsets[e] + k] = the k-th slot (in increasing slot order) routed to e;
-// row_of is its inverse. One block per expert; blockDim a multiple of 32.
-__global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* idx, const int32_t* offsets, int64_t NK) {
-  __shared__ int warp_total[32];
-  const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  int base = offsets[e];
-  for (int64_t start = 0; start < NK; start += blockDim.x) {
-    const int64_t i = start + threadIdx.x;
-    const bool mine = i < NK && idx[i] == e;
-    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
-    if (lane == 0) warp_total[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0, tile = 0;
-    for (int k = 0; k < nwarps; ++k) {
-      if (k < warp) before += warp_total[k];
-      tile += warp_total[k];
-    }
-    if (mine) {
-      const int pos = base + before + __popc(ballot & ((1u << lane) - 1u));
-      perm[pos] = static_cast<int32_t>(i);
-      row_of[i] = pos;
-    }
-    base += tile;
-    __syncthreads();
-  }
-}
-
-// psum[e] += sum over n of p[n, e] (of softmax(p[n, :])[e] when p holds
-// logits: gpt-oss), the sum in double; one block of 256 per expert, fixed tree.
-__global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t E, bool logits) {
-  __shared__ double part[256];
-  const int e = blockIdx.x;
-  double s = 0;
-  for (int64_t n = threadIdx.x; n < N; n += 256) {
-    const float* r = p + n * E;
-    if (!logits) {
-      s += static_cast<double>(r[e]);
-      continue;
-    }
-    float mx = r[0], z = 0.f;
-    for (int64_t i = 1; i < E; ++i) mx = fmaxf(mx, r[i]);
-    for (int64_t i = 0; i < E; ++i) z += expf(r[i] - mx);
-    s += static_cast<double>(expf(r[e] - mx) / z);
-  }
-  part[threadIdx.x] = s;
-  __syncthreads();
-  for (int h = 128; h > 0; h >>= 1) {
-    if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) psum[e] += part[0];
 }
 
 // xe[r, :] = x[perm[r] / K, :], 8 bf16 per step.
@@ -690,7 +564,7 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
                                                                 d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
-  if (gb.router) bias_grad(gb.router, w.dl, d.N, d.E, stream);                  // the router bias: dl summed over tokens
+  if (gb.router) bias_grad(gb.router, w.dl, d.N, d.E, stream);                // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);  // dxr [N,C] = dl [N,E] Wr [E,C]
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);     // dWr [E,C] += dl^T x
   const unsigned blocks = blocks_for(d.N * C, 256);

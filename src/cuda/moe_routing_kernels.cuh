@@ -1,0 +1,143 @@
+// The MoE routing kernels (cuda/moe.cu's only include of this file: its
+// anonymous namespace keeps them private to that translation unit):
+// softmax over the router logits, top-k per token, the per-expert counts,
+// their scan into offsets, the permutation by expert, and the per-expert
+// probability sums of the load-balancing loss. Deterministic: one thread per
+// row or a fixed tree, ties to the lower expert.
+#pragma once
+#include <cstdint>
+
+#include "cuda/kernel_util.cuh"
+
+namespace rt::cuda {
+namespace {
+
+constexpr int kMaxK = 32;  // experts per token the routing kernels hold in registers
+
+// p[N,E]: logits in, row softmax out (max subtracted, fp32), one thread per row.
+__global__ void softmax_rows_kernel(float* p, int64_t N, int64_t E) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float* r = p + n * E;
+  float mx = r[0];
+  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, r[e]);
+  float sum = 0.f;
+  for (int64_t e = 0; e < E; ++e) {
+    const float v = expf(r[e] - mx);
+    r[e] = v;
+    sum += v;
+  }
+  const float inv = 1.f / sum;
+  for (int64_t e = 0; e < E; ++e) r[e] *= inv;
+}
+
+// idx/w [N,K]: each row's K largest probabilities (ties: lower index), as
+// moe_topk; topk_softmax (gpt-oss): p holds logits and w is the softmax of the K selected.
+__global__ void topk_kernel(int32_t* idx, float* w, const float* p, int64_t N, int64_t E, int K, bool norm_topk,
+                            bool topk_softmax) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const float* r = p + n * E;
+  int sel[kMaxK];
+  float wt[kMaxK];
+  for (int j = 0; j < K; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || sel[i] == e;
+      if (!taken && (best < 0 || r[e] > r[best])) best = e;
+    }
+    sel[j] = best;
+    wt[j] = r[best];
+  }
+  if (topk_softmax) {  // wt[0] is the largest: the max to subtract
+    float z = 0.f;
+    for (int j = 0; j < K; ++j) z += (wt[j] = expf(wt[j] - r[sel[0]]));
+    const float inv = 1.f / z;
+    for (int j = 0; j < K; ++j) {
+      idx[n * K + j] = sel[j];
+      w[n * K + j] = wt[j] * inv;
+    }
+    return;
+  }
+  float sum = 0.f;
+  if (norm_topk)
+    for (int j = 0; j < K; ++j) sum += wt[j];
+  for (int j = 0; j < K; ++j) {
+    idx[n * K + j] = sel[j];
+    w[n * K + j] = norm_topk ? wt[j] / sum : wt[j];
+  }
+}
+
+// counts[1 + e] = slots routed to expert e; one block per expert.
+__global__ void count_kernel(int32_t* offsets, const int32_t* idx, int64_t NK) {
+  const int e = blockIdx.x;
+  int total = 0;
+  for (int64_t start = 0; start < NK; start += blockDim.x) {
+    const int64_t i = start + threadIdx.x;
+    total += __syncthreads_count(i < NK && idx[i] == e);
+  }
+  if (threadIdx.x == 0) offsets[e + 1] = total;
+}
+
+// offsets[0..E]: exclusive prefix of the counts (E is small: one thread).
+__global__ void scan_kernel(int32_t* offsets, int64_t E) {
+  offsets[0] = 0;
+  for (int64_t e = 1; e <= E; ++e) offsets[e] += offsets[e - 1];
+}
+
+// perm[offsets[e] + k] = the k-th slot (in increasing slot order) routed to e;
+// row_of is its inverse. One block per expert; blockDim a multiple of 32.
+__global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* idx, const int32_t* offsets, int64_t NK) {
+  __shared__ int warp_total[32];
+  const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int base = offsets[e];
+  for (int64_t start = 0; start < NK; start += blockDim.x) {
+    const int64_t i = start + threadIdx.x;
+    const bool mine = i < NK && idx[i] == e;
+    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0) warp_total[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, tile = 0;
+    for (int k = 0; k < nwarps; ++k) {
+      if (k < warp) before += warp_total[k];
+      tile += warp_total[k];
+    }
+    if (mine) {
+      const int pos = base + before + __popc(ballot & ((1u << lane) - 1u));
+      perm[pos] = static_cast<int32_t>(i);
+      row_of[i] = pos;
+    }
+    base += tile;
+    __syncthreads();
+  }
+}
+
+// psum[e] += sum over n of p[n, e] (of softmax(p[n, :])[e] when p holds
+// logits: gpt-oss), the sum in double; one block of 256 per expert, fixed tree.
+__global__ void prob_sum_kernel(double* psum, const float* p, int64_t N, int64_t E, bool logits) {
+  __shared__ double part[256];
+  const int e = blockIdx.x;
+  double s = 0;
+  for (int64_t n = threadIdx.x; n < N; n += 256) {
+    const float* r = p + n * E;
+    if (!logits) {
+      s += static_cast<double>(r[e]);
+      continue;
+    }
+    float mx = r[0], z = 0.f;
+    for (int64_t i = 1; i < E; ++i) mx = fmaxf(mx, r[i]);
+    for (int64_t i = 0; i < E; ++i) z += expf(r[i] - mx);
+    s += static_cast<double>(expf(r[e] - mx) / z);
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int h = 128; h > 0; h >>= 1) {
+    if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) psum[e] += part[0];
+}
+
+}  // namespace
+}  // namespace rt::cuda
