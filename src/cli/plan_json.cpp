@@ -51,6 +51,7 @@ std::string plan_json(const Plan& plan) {
     j += std::string(i ? "," : "") + "{\"what\":" + json_str(h.items[i].what) +
          ",\"bytes\":" + std::to_string(h.items[i].bytes) + "}";
   j += "]}";
+  const double tier_s = o.tiered ? tier_step_s(tier, sp, plan.device.plan.place.fold) : sp.step_s;
   if (o.tiered)
     j += ",\"tier\":{\"fits\":" + std::string(tier.fits ? "true" : "false") +
          ",\"budget_bytes\":" + std::to_string(h.tier_budget) + ",\"ram_bytes\":" + std::to_string(tier.place.ram()) +
@@ -67,9 +68,10 @@ std::string plan_json(const Plan& plan) {
          ",\"units\":" + std::to_string(tier.place.paged.size()) +
          ",\"read_bytes_per_step\":" + std::to_string(tier.read_bytes) +
          ",\"write_bytes_per_step\":" + std::to_string(tier.write_bytes) + ",\"ssd_gbs\":" + fmt("%g", o.ssd_gbs) +
-         ",\"ssd_s\":" + fmt("%.6g", tier.ssd_s) + ",\"ssd_binds\":" + (tier.ssd_s > sp.step_s ? "true" : "false") +
-         ",\"step_s\":" + fmt("%.6g", std::max(sp.step_s, tier.ssd_s)) +
-         ",\"tokens_per_s\":" + fmt("%.6g", static_cast<double>(K * B * T) / std::max(sp.step_s, tier.ssd_s)) + "}";
+         ",\"ssd_s\":" + fmt("%.6g", tier.ssd_s) + ",\"fold\":" + (plan.device.plan.place.fold ? "true" : "false") +
+         ",\"forward_s\":" + fmt("%.6g", step_forward_s(sp)) + ",\"ssd_binds\":" + (tier_s > sp.step_s ? "true" : "false") +
+         ",\"step_s\":" + fmt("%.6g", tier_s) +
+         ",\"tokens_per_s\":" + fmt("%.6g", static_cast<double>(K * B * T) / tier_s) + "}";
   if (o.ranks > 1)
     j += ",\"data_parallel\":{\"ranks\":" + std::to_string(o.ranks) +
          ",\"rank_bytes_max\":" + std::to_string(h.dp_rank_max) + ",\"host_bytes\":" + std::to_string(h.dp_host) +

@@ -94,15 +94,17 @@ void report_tier(const Plan& plan) {
               gib(static_cast<double>(tier.place.file_bytes)).c_str(), tier.place.n_paged(), tier.place.paged.size(),
               gib(static_cast<double>(tier.state_file)).c_str(), tier.weights_paged ? ", and their bf16 weights " : "",
               tier.weights_paged ? gib(static_cast<double>(tier.weights_file)).c_str() : "");
+  const bool fold = plan.device.plan.place.fold;
+  const double step_s = tier_step_s(tier, sp, fold);
   std::printf(
-      "  SSD traffic per step: %.1f GB read + %.1f GB written = %.2f s at %.1f GB/s, %s the %.2f s step: "
-      "%s%s\n",
+      "  SSD traffic per step: %.1f GB read + %.1f GB written = %.2f s at %.1f GB/s, while the update runs (%s "
+      "%.2f s): %s%.2f s step, %s\n",
       static_cast<double>(tier.read_bytes) / 1e9, static_cast<double>(tier.write_bytes) / 1e9, tier.ssd_s, o.ssd_gbs,
-      tier.ssd_s > sp.step_s ? "above" : "under", sp.step_s,
-      tier.ssd_s > sp.step_s ? "the SSD binds: " : "the SSD does not bind: ",
-      fmt("%.0f tokens/s",
-          static_cast<double>(o.grad_accum * o.micro_batch * o.seq_len) / std::max(sp.step_s, tier.ssd_s))
-          .c_str());
+      fold ? "in the backward, as gradients land; none in the forward of" : "a pass after the backward of",
+      fold ? step_forward_s(sp) : sp.optimizer_s,
+      step_s > sp.step_s ? "the SSD binds: " : "the SSD does not bind: ",
+      step_s,
+      fmt("%.0f tokens/s", static_cast<double>(o.grad_accum * o.micro_batch * o.seq_len) / step_s).c_str());
   if (tier.weights_paged && tier.device_resident)
     std::printf(
         "  (weights on the SSD: every layer held on the device, so each paged unit's weights are read and "

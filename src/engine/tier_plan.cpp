@@ -1,5 +1,7 @@
 #include "engine/tier_plan.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace rt {
@@ -37,6 +39,19 @@ RunTierPlan plan_run_tier(const ModelSpec& spec, MasterStorage master, int shado
   r.write_bytes = r.state_file + r.weights_file;
   r.ssd_s = ssd_gbs > 0 ? static_cast<double>(r.read_bytes + r.write_bytes) / (ssd_gbs * 1e9) : 0;
   return r;
+}
+
+double step_forward_s(const StepPrediction& sp) {
+  return sp.hardware_flops_per_token > 0 ? sp.compute_s * sp.model_flops_per_token / 3 / sp.hardware_flops_per_token
+                                         : sp.compute_s / 3;
+}
+
+double tier_step_s(const RunTierPlan& t, const StepPrediction& sp, bool fold) {
+  if (t.ssd_s <= 0) return sp.step_s;
+  // weights paged and read ahead of the forward and the backward too (planned, not built): I/O all step long
+  if (t.weights_paged && !t.device_resident) return std::max(sp.step_s, t.ssd_s);
+  if (!fold) return sp.step_s + std::max(0.0, t.ssd_s - sp.optimizer_s);
+  return std::max(sp.step_s, step_forward_s(sp) + t.ssd_s);
 }
 
 }  // namespace rt

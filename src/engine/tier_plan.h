@@ -9,12 +9,12 @@
 // cross PCIe once, after their update; on a card too small for them they
 // would be read ahead of the forward, the backward and the update (3 reads;
 // planned only: the engine refuses it); optimizer state is read and written once.
-// The I/O runs under the step (the next unit's read beside this unit's
-// compute), so a step takes max(the predicted step, SSD traffic / rate).
+// The I/O runs while the update does (tier_step_s).
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "engine/step_model.h"
 #include "state/state_tier.h"
 
 namespace rt {
@@ -36,6 +36,19 @@ struct RunTierPlan {
 // with it), grad_bytes[u] of host gradients per unit (resident). budget: the
 // RAM the state may take. device_resident: the plan holds every layer on the
 // device (--resident), the only way the CUDA engine pages the weights.
+// The step with the tier's traffic (t.ssd_s). The SSD reads a unit's state
+// ahead of its update and writes it behind, so it works only while the
+// update runs. fold: the update runs in the backward, a unit as its
+// gradient lands; the forward (its share of the compute: model FLOPs / 3 of
+// the hardware FLOPs) has none, so the step is max(step, forward + SSD).
+// Weights paged but not held on the device (planned only) are read ahead of
+// the forward and the backward too: max(step, SSD).
+// Else the update is a pass after the backward (sp.optimizer_s), the SSD
+// under it: step + max(0, SSD - that pass). Measured: fold, Qwen2.5-14B,
+// 24 GiB, H100 (bench/RESULTS.md); the other case is modelled only.
+double tier_step_s(const RunTierPlan& t, const StepPrediction& sp, bool fold);
+double step_forward_s(const StepPrediction& sp);  // the forward's share of sp.compute_s
+
 RunTierPlan plan_run_tier(const ModelSpec& spec, MasterStorage master, int shadows, MomentStorage moments,
                           UpdateRule rule, const std::vector<uint64_t>& grad_bytes, uint64_t budget, double ssd_gbs,
                           bool device_resident = false);

@@ -78,6 +78,28 @@ bool TierPlan::operator==(const TierPlan& o) const {
 
 namespace {
 
+// The order in which units are offered a place in RAM: the embedding (unit 0)
+// first, then the others in bit-reversed order of their index (1, then the
+// middle, then the quarters, ...), so that whatever number fits, the units kept
+// are spread evenly over the update order and the paged ones between them: the
+// SSD then reads and writes while the kept units' gradients land, where a
+// block of paged units would leave it idle for one part of the backward and
+// stall the other (measured on 14B, docs/architecture.md "State tier").
+std::vector<size_t> keep_order(size_t n) {
+  std::vector<size_t> order;
+  if (n == 0) return order;
+  order.push_back(0);
+  size_t bits = 0;
+  while ((size_t{1} << bits) < n - 1) ++bits;
+  for (size_t i = 0; i < (size_t{1} << bits); ++i) {
+    size_t r = 0;
+    for (size_t b = 0; b < bits; ++b)
+      if (i >> b & 1) r |= size_t{1} << (bits - 1 - b);
+    if (r < n - 1) order.push_back(r + 1);
+  }
+  return order;
+}
+
 // tier_place with each unit's resident and paged bytes as given.
 TierPlan place(const std::vector<TierUnitBytes>& units, uint64_t budget) {
   TierPlan p;
@@ -104,7 +126,7 @@ TierPlan place(const std::vector<TierUnitBytes>& units, uint64_t budget) {
   p.fits = budget == 0 || budget >= p.min_bytes;
   uint64_t left = budget && p.fits ? budget - p.min_bytes : 0;
   std::vector<uint64_t> paged_sizes;
-  for (size_t u = 0; u < units.size(); ++u) {
+  for (size_t u : keep_order(units.size())) {
     const uint64_t b = units[u].paged;
     if (b == 0 || (budget && p.fits && b <= left)) {
       p.kept += b;
@@ -117,6 +139,18 @@ TierPlan place(const std::vector<TierUnitBytes>& units, uint64_t budget) {
   }
   std::sort(paged_sizes.rbegin(), paged_sizes.rend());
   p.slots = top3(paged_sizes);
+  // the slots reserved for the three largest units of all may be more than the paged ones need: what is left
+  // keeps more units (each kept unit leaves the slots as large or smaller)
+  if (budget && p.fits)
+    for (size_t u : keep_order(units.size())) {
+      const uint64_t used = p.resident + p.kept + p.slots;
+      if (!p.paged[u] || used + units[u].paged > budget) continue;
+      p.paged[u] = 0;
+      p.kept += units[u].paged;
+      p.file_bytes -= units[u].paged;
+      paged_sizes.erase(std::find(paged_sizes.begin(), paged_sizes.end(), units[u].paged));
+      p.slots = top3(paged_sizes);
+    }
   return p;
 }
 
@@ -411,11 +445,18 @@ void StateTier::release(size_t u, bool dirty) {
   cv_.notify_all();
 }
 
+size_t StateTier::next_paged(const std::vector<size_t>& order, size_t from) const {
+  while (from < order.size() && !(order[from] < plan_.paged.size() && plan_.paged[order[from]])) ++from;
+  return from;
+}
+
 void StateTier::for_each(const std::vector<size_t>& order, const std::function<void(size_t)>& fn, bool dirty) {
   if (order.empty()) return;
-  prefetch(order[0]);
+  // one paged unit read ahead, past the kept ones: in RAM at most the one updating, the one read ahead and the
+  // one writing back (the plan's three slots)
   for (size_t k = 0; k < order.size(); ++k) {
-    if (k + 1 < order.size()) prefetch(order[k + 1]);
+    if (const size_t n = next_paged(order, k); n < order.size()) prefetch(order[n]);
+    if (const size_t n = next_paged(order, k + 1); n < order.size()) prefetch(order[n]);
     acquire(order[k]);
     fn(order[k]);
     release(order[k], dirty);

@@ -8,8 +8,8 @@
 // engine computes on a copy of its own (TierOptions::page_weights: the CPU
 // backend's fp32 compute copy), a paged unit's weights (the fp32 master, or a
 // shadow master's bf16 shadows) page with its state: RAM keeps the gradients.
-// The update walks units through for_each: unit i+1 is read on the tier's
-// I/O thread while unit i updates, and unit i is written back behind it.
+// The update walks units through for_each: the next paged unit is read on the
+// tier's I/O thread while unit i updates, and unit i is written back behind it.
 // Paging moves bytes, never values: a tiered run is bit-identical to the
 // all-in-RAM one. The live file is never a checkpoint (checkpoints copy
 // from RAM, unit by unit), so a crash mid-step loses nothing the last one had.
@@ -63,10 +63,11 @@ struct TierPlan {
 // Places units under a host budget of max_host_bytes (0: page every unit's
 // optimizer state). Everything fits: nothing is paged. Else the in-flight
 // slots are reserved (min_bytes: resident + the three largest units' state)
-// and the rest keeps whole units' state in RAM in unit order; the others are
-// paged. When even that minimum does not fit a budget > 0 and page_weights,
+// and the rest keeps whole units' state in RAM, offered in keep order (the
+// embedding, then the others spread evenly: state_tier.cpp keep_order); the
+// others are paged. When even that minimum does not fit a budget > 0 and page_weights,
 // the weights move from resident to paged and the same placement runs again
-// (weights_paged): whole units (weights + state) kept in unit order, the rest
+// (weights_paged): whole units (weights + state) kept in keep order, the rest
 // paged; min_bytes is then resident (gradients) + the three largest units'
 // weights and state, min_bytes_resident_weights the first placement's.
 TierPlan tier_place(const std::vector<TierUnitBytes>& units, uint64_t max_host_bytes, bool page_weights = false);
@@ -111,6 +112,9 @@ class StateTier {
   // read when not yet asked); queue u's write-back (dirty) or its release. No-ops
   // on units kept in RAM.
   void prefetch(size_t u);
+  // The first unit of order[from..] whose state is paged (order.size() if none):
+  // what to read ahead, past units kept in RAM.
+  size_t next_paged(const std::vector<size_t>& order, size_t from) const;
   void acquire(size_t u);
   void release(size_t u, bool dirty);
   // Every unit's state back in RAM for good (tests, tools), and the tier detached.

@@ -5,6 +5,7 @@
 // in RAM, which units page), with the weights paged too when the budget is
 // below the minimum with them in RAM; and tier_place keeps its budget and its
 // minimum.
+#include <algorithm>
 #include "state/state_tier.h"
 
 #include <gtest/gtest.h>
@@ -186,6 +187,43 @@ TEST(StateTierLayout, PlaceKeepsBudgetAndMinimum) {
   EXPECT_EQ(pk.weight_file_bytes, 6u * 301 + 51);
   EXPECT_LE(pk.ram(), min_paged + 201);
   EXPECT_FALSE(rt::tier_place(w, min_paged - 1, true).fits);
+}
+
+// The kept units are spread over the units (the embedding first, then the others in bit-reversed order of their
+// index), not a block of the first ones: the SSD then works while the kept units' gradients land. Same count kept
+// as in unit order when the units are alike.
+TEST(StateTierLayout, PlaceSpreadsTheKeptUnits) {
+  std::vector<rt::TierUnitBytes> u(33, rt::TierUnitBytes{1, 100});  // an embedding and 32 layers
+  const uint64_t budget = 33 + 300 + 8 * 100;                        // resident + 3 slots + 8 units kept
+  const rt::TierPlan p = rt::tier_place(u, budget);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.n_paged(), 33 - 8);
+  EXPECT_EQ(p.paged[0], 0);  // the embedding first
+  EXPECT_LE(p.ram(), budget);
+  int run = 0, longest = 0;
+  for (size_t i = 1; i < u.size(); ++i) {
+    run = p.paged[i] ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  // 7 layers kept of 32, every fourth from layer 0 on: the longest run of paged layers is the last, 32 - 25 = 7
+  // (a block of the first ones kept would leave 25 in a row)
+  EXPECT_LE(longest, 7);
+}
+
+// Slots reserved for the three largest units of all (here the embedding) that the paged units do not need keep
+// more units in RAM.
+TEST(StateTierLayout, PlaceUsesTheSlotsThePagedUnitsDoNotNeed) {
+  std::vector<rt::TierUnitBytes> u = {{1, 500}};
+  for (int i = 0; i < 10; ++i) u.push_back({1, 100});
+  const uint64_t budget = 11 + 700 + 500;  // the minimum (three largest: 500 + 100 + 100) and the embedding
+  const rt::TierPlan p = rt::tier_place(u, budget);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.paged[0], 0);
+  // the embedding kept, the layers paged need 300 of the 700 reserved: 400 more keep four layers
+  EXPECT_EQ(p.n_paged(), 6);
+  EXPECT_EQ(p.slots, 300u);
+  EXPECT_EQ(p.kept, 900u);
+  EXPECT_EQ(p.ram(), budget);
 }
 
 }  // namespace

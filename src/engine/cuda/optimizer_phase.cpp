@@ -44,7 +44,9 @@ void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version)
   fold_clip_ = FoldClip(o.clip);
   fold_order_ = fold_order(st_.spec().n_layers);
   fold_next_ = 0;
-  if (StateTier* t = st_.tier(); t && apply) t->prefetch(fold_order_[0]);  // --state-dir: the first unit's state
+  if (StateTier* t = st_.tier(); t && apply) {  // --state-dir: the first paged unit's state
+    if (const size_t n = t->next_paged(fold_order_, 0); n < fold_order_.size()) t->prefetch(fold_order_[n]);
+  }
   fold_seconds_ = 0;
   fold_params_ = 0;
   track_.update([&] {
@@ -73,8 +75,9 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
       fold_sq_[u] = sq;
       ++folded_;
     });
-    if (tier) {
-      if (fold_next_ < fold_order_.size()) tier->prefetch(fold_order_[fold_next_]);
+    if (tier) {  // the next paged unit read ahead, past kept ones (the SSD busy while their gradients land)
+      if (const size_t n = tier->next_paged(fold_order_, fold_next_); n < fold_order_.size())
+        tier->prefetch(fold_order_[n]);
       tier->acquire(u);
     }
   } else {
@@ -189,7 +192,8 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
   StateTier* tier = apply ? st_.tier() : nullptr;
   const std::vector<size_t> order = update_order(U, delayed);
   size_t unit_k = 0;
-  if (tier) tier->prefetch(order[0]);
+  if (tier)
+    if (const size_t n = tier->next_paged(order, 0); n < order.size()) tier->prefetch(order[n]);
   for (size_t c = 0; c < std::min<size_t>(kRing, chunks.size()); ++c) issue(c);
   Tracer::Span host_span;
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -197,7 +201,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
     StateUnit& un = units[ch.u];
     const float* g = grads_.wait_chunk(static_cast<int>(c % kRing));
     if (tier && ch.b == 0) {
-      if (++unit_k < order.size()) tier->prefetch(order[unit_k]);
+      if (const size_t n = tier->next_paged(order, ++unit_k); n < order.size()) tier->prefetch(order[n]);
       tier->acquire(ch.u);
     }
     if (apply) {
