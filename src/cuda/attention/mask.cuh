@@ -22,7 +22,7 @@ __device__ __forceinline__ void mask_causal_scores(A& sc, int k0, int row0) {
       if (k0 + frag_col(j, e) > row0 + frag_row(e)) frag(sc, j, e) = -INFINITY;
 }
 
-// Packed documents (doc_start, see ops.h): row i sees keys from start(i) on.
+// Packed documents and sliding windows (row_first_key below): row i sees keys from start(i) on.
 // Queries as rows: keys k0 + col before the row's start (start[0] for row0,
 // start[1] for row0 + 8) become `fill`.
 template <class A>
@@ -44,13 +44,23 @@ __device__ __forceinline__ void mask_doc_cols(A& pt, const int* start, int row0)
       if (row0 + frag_row(e) < start[frag_col(j, e)]) frag(pt, j, e) = 0.f;
 }
 
-// The first row t in [lo, hi) of a sequence's doc_start with doc[t] > key
-// (hi if none): the rows from there on see no key <= key. doc_start is
-// non-decreasing (contiguous documents).
-__device__ __forceinline__ int doc_rows_end(const int32_t* doc, int lo, int hi, int key) {
+// The first key query row t sees in the DOC instances: its document's start
+// (doc: the sequence's doc_start row, see ops.h; nullptr: one document) and,
+// with a sliding window (window > 0), t - window + 1. What the DOC kernels
+// rely on holds for both and their max: it is at most t (every row sees its
+// own key) and non-decreasing in t (key tiles before a block's first row's
+// start are skipped; dK/dV stops at the first row that starts past its keys).
+__device__ __forceinline__ int row_first_key(const int32_t* doc, int t, int window) {
+  const int d = doc ? doc[t] : 0;
+  return window > 0 ? max(d, t - window + 1) : d;
+}
+
+// The first row t in [lo, hi) of a sequence with row_first_key(doc, t,
+// window) > key (hi if none): the rows from there on see no key <= key.
+__device__ __forceinline__ int doc_rows_end(const int32_t* doc, int window, int lo, int hi, int key) {
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    if (doc[mid] > key)
+    if (row_first_key(doc, mid, window) > key)
       hi = mid;
     else
       lo = mid + 1;
