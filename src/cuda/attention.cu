@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) row_start[mt][r] = row_first_key(docb, min(row_base + mt * 16 + 8 * r, s.T - 1), s.window);
+      for (int r = 0; r < 2; ++r)
+        row_start[mt][r] = row_first_key(docb, min(row_base + mt * 16 + 8 * r, s.T - 1), s.window);
     warp_start0 = row_first_key(docb, min(warp_row0, s.T - 1), s.window);
     warp_start1 = row_first_key(docb, min(warp_row0 + WR - 1, s.T - 1), s.window);
   }
