@@ -17,9 +17,15 @@
 // --doc-len N packs each sequence with documents of N tokens (the last one
 // shorter; doc_start of ops.h): FLOPs are then credited over the visible
 // (query, key) pairs only, sum n^2/2 over the documents instead of T^2/2.
+// --window W: a sliding window (Gemma 3: --D 256 --window 1024; gpt-oss:
+// --D 64 --window 128); FLOPs over the visible pairs, counted exactly.
+// --sinks 1: gpt-oss's per-head sink logits (and their gradient).
+// --kernels masked times the one-warp-per-row fallback for windows and sinks
+// (RAMTRAIN_ATTENTION=masked: what those layers ran before the fused kernels).
 //
 // usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128 (64, 96, 128, 256)] [--B 1,2]
 //                        [--kernels auto] [--reps 20] [--warmup 5] [--dump DIR] [--doc-len 0]
+//                        [--window 0] [--sinks 0]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -95,7 +101,8 @@ void dump(const std::string& path, const void* dev, size_t bytes) {
 int main(int argc, char** argv) try {
   int64_t T = 4096, H = 32, G = 32, D = 128;
   int reps = 20, warmup = 5;
-  int64_t doc_len = 0;
+  int64_t doc_len = 0, window = 0;
+  bool with_sinks = false;
   std::vector<int64_t> batches = {1, 2};
   std::vector<std::string> kernel_names = {"auto"};
   std::string dump_dir;
@@ -126,6 +133,10 @@ int main(int argc, char** argv) try {
       dump_dir = v;
     else if (a == "--doc-len")
       doc_len = std::stoll(v);
+    else if (a == "--window")
+      window = std::stoll(v);
+    else if (a == "--sinks")
+      with_sinks = std::stoi(v) != 0;
     else if (a == "--kernels")
       kernel_names = split(v);
     else if (a == "--B") {
@@ -136,6 +147,8 @@ int main(int argc, char** argv) try {
   }
   if (doc_len < 0 || (doc_len > 0 && !dump_dir.empty()))
     rt::fail("[attention_bench] --doc-len must be >= 0 and cannot go with --dump (attention_sdpa.py has no documents)");
+  if (window < 0 || ((window > 0 || with_sinks) && !dump_dir.empty()))
+    rt::fail("[attention_bench] --window must be >= 0; --window and --sinks go without --dump (no SDPA reference)");
   std::vector<rt::cuda::AttentionKernels> kernel_sets;
   for (const std::string& n : kernel_names) {
     if (n == "auto")
@@ -144,8 +157,10 @@ int main(int argc, char** argv) try {
       kernel_sets.push_back(rt::cuda::AttentionKernels::mma_sync);
     else if (n == "wgmma")
       kernel_sets.push_back(rt::cuda::AttentionKernels::wgmma);
+    else if (n == "masked")
+      kernel_sets.push_back(rt::cuda::AttentionKernels::masked);
     else
-      rt::fail("[attention_bench] --kernels: ", n, " is not auto, mma or wgmma");
+      rt::fail("[attention_bench] --kernels: ", n, " is not auto, mma, wgmma or masked");
   }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -153,12 +168,18 @@ int main(int argc, char** argv) try {
   if (doc_len > 0)
     std::printf("packed documents of %lld tokens: TFLOP/s over the visible (query, key) pairs\n",
                 static_cast<long long>(doc_len));
+  if (window > 0)
+    std::printf("sliding window of %lld keys: TFLOP/s over the visible (query, key) pairs\n",
+                static_cast<long long>(window));
+  if (with_sinks) std::printf("with sinks\n");
   std::printf("%-8s %-4s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %10s\n", "kernels", "B", "T", "H", "G", "D", "fwd_ms",
               "bwd_ms", "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
   int status = 0;
   for (rt::cuda::AttentionKernels ks : kernel_sets) {
     rt::cuda::set_attention_kernels(ks);
-    const char* kname = rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D));
+    const char* kname = ks == rt::cuda::AttentionKernels::masked
+                            ? "masked"
+                            : rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D));
     bool first = true;
     for (int64_t B : batches) {
       const int64_t nq = B * T * H * D, nkv = B * T * G * D;
@@ -191,10 +212,23 @@ int main(int argc, char** argv) try {
         CUDA_CHECK(cudaMalloc(&doc, h.size() * 4));
         CUDA_CHECK(cudaMemcpy(doc, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
       }
-      auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc); };
+      if (window > 0) {  // each row sees t - first + 1 keys, first = max(its document's start, t - window + 1)
+        pairs = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t d = doc_len > 0 ? t / doc_len * doc_len : 0;
+          pairs += static_cast<double>(t - std::max(d, t - window + 1) + 1);
+        }
+      }
+      bf16* sinks = with_sinks ? alloc_random(H, 5, 2.f) : nullptr;
+      float* dsinks = nullptr;
+      if (with_sinks) {
+        CUDA_CHECK(cudaMalloc(&dsinks, H * 4));
+        CUDA_CHECK(cudaMemset(dsinks, 0, H * 4));
+      }
+      auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc, window, sinks); };
       auto bwd = [&] {
         rt::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, {scratch, scratch_bytes},
-                                     nullptr, doc);
+                                     nullptr, doc, window, sinks, dsinks);
       };
       const double fwd_ms = median_ms(fwd, warmup, reps);
       const double bwd_ms = median_ms(bwd, warmup, reps);
@@ -243,7 +277,8 @@ int main(int argc, char** argv) try {
       if (!same) status = 2;
       for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                       static_cast<void*>(out), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                      static_cast<void*>(lse), scratch, static_cast<void*>(doc)})
+                      static_cast<void*>(lse), scratch, static_cast<void*>(doc), static_cast<void*>(sinks),
+                      static_cast<void*>(dsinks)})
         CUDA_CHECK(cudaFree(p));
     }
   }

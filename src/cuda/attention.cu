@@ -26,10 +26,16 @@
 //              after the diagonal; dK, dV stay in registers (fixed order, no atomics);
 //            dq kernel:   block = 64 query rows of one head (4 warps); loops
 //              over the key tiles; dQ in registers.
-// Packed documents (doc_start): every kernel has a DOC = true instance that
-// starts at the first key tile a block's documents see (dK/dV: stops after
-// the last query tile that sees the block's keys) and masks the rest per
-// element; the DOC = false instances are the plain causal kernels.
+// Packed documents (doc_start) and sliding windows (window): in the kernels'
+// DOC code paths each query row t has a first key, row_first_key = its
+// document's start and/or t - window + 1 (attention/mask.cuh); a block starts
+// at the first key tile its rows see (dK/dV: stops after the last query tile
+// that sees the block's keys) and masks the rest per element, so a window of
+// W costs O(T W), not O(T^2). Template argument ROWS: kCausal (the plain
+// causal kernels), kDocs, kWindow (windows get their own instances, so the
+// documents' kernels keep their registers). gpt-oss's sinks join the
+// forward's last step (softmax_row_finish: lse and out include them); the
+// backward kernels are unchanged and d sink is one more sum (attention/sinks.h).
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -39,6 +45,7 @@
 #include "cuda/attention/epilogue.cuh"
 #include "cuda/attention/mask.cuh"
 #include "cuda/attention/mma_sm80.cuh"
+#include "cuda/attention/sinks.h"
 #include "cuda/attention/softmax.cuh"
 #include "cuda/attention/utils.cuh"
 #include "cuda/attention_sm90.h"
@@ -74,11 +81,12 @@ struct FwdCfg {
 // Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile. DOC:
 // packed documents (doc [B,T], see ops.h): key tiles before the block's first
 // document start are skipped, keys before a row's start masked.
-template <int D, bool DOC>
+template <int D, int ROWS>
 __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
                              const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s,
-                             const int32_t* __restrict__ doc) {
+                             const int32_t* __restrict__ doc, const bf16* __restrict__ sinks) {
+  constexpr bool DOC = ROWS != kCausal;  // rows with a first key
   using C = FwdCfg<D>;
   constexpr int NT = 32 * C::WARPS, MT = C::MT, WR = 16 * MT, DP = C::DP;
   constexpr int kFwdBR = C::BR, kFwdBC = C::BC;
@@ -103,8 +111,8 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
   tile_load<kFwdBR, D, NT>(sq, qp, ldq, s.T - q0, q);
   const int last_key = min(s.T, q0 + kFwdBR) - 1;
   const int n_tiles = last_key / kFwdBC + 1;
-  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
-  const int j0 = DOC ? docb[q0] / kFwdBC : 0;  // first key tile any row of the block sees
+  const int32_t* docb = DOC && (ROWS == kDocs || doc) ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? row_first_key<ROWS>(docb, q0, s.window) / kFwdBC : 0;  // the block's rows' first key tile
   tile_load<kFwdBC, D, NT>(sk(0), kp + j0 * kFwdBC * ldkv, ldkv, s.T - j0 * kFwdBC, k);
   tile_load<kFwdBC, D, NT>(sv(0), vp + j0 * kFwdBC * ldkv, ldkv, s.T - j0 * kFwdBC, v);
   cp_async_commit();
@@ -123,9 +131,10 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) row_start[mt][r] = docb[min(row_base + mt * 16 + 8 * r, s.T - 1)];
-    warp_start0 = docb[min(warp_row0, s.T - 1)];
-    warp_start1 = docb[min(warp_row0 + WR - 1, s.T - 1)];
+      for (int r = 0; r < 2; ++r)
+        row_start[mt][r] = row_first_key<ROWS>(docb, min(row_base + mt * 16 + 8 * r, s.T - 1), s.window);
+    warp_start0 = row_first_key<ROWS>(docb, min(warp_row0, s.T - 1), s.window);
+    warp_start1 = row_first_key<ROWS>(docb, min(warp_row0 + WR - 1, s.T - 1), s.window);
   }
 
   for (int j = j0; j < n_tiles; ++j) {
@@ -168,8 +177,10 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
       const float t = softmax_row_sum(l[mt][r]);
       const int row = row_base + mt * 16 + r * 8;
       if (row < s.T) {
-        store_row(out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D, o[mt], r, 1.f / t);
-        if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[mt][r] * s.scale + logf(t);
+        float row_lse;
+        const float f = softmax_row_finish(m[mt][r], t, s.scale, sinks, h, row_lse);
+        store_row(out + (static_cast<int64_t>(b) * s.T + row) * ldq + h * D, o[mt], r, f);
+        if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = row_lse;
       }
     }
   }
@@ -214,12 +225,13 @@ struct DkdvCfg {
 
 // DOC: packed documents (doc [B,T]): the query tiles after the last row that
 // sees a key of the block are skipped, queries of other documents masked.
-template <int D, bool DOC>
+template <int D, int ROWS>
 __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                    const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
                                    const int32_t* __restrict__ doc) {
+  constexpr bool DOC = ROWS != kCausal;  // rows with a first key
   using C = DkdvCfg<D>;
   constexpr int NT = 32 * C::WARPS, kBwdBC = C::BC, kBwdBR = C::BR, DP = C::DP, DO = C::DO;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -243,9 +255,9 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
   tile_load<kBwdBC, D, NT>(sv, v + kv_off, ldkv, s.T - key0, v);
 
   const int i_start = key0 / kBwdBR;
-  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int32_t* docb = DOC && (ROWS == kDocs || doc) ? doc + static_cast<int64_t>(b) * s.T : nullptr;
   // DOC: query rows from t_end on belong to documents that start after this block's last key
-  const int t_end = DOC ? doc_rows_end(docb, key0, s.T, min(key0 + kBwdBC, s.T) - 1) : s.T;
+  const int t_end = DOC ? doc_rows_end<ROWS>(docb, s.window, key0, s.T, min(key0 + kBwdBC, s.T) - 1) : s.T;
   const int n_i = (t_end + kBwdBR - 1) / kBwdBR - i_start;
   const int n_iter = s.group * n_i;
 
@@ -260,7 +272,7 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
       const int t = qr0 + i;
       s_lse[st * kBwdBR + i] = t < s.T ? lse[lo + t] * kLog2e : INFINITY;
       s_delta[st * kBwdBR + i] = t < s.T ? delta[lo + t] : 0.f;
-      if constexpr (DOC) s_doc[st * kBwdBR + i] = t < s.T ? docb[t] : 0;
+      if constexpr (DOC) s_doc[st * kBwdBR + i] = t < s.T ? row_first_key<ROWS>(docb, t, s.window) : 0;
     }
   };
   issue(0, 0);
@@ -321,11 +333,12 @@ struct DqCfg {
 };
 
 // DOC: packed documents (doc [B,T]): as in the forward.
-template <int D, bool DOC>
+template <int D, int ROWS>
 __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
                                  const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse,
                                  const float* __restrict__ delta, AttnShape s, const int32_t* __restrict__ doc) {
+  constexpr bool DOC = ROWS != kCausal;  // rows with a first key
   using C = DqCfg<D>;
   constexpr int NT = 32 * C::WARPS, kDqBR = C::BR, kDqBC = C::BC, DP = C::DP;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -347,8 +360,8 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
   tile_load<kDqBR, D, NT>(sq, q + qoff, ldq, s.T - q0, q);
   tile_load<kDqBR, D, NT>(sdo, dout + qoff, ldq, s.T - q0, dout);
   const int n_tiles = (min(s.T, q0 + kDqBR) - 1) / kDqBC + 1;
-  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
-  const int j0 = DOC ? docb[q0] / kDqBC : 0;  // first key tile any row of the block sees
+  const int32_t* docb = DOC && (ROWS == kDocs || doc) ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? row_first_key<ROWS>(docb, q0, s.window) / kDqBC : 0;  // first key tile any row of the block sees
   tile_load<kDqBC, D, NT>(sk(0), kp + j0 * kDqBC * ldkv, ldkv, s.T - j0 * kDqBC, k);
   tile_load<kDqBC, D, NT>(sv(0), vp + j0 * kDqBC * ldkv, ldkv, s.T - j0 * kDqBC, v);
   cp_async_commit();
@@ -358,9 +371,9 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
   row_stats_load(row_lse, row_delta, lse, delta, bh, row_base, s.T);
   int row_start[2] = {}, warp_start1 = 0;  // DOC: this thread's rows' and the warp's last row's document start
   if constexpr (DOC) {
-    row_start[0] = docb[min(row_base, s.T - 1)];
-    row_start[1] = docb[min(row_base + 8, s.T - 1)];
-    warp_start1 = docb[min(q0 + warp * 16 + 15, s.T - 1)];
+    row_start[0] = row_first_key<ROWS>(docb, min(row_base, s.T - 1), s.window);
+    row_start[1] = row_first_key<ROWS>(docb, min(row_base + 8, s.T - 1), s.window);
+    warp_start1 = row_first_key<ROWS>(docb, min(q0 + warp * 16 + 15, s.T - 1), s.window);
   }
   float dqa[D / 8][4];
   frag_zero(dqa);
@@ -402,18 +415,20 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
 
 // ---------------------------------------------------------------- launch
 
-AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, const char* where) {
+AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, const char* where) {
   RT_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "[cuda ", where, "] head_dim must be 64, 96, 128 or 256, got ",
            D);
   RT_CHECK(H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] heads H=", H, " must be a multiple of kv heads G=", G);
   // grids are (B*H or B*G, T / 64-row tiles): gridDim.y <= 65535
   RT_CHECK(B > 0 && T > 0 && T <= int64_t{65535} * 64 && B * H < (int64_t{1} << 31), "[cuda ", where,
            "] shape out of range: B=", B, " T=", T, " (at most ", int64_t{65535} * 64, ") H=", H);
+  RT_CHECK(window >= 0, "[cuda ", where, "] window ", window, " must be >= 0 (0: none)");
   AttnShape s;
   s.T = static_cast<int>(T);
   s.H = static_cast<int>(H);
   s.G = static_cast<int>(G);
   s.group = static_cast<int>(H / G);
+  s.window = window < T ? static_cast<int>(window) : 0;  // a window of at least T masks nothing
   s.scale = 1.f / sqrtf(static_cast<float>(D));
   s.scale_log2 = s.scale * kLog2e;
   return s;
@@ -439,13 +454,13 @@ void head_dim_dispatch(int64_t D, F&& f) {
   fail("[cuda attention] head_dim ", D, " has no kernels");
 }
 
-template <int D, bool DOC>
+template <int D, int ROWS>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
-                    const int32_t* doc, cudaStream_t stream) {
+                    const int32_t* doc, const bf16* sinks, cudaStream_t stream) {
   using C = FwdCfg<D>;
-  smem_allow(attention_forward_kernel<D, DOC>, C::SMEM);
+  smem_allow(attention_forward_kernel<D, ROWS>, C::SMEM);
   dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, C::BR)));
-  attention_forward_kernel<D, DOC><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s, doc);
+  attention_forward_kernel<D, ROWS><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s, doc, sinks);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -460,22 +475,22 @@ void delta_launch(int64_t D, float* delta, const bf16* dout, const bf16* out, in
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool DOC>
+template <int D, int ROWS>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                      const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, const int32_t* doc,
                      cudaStream_t stream) {
   delta_launch(D, delta, dout, out, B, s, stream);
   using CK = DkdvCfg<D>;
-  constexpr int smem_kv = DOC ? CK::SMEM_DOC : CK::SMEM;
-  smem_allow(attention_backward_dkdv_kernel<D, DOC>, smem_kv);
+  constexpr int smem_kv = ROWS != kCausal ? CK::SMEM_DOC : CK::SMEM;
+  smem_allow(attention_backward_dkdv_kernel<D, ROWS>, smem_kv);
   dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, CK::BC)), CK::DS);
-  attention_backward_dkdv_kernel<D, DOC>
+  attention_backward_dkdv_kernel<D, ROWS>
       <<<grid_kv, 32 * CK::WARPS, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta, s, doc);
   CUDA_CHECK_LAUNCH();
   using CQ = DqCfg<D>;
-  smem_allow(attention_backward_dq_kernel<D, DOC>, CQ::SMEM);
+  smem_allow(attention_backward_dq_kernel<D, ROWS>, CQ::SMEM);
   dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, CQ::BR)));
-  attention_backward_dq_kernel<D, DOC>
+  attention_backward_dq_kernel<D, ROWS>
       <<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s, doc);
   CUDA_CHECK_LAUNCH();
 }
@@ -497,8 +512,10 @@ AttentionKernels kernels_chosen() {
         e = AttentionKernels::mma_sync;
       else if (std::strcmp(env, "wgmma") == 0)
         e = AttentionKernels::wgmma;
+      else if (std::strcmp(env, "masked") == 0)
+        e = AttentionKernels::masked;
       else if (std::strcmp(env, "auto") != 0)
-        fail("[cuda attention] RAMTRAIN_ATTENTION=", env, " is not one of auto, mma, wgmma");
+        fail("[cuda attention] RAMTRAIN_ATTENTION=", env, " is not one of auto, mma, wgmma, masked");
     }
     int expected = -1;
     g_kernels.compare_exchange_strong(expected, static_cast<int>(e));
@@ -514,12 +531,17 @@ bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
 bool use_wgmma(const char* where, int64_t D) {
   if (!wgmma_head_dim(D)) return false;
   const AttentionKernels k = kernels_chosen();
-  if (k == AttentionKernels::automatic) return sm90::device_supported();
+  if (k == AttentionKernels::automatic || k == AttentionKernels::masked) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
     RT_CHECK(sm90::device_supported(), "[cuda ", where,
              "] the wgmma attention kernels need a GPU of compute capability 9.0 (H100/H200); unset "
              "RAMTRAIN_ATTENTION or set it to mma");
   return k == AttentionKernels::wgmma;
+}
+
+// RAMTRAIN_ATTENTION=masked: windows and sinks on the one-warp-per-row fallback
+bool windowed_on_fallback(int64_t T, int64_t window, const bf16* sinks) {
+  return ((window > 0 && window < T) || sinks) && kernels_chosen() == AttentionKernels::masked;
 }
 
 }  // namespace
@@ -529,7 +551,7 @@ void set_attention_kernels(AttentionKernels k) { g_kernels.store(static_cast<int
 AttentionKernels attention_kernels_in_use(int64_t D) {
   if (!wgmma_head_dim(D)) return AttentionKernels::mma_sync;
   const AttentionKernels k = kernels_chosen();
-  if (k != AttentionKernels::automatic) return k;
+  if (k != AttentionKernels::automatic && k != AttentionKernels::masked) return k;
   return sm90::device_supported() ? AttentionKernels::wgmma : AttentionKernels::mma_sync;
 }
 
@@ -541,23 +563,29 @@ const char* attention_kernels_name(AttentionKernels k) {
       return "mma_sync";
     case AttentionKernels::wgmma:
       return "wgmma";
+    case AttentionKernels::masked:
+      return "masked";
   }
   return "?";
 }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start) {
-  const AttnShape s = shape_make(B, T, H, G, D, "attention_forward");
+                       int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start, int64_t window,
+                       const bf16* sinks) {
+  const AttnShape s = shape_make(B, T, H, G, D, window, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
+  if (windowed_on_fallback(T, window, sinks)) {
+    attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, 0.f, stream, doc_start, sinks);
+    return;
+  }
   if (use_wgmma("attention_forward", D)) {
-    sm90::attention_forward(out, lse, q, k, v, B, s, D, stream, doc_start);
+    sm90::attention_forward(out, lse, q, k, v, B, s, D, stream, doc_start, sinks);
     return;
   }
   head_dim_dispatch(D, [&](auto d) {
-    if (doc_start)
-      forward_launch<decltype(d)::value, true>(out, lse, q, k, v, B, s, doc_start, stream);
-    else
-      forward_launch<decltype(d)::value, false>(out, lse, q, k, v, B, s, nullptr, stream);
+    rows_dispatch(doc_start, s, [&](auto rows) {
+      forward_launch<decltype(d)::value, decltype(rows)::value>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
+    });
   });
 }
 
@@ -567,9 +595,16 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                        Scratch scratch, cudaStream_t stream, const int32_t* doc_start) {
-  const AttnShape s = shape_make(B, T, H, G, D, "attention_backward");
+                        Scratch scratch, cudaStream_t stream, const int32_t* doc_start, int64_t window,
+                        const bf16* sinks, float* dsinks) {
+  RT_CHECK(!dsinks || sinks, "[cuda attention_backward] a sink gradient without sinks");
+  const AttnShape s = shape_make(B, T, H, G, D, window, "attention_backward");
   check_ptrs("attention_backward", {dq, dk, dv, dout, q, k, v, out});
+  if (windowed_on_fallback(T, window, sinks)) {
+    attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, 0.f, scratch, stream,
+                              doc_start, sinks, dsinks);
+    return;
+  }
   const size_t need = attention_backward_scratch_bytes(B, T, H);
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
@@ -577,14 +612,16 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   if (use_wgmma("attention_backward", D)) {
     delta_launch(D, delta, dout, out, B, s, stream);
     sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream, doc_start);
-    return;
+  } else {
+    head_dim_dispatch(D, [&](auto d) {
+      rows_dispatch(doc_start, s, [&](auto rows) {
+        backward_launch<decltype(d)::value, decltype(rows)::value>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s,
+                                                                   doc_start, stream);
+      });
+    });
   }
-  head_dim_dispatch(D, [&](auto d) {
-    if (doc_start)
-      backward_launch<decltype(d)::value, true>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, doc_start, stream);
-    else
-      backward_launch<decltype(d)::value, false>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, nullptr, stream);
-  });
+  // the forward folded the sinks into lse and out (softmax_row_finish): dq, dk, dv need nothing more
+  if (dsinks) attention_sink_grad(dsinks, sinks, lse, delta, B, H, T, stream);
 }
 
 }  // namespace rt::cuda

@@ -1,8 +1,10 @@
 // Causal attention with Gemma's sliding window and attention-logit soft cap
-// (cpu/attention.cpp states the maths), for what the fused kernels
-// (attention.cu, attention_sm90.cu) do not mask: a simple, correct fallback,
-// not a fast one. One warp per query row (forward, dQ) or key row (dK/dV);
-// q/k/v/dO rows are read in bf16, everything is computed in fp32.
+// (cpu/attention.cpp states the maths): a simple, correct fallback, not a
+// fast one, for what the fused kernels (attention.cu, attention_sm90.cu) do
+// not do: the soft cap; windows and sinks too with RAMTRAIN_ATTENTION=masked
+// (the fused kernels take them otherwise), and the tests' reference. One
+// warp per query row (forward, dQ) or key row (dK/dV); q/k/v/dO rows are read
+// in bf16, everything is computed in fp32.
 // Forward: two passes over the row's keys in chunks of 32 (one key per lane):
 // the online max/sum, then out = sum_j p_j v_j with p_j broadcast by shuffle
 // and each lane owning D/32 output columns. lse is the natural log, as the
@@ -18,6 +20,7 @@
 // Letters: B, T, H, G, D as in cuda/ops.h; R = H / G; D % 32 == 0, D <= 256.
 #include <algorithm>
 
+#include "cuda/attention/sinks.h"
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
 #include "cuda/ops.h"
@@ -197,6 +200,17 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+MaskedArgs masked_args(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
+                       const int32_t* doc_start, const char* where, const bf16* sinks) {
+  RT_CHECK(B >= 0 && T >= 0 && H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] bad shape B=", B, " T=", T,
+           " H=", H, " G=", G);
+  RT_CHECK(D % 32 == 0 && D > 0 && D <= 32 * kMaxCols, "[cuda ", where, "] head_dim ", D,
+           " must be a multiple of 32 up to ", 32 * kMaxCols);
+  RT_CHECK(window >= 0 && softcap >= 0.f, "[cuda ", where, "] window ", window, " and softcap ", softcap,
+           " must be >= 0");
+  return MaskedArgs{B, T, H, G, D, window, 1.f / sqrtf(static_cast<float>(D)), softcap, doc_start, sinks};
+}
+
 // dsinks[h] += -sum over (b, t) of exp(sink_h - lse) * delta, one block per head, fixed order.
 __global__ void sink_grad_kernel(float* dsinks, const bf16* sinks, const float* lse, const float* delta, int64_t B,
                                  int64_t H, int64_t T) {
@@ -215,17 +229,6 @@ __global__ void sink_grad_kernel(float* dsinks, const bf16* sinks, const float* 
     __syncthreads();
   }
   if (threadIdx.x == 0) dsinks[h] += part[0];
-}
-
-MaskedArgs masked_args(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
-                       const int32_t* doc_start, const char* where, const bf16* sinks) {
-  RT_CHECK(B >= 0 && T >= 0 && H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] bad shape B=", B, " T=", T,
-           " H=", H, " G=", G);
-  RT_CHECK(D % 32 == 0 && D > 0 && D <= 32 * kMaxCols, "[cuda ", where, "] head_dim ", D,
-           " must be a multiple of 32 up to ", 32 * kMaxCols);
-  RT_CHECK(window >= 0 && softcap >= 0.f, "[cuda ", where, "] window ", window, " and softcap ", softcap,
-           " must be >= 0");
-  return MaskedArgs{B, T, H, G, D, window, 1.f / sqrtf(static_cast<float>(D)), softcap, doc_start, sinks};
 }
 
 unsigned blocks_for(int64_t rows) { return static_cast<unsigned>(detail::ceil_div(rows, kWarps)); }
@@ -256,10 +259,14 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
   CUDA_CHECK_LAUNCH();
   masked_dkdv_kernel<<<blocks_for(B * G * T), 32 * kWarps, 0, stream>>>(dk, dv, dout, q, k, v, lse, delta, a);
   CUDA_CHECK_LAUNCH();
-  if (dsinks) {
-    sink_grad_kernel<<<static_cast<unsigned>(H), 256, 0, stream>>>(dsinks, sinks, lse, delta, B, H, T);
-    CUDA_CHECK_LAUNCH();
-  }
+  if (dsinks) attention_sink_grad(dsinks, sinks, lse, delta, B, H, T, stream);
+}
+
+void attention_sink_grad(float* dsinks, const bf16* sinks, const float* lse, const float* delta, int64_t B, int64_t H,
+                         int64_t T, cudaStream_t stream) {
+  if (B * T == 0) return;
+  sink_grad_kernel<<<static_cast<unsigned>(H), 256, 0, stream>>>(dsinks, sinks, lse, delta, B, H, T);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace rt::cuda

@@ -28,7 +28,9 @@
 // dQ:       block = 128 query rows of one head (64 per consumer); 64-key tiles;
 //           dQ in registers.
 // delta = rowsum(dO * O) comes from attention.cu's kernel. Deterministic: no
-// atomics, a fixed reduction order.
+// atomics, a fixed reduction order. Sliding windows and packed documents run
+// the DOC code paths (ROWS: attention.cu's header); sinks join the forward's
+// last step (softmax_row_finish).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -65,14 +67,16 @@ struct Fwd {
   static constexpr int SMEM = 1024 + BAR_OFF + Bars<S>::kBytes;
 };
 
-// DOC: packed documents (doc [B,T], see ops.h), as in attention.cu: key tiles
-// before the block's first document skipped, keys before a row's start masked.
-template <int D, bool DOC>
+// DOC: rows with a first key (packed documents doc [B,T], see ops.h, and/or a
+// sliding window: row_first_key), as in attention.cu: key tiles before the
+// block's first row's start skipped, keys before a row's start masked.
+template <int D, int ROWS>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse, AttnShape s,
-                   const int32_t* __restrict__ doc) {
+                   const int32_t* __restrict__ doc, const bf16* __restrict__ sinks) {
 #ifdef RT_SM90_DEVICE
+  constexpr bool DOC = ROWS != kCausal;  // rows with a first key
   using C = Fwd<D>;
   const uint32_t base = smem_base_1k();
   const uint32_t sq = base;
@@ -85,8 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
   const int q0 = qb * C::BM;
   const int n_tiles = (min(s.T, q0 + C::BM) - 1) / C::BN + 1;
-  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
-  const int j0 = DOC ? docb[q0] / C::BN : 0;  // first key tile any row of the block sees
+  const int32_t* docb = DOC && (ROWS == kDocs || doc) ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? row_first_key<ROWS>(docb, q0, s.window) / C::BN : 0;  // first key tile any row of the block sees
   if (threadIdx.x == 0) bar.init();
   __syncthreads();
 
@@ -111,10 +115,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // DOC: this thread's rows' document starts, and the warpgroup's first and last
   int row_start[2] = {}, wg_start0 = 0, wg_start1 = 0;
   if constexpr (DOC) {
-    row_start[0] = docb[min(row_base, s.T - 1)];
-    row_start[1] = docb[min(row_base + 8, s.T - 1)];
-    wg_start0 = docb[min(wrow0, s.T - 1)];
-    wg_start1 = docb[min(wrow0 + 63, s.T - 1)];
+    row_start[0] = row_first_key<ROWS>(docb, min(row_base, s.T - 1), s.window);
+    row_start[1] = row_first_key<ROWS>(docb, min(row_base + 8, s.T - 1), s.window);
+    wg_start0 = row_first_key<ROWS>(docb, min(wrow0, s.T - 1), s.window);
+    wg_start1 = row_first_key<ROWS>(docb, min(wrow0 + 63, s.T - 1), s.window);
   }
   mbar_wait(bar.once(), 0);
 
@@ -145,8 +149,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float t = softmax_row_sum(l[r]);
     const int row = row_base + 8 * r;
     if (row < s.T) {
-      store_row(out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, o, r, 1.f / t);
-      if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = m[r] * s.scale + logf(t);
+      float row_lse;
+      const float f = softmax_row_finish(m[r], t, s.scale, sinks, h, row_lse);
+      store_row(out + ((static_cast<int64_t>(b) * s.T + row) * s.H + h) * D, o, r, f);
+      if ((lane & 3) == 0) lse[static_cast<int64_t>(bh) * s.T + row] = row_lse;
     }
   }
 #endif
@@ -166,13 +172,14 @@ struct Dkdv {
 
 // DOC: packed documents (doc [B,T]): query tiles after the last row that sees a
 // key of the block skipped, queries of other documents masked.
-template <int D, bool DOC>
+template <int D, int ROWS>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dk,
                 bf16* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
                 const int32_t* __restrict__ doc) {
 #ifdef RT_SM90_DEVICE
+  constexpr bool DOC = ROWS != kCausal;  // rows with a first key
   using C = Dkdv<D, DOC>;
   const uint32_t base = smem_base_1k();
   const uint32_t sk = base, sv = base + C::KV_BYTES;
@@ -184,9 +191,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bg = blockIdx.x, b = bg / s.G, g = bg % s.G;
   const int key0 = kb * C::BN;
   const int i_start = key0 / C::BM;
-  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int32_t* docb = DOC && (ROWS == kDocs || doc) ? doc + static_cast<int64_t>(b) * s.T : nullptr;
   // DOC: query rows from t_end on belong to documents that start after this block's last key
-  const int t_end = DOC ? doc_rows_end(docb, key0, s.T, min(key0 + C::BN, s.T) - 1) : s.T;
+  const int t_end = DOC ? doc_rows_end<ROWS>(docb, s.window, key0, s.T, min(key0 + C::BN, s.T) - 1) : s.T;
   const int n_i = (t_end + C::BM - 1) / C::BM - i_start;
   const int n_iter = s.group * n_i;
   float* rows = reinterpret_cast<float*>(smem_aligned() + C::ROW_OFF);  // stage st: lse at 2*BM*st, delta after
@@ -207,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int q = qr0 + i;
           rows[2 * C::BM * st + i] = q < s.T ? lse[lo + q] * kLog2e : INFINITY;  // rows past T: P = 0
           rows[2 * C::BM * st + C::BM + i] = q < s.T ? delta[lo + q] : 0.f;
-          if constexpr (DOC) starts[C::BM * st + i] = q < s.T ? docb[q] : 0;
+          if constexpr (DOC) starts[C::BM * st + i] = q < s.T ? row_first_key<ROWS>(docb, q, s.window) : 0;
         }
         mbar_arrive(bar.full(st));  // release: the stores above are seen by whoever waits on full
       }
@@ -297,13 +304,14 @@ struct Dq {
 };
 
 // DOC: packed documents (doc [B,T]), as in the forward.
-template <int D, bool DOC>
+template <int D, int ROWS>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
               const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dq,
               const float* __restrict__ lse, const float* __restrict__ delta, AttnShape s,
               const int32_t* __restrict__ doc) {
 #ifdef RT_SM90_DEVICE
+  constexpr bool DOC = ROWS != kCausal;  // rows with a first key
   using C = Dq<D>;
   const uint32_t base = smem_base_1k();
   const uint32_t sq = base, sdo = base + C::Q_BYTES;
@@ -315,8 +323,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.group;
   const int q0 = qb * C::BM;
   const int n_tiles = (min(s.T, q0 + C::BM) - 1) / C::BN + 1;
-  const int32_t* docb = DOC ? doc + static_cast<int64_t>(b) * s.T : nullptr;
-  const int j0 = DOC ? docb[q0] / C::BN : 0;  // first key tile any row of the block sees
+  const int32_t* docb = DOC && (ROWS == kDocs || doc) ? doc + static_cast<int64_t>(b) * s.T : nullptr;
+  const int j0 = DOC ? row_first_key<ROWS>(docb, q0, s.window) / C::BN : 0;  // first key tile any row of the block sees
   if (threadIdx.x == 0) bar.init();
   __syncthreads();
 
@@ -345,10 +353,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // DOC: this thread's rows' document starts, and the warpgroup's first and last
   int row_start[2] = {}, wg_start0 = 0, wg_start1 = 0;
   if constexpr (DOC) {
-    row_start[0] = docb[min(row_base, s.T - 1)];
-    row_start[1] = docb[min(row_base + 8, s.T - 1)];
-    wg_start0 = docb[min(wrow0, s.T - 1)];
-    wg_start1 = docb[min(wrow0 + 63, s.T - 1)];
+    row_start[0] = row_first_key<ROWS>(docb, min(row_base, s.T - 1), s.window);
+    row_start[1] = row_first_key<ROWS>(docb, min(row_base + 8, s.T - 1), s.window);
+    wg_start0 = row_first_key<ROWS>(docb, min(wrow0, s.T - 1), s.window);
+    wg_start1 = row_first_key<ROWS>(docb, min(wrow0 + 63, s.T - 1), s.window);
   }
   mbar_wait(bar.once(), 0);
 
@@ -424,40 +432,40 @@ CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64
   return map;
 }
 
-template <int D, bool DOC>
+template <int D, int ROWS>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, const AttnShape& s,
-                    const int32_t* doc, cudaStream_t stream) {
+                    const int32_t* doc, const bf16* sinks, cudaStream_t stream) {
   using C = Fwd<D>;
   const int64_t T = s.T, H = s.H, G = s.G;
   const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tk = tensor_map(k, B, T, G, D, C::BN, "k"),
                     tv = tensor_map(v, B, T, G, D, C::BN, "v");
-  smem_allow(forward_kernel<D, DOC>, C::SMEM);
+  smem_allow(forward_kernel<D, ROWS>, C::SMEM);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-  forward_kernel<D, DOC><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s, doc);
+  forward_kernel<D, ROWS><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s, doc, sinks);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool DOC>
+template <int D, int ROWS>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                      const float* lse, const float* delta, int64_t B, const AttnShape& s, const int32_t* doc,
                      cudaStream_t stream) {
   const int64_t T = s.T, H = s.H, G = s.G;
   {
-    using C = Dkdv<D, DOC>;
+    using C = Dkdv<D, ROWS != kCausal>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
                       tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
-    smem_allow(dkdv_kernel<D, DOC>, C::SMEM);
+    smem_allow(dkdv_kernel<D, ROWS>, C::SMEM);
     const dim3 grid(static_cast<unsigned>(B * G), static_cast<unsigned>(detail::ceil_div(T, C::BN)));
-    dkdv_kernel<D, DOC><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s, doc);
+    dkdv_kernel<D, ROWS><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s, doc);
     CUDA_CHECK_LAUNCH();
   }
   {
     using C = Dq<D>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
                       tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
-    smem_allow(dq_kernel<D, DOC>, C::SMEM);
+    smem_allow(dq_kernel<D, ROWS>, C::SMEM);
     const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-    dq_kernel<D, DOC><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s, doc);
+    dq_kernel<D, ROWS><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s, doc);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -483,34 +491,27 @@ bool device_supported() {
 }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                       const AttnShape& s, int64_t D, cudaStream_t stream, const int32_t* doc_start) {
-  if (doc_start) {
+                       const AttnShape& s, int64_t D, cudaStream_t stream, const int32_t* doc_start,
+                       const bf16* sinks) {
+  rows_dispatch(doc_start, s, [&](auto rows) {
+    constexpr int R = decltype(rows)::value;
     if (D == 64)
-      forward_launch<64, true>(out, lse, q, k, v, B, s, doc_start, stream);
+      forward_launch<64, R>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
     else
-      forward_launch<128, true>(out, lse, q, k, v, B, s, doc_start, stream);
-  } else {
-    if (D == 64)
-      forward_launch<64, false>(out, lse, q, k, v, B, s, nullptr, stream);
-    else
-      forward_launch<128, false>(out, lse, q, k, v, B, s, nullptr, stream);
-  }
+      forward_launch<128, R>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
+  });
 }
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const float* lse, const float* delta, int64_t B, const AttnShape& s, int64_t D,
                         cudaStream_t stream, const int32_t* doc_start) {
-  if (doc_start) {
+  rows_dispatch(doc_start, s, [&](auto rows) {
+    constexpr int R = decltype(rows)::value;
     if (D == 64)
-      backward_launch<64, true>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+      backward_launch<64, R>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
     else
-      backward_launch<128, true>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
-  } else {
-    if (D == 64)
-      backward_launch<64, false>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, nullptr, stream);
-    else
-      backward_launch<128, false>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, nullptr, stream);
-  }
+      backward_launch<128, R>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+  });
 }
 
 }  // namespace rt::cuda::sm90

@@ -13,9 +13,10 @@ namespace sm90 {
 // the only GPUs that run sm_90a code.
 bool device_supported();
 
-// Same contract as rt::cuda::attention_forward (doc_start included); D is 64 or 128 (checked by the caller).
+// Same contract as rt::cuda::attention_forward (doc_start and sinks included;
+// the window is s.window); D is 64 or 128 (checked by the caller).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                       const AttnShape& s, int64_t D, cudaStream_t stream, const int32_t* doc_start);
+                       const AttnShape& s, int64_t D, cudaStream_t stream, const int32_t* doc_start, const bf16* sinks);
 // dq, dk, dv (=) from delta = rowsum(dO * O) [B, H, T] (fp32) computed by the caller.
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const float* lse, const float* delta, int64_t B, const AttnShape& s, int64_t D,

@@ -134,28 +134,30 @@ class CudaOps {
   void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
     cuda::rope_backward(dx, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
-  // Gemma's window (keys > t - window), soft cap and gpt-oss's sinks are not
-  // in the fused kernels: a window of at least T is plain causal attention; a
-  // shorter one, a soft cap or sinks run the simple fallback (cuda/attention_masked.cu).
+  // Gemma's and gpt-oss's sliding windows (keys > t - window) and gpt-oss's
+  // sinks run the fused kernels; Gemma 2's soft cap runs the simple fallback
+  // (cuda/attention_masked.cu), as do windows and sinks under
+  // RAMTRAIN_ATTENTION=masked (cuda::attention_forward decides).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
                          float softcap = 0.f, const bf16* sinks = nullptr) {
-    if (sinks || masked(T, window, softcap)) {  // gpt-oss's sinks: the fallback too
+    if (softcap > 0.f) {
       cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start, sinks);
       return;
     }
-    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start);
+    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start, window, sinks);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                           const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f,
                           const bf16* sinks = nullptr, float* dsinks = nullptr) {
-    if (sinks || masked(T, window, softcap)) {
+    if (softcap > 0.f) {
       cuda::attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch_, s_,
                                       doc_start, sinks, dsinks);
       return;
     }
-    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start);
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start, window, sinks,
+                             dsinks);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
   void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
@@ -219,7 +221,6 @@ class CudaOps {
     return *moe_blas_;
   }
 
-  static bool masked(int64_t T, int64_t window, float softcap) { return (window > 0 && window < T) || softcap > 0.f; }
   const float* freqs(bool local) const {
     RT_CHECK(!local || inv_freq_local_, "[cuda ops] internal: a local RoPE layer without set_local_rope");
     return local ? inv_freq_local_ : inv_freq_;

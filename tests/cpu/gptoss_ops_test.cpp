@@ -93,6 +93,105 @@ void sink_case(int64_t window, uint64_t seed) {
 TEST(CpuGptOssAttention, Sinks) { sink_case(0, 71); }
 TEST(CpuGptOssAttention, SinksAndSlidingWindow) { sink_case(4, 81); }
 
+// The flash-style backward the fused CUDA kernels run, in double, from the
+// forward's lse and out only: P = exp(s - lse), D_t = rowsum(dO * out),
+// dS = P (dP - D_t), dq = scale dS K, dk = scale dS^T Q, dv = P^T dO, and
+// d sink[h] = -sum_t exp(sink_h - lse_t) D_t (sinks nullable).
+void flash_backward_ref(Vec& dq, Vec& dk, Vec& dv, Vec& dsinks, const Vec& dout, const Vec& q, const Vec& k,
+                        const Vec& v, const Vec& out, const Vec& lse, const float* sinks, int64_t B, int64_t T,
+                        int64_t H, int64_t G, int64_t D, int64_t window) {
+  std::vector<double> gq(q.size(), 0.0), gk(k.size(), 0.0), gv(v.size(), 0.0), gs(static_cast<size_t>(H), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t qr = ((b * T + t) * H + h) * D;
+        const double l = lse[(b * H + h) * T + t];
+        double dt = 0;
+        for (int64_t e = 0; e < D; ++e) dt += static_cast<double>(dout[qr + e]) * out[qr + e];
+        if (sinks) gs[h] -= std::exp(sinks[h] - l) * dt;
+        const int64_t j0 = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+        for (int64_t j = j0; j <= t; ++j) {
+          const int64_t kr = ((b * T + j) * G + g) * D;
+          double s = 0, dp = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            s += static_cast<double>(q[qr + e]) * k[kr + e];
+            dp += static_cast<double>(dout[qr + e]) * v[kr + e];
+          }
+          const double p = std::exp(s * scale - l), ds = p * (dp - dt);
+          for (int64_t e = 0; e < D; ++e) {
+            gq[qr + e] += scale * ds * k[kr + e];
+            gk[kr + e] += scale * ds * q[qr + e];
+            gv[kr + e] += p * dout[qr + e];
+          }
+        }
+      }
+    }
+  dq.assign(gq.begin(), gq.end());
+  dk.assign(gk.begin(), gk.end());
+  dv.assign(gv.begin(), gv.end());
+  dsinks.assign(gs.begin(), gs.end());
+}
+
+// What the fused CUDA kernels do with gpt-oss's sinks (cuda/attention/
+// softmax.cuh softmax_row_finish, attention/sinks.h), checked against the
+// CPU reference: (1) the forward without sinks, then lse' = logaddexp(lse,
+// sink) and out' = out * exp(lse - lse'), is the forward with sinks; (2) the
+// plain flash backward on that lse' and out' gives the reference's dq, dk, dv
+// and, with one more per-head sum, its d sink. Tolerances: fp32 against
+// double over <= 11 keys of scores up to ~4 (the sink test's 1e-5 for out and
+// lse; norm-wise 1e-5 for the gradients, a few 1e-7 expected), while leaving
+// the sink out of lse moves P by the sink's share (up to ~0.9 of a row).
+void sink_fold_case(int64_t window, uint64_t seed) {
+  const int64_t B = 2, T = 11, H = 4, G = 2, D = 8;
+  SCOPED_TRACE(::testing::Message() << "window " << window);
+  Vec q = random_vec(B * T * H * D, seed, -2.f, 2.f), k = random_vec(B * T * G * D, seed + 1),
+      v = random_vec(B * T * G * D, seed + 2), r = random_vec(B * T * H * D, seed + 3);
+  Vec sinks = random_vec(H, seed + 4, -1.f, 3.f);
+  Vec out(q.size()), lse(B * H * T), out0(q.size()), lse0(B * H * T);
+  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window, 0.f,
+                             sinks.data());
+  rt::cpu::attention_forward(out0.data(), lse0.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window);
+  Vec out_f(q.size()), lse_f(lse.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t li = (b * H + h) * T + t;
+        const double l = lse0[li], sk = sinks[h], m = std::max(l, sk);
+        const double lf = m + std::log(std::exp(l - m) + std::exp(sk - m));
+        lse_f[li] = static_cast<float>(lf);
+        for (int64_t e = 0; e < D; ++e) {
+          const int64_t i = ((b * T + t) * H + h) * D + e;
+          out_f[i] = static_cast<float>(out0[i] * std::exp(l - lf));
+        }
+      }
+  EXPECT_TRUE(expect_near("folded sink lse", lse_f, lse, 1e-5, 1e-5));
+  EXPECT_TRUE(expect_near("folded sink out", out_f, out, 1e-5, 1e-5));
+
+  Vec dq(q.size()), dk(k.size()), dv(v.size()), dsinks(H, 0.f);
+  rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), out.data(),
+                              lse.data(), B, T, H, G, D, nullptr, window, 0.f, sinks.data(), dsinks.data());
+  Vec fq, fk, fv, fs;
+  flash_backward_ref(fq, fk, fv, fs, r, q, k, v, out_f, lse_f, sinks.data(), B, T, H, G, D, window);
+  const auto rel = [](const Vec& a, const Vec& b) {
+    return rt::test::rel_l2(a.data(), b.data(), static_cast<int64_t>(a.size()));
+  };
+  EXPECT_LE(rel(fq, dq), 1e-5) << "dq";
+  EXPECT_LE(rel(fk, dk), 1e-5) << "dk";
+  EXPECT_LE(rel(fv, dv), 1e-5) << "dv";
+  EXPECT_LE(rel(fs, dsinks), 1e-5) << "dsinks";
+  // the check can fail: the same backward on the sink-free lse and out is far off
+  Vec nq, nk, nv, ns;
+  flash_backward_ref(nq, nk, nv, ns, r, q, k, v, out0, lse0, nullptr, B, T, H, G, D, window);
+  EXPECT_GT(rel(nv, dv), 1e-2) << "the sinks must matter";
+}
+
+TEST(CpuGptOssAttention, SinksFoldIntoLseAndOutput) {
+  sink_fold_case(0, 91);
+  sink_fold_case(4, 101);
+}
+
 // Inputs at least `gap` away from the clamps' kinks (+-limit), where central
 // differences with step 1e-2 would straddle a kink.
 Vec away_from(Vec x, float limit, float gap) {

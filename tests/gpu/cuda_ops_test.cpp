@@ -453,6 +453,8 @@ TEST_F(CudaOps, SoftCappedCrossEntropyMatchesCpu) {
 struct AttnCase {
   int64_t B, T, H, G, D;
   std::vector<std::vector<int>> docs = {};  // packed documents: lengths per sequence (empty: none)
+  int64_t window = 0;                       // sliding window (Gemma, gpt-oss; 0: none)
+  bool sinks = false;                       // gpt-oss's sink logit per query head
 };
 
 // doc_start [B*T] of the case's packed documents (empty when it has none).
@@ -470,52 +472,98 @@ std::vector<int32_t> attention_doc_start(const AttnCase& c) {
   return d;
 }
 
+// The fused kernels (cuda::attention_forward / attention_backward, the kernel
+// set chosen by the caller) against the CPU reference; with a window or sinks
+// also against the fallback (cuda/attention_masked.cu) on the same inputs.
 void attention_case(const AttnCase& c, uint64_t seed) {
-  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D, nl = c.B * c.H * c.T;
   // q scaled up so the softmax is far from uniform (scores ~ +-3)
   auto q = random_bf16(nq, seed, -2.f, 2.f), k = random_bf16(nkv, seed + 1), v = random_bf16(nkv, seed + 2);
   auto dout = random_bf16(nq, seed + 3);
-  std::vector<float> out_ref(nq), lse_ref(c.B * c.H * c.T), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  // sinks from -1 to 3 (as the fallback's test): from barely there to most of a short row's weight
+  const std::vector<float> sinks = c.sinks ? random_bf16(c.H, seed + 4, -1.f, 3.f) : std::vector<float>{};
+  const float* sinks_host = c.sinks ? sinks.data() : nullptr;
+  std::vector<float> out_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nkv), dv_ref(nkv), dsink_ref(c.H, 0.f);
   const std::vector<int32_t> doc = attention_doc_start(c);
   const int32_t* doc_host = doc.empty() ? nullptr : doc.data();
   rt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), c.B, c.T, c.H, c.G, c.D,
-                             doc_host);
+                             doc_host, c.window, 0.f, sinks_host);
   rt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(), v.data(),
-                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host);
+                              out_ref.data(), lse_ref.data(), c.B, c.T, c.H, c.G, c.D, doc_host, c.window, 0.f,
+                              sinks_host, c.sinks ? dsink_ref.data() : nullptr);
   auto d_doc = doc.empty() ? nullptr : upload(doc);
   const int32_t* doc_dev = d_doc ? d_doc->as<int32_t>() : nullptr;
+  auto d_sinks = c.sinks ? upload_bf16(sinks) : nullptr;
+  auto d_dsinks = c.sinks ? upload(std::vector<float>(c.H, 0.f)) : nullptr;
+  const bf16* sinks_dev = d_sinks ? d_sinks->as<bf16>() : nullptr;
+  float* dsinks_dev = d_dsinks ? d_dsinks->as<float>() : nullptr;
 
   auto dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddout = upload_bf16(dout);
-  auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T);
+  auto out = alloc_bf16(nq), lse = alloc_f32(nl);
   auto dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
   DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
   rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
-                              dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, nullptr, doc_dev);
-  rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
-                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H,
-                               c.G, c.D, scratch.scratch(), nullptr, doc_dev);
+                              dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, nullptr, doc_dev, c.window, sinks_dev);
+  auto backward = [&] {
+    rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
+                                 dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H,
+                                 c.G, c.D, scratch.scratch(), nullptr, doc_dev, c.window, sinks_dev, dsinks_dev);
+  };
+  backward();
   const std::string tag = "attention B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                           " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
-                          (doc.empty() ? "" : " packed documents");
+                          (doc.empty() ? "" : " packed documents") +
+                          (c.window > 0 ? " window " + std::to_string(c.window) : "") + (c.sinks ? " sinks" : "");
   // out: P rounded to bf16 before P@V, fp32 accumulation, one final rounding
-  expect_close(tag + " out", download_bf16(*out, nq), out_ref, 1e-2, 3e-2);
+  auto out1 = download_bf16(*out, nq), lse1 = download_f32(*lse, nl);
+  expect_close(tag + " out", out1, out_ref, 1e-2, 3e-2);
   // lse: fp32 scores of the same bf16 operands, fp32 exp/log: absolute error ~1e-5
-  EXPECT_TRUE(rt::test::expect_near(tag + " lse", download_f32(*lse, c.B * c.H * c.T), lse_ref, 2e-4, 1e-5));
+  EXPECT_TRUE(rt::test::expect_near(tag + " lse", lse1, lse_ref, 2e-4, 1e-5));
   // gradients: P, dS rounded to bf16 before their GEMMs; out is bf16 in delta
   auto dq1 = download_bf16(*dq, nq), dk1 = download_bf16(*dk, nkv), dv1 = download_bf16(*dv, nkv);
   expect_close(tag + " dq", dq1, dq_ref, 1e-2, 5e-2);
   expect_close(tag + " dk", dk1, dk_ref, 1e-2, 5e-2);
   expect_close(tag + " dv", dv1, dv_ref, 1e-2, 5e-2);
+  // d sink: sum over B*T rows of -P_sink D_t from the fused lse and the bf16 out, as the fallback's
+  // (the same sum, attention/sinks.h): the per-row error of D_t (as dq's) summed, norm-wise as dq's bound
+  std::vector<float> dsinks1;
+  if (c.sinks) {
+    dsinks1 = download_f32(*d_dsinks, c.H);
+    expect_close(tag + " dsinks", dsinks1, dsink_ref, 1e-2, 5e-2);
+  }
   // deterministic: a second backward is bitwise identical
   dq->poison();
   dk->poison();
   dv->poison();
-  rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(),
-                               dk_in->as<bf16>(), dv_in->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H,
-                               c.G, c.D, scratch.scratch(), nullptr, doc_dev);
+  if (c.sinks) CUDA_CHECK(cudaMemset(dsinks_dev, 0, c.H * sizeof(float)));
+  backward();
   EXPECT_EQ(download_bf16(*dq, nq), dq1) << tag << " dq not repeatable";
   EXPECT_EQ(download_bf16(*dk, nkv), dk1) << tag << " dk not repeatable";
   EXPECT_EQ(download_bf16(*dv, nkv), dv1) << tag << " dv not repeatable";
+  if (c.sinks) {
+    EXPECT_EQ(download_f32(*d_dsinks, c.H), dsinks1) << tag << " dsinks not repeatable";
+  }
+  if (c.window == 0 && !c.sinks) return;
+
+  // the fallback these layers ran before, on the same inputs. It keeps P and dS in fp32 and
+  // stays far inside the bounds above against the CPU (MaskedAttentionMatchesCpu), so the
+  // fused-vs-fallback difference is the fused kernels' own bf16 roundings: the same bounds.
+  auto out_m = alloc_bf16(nq), lse_m = alloc_f32(nl), dq_m = alloc_bf16(nq), dk_m = alloc_bf16(nkv),
+       dv_m = alloc_bf16(nkv);
+  auto d_dsinks_m = c.sinks ? upload(std::vector<float>(c.H, 0.f)) : nullptr;
+  rt::cuda::attention_masked_forward(out_m->as<bf16>(), lse_m->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
+                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, c.window, 0.f, nullptr, doc_dev,
+                                     sinks_dev);
+  rt::cuda::attention_masked_backward(dq_m->as<bf16>(), dk_m->as<bf16>(), dv_m->as<bf16>(), ddout->as<bf16>(),
+                                      dq_in->as<bf16>(), dk_in->as<bf16>(), dv_in->as<bf16>(), out_m->as<bf16>(),
+                                      lse_m->as<float>(), c.B, c.T, c.H, c.G, c.D, c.window, 0.f, scratch.scratch(),
+                                      nullptr, doc_dev, sinks_dev, d_dsinks_m ? d_dsinks_m->as<float>() : nullptr);
+  expect_close(tag + " out vs fallback", out1, download_bf16(*out_m, nq), 1e-2, 3e-2);
+  EXPECT_TRUE(rt::test::expect_near(tag + " lse vs fallback", lse1, download_f32(*lse_m, nl), 2e-4, 1e-5));
+  expect_close(tag + " dq vs fallback", dq1, download_bf16(*dq_m, nq), 1e-2, 5e-2);
+  expect_close(tag + " dk vs fallback", dk1, download_bf16(*dk_m, nkv), 1e-2, 5e-2);
+  expect_close(tag + " dv vs fallback", dv1, download_bf16(*dv_m, nkv), 1e-2, 5e-2);
+  if (c.sinks) expect_close(tag + " dsinks vs fallback", dsinks1, download_f32(*d_dsinks_m, c.H), 1e-2, 5e-2);
 }
 
 // Gemma's sliding window and attention soft cap: the fallback kernels
@@ -639,6 +687,91 @@ TEST_F(CudaOps, AttentionPackedDocumentsMatchCpu) {
                    {1, 200, 4, 2, 256, {{16, 17, 100, 67}}},
                    {1, 129, 2, 1, 128, {{1, 1, 1, 126}}}},
                   180);
+}
+
+// Sliding windows (Gemma: head_dim 256, window 1024 of 4096; gpt-oss: head_dim
+// 64, window 128) in the fused kernels: each row's first key is max(document
+// start, t - W + 1). Windows much shorter than T, so whole key tiles (forward,
+// dQ) and query tiles (dK/dV) fall outside; windows on and off tile
+// boundaries; a window of 2 (a window of 1 would make P = 1 and dq, dk
+// vanish: nothing for a relative bound to measure).
+TEST_F(CudaOps, AttentionSlidingWindowMatchesCpuAndFallback) {
+  attention_cases({{2, 300, 8, 2, 64, {}, 128},  // gpt-oss's head_dim and window
+                   {1, 130, 2, 1, 64, {}, 2},
+                   {1, 600, 4, 2, 128, {}, 200},
+                   {1, 300, 6, 2, 96, {}, 70},
+                   {1, 700, 4, 2, 256, {}, 128},  // Gemma's head_dim, T / W ~ 5
+                   {1, 700, 4, 1, 256, {}, 33}},
+                  200);
+}
+
+// Windows and packed documents together: the later of the two starts.
+TEST_F(CudaOps, AttentionSlidingWindowWithPackedDocumentsMatchesCpuAndFallback) {
+  attention_cases({{2, 300, 4, 2, 64, {{70, 1, 100, 129}, {150, 150}}, 64},
+                   {1, 300, 4, 2, 128, {{64, 64, 1, 171}}, 100},
+                   {1, 700, 4, 2, 256, {{300, 17, 383}}, 128}},
+                  220);
+}
+
+// gpt-oss's sinks in the fused kernels (the forward's last step; d sink from
+// the fallback's per-head sum): with its window, alone (its full-attention
+// layers), with documents.
+TEST_F(CudaOps, AttentionSinksMatchCpuAndFallback) {
+  attention_cases({{2, 300, 8, 2, 64, {}, 128, true},
+                   {2, 200, 8, 2, 64, {}, 0, true},
+                   {1, 300, 4, 2, 128, {{100, 200}}, 64, true},
+                   {1, 200, 4, 2, 256, {}, 0, true}},
+                  240);
+}
+
+// RAMTRAIN_ATTENTION=masked: windows and sinks through cuda::attention_forward /
+// attention_backward run the fallback (bitwise its results); plain causal
+// calls run the fused kernels (they differ from the fallback in the last bits).
+TEST_F(CudaOps, AttentionMaskedSetRunsTheFallbackForWindowsAndSinks) {
+  const AttnCase c{1, 200, 4, 2, 64};
+  const int64_t window = 50, nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D, nl = c.B * c.H * c.T;
+  auto q = upload_bf16(random_bf16(nq, 260, -2.f, 2.f)), k = upload_bf16(random_bf16(nkv, 261)),
+       v = upload_bf16(random_bf16(nkv, 262)), dout = upload_bf16(random_bf16(nq, 263)),
+       sinks = upload_bf16(random_bf16(c.H, 264, -1.f, 3.f));
+  DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
+  // [0]: the fallback called directly; [1]: through attention_forward/backward with the masked set
+  std::vector<float> res[2][4];
+  for (int w : {0, 1}) {
+    for (int i = 0; i < 2; ++i) {
+      const int64_t win = w ? window : 0;
+      const bf16* sk = w ? nullptr : sinks->as<bf16>();  // sinks alone, then a window alone
+      auto out = alloc_bf16(nq), lse = alloc_f32(nl), dq = alloc_bf16(nq), dk = alloc_bf16(nkv), dv = alloc_bf16(nkv);
+      if (i == 0) {
+        rt::cuda::attention_masked_forward(out->as<bf16>(), lse->as<float>(), q->as<bf16>(), k->as<bf16>(),
+                                           v->as<bf16>(), c.B, c.T, c.H, c.G, c.D, win, 0.f, nullptr, nullptr, sk);
+        rt::cuda::attention_masked_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), dout->as<bf16>(),
+                                            q->as<bf16>(), k->as<bf16>(), v->as<bf16>(), out->as<bf16>(),
+                                            lse->as<float>(), c.B, c.T, c.H, c.G, c.D, win, 0.f, scratch.scratch(),
+                                            nullptr, nullptr, sk);
+      } else {
+        rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::masked);
+        rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), q->as<bf16>(), k->as<bf16>(), v->as<bf16>(), c.B,
+                                    c.T, c.H, c.G, c.D, nullptr, nullptr, win, sk);
+        rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), dout->as<bf16>(), q->as<bf16>(),
+                                     k->as<bf16>(), v->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H,
+                                     c.G, c.D, scratch.scratch(), nullptr, nullptr, win, sk);
+        rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
+      }
+      res[i][0] = download_bf16(*out, nq);
+      res[i][1] = download_f32(*lse, nl);
+      res[i][2] = download_bf16(*dq, nq);
+      res[i][3] = download_bf16(*dk, nkv);
+    }
+    const std::string tag = w ? "window" : "sinks";
+    EXPECT_EQ(res[1][0], res[0][0]) << tag << ": out is not the fallback's";
+    EXPECT_EQ(res[1][1], res[0][1]) << tag << ": lse is not the fallback's";
+    EXPECT_EQ(res[1][2], res[0][2]) << tag << ": dq is not the fallback's";
+    EXPECT_EQ(res[1][3], res[0][3]) << tag << ": dk is not the fallback's";
+  }
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::masked);
+  EXPECT_NE(rt::cuda::attention_kernels_in_use(64), rt::cuda::AttentionKernels::masked)
+      << "plain causal calls name the fused set they run";
+  rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
 }
 
 TEST_F(CudaOps, AttentionOtherHeadDimsRunMmaSync) {

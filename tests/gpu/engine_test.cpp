@@ -313,9 +313,10 @@ TEST(CudaEngine, GemmaMatchesTheCpuReference) {
   // Gemma 1: (1 + w) norms (the final norm too), GeGLU, the embedding times
   // sqrt(hidden), tied. Gemma 3: sandwich norms, (1 + w) q/k norms, a second
   // RoPE on the local layers, linear scaling on the global ones, windows of 48
-  // < T = 128 (the fallback attention kernels). Gemma 2: attention and final
-  // soft caps through the engine (their maths where they bite: gpu_cuda_ops_test),
-  // windows of 48 on layers 0 and 2.
+  // < T = 128 (the fused attention kernels' windows). Gemma 2: attention and
+  // final soft caps through the engine (their maths where they bite:
+  // gpu_cuda_ops_test), windows of 48 on layers 0 and 2 (the soft cap: the
+  // fallback attention kernels).
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
   for (rt::Family f : {rt::Family::gemma, rt::Family::gemma2, rt::Family::gemma3}) {
     rt::ModelSpec s = gpu_spec(4);

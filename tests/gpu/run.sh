@@ -42,7 +42,8 @@
 #   recompute selective recompute (--keep-attention 0 vs auto): 7B 32 x 2048 uncapped, one 32k sequence under 24 GiB
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
-#   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference
+#   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference;
+#             sliding windows (Gemma 3, gpt-oss with sinks) fused against the fallback (--kernels masked)
 #   attnvar   every attention_bench variant in BIN_DIR/attn (bench/attention_variants.sh), MHA and GQA,
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
@@ -76,8 +77,8 @@
 #             tiered run's flags, SSD_14B_FLAGS replaces those flags, SSD_MODES a subset of the modes, SSD_STEPS
 #             the 14B steps (3). Host RSS counts layer-major's pinned block inputs (~61 GiB at 128k tokens per
 #             step): --max-host-memory bounds the training state only.
-#   gptoss    gpt-oss only (not in the default; ops and engine hold the same tests): the masked attention with
-#             sinks and the clamped SwiGLU vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a
+#   gptoss    gpt-oss only (not in the default; ops and engine hold the same tests): attention with sinks and
+#             windows (fused and fallback) and the clamped SwiGLU vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a
 #             tiny gpt-oss (gpu_engine_moe_test), then gpt-oss-20b at its real size from random init in the lean
 #             mode (adamw4bit, bf16-sr master, folded gradients; ~3.1 B/param of host RAM), 6 steps of 4 x 1024,
 #             no final export (42 GB in bf16 on a 64 GiB disk)
@@ -118,7 +119,7 @@ if has phi; then  # Phi3's partial rotary and LongRoPE (also inside ops and engi
   run phi_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Phi3*'
 fi
 if has gptoss; then  # gpt-oss (also inside ops and engine)
-  run gptoss_ops 180 "$bin/gpu_cuda_ops_test" --gtest_filter='*MaskedAttention*:*ClampedSwiglu*'
+  run gptoss_ops 180 "$bin/gpu_cuda_ops_test" --gtest_filter='*MaskedAttention*:*SlidingWindow*:*Sinks*:*ClampedSwiglu*'
   run gptoss_engine 300 "$bin/gpu_engine_moe_test" --gtest_filter='*GptOss*'
   run gptoss_20b 900 "$bin/ramtrain" train --preset gpt-oss-20b --data "$data" --seq-len 1024 --micro-batch 4 \
     --steps 6 --optimizer adamw4bit --master bf16-sr --grads fold --export-dtype none --out "$tmp/gptoss20b"
@@ -453,6 +454,12 @@ if has attention; then
   run attention_bench 180 "$bin/attention_bench" --B 1,2 --kernels mma,wgmma
   run attention_bench_gqa 120 "$bin/attention_bench" --B 2 --G 8 --kernels mma,wgmma
   run attention_bench_d64 120 "$bin/attention_bench" --B 2 --H 32 --G 8 --D 64 --kernels mma,wgmma
+  # sliding windows: Gemma 3 (head_dim 256, window 1024) and gpt-oss (head_dim 64, window 128, sinks), the
+  # fused kernels against the one-warp-per-row fallback they replace
+  run attention_bench_gemma_window 180 "$bin/attention_bench" --B 1 --H 8 --G 4 --D 256 --window 1024 \
+    --kernels auto,masked --reps 5 --warmup 1
+  run attention_bench_gptoss_window 180 "$bin/attention_bench" --B 1 --H 64 --G 8 --D 64 --window 128 --sinks 1 \
+    --kernels mma,wgmma,masked --reps 5 --warmup 1
   run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
   run attention_sdpa_gqa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 2 --G 8
   mkdir -p "$tmp/adump"

@@ -2,6 +2,8 @@
 // attention kernel sets. A fragment covers rows row0 + {0, 8} (row0 =
 // first row + lane/4) and columns col0 + 8j + 2*(lane%4) + {0, 1}.
 #pragma once
+#include <type_traits>
+
 #include "cuda/attention/utils.cuh"
 
 namespace rt::cuda::attn {
@@ -22,7 +24,7 @@ __device__ __forceinline__ void mask_causal_scores(A& sc, int k0, int row0) {
       if (k0 + frag_col(j, e) > row0 + frag_row(e)) frag(sc, j, e) = -INFINITY;
 }
 
-// Packed documents (doc_start, see ops.h): row i sees keys from start(i) on.
+// Packed documents and sliding windows (row_first_key below): row i sees keys from start(i) on.
 // Queries as rows: keys k0 + col before the row's start (start[0] for row0,
 // start[1] for row0 + 8) become `fill`.
 template <class A>
@@ -44,13 +46,49 @@ __device__ __forceinline__ void mask_doc_cols(A& pt, const int* start, int row0)
       if (row0 + frag_row(e) < start[frag_col(j, e)]) frag(pt, j, e) = 0.f;
 }
 
-// The first row t in [lo, hi) of a sequence's doc_start with doc[t] > key
-// (hi if none): the rows from there on see no key <= key. doc_start is
-// non-decreasing (contiguous documents).
-__device__ __forceinline__ int doc_rows_end(const int32_t* doc, int lo, int hi, int key) {
+// Which rows have a first key before which keys are masked: the kernels'
+// ROWS template argument. kCausal: none (plain causal); kDocs: packed
+// documents (doc_start, see ops.h); kWindow: a sliding window, with or
+// without documents. kDocs and kWindow run the DOC code paths; the window has
+// its own instances so that the documents' kernels stay as they were.
+enum RowStarts : int { kCausal = 0, kDocs = 1, kWindow = 2 };
+
+// Host side: calls f(std::integral_constant<int, ROWS>) for a call's row
+// starts: a window (s.window > 0, with or without documents), documents
+// alone (doc_start), or neither.
+template <class F>
+void rows_dispatch(const int32_t* doc_start, const AttnShape& s, F&& f) {
+  if (s.window > 0)
+    f(std::integral_constant<int, kWindow>{});
+  else if (doc_start)
+    f(std::integral_constant<int, kDocs>{});
+  else
+    f(std::integral_constant<int, kCausal>{});
+}
+
+// The first key query row t sees: its document's start (doc: the sequence's
+// doc_start row; kWindow: nullptr for one document) and, with a window,
+// t - window + 1 (window > 0). What the DOC code paths rely on holds for both
+// and their max: it is at most t (every row sees its own key) and
+// non-decreasing in t (key tiles before a block's first row's start are
+// skipped; dK/dV stops at the first row that starts past its keys).
+template <int ROWS>
+__device__ __forceinline__ int row_first_key(const int32_t* doc, int t, int window) {
+  if constexpr (ROWS == kDocs) {
+    return doc[t];
+  } else {
+    const int d = doc ? doc[t] : 0;
+    return max(d, t - window + 1);
+  }
+}
+
+// The first row t in [lo, hi) of a sequence with row_first_key(doc, t,
+// window) > key (hi if none): the rows from there on see no key <= key.
+template <int ROWS>
+__device__ __forceinline__ int doc_rows_end(const int32_t* doc, int window, int lo, int hi, int key) {
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    if (doc[mid] > key)
+    if (row_first_key<ROWS>(doc, mid, window) > key)
       hi = mid;
     else
       lo = mid + 1;

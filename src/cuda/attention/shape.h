@@ -6,6 +6,7 @@ namespace rt::cuda {
 
 struct AttnShape {
   int T, H, G, group;  // group = H / G
+  int window;          // sliding window: row t sees keys j > t - window (0: none; the kWindow instances only)
   float scale_log2;    // log2(e) / sqrt(D)
   float scale;         // 1 / sqrt(D)
 };

@@ -54,6 +54,29 @@ __device__ __forceinline__ float softmax_row_sum(float l) {
   return l;
 }
 
+// Forward end of a row: its raw-score max m, denominator t (softmax_row_sum,
+// relative to m) and, for gpt-oss, the head's sink logit (sinks [H] bf16,
+// nullable): the sink joins the max and the denominator (cpu/attention.cpp)
+// and weighs no value. Sets the row's lse (natural log) and returns the
+// factor the output accumulator is scaled by (1 / t without a sink). The
+// backward needs nothing more: P = exp(s - lse) leaves the sink's share out,
+// and delta = rowsum(dO * O) of this output is sum_j P_j dP_j (the sink's dP
+// is 0); only d sink needs its own sum (cuda/attention/sinks.h).
+__device__ __forceinline__ float softmax_row_finish(float m, float t, float scale, const bf16* sinks, int h,
+                                                    float& lse) {
+  const float mn = m * scale;  // the max in natural-log units
+  if (!sinks) {
+    lse = mn + logf(t);
+    return 1.f / t;
+  }
+  const float sk = __bfloat162float(sinks[h]);
+  const float mx = fmaxf(mn, sk);
+  const float a = expf(mn - mx);  // the rows' sum rescaled to the joint max
+  const float tt = fmaf(t, a, expf(sk - mx));
+  lse = mx + logf(tt);
+  return a / tt;
+}
+
 // Backward, P from the forward's lse, queries as rows (the dQ kernels):
 // p = 2^(s*c - lse2[row]), lse2 = lse * log2(e) of the thread's rows row0 +
 // {0, 8}; with `mask`, keys k0 + col after the row give 0.
