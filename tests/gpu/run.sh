@@ -553,19 +553,19 @@ if has ssd; then
           --state-dir $tmp/sd$mode $budget --out $tmp/k$mode --metrics $tmp/k$mode.jsonl || echo \"killed: rc \$?\"
         '$bin/ramtrain' train --resume auto --out $tmp/k$mode
         python3 - $tmp/r$mode.jsonl $tmp/t$mode.jsonl $tmp/k$mode.jsonl <<'PY'
-  import json, sys
-  def recs(f):
-      out = {}
-      for r in map(json.loads, open(f)):
-          r.pop('time', None); r.pop('elapsed', None)
-          out[(r['step'], 'loss' if 'loss' in r else 'final' if 'final' in r else 'val')] = r
-      return out
-  ram, tier, killed = (recs(f) for f in sys.argv[1:])
-  bad = [k for k in ram if tier.get(k) != ram[k]]
-  print('SSD-IDENTICAL' if not bad and len(tier) == len(ram) else f'SSD-DIFFERS at {bad}')
-  bad = [k for k in killed if ram.get(k) != killed[k]]
-  print('SSD-RESUME-IDENTICAL' if not bad and all(k in killed for k in ram) else f'SSD-RESUME-DIFFERS at {bad}')
-  PY"
+import json, sys
+def recs(f):
+    out = {}
+    for r in map(json.loads, open(f)):
+        r.pop('time', None); r.pop('elapsed', None)
+        out[(r['step'], 'loss' if 'loss' in r else 'final' if 'final' in r else 'val')] = r
+    return out
+ram, tier, killed = (recs(f) for f in sys.argv[1:])
+bad = [k for k in ram if tier.get(k) != ram[k]]
+print('SSD-IDENTICAL' if not bad and len(tier) == len(ram) else f'SSD-DIFFERS at {bad}')
+bad = [k for k in killed if ram.get(k) != killed[k]]
+print('SSD-RESUME-IDENTICAL' if not bad and all(k in killed for k in ram) else f'SSD-RESUME-DIFFERS at {bad}')
+PY"
     done
   fi
   # (2) Qwen2.5-14B lean at 128k tokens per step (16 x 2048 x 4), all in RAM vs tiered with the weights paged
