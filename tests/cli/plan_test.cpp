@@ -46,6 +46,29 @@ std::vector<double> item_bytes(const std::string& json, const std::string& secti
   return v;
 }
 
+// The exact update waits for the global norm; when that shows, plan names --grads fold with the tokens/s of
+// the same run with it, which is what plan says for that run.
+TEST(Plan, ExposedOptimizerNamesFoldWithItsRate) {
+  const std::string base =
+      "plan --preset qwen2.5-7b --gpu h100 --seq-len 2048 --micro-batch 32 --matmul fp8 --fp8-scaling tensor --json";
+  auto r = run_ramtrain(base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  const std::regex re("--grads fold updates each layer[^\"]*: ([0-9]+) tokens/s");
+  ASSERT_TRUE(std::regex_search(r.output, m, re)) << r.output;
+  const double said = std::stod(m[1]);
+  auto f = run_ramtrain(base + " --grads fold");
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  const double fold = num(f.output, "tokens_per_s", f.output.find("\"step\":{"));
+  EXPECT_NEAR(said, fold, 0.5 + 1e-5 * fold);  // printed as an integer
+  EXPECT_GT(fold, 1.03 * num(r.output, "tokens_per_s", r.output.find("\"step\":{")));
+  EXPECT_FALSE(contains(f.output, "--grads fold updates")) << f.output;  // not named again once given
+  // an optimizer that hides under the next forward (bf16, the same shape) gets no such line
+  auto b = run_ramtrain("plan --preset qwen2.5-7b --gpu h100 --seq-len 2048 --micro-batch 32 --json");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_FALSE(contains(b.output, "--grads fold updates")) << b.output;
+}
+
 TEST(Plan, FittingPlanSaysSoAndAddsUp) {
   auto r = run_ramtrain("plan --preset qwen2.5-0.5b --gpu rtx4090 --micro-batch 4 --seq-len 1024 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
