@@ -445,18 +445,18 @@ void StateTier::release(size_t u, bool dirty) {
   cv_.notify_all();
 }
 
-size_t StateTier::next_paged(const std::vector<size_t>& order, size_t from) const {
+void StateTier::prefetch_next_paged(const std::vector<size_t>& order, size_t from) {
   while (from < order.size() && !(order[from] < plan_.paged.size() && plan_.paged[order[from]])) ++from;
-  return from;
+  if (from < order.size()) prefetch(order[from]);
 }
 
 void StateTier::for_each(const std::vector<size_t>& order, const std::function<void(size_t)>& fn, bool dirty) {
   if (order.empty()) return;
   // one paged unit read ahead, past the kept ones: in RAM at most the one updating, the one read ahead and the
   // one writing back (the plan's three slots)
+  prefetch_next_paged(order, 0);
   for (size_t k = 0; k < order.size(); ++k) {
-    if (const size_t n = next_paged(order, k); n < order.size()) prefetch(order[n]);
-    if (const size_t n = next_paged(order, k + 1); n < order.size()) prefetch(order[n]);
+    prefetch_next_paged(order, k + 1);
     acquire(order[k]);
     fn(order[k]);
     release(order[k], dirty);

@@ -112,9 +112,9 @@ class StateTier {
   // read when not yet asked); queue u's write-back (dirty) or its release. No-ops
   // on units kept in RAM.
   void prefetch(size_t u);
-  // The first unit of order[from..] whose state is paged (order.size() if none):
-  // what to read ahead, past units kept in RAM.
-  size_t next_paged(const std::vector<size_t>& order, size_t from) const;
+  // prefetch of the first unit of order[from..] whose state is paged (none: a
+  // no-op): the read ahead, past units kept in RAM.
+  void prefetch_next_paged(const std::vector<size_t>& order, size_t from);
   void acquire(size_t u);
   void release(size_t u, bool dirty);
   // Every unit's state back in RAM for good (tests, tools), and the tier detached.

@@ -54,13 +54,22 @@ void sink_attention_ref(Vec& out, Vec& lse, const Vec& q, const Vec& k, const Ve
     }
 }
 
+// The sink tests' inputs at B = 2, T = 11, H = 4, G = 2, D = 8: q in +-2, sinks
+// from -1 to 3 (from barely there to taking most of a row's weight), r the
+// output's cotangent.
+struct SinkInputs {
+  Vec q, k, v, r, sinks;
+};
+SinkInputs sink_inputs(uint64_t seed) {
+  const int64_t B = 2, T = 11, H = 4, G = 2, D = 8;
+  return {random_vec(B * T * H * D, seed, -2.f, 2.f), random_vec(B * T * G * D, seed + 1),
+          random_vec(B * T * G * D, seed + 2), random_vec(B * T * H * D, seed + 3), random_vec(H, seed + 4, -1.f, 3.f)};
+}
+
 void sink_case(int64_t window, uint64_t seed) {
   const int64_t B = 2, T = 11, H = 4, G = 2, D = 8;
   SCOPED_TRACE(::testing::Message() << "window " << window);
-  Vec q = random_vec(B * T * H * D, seed, -2.f, 2.f), k = random_vec(B * T * G * D, seed + 1),
-      v = random_vec(B * T * G * D, seed + 2), r = random_vec(B * T * H * D, seed + 3);
-  // sinks from -1 to 3: from barely there to taking most of a row's weight
-  Vec sinks = random_vec(H, seed + 4, -1.f, 3.f);
+  auto [q, k, v, r, sinks] = sink_inputs(seed);
   Vec out(q.size(), kNaN), lse(B * H * T, kNaN);
   rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window, 0.f,
                              sinks.data());
@@ -146,9 +155,7 @@ void flash_backward_ref(Vec& dq, Vec& dk, Vec& dv, Vec& dsinks, const Vec& dout,
 void sink_fold_case(int64_t window, uint64_t seed) {
   const int64_t B = 2, T = 11, H = 4, G = 2, D = 8;
   SCOPED_TRACE(::testing::Message() << "window " << window);
-  Vec q = random_vec(B * T * H * D, seed, -2.f, 2.f), k = random_vec(B * T * G * D, seed + 1),
-      v = random_vec(B * T * G * D, seed + 2), r = random_vec(B * T * H * D, seed + 3);
-  Vec sinks = random_vec(H, seed + 4, -1.f, 3.f);
+  auto [q, k, v, r, sinks] = sink_inputs(seed);
   Vec out(q.size()), lse(B * H * T), out0(q.size()), lse0(B * H * T);
   rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window, 0.f,
                              sinks.data());

@@ -50,15 +50,7 @@ bool have_gpu() { return rt::cuda_backend_available(); }
 // so the default slab (the largest layer, rounded up to 16384) lands it in 2
 // pieces. Byte data (ids < 258).
 rt::ModelSpec landing_spec(bool tied) {
-  rt::ModelSpec s;
-  s.architecture = "LlamaForCausalLM";
-  s.hidden = 256;
-  s.intermediate = 512;
-  s.n_layers = 3;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 64;
-  s.vocab = 4096;
+  rt::ModelSpec s = rt::test::llama_spec(256, 512, 3, 4, 2, 64, 4096);
   s.rms_eps = 1e-5;
   s.max_positions = 512;
   s.tie_embeddings = tied;

@@ -44,9 +44,7 @@ void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version)
   fold_clip_ = FoldClip(o.clip);
   fold_order_ = fold_order(st_.spec().n_layers);
   fold_next_ = 0;
-  if (StateTier* t = st_.tier(); t && apply) {  // --state-dir: the first paged unit's state
-    if (const size_t n = t->next_paged(fold_order_, 0); n < fold_order_.size()) t->prefetch(fold_order_[n]);
-  }
+  if (StateTier* t = st_.tier(); t && apply) t->prefetch_next_paged(fold_order_, 0);  // --state-dir: the first one
   fold_seconds_ = 0;
   fold_params_ = 0;
   track_.update([&] {
@@ -76,8 +74,7 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
       ++folded_;
     });
     if (tier) {  // the next paged unit read ahead, past kept ones (the SSD busy while their gradients land)
-      if (const size_t n = tier->next_paged(fold_order_, fold_next_); n < fold_order_.size())
-        tier->prefetch(fold_order_[n]);
+      tier->prefetch_next_paged(fold_order_, fold_next_);
       tier->acquire(u);
     }
   } else {
@@ -192,8 +189,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
   StateTier* tier = apply ? st_.tier() : nullptr;
   const std::vector<size_t> order = update_order(U, delayed);
   size_t unit_k = 0;
-  if (tier)
-    if (const size_t n = tier->next_paged(order, 0); n < order.size()) tier->prefetch(order[n]);
+  if (tier) tier->prefetch_next_paged(order, 0);
   for (size_t c = 0; c < std::min<size_t>(kRing, chunks.size()); ++c) issue(c);
   Tracer::Span host_span;
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -201,7 +197,7 @@ void OptimizerPhase::run(const OptimStep& o, float coef, bool apply, int64_t ste
     StateUnit& un = units[ch.u];
     const float* g = grads_.wait_chunk(static_cast<int>(c % kRing));
     if (tier && ch.b == 0) {
-      if (const size_t n = tier->next_paged(order, ++unit_k); n < order.size()) tier->prefetch(order[n]);
+      tier->prefetch_next_paged(order, ++unit_k);
       tier->acquire(ch.u);
     }
     if (apply) {
