@@ -460,6 +460,14 @@ if has attention; then
     --kernels auto,masked --reps 5 --warmup 1
   run attention_bench_gptoss_window 180 "$bin/attention_bench" --B 1 --H 64 --G 8 --D 64 --window 128 --sinks 1 \
     --kernels mma,wgmma,masked --reps 5 --warmup 1
+  # Gemma 2's soft cap (head_dim 256, cap 50; window 4096 on its local layers): the mma_sync kernels'
+  # CAP instances against the fallback, and against the same shapes uncapped
+  run attention_bench_gemma2_softcap 180 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --softcap 50 \
+    --kernels auto,masked --reps 5 --warmup 1
+  run attention_bench_gemma2_softcap_window 180 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 \
+    --softcap 50 --window 4096 --kernels auto,masked --reps 5 --warmup 1
+  run attention_bench_gemma2_nocap 120 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --kernels mma \
+    --reps 5 --warmup 1
   run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
   run attention_sdpa_gqa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 2 --G 8
   mkdir -p "$tmp/adump"
