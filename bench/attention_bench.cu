@@ -21,8 +21,7 @@
 // --D 64 --window 128); FLOPs over the visible pairs, counted exactly.
 // --sinks 1: gpt-oss's per-head sink logits (and their gradient).
 // --softcap C: Gemma 2's attention-logit soft cap (Gemma 2: --D 256 --softcap
-// 50, with --window 4096 on its local layers); the mma_sync kernels whatever
-// --kernels says, except masked.
+// 50, with --window 4096 on its local layers; 27B: --D 128).
 // --kernels masked times the one-warp-per-row fallback for windows, sinks and
 // the soft cap (RAMTRAIN_ATTENTION=masked: what those layers ran before the
 // fused kernels).

@@ -37,13 +37,12 @@
 // forward's last step (softmax_row_finish: lse and out include them); the
 // backward kernels are unchanged and d sink is one more sum (attention/sinks.h).
 // Gemma 2's attention-logit soft cap: template argument CAP (instances of
-// their own, so the others compile as before): the raw scores are capped in
-// place before the masks, z' = K tanh(z / K) with K = cap sqrt(D)
-// (softcap_scores), and everything after is unchanged, lse included (that of
-// the capped scores). The backward kernels compute dP while the tile still
-// holds z' and fold (dP - delta)(1 - tanh^2) in before P replaces it
-// (softcap_dp_rows/cols), then dS = P * that. The wgmma set has no cap:
-// capped calls run these kernels on sm_90 too.
+// their own, so the others compile as before; both kernel sets): the raw
+// scores are capped in place before the masks, z' = K tanh(z / K) with K =
+// cap sqrt(D) (softcap_scores), and everything after is unchanged, lse
+// included (that of the capped scores). The backward kernels compute dP
+// while the tile still holds z' and fold (dP - delta)(1 - tanh^2) in before P
+// replaces it (softcap_dp_rows/cols), then dS = P * that.
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -497,15 +496,6 @@ void head_dim_dispatch(int64_t D, F&& f) {
   fail("[cuda attention] head_dim ", D, " has no kernels");
 }
 
-// Calls f(std::integral_constant<bool, CAP>{}): the soft-capped instances when the shape has a cap.
-template <class F>
-void cap_dispatch(const AttnShape& s, F&& f) {
-  if (s.cap_k > 0.f)
-    f(std::integral_constant<bool, true>{});
-  else
-    f(std::integral_constant<bool, false>{});
-}
-
 template <int D, int ROWS, bool CAP>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
                     const int32_t* doc, const bf16* sinks, cudaStream_t stream) {
@@ -580,10 +570,8 @@ AttentionKernels kernels_chosen() {
 // mma.sync kernels whatever was chosen.
 bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
 
-// The soft cap (Gemma 2) is in the mma_sync kernels only: capped calls run
-// them whatever was chosen.
-bool use_wgmma(const char* where, int64_t D, float softcap) {
-  if (!wgmma_head_dim(D) || softcap > 0.f) return false;
+bool use_wgmma(const char* where, int64_t D) {
+  if (!wgmma_head_dim(D)) return false;
   const AttentionKernels k = kernels_chosen();
   if (k == AttentionKernels::automatic || k == AttentionKernels::masked) return sm90::device_supported();
   if (k == AttentionKernels::wgmma)
@@ -604,7 +592,7 @@ void set_attention_kernels(AttentionKernels k) { g_kernels.store(static_cast<int
 
 AttentionKernels attention_kernels_in_use(int64_t D, float softcap) {
   const AttentionKernels k = kernels_chosen();
-  if (softcap > 0.f) return k == AttentionKernels::masked ? AttentionKernels::masked : AttentionKernels::mma_sync;
+  if (softcap > 0.f && k == AttentionKernels::masked) return AttentionKernels::masked;
   if (!wgmma_head_dim(D)) return AttentionKernels::mma_sync;
   if (k != AttentionKernels::automatic && k != AttentionKernels::masked) return k;
   return sm90::device_supported() ? AttentionKernels::wgmma : AttentionKernels::mma_sync;
@@ -633,7 +621,7 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
     attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, stream, doc_start, sinks);
     return;
   }
-  if (use_wgmma("attention_forward", D, softcap)) {
+  if (use_wgmma("attention_forward", D)) {
     sm90::attention_forward(out, lse, q, k, v, B, s, D, stream, doc_start, sinks);
     return;
   }
@@ -667,7 +655,7 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   RT_CHECK(scratch.bytes >= need, "[cuda attention_backward] scratch has ", scratch.bytes, " bytes, needs ", need,
            " (attention_backward_scratch_bytes)");
   float* delta = static_cast<float*>(scratch.ptr);
-  if (use_wgmma("attention_backward", D, softcap)) {
+  if (use_wgmma("attention_backward", D)) {
     delta_launch(D, delta, dout, out, B, s, stream);
     sm90::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, B, s, D, stream, doc_start);
   } else {

@@ -2,7 +2,7 @@
 // (cpu/attention.cpp states the maths): a simple, correct fallback, not a
 // fast one: what RAMTRAIN_ATTENTION=masked runs for windows, sinks and the
 // soft cap (the fused kernels of attention.cu and attention_sm90.cu take them
-// otherwise; the cap only attention.cu's), and the tests' reference. One
+// otherwise), and the tests' reference. One
 // warp per query row (forward, dQ) or key row (dK/dV); q/k/v/dO rows are read
 // in bf16, everything is computed in fp32.
 // Forward: two passes over the row's keys in chunks of 32 (one key per lane):

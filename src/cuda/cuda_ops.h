@@ -135,7 +135,7 @@ class CudaOps {
     cuda::rope_backward(dx, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
   // Gemma's and gpt-oss's sliding windows (keys > t - window), gpt-oss's
-  // sinks and Gemma 2's soft cap run the fused kernels (the cap: mma_sync);
+  // sinks and Gemma 2's soft cap run the fused kernels;
   // under RAMTRAIN_ATTENTION=masked they run the simple fallback
   // (cuda/attention_masked.cu; cuda::attention_forward decides).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,

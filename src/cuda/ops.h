@@ -183,8 +183,7 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
 // masked: calls with a sliding window shorter than T, sinks or a soft cap run
 // the one-warp-per-row fallback (attention_masked_forward below), the others
 // as automatic: the path those layers took before the fused kernels had them
-// (comparisons, benchmarks). Soft-capped calls (Gemma 2) run mma_sync unless
-// masked was chosen: the wgmma kernels have no soft cap.
+// (comparisons, benchmarks).
 enum class AttentionKernels { automatic, mma_sync, wgmma, masked };
 // Process-wide choice (tests and benchmarks; the environment variable
 // RAMTRAIN_ATTENTION=mma|wgmma|masked sets the default). automatic: wgmma on
@@ -211,7 +210,7 @@ const char* attention_kernels_name(AttentionKernels k);
 // softmax denominator, weighing no value (cpu/attention.cpp): lse includes it
 // and out is scaled down by it. softcap (Gemma 2's attention-logit soft cap c;
 // 0: none): scores s = q.k / sqrt(D) become c tanh(s / c) (cpu/attention.cpp;
-// the mma_sync kernels on every GPU); lse is that of the capped scores. Pass
+// both kernel sets); lse is that of the capped scores. Pass
 // the same window, sinks and softcap to the backward.
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                        int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start = nullptr,

@@ -166,8 +166,7 @@ void softcap_kernel_algebra_case(int64_t window, float cap, float q_range, uint6
   const double Kd = static_cast<double>(cap) * std::sqrt(static_cast<double>(D));
   const float K = static_cast<float>(Kd), m2k = static_cast<float>(-2.0 * Kd),
               a2 = static_cast<float>(2.0 * 1.4426950408889634 / Kd), inv_k = static_cast<float>(1.0 / Kd);
-  Vec kout(q.size()), klse(lse.size()), kdq(q.size(), 0.f), kdk(k.size(), 0.f), kdv(v.size(), 0.f),
-      nodq(q.size(), 0.f);
+  Vec kout(q.size()), klse(lse.size()), kdq(q.size(), 0.f), kdk(k.size(), 0.f), kdv(v.size(), 0.f), nodq(q.size(), 0.f);
   int64_t saturated = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
@@ -226,9 +225,9 @@ void softcap_kernel_algebra_case(int64_t window, float cap, float q_range, uint6
 }
 
 TEST(CpuGemmaAttention, SoftCapAsTheFusedCudaKernelsComputeIt) {
-  softcap_kernel_algebra_case(0, 1.5f, 2.f, 51);   // scores up to ~4: the cap bites
-  softcap_kernel_algebra_case(5, 5.f, 20.f, 61);   // |s| up to several c
-  softcap_kernel_algebra_case(0, 0.5f, 200.f, 71); // far past the cap: 2^(z a2) overflows and underflows
+  softcap_kernel_algebra_case(0, 1.5f, 2.f, 51);    // scores up to ~4: the cap bites
+  softcap_kernel_algebra_case(5, 5.f, 20.f, 61);    // |s| up to several c
+  softcap_kernel_algebra_case(0, 0.5f, 200.f, 71);  // far past the cap: 2^(z a2) overflows and underflows
 }
 
 TEST(CpuGemmaAttention, SlidingWindow) { window_case(4, 0.f, 21); }

@@ -576,13 +576,12 @@ void attention_case(const AttnCase& c, uint64_t seed) {
        dv_m = alloc_bf16(nkv);
   auto d_dsinks_m = c.sinks ? upload(std::vector<float>(c.H, 0.f)) : nullptr;
   rt::cuda::attention_masked_forward(out_m->as<bf16>(), lse_m->as<float>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
-                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, c.window, c.softcap, nullptr,
-                                     doc_dev, sinks_dev);
-  rt::cuda::attention_masked_backward(dq_m->as<bf16>(), dk_m->as<bf16>(), dv_m->as<bf16>(), ddout->as<bf16>(),
-                                      dq_in->as<bf16>(), dk_in->as<bf16>(), dv_in->as<bf16>(), out_m->as<bf16>(),
-                                      lse_m->as<float>(), c.B, c.T, c.H, c.G, c.D, c.window, c.softcap,
-                                      scratch.scratch(),
-                                      nullptr, doc_dev, sinks_dev, d_dsinks_m ? d_dsinks_m->as<float>() : nullptr);
+                                     dv_in->as<bf16>(), c.B, c.T, c.H, c.G, c.D, c.window, c.softcap, nullptr, doc_dev,
+                                     sinks_dev);
+  rt::cuda::attention_masked_backward(
+      dq_m->as<bf16>(), dk_m->as<bf16>(), dv_m->as<bf16>(), ddout->as<bf16>(), dq_in->as<bf16>(), dk_in->as<bf16>(),
+      dv_in->as<bf16>(), out_m->as<bf16>(), lse_m->as<float>(), c.B, c.T, c.H, c.G, c.D, c.window, c.softcap,
+      scratch.scratch(), nullptr, doc_dev, sinks_dev, d_dsinks_m ? d_dsinks_m->as<float>() : nullptr);
   expect_close(tag + " out vs fallback", out1, download_bf16(*out_m, nq), 1e-2, 3e-2);
   EXPECT_TRUE(rt::test::expect_near(tag + " lse vs fallback", lse1, download_f32(*lse_m, nl), 2e-4, lse_atol));
   expect_close(tag + " dq vs fallback", dq1, download_bf16(*dq_m, nq), 1e-2, 5e-2);
@@ -665,7 +664,7 @@ void attention_cases(const std::vector<AttnCase>& cases, uint64_t seed) {
     SCOPED_TRACE(rt::cuda::attention_kernels_name(k));
     rt::cuda::set_attention_kernels(k);
     for (size_t i = 0; i < cases.size(); ++i) {
-      // head dims without wgmma kernels (and soft-capped calls) run mma_sync either way: test them once
+      // head dims without wgmma kernels run mma_sync either way: test them once
       if (rt::cuda::attention_kernels_in_use(cases[i].D, cases[i].softcap) != k) continue;
       attention_case(cases[i], seed + 10 * i);
     }
@@ -749,14 +748,14 @@ TEST_F(CudaOps, AttentionSinksMatchCpuAndFallback) {
                   240);
 }
 
-// Gemma 2's attention-logit soft cap in the mma_sync kernels (softcap_scores:
+// Gemma 2's attention-logit soft cap in the fused kernels (softcap_scores:
 // the scores capped before the masks, dS times 1 - tanh^2): Gemma 2's cap 50
 // and head_dim 256, with its sliding window (4096 of 8192 there; 128 of 700
 // here) and without (its global layers); a small cap (5) that bends the
 // scores harder; head_dim 64, 96 and 128 (Gemma 2 27B); packed documents;
 // the cap with sinks (no model has both; the fallback does). q spans +-4c
-// (attention_case), so |s| reaches several c. On compute capability 9.0 these
-// run mma_sync too: the wgmma kernels have no cap.
+// (attention_case), so |s| reaches several c. Both kernel sets where the GPU
+// has them (wgmma: head_dim 64 and 128 on compute capability 9.0).
 TEST_F(CudaOps, AttentionSoftCapMatchesCpuAndFallback) {
   attention_cases({{1, 700, 4, 2, 256, {}, 128, false, 50.f},
                    {1, 700, 4, 2, 256, {}, 0, false, 50.f},
@@ -838,18 +837,19 @@ TEST_F(CudaOps, AttentionOtherHeadDimsRunMmaSync) {
   EXPECT_EQ(rt::cuda::attention_kernels_in_use(96), rt::cuda::AttentionKernels::mma_sync);
   EXPECT_EQ(rt::cuda::attention_kernels_in_use(256), rt::cuda::AttentionKernels::mma_sync);
   EXPECT_EQ(rt::cuda::attention_kernels_in_use(128), rt::cuda::AttentionKernels::wgmma);
-  // the soft cap is in the mma_sync kernels only
-  EXPECT_EQ(rt::cuda::attention_kernels_in_use(128, 50.f), rt::cuda::AttentionKernels::mma_sync);
+  EXPECT_EQ(rt::cuda::attention_kernels_in_use(128, 50.f), rt::cuda::AttentionKernels::wgmma);  // the cap too
   rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
-  EXPECT_EQ(rt::cuda::attention_kernels_in_use(64, 50.f), rt::cuda::AttentionKernels::mma_sync);
 }
 
-TEST_F(CudaOps, AttentionKernelSetsAgree) {
-  // the two kernel sets on one input: the same function up to their own roundings
-  if (attention_kernel_sets().size() < 2) GTEST_SKIP() << "the wgmma kernels need compute capability 9.0";
+// The two kernel sets on one input: the same function up to their own
+// roundings; with a soft cap, q in +-4c as attention_case (lse's absolute
+// bound scaled as there).
+void kernel_sets_agree(float cap) {
+  SCOPED_TRACE(::testing::Message() << "softcap " << cap);
   const AttnCase c{2, 300, 4, 2, 128};
   const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.G * c.D;
-  auto q = upload_bf16(random_bf16(nq, 7, -2.f, 2.f)), k = upload_bf16(random_bf16(nkv, 8)),
+  const float qr = cap > 0.f ? 4.f * cap : 2.f;
+  auto q = upload_bf16(random_bf16(nq, 7, -qr, qr)), k = upload_bf16(random_bf16(nkv, 8)),
        v = upload_bf16(random_bf16(nkv, 9)), dout = upload_bf16(random_bf16(nq, 10));
   DeviceBuffer scratch(rt::cuda::attention_backward_scratch_bytes(c.B, c.T, c.H));
   std::vector<std::vector<float>> res[2];
@@ -859,20 +859,26 @@ TEST_F(CudaOps, AttentionKernelSetsAgree) {
     auto out = alloc_bf16(nq), lse = alloc_f32(c.B * c.H * c.T), dq = alloc_bf16(nq), dk = alloc_bf16(nkv),
          dv = alloc_bf16(nkv);
     rt::cuda::attention_forward(out->as<bf16>(), lse->as<float>(), q->as<bf16>(), k->as<bf16>(), v->as<bf16>(), c.B,
-                                c.T, c.H, c.G, c.D, nullptr);
+                                c.T, c.H, c.G, c.D, nullptr, nullptr, 0, nullptr, cap);
     rt::cuda::attention_backward(dq->as<bf16>(), dk->as<bf16>(), dv->as<bf16>(), dout->as<bf16>(), q->as<bf16>(),
                                  k->as<bf16>(), v->as<bf16>(), out->as<bf16>(), lse->as<float>(), c.B, c.T, c.H, c.G,
-                                 c.D, scratch.scratch(), nullptr);
+                                 c.D, scratch.scratch(), nullptr, nullptr, 0, nullptr, nullptr, cap);
     res[i] = {download_bf16(*out, nq), download_f32(*lse, c.B * c.H * c.T), download_bf16(*dq, nq),
               download_bf16(*dk, nkv), download_bf16(*dv, nkv)};
   }
   rt::cuda::set_attention_kernels(rt::cuda::AttentionKernels::automatic);
   // out: each side rounds P to bf16 after its own max/sum order: a few bf16 steps apart at most
   expect_close("out wgmma vs mma", res[1][0], res[0][0], 1e-2, 3e-2);
-  EXPECT_TRUE(rt::test::expect_near("lse wgmma vs mma", res[1][1], res[0][1], 2e-4, 1e-5));
+  EXPECT_TRUE(rt::test::expect_near("lse wgmma vs mma", res[1][1], res[0][1], 2e-4, 1e-5 * std::max(1.f, qr / 2.f)));
   const char* names[] = {"dq", "dk", "dv"};
   for (int t = 2; t < 5; ++t)
     expect_close(std::string(names[t - 2]) + " wgmma vs mma", res[1][t], res[0][t], 1e-2, 5e-2);
+}
+
+TEST_F(CudaOps, AttentionKernelSetsAgree) {
+  if (attention_kernel_sets().size() < 2) GTEST_SKIP() << "the wgmma kernels need compute capability 9.0";
+  kernel_sets_agree(0.f);
+  kernel_sets_agree(5.f);  // Gemma 2's soft cap (a small one: it bends the scores harder)
 }
 
 TEST_F(CudaOps, ErrorsNameTheCall) {

@@ -9,7 +9,7 @@
 
 namespace rt::cuda::attn {
 
-// Gemma 2's attention-logit soft cap (the mma_sync set's CAP instances). The
+// Gemma 2's attention-logit soft cap (both sets' CAP instances). The
 // capped score c tanh(s / c), s = z / sqrt(D), in the kernels' raw units:
 // z' = K tanh(z / K), K = c sqrt(D) (AttnShape's cap_*), so everything after
 // it (the online softmax in raw units, lse = m * scale + log t in natural-log
@@ -152,8 +152,9 @@ __device__ __forceinline__ void dscores_cols(A& dpt, A& pt, const float* delta) 
 }
 
 // Backward through the cap: dS = P (dP - delta) (1 - tanh^2), tanh = z'/K.
-// The CAP kernels compute dP while the tile still holds z' (softcap_scores)
-// and fold the rest in first: dp = (dP - delta[row]) (1 - (z'/K)^2), queries
+// The CAP kernels have dP while the tile still holds z' (softcap_scores; the
+// mma_sync ones compute it first, the wgmma ones wait for both products) and
+// fold the rest in first: dp = (dP - delta[row]) (1 - (z'/K)^2), queries
 // as rows; then P overwrites z' (probs_rows/cols, masks) and dS = P * dp
 // (dscores_capped). Masked entries: P = 0, so dS = 0 (z' and dp are finite).
 template <class A>
