@@ -20,12 +20,15 @@
 // --window W: a sliding window (Gemma 3: --D 256 --window 1024; gpt-oss:
 // --D 64 --window 128); FLOPs over the visible pairs, counted exactly.
 // --sinks 1: gpt-oss's per-head sink logits (and their gradient).
-// --kernels masked times the one-warp-per-row fallback for windows and sinks
-// (RAMTRAIN_ATTENTION=masked: what those layers ran before the fused kernels).
+// --softcap C: Gemma 2's attention-logit soft cap (Gemma 2: --D 256 --softcap
+// 50, with --window 4096 on its local layers; 27B: --D 128).
+// --kernels masked times the one-warp-per-row fallback for windows, sinks and
+// the soft cap (RAMTRAIN_ATTENTION=masked: what those layers ran before the
+// fused kernels).
 //
 // usage: attention_bench [--T 4096] [--H 32] [--G 32] [--D 128 (64, 96, 128, 256)] [--B 1,2]
 //                        [--kernels auto] [--reps 20] [--warmup 5] [--dump DIR] [--doc-len 0]
-//                        [--window 0] [--sinks 0]
+//                        [--window 0] [--sinks 0] [--softcap 0]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -103,6 +106,7 @@ int main(int argc, char** argv) try {
   int reps = 20, warmup = 5;
   int64_t doc_len = 0, window = 0;
   bool with_sinks = false;
+  float softcap = 0.f;
   std::vector<int64_t> batches = {1, 2};
   std::vector<std::string> kernel_names = {"auto"};
   std::string dump_dir;
@@ -137,6 +141,8 @@ int main(int argc, char** argv) try {
       window = std::stoll(v);
     else if (a == "--sinks")
       with_sinks = std::stoi(v) != 0;
+    else if (a == "--softcap")
+      softcap = std::stof(v);
     else if (a == "--kernels")
       kernel_names = split(v);
     else if (a == "--B") {
@@ -149,6 +155,8 @@ int main(int argc, char** argv) try {
     rt::fail("[attention_bench] --doc-len must be >= 0 and cannot go with --dump (attention_sdpa.py has no documents)");
   if (window < 0 || ((window > 0 || with_sinks) && !dump_dir.empty()))
     rt::fail("[attention_bench] --window must be >= 0; --window and --sinks go without --dump (no SDPA reference)");
+  if (softcap < 0.f || (softcap > 0.f && !dump_dir.empty()))
+    rt::fail("[attention_bench] --softcap must be >= 0 and goes without --dump (no SDPA reference)");
   std::vector<rt::cuda::AttentionKernels> kernel_sets;
   for (const std::string& n : kernel_names) {
     if (n == "auto")
@@ -172,6 +180,7 @@ int main(int argc, char** argv) try {
     std::printf("sliding window of %lld keys: TFLOP/s over the visible (query, key) pairs\n",
                 static_cast<long long>(window));
   if (with_sinks) std::printf("with sinks\n");
+  if (softcap > 0.f) std::printf("attention-logit soft cap %g\n", static_cast<double>(softcap));
   std::printf("%-8s %-4s %-6s %-4s %-4s %-4s %10s %10s %10s %10s %10s\n", "kernels", "B", "T", "H", "G", "D", "fwd_ms",
               "bwd_ms", "fwd_TF/s", "bwd_TF/s", "fb_TF/s");
   int status = 0;
@@ -179,7 +188,7 @@ int main(int argc, char** argv) try {
     rt::cuda::set_attention_kernels(ks);
     const char* kname = ks == rt::cuda::AttentionKernels::masked
                             ? "masked"
-                            : rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D));
+                            : rt::cuda::attention_kernels_name(rt::cuda::attention_kernels_in_use(D, softcap));
     bool first = true;
     for (int64_t B : batches) {
       const int64_t nq = B * T * H * D, nkv = B * T * G * D;
@@ -225,10 +234,12 @@ int main(int argc, char** argv) try {
         CUDA_CHECK(cudaMalloc(&dsinks, H * 4));
         CUDA_CHECK(cudaMemset(dsinks, 0, H * 4));
       }
-      auto fwd = [&] { rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc, window, sinks); };
+      auto fwd = [&] {
+        rt::cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, nullptr, doc, window, sinks, softcap);
+      };
       auto bwd = [&] {
         rt::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, {scratch, scratch_bytes},
-                                     nullptr, doc, window, sinks, dsinks);
+                                     nullptr, doc, window, sinks, dsinks, softcap);
       };
       const double fwd_ms = median_ms(fwd, warmup, reps);
       const double bwd_ms = median_ms(bwd, warmup, reps);

@@ -36,7 +36,15 @@
 // documents' kernels keep their registers). gpt-oss's sinks join the
 // forward's last step (softmax_row_finish: lse and out include them); the
 // backward kernels are unchanged and d sink is one more sum (attention/sinks.h).
+// Gemma 2's attention-logit soft cap: template argument CAP (instances of
+// their own, so the others compile as before; both kernel sets): the raw
+// scores are capped in place before the masks, z' = K tanh(z / K) with K =
+// cap sqrt(D) (softcap_scores), and everything after is unchanged, lse
+// included (that of the capped scores). The backward kernels compute dP
+// while the tile still holds z' and fold (dP - delta)(1 - tanh^2) in before P
+// replaces it (softcap_dp_rows/cols), then dS = P * that.
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -80,8 +88,9 @@ struct FwdCfg {
 
 // Warp w owns rows [w*16*MT, (w+1)*16*MT) of the block's query tile. DOC:
 // packed documents (doc [B,T], see ops.h): key tiles before the block's first
-// document start are skipped, keys before a row's start masked.
-template <int D, int ROWS>
+// document start are skipped, keys before a row's start masked. CAP: Gemma
+// 2's soft cap on the scores before the masks (softcap_scores).
+template <int D, int ROWS, bool CAP>
 __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     attention_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
                              const bf16* __restrict__ k, const bf16* __restrict__ v, AttnShape s,
@@ -161,6 +170,7 @@ __global__ void __launch_bounds__(32 * FwdCfg<D>::WARPS, 8 / FwdCfg<D>::WARPS)
     uint32_t pa[MT][kFwdBC / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (CAP) softcap_scores(sc[mt], s);
       if (need_mask) mask_causal_scores(sc[mt], k0, row_base + mt * 16);
       if (need_doc_mask) mask_doc_rows(sc[mt], k0, row_start[mt], -INFINITY);
       softmax_online(sc[mt], o[mt], m[mt], l[mt], s.scale_log2);
@@ -225,7 +235,9 @@ struct DkdvCfg {
 
 // DOC: packed documents (doc [B,T]): the query tiles after the last row that
 // sees a key of the block are skipped, queries of other documents masked.
-template <int D, int ROWS>
+// CAP: the soft cap; dP is computed before P replaces the capped scores
+// (softcap_dp_cols).
+template <int D, int ROWS, bool CAP>
 __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     attention_backward_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -296,16 +308,26 @@ __global__ void __launch_bounds__(32 * DkdvCfg<D>::WARPS, 8 / DkdvCfg<D>::WARPS)
     float p[kBwdBR / 8][4];
     frag_zero(p);
     mma_rows_rows<D, kBwdBR>(p, sk, warp * 16, sq(st));
+    float dp[kBwdBR / 8][4];
+    if constexpr (CAP) {  // S^T capped; dP^T = V_w dO^T; dp = (dP^T - delta) (1 - tanh^2)
+      softcap_scores(p, s);
+      frag_zero(dp);
+      mma_rows_rows<D, kBwdBR>(dp, sv, warp * 16, sdo(st));
+      softcap_dp_cols(dp, p, s_delta + st * kBwdBR, s.cap_inv_k);
+    }
     const bool need_mask = qr0 < key0 + warp * 16 + 15;
     probs_cols(p, s.scale_log2, s_lse + st * kBwdBR, need_mask, qr0, krow);
     // DOC: the tile's last row starts its document after this warp's first key
     if (DOC && s_doc[st * kBwdBR + min(kBwdBR, s.T - qr0) - 1] > key0 + warp * 16)
       mask_doc_cols(p, s_doc + st * kBwdBR, krow);
-    // dP^T = V_w dO^T ; dS^T = P^T * (dP^T - delta)
-    float dp[kBwdBR / 8][4];
-    frag_zero(dp);
-    mma_rows_rows<D, kBwdBR>(dp, sv, warp * 16, sdo(st));
-    dscores_cols(dp, p, s_delta + st * kBwdBR);
+    if constexpr (CAP) {
+      dscores_capped(dp, p);  // dS^T = P^T * dp
+    } else {
+      // dP^T = V_w dO^T ; dS^T = P^T * (dP^T - delta)
+      frag_zero(dp);
+      mma_rows_rows<D, kBwdBR>(dp, sv, warp * 16, sdo(st));
+      dscores_cols(dp, p, s_delta + st * kBwdBR);
+    }
     uint32_t pa[kBwdBR / 16][4], dsa[kBwdBR / 16][4];
     frag_to_a(pa, p);
     frag_to_a(dsa, dp);
@@ -332,8 +354,8 @@ struct DqCfg {
   static_assert(SMEM <= 99 * 1024, "dQ tile shape over the sm_86/89 shared-memory limit");
 };
 
-// DOC: packed documents (doc [B,T]): as in the forward.
-template <int D, int ROWS>
+// DOC: packed documents (doc [B,T]): as in the forward. CAP: as in dK/dV.
+template <int D, int ROWS, bool CAP>
 __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     attention_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
                                  const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse,
@@ -393,13 +415,23 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
     float p[kDqBC / 8][4];
     frag_zero(p);
     mma_rows_rows<D, kDqBC>(p, sq, warp * 16, sk(st));
+    float dp[kDqBC / 8][4];
+    if constexpr (CAP) {  // S capped; dP = dO V^T; dp = (dP - delta) (1 - tanh^2)
+      softcap_scores(p, s);
+      frag_zero(dp);
+      mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));
+      softcap_dp_rows(dp, p, row_delta, s.cap_inv_k);
+    }
     const bool need_mask = k0 + kDqBC - 1 > q0 + warp * 16;
     probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
     if (DOC && k0 < warp_start1) mask_doc_rows(p, k0, row_start, 0.f);
-    float dp[kDqBC / 8][4];
-    frag_zero(dp);
-    mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));  // dP = dO V^T
-    dscores_rows(dp, p, row_delta);
+    if constexpr (CAP) {
+      dscores_capped(dp, p);  // dS = P * dp
+    } else {
+      frag_zero(dp);
+      mma_rows_rows<D, kDqBC>(dp, sdo, warp * 16, sv(st));  // dP = dO V^T
+      dscores_rows(dp, p, row_delta);
+    }
     uint32_t dsa[kDqBC / 16][4];
     frag_to_a(dsa, dp);
     mma_regs_trans<D, kDqBC>(dqa, dsa, sk(st));  // dQ += dS K
@@ -415,7 +447,8 @@ __global__ void __launch_bounds__(32 * DqCfg<D>::WARPS, 8 / DqCfg<D>::WARPS)
 
 // ---------------------------------------------------------------- launch
 
-AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, const char* where) {
+AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t window, float softcap,
+                     const char* where) {
   RT_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "[cuda ", where, "] head_dim must be 64, 96, 128 or 256, got ",
            D);
   RT_CHECK(H > 0 && G > 0 && H % G == 0, "[cuda ", where, "] heads H=", H, " must be a multiple of kv heads G=", G);
@@ -423,7 +456,9 @@ AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int6
   RT_CHECK(B > 0 && T > 0 && T <= int64_t{65535} * 64 && B * H < (int64_t{1} << 31), "[cuda ", where,
            "] shape out of range: B=", B, " T=", T, " (at most ", int64_t{65535} * 64, ") H=", H);
   RT_CHECK(window >= 0, "[cuda ", where, "] window ", window, " must be >= 0 (0: none)");
-  AttnShape s;
+  RT_CHECK(softcap >= 0.f && std::isfinite(softcap), "[cuda ", where, "] softcap ", softcap,
+           " must be finite and >= 0 (0: none)");
+  AttnShape s{};
   s.T = static_cast<int>(T);
   s.H = static_cast<int>(H);
   s.G = static_cast<int>(G);
@@ -431,6 +466,13 @@ AttnShape shape_make(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int6
   s.window = window < T ? static_cast<int>(window) : 0;  // a window of at least T masks nothing
   s.scale = 1.f / sqrtf(static_cast<float>(D));
   s.scale_log2 = s.scale * kLog2e;
+  if (softcap > 0.f) {  // raw-score units (shape.h): K = softcap / scale
+    const double K = static_cast<double>(softcap) * std::sqrt(static_cast<double>(D));
+    s.cap_k = static_cast<float>(K);
+    s.cap_m2k = static_cast<float>(-2.0 * K);
+    s.cap_a2 = static_cast<float>(2.0 * 1.4426950408889634 / K);
+    s.cap_inv_k = static_cast<float>(1.0 / K);
+  }
   return s;
 }
 
@@ -454,13 +496,13 @@ void head_dim_dispatch(int64_t D, F&& f) {
   fail("[cuda attention] head_dim ", D, " has no kernels");
 }
 
-template <int D, int ROWS>
+template <int D, int ROWS, bool CAP>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, AttnShape s,
                     const int32_t* doc, const bf16* sinks, cudaStream_t stream) {
   using C = FwdCfg<D>;
-  smem_allow(attention_forward_kernel<D, ROWS>, C::SMEM);
+  smem_allow(attention_forward_kernel<D, ROWS, CAP>, C::SMEM);
   dim3 grid(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, C::BR)));
-  attention_forward_kernel<D, ROWS><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s, doc, sinks);
+  attention_forward_kernel<D, ROWS, CAP><<<grid, 32 * C::WARPS, C::SMEM, stream>>>(out, lse, q, k, v, s, doc, sinks);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -475,22 +517,22 @@ void delta_launch(int64_t D, float* delta, const bf16* dout, const bf16* out, in
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D, int ROWS>
+template <int D, int ROWS, bool CAP>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                      const bf16* out, const float* lse, float* delta, int64_t B, AttnShape s, const int32_t* doc,
                      cudaStream_t stream) {
   delta_launch(D, delta, dout, out, B, s, stream);
   using CK = DkdvCfg<D>;
   constexpr int smem_kv = ROWS != kCausal ? CK::SMEM_DOC : CK::SMEM;
-  smem_allow(attention_backward_dkdv_kernel<D, ROWS>, smem_kv);
+  smem_allow(attention_backward_dkdv_kernel<D, ROWS, CAP>, smem_kv);
   dim3 grid_kv(static_cast<unsigned>(B * s.G), static_cast<unsigned>(detail::ceil_div(s.T, CK::BC)), CK::DS);
-  attention_backward_dkdv_kernel<D, ROWS>
+  attention_backward_dkdv_kernel<D, ROWS, CAP>
       <<<grid_kv, 32 * CK::WARPS, smem_kv, stream>>>(dk, dv, dout, q, k, v, lse, delta, s, doc);
   CUDA_CHECK_LAUNCH();
   using CQ = DqCfg<D>;
-  smem_allow(attention_backward_dq_kernel<D, ROWS>, CQ::SMEM);
+  smem_allow(attention_backward_dq_kernel<D, ROWS, CAP>, CQ::SMEM);
   dim3 grid_q(static_cast<unsigned>(B * s.H), static_cast<unsigned>(detail::ceil_div(s.T, CQ::BR)));
-  attention_backward_dq_kernel<D, ROWS>
+  attention_backward_dq_kernel<D, ROWS, CAP>
       <<<grid_q, 32 * CQ::WARPS, CQ::SMEM, stream>>>(dq, dout, q, k, v, lse, delta, s, doc);
   CUDA_CHECK_LAUNCH();
 }
@@ -539,18 +581,19 @@ bool use_wgmma(const char* where, int64_t D) {
   return k == AttentionKernels::wgmma;
 }
 
-// RAMTRAIN_ATTENTION=masked: windows and sinks on the one-warp-per-row fallback
-bool windowed_on_fallback(int64_t T, int64_t window, const bf16* sinks) {
-  return ((window > 0 && window < T) || sinks) && kernels_chosen() == AttentionKernels::masked;
+// RAMTRAIN_ATTENTION=masked: windows, sinks and the soft cap on the one-warp-per-row fallback
+bool masked_on_fallback(int64_t T, int64_t window, const bf16* sinks, float softcap) {
+  return ((window > 0 && window < T) || sinks || softcap > 0.f) && kernels_chosen() == AttentionKernels::masked;
 }
 
 }  // namespace
 
 void set_attention_kernels(AttentionKernels k) { g_kernels.store(static_cast<int>(k)); }
 
-AttentionKernels attention_kernels_in_use(int64_t D) {
-  if (!wgmma_head_dim(D)) return AttentionKernels::mma_sync;
+AttentionKernels attention_kernels_in_use(int64_t D, float softcap) {
   const AttentionKernels k = kernels_chosen();
+  if (softcap > 0.f && k == AttentionKernels::masked) return AttentionKernels::masked;
+  if (!wgmma_head_dim(D)) return AttentionKernels::mma_sync;
   if (k != AttentionKernels::automatic && k != AttentionKernels::masked) return k;
   return sm90::device_supported() ? AttentionKernels::wgmma : AttentionKernels::mma_sync;
 }
@@ -571,11 +614,11 @@ const char* attention_kernels_name(AttentionKernels k) {
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                        int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start, int64_t window,
-                       const bf16* sinks) {
-  const AttnShape s = shape_make(B, T, H, G, D, window, "attention_forward");
+                       const bf16* sinks, float softcap) {
+  const AttnShape s = shape_make(B, T, H, G, D, window, softcap, "attention_forward");
   check_ptrs("attention_forward", {out, q, k, v});
-  if (windowed_on_fallback(T, window, sinks)) {
-    attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, 0.f, stream, doc_start, sinks);
+  if (masked_on_fallback(T, window, sinks, softcap)) {
+    attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, stream, doc_start, sinks);
     return;
   }
   if (use_wgmma("attention_forward", D)) {
@@ -584,7 +627,10 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   }
   head_dim_dispatch(D, [&](auto d) {
     rows_dispatch(doc_start, s, [&](auto rows) {
-      forward_launch<decltype(d)::value, decltype(rows)::value>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
+      cap_dispatch(s, [&](auto cap) {
+        forward_launch<decltype(d)::value, decltype(rows)::value, decltype(cap)::value>(out, lse, q, k, v, B, s,
+                                                                                        doc_start, sinks, stream);
+      });
     });
   });
 }
@@ -596,12 +642,12 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                         Scratch scratch, cudaStream_t stream, const int32_t* doc_start, int64_t window,
-                        const bf16* sinks, float* dsinks) {
+                        const bf16* sinks, float* dsinks, float softcap) {
   RT_CHECK(!dsinks || sinks, "[cuda attention_backward] a sink gradient without sinks");
-  const AttnShape s = shape_make(B, T, H, G, D, window, "attention_backward");
+  const AttnShape s = shape_make(B, T, H, G, D, window, softcap, "attention_backward");
   check_ptrs("attention_backward", {dq, dk, dv, dout, q, k, v, out});
-  if (windowed_on_fallback(T, window, sinks)) {
-    attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, 0.f, scratch, stream,
+  if (masked_on_fallback(T, window, sinks, softcap)) {
+    attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch, stream,
                               doc_start, sinks, dsinks);
     return;
   }
@@ -615,8 +661,10 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   } else {
     head_dim_dispatch(D, [&](auto d) {
       rows_dispatch(doc_start, s, [&](auto rows) {
-        backward_launch<decltype(d)::value, decltype(rows)::value>(dq, dk, dv, dout, q, k, v, out, lse, delta, B, s,
-                                                                   doc_start, stream);
+        cap_dispatch(s, [&](auto cap) {
+          backward_launch<decltype(d)::value, decltype(rows)::value, decltype(cap)::value>(
+              dq, dk, dv, dout, q, k, v, out, lse, delta, B, s, doc_start, stream);
+        });
       });
     });
   }

@@ -1,8 +1,8 @@
 // Causal attention with Gemma's sliding window and attention-logit soft cap
 // (cpu/attention.cpp states the maths): a simple, correct fallback, not a
-// fast one, for what the fused kernels (attention.cu, attention_sm90.cu) do
-// not do: the soft cap; windows and sinks too with RAMTRAIN_ATTENTION=masked
-// (the fused kernels take them otherwise), and the tests' reference. One
+// fast one: what RAMTRAIN_ATTENTION=masked runs for windows, sinks and the
+// soft cap (the fused kernels of attention.cu and attention_sm90.cu take them
+// otherwise), and the tests' reference. One
 // warp per query row (forward, dQ) or key row (dK/dV); q/k/v/dO rows are read
 // in bf16, everything is computed in fp32.
 // Forward: two passes over the row's keys in chunks of 32 (one key per lane):

@@ -69,8 +69,9 @@ struct Fwd {
 
 // DOC: rows with a first key (packed documents doc [B,T], see ops.h, and/or a
 // sliding window: row_first_key), as in attention.cu: key tiles before the
-// block's first row's start skipped, keys before a row's start masked.
-template <int D, int ROWS>
+// block's first row's start skipped, keys before a row's start masked. CAP:
+// Gemma 2's soft cap on the scores before the masks (softcap_scores).
+template <int D, int ROWS, bool CAP>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, bf16* __restrict__ out, float* __restrict__ lse, AttnShape s,
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm_ss<C::BN, D, C::BM>(sc, sq, 64 * w, sk(st));
       wgmma_wait<0>();
       reg_fence(sc);
+      if constexpr (CAP) softcap_scores(sc, s);
       if (k0 + C::BN - 1 > wrow0) mask_causal_scores(sc, k0, row_base);  // the diagonal tile
       if (DOC && k0 < wg_start1) mask_doc_rows(sc, k0, row_start, -INFINITY);
       softmax_online(sc, o, m, l, s.scale_log2);
@@ -171,8 +173,11 @@ struct Dkdv {
 };
 
 // DOC: packed documents (doc [B,T]): query tiles after the last row that sees a
-// key of the block skipped, queries of other documents masked.
-template <int D, int ROWS>
+// key of the block skipped, queries of other documents masked. CAP: the soft
+// cap; the factor 1 - tanh^2 needs z' and dP^T together, so both products are
+// awaited before P replaces z' (softcap_dp_cols; the dV product then no
+// longer overlaps dP^T's).
+template <int D, int ROWS, bool CAP>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dk,
@@ -261,6 +266,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* dl = lsc + C::BM;
       wgmma_wait<1>();
       reg_fence(pt);
+      if constexpr (CAP) {  // S^T capped; dpt = (dP^T - delta) (1 - tanh^2)
+        wgmma_wait<0>();
+        reg_fence(dpt);
+        softcap_scores(pt, s);
+        softcap_dp_cols(dpt, pt, dl, s.cap_inv_k);
+      }
       const bool need_mask = qr0 < wkey0 + 63;
       probs_cols(pt, s.scale_log2, lsc, need_mask, qr0, krow);
       // DOC: the tile's last row starts its document after this warp's first key
@@ -271,7 +282,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm_rs<D, C::BM>(dva, pa, sdo(st));  // dV += P^T dO
       wgmma_wait<1>();                      // dP^T
       reg_fence(dpt);
-      dscores_cols(dpt, pt, dl);
+      if constexpr (CAP)
+        dscores_capped(dpt, pt);  // dS^T = P^T * dpt
+      else
+        dscores_cols(dpt, pt, dl);
       uint32_t da[C::BM / 16][4];
       frag_to_a(da, dpt);
       gemm_rs<D, C::BM>(dka, da, sq(st));  // dK += dS^T Q
@@ -304,7 +318,8 @@ struct Dq {
 };
 
 // DOC: packed documents (doc [B,T]), as in the forward.
-template <int D, int ROWS>
+// CAP: as in dK/dV (both products awaited first).
+template <int D, int ROWS, bool CAP>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
               const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, bf16* __restrict__ dq,
@@ -371,12 +386,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm_ss<C::BN, D, C::BM>(dp, sdo, 64 * w, sv(st));  // dP = dO_w V^T
       wgmma_wait<1>();
       reg_fence(p);
+      if constexpr (CAP) {  // S capped; dp = (dP - delta) (1 - tanh^2)
+        wgmma_wait<0>();
+        reg_fence(dp);
+        softcap_scores(p, s);
+        softcap_dp_rows(dp, p, row_delta, s.cap_inv_k);
+      }
       const bool need_mask = k0 + C::BN - 1 > wrow0;
       probs_rows(p, s.scale_log2, row_lse, need_mask, k0, row_base);
       if (DOC && k0 < wg_start1) mask_doc_rows(p, k0, row_start, 0.f);
       wgmma_wait<0>();
       reg_fence(dp);
-      dscores_rows(dp, p, row_delta);
+      if constexpr (CAP)
+        dscores_capped(dp, p);  // dS = P * dp
+      else
+        dscores_rows(dp, p, row_delta);
       uint32_t da[C::BN / 16][4];
       frag_to_a(da, dp);
       gemm_rs<D, C::BN>(dqa, da, sk(st));  // dQ += dS K
@@ -432,20 +456,20 @@ CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64
   return map;
 }
 
-template <int D, int ROWS>
+template <int D, int ROWS, bool CAP>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, const AttnShape& s,
                     const int32_t* doc, const bf16* sinks, cudaStream_t stream) {
   using C = Fwd<D>;
   const int64_t T = s.T, H = s.H, G = s.G;
   const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tk = tensor_map(k, B, T, G, D, C::BN, "k"),
                     tv = tensor_map(v, B, T, G, D, C::BN, "v");
-  smem_allow(forward_kernel<D, ROWS>, C::SMEM);
+  smem_allow(forward_kernel<D, ROWS, CAP>, C::SMEM);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-  forward_kernel<D, ROWS><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s, doc, sinks);
+  forward_kernel<D, ROWS, CAP><<<grid, kThreads, C::SMEM, stream>>>(tq, tk, tv, out, lse, s, doc, sinks);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D, int ROWS>
+template <int D, int ROWS, bool CAP>
 void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                      const float* lse, const float* delta, int64_t B, const AttnShape& s, const int32_t* doc,
                      cudaStream_t stream) {
@@ -454,18 +478,18 @@ void backward_launch(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16*
     using C = Dkdv<D, ROWS != kCausal>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
                       tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
-    smem_allow(dkdv_kernel<D, ROWS>, C::SMEM);
+    smem_allow(dkdv_kernel<D, ROWS, CAP>, C::SMEM);
     const dim3 grid(static_cast<unsigned>(B * G), static_cast<unsigned>(detail::ceil_div(T, C::BN)));
-    dkdv_kernel<D, ROWS><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s, doc);
+    dkdv_kernel<D, ROWS, CAP><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dk, dv, lse, delta, s, doc);
     CUDA_CHECK_LAUNCH();
   }
   {
     using C = Dq<D>;
     const CUtensorMap tq = tensor_map(q, B, T, H, D, C::BM, "q"), tdo = tensor_map(dout, B, T, H, D, C::BM, "dout"),
                       tk = tensor_map(k, B, T, G, D, C::BN, "k"), tv = tensor_map(v, B, T, G, D, C::BN, "v");
-    smem_allow(dq_kernel<D, ROWS>, C::SMEM);
+    smem_allow(dq_kernel<D, ROWS, CAP>, C::SMEM);
     const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(detail::ceil_div(T, C::BM)));
-    dq_kernel<D, ROWS><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s, doc);
+    dq_kernel<D, ROWS, CAP><<<grid, kThreads, C::SMEM, stream>>>(tq, tdo, tk, tv, dq, lse, delta, s, doc);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -494,11 +518,14 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
                        const AttnShape& s, int64_t D, cudaStream_t stream, const int32_t* doc_start,
                        const bf16* sinks) {
   rows_dispatch(doc_start, s, [&](auto rows) {
-    constexpr int R = decltype(rows)::value;
-    if (D == 64)
-      forward_launch<64, R>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
-    else
-      forward_launch<128, R>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
+    cap_dispatch(s, [&](auto cap) {
+      constexpr int R = decltype(rows)::value;
+      constexpr bool CAP = decltype(cap)::value;
+      if (D == 64)
+        forward_launch<64, R, CAP>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
+      else
+        forward_launch<128, R, CAP>(out, lse, q, k, v, B, s, doc_start, sinks, stream);
+    });
   });
 }
 
@@ -506,11 +533,14 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
                         const float* lse, const float* delta, int64_t B, const AttnShape& s, int64_t D,
                         cudaStream_t stream, const int32_t* doc_start) {
   rows_dispatch(doc_start, s, [&](auto rows) {
-    constexpr int R = decltype(rows)::value;
-    if (D == 64)
-      backward_launch<64, R>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
-    else
-      backward_launch<128, R>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+    cap_dispatch(s, [&](auto cap) {
+      constexpr int R = decltype(rows)::value;
+      constexpr bool CAP = decltype(cap)::value;
+      if (D == 64)
+        backward_launch<64, R, CAP>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+      else
+        backward_launch<128, R, CAP>(dq, dk, dv, dout, q, k, v, lse, delta, B, s, doc_start, stream);
+    });
   });
 }
 

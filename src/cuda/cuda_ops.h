@@ -134,30 +134,21 @@ class CudaOps {
   void rope_backward(bf16* dx, const int32_t* pos, int64_t N, int64_t heads, int64_t D, bool local = false) {
     cuda::rope_backward(dx, pos, freqs(local), N, heads, D, rotary_dim_ > 0 ? rotary_dim_ : D, rope_scale_, s_);
   }
-  // Gemma's and gpt-oss's sliding windows (keys > t - window) and gpt-oss's
-  // sinks run the fused kernels; Gemma 2's soft cap runs the simple fallback
-  // (cuda/attention_masked.cu), as do windows and sinks under
-  // RAMTRAIN_ATTENTION=masked (cuda::attention_forward decides).
+  // Gemma's and gpt-oss's sliding windows (keys > t - window), gpt-oss's
+  // sinks and Gemma 2's soft cap run the fused kernels;
+  // under RAMTRAIN_ATTENTION=masked they run the simple fallback
+  // (cuda/attention_masked.cu; cuda::attention_forward decides).
   void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                          int64_t H, int64_t G, int64_t D, const int32_t* doc_start = nullptr, int64_t window = 0,
                          float softcap = 0.f, const bf16* sinks = nullptr) {
-    if (softcap > 0.f) {
-      cuda::attention_masked_forward(out, lse, q, k, v, B, T, H, G, D, window, softcap, s_, doc_start, sinks);
-      return;
-    }
-    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start, window, sinks);
+    cuda::attention_forward(out, lse, q, k, v, B, T, H, G, D, s_, doc_start, window, sinks, softcap);
   }
   void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                           const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                           const int32_t* doc_start = nullptr, int64_t window = 0, float softcap = 0.f,
                           const bf16* sinks = nullptr, float* dsinks = nullptr) {
-    if (softcap > 0.f) {
-      cuda::attention_masked_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, window, softcap, scratch_, s_,
-                                      doc_start, sinks, dsinks);
-      return;
-    }
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start, window, sinks,
-                             dsinks);
+                             dsinks, softcap);
   }
   void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
   void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {

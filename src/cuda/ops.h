@@ -180,9 +180,9 @@ void lm_head_cross_entropy(Blas& blas, bf16* dh, float* dw, CrossEntropyTotals* 
 // compute capability 9.0 only, head_dim 64 and 128: other head dims always
 // run mma_sync). Each is deterministic; their results differ in the last bits
 // (other summation orders).
-// masked: calls with a sliding window shorter than T or sinks run the
-// one-warp-per-row fallback (attention_masked_forward below), the others as
-// automatic: the path those layers took before the fused kernels had them
+// masked: calls with a sliding window shorter than T, sinks or a soft cap run
+// the one-warp-per-row fallback (attention_masked_forward below), the others
+// as automatic: the path those layers took before the fused kernels had them
 // (comparisons, benchmarks).
 enum class AttentionKernels { automatic, mma_sync, wgmma, masked };
 // Process-wide choice (tests and benchmarks; the environment variable
@@ -190,9 +190,10 @@ enum class AttentionKernels { automatic, mma_sync, wgmma, masked };
 // compute capability 9.0, mma_sync elsewhere. Asking for wgmma on another GPU
 // makes the attention calls fail with a message.
 void set_attention_kernels(AttentionKernels k);
-// What the next attention call with head_dim D on the current device runs
-// (never automatic; masked answers for the calls without window or sinks).
-AttentionKernels attention_kernels_in_use(int64_t D = 128);
+// What the next attention call with head_dim D (and soft cap softcap) on the
+// current device runs: never automatic; masked only for a capped call (the
+// masked choice answers for the calls without window, sinks or cap).
+AttentionKernels attention_kernels_in_use(int64_t D = 128, float softcap = 0.f);
 const char* attention_kernels_name(AttentionKernels k);
 // q [B,T,H,D], k/v [B,T,G,D] -> out [B,T,H,D] (bf16); lse [B,H,T] (fp32, natural log).
 // doc_start (packed documents, optional; device memory) [B,T] int32: the
@@ -207,10 +208,13 @@ const char* attention_kernels_name(AttentionKernels k);
 // key tiles outside the window are skipped. A window of at least T is none.
 // sinks [H] (gpt-oss, bf16, nullable): a logit per query head in every row's
 // softmax denominator, weighing no value (cpu/attention.cpp): lse includes it
-// and out is scaled down by it. Pass the same window and sinks to the backward.
+// and out is scaled down by it. softcap (Gemma 2's attention-logit soft cap c;
+// 0: none): scores s = q.k / sqrt(D) become c tanh(s / c) (cpu/attention.cpp;
+// both kernel sets); lse is that of the capped scores. Pass
+// the same window, sinks and softcap to the backward.
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                        int64_t H, int64_t G, int64_t D, cudaStream_t stream, const int32_t* doc_start = nullptr,
-                       int64_t window = 0, const bf16* sinks = nullptr);
+                       int64_t window = 0, const bf16* sinks = nullptr, float softcap = 0.f);
 // dq [B,T,H,D] (=), dk/dv [B,T,G,D] (=, summed over the H/G query heads of
 // each group). Recomputes P from lse. Deterministic: one kernel owns a key
 // tile and loops over every query head of its group and every query tile, so
@@ -222,12 +226,11 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                         Scratch scratch, cudaStream_t stream, const int32_t* doc_start = nullptr, int64_t window = 0,
-                        const bf16* sinks = nullptr, float* dsinks = nullptr);
-// Gemma 2's attention-logit soft cap (softcap > 0), which the fused kernels do
-// not have, with the sliding window (keys j > t - window; 0: none) and sinks
-// the fused pair also takes: a simple one-warp-per-row fallback
-// (cuda/attention_masked.cu; RAMTRAIN_ATTENTION=masked sends windows and
-// sinks here too), same layouts, lse and scratch
+                        const bf16* sinks = nullptr, float* dsinks = nullptr, float softcap = 0.f);
+// The same function (soft cap, sliding window: keys j > t - window, 0: none;
+// sinks) as a simple one-warp-per-row fallback (cuda/attention_masked.cu):
+// the tests' reference and what RAMTRAIN_ATTENTION=masked runs for windows,
+// sinks and the soft cap; same layouts, lse and scratch
 // (attention_backward_scratch_bytes) as the fused pair; D % 32 == 0, D <= 256.
 // sinks [H] (gpt-oss, bf16, nullable): a logit per query head in every row's
 // softmax denominator (cpu/ops.h); dsinks [H] fp32 (+=, nullable).

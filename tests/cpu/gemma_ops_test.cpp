@@ -4,6 +4,7 @@
 // against a double reference, each backward against finite differences.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -139,6 +140,94 @@ void window_case(int64_t window, float cap, uint64_t seed) {
   check_grad("attention dq", q, dq, loss);
   check_grad("attention dk", k, dk, loss);
   check_grad("attention dv", v, dv, loss);
+}
+
+// The soft cap as the fused CUDA kernels compute it (cuda/attention/softmax.cuh
+// softcap_scores, softcap_dp_*, dscores_capped; constants from attention.cu's
+// shape_make), in float, against the CPU reference: raw scores z = q.k become
+// z' = K - 2K / (1 + 2^(z * 2 log2(e) / K)) = K tanh(z / K), K = cap sqrt(D);
+// the softmax runs on z' in raw units (p = 2^(z' c - m c), c = log2(e) /
+// sqrt(D); lse = m / sqrt(D) + log(sum p)); the backward is P = 2^(z' c -
+// lse log2(e)), dp = (dP - D_t)(1 - (z'/K)^2), dS = P dp, dq = dS K / sqrt(D),
+// dk = dS^T Q / sqrt(D), dv = P^T dO. Scores from moderate to far past the
+// cap (2^(z a2) = inf there: z' = K exactly). Tolerances: fp32 against fp32
+// over <= 13 keys (as window_case: 1e-5); dropping the 1 - tanh^2 factor
+// (the check can fail) moves dq by far more.
+void softcap_kernel_algebra_case(int64_t window, float cap, float q_range, uint64_t seed) {
+  const int64_t B = 2, T = 13, H = 4, G = 2, D = 8;
+  SCOPED_TRACE(::testing::Message() << "window " << window << " softcap " << cap << " q +-" << q_range);
+  Vec q = random_vec(B * T * H * D, seed, -q_range, q_range), k = random_vec(B * T * G * D, seed + 1),
+      v = random_vec(B * T * G * D, seed + 2), r = random_vec(B * T * H * D, seed + 3);
+  Vec out(q.size()), lse(B * H * T), dq(q.size()), dk(k.size()), dv(v.size());
+  rt::cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, G, D, nullptr, window, cap);
+  rt::cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), out.data(),
+                              lse.data(), B, T, H, G, D, nullptr, window, cap);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D)), c = scale * 1.4426950408889634f;
+  const double Kd = static_cast<double>(cap) * std::sqrt(static_cast<double>(D));
+  const float K = static_cast<float>(Kd), m2k = static_cast<float>(-2.0 * Kd),
+              a2 = static_cast<float>(2.0 * 1.4426950408889634 / Kd), inv_k = static_cast<float>(1.0 / Kd);
+  Vec kout(q.size()), klse(lse.size()), kdq(q.size(), 0.f), kdk(k.size(), 0.f), kdv(v.size(), 0.f), nodq(q.size(), 0.f);
+  int64_t saturated = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t qr = ((b * T + t) * H + h) * D, li = (b * H + h) * T + t;
+        const int64_t j0 = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+        std::vector<float> zc(static_cast<size_t>(T), 0.f);
+        float m = -INFINITY;
+        for (int64_t j = j0; j <= t; ++j) {
+          float z = 0.f;
+          for (int64_t e = 0; e < D; ++e) z += q[qr + e] * k[((b * T + j) * G + g) * D + e];
+          const float x = std::exp2(z * a2);
+          saturated += std::isinf(x) || x == 0.f;
+          zc[j] = std::fma(m2k, 1.f / (1.f + x), K);
+          m = std::max(m, zc[j]);
+        }
+        float l = 0.f;
+        for (int64_t j = j0; j <= t; ++j) l += std::exp2(zc[j] * c - m * c);
+        klse[li] = m * scale + std::log(l);
+        for (int64_t e = 0; e < D; ++e) {
+          float o = 0.f;
+          for (int64_t j = j0; j <= t; ++j) o += std::exp2(zc[j] * c - m * c) * v[((b * T + j) * G + g) * D + e];
+          kout[qr + e] = o / l;
+        }
+        float dt = 0.f;  // D_t = rowsum(dO * out), from the reference's out as the kernels read theirs
+        for (int64_t e = 0; e < D; ++e) dt += r[qr + e] * out[qr + e];
+        const float lse2 = lse[li] * 1.4426950408889634f;
+        for (int64_t j = j0; j <= t; ++j) {
+          const int64_t kr = ((b * T + j) * G + g) * D;
+          float dp = 0.f;
+          for (int64_t e = 0; e < D; ++e) dp += r[qr + e] * v[kr + e];
+          const float p = std::exp2(zc[j] * c - lse2), tt = zc[j] * inv_k;
+          const float ds = p * ((dp - dt) * std::fma(-tt, tt, 1.f)), ds_free = p * (dp - dt);
+          for (int64_t e = 0; e < D; ++e) {
+            kdq[qr + e] += ds * k[kr + e] * scale;
+            nodq[qr + e] += ds_free * k[kr + e] * scale;
+            kdk[kr + e] += ds * q[qr + e] * scale;
+            kdv[kr + e] += p * r[qr + e];
+          }
+        }
+      }
+    }
+  EXPECT_TRUE(expect_near("kernel algebra lse", klse, lse, 1e-5, 1e-5));
+  EXPECT_TRUE(expect_near("kernel algebra out", kout, out, 1e-5, 1e-5));
+  const auto rel = [](const Vec& a, const Vec& b) {
+    return rt::test::rel_l2(a.data(), b.data(), static_cast<int64_t>(a.size()));
+  };
+  EXPECT_LE(rel(kdq, dq), 1e-5) << "dq";
+  EXPECT_LE(rel(kdk, dk), 1e-5) << "dk";
+  EXPECT_LE(rel(kdv, dv), 1e-5) << "dv";
+  EXPECT_GT(rel(nodq, dq), 1e-2) << "the 1 - tanh^2 factor must matter";
+  if (q_range > 4 * cap) {
+    EXPECT_GT(saturated, 0) << "no score reached exp2's overflow or underflow";
+  }
+}
+
+TEST(CpuGemmaAttention, SoftCapAsTheFusedCudaKernelsComputeIt) {
+  softcap_kernel_algebra_case(0, 1.5f, 2.f, 51);    // scores up to ~4: the cap bites
+  softcap_kernel_algebra_case(5, 5.f, 20.f, 61);    // |s| up to several c
+  softcap_kernel_algebra_case(0, 0.5f, 200.f, 71);  // far past the cap: 2^(z a2) overflows and underflows
 }
 
 TEST(CpuGemmaAttention, SlidingWindow) { window_case(4, 0.f, 21); }

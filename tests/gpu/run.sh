@@ -43,7 +43,8 @@
 #   landing   7B shape, streaming, with the optimizer's gradient landing chunk at 0 (whole units), 4, 16, 64 MiB
 #   delayed   7B shape with the delayed update against the default, at 16 x 2048 (optimizer-bound) and 32 x 2048
 #   attention fused attention (mma_sync and wgmma kernels) against PyTorch SDPA, and against an fp32 reference;
-#             sliding windows (Gemma 3, gpt-oss with sinks) fused against the fallback (--kernels masked)
+#             sliding windows (Gemma 3, gpt-oss with sinks) and Gemma 2's soft cap fused against the fallback
+#             (--kernels masked)
 #   attnvar   every attention_bench variant in BIN_DIR/attn (bench/attention_variants.sh), MHA and GQA,
 #             and the accuracy of the current kernel against an fp32 reference
 #   attnprof  Nsight Compute on the current kernel's forward, dK/dV and dQ launches (when ncu is there)
@@ -57,6 +58,11 @@
 #             (fp8_gemm_bench, block and per-tensor scales), the engine with per-tensor FP8 against the CPU twin
 #             (gpu_engine_test *Fp8*), tiny-byte trained 200 steps with --matmul bf16, fp8 and fp8 --fp8-scaling
 #             tensor (losses side by side), and 30 steps of per-tensor fp8 on the GPU against the CPU twin
+#   gemma2    Gemma 2's attention soft cap only (not in the default; ops, engine and attention hold the same): the
+#             fused kernels' cap vs the CPU and the fallback, the masked set's routing (gpu_cuda_ops_test), the
+#             streaming engine vs the CPU on Gemma 1/2/3 (gpu_engine_test), attention_bench --softcap 50 (D 256,
+#             T 8192, with and without window 4096) against --kernels masked and the same shape uncapped; D 128
+#             (27B) with both kernel sets, capped and not
 #   phi       Phi3 only (not in the default; ops and engine hold the same tests): partial rotary and LongRoPE's
 #             RoPE vs the CPU (gpu_cuda_ops_test), the streaming engine vs the CPU on a Phi3 model (gpu_engine_test)
 #   ssd       the state tier (--state-dir, not in the default): first the disk's O_DIRECT rate (dd, 4 GiB written,
@@ -113,7 +119,23 @@ run() {  # name timeout command...
 has() { [[ " $parts " == *" $1 "* ]]; }
 tmp=$(mktemp -d /tmp/ramtrain_gpu.XXXXXX)
 
-has ops && run cuda_ops_test 120 "$bin/gpu_cuda_ops_test"
+has ops && run cuda_ops_test 240 "$bin/gpu_cuda_ops_test"
+if has gemma2; then  # Gemma 2's soft cap (also inside ops, engine and attention)
+  run gemma2_ops 180 "$bin/gpu_cuda_ops_test" \
+    --gtest_filter='*SoftCap*:*MaskedAttention*:*AttentionMaskedSet*:*AttentionOtherHeadDims*:*KernelSetsAgree*:*SlidingWindow*'
+  run gemma2_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Gemma*'
+  run gemma2_softcap_bench 180 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --softcap 50 \
+    --kernels auto,masked --reps 5 --warmup 1
+  run gemma2_softcap_window_bench 180 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --softcap 50 \
+    --window 4096 --kernels auto,masked --reps 5 --warmup 1
+  run gemma2_nocap_bench 120 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --kernels mma --reps 5 \
+    --warmup 1
+  # Gemma 2 27B's head_dim 128: both kernel sets capped, then uncapped
+  run gemma2_d128_softcap_bench 120 "$bin/attention_bench" --B 1 --T 8192 --H 32 --G 16 --D 128 --softcap 50 \
+    --kernels mma,wgmma --reps 5 --warmup 1
+  run gemma2_d128_nocap_bench 120 "$bin/attention_bench" --B 1 --T 8192 --H 32 --G 16 --D 128 \
+    --kernels mma,wgmma --reps 5 --warmup 1
+fi
 if has phi; then  # Phi3's partial rotary and LongRoPE (also inside ops and engine)
   run phi_rope_ops 120 "$bin/gpu_cuda_ops_test" --gtest_filter='*PartialRotary*:*Rope*'
   run phi_engine 300 "$bin/gpu_engine_test" --gtest_filter='*Phi3*'
@@ -460,6 +482,14 @@ if has attention; then
     --kernels auto,masked --reps 5 --warmup 1
   run attention_bench_gptoss_window 180 "$bin/attention_bench" --B 1 --H 64 --G 8 --D 64 --window 128 --sinks 1 \
     --kernels mma,wgmma,masked --reps 5 --warmup 1
+  # Gemma 2's soft cap (head_dim 256, cap 50; window 4096 on its local layers): the fused kernels'
+  # CAP instances against the fallback, and against the same shapes uncapped
+  run attention_bench_gemma2_softcap 180 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --softcap 50 \
+    --kernels auto,masked --reps 5 --warmup 1
+  run attention_bench_gemma2_softcap_window 180 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 \
+    --softcap 50 --window 4096 --kernels auto,masked --reps 5 --warmup 1
+  run attention_bench_gemma2_nocap 120 "$bin/attention_bench" --B 1 --T 8192 --H 8 --G 4 --D 256 --kernels mma \
+    --reps 5 --warmup 1
   run attention_sdpa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 1,2
   run attention_sdpa_gqa 120 env PYTHONUNBUFFERED=1 python3 "$here/bench/attention_sdpa.py" --B 2 --G 8
   mkdir -p "$tmp/adump"
@@ -702,6 +732,7 @@ for f in bench_7b_2048 bench_7b_2048_keep6 bench_7b_delayed_16 bench_7b_delayed_
   grep -hE "^(mode|streaming|resident|delayed|bf16 GEMM|model|FLOPs)|kept" "$logs/$f.log" 2>/dev/null
 done
 grep -hE "^(mma_sync|wgmma)" "$logs"/attention_bench*.log 2>/dev/null | sed 's/^/ramtrain attn /'
+for f in "$logs"/gemma2_*bench.log; do [ -f "$f" ] && grep -hE "^(mma_sync|wgmma|masked)" "$f" | sed "s/^/$(basename "$f" .log) /"; done
 grep -hE "^[0-9]" "$logs"/attention_sdpa*.log 2>/dev/null | sed 's/^/sdpa attn     /'
 grep -hE "^(mma_sync|wgmma)$|rel_l2" "$logs"/attention_accuracy.log 2>/dev/null | sed 's/^/accuracy     /'
 for f in "$logs"/attnvar_*.log; do [ -f "$f" ] && grep -hE "^[0-9]|rel" "$f" | sed "s/^/$(basename "$f" .log) /"; done

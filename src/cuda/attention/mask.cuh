@@ -66,6 +66,16 @@ void rows_dispatch(const int32_t* doc_start, const AttnShape& s, F&& f) {
     f(std::integral_constant<int, kCausal>{});
 }
 
+// Host side: calls f(std::integral_constant<bool, CAP>{}): the soft-capped
+// instances (Gemma 2) when the shape has a cap (AttnShape::cap_k > 0).
+template <class F>
+void cap_dispatch(const AttnShape& s, F&& f) {
+  if (s.cap_k > 0.f)
+    f(std::integral_constant<bool, true>{});
+  else
+    f(std::integral_constant<bool, false>{});
+}
+
 // The first key query row t sees: its document's start (doc: the sequence's
 // doc_start row; kWindow: nullptr for one document) and, with a window,
 // t - window + 1 (window > 0). What the DOC code paths rely on holds for both

@@ -9,6 +9,33 @@
 
 namespace rt::cuda::attn {
 
+// Gemma 2's attention-logit soft cap (both sets' CAP instances). The
+// capped score c tanh(s / c), s = z / sqrt(D), in the kernels' raw units:
+// z' = K tanh(z / K), K = c sqrt(D) (AttnShape's cap_*), so everything after
+// it (the online softmax in raw units, lse = m * scale + log t in natural-log
+// units, P = 2^(z' * scale log2(e) - lse2)) is unchanged and lse is that of
+// the capped scores, as the CPU and the fallback define it. tanh(x) = 1 - 2 /
+// (1 + e^(2x)): one ex2.approx (relative error ~2^-22) and one rcp.approx;
+// the absolute error of z' is a few ulp of K (c times ~1e-7 in natural
+// units), where tanh.approx's 2^-11 relative would be c * 5e-4 (2.5% of P at
+// c = 50). Large |z| give e = inf or 0 and z' = +-K exactly, never NaN.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// sc (raw scores, finite: apply before any -inf mask) becomes the capped z'.
+template <class A>
+__device__ __forceinline__ void softcap_scores(A& sc, const AttnShape& s) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = exp2_ftz(frag(sc, j, e) * s.cap_a2);  // e^(2 z / K)
+      frag(sc, j, e) = fmaf(s.cap_m2k, rcp_approx(1.f + x), s.cap_k);
+    }
+}
+
 // Forward, one key tile: sc (this thread's 2 rows x the tile's keys, masked
 // keys already -inf) becomes p = 2^(s*c - m_new*c); the rows' running max m,
 // lane-partial sum l (reduced over the quad at the end: softmax_row_sum) and
@@ -122,6 +149,42 @@ __device__ __forceinline__ void dscores_cols(A& dpt, A& pt, const float* delta) 
   for (int j = 0; j < frag_n<A>; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) frag(dpt, j, e) = frag(pt, j, e) * (frag(dpt, j, e) - delta[frag_col(j, e)]);
+}
+
+// Backward through the cap: dS = P (dP - delta) (1 - tanh^2), tanh = z'/K.
+// The CAP kernels have dP while the tile still holds z' (softcap_scores; the
+// mma_sync ones compute it first, the wgmma ones wait for both products) and
+// fold the rest in first: dp = (dP - delta[row]) (1 - (z'/K)^2), queries
+// as rows; then P overwrites z' (probs_rows/cols, masks) and dS = P * dp
+// (dscores_capped). Masked entries: P = 0, so dS = 0 (z' and dp are finite).
+template <class A>
+__device__ __forceinline__ void softcap_dp_rows(A& dp, A& zc, const float (&delta)[2], float inv_k) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float t = frag(zc, j, e) * inv_k;
+      frag(dp, j, e) = (frag(dp, j, e) - delta[e >> 1]) * fmaf(-t, t, 1.f);
+    }
+}
+// The same with keys as rows and queries as columns (delta[col], as dscores_cols).
+template <class A>
+__device__ __forceinline__ void softcap_dp_cols(A& dpt, A& zct, const float* delta, float inv_k) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float t = frag(zct, j, e) * inv_k;
+      frag(dpt, j, e) = (frag(dpt, j, e) - delta[frag_col(j, e)]) * fmaf(-t, t, 1.f);
+    }
+}
+// dS = P * dp (either orientation; dp from softcap_dp_rows/cols).
+template <class A>
+__device__ __forceinline__ void dscores_capped(A& dp, A& p) {
+#pragma unroll
+  for (int j = 0; j < frag_n<A>; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) frag(dp, j, e) *= frag(p, j, e);
 }
 
 // The dQ kernels' per-row lse * log2(e) and delta of rows row0 + {0, 8} of

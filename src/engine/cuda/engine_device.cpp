@@ -61,7 +61,7 @@ void check_cuda_shapes(const ModelSpec& s) {
   auto mult8 = [&](int64_t v, const char* what) {
     RT_CHECK(v % 8 == 0, "[cuda] ", what, " = ", v, " must be a multiple of 8 for the CUDA kernels; use --device cpu");
   };
-  // Gemma 2's soft cap and RAMTRAIN_ATTENTION=masked's windows: the fallback kernel (cuda/attention_masked.cu)
+  // RAMTRAIN_ATTENTION=masked's windows and soft cap: the fallback kernel (cuda/attention_masked.cu)
   // takes head_dim % 32 == 0 (every head_dim the fused kernels take below is one)
   RT_CHECK((s.local_layers.empty() && s.attn_softcap == 0.0) || s.head_dim % 32 == 0, "[cuda] head_dim ", s.head_dim,
            " with sliding windows or attention soft-capping needs a multiple of 32 on CUDA; use --device cpu");
