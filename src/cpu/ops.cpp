@@ -43,7 +43,16 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 // dtable[V,C] += sum over rows n with ids[n] == v of dout[n,:]. Rows are grouped
 // by id (stable, so each id's rows are summed in increasing n), each id's sum is
 // formed in a scratch row and added to dtable once.
-void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+namespace {
+float widen(float x) { return x; }
+float widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <class T>
+void embedding_backward_impl(float* dtable, const T* dout, const int32_t* ids, int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
   std::vector<int64_t> order(static_cast<size_t>(N));
   std::iota(order.begin(), order.end(), int64_t{0});
@@ -59,13 +68,21 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
     for (int64_t u = u0; u < u1; ++u) {
       std::fill(sum.begin(), sum.end(), 0.f);
       for (int64_t i = starts[u]; i < starts[u + 1]; ++i) {
-        const float* d = dout + order[i] * C;
-        for (int64_t c = 0; c < C; ++c) sum[c] += d[c];
+        const T* d = dout + order[i] * C;
+        for (int64_t c = 0; c < C; ++c) sum[c] += widen(d[c]);
       }
       float* row = dtable + static_cast<int64_t>(ids[order[starts[u]]]) * C;
       for (int64_t c = 0; c < C; ++c) row[c] += sum[c];
     }
   });
+}
+}  // namespace
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+  embedding_backward_impl(dtable, dout, ids, N, C);
+}
+void embedding_backward(float* dtable, const uint16_t* dout_bf16, const int32_t* ids, int64_t N, int64_t C) {
+  embedding_backward_impl(dtable, dout_bf16, ids, N, C);
 }
 
 // ---- RMSNorm ----

@@ -29,8 +29,12 @@ void matmul_tn(float* out, const float* a, const float* b, int64_t M, int64_t N,
 // ---- embedding ----
 // out[N,C] = table[ids[n], :]. ids must be in [0, V) (checked by the caller's loader).
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
-// dtable[V,C] += scatter of dout[N,C] by ids.
+// dtable[V,C] += scatter of dout[N,C] by ids. Each row's sum runs in token
+// order, one row per thread at a time: the same bits for any thread count.
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C);
+// The same with dout in bf16 (raw bits), widened as read: bf16 -> fp32 is
+// exact, so this equals the fp32 call on the widened dout bit for bit.
+void embedding_backward(float* dtable, const uint16_t* dout_bf16, const int32_t* ids, int64_t N, int64_t C);
 
 // ---- RMSNorm: y = (w_offset + w) * x / sqrt(mean(x^2) + eps), over the last dim C ----
 // x, out [N,C]; w [C]; rstd [N] saved for backward. w_offset: 0, or 1 for

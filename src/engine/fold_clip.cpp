@@ -7,10 +7,9 @@
 namespace rt {
 
 std::vector<size_t> fold_order(int64_t n_layers) {
-  std::vector<size_t> order;
+  std::vector<size_t> order{static_cast<size_t>(n_layers + 1)};
   for (int64_t i = n_layers; i >= 1; --i) order.push_back(static_cast<size_t>(i));
   order.push_back(0);
-  order.push_back(static_cast<size_t>(n_layers + 1));
   return order;
 }
 

@@ -4,8 +4,9 @@
 // ~12 B/param with the split master).
 //
 // Clipping rule (the global norm is not known when the first units update):
-// units fold in fold_order -- the layers from the last down, then the
-// embedding, then the head, the order their gradients are complete -- and
+// units fold in fold_order -- the head, then the layers from the last down,
+// then the embedding, the order their gradients are complete (the head's is
+// once the step's last head is queued, before the layers' backward) -- and
 // unit u is clipped with the norm of the gradients folded up to and
 // including u: coef_u = clip_coefficient(sqrt(sum_{v folded <= u} |g_v|^2)).
 // So:
@@ -13,8 +14,9 @@
 //    bit-identical to global clipping: every partial norm is <= the global
 //    one, every coef is 1;
 //  - on a clipped step no unit is clipped more than global clipping would
-//    clip it (partial norm <= global norm), the last unit (the head) exactly as
-//    much, and a spike in a late layer is clipped at once for every unit after it;
+//    clip it (partial norm <= global norm), the last unit (the embedding)
+//    exactly as much, and a spike in a late layer is clipped at once for
+//    every unit after it;
 //  - it needs no state across steps (resume stays exact).
 // A unit whose gradient is not finite is not updated (its norm is left out of
 // the partial sums); units folded before it keep their update.

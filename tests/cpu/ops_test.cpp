@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "testutil.h"
@@ -146,6 +147,27 @@ TEST(CpuEmbedding, ForwardGathersRowsAndBackwardMatchesFiniteDifferences) {
   Vec once = dtable;
   rt::cpu::embedding_backward(dtable.data(), r.data(), ids.data(), N, C);
   expect_bitwise("embedding dtable twice", dtable, doubled(once));
+}
+
+// The host embedding's landing (engine/cuda/host_embedding.cpp) scatters the
+// device's bf16 dx as it reads it: the same bits as the fp32 scatter of the
+// widened rows, and the same "+=".
+TEST(CpuEmbedding, Bf16ScatterEqualsTheFp32ScatterOfTheWidenedRows) {
+  const int64_t V = 50, C = 24, N = 300;
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * 7 + n / 5) % 37);  // repeats; ids 37..49 unused
+  const Vec r = random_vec(N * C, 13, -3.f, 3.f);
+  std::vector<uint16_t> rb(r.size());
+  Vec widened(r.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    rb[i] = rt::f32_to_bf16(r[i]);
+    widened[i] = rt::bf16_to_f32(rb[i]);
+  }
+  Vec want = random_vec(V * C, 14), got = want;  // a non-zero start: both add
+  rt::cpu::embedding_backward(want.data(), widened.data(), ids.data(), N, C);
+  rt::cpu::embedding_backward(got.data(), rb.data(), ids.data(), N, C);
+  expect_bitwise("bf16 scatter", got, want);
+  EXPECT_NE(want, random_vec(V * C, 14)) << "the scatter changed nothing";
 }
 
 // ---------------------------------------------------------------- RMSNorm

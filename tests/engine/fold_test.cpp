@@ -82,8 +82,8 @@ FoldRun train(bool fold, double clip, bool nan_on_step2 = false) {
   return r;
 }
 
-TEST(FoldClip, OrderIsTheLayersFromTheLastThenEmbeddingThenHead) {
-  const std::vector<size_t> want{3, 2, 1, 0, 4};
+TEST(FoldClip, OrderIsTheHeadThenTheLayersFromTheLastThenEmbedding) {
+  const std::vector<size_t> want{4, 3, 2, 1, 0};
   EXPECT_EQ(rt::fold_order(3), want);
 }
 
@@ -130,7 +130,7 @@ TEST(FoldCpu, WithoutClippingItIsBitIdenticalToTheGlobalUpdate) {
 
 TEST(FoldCpu, ClippedStepsFollowThePartialNormRule) {
   // A bound below every step's norm: the reference applies the rule by hand
-  // (units in the order 3, 2, 1, 0, 4; coefficient from the running sum of
+  // (units in the order 4, 3, 2, 1, 0; coefficient from the running sum of
   // their squares) on gradients from compute_grads.
   const double clip = 0.05;
   const FoldRun f = train(true, clip), g = train(false, clip);
@@ -148,7 +148,7 @@ TEST(FoldCpu, ClippedStepsFollowThePartialNormRule) {
     o.t = i + 1;
     be->compute_grads(batches, nv);
     double run = 0;
-    for (size_t u : {3, 2, 1, 0, 4}) {
+    for (size_t u : {4, 3, 2, 1, 0}) {
       run += rt::sum_squares(units[u].grad.p, units[u].numel);
       const float c = rt::clip_coefficient(std::sqrt(run), clip);
       rt::update_unit(units[u], units[u].grad.p, o, c, nullptr);

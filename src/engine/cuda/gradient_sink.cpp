@@ -67,7 +67,13 @@ float* GradientSink::dev_grad(size_t u) {
 }
 
 void GradientSink::wait_zeroed(size_t u) {
-  if (host_) return;  // host mode zeroes its device buffers right before (layers) or after (embed, head) use
+  if (host_) {  // host mode zeroes its device buffers right before (layers) or after (embed, head) use
+    if (u == static_cast<size_t>(st_.spec().n_layers + 1) && head_zero_pending_) {
+      CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), head_zeroed_.get(), 0));
+      head_zero_pending_ = false;
+    }
+    return;
+  }
   if (track_.step() == 0) return;
   // the optimizer of the last step has queued the copy-out and zeroing of unit u
   track_.wait_grad_issued(u, track_.step());
@@ -90,12 +96,27 @@ void GradientSink::end_layer(int64_t i, bool first_micro) {
   layer_grad_pending_[gb] = true;
 }
 
+void GradientSink::land_head(bool first_micro) {
+  if (!host_) return;
+  const size_t head = static_cast<size_t>(st_.spec().n_layers + 1);
+  land(head, grads_[head].data(), first_micro);
+  // the zeroing follows the pieces' copies on d2h; the next head (the next micro-batch's or step's) waits for it
+  CUDA_CHECK(cudaMemsetAsync(grads_[head].data(), 0, grads_[head].bytes(), dev_.d2h.get()));
+  CUDA_CHECK(cudaEventRecord(head_zeroed_.get(), dev_.d2h.get()));
+  head_landed_ = true;
+  head_zero_pending_ = true;
+}
+
 void GradientSink::end_backward(bool first_micro) {
   if (!host_) return;
   const size_t head = static_cast<size_t>(st_.spec().n_layers + 1);
   for (size_t u : {size_t{0}, head}) {
     if (host_embed_ && u == 0) {  // its rows were scattered into the host arena (HostEmbedding::land)
       if (fold_) track_.push([this] { fold_(0, 0, st_.units()[0].numel, st_.units()[0].grad.p, nullptr); });
+      continue;
+    }
+    if (u == head && head_landed_) {  // land_head sent it under the backward
+      head_landed_ = false;
       continue;
     }
     land(u, grads_[u].data(), first_micro);

@@ -8,7 +8,10 @@
 // device buffers, leaves on the d2h stream into one of three pinned slabs
 // as soon as the layer's backward is queued, and the worker adds it into the
 // unit's host arena (= on the first micro-batch of the step, += after); the
-// head's (and a device embedding's) buffers leave at the end of the backward.
+// head's buffer leaves as soon as the micro-batch's (layer-major: the last
+// micro-batch's) head is queued, under the backward (land_head: its zeroing
+// follows its copy on d2h, and the next head waits for that), a device
+// embedding's at the end of the backward.
 // Fold mode (--grads fold): the same landing, but the worker hands each
 // unit's whole step gradient to the fold hook (the optimizer) instead of
 // adding it to a host arena; only a host embedding keeps its arena (its rows
@@ -83,7 +86,8 @@ class GradientSink {
   // The device buffer receiving unit u's gradient.
   float* dev_grad(size_t u);
   // Device mode: the compute stream waits until the last step's copy-out and
-  // zeroing of unit u's buffer is done (no-op on the first step and in host mode).
+  // zeroing of unit u's buffer is done (no-op on the first step). Host mode:
+  // the head's buffer, until land_head's zeroing is done; no-op for others.
   void wait_zeroed(size_t u);
 
   // ---- host mode, during the backward ----
@@ -91,8 +95,12 @@ class GradientSink {
   void begin_layer(int64_t i);
   // Layer i's backward is queued: its gradient leaves for the host.
   void end_layer(int64_t i, bool first_micro);
-  // The backward is done: the head's (and a device embedding's) gradients
-  // leave, then their buffers are zeroed for the next micro-batch.
+  // The step's (micro-batch-major: the micro-batch's) last head is queued:
+  // the head's gradient leaves now, under the backward; its buffer is zeroed
+  // on d2h behind the copy (wait_zeroed(head) makes the next head wait).
+  void land_head(bool first_micro);
+  // The backward is done: a device embedding's gradient leaves (and the
+  // head's, if land_head did not send it), then the buffers are zeroed.
   void end_backward(bool first_micro);
 
   // ---- the global norm ----
@@ -123,7 +131,9 @@ class GradientSink {
   std::vector<DevBuf<float>> grads_;  // per unit (host mode: embedding and head only)
   std::vector<Event> grad_zeroed_;
   DevBuf<float> layer_grad_[2];  // host mode: layers alternate between two buffers
-  Event layer_grad_out_[2], unit_grad_out_, grad_made_;
+  Event layer_grad_out_[2], unit_grad_out_, grad_made_, head_zeroed_;
+  bool head_landed_ = false;     // land_head sent this micro-batch's head gradient
+  bool head_zero_pending_ = false;  // its zeroing on d2h: the next head waits for head_zeroed_
   bool layer_grad_pending_[2] = {false, false};
   std::vector<PinnedBuf> slabs_;  // host mode: landing slabs of slab_elems_ floats
   std::vector<Event> slab_done_;

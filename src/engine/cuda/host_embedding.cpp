@@ -57,13 +57,10 @@ void HostEmbedding::land(const bf16* dx, const int32_t* ids_now, bool first) {
     if (first)
       parallel_for(un.numel, 1 << 16,
                    [&](int64_t b, int64_t e) { std::memset(dst + b, 0, static_cast<size_t>(e - b) * 4); });
-    std::vector<float> dxf(static_cast<size_t>(N * C));  // bf16 -> fp32 is exact
-    const uint16_t* src = dx_.as<uint16_t>();
-    parallel_for(N * C, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dxf[static_cast<size_t>(i)] = bf16_to_f32(src[i]);
-    });
+    // the bf16 rows scattered as they are read (bf16 -> fp32 is exact: the bits of the fp32 scatter); dx_ is
+    // free for the next micro-batch's copy only after that
+    cpu::embedding_backward(dst, dx_.as<uint16_t>(), ids.data(), N, C);
     track_.update([&] { dx_free_ = true; });
-    cpu::embedding_backward(dst, dxf.data(), ids.data(), N, C);
     dev_.tracer.host_end(span);
   });
 }

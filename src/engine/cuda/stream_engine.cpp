@@ -401,6 +401,7 @@ bool StreamEngine::run_micro_batches(const std::vector<Batch>& batches, float gr
       ckpt_->lm_done(k, s_.n_layers);
     }
     open_fold_gate();
+    grads_->land_head(/*first_micro=*/true);  // host / fold gradients: the head's leaves under the backward
     backward_layer_major();
     return true;
   }
@@ -410,6 +411,7 @@ bool StreamEngine::run_micro_batches(const std::vector<Batch>& batches, float gr
     forward(true);
     head(true, grad_scale, ckpt_->at(s_.n_layers), targets_.data(), dx(0));
     open_fold_gate();
+    grads_->land_head(first_micro_);  // host / fold gradients: the head's leaves under the backward
     backward();
   }
   return false;
