@@ -144,6 +144,14 @@ constexpr double kNs5ShareOfGemmPeak = 728.0 / kHopperGemmPeak;
 // (bench/RESULTS.md).
 constexpr double kHostGradLandGbs = 24.0;
 
+// The host embedding's landing (engine/cuda/host_embedding.cpp), at the end
+// of the backward: its fp32 gradient arena zeroed (4 B/param, the step's
+// first micro-batch) and each micro-batch's bf16 dx scattered into it (2 B
+// read + 4 B read and 4 B written per element). Fitted on a trace of the
+// 7B's fold step (H100 host, 16 cores, 2026-12-06): 64 ms for 2.18 GB of
+// zeroing and 65,536 x 3,584 scattered elements (2.35 GB), ~70 GB/s.
+constexpr double kHostEmbedLandGbs = 70.0;
+
 // Naming only, not timing: the step is called optimizer-bound when more than
 // this share of it is exposed CPU optimizer (Qwen2.5-7B, 16 x 2048, default
 // mode: ~25%, which bench/RESULTS.md calls bound by the optimizer).
@@ -303,16 +311,20 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   // the share of the step's hardware FLOPs in the forward passes
   const double fwd_share = (r.model_flops_per_token / 3.0) / r.hardware_flops_per_token;
   if (p.fold) {
-    // Fold (--grads fold): the layers update as their gradients land, under
-    // the backward (its share of the core time); exposed: what of the layers'
-    // updates does not fit under the backward, and the tail after it -- the
-    // embedding's update (its gradient is whole only at the end), the head's
-    // (folded last; the step's norm waits for it) and the S layers the next
-    // forward needs first (0, 1, ...: folded last). Checked against the H200
-    // (7B, 24 and 10 GiB caps, 64k tokens per step, and 32k / 16k-token
-    // sequences: 5.6-7.5 s steps, 0.7-0.9 s of GPU idle; bench/RESULTS.md).
+    // Fold (--grads fold): the head updates first (its gradient leaves once
+    // the step's last head is queued), then each layer as its gradient
+    // lands, under the backward (its share of the core time); exposed: what
+    // of the layers' updates does not fit under the backward, and the tail
+    // after it -- layer 0's update (the last layer gradient) and the
+    // embedding's, whose gradient is whole only at the end: a host
+    // embedding's rows are scattered into its arena first (kHostEmbedLandGbs),
+    // a device embedding's fp32 gradient crosses PCIe. Checked against the
+    // H100's 7B step (32 x 2048: 0.41-0.43 s of turn-around in a trace,
+    // 2026-12-06, bench/RESULTS.md) and the 10 GiB cap at 64k tokens.
     const double layers_s = layer * L / (gparams * 1e9);
-    const double tail_s = (embed + head + S * layer) / (gparams * 1e9);
+    const double land_s = p.host_embed ? (4 * embed + tokens * C * 10) / (kHostEmbedLandGbs * 1e9)
+                                       : 4 * embed / (card.pcie_gbs * 1e9);
+    const double tail_s = (embed + layer) / (gparams * 1e9) + land_s;
     const double exposed = std::max(0.0, layers_s - core * (1.0 - fwd_share)) + tail_s;
     r.overlap_s = std::max(0.0, r.optimizer_s - exposed);
   } else if (plan.options.delayed_update) {
