@@ -163,11 +163,13 @@ PlanHost plan_host_ram(const PlanOptions& o, const PlanMachine& m, const PlanDev
   if (muon) {  // engine/cuda/muon_gpu.h: per lane, U (fp32) in and O (bf16) out of the matrix in flight
     host.push_back({"pinned Muon Newton-Schulz staging (fp32 U in, bf16 O out; a lane each of the largest matrix)",
                     muon_pinned_bytes(spec)});
-    host.push_back({moments != MomentStorage::fp32   ? "Muon update scratch (a decoded master; m, v windows)"
-                    : storage != MasterStorage::fp32 ? "Muon update scratch (decoded master; largest matrix)"
-                                                     : "Muon update scratch (none: U and O are in the staging)",
-                    muon_scratch_bytes(spec, storage != MasterStorage::fp32, moments != MomentStorage::fp32,
-                                       /*pipelined=*/true)});
+    const bool decoded = storage != MasterStorage::fp32 && storage != MasterStorage::split;
+    host.push_back({moments != MomentStorage::fp32
+                        ? (decoded ? "Muon update scratch (a decoded master chunk; m, v windows)"
+                                   : "Muon update scratch (m, v windows)")
+                    : decoded ? "Muon update scratch (a decoded master chunk)"
+                              : "Muon update scratch (none: U and O are in the staging, the master updates in place)",
+                    muon_scratch_bytes(spec, storage, moments != MomentStorage::fp32, /*pipelined=*/true)});
   }
   // the step's token batches (ids, targets, positions) and their pinned staging: 12 B/token each
   host.push_back({"token batches and staging", static_cast<uint64_t>(24 * K * B * T)});

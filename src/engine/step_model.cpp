@@ -322,8 +322,8 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
     // H100's 7B step (32 x 2048: 0.41-0.43 s of turn-around in a trace,
     // 2026-12-06, bench/RESULTS.md) and the 10 GiB cap at 64k tokens.
     const double layers_s = layer * L / (gparams * 1e9);
-    const double land_s = p.host_embed ? (4 * embed + tokens * C * 10) / (kHostEmbedLandGbs * 1e9)
-                                       : 4 * embed / (card.pcie_gbs * 1e9);
+    const double land_s =
+        p.host_embed ? (4 * embed + tokens * C * 10) / (kHostEmbedLandGbs * 1e9) : 4 * embed / (card.pcie_gbs * 1e9);
     const double tail_s = (embed + layer) / (gparams * 1e9) + land_s;
     const double exposed = std::max(0.0, layers_s - core * (1.0 - fwd_share)) + tail_s;
     r.overlap_s = std::max(0.0, r.optimizer_s - exposed);

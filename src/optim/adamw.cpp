@@ -66,12 +66,7 @@ inline bool stream_moments_ok(const float* p, const float* m, const float* v, in
 
 // The vector forms of adamw_math (same ops, same order) and of f32_to_bf16
 // (round to nearest even, NaN -> (u >> 16) | 0x40), shared by the fp32 and the
-// split-master kernels.
-// The low 16 bits of 8 lanes (each <= 0xffff), packed into 128 bits.
-__attribute__((target("avx2,fma"), always_inline)) inline __m128i pack16_avx2(__m256i r) {
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));  // no saturation
-}
-
+// split-master kernels: optim/adamw_math_simd.h.
 __attribute__((target("avx2,fma"))) void adamw_block_avx2(float* p, float* m, float* v, const float* g, uint16_t* out,
                                                           int64_t n, const AdamWConsts& c) {
   const AdamWVec256 k = adamw_vec256(c);

@@ -91,4 +91,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i bf16_round_avx5
 
 #pragma GCC diagnostic pop
 
+// The low 16 bits of 8 lanes (each <= 0xffff), packed into 128 bits.
+__attribute__((target("avx2,fma"), always_inline)) inline __m128i pack16_avx2(__m256i r) {
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));  // no saturation
+}
+
 }  // namespace rt

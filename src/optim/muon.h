@@ -30,9 +30,11 @@
 #include <cstdint>
 
 #include "model/spec.h"
-
+#include "state/split_master.h"
 
 namespace rt {
+
+enum class MasterStorage;  // state/host_state.h
 
 struct MuonHyper {
   double momentum = -1;  // mu; < 0: the run's AdamW beta1 (--muon-momentum)
@@ -104,20 +106,26 @@ void muon_check_hyper(double mu, double lr, double wd);
 void muon_momentum(float* m, const float* g, float* u, int64_t n, double mu, bool nesterov, float grad_scale);
 void muon_apply_bf16(float* p, const uint16_t* o, int64_t n, int64_t rows, int64_t cols, double lr, double wd,
                      uint16_t* bf16_out);
+// muon_apply_bf16 on elements [0, n) of a split master (state/split_master.h)
+// in one pass: decoded, updated and encoded back 64 at a time (the bits of
+// split_master_decode, muon_apply_bf16, split_master_encode).
+void muon_apply_bf16_split(const SplitMaster& p, const uint16_t* o, int64_t n, int64_t rows, int64_t cols, double lr,
+                           double wd);
 
 // Scratch of the calling thread, slot 0..3, at least n floats, uninitialised,
 // kept at the largest size asked until the thread ends: the optimizer updates
 // one matrix after another, and fresh allocations cost page faults on every
 // call (~0.2 s for U and O of a 68M-element matrix). Slots: 0 U, 1 O (here),
-// 2 a split or bf16 master's decoded matrix, 3 the decoded muon8bit/muon4bit
+// 2 a split or bf16 master's decoded matrix (pipelined: a bf16 master's chunk), 3 the decoded muon8bit/muon4bit
 // m and v windows (optim/muon_unit.cpp). What a thread keeps: muon_scratch_bytes.
 float* muon_scratch(int slot, int64_t n);
 // Bytes one thread's scratch holds after a Muon step of a model of spec s:
 // U and O of its largest matrix (not with a pipelined orthogonaliser, whose
-// own buffers hold them), + the decoded matrix (decoded_master: a split or
-// bf16 master; pipelined: a chunk of kMuonApplyChunk), + the m and v windows of the quantized update (quantized
-// moments: a matrix's m, or a piece's m and v, + a block either side).
-uint64_t muon_scratch_bytes(const ModelSpec& s, bool decoded_master, bool quantized, bool pipelined = false);
+// own buffers hold them), + the decoded matrix (a split or bf16 master; when
+// pipelined, a chunk of kMuonApplyChunk for a bf16 master and none for a
+// split one, updated in place), + the m and v windows of the quantized update
+// (quantized moments: a matrix's m, or a piece's m and v, + a block either side).
+uint64_t muon_scratch_bytes(const ModelSpec& s, MasterStorage master, bool quantized, bool pipelined = false);
 // Bytes the calling thread's scratch holds now.
 uint64_t muon_scratch_held();
 

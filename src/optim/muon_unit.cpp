@@ -72,24 +72,28 @@ void matrix_begin(StateUnit& u, size_t k, float* m, const float* grad, const Opt
   o.orthogonalizer->submit(lane, e.shape[0], e.shape[1]);
 }
 
-// A shadow master is decoded, updated and stored back kMuonApplyChunk
-// elements at a time (elementwise: the same bits as the whole matrix), so
-// the decoded chunk stays in the caches.
+// A split master is decoded, updated and encoded back in one pass, 64
+// elements at a time (muon_apply_bf16_split); a bf16 master (stochastic
+// rounding or Kahan) kMuonApplyChunk elements at a time, so the decoded chunk
+// stays in the caches. Elementwise: the same bits as the whole matrix.
 void matrix_finish(StateUnit& u, size_t k, const OptimStep& o, uint16_t* bf16_shadow, const uint16_t* ob) {
   const WeightEntry& e = u.entries[k];
   const int64_t at = u.offsets[k], n = e.numel(), R = e.shape[0], C = e.shape[1];
   const double wd = weight_decay_for(e, o);
   if (!u.shadow_master())
     return muon_apply_bf16(u.master() + at, ob, n, R, C, o.lr, wd, bf16_shadow ? bf16_shadow + at : nullptr);
+  if (u.split()) {  // one pass: decoded, updated, encoded 64 elements at a time (the bits of the chunked form)
+    u.check_weights_in_ram();
+    RT_CHECK(!u.paged_out, "[muon] unit ", u.name,
+             ": its master remainder is in the state tier's file; page it in first");
+    return muon_apply_bf16_split(u.split_master(u.cur_shadow).at(at), ob, n, R, C, o.lr, wd);
+  }
   float* w = muon_scratch(2, std::min(n, kMuonApplyChunk));
   for (int64_t c0 = 0; c0 < n; c0 += kMuonApplyChunk) {
     const int64_t c = std::min(kMuonApplyChunk, n - c0);
     u.read_master(at + c0, c, w);
     muon_apply_bf16(w, ob + c0, c, R, C, o.lr, wd, nullptr);
-    if (u.split())
-      u.write_master(at + c0, c, w);
-    else
-      bf16_master_store(u, at + c0, c, w, o);
+    bf16_master_store(u, at + c0, c, w, o);
   }
 }
 

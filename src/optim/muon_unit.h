@@ -40,7 +40,7 @@ namespace rt {
 
 // Elements of a non-matrix tensor updated (and, quantized or bf16, decoded) at a time.
 inline constexpr int64_t kMuonPiece = int64_t(1) << 20;
-// Elements of a Muon matrix's split or bf16 master decoded, updated and
+// Elements of a Muon matrix's bf16 master (stochastic rounding, Kahan) decoded, updated and
 // stored at a time by the pipelined form (muon_scratch slot 2 holds one).
 inline constexpr int64_t kMuonApplyChunk = int64_t(1) << 20;
 

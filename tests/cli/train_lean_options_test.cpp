@@ -125,8 +125,8 @@ TEST(TrainLeanOptions, StartLineAndPlanGiveThePlannedHostBytes) {
     if (m.rule == rt::UpdateRule::muon) {  // the pinned staging of the GPU Newton-Schulz lanes, the fp32 scratch
       const int64_t mx = rt::muon_matrix_dims(spec).max_numel;
       extra += 2.0 * (6.0 * static_cast<double>(mx) + 8.0) +  // 2 lanes: fp32 U, bf16 O, the norm's double
-               static_cast<double>(rt::muon_scratch_bytes(spec, m.master != rt::MasterStorage::fp32,
-                                                          m.moments != rt::MomentStorage::fp32, /*pipelined=*/true));
+               static_cast<double>(
+                   rt::muon_scratch_bytes(spec, m.master, m.moments != rt::MomentStorage::fp32, /*pipelined=*/true));
     }
     EXPECT_EQ(needed, static_cast<double>(state) + extra) << p.output;
   }

@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "optim/adamw.h"
+#include "optim/muon.h"
 #include "testutil.h"
 
 namespace rt {
@@ -193,6 +194,55 @@ TEST(SplitMaster, ConcurrentChunksCuttingTieWords) {
     ASSERT_EQ(s, s_ref);
     ASSERT_EQ(r, r_ref);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(tie_bit(t, first + i), tie_bit(t_ref, first + i)) << rep << " " << i;
+  }
+}
+
+// Muon's pipelined update of a split master (optim/muon_unit.cpp
+// matrix_finish) decodes, applies the bf16 O and encodes back in one pass
+// (muon_apply_bf16_split): the bits of split_master_decode, muon_apply_bf16,
+// split_master_encode, on every SIMD path and thread count, for ranges that
+// start and end inside tie words (the bits outside the range survive), over
+// the encoding's edge patterns (ties, NaN, inf, denormals) in both the master
+// and O, with and without weight decay.
+TEST(SplitMaster, MuonApplyInOnePassIsDecodeApplyEncode) {
+  OptimEnvGuard guard;
+  const double lr = 0.37;  // large, so the step moves the values visibly
+  for (int threads : {1, 3}) {
+    set_global_threads(threads);
+    for (SimdLevel level : supported_levels()) {
+      set_simd_level(level);
+      for (int64_t first : {0, 13, 64, 100})
+        for (int64_t n : {1, 50, 64, 200, 40000})
+          for (double wd : {0.0, 0.1}) {
+            const std::vector<uint32_t> u = random_patterns(n, 7 * first + n);
+            const std::vector<uint32_t> ou = random_patterns(n, 11 * first + n + 1);
+            std::vector<float> x(n);
+            std::memcpy(x.data(), u.data(), 4 * n);
+            std::vector<uint16_t> o(n);
+            for (int64_t i = 0; i < n; ++i) o[i] = static_cast<uint16_t>(ou[i] >> 16);
+            const int64_t words = split_master_tie_words(first + n) + 1;
+            std::vector<uint16_t> s_ref(n), r_ref(n), s(n), r(n);
+            std::vector<uint64_t> t_ref = random_words(words, 3 + n), t = t_ref;
+            const SplitMaster pr{s_ref.data(), r_ref.data(), t_ref.data(), first},
+                p{s.data(), r.data(), t.data(), first};
+            split_master_encode(x.data(), n, pr);
+            split_master_encode(x.data(), n, p);
+            std::vector<float> w(n);
+            split_master_decode(pr, n, w.data());
+            muon_apply_bf16(w.data(), o.data(), n, 4, 5, lr, wd, nullptr);
+            split_master_encode(w.data(), n, pr);
+            muon_apply_bf16_split(p, o.data(), n, 4, 5, lr, wd);
+            const std::string at = std::string("level ") + simd_level_name(level) + " threads " +
+                                   std::to_string(threads) + " first " + std::to_string(first) + " n " +
+                                   std::to_string(n) + " wd " + std::to_string(wd);
+            ASSERT_EQ(s, s_ref) << at;
+            ASSERT_EQ(r, r_ref) << at;
+            ASSERT_EQ(t, t_ref) << at;
+            int64_t changed = 0;
+            for (int64_t i = 0; i < n; ++i) changed += bits_of(w[i]) != u[i];
+            if (n >= 64) ASSERT_GT(changed, 0) << "the update changed nothing: " << at;
+          }
+    }
   }
 }
 

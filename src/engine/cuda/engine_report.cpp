@@ -33,9 +33,8 @@ void print_engine_setup(const EngineSetup& e) {
   if (e.muon) std::printf("%s\n", e.muon->describe().c_str());
   const uint64_t host =
       e.st.bytes_total() + e.weights_pinned +
-      (e.muon ? e.muon->pinned_bytes() +
-                    muon_scratch_bytes(e.st.spec(), e.st.units()[0].shadow_master(), e.st.units()[0].quantized(),
-                                       e.muon->lanes() > 0)
+      (e.muon ? e.muon->pinned_bytes() + muon_scratch_bytes(e.st.spec(), e.st.units()[0].master_kind,
+                                                            e.st.units()[0].quantized(), e.muon->lanes() > 0)
               : 0);
   if (e.dp.on()) {
     const uint64_t hb = e.st.bytes_total() + e.dp.shard->state_bytes();

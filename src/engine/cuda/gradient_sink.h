@@ -132,7 +132,7 @@ class GradientSink {
   std::vector<Event> grad_zeroed_;
   DevBuf<float> layer_grad_[2];  // host mode: layers alternate between two buffers
   Event layer_grad_out_[2], unit_grad_out_, grad_made_, head_zeroed_;
-  bool head_landed_ = false;     // land_head sent this micro-batch's head gradient
+  bool head_landed_ = false;        // land_head sent this micro-batch's head gradient
   bool head_zero_pending_ = false;  // its zeroing on d2h: the next head waits for head_zeroed_
   bool layer_grad_pending_[2] = {false, false};
   std::vector<PinnedBuf> slabs_;  // host mode: landing slabs of slab_elems_ floats
