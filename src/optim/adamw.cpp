@@ -192,9 +192,6 @@ inline int64_t split_head(const SplitArgs& a, int64_t n) {
 
 __attribute__((target("avx2,fma"))) void adamw_split_block_avx2(const SplitArgs& a, int64_t n, const AdamWConsts& c) {
   const AdamWVec256 k = adamw_vec256(c);
-  const __m256i low15 = _mm256_set1_epi32(0x7fff), bf16_inf = _mm256_set1_epi32(0x7f80);
-  const __m256i one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40), low16 = _mm256_set1_epi32(0xffff);
-  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const int64_t head = split_head(a, n);
   const SplitStores st = split_stores(a, head, n);
   if (head > 0) split_partial(a, 0, head, a.p.tie + a.p.tie_first / 64, c);
@@ -205,15 +202,7 @@ __attribute__((target("avx2,fma"))) void adamw_split_block_avx2(const SplitArgs&
     uint64_t out = 0;
     for (int j = 0; j < 64; j += 8) {
       const int64_t q = i + j;
-      // decode: hi = s - (tie ? (s is NaN ? 0x40 : 1) : 0)
-      const __m256i tb = _mm256_set1_epi32(static_cast<int>((in >> j) & 0xffu));
-      const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(tb, lane_bit), lane_bit);
-      const __m256i s = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.shadow_in + q)));
-      const __m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.p.rem + q)));
-      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(s, low15), bf16_inf);
-      const __m256i down = _mm256_and_si256(_mm256_blendv_epi8(one, quiet, nan), tie);
-      const __m256i hi = _mm256_sub_epi32(s, down);
-      const __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(hi, 16), r));
+      const __m256 x = split_decode_avx2(a.shadow_in + q, a.p.rem + q, static_cast<uint32_t>(in >> j));
       __m256 mm = _mm256_loadu_ps(a.m + q), vv = _mm256_loadu_ps(a.v + q);
       const __m256 pp = adamw_math_avx2(x, mm, vv, _mm256_loadu_ps(a.g + q), k);
       if (st.moments) {
@@ -223,20 +212,16 @@ __attribute__((target("avx2,fma"))) void adamw_split_block_avx2(const SplitArgs&
         _mm256_storeu_ps(a.m + q, mm);
         _mm256_storeu_ps(a.v + q, vv);
       }
-      // encode: shadow = f32_to_bf16(pp), rem = low half, tie = shadow != upper half
-      const __m256i sr = bf16_round_avx2(pp);
-      const __m256i u = _mm256_castps_si256(pp);
-      const int same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(sr, _mm256_srli_epi32(u, 16))));
-      out |= static_cast<uint64_t>(~same & 0xff) << j;
-      const __m128i s16 = pack16_avx2(sr), r16 = pack16_avx2(_mm256_and_si256(u, low16));
+      const SplitLanes8 e = split_encode_avx2(pp);
+      out |= static_cast<uint64_t>(e.tie) << j;
       if (st.shadow)
-        _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), e.shadow);
       else
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), s16);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), e.shadow);
       if (st.rem)
-        _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(a.p.rem + q), e.rem);
       else
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), r16);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), e.rem);
     }
     *w = out;
   }
@@ -248,8 +233,6 @@ __attribute__((target("avx2,fma"))) void adamw_split_block_avx2(const SplitArgs&
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
 __attribute__((target("avx512f"))) void adamw_split_block_avx512(const SplitArgs& a, int64_t n, const AdamWConsts& c) {
   const AdamWVec512 k = adamw_vec512(c);
-  const __m512i low15 = _mm512_set1_epi32(0x7fff), bf16_inf = _mm512_set1_epi32(0x7f80);
-  const __m512i one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
   const int64_t head = split_head(a, n);
   const SplitStores st = split_stores(a, head, n);
   if (head > 0) split_partial(a, 0, head, a.p.tie + a.p.tie_first / 64, c);
@@ -260,12 +243,7 @@ __attribute__((target("avx512f"))) void adamw_split_block_avx512(const SplitArgs
     uint64_t out = 0;
     for (int j = 0; j < 64; j += 16) {
       const int64_t q = i + j;
-      const __mmask16 tie = static_cast<__mmask16>(in >> j);
-      const __m512i s = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.shadow_in + q)));
-      const __m512i r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.p.rem + q)));
-      const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(s, low15), bf16_inf);
-      const __m512i hi = _mm512_mask_sub_epi32(s, tie, s, _mm512_mask_blend_epi32(nan, one, quiet));
-      const __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(hi, 16), r));
+      const __m512 x = split_decode_avx512(a.shadow_in + q, a.p.rem + q, static_cast<__mmask16>(in >> j));
       __m512 mm = _mm512_loadu_ps(a.m + q), vv = _mm512_loadu_ps(a.v + q);
       const __m512 pp = adamw_math_avx512(x, mm, vv, _mm512_loadu_ps(a.g + q), k);
       if (st.moments) {
@@ -275,18 +253,16 @@ __attribute__((target("avx512f"))) void adamw_split_block_avx512(const SplitArgs
         _mm512_storeu_ps(a.m + q, mm);
         _mm512_storeu_ps(a.v + q, vv);
       }
-      const __m512i sr = bf16_round_avx512(pp);
-      const __m512i u = _mm512_castps_si512(pp);
-      out |= static_cast<uint64_t>(_mm512_cmpneq_epi32_mask(sr, _mm512_srli_epi32(u, 16))) << j;
-      const __m256i s16 = _mm512_cvtepi32_epi16(sr), r16 = _mm512_cvtepi32_epi16(u);  // truncating: the low halves
+      const SplitLanes16 e = split_encode_avx512(pp);
+      out |= static_cast<uint64_t>(e.tie) << j;
       if (st.shadow)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), e.shadow);
       else
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), s16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), e.shadow);
       if (st.rem)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.p.rem + q), e.rem);
       else
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), r16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), e.rem);
     }
     *w = out;
   }

@@ -96,4 +96,64 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m128i pack16_avx2(__
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));  // no saturation
 }
 
+// Split masters (state/split_master.h), a vector of lanes at a time, lane for
+// lane split_master_decode_one / split_master_encode_one: the AdamW split
+// kernels (optim/adamw.cpp) and Muon's (optim/muon.cpp) share them.
+// Decode: 8 elements from their shadow and rem halves and their 8 tie bits
+// (bit j: element j).
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 split_decode_avx2(const uint16_t* shadow,
+                                                                                   const uint16_t* rem, uint32_t tie8) {
+  const __m256i low15 = _mm256_set1_epi32(0x7fff), bf16_inf = _mm256_set1_epi32(0x7f80);
+  const __m256i one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  // hi = s - (tie ? (s is NaN ? 0x40 : 1) : 0)
+  const __m256i tb = _mm256_set1_epi32(static_cast<int>(tie8 & 0xffu));
+  const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(tb, lane_bit), lane_bit);
+  const __m256i s = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(shadow)));
+  const __m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rem)));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(s, low15), bf16_inf);
+  const __m256i down = _mm256_and_si256(_mm256_blendv_epi8(one, quiet, nan), tie);
+  const __m256i hi = _mm256_sub_epi32(s, down);
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(hi, 16), r));
+}
+// Encode 8 values: shadow = f32_to_bf16(x), rem = the low halves, tie bit j =
+// shadow j != the upper half of x j.
+struct SplitLanes8 {
+  __m128i shadow, rem;
+  uint32_t tie;
+};
+__attribute__((target("avx2,fma"), always_inline)) inline SplitLanes8 split_encode_avx2(__m256 x) {
+  const __m256i sr = bf16_round_avx2(x);
+  const __m256i u = _mm256_castps_si256(x);
+  const int same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(sr, _mm256_srli_epi32(u, 16))));
+  return {pack16_avx2(sr), pack16_avx2(_mm256_and_si256(u, _mm256_set1_epi32(0xffff))),
+          static_cast<uint32_t>(~same & 0xff)};
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
+// The same, 16 elements (tie bit j: element j).
+__attribute__((target("avx512f"), always_inline)) inline __m512 split_decode_avx512(const uint16_t* shadow,
+                                                                                    const uint16_t* rem,
+                                                                                    __mmask16 tie) {
+  const __m512i low15 = _mm512_set1_epi32(0x7fff), bf16_inf = _mm512_set1_epi32(0x7f80);
+  const __m512i one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  const __m512i s = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(shadow)));
+  const __m512i r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rem)));
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(s, low15), bf16_inf);
+  const __m512i hi = _mm512_mask_sub_epi32(s, tie, s, _mm512_mask_blend_epi32(nan, one, quiet));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(hi, 16), r));
+}
+struct SplitLanes16 {
+  __m256i shadow, rem;
+  __mmask16 tie;
+};
+__attribute__((target("avx512f"), always_inline)) inline SplitLanes16 split_encode_avx512(__m512 x) {
+  const __m512i sr = bf16_round_avx512(x);
+  const __m512i u = _mm512_castps_si512(x);
+  return {_mm512_cvtepi32_epi16(sr), _mm512_cvtepi32_epi16(u),  // truncating: the low halves
+          _mm512_cmpneq_epi32_mask(sr, _mm512_srli_epi32(u, 16))};
+}
+#pragma GCC diagnostic pop
+
 }  // namespace rt

@@ -187,15 +187,13 @@ void muon_apply_with(float* p, Load load, int64_t n, int64_t rows, int64_t cols,
     }
   });
 }
-}  // namespace
 
-// muon_apply_bf16_split: blocks of a split master walked word by word as
-// adamw.cpp's split kernels walk them (whole tie words by the vector loop, the
-// partial words at a range's ends by the scalar element with atomic word
-// access). The vector forms decode, apply and encode lane for lane as the
-// scalar element does: a multiply then a subtract, each rounded once (FP
-// contraction is off in this file).
-namespace {
+// muon_apply_bf16_split's blocks, walked by split_master_walk: whole tie
+// words by the path's word function, the partial words at a range's ends by
+// the scalar element with atomic word access. The vector forms decode, apply
+// and encode lane for lane as the scalar element does (adamw_math_simd.h's
+// split lanes): a multiply then a subtract, each rounded once (FP contraction
+// is off in this file).
 struct MuonSplit {
   SplitMaster p;
   const uint16_t* o;
@@ -211,100 +209,51 @@ inline bool muon_split_element(const MuonSplit& a, int64_t k, bool tie) {
   return t;
 }
 
-void muon_split_partial(const MuonSplit& a, int64_t i0, int64_t i1, uint64_t* w) {
-  split_master_partial(a.p, i0, i1, w, [&](int64_t k, bool t) { return muon_split_element(a, k, t); });
+// One whole tie word of a's span: the 64 elements from i, per SIMD path.
+void muon_split_word_scalar(const MuonSplit& a, int64_t i, uint64_t* w) {
+  const uint64_t in = *w;
+  uint64_t out = 0;
+  for (int j = 0; j < 64; ++j) out |= static_cast<uint64_t>(muon_split_element(a, i + j, ((in >> j) & 1u) != 0)) << j;
+  *w = out;
 }
 
-void muon_split_block_scalar(const MuonSplit& a, int64_t n) {
-  split_master_walk(
-      a.p, n,
-      [&](int64_t i, uint64_t* w) {
-        const uint64_t in = *w;
-        uint64_t out = 0;
-        for (int j = 0; j < 64; ++j)
-          out |= static_cast<uint64_t>(muon_split_element(a, i + j, ((in >> j) & 1u) != 0)) << j;
-        *w = out;
-      },
-      [&](int64_t i0, int64_t i1, uint64_t* w) { muon_split_partial(a, i0, i1, w); });
-}
-
-inline int64_t muon_split_head(const MuonSplit& a, int64_t n) {
-  const int64_t off = a.p.tie_first & 63;
-  return off == 0 ? 0 : std::min<int64_t>(n, 64 - off);
-}
-
-__attribute__((target("avx2,fma"))) void muon_split_block_avx2(const MuonSplit& a, int64_t n) {
-  const __m256i low15 = _mm256_set1_epi32(0x7fff), bf16_inf = _mm256_set1_epi32(0x7f80);
-  const __m256i one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40), low16 = _mm256_set1_epi32(0xffff);
-  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+__attribute__((target("avx2,fma"))) void muon_split_word_avx2(const MuonSplit& a, int64_t i, uint64_t* w) {
   const __m256 decay = _mm256_set1_ps(a.decay), step = _mm256_set1_ps(a.step);
-  const int64_t head = muon_split_head(a, n);
-  if (head > 0) muon_split_partial(a, 0, head, a.p.tie + a.p.tie_first / 64);
-  int64_t i = head;
-  for (; i + 64 <= n; i += 64) {
-    uint64_t* w = a.p.tie + (a.p.tie_first + i) / 64;
-    const uint64_t in = *w;
-    uint64_t out = 0;
-    for (int j = 0; j < 64; j += 8) {
-      const int64_t q = i + j;
-      const __m256i tb = _mm256_set1_epi32(static_cast<int>((in >> j) & 0xffu));
-      const __m256i tie = _mm256_cmpeq_epi32(_mm256_and_si256(tb, lane_bit), lane_bit);
-      const __m256i s = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.p.shadow + q)));
-      const __m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.p.rem + q)));
-      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(s, low15), bf16_inf);
-      const __m256i down = _mm256_and_si256(_mm256_blendv_epi8(one, quiet, nan), tie);
-      const __m256i hi = _mm256_sub_epi32(s, down);
-      __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(hi, 16), r));
-      const __m256 o = _mm256_castsi256_ps(
-          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.o + q))), 16));
-      if (a.decays) x = _mm256_mul_ps(x, decay);
-      const __m256 pp = _mm256_sub_ps(x, _mm256_mul_ps(step, o));
-      const __m256i sr = bf16_round_avx2(pp);
-      const __m256i u = _mm256_castps_si256(pp);
-      const int same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(sr, _mm256_srli_epi32(u, 16))));
-      out |= static_cast<uint64_t>(~same & 0xff) << j;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), pack16_avx2(sr));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), pack16_avx2(_mm256_and_si256(u, low16)));
-    }
-    *w = out;
+  const uint64_t in = *w;
+  uint64_t out = 0;
+  for (int j = 0; j < 64; j += 8) {
+    const int64_t q = i + j;
+    __m256 x = split_decode_avx2(a.p.shadow + q, a.p.rem + q, static_cast<uint32_t>(in >> j));
+    const __m256 o = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.o + q))), 16));
+    if (a.decays) x = _mm256_mul_ps(x, decay);
+    const SplitLanes8 e = split_encode_avx2(_mm256_sub_ps(x, _mm256_mul_ps(step, o)));
+    out |= static_cast<uint64_t>(e.tie) << j;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.shadow + q), e.shadow);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.p.rem + q), e.rem);
   }
-  if (i < n) muon_split_partial(a, i, n, a.p.tie + (a.p.tie_first + i) / 64);
+  *w = out;
 }
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in adamw.cpp
-__attribute__((target("avx512f"))) void muon_split_block_avx512(const MuonSplit& a, int64_t n) {
-  const __m512i low15 = _mm512_set1_epi32(0x7fff), bf16_inf = _mm512_set1_epi32(0x7f80);
-  const __m512i one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+#pragma GCC diagnostic ignored "-Wuninitialized"        // the same bug, once inlined here
+__attribute__((target("avx512f"))) void muon_split_word_avx512(const MuonSplit& a, int64_t i, uint64_t* w) {
   const __m512 decay = _mm512_set1_ps(a.decay), step = _mm512_set1_ps(a.step);
-  const int64_t head = muon_split_head(a, n);
-  if (head > 0) muon_split_partial(a, 0, head, a.p.tie + a.p.tie_first / 64);
-  int64_t i = head;
-  for (; i + 64 <= n; i += 64) {
-    uint64_t* w = a.p.tie + (a.p.tie_first + i) / 64;
-    const uint64_t in = *w;
-    uint64_t out = 0;
-    for (int j = 0; j < 64; j += 16) {
-      const int64_t q = i + j;
-      const __mmask16 tie = static_cast<__mmask16>(in >> j);
-      const __m512i s = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.p.shadow + q)));
-      const __m512i r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.p.rem + q)));
-      const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(s, low15), bf16_inf);
-      const __m512i hi = _mm512_mask_sub_epi32(s, tie, s, _mm512_mask_blend_epi32(nan, one, quiet));
-      __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(hi, 16), r));
-      const __m512 o = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.o + q))), 16));
-      if (a.decays) x = _mm512_mul_ps(x, decay);
-      const __m512 pp = _mm512_sub_ps(x, _mm512_mul_ps(step, o));
-      const __m512i sr = bf16_round_avx512(pp);
-      const __m512i u = _mm512_castps_si512(pp);
-      out |= static_cast<uint64_t>(_mm512_cmpneq_epi32_mask(sr, _mm512_srli_epi32(u, 16))) << j;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), _mm512_cvtepi32_epi16(sr));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), _mm512_cvtepi32_epi16(u));  // the low halves
-    }
-    *w = out;
+  const uint64_t in = *w;
+  uint64_t out = 0;
+  for (int j = 0; j < 64; j += 16) {
+    const int64_t q = i + j;
+    __m512 x = split_decode_avx512(a.p.shadow + q, a.p.rem + q, static_cast<__mmask16>(in >> j));
+    const __m512 o = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.o + q))), 16));
+    if (a.decays) x = _mm512_mul_ps(x, decay);
+    const SplitLanes16 e = split_encode_avx512(_mm512_sub_ps(x, _mm512_mul_ps(step, o)));
+    out |= static_cast<uint64_t>(e.tie) << j;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.shadow + q), e.shadow);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.p.rem + q), e.rem);
   }
-  if (i < n) muon_split_partial(a, i, n, a.p.tie + (a.p.tie_first + i) / 64);
+  *w = out;
 }
 #pragma GCC diagnostic pop
 }  // namespace
@@ -316,16 +265,16 @@ void muon_apply_bf16_split(const SplitMaster& p, const uint16_t* o, int64_t n, i
   const float decay = wd != 0 ? static_cast<float>(1.0 - lr * wd) : 1.0f;
   const float step = static_cast<float>(lr * muon_scale(rows, cols));
   const SimdLevel level = simd_level_active();
+  void (*word)(const MuonSplit&, int64_t, uint64_t*) = level == SimdLevel::avx512 ? muon_split_word_avx512
+                                                       : level == SimdLevel::avx2 ? muon_split_word_avx2
+                                                                                  : muon_split_word_scalar;
   split_master_parallel(p, n, [&](int64_t b, int64_t e) {
     const MuonSplit a{p.at(b), o + b, decay, step, wd != 0};
-    switch (level) {
-      case SimdLevel::avx512:
-        return muon_split_block_avx512(a, e - b);
-      case SimdLevel::avx2:
-        return muon_split_block_avx2(a, e - b);
-      case SimdLevel::scalar:
-        return muon_split_block_scalar(a, e - b);
-    }
+    split_master_walk(
+        a.p, e - b, [&](int64_t i, uint64_t* w) { word(a, i, w); },
+        [&](int64_t i0, int64_t i1, uint64_t* w) {
+          split_master_partial(a.p, i0, i1, w, [&](int64_t k, bool t) { return muon_split_element(a, k, t); });
+        });
   });
 }
 
