@@ -17,11 +17,12 @@ namespace {
 
 MoeGemm gemm_mode_from_env() {
   const char* v = std::getenv("RAMTRAIN_MOE_GEMM");
-  // looped stays the default until the grouped calls have run on a GPU (issue 32: not yet measured)
-  if (!v || !*v || std::string(v) == "looped") return MoeGemm::looped;
+  // auto: grouped where the experts' groups are small (cuda/ops.h MoeGemm::by_rows)
+  if (!v || !*v || std::string(v) == "auto") return MoeGemm::by_rows;
+  if (std::string(v) == "looped") return MoeGemm::looped;
   if (std::string(v) == "grouped") return MoeGemm::grouped;
-  fail("[cuda moe] the environment variable RAMTRAIN_MOE_GEMM must be grouped or looped (the MoE expert GEMMs), got '",
-       v, "': unset it for looped");
+  fail("[cuda moe] RAMTRAIN_MOE_GEMM (the MoE expert GEMMs) must be auto, grouped or looped, got '", v,
+       "': unset it for auto");
 }
 
 }  // namespace

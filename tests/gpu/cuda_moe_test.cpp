@@ -34,7 +34,8 @@
 //    product sums them over f; the grouped mode rounds o to bf16 (u |o|);
 //    both final roundings of out add 2u |out| <= 2u S: ~10u S, bounded at
 //    16u S. A wrong expert, weight or row is O(|o|), not a few u of S.
-//  - the grouped mode twice: out, dx and every gradient bit for bit.
+//  - the grouped mode twice: out, dx and every gradient bit for bit;
+//  - auto (MoeGemm::by_rows) on these small calls: grouped's bits.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
 #include <gtest/gtest.h>
@@ -430,6 +431,13 @@ void run_case(const Case& k) {
   EXPECT_TRUE(again.out == grouped.out) << "grouped out differs between two runs";
   EXPECT_TRUE(again.dx == grouped.dx) << "grouped dx differs between two runs";
   EXPECT_TRUE(again.grads == grouped.grads) << "grouped weight gradients differ between two runs";
+  // auto (MoeGemm::by_rows): these calls' experts average far fewer than
+  // kMoeGroupedMaxRows rows, so it runs grouped: the grouped results bit for bit
+  ASSERT_LE(N * K, rt::cuda::kMoeGroupedMaxRows * E);
+  const GpuResult by_rows = gpu_run(rt::cuda::MoeGemm::by_rows);
+  EXPECT_EQ(by_rows.grouped_calls, 6) << "auto did not run the small groups grouped";
+  EXPECT_TRUE(by_rows.out == grouped.out && by_rows.dx == grouped.dx && by_rows.grads == grouped.grads)
+      << "auto differs from grouped on calls it should run grouped";
 }
 
 // Qwen3-MoE / Qwen2-MoE / Mixtral routing: softmax, top-k, renormalised;

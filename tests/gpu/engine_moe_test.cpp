@@ -349,8 +349,8 @@ TEST(CudaEngineMoe, StreamingResidentAndKeptActivationsAreBitIdentical) {
   EXPECT_TRUE(a.w == c.w) << "recompute vs kept activations";
 }
 
-// The expert GEMMs grouped (RAMTRAIN_MOE_GEMM=grouped) and looped (the default,
-// cuda/ops.h MoeBlas) on OLMoE, three steps, load-balancing loss on: two
+// The expert GEMMs grouped (RAMTRAIN_MOE_GEMM=grouped, what auto, the default,
+// runs for calls this small) and looped (cuda/ops.h MoeBlas) on OLMoE, three steps, load-balancing loss on: two
 // grouped runs are bit-identical (losses, norms, weights: every reduction has
 // a fixed order, no atomics); looped against grouped, the losses within 1e-2
 // relative and the gradient norms within 5e-2, the bounds each of them keeps
