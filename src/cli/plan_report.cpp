@@ -185,8 +185,9 @@ void report_device(const Plan& plan) {
         gib(static_cast<double>(ws)).c_str(), (long long)md.max_numel, (long long)md.max_small);
     const MuonStepWork ns = muon_step_work(spec);
     std::printf(
-        "  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s, in the compute below: it shares "
-        "the device with the step) + %.2f GB of copies (fp32 in, bf16 out, in the copies below)\n",
+        "  Muon's Newton-Schulz: %.1f TFLOP per step on the GPU (%.2f s with its jobs' conversions and norms, in "
+        "the compute below: it shares the device with the step) + %.2f GB of copies (fp32 in, bf16 out, in the "
+        "copies below)\n",
         ns.flops / 1e12, plan.step.ns5_s, ns.bytes / 1e9);
   }
 }

@@ -152,7 +152,15 @@ double routed_expert_params_per_token(const ModelSpec& s) {
 // matrices, one layer's NS5 ran at 728 TFLOP/s on the device (H200,
 // ramtrain_muon_bench, bench/RESULTS.md 2026-12-04), 0.868 of the GEMM
 // peak; it shares the device with the step, so its time adds to the compute.
+// The engine runs NS5 as lane jobs (engine/cuda/muon_gpu.h): U in as fp32,
+// its norm and bf16 division, the five steps, O out. On the H100
+// (2026-12-06, `tests/gpu/run.sh muonperf`, Qwen2.5-7B 16 x 2048 fold) the
+// jobs took 1.534 s of device time a step against 0.762 s for the steps
+// alone, and Muon's step was 1.67 s longer than AdamW's (3.10 s): the jobs'
+// whole time adds, 2.01x the steps'. With it plan predicts that Muon step
+// within 1% (6,934 against 6,879 tokens/s; 8,205 when only the steps counted).
 constexpr double kNs5ShareOfGemmPeak = 728.0 / kHopperGemmPeak;
+constexpr double kNs5JobsOverSteps = 1.534 / 0.762;
 
 // Host gradients (--grads host): the engine's worker adds (=, then +=) every
 // layer gradient landed in a pinned slab into the unit's host arena
@@ -283,7 +291,7 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   MuonStepWork ns5;
   if (plan.options.muon) {  // NS5 on the same device: its time adds to the compute, its copies to the PCIe's
     ns5 = muon_step_work(s);
-    r.ns5_s = ns5.flops / (gemm_peak * 1e12 * kNs5ShareOfGemmPeak);
+    r.ns5_s = ns5.flops / (gemm_peak * 1e12 * kNs5ShareOfGemmPeak) * kNs5JobsOverSteps;
     r.compute_s += r.ns5_s;
   }
   // ---- copies (bytes per step)
