@@ -39,6 +39,8 @@
 #   moeauto   issue 32 (not in the default; ~5 min): the MoE expert GEMMs' auto mode (RAMTRAIN_MOE_GEMM):
 #             gpu_cuda_moe_test, gpu_engine_moe_test, OLMoE-1B-7B 64k fold in auto and looped (MA_MODES), 128k fold and
 #             16 x 2048 in auto
+#   moe30b    issue 32 (not in the default; ~8 min): Qwen3-30B-A3B, adamw4bit + bf16-sr, 128k tokens a step,
+#             layer-major fold, uncapped and under 24G (M30_CAPS)
 #   moegemm   the MoE expert GEMMs looped (the default) against grouped (RAMTRAIN_MOE_GEMM=grouped), same call: the
 #             MoE layer alone at OLMoE's shape (moe_bench), then OLMoE-1B-7B 16 x 2048 (tokens/s, model TFLOP/s and
 #             GPU idle of each, and the trace gaps; issue 32)
@@ -429,6 +431,22 @@ if has moeauto; then
   done
   [ "${MA_128K:-1}" = 1 ] && run moe_olmoe_128k_fold_auto 400 "${ma[@]}" --micro-batch 4 --grad-accum 16 --grads fold
   [ "${MA_16:-1}" = 1 ] && run moe_olmoe_16x2048_auto 300 "${ma[@]}" --micro-batch 16
+fi
+
+if has moe30b; then
+  # Issue 32's lean MoE point: Qwen3-30B-A3B with adamw4bit + a bf16-sr master at 128k tokens per step
+  # (4 x 2048 x 16, layer-major, --grads fold), uncapped and under --max-gpu-memory 24G (M30_CAPS), random init on
+  # random ids (< 65535, a uint16 token file); tokens/s and host B/param from the run's own lines. plan predicts
+  # ~9.0k tokens/s uncapped on an H100 (the issue asks >= 8k, and >= 5k under 24G). Each run: ~3-4 min.
+  python3 -c "import array, random; r = random.Random(0); array.array('H', (r.randrange(65535) for _ in range(2_000_000))).tofile(open('$tmp/m30_ids.bin', 'wb'))"
+  for cap in ${M30_CAPS:-none 24G}; do
+    capopt=(); [ "$cap" != none ] && capopt=(--max-gpu-memory "$cap")
+    run "moe30b_128k_$cap" 560 "$bin/ramtrain" train --preset qwen3-30b-a3b --init random --data "$tmp/m30_ids.bin" \
+      --seq-len 2048 --micro-batch 4 --grad-accum 16 --steps ${M30_STEPS:-3} --eval-every 0 --val-fraction 0.01 \
+      --device cuda --export-dtype none --out "$tmp/m30_$cap" --optimizer adamw4bit --master bf16-sr --grads fold \
+      --layer-major on "${capopt[@]}"
+    rm -rf "$tmp/m30_$cap"
+  done
 fi
 
 if has moegemm; then
