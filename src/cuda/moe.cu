@@ -428,7 +428,7 @@ std::vector<int32_t> experts_forward(MoeBlas& blas, const MoeDims& d, const MoeW
   gather_kernel<<<blocks_for(NK * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, NK, C, static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
   const std::vector<int32_t> off = wait_offsets(blas, st, d.E);
-  const bool grouped = blas.grouped_for(d.N, d.K, d.E);
+  const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
   const ExpertProduct gate_up[2] = {{gate, w.xe, w.g}, {up, w.xe, w.u}};
   if (!grouped || !grouped_products(blas, true, off, d.E, F, C, gate_up, 2, w, st, 0, stream))
     for (int64_t e = 0; e < d.E; ++e) {
@@ -517,7 +517,7 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   route(blas, d, w, st, probs, stream);  // recomputed from the forward's probabilities
   bool o_bf16 = false;
   const std::vector<int32_t> off = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
-  const bool grouped = blas.grouped_for(d.N, d.K, d.E);
+  const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
   // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n]
   if (o_bf16)
     weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(

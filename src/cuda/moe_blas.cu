@@ -17,8 +17,8 @@ namespace {
 
 MoeGemm gemm_mode_from_env() {
   const char* v = std::getenv("RAMTRAIN_MOE_GEMM");
-  // auto: grouped where the experts' groups are small (cuda/ops.h MoeGemm::by_rows)
-  if (!v || !*v || std::string(v) == "auto") return MoeGemm::by_rows;
+  // auto: grouped where the experts' groups are small (cuda/ops.h MoeGemm::by_size)
+  if (!v || !*v || std::string(v) == "auto") return MoeGemm::by_size;
   if (std::string(v) == "looped") return MoeGemm::looped;
   if (std::string(v) == "grouped") return MoeGemm::grouped;
   fail("[cuda moe] RAMTRAIN_MOE_GEMM (the MoE expert GEMMs) must be auto, grouped or looped, got '", v,

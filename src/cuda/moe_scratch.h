@@ -18,6 +18,17 @@ struct MoeDims {
   float glu_alpha = 1.f;
 };
 
+// The expert GEMMs' auto mode (cuda/ops.h MoeGemm::by_size): a call runs
+// grouped when its average expert GEMM, N K / E rows x C x F multiply-adds,
+// is at most kMoeGroupedMaxWork (2048 rows of OLMoE-1B-7B's 2048 x 1024: its
+// 8k-token calls run grouped, its 32k-token calls looped, as measured best).
+constexpr int64_t kMoeGroupedMaxWork = int64_t{2048} * 2048 * 1024;
+inline bool moe_small_experts(int64_t N, int64_t K, int64_t E, int64_t C, int64_t F) {
+  return static_cast<double>(N) * static_cast<double>(K) / static_cast<double>(E) * static_cast<double>(C) *
+             static_cast<double>(F) <=
+         static_cast<double>(kMoeGroupedMaxWork);
+}
+
 // Grouped expert GEMM calls of one moe_forward or moe_backward at most, each
 // with up to 2 problems per expert and 3 device pointers per problem.
 constexpr int64_t kMoeGroupedCalls = 4;

@@ -275,21 +275,24 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 //  - looped: one cublasGemmEx per expert and product, o and the input
 //    gradients in fp32 (the reference the grouped path is tested against).
 // The two agree within bf16 rounding (tests/gpu/cuda_moe_test.cpp); each is
-// deterministic on one stream. auto (MoeGemm::by_rows) runs a call grouped
-// when its experts average at most kMoeGroupedMaxRows rows (N K / E), else
-// looped: measured on an H100 (2026-12-06), OLMoE-1B-7B in the engine at 8k
-// tokens per call (1024 rows per expert; layer-major 4 x 2048) ran 1.41x
-// faster grouped (the loop's ~100k GEMM launches a step left the GPU idle
-// between small GEMMs), at 32k tokens per call (4096 rows) 1.08x faster
-// looped (the grouped kernels are slower on big groups). The choice depends
-// only on the shapes, so a run is as deterministic as either mode. One MoeBlas serves one stream at a time (its
+// deterministic on one stream. One MoeBlas serves one stream at a time (its
 // pinned staging is reused call after call; each call's wait on the counts
 // orders it after the previous call's copies).
-enum class MoeGemm { grouped, looped, by_rows };
-inline constexpr int64_t kMoeGroupedMaxRows = 2048;
+// auto (MoeGemm::by_size, the default) runs a call grouped when an expert's
+// GEMM is small: its average rows (N K / E) times hidden times expert width at
+// most kMoeGroupedMaxWork multiply-adds (2048 rows of OLMoE's 2048 x 1024,
+// ~8.6 GFLOP; moe_small_experts in cuda/moe_scratch.h), else looped. Why
+// the size of one GEMM: the loop launches each from the host, and a small
+// one finishes on the GPU before the next is launched. Measured on an H100 (2026-12-06), OLMoE-1B-7B in the engine: at
+// 8k tokens a call (1024 rows an expert; layer-major 4 x 2048) grouped ran
+// 1.41x faster (the loop's ~100k launches a step left the GPU idle between
+// GEMMs of ~14 us); at 32k tokens a call (4096 rows) looped ran 1.08x faster
+// (the grouped kernels are slower on big groups). The choice depends only on
+// the shapes, so a run is as deterministic as either mode.
+enum class MoeGemm { grouped, looped, by_size };
 class MoeBlas {
  public:
-  MoeBlas();  // the GEMM mode from RAMTRAIN_MOE_GEMM (unset: auto, MoeGemm::by_rows)
+  MoeBlas();  // the GEMM mode from RAMTRAIN_MOE_GEMM (unset: auto, MoeGemm::by_size)
   ~MoeBlas();
   MoeBlas(MoeBlas&& o) noexcept;
   MoeBlas& operator=(MoeBlas&&) = delete;
@@ -305,9 +308,10 @@ class MoeBlas {
                  cudaStream_t stream);
   MoeGemm gemm_mode() const { return mode_; }
   // Whether a call of N tokens, K experts each among E runs grouped.
-  bool grouped_for(int64_t N, int64_t K, int64_t E) const {
-    return mode_ == MoeGemm::grouped || (mode_ == MoeGemm::by_rows && N * K <= kMoeGroupedMaxRows * E);
+  bool grouped_for(int64_t N, int64_t K, int64_t E, int64_t C, int64_t F) const {
+    return mode_ == MoeGemm::grouped || (mode_ == MoeGemm::by_size && moe_small_experts(N, K, E, C, F));
   }
+
   void set_gemm_mode(MoeGemm m) { mode_ = m; }
   // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
   int64_t grouped_calls() const { return grouped_calls_; }

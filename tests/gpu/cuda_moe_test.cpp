@@ -35,7 +35,7 @@
 //    both final roundings of out add 2u |out| <= 2u S: ~10u S, bounded at
 //    16u S. A wrong expert, weight or row is O(|o|), not a few u of S.
 //  - the grouped mode twice: out, dx and every gradient bit for bit;
-//  - auto (MoeGemm::by_rows) on these small calls: grouped's bits.
+//  - auto (MoeGemm::by_size) on these small calls: grouped's bits.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
 #include <gtest/gtest.h>
@@ -431,12 +431,12 @@ void run_case(const Case& k) {
   EXPECT_TRUE(again.out == grouped.out) << "grouped out differs between two runs";
   EXPECT_TRUE(again.dx == grouped.dx) << "grouped dx differs between two runs";
   EXPECT_TRUE(again.grads == grouped.grads) << "grouped weight gradients differ between two runs";
-  // auto (MoeGemm::by_rows): these calls' experts average far fewer than
-  // kMoeGroupedMaxRows rows, so it runs grouped: the grouped results bit for bit
-  ASSERT_LE(N * K, rt::cuda::kMoeGroupedMaxRows * E);
-  const GpuResult by_rows = gpu_run(rt::cuda::MoeGemm::by_rows);
-  EXPECT_EQ(by_rows.grouped_calls, 6) << "auto did not run the small groups grouped";
-  EXPECT_TRUE(by_rows.out == grouped.out && by_rows.dx == grouped.dx && by_rows.grads == grouped.grads)
+  // auto (MoeGemm::by_size): these calls' expert GEMMs are far below
+  // kMoeGroupedMaxWork, so it runs grouped: the grouped results bit for bit
+  ASSERT_TRUE(rt::cuda::moe_small_experts(N, K, E, C, F));
+  const GpuResult by_size = gpu_run(rt::cuda::MoeGemm::by_size);
+  EXPECT_EQ(by_size.grouped_calls, 6) << "auto did not run the small groups grouped";
+  EXPECT_TRUE(by_size.out == grouped.out && by_size.dx == grouped.dx && by_size.grads == grouped.grads)
       << "auto differs from grouped on calls it should run grouped";
 }
 
