@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Compares `ramtrain plan`'s predicted step times with the H200 measurements
-# they were calibrated on / checked against (bench/RESULTS.md, issue 16), and
+# Compares `ramtrain plan`'s predicted step times with the H200 (and later
+# H100) measurements they were calibrated on / checked against (bench/RESULTS.md), and
 # prints the error in %. Usage: bench/plan_check.sh [path/to/ramtrain]
 # (default build/cpu/ramtrain). No GPU needed. Measured step times: the
 # midpoint of the range quoted; model TFLOP/s figures converted with the
@@ -23,6 +23,13 @@ cases=(
   "7B width 14 layers, 32x2048, no cap|$q --layers 14 --micro-batch 32|tflops:431"
   "7B width 14 layers, 24 GiB cap, 8x2048 (calibrated)|$q --layers 14 --micro-batch 8 --gpu-memory 24G|tflops:189"
   "7B width 14 layers, 10 GiB cap, 2x2048 x16 (calibrated)|$q --layers 14 --micro-batch 2 --grad-accum 16 --gpu-memory 10G --layer-major off|tflops:157"
+  # H100, 2026-12-06 (bench/RESULTS.md evening): the MoE expert rate was fitted on these three (one constant)
+  "OLMoE 4x2048x8 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold|3.340"
+  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|5.684"
+  "OLMoE 16x2048, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 16|2.763"
+  # and Muon's NS5 job factor on this one; the AdamW row beside it is a check
+  "7B 16x2048 fold muon, H100 (calibrated)|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold --optimizer muon|4.76"
+  "7B 16x2048 fold adamw, H100|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold|3.10"
 )
 printf '%-56s %10s %16s %8s %10s\n' case measured predicted error binding
 for c in "${cases[@]}"; do
