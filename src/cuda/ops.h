@@ -283,12 +283,13 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // most kMoeGroupedMaxWork multiply-adds (2048 rows of OLMoE's 2048 x 1024,
 // ~8.6 GFLOP; moe_small_experts in cuda/moe_scratch.h), else looped. Why
 // the size of one GEMM: the loop launches each from the host, and a small
-// one finishes on the GPU before the next is launched. Measured on an H100 (2026-12-06), OLMoE-1B-7B in the engine: at
-// 8k tokens a call (1024 rows an expert; layer-major 4 x 2048) grouped ran
-// 1.41x faster (the loop's ~100k launches a step left the GPU idle between
-// GEMMs of ~14 us); at 32k tokens a call (4096 rows) looped ran 1.08x faster
-// (the grouped kernels are slower on big groups). The choice depends only on
-// the shapes, so a run is as deterministic as either mode.
+// one finishes on the GPU before the next is launched. Measured on an H100
+// (2026-12-06), OLMoE-1B-7B in the engine: at 8k tokens a call (1024 rows
+// an expert; layer-major 4 x 2048) grouped ran 1.41x faster (the loop's
+// ~100k launches a step left the GPU idle between GEMMs of ~14 us); at 32k
+// tokens a call (4096 rows) looped ran 1.08x faster (the grouped kernels are
+// slower on big groups). The choice depends only on the shapes, so a run is
+// as deterministic as either mode.
 enum class MoeGemm { grouped, looped, by_size };
 class MoeBlas {
  public:
@@ -307,11 +308,10 @@ class MoeBlas {
   void matmul_tn(void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N, int64_t K, float beta,
                  cudaStream_t stream);
   MoeGemm gemm_mode() const { return mode_; }
-  // Whether a call of N tokens, K experts each among E runs grouped.
+  // Whether a call (N tokens, K of E experts each, hidden C, expert width F) runs grouped.
   bool grouped_for(int64_t N, int64_t K, int64_t E, int64_t C, int64_t F) const {
     return mode_ == MoeGemm::grouped || (mode_ == MoeGemm::by_size && moe_small_experts(N, K, E, C, F));
   }
-
   void set_gemm_mode(MoeGemm m) { mode_ = m; }
   // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
   int64_t grouped_calls() const { return grouped_calls_; }
