@@ -35,10 +35,8 @@
 #             fp8_tensor (KP_MODES), warm-up excluded: the share of kernel time outside GEMMs and attention (issue 31, point 3)
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
-#   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32)
-#   moeauto   issue 32 (not in the default; ~5 min): the MoE expert GEMMs' auto mode (RAMTRAIN_MOE_GEMM):
-#             gpu_cuda_moe_test, gpu_engine_moe_test, OLMoE-1B-7B 64k fold in auto and looped (MA_MODES), 128k fold and
-#             16 x 2048 in auto
+#   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32),
+#             and 64k with the expert GEMMs looped (RAMTRAIN_MOE_GEMM) beside the default auto (MB_LOOPED=0 skips)
 #   moe30b    issue 32 (not in the default; ~8 min): Qwen3-30B-A3B, adamw4bit + bf16-sr, 128k tokens a step,
 #             layer-major fold, uncapped and under 24G (M30_CAPS)
 #   moegemm   the MoE expert GEMMs looped (the default) against grouped (RAMTRAIN_MOE_GEMM=grouped), same call: the
@@ -416,21 +414,10 @@ if has moebig; then
   mb=("$bin/ramtrain_bench" --preset olmoe-1b-7b --seq-len 2048 --steps ${MB_STEPS:-2} --warmup 1 --modes streaming)
   run moe_olmoe_16x2048 400 "${mb[@]}" --micro-batch 16
   run moe_olmoe_64k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 8 --grads fold
+  # the expert GEMMs' auto mode (grouped there) against looped, same call (MB_LOOPED=0 skips)
+  [ "${MB_LOOPED:-1}" = 1 ] && run moe_olmoe_64k_fold_looped 500 env RAMTRAIN_MOE_GEMM=looped "${mb[@]}" \
+    --micro-batch 4 --grad-accum 8 --grads fold
   [ "${MB_128K:-1}" = 1 ] && run moe_olmoe_128k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
-fi
-
-if has moeauto; then
-  # Issue 32: the MoE expert GEMMs' auto mode (grouped when a call's experts average <= 2048 rows, else looped;
-  # RAMTRAIN_MOE_GEMM): the CUDA MoE tests, then OLMoE-1B-7B at 64k tokens per step (4 x 2048 x 8, layer-major,
-  # --grads fold) in auto and looped, 128k in auto, and 16 x 2048 exact in auto (looped there), same call.
-  [ -x "$bin/gpu_cuda_moe_test" ] && run cuda_moe_test 120 "$bin/gpu_cuda_moe_test"
-  [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
-  ma=("$bin/ramtrain_bench" --preset olmoe-1b-7b --seq-len 2048 --steps ${MA_STEPS:-2} --warmup 1 --modes streaming)
-  for m in ${MA_MODES:-auto looped}; do
-    run "moe_olmoe_64k_fold_$m" 300 env RAMTRAIN_MOE_GEMM=$m "${ma[@]}" --micro-batch 4 --grad-accum 8 --grads fold
-  done
-  [ "${MA_128K:-1}" = 1 ] && run moe_olmoe_128k_fold_auto 400 "${ma[@]}" --micro-batch 4 --grad-accum 16 --grads fold
-  [ "${MA_16:-1}" = 1 ] && run moe_olmoe_16x2048_auto 300 "${ma[@]}" --micro-batch 16
 fi
 
 if has moe30b; then
