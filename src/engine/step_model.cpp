@@ -143,9 +143,7 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
 // 0.32 predicts the three at +9.5%, -4.7% and +3.6%. An ESTIMATE on other cards.
 constexpr double kMoeExpertShareOfDense = 0.32;
 double routed_expert_params_per_token(const ModelSpec& s) {
-  if (!s.is_moe()) return 0.0;
-  return static_cast<double>(s.moe.top_k) * 3.0 * static_cast<double>(s.hidden) *
-         static_cast<double>(s.moe.expert_intermediate) * static_cast<double>(s.n_layers);
+  return static_cast<double>(s.moe.top_k * s.params_expert() * s.n_layers);
 }
 
 // Muon's Newton-Schulz on the GPU (CudaOptions::muon): Qwen2.5-7B's

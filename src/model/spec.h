@@ -179,6 +179,8 @@ struct ModelSpec {
   // Parameters of one layer a token uses (MoE: the router and top_k experts;
   // dense: params_per_layer()).
   int64_t active_params_per_layer() const;
+  // One routed expert's parameters (gate, up, down and gpt-oss's biases); 0 for a dense model.
+  int64_t params_expert() const;
   int64_t params_active() const;     // embedding + active layers + final norm + head
   int64_t params_embedding() const;  // vocab * hidden
   int64_t params_lm_head() const;    // 0 when tied

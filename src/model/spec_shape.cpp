@@ -75,22 +75,24 @@ std::string ModelSpec::max_sequence_why() const {
 }
 
 namespace {
-// One expert's parameters (gpt-oss: with its gate, up and down biases) and the router's per expert.
-int64_t params_expert(const ModelSpec& s) {
-  const int64_t fe = s.moe.expert_intermediate;
-  return 3 * s.hidden * fe + (s.moe.expert_bias ? 2 * fe + s.hidden : 0);
-}
+// The router's parameters per expert (gpt-oss: with its bias).
 int64_t params_router_row(const ModelSpec& s) { return s.hidden + (s.moe.router_bias ? 1 : 0); }
 }  // namespace
 
+int64_t ModelSpec::params_expert() const {
+  if (!is_moe()) return 0;
+  const int64_t fe = moe.expert_intermediate;
+  return 3 * hidden * fe + (moe.expert_bias ? 2 * fe + hidden : 0);
+}
+
 int64_t ModelSpec::params_per_layer() const {
-  if (is_moe()) return params_attn_norms(*this) + moe.n_experts * (params_router_row(*this) + params_expert(*this));
+  if (is_moe()) return params_attn_norms(*this) + moe.n_experts * (params_router_row(*this) + params_expert());
   return params_attn_norms(*this) + 3 * hidden * intermediate;
 }
 
 int64_t ModelSpec::active_params_per_layer() const {
   if (!is_moe()) return params_per_layer();
-  return params_attn_norms(*this) + moe.n_experts * params_router_row(*this) + moe.top_k * params_expert(*this);
+  return params_attn_norms(*this) + moe.n_experts * params_router_row(*this) + moe.top_k * params_expert();
 }
 
 int64_t ModelSpec::params_active() const {
