@@ -60,6 +60,10 @@ class CpuOps {
   // the twin quantizes per call (the same codes), so there is nothing to hold.
   struct SharedInput {};
   SharedInput share_input(const float*, int64_t, int64_t) { return {}; }
+  // CudaOps takes a per-tensor amax from the op that writes the tensor; the
+  // twin's quantizer finds the same amax in its own pass.
+  struct AmaxTap {};
+  AmaxTap amax_tap(const float*, int64_t) { return {}; }
   void linear_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w, int64_t N,
                        int64_t I, int64_t O) {
     if (matmul_ == MatmulMode::fp8 && fp8_linear_eligible(N, I, O))

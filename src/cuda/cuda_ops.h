@@ -39,7 +39,7 @@ class CudaOps {
   // Gemma's (1 + w) norms: every norm of the model scales by (offset + w) (ModelSpec::norm_offset).
   void set_norm_offset(float offset) { norm_offset_ = offset; }
   void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps) {
-    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_, norm_offset_);
+    cuda::rms_norm_forward(out, rstd, x, w, N, C, eps, s_, norm_offset_, tap_key(out, N * C));
   }
   void rms_norm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w, const float* rstd,
                          int64_t N, int64_t C) {
@@ -85,6 +85,32 @@ class CudaOps {
     fp8().share_input(x, N, I);
     return SharedInput(&fp8());
   }
+  // --matmul fp8 --fp8-scaling tensor: x[n]'s amax made by the op that
+  // writes x next (RMSNorm's and SwiGLU's forward, SwiGLU's backward), not by
+  // a pass over x before its codes (Fp8Linear::tap_begin; bit-identical),
+  // while the returned guard lives. The caller must not write x by any other
+  // op meanwhile. bf16, block scales, RAMTRAIN_FP8_FUSED_AMAX=0: nothing.
+  class AmaxTap {
+   public:
+    AmaxTap(Fp8Linear* f, int i) : f_(f), i_(i) {}
+    AmaxTap(const AmaxTap&) = delete;
+    AmaxTap& operator=(const AmaxTap&) = delete;
+    ~AmaxTap() {
+      if (f_) f_->tap_end(i_);
+    }
+
+   private:
+    Fp8Linear* f_;
+    int i_;
+  };
+  [[nodiscard]] AmaxTap amax_tap(const bf16* x, int64_t n) {
+    if (matmul_ != MatmulMode::fp8_tensor || !fused_amax_) return AmaxTap(nullptr, -1);
+    const int i = fp8().tap_begin(x, n, s_);
+    return AmaxTap(i >= 0 ? &fp8() : nullptr, i);
+  }
+  // Off: every per-tensor amax by its own pass (the guards above do nothing);
+  // for tests that compare the two, and RAMTRAIN_FP8_FUSED_AMAX=0.
+  void set_fused_amax(bool on) { fused_amax_ = on; }
   // A layer's weights used by several micro-batches in a row (layer-major):
   // with --matmul fp8 their codes are made once while the guard lives
   // (Fp8Linear::share_weights; bit-identical). bf16: nothing.
@@ -150,9 +176,11 @@ class CudaOps {
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, G, D, scratch_, s_, doc_start, window, sinks,
                              dsinks, softcap);
   }
-  void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::swiglu_forward(out, g, u, n, s_); }
+  void swiglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) {
+    cuda::swiglu_forward(out, g, u, n, s_, tap_key(out, n));
+  }
   void swiglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
-    cuda::swiglu_backward(dg, du, dout, g, u, n, s_);
+    cuda::swiglu_backward(dg, du, dout, g, u, n, s_, tap_key(dg, n), tap_key(du, n));
   }
   void geglu_forward(bf16* out, const bf16* g, const bf16* u, int64_t n) { cuda::geglu_forward(out, g, u, n, s_); }
   void geglu_backward(bf16* dg, bf16* du, const bf16* dout, const bf16* g, const bf16* u, int64_t n) {
@@ -225,13 +253,14 @@ class CudaOps {
   std::unique_ptr<MoeBlas> moe_blas_;
   MatmulMode matmul_ = MatmulMode::bf16;
   std::unique_ptr<Fp8Linear> fp8_;  // created on the first FP8 linear
-  bool fp8_for(int64_t N, int64_t I, int64_t O) const {
-    return matmul_is_fp8(matmul_) && fp8_linear_eligible(N, I, O);
-  }
+  bool fp8_for(int64_t N, int64_t I, int64_t O) const { return matmul_is_fp8(matmul_) && fp8_linear_eligible(N, I, O); }
   Fp8Linear& fp8() {
     if (!fp8_) fp8_ = std::make_unique<Fp8Linear>(matmul_);
     return *fp8_;
   }
+  // The amax key a producer writing out[n] fills (an open tap on it), else null.
+  uint32_t* tap_key(const bf16* out, int64_t n) { return fp8_ ? fp8_->tap_key(out, n) : nullptr; }
+  bool fused_amax_ = fp8_fused_amax_default();
 };
 
 // Sum of squares of n fp32 values into *out (device double), deterministic

@@ -4,6 +4,7 @@
 // are fp8_quantize.cu's.
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
@@ -54,7 +55,6 @@ __global__ void add_bias_kernel(bf16* out, const bf16* bias, int64_t N, int64_t 
   if (i >= N * O) return;
   out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(bias[i % O]));
 }
-
 
 }  // namespace
 
@@ -222,7 +222,23 @@ struct Fp8Linear::Impl {
   bool weights_shared = false;
   std::vector<WeightCodes> wcodes;
   size_t wnext = 0;
+  // the taps (tap_begin): kFp8Taps slots of kFp8TensorSlot bytes in one buffer
+  struct Tap {
+    const bf16* x = nullptr;
+    int64_t n = 0;
+    bool open = false, filled = false;
+  };
+  Tap taps[kFp8Taps];
+  float* tap_slots = nullptr;
+  float* tap_slot(int i) const { return tap_slots + i * (kFp8TensorSlot / sizeof(float)); }
+  // x[n]'s slot when a tap on it holds its producer's amax, else null
+  float* tapped(const bf16* x, int64_t n) const {
+    for (int i = 0; i < kFp8Taps; ++i)
+      if (taps[i].open && taps[i].filled && taps[i].x == x && taps[i].n == n) return tap_slot(i);
+    return nullptr;
+  }
   ~Impl() {
+    if (tap_slots) cudaFree(tap_slots);
     if (buf) cudaFree(buf);
     if (shared_buf) cudaFree(shared_buf);
     for (auto& c : wcodes)
@@ -265,7 +281,11 @@ struct Fp8Linear::Impl {
   // x's codes along I: made on first use while shared (per-tensor scaling:
   // the amax once, then the codes or the transposed codes from it)
   void shared_amax(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
-    if (!have_amax) fp8_tensor_amax(ss, x, N * I, stream);
+    if (have_amax) return;
+    if (float* t = tapped(x, N * I))
+      ss = t;  // the producer's amax; the codes write the scale there
+    else
+      fp8_tensor_amax(ss, x, N * I, stream);
     have_amax = true;
   }
   void rows(const bf16* x, int64_t N, int64_t I, cudaStream_t stream) {
@@ -340,6 +360,46 @@ void Fp8Linear::end_share_weights() {
   impl_->weights_shared = false;
   for (auto& c : impl_->wcodes) c.w = nullptr;
   impl_->wnext = 0;
+}
+
+bool fp8_fused_amax_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("RAMTRAIN_FP8_FUSED_AMAX");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+int Fp8Linear::tap_begin(const bf16* x, int64_t n, cudaStream_t stream) {
+  Impl& m = *impl_;
+  if (!m.tensor() || !x || n <= 0) return -1;
+  for (int i = 0; i < kFp8Taps; ++i) {
+    if (m.taps[i].open) continue;
+    if (!m.tap_slots) CUDA_CHECK(cudaMalloc(&m.tap_slots, kFp8Taps * kFp8TensorSlot));
+    CUDA_CHECK(cudaMemsetAsync(m.tap_slot(i), 0, kFp8TensorSlot, stream));
+    m.taps[i] = {x, n, true, false};
+    return i;
+  }
+  return -1;
+}
+
+uint32_t* Fp8Linear::tap_key(const bf16* x, int64_t n) {
+  Impl& m = *impl_;
+  for (int i = 0; i < kFp8Taps; ++i) {
+    Impl::Tap& t = m.taps[i];
+    if (!t.open || t.x != x || t.n != n) continue;
+    if (t.filled) {  // a second write: the key would hold the max of both
+      t.open = false;
+      return nullptr;
+    }
+    t.filled = true;
+    return reinterpret_cast<uint32_t*>(m.tap_slot(i)) + 1;
+  }
+  return nullptr;
+}
+
+void Fp8Linear::tap_end(int i) {
+  if (i >= 0 && i < kFp8Taps) impl_->taps[i] = {};
 }
 
 void Fp8Linear::end_share() {
@@ -462,6 +522,9 @@ void Fp8Linear::tensor_forward(bf16* out, const bf16* x, const bf16* w, int64_t 
   if (shared) {
     m.rows(x, N, I, stream);
     qx = m.sq, sx = m.ss;
+  } else if (float* t = m.tapped(x, N * I)) {
+    sx = t;
+    fp8_tensor_codes(qx, nullptr, sx, x, N, I, stream);
   } else {
     fp8_quantize_tensor(qx, nullptr, sx, x, N, I, stream);
   }
@@ -489,7 +552,12 @@ void Fp8Linear::tensor_backward(bf16* dx, float* dw, const bf16* dout, const bf1
   auto* qdy = static_cast<uint8_t*>(r[0]);
   auto* qdyt = static_cast<uint8_t*>(r[1]);
   auto* sdy = static_cast<float*>(r[2]);
-  fp8_quantize_tensor(dx ? qdy : nullptr, dw ? qdyt : nullptr, sdy, dout, N, O, stream);
+  if (float* t = m.tapped(dout, N * O)) {  // dy's amax from the kernel that wrote it
+    sdy = t;
+    fp8_tensor_codes(dx ? qdy : nullptr, dw ? qdyt : nullptr, sdy, dout, N, O, stream);
+  } else {
+    fp8_quantize_tensor(dx ? qdy : nullptr, dw ? qdyt : nullptr, sdy, dout, N, O, stream);
+  }
   if (dx) {  // dx[N, I] = Qt(dy)[N, O] @ Qt(w^T)[I, O]^T
     const uint8_t* qwt = wc ? wc->qt : static_cast<uint8_t*>(r[3]);
     const float* sw = wc ? wc->s : static_cast<float*>(r[4]);
@@ -502,6 +570,9 @@ void Fp8Linear::tensor_backward(bf16* dx, float* dw, const bf16* dout, const bf1
     if (shared) {
       m.cols(x, N, I, stream);
       qxt = m.sqt, sx = m.ss;
+    } else if (float* t = m.tapped(x, N * I)) {
+      fp8_tensor_codes(nullptr, static_cast<uint8_t*>(r[5]), t, x, N, I, stream);
+      sx = t;
     } else {
       fp8_quantize_tensor(nullptr, static_cast<uint8_t*>(r[5]), static_cast<float*>(r[6]), x, N, I, stream);
     }

@@ -83,8 +83,8 @@ inline size_t fp8_linear_workspace_bytes(int64_t N, int64_t I, int64_t O, Matmul
     return std::max(u8(N * I) + u8(O * I) + 2 * slot, 2 * u8(N * O) + u8(O * I) + u8(N * I) + 3 * slot);
   }
   const size_t fwd = u8(N * I) + f32(fp8_scales_1x128(N, I)) + u8(O * I) + f32(fp8_scales_128x128(O, I));
-  const size_t dgrad = u8(N * O) + f32(fp8_scales_1x128(N, O)) + u8(O * I) + f32(fp8_scales_128x128(O, I)) +
-                       u8(I * O) + f32(fp8_scales_128x128(I, O));
+  const size_t dgrad = u8(N * O) + f32(fp8_scales_1x128(N, O)) + u8(O * I) + f32(fp8_scales_128x128(O, I)) + u8(I * O) +
+                       f32(fp8_scales_128x128(I, O));
   const size_t wgrad = u8(O * N) + f32(fp8_scales_1x128(O, N)) + u8(I * N) + f32(fp8_scales_1x128(I, N));
   return std::max({fwd, dgrad, wgrad});
 }
@@ -105,6 +105,10 @@ inline size_t fp8_shared_weight_bytes(int64_t O, int64_t I, MatmulMode mode = Ma
   return 2 * u8(O * I) + f32(fp8_scales_128x128(O, I)) + f32(fp8_scales_128x128(I, O));
 }
 inline constexpr size_t kFp8GemmWorkspace = 32u << 20;
+
+// Whether per-tensor scaling takes amaxes from their producers (CudaOps::amax_tap):
+// yes unless RAMTRAIN_FP8_FUSED_AMAX=0 (read once).
+bool fp8_fused_amax_default();
 
 // tensor: one fp32 scale (a slot's first float) for the whole operand.
 enum class Fp8Scaling { vec128, blk128x128, tensor };
@@ -169,6 +173,21 @@ class Fp8Linear {
   // between. Not nested.
   void share_weights();
   void end_share_weights();
+
+  // Per-tensor scaling's amax made by the kernel that writes the input
+  // ("taps"; a no-op for block scales): tap_begin(x, n) opens a tap on x[n]
+  // (zeroes one of kFp8Taps slots; -1 when none is free or the scaling is
+  // per block). A producer writing x[n] passes tap_key(x, n) to its kernel,
+  // which atomicMax'es the keys of the values it writes (ops.h,
+  // rms_norm_forward); null when no open tap on x[n] waits for its producer
+  // (a second producer write closes the tap: the max would span both). From
+  // then until tap_end(i), forward and backward read x's amax from the tap's
+  // slot instead of a pass over x: the same amax, so the same bits. The
+  // caller promises that nothing else writes x in between.
+  static constexpr int kFp8Taps = 4;
+  int tap_begin(const bf16* x, int64_t n, cudaStream_t stream);
+  uint32_t* tap_key(const bf16* x, int64_t n);
+  void tap_end(int i);
 
  private:
   struct Impl;

@@ -214,22 +214,6 @@ namespace {
 constexpr uint32_t kNonfiniteKey = 0x7F800000u;
 __device__ __forceinline__ uint32_t amax_key(float v) { return __float_as_uint(fabsf(v)); }
 
-// max over the block of each thread's key, then one atomicMax per block (the
-// result is the max whatever the order). 256 threads.
-__device__ __forceinline__ void block_amax_commit(uint32_t key, uint32_t* out) {
-  __shared__ uint32_t red[8];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[warp] = key;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t m = 0;
-    for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) m = max(m, red[i]);
-    if (m) atomicMax(out, m);
-  }
-}
-
 // x[n] -> *key (zeroed before): 8 bf16 per 16-byte load when vec.
 __global__ void __launch_bounds__(256) tensor_amax_kernel(uint32_t* key_out, const bf16* x, int64_t n, bool vec) {
   uint32_t key = 0;
@@ -248,7 +232,7 @@ __global__ void __launch_bounds__(256) tensor_amax_kernel(uint32_t* key_out, con
   } else {
     for (int64_t i = t; i < n; i += stride) key = max(key, amax_key(__bfloat162float(x[i])));
   }
-  block_amax_commit(key, key_out);
+  detail::block_amax_commit(key, key_out);
 }
 
 __device__ __forceinline__ Fp8Scale tensor_scale(const uint32_t* key_in, bool* bad) {

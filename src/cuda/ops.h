@@ -89,8 +89,10 @@ void embedding_backward(float* dtable, const bf16* dout, const int32_t* ids, int
 // Per-head q/k norm (Qwen3) is this with rows = N*heads and C = D.
 // out [N,C], rstd [N] (fp32, saved for backward), x [N,C], w [C].
 // w_offset: Gemma's (1 + w) norms scale by w_offset + w (fp32), as cpu::rms_norm_forward.
+// amax_key (nullable, device): atomicMax'ed with the bits of max |out| (FP8
+// per-tensor scaling's amax made by the producer: Fp8Linear::tap_key).
 void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps,
-                      cudaStream_t stream, float w_offset = 0.f);
+                      cudaStream_t stream, float w_offset = 0.f, uint32_t* amax_key = nullptr);
 // Fused residual add: sum = bf16(x + r) (written), out = norm(sum). Pass sum as
 // x to rms_norm_backward.
 void rms_norm_residual_forward(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
@@ -131,9 +133,11 @@ void rope_backward(bf16* dx, const int32_t* pos, const float* inv_freq, int64_t 
                    int64_t rotary_dim, float scale, cudaStream_t stream);
 
 // ---- SwiGLU: out = silu(gate) * up over n values ----
-void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream);
+// The amax keys (nullable, device) as rms_norm_forward's: of out, of dgate and of dup.
+void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream,
+                    uint32_t* amax_key = nullptr);
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
-                     cudaStream_t stream);
+                     cudaStream_t stream, uint32_t* amax_dgate = nullptr, uint32_t* amax_dup = nullptr);
 
 // ---- gpt-oss's clamped SwiGLU over n values (cpu/ops.h swiglu_clamped_forward) ----
 void swiglu_clamped_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, float limit, float alpha,
@@ -357,9 +361,8 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
 // R = L * N; step_tokens [L, E] (+= tokens, nullable) and *step_aux
 // (+= aux * aux_scale, nullable) gather a step's statistics, read back
 // with its loss. One thread: E * L is small.
-void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens,
-                    const double* prob_sum, int64_t L, int64_t E, int64_t N, double weight, float aux_scale,
-                    cudaStream_t stream);
+void moe_aux_finish(float* dprob, int64_t* step_tokens, double* step_aux, const int64_t* tokens, const double* prob_sum,
+                    int64_t L, int64_t E, int64_t N, double weight, float aux_scale, cudaStream_t stream);
 // Qwen2-MoE's gated shared expert: y[n, :] = bf16(y + sigmoid(z[n]) o[n, :]),
 // o [N, C] bf16, z [N] fp32; backward: d_o (=) = sigmoid(z) dy,
 // dz (=, bf16) = sigmoid'(z) <dy[n], o[n]>.

@@ -14,41 +14,48 @@ namespace {
 using detail::bf16x8;
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
+// amax (nullable): the max key (detail::bf16_amax_key) of out's rounded
+// values, committed once per block (FP8 per-tensor scaling's fused amax).
 template <bool kResidual>
 __global__ void rms_norm_forward_kernel(bf16* out, bf16* sum, float* rstd, const bf16* x, const bf16* r, const bf16* w,
-                                        int64_t N, int64_t C, float eps, float w_offset) {
+                                        int64_t N, int64_t C, float eps, float w_offset, uint32_t* amax) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const bf16* xr = x + row * C;
-  float ss = 0.f;
-  for (int64_t c = lane * 8; c < C; c += 256) {
-    float f[8];
-    detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(xr + c), f);
-    if (kResidual) {
-      float g[8];
-      detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(r + row * C + c), g);
+  uint32_t key = 0;
+  if (row < N) {
+    const bf16* xr = x + row * C;
+    float ss = 0.f;
+    for (int64_t c = lane * 8; c < C; c += 256) {
+      float f[8];
+      detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(xr + c), f);
+      if (kResidual) {
+        float g[8];
+        detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(r + row * C + c), g);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) f[k] += g[k];
-      bf16x8 s = detail::float_to_bf16x8(f);
-      *reinterpret_cast<bf16x8*>(sum + row * C + c) = s;
-      detail::bf16x8_to_float(s, f);  // normalise the rounded sum that backward will see
+        for (int k = 0; k < 8; ++k) f[k] += g[k];
+        bf16x8 s = detail::float_to_bf16x8(f);
+        *reinterpret_cast<bf16x8*>(sum + row * C + c) = s;
+        detail::bf16x8_to_float(s, f);  // normalise the rounded sum that backward will see
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
     }
+    ss = detail::warp_sum(ss);
+    const float rs = 1.f / sqrtf(ss / static_cast<float>(C) + eps);
+    if (lane == 0) rstd[row] = rs;
+    const bf16* src = kResidual ? sum + row * C : xr;
+    for (int64_t c = lane * 8; c < C; c += 256) {
+      float f[8], g[8];
+      detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(src + c), f);
+      detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(w + c), g);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+      for (int k = 0; k < 8; ++k) f[k] = f[k] * rs * (w_offset + g[k]);
+      const bf16x8 o = detail::float_to_bf16x8(f);
+      *reinterpret_cast<bf16x8*>(out + row * C + c) = o;
+      if (amax) key = max(key, detail::bf16x8_amax_key(o));
+    }
   }
-  ss = detail::warp_sum(ss);
-  const float rs = 1.f / sqrtf(ss / static_cast<float>(C) + eps);
-  if (lane == 0) rstd[row] = rs;
-  const bf16* src = kResidual ? sum + row * C : xr;
-  for (int64_t c = lane * 8; c < C; c += 256) {
-    float f[8], g[8];
-    detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(src + c), f);
-    detail::bf16x8_to_float(*reinterpret_cast<const bf16x8*>(w + c), g);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = f[k] * rs * (w_offset + g[k]);
-    *reinterpret_cast<bf16x8*>(out + row * C + c) = detail::float_to_bf16x8(f);
-  }
+  if (amax) detail::block_amax_commit(key, amax);  // amax is the same for the whole block
 }
 
 // dx = rs*w*g - x * rs^3 / C * sum_j(w_j g_j x_j)  (+ dresidual), w + w_offset for Gemma's (1 + w)
@@ -139,12 +146,12 @@ void check_shapes(const char* where, int64_t C, const void* a, const void* b) {
 }  // namespace
 
 void rms_norm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int64_t N, int64_t C, float eps,
-                      cudaStream_t stream, float w_offset) {
+                      cudaStream_t stream, float w_offset, uint32_t* amax_key) {
   check_shapes("rms_norm_forward", C, out, x);
   if (N == 0) return;
   rms_norm_forward_kernel<false>
       <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(
-          out, nullptr, rstd, x, nullptr, w, N, C, eps, w_offset);
+          out, nullptr, rstd, x, nullptr, w, N, C, eps, w_offset, amax_key);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -154,9 +161,8 @@ void rms_norm_residual_forward(bf16* out, bf16* sum, float* rstd, const bf16* x,
   check_shapes("rms_norm_residual_forward", C, sum, r);
   if (N == 0) return;
   rms_norm_forward_kernel<true>
-      <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(out, sum, rstd, x,
-                                                                                                     r, w, N, C, eps,
-                                                                                                     w_offset);
+      <<<static_cast<unsigned>(detail::ceil_div(N, kRowsPerBlock)), 32 * kRowsPerBlock, 0, stream>>>(
+          out, sum, rstd, x, r, w, N, C, eps, w_offset, nullptr);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -12,24 +12,47 @@ namespace {
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(n, 256), 65536)); }
 
-__global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n) {
+// With FP8 per-tensor amax keys (kAmax: the keys are non-null) each block
+// commits the max key of what it wrote once, so those launches use fewer
+// blocks (kAmaxBlocks: the grid-stride loop covers the rest; the values are
+// the same whatever the grid).
+constexpr unsigned kAmaxBlocks = 4096;
+unsigned grid_for(int64_t n, bool amax) { return amax ? std::min(grid_for(n), kAmaxBlocks) : grid_for(n); }
+
+template <bool kAmax>
+__global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n, uint32_t* amax) {
+  uint32_t key = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]);
     const float sig = 1.f / (1.f + expf(-g));
-    out[i] = __float2bfloat16(g * sig * u);
+    const bf16 o = __float2bfloat16(g * sig * u);
+    out[i] = o;
+    if (kAmax) key = max(key, detail::bf16_amax_key(o));
   }
+  if (kAmax) detail::block_amax_commit(key, amax);
 }
 
+template <bool kAmax>
 __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
-                                       int64_t n) {
+                                       int64_t n, uint32_t* amax_dg, uint32_t* amax_du) {
+  uint32_t kg = 0, ku = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]), d = __bfloat162float(dout[i]);
     const float sig = 1.f / (1.f + expf(-g));
     const float silu = g * sig;
-    dgate[i] = __float2bfloat16(d * u * sig * (1.f + g * (1.f - sig)));
-    dup[i] = __float2bfloat16(d * silu);
+    const bf16 dg = __float2bfloat16(d * u * sig * (1.f + g * (1.f - sig)));
+    const bf16 du = __float2bfloat16(d * silu);
+    dgate[i] = dg;
+    dup[i] = du;
+    if (kAmax) kg = max(kg, detail::bf16_amax_key(dg)), ku = max(ku, detail::bf16_amax_key(du));
+  }
+  if (kAmax) {
+    // a null key (only one of the two asked) commits into a block-local dummy
+    __shared__ uint32_t unused;
+    detail::block_amax_commit(kg, amax_dg ? amax_dg : &unused);
+    detail::block_amax_commit(ku, amax_du ? amax_du : &unused);
   }
 }
 
@@ -95,16 +118,23 @@ __global__ void scale_kernel(bf16* y, const bf16* x, float alpha, int64_t n) {
 
 }  // namespace
 
-void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream) {
+void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, int64_t n, cudaStream_t stream, uint32_t* amax_key) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_for(n), 256, 0, stream>>>(out, gate, up, n);
+  if (amax_key)
+    swiglu_forward_kernel<true><<<grid_for(n, true), 256, 0, stream>>>(out, gate, up, n, amax_key);
+  else
+    swiglu_forward_kernel<false><<<grid_for(n), 256, 0, stream>>>(out, gate, up, n, nullptr);
   CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, int64_t n,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, uint32_t* amax_dgate, uint32_t* amax_dup) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_for(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n);
+  if (amax_dgate || amax_dup)
+    swiglu_backward_kernel<true>
+        <<<grid_for(n, true), 256, 0, stream>>>(dgate, dup, dout, gate, up, n, amax_dgate, amax_dup);
+  else
+    swiglu_backward_kernel<false><<<grid_for(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n, nullptr, nullptr);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -123,8 +123,10 @@ void block_forward_attention_half(Ops& ops, const ModelSpec& s, const BlockWeigh
   const float eps = static_cast<float>(s.rms_eps);
   const bool post = s.post_norms;  // OLMo2: q/k/v read x itself
   const typename Ops::act_t* xn = post ? x : t.xn.data();
-  if (!post) ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
   {
+    // FP8 per-tensor scaling: the norm makes xn's amax as it writes xn
+    [[maybe_unused]] const auto tap = ops.amax_tap(post ? nullptr : t.xn.data(), N * C);
+    if (!post) ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, N, C, eps);
     [[maybe_unused]] const auto shared = ops.share_input(xn, N, C);  // q, k, v read xn (FP8: quantized once)
     if (s.qk_norm) {
       ops.linear_forward(t.q_raw.data(), xn, w.q_proj, w.q_bias, N, C, QD);
@@ -178,6 +180,8 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
   const float eps = static_cast<float>(s.rms_eps);
   const bool post = s.post_norms;
   const float r = static_cast<float>(s.residual_multiplier);  // Granite: branch outputs times r
+  // FP8 per-tensor scaling: the norm makes hn's amax as it writes hn (nothing else here writes hn)
+  [[maybe_unused]] const auto tap_hn = ops.amax_tap(post ? nullptr : t.hn.data(), N * C);
   if (!post) ops.rms_norm_forward(t.hn.data(), t.rstd2.data(), t.h.data(), w.mlp_norm, N, C, eps);
   if (s.is_moe()) {
     if constexpr (OpsWithMoe<Ops>) {
@@ -215,6 +219,7 @@ void block_forward_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<ty
       ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
       ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
     }
+    [[maybe_unused]] const auto tap_a = ops.amax_tap(t.a.data(), n * F);  // FP8: a's amax from the GLU
     glu_forward(ops, s, t.a.data(), t.g.data(), t.u.data(), n * F);
     if (post || sandwich) {
       ops.linear_forward(t.mlp_out.data() + r0 * C, t.a.data(), w.down_proj, nullptr, n, F, C);
@@ -256,8 +261,7 @@ void block_recompute_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<
   check_block_buffers("the block activations", t.dims, dm);
   kept.swap_with(t);
   if (!s.post_norms)
-    ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, dm.N(), s.hidden,
-                         static_cast<float>(s.rms_eps));
+    ops.rms_norm_forward(t.xn.data(), t.rstd1.data(), x, w.attn_norm, dm.N(), s.hidden, static_cast<float>(s.rms_eps));
   block_forward_mlp_half(ops, s, w, dm, nullptr, t, nullptr);
 }
 
@@ -338,12 +342,17 @@ void block_backward(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename O
     const auto* hn = mlp_in + r0 * C;
     // gate and up read hn (FP8: quantized once, both ways)
     [[maybe_unused]] const auto shared = ops.share_input(hn, n, C);
+    // FP8 per-tensor scaling: the amaxes of a (recomputed here) and of the gate's and up's
+    // output gradients from the GLU kernels that write them
+    [[maybe_unused]] const auto tap_a = ops.amax_tap(dm.mlp_chunked() ? t.a.data() : nullptr, n * F);
     if (dm.mlp_chunked()) {
       ops.linear_forward(t.g.data(), hn, w.gate_proj, nullptr, n, C, F);
       ops.linear_forward(t.u.data(), hn, w.up_proj, nullptr, n, C, F);
       glu_forward(ops, s, t.a.data(), t.g.data(), t.u.data(), n * F);
     }
     ops.linear_backward(d.d_a.data(), gr.down_proj, nullptr, d_mlp_out + r0 * C, t.a.data(), w.down_proj, n, F, C);
+    [[maybe_unused]] const auto tap_dg = ops.amax_tap(d.d_g.data(), n * F);
+    [[maybe_unused]] const auto tap_du = ops.amax_tap(d.d_u.data(), n * F);
     glu_backward(ops, s, d.d_g.data(), d.d_u.data(), d.d_a.data(), t.g.data(), t.u.data(), n * F);
     ops.linear_backward(d_mlp_in + r0 * C, gr.gate_proj, nullptr, d.d_g.data(), hn, w.gate_proj, n, C, F);
     ops.linear_backward(d.d_tmp.data() + r0 * C, gr.up_proj, nullptr, d.d_u.data(), hn, w.up_proj, n, C, F);

@@ -19,7 +19,9 @@
 //   for bit, scale included, on every bf16 value of a range, wide-spread data,
 //   tails of the 64 x 64 tiles, and zero / Inf / NaN tensors; the per-tensor
 //   linear within the same accumulation bound of its twin (why the same bound:
-//   at expect_gemm_bound); shared inputs and weights give the same bits.
+//   at expect_gemm_bound); shared inputs and weights give the same bits; the
+//   amaxes RMSNorm's and SwiGLU's kernels make as they write (the taps) are
+//   the amax pass's, bit for bit.
 // Skips without a CUDA device; the GEMM tests skip where fp8_supported says
 // the card does not run that scaling (block: sm_90; per-tensor: sm_89, sm_90).
 #include <gtest/gtest.h>
@@ -427,6 +429,118 @@ TEST(CudaFp8, TensorSharedInputsAndWeightsGiveTheSameBits) {
   std::string why;
   if (!rt::cuda::fp8_supported(0, rt::MatmulMode::fp8_tensor, &why)) GTEST_SKIP() << why;
   check_shared_bits(rt::MatmulMode::fp8_tensor);
+}
+
+// ---- per-tensor amaxes made by the producers (CudaOps::amax_tap) ----
+
+uint32_t slot_key(const DeviceBuffer& slot) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  uint32_t k[2];
+  CUDA_CHECK(cudaMemcpy(k, slot.data(), sizeof k, cudaMemcpyDeviceToHost));
+  return k[1];
+}
+// fp8_tensor_amax's key over y[n]: what the producer's key must equal.
+uint32_t amax_pass_key(const DeviceBuffer& y, int64_t n) {
+  DeviceBuffer slot(rt::cuda::kFp8TensorSlot);
+  rt::cuda::fp8_tensor_amax(slot.as<float>(), y.as<bf16>(), n, nullptr);
+  return slot_key(slot);
+}
+bool same_bytes(const DeviceBuffer& a, const DeviceBuffer& b, size_t bytes) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> ha(bytes), hb(bytes);
+  CUDA_CHECK(cudaMemcpy(ha.data(), a.data(), bytes, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hb.data(), b.data(), bytes, cudaMemcpyDeviceToHost));
+  return ha == hb;
+}
+// Values of magnitude 2^-e_max..2^e_max, bf16, n of them; special: one Inf (1) or NaN (2) at index n / 3.
+Vec spread_values(int64_t n, uint64_t seed, int e_max, int special) {
+  Vec v = rt::test::random_vec(n, seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> e(-e_max, e_max);
+  for (float& x : v) x = std::ldexp(x, e(rng));
+  if (special)
+    v[static_cast<size_t>(n / 3)] =
+        special == 1 ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  return round_bf16(v);
+}
+
+// RMSNorm's forward and SwiGLU's forward and backward, given an amax key,
+// commit the key of max |value| they wrote: fp8_tensor_amax's over their
+// output, bit for bit, with an Inf or a NaN among the inputs too; their outputs
+// are the keyless launch's. Shapes with tails: 203 rows (the norm's blocks
+// hold 8), 136 columns (a warp's stride is 256), and 1.3M SwiGLU values (more
+// than the keyed launch's 4096 blocks of 256 cover in one pass).
+TEST(CudaFp8, ProducersCommitTheAmaxOfWhatTheyWrite) {
+  RT_REQUIRE_DEVICE();
+  namespace cu = rt::cuda;
+  for (int special = 0; special < 3; ++special) {
+    const std::string tag = special == 0 ? "finite" : special == 1 ? "an Inf" : "a NaN";
+    {
+      const int64_t N = 203, C = 136;
+      auto x = upload_bf16(spread_values(N * C, 41, 12, special));
+      auto w = upload_bf16(spread_values(C, 42, 2, 0));
+      DeviceBuffer y1(N * C * 2), y2(N * C * 2), rstd(N * 4), slot(cu::kFp8TensorSlot);
+      CUDA_CHECK(cudaMemset(slot.data(), 0, cu::kFp8TensorSlot));
+      cu::rms_norm_forward(y1.as<bf16>(), rstd.as<float>(), x->as<bf16>(), w->as<bf16>(), N, C, 1e-5f, nullptr);
+      cu::rms_norm_forward(y2.as<bf16>(), rstd.as<float>(), x->as<bf16>(), w->as<bf16>(), N, C, 1e-5f, nullptr, 0.f,
+                           slot.as<uint32_t>() + 1);
+      EXPECT_TRUE(same_bytes(y1, y2, N * C * 2)) << "rms_norm_forward, " << tag;
+      const uint32_t want = amax_pass_key(y1, N * C);
+      EXPECT_NE(want, 0u);
+      EXPECT_EQ(slot_key(slot), want) << "rms_norm_forward, " << tag;
+    }
+    {
+      const int64_t n = 1'300'003;
+      auto g = upload_bf16(spread_values(n, 43, 4, special)), u = upload_bf16(spread_values(n, 44, 4, 0)),
+           dy = upload_bf16(spread_values(n, 45, 6, 0));
+      DeviceBuffer a1(n * 2), a2(n * 2), dg1(n * 2), dg2(n * 2), du1(n * 2), du2(n * 2);
+      DeviceBuffer ka(cu::kFp8TensorSlot), kg(cu::kFp8TensorSlot), ku(cu::kFp8TensorSlot);
+      for (auto* k : {&ka, &kg, &ku}) CUDA_CHECK(cudaMemset(k->data(), 0, cu::kFp8TensorSlot));
+      cu::swiglu_forward(a1.as<bf16>(), g->as<bf16>(), u->as<bf16>(), n, nullptr);
+      cu::swiglu_forward(a2.as<bf16>(), g->as<bf16>(), u->as<bf16>(), n, nullptr, ka.as<uint32_t>() + 1);
+      cu::swiglu_backward(dg1.as<bf16>(), du1.as<bf16>(), dy->as<bf16>(), g->as<bf16>(), u->as<bf16>(), n, nullptr);
+      cu::swiglu_backward(dg2.as<bf16>(), du2.as<bf16>(), dy->as<bf16>(), g->as<bf16>(), u->as<bf16>(), n, nullptr,
+                          kg.as<uint32_t>() + 1, ku.as<uint32_t>() + 1);
+      EXPECT_TRUE(same_bytes(a1, a2, n * 2)) << "swiglu_forward, " << tag;
+      EXPECT_TRUE(same_bytes(dg1, dg2, n * 2)) << "swiglu_backward dgate, " << tag;
+      EXPECT_TRUE(same_bytes(du1, du2, n * 2)) << "swiglu_backward dup, " << tag;
+      EXPECT_EQ(slot_key(ka), amax_pass_key(a1, n)) << "swiglu_forward, " << tag;
+      EXPECT_EQ(slot_key(kg), amax_pass_key(dg1, n)) << "swiglu_backward dgate, " << tag;
+      EXPECT_EQ(slot_key(ku), amax_pass_key(du1, n)) << "swiglu_backward dup, " << tag;
+      if (special) EXPECT_GE(slot_key(ka), 0x7F800000u) << "a non-finite gate must give a non-finite key";
+    }
+  }
+}
+
+// Fp8Linear's taps: none for block scales; a producer's key only for the
+// tapped tensor and size, once (a second write closes the tap); a closed or
+// ended tap gives none; at most kFp8Taps at once.
+TEST(CudaFp8, TapsKeyOnlyTheFirstWriteOfTheTappedTensor) {
+  RT_REQUIRE_DEVICE();
+  namespace cu = rt::cuda;
+  DeviceBuffer x(1024), z(1024);
+  const bf16* p = x.as<bf16>();
+  {
+    cu::Fp8Linear block(rt::MatmulMode::fp8);
+    EXPECT_EQ(block.tap_begin(p, 512, nullptr), -1);
+  }
+  cu::Fp8Linear lin(rt::MatmulMode::fp8_tensor);
+  const int t = lin.tap_begin(p, 512, nullptr);
+  ASSERT_GE(t, 0);
+  EXPECT_EQ(lin.tap_key(p, 256), nullptr);             // another size
+  EXPECT_EQ(lin.tap_key(z.as<bf16>(), 512), nullptr);  // another tensor
+  EXPECT_NE(lin.tap_key(p, 512), nullptr);
+  EXPECT_EQ(lin.tap_key(p, 512), nullptr);  // the second write closes it
+  lin.tap_end(t);
+  const int t2 = lin.tap_begin(p, 512, nullptr);
+  ASSERT_GE(t2, 0);
+  lin.tap_end(t2);
+  EXPECT_EQ(lin.tap_key(p, 512), nullptr);  // ended
+  std::vector<int> open;
+  for (int i = 0; i < cu::Fp8Linear::kFp8Taps; ++i) open.push_back(lin.tap_begin(p, 512, nullptr));
+  for (int i : open) EXPECT_GE(i, 0);
+  EXPECT_EQ(lin.tap_begin(p, 512, nullptr), -1);  // all taken: the caller falls back to the amax pass
+  for (int i : open) lin.tap_end(i);
 }
 
 TEST(CudaFp8, TensorGemmRefusesMixedScaling) {

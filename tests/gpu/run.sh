@@ -29,7 +29,8 @@
 #   fp8q      FP8's quality: bench/lean_quality.sh's 76M model, 1000 steps, --matmul fp8 with block scales (row fp8)
 #             and with per-tensor scales (row fp8_tensor) beside bf16 (row adamw) (not in the default)
 #   fp8_7b    --matmul fp8 (block, then --fp8-scaling tensor) against bf16, ramtrain_bench on Qwen2.5-7B: 32 x 2048
-#             uncapped and 2 x 2048 x 16 under 10 GiB (F7_MODES: a subset of "bf16 fp8 fp8_tensor")
+#             uncapped and 2 x 2048 x 16 under 10 GiB (F7_MODES: a subset of "bf16 fp8 fp8_tensor fp8_tensor_passes",
+#             the last with RAMTRAIN_FP8_FUSED_AMAX=0; F7_UNCAPPED=0 / F7_CAP=0 skip a half)
 #   kprof     kernel time by class (GEMMs, attention, FP8 quantizers, norms, RoPE, SwiGLU, ...) from a CUPTI trace
 #             (bench/kernel_profile.cpp, LD_PRELOADed) of ramtrain_bench on Qwen2.5-7B 32 x 2048, bf16, fp8 and
 #             fp8_tensor (KP_MODES), warm-up excluded: the share of kernel time outside GEMMs and attention (issue 31, point 3)
@@ -376,16 +377,21 @@ if has fp8_7b; then
   # FP8 against bf16 end to end (issue 31), same call: Qwen2.5-7B 32 x 2048 uncapped, then 64k tokens per step
   # under a 10 GiB cap (2 x 2048 x 16, --grads fold, layer-major)
   f7=("$bin/ramtrain_bench" --preset qwen2.5-7b --seq-len 2048 --steps ${F7_STEPS:-2} --warmup 1 --modes streaming)
-  # fp8_tensor: --matmul fp8 --fp8-scaling tensor
-  f7m() { case "$1" in fp8_tensor) echo --matmul fp8 --fp8-scaling tensor ;; *) echo --matmul "$1" ;; esac; }
-  # shellcheck disable=SC2046
-  for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
-    run "fp8_7b_32x2048_$m" 400 "${f7[@]}" --micro-batch 32 $(f7m "$m")
-  done
+  # fp8_tensor: --matmul fp8 --fp8-scaling tensor; fp8_tensor_passes: the same with every amax by its own pass
+  # (RAMTRAIN_FP8_FUSED_AMAX=0: the norms and SwiGLU kernels do not make them as they write)
+  f7m() { case "$1" in fp8_tensor*) echo --matmul fp8 --fp8-scaling tensor ;; *) echo --matmul "$1" ;; esac; }
+  f7e() { if [ "$1" = fp8_tensor_passes ]; then echo RAMTRAIN_FP8_FUSED_AMAX=0; else echo RAMTRAIN_FP8_FUSED_AMAX=1; fi; }
+  if [ "${F7_UNCAPPED:-1}" = 1 ]; then
+    for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
+      # shellcheck disable=SC2046
+      run "fp8_7b_32x2048_$m" 400 env $(f7e "$m") "${f7[@]}" --micro-batch 32 $(f7m "$m")
+    done
+  fi
   if [ "${F7_CAP:-1}" = 1 ]; then
     for m in ${F7_MODES:-bf16 fp8 fp8_tensor}; do
       # shellcheck disable=SC2046
-      run "fp8_7b_10g_$m" 500 "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 --grads fold $(f7m "$m")
+      run "fp8_7b_10g_$m" 500 env $(f7e "$m") "${f7[@]}" --micro-batch 2 --grad-accum 16 --max-gpu-memory 10 \
+        --grads fold $(f7m "$m")
     done
   fi
 fi
