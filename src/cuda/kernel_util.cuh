@@ -68,41 +68,4 @@ __device__ __forceinline__ bf16x8 float_to_bf16x8(const float* f) {
   return v;
 }
 
-// FP8 per-tensor scaling's amax (cuda/fp8_quantize.cu; fused into producers
-// through Fp8Linear's taps, cuda/fp8.h): a value's key is the bits of |v| as
-// fp32. For bf16 that is its magnitude bits shifted up 16 (bf16 -> fp32 is a
-// shift), so the keys of a producer's rounded outputs are those an amax pass
-// over them reads. An unsigned max over keys is the float max; a key >=
-// 0x7F800000 marks Inf or NaN.
-__device__ __forceinline__ uint32_t bf16_amax_key(__nv_bfloat16 v) {
-  return (static_cast<uint32_t>(__bfloat16_as_ushort(v)) & 0x7FFFu) << 16;
-}
-__device__ __forceinline__ uint32_t bf16x8_amax_key(const bf16x8& v) {
-  uint32_t m = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(&v.h[i]);
-    m = max(m, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
-  }
-  return m << 16;
-}
-// The max of every thread's key over the block, then one atomicMax into *out
-// (zero keys skip it); the result is the max whatever the order. Every thread
-// of the block calls it (it contains __syncthreads, one first so that a kernel
-// may call it more than once); blockDim.x a multiple of 32, <= 1024.
-__device__ __forceinline__ void block_amax_commit(uint32_t key, uint32_t* out) {
-  __shared__ uint32_t red[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = key;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t m = 0;
-    for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) m = max(m, red[i]);
-    if (m) atomicMax(out, m);
-  }
-}
-
 }  // namespace rt::cuda::detail

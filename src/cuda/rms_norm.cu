@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/check.h"
+#include "cuda/fp8_amax.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/ops.h"
 

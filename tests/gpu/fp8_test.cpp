@@ -507,7 +507,9 @@ TEST(CudaFp8, ProducersCommitTheAmaxOfWhatTheyWrite) {
       EXPECT_EQ(slot_key(ka), amax_pass_key(a1, n)) << "swiglu_forward, " << tag;
       EXPECT_EQ(slot_key(kg), amax_pass_key(dg1, n)) << "swiglu_backward dgate, " << tag;
       EXPECT_EQ(slot_key(ku), amax_pass_key(du1, n)) << "swiglu_backward dup, " << tag;
-      if (special) EXPECT_GE(slot_key(ka), 0x7F800000u) << "a non-finite gate must give a non-finite key";
+      if (special) {
+        EXPECT_GE(slot_key(ka), 0x7F800000u) << "a non-finite gate must give a non-finite key";
+      }
     }
   }
 }
