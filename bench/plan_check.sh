@@ -30,6 +30,8 @@ cases=(
   # and Muon's NS5 job factor on this one; the AdamW row beside it is a check
   "7B 16x2048 fold muon, H100 (calibrated)|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold --optimizer muon|4.76"
   "7B 16x2048 fold adamw, H100|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold|3.10"
+  # H100, 2026-12-06 (sixteenth session): Qwen3-30B-A3B lean at 128k tokens a step (train, steps 2-3: 7,466-7,490 tok/s)
+  "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr|17.52"
 )
 printf '%-56s %10s %16s %8s %10s\n' case measured predicted error binding
 for c in "${cases[@]}"; do

@@ -1,6 +1,7 @@
-// The amax keys of FP8 per-tensor scaling (internal to the CUDA backend):
-// shared by the amax pass (fp8_quantize.cu) and the producers that make the
-// amax of what they write (rms_norm.cu, swiglu.cu; Fp8Linear's taps, fp8.h).
+// The amax keys of FP8 per-tensor scaling (internal to the CUDA backend): what
+// the producers that make the amax of what they write use (rms_norm.cu,
+// swiglu.cu; Fp8Linear's taps, fp8.h), and the block commit they share with
+// the amax pass (fp8_quantize.cu).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -10,13 +11,13 @@
 
 namespace rt::cuda::detail {
 
-// FP8 per-tensor scaling's amax key of a bf16 value (cuda/fp8_quantize.cu's
-// amax pass, and the producers' fused amaxes through Fp8Linear's taps,
-// cuda/fp8.h): the bits of |v| as fp32, i.e. its magnitude bits shifted up 16
-// (bf16 -> fp32 is a shift), every NaN as the canonical 0x7FFFFFFF (what
-// fabsf gives on the GPU). An unsigned max over keys is the float max; a key
-// >= 0x7F800000 marks Inf or NaN. Integer work only, so a pass and a producer
-// get the same key from the same bf16 bits.
+// FP8 per-tensor scaling's amax key of a bf16 value, as the amax pass
+// (cuda/fp8_quantize.cu) makes it from the value as fp32 with fabsf: the bits
+// of |v|, i.e. its magnitude bits shifted up 16 (bf16 -> fp32 is a shift),
+// and for a NaN the canonical 0x7FFFFFFF that fabsf returned on the H100
+// (tests/gpu/fp8_test.cpp checks both ways agree). An unsigned max over keys
+// is the float max; a key >= 0x7F800000 marks Inf or NaN (the slot's scale
+// then is NaN whatever the key's payload). Integer work only.
 __device__ __forceinline__ uint32_t bf16_magnitude_key(uint32_t m) { return m > 0x7F80u ? 0x7FFFFFFFu : m << 16; }
 __device__ __forceinline__ uint32_t bf16_amax_key(__nv_bfloat16 v) {
   return bf16_magnitude_key(static_cast<uint32_t>(__bfloat16_as_ushort(v)) & 0x7FFFu);

@@ -209,12 +209,13 @@ void fp8_quantize_128x128(uint8_t* q, float* scale, uint8_t* qt, float* scale_t,
 
 namespace {
 
-// The slot: [0] the scale (fp32), [1] the amax as the bits of |x|
-// (detail::bf16_amax_key: an unsigned max over non-negative floats' bits is
-// the float max; Inf's bits are 0x7F800000 and NaN's larger, so key >=
-// 0x7F800000 means non-finite). The producers' fused amaxes (Fp8Linear's taps)
-// use the same keys.
+// The slot: [0] the scale (fp32), [1] the amax as the bits of |x| (an
+// unsigned max over non-negative floats' bits is the float max; Inf's bits
+// are 0x7F800000 and NaN's larger, so key >= 0x7F800000 means non-finite).
+// The producers' fused amaxes (Fp8Linear's taps) make the same keys from the
+// bf16 bits (cuda/fp8_amax.cuh).
 constexpr uint32_t kNonfiniteKey = 0x7F800000u;
+__device__ __forceinline__ uint32_t amax_key(float v) { return __float_as_uint(fabsf(v)); }
 
 // x[n] -> *key (zeroed before): 8 bf16 per 16-byte load when vec.
 __global__ void __launch_bounds__(256) tensor_amax_kernel(uint32_t* key_out, const bf16* x, int64_t n, bool vec) {
@@ -222,10 +223,17 @@ __global__ void __launch_bounds__(256) tensor_amax_kernel(uint32_t* key_out, con
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
-    for (int64_t i = t; i < n / 8; i += stride)
-      key = max(key, detail::bf16x8_amax_key(reinterpret_cast<const detail::bf16x8*>(x)[i]));
+    for (int64_t i = t; i < n / 8; i += stride) {
+      const uint4 raw = reinterpret_cast<const uint4*>(x)[i];
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+        key = max(key, max(amax_key(f.x), amax_key(f.y)));
+      }
+    }
   } else {
-    for (int64_t i = t; i < n; i += stride) key = max(key, detail::bf16_amax_key(x[i]));
+    for (int64_t i = t; i < n; i += stride) key = max(key, amax_key(__bfloat162float(x[i])));
   }
   detail::block_amax_commit(key, key_out);
 }
