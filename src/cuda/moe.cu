@@ -14,7 +14,9 @@
 // The expert GEMMs run grouped (one cublasGemmGroupedBatchedEx per kind of
 // product) or looped (one cublasGemmEx per expert): MoeBlas's mode, cuda/ops.h
 // states the difference. The grouped mode's bf16 rows: o (forward), and the
-// input gradients of gate and up (backward) as two rows summed in fp32.
+// input gradients of gate and up (backward) as two rows summed in fp32; its
+// weight gradients are grouped with fp32 outputs (+=) where cuBLAS runs
+// those, else looped.
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -407,6 +409,95 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
 }
 
 // tokens[e] += offsets[e + 1] - offsets[e] (device arrays).
+// The weight gradients of every expert with rows, row-major as MoeBlas's
+// matmul_tn: dw_e[M, N] (fp32, +=) += a[R_e, M]^T b[R_e, N] over the expert's
+// permuted rows, for np (1 or 2) products of the same shape, in one
+// cublasGemmGroupedBatchedEx with fp32 outputs (a group per expert: its k is
+// the expert's rows); slot as grouped_products'. Returns false, and runs
+// nothing, where cuBLAS refuses an fp32 output in a grouped GEMM or a pointer
+// misses its alignment: the caller loops (cublasGemmEx per expert). The same
+// products as the loop's, summed by other kernels: the same values up to
+// fp32 rounding.
+struct ExpertWeightGrad {
+  float* const* dw;  // E gradient pointers [M, N]
+  const bf16* a;     // [NK, M]
+  const bf16* b;     // [NK, N]
+};
+bool grouped_weight_grads(MoeBlas& blas, const std::vector<int32_t>& off, int64_t E, int64_t M, int64_t N,
+                          const ExpertWeightGrad* ps, int np, const MoeWork& w, const Staging& st, int slot,
+                          cudaStream_t stream) {
+#if CUBLAS_VERSION >= 120500
+  static bool refused = false;  // cuBLAS said NOT_SUPPORTED once: it will again
+  if (refused) return false;
+  std::vector<const void*> A, B;
+  std::vector<void*> Cp;
+  std::vector<int> k;
+  auto f32_aligned = [](const void* p, int64_t ld) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    return ld * 4 % 16 == 0 ? a % 16 == 0 : a % 4 == 0;
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], R = off[e + 1] - off[e];
+    if (R == 0) continue;
+    for (int i = 0; i < np; ++i) {
+      A.push_back(ps[i].b + r0 * N);
+      B.push_back(ps[i].a + r0 * M);
+      Cp.push_back(ps[i].dw[e]);
+      if (!grouped_aligned(A.back(), N) || !grouped_aligned(B.back(), M) || !f32_aligned(Cp.back(), N)) return false;
+    }
+    k.push_back(static_cast<int>(R));
+  }
+  const int groups = static_cast<int>(k.size()), P = static_cast<int>(A.size());
+  if (groups == 0) return true;
+  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && P <= 2 * E, "[cuda moe] internal: grouped GEMM slot ", slot,
+           " with ", P, " problems");
+  void** host = st.ptrs + slot * 6 * E;
+  void** dev = w.ptrs + slot * 6 * E;
+  for (int p = 0; p < P; ++p) {
+    host[p] = const_cast<void*>(A[static_cast<size_t>(p)]);
+    host[P + p] = const_cast<void*>(B[static_cast<size_t>(p)]);
+    host[2 * P + p] = Cp[static_cast<size_t>(p)];
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * P) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  // column-major, as MoeBlas's gemm(): dw^T [N, M] += b^T a, m = N, n = M, k = R_e
+  const auto G = static_cast<size_t>(groups);
+  const std::vector<cublasOperation_t> ta(G, CUBLAS_OP_N), tb(G, CUBLAS_OP_T);
+  const std::vector<int> m(G, static_cast<int>(N)), n(G, static_cast<int>(M)), lda(G, static_cast<int>(N)),
+      ldb(G, static_cast<int>(M)), ldc(G, static_cast<int>(N)), size(G, np);
+  const std::vector<float> alpha(G, 1.f), beta(G, 1.f);
+  cublasHandle_t h = blas.handle();
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  auto call = [&] {
+    return cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+                                      const_cast<const void* const*>(dev), CUDA_R_16BF, lda.data(),
+                                      const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
+                                      dev + 2 * P, CUDA_R_32F, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
+  };
+  cublasStatus_t status = call();
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // as grouped_products: once more in the default math mode
+    cublasMath_t mode{};
+    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    status = call();
+    CUBLAS_CHECK(cublasSetMathMode(h, mode));
+  }
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    std::fprintf(stderr,
+                 "[cuda moe] cublasGemmGroupedBatchedEx refuses fp32 outputs here: the expert weight "
+                 "gradients loop\n");
+    refused = true;
+    return false;  // nothing ran; the pointer copy is harmless
+  }
+  CUBLAS_CHECK(status);
+  blas.count_grouped_call();
+  blas.count_grouped_wgrad_call();
+  return true;
+#else
+  (void)blas, (void)off, (void)E, (void)M, (void)N, (void)ps, (void)np, (void)w, (void)st, (void)slot, (void)stream;
+  return false;
+#endif
+}
+
 __global__ void add_counts_kernel(int64_t* tokens, const int32_t* offsets, int64_t E) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < E) tokens[e] += offsets[e + 1] - offsets[e];
@@ -529,11 +620,13 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   // down: d_a = d_o Wd, dWd += d_o^T a
   const ExpertProduct down_p[1] = {{down, w.d_o, w.d_a}};
   const bool d_a_grouped = grouped && grouped_products(blas, false, off, d.E, F, C, down_p, 1, w, st, 2, stream);
+  const ExpertWeightGrad ddown_p[1] = {{ddown, w.d_o, w.a}};
+  const bool ddown_grouped = grouped && grouped_weight_grads(blas, off, d.E, C, F, ddown_p, 1, w, st, 4, stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
     if (!d_a_grouped) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
-    blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
+    if (!ddown_grouped) blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
     if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, stream);
   }
   if (d.glu_limit > 0.f)
@@ -548,6 +641,8 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   bf16* dxu = dxg + NK * C;
   const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
   const bool dx_grouped = grouped && grouped_products(blas, false, off, d.E, C, F, dx_p, 2, w, st, 3, stream);
+  const ExpertWeightGrad dgu_p[2] = {{dgate, w.d_g, w.xe}, {dup, w.d_u, w.xe}};
+  const bool dgu_grouped = grouped && grouped_weight_grads(blas, off, d.E, F, C, dgu_p, 2, w, st, 5, stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
@@ -555,8 +650,10 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
     }
-    blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
-    blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
+    if (!dgu_grouped) {
+      blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
+      blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
+    }
     if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, stream);
     if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, stream);
   }

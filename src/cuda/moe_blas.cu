@@ -53,7 +53,8 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       host_(o.host_),
       host_bytes_(o.host_bytes_),
       mode_(o.mode_),
-      grouped_calls_(o.grouped_calls_) {
+      grouped_calls_(o.grouped_calls_),
+      grouped_wgrad_calls_(o.grouped_wgrad_calls_) {
   o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0;
 }
 

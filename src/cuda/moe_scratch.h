@@ -30,8 +30,10 @@ inline bool moe_small_experts(int64_t N, int64_t K, int64_t E, int64_t C, int64_
 }
 
 // Grouped expert GEMM calls of one moe_forward or moe_backward at most, each
-// with up to 2 problems per expert and 3 device pointers per problem.
-constexpr int64_t kMoeGroupedCalls = 4;
+// with up to 2 problems per expert and 3 device pointers per problem (the
+// backward: the forward's gate+up and down again, d_a, the input gradients,
+// and the weight gradients of down and of gate+up).
+constexpr int64_t kMoeGroupedCalls = 6;
 
 // Scratch of moe_forward and moe_backward: the N*K permuted rows and every
 // expert's activations for them, about N*K*(8*C + 12*F) + N*(4*C + 2*E)

@@ -320,6 +320,10 @@ class MoeBlas {
   // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
   int64_t grouped_calls() const { return grouped_calls_; }
   void count_grouped_call() { ++grouped_calls_; }
+  // Of those, the weight gradients' (fp32 out, +=): 0 where cuBLAS refuses an
+  // fp32 output in grouped GEMMs (the weight gradients then loop).
+  int64_t grouped_wgrad_calls() const { return grouped_wgrad_calls_; }
+  void count_grouped_wgrad_call() { ++grouped_wgrad_calls_; }
   // cuda/moe.cu's: the handle, pinned host staging of at least `bytes`
   // (grown on demand; contents kept only until the next growth) and the event
   // its counts copy records.
@@ -334,6 +338,7 @@ class MoeBlas {
   size_t host_bytes_ = 0;
   MoeGemm mode_ = MoeGemm::grouped;
   int64_t grouped_calls_ = 0;
+  int64_t grouped_wgrad_calls_ = 0;
 };
 
 // MoeDims and moe_scratch_bytes (the scratch of both calls): cuda/moe_scratch.h.
