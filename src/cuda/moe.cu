@@ -15,8 +15,8 @@
 // product) or looped (one cublasGemmEx per expert): MoeBlas's mode, cuda/ops.h
 // states the difference. The grouped mode's bf16 rows: o (forward), and the
 // input gradients of gate and up (backward) as two rows summed in fp32; its
-// weight gradients are grouped with fp32 outputs (+=) where cuBLAS runs
-// those, else looped.
+// weight gradients loop, or with RAMTRAIN_MOE_WGRAD=grouped (not yet checked
+// on a GPU) are grouped with fp32 outputs (+=) where cuBLAS runs those.
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -621,7 +621,8 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   const ExpertProduct down_p[1] = {{down, w.d_o, w.d_a}};
   const bool d_a_grouped = grouped && grouped_products(blas, false, off, d.E, F, C, down_p, 1, w, st, 2, stream);
   const ExpertWeightGrad ddown_p[1] = {{ddown, w.d_o, w.a}};
-  const bool ddown_grouped = grouped && grouped_weight_grads(blas, off, d.E, C, F, ddown_p, 1, w, st, 4, stream);
+  const bool ddown_grouped =
+      grouped && blas.wgrad_grouped() && grouped_weight_grads(blas, off, d.E, C, F, ddown_p, 1, w, st, 4, stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;
@@ -642,7 +643,8 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
   const bool dx_grouped = grouped && grouped_products(blas, false, off, d.E, C, F, dx_p, 2, w, st, 3, stream);
   const ExpertWeightGrad dgu_p[2] = {{dgate, w.d_g, w.xe}, {dup, w.d_u, w.xe}};
-  const bool dgu_grouped = grouped && grouped_weight_grads(blas, off, d.E, F, C, dgu_p, 2, w, st, 5, stream);
+  const bool dgu_grouped =
+      grouped && blas.wgrad_grouped() && grouped_weight_grads(blas, off, d.E, F, C, dgu_p, 2, w, st, 5, stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = off[e], R = off[e + 1] - off[e];
     if (R == 0) continue;

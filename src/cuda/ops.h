@@ -320,8 +320,13 @@ class MoeBlas {
   // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
   int64_t grouped_calls() const { return grouped_calls_; }
   void count_grouped_call() { ++grouped_calls_; }
-  // Of those, the weight gradients' (fp32 out, +=): 0 where cuBLAS refuses an
-  // fp32 output in grouped GEMMs (the weight gradients then loop).
+  // Whether the grouped mode groups the expert weight gradients too (fp32
+  // out, +=; RAMTRAIN_MOE_WGRAD=grouped): off by default until a GPU run has
+  // checked it (issue 32); looped, they are one cublasGemmEx per expert.
+  bool wgrad_grouped() const { return wgrad_grouped_; }
+  void set_wgrad_grouped(bool on) { wgrad_grouped_ = on; }
+  // Of the grouped calls, the weight gradients': 0 when off or where cuBLAS
+  // refuses an fp32 output in grouped GEMMs (the weight gradients then loop).
   int64_t grouped_wgrad_calls() const { return grouped_wgrad_calls_; }
   void count_grouped_wgrad_call() { ++grouped_wgrad_calls_; }
   // cuda/moe.cu's: the handle, pinned host staging of at least `bytes`
@@ -337,6 +342,7 @@ class MoeBlas {
   void* host_ = nullptr;
   size_t host_bytes_ = 0;
   MoeGemm mode_ = MoeGemm::grouped;
+  bool wgrad_grouped_ = false;
   int64_t grouped_calls_ = 0;
   int64_t grouped_wgrad_calls_ = 0;
 };

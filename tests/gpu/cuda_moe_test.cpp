@@ -291,9 +291,11 @@ void run_case(const Case& k) {
   }
 
   // GPU, in one expert GEMM mode (cuda/ops.h MoeBlas), against the CPU
-  auto gpu_run = [&](rt::cuda::MoeGemm mode) {
+  // wgrad_grouped: the grouped mode's weight gradients grouped too (RAMTRAIN_MOE_WGRAD=grouped)
+  auto gpu_run = [&](rt::cuda::MoeGemm mode, bool wgrad_grouped = false) {
     rt::cuda::MoeBlas blas;
     blas.set_gemm_mode(mode);
+    blas.set_wgrad_grouped(wgrad_grouped);
     const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
     // gpt-oss's biases on the device, and their gradients from zero
     std::vector<std::unique_ptr<DeviceBuffer>> dbg, dbu, dbd, dgbg, dgbu, dgbd;
@@ -414,12 +416,17 @@ void run_case(const Case& k) {
   const GpuResult looped = gpu_run(rt::cuda::MoeGemm::looped);
   const GpuResult grouped = gpu_run(rt::cuda::MoeGemm::grouped);
   EXPECT_EQ(looped.grouped_calls, 0);
-  // forward: gate+up, down; router-only forward: none; backward: gate+up, down, d_a, the input gradients;
-  // and the weight gradients of down and of gate+up (fp32 outputs) where cuBLAS groups those
+  // forward: gate+up, down; router-only forward: none; backward: gate+up, down, d_a, the input gradients
+  EXPECT_EQ(grouped.grouped_wgrad_calls, 0);
+  EXPECT_EQ(grouped.grouped_calls, 6) << "the grouped mode fell back to the loop";
+  // the weight gradients of down and of gate+up grouped too (fp32 outputs): gpu_run checked its gradients against
+  // the CPU's with the same bounds; where cuBLAS refuses fp32 outputs in grouped GEMMs they loop (0 calls, said)
+  const GpuResult grouped_w = gpu_run(rt::cuda::MoeGemm::grouped, true);
   std::printf("[moe] grouped weight-gradient calls: %lld (0: cuBLAS refuses fp32 outputs in grouped GEMMs here)\n",
-              static_cast<long long>(grouped.grouped_wgrad_calls));
-  EXPECT_TRUE(grouped.grouped_wgrad_calls == 0 || grouped.grouped_wgrad_calls == 2);
-  EXPECT_EQ(grouped.grouped_calls - grouped.grouped_wgrad_calls, 6) << "the grouped mode fell back to the loop";
+              static_cast<long long>(grouped_w.grouped_wgrad_calls));
+  EXPECT_TRUE(grouped_w.grouped_wgrad_calls == 0 || grouped_w.grouped_wgrad_calls == 2);
+  EXPECT_EQ(grouped_w.grouped_calls - grouped_w.grouped_wgrad_calls, 6);
+  EXPECT_TRUE(grouped_w.out == grouped.out) << "the forward does not depend on the weight gradients' mode";
   // grouped against looped, element by element (header: 16 u S)
   const std::vector<float> scale = out_scale(x, wg, wu, wd, ref_probs, N, C, E, K, F, k.norm_topk, variant);
   int bad = 0;
