@@ -237,6 +237,18 @@ struct Fp8Linear::Impl {
       if (taps[i].open && taps[i].filled && taps[i].x == x && taps[i].n == n) return tap_slot(i);
     return nullptr;
   }
+  // x[R, C]'s per-tensor codes and/or transposed codes (fp8_quantize_tensor):
+  // with the tap's amax when x is tapped (its slot then holds the scale),
+  // else an amax pass into `slot`. Returns the slot the scale is in.
+  const float* tensor_codes(uint8_t* q, uint8_t* qt, float* slot, const bf16* x, int64_t R, int64_t C,
+                            cudaStream_t stream) const {
+    if (float* t = tapped(x, R * C)) {
+      fp8_tensor_codes(q, qt, t, x, R, C, stream);
+      return t;
+    }
+    fp8_quantize_tensor(q, qt, slot, x, R, C, stream);
+    return slot;
+  }
   ~Impl() {
     if (tap_slots) cudaFree(tap_slots);
     if (buf) cudaFree(buf);
@@ -516,17 +528,14 @@ void Fp8Linear::tensor_forward(bf16* out, const bf16* x, const bf16* w, int64_t 
       {u8_bytes(shared ? 0 : N * I), shared ? 0 : kFp8TensorSlot, u8_bytes(wc ? 0 : O * I), wc ? 0 : kFp8TensorSlot}, r,
       stream);
   auto* qx = static_cast<uint8_t*>(r[0]);
-  auto* sx = static_cast<float*>(r[1]);
+  const float* sx = nullptr;
   auto* qw = static_cast<uint8_t*>(r[2]);
   auto* sw = static_cast<float*>(r[3]);
   if (shared) {
     m.rows(x, N, I, stream);
     qx = m.sq, sx = m.ss;
-  } else if (float* t = m.tapped(x, N * I)) {
-    sx = t;
-    fp8_tensor_codes(qx, nullptr, sx, x, N, I, stream);
   } else {
-    fp8_quantize_tensor(qx, nullptr, sx, x, N, I, stream);
+    sx = m.tensor_codes(qx, nullptr, static_cast<float*>(r[1]), x, N, I, stream);
   }
   if (wc)
     qw = wc->q, sw = wc->s;
@@ -551,13 +560,8 @@ void Fp8Linear::tensor_backward(bf16* dx, float* dw, const bf16* dout, const bf1
           r, stream);
   auto* qdy = static_cast<uint8_t*>(r[0]);
   auto* qdyt = static_cast<uint8_t*>(r[1]);
-  auto* sdy = static_cast<float*>(r[2]);
-  if (float* t = m.tapped(dout, N * O)) {  // dy's amax from the kernel that wrote it
-    sdy = t;
-    fp8_tensor_codes(dx ? qdy : nullptr, dw ? qdyt : nullptr, sdy, dout, N, O, stream);
-  } else {
-    fp8_quantize_tensor(dx ? qdy : nullptr, dw ? qdyt : nullptr, sdy, dout, N, O, stream);
-  }
+  const float* sdy =
+      m.tensor_codes(dx ? qdy : nullptr, dw ? qdyt : nullptr, static_cast<float*>(r[2]), dout, N, O, stream);
   if (dx) {  // dx[N, I] = Qt(dy)[N, O] @ Qt(w^T)[I, O]^T
     const uint8_t* qwt = wc ? wc->qt : static_cast<uint8_t*>(r[3]);
     const float* sw = wc ? wc->s : static_cast<float*>(r[4]);
@@ -570,11 +574,8 @@ void Fp8Linear::tensor_backward(bf16* dx, float* dw, const bf16* dout, const bf1
     if (shared) {
       m.cols(x, N, I, stream);
       qxt = m.sqt, sx = m.ss;
-    } else if (float* t = m.tapped(x, N * I)) {
-      fp8_tensor_codes(nullptr, static_cast<uint8_t*>(r[5]), t, x, N, I, stream);
-      sx = t;
     } else {
-      fp8_quantize_tensor(nullptr, static_cast<uint8_t*>(r[5]), static_cast<float*>(r[6]), x, N, I, stream);
+      sx = m.tensor_codes(nullptr, static_cast<uint8_t*>(r[5]), static_cast<float*>(r[6]), x, N, I, stream);
     }
     m.gemm.matmul(dw, DType::f32, qdyt, sdy, Fp8Scaling::tensor, qxt, sx, Fp8Scaling::tensor, O, I, N, 1.f, stream);
   }

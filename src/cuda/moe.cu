@@ -329,6 +329,45 @@ bool grouped_aligned(const void* p, int64_t ld) {
   return true;
 }
 
+#if CUBLAS_VERSION >= 120500
+// A grouped call's pointer arrays (A, B and C of its P problems) from the
+// pinned staging to the call's device slot (slot < kMoeGroupedCalls; the
+// staging was last read by a copy queued before this call's wait on the
+// counts). Returns the device arrays: A at [0, P), B at [P, 2P), C at [2P, 3P).
+void** stage_pointers(const std::vector<const void*>& A, const std::vector<const void*>& B,
+                      const std::vector<void*>& Cp, int64_t E, const MoeWork& w, const Staging& st, int slot,
+                      cudaStream_t stream) {
+  const int P = static_cast<int>(A.size());
+  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && P <= 2 * E, "[cuda moe] internal: grouped GEMM slot ", slot,
+           " with ", P, " problems");
+  void** host = st.ptrs + slot * 6 * E;
+  void** dev = w.ptrs + slot * 6 * E;
+  for (int p = 0; p < P; ++p) {
+    host[p] = const_cast<void*>(A[static_cast<size_t>(p)]);
+    host[P + p] = const_cast<void*>(B[static_cast<size_t>(p)]);
+    host[2 * P + p] = Cp[static_cast<size_t>(p)];
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * P) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  return dev;
+}
+
+// call() on h; where it says NOT_SUPPORTED (the handle's math mode?), once
+// more in the default math mode, the handle's mode restored. *retried: whether
+// the second try ran. Returns the last status.
+template <class Call>
+cublasStatus_t call_grouped(cublasHandle_t h, const Call& call, bool* retried) {
+  cublasStatus_t status = call();
+  *retried = status == CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!*retried) return status;
+  cublasMath_t mode{};
+  CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+  CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  status = call();
+  CUBLAS_CHECK(cublasSetMathMode(h, mode));
+  return status;
+}
+#endif
+
 // Every expert's products ps (1 or 2, the same shape) in one
 // cublasGemmGroupedBatchedEx (a group per expert with rows); slot: this
 // call's index < kMoeGroupedCalls. Returns false, and runs nothing, when a
@@ -356,18 +395,7 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
   }
   const int groups = static_cast<int>(n.size()), P = static_cast<int>(A.size());
   if (groups == 0) return true;
-  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && P <= 2 * E, "[cuda moe] internal: grouped GEMM slot ", slot,
-           " with ", P, " problems");
-  // pointer arrays: pinned staging -> this call's device slot (the staging
-  // was last read by a copy queued before this call's wait on the counts)
-  void** host = st.ptrs + slot * 6 * E;
-  void** dev = w.ptrs + slot * 6 * E;
-  for (int p = 0; p < P; ++p) {
-    host[p] = const_cast<void*>(A[static_cast<size_t>(p)]);
-    host[P + p] = const_cast<void*>(B[static_cast<size_t>(p)]);
-    host[2 * P + p] = Cp[static_cast<size_t>(p)];
-  }
-  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * P) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  void** dev = stage_pointers(A, B, Cp, E, w, st, slot, stream);
   // column-major, as gemm(): out^T [Nout, R] = op(b) a^T, m = Nout, n = R, k = K
   const auto G = static_cast<size_t>(groups);
   const std::vector<cublasOperation_t> ta(G, nt ? CUBLAS_OP_T : CUBLAS_OP_N), tb(G, CUBLAS_OP_N);
@@ -382,13 +410,9 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
                                       const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
                                       dev + 2 * P, CUDA_R_16BF, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
   };
-  cublasStatus_t status = call();
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // the handle's math mode? once more in the default one
-    cublasMath_t mode{};
-    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
-    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    status = call();
-    CUBLAS_CHECK(cublasSetMathMode(h, mode));
+  bool retried = false;
+  const cublasStatus_t status = call_grouped(h, call, &retried);
+  if (retried) {
     static bool said = false;
     if (!said)
       std::fprintf(stderr, "[cuda moe] cublasGemmGroupedBatchedEx %s\n",
@@ -408,7 +432,6 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
 #endif
 }
 
-// tokens[e] += offsets[e + 1] - offsets[e] (device arrays).
 // The weight gradients of every expert with rows, row-major as MoeBlas's
 // matmul_tn: dw_e[M, N] (fp32, +=) += a[R_e, M]^T b[R_e, N] over the expert's
 // permuted rows, for np (1 or 2) products of the same shape, in one
@@ -449,16 +472,7 @@ bool grouped_weight_grads(MoeBlas& blas, const std::vector<int32_t>& off, int64_
   }
   const int groups = static_cast<int>(k.size()), P = static_cast<int>(A.size());
   if (groups == 0) return true;
-  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && P <= 2 * E, "[cuda moe] internal: grouped GEMM slot ", slot,
-           " with ", P, " problems");
-  void** host = st.ptrs + slot * 6 * E;
-  void** dev = w.ptrs + slot * 6 * E;
-  for (int p = 0; p < P; ++p) {
-    host[p] = const_cast<void*>(A[static_cast<size_t>(p)]);
-    host[P + p] = const_cast<void*>(B[static_cast<size_t>(p)]);
-    host[2 * P + p] = Cp[static_cast<size_t>(p)];
-  }
-  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * P) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  void** dev = stage_pointers(A, B, Cp, E, w, st, slot, stream);
   // column-major, as MoeBlas's gemm(): dw^T [N, M] += b^T a, m = N, n = M, k = R_e
   const auto G = static_cast<size_t>(groups);
   const std::vector<cublasOperation_t> ta(G, CUBLAS_OP_N), tb(G, CUBLAS_OP_T);
@@ -473,14 +487,8 @@ bool grouped_weight_grads(MoeBlas& blas, const std::vector<int32_t>& off, int64_
                                       const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
                                       dev + 2 * P, CUDA_R_32F, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
   };
-  cublasStatus_t status = call();
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // as grouped_products: once more in the default math mode
-    cublasMath_t mode{};
-    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
-    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    status = call();
-    CUBLAS_CHECK(cublasSetMathMode(h, mode));
-  }
+  bool retried = false;
+  const cublasStatus_t status = call_grouped(h, call, &retried);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
     std::fprintf(stderr,
                  "[cuda moe] cublasGemmGroupedBatchedEx refuses fp32 outputs here: the expert weight "
@@ -498,6 +506,7 @@ bool grouped_weight_grads(MoeBlas& blas, const std::vector<int32_t>& off, int64_
 #endif
 }
 
+// tokens[e] += offsets[e + 1] - offsets[e] (device arrays).
 __global__ void add_counts_kernel(int64_t* tokens, const int32_t* offsets, int64_t E) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < E) tokens[e] += offsets[e + 1] - offsets[e];
