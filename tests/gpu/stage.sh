@@ -11,7 +11,7 @@ rm -rf "$out"; mkdir -p "$out/lib" "$out/data"
 cp build/gpu/ramtrain $(ls build/gpu/tests/gpu_*_test) \
    build/gpu/bench/ramtrain_bench build/gpu/bench/attention_bench build/gpu/bench/ramtrain_optim_bench \
    build/gpu/bench/ramtrain_muon_bench build/gpu/bench/fp8_gemm_bench build/gpu/bench/fp8_lt_probe \
-   build/gpu/bench/moe_bench \
+   build/gpu/bench/moe_bench build/gpu/bench/moe_gemm_probe \
    build/gpu/tests/optim_adamw_test "$out/"
 for b in "$out"/ramtrain "$out"/gpu_* "$out"/*_bench "$out"/*_test; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -E 'openblas|gfortran|quadmath|tomlplusplus|pcre2|sentencepiece|protobuf|xxhash' | xargs -r -I{} cp -L {} "$out/lib/"
