@@ -7,16 +7,19 @@
 // Permutation: a counting sort by expert, one block per expert scanning the
 // NK slots in order with warp ballots, so each expert's rows are its tokens
 // in increasing order (the CPU's gather order) and the result never depends
-// on scheduling. Un-permutation: one thread per output element sums its
-// token's K rows in increasing expert index (the CPU's order), in fp32.
+// on scheduling. In the grouped mode each expert's rows start at a multiple
+// of kMoeChunk (the padded layout, cuda/moe_scratch.h); padding rows hold no
+// slot (perm -1), are gathered as zeros and never reach an output.
+// Un-permutation: one thread per output element sums its token's K rows in
+// increasing expert index (the CPU's order), in fp32.
 // Every reduction here has a fixed order; cuBLAS GEMMs are deterministic on
 // one stream. No atomics.
-// The expert GEMMs run grouped (one cublasGemmGroupedBatchedEx per kind of
-// product) or looped (one cublasGemmEx per expert): MoeBlas's mode, cuda/ops.h
-// states the difference. The grouped mode's bf16 rows: o (forward), and the
-// input gradients of gate and up (backward) as two rows summed in fp32; its
-// weight gradients loop, or with RAMTRAIN_MOE_WGRAD=grouped (not yet checked
-// on a GPU) are grouped with fp32 outputs (+=) where cuBLAS runs those.
+// The expert GEMMs run grouped (one cublasGemmBatchedEx per kind of product
+// over every expert's kMoeChunk-row chunks) or looped (one cublasGemmEx per
+// expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
+// mode's bf16 rows: o (forward), and the input gradients of gate and up
+// (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
+// one cublasGemmEx per expert and kind in both modes.
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -46,13 +49,15 @@ using detail::blocks_for;
 
 // The scratch of one call, carved in this order (256-byte aligned pieces).
 struct MoeWork {
-  int32_t *idx, *perm, *row_of, *offsets;  // [NK] chosen experts, [NK] slot of each permuted row, its inverse, [E+1]
+  int32_t *idx, *perm, *row_of;  // [NK] chosen experts, [P] slot of each permuted row (-1: padding), [NK] its inverse
+  int32_t *offsets, *starts;     // [E+1] each: the counts' prefix, each expert's first padded row
   int32_t* ord_row;                        // [N, K] each token's rows in increasing expert index
   float* ord_w;                            // [N, K] their routing weights
   float *w, *dw;                           // [NK] routing weights and their gradients
   bf16 *xe, *g, *u, *a, *d_o, *d_a, *d_g, *d_u, *dl;  // [NK,C], [NK,F] x3, [NK,C], [NK,F] x3, [N,E]
-  float *o, *dxr;                                     // [NK,C] (the backward's dx per row), [N,C]
-  void** ptrs;  // [kMoeGroupedCalls][3][2E]: each grouped GEMM's A, B and C pointers
+  float *o, *dxr;                                     // [P,C] (the backward's dx per row), [N,C]
+  void** ptrs;  // [kMoeGroupedCalls][3][2 chunks]: each batched GEMM's A, B and C pointers
+  // rows above: NK (token slots) or P = moe_padded_rows (permuted rows)
 };
 
 size_t carve(const MoeDims& d, void* base, MoeWork* w) {
@@ -62,27 +67,28 @@ size_t carve(const MoeDims& d, void* base, MoeWork* w) {
     p = base ? reinterpret_cast<T*>(static_cast<uint8_t*>(base) + used) : nullptr;
     used += (static_cast<size_t>(n) * sizeof(T) + 255) / 256 * 256;
   };
-  const int64_t NK = d.N * d.K;
+  const int64_t NK = d.N * d.K, P = moe_padded_rows(NK, d.E);
   take(w->idx, NK);
-  take(w->perm, NK);
+  take(w->perm, P);
   take(w->row_of, NK);
-  take(w->offsets, d.E + 1);
+  take(w->offsets, 2 * (d.E + 1));
+  w->starts = w->offsets ? w->offsets + d.E + 1 : nullptr;
   take(w->ord_row, NK);
   take(w->ord_w, NK);
   take(w->w, NK);
   take(w->dw, NK);
-  take(w->xe, NK * d.C);
-  take(w->g, NK * d.F);
-  take(w->u, NK * d.F);
-  take(w->a, NK * d.F);
-  take(w->d_o, NK * d.C);
-  take(w->d_a, NK * d.F);
-  take(w->d_g, NK * d.F);
-  take(w->d_u, NK * d.F);
+  take(w->xe, P * d.C);
+  take(w->g, P * d.F);
+  take(w->u, P * d.F);
+  take(w->a, P * d.F);
+  take(w->d_o, P * d.C);
+  take(w->d_a, P * d.F);
+  take(w->d_g, P * d.F);
+  take(w->d_u, P * d.F);
   take(w->dl, d.N * d.E);
-  take(w->o, NK * d.C);
+  take(w->o, P * d.C);
   take(w->dxr, d.N * d.C);
-  take(w->ptrs, kMoeGroupedCalls * 6 * d.E);
+  take(w->ptrs, kMoeGroupedCalls * 6 * moe_max_chunks(NK, d.E));
   return used;
 }
 
@@ -104,13 +110,18 @@ MoeWork bind(const MoeDims& d, Scratch s) {
   return w;
 }
 
-// xe[r, :] = x[perm[r] / K, :], 8 bf16 per step.
-__global__ void gather_kernel(bf16* xe, const bf16* x, const int32_t* perm, int64_t NK, int64_t C, int K) {
-  const int64_t C8 = C / 8, total = NK * C8;
+// xe[r, :] = x[perm[r] / K, :] for the *rows permuted rows in use (starts[E],
+// on the device: launched before the host has the counts), zeros where
+// perm[r] is -1 (padding); 8 bf16 per step.
+__global__ void gather_kernel(bf16* xe, const bf16* x, const int32_t* perm, const int32_t* rows, int64_t C, int K) {
+  const int64_t C8 = C / 8, total = static_cast<int64_t>(*rows) * C8;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = v / C8, c8 = v % C8, n = perm[r] / K;
-    reinterpret_cast<detail::bf16x8*>(xe + r * C)[c8] = reinterpret_cast<const detail::bf16x8*>(x + n * C)[c8];
+    const int64_t r = v / C8, c8 = v % C8;
+    const int32_t s = perm[r];
+    detail::bf16x8 val{};
+    if (s >= 0) val = reinterpret_cast<const detail::bf16x8*>(x + s / K * C)[c8];
+    reinterpret_cast<detail::bf16x8*>(xe + r * C)[c8] = val;
   }
 }
 
@@ -182,14 +193,19 @@ __global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, co
 }
 
 // Per permuted row r (slot s = perm[r], token n = s / K), one warp:
-// dw[s] = <dout[n], o(r)> (fp32), d_o[r] = bf16(w[s] dout[n]).
+// dw[s] = <dout[n], o(r)> (fp32), d_o[r] = bf16(w[s] dout[n]); a padding
+// row (perm -1) gets d_o = 0. rows: the permuted rows in use.
 template <class Rows>
 __global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, Rows o, const float* w, const int32_t* perm,
-                                   int64_t NK, int64_t C, int K) {
+                                   int64_t rows, int64_t C, int K) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (r >= NK) return;  // whole warps leave together
+  if (r >= rows) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
   const int32_t s = perm[r];
+  if (s < 0) {
+    for (int64_t c = lane; c < C; c += 32) d_o[r * C + c] = __float2bfloat16(0.f);
+    return;
+  }
   const int64_t n = s / K;
   const float wt = w[s];
   float dot = 0.f;
@@ -265,49 +281,66 @@ void add_bias(T* rows, const bf16* bias, int64_t R, int64_t cols, cudaStream_t s
 }
 
 // The routing of every slot (idx, w) from the probabilities, and the
-// permutation by expert (offsets [E+1] on the device).
-void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, cudaStream_t stream) {
+// permutation by expert, each expert's rows starting at a multiple of chunk
+// (kMoeChunk for the grouped mode, 1: no padding; offsets and starts [E+1]
+// on the device; perm -1 on every padding row).
+void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, int64_t chunk, cudaStream_t stream) {
   const int64_t NK = d.N * d.K;
   topk_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K),
                                                          d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   count_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.offsets, w.idx, NK);
   CUDA_CHECK_LAUNCH();
-  scan_kernel<<<1, 1, 0, stream>>>(w.offsets, d.E);
+  scan_kernel<<<1, 1, 0, stream>>>(w.offsets, w.starts, d.E, static_cast<int>(chunk));
   CUDA_CHECK_LAUNCH();
-  permute_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.perm, w.row_of, w.idx, w.offsets, NK);
+  CUDA_CHECK(cudaMemsetAsync(w.perm, 0xFF, static_cast<size_t>(moe_padded_rows(NK, d.E)) * sizeof(int32_t), stream));
+  permute_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.perm, w.row_of, w.idx, w.starts, NK);
   CUDA_CHECK_LAUNCH();
 }
 
-// A call's pinned host staging (MoeBlas::host_staging): the offsets [E+1]
-// and the grouped GEMMs' pointer arrays [kMoeGroupedCalls][3][2E].
+// A call's pinned host staging (MoeBlas::host_staging): the offsets and
+// starts [2][E+1] and the batched GEMMs' pointer arrays
+// [kMoeGroupedCalls][3][2 chunks].
 struct Staging {
   int32_t* offsets;
   void** ptrs;
+  int64_t chunks;  // moe_max_chunks: a slot's problems at most, over 2
 };
-Staging staging(MoeBlas& blas, int64_t E) {
-  const size_t off_bytes = (static_cast<size_t>(E + 1) * sizeof(int32_t) + 255) / 256 * 256;
-  auto* p = static_cast<uint8_t*>(blas.host_staging(off_bytes + kMoeGroupedCalls * 6 * E * sizeof(void*)));
-  return Staging{reinterpret_cast<int32_t*>(p), reinterpret_cast<void**>(p + off_bytes)};
+Staging staging(MoeBlas& blas, const MoeDims& d) {
+  const int64_t chunks = moe_max_chunks(d.N * d.K, d.E);
+  const size_t off_bytes = (static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t) + 255) / 256 * 256;
+  auto* p = static_cast<uint8_t*>(
+      blas.host_staging(off_bytes + static_cast<size_t>(kMoeGroupedCalls * 6 * chunks) * sizeof(void*)));
+  return Staging{reinterpret_cast<int32_t*>(p), reinterpret_cast<void**>(p + off_bytes), chunks};
 }
 
-// As route_on_device, then the offsets' copy to the staging and the event
-// after it: queued, not waited for (wait_offsets); then each token's rows in
-// expert order (the combines' summation order).
+// As route_on_device, then the offsets' and starts' copy to the staging and
+// the event after it: queued, not waited for (wait_layout); then each
+// token's rows in expert order (the combines' summation order).
 void route(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const float* probs,
            cudaStream_t stream) {
-  route_on_device(d, w, probs, stream);
-  CUDA_CHECK(cudaMemcpyAsync(st.offsets, w.offsets, static_cast<size_t>(d.E + 1) * sizeof(int32_t),
+  route_on_device(d, w, probs, blas.grouped_for(d.N, d.K, d.E, d.C, d.F) ? kMoeChunk : 1, stream);
+  CUDA_CHECK(cudaMemcpyAsync(st.offsets, w.offsets, static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaEventRecord(blas.counts_event(), stream));
   order_by_expert_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.ord_row, w.ord_w, w.row_of, w.idx, w.w, d.N,
                                                                     static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
 }
-// The call's one wait: the offsets [E+1] on the host.
-std::vector<int32_t> wait_offsets(MoeBlas& blas, const Staging& st, int64_t E) {
+
+// Where each expert's rows are: start[e] its first permuted row (a multiple
+// of kMoeChunk), rows(e) how many; start[E] the permuted rows in use.
+struct Layout {
+  std::vector<int32_t> off, start;  // [E+1] each
+  int64_t rows(int64_t e) const { return off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)]; }
+  int64_t first(int64_t e) const { return start[static_cast<size_t>(e)]; }
+  int64_t used() const { return start.back(); }
+};
+// The call's one wait: the layout on the host.
+Layout wait_layout(MoeBlas& blas, const Staging& st, int64_t E) {
   CUDA_CHECK(cudaEventSynchronize(blas.counts_event()));
-  return std::vector<int32_t>(st.offsets, st.offsets + E + 1);
+  return Layout{std::vector<int32_t>(st.offsets, st.offsets + E + 1),
+                std::vector<int32_t>(st.offsets + E + 1, st.offsets + 2 * (E + 1))};
 }
 
 // One kind of expert product over every expert with rows, row-major as
@@ -315,47 +348,15 @@ std::vector<int32_t> wait_offsets(MoeBlas& blas, const Staging& st, int64_t E) {
 // a b_e (nn: b_e [K, Nout]), a and out the expert's permuted rows.
 struct ExpertProduct {
   const bf16* const* b;  // E weight pointers
-  const bf16* a;         // [NK, K]
-  bf16* out;             // [NK, Nout]
+  const bf16* a;         // [P, K]
+  bf16* out;             // [P, Nout]
 };
-
-// cublasGemmGroupedBatchedEx's rule for bf16 operands (a pointer to rows of
-// ld elements: 16-byte aligned when ld * 2 is a multiple of 16, else 4-byte
-// aligned when it is a multiple of 4).
-bool grouped_aligned(const void* p, int64_t ld) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  if (ld * 2 % 16 == 0) return a % 16 == 0;
-  if (ld * 2 % 4 == 0) return a % 4 == 0;
-  return true;
-}
-
-#if CUBLAS_VERSION >= 120500
-// A grouped call's pointer arrays (A, B and C of its P problems) from the
-// pinned staging to the call's device slot (slot < kMoeGroupedCalls; the
-// staging was last read by a copy queued before this call's wait on the
-// counts). Returns the device arrays: A at [0, P), B at [P, 2P), C at [2P, 3P).
-void** stage_pointers(const std::vector<const void*>& A, const std::vector<const void*>& B,
-                      const std::vector<void*>& Cp, int64_t E, const MoeWork& w, const Staging& st, int slot,
-                      cudaStream_t stream) {
-  const int P = static_cast<int>(A.size());
-  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && P <= 2 * E, "[cuda moe] internal: grouped GEMM slot ", slot,
-           " with ", P, " problems");
-  void** host = st.ptrs + slot * 6 * E;
-  void** dev = w.ptrs + slot * 6 * E;
-  for (int p = 0; p < P; ++p) {
-    host[p] = const_cast<void*>(A[static_cast<size_t>(p)]);
-    host[P + p] = const_cast<void*>(B[static_cast<size_t>(p)]);
-    host[2 * P + p] = Cp[static_cast<size_t>(p)];
-  }
-  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * P) * sizeof(void*), cudaMemcpyHostToDevice, stream));
-  return dev;
-}
 
 // call() on h; where it says NOT_SUPPORTED (the handle's math mode?), once
 // more in the default math mode, the handle's mode restored. *retried: whether
 // the second try ran. Returns the last status.
 template <class Call>
-cublasStatus_t call_grouped(cublasHandle_t h, const Call& call, bool* retried) {
+cublasStatus_t call_default_math_on_refusal(cublasHandle_t h, const Call& call, bool* retried) {
   cublasStatus_t status = call();
   *retried = status == CUBLAS_STATUS_NOT_SUPPORTED;
   if (!*retried) return status;
@@ -366,58 +367,56 @@ cublasStatus_t call_grouped(cublasHandle_t h, const Call& call, bool* retried) {
   CUBLAS_CHECK(cublasSetMathMode(h, mode));
   return status;
 }
-#endif
 
 // Every expert's products ps (1 or 2, the same shape) in one
-// cublasGemmGroupedBatchedEx (a group per expert with rows); slot: this
-// call's index < kMoeGroupedCalls. Returns false, and runs nothing, when a
-// pointer misses the grouped alignment (or cuBLAS is older than 12.5): the
-// caller loops instead.
-bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, int64_t E, int64_t Nout, int64_t K,
+// cublasGemmBatchedEx over kMoeChunk-row chunks: chunk j of expert e is rows
+// [start_e + j T, + T) of a and out (the last one runs into the expert's
+// padding, whose outputs no one reads), times b_e. slot: this call's index <
+// kMoeGroupedCalls (its pointer arrays). Returns false, and runs nothing,
+// where cuBLAS refuses the call: the caller loops instead.
+bool grouped_products(MoeBlas& blas, bool nt, const Layout& L, int64_t E, int64_t Nout, int64_t K,
                       const ExpertProduct* ps, int np, const MoeWork& w, const Staging& st, int slot,
                       cudaStream_t stream) {
-#if CUBLAS_VERSION >= 120500
-  std::vector<const void*> A, B;
-  std::vector<void*> Cp;
-  std::vector<int> n;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = off[e], R = off[e + 1] - off[e];
-    if (R == 0) continue;
-    for (int i = 0; i < np; ++i) {
-      A.push_back(ps[i].b[e]);
-      B.push_back(ps[i].a + r0 * K);
-      Cp.push_back(ps[i].out + r0 * Nout);
-      if (!grouped_aligned(A.back(), nt ? K : Nout) || !grouped_aligned(B.back(), K) ||
-          !grouped_aligned(Cp.back(), Nout))
-        return false;
-    }
-    n.push_back(static_cast<int>(R));
-  }
-  const int groups = static_cast<int>(n.size()), P = static_cast<int>(A.size());
-  if (groups == 0) return true;
-  void** dev = stage_pointers(A, B, Cp, E, w, st, slot, stream);
-  // column-major, as gemm(): out^T [Nout, R] = op(b) a^T, m = Nout, n = R, k = K
-  const auto G = static_cast<size_t>(groups);
-  const std::vector<cublasOperation_t> ta(G, nt ? CUBLAS_OP_T : CUBLAS_OP_N), tb(G, CUBLAS_OP_N);
-  const std::vector<int> m(G, static_cast<int>(Nout)), k(G, static_cast<int>(K)),
-      lda(G, static_cast<int>(nt ? K : Nout)), ldb(G, static_cast<int>(K)), ldc(G, static_cast<int>(Nout)), size(G, np);
-  const std::vector<float> alpha(G, 1.f), beta(G, 0.f);
+  RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && np >= 1 && np <= 2, "[cuda moe] internal: batched GEMM slot ", slot,
+           " with ", np, " products");
+  void** host = st.ptrs + slot * 6 * st.chunks;
+  const int64_t cap = 2 * st.chunks;  // problems a slot holds
+  int64_t P = 0;
+  for (int pass = 0; pass < 3; ++pass)  // A, then B, then C: host[pass * cap + problem]
+    for (int64_t e = 0, p = 0; e < E; ++e)
+      for (int64_t r = 0; r < L.rows(e); r += kMoeChunk)
+        for (int i = 0; i < np; ++i, ++p) {
+          RT_CHECK(p < cap, "[cuda moe] internal: more chunks than moe_max_chunks");
+          const int64_t r0 = L.first(e) + r;
+          host[pass * cap + p] = pass == 0   ? const_cast<bf16*>(ps[i].b[e])
+                                 : pass == 1 ? const_cast<bf16*>(ps[i].a + r0 * K)
+                                             : ps[i].out + r0 * Nout;
+          P = p + 1;
+        }
+  if (P == 0) return true;
+  void** dev = w.ptrs + slot * 6 * st.chunks;
+  // the pointer arrays (3 of cap each) in one copy; the staging was last read
+  // by a copy queued before this call's wait on the layout
+  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * cap) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  // column-major, as gemm(): out^T [Nout, T] = op(b) a^T, m = Nout, n = T, k = K
+  const float one = 1.f, zero = 0.f;
   cublasHandle_t h = blas.handle();
   CUBLAS_CHECK(cublasSetStream(h, stream));
   auto call = [&] {
-    return cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-                                      const_cast<const void* const*>(dev), CUDA_R_16BF, lda.data(),
-                                      const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
-                                      dev + 2 * P, CUDA_R_16BF, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
+    return cublasGemmBatchedEx(
+        h, nt ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(Nout), static_cast<int>(kMoeChunk),
+        static_cast<int>(K), &one, const_cast<const void* const*>(dev), CUDA_R_16BF, static_cast<int>(nt ? K : Nout),
+        const_cast<const void* const*>(dev + cap), CUDA_R_16BF, static_cast<int>(K), &zero, dev + 2 * cap, CUDA_R_16BF,
+        static_cast<int>(Nout), static_cast<int>(P), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   };
   bool retried = false;
-  const cublasStatus_t status = call_grouped(h, call, &retried);
+  const cublasStatus_t status = call_default_math_on_refusal(h, call, &retried);
   if (retried) {
     static bool said = false;
     if (!said)
-      std::fprintf(stderr, "[cuda moe] cublasGemmGroupedBatchedEx %s\n",
+      std::fprintf(stderr, "[cuda moe] cublasGemmBatchedEx %s\n",
                    status == CUBLAS_STATUS_SUCCESS
-                       ? "runs only without CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION here: grouped without it"
+                       ? "runs only without CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION here: batched without it"
                        : "is not supported here: the expert GEMMs loop");
     said = true;
   }
@@ -425,85 +424,6 @@ bool grouped_products(MoeBlas& blas, bool nt, const std::vector<int32_t>& off, i
   CUBLAS_CHECK(status);
   blas.count_grouped_call();
   return true;
-#else
-  (void)blas, (void)nt, (void)off, (void)E, (void)Nout, (void)K, (void)ps, (void)np, (void)w, (void)st, (void)slot,
-      (void)stream;
-  return false;
-#endif
-}
-
-// The weight gradients of every expert with rows, row-major as MoeBlas's
-// matmul_tn: dw_e[M, N] (fp32, +=) += a[R_e, M]^T b[R_e, N] over the expert's
-// permuted rows, for np (1 or 2) products of the same shape, in one
-// cublasGemmGroupedBatchedEx with fp32 outputs (a group per expert: its k is
-// the expert's rows); slot as grouped_products'. Returns false, and runs
-// nothing, where cuBLAS refuses an fp32 output in a grouped GEMM or a pointer
-// misses its alignment: the caller loops (cublasGemmEx per expert). The same
-// products as the loop's, summed by other kernels: the same values up to
-// fp32 rounding.
-struct ExpertWeightGrad {
-  float* const* dw;  // E gradient pointers [M, N]
-  const bf16* a;     // [NK, M]
-  const bf16* b;     // [NK, N]
-};
-bool grouped_weight_grads(MoeBlas& blas, const std::vector<int32_t>& off, int64_t E, int64_t M, int64_t N,
-                          const ExpertWeightGrad* ps, int np, const MoeWork& w, const Staging& st, int slot,
-                          cudaStream_t stream) {
-#if CUBLAS_VERSION >= 120500
-  static bool refused = false;  // cuBLAS said NOT_SUPPORTED once: it will again
-  if (refused) return false;
-  std::vector<const void*> A, B;
-  std::vector<void*> Cp;
-  std::vector<int> k;
-  auto f32_aligned = [](const void* p, int64_t ld) {
-    const auto a = reinterpret_cast<uintptr_t>(p);
-    return ld * 4 % 16 == 0 ? a % 16 == 0 : a % 4 == 0;
-  };
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = off[e], R = off[e + 1] - off[e];
-    if (R == 0) continue;
-    for (int i = 0; i < np; ++i) {
-      A.push_back(ps[i].b + r0 * N);
-      B.push_back(ps[i].a + r0 * M);
-      Cp.push_back(ps[i].dw[e]);
-      if (!grouped_aligned(A.back(), N) || !grouped_aligned(B.back(), M) || !f32_aligned(Cp.back(), N)) return false;
-    }
-    k.push_back(static_cast<int>(R));
-  }
-  const int groups = static_cast<int>(k.size()), P = static_cast<int>(A.size());
-  if (groups == 0) return true;
-  void** dev = stage_pointers(A, B, Cp, E, w, st, slot, stream);
-  // column-major, as MoeBlas's gemm(): dw^T [N, M] += b^T a, m = N, n = M, k = R_e
-  const auto G = static_cast<size_t>(groups);
-  const std::vector<cublasOperation_t> ta(G, CUBLAS_OP_N), tb(G, CUBLAS_OP_T);
-  const std::vector<int> m(G, static_cast<int>(N)), n(G, static_cast<int>(M)), lda(G, static_cast<int>(N)),
-      ldb(G, static_cast<int>(M)), ldc(G, static_cast<int>(N)), size(G, np);
-  const std::vector<float> alpha(G, 1.f), beta(G, 1.f);
-  cublasHandle_t h = blas.handle();
-  CUBLAS_CHECK(cublasSetStream(h, stream));
-  auto call = [&] {
-    return cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-                                      const_cast<const void* const*>(dev), CUDA_R_16BF, lda.data(),
-                                      const_cast<const void* const*>(dev + P), CUDA_R_16BF, ldb.data(), beta.data(),
-                                      dev + 2 * P, CUDA_R_32F, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
-  };
-  bool retried = false;
-  const cublasStatus_t status = call_grouped(h, call, &retried);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
-    std::fprintf(stderr,
-                 "[cuda moe] cublasGemmGroupedBatchedEx refuses fp32 outputs here: the expert weight "
-                 "gradients loop\n");
-    refused = true;
-    return false;  // nothing ran; the pointer copy is harmless
-  }
-  CUBLAS_CHECK(status);
-  blas.count_grouped_call();
-  blas.count_grouped_wgrad_call();
-  return true;
-#else
-  (void)blas, (void)off, (void)E, (void)M, (void)N, (void)ps, (void)np, (void)w, (void)st, (void)slot, (void)stream;
-  return false;
-#endif
 }
 
 // tokens[e] += offsets[e + 1] - offsets[e] (device arrays).
@@ -517,41 +437,44 @@ void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t
 }
 
 // Every expert's g, u, a (bf16) and o on its gathered rows xe, after the
-// call's one wait for the counts (queued by route: the gather runs while the
+// call's one wait for the layout (queued by route: the gather runs while the
 // host waits). o is bf16 (in w.o's memory) when *o_bf16 comes back true (the
-// grouped down product), fp32 otherwise. Returns the offsets [E+1].
-std::vector<int32_t> experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st,
-                                     const bf16* x, const bf16* const* gate, const bf16* const* up,
-                                     const bf16* const* down, cudaStream_t stream, const MoeBiasesT<bf16>& b,
-                                     bool* o_bf16) {
+// grouped down product), fp32 otherwise. Returns the layout.
+Layout experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const bf16* x,
+                       const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
+                       const MoeBiasesT<bf16>& b, bool* o_bf16) {
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
-  gather_kernel<<<blocks_for(NK * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, NK, C, static_cast<int>(d.K));
+  gather_kernel<<<blocks_for(moe_padded_rows(NK, d.E) * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, w.starts + d.E,
+                                                                                       C, static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
-  const std::vector<int32_t> off = wait_offsets(blas, st, d.E);
+  Layout L = wait_layout(blas, st, d.E);
   const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
   const ExpertProduct gate_up[2] = {{gate, w.xe, w.g}, {up, w.xe, w.u}};
-  if (!grouped || !grouped_products(blas, true, off, d.E, F, C, gate_up, 2, w, st, 0, stream))
+  if (!grouped || !grouped_products(blas, true, L, d.E, F, C, gate_up, 2, w, st, 0, stream))
     for (int64_t e = 0; e < d.E; ++e) {
-      const int64_t r0 = off[e], R = off[e + 1] - off[e];
+      const int64_t r0 = L.first(e), R = L.rows(e);
       if (R == 0) continue;
       blas.matmul_nt(w.g + r0 * F, DType::bf16, w.xe + r0 * C, gate[e], R, F, C, 0.f, stream);
       blas.matmul_nt(w.u + r0 * F, DType::bf16, w.xe + r0 * C, up[e], R, F, C, 0.f, stream);
     }
   for (int64_t e = 0; e < d.E; ++e) {
-    const int64_t r0 = off[e], R = off[e + 1] - off[e];
+    const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
     if (b.gate) add_bias(w.g + r0 * F, b.gate[e], R, F, stream);
     if (b.up) add_bias(w.u + r0 * F, b.up[e], R, F, stream);
   }
+  // over every row in use, padding included (its g, u are zeros or the
+  // batched products of zero rows: finite; no one reads its a)
+  const int64_t rows = L.used();
   if (d.glu_limit > 0.f)
-    swiglu_clamped_forward(w.a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
+    swiglu_clamped_forward(w.a, w.g, w.u, rows * F, d.glu_limit, d.glu_alpha, stream);
   else
-    swiglu_forward(w.a, w.g, w.u, NK * F, stream);
+    swiglu_forward(w.a, w.g, w.u, rows * F, stream);
   bf16* o16 = reinterpret_cast<bf16*>(w.o);
   const ExpertProduct down_p[1] = {{down, w.a, o16}};
-  *o_bf16 = grouped && grouped_products(blas, true, off, d.E, C, F, down_p, 1, w, st, 1, stream);
+  *o_bf16 = grouped && grouped_products(blas, true, L, d.E, C, F, down_p, 1, w, st, 1, stream);
   for (int64_t e = 0; e < d.E; ++e) {
-    const int64_t r0 = off[e], R = off[e + 1] - off[e];
+    const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
     if (*o_bf16) {
       if (b.down) add_bias(o16 + r0 * C, b.down[e], R, C, stream);
@@ -560,7 +483,7 @@ std::vector<int32_t> experts_forward(MoeBlas& blas, const MoeDims& d, const MoeW
     blas.matmul_nt(w.o + r0 * C, DType::f32, w.a + r0 * F, down[e], R, C, F, 0.f, stream);
     if (b.down) add_bias(w.o + r0 * C, b.down[e], R, C, stream);
   }
-  return off;
+  return L;
 }
 
 }  // namespace
@@ -583,11 +506,11 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   }
   if (!out && !tokens_per_expert) return;
   if (!out) {  // the routing's counts only: no host copy
-    route_on_device(d, w, probs, stream);
+    route_on_device(d, w, probs, 1, stream);
     add_counts(tokens_per_expert, w.offsets, d.E, stream);
     return;
   }
-  const Staging st = staging(blas, d.E);
+  const Staging st = staging(blas, d);
   route(blas, d, w, st, probs, stream);
   if (tokens_per_expert) add_counts(tokens_per_expert, w.offsets, d.E, stream);
   bool o_bf16 = false;
@@ -613,58 +536,51 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   detail::check_aligned(x, "moe x");
   const int64_t NK = d.N * d.K, C = d.C, F = d.F;
   const int K = static_cast<int>(d.K);
-  const Staging st = staging(blas, d.E);
+  const Staging st = staging(blas, d);
   route(blas, d, w, st, probs, stream);  // recomputed from the forward's probabilities
   bool o_bf16 = false;
-  const std::vector<int32_t> off = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
+  const Layout L = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
   const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
-  // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n]
+  const int64_t rows = L.used();  // permuted rows, padding included
+  // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n] (0 on padding rows)
   if (o_bf16)
-    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(
-        w.dw, w.d_o, dout, Bf16Rows{reinterpret_cast<const bf16*>(w.o), C}, w.w, w.perm, NK, C, K);
+    weight_grad_kernel<<<blocks_each(rows, 8), 256, 0, stream>>>(
+        w.dw, w.d_o, dout, Bf16Rows{reinterpret_cast<const bf16*>(w.o), C}, w.w, w.perm, rows, C, K);
   else
-    weight_grad_kernel<<<blocks_each(NK, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, F32Rows{w.o, C}, w.w, w.perm, NK, C,
-                                                               K);
+    weight_grad_kernel<<<blocks_each(rows, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, F32Rows{w.o, C}, w.w, w.perm, rows,
+                                                                 C, K);
   CUDA_CHECK_LAUNCH();
   // down: d_a = d_o Wd, dWd += d_o^T a
   const ExpertProduct down_p[1] = {{down, w.d_o, w.d_a}};
-  const bool d_a_grouped = grouped && grouped_products(blas, false, off, d.E, F, C, down_p, 1, w, st, 2, stream);
-  const ExpertWeightGrad ddown_p[1] = {{ddown, w.d_o, w.a}};
-  const bool ddown_grouped =
-      grouped && blas.wgrad_grouped() && grouped_weight_grads(blas, off, d.E, C, F, ddown_p, 1, w, st, 4, stream);
+  const bool d_a_grouped = grouped && grouped_products(blas, false, L, d.E, F, C, down_p, 1, w, st, 2, stream);
   for (int64_t e = 0; e < d.E; ++e) {
-    const int64_t r0 = off[e], R = off[e + 1] - off[e];
+    const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
     if (!d_a_grouped) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
-    if (!ddown_grouped) blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
+    blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
     if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, stream);
   }
   if (d.glu_limit > 0.f)
-    swiglu_clamped_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, d.glu_limit, d.glu_alpha, stream);
+    swiglu_clamped_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, rows * F, d.glu_limit, d.glu_alpha, stream);
   else
-    swiglu_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, NK * F, stream);
+    swiglu_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, rows * F, stream);
   // gate/up: dxe = d_g Wg + d_u Wu, dWg += d_g^T xe, dWu += d_u^T xe. o is
   // spent (read by weight_grad_kernel): its memory holds each row's dx, fp32
   // (looped) or two bf16 rows, of gate and of up (grouped)
   float* dxe = w.o;
   bf16* dxg = reinterpret_cast<bf16*>(w.o);
-  bf16* dxu = dxg + NK * C;
+  bf16* dxu = dxg + moe_padded_rows(NK, d.E) * C;
   const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
-  const bool dx_grouped = grouped && grouped_products(blas, false, off, d.E, C, F, dx_p, 2, w, st, 3, stream);
-  const ExpertWeightGrad dgu_p[2] = {{dgate, w.d_g, w.xe}, {dup, w.d_u, w.xe}};
-  const bool dgu_grouped =
-      grouped && blas.wgrad_grouped() && grouped_weight_grads(blas, off, d.E, F, C, dgu_p, 2, w, st, 5, stream);
+  const bool dx_grouped = grouped && grouped_products(blas, false, L, d.E, C, F, dx_p, 2, w, st, 3, stream);
   for (int64_t e = 0; e < d.E; ++e) {
-    const int64_t r0 = off[e], R = off[e + 1] - off[e];
+    const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
     if (!dx_grouped) {
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
     }
-    if (!dgu_grouped) {
-      blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
-      blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
-    }
+    blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
+    blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
     if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, stream);
     if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, stream);
   }

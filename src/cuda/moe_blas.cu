@@ -25,19 +25,9 @@ MoeGemm gemm_mode_from_env() {
        "': unset it for auto");
 }
 
-// RAMTRAIN_MOE_WGRAD=grouped: the grouped mode's weight gradients grouped too
-// (not yet run on a GPU: off unless asked; cuda/ops.h MoeBlas::wgrad_grouped).
-bool wgrad_grouped_from_env() {
-  const char* v = std::getenv("RAMTRAIN_MOE_WGRAD");
-  if (!v || !*v || std::string(v) == "looped") return false;
-  if (std::string(v) == "grouped") return true;
-  fail("[cuda moe] RAMTRAIN_MOE_WGRAD (the MoE expert weight gradients) must be looped or grouped, got '", v,
-       "': unset it for looped");
-}
-
 }  // namespace
 
-MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()), wgrad_grouped_(wgrad_grouped_from_env()) {
+MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()) {
   cublasHandle_t h = nullptr;
   CUBLAS_CHECK(cublasCreate(&h));
   // split-K partial sums in fp32, never in the bf16 output type
@@ -63,9 +53,7 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       host_(o.host_),
       host_bytes_(o.host_bytes_),
       mode_(o.mode_),
-      wgrad_grouped_(o.wgrad_grouped_),
-      grouped_calls_(o.grouped_calls_),
-      grouped_wgrad_calls_(o.grouped_wgrad_calls_) {
+      grouped_calls_(o.grouped_calls_) {
   o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0;
 }
 

@@ -80,18 +80,25 @@ __global__ void count_kernel(int32_t* offsets, const int32_t* idx, int64_t NK) {
   if (threadIdx.x == 0) offsets[e + 1] = total;
 }
 
-// offsets[0..E]: exclusive prefix of the counts (E is small: one thread).
-__global__ void scan_kernel(int32_t* offsets, int64_t E) {
+// offsets[0..E]: exclusive prefix of the counts; starts[0..E] (null: not
+// made): the same with each count rounded up to a multiple of chunk rows (the
+// padded layout's expert starts; starts[E] its rows). E is small: one thread.
+__global__ void scan_kernel(int32_t* offsets, int32_t* starts, int64_t E, int chunk) {
   offsets[0] = 0;
-  for (int64_t e = 1; e <= E; ++e) offsets[e] += offsets[e - 1];
+  if (starts) starts[0] = 0;
+  for (int64_t e = 1; e <= E; ++e) {
+    if (starts) starts[e] = starts[e - 1] + (offsets[e] + chunk - 1) / chunk * chunk;
+    offsets[e] += offsets[e - 1];
+  }
 }
 
-// perm[offsets[e] + k] = the k-th slot (in increasing slot order) routed to e;
-// row_of is its inverse. One block per expert; blockDim a multiple of 32.
-__global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* idx, const int32_t* offsets, int64_t NK) {
+// perm[starts[e] + k] = the k-th slot (in increasing slot order) routed to e;
+// row_of is its inverse. One block per expert; blockDim a multiple of 32. The
+// padding rows' perm stays as it was (the caller's -1).
+__global__ void permute_kernel(int32_t* perm, int32_t* row_of, const int32_t* idx, const int32_t* starts, int64_t NK) {
   __shared__ int warp_total[32];
   const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  int base = offsets[e];
+  int base = starts[e];
   for (int64_t start = 0; start < NK; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
     const bool mine = i < NK && idx[i] == e;

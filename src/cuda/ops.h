@@ -266,16 +266,20 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // load-balancing gradient stay on the device (no wait for them).
 // Two ways to run the expert GEMMs (MoeGemm; RAMTRAIN_MOE_GEMM=grouped|looped|auto
 // picks; auto by default):
-//  - grouped: every expert's product of one kind in one
-//    cublasGemmGroupedBatchedEx call (gate+up, down; backward: d_a, and the
-//    gate+up input gradients): a few launches per layer instead of 3 per
-//    expert. cuBLAS groups only bf16 outputs from bf16 operands, so each
+//  - grouped: every expert's product of one kind in one cublasGemmBatchedEx
+//    call (gate+up, down; backward: d_a, and the gate+up input gradients)
+//    over kMoeChunk-row chunks: each expert's rows start at a multiple of
+//    kMoeChunk (padded; cuda/moe_scratch.h), so every chunk is the same
+//    shape. A few launches per layer instead of 3 per expert, and cuBLAS's
+//    batched kernels (cublasGemmGroupedBatchedEx, tried first, ran an sm_80
+//    kernel at ~313 TFLOP/s on the H100). The outputs are bf16, so each
 //    expert's down output o is rounded to bf16 before the fp32 weighted sum
 //    over a token's experts (as transformers computes it in bf16), and the
 //    input gradients of gate and up are two bf16 rows summed in fp32 with the
-//    token's other experts. The weight gradients (fp32, accumulated) stay one
-//    cublasGemmEx per expert and kind. Pointers that miss the grouped call's
-//    alignment rule (16 bytes) fall back to the loop for that product.
+//    token's other experts. The weight gradients (fp32, accumulated over the
+//    expert's rows) stay one cublasGemmEx per expert and kind (cuBLAS 13.1
+//    refuses fp32 outputs in grouped GEMMs; batched chunks would each need
+//    their own output).
 //  - looped: one cublasGemmEx per expert and product, o and the input
 //    gradients in fp32 (the reference the grouped path is tested against).
 // The two agree within bf16 rounding (tests/gpu/cuda_moe_test.cpp); each is
@@ -284,16 +288,16 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // orders it after the previous call's copies).
 // auto (MoeGemm::by_size, the default) runs a call grouped when an expert's
 // GEMM is small: its average rows (N K / E) times hidden times expert width at
-// most kMoeGroupedMaxWork multiply-adds (2048 rows of OLMoE's 2048 x 1024,
-// ~8.6 GFLOP; moe_small_experts in cuda/moe_scratch.h), else looped. Why
+// most kMoeGroupedMaxWork multiply-adds (4096 rows of OLMoE's 2048 x 1024,
+// ~17 GFLOP; moe_small_experts in cuda/moe_scratch.h), else looped. Why
 // the size of one GEMM: the loop launches each from the host, and a small
-// one finishes on the GPU before the next is launched. Measured on an H100
-// (2026-12-06), OLMoE-1B-7B in the engine: at 8k tokens a call (1024 rows
-// an expert; layer-major 4 x 2048) grouped ran 1.41x faster (the loop's
-// ~100k launches a step left the GPU idle between GEMMs of ~14 us); at 32k
-// tokens a call (4096 rows) looped ran 1.08x faster (the grouped kernels are
-// slower on big groups). The choice depends only on the shapes, so a run is
-// as deterministic as either mode.
+// one finishes on the GPU before the next is launched, while a big expert's
+// 128-row chunks each read its weights again. Measured on an H100
+// (2026-12-06, the batched chunks), the MoE layer alone at OLMoE's shape
+// (moe_bench): at 8k tokens a call (1024 rows an expert) grouped 361 expert
+// TFLOP/s against looped's 252, at 32k (4096 rows) 455 against 407. The
+// choice depends only on the shapes, so a run is as deterministic as either
+// mode.
 enum class MoeGemm { grouped, looped, by_size };
 class MoeBlas {
  public:
@@ -320,15 +324,6 @@ class MoeBlas {
   // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
   int64_t grouped_calls() const { return grouped_calls_; }
   void count_grouped_call() { ++grouped_calls_; }
-  // Whether the grouped mode groups the expert weight gradients too (fp32
-  // out, +=; RAMTRAIN_MOE_WGRAD=grouped): off by default until a GPU run has
-  // checked it (issue 32); looped, they are one cublasGemmEx per expert.
-  bool wgrad_grouped() const { return wgrad_grouped_; }
-  void set_wgrad_grouped(bool on) { wgrad_grouped_ = on; }
-  // Of the grouped calls, the weight gradients': 0 when off or where cuBLAS
-  // refuses an fp32 output in grouped GEMMs (the weight gradients then loop).
-  int64_t grouped_wgrad_calls() const { return grouped_wgrad_calls_; }
-  void count_grouped_wgrad_call() { ++grouped_wgrad_calls_; }
   // cuda/moe.cu's: the handle, pinned host staging of at least `bytes`
   // (grown on demand; contents kept only until the next growth) and the event
   // its counts copy records.
@@ -342,9 +337,7 @@ class MoeBlas {
   void* host_ = nullptr;
   size_t host_bytes_ = 0;
   MoeGemm mode_ = MoeGemm::grouped;
-  bool wgrad_grouped_ = false;
   int64_t grouped_calls_ = 0;
-  int64_t grouped_wgrad_calls_ = 0;
 };
 
 // MoeDims and moe_scratch_bytes (the scratch of both calls): cuda/moe_scratch.h.

@@ -444,7 +444,8 @@ fi
 
 if has moegemm; then
   # Issue 32's GPU idle: OLMoE-1B-7B at full precision, 16 x 2048 micro-batch-major (moebig's baseline), the
-  # expert GEMMs one cublasGemmEx per expert (looped) and grouped (cublasGemmGroupedBatchedEx), same call and card.
+  # expert GEMMs one cublasGemmEx per expert (looped) and grouped (cublasGemmBatchedEx over 128-row chunks), same
+  # call and card.
   # Compare the two benches' tok/s and GPU idle lines (the issue asks >= 22k tok/s); gaps_moe_* split the idle.
   # moe_bench first: the MoE layer alone (forward, recompute + backward, ms and expert TFLOP/s per mode)
   run moe_bench 120 "$bin/moe_bench"
