@@ -127,21 +127,26 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
   return 1.0 / (1.0 / kFp8TensorGemmGain + q);
 }
 
-// MoE models (issue 32): the routed experts' work runs far below the dense
-// step's rate: many small GEMMs (one group per expert: OLMoE at 8k tokens a
-// call, ~1024 rows x 1024 x 2048 each), the routing, gather and combine
-// kernels, and the host's wait for the expert counts in every MoE call. Their
-// FLOPs, 6 P_e per token in the model count plus 2 P_e recomputed by every
-// backward (cuda/moe.cu recomputes the experts' activations; P_e = top_k x 3
-// x hidden x expert width per layer), run at this share of the dense rate.
-// Fitted on the H100 (2026-12-06, bench/RESULTS.md), OLMoE-1B-7B, three
-// runs: layer-major 4 x 2048 x 8 and x 16 with --grads fold (expert GEMMs
-// grouped, the auto mode there) 3.340 and 5.684 s a step, and 16 x 2048 exact
-// (looped) 2.763 s. 0.41 fits the slope between the two fold runs (2.344 s per
-// 64k tokens), but those steps carry ~1 s more that the model does not place
-// (not the optimizer: fold exposes ~0.2 s); 0.29 fits the 64k step alone.
-// 0.32 predicts the three at +9.5%, -4.7% and +3.6%. An ESTIMATE on other cards.
-constexpr double kMoeExpertShareOfDense = 0.32;
+// MoE models (issue 32): the routed experts' work runs below the dense
+// step's rate: the expert GEMMs (batched over 128-row chunks, the auto mode at
+// these sizes), the routing, gather and combine kernels, and the host's wait
+// for the expert counts in every MoE call. Their FLOPs, 6 P_e per token in
+// the model count plus 2 P_e recomputed by every backward (cuda/moe.cu
+// recomputes the experts' activations; P_e = top_k x 3 x hidden x expert
+// width per layer), run at kMoeExpertShareOfDense of the dense rate, and the
+// expert weight gradients, one cublasGemmEx per expert, kind and layer call
+// (3 E per layer and micro-batch), cost kMoeWeightGradCallS each beyond
+// that. Fitted on the H100 (2026-12-06, seventeenth session, one call,
+// bench/RESULTS.md) on the two compute-bound steps at 128k tokens: OLMoE-1B-7B
+// 4 x 2048 x 16 fold 4.448 s (64 experts of 2048 x 1024: 49k weight-gradient
+// calls a step) and Qwen3-30B-A3B lean 4 x 2048 x 16 fold 15.07 s (128 of
+// 2048 x 768: 295k calls). One constant could not hold both (a rate alone:
+// +-16%); the per-call cost is what sets Qwen3's narrower, more numerous
+// experts apart. The 64k OLMoE step (2.993 s) is under-predicted: it waits on
+// the host (GPU idle 19%), which this compute term does not hold. ESTIMATES
+// on other cards.
+constexpr double kMoeExpertShareOfDense = 0.66;
+constexpr double kMoeWeightGradCallS = 21.3e-6;
 double routed_expert_params_per_token(const ModelSpec& s) {
   return static_cast<double>(s.moe.top_k * s.params_expert() * s.n_layers);
 }
@@ -284,8 +289,10 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
                 ((r.hardware_flops_per_token - r.fp8_flops_per_token) / (card.bf16_tflops * 1e12) +
                  (r.fp8_flops_per_token > 0 ? r.fp8_flops_per_token / (fp8_rate * 1e12) : 0.0)) /
                 r.efficiency;
-  if (const double pe = routed_expert_params_per_token(s); pe > 0)  // the routed experts at their own rate (above)
+  if (const double pe = routed_expert_params_per_token(s); pe > 0) {  // the routed experts at their own rate (above)
     r.compute_s += tokens * (8.0 * pe / kMoeExpertShareOfDense - 6.0 * pe) / (card.bf16_tflops * 1e12) / r.efficiency;
+    r.compute_s += L * K * 3.0 * static_cast<double>(s.moe.n_experts) * kMoeWeightGradCallS;
+  }
   MuonStepWork ns5;
   if (plan.options.muon) {  // NS5 on the same device: its time adds to the compute, its copies to the PCIe's
     ns5 = muon_step_work(s);
