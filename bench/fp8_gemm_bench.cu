@@ -33,24 +33,7 @@ namespace {
 
 using rt::bench::Dev;
 using rt::bench::fill;
-
-// Median-free simple timing: 3 warm-up calls, then the mean of `iters`.
-template <class F>
-double time_ms(F&& f, int iters = 10) {
-  for (int i = 0; i < 3; ++i) f();
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  CUDA_CHECK(cudaEventRecord(b));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / iters;
-}
+using rt::bench::time_ms;
 
 struct Proj {
   const char* name;

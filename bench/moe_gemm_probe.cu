@@ -32,7 +32,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -44,23 +44,7 @@ namespace {
 using rt::bench::bf16;
 using rt::bench::Dev;
 using rt::bench::fill;
-
-double time_ms(const std::function<void()>& f, int reps) {
-  f();  // warm-up (and cuBLAS's heuristics)
-  CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) f();
-  CUDA_CHECK(cudaEventRecord(b));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  return ms / reps;
-}
+using rt::bench::time_ms;
 
 template <class T>
 T* upload(const std::vector<T>& v, Dev& d) {
@@ -128,7 +112,7 @@ int main(int argc, char** argv) {
                                            int(C), &zero, g.as<bf16>() + off[e] * F, CUDA_R_16BF, int(F),
                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
              },
-             reps));
+             reps, 1));
   {
     std::vector<const void*> A(E), B(E);
     std::vector<void*> Cp(E);
@@ -151,7 +135,7 @@ int main(int argc, char** argv) {
                      CUDA_R_16BF, lda.data(), dB.as<const void*>(), CUDA_R_16BF, ldb.data(), be.data(), dC.as<void*>(),
                      CUDA_R_16BF, ldc.data(), int(E), sz.data(), CUBLAS_COMPUTE_32F));
                },
-               reps));
+               reps, 1));
   }
   for (int64_t T : {128, 256, 512, 1024}) {
     // padded layout: expert e's rows start at poff[e], a multiple of T
@@ -180,7 +164,7 @@ int main(int argc, char** argv) {
                                                   CUDA_R_16BF, int(C), &zero, dC.as<void*>(), CUDA_R_16BF, int(F), nb,
                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                },
-               reps));
+               reps, 1));
   }
   {
     const int64_t R = NK / E;
@@ -192,7 +176,7 @@ int main(int argc, char** argv) {
                                                          R * C, &zero, g.as<bf16>(), CUDA_R_16BF, int(F), R * F, int(E),
                                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                },
-               reps));
+               reps, 1));
   }
 
   // weight gradient dW_e [F, C] (row-major) += d_g^T xe: as the engine, m = C, n = F, k = R, A = xe (N), B = d_g (T)
@@ -205,7 +189,7 @@ int main(int argc, char** argv) {
                                            CUDA_R_16BF, int(F), &one, pdW + e * F * C, CUDA_R_32F, int(C),
                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
              },
-             reps));
+             reps, 1));
   for (int64_t T : {256, 512, 1024}) {
     // rounds: round j = every expert's j-th chunk of T rows (padded layout; the padding rows would be zero)
     std::vector<int64_t> poff(E + 1, 0);
@@ -223,13 +207,13 @@ int main(int argc, char** argv) {
           Cp[j].push_back(pdW + e * F * C);
           ++calls;
         }
-    std::vector<Dev*> dev;
+    std::vector<std::unique_ptr<Dev>> dev;
     std::vector<std::array<void*, 3>> ptr(rounds);
     for (int64_t j = 0; j < rounds; ++j) {
       const size_t nb = A[j].size();
-      dev.push_back(new Dev(nb * 8)), ptr[j][0] = upload(A[j], *dev.back());
-      dev.push_back(new Dev(nb * 8)), ptr[j][1] = upload(B[j], *dev.back());
-      dev.push_back(new Dev(nb * 8)), ptr[j][2] = upload(Cp[j], *dev.back());
+      dev.push_back(std::make_unique<Dev>(nb * 8)), ptr[j][0] = upload(A[j], *dev.back());
+      dev.push_back(std::make_unique<Dev>(nb * 8)), ptr[j][1] = upload(B[j], *dev.back());
+      dev.push_back(std::make_unique<Dev>(nb * 8)), ptr[j][2] = upload(Cp[j], *dev.back());
     }
     char name[40];
     std::snprintf(name, sizeof name, "rounds %lld (%lld)", static_cast<long long>(T), static_cast<long long>(rounds));
@@ -243,8 +227,7 @@ int main(int argc, char** argv) {
                                                     &one, static_cast<void* const*>(ptr[j][2]), CUDA_R_32F, int(C),
                                                     int(A[j].size()), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                },
-               reps));
-    for (Dev* d : dev) delete d;
+               reps, 1));
   }
   {
     const int64_t R = NK / E;
@@ -256,7 +239,7 @@ int main(int argc, char** argv) {
                                                          CUDA_R_16BF, int(F), R * F, &one, pdW, CUDA_R_32F, int(C),
                                                          F * C, int(E), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                },
-               reps));
+               reps, 1));
   }
   CUBLAS_CHECK(cublasDestroy(h));
   return 0;
