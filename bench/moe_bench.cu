@@ -5,9 +5,11 @@
 // GEMMs looped and grouped (MoeBlas's two modes), on random inputs whose
 // routing is roughly balanced. Per mode: milliseconds of the forward and of
 // the recompute + backward (CUDA events on the stream; the calls' waits for
-// the expert counts included), and the expert TFLOP/s: 12 GEMMs of
-// 2 N K C F FLOPs each (forward 3; backward: 3 recomputed, d_a, the 2 input
-// gradients and the 3 weight gradients).
+// the expert counts included), and the expert TFLOP/s of the model's 9
+// GEMMs of 2 N K C F FLOPs each (forward 3; backward: d_a, the 2 input
+// gradients and the 3 weight gradients) and of the 11 that run (the
+// backward recomputes gate and up). The grouped mode runs twice: its weight
+// gradients on the call's stream (lanes 0) and on MoeBlas's default lanes.
 //   moe_bench [N C E K F] (default 32768 2048 64 8 1024: 16 x 2048 tokens)
 // Not a test: timings only.
 #include <cuda_runtime.h>
@@ -73,12 +75,22 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventCreate(&e1));
     CUDA_CHECK(cudaEventCreate(&e2));
     const rt::cuda::Scratch sc{scratch.p, rt::cuda::moe_scratch_bytes(d)};
-    const double flops = 12.0 * 2.0 * static_cast<double>(N * K) * static_cast<double>(C) * static_cast<double>(F);
-    std::printf("MoE layer N %lld, C %lld, E %lld, K %lld, F %lld: %.2f expert TFLOP per forward + backward\n",
-                (long long)N, (long long)C, (long long)E, (long long)K, (long long)F, flops / 1e12);
-    for (const auto mode : {rt::cuda::MoeGemm::looped, rt::cuda::MoeGemm::grouped}) {
+    const double gemm = 2.0 * static_cast<double>(N * K) * static_cast<double>(C) * static_cast<double>(F);
+    const double flops = 9.0 * gemm, hw_flops = 11.0 * gemm;
+    std::printf(
+        "MoE layer N %lld, C %lld, E %lld, K %lld, F %lld: %.2f expert TFLOP per forward + backward (model; %.2f "
+        "run)\n",
+        (long long)N, (long long)C, (long long)E, (long long)K, (long long)F, flops / 1e12, hw_flops / 1e12);
+    struct Run {
+      rt::cuda::MoeGemm mode;
+      int lanes;  // -1: the default
+    };
+    for (const Run run : {Run{rt::cuda::MoeGemm::looped, -1}, Run{rt::cuda::MoeGemm::grouped, 0},
+                          Run{rt::cuda::MoeGemm::grouped, -1}}) {
+      const auto mode = run.mode;
       rt::cuda::MoeBlas blas;
       blas.set_gemm_mode(mode);
+      if (run.lanes >= 0) blas.set_wgrad_lanes(run.lanes);
       double fwd = 0, bwd = 0, wall = 0;
       const int warm = 2, iters = 5;
       for (int it = 0; it < warm + iters; ++it) {
@@ -102,10 +114,10 @@ int main(int argc, char** argv) {
         fwd += f / iters, bwd += b / iters, wall += w / iters;
       }
       std::printf(
-          "%-8s forward %8.2f ms   recompute + backward %8.2f ms   wall %8.2f ms   %6.1f expert TFLOP/s   "
-          "grouped calls %lld\n",
-          mode == rt::cuda::MoeGemm::grouped ? "grouped" : "looped", fwd, bwd, wall, flops / (wall * 1e-3) / 1e12,
-          (long long)blas.grouped_calls());
+          "%-8s lanes %2d  forward %8.2f ms   recompute + backward %8.2f ms   wall %8.2f ms   %6.1f expert model "
+          "TFLOP/s (%6.1f run)   grouped calls %lld\n",
+          mode == rt::cuda::MoeGemm::grouped ? "grouped" : "looped", blas.wgrad_lanes(), fwd, bwd, wall,
+          flops / (wall * 1e-3) / 1e12, hw_flops / (wall * 1e-3) / 1e12, (long long)blas.grouped_calls());
     }
     cudaStreamDestroy(s);
   } catch (const std::exception& ex) {

@@ -19,7 +19,10 @@
 // expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
 // mode's bf16 rows: o (forward), and the input gradients of gate and up
 // (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
-// one cublasGemmEx per expert and kind in both modes.
+// one cublasGemmEx per expert and kind in both modes, on MoeBlas's
+// weight-gradient lanes. The backward recomputes g, u, a but not o (the
+// routing weight's gradient comes from the unweighted d_a product:
+// act_grad_kernel).
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -39,6 +42,7 @@
 #include "cuda/kernel_util.cuh"
 #include "cuda/moe_routing_kernels.cuh"
 #include "cuda/ops.h"
+#include "cuda/swiglu_math.cuh"
 
 namespace rt::cuda {
 
@@ -192,30 +196,98 @@ __global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, co
     out[i] = __float2bfloat16(sum_by_expert(o, ord_row, ord_w, i / C, i % C, K));
 }
 
-// Per permuted row r (slot s = perm[r], token n = s / K), one warp:
-// dw[s] = <dout[n], o(r)> (fp32), d_o[r] = bf16(w[s] dout[n]); a padding
-// row (perm -1) gets d_o = 0. rows: the permuted rows in use.
-template <class Rows>
-__global__ void weight_grad_kernel(float* dw, bf16* d_o, const bf16* dout, Rows o, const float* w, const int32_t* perm,
-                                   int64_t rows, int64_t C, int K) {
+// Per permuted row r in use (slot s = perm[r], token n = s / K): dy[r] =
+// dout[n] (a copy) and d_o[r] = bf16(w[s] dout[n]); zeros on a padding row
+// (perm -1). The backward's d_a product runs on dy (unweighted, so that the
+// routing weight's gradient comes out of the same product: act_grad_kernel),
+// the down weight gradient on d_o. 8 bf16 per step.
+__global__ void scatter_dout_kernel(bf16* dy, bf16* d_o, const bf16* dout, const float* w, const int32_t* perm,
+                                    int64_t rows, int64_t C, int K) {
+  const int64_t C8 = C / 8, total = rows * C8;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = v / C8, c8 = v % C8;
+    const int32_t s = perm[r];
+    detail::bf16x8 y{}, o{};
+    if (s >= 0) {
+      y = reinterpret_cast<const detail::bf16x8*>(dout + s / K * C)[c8];
+      float f[8];
+      detail::bf16x8_to_float(y, f);
+      for (float& t : f) t *= w[s];
+      o = detail::float_to_bf16x8(f);
+    }
+    reinterpret_cast<detail::bf16x8*>(dy + r * C)[c8] = y;
+    reinterpret_cast<detail::bf16x8*>(d_o + r * C)[c8] = o;
+  }
+}
+
+// Per permuted row r (slot s = perm[r]), one warp, from ga = dy Wd (the
+// unweighted gradient of a: out[n] += w o, o = a Wd^T + bd):
+// dw[s] = <ga[r], a[r]> (fp32; <dout[n], bd> is added by bias_dot_kernel),
+// and the SwiGLU backward of d_a = w[s] ga[r] (fp32, not rounded) into d_g,
+// d_u (bf16; zeros on a padding row). kVec: F % 8 == 0, 8 bf16 per step.
+template <bool kVec, bool kClamped>
+__global__ void act_grad_kernel(float* dw, bf16* d_g, bf16* d_u, const bf16* ga, const bf16* a, const bf16* g,
+                                const bf16* u, const float* w, const int32_t* perm, int64_t rows, int64_t F,
+                                float limit, float alpha) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (r >= rows) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
   const int32_t s = perm[r];
-  if (s < 0) {
-    for (int64_t c = lane; c < C; c += 32) d_o[r * C + c] = __float2bfloat16(0.f);
-    return;
-  }
-  const int64_t n = s / K;
-  const float wt = w[s];
+  const float wt = s >= 0 ? w[s] : 0.f;
+  const int64_t base = r * F;
+  auto grad = [&](float d, float gv, float uv, float* dg, float* du) {
+    if (kClamped)
+      detail::swiglu_clamped_grad(d, gv, uv, limit, alpha, dg, du);
+    else
+      detail::swiglu_grad(d, gv, uv, dg, du);
+  };
   float dot = 0.f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float dy = __bfloat162float(dout[n * C + c]);
-    dot += dy * o(r, c);
-    d_o[r * C + c] = __float2bfloat16(dy * wt);
+  if (kVec) {
+    using detail::bf16x8;
+    const auto *ga8 = reinterpret_cast<const bf16x8*>(ga + base), *a8 = reinterpret_cast<const bf16x8*>(a + base),
+               *g8 = reinterpret_cast<const bf16x8*>(g + base), *u8 = reinterpret_cast<const bf16x8*>(u + base);
+    auto *dg8 = reinterpret_cast<bf16x8*>(d_g + base), *du8 = reinterpret_cast<bf16x8*>(d_u + base);
+    for (int64_t v = lane; v < F / 8; v += 32) {
+      float fga[8], fa[8], fg[8], fu[8], odg[8], odu[8];
+      detail::bf16x8_to_float(ga8[v], fga);
+      detail::bf16x8_to_float(a8[v], fa);
+      detail::bf16x8_to_float(g8[v], fg);
+      detail::bf16x8_to_float(u8[v], fu);
+      for (int i = 0; i < 8; ++i) {
+        dot += fga[i] * fa[i];
+        grad(wt * fga[i], fg[i], fu[i], &odg[i], &odu[i]);
+      }
+      dg8[v] = detail::float_to_bf16x8(odg);
+      du8[v] = detail::float_to_bf16x8(odu);
+    }
+  } else {
+    for (int64_t f = lane; f < F; f += 32) {
+      const float gaf = __bfloat162float(ga[base + f]);
+      dot += gaf * __bfloat162float(a[base + f]);
+      float dg, du;
+      grad(wt * gaf, __bfloat162float(g[base + f]), __bfloat162float(u[base + f]), &dg, &du);
+      d_g[base + f] = __float2bfloat16(dg);
+      d_u[base + f] = __float2bfloat16(du);
+    }
   }
   dot = detail::warp_sum(dot);
-  if (lane == 0) dw[s] = dot;
+  if (lane == 0 && s >= 0) dw[s] = dot;
+}
+
+// dw[perm[r]] += <dout[n], bias> over one expert's rows [r0, r0 + R) (gpt-oss's
+// down bias: o = a Wd^T + bd), one warp per row.
+__global__ void bias_dot_kernel(float* dw, const bf16* dout, const bf16* bias, const int32_t* perm, int64_t r0,
+                                int64_t R, int64_t C, int K) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (i >= R) return;
+  const int lane = threadIdx.x & 31;
+  const int32_t s = perm[r0 + i];
+  const bf16* dy = dout + s / K * C;
+  float dot = 0.f;
+  for (int64_t c = lane; c < C; c += 32) dot += __bfloat162float(dy[c]) * __bfloat162float(bias[c]);
+  dot = detail::warp_sum(dot);
+  if (lane == 0) dw[s] += dot;
 }
 
 // dl[n, :] (bf16) = d loss / d router logits of row n, through the top-k
@@ -439,7 +511,8 @@ void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t
 // Every expert's g, u, a (bf16) and o on its gathered rows xe, after the
 // call's one wait for the layout (queued by route: the gather runs while the
 // host waits). o is bf16 (in w.o's memory) when *o_bf16 comes back true (the
-// grouped down product), fp32 otherwise. Returns the layout.
+// grouped down product), fp32 otherwise; o_bf16 null: no o (the backward,
+// which needs only g, u and a). Returns the layout.
 Layout experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const bf16* x,
                        const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
                        const MoeBiasesT<bf16>& b, bool* o_bf16) {
@@ -470,6 +543,7 @@ Layout experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const 
     swiglu_clamped_forward(w.a, w.g, w.u, rows * F, d.glu_limit, d.glu_alpha, stream);
   else
     swiglu_forward(w.a, w.g, w.u, rows * F, stream);
+  if (!o_bf16) return L;
   bf16* o16 = reinterpret_cast<bf16*>(w.o);
   const ExpertProduct down_p[1] = {{down, w.a, o16}};
   *o_bf16 = grouped && grouped_products(blas, true, L, d.E, C, F, down_p, 1, w, st, 1, stream);
@@ -538,52 +612,77 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   const int K = static_cast<int>(d.K);
   const Staging st = staging(blas, d);
   route(blas, d, w, st, probs, stream);  // recomputed from the forward's probabilities
-  bool o_bf16 = false;
-  const Layout L = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
+  const Layout L = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, nullptr);  // g, u, a: no o
   const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
   const int64_t rows = L.used();  // permuted rows, padding included
-  // out[n] += w o: dw = <dout[n], o>, d_o = w dout[n] (0 on padding rows)
-  if (o_bf16)
-    weight_grad_kernel<<<blocks_each(rows, 8), 256, 0, stream>>>(
-        w.dw, w.d_o, dout, Bf16Rows{reinterpret_cast<const bf16*>(w.o), C}, w.w, w.perm, rows, C, K);
-  else
-    weight_grad_kernel<<<blocks_each(rows, 8), 256, 0, stream>>>(w.dw, w.d_o, dout, F32Rows{w.o, C}, w.w, w.perm, rows,
-                                                                 C, K);
+  // out[n] += w o: dy = dout[n] and d_o = w dout[n] per row (dy in o's memory: no o here)
+  bf16* dy = reinterpret_cast<bf16*>(w.o);
+  scatter_dout_kernel<<<blocks_for(rows * C / 8, 256), 256, 0, stream>>>(dy, w.d_o, dout, w.w, w.perm, rows, C, K);
   CUDA_CHECK_LAUNCH();
-  // down: d_a = d_o Wd, dWd += d_o^T a
-  const ExpertProduct down_p[1] = {{down, w.d_o, w.d_a}};
-  const bool d_a_grouped = grouped && grouped_products(blas, false, L, d.E, F, C, down_p, 1, w, st, 2, stream);
-  for (int64_t e = 0; e < d.E; ++e) {
+  // The weight gradients: on the lanes when there are some (MoeBlas), the
+  // call's stream otherwise; expert e on lane e % lanes. The lanes read d_o,
+  // a, d_g, d_u and xe, which nothing below writes again in this call.
+  const int lanes = blas.wgrad_lanes();
+  auto weight_grad = [&](int64_t e, float* dw, const bf16* rows_a, const bf16* rows_b, int64_t M, int64_t Nn,
+                         int64_t R) {
+    if (lanes == 0)
+      blas.matmul_tn(dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f, stream);
+    else
+      blas.lane_matmul_tn(static_cast<int>(e % lanes), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
+  };
+  auto wgrad_stream = [&](int64_t e) { return lanes == 0 ? stream : blas.lane_stream(static_cast<int>(e % lanes)); };
+  blas.lanes_fork(stream);
+  for (int64_t e = 0; e < d.E; ++e) {  // dWd += d_o^T a
     const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
-    if (!d_a_grouped) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, w.d_o + r0 * C, down[e], R, F, C, 0.f, stream);
-    blas.matmul_tn(ddown[e], DType::f32, w.d_o + r0 * C, w.a + r0 * F, C, F, R, 1.f, stream);
-    if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, stream);
+    weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);
+    if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, wgrad_stream(e));
   }
-  if (d.glu_limit > 0.f)
-    swiglu_clamped_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, rows * F, d.glu_limit, d.glu_alpha, stream);
-  else
-    swiglu_backward(w.d_g, w.d_u, w.d_a, w.g, w.u, rows * F, stream);
-  // gate/up: dxe = d_g Wg + d_u Wu, dWg += d_g^T xe, dWu += d_u^T xe. o is
-  // spent (read by weight_grad_kernel): its memory holds each row's dx, fp32
-  // (looped) or two bf16 rows, of gate and of up (grouped)
+  // ga = dy Wd (w.d_a holds it), unweighted; then dw, and d_g, d_u from d_a = w ga
+  const ExpertProduct down_p[1] = {{down, dy, w.d_a}};
+  if (!(grouped && grouped_products(blas, false, L, d.E, F, C, down_p, 1, w, st, 2, stream)))
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t r0 = L.first(e), R = L.rows(e);
+      if (R > 0) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, dy + r0 * C, down[e], R, F, C, 0.f, stream);
+    }
+  {
+    const bool vec = F % 8 == 0, clamped = d.glu_limit > 0.f;
+    auto* kernel = vec ? (clamped ? act_grad_kernel<true, true> : act_grad_kernel<true, false>)
+                       : (clamped ? act_grad_kernel<false, true> : act_grad_kernel<false, false>);
+    kernel<<<blocks_each(rows, 8), 256, 0, stream>>>(w.dw, w.d_g, w.d_u, w.d_a, w.a, w.g, w.u, w.w, w.perm, rows, F,
+                                                     d.glu_limit, d.glu_alpha);
+    CUDA_CHECK_LAUNCH();
+  }
+  if (b.down)  // dw += <dout[n], bd>
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t r0 = L.first(e), R = L.rows(e);
+      if (R == 0) continue;
+      bias_dot_kernel<<<blocks_each(R, 8), 256, 0, stream>>>(w.dw, dout, b.down[e], w.perm, r0, R, C, K);
+      CUDA_CHECK_LAUNCH();
+    }
+  blas.lanes_fork(stream);
+  for (int64_t e = 0; e < d.E; ++e) {  // dWg += d_g^T xe, dWu += d_u^T xe
+    const int64_t r0 = L.first(e), R = L.rows(e);
+    if (R == 0) continue;
+    weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
+    weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
+    if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, wgrad_stream(e));
+    if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, wgrad_stream(e));
+  }
+  // the input gradients dxe = d_g Wg + d_u Wu: fp32 (looped) or two bf16 rows,
+  // of gate and of up (grouped), in o's memory (dy is spent)
   float* dxe = w.o;
   bf16* dxg = reinterpret_cast<bf16*>(w.o);
   bf16* dxu = dxg + moe_padded_rows(NK, d.E) * C;
   const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
   const bool dx_grouped = grouped && grouped_products(blas, false, L, d.E, C, F, dx_p, 2, w, st, 3, stream);
-  for (int64_t e = 0; e < d.E; ++e) {
-    const int64_t r0 = L.first(e), R = L.rows(e);
-    if (R == 0) continue;
-    if (!dx_grouped) {
+  if (!dx_grouped)
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t r0 = L.first(e), R = L.rows(e);
+      if (R == 0) continue;
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
     }
-    blas.matmul_tn(dgate[e], DType::f32, w.d_g + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
-    blas.matmul_tn(dup[e], DType::f32, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream);
-    if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, stream);
-    if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, stream);
-  }
   // routing weights -> probabilities -> logits -> x and the router
   router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
                                                                 d.norm_topk, d.topk_softmax);
@@ -597,6 +696,7 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   else
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
   CUDA_CHECK_LAUNCH();
+  blas.lanes_join(stream);  // the weight gradients are done before anything after this call
 }
 
 }  // namespace rt::cuda

@@ -1,12 +1,14 @@
 // MoeBlas (cuda/ops.h): the cuBLAS handle, event and pinned staging the MoE
-// expert GEMMs run through, its mode (RAMTRAIN_MOE_GEMM: looped or grouped)
-// and its row-major matmul_nt/nn/tn over cublasGemmEx. The MoE layer that
+// expert GEMMs run through, its mode (RAMTRAIN_MOE_GEMM: looped or grouped),
+// its weight-gradient lanes (RAMTRAIN_MOE_WGRAD_LANES) and its row-major
+// matmul_nt/nn/tn over cublasGemmEx. The MoE layer that
 // calls it is moe.cu.
 #include <cublas_v2.h>
 
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "cuda/check.h"
 #include "cuda/ops.h"
@@ -25,18 +27,34 @@ MoeGemm gemm_mode_from_env() {
        "': unset it for auto");
 }
 
-}  // namespace
+int lanes_from_env() {
+  const char* v = std::getenv("RAMTRAIN_MOE_WGRAD_LANES");
+  if (!v || !*v) return MoeBlas::kWgradLanes;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  RT_CHECK(*end == '\0' && n >= 0 && n <= MoeBlas::kMaxWgradLanes,
+           "[cuda moe] RAMTRAIN_MOE_WGRAD_LANES (streams for the expert weight gradients) must be an integer in 0..",
+           MoeBlas::kMaxWgradLanes, ", got '", v, "': unset it for ", MoeBlas::kWgradLanes);
+  return static_cast<int>(n);
+}
 
-MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()) {
+// A handle whose split-K partial sums stay in fp32, never in the bf16 output type.
+cublasHandle_t make_handle() {
   cublasHandle_t h = nullptr;
   CUBLAS_CHECK(cublasCreate(&h));
-  // split-K partial sums in fp32, never in the bf16 output type
   const cublasStatus_t st = cublasSetMathMode(
       h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-  if (st != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);  // the destructor does not run for a throwing constructor
+  if (st != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);
   CUBLAS_CHECK(st);
+  return h;
+}
+
+}  // namespace
+
+MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()), lanes_(lanes_from_env()) {
+  cublasHandle_t h = make_handle();
   const cudaError_t ev = cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming);
-  if (ev != cudaSuccess) cublasDestroy(h);
+  if (ev != cudaSuccess) cublasDestroy(h);  // the destructor does not run for a throwing constructor
   CUDA_CHECK(ev);
   h_ = h;
 }
@@ -45,6 +63,12 @@ MoeBlas::~MoeBlas() {
   if (h_) cublasDestroy(h_);
   if (ev_) cudaEventDestroy(ev_);
   if (host_) cudaFreeHost(host_);
+  for (Lane& l : lane_) {
+    if (l.h) cublasDestroy(l.h);
+    if (l.done) cudaEventDestroy(l.done);
+    if (l.stream) cudaStreamDestroy(l.stream);
+  }
+  if (fork_) cudaEventDestroy(fork_);
 }
 
 MoeBlas::MoeBlas(MoeBlas&& o) noexcept
@@ -53,8 +77,61 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       host_(o.host_),
       host_bytes_(o.host_bytes_),
       mode_(o.mode_),
-      grouped_calls_(o.grouped_calls_) {
-  o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0;
+      grouped_calls_(o.grouped_calls_),
+      lanes_(o.lanes_),
+      lane_(std::move(o.lane_)),
+      fork_(o.fork_) {
+  o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0, o.fork_ = nullptr;
+  o.lane_.clear();
+}
+
+void MoeBlas::set_wgrad_lanes(int n) {
+  RT_CHECK(n >= 0 && n <= kMaxWgradLanes, "[cuda moe] weight-gradient lanes must be in 0..", kMaxWgradLanes, ", got ",
+           n);
+  if (n == lanes_) return;
+  if (!lane_.empty()) {  // made for another count: joined by every call, so idle once the device is
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (Lane& l : lane_) {
+      CUBLAS_CHECK(cublasDestroy(l.h));
+      CUDA_CHECK(cudaEventDestroy(l.done));
+      CUDA_CHECK(cudaStreamDestroy(l.stream));
+    }
+    lane_.clear();
+  }
+  lanes_ = n;
+}
+
+void MoeBlas::make_lanes() {
+  if (!fork_) CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  while (static_cast<int>(lane_.size()) < lanes_) {
+    Lane l;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    lane_.push_back(l);  // owned from here: the destructor frees what exists
+    Lane& m = lane_.back();
+    CUDA_CHECK(cudaEventCreateWithFlags(&m.done, cudaEventDisableTiming));
+    m.h = make_handle();
+    CUBLAS_CHECK(cublasSetStream(m.h, m.stream));
+  }
+}
+
+void MoeBlas::lanes_fork(cudaStream_t stream) {
+  if (lanes_ == 0) return;
+  make_lanes();
+  CUDA_CHECK(cudaEventRecord(fork_, stream));
+  for (Lane& l : lane_) CUDA_CHECK(cudaStreamWaitEvent(l.stream, fork_, 0));
+}
+
+void MoeBlas::lanes_join(cudaStream_t stream) {
+  for (Lane& l : lane_) {
+    CUDA_CHECK(cudaEventRecord(l.done, l.stream));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, l.done, 0));
+  }
+}
+
+cudaStream_t MoeBlas::lane_stream(int lane) const {
+  RT_CHECK(lane >= 0 && lane < static_cast<int>(lane_.size()), "[cuda moe] internal: lane ", lane, " of ", lane_.size(),
+           " (lanes_fork makes them)");
+  return lane_[static_cast<size_t>(lane)].stream;
 }
 
 void* MoeBlas::host_staging(size_t bytes) {
@@ -110,6 +187,12 @@ void MoeBlas::matmul_tn(void* out, DType t, const bf16* a, const bf16* b, int64_
   check_gemm("matmul_tn", M, N, K, beta, t);
   // b [K,N] = column-major [N,K]; a [K,M] = column-major [M,K], transposed
   gemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, out, t, a, M, b, N, M, N, K, beta, stream);
+}
+void MoeBlas::lane_matmul_tn(int lane, void* out, DType t, const bf16* a, const bf16* b, int64_t M, int64_t N,
+                             int64_t K, float beta) {
+  check_gemm("matmul_tn", M, N, K, beta, t);
+  const Lane& l = lane_.at(static_cast<size_t>(lane));
+  gemm(l.h, CUBLAS_OP_N, CUBLAS_OP_T, out, t, a, M, b, N, M, N, K, beta, l.stream);
 }
 
 }  // namespace rt::cuda

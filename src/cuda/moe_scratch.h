@@ -38,9 +38,10 @@ constexpr int64_t kMoeChunk = 128;
 inline int64_t moe_padded_rows(int64_t NK, int64_t E) { return NK + E * (kMoeChunk - 1); }
 inline int64_t moe_max_chunks(int64_t NK, int64_t E) { return NK / kMoeChunk + E; }
 
-// Batched expert GEMM calls of one moe_forward or moe_backward at most, each
-// with up to 2 problems per chunk and 3 device pointers per problem (the
-// backward: the forward's gate+up and down again, d_a, the input gradients).
+// Pointer-array slots of the batched expert GEMM calls of one moe_forward or
+// moe_backward, each with up to 2 problems per chunk and 3 device pointers
+// per problem: 0 gate+up (the forward's, and again in the backward), 1 down
+// (forward), 2 d_a and 3 the input gradients (backward).
 constexpr int64_t kMoeGroupedCalls = 4;
 
 // Scratch of moe_forward and moe_backward: the N*K permuted rows (padded)

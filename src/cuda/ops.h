@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "cuda/lm_head_rows.h"
 #include "cuda/moe_scratch.h"
@@ -282,8 +283,12 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 //    their own output).
 //  - looped: one cublasGemmEx per expert and product, o and the input
 //    gradients in fp32 (the reference the grouped path is tested against).
+// The backward recomputes g, u and a, not o: the routing weight's gradient
+// <dout[n], o> is taken as <ga, a> with ga = dout[n] Wd (one unweighted
+// product, bf16 in both modes; + <dout[n], bd> with a down bias), and
+// d_a = w ga. The weight gradients run on MoeBlas's lanes (below).
 // The two agree within bf16 rounding (tests/gpu/cuda_moe_test.cpp); each is
-// deterministic on one stream. One MoeBlas serves one stream at a time (its
+// deterministic. One MoeBlas serves one stream at a time (its
 // pinned staging is reused call after call; each call's wait on the counts
 // orders it after the previous call's copies).
 // auto (MoeGemm::by_size, the default) runs a call grouped when an expert's
@@ -330,14 +335,42 @@ class MoeBlas {
   ::cublasContext* handle() const { return h_; }
   void* host_staging(size_t bytes);
   cudaEvent_t counts_event() const { return ev_; }
+  // Weight-gradient lanes (RAMTRAIN_MOE_WGRAD_LANES, 0..kMaxWgradLanes;
+  // unset: kWgradLanes): streams of their own, each with its own cuBLAS
+  // handle, on which moe_backward runs the experts' fp32 weight gradients
+  // (expert e on lane e % lanes) beside each other and beside the call's
+  // remaining work. An expert's weight GEMM fills a fraction of a big GPU
+  // (OLMoE's 1024 x 2048 output is 64 tiles of 128 x 256 on 132 SMs). Each
+  // gradient is still one cublasGemmEx of the same shape, so the bits are
+  // those of the call's stream; 0 runs them there. Created on first use.
+  static constexpr int kWgradLanes = 4, kMaxWgradLanes = 16;
+  int wgrad_lanes() const { return lanes_; }
+  void set_wgrad_lanes(int n);
+  // lanes_fork: every lane waits for the work `stream` has queued so far;
+  // lanes_join: `stream` waits for every lane's queued work.
+  void lanes_fork(cudaStream_t stream);
+  void lanes_join(cudaStream_t stream);
+  cudaStream_t lane_stream(int lane) const;
+  // matmul_tn on a lane's handle and stream.
+  void lane_matmul_tn(int lane, void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N,
+                      int64_t K, float beta);
 
  private:
+  struct Lane {
+    ::cublasContext* h = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  void make_lanes();
   ::cublasContext* h_ = nullptr;
   cudaEvent_t ev_ = nullptr;
   void* host_ = nullptr;
   size_t host_bytes_ = 0;
   MoeGemm mode_ = MoeGemm::grouped;
   int64_t grouped_calls_ = 0;
+  int lanes_ = 0;
+  std::vector<Lane> lane_;  // made: lane_.size() == lanes_ (or empty before first use)
+  cudaEvent_t fork_ = nullptr;
 };
 
 // MoeDims and moe_scratch_bytes (the scratch of both calls): cuda/moe_scratch.h.

@@ -7,6 +7,7 @@
 #include "cuda/fp8_amax.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/ops.h"
+#include "cuda/swiglu_math.cuh"
 
 namespace rt::cuda {
 namespace {
@@ -40,11 +41,9 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout,
   uint32_t kg = 0, ku = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]), d = __bfloat162float(dout[i]);
-    const float sig = 1.f / (1.f + expf(-g));
-    const float silu = g * sig;
-    const bf16 dg = __float2bfloat16(d * u * sig * (1.f + g * (1.f - sig)));
-    const bf16 du = __float2bfloat16(d * silu);
+    float fg, fu;
+    detail::swiglu_grad(__bfloat162float(dout[i]), __bfloat162float(gate[i]), __bfloat162float(up[i]), &fg, &fu);
+    const bf16 dg = __float2bfloat16(fg), du = __float2bfloat16(fu);
     dgate[i] = dg;
     dup[i] = du;
     if (kAmax) kg = max(kg, detail::bf16_amax_key(dg)), ku = max(ku, detail::bf16_amax_key(du));
@@ -58,7 +57,7 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout,
 }
 
 // gpt-oss: g' = min(g, L), u' = clamp(u, -L, L), out = (u' + 1) g' sigmoid(alpha g'); the clamps
-// pass the gradient where they leave the value unchanged (cpu/ops.cpp's rule).
+// pass the gradient where they leave the value unchanged (cpu/ops.cpp's rule; cuda/swiglu_math.cuh).
 __global__ void swiglu_clamped_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n, float limit,
                                               float alpha) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -73,11 +72,11 @@ __global__ void swiglu_clamped_backward_kernel(bf16* dgate, bf16* dup, const bf1
                                                const bf16* up, int64_t n, float limit, float alpha) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g0 = __bfloat162float(gate[i]), u0 = __bfloat162float(up[i]), d = __bfloat162float(dout[i]);
-    const float g = fminf(g0, limit), u = fminf(fmaxf(u0, -limit), limit);
-    const float s = 1.f / (1.f + expf(-(g * alpha)));
-    dgate[i] = __float2bfloat16(g0 <= limit ? d * (u + 1.f) * (s + alpha * g * s * (1.f - s)) : 0.f);
-    dup[i] = __float2bfloat16(u0 >= -limit && u0 <= limit ? d * g * s : 0.f);
+    float dg, du;
+    detail::swiglu_clamped_grad(__bfloat162float(dout[i]), __bfloat162float(gate[i]), __bfloat162float(up[i]), limit,
+                                alpha, &dg, &du);
+    dgate[i] = __float2bfloat16(dg);
+    dup[i] = __float2bfloat16(du);
   }
 }
 

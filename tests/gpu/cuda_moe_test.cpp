@@ -16,14 +16,15 @@
 //    of each other unless they are exactly tied, far above the ~1e-6 that
 //    the summation order changes).
 //  - out, dx and the weight gradients: chains with bf16 intermediates (g, u,
-//    SwiGLU, d_o, d_a, d_g, d_u, the router's dl are bf16 on the GPU, fp32 on
-//    the CPU): rel_l2 <= 1e-2 and max |err| <= 5e-2 * max |ref|, the bound of
-//    cuda_ops_test's attention and cross-entropy chains. A token sent to the
-//    wrong expert, a wrong weight or a dropped norm_topk term is O(1).
+//    SwiGLU, d_o, the unweighted d_a, d_g, d_u, the router's dl are bf16 on
+//    the GPU, fp32 on the CPU; the GPU's routing-weight gradient is <d_a, a>
+//    where the CPU's is <dout, o>, the same sum in another order): rel_l2 <= 1e-2 and max |err| <= 5e-2 * max |ref|,
+//    the bound of cuda_ops_test's attention and cross-entropy chains. A token sent to the wrong expert, a wrong weight
+//    or a dropped norm_topk term is O(1).
 //  - an expert with no token: its weight gradients are untouched (bit-exact).
 // Every case runs in both expert GEMM modes (cuda/ops.h MoeBlas): looped and
 // grouped each against the CPU with the bounds above; the grouped mode must
-// have run all 6 of its grouped calls (no fall-back to the loop), and
+// have run all 5 of its grouped calls (no fall-back to the loop), and
 //  - grouped vs looped out, element by element: |diff| <= 16 u S[n, c], S the
 //    sum over the token's experts of |w| sum_f m_f |Wd[c, f]| (+ |bias|),
 //    m_f = |a_f| + |g_f| (|u_f| + 1) from the CPU's fp32 g, u, a. Between the
@@ -35,6 +36,8 @@
 //    both final roundings of out add 2u |out| <= 2u S: ~10u S, bounded at
 //    16u S. A wrong expert, weight or row is O(|o|), not a few u of S.
 //  - the grouped mode twice: out, dx and every gradient bit for bit;
+//  - the weight gradients on the call's stream and on 3 lanes (MoeBlas's
+//    weight-gradient lanes): the default lanes' bits;
 //  - auto (MoeGemm::by_size) on these small calls: grouped's bits.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
@@ -291,9 +294,11 @@ void run_case(const Case& k) {
   }
 
   // GPU, in one expert GEMM mode (cuda/ops.h MoeBlas), against the CPU
-  auto gpu_run = [&](rt::cuda::MoeGemm mode) {
+  // lanes: the weight-gradient lanes (MoeBlas); -1 leaves the default
+  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1) {
     rt::cuda::MoeBlas blas;
     blas.set_gemm_mode(mode);
+    if (lanes >= 0) blas.set_wgrad_lanes(lanes);
     const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
     // gpt-oss's biases on the device, and their gradients from zero
     std::vector<std::unique_ptr<DeviceBuffer>> dbg, dbu, dbd, dgbg, dgbu, dgbd;
@@ -413,8 +418,8 @@ void run_case(const Case& k) {
   const GpuResult looped = gpu_run(rt::cuda::MoeGemm::looped);
   const GpuResult grouped = gpu_run(rt::cuda::MoeGemm::grouped);
   EXPECT_EQ(looped.grouped_calls, 0);
-  // forward: gate+up, down; router-only forward: none; backward: gate+up, down, d_a, the input gradients
-  EXPECT_EQ(grouped.grouped_calls, 6) << "the grouped mode fell back to the loop";
+  // forward: gate+up, down; router-only forward: none; backward: gate+up, d_a, the input gradients
+  EXPECT_EQ(grouped.grouped_calls, 5) << "the grouped mode fell back to the loop";
   // grouped against looped, element by element (header: 16 u S)
   const std::vector<float> scale = out_scale(x, wg, wu, wd, ref_probs, N, C, E, K, F, k.norm_topk, variant);
   int bad = 0;
@@ -432,6 +437,14 @@ void run_case(const Case& k) {
   EXPECT_TRUE(again.out == grouped.out) << "grouped out differs between two runs";
   EXPECT_TRUE(again.dx == grouped.dx) << "grouped dx differs between two runs";
   EXPECT_TRUE(again.grads == grouped.grads) << "grouped weight gradients differ between two runs";
+  // the weight gradients on the call's stream and on 3 lanes (experts
+  // spread unevenly): the same GEMMs, so the same bits
+  const GpuResult no_lanes = gpu_run(rt::cuda::MoeGemm::grouped, 0);
+  const GpuResult three_lanes = gpu_run(rt::cuda::MoeGemm::grouped, 3);
+  EXPECT_TRUE(no_lanes.out == grouped.out && no_lanes.dx == grouped.dx && no_lanes.grads == grouped.grads)
+      << "the weight gradients on the call's stream differ from the default lanes'";
+  EXPECT_TRUE(three_lanes.out == grouped.out && three_lanes.dx == grouped.dx && three_lanes.grads == grouped.grads)
+      << "the weight gradients on 3 lanes differ from the default lanes'";
   // auto (MoeGemm::by_size): these calls' expert GEMMs are far below
   // kMoeGroupedMaxWork, so it runs grouped: the grouped results bit for bit
   ASSERT_TRUE(rt::cuda::moe_small_experts(N, K, E, C, F));
