@@ -101,6 +101,7 @@ void check_dims(const MoeDims& d) {
            "[cuda moe] bad shape: N ", d.N, ", C ", d.C, ", E ", d.E, ", K ", d.K, ", F ", d.F,
            " (need 1 <= K <= E and K <= ", kMaxK, ")");
   RT_CHECK(d.C % 8 == 0, "[cuda moe] hidden size C = ", d.C, " must be a multiple of 8");
+  RT_CHECK(d.E <= kMaxTopkE, "[cuda moe] ", d.E, " experts: the routing kernels hold at most ", kMaxTopkE);
   RT_CHECK(d.N * d.K <= INT_MAX, "[cuda moe] N*K = ", d.N * d.K, " rows is more than the int32 indices hold");
 }
 
@@ -114,11 +115,10 @@ MoeWork bind(const MoeDims& d, Scratch s) {
   return w;
 }
 
-// xe[r, :] = x[perm[r] / K, :] for the *rows permuted rows in use (starts[E],
-// on the device: launched before the host has the counts), zeros where
+// xe[r, :] = x[perm[r] / K, :] for the rows permuted rows, zeros where
 // perm[r] is -1 (padding); 8 bf16 per step.
-__global__ void gather_kernel(bf16* xe, const bf16* x, const int32_t* perm, const int32_t* rows, int64_t C, int K) {
-  const int64_t C8 = C / 8, total = static_cast<int64_t>(*rows) * C8;
+__global__ void gather_kernel(bf16* xe, const bf16* x, const int32_t* perm, int64_t rows, int64_t C, int K) {
+  const int64_t C8 = C / 8, total = rows * C8;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < total;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = v / C8, c8 = v % C8;
@@ -275,17 +275,36 @@ __global__ void act_grad_kernel(float* dw, bf16* d_g, bf16* d_u, const bf16* ga,
   if (lane == 0 && s >= 0) dw[s] = dot;
 }
 
-// dw[perm[r]] += <dout[n], bias> over one expert's rows [r0, r0 + R) (gpt-oss's
-// down bias: o = a Wd^T + bd), one warp per row.
-__global__ void bias_dot_kernel(float* dw, const bf16* dout, const bf16* bias, const int32_t* perm, int64_t r0,
-                                int64_t R, int64_t C, int K) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (i >= R) return;
+// Each expert's pointer (weights or biases) as a kernel parameter, so that
+// kernels find a permuted row's expert on the device (perm, idx) without the
+// host's layout; at most kMaxExpertPtrs experts (4 KB of parameters).
+constexpr int64_t kMaxExpertPtrs = kMoeMaxGroupedExperts;
+struct ExpertPtrs {
+  const void* p[kMaxExpertPtrs];
+};
+template <class T>
+ExpertPtrs expert_ptrs(const T* const* v, int64_t E) {
+  RT_CHECK(E <= kMaxExpertPtrs, "[cuda moe] ", E, " experts: expert biases and the grouped GEMMs take at most ",
+           kMaxExpertPtrs);
+  ExpertPtrs r{};
+  for (int64_t e = 0; e < E; ++e) r.p[e] = v[e];
+  return r;
+}
+
+// dw[s] += <dout[n], bd_e> for every permuted row r with a slot s = perm[r]
+// (token n = s / K, expert e = idx[s]): gpt-oss's down bias (o = a Wd^T +
+// bd). One warp per row.
+__global__ void bias_dot_kernel(float* dw, const bf16* dout, ExpertPtrs bias, const int32_t* perm, const int32_t* idx,
+                                int64_t rows, int64_t C, int K) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int32_t s = perm[r];
+  if (s < 0) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
-  const int32_t s = perm[r0 + i];
   const bf16* dy = dout + s / K * C;
+  const bf16* bd = static_cast<const bf16*>(bias.p[idx[s]]);
   float dot = 0.f;
-  for (int64_t c = lane; c < C; c += 32) dot += __bfloat162float(dy[c]) * __bfloat162float(bias[c]);
+  for (int64_t c = lane; c < C; c += 32) dot += __bfloat162float(dy[c]) * __bfloat162float(bd[c]);
   dot = detail::warp_sum(dot);
   if (lane == 0) dw[s] += dot;
 }
@@ -293,36 +312,40 @@ __global__ void bias_dot_kernel(float* dw, const bf16* dout, const bf16* bias, c
 // dl[n, :] (bf16) = d loss / d router logits of row n, through the top-k
 // weights (norm_topk: w_j = p_j / S) and the softmax; dprob [E] or null.
 // topk_softmax (gpt-oss): w = softmax(l_S), dl_S_j = w_j (dw_j - sum_i w_i dw_i), 0 elsewhere.
+// One warp per row, lanes over the experts (the sum over e a fixed tree).
 __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx, const float* w, const float* dw,
                                    const float* dprob, int64_t N, int64_t E, int K, bool norm_topk, bool topk_softmax) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  if (topk_softmax) {
-    float wdw = 0.f;
-    for (int j = 0; j < K; ++j) wdw += w[n * K + j] * dw[n * K + j];
-    for (int64_t e = 0; e < E; ++e) dl[n * E + e] = __float2bfloat16(0.f);
-    for (int j = 0; j < K; ++j) dl[n * E + idx[n * K + j]] = __float2bfloat16(w[n * K + j] * (dw[n * K + j] - wdw));
-    return;
-  }
-  const float* pr = p + n * E;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps leave together
+  const int lane = threadIdx.x & 31;
   int sel[kMaxK];
   float extra[kMaxK];
   float S = 0.f, wdw = 0.f;
-  for (int j = 0; j < K; ++j) {
+  for (int j = 0; j < K; ++j) {  // every lane the same, in the same order
     sel[j] = idx[n * K + j];
-    S += pr[sel[j]];
+    if (!topk_softmax) S += p[n * E + sel[j]];
     wdw += dw[n * K + j] * w[n * K + j];
   }
-  for (int j = 0; j < K; ++j) extra[j] = norm_topk ? (dw[n * K + j] - wdw) / S : dw[n * K + j];
-  auto dp_of = [&](int e) {
-    float v = dprob ? dprob[e] : 0.f;
+  for (int j = 0; j < K; ++j)
+    extra[j] = topk_softmax ? w[n * K + j] * (dw[n * K + j] - wdw)
+               : norm_topk  ? (dw[n * K + j] - wdw) / S
+                            : dw[n * K + j];
+  // topk_softmax: dl itself (0 off the selected); else d loss / d p[n, e]
+  auto term_of = [&](int64_t e) {
+    float v = !topk_softmax && dprob ? dprob[e] : 0.f;
     for (int j = 0; j < K; ++j)
       if (sel[j] == e) v += extra[j];
     return v;
   };
+  if (topk_softmax) {
+    for (int64_t e = lane; e < E; e += 32) dl[n * E + e] = __float2bfloat16(term_of(e));
+    return;
+  }
+  const float* pr = p + n * E;
   float pdp = 0.f;
-  for (int e = 0; e < E; ++e) pdp += pr[e] * dp_of(e);
-  for (int e = 0; e < E; ++e) dl[n * E + e] = __float2bfloat16(pr[e] * (dp_of(e) - pdp));
+  for (int64_t e = lane; e < E; e += 32) pdp += pr[e] * term_of(e);
+  pdp = detail::warp_sum(pdp);
+  for (int64_t e = lane; e < E; e += 32) dl[n * E + e] = __float2bfloat16(pr[e] * (term_of(e) - pdp));
 }
 
 // dx[n, c] = bf16(sum over n's experts in increasing index of dxe(row, c), + dxr[n, c]).
@@ -352,14 +375,35 @@ void add_bias(T* rows, const bf16* bias, int64_t R, int64_t cols, cudaStream_t s
   CUDA_CHECK_LAUNCH();
 }
 
+// rows [P, cols] += the bias of each row's expert (perm, idx; padding rows
+// untouched), as add_bias_kernel per expert.
+template <class T>
+__global__ void add_expert_bias_kernel(T* rows, ExpertPtrs bias, const int32_t* perm, const int32_t* idx, int64_t P,
+                                       int64_t cols) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < P * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t s = perm[i / cols];
+    if (s < 0) continue;
+    const bf16* b = static_cast<const bf16*>(bias.p[idx[s]]);
+    store(rows + i, as_f32(rows[i]) + __bfloat162float(b[i % cols]));
+  }
+}
+template <class T>
+void add_expert_bias(T* rows, const bf16* const* bias, const MoeWork& w, int64_t P, int64_t E, int64_t cols,
+                     cudaStream_t stream) {
+  add_expert_bias_kernel<T>
+      <<<blocks_for(P * cols, 256), 256, 0, stream>>>(rows, expert_ptrs(bias, E), w.perm, w.idx, P, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
 // The routing of every slot (idx, w) from the probabilities, and the
 // permutation by expert, each expert's rows starting at a multiple of chunk
 // (kMoeChunk for the grouped mode, 1: no padding; offsets and starts [E+1]
 // on the device; perm -1 on every padding row).
 void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, int64_t chunk, cudaStream_t stream) {
   const int64_t NK = d.N * d.K;
-  topk_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K),
-                                                         d.norm_topk, d.topk_softmax);
+  topk_kernel<<<blocks_each(d.N, 8), 256, 0, stream>>>(w.idx, w.w, probs, d.N, d.E, static_cast<int>(d.K), d.norm_topk,
+                                                       d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   count_kernel<<<static_cast<unsigned>(d.E), 1024, 0, stream>>>(w.offsets, w.idx, NK);
   CUDA_CHECK_LAUNCH();
@@ -371,19 +415,12 @@ void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, int
 }
 
 // A call's pinned host staging (MoeBlas::host_staging): the offsets and
-// starts [2][E+1] and the batched GEMMs' pointer arrays
-// [kMoeGroupedCalls][3][2 chunks].
+// starts [2][E+1].
 struct Staging {
   int32_t* offsets;
-  void** ptrs;
-  int64_t chunks;  // moe_max_chunks: a slot's problems at most, over 2
 };
 Staging staging(MoeBlas& blas, const MoeDims& d) {
-  const int64_t chunks = moe_max_chunks(d.N * d.K, d.E);
-  const size_t off_bytes = (static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t) + 255) / 256 * 256;
-  auto* p = static_cast<uint8_t*>(
-      blas.host_staging(off_bytes + static_cast<size_t>(kMoeGroupedCalls * 6 * chunks) * sizeof(void*)));
-  return Staging{reinterpret_cast<int32_t*>(p), reinterpret_cast<void**>(p + off_bytes), chunks};
+  return Staging{static_cast<int32_t*>(blas.host_staging(static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t)))};
 }
 
 // As route_on_device, then the offsets' and starts' copy to the staging and
@@ -401,19 +438,38 @@ void route(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st,
 }
 
 // Where each expert's rows are: start[e] its first permuted row (a multiple
-// of kMoeChunk), rows(e) how many; start[E] the permuted rows in use.
+// of kMoeChunk in the grouped mode), rows(e) how many; start[E] the permuted
+// rows in use.
 struct Layout {
   std::vector<int32_t> off, start;  // [E+1] each
   int64_t rows(int64_t e) const { return off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)]; }
   int64_t first(int64_t e) const { return start[static_cast<size_t>(e)]; }
   int64_t used() const { return start.back(); }
 };
-// The call's one wait: the layout on the host.
-Layout wait_layout(MoeBlas& blas, const Staging& st, int64_t E) {
-  CUDA_CHECK(cudaEventSynchronize(blas.counts_event()));
-  return Layout{std::vector<int32_t>(st.offsets, st.offsets + E + 1),
-                std::vector<int32_t>(st.offsets + E + 1, st.offsets + 2 * (E + 1))};
-}
+// The layout on the host, waited for on first use: the looped mode needs it
+// for every GEMM's shape, the grouped mode only for the weight gradients
+// (and where cuBLAS refuses a batched call), by when the GPU has the call's
+// other products queued. route queued the copy and its event.
+class HostLayout {
+ public:
+  HostLayout(MoeBlas& blas, const Staging& st, int64_t E) : blas_(blas), st_(st), E_(E) {}
+  const Layout& get() {
+    if (!have_) {
+      CUDA_CHECK(cudaEventSynchronize(blas_.counts_event()));
+      L_ = Layout{std::vector<int32_t>(st_.offsets, st_.offsets + E_ + 1),
+                  std::vector<int32_t>(st_.offsets + E_ + 1, st_.offsets + 2 * (E_ + 1))};
+      have_ = true;
+    }
+    return L_;
+  }
+
+ private:
+  MoeBlas& blas_;
+  Staging st_;
+  int64_t E_;
+  Layout L_;
+  bool have_ = false;
+};
 
 // One kind of expert product over every expert with rows, row-major as
 // MoeBlas's: out[R_e, Nout] (bf16, =) = a[R_e, K] b_e^T (nt: b_e [Nout, K]) or
@@ -440,36 +496,54 @@ cublasStatus_t call_default_math_on_refusal(cublasHandle_t h, const Call& call, 
   return status;
 }
 
+// The batched GEMM's pointer arrays, on the device from the padded starts:
+// problem c * np + i is chunk c (rows [c T, c T + T) of a and out, T =
+// kMoeChunk) times b_i of the expert e whose padded rows hold it
+// (starts[e] <= c T < starts[e + 1]); a chunk at or past starts[E] (no
+// expert's: the call runs every chunk that could exist) takes expert E - 1's
+// weights, and its rows, beyond the rows in use, are read and written but
+// never read back. A: ptrs[p], B: ptrs[cap + p], C: ptrs[2 cap + p].
+struct ChunkOperands {
+  ExpertPtrs b[2];
+  const bf16* a[2];
+  bf16* out[2];
+};
+__global__ void chunk_ptrs_kernel(void** ptrs, int64_t cap, ChunkOperands ops, int np, const int32_t* starts, int64_t E,
+                                  int64_t chunks, int64_t K, int64_t Nout) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= chunks) return;
+  const int64_t r0 = c * kMoeChunk;
+  int64_t lo = 0, hi = E - 1;  // the last e with starts[e] <= r0 (starts is non-decreasing, starts[0] = 0)
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= r0)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  for (int i = 0; i < np; ++i) {
+    const int64_t p = c * np + i;
+    ptrs[p] = const_cast<void*>(ops.b[i].p[lo]);
+    ptrs[cap + p] = const_cast<bf16*>(ops.a[i] + r0 * K);
+    ptrs[2 * cap + p] = ops.out[i] + r0 * Nout;
+  }
+}
+
 // Every expert's products ps (1 or 2, the same shape) in one
-// cublasGemmBatchedEx over kMoeChunk-row chunks: chunk j of expert e is rows
-// [start_e + j T, + T) of a and out (the last one runs into the expert's
-// padding, whose outputs no one reads), times b_e. slot: this call's index <
-// kMoeGroupedCalls (its pointer arrays). Returns false, and runs nothing,
-// where cuBLAS refuses the call: the caller loops instead.
-bool grouped_products(MoeBlas& blas, bool nt, const Layout& L, int64_t E, int64_t Nout, int64_t K,
-                      const ExpertProduct* ps, int np, const MoeWork& w, const Staging& st, int slot,
-                      cudaStream_t stream) {
+// cublasGemmBatchedEx over all moe_max_chunks kMoeChunk-row chunks of the
+// padded rows (chunk_ptrs_kernel: no host layout, no wait). slot: this call's
+// index < kMoeGroupedCalls (its pointer arrays). Returns false, and runs
+// nothing, where cuBLAS refuses the call: the caller loops instead.
+bool grouped_products(MoeBlas& blas, bool nt, const MoeDims& d, int64_t Nout, int64_t K, const ExpertProduct* ps,
+                      int np, const MoeWork& w, int slot, cudaStream_t stream) {
   RT_CHECK(slot >= 0 && slot < kMoeGroupedCalls && np >= 1 && np <= 2, "[cuda moe] internal: batched GEMM slot ", slot,
            " with ", np, " products");
-  void** host = st.ptrs + slot * 6 * st.chunks;
-  const int64_t cap = 2 * st.chunks;  // problems a slot holds
-  int64_t P = 0;
-  for (int pass = 0; pass < 3; ++pass)  // A, then B, then C: host[pass * cap + problem]
-    for (int64_t e = 0, p = 0; e < E; ++e)
-      for (int64_t r = 0; r < L.rows(e); r += kMoeChunk)
-        for (int i = 0; i < np; ++i, ++p) {
-          RT_CHECK(p < cap, "[cuda moe] internal: more chunks than moe_max_chunks");
-          const int64_t r0 = L.first(e) + r;
-          host[pass * cap + p] = pass == 0   ? const_cast<bf16*>(ps[i].b[e])
-                                 : pass == 1 ? const_cast<bf16*>(ps[i].a + r0 * K)
-                                             : ps[i].out + r0 * Nout;
-          P = p + 1;
-        }
-  if (P == 0) return true;
-  void** dev = w.ptrs + slot * 6 * st.chunks;
-  // the pointer arrays (3 of cap each) in one copy; the staging was last read
-  // by a copy queued before this call's wait on the layout
-  CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(3 * cap) * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  const int64_t chunks = moe_max_chunks(d.N * d.K, d.E), cap = 2 * chunks, P = chunks * np;
+  void** dev = w.ptrs + slot * 3 * cap;
+  ChunkOperands ops{};
+  for (int i = 0; i < np; ++i) ops.b[i] = expert_ptrs(ps[i].b, d.E), ops.a[i] = ps[i].a, ops.out[i] = ps[i].out;
+  chunk_ptrs_kernel<<<blocks_each(chunks, 128), 128, 0, stream>>>(dev, cap, ops, np, w.starts, d.E, chunks, K, Nout);
+  CUDA_CHECK_LAUNCH();
   // column-major, as gemm(): out^T [Nout, T] = op(b) a^T, m = Nout, n = T, k = K
   const float one = 1.f, zero = 0.f;
   cublasHandle_t h = blas.handle();
@@ -492,7 +566,7 @@ bool grouped_products(MoeBlas& blas, bool nt, const Layout& L, int64_t E, int64_
                        : "is not supported here: the expert GEMMs loop");
     said = true;
   }
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // the loop (nothing ran; the copy is harmless)
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // the loop (the pointer kernel's output is unused)
   CUBLAS_CHECK(status);
   blas.count_grouped_call();
   return true;
@@ -508,56 +582,54 @@ void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t
   CUDA_CHECK_LAUNCH();
 }
 
-// Every expert's g, u, a (bf16) and o on its gathered rows xe, after the
-// call's one wait for the layout (queued by route: the gather runs while the
-// host waits). o is bf16 (in w.o's memory) when *o_bf16 comes back true (the
-// grouped down product), fp32 otherwise; o_bf16 null: no o (the backward,
-// which needs only g, u and a). Returns the layout.
-Layout experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const bf16* x,
-                       const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
-                       const MoeBiasesT<bf16>& b, bool* o_bf16) {
-  const int64_t NK = d.N * d.K, C = d.C, F = d.F;
-  gather_kernel<<<blocks_for(moe_padded_rows(NK, d.E) * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, w.starts + d.E,
-                                                                                       C, static_cast<int>(d.K));
+// Every expert's g, u, a (bf16) and o on its gathered rows xe. The grouped
+// mode runs over all moe_padded_rows rows (padding and the unused tail
+// included: no host layout); the looped mode waits for the layout (hl) and
+// runs each expert's rows. o is bf16 (in w.o's memory) when *o_bf16 comes
+// back true (the grouped down product), fp32 otherwise; o_bf16 null: no o
+// (the backward, which needs only g, u and a).
+void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, HostLayout& hl, const bf16* x,
+                     const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
+                     const MoeBiasesT<bf16>& b, bool* o_bf16) {
+  const int64_t NK = d.N * d.K, C = d.C, F = d.F, P = moe_padded_rows(NK, d.E);
+  gather_kernel<<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(w.xe, x, w.perm, P, C, static_cast<int>(d.K));
   CUDA_CHECK_LAUNCH();
-  Layout L = wait_layout(blas, st, d.E);
   const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
   const ExpertProduct gate_up[2] = {{gate, w.xe, w.g}, {up, w.xe, w.u}};
-  if (!grouped || !grouped_products(blas, true, L, d.E, F, C, gate_up, 2, w, st, 0, stream))
+  const bool gu_grouped = grouped && grouped_products(blas, true, d, F, C, gate_up, 2, w, 0, stream);
+  if (!gu_grouped) {
+    const Layout& L = hl.get();
     for (int64_t e = 0; e < d.E; ++e) {
       const int64_t r0 = L.first(e), R = L.rows(e);
       if (R == 0) continue;
       blas.matmul_nt(w.g + r0 * F, DType::bf16, w.xe + r0 * C, gate[e], R, F, C, 0.f, stream);
       blas.matmul_nt(w.u + r0 * F, DType::bf16, w.xe + r0 * C, up[e], R, F, C, 0.f, stream);
     }
-  for (int64_t e = 0; e < d.E; ++e) {
-    const int64_t r0 = L.first(e), R = L.rows(e);
-    if (R == 0) continue;
-    if (b.gate) add_bias(w.g + r0 * F, b.gate[e], R, F, stream);
-    if (b.up) add_bias(w.u + r0 * F, b.up[e], R, F, stream);
   }
-  // over every row in use, padding included (its g, u are zeros or the
-  // batched products of zero rows: finite; no one reads its a)
-  const int64_t rows = L.used();
+  // the rows the products wrote: all (grouped) or those in use (looped)
+  const int64_t rows = gu_grouped ? P : hl.get().used();
+  if (b.gate) add_expert_bias(w.g, b.gate, w, rows, d.E, F, stream);
+  if (b.up) add_expert_bias(w.u, b.up, w, rows, d.E, F, stream);
+  // padding rows' g, u are products of zero rows (finite), the tail's of
+  // whatever it held: no one reads their a
   if (d.glu_limit > 0.f)
     swiglu_clamped_forward(w.a, w.g, w.u, rows * F, d.glu_limit, d.glu_alpha, stream);
   else
     swiglu_forward(w.a, w.g, w.u, rows * F, stream);
-  if (!o_bf16) return L;
+  if (!o_bf16) return;
   bf16* o16 = reinterpret_cast<bf16*>(w.o);
   const ExpertProduct down_p[1] = {{down, w.a, o16}};
-  *o_bf16 = grouped && grouped_products(blas, true, L, d.E, C, F, down_p, 1, w, st, 1, stream);
+  *o_bf16 = grouped && grouped_products(blas, true, d, C, F, down_p, 1, w, 1, stream);
+  if (*o_bf16) {
+    if (b.down) add_expert_bias(o16, b.down, w, P, d.E, C, stream);
+    return;
+  }
+  const Layout& L = hl.get();
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = L.first(e), R = L.rows(e);
-    if (R == 0) continue;
-    if (*o_bf16) {
-      if (b.down) add_bias(o16 + r0 * C, b.down[e], R, C, stream);
-      continue;
-    }
-    blas.matmul_nt(w.o + r0 * C, DType::f32, w.a + r0 * F, down[e], R, C, F, 0.f, stream);
-    if (b.down) add_bias(w.o + r0 * C, b.down[e], R, C, stream);
+    if (R > 0) blas.matmul_nt(w.o + r0 * C, DType::f32, w.a + r0 * F, down[e], R, C, F, 0.f, stream);
   }
-  return L;
+  if (b.down) add_expert_bias(w.o, b.down, w, L.used(), d.E, C, stream);
 }
 
 }  // namespace
@@ -587,8 +659,9 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   const Staging st = staging(blas, d);
   route(blas, d, w, st, probs, stream);
   if (tokens_per_expert) add_counts(tokens_per_expert, w.offsets, d.E, stream);
+  HostLayout hl(blas, st, d.E);
   bool o_bf16 = false;
-  experts_forward(blas, d, w, st, x, gate, up, down, stream, b, &o_bf16);
+  experts_forward(blas, d, w, hl, x, gate, up, down, stream, b, &o_bf16);
   const int K = static_cast<int>(d.K);
   const unsigned blocks = blocks_for(d.N * d.C, 256);
   if (o_bf16)
@@ -608,84 +681,63 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
            "[cuda moe] the load-balancing loss is not supported with top-k softmax routing");
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
-  const int64_t NK = d.N * d.K, C = d.C, F = d.F;
+  const int64_t NK = d.N * d.K, C = d.C, F = d.F, P = moe_padded_rows(NK, d.E);
   const int K = static_cast<int>(d.K);
   const Staging st = staging(blas, d);
   route(blas, d, w, st, probs, stream);  // recomputed from the forward's probabilities
-  const Layout L = experts_forward(blas, d, w, st, x, gate, up, down, stream, b, nullptr);  // g, u, a: no o
+  HostLayout hl(blas, st, d.E);
+  experts_forward(blas, d, w, hl, x, gate, up, down, stream, b, nullptr);  // g, u, a: no o
   const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
-  const int64_t rows = L.used();  // permuted rows, padding included
-  // out[n] += w o: dy = dout[n] and d_o = w dout[n] per row (dy in o's memory: no o here)
+  // out[n] += w o: dy = dout[n] and d_o = w dout[n] per row (dy in o's
+  // memory: no o here), over every padded row (padding: zeros)
   bf16* dy = reinterpret_cast<bf16*>(w.o);
-  scatter_dout_kernel<<<blocks_for(rows * C / 8, 256), 256, 0, stream>>>(dy, w.d_o, dout, w.w, w.perm, rows, C, K);
+  scatter_dout_kernel<<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(dy, w.d_o, dout, w.w, w.perm, P, C, K);
   CUDA_CHECK_LAUNCH();
-  // The weight gradients: on the lanes when there are some (MoeBlas), the
-  // call's stream otherwise; expert e on lane e % lanes. The lanes read d_o,
-  // a, d_g, d_u and xe, which nothing below writes again in this call.
-  const int lanes = blas.wgrad_lanes();
-  auto weight_grad = [&](int64_t e, float* dw, const bf16* rows_a, const bf16* rows_b, int64_t M, int64_t Nn,
-                         int64_t R) {
-    if (lanes == 0)
-      blas.matmul_tn(dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f, stream);
-    else
-      blas.lane_matmul_tn(static_cast<int>(e % lanes), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
-  };
-  auto wgrad_stream = [&](int64_t e) { return lanes == 0 ? stream : blas.lane_stream(static_cast<int>(e % lanes)); };
-  blas.lanes_fork(stream);
-  for (int64_t e = 0; e < d.E; ++e) {  // dWd += d_o^T a
-    const int64_t r0 = L.first(e), R = L.rows(e);
-    if (R == 0) continue;
-    weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);
-    if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, wgrad_stream(e));
-  }
   // ga = dy Wd (w.d_a holds it), unweighted; then dw, and d_g, d_u from d_a = w ga
   const ExpertProduct down_p[1] = {{down, dy, w.d_a}};
-  if (!(grouped && grouped_products(blas, false, L, d.E, F, C, down_p, 1, w, st, 2, stream)))
+  if (!(grouped && grouped_products(blas, false, d, F, C, down_p, 1, w, 2, stream))) {
+    const Layout& L = hl.get();
     for (int64_t e = 0; e < d.E; ++e) {
       const int64_t r0 = L.first(e), R = L.rows(e);
       if (R > 0) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, dy + r0 * C, down[e], R, F, C, 0.f, stream);
     }
-  {
+  }
+  {  // every padded row: a padding row (perm -1) gets d_g = d_u = 0 and no dw
     const bool vec = F % 8 == 0, clamped = d.glu_limit > 0.f;
     auto* kernel = vec ? (clamped ? act_grad_kernel<true, true> : act_grad_kernel<true, false>)
                        : (clamped ? act_grad_kernel<false, true> : act_grad_kernel<false, false>);
-    kernel<<<blocks_each(rows, 8), 256, 0, stream>>>(w.dw, w.d_g, w.d_u, w.d_a, w.a, w.g, w.u, w.w, w.perm, rows, F,
-                                                     d.glu_limit, d.glu_alpha);
+    kernel<<<blocks_each(P, 8), 256, 0, stream>>>(w.dw, w.d_g, w.d_u, w.d_a, w.a, w.g, w.u, w.w, w.perm, P, F,
+                                                  d.glu_limit, d.glu_alpha);
     CUDA_CHECK_LAUNCH();
   }
-  if (b.down)  // dw += <dout[n], bd>
-    for (int64_t e = 0; e < d.E; ++e) {
-      const int64_t r0 = L.first(e), R = L.rows(e);
-      if (R == 0) continue;
-      bias_dot_kernel<<<blocks_each(R, 8), 256, 0, stream>>>(w.dw, dout, b.down[e], w.perm, r0, R, C, K);
-      CUDA_CHECK_LAUNCH();
-    }
-  blas.lanes_fork(stream);
-  for (int64_t e = 0; e < d.E; ++e) {  // dWg += d_g^T xe, dWu += d_u^T xe
-    const int64_t r0 = L.first(e), R = L.rows(e);
-    if (R == 0) continue;
-    weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
-    weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
-    if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, wgrad_stream(e));
-    if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, wgrad_stream(e));
+  if (b.down) {  // dw += <dout[n], bd>
+    bias_dot_kernel<<<blocks_each(P, 8), 256, 0, stream>>>(w.dw, dout, expert_ptrs(b.down, d.E), w.perm, w.idx, P, C,
+                                                           K);
+    CUDA_CHECK_LAUNCH();
   }
+  // d_o, a, d_g, d_u and xe are ready: the weight-gradient lanes may start
+  // here (their GEMMs are queued below, after the wait for the layout); the
+  // rest of this call writes none of them
+  blas.lanes_fork(stream);
   // the input gradients dxe = d_g Wg + d_u Wu: fp32 (looped) or two bf16 rows,
   // of gate and of up (grouped), in o's memory (dy is spent)
   float* dxe = w.o;
   bf16* dxg = reinterpret_cast<bf16*>(w.o);
-  bf16* dxu = dxg + moe_padded_rows(NK, d.E) * C;
+  bf16* dxu = dxg + P * C;
   const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
-  const bool dx_grouped = grouped && grouped_products(blas, false, L, d.E, C, F, dx_p, 2, w, st, 3, stream);
-  if (!dx_grouped)
+  const bool dx_grouped = grouped && grouped_products(blas, false, d, C, F, dx_p, 2, w, 3, stream);
+  if (!dx_grouped) {
+    const Layout& L = hl.get();
     for (int64_t e = 0; e < d.E; ++e) {
       const int64_t r0 = L.first(e), R = L.rows(e);
       if (R == 0) continue;
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
       blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
     }
+  }
   // routing weights -> probabilities -> logits -> x and the router
-  router_grad_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
-                                                                d.norm_topk, d.topk_softmax);
+  router_grad_kernel<<<blocks_each(d.N, 8), 256, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
+                                                              d.norm_topk, d.topk_softmax);
   CUDA_CHECK_LAUNCH();
   if (gb.router) bias_grad(gb.router, w.dl, d.N, d.E, stream);                // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);  // dxr [N,C] = dl [N,E] Wr [E,C]
@@ -696,6 +748,30 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   else
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
   CUDA_CHECK_LAUNCH();
+  // The weight gradients, which need each expert's row count: the call's one
+  // wait for the layout (the grouped mode's first), with the products above
+  // queued on the GPU. On the lanes when there are some (MoeBlas), the
+  // call's stream otherwise; expert e on lane e % lanes.
+  const Layout& L = hl.get();
+  const int lanes = blas.wgrad_lanes();
+  auto weight_grad = [&](int64_t e, float* dw, const bf16* rows_a, const bf16* rows_b, int64_t M, int64_t Nn,
+                         int64_t R) {
+    if (lanes == 0)
+      blas.matmul_tn(dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f, stream);
+    else
+      blas.lane_matmul_tn(static_cast<int>(e % lanes), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
+  };
+  auto wgrad_stream = [&](int64_t e) { return lanes == 0 ? stream : blas.lane_stream(static_cast<int>(e % lanes)); };
+  for (int64_t e = 0; e < d.E; ++e) {
+    const int64_t r0 = L.first(e), R = L.rows(e);
+    if (R == 0) continue;
+    weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);   // dWd += d_o^T a
+    weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);  // dWg += d_g^T xe
+    weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);    // dWu += d_u^T xe
+    if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, wgrad_stream(e));
+    if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, wgrad_stream(e));
+    if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, wgrad_stream(e));
+  }
   blas.lanes_join(stream);  // the weight gradients are done before anything after this call
 }
 

@@ -32,24 +32,37 @@ __global__ void softmax_rows_kernel(float* p, int64_t N, int64_t E) {
 }
 
 // idx/w [N,K]: each row's K largest probabilities (ties: lower index), as
-// moe_topk; topk_softmax (gpt-oss): p holds logits and w is the softmax of the K selected.
+// moe_topk; topk_softmax (gpt-oss): p holds logits and w is the softmax of the
+// K selected. One warp per row: lane l holds the row's entries l, l + 32, ...
+// (E <= kMaxTopkE), and each of the K rounds takes the warp's arg-max of the
+// entries not yet taken (the larger value, on a tie the lower index: the
+// CPU's first maximum).
+constexpr int64_t kMaxTopkE = 64 * 32;  // the per-lane taken mask's bits x 32 lanes
 __global__ void topk_kernel(int32_t* idx, float* w, const float* p, int64_t N, int64_t E, int K, bool norm_topk,
                             bool topk_softmax) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps leave together
+  const int lane = threadIdx.x & 31;
   const float* r = p + n * E;
+  uint64_t taken = 0;  // bit i: entry lane + 32 i
   int sel[kMaxK];
   float wt[kMaxK];
   for (int j = 0; j < K; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken = taken || sel[i] == e;
-      if (!taken && (best < 0 || r[e] > r[best])) best = e;
+    float bv = 0.f;
+    int bi = -1;  // -1: none
+    int i = 0;
+    for (int64_t e = lane; e < E; e += 32, ++i)
+      if (!((taken >> i) & 1u) && (bi < 0 || r[e] > bv)) bv = r[e], bi = static_cast<int>(e);
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
     }
-    sel[j] = best;
-    wt[j] = r[best];
+    sel[j] = bi;
+    wt[j] = bv;
+    if ((bi & 31) == lane) taken |= uint64_t{1} << (bi >> 5);
   }
+  if (lane != 0) return;
   if (topk_softmax) {  // wt[0] is the largest: the max to subtract
     float z = 0.f;
     for (int j = 0; j < K; ++j) z += (wt[j] = expf(wt[j] - r[sel[0]]));

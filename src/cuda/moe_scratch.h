@@ -33,10 +33,16 @@ inline bool moe_small_experts(int64_t N, int64_t K, int64_t E, int64_t C, int64_
 // The grouped mode's chunk: every expert's permuted rows start at a multiple
 // of kMoeChunk rows (its last chunk padded), so each kind of expert product
 // runs as one batched GEMM over same-shaped chunks (cuda/moe.cu). Padded, the
-// N*K rows take at most moe_padded_rows, in at most moe_max_chunks chunks.
+// N*K rows take at most moe_max_chunks chunks (sum over e of ceil(R_e / T)
+// <= floor(NK / T) + E); the call runs all of them, so the host needs no
+// count: moe_padded_rows = T moe_max_chunks rows, the chunks past the rows in
+// use computed and never read. The kernels that find a row's expert on the
+// device take each expert's pointer as a parameter: at most
+// kMoeMaxGroupedExperts experts run grouped (more loop).
 constexpr int64_t kMoeChunk = 128;
-inline int64_t moe_padded_rows(int64_t NK, int64_t E) { return NK + E * (kMoeChunk - 1); }
+constexpr int64_t kMoeMaxGroupedExperts = 512;
 inline int64_t moe_max_chunks(int64_t NK, int64_t E) { return NK / kMoeChunk + E; }
+inline int64_t moe_padded_rows(int64_t NK, int64_t E) { return kMoeChunk * moe_max_chunks(NK, E); }
 
 // Pointer-array slots of the batched expert GEMM calls of one moe_forward or
 // moe_backward, each with up to 2 problems per chunk and 3 device pointers

@@ -259,11 +259,13 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // The per-expert GEMMs run through MoeBlas (cuBLAS, not cuBLASLt): their row
 // counts change every step, and cuBLASLt's per-shape plans (Blas) would grow
 // without bound; cuBLAS needs no plan and takes any size and alignment.
-// The counts reach the host once per call that runs the experts (moe_forward
-// with an output, moe_backward): one D2H copy to pinned memory and one wait
-// on its event, queued right after the routing (the gather of the rows is
-// queued before the wait). Experts with no token run nothing, and their
-// weight gradients stay untouched. The routing statistics and the
+// The counts go to pinned host memory in every call that runs the experts
+// (one D2H copy and its event, queued right after the routing). The grouped
+// mode's forward never waits for them (its batched GEMMs run every chunk
+// that could exist, their pointers made on the device); its backward waits
+// once, for the weight gradients' shapes, after queuing its other products.
+// The looped mode waits before its first GEMM. Experts with no token get no
+// weight-gradient GEMM, and their weight gradients stay untouched. The routing statistics and the
 // load-balancing gradient stay on the device (no wait for them).
 // Two ways to run the expert GEMMs (MoeGemm; RAMTRAIN_MOE_GEMM=grouped|looped|auto
 // picks; auto by default):
@@ -323,7 +325,8 @@ class MoeBlas {
   MoeGemm gemm_mode() const { return mode_; }
   // Whether a call (N tokens, K of E experts each, hidden C, expert width F) runs grouped.
   bool grouped_for(int64_t N, int64_t K, int64_t E, int64_t C, int64_t F) const {
-    return mode_ == MoeGemm::grouped || (mode_ == MoeGemm::by_size && moe_small_experts(N, K, E, C, F));
+    return E <= kMoeMaxGroupedExperts &&
+           (mode_ == MoeGemm::grouped || (mode_ == MoeGemm::by_size && moe_small_experts(N, K, E, C, F)));
   }
   void set_gemm_mode(MoeGemm m) { mode_ = m; }
   // Grouped GEMM calls run so far (tests: the grouped mode did not fall back).
