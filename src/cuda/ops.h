@@ -291,8 +291,8 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // d_a = w ga. The weight gradients run on MoeBlas's lanes (below).
 // The two agree within bf16 rounding (tests/gpu/cuda_moe_test.cpp); each is
 // deterministic. One MoeBlas serves one stream at a time (its
-// pinned staging is reused call after call; each call's wait on the counts
-// orders it after the previous call's copies).
+// pinned staging is reused call after call: the copies run in the stream's
+// order, and a call that reads the counts waits for its own copy's event).
 // auto (MoeGemm::by_size, the default) runs a call grouped when an expert's
 // GEMM is small: its average rows (N K / E) times hidden times expert width at
 // most kMoeGroupedMaxWork multiply-adds (4096 rows of OLMoE's 2048 x 1024,
