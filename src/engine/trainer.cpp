@@ -386,7 +386,9 @@ int Trainer::run(const std::function<void(const char*)>& on_sample) {
       bad_in_a_row_ = 0;
       bad_since_ = 0;
     }
-    StepLog sl{r.step, r.loss, r.grad_norm, r.lr, r.tokens, r.seconds, r.skipped, epoch_now()};
+    StepLog sl;
+    sl.step = r.step, sl.loss = r.loss, sl.grad_norm = r.grad_norm, sl.lr = r.lr;
+    sl.tokens = r.tokens, sl.seconds = r.seconds, sl.skipped = r.skipped, sl.epoch = epoch_now();
     if (state_.spec().is_moe()) {  // the step's expert load (issue 32)
       EngineStats es = backend_->stats();
       sl.expert_tokens = std::move(es.moe_tokens_per_expert);
