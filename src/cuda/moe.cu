@@ -19,8 +19,10 @@
 // expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
 // mode's bf16 rows: o (forward), and the input gradients of gate and up
 // (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
-// one cublasGemmEx per expert and kind in both modes, on MoeBlas's
-// weight-gradient lanes. The backward recomputes g, u, a but not o (the
+// per expert in both modes, on MoeBlas's weight-gradient lanes: one
+// cublasGemmEx per expert and kind, or with the pair on gate's and up's as
+// one strided-batched call of two (same shape, same xe:
+// MoeBlas::matmul_tn_pair). The backward recomputes g, u, a but not o (the
 // routing weight's gradient comes from the unweighted d_a product:
 // act_grad_kernel).
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
@@ -493,8 +495,12 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
     const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
     weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);   // dWd += d_o^T a
-    weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);  // dWg += d_g^T xe
-    weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);    // dWu += d_u^T xe
+    // dWg += d_g^T xe and dWu += d_u^T xe: one launch where the layouts allow
+    if (!blas.matmul_tn_pair(lanes == 0 ? -1 : static_cast<int>(e % lanes), dgate[e], dup[e], w.d_g + r0 * F,
+                             w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream)) {
+      weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
+      weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
+    }
     if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, wgrad_stream(e));
     if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, wgrad_stream(e));
     if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, wgrad_stream(e));

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -49,9 +50,18 @@ cublasHandle_t make_handle() {
   return h;
 }
 
+bool pair_from_env() {
+  const char* v = std::getenv("RAMTRAIN_MOE_WGRAD_PAIR");
+  if (!v || !*v) return MoeBlas::kWgradPair;
+  RT_CHECK(std::string(v) == "0" || std::string(v) == "1",
+           "[cuda moe] RAMTRAIN_MOE_WGRAD_PAIR (an expert's gate and up weight gradients as one strided-batched call) ",
+           "must be 0 or 1, got '", v, "': unset it for ", MoeBlas::kWgradPair ? 1 : 0);
+  return std::string(v) == "1";
+}
+
 }  // namespace
 
-MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()), lanes_(lanes_from_env()) {
+MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()), lanes_(lanes_from_env()), pair_(pair_from_env()) {
   cublasHandle_t h = make_handle();
   const cudaError_t ev = cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming);
   if (ev != cudaSuccess) cublasDestroy(h);  // the destructor does not run for a throwing constructor
@@ -78,7 +88,9 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       host_bytes_(o.host_bytes_),
       mode_(o.mode_),
       grouped_calls_(o.grouped_calls_),
+      wgrad_pairs_(o.wgrad_pairs_),
       lanes_(o.lanes_),
+      pair_(o.pair_),
       lane_(std::move(o.lane_)),
       fork_(o.fork_) {
   o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0, o.fork_ = nullptr;
@@ -193,6 +205,28 @@ void MoeBlas::lane_matmul_tn(int lane, void* out, DType t, const bf16* a, const 
   check_gemm("matmul_tn", M, N, K, beta, t);
   const Lane& l = lane_.at(static_cast<size_t>(lane));
   gemm(l.h, CUBLAS_OP_N, CUBLAS_OP_T, out, t, a, M, b, N, M, N, K, beta, l.stream);
+}
+
+bool MoeBlas::matmul_tn_pair(int lane, float* out0, float* out1, const bf16* a0, const bf16* a1, const bf16* b,
+                             int64_t M, int64_t N, int64_t K, float beta, cudaStream_t stream) {
+  check_gemm("matmul_tn_pair", M, N, K, beta, DType::f32);
+  if (!pair_) return false;
+  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  if (!(at(out1) > at(out0) && at(a1) > at(a0))) return false;
+  cublasHandle_t h = h_;
+  if (lane >= 0) {
+    const Lane& l = lane_.at(static_cast<size_t>(lane));
+    h = l.h, stream = l.stream;
+  }
+  const float alpha = 1.f;
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  // as matmul_tn: out^T [N,M] = b^T-as-stored (column-major [N,K]) times a (column-major [M,K], transposed)
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b,
+      CUDA_R_16BF, static_cast<int>(N), 0, a0, CUDA_R_16BF, static_cast<int>(M), a1 - a0, &beta, out0, CUDA_R_32F,
+      static_cast<int>(N), out1 - out0, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  ++wgrad_pairs_;
+  return true;
 }
 
 }  // namespace rt::cuda

@@ -344,8 +344,9 @@ class MoeBlas {
   // (expert e on lane e % lanes) beside each other and beside the call's
   // remaining work. An expert's weight GEMM fills a fraction of a big GPU
   // (OLMoE's 1024 x 2048 output is 64 tiles of 128 x 256 on 132 SMs). Each
-  // gradient is still one cublasGemmEx of the same shape, so the bits are
-  // those of the call's stream; 0 runs them there. Created on first use.
+  // gradient is the same cuBLAS call on a lane as on the call's stream, so
+  // the bits are those of the call's stream; 0 runs them there. Created on
+  // first use.
   static constexpr int kWgradLanes = 4, kMaxWgradLanes = 16;
   int wgrad_lanes() const { return lanes_; }
   void set_wgrad_lanes(int n);
@@ -357,6 +358,20 @@ class MoeBlas {
   // matmul_tn on a lane's handle and stream.
   void lane_matmul_tn(int lane, void* out, DType out_type, const bf16* a, const bf16* b, int64_t M, int64_t N,
                       int64_t K, float beta);
+  // Two matmul_tn of one shape sharing b (out0 = a0^T b, out1 = a1^T b, fp32
+  // out, += when beta is 1) as one strided-batched cuBLAS call, on a lane
+  // (lane >= 0) or on the call's handle and `stream` (lane -1): an expert's
+  // gate and up weight gradients, twice the tiles of one launch. Needs the
+  // pair on (RAMTRAIN_MOE_WGRAD_PAIR=1 or set_wgrad_pair; off by default
+  // until its speed is measured on a GPU), out1 > out0 and a1 > a0 (the
+  // strides are their differences); false otherwise, and nothing is queued:
+  // the caller runs two matmul_tn.
+  bool matmul_tn_pair(int lane, float* out0, float* out1, const bf16* a0, const bf16* a1, const bf16* b, int64_t M,
+                      int64_t N, int64_t K, float beta, cudaStream_t stream);
+  int64_t wgrad_pairs() const { return wgrad_pairs_; }  // matmul_tn_pair calls run so far (tests)
+  static constexpr bool kWgradPair = false;
+  bool wgrad_pair() const { return pair_; }
+  void set_wgrad_pair(bool on) { pair_ = on; }
 
  private:
   struct Lane {
@@ -371,7 +386,9 @@ class MoeBlas {
   size_t host_bytes_ = 0;
   MoeGemm mode_ = MoeGemm::grouped;
   int64_t grouped_calls_ = 0;
+  int64_t wgrad_pairs_ = 0;
   int lanes_ = 0;
+  bool pair_ = kWgradPair;
   std::vector<Lane> lane_;  // made: lane_.size() == lanes_ (or empty before first use)
   cudaEvent_t fork_ = nullptr;
 };

@@ -38,6 +38,10 @@
 //  - the grouped mode twice: out, dx and every gradient bit for bit;
 //  - the weight gradients on the call's stream and on 3 lanes (MoeBlas's
 //    weight-gradient lanes): the default lanes' bits;
+//  - the gate+up weight-gradient pair (off by default): on, one call for each
+//    active expert when gate's gradient lies below up's (the engine's
+//    layout: HF names in natural order), the same bits on any lane, two
+//    GEMMs the other way round (each run against the CPU);
 //  - auto (MoeGemm::by_size) on these small calls: grouped's bits.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
@@ -103,11 +107,19 @@ bool routing_is_robust(const float* p, int64_t E, int64_t K, float gap) {
   return d == 0.f || d >= gap;
 }
 
+std::vector<float> download_at(const float* d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> f(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(f.data(), d, f.size() * 4, cudaMemcpyDeviceToHost));
+  return f;
+}
+
 // What one GPU run of a case leaves: out, dx and every weight gradient.
 struct GpuResult {
   std::vector<float> out, dx;
   std::vector<std::vector<float>> grads;  // router, then each expert's gate, up, down
   int64_t grouped_calls = 0;
+  int64_t wgrad_pairs = 0;  // gate+up weight-gradient pairs run as one call (MoeBlas::matmul_tn_pair)
 };
 
 // S[n, c] = sum over n's experts e (the CPU's routing of probs) of |w_e| (sum
@@ -294,10 +306,14 @@ void run_case(const Case& k) {
   }
 
   // GPU, in one expert GEMM mode (cuda/ops.h MoeBlas), against the CPU
-  // lanes: the weight-gradient lanes (MoeBlas); -1 leaves the default
-  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1) {
+  // lanes: the weight-gradient lanes (MoeBlas); -1 leaves the default.
+  // Each expert's gate and up gradients share one buffer, gate first (the
+  // weight-gradient pair's layout) or up first (up_first: two GEMMs); pair:
+  // the gate+up weight-gradient pair on (MoeBlas::matmul_tn_pair).
+  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1, bool up_first = false, bool pair = false) {
     rt::cuda::MoeBlas blas;
     blas.set_gemm_mode(mode);
+    blas.set_wgrad_pair(pair);
     if (lanes >= 0) blas.set_wgrad_lanes(lanes);
     const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
     // gpt-oss's biases on the device, and their gradients from zero
@@ -327,21 +343,22 @@ void run_case(const Case& k) {
     DeviceBuffer scratch(rt::cuda::moe_scratch_bytes(d));
     scratch.poison();
     auto d_x = upload_bf16(x), d_router = upload_bf16(router), d_dout = upload_bf16(dout);
-    std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwu, dwd, dgg, dgu, dgd;
+    std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwu, dwd, dggu, dgd;
     std::vector<const bf16*> pwg, pwu, pwd;
     std::vector<float*> pgg, pgu, pgd;
     for (int64_t e = 0; e < E; ++e) {
       dwg.push_back(upload_bf16(wg[e]));
       dwu.push_back(upload_bf16(wu[e]));
       dwd.push_back(upload_bf16(wd[e]));
-      dgg.push_back(upload_f32(gg0[e]));
-      dgu.push_back(upload_f32(gu0[e]));
+      std::vector<float> gu_pair = up_first ? gu0[e] : gg0[e];
+      gu_pair.insert(gu_pair.end(), (up_first ? gg0[e] : gu0[e]).begin(), (up_first ? gg0[e] : gu0[e]).end());
+      dggu.push_back(upload_f32(gu_pair));
       dgd.push_back(upload_f32(gd0[e]));
       pwg.push_back(dwg.back()->as<bf16>());
       pwu.push_back(dwu.back()->as<bf16>());
       pwd.push_back(dwd.back()->as<bf16>());
-      pgg.push_back(dgg.back()->as<float>());
-      pgu.push_back(dgu.back()->as<float>());
+      pgg.push_back(dggu.back()->as<float>() + (up_first ? F * C : 0));
+      pgu.push_back(dggu.back()->as<float>() + (up_first ? 0 : F * C));
       pgd.push_back(dgd.back()->as<float>());
     }
     DeviceBuffer out(static_cast<size_t>(N * C) * 2), d_probs(static_cast<size_t>(N * E) * 4),
@@ -384,8 +401,8 @@ void run_case(const Case& k) {
                  kChainMax);
     for (int64_t e = 0; e < E; ++e) {
       const std::string en = "expert " + std::to_string(e);
-      const auto got_g = download_f32(*dgg[e], F * C), got_u = download_f32(*dgu[e], F * C),
-                 got_d = download_f32(*dgd[e], C * F);
+      const auto got_g = download_at(pgg[static_cast<size_t>(e)], F * C),
+                 got_u = download_at(pgu[static_cast<size_t>(e)], F * C), got_d = download_f32(*dgd[e], C * F);
       if (ref_tokens[static_cast<size_t>(e)] == 0) {  // untouched, bit for bit
         EXPECT_EQ(got_g, gg0[e]) << en;
         EXPECT_EQ(got_u, gu0[e]) << en;
@@ -408,11 +425,12 @@ void run_case(const Case& k) {
     r.dx = download_bf16(dx, N * C);
     r.grads.push_back(download_f32(*d_grouter, E * C));
     for (int64_t e = 0; e < E; ++e) {
-      r.grads.push_back(download_f32(*dgg[e], F * C));
-      r.grads.push_back(download_f32(*dgu[e], F * C));
+      r.grads.push_back(download_at(pgg[static_cast<size_t>(e)], F * C));
+      r.grads.push_back(download_at(pgu[static_cast<size_t>(e)], F * C));
       r.grads.push_back(download_f32(*dgd[e], C * F));
     }
     r.grouped_calls = blas.grouped_calls();
+    r.wgrad_pairs = blas.wgrad_pairs();
     return r;
   };
   const GpuResult looped = gpu_run(rt::cuda::MoeGemm::looped);
@@ -420,6 +438,7 @@ void run_case(const Case& k) {
   EXPECT_EQ(looped.grouped_calls, 0);
   // forward: gate+up, down; router-only forward: none; backward: gate+up, d_a, the input gradients
   EXPECT_EQ(grouped.grouped_calls, 5) << "the grouped mode fell back to the loop";
+  EXPECT_EQ(grouped.wgrad_pairs, 0) << "the weight-gradient pair ran while off";
   // grouped against looped, element by element (header: 16 u S)
   const std::vector<float> scale = out_scale(x, wg, wu, wd, ref_probs, N, C, E, K, F, k.norm_topk, variant);
   int bad = 0;
@@ -445,6 +464,17 @@ void run_case(const Case& k) {
       << "the weight gradients on the call's stream differ from the default lanes'";
   EXPECT_TRUE(three_lanes.out == grouped.out && three_lanes.dx == grouped.dx && three_lanes.grads == grouped.grads)
       << "the weight gradients on 3 lanes differ from the default lanes'";
+  // the gate+up weight-gradient pair on: one call for every expert with
+  // tokens (gate's gradient below up's), two GEMMs where up's lies below
+  // gate's; each run against the CPU inside gpu_run; both modes
+  const int64_t active = E - std::count(ref_tokens.begin(), ref_tokens.end(), int64_t{0});
+  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::looped, -1, false, true).wgrad_pairs, active);
+  const GpuResult paired = gpu_run(rt::cuda::MoeGemm::grouped, -1, false, true);
+  EXPECT_EQ(paired.wgrad_pairs, active);
+  const GpuResult paired_lanes = gpu_run(rt::cuda::MoeGemm::grouped, 0, false, true);
+  EXPECT_TRUE(paired_lanes.grads == paired.grads) << "the pair on the call's stream differs from the lanes'";
+  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, true, true).wgrad_pairs, 0)
+      << "a pair ran with up's gradient below gate's";
   // auto (MoeGemm::by_size): these calls' expert GEMMs are far below
   // kMoeGroupedMaxWork, so it runs grouped: the grouped results bit for bit
   ASSERT_TRUE(rt::cuda::moe_small_experts(N, K, E, C, F));
