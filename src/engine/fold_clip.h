@@ -30,6 +30,22 @@ namespace rt {
 // The units of a model with n_layers layers in the order they fold.
 std::vector<size_t> fold_order(int64_t n_layers);
 
+// Deferred folds (cuda/optimizer_phase.h enable_fold_defer): of units whose
+// sizes are numel (in fold order), the first ones whose gradients fit in
+// fraction of all the elements and in max_bytes (fp32): their offsets in the
+// aside buffer (each rounded up to 16 floats) and the buffer's length. The
+// last unit (the embedding) is never deferred. fraction in [0, 1).
+struct FoldDefer {
+  std::vector<int64_t> at;
+  int64_t elems = 0;
+};
+FoldDefer fold_defer_plan(const std::vector<int64_t>& numel, double fraction, uint64_t max_bytes);
+// The share of the parameters deferred: RAMTRAIN_FOLD_DEFER (a number in
+// [0, 1), e.g. 0.33; 0 defers nothing), unset: kFoldDeferShare, 0 (off)
+// until the deferral's speed is measured on a GPU.
+inline constexpr double kFoldDeferShare = 0;
+double fold_defer_share();
+
 class FoldClip {
  public:
   explicit FoldClip(double max_norm) : max_norm_(max_norm) {}

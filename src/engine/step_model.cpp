@@ -1,9 +1,12 @@
 #include "engine/step_model.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
+#include "engine/fold_clip.h"
 
 namespace rt {
 
@@ -363,11 +366,24 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
     // a device embedding's fp32 gradient crosses PCIe. Checked against the
     // H100's 7B step (32 x 2048: 0.41-0.43 s of turn-around in a trace,
     // 2026-12-06, bench/RESULTS.md) and the 10 GiB cap at 64k tokens.
-    const double layers_s = layer * L / (gparams * 1e9);
+    // Deferred folds (engine/fold_clip.h fold_defer_plan, at the share
+    // RAMTRAIN_FOLD_DEFER sets, off by default; the engine's cap of half the
+    // available RAM may defer less):
+    // the head's and the last k layers' updates leave the backward (their
+    // gradients copied aside there, at the landing rate) and run under the
+    // next forward, exposed where they outlast the forward's first L - k
+    // layers.
+    std::vector<int64_t> fold_numel{numel.back()};
+    for (int64_t i = s.n_layers; i >= 0; --i) fold_numel.push_back(numel[static_cast<size_t>(i)]);
+    const FoldDefer defer = fold_defer_plan(fold_numel, fold_defer_share(), UINT64_MAX);
+    const double k = std::max(0.0, static_cast<double>(defer.at.size()) - 1);  // deferred layers (after the head)
+    const double deferred = defer.at.empty() ? 0.0 : head + k * layer;
+    const double layers_s = layer * (L - k) / (gparams * 1e9) + 4 * deferred / (kHostGradLandGbs * 1e9);
     const double land_s =
         p.host_embed ? (4 * embed + tokens * C * 10) / (kHostEmbedLandGbs * 1e9) : 4 * embed / (card.pcie_gbs * 1e9);
     const double tail_s = (embed + layer) / (gparams * 1e9) + land_s;
-    const double exposed = std::max(0.0, layers_s - core * (1.0 - fwd_share)) + tail_s;
+    const double defer_s = std::max(0.0, deferred / (gparams * 1e9) - core * fwd_share * (L - k) / L);
+    const double exposed = std::max(0.0, layers_s - core * (1.0 - fwd_share)) + tail_s + defer_s;
     r.overlap_s = std::max(0.0, r.optimizer_s - exposed);
   } else if (plan.options.delayed_update) {
     r.overlap_s = core;

@@ -12,12 +12,18 @@
 //  - a unit landing in pieces (the CUDA engine's LM head, GradientSink::land)
 //    and folded piece by piece with the coefficient of its whole sum of
 //    squares equals the whole-unit fold bit for bit (split master, fp32 and
-//    8/4-bit moments).
+//    8/4-bit moments);
+//  - fold_defer_plan (the CUDA engine's deferred folds): the first units in
+//    fold order within the share and the byte cap, 16-float aligned offsets,
+//    never the last unit; RAMTRAIN_FOLD_DEFER parsed and refused when bad.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "engine/backend.h"
@@ -117,6 +123,48 @@ TEST(FoldClip, NonFiniteUnitsAreSkippedAndLeftOutOfTheSums) {
   EXPECT_EQ(c.next(0.5), 1.0f);  // 0.75 so far: the skipped ones did not count
   EXPECT_FALSE(c.all_finite());
   EXPECT_DOUBLE_EQ(c.sumsq(), 0.75);
+}
+
+TEST(FoldDefer, TakesTheFirstUnitsWithinTheShareAndTheCap) {
+  // fold order: head 100, layers 40, 40, 40, embedding 100 (320 elements)
+  const std::vector<int64_t> numel{100, 40, 40, 40, 100};
+  rt::FoldDefer d = rt::fold_defer_plan(numel, 0.5, 1ull << 30);  // 160 elements: head (112 aligned) + one layer
+  EXPECT_EQ(d.at, (std::vector<int64_t>{0, 112}));
+  EXPECT_EQ(d.elems, 160);
+  d = rt::fold_defer_plan(numel, 0.5, 150 * 4);  // the cap: the head only
+  EXPECT_EQ(d.at, (std::vector<int64_t>{0}));
+  EXPECT_EQ(d.elems, 112);
+  d = rt::fold_defer_plan(numel, 0.99, 1ull << 30);  // everything but the embedding
+  EXPECT_EQ(d.at, (std::vector<int64_t>{0, 112, 160, 208}));
+  EXPECT_EQ(d.elems, 256);
+  EXPECT_TRUE(rt::fold_defer_plan(numel, 0.2, 1ull << 30).at.empty());  // the head alone is past 64 elements
+  EXPECT_TRUE(rt::fold_defer_plan(numel, 0.0, 1ull << 30).at.empty());
+  EXPECT_THROW(rt::fold_defer_plan(numel, 1.0, 1ull << 30), std::exception);
+  EXPECT_THROW(rt::fold_defer_plan(numel, -0.1, 1ull << 30), std::exception);
+}
+
+TEST(FoldDefer, TheShareComesFromTheEnvironment) {
+  const char* old = std::getenv("RAMTRAIN_FOLD_DEFER");
+  const std::string keep = old ? old : "";
+  unsetenv("RAMTRAIN_FOLD_DEFER");
+  EXPECT_EQ(rt::fold_defer_share(), rt::kFoldDeferShare);
+  setenv("RAMTRAIN_FOLD_DEFER", "0.25", 1);
+  EXPECT_EQ(rt::fold_defer_share(), 0.25);
+  setenv("RAMTRAIN_FOLD_DEFER", "0", 1);
+  EXPECT_EQ(rt::fold_defer_share(), 0.0);
+  for (const char* bad : {"1", "-0.5", "half", "0.3x"}) {
+    setenv("RAMTRAIN_FOLD_DEFER", bad, 1);
+    try {
+      rt::fold_defer_share();
+      ADD_FAILURE() << "accepted RAMTRAIN_FOLD_DEFER=" << bad;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("RAMTRAIN_FOLD_DEFER"), std::string::npos) << e.what();
+    }
+  }
+  if (old)
+    setenv("RAMTRAIN_FOLD_DEFER", keep.c_str(), 1);
+  else
+    unsetenv("RAMTRAIN_FOLD_DEFER");
 }
 
 TEST(FoldCpu, WithoutClippingItIsBitIdenticalToTheGlobalUpdate) {

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -570,6 +571,47 @@ TEST(CudaEngine, FoldedUpdatesAreExactWhereTheyDoNotClip) {
     std::printf("[engine] fold, K = %lld, clip 1e-3: losses %.6f %.6f %.6f (host gradients: %.6f %.6f %.6f)\n",
                 (long long)K, fold.loss[0], fold.loss[1], fold.loss[2], host.loss[0], host.loss[1], host.loss[2]);
   }
+}
+
+TEST(CudaEngine, DeferredFoldsGiveTheSameBits) {
+  // The deferred folds (engine/cuda/optimizer_phase.h: the first units in
+  // fold order updated after the step's last unit, under the next forward)
+  // move only when those updates run. None deferred (RAMTRAIN_FOLD_DEFER=0),
+  // about a third and all but the embedding (0.99), clipping off and on
+  // (the coefficients are taken as the units land), K = 1 and 3: losses,
+  // norms and weights bit for bit.
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a CPU-only build)";
+  const int64_t B = 2, T = 128;
+  rt::ModelSpec s = gpu_spec(5);
+  const char* old = std::getenv("RAMTRAIN_FOLD_DEFER");
+  const std::string keep = old ? old : "";
+  for (int64_t K : {1, 3}) {
+    rt::Dataset d = shakespeare(T, 4);
+    int64_t nv = 0;
+    auto batches = batches_from(d, B, K, &nv);
+    for (double clip : {0.0, 1e-3}) {
+      auto run = [&](const char* share) {
+        if (share)
+          setenv("RAMTRAIN_FOLD_DEFER", share, 1);
+        else
+          unsetenv("RAMTRAIN_FOLD_DEFER");
+        rt::CudaOptions co;
+        co.slots = 2;
+        co.grads = "fold";
+        co.micro_batches = K;
+        co.layer_major = K > 1 ? "on" : "off";
+        return train_fixed_steps(s, false, co, batches, nv, B, T, 8, clip);
+      };
+      const FixedRun none = run("0"), third = run("0.34"), most = run("0.99");
+      const std::string what = "K = " + std::to_string(K) + ", clip " + std::to_string(clip);
+      expect_bit_identical(none, third, (what + ", 0.34").c_str());
+      expect_bit_identical(none, most, (what + ", 0.99").c_str());
+    }
+  }
+  if (old)
+    setenv("RAMTRAIN_FOLD_DEFER", keep.c_str(), 1);
+  else
+    unsetenv("RAMTRAIN_FOLD_DEFER");
 }
 
 TEST(CudaEngine, LeanStatesFollowTheirCpuTwins) {

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/thread_pool.h"
+
 #include "engine/sharded_optimizer.h"
 #include "engine/update_order.h"
 #include "optim/adamw.h"
@@ -47,11 +49,44 @@ void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version)
   if (StateTier* t = st_.tier(); t && apply) t->prefetch_next_paged(fold_order_, 0);  // --state-dir: the first one
   fold_seconds_ = 0;
   fold_params_ = 0;
+  deferred_.clear();  // the last step's ran before its fold jobs were done
   track_.update([&] {
     fold_sq_.assign(st_.units().size(), 0.0);
     folded_ = 0;
     fold_busy_ = true;
   });
+}
+
+uint64_t OptimizerPhase::enable_fold_defer(double fraction, uint64_t max_bytes) {
+  if (st_.tier() || dp_.on() || fraction <= 0) return 0;
+  std::vector<int64_t> numel;
+  for (size_t u : fold_order(st_.spec().n_layers)) numel.push_back(st_.units()[u].numel);
+  FoldDefer d = fold_defer_plan(numel, fraction, max_bytes);
+  if (d.at.empty()) return 0;
+  defer_buf_.reset(new float[static_cast<size_t>(d.elems)]);
+  float* buf = defer_buf_.get();
+  parallel_for(d.elems, 1 << 20, [&](int64_t lo, int64_t hi) {  // touched now, not in the first step's backward
+    std::memset(buf + lo, 0, static_cast<size_t>(hi - lo) * 4);
+  });
+  defer_at_ = std::move(d.at);
+  defer_units_ = defer_at_.size();
+  return static_cast<uint64_t>(d.elems) * 4;
+}
+
+void OptimizerPhase::run_deferred() {
+  // forward order: the reverse of fold order (the last layers, then the head)
+  for (auto it = deferred_.rbegin(); it != deferred_.rend(); ++it) {
+    StateUnit& un = st_.units()[it->u];
+    const auto t0 = std::chrono::steady_clock::now();
+    auto span = dev_.tracer.host_begin("fold", static_cast<int>(it->u) - 1);
+    update_unit_range(un, 0, un.numel, defer_buf_.get() + defer_at_[it->slot], fold_o_, it->coef,
+                      weights_.shadow(0, it->u));
+    dev_.tracer.host_end(span);
+    fold_params_ += un.numel;
+    fold_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    track_.mark_updated(it->u, fold_version_);
+  }
+  deferred_.clear();
 }
 
 void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const double* sumsq) {
@@ -69,6 +104,8 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
     const double sq = sumsq ? *sumsq : rt::sum_squares(g, un.numel);
     fold_unit_sq_ = sq;
     fold_coef_ = fold_clip_.next(sq);
+    // deferred: the k-th unit in fold order (k < defer_units_) with an update to make
+    fold_defer_now_ = fold_next_ - 1 < defer_units_ && fold_apply_ && std::isfinite(sq);
     track_.update([&] {  // the step's norm is known before its last update is done
       fold_sq_[u] = sq;
       ++folded_;
@@ -82,24 +119,33 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
              " piece [", b, ", ", e, ") landed out of order");
   }
   fold_at_ = e;
-  if (fold_apply_ && std::isfinite(fold_unit_sq_)) {
+  if (fold_defer_now_) {  // aside, for run_deferred (the slab is reused once this returns)
+    float* dst = defer_buf_.get() + defer_at_[fold_next_ - 1] + b;
+    parallel_for(e - b, 1 << 16,
+                 [&](int64_t lo, int64_t hi) { std::memcpy(dst + lo, g + lo, static_cast<size_t>(hi - lo) * 4); });
+  } else if (fold_apply_ && std::isfinite(fold_unit_sq_)) {
     update_unit_range(un, b, e, g, fold_o_, fold_coef_, weights_.shadow(0, u));  // in place (no delayed mode here)
     fold_params_ += e - b;
   }
   const bool unit_done = e == un.numel;
-  // paged weights: the whole updated unit to the device before the tier releases it
-  if (unit_done && fold_apply_ && std::isfinite(fold_unit_sq_)) weights_.upload_paged(u);
+  // paged weights: the whole updated unit to the device before the tier releases it (no tier defers)
+  if (unit_done && fold_apply_ && std::isfinite(fold_unit_sq_) && !fold_defer_now_) weights_.upload_paged(u);
   if (tier && unit_done) tier->release(u, std::isfinite(fold_unit_sq_));
   dev_.tracer.host_end(span);
   fold_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!unit_done) return;
-  track_.mark_updated(u, fold_version_);
-  if (fold_next_ == fold_order_.size())
+  if (fold_defer_now_)
+    deferred_.push_back({u, fold_next_ - 1, fold_coef_});
+  else
+    track_.mark_updated(u, fold_version_);
+  if (fold_next_ == fold_order_.size()) {
+    run_deferred();
     track_.update([&] {
       seconds_ = fold_seconds_;
       params_ = fold_params_;
       fold_busy_ = false;
     });
+  }
 }
 
 std::vector<double> OptimizerPhase::wait_folded(bool* all_applied) {

@@ -22,6 +22,16 @@
 // piece updates as it lands (update_unit_range: any split gives update_unit's
 // bits); --state-dir pages its state in before its first piece and writes it
 // back after its last.
+// Deferred folds (enable_fold_defer): the first units in fold order (the
+// head, then the last layers), up to a share of the parameters, are clipped
+// as they land (the same partial norms) but their gradients are copied aside
+// and their updates run after the step's last unit folded, in forward order,
+// under the next step's forward, which needs them last. Only the time of
+// those updates moves: the same update_unit_range on the same gradient and
+// coefficient, so the same bits. Without it the next forward waits for every
+// update (the embedding, which it needs first, folds last); with it, when the
+// CPU update is longer than the backward, the forward starts once the
+// undeferred units are done.
 // Muon (--optimizer muon | muon8bit): host or fold gradients only (whole
 // units; device_plan.cpp refuses --grads device); each unit's update runs
 // as AdamW's does, with the engine's GPU orthogonaliser (muon_gpu.h) in the
@@ -29,6 +39,7 @@
 // own streams, pipelined with this thread's host passes (optim/muon_unit.h).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/backend.h"
@@ -67,6 +78,12 @@ class OptimizerPhase {
   // squares (non-finite where its update was skipped) and whether all were
   // finite and applied.
   std::vector<double> wait_folded(bool* all_applied);
+  // Construction: hold up to `fraction` (0..1) of the parameters' fold
+  // gradients aside (whole units from the first in fold order), at most
+  // max_bytes of host RAM, allocated and touched here. Not with a state
+  // tier (paged units) or data parallelism. Returns the bytes held (0: off).
+  uint64_t enable_fold_defer(double fraction, uint64_t max_bytes);
+  size_t fold_deferred_units() const { return defer_units_; }
 
   // Time and parameter count of the last run.
   double seconds() const {
@@ -111,6 +128,19 @@ class OptimizerPhase {
   std::vector<double> fold_sq_;  // guarded by the tracker's mutex
   size_t folded_ = 0;            // guarded by the tracker's mutex: units whose norm is recorded
   bool fold_busy_ = false;       // guarded by the tracker's mutex: a step's fold jobs are not all done
+  // deferred folds: the first defer_units_ units of fold_order_ (fixed at
+  // enable_fold_defer), their gradients at defer_at_[k] in defer_buf_; this
+  // step's deferred units (fold order) with their clip coefficients
+  struct Deferred {
+    size_t u, slot;  // the unit, its place in fold order
+    float coef;
+  };
+  void run_deferred();
+  size_t defer_units_ = 0;
+  std::vector<int64_t> defer_at_;
+  std::unique_ptr<float[]> defer_buf_;
+  std::vector<Deferred> deferred_;
+  bool fold_defer_now_ = false;  // the unit being folded is deferred
 };
 
 }  // namespace rt::cuda

@@ -184,10 +184,21 @@ StreamEngine::StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOption
   acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep, kept.attention);
   CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
   dp_version_ = track_.need_version();  // data parallel: the host shadows hold the whole weights now
+  // Fold: the first units' updates under the next forward (OptimizerPhase::
+  // enable_fold_defer), last of the host allocations, in at most half of
+  // what the kernel reports available less 2 GiB
+  const uint64_t avail = host_memory_available(), reserve = 2ull << 30;
+  const uint64_t defer_bytes =
+      place_.fold ? optimizer_->enable_fold_defer(fold_defer_share(), avail > reserve ? (avail - reserve) / 2 : 0) : 0;
   if (opt_.verbose)
     print_engine_setup(EngineSetup{opt_, place_, st_, weights_->count(), weights_->pinned_bytes(), keep, act_bytes, K_,
                                    dm_, dev_.alloc, muon_.get(), dp_, acts_->attn_kept_count(),
                                    AttnActs<CudaOps>::bytes(s_, dm_)});
+  if (opt_.verbose && defer_bytes > 0)
+    std::printf(
+        "fold: the updates of the first %zu units in fold order (head, last layers) run under the next "
+        "forward, their gradients held aside in %.2f GiB of host RAM\n",
+        optimizer_->fold_deferred_units(), defer_bytes / double(1ull << 30));
 }
 
 StreamEngine::~StreamEngine() {
