@@ -19,10 +19,9 @@
 // expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
 // mode's bf16 rows: o (forward), and the input gradients of gate and up
 // (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
-// per expert in both modes, on MoeBlas's weight-gradient lanes: one
-// cublasGemmEx per expert and kind, or with the pair on gate's and up's as
-// one strided-batched call of two (same shape, same xe:
-// MoeBlas::matmul_tn_pair). The backward recomputes g, u, a but not o (the
+// per expert in both modes, on MoeBlas's weight-gradient lanes: down's one
+// cublasGemmEx, gate's and up's one strided-batched call of two (same shape,
+// same xe: MoeBlas::matmul_tn_pair; two GEMMs with the pair off). The backward recomputes g, u, a but not o (the
 // routing weight's gradient comes from the unweighted d_a product:
 // act_grad_kernel).
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias

@@ -41,8 +41,10 @@ struct FoldDefer {
 };
 FoldDefer fold_defer_plan(const std::vector<int64_t>& numel, double fraction, uint64_t max_bytes);
 // The share of the parameters deferred: RAMTRAIN_FOLD_DEFER (a number in
-// [0, 1), e.g. 0.33; 0 defers nothing), unset: kFoldDeferShare, 0 (off)
-// until the deferral's speed is measured on a GPU.
+// [0, 1), e.g. 0.33; 0 defers nothing), unset: kFoldDeferShare, 0 (off):
+// on the H100 it gained 4% where the CPU update binds (OLMoE 16 x 2048
+// fold) and nothing at 64k tokens, for 4 B of host RAM per deferred
+// parameter (docs/architecture.md).
 inline constexpr double kFoldDeferShare = 0;
 double fold_defer_share();
 

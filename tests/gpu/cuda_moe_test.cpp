@@ -38,7 +38,8 @@
 //  - the grouped mode twice: out, dx and every gradient bit for bit;
 //  - the weight gradients on the call's stream and on 3 lanes (MoeBlas's
 //    weight-gradient lanes): the default lanes' bits;
-//  - the gate+up weight-gradient pair (off by default): on, one call for each
+//  - the gate+up weight-gradient pair (MoeBlas's default; off in the other
+//    runs here, so that they keep the plain GEMMs' bits): on, one call for each
 //    active expert when gate's gradient lies below up's (the engine's
 //    layout: HF names in natural order), the same bits on any lane, two
 //    GEMMs the other way round (each run against the CPU);
