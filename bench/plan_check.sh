@@ -23,17 +23,19 @@ cases=(
   "7B width 14 layers, 32x2048, no cap|$q --layers 14 --micro-batch 32|tflops:431"
   "7B width 14 layers, 24 GiB cap, 8x2048 (calibrated)|$q --layers 14 --micro-batch 8 --gpu-memory 24G|tflops:189"
   "7B width 14 layers, 10 GiB cap, 2x2048 x16 (calibrated)|$q --layers 14 --micro-batch 2 --grad-accum 16 --gpu-memory 10G --layer-major off|tflops:157"
-  # H100, 2026-12-06 (seventeenth session, one call, expert GEMMs batched over 128-row chunks): the MoE expert rate and
-  # the per-call cost of its weight gradients were fitted on the two 128k rows (step_model.cpp); 64k waits on the host
-  "OLMoE 4x2048x8 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold|2.993"
-  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|4.448"
+  # H100, 2026-12-07 (nineteenth session, one call with the dense 7B): the MoE expert rate was refitted on the 128k
+  # row (step_model.cpp); 64k waits on the host; the 16 x 2048 fold row (same machine) is bound by the CPU update
+  "OLMoE 4x2048x8 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold|2.670"
+  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|4.007"
+  "OLMoE 16x2048 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 16 --grads fold|2.355"
   # measured before (sixteenth session evening) with the expert GEMMs looped, which auto no longer picks there
   "OLMoE 16x2048, H100, looped experts|--preset olmoe-1b-7b --gpu h100 --micro-batch 16|2.763"
   # and Muon's NS5 job factor on this one; the AdamW row beside it is a check
   "7B 16x2048 fold muon, H100 (calibrated)|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold --optimizer muon|4.76"
   "7B 16x2048 fold adamw, H100|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold|3.10"
-  # H100, 2026-12-06 (seventeenth session, same call): Qwen3-30B-A3B lean at 128k tokens a step (train, step 2: 8,696 tok/s)
-  "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100 (calibrated)|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr|15.07"
+  # H100, 2026-12-06 (seventeenth session's build, not re-measured since): Qwen3-30B-A3B lean at 128k tokens a step
+  # (train, step 2: 8,696 tok/s); it fitted the per-call cost of the expert weight gradients
+  "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100 (seventeenth session's build)|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr|15.07"
 )
 printf '%-56s %10s %16s %8s %10s\n' case measured predicted error binding
 for c in "${cases[@]}"; do

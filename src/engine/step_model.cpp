@@ -137,22 +137,25 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
 // the model count plus 4/3 P_e recomputed by every backward (cuda/moe.cu
 // recomputes the experts' gate and up, not down; P_e = top_k x 3 x hidden x
 // expert width per layer), run at kMoeExpertShareOfDense of the dense rate,
-// and the expert weight gradients, one cublasGemmEx per expert, kind and
-// layer call (3 E per layer and micro-batch), cost kMoeWeightGradCallS each
-// beyond that. Fitted on the H100 (2026-12-06, seventeenth session, one call,
-// bench/RESULTS.md) on the two compute-bound steps at 128k tokens: OLMoE-1B-7B
-// 4 x 2048 x 16 fold 4.448 s (64 experts of 2048 x 1024: 49k weight-gradient
-// calls a step) and Qwen3-30B-A3B lean 4 x 2048 x 16 fold 15.07 s (128 of
-// 2048 x 768: 295k calls), when the backward recomputed down too (8 P_e at a
-// share of 0.66); without that recompute (eighteenth session) OLMoE's step
-// stayed 4.434-4.456 s, so the share is 0.66 x (22/3) / 8 = 0.605 (the same
-// time for the FLOPs that remain: the step waits on more than the expert
-// GEMMs, bench/RESULTS.md eighteenth session). One constant could not hold
-// both models (a rate alone: +-16%); the per-call cost is what sets Qwen3's
-// narrower, more numerous experts apart. The 64k OLMoE step (2.993 s) is
-// under-predicted: it waits on the host (GPU idle 19%), which this compute
-// term does not hold. ESTIMATES on other cards.
-constexpr double kMoeExpertShareOfDense = 0.605;
+// and the expert weight gradients, two cuBLAS calls per expert and layer
+// call (down's GEMM, and gate's and up's as one strided-batched pair: 2 E per
+// layer and micro-batch), cost kMoeWeightGradCallS each beyond that. Fitted
+// on the H100 (2026-12-06, seventeenth session, one call, bench/RESULTS.md)
+// on the two compute-bound steps at 128k tokens: OLMoE-1B-7B 4 x 2048 x 16
+// fold 4.448 s (64 experts of 2048 x 1024: 49k weight-gradient calls a step,
+// three per expert then) and Qwen3-30B-A3B lean 4 x 2048 x 16 fold 15.07 s
+// (128 of 2048 x 768: 295k calls), when the backward recomputed down too (8
+// P_e at a share of 0.66). One constant could not hold both models (a rate
+// alone: +-16%); the per-call cost is what sets Qwen3's narrower, more
+// numerous experts apart. Since then (eighteenth and nineteenth sessions:
+// no down recompute, the grouped forward without the host's wait, the
+// gate+up pair) OLMoE's step is 4.007 s on the H100 (nineteenth session,
+// one call with the dense 7B); the share was refitted to it, 0.63, with the
+// per-call cost kept and two calls per expert. Qwen3-30B-A3B was not
+// measured on this build: its prediction moved from 15.06 to 12.7 s. The 64k
+// OLMoE step (2.670 s) is under-predicted: it waits on the host, which this
+// compute term does not hold. ESTIMATES on other cards.
+constexpr double kMoeExpertShareOfDense = 0.63;
 constexpr double kMoeExpertFlopsPerPe = 6.0 + 4.0 / 3.0;  // a token's routed expert FLOPs run, in P_e
 constexpr double kMoeWeightGradCallS = 21.3e-6;
 double routed_expert_params_per_token(const ModelSpec& s) {
@@ -300,7 +303,7 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
   if (const double pe = routed_expert_params_per_token(s); pe > 0) {  // the routed experts at their own rate (above)
     r.compute_s += tokens * (kMoeExpertFlopsPerPe * pe / kMoeExpertShareOfDense - 6.0 * pe) /
                    (card.bf16_tflops * 1e12) / r.efficiency;
-    r.compute_s += L * K * 3.0 * static_cast<double>(s.moe.n_experts) * kMoeWeightGradCallS;
+    r.compute_s += L * K * 2.0 * static_cast<double>(s.moe.n_experts) * kMoeWeightGradCallS;
   }
   MuonStepWork ns5;
   if (plan.options.muon) {  // NS5 on the same device: its time adds to the compute, its copies to the PCIe's
