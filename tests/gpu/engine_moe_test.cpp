@@ -173,7 +173,9 @@ void compare_with_cpu(const char* config, const char* name, bool aux = true) {
   std::printf("[moe engine] %s: loss cpu %.6f cuda %.6f; aux cpu %.6f cuda %.6f\n", name, l_cpu, l_gpu,
               e_cpu.moe_aux_loss, e_gpu.moe_aux_loss);
   EXPECT_NEAR(l_gpu, l_cpu, 1e-2 * l_cpu) << name;
-  if (aux) EXPECT_NEAR(e_gpu.moe_aux_loss, e_cpu.moe_aux_loss, 2e-2 * e_cpu.moe_aux_loss) << name;
+  if (aux) {
+    EXPECT_NEAR(e_gpu.moe_aux_loss, e_cpu.moe_aux_loss, 2e-2 * e_cpu.moe_aux_loss) << name;
+  }
   ASSERT_EQ(e_gpu.moe_tokens_per_expert.size(), static_cast<size_t>(s.n_layers * s.moe.n_experts)) << name;
   ASSERT_EQ(e_cpu.moe_tokens_per_expert.size(), e_gpu.moe_tokens_per_expert.size()) << name;
   int64_t total_cpu = 0, total_gpu = 0, l1 = 0;
