@@ -14,12 +14,15 @@
 // P exactly and summing D_t = sum P dP were tried and changed nothing). The
 // key-projection biases have a bound of their own (testutil.h,
 // hf_grad_rel_bound: their gradient is a sum that nearly cancels).
-// phi4mini_partial_tied has the same 2.5e-5 bound: its tied embedding's
-// gradient is 0.93e-5 to 1.14e-5 from torch's under three OpenBLAS kernel
-// families, while torch's own fp32 result is 5.5e-5 from an fp64 run of the
-// same model (layer 0's qkv_proj 5.5e-5 too: the LongRoPE attention factor
-// sqrt(2) scales q.k by 2, sharpening the softmax); every other tensor is
-// within 1e-5.
+// phi4mini_partial_tied: torch's own fp32 result is 5.5e-5 from an fp64 run
+// of the same model (its tied embedding's gradient and layer 0's qkv_proj:
+// the LongRoPE attention factor sqrt(2) scales q.k by 2, sharpening the
+// softmax), so a second fp32 computation can sit that far from it too. Ours
+// is 0.93e-5 to 1.14e-5 from torch's under the AVX2 OpenBLAS kernels
+// (Haswell, Zen) and 4.07e-5 under the AVX-512 ones (SkylakeX, Cooperlake:
+// an AMD EPYC with AVX-512, nineteenth session). Its bound is 8e-5: the
+// reference's own 5.5e-5 with a margin, still three orders below what a
+// wrong term gives (1e-2 and up). Every other tensor is within 1e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -100,8 +103,9 @@ TEST_P(HfParity, LossLogitsAndEveryGradientMatchTransformers) {
     rt::tensor_to_f32(*rg, r.data());
     const std::vector<float> got = rt::tensor_write_gather(t, rg->numel());  // Phi3: fused from q/k/v, gate/up
     double e = rt::test::rel_l2(got.data(), r.data(), rg->numel());
-    const double bound = rt::test::hf_grad_rel_bound(
-        t.name, GetParam() == "llama_gqa_rope3" || GetParam() == "phi4mini_partial_tied" ? 2.5e-5 : 1e-5);
+    const double bound = rt::test::hf_grad_rel_bound(t.name, GetParam() == "phi4mini_partial_tied" ? 8e-5
+                                                             : GetParam() == "llama_gqa_rope3"     ? 2.5e-5
+                                                                                                   : 1e-5);
     EXPECT_LE(e, bound) << "gradient of " << t.name << " rel_l2";
     if (e > worst) worst = e, worst_name = t.name;
     ++n_grads;
