@@ -21,9 +21,9 @@
 // (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
 // per expert in both modes, on MoeBlas's weight-gradient lanes: down's one
 // cublasGemmEx, gate's and up's one strided-batched call of two (same shape,
-// same xe: MoeBlas::matmul_tn_pair; two GEMMs with the pair off). The backward recomputes g, u, a but not o (the
-// routing weight's gradient comes from the unweighted d_a product:
-// act_grad_kernel).
+// same xe: MoeBlas::matmul_tn_pair; two GEMMs with the pair off). The
+// backward recomputes g, u, a but not o (the routing weight's gradient comes
+// from the unweighted d_a product: act_grad_kernel).
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -482,21 +482,22 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   // call's stream otherwise; expert e on lane e % lanes.
   const Layout& L = hl.get();
   const int lanes = blas.wgrad_lanes();
+  auto lane_of = [&](int64_t e) { return lanes == 0 ? -1 : static_cast<int>(e % lanes); };  // -1: the call's stream
   auto weight_grad = [&](int64_t e, float* dw, const bf16* rows_a, const bf16* rows_b, int64_t M, int64_t Nn,
                          int64_t R) {
-    if (lanes == 0)
+    if (lane_of(e) < 0)
       blas.matmul_tn(dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f, stream);
     else
-      blas.lane_matmul_tn(static_cast<int>(e % lanes), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
+      blas.lane_matmul_tn(lane_of(e), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
   };
-  auto wgrad_stream = [&](int64_t e) { return lanes == 0 ? stream : blas.lane_stream(static_cast<int>(e % lanes)); };
+  auto wgrad_stream = [&](int64_t e) { return lane_of(e) < 0 ? stream : blas.lane_stream(lane_of(e)); };
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
     weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);   // dWd += d_o^T a
     // dWg += d_g^T xe and dWu += d_u^T xe: one launch where the layouts allow
-    if (!blas.matmul_tn_pair(lanes == 0 ? -1 : static_cast<int>(e % lanes), dgate[e], dup[e], w.d_g + r0 * F,
-                             w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f, stream)) {
+    if (!blas.matmul_tn_pair(lane_of(e), dgate[e], dup[e], w.d_g + r0 * F, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f,
+                             stream)) {
       weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
       weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
     }

@@ -5,7 +5,6 @@
 #include <cstdlib>
 
 #include "core/error.h"
-
 #include "optim/adamw.h"
 
 namespace rt {

@@ -376,8 +376,8 @@ StepPrediction predict_step(const ModelSpec& s, int64_t B, int64_t T, const Devi
     // gradients copied aside there, at the landing rate) and run under the
     // next forward, exposed where they outlast the forward's first L - k
     // layers.
-    std::vector<int64_t> fold_numel{numel.back()};
-    for (int64_t i = s.n_layers; i >= 0; --i) fold_numel.push_back(numel[static_cast<size_t>(i)]);
+    std::vector<int64_t> fold_numel;
+    for (size_t u : fold_order(s.n_layers)) fold_numel.push_back(numel[u]);
     const FoldDefer defer = fold_defer_plan(fold_numel, fold_defer_share(), UINT64_MAX);
     const double k = std::max(0.0, static_cast<double>(defer.at.size()) - 1);  // deferred layers (after the head)
     const double deferred = defer.at.empty() ? 0.0 : head + k * layer;

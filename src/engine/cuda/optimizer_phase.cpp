@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-
 #include "engine/sharded_optimizer.h"
 #include "engine/update_order.h"
 #include "optim/adamw.h"
@@ -69,7 +68,6 @@ uint64_t OptimizerPhase::enable_fold_defer(double fraction, uint64_t max_bytes) 
     std::memset(buf + lo, 0, static_cast<size_t>(hi - lo) * 4);
   });
   defer_at_ = std::move(d.at);
-  defer_units_ = defer_at_.size();
   return static_cast<uint64_t>(d.elems) * 4;
 }
 
@@ -104,8 +102,8 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
     const double sq = sumsq ? *sumsq : rt::sum_squares(g, un.numel);
     fold_unit_sq_ = sq;
     fold_coef_ = fold_clip_.next(sq);
-    // deferred: the k-th unit in fold order (k < defer_units_) with an update to make
-    fold_defer_now_ = fold_next_ - 1 < defer_units_ && fold_apply_ && std::isfinite(sq);
+    // deferred: one of the first defer_at_.size() units in fold order, with an update to make
+    fold_defer_now_ = fold_next_ - 1 < defer_at_.size() && fold_apply_ && std::isfinite(sq);
     track_.update([&] {  // the step's norm is known before its last update is done
       fold_sq_[u] = sq;
       ++folded_;

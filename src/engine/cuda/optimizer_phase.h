@@ -83,7 +83,7 @@ class OptimizerPhase {
   // max_bytes of host RAM, allocated and touched here. Not with a state
   // tier (paged units) or data parallelism. Returns the bytes held (0: off).
   uint64_t enable_fold_defer(double fraction, uint64_t max_bytes);
-  size_t fold_deferred_units() const { return defer_units_; }
+  size_t fold_deferred_units() const { return defer_at_.size(); }
 
   // Time and parameter count of the last run.
   double seconds() const {
@@ -128,7 +128,7 @@ class OptimizerPhase {
   std::vector<double> fold_sq_;  // guarded by the tracker's mutex
   size_t folded_ = 0;            // guarded by the tracker's mutex: units whose norm is recorded
   bool fold_busy_ = false;       // guarded by the tracker's mutex: a step's fold jobs are not all done
-  // deferred folds: the first defer_units_ units of fold_order_ (fixed at
+  // deferred folds: the first defer_at_.size() units of fold_order_ (fixed at
   // enable_fold_defer), their gradients at defer_at_[k] in defer_buf_; this
   // step's deferred units (fold order) with their clip coefficients
   struct Deferred {
@@ -136,7 +136,6 @@ class OptimizerPhase {
     float coef;
   };
   void run_deferred();
-  size_t defer_units_ = 0;
   std::vector<int64_t> defer_at_;
   std::unique_ptr<float[]> defer_buf_;
   std::vector<Deferred> deferred_;

@@ -187,9 +187,11 @@ StreamEngine::StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOption
   // Fold: the first units' updates under the next forward (OptimizerPhase::
   // enable_fold_defer), last of the host allocations, in at most half of
   // what the kernel reports available less 2 GiB
-  const uint64_t avail = host_memory_available(), reserve = 2ull << 30;
-  const uint64_t defer_bytes =
-      place_.fold ? optimizer_->enable_fold_defer(fold_defer_share(), avail > reserve ? (avail - reserve) / 2 : 0) : 0;
+  uint64_t defer_bytes = 0;
+  if (place_.fold) {
+    const uint64_t avail = host_memory_available(), reserve = 2ull << 30;
+    defer_bytes = optimizer_->enable_fold_defer(fold_defer_share(), avail > reserve ? (avail - reserve) / 2 : 0);
+  }
   if (opt_.verbose)
     print_engine_setup(EngineSetup{opt_, place_, st_, weights_->count(), weights_->pinned_bytes(), keep, act_bytes, K_,
                                    dm_, dev_.alloc, muon_.get(), dp_, acts_->attn_kept_count(),
