@@ -10,8 +10,9 @@
 // gradients and the 3 weight gradients) and of the 11 that run (the
 // backward recomputes gate and up). The grouped mode runs three times: its
 // weight gradients by cuBLAS on the call's stream (lanes 0) and on MoeBlas's
-// default lanes, then in the one-launch kernel (MoeBlas::wgrad_kernel: on
-// compute capability 9.0 only; elsewhere the same as the run before).
+// default lanes, then in the one-launch kernel (MoeBlas::wgrad_kernel, set
+// on here: on compute capability 9.0 only; elsewhere the same as the run
+// before).
 //   moe_bench [N C E K F] (default 32768 2048 64 8 1024: 16 x 2048 tokens)
 // Not a test: timings only.
 #include <cuda_runtime.h>

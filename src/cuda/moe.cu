@@ -19,8 +19,9 @@
 // expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
 // mode's bf16 rows: o (forward), and the input gradients of gate and up
 // (backward) as two rows summed in fp32. The weight gradients (fp32, +=):
-// in the grouped mode on Hopper, every expert's in one launch of an sm_90a
-// kernel (moe_wgrad_sm90.h; MoeBlas::wgrad_kernel); otherwise per expert,
+// with MoeBlas::wgrad_kernel on (off by default), in the grouped mode on
+// Hopper, every expert's in one launch of an sm_90a kernel
+// (moe_wgrad_sm90.h); otherwise per expert,
 // on MoeBlas's weight-gradient lanes: down's one cublasGemmEx, gate's and
 // up's one strided-batched call of two (same shape, same xe:
 // MoeBlas::matmul_tn_pair; two GEMMs with the pair off). The
@@ -480,9 +481,10 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   else
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
   CUDA_CHECK_LAUNCH();
-  // The weight gradients. On Hopper in the grouped mode, every expert's in
-  // one launch (sm90::moe_weight_grads: the row counts read on the device,
-  // no wait; on lane 0 when there are lanes). Otherwise per expert, which
+  // The weight gradients. With MoeBlas::wgrad_kernel on, on Hopper in the
+  // grouped mode, every expert's in one launch (sm90::moe_weight_grads: the
+  // row counts read on the device, no wait; on lane 0 when there are lanes).
+  // Otherwise per expert, which
   // needs each expert's row count: the call's one wait for the layout (the
   // grouped mode's first), with the products above queued on the GPU; on the
   // lanes when there are some (MoeBlas), the call's stream otherwise; expert

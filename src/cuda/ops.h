@@ -377,9 +377,13 @@ class MoeBlas {
   // compute capability 9.0, in the grouped mode, where the shapes allow
   // (multiples of 8); elsewhere the cuBLAS path above. No host wait for the
   // row counts (they are read on the device), one tile summed by one block:
-  // deterministic, but not cuBLAS's bits. kWgradKernel;
-  // RAMTRAIN_MOE_WGRAD_KERNEL=0 or set_wgrad_kernel(false) turns it off.
-  static constexpr bool kWgradKernel = true;
+  // deterministic, but not cuBLAS's bits. Off by default (kWgradKernel):
+  // measured on the H100 (2026-12-07, bench/RESULTS.md) its first version
+  // took 5.3 ms a call at OLMoE's shape (8k tokens), slower than cuBLAS on
+  // the lanes (OLMoE 128k step 4.66 s against 4.03 s); the version here
+  // batches its epilogue's loads and was not measured yet.
+  // RAMTRAIN_MOE_WGRAD_KERNEL=1 or set_wgrad_kernel(true) turns it on.
+  static constexpr bool kWgradKernel = false;
   bool wgrad_kernel() const { return kernel_; }
   void set_wgrad_kernel(bool on) { kernel_ = on; }
   int64_t wgrad_kernels() const { return wgrad_kernels_; }  // its launches so far (tests)
