@@ -17,12 +17,14 @@
 // 64 rows x 128 bytes) and read MN-major by wgmma (the rows are k). As the
 // attention kernels (attention_sm90.cu): warpgroup 0 produces (one thread
 // issues the copies into a ring of S stages with full/empty mbarriers),
-// warpgroups 1 and 2 consume, each the 64 rows (of M) m0 + 64 w... of the
-// tile, one m64nBNk16 wgmma per 16 rows, accumulating in fp32 registers, and
-// add their accumulators to the fp32 gradient once, at the end of the job
+// two consumer warpgroups each take 64 rows (of M) of the tile, one
+// m64nBNk16 wgmma per 16 rows, accumulating in fp32 registers, and add
+// their accumulators to the fp32 gradient once, at the end of the job
 // (grad + sum: one rounding; the sum over the rows in a fixed order, so the
 // bits never depend on scheduling). The producer runs into the next job
-// while the consumers add, so the copies of its first stages overlap.
+// while the consumers add, so the copies of its first stages overlap; with
+// two blocks per SM (RAMTRAIN_MOE_WGRAD_TILE=128x2) one block's epilogue
+// also overlaps the other's MMAs.
 //
 // Padding rows (kMoeChunk's) are zeros in every operand that reaches a
 // gradient (cuda/moe.cu: d_o, d_g, d_u and xe), so the 64-row steps over the
@@ -48,7 +50,18 @@ namespace {
 #define RT_SM90_DEVICE 1
 #endif
 
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+// Thread roles. One block per SM (B 1): a producer warpgroup (threads 0-127; it gives its registers to
+// the consumers with setmaxnreg) and 2 consumer warpgroups (128-383). Two blocks per SM (B 2): the 2
+// consumer warpgroups (0-255; a warpgroup's first warp must be a multiple of 4) and one producer warp
+// (256-287), no setmaxnreg: 288 threads of up to 112 registers, two blocks in the register file.
+template <int B>
+struct Roles {
+  static_assert(B == 1 || B == 2, "one or two blocks per SM");
+  static constexpr int kThreads = B == 1 ? 384 : 288;
+  static __device__ __forceinline__ bool producer() { return B == 1 ? threadIdx.x < 128 : threadIdx.x >= 256; }
+  static __device__ __forceinline__ bool leader() { return threadIdx.x == (B == 1 ? 0 : 256); }  // issues the copies
+  static __device__ __forceinline__ int consumer_thread() { return B == 1 ? threadIdx.x - 128 : threadIdx.x; }
+};
 
 template <int BN, int S>
 struct Cfg {
@@ -124,8 +137,9 @@ __device__ __forceinline__ bool job_of(int64_t t, const Params& prm, const int32
   return true;
 }
 
-template <int BN, int S>
-__global__ void __launch_bounds__(kThreads, 1)
+// B: blocks per SM (1, or 2 so that one block's epilogue overlaps the other's MMAs; Roles).
+template <int BN, int S, int B>
+__global__ void __launch_bounds__(Roles<B>::kThreads, B)
     wgrad_kernel(const __grid_constant__ Params prm, const int32_t* __restrict__ starts) {
 #ifdef RT_SM90_DEVICE
   using C = Cfg<BN, S>;
@@ -137,9 +151,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int64_t total = static_cast<int64_t>(prm.np) * prm.E * prm.tmax;
 
-  if (threadIdx.x < 128) {  // producer warpgroup
-    regs_shrink<40>();
-    if (threadIdx.x == 0) {
+  using R = Roles<B>;
+  if (R::producer()) {
+    if constexpr (B == 1) regs_shrink<40>();
+    if (R::leader()) {
       uint32_t it = 0;  // stage uses so far, over all jobs (the consumers count the same)
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         Job j;
@@ -160,8 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  regs_grow<232>();
-  const int w = threadIdx.x / 128 - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  if constexpr (B == 1) regs_grow<232>();
+  const int ct = R::consumer_thread(), w = ct / 128, warp = (ct >> 5) & 3, lane = ct & 31;
   uint32_t it = 0;
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
     Job j;
@@ -186,13 +201,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence(acc);
     release_stage(bar.empty(static_cast<int>((it - 1) % S)));
     // out += acc: rows m0 + 64 w + 16 warp + lane / 4 (+ 8), columns n0 + 8 jn + 2 (lane % 4) (+ 1). In
-    // chunks of 8 column groups, all loads of a chunk before its stores: the compiler cannot move a load
+    // chunks of JC column groups, all loads of a chunk before its stores: the compiler cannot move a load
     // above a store to the same array, and one load, add and store at a time would wait on memory 2 BN / 8
     // times per job (measured: 5.3 ms a call at OLMoE's shape, 3.7x the chunked estimate).
     float* out = prm.out[j.p][j.e];
     const int M = prm.M[j.p], N = prm.N[j.p];
     const int row0 = j.m0 + 64 * w + 16 * warp + (lane >> 2), col0 = j.n0 + 2 * (lane & 3);
-    constexpr int JC = 8;
+    constexpr int JC = B == 1 ? 8 : 4;  // B 2: fewer registers
 #pragma unroll
     for (int c0 = 0; c0 < BN / 8; c0 += JC) {
       float2 v[2][JC];
@@ -246,9 +261,10 @@ int sm_count() {
   return n;
 }
 
-template <int BN, int S>
+template <int BN, int S, int B>
 void launch(Params& prm, const WgradProduct* ps, int np, const int32_t* starts, int64_t E, cudaStream_t stream) {
   using C = Cfg<BN, S>;
+  static_assert(B * (C::SMEM + 1024) <= 228 * 1024, "the blocks of one SM must fit its shared memory");
   int tmax = 0;
   for (int i = 0; i < np; ++i) {
     prm.tiles_n[i] = static_cast<int>((ps[i].N + BN - 1) / BN);
@@ -257,21 +273,24 @@ void launch(Params& prm, const WgradProduct* ps, int np, const int32_t* starts, 
   }
   prm.tmax = tmax;
   const int64_t total = static_cast<int64_t>(np) * E * tmax;
-  const int grid = static_cast<int>(std::min<int64_t>(sm_count(), total));
-  CUDA_CHECK(cudaFuncSetAttribute(wgrad_kernel<BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
-  wgrad_kernel<BN, S><<<grid, kThreads, C::SMEM, stream>>>(prm, starts);
+  const int grid = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(B) * sm_count(), total));
+  CUDA_CHECK(cudaFuncSetAttribute(wgrad_kernel<BN, S, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  wgrad_kernel<BN, S, B><<<grid, Roles<B>::kThreads, C::SMEM, stream>>>(prm, starts);
   CUDA_CHECK_LAUNCH();
 }
 
-// RAMTRAIN_MOE_WGRAD_TILE: the tile's width, 256 (default) or 128 (a measurement knob).
-int tile_width() {
-  static const int bn = [] {
-    const char* v = std::getenv("RAMTRAIN_MOE_WGRAD_TILE");
-    if (!v || !*v || std::strcmp(v, "256") == 0) return 256;
-    RT_CHECK(std::strcmp(v, "128") == 0, "[cuda moe] RAMTRAIN_MOE_WGRAD_TILE=", v, ": use 256 or 128");
-    return 128;
-  }();
-  return bn;
+// RAMTRAIN_MOE_WGRAD_TILE, a measurement knob: 256 (default: 128 x 256 tiles, 4 stages, one block per
+// SM), 128 (128 x 128, 6 stages, one block) or 128x2 (128 x 128, 3 stages, two blocks per SM, so that
+// one block's epilogue overlaps the other's MMAs).
+enum class TileCfg { w256, w128, w128x2 };
+// Read at every call (tests switch it between runs).
+TileCfg tile_cfg() {
+  const char* v = std::getenv("RAMTRAIN_MOE_WGRAD_TILE");
+  if (!v || !*v || std::strcmp(v, "256") == 0) return TileCfg::w256;
+  if (std::strcmp(v, "128") == 0) return TileCfg::w128;
+  RT_CHECK(std::strcmp(v, "128x2") == 0, "[cuda moe] RAMTRAIN_MOE_WGRAD_TILE=", v,
+           ": use 256, 128 or 128x2 (unset: 256)");
+  return TileCfg::w128x2;
 }
 
 bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
@@ -303,10 +322,17 @@ void moe_weight_grads(const WgradProduct* ps, int np, const int32_t* starts, int
     prm.M[i] = static_cast<int>(ps[i].M), prm.N[i] = static_cast<int>(ps[i].N);
     for (int64_t e = 0; e < E; ++e) prm.out[i][e] = ps[i].out[e];
   }
-  if (tile_width() == 256)
-    launch<256, 4>(prm, ps, np, starts, E, stream);
-  else
-    launch<128, 6>(prm, ps, np, starts, E, stream);
+  switch (tile_cfg()) {
+    case TileCfg::w256:
+      launch<256, 4, 1>(prm, ps, np, starts, E, stream);
+      break;
+    case TileCfg::w128:
+      launch<128, 6, 1>(prm, ps, np, starts, E, stream);
+      break;
+    case TileCfg::w128x2:
+      launch<128, 3, 2>(prm, ps, np, starts, E, stream);
+      break;
+  }
 }
 
 }  // namespace rt::cuda::sm90

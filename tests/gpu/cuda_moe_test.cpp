@@ -45,9 +45,10 @@
 //    GEMMs the other way round (each run against the CPU);
 //  - auto (MoeGemm::by_size) on these small calls: grouped's bits;
 //  - the one-launch weight-gradient kernel (MoeBlas::wgrad_kernel, sm_90a):
-//    on in the grouped runs above (against the CPU each), off in the pair's
-//    runs; it ran once per backward exactly where it should (compute
-//    capability 9.0, F and C multiples of 8) and never in the looped mode;
+//    on in the grouped runs above (against the CPU each; also in its other
+//    tile configurations), off in the pair's runs; it ran once per backward
+//    exactly where it should (compute capability 9.0, F and C multiples of
+//    8) and never in the looped mode;
 //    the grouped mode with it off matches the CPU too. Its sums are in
 //    another order than cuBLAS's, so the two are compared through the CPU's
 //    bounds, not bit for bit.
@@ -61,6 +62,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>  // setenv: the kernel's tile configurations
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -457,6 +459,13 @@ void run_case(const Case& k) {
       << "the weight-gradient kernel " << (kernel_expected ? "did not run" : "ran where it should not");
   EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, false, false, false).wgrad_kernels, 0)
       << "the weight-gradient kernel ran while off";
+  // its other tile configurations (RAMTRAIN_MOE_WGRAD_TILE, read at every call), each against the CPU
+  for (const char* tile : {"128", "128x2"}) {
+    setenv("RAMTRAIN_MOE_WGRAD_TILE", tile, 1);
+    const GpuResult r = gpu_run(rt::cuda::MoeGemm::grouped);
+    unsetenv("RAMTRAIN_MOE_WGRAD_TILE");
+    EXPECT_EQ(r.wgrad_kernels, kernel_expected ? 1 : 0) << "tile " << tile;
+  }
   // forward: gate+up, down; router-only forward: none; backward: gate+up, d_a, the input gradients
   EXPECT_EQ(grouped.grouped_calls, 5) << "the grouped mode fell back to the loop";
   EXPECT_EQ(grouped.wgrad_pairs, 0) << "the weight-gradient pair ran while off";

@@ -39,7 +39,8 @@
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32),
 #             and 64k with the expert GEMMs looped (RAMTRAIN_MOE_GEMM) beside the default auto (MB_LOOPED=0 skips), and
-#             128k with the one-launch weight-gradient kernel (RAMTRAIN_MOE_WGRAD_KERNEL=1; MB_WGK=0 skips)
+#             128k with the one-launch weight-gradient kernel (RAMTRAIN_MOE_WGRAD_KERNEL=1) in the tile configurations
+#             MB_WGK_TILES (default "256 128x2"; MB_WGK=0 skips)
 #   moe30b    issue 32 (not in the default; ~8 min): Qwen3-30B-A3B, adamw4bit + bf16-sr, 128k tokens a step,
 #             layer-major fold, uncapped and under 24G (M30_CAPS)
 #   moegemm   the MoE expert GEMMs looped (the default) against grouped (RAMTRAIN_MOE_GEMM=grouped), same call: the
@@ -429,9 +430,14 @@ if has moebig; then
   [ "${MB_LOOPED:-1}" = 1 ] && run moe_olmoe_64k_fold_looped 500 env RAMTRAIN_MOE_GEMM=looped "${mb[@]}" \
     --micro-batch 4 --grad-accum 8 --grads fold
   [ "${MB_128K:-1}" = 1 ] && run moe_olmoe_128k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
-  # the one-launch expert weight-gradient kernel (RAMTRAIN_MOE_WGRAD_KERNEL=1, off by default) beside it (MB_WGK=0 skips)
-  [ "${MB_128K:-1}" = 1 ] && [ "${MB_WGK:-1}" = 1 ] && run moe_olmoe_128k_fold_wgrad_kernel 500 \
-    env RAMTRAIN_MOE_WGRAD_KERNEL=1 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
+  # the one-launch expert weight-gradient kernel (RAMTRAIN_MOE_WGRAD_KERNEL=1, off by default) beside it, in each tile
+  # configuration of MB_WGK_TILES (RAMTRAIN_MOE_WGRAD_TILE; MB_WGK=0 skips)
+  if [ "${MB_128K:-1}" = 1 ] && [ "${MB_WGK:-1}" = 1 ]; then
+    for t in ${MB_WGK_TILES:-256 128x2}; do
+      run "moe_olmoe_128k_fold_wgrad_kernel_$t" 500 env RAMTRAIN_MOE_WGRAD_KERNEL=1 RAMTRAIN_MOE_WGRAD_TILE="$t" \
+        "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
+    done
+  fi
 fi
 
 if has moe30b; then
