@@ -8,11 +8,8 @@
 // the expert counts included), and the expert TFLOP/s of the model's 9
 // GEMMs of 2 N K C F FLOPs each (forward 3; backward: d_a, the 2 input
 // gradients and the 3 weight gradients) and of the 11 that run (the
-// backward recomputes gate and up). The grouped mode runs three times: its
-// weight gradients by cuBLAS on the call's stream (lanes 0) and on MoeBlas's
-// default lanes, then in the one-launch kernel (MoeBlas::wgrad_kernel, set
-// on here: on compute capability 9.0 only; elsewhere the same as the run
-// before).
+// backward recomputes gate and up). The grouped mode runs twice: its weight
+// gradients on the call's stream (lanes 0) and on MoeBlas's default lanes.
 //   moe_bench [N C E K F] (default 32768 2048 64 8 1024: 16 x 2048 tokens)
 // Not a test: timings only.
 #include <cuda_runtime.h>
@@ -86,15 +83,13 @@ int main(int argc, char** argv) {
         (long long)N, (long long)C, (long long)E, (long long)K, (long long)F, flops / 1e12, hw_flops / 1e12);
     struct Run {
       rt::cuda::MoeGemm mode;
-      int lanes;    // -1: the default
-      bool kernel;  // the one-launch weight-gradient kernel allowed (MoeBlas::wgrad_kernel)
+      int lanes;  // -1: the default
     };
-    for (const Run run : {Run{rt::cuda::MoeGemm::looped, -1, false}, Run{rt::cuda::MoeGemm::grouped, 0, false},
-                          Run{rt::cuda::MoeGemm::grouped, -1, false}, Run{rt::cuda::MoeGemm::grouped, -1, true}}) {
+    for (const Run run : {Run{rt::cuda::MoeGemm::looped, -1}, Run{rt::cuda::MoeGemm::grouped, 0},
+                          Run{rt::cuda::MoeGemm::grouped, -1}}) {
       const auto mode = run.mode;
       rt::cuda::MoeBlas blas;
       blas.set_gemm_mode(mode);
-      blas.set_wgrad_kernel(run.kernel);
       if (run.lanes >= 0) blas.set_wgrad_lanes(run.lanes);
       double fwd = 0, bwd = 0, wall = 0;
       const int warm = 2, iters = 5;
@@ -120,10 +115,9 @@ int main(int argc, char** argv) {
       }
       std::printf(
           "%-8s lanes %2d  forward %8.2f ms   recompute + backward %8.2f ms   wall %8.2f ms   %6.1f expert model "
-          "TFLOP/s (%6.1f run)   grouped calls %lld   weight-gradient kernels %lld\n",
+          "TFLOP/s (%6.1f run)   grouped calls %lld\n",
           mode == rt::cuda::MoeGemm::grouped ? "grouped" : "looped", blas.wgrad_lanes(), fwd, bwd, wall,
-          flops / (wall * 1e-3) / 1e12, hw_flops / (wall * 1e-3) / 1e12, (long long)blas.grouped_calls(),
-          (long long)blas.wgrad_kernels());
+          flops / (wall * 1e-3) / 1e12, hw_flops / (wall * 1e-3) / 1e12, (long long)blas.grouped_calls());
     }
     cudaStreamDestroy(s);
   } catch (const std::exception& ex) {

@@ -18,14 +18,12 @@
 // over every expert's kMoeChunk-row chunks) or looped (one cublasGemmEx per
 // expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
 // mode's bf16 rows: o (forward), and the input gradients of gate and up
-// (backward) as two rows summed in fp32. The weight gradients (fp32, +=):
-// with MoeBlas::wgrad_kernel on (off by default), in the grouped mode on
-// Hopper, every expert's in one launch of an sm_90a kernel
-// (moe_wgrad_sm90.h); otherwise per expert, on MoeBlas's weight-gradient
-// lanes: down's one cublasGemmEx, gate's and up's one strided-batched call
-// of two (same shape, same xe: MoeBlas::matmul_tn_pair; two GEMMs with the
-// pair off). The backward recomputes g, u, a but not o (the routing
-// weight's gradient comes from the unweighted d_a product: act_grad_kernel).
+// (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
+// per expert in both modes, on MoeBlas's weight-gradient lanes: down's one
+// cublasGemmEx, gate's and up's one strided-batched call of two (same shape,
+// same xe: MoeBlas::matmul_tn_pair; two GEMMs with the pair off). The
+// backward recomputes g, u, a but not o (the routing weight's gradient comes
+// from the unweighted d_a product: act_grad_kernel).
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -41,12 +39,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/attention_sm90.h"  // sm90::device_supported
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/moe_routing_kernels.cuh"
-#include "cuda/moe_wgrad_sm90.h"
 #include "cuda/ops.h"
 
 namespace rt::cuda {
@@ -480,49 +476,34 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   else
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
   CUDA_CHECK_LAUNCH();
-  // The weight gradients. With MoeBlas::wgrad_kernel on, on Hopper in the
-  // grouped mode, every expert's in one launch (sm90::moe_weight_grads: the
-  // row counts read on the device, no wait; on lane 0 when there are lanes).
-  // Otherwise per expert, which needs each expert's row count: the call's
-  // one wait for the layout (the grouped mode's first), with the products
-  // above queued on the GPU; on the lanes when there are some (MoeBlas), the
-  // call's stream otherwise; expert e on lane e % lanes. gpt-oss's bias
-  // gradients are per expert either way (the only wait with the kernel).
+  // The weight gradients, which need each expert's row count: the call's one
+  // wait for the layout (the grouped mode's first), with the products above
+  // queued on the GPU. On the lanes when there are some (MoeBlas), the
+  // call's stream otherwise; expert e on lane e % lanes.
+  const Layout& L = hl.get();
   const int lanes = blas.wgrad_lanes();
   auto lane_of = [&](int64_t e) { return lanes == 0 ? -1 : static_cast<int>(e % lanes); };  // -1: the call's stream
+  auto weight_grad = [&](int64_t e, float* dw, const bf16* rows_a, const bf16* rows_b, int64_t M, int64_t Nn,
+                         int64_t R) {
+    if (lane_of(e) < 0)
+      blas.matmul_tn(dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f, stream);
+    else
+      blas.lane_matmul_tn(lane_of(e), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
+  };
   auto wgrad_stream = [&](int64_t e) { return lane_of(e) < 0 ? stream : blas.lane_stream(lane_of(e)); };
-  const sm90::WgradProduct wp[3] = {{w.d_o, w.a, C, F, ddown}, {w.d_g, w.xe, F, C, dgate}, {w.d_u, w.xe, F, C, dup}};
-  const bool one_launch =
-      grouped && blas.wgrad_kernel() && sm90::device_supported() && sm90::wgrad_shapes_ok(wp, 3, d.E);
-  if (one_launch) {
-    sm90::moe_weight_grads(wp, 3, w.starts, d.E, P, wgrad_stream(0));
-    blas.count_wgrad_kernel();
-  }
-  if (!one_launch || gb.down || gb.gate || gb.up) {
-    const Layout& L = hl.get();
-    auto weight_grad = [&](int64_t e, float* dw, const bf16* rows_a, const bf16* rows_b, int64_t M, int64_t Nn,
-                           int64_t R) {
-      if (lane_of(e) < 0)
-        blas.matmul_tn(dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f, stream);
-      else
-        blas.lane_matmul_tn(lane_of(e), dw, DType::f32, rows_a, rows_b, M, Nn, R, 1.f);
-    };
-    for (int64_t e = 0; e < d.E; ++e) {
-      const int64_t r0 = L.first(e), R = L.rows(e);
-      if (R == 0) continue;
-      if (!one_launch) {
-        weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);  // dWd += d_o^T a
-        // dWg += d_g^T xe and dWu += d_u^T xe: one launch where the layouts allow
-        if (!blas.matmul_tn_pair(lane_of(e), dgate[e], dup[e], w.d_g + r0 * F, w.d_u + r0 * F, w.xe + r0 * C, F, C, R,
-                                 1.f, stream)) {
-          weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
-          weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
-        }
-      }
-      if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, wgrad_stream(e));
-      if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, wgrad_stream(e));
-      if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, wgrad_stream(e));
+  for (int64_t e = 0; e < d.E; ++e) {
+    const int64_t r0 = L.first(e), R = L.rows(e);
+    if (R == 0) continue;
+    weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);  // dWd += d_o^T a
+    // dWg += d_g^T xe and dWu += d_u^T xe: one launch where the layouts allow
+    if (!blas.matmul_tn_pair(lane_of(e), dgate[e], dup[e], w.d_g + r0 * F, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f,
+                             stream)) {
+      weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
+      weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
     }
+    if (gb.down) bias_grad(gb.down[e], w.d_o + r0 * C, R, C, wgrad_stream(e));
+    if (gb.gate) bias_grad(gb.gate[e], w.d_g + r0 * F, R, F, wgrad_stream(e));
+    if (gb.up) bias_grad(gb.up[e], w.d_u + r0 * F, R, F, wgrad_stream(e));
   }
   blas.lanes_join(stream);  // the weight gradients are done before anything after this call
 }

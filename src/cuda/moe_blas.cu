@@ -1,7 +1,6 @@
 // MoeBlas (cuda/ops.h): the cuBLAS handle, event and pinned staging the MoE
 // expert GEMMs run through, its mode (RAMTRAIN_MOE_GEMM: looped or grouped),
-// its weight-gradient lanes (RAMTRAIN_MOE_WGRAD_LANES), pair
-// (RAMTRAIN_MOE_WGRAD_PAIR) and kernel (RAMTRAIN_MOE_WGRAD_KERNEL) and its row-major
+// its weight-gradient lanes (RAMTRAIN_MOE_WGRAD_LANES) and its row-major
 // matmul_nt/nn/tn over cublasGemmEx. The MoE layer that
 // calls it is moe.cu.
 #include <cublas_v2.h>
@@ -60,20 +59,9 @@ bool pair_from_env() {
   return std::string(v) == "1";
 }
 
-bool wgrad_kernel_from_env() {
-  const char* v = std::getenv("RAMTRAIN_MOE_WGRAD_KERNEL");
-  if (!v || !*v) return MoeBlas::kWgradKernel;
-  RT_CHECK(std::string(v) == "0" || std::string(v) == "1",
-           "[cuda moe] RAMTRAIN_MOE_WGRAD_KERNEL (every expert's weight gradients in one launch on Hopper) must be 0 "
-           "or 1, got '",
-           v, "': unset it for ", MoeBlas::kWgradKernel ? 1 : 0);
-  return std::string(v) == "1";
-}
-
 }  // namespace
 
-MoeBlas::MoeBlas()
-    : mode_(gemm_mode_from_env()), lanes_(lanes_from_env()), pair_(pair_from_env()), kernel_(wgrad_kernel_from_env()) {
+MoeBlas::MoeBlas() : mode_(gemm_mode_from_env()), lanes_(lanes_from_env()), pair_(pair_from_env()) {
   cublasHandle_t h = make_handle();
   const cudaError_t ev = cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming);
   if (ev != cudaSuccess) cublasDestroy(h);  // the destructor does not run for a throwing constructor
@@ -101,10 +89,8 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       mode_(o.mode_),
       grouped_calls_(o.grouped_calls_),
       wgrad_pairs_(o.wgrad_pairs_),
-      wgrad_kernels_(o.wgrad_kernels_),
       lanes_(o.lanes_),
       pair_(o.pair_),
-      kernel_(o.kernel_),
       lane_(std::move(o.lane_)),
       fork_(o.fork_) {
   o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0, o.fork_ = nullptr;

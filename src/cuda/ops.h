@@ -372,22 +372,6 @@ class MoeBlas {
   static constexpr bool kWgradPair = true;
   bool wgrad_pair() const { return pair_; }
   void set_wgrad_pair(bool on) { pair_ = on; }
-  // Every expert's weight gradients of a call in one launch of an sm_90a
-  // kernel (cuda/moe_wgrad_sm90.h) instead of cuBLAS calls per expert: on
-  // compute capability 9.0, in the grouped mode, where the shapes allow
-  // (multiples of 8); elsewhere the cuBLAS path above. No host wait for the
-  // row counts (they are read on the device), one tile summed by one block:
-  // deterministic, but not cuBLAS's bits. Off by default (kWgradKernel):
-  // measured on the H100 (2026-12-07, bench/RESULTS.md) its first version
-  // took 5.3 ms a call at OLMoE's shape (8k tokens), slower than cuBLAS on
-  // the lanes (OLMoE 128k step 4.66 s against 4.03 s); the version here
-  // batches its epilogue's loads and was not measured yet.
-  // RAMTRAIN_MOE_WGRAD_KERNEL=1 or set_wgrad_kernel(true) turns it on.
-  static constexpr bool kWgradKernel = false;
-  bool wgrad_kernel() const { return kernel_; }
-  void set_wgrad_kernel(bool on) { kernel_ = on; }
-  int64_t wgrad_kernels() const { return wgrad_kernels_; }  // its launches so far (tests)
-  void count_wgrad_kernel() { ++wgrad_kernels_; }
 
  private:
   struct Lane {
@@ -403,10 +387,8 @@ class MoeBlas {
   MoeGemm mode_ = MoeGemm::grouped;
   int64_t grouped_calls_ = 0;
   int64_t wgrad_pairs_ = 0;
-  int64_t wgrad_kernels_ = 0;
   int lanes_ = 0;
   bool pair_ = kWgradPair;
-  bool kernel_ = kWgradKernel;
   std::vector<Lane> lane_;  // made: lane_.size() == lanes_ (or empty before first use)
   cudaEvent_t fork_ = nullptr;
 };

@@ -1,5 +1,5 @@
-// The driver's TMA tensor-map encoder, shared by the sm_90a kernels
-// (attention_sm90.cu, moe_wgrad_sm90.cu). Internal to the CUDA backend.
+// The driver's TMA tensor-map encoder of the sm_90a kernels
+// (attention_sm90.cu). Internal to the CUDA backend.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -43,15 +43,7 @@
 //    active expert when gate's gradient lies below up's (the engine's
 //    layout: HF names in natural order), the same bits on any lane, two
 //    GEMMs the other way round (each run against the CPU);
-//  - auto (MoeGemm::by_size) on these small calls: grouped's bits;
-//  - the one-launch weight-gradient kernel (MoeBlas::wgrad_kernel, sm_90a):
-//    on in the grouped runs above (against the CPU each; also in its other
-//    tile configurations), off in the pair's runs; it ran once per backward
-//    exactly where it should (compute capability 9.0, F and C multiples of
-//    8) and never in the looped mode;
-//    the grouped mode with it off matches the CPU too. Its sums are in
-//    another order than cuBLAS's, so the two are compared through the CPU's
-//    bounds, not bit for bit.
+//  - auto (MoeGemm::by_size) on these small calls: grouped's bits.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
 #include <gtest/gtest.h>
@@ -62,7 +54,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>  // setenv: the kernel's tile configurations
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -71,7 +62,6 @@
 #include "core/bf16.h"
 #include "cpu/moe.h"
 #include "cpu/ops.h"
-#include "cuda/attention_sm90.h"  // sm90::device_supported
 #include "cuda/check.h"
 #include "cuda/device_info.h"
 #include "cuda/ops.h"
@@ -130,8 +120,7 @@ struct GpuResult {
   std::vector<float> out, dx;
   std::vector<std::vector<float>> grads;  // router, then each expert's gate, up, down
   int64_t grouped_calls = 0;
-  int64_t wgrad_pairs = 0;    // gate+up weight-gradient pairs run as one call (MoeBlas::matmul_tn_pair)
-  int64_t wgrad_kernels = 0;  // one-launch weight-gradient kernels run (MoeBlas::wgrad_kernel)
+  int64_t wgrad_pairs = 0;  // gate+up weight-gradient pairs run as one call (MoeBlas::matmul_tn_pair)
 };
 
 // S[n, c] = sum over n's experts e (the CPU's routing of probs) of |w_e| (sum
@@ -321,14 +310,11 @@ void run_case(const Case& k) {
   // lanes: the weight-gradient lanes (MoeBlas); -1 leaves the default.
   // Each expert's gate and up gradients share one buffer, gate first (the
   // weight-gradient pair's layout) or up first (up_first: two GEMMs); pair:
-  // the gate+up weight-gradient pair on (MoeBlas::matmul_tn_pair); kernel:
-  // the one-launch weight-gradient kernel allowed (MoeBlas::wgrad_kernel).
-  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1, bool up_first = false, bool pair = false,
-                     bool kernel = true) {
+  // the gate+up weight-gradient pair on (MoeBlas::matmul_tn_pair).
+  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1, bool up_first = false, bool pair = false) {
     rt::cuda::MoeBlas blas;
     blas.set_gemm_mode(mode);
     blas.set_wgrad_pair(pair);
-    blas.set_wgrad_kernel(kernel);
     if (lanes >= 0) blas.set_wgrad_lanes(lanes);
     const rt::cuda::MoeDims d{N, C, E, K, F, k.norm_topk, k.gptoss, k.gptoss ? 1.f : 0.f, k.gptoss ? 1.702f : 1.f};
     // gpt-oss's biases on the device, and their gradients from zero
@@ -446,26 +432,11 @@ void run_case(const Case& k) {
     }
     r.grouped_calls = blas.grouped_calls();
     r.wgrad_pairs = blas.wgrad_pairs();
-    r.wgrad_kernels = blas.wgrad_kernels();
     return r;
   };
   const GpuResult looped = gpu_run(rt::cuda::MoeGemm::looped);
   const GpuResult grouped = gpu_run(rt::cuda::MoeGemm::grouped);
   EXPECT_EQ(looped.grouped_calls, 0);
-  // the one-launch weight gradients: once in the grouped backward where the device and shapes take it
-  const bool kernel_expected = rt::cuda::sm90::device_supported() && F % 8 == 0 && C % 8 == 0;
-  EXPECT_EQ(looped.wgrad_kernels, 0) << "the weight-gradient kernel ran in the looped mode";
-  EXPECT_EQ(grouped.wgrad_kernels, kernel_expected ? 1 : 0)
-      << "the weight-gradient kernel " << (kernel_expected ? "did not run" : "ran where it should not");
-  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, false, false, false).wgrad_kernels, 0)
-      << "the weight-gradient kernel ran while off";
-  // its other tile configurations (RAMTRAIN_MOE_WGRAD_TILE, read at every call), each against the CPU
-  for (const char* tile : {"128", "128x2"}) {
-    setenv("RAMTRAIN_MOE_WGRAD_TILE", tile, 1);
-    const GpuResult r = gpu_run(rt::cuda::MoeGemm::grouped);
-    unsetenv("RAMTRAIN_MOE_WGRAD_TILE");
-    EXPECT_EQ(r.wgrad_kernels, kernel_expected ? 1 : 0) << "tile " << tile;
-  }
   // forward: gate+up, down; router-only forward: none; backward: gate+up, d_a, the input gradients
   EXPECT_EQ(grouped.grouped_calls, 5) << "the grouped mode fell back to the loop";
   EXPECT_EQ(grouped.wgrad_pairs, 0) << "the weight-gradient pair ran while off";
@@ -499,11 +470,11 @@ void run_case(const Case& k) {
   // gate's; each run against the CPU inside gpu_run; both modes
   const int64_t active = E - std::count(ref_tokens.begin(), ref_tokens.end(), int64_t{0});
   EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::looped, -1, false, true).wgrad_pairs, active);
-  const GpuResult paired = gpu_run(rt::cuda::MoeGemm::grouped, -1, false, true, false);
+  const GpuResult paired = gpu_run(rt::cuda::MoeGemm::grouped, -1, false, true);
   EXPECT_EQ(paired.wgrad_pairs, active);
-  const GpuResult paired_lanes = gpu_run(rt::cuda::MoeGemm::grouped, 0, false, true, false);
+  const GpuResult paired_lanes = gpu_run(rt::cuda::MoeGemm::grouped, 0, false, true);
   EXPECT_TRUE(paired_lanes.grads == paired.grads) << "the pair on the call's stream differs from the lanes'";
-  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, true, true, false).wgrad_pairs, 0)
+  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, true, true).wgrad_pairs, 0)
       << "a pair ran with up's gradient below gate's";
   // auto (MoeGemm::by_size): these calls' expert GEMMs are far below
   // kMoeGroupedMaxWork, so it runs grouped: the grouped results bit for bit
@@ -534,10 +505,10 @@ TEST_F(CudaMoe, OddShapesMatchCpu) { run_case({37, 40, 8, 2, 20, true, 7, -1, -1
 // gpt-oss: router bias, softmax over the top-4 logits, expert biases, SwiGLU clamped at 1; an idle expert.
 TEST_F(CudaMoe, GptOssVariantMatchesCpu) { run_case({96, 64, 8, 4, 48, false, 5, -1, -1, false, 16, true}); }
 
-// Weight-gradient tiles of the one-launch kernel (128 x 256 or 128 x 128 of
-// [M, N] = [F, C] and [C, F]) cut at both edges: C = 520 (not a multiple of
-// 64), F = 136, and experts of about two 128-row chunks.
-TEST_F(CudaMoe, WeightGradientTileEdgesMatchCpu) { run_case({400, 520, 4, 2, 136, true, -1, -1, -1, true, 18}); }
+// Widths that are not multiples of the GEMM tiles (C = 520, F = 136), with
+// experts of about two 128-row chunks: the weight gradients' and products'
+// tiles cut at both edges.
+TEST_F(CudaMoe, TileEdgeWidthsMatchCpu) { run_case({400, 520, 4, 2, 136, true, -1, -1, -1, true, 18}); }
 
 // Experts with several kMoeChunk-row chunks (~330 rows each over 3 experts,
 // chunks of 128): the grouped mode's batched chunks, their padded tails and

@@ -7,8 +7,7 @@
 # the GPU machine may lack) and data/ (tinyshakespeare.txt): tests/gpu/stage.sh
 # makes it. Logs go to $OUT when set. Parts:
 #   ops       CUDA ops vs the CPU reference (gpu_cuda_ops_test, gpu_cuda_block_test, gpu_cuda_moe_test)
-#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test,
-#             also with RAMTRAIN_MOE_WGRAD_KERNEL=1);
+#   engine    streaming engine vs CPU, streaming == resident, host modes, 200-step curve; MoE models (gpu_engine_moe_test);
 #             the host-gradient landing in pieces == whole units bit for bit (gpu_gradient_landing_test)
 #   muon      Muon's NS5 on the GPU vs the CPU spec, the engine with --optimizer muon vs the CPU backend
 #             (gpu_muon_gpu_test), and NS5 timings on Qwen2.5-7B's matrices (ramtrain_muon_bench)
@@ -38,9 +37,7 @@
 #   families  real-size presets (FAM_PRESETS: gpt-oss-20b gemma-3-4b phi-4) trained 3 steps in a lean mode on random
 #             ids: tokens/s and host B/param (issue 33)
 #   moebig    OLMoE-1B-7B: 16 x 2048 against 64k and 128k tokens per step layer-major with --grads fold (issue 32),
-#             and 64k with the expert GEMMs looped (RAMTRAIN_MOE_GEMM) beside the default auto (MB_LOOPED=0 skips), and
-#             128k with the one-launch weight-gradient kernel (RAMTRAIN_MOE_WGRAD_KERNEL=1) in the tile configurations
-#             MB_WGK_TILES (default "256 128x2"; MB_WGK=0 skips)
+#             and 64k with the expert GEMMs looped (RAMTRAIN_MOE_GEMM) beside the default auto (MB_LOOPED=0 skips)
 #   moe30b    issue 32 (not in the default; ~8 min): Qwen3-30B-A3B, adamw4bit + bf16-sr, 128k tokens a step,
 #             layer-major fold, uncapped and under 24G (M30_CAPS)
 #   moegemm   the MoE expert GEMMs looped (the default) against grouped (RAMTRAIN_MOE_GEMM=grouped), same call: the
@@ -255,9 +252,6 @@ has engine && [ -x "$bin/gpu_eval_cli_test" ] && run eval_cli_test 120 env RAMTR
 has engine && run engine_test 300 "$bin/gpu_engine_test"
 has engine && run gradient_landing_test 300 "$bin/gpu_gradient_landing_test"
 has engine && [ -x "$bin/gpu_engine_moe_test" ] && run engine_moe_test 300 "$bin/gpu_engine_moe_test"
-# the same with the one-launch MoE weight-gradient kernel (off by default, MoeBlas::wgrad_kernel; Hopper only)
-has engine && [ -x "$bin/gpu_engine_moe_test" ] &&
-  run engine_moe_test_wgrad_kernel 300 env RAMTRAIN_MOE_WGRAD_KERNEL=1 "$bin/gpu_engine_moe_test"
 has muon && run muon_gpu_test 300 "$bin/gpu_muon_gpu_test"
 has muon && [ -x "$bin/ramtrain_muon_bench" ] && run muon_bench 200 "$bin/ramtrain_muon_bench" 5
 if has muonperf; then  # issue 35: NS5 pipelined with the optimizer thread
@@ -430,14 +424,6 @@ if has moebig; then
   [ "${MB_LOOPED:-1}" = 1 ] && run moe_olmoe_64k_fold_looped 500 env RAMTRAIN_MOE_GEMM=looped "${mb[@]}" \
     --micro-batch 4 --grad-accum 8 --grads fold
   [ "${MB_128K:-1}" = 1 ] && run moe_olmoe_128k_fold 500 "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
-  # the one-launch expert weight-gradient kernel (RAMTRAIN_MOE_WGRAD_KERNEL=1, off by default) beside it, in each tile
-  # configuration of MB_WGK_TILES (RAMTRAIN_MOE_WGRAD_TILE; MB_WGK=0 skips)
-  if [ "${MB_128K:-1}" = 1 ] && [ "${MB_WGK:-1}" = 1 ]; then
-    for t in ${MB_WGK_TILES:-256 128x2}; do
-      run "moe_olmoe_128k_fold_wgrad_kernel_$t" 500 env RAMTRAIN_MOE_WGRAD_KERNEL=1 RAMTRAIN_MOE_WGRAD_TILE="$t" \
-        "${mb[@]}" --micro-batch 4 --grad-accum 16 --grads fold
-    done
-  fi
 fi
 
 if has moe30b; then

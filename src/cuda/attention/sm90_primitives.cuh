@@ -2,8 +2,8 @@
 // mbarriers, TMA tile loads, setmaxnreg, wgmma fences/commits/waits and the
 // m64nNk16 MMAs, shared-memory matrix descriptors (128-byte swizzle), the
 // stage barriers of a producer/consumer ring and the K/V tile producer loop.
-// Internal to the CUDA backend; sm_90a only; include only from the sm_90a
-// kernels (attention_sm90.cu, moe_wgrad_sm90.cu).
+// Internal to the CUDA backend; sm_90a only; include only from
+// attention_sm90.cu.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
