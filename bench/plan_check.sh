@@ -5,8 +5,9 @@
 # (default build/cpu/ramtrain). No GPU needed. Measured step times: the
 # midpoint of the range quoted; model TFLOP/s figures converted with the
 # tokens per step and the model FLOPs per token that ramtrain_bench counts.
-# Three rows fed the model's constants (src/engine/step_model.cpp) and are
-# marked "calibrated": the compute efficiency (32x2048 delayed), the host
+# Rows that fed the model's constants (src/engine/step_model.cpp) are marked
+# "calibrated": the compute efficiency (the H100's 32x2048 exact default
+# since 2026-12-07; before, the H200's 32x2048 delayed), the host
 # gradient landing rate (10 GiB case) and the host-gradient optimizer overlap
 # (24 GiB case, from its GPU idle); the other rows are checks. The 14-layer
 # rows assume the engine's auto kept layers and split master (not recorded).
@@ -19,14 +20,19 @@ cases=(
   "7B 32x2048 default, device grads, none kept|$q --micro-batch 32 --keep-activations 0 --master fp32|7.10"
   "7B 16x2048 default, none kept|$q --micro-batch 16 --keep-activations 0 --master fp32|4.404"
   "7B 16x2048 --delayed-update, none kept|$q --micro-batch 16 --keep-activations 0 --master fp32 --delayed-update|3.39"
-  "7B 32x2048 --delayed-update, none kept (calibrated)|$q --micro-batch 32 --keep-activations 0 --master fp32 --delayed-update|6.65"
+  "7B 32x2048 --delayed-update, none kept (calibrated until 2026-12-07)|$q --micro-batch 32 --keep-activations 0 --master fp32 --delayed-update|6.65"
   "7B width 14 layers, 32x2048, no cap|$q --layers 14 --micro-batch 32|tflops:431"
   "7B width 14 layers, 24 GiB cap, 8x2048 (calibrated)|$q --layers 14 --micro-batch 8 --gpu-memory 24G|tflops:189"
   "7B width 14 layers, 10 GiB cap, 2x2048 x16 (calibrated)|$q --layers 14 --micro-batch 2 --grad-accum 16 --gpu-memory 10G --layer-major off|tflops:157"
+  # H100, 2026-12-07 (twenty-first session, build 2827865, one call): the dense step's share of the GEMM peak is
+  # calibrated on the exact default row (the engine kept 7 attention halves; plan is told so), fold is a check
+  "7B 32x2048 exact default, H100 (calibrated)|--preset qwen2.5-7b --gpu h100 --micro-batch 32 --keep-attention 7|6.226"
+  "7B 32x2048 fold, H100|--preset qwen2.5-7b --gpu h100 --micro-batch 32 --grads fold --keep-attention 25|6.090"
   # H100, 2026-12-07 (nineteenth session, one call with the dense 7B): the MoE expert rate was refitted on the 128k
   # row (step_model.cpp); 64k waits on the host; the 16 x 2048 fold row (same machine) is bound by the CPU update
   "OLMoE 4x2048x8 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold|2.670"
-  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|4.007"
+  # the 128k row: the twenty-first session's two H100 calls (4.003, 4.036 s) refitted the expert share
+  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|4.020"
   "OLMoE 16x2048 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 16 --grads fold|2.355"
   # measured before (sixteenth session evening) with the expert GEMMs looped, which auto no longer picks there
   "OLMoE 16x2048, H100, looped experts|--preset olmoe-1b-7b --gpu h100 --micro-batch 16|2.763"

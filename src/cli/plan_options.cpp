@@ -21,7 +21,7 @@ const char* kSummary =
     "the CUDA engine would choose for the card (its own planner), the predicted step time split into\n"
     "compute, host<->device copies and the CPU optimizer, with the binding one named, and what to\n"
     "change when it does not fit. Card figures are datasheet leads; the time model is calibrated on\n"
-    "H200 measurements (bench/plan_check.sh compares). Exits 1 when the run would be refused.";
+    "H100 and H200 measurements (bench/plan_check.sh compares). Exits 1 when the run would be refused.";
 
 const char* kExamples =
     "  ramtrain plan --preset qwen2.5-7b --gpu rtx3080 --micro-batch 2 --grad-accum 16\n"

@@ -214,7 +214,7 @@ void report_step(const Plan& plan) {
   std::printf(
       "  FLOPs/token: model %.2f G, hardware %.2f G (recomputed layers); kernels at %.1f%% of the "
       "datasheet rate = %.1f%% of the card's bf16 GEMM peak, %.0f TFLOP/s (%s; the share calibrated on the "
-      "H200)\n",
+      "H100)\n",
       sp.model_flops_per_token / 1e9, sp.hardware_flops_per_token / 1e9, 100 * sp.efficiency,
       100 * sp.efficiency * card.bf16_tflops / sp.gemm_peak_tflops, sp.gemm_peak_tflops,
       card.gemm_peak_measured ? "measured" : "not measured: the H100's share of the datasheet");

@@ -68,23 +68,28 @@ constexpr CardRow kCards[] = {
 // 6.53 GiB of engine allocations, 0.58 GiB; rounded up.
 constexpr uint64_t kContextBytes = 640ull << 20;
 
-// ---- calibration (H200, bench/RESULTS.md) -------------------------------
-// The share of the datasheet bf16 rate the engine's kernels reach over a
+// ---- calibration (bench/RESULTS.md) -------------------------------------
+// The share of the card's bf16 GEMM peak the engine's kernels reach over a
 // whole step (GEMMs, attention, norms, element-wise ops), on hardware FLOPs
 // as counted here. Calibrated on the compute-bound step: Qwen2.5-7B, 32 x
-// 2048, --delayed-update, every layer recomputed: 6.651 s at 1.1% GPU idle
-// (2026-12-03 night) -> 6.58 s of compute for 65536 x 53.3 GFLOP (model
-// 43.66 + 28 recomputes of 0.345 without the down projection) = 531
-// TFLOP/s of 989 = 0.537. (The cuBLASLt GEMM peak measured 830-848. Until
-// 2026-12-05 a recompute was counted as a whole block forward, 57.1 GFLOP
-// a token, and the constant was 0.575: the same predictions for that case.)
-// Against the GEMM peak measured on that card (839): 531 / 839 = 0.633. A
-// card's step rate is this share of its own GEMM peak (CardSpec::
-// gemm_peak_tflops): the step is GEMM-dominated (the projections alone were
-// ~4.3 s of the 7B's ~6.0 s of compute), so its rate follows what the
-// card's GEMMs reach, not its datasheet.
-constexpr double kComputeEfficiency = 0.537;
-constexpr double kStepShareOfGemmPeak = kComputeEfficiency * 989.0 / kHopperGemmPeak;
+// 2048, the exact default, on the H100 (2026-12-07, twenty-first session,
+// build 2827865; 7 attention halves kept, hardware/model 1.209): 6.226 s a
+// step. In this model that step is compute c plus the CPU optimizer (1.904 s
+// at 4 Gparam/s) less the forward share of c it runs under (0.276 c), so c
+// = 5.966 s for 65536 x 52.80 GFLOP: 580.0 TFLOP/s, 0.691 of the GEMM peak
+// (839 here, 843.4 measured in that run; the engine's own count was 5.89 s
+// of compute-stream busy time, 1.3% less). A card's step rate is this share of
+// its own GEMM peak (CardSpec::gemm_peak_tflops): the step is
+// GEMM-dominated (the projections alone were ~4.7 s of the 7B's ~6 s of
+// kernel time), so its rate follows what the card's GEMMs reach, not its
+// datasheet. Before: 0.633, from the H200's 7B step at 32 x 2048 with
+// --delayed-update and every layer recomputed (2026-12-03: 531 TFLOP/s);
+// the engine's kernels have become faster since (that row, measured on the
+// older build, now predicts 9.4% short, bench/plan_check.sh).
+constexpr double kStepShareOfGemmPeak = 580.0 / kHopperGemmPeak;
+// The same against the Hopper datasheet (989): a card with no GEMM peak and
+// no datasheet rate.
+constexpr double kComputeEfficiency = kStepShareOfGemmPeak * kHopperGemmPeak / 989.0;
 // --matmul fp8 on Hopper (block scales): fitted to the end-to-end step.
 // Qwen2.5-7B 32 x 2048 on the H100 (2026-12-06, one call, bench/RESULTS.md)
 // ran 1.138x bf16's tokens/s once the bias gradient's kernel was fixed;
@@ -151,11 +156,14 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
 // no down recompute, the grouped forward without the host's wait, the
 // gate+up pair) OLMoE's step is 4.007 s on the H100 (nineteenth session,
 // one call with the dense 7B); the share was refitted to it, 0.63, with the
-// per-call cost kept and two calls per expert. Qwen3-30B-A3B was not
+// per-call cost kept and two calls per expert; and again, 0.557, when the
+// dense share was recalibrated (0.633 -> 0.691, twenty-first session) on the
+// same call's OLMoE steps (4.003 and 4.036 s on two H100s: 4.020), so that
+// the MoE prediction stays where it was measured. Qwen3-30B-A3B was not
 // measured on this build: its prediction moved from 15.06 to 12.7 s. The 64k
 // OLMoE step (2.670 s) is under-predicted: it waits on the host, which this
 // compute term does not hold. ESTIMATES on other cards.
-constexpr double kMoeExpertShareOfDense = 0.63;
+constexpr double kMoeExpertShareOfDense = 0.557;
 constexpr double kMoeExpertFlopsPerPe = 6.0 + 4.0 / 3.0;  // a token's routed expert FLOPs run, in P_e
 constexpr double kMoeWeightGradCallS = 21.3e-6;
 double routed_expert_params_per_token(const ModelSpec& s) {

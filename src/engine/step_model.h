@@ -7,7 +7,7 @@
 // Contract (the same accounting the engine's schedule has, backend.h):
 //   compute  = hardware FLOPs per step / (card dense bf16 TFLOP/s x efficiency),
 //              efficiency = a share of the card's GEMM peak calibrated on the
-//              H200 (0.633), expressed against the datasheet rate:
+//              H100 (0.691, step_model.cpp), expressed against the datasheet rate:
 //              6 N_matmul + 6 L H D T per token (model FLOPs, as ramtrain_bench
 //              counts them), plus a block forward per recomputed layer
 //              (2 N_layer + 2 H D T per token); with Muon, its Newton-Schulz
