@@ -35,6 +35,7 @@
 #include <cudaTypedefs.h>
 
 #include <atomic>
+#include <mutex>
 
 #include "cuda/attention/epilogue.cuh"
 #include "cuda/attention/mask.cuh"
@@ -44,7 +45,6 @@
 #include "cuda/attention_sm90.h"
 #include "cuda/check.h"
 #include "cuda/kernel_util.cuh"
-#include "cuda/tma_sm90.h"
 
 namespace rt::cuda::sm90 {
 namespace {
@@ -421,6 +421,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host side
 
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    cudaGetLastError();
+  });
+  RT_CHECK(fn != nullptr,
+           "[cuda attention] the driver has no cuTensorMapEncodeTiled (needs a CUDA 12+ driver); set "
+           "RAMTRAIN_ATTENTION=mma to use the mma.sync kernels");
+  return fn;
+}
+
 // [B, T, heads, D] bf16 as a 4-D tensor map (d, head, t, b); boxes of 64 d x `rows` t with the
 // 128-byte swizzle. Rows past T read as zeros.
 CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64_t D, int rows, const char* what) {
@@ -431,10 +448,9 @@ CUtensorMap tensor_map(const bf16* p, int64_t B, int64_t T, int64_t heads, int64
                                  static_cast<cuuint64_t>(T * heads * D * 2)};
   const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = tensor_map_encoder("cuda attention", "set RAMTRAIN_ATTENTION=mma to use the mma.sync kernels")(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(p), dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(p), dims, strides, box,
+                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   RT_CHECK(r == CUDA_SUCCESS, "[cuda attention] cuTensorMapEncodeTiled failed for ", what, " (error ",
            static_cast<int>(r), ", B=", B, " T=", T, " heads=", heads, " D=", D, ")");
   return map;
