@@ -1,9 +1,21 @@
-// The SwiGLU gradients of one element, fp32 math (cpu/ops.cpp's formulas):
+// SwiGLU and its gradients for one element, fp32 math (cpu/ops.cpp's formulas):
 // shared by cuda/swiglu.cu's kernels and the MoE backward's fused kernel
 // (cuda/moe.cu), so both give the same bits for the same inputs.
 #pragma once
 
 namespace rt::cuda::detail {
+
+// out = silu(g) u, before its rounding to bf16.
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  const float sig = 1.f / (1.f + expf(-g));
+  return g * sig * u;
+}
+
+// gpt-oss: out = (u' + 1) g' sigmoid(alpha g'), g' = min(g, L), u' = clamp(u, -L, L).
+__device__ __forceinline__ float swiglu_clamped_value(float g0, float u0, float limit, float alpha) {
+  const float g = fminf(g0, limit), u = fminf(fmaxf(u0, -limit), limit);
+  return (u + 1.f) * (g / (1.f + expf(-(g * alpha))));
+}
 
 // out = silu(g) u: dg = d u sigmoid(g) (1 + g (1 - sigmoid(g))), du = d silu(g).
 __device__ __forceinline__ void swiglu_grad(float d, float g, float u, float* dg, float* du) {

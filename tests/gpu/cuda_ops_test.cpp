@@ -305,6 +305,22 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   EXPECT_TRUE(rt::test::expect_near("swiglu out", download_bf16(*out, n), out_ref, 1e-6, kU));
   EXPECT_TRUE(rt::test::expect_near("swiglu dgate", download_bf16(*dg, n), dg_ref, 1e-6, kU));
   EXPECT_TRUE(rt::test::expect_near("swiglu dup", download_bf16(*du, n), du_ref, 1e-6, kU));
+  // 8 elements per access where the arrays are 16-byte aligned (the above:
+  // 512 vectors and a tail of 3), one at a time where they are not (one
+  // element in): the same bits
+  {
+    auto out1 = alloc_bf16(n), dg1 = alloc_bf16(n), du1 = alloc_bf16(n);
+    rt::cuda::swiglu_forward(out1->as<bf16>() + 1, dgate->as<bf16>() + 1, dup_in->as<bf16>() + 1, n - 1, nullptr);
+    rt::cuda::swiglu_backward(dg1->as<bf16>() + 1, du1->as<bf16>() + 1, ddout->as<bf16>() + 1, dgate->as<bf16>() + 1,
+                              dup_in->as<bf16>() + 1, n - 1, nullptr);
+    const auto tail = [&](const DeviceBuffer& b) {
+      std::vector<float> v = download_bf16(b, n);
+      return std::vector<float>(v.begin() + 1, v.end());
+    };
+    EXPECT_EQ(tail(*out1), tail(*out)) << "swiglu out: unaligned against 16-byte accesses";
+    EXPECT_EQ(tail(*dg1), tail(*dg)) << "swiglu dgate: unaligned against 16-byte accesses";
+    EXPECT_EQ(tail(*du1), tail(*du)) << "swiglu dup: unaligned against 16-byte accesses";
+  }
 
   std::vector<float> sum_ref = up;
   rt::cpu::add_inplace(sum_ref.data(), dout.data(), n);
