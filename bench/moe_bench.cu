@@ -8,8 +8,11 @@
 // the expert counts included), and the expert TFLOP/s of the model's 9
 // GEMMs of 2 N K C F FLOPs each (forward 3; backward: d_a, the 2 input
 // gradients and the 3 weight gradients) and of the 11 that run (the
-// backward recomputes gate and up). The grouped mode runs twice: its weight
-// gradients on the call's stream (lanes 0) and on MoeBlas's default lanes.
+// backward recomputes gate and up). Each expert's gate and up lie in one
+// block, gate first, as in the engine. The grouped mode runs three times:
+// its weight gradients on the call's stream (lanes 0), on MoeBlas's default
+// lanes with gate and up apart in the backward (the pair off), and as the
+// engine runs it (gate and up as one: MoeBlas::merged_gate_up).
 //   moe_bench [N C E K F] (default 32768 2048 64 8 1024: 16 x 2048 tokens)
 // Not a test: timings only.
 #include <cuda_runtime.h>
@@ -42,30 +45,30 @@ int main(int argc, char** argv) {
   const int64_t N = v[0], C = v[1], E = v[2], K = v[3], F = v[4];
   try {
     const rt::cuda::MoeDims d{N, C, E, K, F, false};
-    Dev x(N * C * 2), router(E * C * 2), gate(E * F * C * 2), up(E * F * C * 2), down(E * C * F * 2);
-    Dev dgate(E * F * C * 4), dup(E * F * C * 4), ddown(E * C * F * 4), drouter(E * C * 4);
+    // each expert's gate and up weights (and gradients) in one [2F, C] block,
+    // gate first: the engine's layout (HF names in natural order)
+    Dev x(N * C * 2), router(E * C * 2), gate_up(E * 2 * F * C * 2), down(E * C * F * 2);
+    Dev dgate_up(E * 2 * F * C * 4), ddown(E * C * F * 4), drouter(E * C * 4);
     Dev probs(N * E * 4), out(N * C * 2), dout(N * C * 2), dx(N * C * 2);
     Dev tokens(E * 8), psum(E * 8), dprob(E * 4);
     Dev scratch(rt::cuda::moe_scratch_bytes(d));
     fill(x, N * C, 1, 1.f);
     fill(router, E * C, 2, 0.05f);  // small logits: a roughly balanced routing
-    fill(gate, E * F * C, 3, 0.02f);
-    fill(up, E * F * C, 4, 0.02f);
+    fill(gate_up, E * 2 * F * C, 3, 0.02f);
     fill(down, E * C * F, 5, 0.02f);
     fill(dout, N * C, 6, 1e-3f);
-    CUDA_CHECK(cudaMemset(dgate.p, 0, E * F * C * 4));
-    CUDA_CHECK(cudaMemset(dup.p, 0, E * F * C * 4));
+    CUDA_CHECK(cudaMemset(dgate_up.p, 0, E * 2 * F * C * 4));
     CUDA_CHECK(cudaMemset(ddown.p, 0, E * C * F * 4));
     CUDA_CHECK(cudaMemset(drouter.p, 0, E * C * 4));
     CUDA_CHECK(cudaMemset(dprob.p, 0, E * 4));
     std::vector<const bf16*> pg, pu, pd;
     std::vector<float*> gg, gu, gd;
     for (int64_t e = 0; e < E; ++e) {
-      pg.push_back(gate.as<bf16>() + e * F * C);
-      pu.push_back(up.as<bf16>() + e * F * C);
+      pg.push_back(gate_up.as<bf16>() + e * 2 * F * C);
+      pu.push_back(pg.back() + F * C);
       pd.push_back(down.as<bf16>() + e * C * F);
-      gg.push_back(dgate.as<float>() + e * F * C);
-      gu.push_back(dup.as<float>() + e * F * C);
+      gg.push_back(dgate_up.as<float>() + e * 2 * F * C);
+      gu.push_back(gg.back() + F * C);
       gd.push_back(ddown.as<float>() + e * C * F);
     }
     cudaStream_t s = nullptr;
@@ -83,13 +86,15 @@ int main(int argc, char** argv) {
         (long long)N, (long long)C, (long long)E, (long long)K, (long long)F, flops / 1e12, hw_flops / 1e12);
     struct Run {
       rt::cuda::MoeGemm mode;
-      int lanes;  // -1: the default
+      int lanes;         // -1: the default
+      bool pair = true;  // false: gate and up apart in the backward (two products, two weight-gradient GEMMs)
     };
     for (const Run run : {Run{rt::cuda::MoeGemm::looped, -1}, Run{rt::cuda::MoeGemm::grouped, 0},
-                          Run{rt::cuda::MoeGemm::grouped, -1}}) {
+                          Run{rt::cuda::MoeGemm::grouped, -1, false}, Run{rt::cuda::MoeGemm::grouped, -1}}) {
       const auto mode = run.mode;
       rt::cuda::MoeBlas blas;
       blas.set_gemm_mode(mode);
+      if (!run.pair) blas.set_wgrad_pair(false);
       if (run.lanes >= 0) blas.set_wgrad_lanes(run.lanes);
       double fwd = 0, bwd = 0, wall = 0;
       const int warm = 2, iters = 5;
@@ -115,9 +120,10 @@ int main(int argc, char** argv) {
       }
       std::printf(
           "%-8s lanes %2d  forward %8.2f ms   recompute + backward %8.2f ms   wall %8.2f ms   %6.1f expert model "
-          "TFLOP/s (%6.1f run)   grouped calls %lld\n",
+          "TFLOP/s (%6.1f run)   grouped calls %lld   gate+up as one %lld\n",
           mode == rt::cuda::MoeGemm::grouped ? "grouped" : "looped", blas.wgrad_lanes(), fwd, bwd, wall,
-          flops / (wall * 1e-3) / 1e12, hw_flops / (wall * 1e-3) / 1e12, (long long)blas.grouped_calls());
+          flops / (wall * 1e-3) / 1e12, hw_flops / (wall * 1e-3) / 1e12, (long long)blas.grouped_calls(),
+          (long long)blas.merged_calls());
     }
     cudaStreamDestroy(s);
   } catch (const std::exception& ex) {

@@ -17,13 +17,15 @@
 // The expert GEMMs run grouped (one cublasGemmBatchedEx per kind of product
 // over every expert's kMoeChunk-row chunks) or looped (one cublasGemmEx per
 // expert): MoeBlas's mode, cuda/ops.h states the difference. The grouped
-// mode's bf16 rows: o (forward), and the input gradients of gate and up
-// (backward) as two rows summed in fp32. The weight gradients (fp32, +=) are
-// per expert in both modes, on MoeBlas's weight-gradient lanes: down's one
-// cublasGemmEx, gate's and up's one strided-batched call of two (same shape,
-// same xe: MoeBlas::matmul_tn_pair; two GEMMs with the pair off). The
-// backward recomputes g, u, a but not o (the routing weight's gradient comes
-// from the unweighted d_a product: act_grad_kernel).
+// mode's bf16 rows: o (forward), and the input gradient of the rows
+// (backward): one row where gate and up are taken as one (the engine's
+// layout: MoeBlas::merged_gate_up; d_g, d_u one [P, 2F] array), two rows
+// summed in fp32 otherwise. The weight gradients (fp32, +=) are per expert in
+// both modes, on MoeBlas's weight-gradient lanes: down's one cublasGemmEx,
+// gate's and up's one [2F, C] GEMM (merged), one strided-batched call of two
+// (MoeBlas::matmul_tn_pair) or two GEMMs. The backward recomputes g and u
+// (a inside act_grad_kernel, which also gives the routing weight's gradient
+// from the unweighted d_a product), not o.
 // gpt-oss (MoeDims::topk_softmax, glu_limit; MoeBiasesT): the router's bias
 // is added to the logits, which probs then keeps; the K selected logits'
 // softmax weighs the experts; the expert biases are added to each expert's
@@ -314,8 +316,8 @@ void add_counts(int64_t* tokens, const int32_t* offsets, int64_t E, cudaStream_t
 // mode runs over all moe_padded_rows rows (padding and the unused tail
 // included: no host layout); the looped mode waits for the layout (hl) and
 // runs each expert's rows. o is bf16 (in w.o's memory) when *o_bf16 comes
-// back true (the grouped down product), fp32 otherwise; o_bf16 null: no o
-// (the backward, which needs only g, u and a).
+// back true (the grouped down product), fp32 otherwise; o_bf16 null: g and u
+// only (the backward, whose act_grad_kernel recomputes a from them).
 void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, HostLayout& hl, const bf16* x,
                      const bf16* const* gate, const bf16* const* up, const bf16* const* down, cudaStream_t stream,
                      const MoeBiasesT<bf16>& b, bool* o_bf16) {
@@ -338,13 +340,13 @@ void experts_forward(MoeBlas& blas, const MoeDims& d, const MoeWork& w, HostLayo
   const int64_t rows = gu_grouped ? P : hl.get().used();
   if (b.gate) add_expert_bias(w.g, b.gate, w, rows, d.E, F, stream);
   if (b.up) add_expert_bias(w.u, b.up, w, rows, d.E, F, stream);
+  if (!o_bf16) return;
   // padding rows' g, u are products of zero rows (finite), the tail's of
   // whatever it held: no one reads their a
   if (d.glu_limit > 0.f)
     swiglu_clamped_forward(w.a, w.g, w.u, rows * F, d.glu_limit, d.glu_alpha, stream);
   else
     swiglu_forward(w.a, w.g, w.u, rows * F, stream);
-  if (!o_bf16) return;
   bf16* o16 = reinterpret_cast<bf16*>(w.o);
   const ExpertProduct down_p[1] = {{down, w.a, o16}};
   *o_bf16 = grouped && grouped_products(blas, true, d, C, F, down_p, 1, w, 1, stream);
@@ -368,6 +370,7 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   check_dims(d);
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
+  if (out) detail::check_aligned(out, "moe out");
   blas.matmul_nt(probs, DType::f32, x, router, d.N, d.E, d.C, 0.f, stream);  // logits [N, E]
   if (b.router) add_bias(probs, b.router, d.N, d.E, stream);
   if (!d.topk_softmax) {  // gpt-oss keeps the logits
@@ -391,7 +394,7 @@ void moe_forward(MoeBlas& blas, bf16* out, float* probs, const bf16* x, const bf
   bool o_bf16 = false;
   experts_forward(blas, d, w, hl, x, gate, up, down, stream, b, &o_bf16);
   const int K = static_cast<int>(d.K);
-  const unsigned blocks = blocks_for(d.N * d.C, 256);
+  const unsigned blocks = blocks_for(d.N * d.C / 8, 256);
   if (o_bf16)
     combine_out_kernel<<<blocks, 256, 0, stream>>>(out, Bf16Rows{reinterpret_cast<const bf16*>(w.o), d.C}, w.ord_row,
                                                    w.ord_w, d.N, d.C, K);
@@ -409,17 +412,33 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
            "[cuda moe] the load-balancing loss is not supported with top-k softmax routing");
   const MoeWork w = bind(d, scratch);
   detail::check_aligned(x, "moe x");
+  detail::check_aligned(dx, "moe dx");
   const int64_t NK = d.N * d.K, C = d.C, F = d.F, P = moe_padded_rows(NK, d.E);
   const int K = static_cast<int>(d.K);
   const Staging st = staging(blas, d);
   route(blas, d, w, st, probs, stream);  // recomputed from the forward's probabilities
   HostLayout hl(blas, st, d.E);
-  experts_forward(blas, d, w, hl, x, gate, up, down, stream, b, nullptr);  // g, u, a: no o
+  experts_forward(blas, d, w, hl, x, gate, up, down, stream, b, nullptr);  // g, u (a: act_grad_kernel)
   const bool grouped = blas.grouped_for(d.N, d.K, d.E, d.C, d.F);
-  // out[n] += w o: dy = dout[n] and d_o = w dout[n] per row (dy in o's
-  // memory: no o here), over every padded row (padding: zeros)
-  bf16* dy = reinterpret_cast<bf16*>(w.o);
-  scatter_dout_kernel<<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(dy, w.d_o, dout, w.w, w.perm, P, C, K);
+  // Gate and up as one: where each expert's up weights and gradient follow
+  // its gate's (the engine's layout: HF names in natural order) and neither
+  // has a bias, d_g and d_u are one [P, 2F] array (row r: d_g then d_u), so
+  // the input gradient is one product of width 2F per expert (fp32 sums,
+  // one bf16 row) and gate's and up's weight gradients one [2F, C] GEMM.
+  const bool merged = blas.merged_gate_up(gate, up, dgate, dup, d.E, F * C) && !gb.gate && !gb.up;
+  RT_CHECK(!merged || w.d_u == w.d_g + P * F, "[cuda moe] internal: d_g and d_u are not one array");
+  const int64_t ldg = merged ? 2 * F : F;  // d_g's and d_u's row stride
+  bf16* const d_u = merged ? w.d_g + F : w.d_u;
+  // out[n] += w o: dy = dout[n] per row over every padded row (padding:
+  // zeros). The down weight gradient is dy^T (w a) (dy in d_o's memory), or,
+  // where the down bias's gradient needs d_o = w dout[n], d_o^T a (dy in o's
+  // memory, spent after the d_a product).
+  const bool weighted = !gb.down;
+  bf16* dy = weighted ? w.d_o : reinterpret_cast<bf16*>(w.o);
+  if (weighted)
+    scatter_dout_kernel<false><<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(dy, nullptr, dout, w.w, w.perm, P, C, K);
+  else
+    scatter_dout_kernel<true><<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(dy, w.d_o, dout, w.w, w.perm, P, C, K);
   CUDA_CHECK_LAUNCH();
   // ga = dy Wd (w.d_a holds it), unweighted; then dw, and d_g, d_u from d_a = w ga
   const ExpertProduct down_p[1] = {{down, dy, w.d_a}};
@@ -430,12 +449,17 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
       if (R > 0) blas.matmul_nn(w.d_a + r0 * F, DType::bf16, dy + r0 * C, down[e], R, F, C, 0.f, stream);
     }
   }
-  {  // every padded row: a padding row (perm -1) gets d_g = d_u = 0 and no dw
+  {  // every padded row: a padding row (perm -1) gets d_g = d_u = 0, a = 0 and no dw
     const bool vec = F % 8 == 0, clamped = d.glu_limit > 0.f;
-    auto* kernel = vec ? (clamped ? act_grad_kernel<true, true> : act_grad_kernel<true, false>)
-                       : (clamped ? act_grad_kernel<false, true> : act_grad_kernel<false, false>);
-    kernel<<<blocks_each(P, 8), 256, 0, stream>>>(w.dw, w.d_g, w.d_u, w.d_a, w.a, w.g, w.u, w.w, w.perm, P, F,
-                                                  d.glu_limit, d.glu_alpha);
+    using Kernel = void (*)(float*, bf16*, bf16*, int64_t, bf16*, const bf16*, const bf16*, const bf16*, const float*,
+                            const int32_t*, int64_t, int64_t, float, float);
+    static constexpr Kernel kernels[2][2][2] = {
+        {{act_grad_kernel<false, false, false>, act_grad_kernel<false, false, true>},
+         {act_grad_kernel<false, true, false>, act_grad_kernel<false, true, true>}},
+        {{act_grad_kernel<true, false, false>, act_grad_kernel<true, false, true>},
+         {act_grad_kernel<true, true, false>, act_grad_kernel<true, true, true>}}};
+    kernels[vec][clamped][weighted]<<<blocks_each(P, 8), 256, 0, stream>>>(w.dw, w.d_g, d_u, ldg, w.a, w.d_a, w.g, w.u,
+                                                                           w.w, w.perm, P, F, d.glu_limit, d.glu_alpha);
     CUDA_CHECK_LAUNCH();
   }
   if (b.down) {  // dw += <dout[n], bd>
@@ -443,24 +467,38 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
                                                            K);
     CUDA_CHECK_LAUNCH();
   }
-  // d_o, a, d_g, d_u and xe are ready: the weight-gradient lanes may start
-  // here (their GEMMs are queued below, after the wait for the layout); the
-  // rest of this call writes none of them
+  // d_o (or dy), a, d_g, d_u and xe are ready: the weight-gradient lanes may
+  // start here (their GEMMs are queued below, after the wait for the
+  // layout); the rest of this call writes none of them
   blas.lanes_fork(stream);
-  // the input gradients dxe = d_g Wg + d_u Wu: fp32 (looped) or two bf16 rows,
-  // of gate and of up (grouped), in o's memory (dy is spent)
+  // the input gradients dxe = d_g Wg + d_u Wu: fp32 (looped), one bf16 row
+  // (grouped, merged) or two, of gate and of up (grouped), in o's memory
   float* dxe = w.o;
   bf16* dxg = reinterpret_cast<bf16*>(w.o);
   bf16* dxu = dxg + P * C;
-  const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
-  const bool dx_grouped = grouped && grouped_products(blas, false, d, C, F, dx_p, 2, w, 3, stream);
-  if (!dx_grouped) {
-    const Layout& L = hl.get();
-    for (int64_t e = 0; e < d.E; ++e) {
-      const int64_t r0 = L.first(e), R = L.rows(e);
-      if (R == 0) continue;
-      blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
-      blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
+  bool dx_grouped = false;
+  if (merged) {  // d_gu [P, 2F] times [Wg; Wu] [2F, C] (gate[e] heads both)
+    const ExpertProduct dx_p[1] = {{gate, w.d_g, dxg}};
+    dx_grouped = grouped && grouped_products(blas, false, d, C, 2 * F, dx_p, 1, w, 3, stream);
+    if (!dx_grouped) {
+      const Layout& L = hl.get();
+      for (int64_t e = 0; e < d.E; ++e) {
+        const int64_t r0 = L.first(e), R = L.rows(e);
+        if (R > 0) blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * 2 * F, gate[e], R, C, 2 * F, 0.f, stream);
+      }
+    }
+    blas.count_merged_call();
+  } else {
+    const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
+    dx_grouped = grouped && grouped_products(blas, false, d, C, F, dx_p, 2, w, 3, stream);
+    if (!dx_grouped) {
+      const Layout& L = hl.get();
+      for (int64_t e = 0; e < d.E; ++e) {
+        const int64_t r0 = L.first(e), R = L.rows(e);
+        if (R == 0) continue;
+        blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
+        blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
+      }
     }
   }
   // routing weights -> probabilities -> logits -> x and the router
@@ -470,8 +508,10 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   if (gb.router) bias_grad(gb.router, w.dl, d.N, d.E, stream);                // the router bias: dl summed over tokens
   blas.matmul_nn(w.dxr, DType::f32, w.dl, router, d.N, C, d.E, 0.f, stream);  // dxr [N,C] = dl [N,E] Wr [E,C]
   blas.matmul_tn(drouter, DType::f32, w.dl, x, d.E, C, d.N, 1.f, stream);     // dWr [E,C] += dl^T x
-  const unsigned blocks = blocks_for(d.N * C, 256);
-  if (dx_grouped)
+  const unsigned blocks = blocks_for(d.N * C / 8, 256);
+  if (dx_grouped && merged)
+    combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, Bf16Rows{dxg, C}, w.dxr, w.ord_row, d.N, C, K);
+  else if (dx_grouped)
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, Bf16PairRows{dxg, dxu, C}, w.dxr, w.ord_row, d.N, C, K);
   else
     combine_dx_kernel<<<blocks, 256, 0, stream>>>(dx, F32Rows{dxe, C}, w.dxr, w.ord_row, d.N, C, K);
@@ -494,10 +534,11 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   for (int64_t e = 0; e < d.E; ++e) {
     const int64_t r0 = L.first(e), R = L.rows(e);
     if (R == 0) continue;
-    weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);  // dWd += d_o^T a
-    // dWg += d_g^T xe and dWu += d_u^T xe: one launch where the layouts allow
-    if (!blas.matmul_tn_pair(lane_of(e), dgate[e], dup[e], w.d_g + r0 * F, w.d_u + r0 * F, w.xe + r0 * C, F, C, R, 1.f,
-                             stream)) {
+    weight_grad(e, ddown[e], w.d_o + r0 * C, w.a + r0 * F, C, F, R);  // dWd += dy^T (w a), or d_o^T a
+    if (merged) {                                                     // [dWg; dWu] [2F, C] += d_gu^T xe
+      weight_grad(e, dgate[e], w.d_g + r0 * 2 * F, w.xe + r0 * C, 2 * F, C, R);
+    } else if (!blas.matmul_tn_pair(lane_of(e), dgate[e], dup[e], w.d_g + r0 * F, w.d_u + r0 * F, w.xe + r0 * C, F, C,
+                                    R, 1.f, stream)) {  // dWg += d_g^T xe and dWu += d_u^T xe: one launch if it can
       weight_grad(e, dgate[e], w.d_g + r0 * F, w.xe + r0 * C, F, C, R);
       weight_grad(e, dup[e], w.d_u + r0 * F, w.xe + r0 * C, F, C, R);
     }

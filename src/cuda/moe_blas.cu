@@ -53,9 +53,11 @@ cublasHandle_t make_handle() {
 bool pair_from_env() {
   const char* v = std::getenv("RAMTRAIN_MOE_WGRAD_PAIR");
   if (!v || !*v) return MoeBlas::kWgradPair;
-  RT_CHECK(std::string(v) == "0" || std::string(v) == "1",
-           "[cuda moe] RAMTRAIN_MOE_WGRAD_PAIR (an expert's gate and up weight gradients as one strided-batched call) ",
-           "must be 0 or 1, got '", v, "': unset it for ", MoeBlas::kWgradPair ? 1 : 0);
+  RT_CHECK(
+      std::string(v) == "0" || std::string(v) == "1",
+      "[cuda moe] RAMTRAIN_MOE_WGRAD_PAIR (an expert's gate and up taken as one in the backward: one input-gradient "
+      "product and one weight-gradient call) ",
+      "must be 0 or 1, got '", v, "': unset it for ", MoeBlas::kWgradPair ? 1 : 0);
   return std::string(v) == "1";
 }
 
@@ -89,6 +91,7 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       mode_(o.mode_),
       grouped_calls_(o.grouped_calls_),
       wgrad_pairs_(o.wgrad_pairs_),
+      merged_calls_(o.merged_calls_),
       lanes_(o.lanes_),
       pair_(o.pair_),
       lane_(std::move(o.lane_)),

@@ -38,23 +38,35 @@ __device__ __forceinline__ int nth_by_expert(const int32_t* idx_row, int K, int 
   return best;
 }
 
-// One value of a permuted row: fp32 rows, bf16 rows, or the sum (in fp32) of
-// two bf16 rows (the grouped backward's gate and up input gradients).
+// 8 values of a permuted row from column 8 c8 (C a multiple of 8, rows
+// 16-byte aligned): fp32 rows, bf16 rows, or
+// the sum (in fp32) of two bf16 rows (the grouped backward's gate and up
+// input gradients where they are two products).
 struct F32Rows {
   const float* p;
   int64_t C;
-  __device__ float operator()(int64_t r, int64_t c) const { return p[r * C + c]; }
+  __device__ void load8(int64_t r, int64_t c8, float* f) const {
+    const float4* q = reinterpret_cast<const float4*>(p + r * C) + 2 * c8;
+    const float4 lo = q[0], hi = q[1];
+    f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
+  }
 };
 struct Bf16Rows {
   const bf16* p;
   int64_t C;
-  __device__ float operator()(int64_t r, int64_t c) const { return __bfloat162float(p[r * C + c]); }
+  __device__ void load8(int64_t r, int64_t c8, float* f) const {
+    detail::bf16x8_to_float(reinterpret_cast<const detail::bf16x8*>(p + r * C)[c8], f);
+  }
 };
 struct Bf16PairRows {
   const bf16 *p, *q;
   int64_t C;
-  __device__ float operator()(int64_t r, int64_t c) const {
-    return __bfloat162float(p[r * C + c]) + __bfloat162float(q[r * C + c]);
+  __device__ void load8(int64_t r, int64_t c8, float* f) const {
+    float g[8];
+    detail::bf16x8_to_float(reinterpret_cast<const detail::bf16x8*>(p + r * C)[c8], f);
+    detail::bf16x8_to_float(reinterpret_cast<const detail::bf16x8*>(q + r * C)[c8], g);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] += g[i];
   }
 };
 
@@ -75,33 +87,49 @@ __global__ void order_by_expert_kernel(int32_t* ord_row, float* ord_w, const int
   }
 }
 
-// sum over token n's experts in increasing index (the CPU's order) of
-// w * rows(row, c) (w null: of rows(row, c)), in fp32.
+// For 8 columns from 8 c8 of token n: acc = the sum over n's experts in
+// increasing index (the CPU's order) of w * rows(row, c) (w null: of
+// rows(row, c)), in fp32; each column the scalar loop's operations.
 template <class Rows>
-__device__ __forceinline__ float sum_by_expert(const Rows& rows, const int32_t* ord_row, const float* ord_w, int64_t n,
-                                               int64_t c, int K) {
-  float acc = 0.f;
+__device__ __forceinline__ void sum8_by_expert(const Rows& rows, const int32_t* ord_row, const float* ord_w, int64_t n,
+                                               int64_t c8, int K, float* acc) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   for (int t = 0; t < K; ++t) {
-    const float v = rows(ord_row[n * K + t], c);
-    acc = ord_w ? fmaf(v, ord_w[n * K + t], acc) : acc + v;  // fmaf: what `acc += v * w` contracted to
+    float v[8];
+    rows.load8(ord_row[n * K + t], c8, v);
+    if (ord_w) {
+      const float wt = ord_w[n * K + t];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(v[i], wt, acc[i]);  // fmaf: what `acc += v * w` contracted to
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += v[i];
+    }
   }
-  return acc;
 }
 
-// out[n, c] = bf16(sum over n's experts in increasing index of w * o(row, c)).
+// out[n, c] = bf16(sum over n's experts in increasing index of w * o(row, c));
+// 8 columns a thread (C % 8 == 0: check_dims).
 template <class Rows>
 __global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, const float* ord_w, int64_t N, int64_t C,
                                    int K) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(sum_by_expert(o, ord_row, ord_w, i / C, i % C, K));
+  const int64_t C8 = C / 8;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < N * C8;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc[8];
+    sum8_by_expert(o, ord_row, ord_w, v / C8, v % C8, K, acc);
+    reinterpret_cast<detail::bf16x8*>(out)[v] = detail::float_to_bf16x8(acc);
+  }
 }
 
 // Per permuted row r in use (slot s = perm[r], token n = s / K): dy[r] =
-// dout[n] (a copy) and d_o[r] = bf16(w[s] dout[n]); zeros on a padding row
-// (perm -1). The backward's d_a product runs on dy (unweighted, so that the
-// routing weight's gradient comes out of the same product: act_grad_kernel),
-// the down weight gradient on d_o. 8 bf16 per step.
+// dout[n] (a copy) and, kWeighted, d_o[r] = bf16(w[s] dout[n]); zeros on a
+// padding row (perm -1). The backward's d_a product runs on dy (unweighted,
+// so that the routing weight's gradient comes out of the same product:
+// act_grad_kernel), the down weight gradient on dy and w a, or on d_o and a
+// where the down bias's gradient needs d_o. 8 bf16 per step.
+template <bool kWeighted>
 __global__ void scatter_dout_kernel(bf16* dy, bf16* d_o, const bf16* dout, const float* w, const int32_t* perm,
                                     int64_t rows, int64_t C, int K) {
   const int64_t C8 = C / 8, total = rows * C8;
@@ -112,23 +140,30 @@ __global__ void scatter_dout_kernel(bf16* dy, bf16* d_o, const bf16* dout, const
     detail::bf16x8 y{}, o{};
     if (s >= 0) {
       y = reinterpret_cast<const detail::bf16x8*>(dout + s / K * C)[c8];
-      float f[8];
-      detail::bf16x8_to_float(y, f);
-      for (float& t : f) t *= w[s];
-      o = detail::float_to_bf16x8(f);
+      if (kWeighted) {
+        float f[8];
+        detail::bf16x8_to_float(y, f);
+        for (float& t : f) t *= w[s];
+        o = detail::float_to_bf16x8(f);
+      }
     }
     reinterpret_cast<detail::bf16x8*>(dy + r * C)[c8] = y;
-    reinterpret_cast<detail::bf16x8*>(d_o + r * C)[c8] = o;
+    if (kWeighted) reinterpret_cast<detail::bf16x8*>(d_o + r * C)[c8] = o;
   }
 }
 
-// Per permuted row r (slot s = perm[r]), one warp, from ga = dy Wd (the
-// unweighted gradient of a: out[n] += w o, o = a Wd^T + bd):
-// dw[s] = <ga[r], a[r]> (fp32; <dout[n], bd> is added by bias_dot_kernel),
-// and the SwiGLU backward of d_a = w[s] ga[r] (fp32, not rounded) into d_g,
-// d_u (bf16; zeros on a padding row). kVec: F % 8 == 0, 8 bf16 per step.
-template <bool kVec, bool kClamped>
-__global__ void act_grad_kernel(float* dw, bf16* d_g, bf16* d_u, const bf16* ga, const bf16* a, const bf16* g,
+// Per permuted row r (slot s = perm[r]), one warp, from g, u and ga = dy Wd
+// (the unweighted gradient of a: out[n] += w o, o = a Wd^T + bd): a =
+// bf16(SwiGLU(g, u)) (the forward's bits: swiglu_math.cuh) is recomputed
+// here, not read; dw[s] = <ga[r], a[r]> (fp32; <dout[n], bd> is added by
+// bias_dot_kernel); the SwiGLU backward of d_a = w[s] ga[r] (fp32, not
+// rounded) into d_g, d_u (bf16; zeros on a padding row), row r of each at
+// r ld (ld F: two arrays; 2F: one [P, 2F] array, d_u = d_g + F); and a's row
+// for the down weight gradient: a_out[r] = a (kWeighted false: the gradient
+// is d_o^T a) or bf16(w[s] a) (kWeighted: it is dy^T (w a)), zeros on a
+// padding row. kVec: F % 8 == 0, 8 bf16 per step.
+template <bool kVec, bool kClamped, bool kWeighted>
+__global__ void act_grad_kernel(float* dw, bf16* d_g, bf16* d_u, int64_t ld, bf16* a_out, const bf16* ga, const bf16* g,
                                 const bf16* u, const float* w, const int32_t* perm, int64_t rows, int64_t F,
                                 float limit, float alpha) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -136,40 +171,43 @@ __global__ void act_grad_kernel(float* dw, bf16* d_g, bf16* d_u, const bf16* ga,
   const int lane = threadIdx.x & 31;
   const int32_t s = perm[r];
   const float wt = s >= 0 ? w[s] : 0.f;
-  const int64_t base = r * F;
-  auto grad = [&](float d, float gv, float uv, float* dg, float* du) {
+  const int64_t base = r * F, gbase = r * ld;
+  // one element: a (rounded as the forward's), its dot term, d_g, d_u and a_out's value
+  auto one = [&](float gav, float gv, float uv, float* dot, float* dg, float* du) {
+    const float av = __bfloat162float(
+        __float2bfloat16(kClamped ? detail::swiglu_clamped_value(gv, uv, limit, alpha) : detail::swiglu_value(gv, uv)));
+    *dot += gav * av;
     if (kClamped)
-      detail::swiglu_clamped_grad(d, gv, uv, limit, alpha, dg, du);
+      detail::swiglu_clamped_grad(wt * gav, gv, uv, limit, alpha, dg, du);
     else
-      detail::swiglu_grad(d, gv, uv, dg, du);
+      detail::swiglu_grad(wt * gav, gv, uv, dg, du);
+    return s < 0 ? 0.f : kWeighted ? wt * av : av;
   };
   float dot = 0.f;
   if (kVec) {
     using detail::bf16x8;
-    const auto *ga8 = reinterpret_cast<const bf16x8*>(ga + base), *a8 = reinterpret_cast<const bf16x8*>(a + base),
-               *g8 = reinterpret_cast<const bf16x8*>(g + base), *u8 = reinterpret_cast<const bf16x8*>(u + base);
-    auto *dg8 = reinterpret_cast<bf16x8*>(d_g + base), *du8 = reinterpret_cast<bf16x8*>(d_u + base);
+    const auto *ga8 = reinterpret_cast<const bf16x8*>(ga + base), *g8 = reinterpret_cast<const bf16x8*>(g + base),
+               *u8 = reinterpret_cast<const bf16x8*>(u + base);
+    auto *dg8 = reinterpret_cast<bf16x8*>(d_g + gbase), *du8 = reinterpret_cast<bf16x8*>(d_u + gbase),
+         *a8 = reinterpret_cast<bf16x8*>(a_out + base);
     for (int64_t v = lane; v < F / 8; v += 32) {
-      float fga[8], fa[8], fg[8], fu[8], odg[8], odu[8];
+      float fga[8], fg[8], fu[8], odg[8], odu[8], oa[8];
       detail::bf16x8_to_float(ga8[v], fga);
-      detail::bf16x8_to_float(a8[v], fa);
       detail::bf16x8_to_float(g8[v], fg);
       detail::bf16x8_to_float(u8[v], fu);
-      for (int i = 0; i < 8; ++i) {
-        dot += fga[i] * fa[i];
-        grad(wt * fga[i], fg[i], fu[i], &odg[i], &odu[i]);
-      }
+      for (int i = 0; i < 8; ++i) oa[i] = one(fga[i], fg[i], fu[i], &dot, &odg[i], &odu[i]);
       dg8[v] = detail::float_to_bf16x8(odg);
       du8[v] = detail::float_to_bf16x8(odu);
+      a8[v] = detail::float_to_bf16x8(oa);
     }
   } else {
     for (int64_t f = lane; f < F; f += 32) {
-      const float gaf = __bfloat162float(ga[base + f]);
-      dot += gaf * __bfloat162float(a[base + f]);
       float dg, du;
-      grad(wt * gaf, __bfloat162float(g[base + f]), __bfloat162float(u[base + f]), &dg, &du);
-      d_g[base + f] = __float2bfloat16(dg);
-      d_u[base + f] = __float2bfloat16(du);
+      const float av = one(__bfloat162float(ga[base + f]), __bfloat162float(g[base + f]), __bfloat162float(u[base + f]),
+                           &dot, &dg, &du);
+      d_g[gbase + f] = __float2bfloat16(dg);
+      d_u[gbase + f] = __float2bfloat16(du);
+      a_out[base + f] = __float2bfloat16(av);
     }
   }
   dot = detail::warp_sum(dot);
@@ -249,13 +287,21 @@ __global__ void router_grad_kernel(bf16* dl, const float* p, const int32_t* idx,
   for (int64_t e = lane; e < E; e += 32) dl[n * E + e] = __float2bfloat16(pr[e] * (term_of(e) - pdp));
 }
 
-// dx[n, c] = bf16(sum over n's experts in increasing index of dxe(row, c), + dxr[n, c]).
+// dx[n, c] = bf16(sum over n's experts in increasing index of dxe(row, c), + dxr[n, c]);
+// 8 columns a thread (C % 8 == 0: check_dims).
 template <class Rows>
 __global__ void combine_dx_kernel(bf16* dx, Rows dxe, const float* dxr, const int32_t* ord_row, int64_t N, int64_t C,
                                   int K) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dx[i] = __float2bfloat16(sum_by_expert(dxe, ord_row, nullptr, i / C, i % C, K) + dxr[i]);
+  const int64_t C8 = C / 8;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < N * C8;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc[8], r[8];
+    sum8_by_expert(dxe, ord_row, nullptr, v / C8, v % C8, K, acc);
+    F32Rows{dxr, C}.load8(v / C8, v % C8, r);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += r[i];
+    reinterpret_cast<detail::bf16x8*>(dx)[v] = detail::float_to_bf16x8(acc);
+  }
 }
 
 __device__ __forceinline__ float as_f32(float v) { return v; }

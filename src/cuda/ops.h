@@ -372,6 +372,20 @@ class MoeBlas {
   static constexpr bool kWgradPair = true;
   bool wgrad_pair() const { return pair_; }
   void set_wgrad_pair(bool on) { pair_ = on; }
+  // Whether moe_backward may take gate and up as one (the pair on, and each
+  // expert's up weights and gradient right after its gate's: up[e] ==
+  // gate[e] + FC, dup[e] == dgate[e] + FC, the engine's layout for HF names
+  // in natural order): its d_g, d_u one [rows, 2F] array, one input-gradient
+  // product of width 2F and one [2F, C] weight-gradient GEMM per expert.
+  bool merged_gate_up(const bf16* const* gate, const bf16* const* up, float* const* dgate, float* const* dup, int64_t E,
+                      int64_t FC) const {
+    if (!pair_) return false;
+    for (int64_t e = 0; e < E; ++e)
+      if (up[e] != gate[e] + FC || dup[e] != dgate[e] + FC) return false;
+    return true;
+  }
+  int64_t merged_calls() const { return merged_calls_; }  // moe_backward calls that took them as one (tests)
+  void count_merged_call() { ++merged_calls_; }
 
  private:
   struct Lane {
@@ -387,6 +401,7 @@ class MoeBlas {
   MoeGemm mode_ = MoeGemm::grouped;
   int64_t grouped_calls_ = 0;
   int64_t wgrad_pairs_ = 0;
+  int64_t merged_calls_ = 0;
   int lanes_ = 0;
   bool pair_ = kWgradPair;
   std::vector<Lane> lane_;  // made: lane_.size() == lanes_ (or empty before first use)

@@ -43,6 +43,10 @@
 //    active expert when gate's gradient lies below up's (the engine's
 //    layout: HF names in natural order), the same bits on any lane, two
 //    GEMMs the other way round (each run against the CPU);
+//  - gate and up as one (their weights in one buffer, gate first, the pair
+//    on: MoeBlas::merged_gate_up; not with gpt-oss's biases): each mode
+//    against the CPU, twice bit for bit (lanes and none), and not taken
+//    with the pair off or with up's gradient first;
 //  - auto (MoeGemm::by_size) on these small calls: grouped's bits.
 // Without a CUDA device every test skips; without CUDA at build time this
 // file holds one test that skips.
@@ -120,7 +124,8 @@ struct GpuResult {
   std::vector<float> out, dx;
   std::vector<std::vector<float>> grads;  // router, then each expert's gate, up, down
   int64_t grouped_calls = 0;
-  int64_t wgrad_pairs = 0;  // gate+up weight-gradient pairs run as one call (MoeBlas::matmul_tn_pair)
+  int64_t wgrad_pairs = 0;   // gate+up weight-gradient pairs run as one call (MoeBlas::matmul_tn_pair)
+  int64_t merged_calls = 0;  // backward calls that took gate and up as one (MoeBlas::merged_gate_up)
 };
 
 // S[n, c] = sum over n's experts e (the CPU's routing of probs) of |w_e| (sum
@@ -310,8 +315,12 @@ void run_case(const Case& k) {
   // lanes: the weight-gradient lanes (MoeBlas); -1 leaves the default.
   // Each expert's gate and up gradients share one buffer, gate first (the
   // weight-gradient pair's layout) or up first (up_first: two GEMMs); pair:
-  // the gate+up weight-gradient pair on (MoeBlas::matmul_tn_pair).
-  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1, bool up_first = false, bool pair = false) {
+  // the gate+up weight-gradient pair on (MoeBlas::matmul_tn_pair). joint:
+  // each expert's gate and up weights in one buffer, gate first (the
+  // engine's layout), so that with the pair on (and gate's gradient first)
+  // the backward takes gate and up as one (MoeBlas::merged_gate_up).
+  auto gpu_run = [&](rt::cuda::MoeGemm mode, int lanes = -1, bool up_first = false, bool pair = false,
+                     bool joint = false) {
     rt::cuda::MoeBlas blas;
     blas.set_gemm_mode(mode);
     blas.set_wgrad_pair(pair);
@@ -344,19 +353,22 @@ void run_case(const Case& k) {
     DeviceBuffer scratch(rt::cuda::moe_scratch_bytes(d));
     scratch.poison();
     auto d_x = upload_bf16(x), d_router = upload_bf16(router), d_dout = upload_bf16(dout);
-    std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwu, dwd, dggu, dgd;
+    std::vector<std::unique_ptr<DeviceBuffer>> dwg, dwd, dggu, dgd;
     std::vector<const bf16*> pwg, pwu, pwd;
     std::vector<float*> pgg, pgu, pgd;
     for (int64_t e = 0; e < E; ++e) {
-      dwg.push_back(upload_bf16(wg[e]));
-      dwu.push_back(upload_bf16(wu[e]));
+      // one buffer each expert: gate then up (joint), or up then gate, so
+      // that up never follows gate (separate allocations may be adjacent)
+      std::vector<float> both = joint ? wg[e] : wu[e];
+      both.insert(both.end(), (joint ? wu[e] : wg[e]).begin(), (joint ? wu[e] : wg[e]).end());
+      dwg.push_back(upload_bf16(both));
       dwd.push_back(upload_bf16(wd[e]));
       std::vector<float> gu_pair = up_first ? gu0[e] : gg0[e];
       gu_pair.insert(gu_pair.end(), (up_first ? gg0[e] : gu0[e]).begin(), (up_first ? gg0[e] : gu0[e]).end());
       dggu.push_back(upload_f32(gu_pair));
       dgd.push_back(upload_f32(gd0[e]));
-      pwg.push_back(dwg.back()->as<bf16>());
-      pwu.push_back(dwu.back()->as<bf16>());
+      pwg.push_back(dwg.back()->as<bf16>() + (joint ? 0 : F * C));
+      pwu.push_back(dwg.back()->as<bf16>() + (joint ? F * C : 0));
       pwd.push_back(dwd.back()->as<bf16>());
       pgg.push_back(dggu.back()->as<float>() + (up_first ? F * C : 0));
       pgu.push_back(dggu.back()->as<float>() + (up_first ? 0 : F * C));
@@ -432,6 +444,7 @@ void run_case(const Case& k) {
     }
     r.grouped_calls = blas.grouped_calls();
     r.wgrad_pairs = blas.wgrad_pairs();
+    r.merged_calls = blas.merged_calls();
     return r;
   };
   const GpuResult looped = gpu_run(rt::cuda::MoeGemm::looped);
@@ -476,6 +489,27 @@ void run_case(const Case& k) {
   EXPECT_TRUE(paired_lanes.grads == paired.grads) << "the pair on the call's stream differs from the lanes'";
   EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, true, true).wgrad_pairs, 0)
       << "a pair ran with up's gradient below gate's";
+  EXPECT_EQ(paired.merged_calls, 0) << "gate and up taken as one with their weights apart";
+  // gate and up as one (the engine's layout, the pair on): one input-gradient
+  // product of width 2F and one weight-gradient GEMM per expert; each run
+  // against the CPU inside gpu_run, in both modes, bit for bit again, the
+  // same bits on any lane, and not taken with the pair off or up's gradient first
+  for (const auto mode : {rt::cuda::MoeGemm::looped, rt::cuda::MoeGemm::grouped}) {
+    const GpuResult joint = gpu_run(mode, -1, false, true, true);
+    // gpt-oss's gate and up biases keep them apart (their gradients are column sums of d_g, d_u)
+    EXPECT_EQ(joint.merged_calls, k.gptoss ? 0 : 1) << "gate and up as one, with biases: " << k.gptoss;
+    EXPECT_EQ(joint.wgrad_pairs, k.gptoss ? active : 0);
+    if (mode == rt::cuda::MoeGemm::grouped) {
+      EXPECT_EQ(joint.grouped_calls, 5);
+    }
+    const GpuResult joint_again = gpu_run(mode, 0, false, true, true);
+    EXPECT_TRUE(joint_again.out == joint.out && joint_again.dx == joint.dx && joint_again.grads == joint.grads)
+        << "gate and up as one differ between two runs (the default lanes, then none)";
+  }
+  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, false, false, true).merged_calls, 0)
+      << "gate and up taken as one with the pair off";
+  EXPECT_EQ(gpu_run(rt::cuda::MoeGemm::grouped, -1, true, true, true).merged_calls, 0)
+      << "gate and up taken as one with up's gradient first";
   // auto (MoeGemm::by_size): these calls' expert GEMMs are far below
   // kMoeGroupedMaxWork, so it runs grouped: the grouped results bit for bit
   ASSERT_TRUE(rt::cuda::moe_small_experts(N, K, E, C, F));
