@@ -143,8 +143,8 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
 // recomputes the experts' gate and up, not down; P_e = top_k x 3 x hidden x
 // expert width per layer), run at kMoeExpertShareOfDense of the dense rate,
 // and the expert weight gradients, two cuBLAS calls per expert and layer
-// call (down's GEMM, and gate's and up's as one strided-batched pair: 2 E per
-// layer and micro-batch), cost kMoeWeightGradCallS each beyond that. Fitted
+// call (down's GEMM, and gate's and up's as one: 2 E per layer and
+// micro-batch), cost kMoeWeightGradCallS each beyond that. Fitted
 // on the H100 (2026-12-06, seventeenth session, one call, bench/RESULTS.md)
 // on the two compute-bound steps at 128k tokens: OLMoE-1B-7B 4 x 2048 x 16
 // fold 4.448 s (64 experts of 2048 x 1024: 49k weight-gradient calls a step,
@@ -159,11 +159,15 @@ double fp8_tensor_gain(double gemm_peak_tflops, double memory_tbs) {
 // per-call cost kept and two calls per expert; and again, 0.557, when the
 // dense share was recalibrated (0.633 -> 0.691, twenty-first session) on the
 // same call's OLMoE steps (4.003 and 4.036 s on two H100s: 4.020), so that
-// the MoE prediction stays where it was measured. Qwen3-30B-A3B was not
-// measured on this build: its prediction moved from 15.06 to 12.7 s. The 64k
+// the MoE prediction stays where it was measured; and again, 0.604, when
+// the backward took gate and up as one and fused SwiGLU's recompute into
+// its gradient kernel (twenty-second session: 3.846 and 3.819 s on one
+// H100, 3.833; still two weight-gradient calls per expert: down's, and
+// gate's and up's [2F, C] GEMM). Qwen3-30B-A3B was not
+// measured on these builds: its prediction moved from 15.06 to 12.3 s. The 64k
 // OLMoE step (2.670 s) is under-predicted: it waits on the host, which this
 // compute term does not hold. ESTIMATES on other cards.
-constexpr double kMoeExpertShareOfDense = 0.557;
+constexpr double kMoeExpertShareOfDense = 0.604;
 constexpr double kMoeExpertFlopsPerPe = 6.0 + 4.0 / 3.0;  // a token's routed expert FLOPs run, in P_e
 constexpr double kMoeWeightGradCallS = 21.3e-6;
 double routed_expert_params_per_token(const ModelSpec& s) {
