@@ -435,10 +435,8 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   // memory, spent after the d_a product).
   const bool weighted = !gb.down;
   bf16* dy = weighted ? w.d_o : reinterpret_cast<bf16*>(w.o);
-  if (weighted)
-    scatter_dout_kernel<false><<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(dy, nullptr, dout, w.w, w.perm, P, C, K);
-  else
-    scatter_dout_kernel<true><<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(dy, w.d_o, dout, w.w, w.perm, P, C, K);
+  (weighted ? scatter_dout_kernel<false> : scatter_dout_kernel<true>)<<<blocks_for(P * C / 8, 256), 256, 0, stream>>>(
+      dy, weighted ? nullptr : w.d_o, dout, w.w, w.perm, P, C, K);
   CUDA_CHECK_LAUNCH();
   // ga = dy Wd (w.d_a holds it), unweighted; then dw, and d_g, d_u from d_a = w ga
   const ExpertProduct down_p[1] = {{down, dy, w.d_a}};
@@ -476,31 +474,23 @@ void moe_backward(MoeBlas& blas, bf16* dx, float* drouter, float* const* dgate, 
   float* dxe = w.o;
   bf16* dxg = reinterpret_cast<bf16*>(w.o);
   bf16* dxu = dxg + P * C;
-  bool dx_grouped = false;
-  if (merged) {  // d_gu [P, 2F] times [Wg; Wu] [2F, C] (gate[e] heads both)
-    const ExpertProduct dx_p[1] = {{gate, w.d_g, dxg}};
-    dx_grouped = grouped && grouped_products(blas, false, d, C, 2 * F, dx_p, 1, w, 3, stream);
-    if (!dx_grouped) {
-      const Layout& L = hl.get();
-      for (int64_t e = 0; e < d.E; ++e) {
-        const int64_t r0 = L.first(e), R = L.rows(e);
-        if (R > 0) blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * 2 * F, gate[e], R, C, 2 * F, 0.f, stream);
-      }
-    }
-    blas.count_merged_call();
-  } else {
-    const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
-    dx_grouped = grouped && grouped_products(blas, false, d, C, F, dx_p, 2, w, 3, stream);
-    if (!dx_grouped) {
-      const Layout& L = hl.get();
-      for (int64_t e = 0; e < d.E; ++e) {
-        const int64_t r0 = L.first(e), R = L.rows(e);
-        if (R == 0) continue;
-        blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_g + r0 * F, gate[e], R, C, F, 0.f, stream);
-        blas.matmul_nn(dxe + r0 * C, DType::f32, w.d_u + r0 * F, up[e], R, C, F, 1.f, stream);
-      }
+  // merged: one product of width 2F (d_gu [P, 2F] times [Wg; Wu] [2F, C],
+  // gate[e] heading both); apart: two of width F
+  const int np = merged ? 1 : 2;
+  const int64_t Kw = merged ? 2 * F : F;
+  const ExpertProduct dx_p[2] = {{gate, w.d_g, dxg}, {up, w.d_u, dxu}};
+  const bool dx_grouped = grouped && grouped_products(blas, false, d, C, Kw, dx_p, np, w, 3, stream);
+  if (!dx_grouped) {
+    const Layout& L = hl.get();
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t r0 = L.first(e), R = L.rows(e);
+      if (R == 0) continue;
+      for (int i = 0; i < np; ++i)
+        blas.matmul_nn(dxe + r0 * C, DType::f32, dx_p[i].a + r0 * Kw, dx_p[i].b[e], R, C, Kw, i == 0 ? 0.f : 1.f,
+                       stream);
     }
   }
+  if (merged) blas.count_merged_call();
   // routing weights -> probabilities -> logits -> x and the router
   router_grad_kernel<<<blocks_each(d.N, 8), 256, 0, stream>>>(w.dl, probs, w.idx, w.w, w.dw, dprob, d.N, d.E, K,
                                                               d.norm_topk, d.topk_softmax);

@@ -124,12 +124,12 @@ __global__ void combine_out_kernel(bf16* out, Rows o, const int32_t* ord_row, co
 }
 
 // Per permuted row r in use (slot s = perm[r], token n = s / K): dy[r] =
-// dout[n] (a copy) and, kWeighted, d_o[r] = bf16(w[s] dout[n]); zeros on a
+// dout[n] (a copy) and, kDo, d_o[r] = bf16(w[s] dout[n]); zeros on a
 // padding row (perm -1). The backward's d_a product runs on dy (unweighted,
 // so that the routing weight's gradient comes out of the same product:
 // act_grad_kernel), the down weight gradient on dy and w a, or on d_o and a
 // where the down bias's gradient needs d_o. 8 bf16 per step.
-template <bool kWeighted>
+template <bool kDo>
 __global__ void scatter_dout_kernel(bf16* dy, bf16* d_o, const bf16* dout, const float* w, const int32_t* perm,
                                     int64_t rows, int64_t C, int K) {
   const int64_t C8 = C / 8, total = rows * C8;
@@ -140,7 +140,7 @@ __global__ void scatter_dout_kernel(bf16* dy, bf16* d_o, const bf16* dout, const
     detail::bf16x8 y{}, o{};
     if (s >= 0) {
       y = reinterpret_cast<const detail::bf16x8*>(dout + s / K * C)[c8];
-      if (kWeighted) {
+      if (kDo) {
         float f[8];
         detail::bf16x8_to_float(y, f);
         for (float& t : f) t *= w[s];
@@ -148,7 +148,7 @@ __global__ void scatter_dout_kernel(bf16* dy, bf16* d_o, const bf16* dout, const
       }
     }
     reinterpret_cast<detail::bf16x8*>(dy + r * C)[c8] = y;
-    if (kWeighted) reinterpret_cast<detail::bf16x8*>(d_o + r * C)[c8] = o;
+    if (kDo) reinterpret_cast<detail::bf16x8*>(d_o + r * C)[c8] = o;
   }
 }
 
