@@ -17,6 +17,17 @@
 // The classes are matched on the demangled kernel name; the rules are the
 // `classify` function below and the output names the rule's class only, so a
 // kernel a rule misfiles shows up in the top list under its own name.
+//
+// RAMTRAIN_KPROF_GAPS=1 also records the runtime API calls and NVTX ranges
+// (the engine names its host waits: engine/cuda/host_wait.h; CUPTI sees them
+// with NVTX_INJECTION64_PATH=<libcupti.so>) and explains every gap of at
+// least RAMTRAIN_KPROF_GAP_US microseconds (5) in which no kernel runs. The
+// kernel that ends the gap was either launched after the gap began (the
+// launch thread was late: the gap goes to the innermost NVTX range that
+// thread was in when the gap began, else the runtime call it was in, else
+// "outside CUDA" after its last call), or before it (it waited on another
+// stream: a copy that ended in the gap, else "an event or latency"). It
+// prints the idle time by cause and the largest gaps.
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -34,7 +45,19 @@ namespace {
 
 struct Kernel {
   uint64_t start, end;
-  uint32_t name_id;
+  uint32_t name_id, corr;
+};
+
+struct ApiCall {  // a runtime or driver API call (RAMTRAIN_KPROF_GAPS)
+  uint64_t start, end;
+  uint32_t tid, corr, cbid;
+  bool driver;  // cuBLAS launches through the driver API
+};
+
+struct Range {  // an NVTX range (RAMTRAIN_KPROF_GAPS)
+  uint64_t start = 0, end = 0;
+  uint32_t tid = 0;
+  std::string name;
 };
 
 struct Copy {
@@ -46,6 +69,8 @@ struct Recorder {
   std::mutex mu;
   std::vector<Kernel> kernels;
   std::vector<Copy> copies;
+  std::vector<ApiCall> api;
+  std::map<uint32_t, Range> ranges;  // by NVTX range id
   std::map<std::string, uint32_t> name_ids;
   std::vector<std::string> names;
   bool ok = false;
@@ -81,7 +106,21 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS) {
     if (a->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || a->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(a);
-      r.kernels.push_back({k->start, k->end, r.intern(k->name)});
+      r.kernels.push_back({k->start, k->end, r.intern(k->name), k->correlationId});
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_RUNTIME || a->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* c = reinterpret_cast<const CUpti_ActivityAPI*>(a);
+      r.api.push_back({c->start, c->end, c->threadId, c->correlationId, static_cast<uint32_t>(c->cbid),
+                       a->kind == CUPTI_ACTIVITY_KIND_DRIVER});
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_MARKER) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMarker2*>(a);
+      Range& g = r.ranges[m->id];
+      if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_START) {
+        g.start = m->timestamp;
+        g.name = m->name ? m->name : "?";
+        if (m->objectKind == CUPTI_ACTIVITY_OBJECT_THREAD) g.tid = m->objectId.pt.threadId;
+      } else if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_END) {
+        g.end = m->timestamp;
+      }
     } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(a);
       r.copies.push_back({c->start, c->end, c->bytes, c->copyKind});
@@ -153,6 +192,128 @@ uint64_t union_ns(std::vector<std::pair<uint64_t, uint64_t>> iv) {
   }
   if (open) total += cur_e - cur_s;
   return total;
+}
+
+std::string api_name(const ApiCall& a) {
+  const char* n = nullptr;
+  if (cuptiGetCallbackName(a.driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, a.cbid, &n) !=
+          CUPTI_SUCCESS ||
+      !n)
+    return "cbid " + std::to_string(a.cbid);
+  std::string s(n);
+  const size_t v = s.find("_v");  // cudaEventSynchronize_v3020 -> cudaEventSynchronize
+  return v == std::string::npos ? s : s.substr(0, v);
+}
+
+// RAMTRAIN_KPROF_GAPS: the kernel-free gaps of [from, last) by cause (the header).
+void report_gaps(FILE* out, Recorder& r, uint64_t from, uint64_t last) {
+  const char* us_env = std::getenv("RAMTRAIN_KPROF_GAP_US");
+  const uint64_t min_gap = static_cast<uint64_t>((us_env ? std::atof(us_env) : 5.0) * 1e3);
+  std::vector<const Kernel*> ks;
+  for (const Kernel& k : r.kernels)
+    if (k.start >= from) ks.push_back(&k);
+  std::sort(ks.begin(), ks.end(), [](const Kernel* a, const Kernel* b) { return a->start < b->start; });
+  std::map<uint32_t, const ApiCall*> launch;                  // by correlation id
+  std::map<uint32_t, std::vector<const ApiCall*>> by_tid[2];  // runtime, driver (a runtime call may nest driver calls)
+  for (const ApiCall& a : r.api) {
+    if (!a.driver || !launch.count(a.corr)) launch[a.corr] = &a;
+    by_tid[a.driver][a.tid].push_back(&a);
+  }
+  for (auto& m : by_tid)
+    for (auto& [t, v] : m)
+      std::sort(v.begin(), v.end(), [](const ApiCall* a, const ApiCall* b) { return a->start < b->start; });
+  std::vector<const Copy*> copies;
+  for (const Copy& c : r.copies) copies.push_back(&c);
+  std::sort(copies.begin(), copies.end(), [](const Copy* a, const Copy* b) { return a->end < b->end; });
+  std::map<uint32_t, std::vector<const Range*>> ranges;
+  for (auto& [id, g] : r.ranges)
+    if (g.end > g.start) ranges[g.tid].push_back(&g);
+  struct Gap {
+    uint64_t b, e;
+    std::string cause;
+    uint32_t before, after;
+  };
+  std::vector<Gap> gaps;
+  std::map<std::string, std::pair<double, uint64_t>> by_cause;
+  std::map<int, std::pair<double, uint64_t>> hist;  // by decade of microseconds
+  uint64_t end = ks.empty() ? from : ks[0]->end;
+  uint32_t end_name = ks.empty() ? 0 : ks[0]->name_id;
+  double idle = 0;
+  for (size_t i = 1; i < ks.size(); ++i) {
+    const Kernel& k = *ks[i];
+    if (k.start >= end + min_gap) {
+      Gap g{end, k.start, "", end_name, k.name_id};
+      auto it = launch.find(k.corr);
+      if (it == launch.end()) {
+        g.cause = "no launch record";
+      } else if (it->second->start > g.b) {  // launched after the device went idle
+        const ApiCall& l = *it->second;
+        const Range* in = nullptr;
+        for (const Range* q : ranges[l.tid])
+          if (q->start <= g.b && g.b < q->end && (!in || q->start > in->start)) in = q;
+        // one thread's calls of one API do not overlap: the last to start before the gap, runtime first
+        const ApiCall* call = nullptr;
+        const ApiCall* prev = nullptr;
+        for (int d = 0; d < 2 && !call; ++d) {
+          const auto& calls = by_tid[d][l.tid];
+          auto after = std::upper_bound(calls.begin(), calls.end(), g.b,
+                                        [](uint64_t t, const ApiCall* a) { return t < a->start; });
+          const ApiCall* p = after == calls.begin() ? nullptr : *(after - 1);
+          if (p && p->end > g.b) call = p;
+          if (p && (!prev || p->end > prev->end)) prev = p;
+        }
+        if (in)
+          g.cause = "late launch, host in NVTX \"" + in->name + "\"";
+        else if (call)
+          g.cause = "late launch, host in " + api_name(*call);
+        else
+          g.cause = "late launch, host outside CUDA after " + (prev ? api_name(*prev) : std::string("?"));
+      } else {                       // queued before: it waited on another stream's work
+        const char* copy = nullptr;  // a copy that ended in the gap (or within 2 us after it)
+        auto c =
+            std::lower_bound(copies.begin(), copies.end(), g.b, [](const Copy* x, uint64_t t) { return x->end < t; });
+        if (c != copies.end() && (*c)->end <= g.e + 2000) copy = copy_kind((*c)->kind);
+        g.cause = copy ? std::string("queued, waited for a copy ") + copy : "queued, waited on an event (or latency)";
+      }
+      const double len = static_cast<double>(g.e - g.b);
+      idle += len;
+      auto& c = by_cause[g.cause];
+      c.first += len, c.second++;
+      int dec = 0;
+      for (double u = len * 1e-3; u >= 10 && dec < 5; u /= 10) ++dec;
+      auto& h = hist[dec];
+      h.first += len, h.second++;
+      gaps.push_back(std::move(g));
+    }
+    if (k.end > end) end = k.end, end_name = k.name_id;
+  }
+  std::fprintf(
+      out, "[kernel_profile] gaps >= %.0f us: %zu, %.3f s of the %.3f s window (%zu API records, %zu NVTX ranges%s)\n",
+      min_gap * 1e-3, gaps.size(), idle * 1e-9, (last - from) * 1e-9, r.api.size(), r.ranges.size(),
+      r.ranges.empty() ? "; none: NVTX_INJECTION64_PATH=<libcupti.so> records them" : "");
+  static const char* decade[] = {"< 10 us", "10-100 us", "0.1-1 ms", "1-10 ms", "10-100 ms", ">= 100 ms"};
+  for (auto& [d, h] : hist)
+    std::fprintf(out, "[kernel_profile] gap size %-10s %8llu gaps %9.3f s\n", decade[d], (unsigned long long)h.second,
+                 h.first * 1e-9);
+  std::vector<std::pair<double, std::string>> causes;
+  for (auto& [c, v] : by_cause) causes.emplace_back(v.first, c);
+  std::sort(causes.rbegin(), causes.rend());
+  for (auto& [t, c] : causes)
+    std::fprintf(out, "[kernel_profile] gap cause %9.3f s %8llu gaps  %s\n", t * 1e-9,
+                 (unsigned long long)by_cause[c].second, c.c_str());
+  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.e - a.b > b.e - b.b; });
+  auto short_name = [&](uint32_t id) {
+    std::string n = demangle(r.names[id]);
+    return n.size() > 60 ? n.substr(0, 57) + "..." : n;
+  };
+  const char* top_env = std::getenv("RAMTRAIN_KPROF_TOP");
+  const size_t top = top_env ? static_cast<size_t>(std::atoi(top_env)) : 20;
+  for (size_t j = 0; j < std::min(top, gaps.size()); ++j) {
+    const Gap& g = gaps[j];
+    std::fprintf(out, "[kernel_profile] gap %2zu %9.3f ms at %8.3f s  %s | after %s | before %s\n", j + 1,
+                 (g.e - g.b) * 1e-6, (g.b - from) * 1e-9, g.cause.c_str(), short_name(g.before).c_str(),
+                 short_name(g.after).c_str());
+  }
 }
 
 void report() {
@@ -239,6 +400,7 @@ void report() {
                  100.0 * by_name[i] / total, by_name[i] * 1e-9, static_cast<unsigned long long>(calls[i]),
                  classify(dem[i]), n.c_str());
   }
+  if (std::getenv("RAMTRAIN_KPROF_GAPS")) report_gaps(out, r, from, last);
   if (out != stderr) std::fclose(out);
 }
 
@@ -260,6 +422,12 @@ __attribute__((constructor)) void start() {
   }
   bool ok = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS;
   ok = ok && cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) == CUPTI_SUCCESS;
+  if (ok && std::getenv("RAMTRAIN_KPROF_GAPS")) {
+    ok = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS &&
+         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) == CUPTI_SUCCESS;
+    if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MARKER) != CUPTI_SUCCESS)
+      std::fprintf(stderr, "[kernel_profile] NVTX markers not available: gaps without the engine's wait names\n");
+  }
   if (!ok) {
     std::fprintf(stderr, "[kernel_profile] cuptiActivityEnable failed: no profile\n");
     return;

@@ -1,4 +1,5 @@
 #include "engine/cuda/gradient_sink.h"
+#include "engine/cuda/host_wait.h"
 
 #include <cstring>
 
@@ -76,7 +77,10 @@ void GradientSink::wait_zeroed(size_t u) {
   }
   if (track_.step() == 0) return;
   // the optimizer of the last step has queued the copy-out and zeroing of unit u
-  track_.wait_grad_issued(u, track_.step());
+  {
+    HostWait hw("wait: the last step's gradient copy-out");
+    track_.wait_grad_issued(u, track_.step());
+  }
   CUDA_CHECK(cudaStreamWaitEvent(dev_.compute.get(), grad_zeroed_[u].get(), 0));
 }
 
@@ -142,7 +146,10 @@ void GradientSink::land(size_t u, const float* src, bool first) {
     const int64_t b = piece.b, e = piece.e;
     const int r = static_cast<int>(landing_counter_++ % kSlabs);
     // the slab's last piece has landed and its consumer is done with it (and its double)
-    track_.wait([&] { return slab_free_[r] != 0; });
+    {
+      HostWait hw("wait: a gradient landing slab");
+      track_.wait([&] { return slab_free_[r] != 0; });
+    }
     track_.update([&] { slab_free_[r] = 0; });
     const bool with_sum = split && fold_ && b == 0;
     if (with_sum) {  // the whole unit's sum of squares, before its first piece updates anything

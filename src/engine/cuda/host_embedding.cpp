@@ -1,4 +1,5 @@
 #include "engine/cuda/host_embedding.h"
+#include "engine/cuda/host_wait.h"
 
 #include <cstring>
 #include <vector>
@@ -37,7 +38,10 @@ void HostEmbedding::copy_in(bf16* dst) {
 
 void HostEmbedding::land(const bf16* dx, const int32_t* ids_now, bool first) {
   const int64_t N = N_, C = C_;
-  track_.wait([&] { return dx_free_; });
+  {
+    HostWait hw("wait: the embedding's gradient slab");
+    track_.wait([&] { return dx_free_; });
+  }
   track_.update([&] { dx_free_ = false; });
   CUDA_CHECK(cudaEventRecord(grad_made_.get(), dev_.compute.get()));
   CUDA_CHECK(cudaStreamWaitEvent(dev_.d2h.get(), grad_made_.get(), 0));

@@ -1,4 +1,5 @@
 #include "engine/cuda/optimizer_phase.h"
+#include "engine/cuda/host_wait.h"
 
 #include <chrono>
 #include <cmath>
@@ -37,6 +38,7 @@ void OptimizerPhase::run_host(const OptimStep& step_o, float coef, bool apply, i
 }
 
 void OptimizerPhase::begin_fold(const OptimStep& o, bool apply, int64_t version) {
+  HostWait hw("wait: the last step's fold");
   track_.wait([&] { return !fold_busy_; });  // the last step's fold jobs are all done
   fold_o_ = o;
   fold_o_.orthogonalizer = orth_;
@@ -147,7 +149,10 @@ void OptimizerPhase::fold(size_t u, int64_t b, int64_t e, const float* g, const 
 }
 
 std::vector<double> OptimizerPhase::wait_folded(bool* all_applied) {
-  track_.wait([&] { return folded_ == fold_sq_.size(); });
+  {
+    HostWait hw("wait: this step's fold");
+    track_.wait([&] { return folded_ == fold_sq_.size(); });
+  }
   // fold_clip_ saw every unit before the last norm was recorded
   return track_.read([&] {
     *all_applied = fold_apply_ && fold_clip_.all_finite();

@@ -1,4 +1,5 @@
 #include "engine/cuda/weight_slots.h"
+#include "engine/cuda/host_wait.h"
 
 #include <cstring>
 #include <numeric>
@@ -132,7 +133,11 @@ void WeightSlots::copy_in_as_updated(size_t u, bf16* dst, const char* what, int 
   int64_t issued = 0;
   Tracer::Span span;
   while (issued < n) {
-    const int64_t ready = track_.wait_ready(u, need, n, issued);
+    int64_t ready = 0;
+    {
+      HostWait hw("wait: a unit's update (weights to load)");
+      ready = track_.wait_ready(u, need, n, issued);
+    }
     if (issued == 0) span = dev_.tracer.gpu_begin(Lane::h2d, what, layer, dev_.h2d.get());
     CUDA_CHECK(cudaMemcpyAsync(dst + issued, src + issued, static_cast<size_t>(ready - issued) * 2,
                                cudaMemcpyHostToDevice, dev_.h2d.get()));
