@@ -29,11 +29,12 @@ cases=(
   "7B 32x2048 exact default, H100 (calibrated)|--preset qwen2.5-7b --gpu h100 --micro-batch 32 --keep-attention 7|6.226"
   "7B 32x2048 fold, H100|--preset qwen2.5-7b --gpu h100 --micro-batch 32 --grads fold --keep-attention 25|6.090"
   # H100, 2026-12-07 (nineteenth session, one call with the dense 7B): the MoE expert rate was refitted on the 128k
+  # (the layer-major rows recomputed every block then: --keep-attention 0)
   # row (step_model.cpp); 64k waits on the host; the 16 x 2048 fold row (same machine) is bound by the CPU update
-  "OLMoE 4x2048x8 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold|2.670"
+  "OLMoE 4x2048x8 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold --keep-attention 0|2.670"
   # the 128k row: the twenty-second session's two H100 calls (3.846, 3.819 s; gate and up as one in the MoE
   # backward) refitted the expert share (was 4.020 s, twenty-first session)
-  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|3.833"
+  "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --keep-attention 0|3.833"
   "OLMoE 16x2048 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 16 --grads fold|2.355"
   # measured before (sixteenth session evening) with the expert GEMMs looped, which auto no longer picks there
   "OLMoE 16x2048, H100, looped experts|--preset olmoe-1b-7b --gpu h100 --micro-batch 16|2.763"
@@ -42,7 +43,7 @@ cases=(
   "7B 16x2048 fold adamw, H100|--preset qwen2.5-7b --gpu h100 --micro-batch 16 --grads fold|3.10"
   # H100, 2026-12-06 (seventeenth session's build, not re-measured since): Qwen3-30B-A3B lean at 128k tokens a step
   # (train, step 2: 8,696 tok/s); it fitted the per-call cost of the expert weight gradients
-  "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100 (seventeenth session's build)|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr|15.07"
+  "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100 (seventeenth session's build)|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr --keep-attention 0|15.07"
 )
 printf '%-56s %10s %16s %8s %10s\n' case measured predicted error binding
 for c in "${cases[@]}"; do

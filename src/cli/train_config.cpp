@@ -134,7 +134,9 @@ void train_options(ArgParser& p) {
            "selective recompute: N more layers (before the kept ones) keep only their attention half (q/k/v, the "
            "attention output and the residual h), so their backward recomputes the two norms and the MLP's gate/up "
            "alone, skipping the q/k/v/o projections and the attention forward (same results); auto: as the memory "
-           "left allows, by recompute FLOPs saved per byte (the start line prints hardware/model FLOPs); 0: off",
+           "left allows, by recompute FLOPs saved per byte (the start line prints hardware/model FLOPs); 0: off. "
+           "Layer-major (--grad-accum > 1): the last N layers keep the half of every micro-batch (N x grad-accum "
+           "halves); it keeps no whole layers",
            "auto")
       .integer(0)
       .or_word("auto");

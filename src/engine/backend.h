@@ -122,8 +122,10 @@ class Backend {
 // so results are bit-identical -- except with tied embeddings, where the
 // shared table's gradient gets all K LM-head terms before the K embedding
 // terms (micro-batch-major interleaves them): equal up to fp32 rounding, which
-// is why auto leaves tied models micro-batch-major. Every block is recomputed
-// in the backward (kept activations are per layer, not per micro-batch).
+// is why auto leaves tied models micro-batch-major. No layer keeps all its
+// activations; the last keep_attention layers keep the attention half of
+// each micro-batch (selective recompute, K halves a layer), the rest are
+// recomputed whole in the backward.
 // The CPU backend's layer_major (auto = off: it streams nothing) is the twin.
 // mlp_chunk_tokens (CudaOptions::mlp_chunk_tokens): R > 0 runs the MLP in
 // chunks of R tokens; 0 and -1 (auto: nothing to fit here) run it whole.
@@ -132,7 +134,9 @@ class Backend {
 // keep_attention: the layers before the kept ones that keep only their
 // attention half (selective recompute, model/block.h AttnActs; bit-identical
 // results); -1 (auto): as many as fit in what keep_activations left of that
-// quarter of the host RAM.
+// quarter of the host RAM. Layer-major: the last keep_attention layers keep
+// one half per micro-batch; auto keeps none there (the twin is tested with
+// counts).
 // matmul: fp8 / fp8_tensor run the projections through the FP8 twin (cpu/fp8.h).
 std::unique_ptr<Backend> make_cpu_backend(HostState& state, bool delayed_update = false, int64_t keep_activations = -1,
                                           bool layer_major = false, int64_t mlp_chunk_tokens = 0, bool fold = false,

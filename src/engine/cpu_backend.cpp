@@ -43,14 +43,17 @@ std::vector<int32_t> positions(const Batch& b) {
 // layer, which layer-major has before any backward).
 class LayerMajorRunner {
  public:
+  // keep_attn: the last layers whose K micro-batches keep their attention
+  // halves from the forward to the backward (the CUDA engine's layer-major
+  // selective recompute; the others are recomputed whole).
   LayerMajorRunner(CpuOps& ops, const ModelSpec& s, int64_t B, int64_t T, int64_t K, int64_t ce_chunk_rows,
-                   int64_t mlp_chunk_tokens)
+                   int64_t mlp_chunk_tokens, int64_t keep_attn)
       : ops_(ops),
         s_(s),
         dm_{B, T, mlp_chunk_tokens},
         K_(K),
         ce_chunk_(ce_chunk_rows),
-        acts_(ops, s, dm_),
+        acts_(ops, s, dm_, 0, keep_attn, K),
         scratch_(ops, s, dm_),
         aux_(static_cast<size_t>(K), MoeAux(s)) {
     const int64_t N = dm_.N(), C = s_.hidden;
@@ -80,8 +83,9 @@ class LayerMajorRunner {
     for (int64_t i = 0; i < L; ++i)
       for (int64_t k = 0; k < K_; ++k) {
         const MoeLayerRouting routing = moe ? aux_[k].forward_routing(i) : MoeLayerRouting{};
-        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_, b[k].doc_start,
+        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_.shared(), b[k].doc_start,
                       moe ? &routing : nullptr);
+        if (acts_.attn_kept(i)) acts_.attn_of(i, k).swap_with(acts_.shared());
       }
     if (moe)
       for (int64_t k = 0; k < K_; ++k)
@@ -100,11 +104,13 @@ class LayerMajorRunner {
     }
     for (int64_t i = L - 1; i >= 0; --i)
       for (int64_t k = 0; k < K_; ++k) {
-        block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_,
-                      b[k].doc_start);  // recompute: no output
+        if (acts_.attn_kept(i))  // selective recompute: the attention half was kept
+          block_recompute_mlp_half(ops_, s_, w.layers[i], dm_, x(k, i), acts_.attn_of(i, k), acts_.shared());
+        else  // recompute: no output
+          block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_.shared(), b[k].doc_start);
         const MoeLayerRouting back_routing = aux_[k].backward_routing();
-        block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_, scratch_, g.layers[i],
-                       b[k].doc_start, moe ? &back_routing : nullptr);
+        block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_.shared(), scratch_,
+                       g.layers[i], b[k].doc_start, moe ? &back_routing : nullptr);
       }
     for (int64_t k = 0; k < K_; ++k) {
       if (em != 1.f) ops_.scale(dx(k), dx(k), em, N * C);
@@ -121,7 +127,7 @@ class LayerMajorRunner {
   const ModelSpec& s_;
   BlockDims dm_;
   int64_t K_, ce_chunk_;
-  BlockActs<CpuOps> acts_;
+  LayerActs<CpuOps> acts_;
   BlockScratch<CpuOps> scratch_;
   std::vector<float> ckpt_, dx_, hf_, dhf_, rstd_f_;
   std::vector<MoeAux> aux_;  // one per micro-batch
@@ -197,7 +203,8 @@ class CpuBackend final : public Backend {
       const int64_t K = static_cast<int64_t>(batches.size());
       auto& r = lm_runners_[{batches[0].B, batches[0].T, K}];
       if (!r)
-        r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256, mlp_chunk_);
+        r = std::make_unique<LayerMajorRunner>(ops_, state_.spec(), batches[0].B, batches[0].T, K, 256, mlp_chunk_,
+                                               std::max<int64_t>(keep_attn_, 0));  // auto: none (a twin)
       const double sum = r->forward_backward(w, g, views.data(), grad_scale, n_valid);
       for (int64_t k = 0; k < K; ++k) count_routing(r->moe_aux(k));
       return sum;

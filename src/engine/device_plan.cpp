@@ -194,9 +194,15 @@ int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget) {
 }
 
 KeptLayers engine_kept_layers(const ModelSpec& s, const BlockDims& dm, const CudaOptions& o, uint64_t used,
-                              uint64_t budget) {
+                              uint64_t budget, int64_t sets) {
   const uint64_t planned = used + block_acts_bytes(s, dm, 2) + budget / 64;
-  return plan_kept_layers(s, dm, budget - std::min(budget, planned), 2, 1, o.keep_activations, o.keep_attention);
+  const uint64_t left = budget - std::min(budget, planned);
+  if (sets <= 1) return plan_kept_layers(s, dm, left, 2, 1, o.keep_activations, o.keep_attention);
+  KeptLayers k;  // layer-major: a layer's attention halves of every micro-batch, or nothing
+  const uint64_t per_layer = std::max<uint64_t>(block_attn_acts_bytes(s, dm, 2) * static_cast<uint64_t>(sets), 1);
+  k.attention =
+      std::min<int64_t>(s.n_layers, o.keep_attention >= 0 ? o.keep_attention : static_cast<int64_t>(left / per_layer));
+  return k;
 }
 
 bool shrink_plan(CudaOptions& o, std::string* change) {
@@ -313,17 +319,19 @@ DevicePlan plan_device(const ModelSpec& s, int64_t B, int64_t T, const CudaOptio
   // the activations: the shared set, then the kept layers (engine: auto_kept_layers on what is in so far)
   p.layer_act_bytes = block_acts_bytes(s, dm, 2);  // bf16 activations, unrounded, as the engine counts
   p.layer_attn_bytes = block_attn_acts_bytes(s, dm, 2);
-  if (!p.place.layer_major) {  // layer-major recomputes every block
-    const KeptLayers k = engine_kept_layers(s, dm, o, p.total, budget);
-    p.kept_layers = std::min(k.all, L);
-    p.attn_kept_layers = k.attention;
-  }
+  // layer-major: attention halves only, one per micro-batch of a kept layer
+  const int64_t sets = p.place.layer_major ? K : 1;
+  const KeptLayers k = engine_kept_layers(s, dm, o, p.total, budget, sets);
+  p.kept_layers = std::min(k.all, L);
+  p.attn_kept_layers = k.attention;
   const uint64_t acts = block_acts_bytes(s, dm, 2, 256);
   p.items.push_back({"block activations (shared + kept layers)", acts * u64(1 + p.kept_layers), 1 + p.kept_layers});
   p.total += p.items.back().bytes;
   if (p.attn_kept_layers > 0) {
-    p.items.push_back({"kept attention halves (selective recompute)",
-                       block_attn_acts_bytes(s, dm, 2, 256) * u64(p.attn_kept_layers), p.attn_kept_layers});
+    p.items.push_back({sets > 1 ? "kept attention halves (selective recompute, one per micro-batch)"
+                                : "kept attention halves (selective recompute)",
+                       block_attn_acts_bytes(s, dm, 2, 256) * u64(p.attn_kept_layers * sets),
+                       p.attn_kept_layers * sets});
     p.total += p.items.back().bytes;
   }
   return p;

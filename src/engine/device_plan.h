@@ -127,10 +127,12 @@ int64_t auto_kept_layers(uint64_t used, uint64_t act_bytes, uint64_t budget);
 // bytes are allocated and before the shared activation set: o's
 // --keep-activations / --keep-attention, auto filling what is left of the
 // budget after the shared set and 1/64 of the budget held back
-// (model/block_memory.h plan_kept_layers). Micro-batch-major only: the
-// caller keeps none under layer-major.
+// (model/block_memory.h plan_kept_layers). Layer-major (sets = its K
+// micro-batches > 1): no whole layers; attention halves only, K of them per
+// layer (one per micro-batch), for --keep-attention layers or, on auto, as
+// many layers as fit.
 KeptLayers engine_kept_layers(const ModelSpec& s, const BlockDims& dm, const CudaOptions& o, uint64_t used,
-                              uint64_t budget);
+                              uint64_t budget, int64_t sets = 1);
 
 // The next smaller plan: changes o one step and says what changed in *change;
 // false when o is already the smallest plan.

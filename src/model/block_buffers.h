@@ -309,24 +309,28 @@ struct AttnActs {
 
 // The activations of a whole-model pass: one shared BlockActs for every layer
 // that is recomputed in the backward, one of its own for each of the last
-// `keep` layers, whose forward activations stay for their backward, and an
-// AttnActs for each of the `keep_attn` layers before those, whose backward
-// recomputes only the cheap half (selective recompute).
+// `keep` layers, whose forward activations stay for their backward, and
+// `sets` AttnActs for each of the `keep_attn` layers before those, whose
+// backward recomputes only the cheap half (selective recompute). sets > 1:
+// the layer-major schedule, one attention half per micro-batch of a kept
+// layer (it keeps no whole layers: keep 0).
 template <class Ops>
 class LayerActs {
  public:
-  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep, int64_t keep_attn = 0)
-      : n_layers_(s.n_layers), shared_(ops, s, dm) {
+  LayerActs(Ops& ops, const ModelSpec& s, const BlockDims& dm, int64_t keep, int64_t keep_attn = 0, int64_t sets = 1)
+      : n_layers_(s.n_layers), sets_(sets), shared_(ops, s, dm) {
     RT_CHECK(keep >= 0, "[model] the number of layers whose activations are kept must be >= 0, got ", keep);
     RT_CHECK(keep_attn >= 0, "[model] the number of layers whose attention activations are kept must be >= 0, got ",
              keep_attn);
+    RT_CHECK(sets >= 1 && (sets == 1 || keep == 0), "[model] internal: ", sets,
+             " activation sets per layer keep attention halves only, not ", keep, " whole layers");
     for (int64_t i = 0; i < std::min(keep, n_layers_); ++i)
       kept_.push_back(std::make_unique<BlockActs<Ops>>(ops, s, dm));
-    for (int64_t i = 0; i < std::min(keep_attn, n_layers_ - kept_count()); ++i)
+    for (int64_t i = 0; i < std::min(keep_attn, n_layers_ - kept_count()) * sets; ++i)
       attn_.push_back(std::make_unique<AttnActs<Ops>>(ops, s, dm));
   }
   int64_t kept_count() const { return static_cast<int64_t>(kept_.size()); }
-  int64_t attn_kept_count() const { return static_cast<int64_t>(attn_.size()); }
+  int64_t attn_kept_count() const { return static_cast<int64_t>(attn_.size()) / sets_; }
   bool kept(int64_t layer) const { return layer >= n_layers_ - kept_count(); }
   // True when layer keeps its attention half (and is not fully kept).
   bool attn_kept(int64_t layer) const {
@@ -337,13 +341,16 @@ class LayerActs {
   BlockActs<Ops>& of(int64_t layer) {
     return kept(layer) ? *kept_[static_cast<size_t>(layer - (n_layers_ - kept_count()))] : shared_;
   }
-  AttnActs<Ops>& attn_of(int64_t layer) {
-    RT_CHECK(attn_kept(layer), "[model] internal: layer ", layer, " keeps no attention activations");
-    return *attn_[static_cast<size_t>(layer - (n_layers_ - kept_count() - attn_kept_count()))];
+  // The attention half of layer's micro-batch `set` (0 unless sets > 1).
+  AttnActs<Ops>& attn_of(int64_t layer, int64_t set = 0) {
+    RT_CHECK(attn_kept(layer) && set >= 0 && set < sets_, "[model] internal: layer ", layer, " set ", set,
+             " keeps no attention activations");
+    const int64_t j = layer - (n_layers_ - kept_count() - attn_kept_count());
+    return *attn_[static_cast<size_t>(j * sets_ + set)];
   }
 
  private:
-  int64_t n_layers_;
+  int64_t n_layers_, sets_;
   BlockActs<Ops> shared_;
   std::vector<std::unique_ptr<BlockActs<Ops>>> kept_;
   std::vector<std::unique_ptr<AttnActs<Ops>>> attn_;

@@ -47,13 +47,15 @@ struct TwinRun {
 
 // 3 optimizer steps of K = 3 micro-batches (2 x 32 tokens) on the same data,
 // clipping on (so the norm feeds the update), then one compute_grads.
+// keep_attn: --keep-attention (layer-major: the last layers whose K
+// micro-batches keep their attention halves; -1 there: none).
 TwinRun train_twin(bool tied, bool layer_major, int64_t mlp_chunk_tokens = 0, const rt::ModelSpec* spec = nullptr,
-                   std::vector<int64_t>* expert_tokens = nullptr, double* aux = nullptr) {
+                   std::vector<int64_t>* expert_tokens = nullptr, double* aux = nullptr, int64_t keep_attn = -1) {
   const int64_t B = 2, T = 32, K = 3;
   rt::HostState st(spec ? *spec : small_spec(tied), true);
   st.init_random(3, 0.05f);
   rt::Dataset data = shakespeare(T);
-  auto be = rt::make_cpu_backend(st, false, 0, layer_major, mlp_chunk_tokens);
+  auto be = rt::make_cpu_backend(st, false, 0, layer_major, mlp_chunk_tokens, false, keep_attn);
   TwinRun r;
   rt::OptimStep o;
   o.lr = 1e-3;
@@ -140,6 +142,22 @@ TEST(LayerMajor, MlpChunksOnTheCpuBackend) {
     EXPECT_NEAR(mb.loss[i], whole.loss[i], 1e-5 * std::fabs(whole.loss[i])) << "step " << i + 1;
 }
 
+// Selective recompute under layer-major: the last 2 of 3 layers keep the
+// attention half of each of the 3 micro-batches, so their backward
+// recomputes only the norms and the MLP; every value is the one the forward
+// made, so the run is micro-batch-major's (nothing kept) bit for bit, with
+// the MLP whole and in chunks of 16 tokens.
+TEST(LayerMajor, KeptAttentionHalvesAreBitIdentical) {
+  for (int64_t chunk : {int64_t{0}, int64_t{16}}) {
+    const TwinRun mb = train_twin(false, false, chunk, nullptr, nullptr, nullptr, 0),
+                  lm = train_twin(false, true, chunk, nullptr, nullptr, nullptr, 2);
+    EXPECT_EQ(lm.loss, mb.loss) << "MLP chunk " << chunk;
+    EXPECT_EQ(lm.norm, mb.norm) << "MLP chunk " << chunk;
+    EXPECT_TRUE(lm.grads == mb.grads) << "compute_grads differs, MLP chunk " << chunk;
+    EXPECT_TRUE(lm.w == mb.w) << "weights after 3 steps differ, MLP chunk " << chunk;
+  }
+}
+
 // A Qwen2-MoE shape (a shared expert with its gate, top-2 of 5 experts) with
 // the load-balancing loss on: layer-major keeps one routing record per
 // micro-batch, so losses, norms, gradients, weights, the per-expert token
@@ -170,6 +188,15 @@ TEST(LayerMajor, MoeWithTheLoadBalancingLossIsBitIdentical) {
   for (int64_t t : tok_mb) routed += t;
   EXPECT_EQ(routed, 3 * 3 * 3 * 64 * 2);
   EXPECT_GT(aux_mb, 0);
+  // the attention halves of all 3 layers kept (every micro-batch): the same bits, routing statistics included
+  std::vector<int64_t> tok_kept;
+  double aux_kept = 0;
+  const TwinRun kept = train_twin(false, true, 0, &moe, &tok_kept, &aux_kept, 3);
+  EXPECT_EQ(kept.loss, mb.loss);
+  EXPECT_TRUE(kept.grads == mb.grads) << "compute_grads differs with the attention halves kept";
+  EXPECT_TRUE(kept.w == mb.w) << "weights after 3 steps differ with the attention halves kept";
+  EXPECT_EQ(tok_kept, tok_mb);
+  EXPECT_EQ(aux_kept, aux_mb);
 }
 
 }  // namespace

@@ -401,18 +401,23 @@ TEST(CudaEngineMoe, LayerMajorIsBitIdenticalToMicroBatchMajor) {
   int64_t nv = 0;
   auto batches = batches_from(d, B, 2, &nv);
   ASSERT_EQ(batches.size(), 2u);
-  auto run = [&](const char* layer_major, const char* grads) {
+  // keep_attn: layer-major's attention halves kept per micro-batch (auto: all fit here; 0: every block recomputed)
+  auto run = [&](const char* layer_major, const char* grads, int64_t keep_attn = -1) {
     rt::CudaOptions co;
     co.slots = 2;
     co.micro_batches = 2;
     co.layer_major = layer_major;
     co.grads = grads;
+    co.keep_attention = keep_attn;
     return train_three(s, co, batches, nv, B, T);
   };
-  const StepRun mb = run("off", "device"), lm = run("on", "device"), fold = run("on", "fold");
-  EXPECT_EQ(lm.loss, mb.loss);
-  EXPECT_EQ(lm.norm, mb.norm);
-  EXPECT_TRUE(lm.w == mb.w) << "weights after 3 steps differ";
+  const StepRun mb = run("off", "device"), fold = run("on", "fold");
+  for (int64_t keep_attn : {int64_t{-1}, int64_t{0}, int64_t{1}}) {
+    const StepRun lm = run("on", "device", keep_attn);
+    EXPECT_EQ(lm.loss, mb.loss) << "attention halves kept: " << keep_attn;
+    EXPECT_EQ(lm.norm, mb.norm) << "attention halves kept: " << keep_attn;
+    EXPECT_TRUE(lm.w == mb.w) << "weights after 3 steps differ, attention halves kept: " << keep_attn;
+  }
   ASSERT_EQ(fold.loss.size(), 3u);
   EXPECT_EQ(fold.loss[0], mb.loss[0]);
   for (double l : fold.loss) EXPECT_TRUE(std::isfinite(l));

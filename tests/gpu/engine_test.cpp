@@ -689,17 +689,24 @@ TEST(CudaEngine, LayerMajorIsBitIdenticalToMicroBatchMajor) {
   rt::Dataset d = shakespeare(T, 4);
   int64_t nv = 0;
   auto batches = batches_from(d, B, K, &nv);
-  auto run = [&](const char* lm, const char* grads, const char* ckpts, double clip) {
+  auto run = [&](const char* lm, const char* grads, const char* ckpts, double clip, int64_t keep_attn = 0) {
     rt::CudaOptions co;
     co.slots = 2;
     co.layer_major = lm;
     co.micro_batches = K;
     co.grads = grads;
     co.checkpoints = ckpts;
+    co.keep_attention = keep_attn;
     return train_fixed_steps(s, false, co, batches, nv, B, T, 8, clip);
   };
-  expect_bit_identical(run("on", "device", "device", 1.0), run("off", "device", "device", 1.0),
+  const FixedRun mbm = run("off", "device", "device", 1.0);
+  expect_bit_identical(run("on", "device", "device", 1.0), mbm,
                        "layer-major vs micro-batch-major, device gradients and checkpoints");
+  // selective recompute under layer-major: the last 3 of 5 layers keep the
+  // attention half of each micro-batch, and auto (all fit here)
+  expect_bit_identical(run("on", "device", "device", 1.0, 3), mbm, "layer-major, 3 layers' attention halves kept");
+  expect_bit_identical(run("on", "device", "host", 1.0, -1), mbm,
+                       "layer-major, host checkpoints, attention halves kept (auto)");
   const FixedRun ref = run("off", "device", "device", 0);
   for (auto [g, c] : {std::pair{"host", "host"}, {"host", "device"}, {"device", "host"}}) {
     const FixedRun r = run("on", g, c, 0);
@@ -1035,6 +1042,8 @@ TEST(CudaEngine, ThePlanCountsWhatTheEngineAllocates) {
       lm.micro_batches = 3;
       lm.grads = "host";
       lm.checkpoints = c;
+      cases.push_back(lm);  // attention halves on auto: K per kept layer
+      lm.keep_attention = 2;
       cases.push_back(lm);
     }
     // MLP token chunks (N = 512 tokens): a fixed chunk with kept layers, and

@@ -27,7 +27,7 @@ struct EngineSetup {
   const GpuOrthogonalizer* muon;  // null: no Muon
   const GpuDataParallel& dp;
   int64_t attn_keep = 0;     // layers keeping their attention half (selective recompute)
-  uint64_t attn_bytes = 0;   // one such half
+  uint64_t attn_bytes = 0;   // one such layer's halves (layer-major: one per micro-batch)
 };
 
 void print_engine_setup(const EngineSetup& e);

@@ -177,11 +177,11 @@ StreamEngine::StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOption
            opt_.keep_activations);
   RT_CHECK(opt_.keep_attention >= -1, "[cuda] --keep-attention must be auto or a layer count >= 0, got ",
            opt_.keep_attention);
-  const KeptLayers kept = place_.layer_major
-                              ? KeptLayers{}  // layer-major recomputes every block
-                              : engine_kept_layers(s_, dm_, opt_, dev_.alloc.used(), dev_.alloc.budget());
+  // layer-major: no whole layers, the attention halves of each micro-batch of the last layers
+  const int64_t sets = place_.layer_major ? K_ : 1;
+  const KeptLayers kept = engine_kept_layers(s_, dm_, opt_, dev_.alloc.used(), dev_.alloc.budget(), sets);
   const int64_t keep = std::min(kept.all, L);
-  acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep, kept.attention);
+  acts_ = std::make_unique<LayerActs<CudaOps>>(*ops_, s_, dm_, keep, kept.attention, sets);
   CUDA_CHECK(cudaStreamSynchronize(dev_.compute.get()));
   dp_version_ = track_.need_version();  // data parallel: the host shadows hold the whole weights now
   // Fold: the first units' updates under the next forward (OptimizerPhase::
@@ -195,7 +195,7 @@ StreamEngine::StreamEngine(HostState& st, int64_t B, int64_t T, const CudaOption
   if (opt_.verbose)
     print_engine_setup(EngineSetup{opt_, place_, st_, weights_->count(), weights_->pinned_bytes(), keep, act_bytes, K_,
                                    dm_, dev_.alloc, muon_.get(), dp_, acts_->attn_kept_count(),
-                                   AttnActs<CudaOps>::bytes(s_, dm_)});
+                                   AttnActs<CudaOps>::bytes(s_, dm_) * static_cast<uint64_t>(sets)});
   if (opt_.verbose && defer_bytes > 0)
     std::printf(
         "fold: the updates of the first %zu units in fold order (head, last layers) run under the next "

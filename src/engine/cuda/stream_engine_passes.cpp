@@ -61,6 +61,7 @@ void StreamEngine::forward_layer_major() {
       bf16* y = ckpt_->lm_out(k, i + 1);
       const MoeLayerRouting routing = moe ? lm_aux_[static_cast<size_t>(k)].forward_routing(i) : MoeLayerRouting{};
       block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared(), doc(k), moe ? &routing : nullptr);
+      if (acts_->attn_kept(i)) acts_->attn_of(i, k).swap_with(acts_->shared());  // kept for the backward
       ckpt_->lm_done(k, i);
       ckpt_->lm_written(k, i + 1);
     }
@@ -99,7 +100,10 @@ void StreamEngine::backward_layer_major() {
         else if (i > 0)
           ckpt_->lm_prefetch(0, i - 1);
         const int32_t* pos = pos_.data() + k * N_;
-        block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));  // recompute: no output needed
+        if (acts_->attn_kept(i))  // selective recompute: the attention half was kept
+          block_recompute_mlp_half(*ops_, s_, bw, dm_, x, acts_->attn_of(i, k), acts_->shared());
+        else  // recompute: no output needed
+          block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));
         const MoeLayerRouting back =
             s_.is_moe() ? lm_aux_[static_cast<size_t>(k)].backward_routing() : MoeLayerRouting{};
         block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k),
