@@ -26,7 +26,8 @@
 // launch thread was late: the gap goes to the innermost NVTX range that
 // thread was in when the gap began, else the runtime call it was in, else
 // "outside CUDA" after its last call), or before it (it waited on another
-// stream: a copy that ended in the gap, else "an event or latency"). It
+// stream: the copy that ended last in the gap, else "an event or latency";
+// a guess where copies of several streams end there). It
 // prints the idle time by cause and the largest gaps.
 #include <cupti.h>
 #include <cxxabi.h>
@@ -269,10 +270,11 @@ void report_gaps(FILE* out, Recorder& r, uint64_t from, uint64_t last) {
         else
           g.cause = "late launch, host outside CUDA after " + (prev ? api_name(*prev) : std::string("?"));
       } else {                       // queued before: it waited on another stream's work
-        const char* copy = nullptr;  // a copy that ended in the gap (or within 2 us after it)
-        auto c =
-            std::lower_bound(copies.begin(), copies.end(), g.b, [](const Copy* x, uint64_t t) { return x->end < t; });
-        if (c != copies.end() && (*c)->end <= g.e + 2000) copy = copy_kind((*c)->kind);
+        // the copy that ended last in the gap (or within 2 us after it): the one that released the kernel
+        const char* copy = nullptr;
+        auto c = std::upper_bound(copies.begin(), copies.end(), g.e + 2000,
+                                  [](uint64_t t, const Copy* x) { return t < x->end; });
+        if (c != copies.begin() && (*(c - 1))->end >= g.b) copy = copy_kind((*(c - 1))->kind);
         g.cause = copy ? std::string("queued, waited for a copy ") + copy : "queued, waited on an event (or latency)";
       }
       const double len = static_cast<double>(g.e - g.b);
