@@ -35,6 +35,8 @@ cases=(
   # the 128k row: the twenty-second session's two H100 calls (3.846, 3.819 s; gate and up as one in the MoE
   # backward) refitted the expert share (was 4.020 s, twenty-first session)
   "OLMoE 4x2048x16 fold, H100 (calibrated)|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --keep-attention 0|3.833"
+  # twenty-third session (one H100 call, bacdd6d): layer-major keeps every layer's attention halves on auto
+  "OLMoE 4x2048x16 fold, H100, attention halves kept|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|3.581"
   "OLMoE 16x2048 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 16 --grads fold|2.355"
   # measured before (sixteenth session evening) with the expert GEMMs looped, which auto no longer picks there
   "OLMoE 16x2048, H100, looped experts|--preset olmoe-1b-7b --gpu h100 --micro-batch 16|2.763"
