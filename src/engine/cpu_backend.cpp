@@ -85,7 +85,7 @@ class LayerMajorRunner {
         const MoeLayerRouting routing = moe ? aux_[k].forward_routing(i) : MoeLayerRouting{};
         block_forward(ops_, s_, w.layers[i], dm_, x(k, i), x(k, i + 1), b[k].pos, acts_.shared(), b[k].doc_start,
                       moe ? &routing : nullptr);
-        if (acts_.attn_kept(i)) acts_.attn_of(i, k).swap_with(acts_.shared());
+        acts_.keep_attention_half(i, k);
       }
     if (moe)
       for (int64_t k = 0; k < K_; ++k)
@@ -104,10 +104,7 @@ class LayerMajorRunner {
     }
     for (int64_t i = L - 1; i >= 0; --i)
       for (int64_t k = 0; k < K_; ++k) {
-        if (acts_.attn_kept(i))  // selective recompute: the attention half was kept
-          block_recompute_mlp_half(ops_, s_, w.layers[i], dm_, x(k, i), acts_.attn_of(i, k), acts_.shared());
-        else  // recompute: no output
-          block_forward(ops_, s_, w.layers[i], dm_, x(k, i), nullptr, b[k].pos, acts_.shared(), b[k].doc_start);
+        block_recompute(ops_, s_, w.layers[i], dm_, x(k, i), b[k].pos, acts_, i, b[k].doc_start, k);
         const MoeLayerRouting back_routing = aux_[k].backward_routing();
         block_backward(ops_, s_, w.layers[i], dm_, x(k, i), dx(k), dx(k), b[k].pos, acts_.shared(), scratch_,
                        g.layers[i], b[k].doc_start, moe ? &back_routing : nullptr);

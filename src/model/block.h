@@ -265,6 +265,20 @@ void block_recompute_mlp_half(Ops& ops, const ModelSpec& s, const BlockWeightsT<
   block_forward_mlp_half(ops, s, w, dm, nullptr, t, nullptr);
 }
 
+// Before layer's block_backward: what it reads from acts, as much as was
+// kept. A fully kept layer has it all; one that kept its attention half (of
+// micro-batch `set` under layer-major) gets it back and recomputes the MLP
+// half; any other is recomputed whole (no block output) in acts.shared().
+template <class Ops>
+void block_recompute(Ops& ops, const ModelSpec& s, const BlockWeightsT<typename Ops::weight_t>& w, const BlockDims& dm,
+                     const typename Ops::act_t* x, const int32_t* pos, LayerActs<Ops>& acts, int64_t layer,
+                     const int32_t* doc_start = nullptr, int64_t set = 0) {
+  if (acts.attn_kept(layer))
+    block_recompute_mlp_half(ops, s, w, dm, x, acts.attn_of(layer, set), acts.shared());
+  else if (!acts.kept(layer))
+    block_forward(ops, s, w, dm, x, nullptr, pos, acts.shared(), doc_start);
+}
+
 // dx[N,C] (=) from dy[N,C]; weight grads accumulate (+=) into gr.
 // x is the block input the forward saw; t must come from block_forward(x)
 // (the training forward, or a recompute with y == nullptr) with the same dm;

@@ -348,6 +348,11 @@ class LayerActs {
     const int64_t j = layer - (n_layers_ - kept_count() - attn_kept_count());
     return *attn_[static_cast<size_t>(j * sets_ + set)];
   }
+  // After layer's training forward in shared(): a layer that keeps its
+  // attention half (of micro-batch `set`) moves it into its store (a swap).
+  void keep_attention_half(int64_t layer, int64_t set = 0) {
+    if (attn_kept(layer)) attn_of(layer, set).swap_with(shared_);
+  }
 
  private:
   int64_t n_layers_, sets_;

@@ -105,7 +105,7 @@ class ModelRunner {
       const MoeLayerRouting routing = s_.is_moe() ? aux_.forward_routing(i) : MoeLayerRouting{};
       block_forward(ops_, s_, w.layers[i], dm_, x0 + i * N * C, x0 + (i + 1) * N * C, b.pos,
                     grads ? acts_.of(i) : acts_.shared(), b.doc_start, s_.is_moe() ? &routing : nullptr);
-      if (grads && acts_.attn_kept(i)) acts_.attn_of(i).swap_with(acts_.shared());
+      if (grads) acts_.keep_attention_half(i);
     }
     if (s_.is_moe())
       aux_.finish(N, grads && s_.moe.aux_loss_on() ? s_.moe.router_aux_loss_coef * b.aux_loss_scale : 0.0);
@@ -122,10 +122,7 @@ class ModelRunner {
     const MoeLayerRouting back_routing = aux_.backward_routing();
     for (int64_t i = L - 1; i >= 0; --i) {
       const A* xi = x0 + i * N * C;
-      if (acts_.attn_kept(i))  // selective recompute: the MLP half only
-        block_recompute_mlp_half(ops_, s_, w.layers[i], dm_, xi, acts_.attn_of(i), acts_.shared());
-      else if (!acts_.kept(i))  // recompute what the backward reads (no block output)
-        block_forward(ops_, s_, w.layers[i], dm_, xi, nullptr, b.pos, acts_.shared(), b.doc_start);
+      block_recompute(ops_, s_, w.layers[i], dm_, xi, b.pos, acts_, i, b.doc_start);
       block_backward(ops_, s_, w.layers[i], dm_, xi, dx_.data(), dx_.data(), b.pos, acts_.of(i), scratch_,
                      grads->layers[i], b.doc_start, s_.is_moe() ? &back_routing : nullptr);
     }

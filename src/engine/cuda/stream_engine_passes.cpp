@@ -61,7 +61,7 @@ void StreamEngine::forward_layer_major() {
       bf16* y = ckpt_->lm_out(k, i + 1);
       const MoeLayerRouting routing = moe ? lm_aux_[static_cast<size_t>(k)].forward_routing(i) : MoeLayerRouting{};
       block_forward(*ops_, s_, bw, dm_, x, y, pos_.data() + k * N_, acts_->shared(), doc(k), moe ? &routing : nullptr);
-      if (acts_->attn_kept(i)) acts_->attn_of(i, k).swap_with(acts_->shared());  // kept for the backward
+      acts_->keep_attention_half(i, k);  // kept for the backward
       ckpt_->lm_done(k, i);
       ckpt_->lm_written(k, i + 1);
     }
@@ -100,10 +100,7 @@ void StreamEngine::backward_layer_major() {
         else if (i > 0)
           ckpt_->lm_prefetch(0, i - 1);
         const int32_t* pos = pos_.data() + k * N_;
-        if (acts_->attn_kept(i))  // selective recompute: the attention half was kept
-          block_recompute_mlp_half(*ops_, s_, bw, dm_, x, acts_->attn_of(i, k), acts_->shared());
-        else  // recompute: no output needed
-          block_forward(*ops_, s_, bw, dm_, x, nullptr, pos, acts_->shared(), doc(k));
+        block_recompute(*ops_, s_, bw, dm_, x, pos, *acts_, i, doc(k), k);
         const MoeLayerRouting back =
             s_.is_moe() ? lm_aux_[static_cast<size_t>(k)].backward_routing() : MoeLayerRouting{};
         block_backward(*ops_, s_, bw, dm_, x, dx(k), dx(k), pos, acts_->shared(), *bscratch_, bg, doc(k),
@@ -164,7 +161,7 @@ void StreamEngine::forward(bool training) {
     const MoeLayerRouting routing = moe ? aux_->forward_routing(i) : MoeLayerRouting{};
     block_forward(*ops_, s_, bind_weights<bf16>(units[i + 1], w), dm_, ckpt_->at(i), ckpt_->at(i + 1), pos_.data(),
                   training ? acts_->of(i) : acts_->shared(), doc(0), moe ? &routing : nullptr);
-    if (training && acts_->attn_kept(i)) acts_->attn_of(i).swap_with(acts_->shared());
+    if (training) acts_->keep_attention_half(i);
     dev_.tracer.gpu_end(sp, cs);
     if (training && i + 1 < L) ckpt_->written(i + 1);
     // the last S layers stay for the backward's turn-around
@@ -218,10 +215,7 @@ void StreamEngine::backward() {
     grads_->begin_layer(i);
     BlockWeightsT<bf16> bw = bind_weights<bf16>(units[i + 1], w);
     auto sp = dev_.tracer.gpu_begin(Lane::compute, "backward", static_cast<int>(i), cs);
-    if (acts_->attn_kept(i))  // selective recompute: the attention half was kept
-      block_recompute_mlp_half(*ops_, s_, bw, dm_, ckpt_->at(i), acts_->attn_of(i), acts_->shared());
-    else if (!acts_->kept(i))  // recompute (a kept layer still holds its forward's activations); no output needed
-      block_forward(*ops_, s_, bw, dm_, ckpt_->at(i), nullptr, pos_.data(), acts_->shared(), doc(0));
+    block_recompute(*ops_, s_, bw, dm_, ckpt_->at(i), pos_.data(), *acts_, i, doc(0));
     block_backward(*ops_, s_, bw, dm_, ckpt_->at(i), dx_.data(), dx_.data(), pos_.data(), acts_->of(i), *bscratch_,
                    bind_grads(units[i + 1], g), doc(0), s_.is_moe() ? &back_routing : nullptr);
     dev_.tracer.gpu_end(sp, cs);
