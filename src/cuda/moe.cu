@@ -145,22 +145,25 @@ void route_on_device(const MoeDims& d, const MoeWork& w, const float* probs, int
 }
 
 // A call's pinned host staging (MoeBlas::host_staging): the offsets and
-// starts [2][E+1].
+// starts [2][E+1], and the same memory's device address.
 struct Staging {
   int32_t* offsets;
+  int32_t* offsets_dev;
 };
 Staging staging(MoeBlas& blas, const MoeDims& d) {
-  return Staging{static_cast<int32_t*>(blas.host_staging(static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t)))};
+  auto* h = static_cast<int32_t*>(blas.host_staging(static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t)));
+  return Staging{h, static_cast<int32_t*>(blas.host_staging_on_device())};
 }
 
-// As route_on_device, then the offsets' and starts' copy to the staging and
-// the event after it: queued, not waited for (wait_layout); then each
+// As route_on_device, then the offsets and starts written to the staging by
+// a kernel (publish_kernel) and the event after it: queued, not waited for
+// (HostLayout); then each
 // token's rows in expert order (the combines' summation order).
 void route(MoeBlas& blas, const MoeDims& d, const MoeWork& w, const Staging& st, const float* probs,
            cudaStream_t stream) {
   route_on_device(d, w, probs, blas.grouped_for(d.N, d.K, d.E, d.C, d.F) ? kMoeChunk : 1, stream);
-  CUDA_CHECK(cudaMemcpyAsync(st.offsets, w.offsets, static_cast<size_t>(2 * (d.E + 1)) * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost, stream));
+  publish_kernel<<<1, 256, 0, stream>>>(st.offsets_dev, w.offsets, 2 * (d.E + 1));
+  CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaEventRecord(blas.counts_event(), stream));
   order_by_expert_kernel<<<blocks_each(d.N, 128), 128, 0, stream>>>(w.ord_row, w.ord_w, w.row_of, w.idx, w.w, d.N,
                                                                     static_cast<int>(d.K));

@@ -87,6 +87,7 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
     : h_(o.h_),
       ev_(o.ev_),
       host_(o.host_),
+      host_dev_(o.host_dev_),
       host_bytes_(o.host_bytes_),
       mode_(o.mode_),
       grouped_calls_(o.grouped_calls_),
@@ -96,7 +97,7 @@ MoeBlas::MoeBlas(MoeBlas&& o) noexcept
       pair_(o.pair_),
       lane_(std::move(o.lane_)),
       fork_(o.fork_) {
-  o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_bytes_ = 0, o.fork_ = nullptr;
+  o.h_ = nullptr, o.ev_ = nullptr, o.host_ = nullptr, o.host_dev_ = nullptr, o.host_bytes_ = 0, o.fork_ = nullptr;
   o.lane_.clear();
 }
 
@@ -151,12 +152,13 @@ cudaStream_t MoeBlas::lane_stream(int lane) const {
 
 void* MoeBlas::host_staging(size_t bytes) {
   if (bytes <= host_bytes_) return host_;
-  if (host_) {  // a copy queued by an earlier call may still read it
+  if (host_) {  // a write queued by an earlier call may still reach it
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaFreeHost(host_));
-    host_ = nullptr, host_bytes_ = 0;
+    host_ = host_dev_ = nullptr, host_bytes_ = 0;
   }
-  CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocPortable));
+  CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_, 0));
   host_bytes_ = bytes;
   return host_;
 }

@@ -105,6 +105,14 @@ __global__ void scan_kernel(int32_t* offsets, int32_t* starts, int64_t E, int ch
   }
 }
 
+// dst[i] = src[i] for i < n, dst in mapped pinned host memory: the device's
+// stores cross PCIe as writes of their own, beside whatever the copy
+// engines are busy with (a cudaMemcpyAsync of these few bytes would wait for
+// the gradient landing's copy ahead of it, tens of milliseconds).
+__global__ void publish_kernel(int32_t* dst, const int32_t* src, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
 // perm[starts[e] + k] = the k-th slot (in increasing slot order) routed to e;
 // row_of is its inverse. One block per expert; blockDim a multiple of 32. The
 // padding rows' perm stays as it was (the caller's -1).

@@ -333,10 +333,13 @@ class MoeBlas {
   int64_t grouped_calls() const { return grouped_calls_; }
   void count_grouped_call() { ++grouped_calls_; }
   // cuda/moe.cu's: the handle, pinned host staging of at least `bytes`
-  // (grown on demand; contents kept only until the next growth) and the event
-  // its counts copy records.
+  // (grown on demand; contents kept only until the next growth; mapped: the
+  // device writes its counts there with a kernel, host_staging_on_device,
+  // not a copy that would queue behind the gradient landing's big copies on
+  // the copy engine) and the event recorded behind that write.
   ::cublasContext* handle() const { return h_; }
   void* host_staging(size_t bytes);
+  void* host_staging_on_device() const { return host_dev_; }
   cudaEvent_t counts_event() const { return ev_; }
   // Weight-gradient lanes (RAMTRAIN_MOE_WGRAD_LANES, 0..kMaxWgradLanes;
   // unset: kWgradLanes): streams of their own, each with its own cuBLAS
@@ -397,6 +400,7 @@ class MoeBlas {
   ::cublasContext* h_ = nullptr;
   cudaEvent_t ev_ = nullptr;
   void* host_ = nullptr;
+  void* host_dev_ = nullptr;  // host_'s device address (mapped)
   size_t host_bytes_ = 0;
   MoeGemm mode_ = MoeGemm::grouped;
   int64_t grouped_calls_ = 0;
