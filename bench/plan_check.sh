@@ -38,6 +38,11 @@ cases=(
   # twenty-third session (one H100 call, bacdd6d): layer-major keeps every layer's attention halves on auto
   "OLMoE 4x2048x16 fold, H100, attention halves kept|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|3.581"
   "OLMoE 16x2048 fold, H100|--preset olmoe-1b-7b --gpu h100 --micro-batch 16 --grads fold|2.355"
+  # twenty-fifth session (two H100 calls, 7abfcda): the routing's offsets by a kernel, no copy behind the landing;
+  # 128k the midpoint of 3.615 and 3.393 s, 64k and 16 x 2048 from the second call (CPU update bound)
+  "OLMoE 4x2048x16 fold, H100, offsets by a kernel|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold|3.504"
+  "OLMoE 4x2048x8 fold, H100, offsets by a kernel|--preset olmoe-1b-7b --gpu h100 --micro-batch 4 --grad-accum 8 --grads fold|2.663"
+  "OLMoE 16x2048 fold, H100, offsets by a kernel|--preset olmoe-1b-7b --gpu h100 --micro-batch 16 --grads fold|2.402"
   # measured before (sixteenth session evening) with the expert GEMMs looped, which auto no longer picks there
   "OLMoE 16x2048, H100, looped experts|--preset olmoe-1b-7b --gpu h100 --micro-batch 16|2.763"
   # and Muon's NS5 job factor on this one; the AdamW row beside it is a check
@@ -46,6 +51,8 @@ cases=(
   # H100, 2026-12-06 (seventeenth session's build, not re-measured since): Qwen3-30B-A3B lean at 128k tokens a step
   # (train, step 2: 8,696 tok/s); it fitted the per-call cost of the expert weight gradients
   "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100 (seventeenth session's build)|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr --keep-attention 0|15.07"
+  # twenty-fifth session (7abfcda, train, the median of 3 steps' 9,344 / 8,067 / 9,222 tok/s; attention halves on auto)
+  "Qwen3-30B-A3B 4x2048x16 fold, adamw4bit+bf16-sr, H100|--preset qwen3-30b-a3b --gpu h100 --micro-batch 4 --grad-accum 16 --grads fold --layer-major on --optimizer adamw4bit --master bf16-sr|14.21"
 )
 printf '%-56s %10s %16s %8s %10s\n' case measured predicted error binding
 for c in "${cases[@]}"; do

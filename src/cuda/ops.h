@@ -260,7 +260,8 @@ void attention_masked_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, c
 // counts change every step, and cuBLASLt's per-shape plans (Blas) would grow
 // without bound; cuBLAS needs no plan and takes any size and alignment.
 // The counts go to pinned host memory in every call that runs the experts
-// (one D2H copy and its event, queued right after the routing). The grouped
+// (a kernel's stores to mapped memory and its event, queued right after the
+// routing). The grouped
 // mode's forward never waits for them (its batched GEMMs run every chunk
 // that could exist, their pointers made on the device); its backward waits
 // once, for the weight gradients' shapes, after queuing its other products.
